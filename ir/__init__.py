@@ -1,0 +1,1 @@
+"""The graph IR of PyGPUkit."""

@@ -1,0 +1,4 @@
+//! Pure-Rust runtime core of PyGPUkit: memory pool and scheduler.
+pub fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
