@@ -1,0 +1,66 @@
+"""The error types of PyGPUkit.
+
+Every error subclasses GPUKitError and the builtin a Python user would catch, so
+`except ValueError` keeps working around shape mistakes. The C++ and Rust layers
+raise these same classes (they import this module), so there is one hierarchy.
+"""
+
+from __future__ import annotations
+
+
+class GPUKitError(Exception):
+    """Base class of every PyGPUkit error."""
+
+
+class ShapeError(GPUKitError, ValueError):
+    """Shapes that do not fit the op (broadcasting, matmul, reshape, bad axis)."""
+
+
+class DTypeError(GPUKitError, TypeError):
+    """A dtype the op does not support, or an argument of the wrong type."""
+
+
+class IndexError_(GPUKitError, IndexError):
+    """An index out of range."""
+
+
+class OutOfMemoryError(GPUKitError, MemoryError):
+    """The pool could not serve an allocation, even after releasing cached blocks."""
+
+
+class CompileError(GPUKitError, RuntimeError):
+    """NVRTC rejected a kernel; the message holds its log and the offending lines."""
+
+
+class CUDAError(GPUKitError, RuntimeError):
+    """A CUDA driver call failed."""
+
+
+class TraceError(GPUKitError, RuntimeError):
+    """A traced function did something tracing cannot record (branching on a traced value)."""
+
+
+class AdmissionRejected(GPUKitError, RuntimeError):
+    """The scheduler refused a task; `.reason` says why."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class FreedArrayError(GPUKitError, RuntimeError):
+    """An array was used after its memory was freed."""
+
+
+__all__ = [
+    "GPUKitError",
+    "ShapeError",
+    "DTypeError",
+    "IndexError_",
+    "OutOfMemoryError",
+    "CompileError",
+    "CUDAError",
+    "TraceError",
+    "AdmissionRejected",
+    "FreedArrayError",
+]
