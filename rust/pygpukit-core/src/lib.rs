@@ -1,4 +1,6 @@
 //! Pure-Rust runtime core of PyGPUkit: memory pool and scheduler.
+pub mod pool;
+
 pub fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }

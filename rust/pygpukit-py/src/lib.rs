@@ -1,7 +1,13 @@
 use pyo3::prelude::*;
 
+mod arena_source;
+mod errors;
+mod pool;
+mod reentry;
+
 #[pymodule]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", pygpukit_core::version())?;
+    m.add_class::<pool::PyPool>()?;
     Ok(())
 }
