@@ -1,2 +1,56 @@
-"""PyGPUkit: a small, fast GPU runtime for Python."""
+"""PyGPUkit: a small, fast GPU runtime for Python.
+
+import pygpukit as gpk
+x = gpk.random.normal((4, 8))
+y = gpk.nn.gelu(x @ x.T)      # recorded lazily, fused and run on realize
+print(y)
+"""
+
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+from . import errors, nn, random
+from .array import GPUArray, broadcast_to, expand_dims, matmul, take
+from .creation import (
+    arange,
+    array,
+    asarray,
+    empty,
+    from_numpy,
+    full,
+    ones,
+    ones_like,
+    zeros,
+    zeros_like,
+)
+from .errors import (
+    AdmissionRejected,
+    CompileError,
+    CUDAError,
+    DTypeError,
+    FreedArrayError,
+    GPUKitError,
+    OutOfMemoryError,
+    ShapeError,
+    TraceError,
+)
+from .errors import IndexError_ as IndexError  # noqa: A001 - gpk.IndexError subclasses the builtin
+from .ir.dtypes import DType, bfloat16, float16, float32, float64, int8, int32, int64, uint8
+from .ir.dtypes import bool_ as bool  # noqa: A001 - gpk.bool, like numpy's np.bool
+from .mode import eager, is_eager
+from .ops import *  # noqa: F403
+from .ops import realize
+
+
+def backend_name() -> str:
+    """'cpu' (NumPy) or 'cuda': the backend this process runs on."""
+    from .backends import get_backend
+
+    return get_backend().name
+
+
+def pool_stats() -> dict[str, object]:
+    from .backends import get_backend
+
+    return get_backend().pool_stats()

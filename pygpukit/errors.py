@@ -64,3 +64,35 @@ __all__ = [
     "AdmissionRejected",
     "FreedArrayError",
 ]
+
+
+def describe_inputs(inputs: list[tuple[tuple[int, ...], object]], loc: object) -> str:
+    """`(inputs: f32[2,3], i64[4])` and the user's line, for error messages."""
+    types = ", ".join(f"{getattr(d, 'short', d)}{list(s)}" for s, d in inputs)
+    where = f"\n  at {getattr(loc, 'full', loc)}" if loc else ""
+    return f"(inputs: {types}){where}"
+
+
+def op_error(
+    op: str, exc: Exception, inputs: list[tuple[tuple[int, ...], object]], loc: object
+) -> Exception:
+    """The gpk error for a failing op: names the op, its input types and the user's line."""
+    from pygpukit.ir.dtypes import UnsupportedDType
+    from pygpukit.ir.indexing import IndexRuleError
+    from pygpukit.ir.ops import DTypeRuleError
+    from pygpukit.ir.shapes import ShapeRuleError
+
+    msg = f"{op}: {exc} {describe_inputs(inputs, loc)}"
+    if isinstance(exc, IndexRuleError | IndexError):
+        return IndexError_(msg)
+    if isinstance(exc, ShapeRuleError):
+        return ShapeError(msg)
+    if isinstance(exc, DTypeRuleError | UnsupportedDType | TypeError):
+        return DTypeError(msg)
+    if isinstance(exc, ValueError | ArithmeticError):
+        return ShapeError(msg) if "shape" in str(exc) else GPUKitValueError(msg)
+    return exc
+
+
+class GPUKitValueError(GPUKitError, ValueError):
+    """A value an op cannot take (a negative integer power, say)."""

@@ -1,0 +1,114 @@
+"""Data types and NumPy type promotion.
+
+The one place that knows which dtypes exist and how they combine. bfloat16 on the
+host is ml_dtypes.bfloat16; promotion follows NumPy 2 (NEP 50: Python scalars are
+"weak" and take the array's dtype when they fit its kind).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    itemsize: int
+    kind: str  # 'f' float, 'i' signed int, 'u' unsigned int, 'b' bool
+    short: str  # used in graph dumps and CLI arg specs: bf16[1,2048]
+
+    @property
+    def np(self) -> np.dtype:
+        return _NP[self.name]
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in "iu"
+
+    def __repr__(self) -> str:
+        return f"gpk.{self.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+float64 = DType("float64", 8, "f", "f64")
+float32 = DType("float32", 4, "f", "f32")
+float16 = DType("float16", 2, "f", "f16")
+bfloat16 = DType("bfloat16", 2, "f", "bf16")
+int8 = DType("int8", 1, "i", "i8")
+uint8 = DType("uint8", 1, "u", "u8")
+int32 = DType("int32", 4, "i", "i32")
+int64 = DType("int64", 8, "i", "i64")
+bool_ = DType("bool", 1, "b", "bool")
+
+ALL: tuple[DType, ...] = (float64, float32, float16, bfloat16, int8, uint8, int32, int64, bool_)
+FLOATS: tuple[DType, ...] = (float64, float32, float16, bfloat16)
+
+_NP: dict[str, np.dtype] = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "bool": np.dtype(np.bool_),
+}
+_BY_NAME: dict[str, DType] = {d.name: d for d in ALL} | {d.short: d for d in ALL}
+_BY_NP: dict[np.dtype, DType] = {v: _BY_NAME[k] for k, v in _NP.items()}
+
+
+class UnsupportedDType(TypeError):
+    pass
+
+
+def as_dtype(x: Any) -> DType:
+    """DType from a DType, a name ('bf16', 'float32'), a NumPy dtype or a scalar type."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x in _BY_NAME:
+        return _BY_NAME[x]
+    if x is bool:
+        return bool_
+    if x is int:
+        return int64
+    if x is float:
+        return float32
+    try:
+        npd = np.dtype(x)
+    except TypeError as e:
+        raise UnsupportedDType(f"not a dtype: {x!r}") from e
+    if npd in _BY_NP:
+        return _BY_NP[npd]
+    raise UnsupportedDType(
+        f"dtype {npd} is not supported (supported: {', '.join(d.name for d in ALL)})"
+    )
+
+
+def result_type(*args: DType | int | float | bool) -> DType:
+    """NumPy promotion of array dtypes and weak Python scalars."""
+    operands: list[Any] = [a.np if isinstance(a, DType) else a for a in args]
+    if all(not isinstance(a, np.dtype) for a in operands):
+        # Only Python scalars: NumPy gives the default types; we keep float32 as the float default.
+        operands = [np.dtype(np.float32) if isinstance(a, float) else a for a in operands]
+    rt = np.result_type(*operands)
+    return as_dtype(rt)
+
+
+def scalar_dtype(value: int | float | bool) -> DType:
+    """The dtype a lone Python scalar gets when it becomes an array."""
+    if isinstance(value, bool):
+        return bool_
+    if isinstance(value, int):
+        return int64
+    return float32

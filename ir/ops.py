@@ -1,0 +1,340 @@
+"""The op set: every op's name, kind and shape/dtype rule, in one table.
+
+Front end, pass validation and backends all ask this table; nothing else
+re-derives a shape or a dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import dtypes as dt
+from . import indexing, shapes
+from .dtypes import DType
+from .shapes import Shape, ShapeRuleError
+
+Spec = tuple[Shape, DType]
+Infer = Callable[[list[Spec], dict[str, Any]], Spec]
+
+
+class DTypeRuleError(TypeError):
+    pass
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kind: str  # leaf unary binary ternary cast reduce movement matmul gather scatter fused
+    infer: Infer
+    n_inputs: int | None  # None: variadic
+    ufunc: Any = None  # the NumPy ufunc whose type resolution the op follows
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _register(name: str, kind: str, infer: Infer, n: int | None, ufunc: Any = None) -> None:
+    OPS[name] = OpDef(name, kind, infer, n, ufunc)
+
+
+# ---- dtype rules -----------------------------------------------------------------------
+
+
+def resolve_ufunc(ufunc: Any, in_dtypes: list[DType]) -> DType:
+    try:
+        res = ufunc.resolve_dtypes(tuple(d.np for d in in_dtypes) + (None,))
+    except (TypeError, np.exceptions.DTypePromotionError) as e:
+        names = ", ".join(d.name for d in in_dtypes)
+        raise DTypeRuleError(f"no {ufunc.__name__} loop for dtypes ({names})") from e
+    return dt.as_dtype(res[-1])
+
+
+def weak_scalar_dtype(value: Any, other: DType) -> DType:
+    """NEP 50: a Python scalar takes the array's dtype unless it needs a wider kind."""
+    if isinstance(value, bool):
+        return other
+    if isinstance(value, int):
+        return other if other.kind != "b" else dt.int64
+    if isinstance(value, float):
+        return other if other.is_float else dt.float64
+    raise DTypeRuleError(f"unsupported scalar {value!r}")
+
+
+_FLOAT_UNARY = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": np.sqrt, "sin": np.sin,
+    "cos": np.cos, "tanh": np.tanh, "sigmoid": np.exp, "erf": np.exp, "gelu": np.exp,
+    "silu": np.exp,
+}  # fmt: skip
+_SAME_UNARY = {"neg": np.negative, "abs": np.absolute, "logical_not": np.logical_not}
+_BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+    "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+    "logical_and": np.logical_and, "logical_or": np.logical_or,
+}  # fmt: skip
+
+
+def _unary(ufunc: Any) -> Infer:
+    def infer(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+        ((shape, d),) = ins
+        if ufunc is np.negative and d == dt.bool_:
+            raise DTypeRuleError("negation of a bool array is not supported; use logical_not")
+        return shape, resolve_ufunc(ufunc, [d])
+
+    return infer
+
+
+def _binary(ufunc: Any) -> Infer:
+    def infer(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+        (sa, da), (sb, db) = ins
+        if ufunc is np.subtract and da == dt.bool_ and db == dt.bool_:
+            raise DTypeRuleError("subtracting bool arrays is not supported")
+        return shapes.broadcast_shapes(sa, sb), resolve_ufunc(ufunc, [da, db])
+
+    return infer
+
+
+for _n, _u in _FLOAT_UNARY.items():
+    _register(_n, "unary", _unary(_u), 1, _u)
+for _n, _u in _SAME_UNARY.items():
+    _register(_n, "unary", _unary(_u), 1, _u)
+for _n, _u in _BINARY.items():
+    _register(_n, "binary", _binary(_u), 2, _u)
+
+
+def _where(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (sc, dc), (sx, dx), (sy, dy) = ins
+    if dc != dt.bool_:
+        raise DTypeRuleError(f"where: condition must be bool, got {dc}")
+    return shapes.broadcast_shapes(sc, sx, sy), dt.result_type(dx, dy)
+
+
+def _cast(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    return ins[0][0], dt.as_dtype(attrs["dtype"])
+
+
+_register("where", "ternary", _where, 3)
+_register("cast", "cast", _cast, 1)
+
+# ---- leaves ---------------------------------------------------------------------------
+
+
+def _leaf(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    return tuple(attrs["shape"]), dt.as_dtype(attrs["dtype"])
+
+
+_register("input", "leaf", _leaf, 0)  # a realised buffer or a traced argument
+_register("full", "leaf", _leaf, 0)  # attrs: value
+_register("arange", "leaf", _leaf, 0)  # attrs: start, step
+
+# ---- reductions -----------------------------------------------------------------------
+
+
+def _reduce(kind: str) -> Infer:
+    def infer(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+        ((shape, d),) = ins
+        axes = attrs["axes"]
+        for a in axes:
+            if shape[a] == 0 and kind in ("max", "min", "argmax"):
+                raise ShapeRuleError(f"{kind} of an empty axis {a} of shape {shape}")
+        out = shapes.reduce_shape(shape, axes, attrs["keepdims"])
+        if kind == "sum":
+            # NumPy sums small ints in the platform int; we have no uint64, so int64 for all.
+            rd = dt.int64 if d.kind in "biu" else d
+        elif kind == "mean":
+            rd = d if d.is_float else dt.float64
+        elif kind == "argmax":
+            rd = dt.int64
+        else:
+            rd = d
+        return out, rd
+
+    return infer
+
+
+for _n in ("sum", "mean", "max", "min", "argmax"):
+    _register(_n, "reduce", _reduce(_n), 1)
+
+# ---- movement -------------------------------------------------------------------------
+
+
+def _reshape(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    return shapes.reshape_shape(ins[0][0], attrs["shape"]), ins[0][1]
+
+
+def _permute(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    return shapes.permute_shape(ins[0][0], attrs["perm"]), ins[0][1]
+
+
+def _expand(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    return shapes.expand_shape(ins[0][0], tuple(attrs["shape"])), ins[0][1]
+
+
+def _index(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (shape, d), *dyn = ins
+    for s, di in dyn:
+        if s != () or not di.is_int:
+            raise DTypeRuleError(f"a dynamic index must be a 0-d integer array, got {di}{list(s)}")
+    return indexing.check_spec(shape, attrs["spec"]), d
+
+
+def _setitem(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (shape, d), (vs, vd), *dyn = ins
+    indexing.check_spec(shape, attrs["spec"])
+    region = indexing.region_shape(shape, attrs["spec"])
+    try:
+        shapes.expand_shape(vs, region)
+    except ShapeRuleError as e:
+        raise ShapeRuleError(
+            f"could not broadcast input array from shape {vs} into shape {region}"
+        ) from e
+    for s, di in dyn:
+        if s != () or not di.is_int:
+            raise DTypeRuleError(f"a dynamic index must be a 0-d integer array, got {di}{list(s)}")
+    return shape, d
+
+
+def _concat(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    return (
+        shapes.concat_shape([s for s, _ in ins], attrs["axis"]),
+        dt.result_type(*[d for _, d in ins]),
+    )
+
+
+def _take(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (shape, d), (ishape, idt) = ins
+    if not idt.is_int:
+        raise DTypeRuleError(f"take: indices must be integers, got {idt}")
+    ax = attrs["axis"]
+    return shape[:ax] + ishape + shape[ax + 1 :], d
+
+
+_register("reshape", "movement", _reshape, 1)
+_register("permute", "movement", _permute, 1)
+_register("expand", "movement", _expand, 1)
+_register("index", "movement", _index, None)
+_register("setitem", "scatter", _setitem, None)
+_register("concat", "movement", _concat, None)
+_register("take", "gather", _take, 2)
+
+# ---- matmul ---------------------------------------------------------------------------
+
+
+def _matmul(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (sa, da), (sb, db) = ins
+    if da == dt.bool_ or db == dt.bool_:
+        raise DTypeRuleError("matmul of bool arrays is not supported")
+    return shapes.matmul_shape(sa, sb), dt.result_type(da, db)
+
+
+_register("matmul", "matmul", _matmul, 2)
+
+# ---- fused ops (map to tuned kernels) -------------------------------------------------
+
+
+def _float_only(name: str, d: DType) -> None:
+    if not d.is_float:
+        raise DTypeRuleError(f"{name} needs a floating-point input, got {d}")
+
+
+def _softmax(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    ((shape, d),) = ins
+    _float_only("softmax", d)
+    return shape, d
+
+
+def _norm(name: str) -> Infer:
+    def infer(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+        (shape, d), *params = ins
+        _float_only(name, d)
+        if not shape:
+            raise ShapeRuleError(f"{name}: input must have at least one dim")
+        for ps, _ in params[: attrs.get("n_params", len(params))]:
+            if ps not in ((shape[-1],), ()):
+                raise ShapeRuleError(
+                    f"{name}: parameter of shape {ps} does not match the last dim {shape[-1]}"
+                )
+        return shape, d
+
+    return infer
+
+
+def _rms_norm_residual(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # inputs: x, residual, weight -> output is the normalised (x + residual)
+    (sx, d), (sr, _), (sw, _) = ins
+    if sr != sx:
+        raise ShapeRuleError(f"rms_norm residual shape {sr} differs from input {sx}")
+    return _norm("rms_norm")([(sx, d), (sw, d)], {"n_params": 1})
+
+
+def _rope(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (shape, d), (cs, _), (ss, _) = ins
+    _float_only("rope", d)
+    if len(shape) < 2 or shape[-1] % 2:
+        raise ShapeRuleError(f"rope: input {shape} needs [..., seq, even head_dim]")
+    want = (shape[-2], shape[-1] // 2)
+    if cs[-2:] != want or ss[-2:] != want:
+        raise ShapeRuleError(f"rope: cos/sin shapes {cs}, {ss} must end in {want} for x {shape}")
+    return shape, d
+
+
+def _sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (sq, dq), (sk, _), (sv, _) = ins
+    _float_only("scaled_dot_product_attention", dq)
+    if len(sq) < 3 or len(sk) != len(sq) or len(sv) != len(sq):
+        raise ShapeRuleError(f"sdpa: q {sq}, k {sk}, v {sv} must be [..., heads, seq, dim]")
+    if sk[-1] != sq[-1] or sv[-2] != sk[-2] or sk[-3] != sv[-3]:
+        raise ShapeRuleError(f"sdpa: q {sq}, k {sk}, v {sv} do not fit")
+    if sq[-3] % sk[-3]:
+        raise ShapeRuleError(f"sdpa: {sq[-3]} query heads not a multiple of {sk[-3]} kv heads")
+    return sq[:-1] + (sv[-1],), dq
+
+
+def _linear(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (sx, dx), (sw, dw), *bias = ins
+    out = shapes.matmul_shape(sx, (sw[1], sw[0]) if len(sw) == 2 else sw)
+    if bias:
+        shapes.broadcast_shapes(out, bias[0][0])
+    return out, dt.result_type(dx, dw)
+
+
+def _swiglu(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    (sg, dg), (su, du) = ins
+    return shapes.broadcast_shapes(sg, su), dt.result_type(dg, du)
+
+
+def _fused_elementwise(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    shape = shapes.broadcast_shapes(*[s for s, _ in ins]) if ins else ()
+    out_shape = tuple(attrs.get("out_shape", shape))
+    return out_shape, dt.as_dtype(attrs["dtype"])
+
+
+_register("softmax", "fused", _softmax, 1)
+_register("log_softmax", "fused", _softmax, 1)
+_register("rms_norm", "fused", _norm("rms_norm"), 2)
+_register("rms_norm_residual", "fused", _rms_norm_residual, 3)
+_register("layer_norm", "fused", _norm("layer_norm"), 3)
+_register("rope", "fused", _rope, 3)
+_register("sdpa", "fused", _sdpa, 3)
+_register("linear", "fused", _linear, None)
+_register("swiglu", "fused", _swiglu, 2)
+_register("fused_elementwise", "fused", _fused_elementwise, None)
+
+
+def infer(op: str, ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    opdef = OPS.get(op)
+    if opdef is None:
+        raise KeyError(f"unknown op {op!r}")
+    if opdef.n_inputs is not None and len(ins) != opdef.n_inputs:
+        raise ShapeRuleError(f"{op} takes {opdef.n_inputs} inputs, got {len(ins)}")
+    return opdef.infer(ins, attrs)
+
+
+def numel(shape: Shape) -> int:
+    return math.prod(shape)

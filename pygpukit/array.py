@@ -1,0 +1,488 @@
+"""GPUArray: a NumPy-like array whose operations are recorded into the IR."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pygpukit import errors
+from pygpukit.ir import Node, dtypes, indexing, shapes
+from pygpukit.ir.dtypes import DType
+from pygpukit.ir.ops import weak_scalar_dtype
+
+from . import runtime
+from .backends import get_backend
+
+Scalar = int | float | bool
+ArrayLike = Any
+
+
+def _scalar_node(value: Scalar, like: DType) -> Node:
+    d = weak_scalar_dtype(value, like)
+    return runtime.record(
+        "full", (), {"shape": (), "dtype": d.name, "value": d.np.type(value).item()}
+    )
+
+
+def _node_of(x: ArrayLike, like: DType | None = None) -> Node:
+    if isinstance(x, GPUArray):
+        return x._node
+    if isinstance(x, bool | int | float) and like is not None:
+        return _scalar_node(x, like)
+    if isinstance(x, np.generic):
+        x = np.asarray(x)
+    return asarray(x)._node
+
+
+def _pair(a: ArrayLike, b: ArrayLike) -> tuple[Node, Node]:
+    """Nodes of two operands; a Python scalar takes the other side's dtype (NEP 50)."""
+    if isinstance(a, GPUArray):
+        return a._node, _node_of(b, a.dtype)
+    if isinstance(b, GPUArray):
+        return _node_of(a, b.dtype), b._node
+    return _node_of(a), _node_of(b)
+
+
+def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
+    na, nb = _pair(a, b)
+    return GPUArray(runtime.record(op, (na, nb)))
+
+
+def unary(op: str, x: ArrayLike, **attrs: Any) -> GPUArray:
+    return GPUArray(runtime.record(op, (_node_of(x),), attrs))
+
+
+class GPUArray:
+    """An n-dimensional array on the current backend, computed lazily.
+
+    Operations record nodes; nothing runs until the value is needed (to_numpy, print,
+    `.realize()`, `gpk.realize(*xs)`), or at once inside `gpk.eager()`.
+    """
+
+    __slots__ = ("_node", "__weakref__")
+    __array_priority__ = 100  # NumPy defers `ndarray + GPUArray` to us
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._node.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self._node.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._node.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self._node.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Byte strides: the view's own once realised, C-contiguous before."""
+        if self._node.realized is not None:
+            return get_backend().strides(self._node.realized)
+        return tuple(s * self.dtype.itemsize for s in shapes.contiguous_strides(self.shape))
+
+    @property
+    def T(self) -> GPUArray:
+        return self.transpose()
+
+    @property
+    def node(self) -> Node:
+        return self._node
+
+    @property
+    def is_realized(self) -> bool:
+        return self._node.realized is not None
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    # -- running ---------------------------------------------------------------------------
+    def realize(self) -> GPUArray:
+        runtime.realize([self._node])
+        return self
+
+    def to_numpy(self) -> np.ndarray:
+        self.realize()
+        value = self._node.realized
+        backend = get_backend()
+        if backend.storage(value).freed:
+            raise errors.FreedArrayError(
+                f"to_numpy: the array {self.dtype.short}{list(self.shape)} was freed"
+            )
+        return backend.to_numpy(value)
+
+    get = to_numpy  # CuPy's name
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        a = self.to_numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def item(self) -> Any:
+        if self.size != 1:
+            raise errors.ShapeError(
+                f"item: only arrays of size 1 convert to a Python scalar, got shape {self.shape}"
+            )
+        return self.to_numpy().reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self.to_numpy().tolist()
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if not self.dtype.is_int:
+            raise TypeError("only integer arrays can be used as an index")
+        return int(self.item())
+
+    def free(self) -> None:
+        """Return the memory to the pool now; later use of the array raises FreedArrayError."""
+        if self._node.realized is not None:
+            get_backend().storage(self._node.realized).release()
+
+    def __repr__(self) -> str:
+        body = np.array2string(self.to_numpy(), separator=", ", prefix="GPUArray(")
+        return f"GPUArray({body}, dtype={self.dtype.name})"
+
+    def __str__(self) -> str:
+        return str(self.to_numpy())
+
+    def __iter__(self) -> Any:
+        for i in range(len(self)):
+            yield self[i]
+
+    # -- arithmetic ------------------------------------------------------------------------
+    def __add__(self, o: ArrayLike) -> GPUArray:
+        return binary("add", self, o)
+
+    def __radd__(self, o: ArrayLike) -> GPUArray:
+        return binary("add", o, self)
+
+    def __sub__(self, o: ArrayLike) -> GPUArray:
+        return binary("sub", self, o)
+
+    def __rsub__(self, o: ArrayLike) -> GPUArray:
+        return binary("sub", o, self)
+
+    def __mul__(self, o: ArrayLike) -> GPUArray:
+        return binary("mul", self, o)
+
+    def __rmul__(self, o: ArrayLike) -> GPUArray:
+        return binary("mul", o, self)
+
+    def __truediv__(self, o: ArrayLike) -> GPUArray:
+        return binary("div", self, o)
+
+    def __rtruediv__(self, o: ArrayLike) -> GPUArray:
+        return binary("div", o, self)
+
+    def __pow__(self, o: ArrayLike) -> GPUArray:
+        return binary("pow", self, o)
+
+    def __rpow__(self, o: ArrayLike) -> GPUArray:
+        return binary("pow", o, self)
+
+    def __matmul__(self, o: ArrayLike) -> GPUArray:
+        return matmul(self, o)
+
+    def __rmatmul__(self, o: ArrayLike) -> GPUArray:
+        return matmul(o, self)
+
+    def __neg__(self) -> GPUArray:
+        return unary("neg", self)
+
+    def __pos__(self) -> GPUArray:
+        return self
+
+    def __abs__(self) -> GPUArray:
+        return unary("abs", self)
+
+    def __invert__(self) -> GPUArray:
+        if self.dtype != dtypes.bool_:
+            raise errors.DTypeError(f"invert: only bool arrays are supported, got {self.dtype}")
+        return unary("logical_not", self)
+
+    def __and__(self, o: ArrayLike) -> GPUArray:
+        return binary("logical_and", self, o)
+
+    def __or__(self, o: ArrayLike) -> GPUArray:
+        return binary("logical_or", self, o)
+
+    def __eq__(self, o: object) -> GPUArray:  # type: ignore[override]
+        return binary("eq", self, o)
+
+    def __ne__(self, o: object) -> GPUArray:  # type: ignore[override]
+        return binary("ne", self, o)
+
+    def __lt__(self, o: ArrayLike) -> GPUArray:
+        return binary("lt", self, o)
+
+    def __le__(self, o: ArrayLike) -> GPUArray:
+        return binary("le", self, o)
+
+    def __gt__(self, o: ArrayLike) -> GPUArray:
+        return binary("gt", self, o)
+
+    def __ge__(self, o: ArrayLike) -> GPUArray:
+        return binary("ge", self, o)
+
+    __hash__ = object.__hash__  # identity, as torch.Tensor; == is elementwise
+
+    # -- methods -------------------------------------------------------------------------
+    def astype(self, dtype: Any) -> GPUArray:
+        d = _dtype_arg("astype", dtype)
+        if d == self.dtype:
+            return self
+        return GPUArray(runtime.record("cast", (self._node,), {"dtype": d.name}))
+
+    def reshape(self, *shape: Any) -> GPUArray:
+        new = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], Sequence) else shape
+        return GPUArray(runtime.record("reshape", (self._node,), {"shape": _ints(new)}))
+
+    def flatten(self) -> GPUArray:
+        return self.reshape(-1)
+
+    def transpose(self, *axes: Any) -> GPUArray:
+        if len(axes) == 1 and isinstance(axes[0], Sequence):
+            axes = tuple(axes[0])
+        if not axes:
+            axes = tuple(reversed(range(self.ndim)))
+        perm = _axes("transpose", axes, self)
+        return GPUArray(runtime.record("permute", (self._node,), {"perm": perm}))
+
+    permute = transpose
+
+    def swapaxes(self, a: int, b: int) -> GPUArray:
+        perm = list(range(self.ndim))
+        i, j = _axes("swapaxes", (a, b), self)
+        perm[i], perm[j] = perm[j], perm[i]
+        return self.transpose(perm)
+
+    def expand(self, *shape: Any) -> GPUArray:
+        new = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], Sequence) else shape
+        pad = len(new) - self.ndim
+        full = tuple(self.shape[i - pad] if d == -1 and i >= pad else d for i, d in enumerate(new))
+        return broadcast_to(self, full)
+
+    def squeeze(self, axis: int | Sequence[int] | None = None) -> GPUArray:
+        if axis is None:
+            drop = tuple(i for i, d in enumerate(self.shape) if d == 1)
+        else:
+            drop = _axes("squeeze", (axis,) if isinstance(axis, int) else tuple(axis), self)
+            for a in drop:
+                if self.shape[a] != 1:
+                    raise errors.ShapeError(
+                        f"squeeze: cannot select axis {a} of size {self.shape[a]} "
+                        f"(shape {self.shape})"
+                    )
+        return self.reshape(tuple(d for i, d in enumerate(self.shape) if i not in drop))
+
+    def unsqueeze(self, axis: int) -> GPUArray:
+        return expand_dims(self, axis)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        return reduce("sum", self, axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        return reduce("mean", self, axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        return reduce("max", self, axis, keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        return reduce("min", self, axis, keepdims)
+
+    def argmax(self, axis: int | None = None, keepdims: bool = False) -> GPUArray:
+        return reduce("argmax", self, axis, keepdims)
+
+    def copy(self) -> GPUArray:
+        return _copy(self)
+
+    # -- indexing ------------------------------------------------------------------------
+    def __getitem__(self, index: Any) -> GPUArray:
+        take_axis, take_index = _array_index(index, self)
+        if take_index is not None:
+            return take(self, take_index, axis=take_axis)
+        spec_index, dyn = _dynamic(index)
+        try:
+            spec, _ = indexing.normalize_index(self.shape, spec_index)
+        except indexing.IndexRuleError as e:
+            raise errors.op_error("index", e, [(self.shape, self.dtype)], _loc()) from None
+        node = runtime.record("index", (self._node, *dyn), {"spec": spec})
+        return GPUArray(node)
+
+    def __setitem__(self, index: Any, value: ArrayLike) -> None:
+        spec_index, dyn = _dynamic(index)
+        try:
+            spec, _ = indexing.normalize_index(self.shape, spec_index)
+        except indexing.IndexRuleError as e:
+            raise errors.op_error("setitem", e, [(self.shape, self.dtype)], _loc()) from None
+        if any(e[0] == "new" for e in spec):
+            spec = tuple(e for e in spec if e[0] != "new")
+        v = _node_of(value, self.dtype)
+        if v.dtype != self.dtype:
+            v = runtime.record("cast", (v,), {"dtype": self.dtype.name})
+        self._node = runtime.record("setitem", (self._node, v, *dyn), {"spec": spec})
+
+
+def _loc() -> Any:
+    from pygpukit.ir import user_location
+
+    return user_location()
+
+
+def _copy(x: GPUArray) -> GPUArray:
+    # An explicit materialised copy: cast to the same dtype is the identity kernel.
+    return GPUArray(runtime.record("cast", (x._node,), {"dtype": x.dtype.name}))
+
+
+def _ints(values: Sequence[Any]) -> tuple[int, ...]:
+    try:
+        return tuple(int(operator_index(v)) for v in values)
+    except TypeError as e:
+        raise errors.DTypeError(f"expected integers, got {tuple(values)!r}") from e
+
+
+def operator_index(v: Any) -> int:
+    import operator
+
+    return operator.index(v)
+
+
+def _axes(op: str, axes: Sequence[Any], x: GPUArray) -> tuple[int, ...]:
+    try:
+        return tuple(shapes.normalize_axis(int(a), x.ndim) for a in axes)
+    except shapes.AxisRuleError as e:
+        raise errors.op_error(op, e, [(x.shape, x.dtype)], _loc()) from None
+
+
+def _dtype_arg(op: str, dtype: Any) -> DType:
+    try:
+        return dtypes.as_dtype(dtype)
+    except dtypes.UnsupportedDType as e:
+        raise errors.DTypeError(f"{op}: {e}") from None
+
+
+def _dynamic(index: Any) -> tuple[Any, list[Node]]:
+    """Replace 0-d integer arrays in an index by placeholders; return their nodes."""
+    items = index if isinstance(index, tuple) else (index,)
+    out: list[Any] = []
+    dyn: list[Node] = []
+    for i in items:
+        if isinstance(i, GPUArray):
+            if i.ndim != 0 or not i.dtype.is_int:
+                raise errors.IndexError_(
+                    f"index: a GPUArray index must be a 0-d integer array here, "
+                    f"got {i.dtype.short}{list(i.shape)}"
+                )
+            out.append(indexing.DynamicIndex(len(dyn)))
+            dyn.append(i._node)
+        elif isinstance(i, np.integer):
+            out.append(int(i))
+        elif isinstance(i, np.ndarray) and i.ndim == 0 and i.dtype.kind in "iu":
+            out.append(int(i))
+        else:
+            out.append(i)
+    return tuple(out) if isinstance(index, tuple) else out[0], dyn
+
+
+def _array_index(index: Any, x: GPUArray) -> tuple[int, Any]:
+    """`x[..., ids, ...]` with one integer array (ndim >= 1) and full slices: a take."""
+    items = index if isinstance(index, tuple) else (index,)
+    arrays = [
+        k
+        for k, i in enumerate(items)
+        if (isinstance(i, GPUArray) and i.ndim > 0)
+        or (isinstance(i, np.ndarray | list) and np.asarray(i).ndim > 0)
+    ]
+    if not arrays:
+        return 0, None
+    k = arrays[0]
+    rest = [i for j, i in enumerate(items) if j != k]
+    if len(arrays) > 1 or any(not (isinstance(i, slice) and i == slice(None)) for i in rest):
+        raise errors.IndexError_(
+            "index: only one integer array index, with full slices around it, is supported"
+        )
+    idx = items[k]
+    if not isinstance(idx, GPUArray):
+        arr = np.asarray(idx)
+        if arr.dtype == np.bool_:
+            raise errors.IndexError_("index: boolean masks are not supported (dynamic shape)")
+        idx = asarray(arr)
+    return k, idx
+
+
+# -- functions used by methods (the public op API re-exports them) ---------------------------
+
+
+def reduce(op: str, x: ArrayLike, axis: Any, keepdims: bool) -> GPUArray:
+    x = x if isinstance(x, GPUArray) else asarray(x)
+    try:
+        if op == "argmax" and axis is not None and not isinstance(axis, int):
+            raise shapes.AxisRuleError("argmax takes a single int axis or None")
+        axes = shapes.normalize_axes(axis, x.ndim)
+    except shapes.AxisRuleError as e:
+        raise errors.op_error(op, e, [(x.shape, x.dtype)], _loc()) from None
+    return GPUArray(runtime.record(op, (x._node,), {"axes": axes, "keepdims": bool(keepdims)}))
+
+
+def matmul(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    na, nb = _node_of(a), _node_of(b)
+    return GPUArray(runtime.record("matmul", (na, nb)))
+
+
+def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> GPUArray:
+    n = _node_of(x)
+    if tuple(shape) == n.shape:
+        return GPUArray(n)
+    return GPUArray(runtime.record("expand", (n,), {"shape": _ints(shape)}))
+
+
+def expand_dims(x: GPUArray, axis: int) -> GPUArray:
+    try:
+        a = shapes.normalize_axis(axis, x.ndim + 1)
+    except shapes.AxisRuleError as e:
+        raise errors.op_error("expand_dims", e, [(x.shape, x.dtype)], _loc()) from None
+    return x.reshape(x.shape[:a] + (1,) + x.shape[a:])
+
+
+def take(x: ArrayLike, indices: ArrayLike, axis: int | None = None) -> GPUArray:
+    xa = x if isinstance(x, GPUArray) else asarray(x)
+    if axis is None:
+        xa, axis = xa.reshape(-1), 0
+    ax = _axes("take", (axis,), xa)[0]
+    ni = _node_of(indices)
+    return GPUArray(runtime.record("take", (xa._node, ni), {"axis": ax}))
+
+
+def asarray(x: ArrayLike, dtype: Any = None) -> GPUArray:
+    from .creation import asarray as _asarray
+
+    return _asarray(x, dtype)

@@ -1,0 +1,139 @@
+"""The NumPy backend: executes a Schedule on host memory carved by the Rust pool."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+import numpy as np
+
+from pygpukit.errors import OutOfMemoryError, op_error
+from pygpukit.ir import DType, dtypes
+from pygpukit.memory import Storage
+from pygpukit.passes import Schedule, Step
+
+from ..base import Backend
+from . import elementwise, linalg, movement, nn, reduce
+
+VIEW_OPS = ("reshape", "permute", "expand", "index")
+
+
+class HostValue:
+    """A NumPy array over pool memory, and the block it lives in."""
+
+    __slots__ = ("storage", "array")
+
+    def __init__(self, storage: Storage, array: np.ndarray) -> None:
+        self.storage = storage
+        self.array = array
+
+
+def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
+    op, a, d = step.op, step.attrs, step.dtype
+    if op in elementwise.UNARY or op == "gelu":
+        return elementwise.unary(op, ins[0], a, d)
+    if op in elementwise.BINARY:
+        return elementwise.binary(op, ins[0], ins[1], d)
+    if op == "where":
+        return elementwise.where(ins[0], ins[1], ins[2], d)
+    if op == "cast":
+        return elementwise.cast(ins[0], d)
+    if op in ("sum", "mean", "max", "min", "argmax"):
+        return reduce.reduce(op, ins[0], a, d)
+    if op in VIEW_OPS or op == "concat":
+        return movement.movement(op, ins, a, d)
+    if op == "take":
+        return movement.take(ins[0], ins[1], a)
+    if op == "setitem":
+        return movement.setitem(ins, a)
+    if op == "matmul":
+        return linalg.matmul(ins[0], ins[1], d)
+    if op == "linear":
+        return linalg.linear(ins, a, d)
+    if op in ("softmax", "log_softmax"):
+        return nn.softmax(ins[0], a, d, log=op == "log_softmax")
+    if op == "rms_norm":
+        return nn.rms_norm(ins[0], ins[1], a, d)
+    if op == "layer_norm":
+        return nn.layer_norm(ins, a, d)
+    if op == "rope":
+        return nn.rope(ins, a, d)
+    if op == "sdpa":
+        return nn.sdpa(ins, a, d)
+    if op == "swiglu":
+        return nn.swiglu(ins[0], ins[1], d)
+    if op == "full":
+        return np.full(step.shape, a["value"], dtype=d.np)
+    if op == "arange":
+        return (a["start"] + a["step"] * np.arange(math.prod(step.shape))).astype(d.np)
+    raise NotImplementedError(f"the NumPy backend has no kernel for op {op!r}")
+
+
+class NumpyBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, arena_bytes: int = 64 << 20, quota_bytes: int | None = None) -> None:
+        from pygpukit import _rust
+
+        self.pool = _rust.Pool(arena_bytes=arena_bytes, quota_bytes=quota_bytes)
+
+    # -- memory ---------------------------------------------------------------------------
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> HostValue:
+        nbytes = math.prod(shape) * dtype.itemsize
+        storage = Storage(self.pool, nbytes)
+        raw = (ctypes.c_char * max(nbytes, 1)).from_address(storage.addr)
+        raw._storage = storage  # type: ignore[attr-defined]  # numpy views keep the block alive
+        flat = np.frombuffer(raw, dtype=dtype.np, count=math.prod(shape))
+        return HostValue(storage, flat.reshape(shape))
+
+    def from_numpy(self, array: np.ndarray) -> HostValue:
+        v = self.empty(array.shape, dtypes.as_dtype(array.dtype))
+        v.array[...] = array
+        return v
+
+    def to_numpy(self, value: HostValue) -> np.ndarray:
+        return np.array(value.array, copy=True)
+
+    def storage(self, value: HostValue) -> Storage:
+        return value.storage
+
+    def strides(self, value: HostValue) -> tuple[int, ...]:
+        return tuple(value.array.strides)
+
+    def layout_key(self, value: HostValue) -> Any:
+        return None  # NumPy kernels take any strides
+
+    def pool_stats(self) -> dict[str, Any]:
+        return dict(self.pool.stats())
+
+    # -- execution ------------------------------------------------------------------------
+    def _store(self, result: np.ndarray, step: Step, ins: list[HostValue]) -> HostValue:
+        if step.op in VIEW_OPS:
+            for v in ins[:1]:
+                if np.may_share_memory(result, v.array):
+                    return HostValue(v.storage, result)
+        try:
+            out = self.empty(step.shape, step.dtype)
+        except OutOfMemoryError as e:
+            where = f" at {step.loc}" if step.loc else ""
+            raise OutOfMemoryError(f"{step.op}{where}: {e}") from None
+        out.array[...] = result
+        return out
+
+    def run(self, schedule: Schedule, inputs: list[HostValue]) -> list[HostValue]:
+        env: list[HostValue | None] = [None] * schedule.n_slots
+        for slot, v in zip(schedule.input_slots, inputs, strict=True):
+            env[slot] = v
+        for step in schedule.steps:
+            ins = [env[i] for i in step.ins]
+            arrays = [v.array for v in ins]  # type: ignore[union-attr]
+            try:
+                result = _run_step(step, arrays)
+            except (IndexError, ValueError, TypeError, ArithmeticError) as e:
+                specs = [(a.shape, dtypes.as_dtype(a.dtype)) for a in arrays]
+                raise op_error(step.op, e, specs, step.loc) from None
+            env[step.out] = self._store(result, step, ins)  # type: ignore[arg-type]
+            for s in step.frees:
+                env[s] = None
+        return [env[s] for s in schedule.output_slots]  # type: ignore[misc]

@@ -1,0 +1,37 @@
+"""matmul and linear: f16/bf16 multiply in f32, integers wrap like NumPy's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pygpukit.ir import DType
+
+from .compute import down, up
+from .elementwise import gelu, sigmoid
+
+
+def matmul(a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:
+    a, b = a.astype(dtype.np, copy=False), b.astype(dtype.np, copy=False)
+    if dtype.is_int:
+        return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(dtype.np)
+    return down(np.matmul(up(a), up(b)), dtype)
+
+
+def activation(y: np.ndarray, name: str) -> np.ndarray:
+    if name == "none":
+        return y
+    if name in ("gelu_tanh", "gelu_erf"):
+        return gelu(y, "tanh" if name == "gelu_tanh" else "none")
+    if name == "silu":
+        return y * sigmoid(y)
+    raise KeyError(f"unknown activation {name}")
+
+
+def linear(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
+    x, w, *bias = ins
+    y = np.matmul(up(x.astype(dtype.np, copy=False)), up(w.astype(dtype.np, copy=False)).T)
+    if bias:
+        y = y + up(bias[0])
+    return down(activation(y, attrs.get("activation", "none")), dtype)

@@ -1,0 +1,72 @@
+"""Views and data movement. Views stay views of the input (no copy), as on the GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pygpukit.ir import DType
+
+
+def index_tuple(spec: Any, dyn: list[int]) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for e in spec:
+        if e[0] == "slice":
+            start, stop, step = e[1], e[2], e[3]
+            # slice.indices() yields -1 as the stop of a reversed run to index 0
+            out.append(slice(start, None if stop < 0 else stop, step))
+        elif e[0] == "int":
+            out.append(e[1])
+        elif e[0] == "dyn":
+            out.append(dyn[e[1]])
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def check_dynamic(spec: Any, shape: tuple[int, ...], dyn: list[int]) -> list[int]:
+    """Dynamic indices wrap like NumPy's and must lie in range."""
+    dims = [e for e in spec if e[0] != "new"]
+    fixed = list(dyn)
+    for d, e in zip(shape, dims, strict=True):
+        if e[0] == "dyn":
+            v = dyn[e[1]]
+            if not -d <= v < d:
+                raise IndexError(f"index {v} is out of bounds for axis with size {d}")
+            fixed[e[1]] = v % d
+    return fixed
+
+
+def movement(op: str, ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
+    x = ins[0]
+    if op == "reshape":
+        return x.reshape(attrs["shape"])
+    if op == "permute":
+        return x.transpose(attrs["perm"])
+    if op == "expand":
+        return np.broadcast_to(x, attrs["shape"])
+    if op == "index":
+        dyn = check_dynamic(attrs["spec"], x.shape, [int(d) for d in ins[1:]])
+        return x[index_tuple(attrs["spec"], dyn)]
+    if op == "concat":
+        return np.concatenate([i.astype(dtype.np, copy=False) for i in ins], axis=attrs["axis"])
+    raise KeyError(op)
+
+
+def take(x: np.ndarray, idx: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    axis = attrs["axis"]
+    n = x.shape[axis]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx[(idx < -n) | (idx >= n)].flat[0]
+        raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {n}")
+    return np.take(x, idx, axis=axis)
+
+
+def setitem(ins: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    x, v, *dyn_arrays = ins
+    dyn = check_dynamic(attrs["spec"], x.shape, [int(d) for d in dyn_arrays])
+    out = x.copy()
+    with np.errstate(all="ignore"):
+        out[index_tuple(attrs["spec"], dyn)] = v
+    return out

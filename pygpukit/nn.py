@@ -1,0 +1,118 @@
+"""gpk.nn: the neural-network ops, each recorded as one fused node of the IR."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pygpukit import errors
+from pygpukit.ir import shapes
+
+from . import runtime
+from .array import ArrayLike, GPUArray, _loc, unary
+from .creation import asarray
+
+
+def _arr(x: ArrayLike) -> GPUArray:
+    return x if isinstance(x, GPUArray) else asarray(x)
+
+
+def _like(p: ArrayLike, x: GPUArray) -> GPUArray:
+    """Parameters take the input's dtype, so the kernel reads one type."""
+    return _arr(p).astype(x.dtype)
+
+
+def gelu(x: ArrayLike, approximate: str = "none") -> GPUArray:
+    """GELU; approximate='tanh' is the tanh formula, 'none' the exact erf one (torch's names)."""
+    if approximate not in ("none", "tanh"):
+        raise errors.GPUKitValueError(
+            f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}"
+        )
+    return unary("gelu", x, approximate=approximate)
+
+
+def silu(x: ArrayLike) -> GPUArray:
+    return unary("silu", x)
+
+
+def swiglu(gate: ArrayLike, up: ArrayLike) -> GPUArray:
+    g, u = _arr(gate), _arr(up)
+    return GPUArray(runtime.record("swiglu", (g._node, u._node)))
+
+
+def _axis(op: str, x: GPUArray, axis: int) -> int:
+    try:
+        return shapes.normalize_axis(axis, x.ndim)
+    except shapes.AxisRuleError as e:
+        raise errors.op_error(op, e, [(x.shape, x.dtype)], _loc()) from None
+
+
+def softmax(x: ArrayLike, axis: int = -1) -> GPUArray:
+    xa = _arr(x)
+    return GPUArray(runtime.record("softmax", (xa._node,), {"axis": _axis("softmax", xa, axis)}))
+
+
+def log_softmax(x: ArrayLike, axis: int = -1) -> GPUArray:
+    xa = _arr(x)
+    ax = _axis("log_softmax", xa, axis)
+    return GPUArray(runtime.record("log_softmax", (xa._node,), {"axis": ax}))
+
+
+def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> GPUArray:
+    """x * rsqrt(mean(x^2, -1) + eps) * weight, accumulated in float32."""
+    xa = _arr(x)
+    return GPUArray(runtime.record("rms_norm", (xa._node, _like(weight, xa)._node),
+                                   {"eps": float(eps)}))  # fmt: skip
+
+
+def layer_norm(x: ArrayLike, weight: ArrayLike, bias: ArrayLike, eps: float = 1e-5) -> GPUArray:
+    xa = _arr(x)
+    ins = (xa._node, _like(weight, xa)._node, _like(bias, xa)._node)
+    return GPUArray(runtime.record("layer_norm", ins, {"eps": float(eps)}))
+
+
+def rope(x: ArrayLike, cos: ArrayLike, sin: ArrayLike, interleaved: bool = False) -> GPUArray:
+    """Rotary embedding of x [..., seq, head_dim] with cos/sin tables [seq, head_dim/2].
+
+    interleaved=False rotates the two halves (GPT-NeoX, Llama in HF); True rotates
+    adjacent pairs (GPT-J, the original Llama).
+    """
+    xa = _arr(x)
+    layout = "interleaved" if interleaved else "half"
+    ins = (xa._node, _like(cos, xa)._node, _like(sin, xa)._node)
+    return GPUArray(runtime.record("rope", ins, {"layout": layout}))
+
+
+def scaled_dot_product_attention(
+    q: ArrayLike, k: ArrayLike, v: ArrayLike, is_causal: bool = False, scale: float | None = None
+) -> GPUArray:
+    """softmax(q k^T * scale [+ causal mask]) v over [..., heads, seq, dim].
+
+    GQA: k and v may have fewer heads, dividing q's. The causal mask is aligned to the
+    bottom right, so a single decode query sees the whole cache.
+    """
+    qa = _arr(q)
+    attrs: dict[str, Any] = {
+        "causal": bool(is_causal),
+        "scale": None if scale is None else float(scale),
+    }
+    ins = (qa._node, _like(k, qa)._node, _like(v, qa)._node)
+    return GPUArray(runtime.record("sdpa", ins, attrs))
+
+
+def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None,
+           activation: str = "none") -> GPUArray:  # fmt: skip
+    """x @ weight.T (+ bias) (+ activation in none|gelu_tanh|gelu_erf|silu), one fused GEMM."""
+    if activation not in ("none", "gelu_tanh", "gelu_erf", "silu"):
+        raise errors.GPUKitValueError(f"linear: unknown activation {activation!r}")
+    xa = _arr(x)
+    ins = [xa._node, _like(weight, xa)._node]
+    if bias is not None:
+        ins.append(_like(bias, xa)._node)
+    attrs = {"activation": activation, "has_bias": bias is not None}
+    return GPUArray(runtime.record("linear", tuple(ins), attrs))
+
+
+__all__ = [
+    "gelu", "layer_norm", "linear", "log_softmax", "rms_norm", "rope",
+    "scaled_dot_product_attention", "silu", "softmax", "swiglu",
+]  # fmt: skip

@@ -1,0 +1,226 @@
+"""The NumPy-style function API: gpk.exp(x), gpk.where(c, x, y), gpk.concatenate(...)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pygpukit import errors
+from pygpukit.ir import shapes
+
+from . import runtime
+from .array import (
+    ArrayLike,
+    GPUArray,
+    _axes,
+    _loc,
+    _node_of,
+    _pair,
+    binary,
+    broadcast_to,
+    expand_dims,
+    matmul,
+    reduce,
+    take,
+    unary,
+)
+from .creation import asarray
+
+
+def _arr(x: ArrayLike) -> GPUArray:
+    return x if isinstance(x, GPUArray) else asarray(x)
+
+
+def exp(x: ArrayLike) -> GPUArray:
+    return unary("exp", x)
+
+
+def log(x: ArrayLike) -> GPUArray:
+    return unary("log", x)
+
+
+def sqrt(x: ArrayLike) -> GPUArray:
+    return unary("sqrt", x)
+
+
+def rsqrt(x: ArrayLike) -> GPUArray:
+    return unary("rsqrt", x)
+
+
+def sin(x: ArrayLike) -> GPUArray:
+    return unary("sin", x)
+
+
+def cos(x: ArrayLike) -> GPUArray:
+    return unary("cos", x)
+
+
+def tanh(x: ArrayLike) -> GPUArray:
+    return unary("tanh", x)
+
+
+def sigmoid(x: ArrayLike) -> GPUArray:
+    return unary("sigmoid", x)
+
+
+def erf(x: ArrayLike) -> GPUArray:
+    return unary("erf", x)
+
+
+def abs(x: ArrayLike) -> GPUArray:  # noqa: A001 - NumPy's name
+    return unary("abs", x)
+
+
+def negative(x: ArrayLike) -> GPUArray:
+    return unary("neg", x)
+
+
+def add(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("add", a, b)
+
+
+def subtract(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("sub", a, b)
+
+
+def multiply(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("mul", a, b)
+
+
+def divide(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("div", a, b)
+
+
+def power(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("pow", a, b)
+
+
+def maximum(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("maximum", a, b)
+
+
+def minimum(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("minimum", a, b)
+
+
+def equal(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("eq", a, b)
+
+
+def not_equal(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("ne", a, b)
+
+
+def less(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("lt", a, b)
+
+
+def less_equal(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("le", a, b)
+
+
+def greater(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("gt", a, b)
+
+
+def greater_equal(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    return binary("ge", a, b)
+
+
+def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> GPUArray:
+    c = _node_of(condition)
+    nx, ny = _pair(x, y)
+    return GPUArray(runtime.record("where", (c, nx, ny)))
+
+
+def clip(x: ArrayLike, a_min: ArrayLike | None, a_max: ArrayLike | None) -> GPUArray:
+    out = _arr(x)
+    if a_min is not None:
+        out = maximum(out, a_min)
+    if a_max is not None:
+        out = minimum(out, a_max)
+    return out
+
+
+def sum(x: ArrayLike, axis: Any = None, keepdims: bool = False) -> GPUArray:  # noqa: A001
+    return reduce("sum", x, axis, keepdims)
+
+
+def mean(x: ArrayLike, axis: Any = None, keepdims: bool = False) -> GPUArray:
+    return reduce("mean", x, axis, keepdims)
+
+
+def max(x: ArrayLike, axis: Any = None, keepdims: bool = False) -> GPUArray:  # noqa: A001
+    return reduce("max", x, axis, keepdims)
+
+
+def min(x: ArrayLike, axis: Any = None, keepdims: bool = False) -> GPUArray:  # noqa: A001
+    return reduce("min", x, axis, keepdims)
+
+
+def argmax(x: ArrayLike, axis: int | None = None, keepdims: bool = False) -> GPUArray:
+    return reduce("argmax", x, axis, keepdims)
+
+
+def reshape(x: ArrayLike, shape: Sequence[int]) -> GPUArray:
+    return _arr(x).reshape(tuple(shape))
+
+
+def transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> GPUArray:
+    return _arr(x).transpose(*(() if axes is None else (tuple(axes),)))
+
+
+permute = transpose
+
+
+def swapaxes(x: ArrayLike, a: int, b: int) -> GPUArray:
+    return _arr(x).swapaxes(a, b)
+
+
+def squeeze(x: ArrayLike, axis: int | Sequence[int] | None = None) -> GPUArray:
+    return _arr(x).squeeze(axis)
+
+
+def astype(x: ArrayLike, dtype: Any) -> GPUArray:
+    return _arr(x).astype(dtype)
+
+
+def concatenate(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
+    xs = [_arr(a) for a in arrays]
+    if not xs:
+        raise errors.ShapeError("concatenate: need at least one array")
+    if any(x.ndim == 0 for x in xs):
+        raise errors.ShapeError("concatenate: zero-dimensional arrays cannot be concatenated")
+    ax = _axes("concatenate", (axis,), xs[0])[0]
+    return GPUArray(runtime.record("concat", tuple(x._node for x in xs), {"axis": ax}))
+
+
+def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
+    xs = [_arr(a) for a in arrays]
+    if not xs:
+        raise errors.ShapeError("stack: need at least one array")
+    if len({x.shape for x in xs}) != 1:
+        raise errors.ShapeError(
+            "stack: all input arrays must have the same shape, got "
+            + ", ".join(str(x.shape) for x in xs)
+            + f"\n  at {_loc().full if _loc() else '?'}"
+        )
+    try:
+        ax = shapes.normalize_axis(axis, xs[0].ndim + 1)
+    except shapes.AxisRuleError as e:
+        raise errors.op_error("stack", e, [(x.shape, x.dtype) for x in xs], _loc()) from None
+    return concatenate([expand_dims(x, ax) for x in xs], axis=ax)
+
+
+def realize(*xs: GPUArray) -> None:
+    """Run everything pending under these arrays in one go (one graph, fused together)."""
+    runtime.realize([x._node for x in xs])
+
+
+__all__ = [
+    "abs", "add", "argmax", "astype", "broadcast_to", "clip", "concatenate", "cos", "divide",
+    "equal", "erf", "exp", "expand_dims", "greater", "greater_equal", "less", "less_equal", "log",
+    "matmul", "max", "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal",
+    "permute", "power", "realize", "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "squeeze",
+    "stack", "subtract", "sum", "swapaxes", "take", "tanh", "transpose", "where",
+]  # fmt: skip

@@ -1,0 +1,43 @@
+"""Seeded random arrays (PCG64 on the host, copied to the backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .array import GPUArray
+from .creation import DEFAULT_FLOAT, _dtype, _shape, from_numpy
+
+_rng = np.random.default_rng()
+
+
+def seed(value: int) -> None:
+    """Seed the generator behind gpk.random.* for reproducible draws."""
+    global _rng
+    _rng = np.random.default_rng(value)
+
+
+def _gen(seed_: int | None) -> np.random.Generator:
+    return _rng if seed_ is None else np.random.default_rng(seed_)
+
+
+def normal(shape: int | Sequence[int], mean: float = 0.0, std: float = 1.0, dtype: Any = None,
+           seed: int | None = None) -> GPUArray:  # fmt: skip
+    d = _dtype(dtype, DEFAULT_FLOAT)
+    a = _gen(seed).normal(mean, std, size=_shape(shape))
+    return from_numpy(a.astype(d.np))
+
+
+def uniform(shape: int | Sequence[int], low: float = 0.0, high: float = 1.0, dtype: Any = None,
+            seed: int | None = None) -> GPUArray:  # fmt: skip
+    d = _dtype(dtype, DEFAULT_FLOAT)
+    a = _gen(seed).uniform(low, high, size=_shape(shape))
+    return from_numpy(a.astype(d.np))
+
+
+def randint(low: int, high: int, shape: int | Sequence[int], dtype: Any = None,
+            seed: int | None = None) -> GPUArray:  # fmt: skip
+    d = _dtype(dtype, _dtype("int64", DEFAULT_FLOAT))
+    return from_numpy(_gen(seed).integers(low, high, size=_shape(shape)).astype(d.np))

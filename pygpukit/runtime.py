@@ -1,0 +1,116 @@
+"""Recording ops into the IR and realising pending subgraphs.
+
+record(): one user call -> one Node, shape/dtype checked at once, with the user's line.
+realize(): the pending subgraph under some nodes -> passes -> Schedule -> backend.
+Schedules are cached by graph structure, so a Python loop does not re-run the passes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from pygpukit import errors
+from pygpukit.ir import Graph, Node, toposort, user_location
+from pygpukit.ir.dtypes import UnsupportedDType
+from pygpukit.ir.indexing import IndexRuleError
+from pygpukit.ir.ops import DTypeRuleError
+from pygpukit.ir.shapes import ShapeRuleError
+from pygpukit.passes import Schedule, lower, run_pipeline
+
+from .backends import get_backend
+from .mode import is_eager
+
+_SCHEDULE_CACHE: OrderedDict[Any, Schedule] = OrderedDict()
+_CACHE_LIMIT = 2048
+stats = {"realize_calls": 0, "schedule_hits": 0, "schedule_misses": 0}
+
+
+def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = None) -> Node:
+    loc = user_location()
+    try:
+        node = Node.make(op, inputs, attrs, loc)
+    except (ShapeRuleError, DTypeRuleError, UnsupportedDType, IndexRuleError) as e:
+        raise errors.op_error(op, e, [(i.shape, i.dtype) for i in inputs], loc) from None
+    if is_eager():
+        realize([node])
+    return node
+
+
+def leaf(value: Any, shape: tuple[int, ...], dtype: Any) -> Node:
+    """A node for data that already exists on the backend."""
+    node = Node("input", (), {"shape": shape, "dtype": dtype.name}, shape, dtype, user_location())
+    node.realized = value
+    return node
+
+
+def _is_leaf(n: Node) -> bool:
+    return n.realized is not None
+
+
+def _check_not_freed(order: list[Node], backend: Any) -> None:
+    for n in order:
+        for i in n.inputs:
+            if i.realized is not None and backend.storage(i.realized).freed:
+                raise errors.FreedArrayError(
+                    f"{n.op}: uses an array that was freed "
+                    f"{errors.describe_inputs([(x.shape, x.dtype) for x in n.inputs], n.loc)}"
+                )
+
+
+def _graph_of(order: list[Node], pending: list[Node]) -> tuple[Graph, list[Node]]:
+    """A fresh Graph over copies of the pending nodes; realised leaves become inputs."""
+    copies: dict[int, Node] = {}
+    inputs: list[Node] = []
+    leaves: list[Node] = []
+    for n in order:
+        if n.realized is not None:
+            c = Node("input", (), {"shape": n.shape, "dtype": n.dtype.name, "idx": len(inputs)},
+                     n.shape, n.dtype, n.loc)  # fmt: skip
+            inputs.append(c)
+            leaves.append(n)
+        else:
+            c = Node(n.op, tuple(copies[i.id] for i in n.inputs), n.attrs, n.shape, n.dtype,
+                     n.loc, n.origin)  # fmt: skip
+        copies[n.id] = c
+    return Graph(inputs, [copies[p.id] for p in pending], name="realize"), leaves
+
+
+def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
+    index = {n.id: k for k, n in enumerate(order)}
+    rows = []
+    for n in order:
+        if n.realized is not None:
+            rows.append(("input", n.shape, n.dtype.name, backend.layout_key(n.realized)))
+        else:
+            rows.append(
+                (n.op, n.shape, n.dtype.name, n.attr_key(), tuple(index[i.id] for i in n.inputs))
+            )
+    return (backend.name, tuple(rows), tuple(index[p.id] for p in pending))
+
+
+def realize(nodes: list[Node]) -> None:
+    pending = list({id(n): n for n in nodes if n.realized is None}.values())
+    if not pending:
+        return
+    backend = get_backend()
+    stats["realize_calls"] += 1
+    order = toposort(pending, is_leaf=_is_leaf)
+    _check_not_freed(order, backend)
+    key = structure_key(order, pending, backend)
+    schedule = _SCHEDULE_CACHE.get(key)
+    leaves = [n for n in order if n.realized is not None]
+    if schedule is None:
+        stats["schedule_misses"] += 1
+        graph, leaves = _graph_of(order, pending)
+        schedule = lower(run_pipeline(graph))
+        _SCHEDULE_CACHE[key] = schedule
+        if len(_SCHEDULE_CACHE) > _CACHE_LIMIT:
+            _SCHEDULE_CACHE.popitem(last=False)
+    else:
+        stats["schedule_hits"] += 1
+        _SCHEDULE_CACHE.move_to_end(key)
+    values = backend.run(schedule, [n.realized for n in leaves])
+    for n, v in zip(pending, values, strict=True):
+        n.realized = v
+        n.inputs = ()
