@@ -265,14 +265,6 @@ def _norm(name: str) -> Infer:
     return infer
 
 
-def _rms_norm_residual(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-    # inputs: x, residual, weight -> output is the normalised (x + residual)
-    (sx, d), (sr, _), (sw, _) = ins
-    if sr != sx:
-        raise ShapeRuleError(f"rms_norm residual shape {sr} differs from input {sx}")
-    return _norm("rms_norm")([(sx, d), (sw, d)], {"n_params": 1})
-
-
 def _rope(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     (shape, d), (cs, _), (ss, _) = ins
     _float_only("rope", d)
@@ -310,21 +302,30 @@ def _swiglu(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
 
 
 def _fused_elementwise(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-    shape = shapes.broadcast_shapes(*[s for s, _ in ins]) if ins else ()
-    out_shape = tuple(attrs.get("out_shape", shape))
-    return out_shape, dt.as_dtype(attrs["dtype"])
+    from .expr import dtype_of
+
+    out_shape = tuple(attrs["out_shape"])
+    for s, _ in ins:
+        shapes.expand_shape(s, out_shape)
+    return out_shape, dtype_of(attrs["expr"], [d for _, d in ins])
+
+
+def _fused_reduce(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # An elementwise expression over out_shape, then a reduction (attrs reduce/axes/keepdims).
+    shape, d = _fused_elementwise(ins, attrs)
+    return _reduce(attrs["reduce"])([(shape, d)], attrs)
 
 
 _register("softmax", "fused", _softmax, 1)
 _register("log_softmax", "fused", _softmax, 1)
 _register("rms_norm", "fused", _norm("rms_norm"), 2)
-_register("rms_norm_residual", "fused", _rms_norm_residual, 3)
 _register("layer_norm", "fused", _norm("layer_norm"), 3)
 _register("rope", "fused", _rope, 3)
 _register("sdpa", "fused", _sdpa, 3)
 _register("linear", "fused", _linear, None)
 _register("swiglu", "fused", _swiglu, 2)
 _register("fused_elementwise", "fused", _fused_elementwise, None)
+_register("fused_reduce", "fused", _fused_reduce, None)
 
 
 def infer(op: str, ins: list[Spec], attrs: dict[str, Any]) -> Spec:

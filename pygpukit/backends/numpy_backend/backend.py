@@ -14,7 +14,7 @@ from pygpukit.memory import Storage
 from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
-from . import elementwise, linalg, movement, nn, reduce
+from . import elementwise, fused, linalg, movement, nn, reduce
 
 VIEW_OPS = ("reshape", "permute", "expand", "index")
 
@@ -63,6 +63,10 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
         return nn.sdpa(ins, a, d)
     if op == "swiglu":
         return nn.swiglu(ins[0], ins[1], d)
+    if op == "fused_elementwise":
+        return fused.fused_elementwise(ins, a, d)
+    if op == "fused_reduce":
+        return fused.fused_reduce(ins, a, d)
     if op == "full":
         return np.full(step.shape, a["value"], dtype=d.np)
     if op == "arange":
