@@ -1,0 +1,89 @@
+#include "context.h"
+
+#include <string>
+#include <vector>
+
+#include "driver.h"
+#include "errors.h"
+#include "staging.h"
+
+namespace pgk {
+namespace {
+
+std::mutex g_mu;
+int g_device = 0;
+
+// Leaked on purpose: objects still alive at interpreter exit hold their own shared_ptr, and
+// a static destructor here would race the driver's own teardown for no benefit.
+std::vector<std::shared_ptr<Context>>& contexts() {
+  static auto* v = new std::vector<std::shared_ptr<Context>>();
+  return *v;
+}
+
+}  // namespace
+
+Context::Context(int ordinal) : ordinal_(ordinal) {
+  const cu::DriverApi& api = driver();
+  check_cu(api.cuDeviceGet(&device_, ordinal), "cuDeviceGet");
+  check_cu(api.cuDevicePrimaryCtxRetain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
+}
+
+Context::~Context() {
+  staging_.reset();  // pinned buffers and events belong to this context
+  if (const cu::DriverApi* api = driver_if_loaded()) api->cuDevicePrimaryCtxRelease(device_);
+}
+
+void Context::make_current() const {
+  const cu::DriverApi& api = driver();
+  CUcontext cur = nullptr;
+  if (api.cuCtxGetCurrent(&cur) == cu::kSuccess && cur == ctx_) return;
+  check_cu(api.cuCtxSetCurrent(ctx_), "cuCtxSetCurrent");
+}
+
+StagingPool& Context::staging() {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  if (!staging_) staging_ = std::make_unique<StagingPool>();
+  return *staging_;
+}
+
+int device_count() {
+  int count = 0;
+  CUresult r = driver().cuDeviceGetCount(&count);
+  if (r == cu::kErrorNoDevice) return 0;
+  check_cu(r, "cuDeviceGetCount");
+  return count;
+}
+
+std::shared_ptr<Context> current_context() {
+  std::shared_ptr<Context> ctx;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto& v = contexts();
+    if (v.size() <= static_cast<size_t>(g_device)) v.resize(g_device + 1);
+    if (!v[g_device]) v[g_device] = std::make_shared<Context>(g_device);
+    ctx = v[g_device];
+  }
+  ctx->make_current();
+  return ctx;
+}
+
+void set_device(int ordinal) {
+  int count = device_count();
+  if (ordinal < 0 || ordinal >= count) {
+    throw CudaError("set_device", cu::kErrorInvalidValue,
+                    "device " + std::to_string(ordinal) + " out of range (" +
+                        std::to_string(count) + " devices)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_device = ordinal;
+  }
+  current_context();
+}
+
+int get_device() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_device;
+}
+
+}  // namespace pgk

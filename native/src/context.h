@@ -1,0 +1,46 @@
+// Primary context per device (retained once, released when the last user lets go) and
+// the process-wide selected device.
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "cuda_api.h"
+
+namespace pgk {
+
+class StagingPool;
+
+class Context {
+ public:
+  explicit Context(int ordinal);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int ordinal() const { return ordinal_; }
+  CUdevice device() const { return device_; }
+  CUcontext handle() const { return ctx_; }
+
+  // Cheap when already current (one TLS read in the driver), so every entry point calls it:
+  // other libraries on the same thread may have switched the current context.
+  void make_current() const;
+
+  StagingPool& staging();
+
+ private:
+  int ordinal_;
+  CUdevice device_ = 0;
+  CUcontext ctx_ = nullptr;
+  std::mutex staging_mu_;
+  std::unique_ptr<StagingPool> staging_;
+};
+
+// The selected device's context, retained on first use and made current on this thread.
+std::shared_ptr<Context> current_context();
+
+void set_device(int ordinal);
+int get_device();
+int device_count();
+
+}  // namespace pgk

@@ -1,0 +1,126 @@
+// Our own declarations of the CUDA driver API subset we use. The extension must build
+// without a CUDA toolkit, so cuda.h is never included; the values below are ABI-stable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using cuuint64_t = unsigned long long;
+typedef struct CUctx_st* CUcontext;
+typedef struct CUmod_st* CUmodule;
+typedef struct CUfunc_st* CUfunction;
+typedef struct CUstream_st* CUstream;
+typedef struct CUevent_st* CUevent;
+typedef struct CUgraph_st* CUgraph;
+typedef struct CUgraphNode_st* CUgraphNode;
+typedef struct CUgraphExec_st* CUgraphExec;
+}
+
+namespace pgk::cu {
+
+constexpr CUresult kSuccess = 0;
+constexpr CUresult kErrorInvalidValue = 1;
+constexpr CUresult kErrorDeinitialized = 4;
+constexpr CUresult kErrorNoDevice = 100;
+constexpr CUresult kErrorNotReady = 600;
+
+constexpr int kAttrMaxThreadsPerBlock = 1;
+constexpr int kAttrWarpSize = 10;
+constexpr int kAttrClockRate = 13;
+constexpr int kAttrMultiprocessorCount = 16;
+constexpr int kAttrPciBusId = 33;
+constexpr int kAttrL2CacheSize = 38;
+constexpr int kAttrComputeCapabilityMajor = 75;
+constexpr int kAttrComputeCapabilityMinor = 76;
+constexpr int kAttrMaxSharedPerMultiprocessor = 81;
+constexpr int kAttrMaxSharedPerBlockOptin = 97;
+
+constexpr int kFuncMaxThreadsPerBlock = 0;
+constexpr int kFuncSharedSizeBytes = 1;
+constexpr int kFuncConstSizeBytes = 2;
+constexpr int kFuncLocalSizeBytes = 3;
+constexpr int kFuncNumRegs = 4;
+constexpr int kFuncMaxDynamicSharedSizeBytes = 8;
+
+constexpr unsigned kStreamNonBlocking = 0x1;
+constexpr unsigned kEventDefault = 0x0;
+constexpr unsigned kEventDisableTiming = 0x2;
+constexpr unsigned kMemHostAllocPortable = 0x1;
+
+constexpr int kCaptureModeGlobal = 0;
+constexpr int kCaptureModeThreadLocal = 1;
+constexpr int kCaptureModeRelaxed = 2;
+constexpr int kCaptureStatusNone = 0;
+
+constexpr int kPointerAttrMemoryType = 2;
+constexpr unsigned kMemoryTypeHost = 1;
+
+// Every entry point below is requested from cuGetProcAddress at this ABI version, which
+// selects the _v2/_v3 variants whose signatures are written here.
+constexpr int kApiVersion = 12000;
+
+// X(name, signature). All return CUresult.
+#define PGK_DRIVER_ENTRY_POINTS(X)                                                              \
+  X(cuInit, (unsigned int))                                                                     \
+  X(cuDriverGetVersion, (int*))                                                                 \
+  X(cuGetErrorName, (CUresult, const char**))                                                   \
+  X(cuGetErrorString, (CUresult, const char**))                                                 \
+  X(cuDeviceGetCount, (int*))                                                                   \
+  X(cuDeviceGet, (CUdevice*, int))                                                              \
+  X(cuDeviceGetName, (char*, int, CUdevice))                                                    \
+  X(cuDeviceGetAttribute, (int*, int, CUdevice))                                                \
+  X(cuDeviceTotalMem, (size_t*, CUdevice))                                                      \
+  X(cuDevicePrimaryCtxRetain, (CUcontext*, CUdevice))                                           \
+  X(cuDevicePrimaryCtxRelease, (CUdevice))                                                      \
+  X(cuCtxSetCurrent, (CUcontext))                                                               \
+  X(cuCtxGetCurrent, (CUcontext*))                                                              \
+  X(cuCtxSynchronize, ())                                                                       \
+  X(cuCtxGetStreamPriorityRange, (int*, int*))                                                  \
+  X(cuMemGetInfo, (size_t*, size_t*))                                                           \
+  X(cuMemAlloc, (CUdeviceptr*, size_t))                                                         \
+  X(cuMemFree, (CUdeviceptr))                                                                   \
+  X(cuMemHostAlloc, (void**, size_t, unsigned int))                                             \
+  X(cuMemFreeHost, (void*))                                                                     \
+  X(cuPointerGetAttribute, (void*, int, CUdeviceptr))                                           \
+  X(cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))                            \
+  X(cuMemsetD32Async, (CUdeviceptr, unsigned int, size_t, CUstream))                            \
+  X(cuMemcpyHtoDAsync, (CUdeviceptr, const void*, size_t, CUstream))                            \
+  X(cuMemcpyDtoHAsync, (void*, CUdeviceptr, size_t, CUstream))                                  \
+  X(cuMemcpyDtoDAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                            \
+  X(cuStreamCreateWithPriority, (CUstream*, unsigned int, int))                                 \
+  X(cuStreamDestroy, (CUstream))                                                                \
+  X(cuStreamSynchronize, (CUstream))                                                            \
+  X(cuStreamQuery, (CUstream))                                                                  \
+  X(cuStreamBeginCapture, (CUstream, int))                                                      \
+  X(cuStreamEndCapture, (CUstream, CUgraph*))                                                   \
+  X(cuStreamIsCapturing, (CUstream, int*))                                                      \
+  X(cuEventCreate, (CUevent*, unsigned int))                                                    \
+  X(cuEventDestroy, (CUevent))                                                                  \
+  X(cuEventRecord, (CUevent, CUstream))                                                         \
+  X(cuEventSynchronize, (CUevent))                                                              \
+  X(cuEventQuery, (CUevent))                                                                    \
+  X(cuEventElapsedTime, (float*, CUevent, CUevent))                                             \
+  X(cuModuleLoadData, (CUmodule*, const void*))                                                 \
+  X(cuModuleUnload, (CUmodule))                                                                 \
+  X(cuModuleGetFunction, (CUfunction*, CUmodule, const char*))                                  \
+  X(cuFuncGetAttribute, (int*, int, CUfunction))                                                \
+  X(cuFuncSetAttribute, (CUfunction, int, int))                                                 \
+  X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,    \
+                     unsigned, CUstream, void**, void**))                                       \
+  X(cuGraphGetNodes, (CUgraph, CUgraphNode*, size_t*))                                          \
+  X(cuGraphDestroy, (CUgraph))                                                                  \
+  X(cuGraphInstantiateWithFlags, (CUgraphExec*, CUgraph, unsigned long long))                   \
+  X(cuGraphLaunch, (CUgraphExec, CUstream))                                                     \
+  X(cuGraphExecDestroy, (CUgraphExec))
+
+struct DriverApi {
+#define PGK_DECLARE_ENTRY(name, sig) CUresult(*name) sig = nullptr;
+  PGK_DRIVER_ENTRY_POINTS(PGK_DECLARE_ENTRY)
+#undef PGK_DECLARE_ENTRY
+};
+
+}  // namespace pgk::cu

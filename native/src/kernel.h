@@ -1,0 +1,49 @@
+// Loaded CUBIN modules, their kernels and launches with arguments packed from a format
+// string (one char per kernel parameter).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+
+#include "context.h"
+#include "cuda_api.h"
+
+namespace pgk {
+
+class Module {
+ public:
+  explicit Module(const std::string& cubin);
+  ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  CUmodule handle() const { return module_; }
+  const std::shared_ptr<Context>& context() const { return ctx_; }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  CUmodule module_ = nullptr;
+};
+
+class Function {
+ public:
+  Function(std::shared_ptr<Module> module, const std::string& name);
+
+  const std::string& name() const { return name_; }
+  int attribute(int attr) const;
+  void set_max_dynamic_shared_memory(int bytes) const;
+  // Packs `args` per `fmt` (P i I q f d) and calls cuLaunchKernel. TypeError names the kernel.
+  void launch(pybind11::handle grid, pybind11::handle block, const std::string& fmt,
+              pybind11::handle args, unsigned shared_mem, pybind11::handle stream) const;
+
+ private:
+  std::shared_ptr<Module> module_;  // the function is only valid while its module is loaded
+  CUfunction func_ = nullptr;
+  std::string name_;
+};
+
+void register_kernels(pybind11::module_& m);
+
+}  // namespace pgk

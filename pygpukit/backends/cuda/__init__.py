@@ -1,0 +1,1 @@
+"""The CUDA backend: driver, NVRTC and launches through pygpukit._native."""

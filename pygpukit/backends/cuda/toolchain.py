@@ -1,0 +1,156 @@
+"""Where the CUDA pieces live and how kernels get compiled.
+
+NVRTC and the CUDA headers come from pip wheels first (nvidia-cuda-nvrtc and
+nvidia-cuda-runtime), then $CUDA_HOME, then the system. Kernels compile straight to
+CUBIN for the device's exact SM: PTX from an NVRTC newer than the driver would not load.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import functools
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from pygpukit import _native
+
+MIN_SM = 80
+
+# (wheel sub-path of the library, system soname), newest CUDA first.
+_NVRTC_WHEEL_LIBS = ["cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12"]
+_NVRTC_SONAMES = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+_INCLUDE_WHEEL_DIRS = ["cu13/include", "cuda_runtime/include"]
+_CUBLASLT_WHEEL_LIBS = ["cu13/lib/libcublasLt.so.13", "cublas/lib/libcublasLt.so.12"]
+
+
+def nvidia_wheel_dirs() -> list[Path]:
+    """The directories of the `nvidia` namespace package that pip wheels install into."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or spec.submodule_search_locations is None:
+        return []
+    return [Path(p) for p in spec.submodule_search_locations]
+
+
+def cuda_home() -> Path | None:
+    """$CUDA_HOME, else $CUDA_PATH, else /usr/local/cuda when it exists."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(var)
+        if value:
+            return Path(value)
+    default = Path("/usr/local/cuda")
+    return default if default.is_dir() else None
+
+
+def _wheel_files(subpaths: Sequence[str]) -> list[str]:
+    return [str(d / s) for s in subpaths for d in nvidia_wheel_dirs() if (d / s).exists()]
+
+
+def _cuda_home_libs(stem: str) -> list[str]:
+    home = cuda_home()
+    if home is None:
+        return []
+    found: list[str] = []
+    for libdir in (home / "lib64", home / "lib", home / "targets/x86_64-linux/lib"):
+        found += sorted((str(p) for p in libdir.glob(f"{stem}.so*")), reverse=True)
+    return found
+
+
+def nvrtc_candidates() -> list[str]:
+    """Paths and sonames to try, in order: pip wheel, $CUDA_HOME, system."""
+    found = _wheel_files(_NVRTC_WHEEL_LIBS) + _cuda_home_libs("libnvrtc") + _NVRTC_SONAMES
+    return list(dict.fromkeys(found))
+
+
+def include_dirs() -> list[str]:
+    """Directories holding cuda_fp16.h / cuda_bf16.h: runtime wheel, then $CUDA_HOME."""
+    dirs = [d for d in _wheel_files(_INCLUDE_WHEEL_DIRS) if Path(d, "cuda_fp16.h").exists()]
+    home = cuda_home()
+    if home is not None and (home / "include" / "cuda_fp16.h").exists():
+        dirs.append(str(home / "include"))
+    return list(dict.fromkeys(dirs))
+
+
+def cublaslt_path() -> str | None:
+    """Where cuBLASLt would be loaded from, or None; only locates, never loads."""
+    for path in _wheel_files(_CUBLASLT_WHEEL_LIBS) + _cuda_home_libs("libcublasLt"):
+        return path
+    return ctypes.util.find_library("cublasLt")
+
+
+def load_nvrtc() -> str:
+    """Load NVRTC once (CompileError when none of the candidates loads); returns its path."""
+    if _native.nvrtc_loaded():
+        return _native.nvrtc_path()
+    return _native.nvrtc_load(nvrtc_candidates())
+
+
+def nvrtc_version() -> tuple[int, int]:
+    load_nvrtc()
+    major, minor = _native.nvrtc_version()
+    return int(major), int(minor)
+
+
+def device_arch(device: int | None = None) -> str:
+    """The exact architecture of a device, e.g. 'sm_90'."""
+    major, minor = _native.device_info(device)["compute_capability"]
+    return f"sm_{major}{minor}"
+
+
+@functools.lru_cache(maxsize=1)
+def _include_dirs_cached() -> tuple[str, ...]:
+    return tuple(include_dirs())
+
+
+def compile_kernel(
+    source: str, arch: str, options: Sequence[str] = (), name: str = "kernel.cu"
+) -> bytes:
+    """Compile CUDA C++ to CUBIN for `arch` (e.g. 'sm_90') through the kernel cache.
+
+    Raises CompileError with the NVRTC log and the offending source lines.
+    """
+    load_nvrtc()
+    return bytes(
+        _native.compile_cubin(source, arch, list(options), list(_include_dirs_cached()), name)
+    )
+
+
+def cuda_usable() -> tuple[bool, str]:
+    """Whether an SM80+ GPU and a working driver are present, and if not, why."""
+    reason = _native.driver_unavailable_reason()
+    if reason:
+        return False, reason
+    major, minor = _native.device_info(None)["compute_capability"]
+    if major * 10 + minor < MIN_SM:
+        return False, f"device is sm_{major}{minor}; PyGPUkit needs sm_{MIN_SM} or newer"
+    return True, ""
+
+
+def select_backend() -> str:
+    """'cuda' when usable, else 'cpu'; PYGPUKIT_BACKEND=cpu|cuda overrides."""
+    want = os.environ.get("PYGPUKIT_BACKEND", "").strip().lower()
+    if want in ("cpu", "cuda"):
+        return want
+    if want:
+        raise ValueError(f"PYGPUKIT_BACKEND must be 'cpu' or 'cuda', got {want!r}")
+    return "cuda" if cuda_usable()[0] else "cpu"
+
+
+__all__ = [
+    "MIN_SM",
+    "compile_kernel",
+    "cublaslt_path",
+    "cuda_home",
+    "cuda_usable",
+    "device_arch",
+    "include_dirs",
+    "load_nvrtc",
+    "nvidia_wheel_dirs",
+    "nvrtc_candidates",
+    "nvrtc_version",
+    "select_backend",
+]
