@@ -1,0 +1,35 @@
+"""`pygpukit cache ls|clear`: the on-disk cache of compiled kernels."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from pygpukit import _native
+
+    entries = _native.kernel_cache_list()
+    print(f"cache dir: {_native.kernel_cache_dir()}")
+    for key, size, mtime in entries:
+        when = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{key}  {size:>10}  {when}")
+    total = sum(size for _, size, _ in entries)
+    limit = _native.kernel_cache_max_bytes()
+    print(f"{len(entries)} entries, {total} bytes (limit {limit})")
+    return 0
+
+
+def _clear(args: argparse.Namespace) -> int:
+    from pygpukit import _native
+
+    removed = _native.kernel_cache_clear()
+    print(f"removed {removed} entries from {_native.kernel_cache_dir()}")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("cache", help="list or clear the compiled-kernel cache")
+    sub = p.add_subparsers(dest="cache_command", required=True)
+    sub.add_parser("ls", help="list cached kernels, newest first").set_defaults(func=_ls)
+    sub.add_parser("clear", help="delete every cached kernel").set_defaults(func=_clear)
