@@ -1,0 +1,253 @@
+// Decode attention: one query token per (batch, head) against a KV cache, split-K.
+//
+// q: [B, H, D] (batch/head strides); K/V caches: [B, KVH, S_max, D] (batch/head/seq strides,
+// D contiguous); o: [B, H, D]. The live context length is READ FROM DEVICE MEMORY
+// (ctx_len, int32), so one captured CUDA graph serves every decode step: each of the
+// `splits` blocks of a kv head takes an equal share of [0, ctx_len), computed on device.
+//
+// Kernel 1 (pgk_attn_decode_split), grid (splits, KVH * group / PGK_G, B), 256 threads: one
+// block serves PGK_G query heads of its kv head (all of them when group = H / KVH <= 16),
+// so each K/V byte is read from memory once.
+// 64-key tiles stream through PGK_STAGES shared-memory stages by cp.async, keeping
+// (PGK_STAGES - 1) tiles in flight while the current one is used. Scores: four threads per
+// key, each a quarter of the heads; softmax: one warp per head (online, exp2); P.V: 16-byte
+// V vectors per thread, all heads at once, fp32 accumulators. Writes unnormalised partial
+// outputs plus the (max, sum) of each split to a float workspace.
+// Kernel 2 (pgk_attn_decode_reduce), grid (H, B), D threads: merges the splits.
+#include "common.cuh"
+
+#ifndef PGK_D
+#define PGK_D 128
+#endif
+#ifndef PGK_G
+#define PGK_G 8
+#endif
+#ifndef PGK_STAGES
+#define PGK_STAGES 4
+#endif
+#define PGK_DT 256                                   // threads per block
+#define PGK_TK 64                                    // keys per tile
+#define PGK_KPAD (16 / (int)sizeof(pgk_t))           // K rows padded by 16 bytes
+#define PGK_KLD (PGK_D + PGK_KPAD)
+#define PGK_STAGE_ELEMS (PGK_TK * (PGK_KLD + PGK_D))
+#define PGK_LPR (PGK_D / PGK_VEC)                    // threads per V row in P.V
+#define PGK_STREAMS (PGK_DT / PGK_LPR)               // key streams in P.V
+#define PGK_HPW ((PGK_G + 7) / 8)                    // heads per warp in the softmax
+
+static_assert(PGK_VEC * (int)sizeof(pgk_t) == 16, "decode attention needs 16-byte vectors");
+static_assert(PGK_D % 32 == 0, "head_dim must be a multiple of 32");
+
+// Dynamic shared memory (sized by the Python launcher, which mirrors this layout):
+//   qs [G][D] f32 | S [G][TK] f32 | alpha [G] f32 | pad to 16 | stages, reused at the end
+//   for the [STREAMS][G][D] f32 reduction buffer.
+
+extern "C" __global__ void __launch_bounds__(PGK_DT)
+    pgk_attn_decode_split(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kc,
+                          const pgk_t* __restrict__ vc, const int* __restrict__ ctx_len,
+                          float* __restrict__ o_part, float* __restrict__ ml_part,
+                          int n_heads, int group, float scale, long long q_sb,
+                          long long q_sh, long long k_sb, long long k_sh, long long k_ss,
+                          long long v_sb, long long v_sh, long long v_ss) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* qs = reinterpret_cast<float*>(smem_raw);
+  float* S = qs + PGK_G * PGK_D;
+  float* alpha_s = S + PGK_G * PGK_TK;
+  pgk_t* stages = reinterpret_cast<pgk_t*>(
+      smem_raw + ((PGK_G * PGK_D + PGK_G * PGK_TK + PGK_G) * 4 + 15) / 16 * 16);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int split = blockIdx.x, splits = gridDim.x;
+  // grid.y = kv heads x (group / PGK_G): a group larger than PGK_G (multi-query
+  // attention) is served in PGK_G-head slices, each reading the kv head once.
+  const int n_sub = group / PGK_G;
+  const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
+  const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
+  const long long part = ((long long)b * n_heads + h0) * splits + split;  // head h0's slot
+
+  const int ctx = pgk_read_i32(ctx_len, 0);
+  // Equal shares rounded up to whole tiles; trailing splits may get nothing.
+  const int per = ((ctx + splits - 1) / splits + PGK_TK - 1) / PGK_TK * PGK_TK;
+  const int start = split * per;
+  const int end = min(start + per, ctx);
+  if (start >= end) {
+    for (int g = tid; g < PGK_G; g += PGK_DT) {
+      ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
+      ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
+    }
+    return;
+  }
+  const int n_tiles = (end - start + PGK_TK - 1) / PGK_TK;
+  kc += b * k_sb + kvh * k_sh;
+  vc += b * v_sb + kvh * v_sh;
+
+  auto issue = [&](int t) {
+    pgk_t* ks = stages + (t % PGK_STAGES) * PGK_STAGE_ELEMS;
+    pgk_t* vs = ks + PGK_TK * PGK_KLD;
+    const int key0 = start + t * PGK_TK;
+    constexpr int CH = PGK_D / PGK_VEC;  // 16-byte chunks per row
+    for (int e = tid; e < PGK_TK * CH; e += PGK_DT) {
+      const int j = e / CH, c = (e % CH) * PGK_VEC;
+      const bool in = key0 + j < end;
+      const long long key = in ? key0 + j : start;
+      pgk_cp_async16(ks + j * PGK_KLD + c, kc + key * k_ss + c, in);
+      pgk_cp_async16(vs + j * PGK_D + c, vc + key * v_ss + c, in);
+    }
+  };
+#pragma unroll
+  for (int t = 0; t < PGK_STAGES - 1; ++t) {
+    if (t < n_tiles) issue(t);
+    pgk_cp_async_commit();
+  }
+
+  // log2(e) folded into q so the softmax runs on exp2.
+  const float qscale = scale * 1.4426950408889634f;
+  for (int e = tid; e < PGK_G * PGK_D; e += PGK_DT) {
+    const int g = e / PGK_D, d = e % PGK_D;
+    qs[e] = pgk_to_float(q[b * q_sb + (h0 + g) * q_sh + d]) * qscale;
+  }
+
+  float m_r[PGK_HPW], l_r[PGK_HPW];
+#pragma unroll
+  for (int i = 0; i < PGK_HPW; ++i) {
+    m_r[i] = -PGK_INF;
+    l_r[i] = 0.0f;
+  }
+  constexpr int V = PGK_VEC;
+  const int st = tid / PGK_LPR, dl = (tid % PGK_LPR) * V;
+  float acc[PGK_G][V];
+#pragma unroll
+  for (int g = 0; g < PGK_G; ++g)
+#pragma unroll
+    for (int c = 0; c < V; ++c) acc[g][c] = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + PGK_STAGES - 1 < n_tiles) issue(t + PGK_STAGES - 1);
+    pgk_cp_async_commit();
+    pgk_cp_async_wait<PGK_STAGES - 1>();
+    __syncthreads();
+    const pgk_t* ks = stages + (t % PGK_STAGES) * PGK_STAGE_ELEMS;
+    const pgk_t* vs = ks + PGK_TK * PGK_KLD;
+    const int key0 = start + t * PGK_TK;
+
+    {  // scores: thread -> (key j, heads hg, hg + 4, ...)
+      const int j = tid & (PGK_TK - 1), hg = tid >> 6;
+      constexpr int NH = (PGK_G + 3) / 4;
+      float s[NH];
+#pragma unroll
+      for (int i = 0; i < NH; ++i) s[i] = 0.0f;
+      const pgk_t* kr = ks + j * PGK_KLD;
+#pragma unroll 4
+      for (int d = 0; d < PGK_D; d += V) {
+        const auto kv = pgk_load<V>(kr + d);
+        float kf[V];
+#pragma unroll
+        for (int c = 0; c < V; ++c) kf[c] = pgk_to_float(kv.v[c]);
+#pragma unroll
+        for (int i = 0; i < NH; ++i) {
+          const int g = hg + 4 * i;
+          if (g < PGK_G) {
+            const float* qr = qs + g * PGK_D + d;
+#pragma unroll
+            for (int c = 0; c < V; c += 4) {
+              const float4 qv = *reinterpret_cast<const float4*>(qr + c);
+              s[i] += qv.x * kf[c] + qv.y * kf[c + 1] + qv.z * kf[c + 2] + qv.w * kf[c + 3];
+            }
+          }
+        }
+      }
+      const bool valid = key0 + j < end;
+#pragma unroll
+      for (int i = 0; i < NH; ++i) {
+        const int g = hg + 4 * i;
+        if (g < PGK_G) S[g * PGK_TK + j] = valid ? s[i] : -PGK_INF;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PGK_HPW; ++i) {  // softmax: warp -> heads warp, warp + 8
+      const int g = warp + 8 * i;
+      if (g < PGK_G) {
+        const float s0 = S[g * PGK_TK + lane], s1 = S[g * PGK_TK + lane + 32];
+        const float mn = max(m_r[i], pgk_warp_max(max(s0, s1)));  // finite: key0 < end
+        const float p0 = exp2f(s0 - mn), p1 = exp2f(s1 - mn);
+        const float al = exp2f(m_r[i] - mn);
+        l_r[i] = l_r[i] * al + pgk_warp_sum(p0 + p1);
+        m_r[i] = mn;
+        S[g * PGK_TK + lane] = p0;
+        S[g * PGK_TK + lane + 32] = p1;
+        if (lane == 0) alpha_s[g] = al;
+      }
+    }
+    __syncthreads();
+    {  // P.V: thread -> (key stream st, columns dl .. dl + V)
+#pragma unroll
+      for (int g = 0; g < PGK_G; ++g) {
+        const float al = alpha_s[g];
+#pragma unroll
+        for (int c = 0; c < V; ++c) acc[g][c] *= al;
+      }
+#pragma unroll 2
+      for (int j = st; j < PGK_TK; j += PGK_STREAMS) {
+        const auto vv = pgk_load<V>(vs + j * PGK_D + dl);
+        float vf[V];
+#pragma unroll
+        for (int c = 0; c < V; ++c) vf[c] = pgk_to_float(vv.v[c]);
+#pragma unroll
+        for (int g = 0; g < PGK_G; ++g) {
+          const float p = S[g * PGK_TK + j];
+#pragma unroll
+          for (int c = 0; c < V; ++c) acc[g][c] += p * vf[c];
+        }
+      }
+    }
+    __syncthreads();  // stage t % STAGES and S are rewritten next iteration
+  }
+  pgk_cp_async_wait<0>();
+  __syncthreads();
+
+  // Sum the key streams through shared memory (the stage buffers are free now).
+  float* red = reinterpret_cast<float*>(stages);
+#pragma unroll
+  for (int g = 0; g < PGK_G; ++g)
+#pragma unroll
+    for (int c = 0; c < V; ++c) red[(st * PGK_G + g) * PGK_D + dl + c] = acc[g][c];
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < PGK_HPW; ++i) {
+      const int g = warp + 8 * i;
+      if (g < PGK_G) {
+        ml_part[(part + (long long)g * splits) * 2] = m_r[i];
+        ml_part[(part + (long long)g * splits) * 2 + 1] = l_r[i];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < PGK_G * PGK_D; e += PGK_DT) {
+    float sum = 0.0f;
+#pragma unroll 4
+    for (int s2 = 0; s2 < PGK_STREAMS; ++s2) sum += red[s2 * PGK_G * PGK_D + e];
+    const int g = e / PGK_D, d = e % PGK_D;
+    o_part[(part + (long long)g * splits) * PGK_D + d] = sum;
+  }
+}
+
+// grid (H, B), PGK_D threads.
+extern "C" __global__ void pgk_attn_decode_reduce(const float* __restrict__ o_part,
+                                                  const float* __restrict__ ml_part,
+                                                  pgk_t* __restrict__ o, int n_heads,
+                                                  int splits, long long o_sb, long long o_sh) {
+  const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  const long long base = ((long long)b * n_heads + h) * splits;
+  float mx = -PGK_INF;
+  for (int s = 0; s < splits; ++s) mx = max(mx, ml_part[(base + s) * 2]);
+  float l = 0.0f, acc = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = ml_part[(base + s) * 2];
+    if (ms == -PGK_INF) continue;  // empty split
+    const float w = exp2f(ms - mx);
+    l += w * ml_part[(base + s) * 2 + 1];
+    acc += w * o_part[(base + s) * PGK_D + d];
+  }
+  // ctx_len == 0 leaves every split empty: the output is zeros, not NaN.
+  o[b * o_sb + h * o_sh + d] = pgk_from_float<pgk_t>(l > 0.0f ? acc / l : 0.0f);
+}

@@ -1,0 +1,175 @@
+// Shared helpers for the NVRTC kernel templates.
+//
+// The launcher prepends `#define PGK_T <type>` (and sometimes more macros) and then the
+// family file, which includes this one. Everything computes in PGK_ACC: float, except
+// double for double inputs, so half/bf16 never accumulate in their own precision.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#ifndef PGK_T
+#define PGK_T float
+#endif
+
+typedef PGK_T pgk_t;
+
+#ifndef PGK_ACC
+#define PGK_ACC float
+#endif
+typedef PGK_ACC pgk_acc;
+
+// Elements per 16-byte vector access. The launcher sets PGK_VEC to 1 when a row start or
+// a stride is not 16-byte aligned, so the same source serves aligned and unaligned data.
+#ifndef PGK_VEC
+#define PGK_VEC (16 / (int)sizeof(PGK_T))
+#endif
+
+#define PGK_DEVICE __device__ __forceinline__
+#define PGK_INF __int_as_float(0x7f800000)
+
+// ---------------------------------------------------------------- type conversion
+PGK_DEVICE float pgk_to_float(float x) { return x; }
+PGK_DEVICE float pgk_to_float(double x) { return (float)x; }
+PGK_DEVICE float pgk_to_float(__half x) { return __half2float(x); }
+PGK_DEVICE float pgk_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+PGK_DEVICE double pgk_to_double(float x) { return (double)x; }
+PGK_DEVICE double pgk_to_double(double x) { return x; }
+PGK_DEVICE double pgk_to_double(__half x) { return (double)__half2float(x); }
+PGK_DEVICE double pgk_to_double(__nv_bfloat16 x) { return (double)__bfloat162float(x); }
+
+// Converts any storage type to the accumulation type of this compilation.
+template <typename A> struct pgk_load_as;
+template <> struct pgk_load_as<float> {
+  template <typename X> static PGK_DEVICE float cvt(X x) { return pgk_to_float(x); }
+};
+template <> struct pgk_load_as<double> {
+  template <typename X> static PGK_DEVICE double cvt(X x) { return pgk_to_double(x); }
+};
+template <typename X> PGK_DEVICE pgk_acc pgk_acc_of(X x) { return pgk_load_as<pgk_acc>::cvt(x); }
+
+template <typename T> PGK_DEVICE T pgk_from_float(float x);
+template <> PGK_DEVICE float pgk_from_float<float>(float x) { return x; }
+template <> PGK_DEVICE double pgk_from_float<double>(float x) { return (double)x; }
+template <> PGK_DEVICE __half pgk_from_float<__half>(float x) { return __float2half_rn(x); }
+template <> PGK_DEVICE __nv_bfloat16 pgk_from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+template <typename T> PGK_DEVICE T pgk_from_acc(float x) { return pgk_from_float<T>(x); }
+template <typename T> PGK_DEVICE T pgk_from_acc(double x);
+template <> PGK_DEVICE double pgk_from_acc<double>(double x) { return x; }
+template <> PGK_DEVICE float pgk_from_acc<float>(double x) { return (float)x; }
+template <> PGK_DEVICE __half pgk_from_acc<__half>(double x) { return __double2half(x); }
+template <> PGK_DEVICE __nv_bfloat16 pgk_from_acc<__nv_bfloat16>(double x) {
+  return __double2bfloat16(x);
+}
+
+// ---------------------------------------------------------------- vector access
+// A bundle of N elements moved with the widest access the byte count allows. Callers
+// guarantee alignment of sizeof(T) * N bytes (the launcher checks pointers and strides).
+template <typename T, int N> struct alignas(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) pgk_vec {
+  T v[N];
+};
+
+template <int N, typename T> PGK_DEVICE pgk_vec<T, N> pgk_load(const T* p) {
+  pgk_vec<T, N> r;
+  constexpr int bytes = (int)sizeof(T) * N;
+  if constexpr (bytes == 16) {
+    *reinterpret_cast<uint4*>(&r) = *reinterpret_cast<const uint4*>(p);
+  } else if constexpr (bytes == 8) {
+    *reinterpret_cast<uint2*>(&r) = *reinterpret_cast<const uint2*>(p);
+  } else if constexpr (bytes == 4) {
+    *reinterpret_cast<unsigned int*>(&r) = *reinterpret_cast<const unsigned int*>(p);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.v[i] = p[i];
+  }
+  return r;
+}
+
+template <int N, typename T> PGK_DEVICE void pgk_store(T* p, const pgk_vec<T, N>& r) {
+  constexpr int bytes = (int)sizeof(T) * N;
+  if constexpr (bytes == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
+  } else if constexpr (bytes == 8) {
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(&r);
+  } else if constexpr (bytes == 4) {
+    *reinterpret_cast<unsigned int*>(p) = *reinterpret_cast<const unsigned int*>(&r);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = r.v[i];
+  }
+}
+
+// Streaming load for data read exactly once (bypasses L1 allocation, keeps L2 for reuse).
+template <int N, typename T> PGK_DEVICE pgk_vec<T, N> pgk_load_stream(const T* p) {
+  constexpr int bytes = (int)sizeof(T) * N;
+  if constexpr (bytes == 16) {
+    pgk_vec<T, N> r;
+    *reinterpret_cast<uint4*>(&r) = __ldcs(reinterpret_cast<const uint4*>(p));
+    return r;
+  } else {
+    return pgk_load<N>(p);
+  }
+}
+
+// ---------------------------------------------------------------- reductions
+template <typename A> PGK_DEVICE A pgk_warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename A> PGK_DEVICE A pgk_warp_max(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide reductions; every thread gets the result. `scratch` needs 32 entries and
+// may be reused right after the call returns (the trailing barrier protects it).
+template <typename A> PGK_DEVICE A pgk_block_sum(A v, A* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = pgk_warp_sum(v);
+  if (nwarps == 1) return v;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  A r = lane < nwarps ? scratch[lane] : A(0);
+  r = pgk_warp_sum(r);
+  __syncthreads();
+  return r;
+}
+
+template <typename A> PGK_DEVICE A pgk_block_max(A v, A* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = pgk_warp_max(v);
+  if (nwarps == 1) return v;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  A r = lane < nwarps ? scratch[lane] : A(-PGK_INF);
+  r = pgk_warp_max(r);
+  __syncthreads();
+  return r;
+}
+
+// ---------------------------------------------------------------- device scalars
+// Dynamic values (decode position, context length) live in device memory so a captured
+// CUDA graph stays valid across steps; a null pointer means "use the fallback".
+PGK_DEVICE int pgk_read_i32(const int* p, int fallback) {
+  return p ? __ldcg(p) : fallback;
+}
+
+// ---------------------------------------------------------------- cp.async (SM80+)
+PGK_DEVICE void pgk_cp_async16(void* smem, const void* gmem, bool pred) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  const int n = pred ? 16 : 0;  // src-size 0 zero-fills, so masked tiles read no memory
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+PGK_DEVICE void pgk_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> PGK_DEVICE void pgk_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}

@@ -1,0 +1,87 @@
+"""The template variants the launchers can ask for, for ahead-of-time compile checks.
+
+tests/test_kernel_templates.py compiles every entry for sm_80 and sm_90, so a template
+that stops compiling in any dtype fails CI rather than on a user's first call.
+"""
+
+from __future__ import annotations
+
+from . import loader
+
+Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
+
+
+def _t(dtype: str, **extra: object) -> dict[str, object]:
+    return {**loader.type_defines(dtype), **extra}
+
+
+def all_variants() -> list[Variant]:
+    out: list[Variant] = []
+    floats = loader.FLOAT_DTYPES
+    for dt in floats:
+        vec = 16 // loader.itemsize(dt)
+        for items, v in ((4, vec), (0, 1), (16, vec)):
+            out.append(
+                ("softmax", ("pgk_softmax", "pgk_log_softmax"), _t(dt, PGK_VEC=v, PGK_ITEMS=items))
+            )
+            out.append(("rms_norm", ("pgk_rms_norm",), _t(dt, PGK_VEC=v, PGK_ITEMS=items)))
+            out.append(("layer_norm", ("pgk_layer_norm",), _t(dt, PGK_VEC=v, PGK_ITEMS=items)))
+        out.append(
+            (
+                "activation",
+                ("pgk_gelu_tanh", "pgk_gelu_erf", "pgk_silu", "pgk_swiglu"),
+                _t(dt, PGK_VEC=vec),
+            )
+        )
+        out.append(("activation", ("pgk_swiglu",), _t(dt, PGK_VEC=1)))
+    # float32 weights with half inputs (a common checkpoint layout)
+    out.append(
+        ("rms_norm", ("pgk_rms_norm",), _t("bfloat16", PGK_W="float", PGK_VEC=8, PGK_ITEMS=4))
+    )
+    out.append(
+        ("layer_norm", ("pgk_layer_norm",), _t("float16", PGK_W="float", PGK_VEC=8, PGK_ITEMS=2))
+    )
+    for dt in ("float32", "float16", "bfloat16"):
+        vec = 16 // loader.itemsize(dt)
+        for inter in (0, 1):
+            out.append(
+                (
+                    "rope",
+                    ("pgk_rope",),
+                    _t(dt, PGK_VEC=vec, PGK_INTERLEAVED=inter, PGK_CS=loader.ctype(dt)),
+                )
+            )
+            out.append(
+                ("rope", ("pgk_rope",), _t(dt, PGK_VEC=1, PGK_INTERLEAVED=inter, PGK_CS="float"))
+            )
+        out.append(("argmax_topk", ("pgk_argmax", "pgk_topk"), _t(dt, PGK_TOPK_THREADS=512)))
+        out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=vec, PGK_WARPS=8)))
+        out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=1, PGK_WARPS=8)))
+        for d in (64, 128):
+            out.append(
+                ("attention_prefill", ("pgk_attention_prefill",), _t(dt, PGK_D=d, PGK_ROWS=8))
+            )
+            for g, stages in ((1, 2), (8, 4), (16, 3)):
+                out.append(
+                    (
+                        "attention_decode",
+                        ("pgk_attn_decode_split", "pgk_attn_decode_reduce"),
+                        _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages),
+                    )
+                )
+    for dt in loader.HALF_DTYPES:
+        for act in (0, 1, 2, 3):
+            out.append(("gemm_mma", ("pgk_gemm_mma",), _t(dt, PGK_ACT=act)))
+    for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"):
+        out.append(("matmul_simple", ("pgk_matmul",), _t(dt)))
+    for dt in floats + ("int8", "uint8", "int32", "int64"):
+        for idx in ("int32", "int64"):
+            vec = 16 // loader.itemsize(dt)
+            out.append(
+                (
+                    "embedding",
+                    ("pgk_embedding",),
+                    {"PGK_T": loader.ctype(dt), "PGK_IDX": loader.ctype(idx), "PGK_VEC": vec},
+                )
+            )
+    return out
