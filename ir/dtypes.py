@@ -46,11 +46,14 @@ float16 = DType("float16", 2, "f", "f16")
 bfloat16 = DType("bfloat16", 2, "f", "bf16")
 int8 = DType("int8", 1, "i", "i8")
 uint8 = DType("uint8", 1, "u", "u8")
+int16 = DType("int16", 2, "i", "i16")  # NumPy's promotion of int8 with uint8
 int32 = DType("int32", 4, "i", "i32")
 int64 = DType("int64", 8, "i", "i64")
 bool_ = DType("bool", 1, "b", "bool")
 
-ALL: tuple[DType, ...] = (float64, float32, float16, bfloat16, int8, uint8, int32, int64, bool_)
+ALL: tuple[DType, ...] = (
+    float64, float32, float16, bfloat16, int8, uint8, int16, int32, int64, bool_,
+)  # fmt: skip
 FLOATS: tuple[DType, ...] = (float64, float32, float16, bfloat16)
 
 _NP: dict[str, np.dtype] = {
@@ -60,6 +63,7 @@ _NP: dict[str, np.dtype] = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "int8": np.dtype(np.int8),
     "uint8": np.dtype(np.uint8),
+    "int16": np.dtype(np.int16),
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_),
@@ -96,13 +100,27 @@ def as_dtype(x: Any) -> DType:
 
 
 def result_type(*args: DType | int | float | bool) -> DType:
-    """NumPy promotion of array dtypes and weak Python scalars."""
-    operands: list[Any] = [a.np if isinstance(a, DType) else a for a in args]
-    if all(not isinstance(a, np.dtype) for a in operands):
-        # Only Python scalars: NumPy gives the default types; we keep float32 as the float default.
-        operands = [np.dtype(np.float32) if isinstance(a, float) else a for a in operands]
-    rt = np.result_type(*operands)
-    return as_dtype(rt)
+    """NumPy promotion of array dtypes; Python scalars are weak (NEP 50).
+
+    Pairs go through np.add's type resolution rather than np.result_type because
+    ml_dtypes registers bfloat16's promotions as ufunc loops only.
+    """
+    arrays = [a for a in args if isinstance(a, DType)]
+    scalars = [a for a in args if not isinstance(a, DType)]
+    if not arrays:
+        return scalar_dtype(scalars[0]) if len(scalars) == 1 else as_dtype(
+            np.result_type(*[np.float32 if isinstance(v, float) else v for v in scalars])
+        )
+    out = arrays[0]
+    for d in arrays[1:]:
+        if d != out:
+            out = as_dtype(np.add.resolve_dtypes((out.np, d.np, None))[-1])
+    for v in scalars:
+        if isinstance(v, float) and not out.is_float:
+            out = float64
+        elif isinstance(v, int) and not isinstance(v, bool) and out == bool_:
+            out = int64
+    return out
 
 
 def scalar_dtype(value: int | float | bool) -> DType:

@@ -46,10 +46,13 @@ class Graph:
         self.name = name
         self.nodes = toposort(outputs)
         self.provenance: list[dict[str, Any]] = []
+        # Pattern-fusion matches and near-misses, one dict per event (see passes/patterns.py).
+        self.report: list[dict[str, Any]] = []
 
     def rebuild(self, outputs: list[Node]) -> Graph:
         g = Graph(self.inputs, outputs, self.name)
         g.provenance = list(self.provenance)
+        g.report = list(self.report)
         return g
 
     def users(self) -> dict[int, list[Node]]:

@@ -36,7 +36,7 @@ from .errors import (
     TraceError,
 )
 from .errors import IndexError_ as IndexError  # noqa: A001 - gpk.IndexError subclasses the builtin
-from .ir.dtypes import DType, bfloat16, float16, float32, float64, int8, int32, int64, uint8
+from .ir.dtypes import DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8
 from .ir.dtypes import bool_ as bool  # noqa: A001 - gpk.bool, like numpy's np.bool
 from .mode import eager, is_eager
 from .ops import *  # noqa: F403

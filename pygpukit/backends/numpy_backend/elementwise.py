@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pygpukit.ir import DType
+from pygpukit.ir import DType, dtypes
 
 from .compute import down, up
 
@@ -78,7 +78,7 @@ def unary(op: str, x: np.ndarray, attrs: dict[str, Any], dtype: DType) -> np.nda
 
 def binary(op: str, a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:
     if op in ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"):
-        ct = np.result_type(a.dtype, b.dtype)
+        ct = dtypes.result_type(dtypes.as_dtype(a.dtype), dtypes.as_dtype(b.dtype)).np
         a, b = a.astype(ct, copy=False), b.astype(ct, copy=False)
     else:
         a, b = a.astype(dtype.np, copy=False), b.astype(dtype.np, copy=False)

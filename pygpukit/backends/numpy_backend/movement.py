@@ -14,8 +14,11 @@ def index_tuple(spec: Any, dyn: list[int]) -> tuple[Any, ...]:
     for e in spec:
         if e[0] == "slice":
             start, stop, step = e[1], e[2], e[3]
-            # slice.indices() yields -1 as the stop of a reversed run to index 0
-            out.append(slice(start, None if stop < 0 else stop, step))
+            if not len(range(start, stop, step)):
+                out.append(slice(0, 0, 1))
+            else:
+                # slice.indices() yields -1 as the stop of a reversed run to index 0
+                out.append(slice(start, None if stop < 0 else stop, step))
         elif e[0] == "int":
             out.append(e[1])
         elif e[0] == "dyn":

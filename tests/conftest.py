@@ -1,0 +1,29 @@
+"""Shared test setup: the gpu marker skips without a usable SM80+ GPU."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+
+@functools.cache
+def gpu_available() -> bool:
+    if os.environ.get("PYGPUKIT_BACKEND", "").lower() == "cpu":
+        return False
+    try:
+        from pygpukit import _native
+
+        return bool(_native.driver_available())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="needs an SM80+ CUDA GPU")
+    for item in items:
+        if f"{os.sep}gpu{os.sep}" in str(item.path):
+            item.add_marker(pytest.mark.gpu)
+        if "gpu" in item.keywords and not gpu_available():
+            item.add_marker(skip)
