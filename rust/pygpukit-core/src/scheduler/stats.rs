@@ -1,0 +1,60 @@
+//! What the scheduler reports.
+
+use std::collections::BTreeMap;
+
+use super::task::{Qos, TaskId, TaskState};
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counters {
+    pub submitted: u64,
+    pub admitted: u64,
+    pub queued: u64,
+    pub rejected: u64,
+    pub started: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    pub throttled: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantStats {
+    pub share: f64,
+    pub tokens_ms: f64,
+    pub gpu_time_ms: f64,
+    pub live_tasks: usize,
+    pub completed: u64,
+    pub failed: u64,
+    pub throttled_tasks: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskStats {
+    pub tenant: String,
+    pub partition: String,
+    pub qos: Qos,
+    pub state: TaskState,
+    pub reservation_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartitionStats {
+    pub memory_quota_bytes: u64,
+    pub reserved_bytes: u64,
+    pub bandwidth_share: f64,
+    pub stream_priority: i32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedStats {
+    pub capacity_bytes: u64,
+    pub reserved_bytes: u64,
+    pub queue_length: usize,
+    /// Admitted tasks not yet started.
+    pub waiting: usize,
+    pub running: usize,
+    pub counts: Counters,
+    pub tasks: BTreeMap<TaskId, TaskStats>,
+    pub tenants: BTreeMap<String, TenantStats>,
+    pub partitions: BTreeMap<String, PartitionStats>,
+}

@@ -1,0 +1,383 @@
+use pygpukit_core::scheduler::{
+    Admission, Pace, Partition, Qos, SchedError, Scheduler, TaskId, TaskSpec, TaskState,
+};
+
+const MIB: u64 = 1 << 20;
+
+fn spec(tenant: &str, bytes: u64, qos: Qos) -> TaskSpec {
+    TaskSpec {
+        tenant: tenant.into(),
+        reservation_bytes: bytes,
+        qos,
+        priority: 0,
+        partition: "default".into(),
+        bandwidth_share: 1.0,
+        deadline_ms: None,
+    }
+}
+
+fn share(mut s: TaskSpec, share: f64) -> TaskSpec {
+    s.bandwidth_share = share;
+    s
+}
+
+fn submit(s: &mut Scheduler, spec: TaskSpec) -> (TaskId, Admission) {
+    let r = s.submit(spec, 0.0).unwrap();
+    (r.id, r.admission)
+}
+
+#[test]
+fn admission_queues_and_admits_in_qos_priority_fifo_order() {
+    let mut s = Scheduler::new(100 * MIB, 50.0).unwrap();
+    let (a, adm) = submit(&mut s, spec("a", 60 * MIB, Qos::Burstable));
+    assert_eq!(adm, Admission::Admitted);
+    let (b, adm) = submit(&mut s, spec("b", 50 * MIB, Qos::BestEffort));
+    assert_eq!(adm, Admission::Queued);
+    let mut hi = spec("c", 30 * MIB, Qos::Burstable);
+    hi.priority = 5;
+    let (c, _) = submit(&mut s, hi.clone());
+    let (d, _) = submit(&mut s, spec("d", 10 * MIB, Qos::Burstable));
+    // c (priority 5) fits in the 40 MiB left and goes ahead; d fits after it.
+    assert_eq!(s.state(c), Ok(TaskState::Admitted));
+    assert_eq!(s.state(d), Ok(TaskState::Admitted));
+    assert_eq!(s.state(b), Ok(TaskState::Queued));
+    assert_eq!(s.reserved_bytes(), 100 * MIB);
+    s.start(a, 0.0).unwrap();
+    assert_eq!(s.complete(a, 1.0, 1.0), Ok(vec![b]));
+    assert_eq!(s.reserved_bytes(), 90 * MIB);
+    let st = s.stats(None);
+    assert_eq!(
+        (st.counts.admitted, st.counts.queued, st.counts.rejected),
+        (4, 1, 0)
+    );
+    assert_eq!(st.tasks[&b].reservation_bytes, 50 * MIB);
+}
+
+#[test]
+fn node_blocked_head_is_not_starved_by_smaller_tasks() {
+    let mut s = Scheduler::new(100 * MIB, 50.0).unwrap();
+    let (a, _) = submit(&mut s, spec("a", 70 * MIB, Qos::Burstable));
+    let (big, adm) = submit(&mut s, spec("b", 80 * MIB, Qos::Burstable));
+    assert_eq!(adm, Admission::Queued);
+    let (small, adm) = submit(&mut s, spec("c", 10 * MIB, Qos::Burstable));
+    assert_eq!(
+        adm,
+        Admission::Queued,
+        "would jump ahead of the blocked head"
+    );
+    s.cancel(a).unwrap();
+    assert_eq!(s.state(big), Ok(TaskState::Admitted));
+    assert_eq!(s.state(small), Ok(TaskState::Admitted));
+}
+
+#[test]
+fn guaranteed_is_admitted_or_rejected_never_queued() {
+    let mut s = Scheduler::new(100 * MIB, 50.0).unwrap();
+    let (_, adm) = submit(&mut s, share(spec("g", 70 * MIB, Qos::Guaranteed), 0.5));
+    assert_eq!(adm, Admission::Admitted);
+    let (g2, adm) = submit(&mut s, share(spec("g2", 40 * MIB, Qos::Guaranteed), 0.5));
+    let Admission::Rejected(reason) = adm else {
+        panic!("expected rejection")
+    };
+    assert!(
+        reason.contains("30 MiB free") || reason.contains("31457280 free"),
+        "{reason}"
+    );
+    assert_eq!(s.state(g2), Err(SchedError::Ended(g2)));
+    assert_eq!(s.reserved_bytes(), 70 * MIB);
+    assert_eq!(s.stats(None).tenants["g2"].live_tasks, 0);
+}
+
+#[test]
+fn partition_limits_and_reasons() {
+    let mut s = Scheduler::new(100 * MIB, 50.0).unwrap();
+    s.add_partition(Partition {
+        name: "small".into(),
+        memory_quota_bytes: 20 * MIB,
+        bandwidth_share: 0.5,
+        stream_priority: -2,
+    })
+    .unwrap();
+    assert!(s
+        .add_partition(Partition {
+            name: "small".into(),
+            memory_quota_bytes: 1,
+            bandwidth_share: 0.5,
+            stream_priority: 0,
+        })
+        .is_err());
+    let mut p = spec("t", 30 * MIB, Qos::Burstable);
+    p.partition = "small".into();
+    let (_, adm) = submit(&mut s, p.clone());
+    assert!(matches!(adm, Admission::Rejected(r) if r.contains("quota of partition \"small\"")));
+    p.reservation_bytes = 15 * MIB;
+    let (x, adm) = submit(&mut s, p.clone());
+    assert_eq!(adm, Admission::Admitted);
+    let (y, adm) = submit(&mut s, p.clone());
+    assert_eq!(
+        adm,
+        Admission::Queued,
+        "partition full though the node has room"
+    );
+    // The partition-blocked task does not hold back another partition.
+    let (z, adm) = submit(&mut s, spec("u", 50 * MIB, Qos::BestEffort));
+    assert_eq!(adm, Admission::Admitted);
+    assert_eq!(s.start(x, 0.0), Ok(-2));
+    assert_eq!(s.complete(x, 2.0, 2.0), Ok(vec![y]));
+    let st = s.stats(None);
+    assert_eq!(st.partitions["small"].reserved_bytes, 15 * MIB);
+    assert_eq!(st.tenants["t"].share, 0.5);
+    let mut q = spec("v", 1, Qos::Burstable);
+    q.partition = "nope".into();
+    assert!(
+        matches!(submit(&mut s, q).1, Admission::Rejected(r) if r.contains("unknown partition"))
+    );
+    let (_, adm) = submit(&mut s, spec("w", 101 * MIB, Qos::BestEffort));
+    assert!(matches!(adm, Admission::Rejected(_)));
+    s.cancel(z).unwrap();
+}
+
+#[test]
+fn invalid_transitions_are_errors() {
+    let mut s = Scheduler::new(10 * MIB, 50.0).unwrap();
+    let (a, _) = submit(&mut s, spec("a", 8 * MIB, Qos::Burstable));
+    let (b, _) = submit(&mut s, spec("b", 8 * MIB, Qos::Burstable));
+    assert!(matches!(
+        s.start(b, 0.0),
+        Err(SchedError::InvalidTransition { .. })
+    ));
+    assert!(matches!(
+        s.complete(a, 1.0, 0.0),
+        Err(SchedError::InvalidTransition { .. })
+    ));
+    s.start(a, 0.0).unwrap();
+    assert!(matches!(
+        s.start(a, 0.0),
+        Err(SchedError::InvalidTransition { .. })
+    ));
+    assert!(matches!(
+        s.cancel(a),
+        Err(SchedError::InvalidTransition { .. })
+    ));
+    assert!(matches!(
+        s.complete(a, -1.0, 0.0),
+        Err(SchedError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.complete(a, 1.0, f64::NAN),
+        Err(SchedError::InvalidArgument(_))
+    ));
+    assert_eq!(s.fail(a, 1.0, 1.0), Ok(vec![b]));
+    assert_eq!(s.fail(a, 1.0, 1.0), Err(SchedError::Ended(a)));
+    assert_eq!(s.cancel(999), Err(SchedError::UnknownTask(999)));
+    assert!(s
+        .submit(share(spec("c", 1, Qos::Burstable), 1.5), 0.0)
+        .is_err());
+    let st = s.stats(None);
+    assert_eq!((st.counts.failed, st.tenants["a"].failed), (1, 1));
+}
+
+#[test]
+fn guaranteed_bandwidth_is_not_overcommitted() {
+    let mut s = Scheduler::new(100 * MIB, 50.0).unwrap();
+    let (g1, adm) = submit(&mut s, share(spec("g1", MIB, Qos::Guaranteed), 0.6));
+    assert_eq!(adm, Admission::Admitted);
+    let (_, adm) = submit(&mut s, share(spec("g2", MIB, Qos::Guaranteed), 0.5));
+    assert!(matches!(adm, Admission::Rejected(r) if r.contains("bandwidth")));
+    // Burstable tenants may ask any share.
+    let (_, adm) = submit(&mut s, share(spec("b", MIB, Qos::Burstable), 0.9));
+    assert_eq!(adm, Admission::Admitted);
+    s.cancel(g1).unwrap();
+    let (_, adm) = submit(&mut s, share(spec("g2", MIB, Qos::Guaranteed), 0.5));
+    assert_eq!(adm, Admission::Admitted);
+}
+
+#[test]
+fn over_share_tenant_waits_for_one_within_share() {
+    let mut s = Scheduler::new(100 * MIB, 10.0).unwrap();
+    let (a, _) = submit(&mut s, share(spec("a", MIB, Qos::Burstable), 0.3));
+    s.start(a, 0.0).unwrap();
+    s.complete(a, 9.0, 9.0).unwrap(); // bucket: 3 + 0.3*9 (capped at 3) - 9 = -6
+    let (a2, _) = submit(&mut s, share(spec("a", MIB, Qos::Burstable), 0.3));
+    // Alone, an over-share tenant borrows the idle GPU.
+    assert_eq!(s.pace(a2, 9.0), Ok(Pace::Start));
+    let (b, _) = submit(&mut s, share(spec("b", MIB, Qos::Burstable), 0.7));
+    match s.pace(a2, 9.0).unwrap() {
+        Pace::Wait { until: Some(t) } => assert!((t - 29.0).abs() < 1e-6, "{t}"),
+        p => panic!("{p:?}"),
+    }
+    assert_eq!(s.may_start(a2, 9.0), Ok(false));
+    assert_eq!(s.may_start(a2, 10.0), Ok(false));
+    assert!(matches!(
+        s.start(a2, 10.0),
+        Err(SchedError::Throttled { .. })
+    ));
+    assert_eq!(
+        s.stats(None).tenants["a"].throttled_tasks,
+        1,
+        "counted once per task"
+    );
+    assert_eq!(s.pick_next(10.0), Ok(Some(b)));
+    assert_eq!(s.next_start_time(a2, 29.0), Ok(Some(29.0)));
+    assert_eq!(s.may_start(a2, 29.0), Ok(true));
+}
+
+/// A simulated GPU running one launch at a time. Every tenant always has one
+/// admitted task; the caller starts whatever `pick_next` (or, with
+/// `round_robin`, the first task that `start` accepts) allows. Returns each
+/// tenant's GPU time.
+fn simulate(
+    tenants: &[(&str, Qos, f64)],
+    durations: impl Fn(usize, u64) -> f64,
+    total_ms: f64,
+    round_robin: bool,
+) -> Vec<f64> {
+    let mut s = Scheduler::new(1 << 30, 20.0).unwrap();
+    let mut pending: Vec<TaskId> = tenants
+        .iter()
+        .map(|&(t, q, sh)| s.submit(share(spec(t, MIB, q), sh), 0.0).unwrap().id)
+        .collect();
+    let mut now = 0.0;
+    let mut step = 0u64;
+    let mut rr = 0;
+    while now < total_ms {
+        step += 1;
+        let chosen = if round_robin {
+            (0..pending.len())
+                .map(|k| (rr + k) % pending.len())
+                .find(|&i| s.start(pending[i], now).is_ok())
+        } else {
+            s.pick_next(now).unwrap().map(|id| {
+                let i = pending.iter().position(|&p| p == id).unwrap();
+                s.start(id, now).unwrap();
+                i
+            })
+        };
+        let Some(i) = chosen else {
+            let wake = pending
+                .iter()
+                .filter_map(|&id| s.next_start_time(id, now).unwrap())
+                .fold(f64::INFINITY, f64::min);
+            assert!(wake.is_finite() && wake > now, "stuck at {now}");
+            now = wake;
+            continue;
+        };
+        rr = i + 1;
+        let d = durations(i, step);
+        now += d;
+        s.complete(pending[i], d, now).unwrap();
+        let (t, q, sh) = tenants[i];
+        pending[i] = s.submit(share(spec(t, MIB, q), sh), now).unwrap().id;
+    }
+    let st = s.stats(Some(now));
+    tenants
+        .iter()
+        .map(|(t, _, _)| st.tenants[*t].gpu_time_ms)
+        .collect()
+}
+
+fn fractions(v: &[f64]) -> Vec<f64> {
+    let total: f64 = v.iter().sum();
+    v.iter().map(|x| x / total).collect()
+}
+
+/// Pseudo-random launch times in [0.5, 4.5) ms, different per tenant.
+fn jitter(i: usize, step: u64) -> f64 {
+    let h = step
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        .rotate_left(17);
+    0.5 + (h % 4000) as f64 / 1000.0
+}
+
+#[test]
+fn two_burstable_tenants_split_70_30() {
+    for round_robin in [false, true] {
+        let f = fractions(&simulate(
+            &[("a", Qos::Burstable, 0.7), ("b", Qos::Burstable, 0.3)],
+            jitter,
+            20_000.0,
+            round_robin,
+        ));
+        assert!(
+            (f[0] - 0.7).abs() < 0.05,
+            "round_robin={round_robin}: {f:?}"
+        );
+    }
+}
+
+#[test]
+fn shares_hold_when_one_tenant_launches_longer_kernels() {
+    let f = fractions(&simulate(
+        &[("a", Qos::Burstable, 0.25), ("b", Qos::Burstable, 0.75)],
+        |i, step| if i == 0 { 8.0 + jitter(i, step) } else { 0.5 },
+        20_000.0,
+        true,
+    ));
+    assert!((f[0] - 0.25).abs() < 0.05, "{f:?}");
+}
+
+#[test]
+fn guaranteed_tenant_gets_its_share_against_greedy_burstables() {
+    for round_robin in [false, true] {
+        let f = fractions(&simulate(
+            &[
+                ("b1", Qos::Burstable, 1.0),
+                ("b2", Qos::Burstable, 1.0),
+                ("g", Qos::Guaranteed, 0.5),
+            ],
+            jitter,
+            20_000.0,
+            round_robin,
+        ));
+        assert!(f[2] >= 0.47, "round_robin={round_robin}: {f:?}");
+        // Between tenants both within share, only pick_next promises fairness.
+        if !round_robin {
+            assert!((f[0] - f[1]).abs() < 0.05, "{f:?}");
+        }
+    }
+}
+
+#[test]
+fn best_effort_gets_what_is_left() {
+    let mut s = Scheduler::new(1 << 30, 20.0).unwrap();
+    // "a" launches 3 ms every 10 ms; "be" always has work.
+    let mut be = s
+        .submit(share(spec("be", MIB, Qos::BestEffort), 0.0), 0.0)
+        .unwrap()
+        .id;
+    let mut a_pending: Option<TaskId> = None;
+    let (mut now, mut next_a, mut a_delay) = (0.0, 0.0, 0.0f64);
+    while now < 10_000.0 {
+        if a_pending.is_none() && now >= next_a {
+            a_pending = Some(
+                s.submit(share(spec("a", MIB, Qos::Burstable), 0.3), now)
+                    .unwrap()
+                    .id,
+            );
+        }
+        if let Some(a) = a_pending {
+            // With a's task waiting, best effort must not start.
+            assert_eq!(s.may_start(be, now), Ok(false));
+            s.start(a, now).unwrap();
+            a_delay = a_delay.max(now - next_a);
+            now += 3.0;
+            s.complete(a, 3.0, now).unwrap();
+            a_pending = None;
+            next_a += 10.0;
+        } else {
+            s.start(be, now).unwrap();
+            let d = 1.0f64.min(next_a - now).max(0.25);
+            now += d;
+            s.complete(be, d, now).unwrap();
+            be = s
+                .submit(share(spec("be", MIB, Qos::BestEffort), 0.0), now)
+                .unwrap()
+                .id;
+        }
+    }
+    let st = s.stats(Some(now));
+    let f = fractions(&[st.tenants["a"].gpu_time_ms, st.tenants["be"].gpu_time_ms]);
+    assert!((f[0] - 0.3).abs() < 0.02, "{f:?}");
+    assert!(a_delay <= 1.0, "a waited {a_delay} ms behind best effort");
+}
