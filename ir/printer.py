@@ -20,14 +20,40 @@ def _type(n: Node) -> str:
     return f"{n.dtype.short}[{','.join(str(d) for d in n.shape)}]"
 
 
+def _fmt_index(spec: Any, dyn: list[str]) -> str:
+    """An index spec as Python subscript text: x[:, 0:64, None, pos]."""
+    parts = []
+    for e in spec:
+        if e[0] == "slice":
+            start, stop, step = e[1], e[2], e[3]
+            txt = f"{start}:{stop if stop >= 0 else ''}" + (f":{step}" if step != 1 else "")
+            parts.append(txt)
+        elif e[0] == "int":
+            parts.append(str(e[1]))
+        elif e[0] == "dyn":
+            parts.append(dyn[e[1]])
+        else:
+            parts.append("None")
+    return "[" + ", ".join(parts) + "]"
+
+
 def format_node(n: Node, names: dict[int, str]) -> str:
+    if n.op in ("index", "setitem"):
+        ins = [names[i.id] for i in n.inputs]
+        k = 1 if n.op == "index" else 2
+        sub = _fmt_index(n.attrs["spec"], ins[k:])
+        expr = f"{ins[0]}{sub}" if n.op == "index" else f"setitem({ins[0]}{sub}, {ins[1]})"
+        return _with_notes(n, f"  {names[n.id]}: {_type(n)} = {expr}")
     args = [names[i.id] for i in n.inputs]
     args += [f"{k}={_fmt_attr(v)}" for k, v in sorted(n.attrs.items()) if k not in ("shape",)]
     if n.op in ("full", "input", "arange") and "shape" in n.attrs:
         pass
     elif "shape" in n.attrs:
         args.append(f"shape={_fmt_attr(n.attrs['shape'])}")
-    line = f"  {names[n.id]}: {_type(n)} = {n.op}({', '.join(args)})"
+    return _with_notes(n, f"  {names[n.id]}: {_type(n)} = {n.op}({', '.join(args)})")
+
+
+def _with_notes(n: Node, line: str) -> str:
     notes = []
     if n.loc is not None:
         notes.append(str(n.loc))

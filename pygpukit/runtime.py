@@ -76,6 +76,14 @@ def _graph_of(order: list[Node], pending: list[Node]) -> tuple[Graph, list[Node]
     return Graph(inputs, [copies[p.id] for p in pending], name="realize"), leaves
 
 
+def pending_graph(nodes: list[Node], name: str = "graph") -> Graph:
+    """The recorded, not yet run, graph under these nodes (a copy: nothing is executed)."""
+    pending = [n for n in nodes if n.realized is None]
+    graph, _ = _graph_of(toposort(pending, is_leaf=_is_leaf), pending)
+    graph.name = name
+    return graph
+
+
 def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
     index = {n.id: k for k, n in enumerate(order)}
     rows = []

@@ -23,8 +23,8 @@ def broadcast_pair(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
     base = draw(st.lists(st.integers(1, 4), min_size=0, max_size=4))
     a = [d if draw(st.booleans()) else 1 for d in base]
     b = [d if draw(st.booleans()) else 1 for d in base]
-    a = a[draw(st.integers(0, len(a))):]
-    b = b[draw(st.integers(0, len(b))):]
+    a = a[draw(st.integers(0, len(a))) :]
+    b = b[draw(st.integers(0, len(b))) :]
     return tuple(a), tuple(b)
 
 

@@ -8,8 +8,6 @@ from helpers import FLOATS, INTS, assert_close, lazy_and_eager, rand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pygpukit as gpk
-
 SETTINGS = settings(max_examples=30, deadline=None)
 
 
@@ -65,8 +63,8 @@ def test_argmax(shape, keep: bool, seed: int, data) -> None:
 def matmul_shapes(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
     m, k, n = draw(st.integers(1, 6)), draw(st.integers(1, 6)), draw(st.integers(1, 6))
     batch = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
-    ba = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))):]
-    bb = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))):]
+    ba = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))) :]
+    bb = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))) :]
     a = (k,) if draw(st.integers(0, 4)) == 0 else ba + (m, k)
     b = (k,) if draw(st.integers(0, 4)) == 0 else bb + (k, n)
     return a, b

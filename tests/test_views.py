@@ -116,7 +116,7 @@ def test_setitem_static(shape, seed: int, data) -> None:
     x = rand(rng, shape, "float32")
     idx = tuple(i for i in data.draw(basic_index(shape)) if i is not None)
     region = x[idx].shape
-    v = rand(rng, region[data.draw(st.integers(0, len(region))):], "float32")
+    v = rand(rng, region[data.draw(st.integers(0, len(region))) :], "float32")
     ref = x.copy()
     ref[idx] = v
     for eager in (False, True):
