@@ -1,9 +1,10 @@
 # Type stub of the C++ extension (native/src). Keep in sync with the pybind11 bindings.
 from typing import Any, Literal, TypeAlias
 
-from typing_extensions import Buffer
-
 _StreamArg: TypeAlias = "Stream | int | None"
+# Any C-contiguous object with the buffer protocol (numpy arrays, bytes, HostBuffer); the
+# Python 3.10/3.11 typeshed has no Buffer protocol that numpy arrays satisfy.
+_Host: TypeAlias = Any
 
 # driver
 def driver_available() -> bool: ...
@@ -51,16 +52,16 @@ def mem_get_info() -> tuple[int, int]: ...
 def memset(ptr: int, value: int, nbytes: int, stream: _StreamArg = None) -> None: ...
 def memset_d32(ptr: int, value: int, count: int, stream: _StreamArg = None) -> None: ...
 def memcpy_htod(
-    dst: int, src: Buffer, stream: _StreamArg = None, nbytes: int | None = None
+    dst: int, src: _Host, stream: _StreamArg = None, nbytes: int | None = None
 ) -> None: ...
 def memcpy_htod_async(
-    dst: int, src: Buffer, stream: _StreamArg = None, nbytes: int | None = None
+    dst: int, src: _Host, stream: _StreamArg = None, nbytes: int | None = None
 ) -> None: ...
 def memcpy_dtoh(
-    dst: Buffer, src: int, stream: _StreamArg = None, nbytes: int | None = None
+    dst: _Host, src: int, stream: _StreamArg = None, nbytes: int | None = None
 ) -> None: ...
 def memcpy_dtoh_async(
-    dst: Buffer, src: int, stream: _StreamArg = None, nbytes: int | None = None
+    dst: _Host, src: int, stream: _StreamArg = None, nbytes: int | None = None
 ) -> None: ...
 def memcpy_dtod(dst: int, src: int, nbytes: int, stream: _StreamArg = None) -> None: ...
 def memcpy_dtod_async(dst: int, src: int, nbytes: int, stream: _StreamArg = None) -> None: ...

@@ -24,6 +24,7 @@ namespace pgk::cu {
 
 constexpr CUresult kSuccess = 0;
 constexpr CUresult kErrorInvalidValue = 1;
+constexpr CUresult kErrorOutOfMemory = 2;
 constexpr CUresult kErrorDeinitialized = 4;
 constexpr CUresult kErrorNoDevice = 100;
 constexpr CUresult kErrorNotReady = 600;

@@ -48,7 +48,9 @@ void register_errors(py::module_& m) {
     try {
       std::rethrow_exception(p);
     } catch (const CudaError& e) {
-      raise_python("CUDAError", e.what(), e.call().c_str(), e.code());
+      // The pool evicts and retries on OutOfMemoryError, so device OOM must be that class.
+      const char* cls = e.code() == cu::kErrorOutOfMemory ? "OutOfMemoryError" : "CUDAError";
+      raise_python(cls, e.what(), e.call().c_str(), e.code());
     } catch (const CompileError& e) {
       raise_python("CompileError", e.what(), nullptr, 0);
     }
