@@ -19,7 +19,7 @@ typedef PGK_CS pgk_cs;
 #endif
 
 // Block: x = pair-chunks of one row (D / 2 / PGK_VEC threads), y = rows of the block.
-extern "C" __global__ void pgk_rope(const pgk_t* __restrict__ x, pgk_t* __restrict__ y,
+extern "C" __global__ void pgk_rope(const pgk_t* x, pgk_t* y,  // may alias: in place
                                     const pgk_cs* __restrict__ cos_t,
                                     const pgk_cs* __restrict__ sin_t,
                                     const int* __restrict__ pos_offset, int n_heads,

@@ -1,0 +1,415 @@
+"""Kernel-template benchmarks: our launchers vs torch eager and torch.compile, same data.
+
+Each workload checks our output against torch first (no timing of a wrong kernel), then
+times N launches captured in one CUDA graph (so launch overhead is not what we measure),
+cycling through enough input sets to defeat L2 when one set would fit in it. Reported:
+median time per call, GB/s over the minimum bytes (each input read once, each output
+written once), % of the measured device-to-device copy bandwidth, and torch/ours ratios.
+
+    python -m pygpukit.bench.kernels [--no-compile] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from pygpukit.backends.cuda.kernels import attention, gemv, rms_norm, rope, softmax
+
+Fn = Callable[[int], None]  # one call on input set i
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _sets_for(nbytes: int) -> int:
+    """Input sets needed so the rotation spans ~3x L2 (1 when one set is already larger)."""
+    torch = _torch()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, math.ceil(3 * l2 / max(nbytes, 1)))
+
+
+def time_graph(fn: Fn, n_sets: int, calls: int = 20, reps: int = 30) -> float:
+    """Median microseconds per call: `calls` calls (rotating sets) in one CUDA graph."""
+    torch = _torch()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(max(3, n_sets)):  # warm-up: compiles, autotunes, loads modules
+            fn(i % n_sets)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(calls):
+                fn(i % n_sets)
+        run: Callable[[], None] = g.replay
+    except Exception:  # not capturable: time plain launches instead
+        torch.cuda.synchronize()
+
+        def run() -> None:
+            for i in range(calls):
+                fn(i % n_sets)
+
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / calls)
+    return statistics.median(times)
+
+
+def _ignore(*_: Any) -> None:
+    """Lets a lambda call something for its effect and return None."""
+
+
+def _rot(fn: Callable[..., Any], *sets: list[Any]) -> Fn:
+    """A call of fn on input set i, taking the i-th item of each list."""
+
+    def call(i: int) -> None:
+        fn(*(s[i] for s in sets))
+
+    return call
+
+
+def _stream() -> int:
+    return int(_torch().cuda.current_stream().cuda_stream)
+
+
+def _close(ours: Any, ref: Any, what: str, tol: float = 2e-2) -> None:
+    o, r = ours.double(), ref.double()
+    err = float((o - r).norm() / r.norm().clamp_min(1e-30))
+    if not math.isfinite(err) or err > tol:
+        raise AssertionError(f"{what}: ours differs from torch (relative error {err:.3g})")
+
+
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    try:
+        return _torch().compile(fn, dynamic=False)  # type: ignore[no-any-return]
+    except Exception:
+        return None
+
+
+def _row(
+    rows: list[dict[str, Any]],
+    name: str,
+    nbytes: int,
+    copy_gbs: float,
+    ours: Fn,
+    eager: Fn,
+    comp: Fn | None,
+    n_sets: int,
+) -> None:
+    t_ours = time_graph(ours, n_sets)
+    t_eager = time_graph(eager, n_sets)
+    t_comp = float("nan")
+    if comp is not None:
+        try:
+            t_comp = time_graph(comp, n_sets)
+        except Exception as exc:  # torch.compile may fail on odd setups; report, go on
+            print(f"  torch.compile failed for {name}: {type(exc).__name__}: {exc}")
+    gbs = nbytes / (t_ours * 1e-6) / 1e9
+    row = {
+        "bench": "kernels",
+        "workload": name,
+        "us": round(t_ours, 2),
+        "GB/s": round(gbs, 1),
+        "pct_copy_bw": round(100 * gbs / copy_gbs, 1) if copy_gbs else None,
+        "torch_eager_us": round(t_eager, 2),
+        "torch_compile_us": None if math.isnan(t_comp) else round(t_comp, 2),
+        "speedup_vs_eager": round(t_eager / t_ours, 2),
+        "speedup_vs_compile": None if math.isnan(t_comp) else round(t_comp / t_ours, 2),
+        "bytes": nbytes,
+    }
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def bench_copy(rows: list[dict[str, Any]], nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written), the ceiling for the rest."""
+    torch = _torch()
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    t = time_graph(lambda i: _ignore(b.copy_(a)), 1, calls=5, reps=20)
+    gbs = 2 * nbytes / (t * 1e-6) / 1e9
+    rows.append(
+        {"bench": "kernels", "workload": "copy d2d 1GiB", "us": round(t, 2), "GB/s": round(gbs, 1)}
+    )
+    return gbs
+
+
+def bench_rms_norm(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
+    torch = _torch()
+    m, n, eps = 16384, 8192, 1e-6
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+
+    def ref(x: Any, w: Any) -> Any:  # Hugging Face LlamaRMSNorm
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return w * h.to(x.dtype)
+
+    def ours(i: int) -> None:
+        rms_norm.rms_norm(
+            x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, eps, "bfloat16", stream=_stream()
+        )
+
+    ours(0)
+    torch.cuda.synchronize()
+    _close(y, ref(x, w), "rms_norm")
+    comp = _compiled(ref) if use_compile else None
+    _row(
+        rows,
+        "rms_norm 16384x8192 bf16",
+        2 * m * n * 2 + n * 2,
+        copy_gbs,
+        ours,
+        lambda i: _ignore(ref(x, w)),
+        (lambda i: _ignore(comp(x, w))) if comp else None,
+        1,
+    )
+
+
+def bench_softmax(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
+    torch = _torch()
+    m, n = 16384, 8192
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
+    y = torch.empty_like(x)
+
+    def ref(x: Any) -> Any:
+        return torch.softmax(x, -1)
+
+    def ours(i: int) -> None:
+        softmax.softmax(x.data_ptr(), y.data_ptr(), m, n, "bfloat16", stream=_stream())
+
+    ours(0)
+    torch.cuda.synchronize()
+    _close(y, torch.softmax(x.float(), -1), "softmax")
+    comp = _compiled(ref) if use_compile else None
+    _row(
+        rows,
+        "softmax 16384x8192 bf16",
+        2 * m * n * 2,
+        copy_gbs,
+        ours,
+        lambda i: _ignore(ref(x)),
+        (lambda i: _ignore(comp(x))) if comp else None,
+        1,
+    )
+
+
+def bench_rope(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
+    torch = _torch()
+    b, h, s, d = 8, 32, 2048, 128
+    x = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    ang = torch.outer(torch.arange(s, device="cuda").float(), inv)
+    cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+
+    def ref(x: Any, c: Any, s_: Any) -> Any:  # Hugging Face apply_rotary_pos_emb
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return x * c + torch.cat([-x2, x1], -1) * s_
+
+    def ours(i: int) -> None:
+        rope.rope(
+            x.data_ptr(),
+            y.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            b,
+            h,
+            s,
+            d,
+            "bfloat16",
+            stream=_stream(),
+        )
+
+    ours(0)
+    torch.cuda.synchronize()
+    _close(y, ref(x.float(), cos2.float(), sin2.float()), "rope")
+    comp = _compiled(ref) if use_compile else None
+    _row(
+        rows,
+        "rope 8x32x2048x128 bf16",
+        2 * x.numel() * 2,
+        copy_gbs,
+        ours,
+        lambda i: _ignore(ref(x, cos2, sin2)),
+        (lambda i: _ignore(comp(x, cos2, sin2))) if comp else None,
+        1,
+    )
+
+
+def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
+    torch = _torch()
+    f = torch.nn.functional
+    for n, k in ((4096, 4096), (5632, 2048), (2048, 5632)):
+        wbytes = n * k * 2
+        sets = _sets_for(wbytes)
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+        xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+        ys = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+
+        def ours(i: int, ws: Any = ws, xs: Any = xs, ys: Any = ys, n: int = n, k: int = k) -> None:
+            gemv.gemv(
+                xs[i].data_ptr(),
+                ws[i].data_ptr(),
+                ys[i].data_ptr(),
+                n,
+                k,
+                "bfloat16",
+                stream=_stream(),
+            )
+
+        ours(0)
+        torch.cuda.synchronize()
+        _close(ys[0], xs[0].float() @ ws[0].float().T, f"gemv {n}x{k}")
+        comp = _compiled(f.linear) if use_compile else None
+        _row(
+            rows,
+            f"gemv bf16 1x{k} @ [{n}x{k}]^T",
+            wbytes + 2 * (k + n),
+            copy_gbs,
+            ours,
+            _rot(f.linear, xs, ws),
+            _rot(comp, xs, ws) if comp else None,
+            sets,
+        )
+        del ws, xs, ys
+
+
+def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
+    torch = _torch()
+    f = torch.nn.functional
+    h, kvh, d = 32, 4, 128
+    for batch, ctx in ((1, 1024), (1, 8192), (8, 8192)):
+        kv_bytes = 2 * batch * kvh * ctx * d * 2
+        sets = _sets_for(kv_bytes)
+        mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+        qs = [mk(batch, h, 1, d) for _ in range(sets)]
+        ks = [mk(batch, kvh, ctx, d) for _ in range(sets)]
+        vs = [mk(batch, kvh, ctx, d) for _ in range(sets)]
+        os_ = [
+            torch.empty(batch, h, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(sets)
+        ]
+        splits = attention.decode_splits(batch, h, kvh, ctx)
+        ws = torch.empty(
+            attention.decode_workspace_bytes(batch, h, splits, d), dtype=torch.uint8, device="cuda"
+        )
+        ctx_t = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+
+        def ours(
+            i: int,
+            qs: Any = qs,
+            ks: Any = ks,
+            vs: Any = vs,
+            os_: Any = os_,
+            b: int = batch,
+            c: int = ctx,
+            sp: int = splits,
+            ws: Any = ws,
+            ctx_t: Any = ctx_t,
+        ) -> None:
+            attention.decode(
+                qs[i].data_ptr(),
+                ks[i].data_ptr(),
+                vs[i].data_ptr(),
+                ctx_t.data_ptr(),
+                os_[i].data_ptr(),
+                ws.data_ptr(),
+                b,
+                h,
+                kvh,
+                c,
+                d,
+                "bfloat16",
+                splits=sp,
+                stream=_stream(),
+            )
+
+        def ref(q: Any, k: Any, v: Any) -> Any:
+            return f.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        ours(0)
+        torch.cuda.synchronize()
+        r = ref(qs[0].float(), ks[0].float(), vs[0].float())
+        _close(os_[0], r, f"decode attention ctx {ctx}")
+        comp = _compiled(ref) if use_compile else None
+        _row(
+            rows,
+            f"decode attn B{batch} H32/KV4 D128 ctx {ctx} bf16",
+            kv_bytes + 2 * 2 * batch * h * d,
+            copy_gbs,
+            ours,
+            _rot(ref, qs, ks, vs),
+            _rot(comp, qs, ks, vs) if comp else None,
+            sets,
+        )
+        del qs, ks, vs, os_
+
+
+WORKLOADS = [bench_rms_norm, bench_rope, bench_softmax, bench_gemv, bench_decode]
+
+
+def run(json_rows: list[dict[str, Any]], use_compile: bool = True) -> None:
+    """Appends one row per workload (plus the copy ceiling) to json_rows."""
+    torch = _torch()
+    json_rows.append({"bench": "kernels", "device": torch.cuda.get_device_name(0)})
+    copy_gbs = bench_copy(json_rows)
+    for w in WORKLOADS:
+        w(json_rows, copy_gbs, use_compile)
+        torch.cuda.empty_cache()
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    cols = [
+        "workload",
+        "us",
+        "GB/s",
+        "pct_copy_bw",
+        "torch_eager_us",
+        "torch_compile_us",
+        "speedup_vs_eager",
+        "speedup_vs_compile",
+    ]
+    print(" | ".join(cols))
+    for r in rows:
+        if "workload" in r:
+            print(" | ".join(str(r.get(c, "")) for c in cols))
+        else:
+            print(r)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile timings")
+    p.add_argument("--json", help="write the rows to this file")
+    args = p.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    try:
+        run(rows, use_compile=not args.no_compile)
+    finally:
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,631 @@
+"""Every kernel template against a float64 NumPy reference on a real GPU.
+
+Inputs are fresh random data each run (the seed is printed, so a failure can be replayed
+with PGK_TEST_SEED); outputs are poisoned with NaN bytes (0xFF) before each launch so an
+element the kernel forgets to write fails the check.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pygpukit.backends.cuda.kernels import (
+    activation,
+    argmax_topk,
+    attention,
+    embedding,
+    gemm_mma,
+    gemv,
+    layer_norm,
+    matmul_simple,
+    rms_norm,
+    rope,
+    softmax,
+)
+
+pytestmark = pytest.mark.gpu
+
+NP = {
+    "float32": np.float32,
+    "float64": np.float64,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "int32": np.int32,
+    "int64": np.int64,
+}
+TOL = {"float32": 1e-5, "float64": 1e-12, "float16": 2e-3, "bfloat16": 1e-2}
+FLOATS = ("float32", "float16", "bfloat16", "float64")
+HALFS = ("float32", "float16", "bfloat16")
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    env = os.environ.get("PGK_TEST_SEED")
+    seed = int(env) if env else int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+    print(f"PGK_TEST_SEED={seed}")
+    return np.random.default_rng(seed)
+
+
+class Dev:
+    """A device buffer holding one array; freed by the `dev` fixture."""
+
+    def __init__(self, nv: Any, nbytes: int) -> None:
+        self.nv = nv
+        self.nbytes = max(nbytes, 16)
+        self.ptr: int = nv.mem_alloc(self.nbytes)
+
+    def get(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        n = int(np.prod(shape)) * np.dtype(NP[dtype]).itemsize
+        raw = np.empty(n, np.uint8)  # plain bytes: bf16 has no buffer-protocol format
+        if n:
+            self.nv.memcpy_dtoh(raw, self.ptr, None, n)
+        return raw.view(NP[dtype]).reshape(shape)
+
+
+@pytest.fixture
+def dev() -> Iterator[Any]:
+    from pygpukit import _native as nv
+
+    bufs: list[Dev] = []
+
+    class Alloc:
+        @staticmethod
+        def put(a: np.ndarray) -> Dev:
+            a = np.ascontiguousarray(a)
+            d = Dev(nv, a.nbytes)
+            if a.nbytes:
+                nv.memcpy_htod(d.ptr, a.reshape(-1).view(np.uint8), None, a.nbytes)
+            bufs.append(d)
+            return d
+
+        @staticmethod
+        def empty(shape: tuple[int, ...], dtype: str) -> Dev:
+            n = int(np.prod(shape)) * np.dtype(NP[dtype]).itemsize
+            d = Dev(nv, n)
+            nv.memset(d.ptr, 0xFF, d.nbytes)  # NaN in every float format
+            bufs.append(d)
+            return d
+
+        @staticmethod
+        def sync() -> None:
+            nv.synchronize()
+
+    yield Alloc
+    nv.synchronize()
+    for b in bufs:
+        nv.mem_free(b.ptr)
+
+
+def rand(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, scale: float = 1.0) -> Any:
+    return (rng.standard_normal(shape) * scale).astype(NP[dtype])
+
+
+def f64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def check(out: np.ndarray, ref: np.ndarray, dtype: str, tol: float | None = None) -> None:
+    o = f64(out)
+    assert o.shape == ref.shape, (o.shape, ref.shape)
+    assert np.isfinite(o).all(), (
+        f"non-finite output (unwritten?) at {np.argwhere(~np.isfinite(o))[:5]}"
+    )
+    tol = TOL[dtype] if tol is None else tol
+    denom = max(float(np.linalg.norm(ref)), 1e-30)
+    err = np.linalg.norm(o - ref) / denom
+    assert err < tol, f"relative error {err:.3g} >= {tol:.3g} ({dtype})"
+
+
+# ---------------------------------------------------------------- softmax
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 100), (4, 1000), (2, 8192), (3, 70001)])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax(
+    dev: Any, rng: np.random.Generator, dtype: str, shape: tuple[int, int], log: bool
+) -> None:
+    rows, cols = shape
+    x = rand(rng, shape, dtype, 3.0)
+    xd, yd = dev.put(x), dev.empty(shape, dtype)
+    softmax.softmax(xd.ptr, yd.ptr, rows, cols, dtype, log=log)
+    xr = f64(x)
+    z = xr - xr.max(-1, keepdims=True)
+    lse = np.log(np.exp(z).sum(-1, keepdims=True))
+    ref = z - lse if log else np.exp(z - lse)
+    check(yd.get(shape, dtype), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_softmax_strided_rows(dev: Any, rng: np.random.Generator, dtype: str) -> None:
+    rows, cols, stride = 6, 37, 50
+    x = rand(rng, (rows, stride), dtype)
+    xd, yd = dev.put(x), dev.empty((rows, stride), dtype)
+    softmax.softmax(xd.ptr, yd.ptr, rows, cols, dtype, x_row_stride=stride, y_row_stride=stride)
+    xr = f64(x)[:, :cols]
+    e = np.exp(xr - xr.max(-1, keepdims=True))
+    check(yd.get((rows, stride), dtype)[:, :cols], e / e.sum(-1, keepdims=True), dtype)
+
+
+# ---------------------------------------------------------------- norms
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("cols", [1, 7, 128, 1000, 4096, 40000, 70001])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm(
+    dev: Any, rng: np.random.Generator, dtype: str, cols: int, residual: bool
+) -> None:
+    rows, eps = 5, 1e-6
+    x, w = rand(rng, (rows, cols), dtype), rand(rng, (cols,), dtype)
+    r = rand(rng, (rows, cols), dtype)
+    xd, wd, rd = dev.put(x), dev.put(w), dev.put(r)
+    yd, hd = dev.empty((rows, cols), dtype), dev.empty((rows, cols), dtype)
+    rms_norm.rms_norm(
+        xd.ptr,
+        wd.ptr,
+        yd.ptr,
+        rows,
+        cols,
+        eps,
+        dtype,
+        residual=rd.ptr if residual else 0,
+        h_out=hd.ptr if residual else 0,
+    )
+    h = (f64(x) + f64(r)).astype(NP[dtype]) if residual else x
+    hr = f64(h)
+    ref = hr / np.sqrt((hr * hr).mean(-1, keepdims=True) + eps) * f64(w)
+    check(yd.get((rows, cols), dtype), ref, dtype)
+    if residual:
+        check(hd.get((rows, cols), dtype), hr, dtype, 1e-7 if dtype == "float64" else TOL[dtype])
+
+
+def test_rms_norm_f32_weight(dev: Any, rng: np.random.Generator) -> None:
+    rows, cols = 3, 2048
+    x, w = rand(rng, (rows, cols), "bfloat16"), rand(rng, (cols,), "float32")
+    xd, wd, yd = dev.put(x), dev.put(w), dev.empty((rows, cols), "bfloat16")
+    rms_norm.rms_norm(xd.ptr, wd.ptr, yd.ptr, rows, cols, 1e-5, "bfloat16", w_dtype="float32")
+    xr = f64(x)
+    check(
+        yd.get((rows, cols), "bfloat16"),
+        xr / np.sqrt((xr**2).mean(-1, keepdims=True) + 1e-5) * f64(w),
+        "bfloat16",
+    )
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("cols", [1, 9, 768, 5000, 70001])
+@pytest.mark.parametrize("bias", [False, True])
+def test_layer_norm(dev: Any, rng: np.random.Generator, dtype: str, cols: int, bias: bool) -> None:
+    rows, eps = 4, 1e-5
+    x = (rand(rng, (rows, cols), dtype, 2.0).astype(np.float64) + 3.0).astype(NP[dtype])
+    w, b = rand(rng, (cols,), dtype), rand(rng, (cols,), dtype)
+    xd, wd, bd, yd = dev.put(x), dev.put(w), dev.put(b), dev.empty((rows, cols), dtype)
+    layer_norm.layer_norm(xd.ptr, wd.ptr, bd.ptr if bias else 0, yd.ptr, rows, cols, eps, dtype)
+    xr = f64(x)
+    mu = xr.mean(-1, keepdims=True)
+    ref = (xr - mu) / np.sqrt(((xr - mu) ** 2).mean(-1, keepdims=True) + eps) * f64(w)
+    if bias:
+        ref = ref + f64(b)
+    tol = 1e-4 if (dtype == "float32" and cols > 60000) else None  # shifted one-pass variance
+    check(yd.get((rows, cols), dtype), ref, dtype, tol)
+
+
+# ---------------------------------------------------------------- rope
+
+
+def rope_ref(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos0: int, interleaved: bool
+) -> np.ndarray:
+    xr = f64(x)
+    s = xr.shape[-2]
+    c, sn = f64(cos)[pos0 : pos0 + s], f64(sin)[pos0 : pos0 + s]
+    if interleaved:
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]
+        out = np.empty_like(xr)
+        out[..., 0::2] = x0 * c - x1 * sn
+        out[..., 1::2] = x1 * c + x0 * sn
+        return out
+    half = xr.shape[-1] // 2
+    x0, x1 = xr[..., :half], xr[..., half:]
+    return np.concatenate([x0 * c - x1 * sn, x1 * c + x0 * sn], -1)
+
+
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 64), (1, 2, 7, 128), (1, 1, 3, 6)])
+def test_rope(
+    dev: Any, rng: np.random.Generator, dtype: str, interleaved: bool, shape: tuple[int, ...]
+) -> None:
+    b, h, s, d = shape
+    max_pos = 64
+    pos0 = int(rng.integers(0, max_pos - s))
+    ang = rng.uniform(0, 6.3, (max_pos, d // 2))
+    cos, sin = np.cos(ang).astype(NP[dtype]), np.sin(ang).astype(NP[dtype])
+    x = rand(rng, shape, dtype)
+    xd, cd, sd, yd = dev.put(x), dev.put(cos), dev.put(sin), dev.empty(shape, dtype)
+    pd = dev.put(np.array([pos0], np.int32))
+    rope.rope(
+        xd.ptr,
+        yd.ptr,
+        cd.ptr,
+        sd.ptr,
+        b,
+        h,
+        s,
+        d,
+        dtype,
+        interleaved=interleaved,
+        pos_offset=pd.ptr,
+    )
+    check(yd.get(shape, dtype), rope_ref(x, cos, sin, pos0, interleaved), dtype)
+
+
+def test_rope_bshd_in_place(dev: Any, rng: np.random.Generator) -> None:
+    """A [B, S, H, D] tensor rotated in place through strides, f32 tables for bf16 data."""
+    b, s, h, d, dtype = 2, 9, 4, 128, "bfloat16"
+    ang = rng.uniform(0, 6.3, (s, d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    x = rand(rng, (b, s, h, d), dtype)
+    xd, cd, sd = dev.put(x), dev.put(cos), dev.put(sin)
+    st = (s * h * d, d, h * d)  # (batch, head, seq) strides of a [B, S, H, D] array
+    rope.rope(
+        xd.ptr,
+        xd.ptr,
+        cd.ptr,
+        sd.ptr,
+        b,
+        h,
+        s,
+        d,
+        dtype,
+        cs_dtype="float32",
+        x_strides=st,
+        y_strides=st,
+    )
+    ref = rope_ref(x.transpose(0, 2, 1, 3), cos, sin, 0, False).transpose(0, 2, 1, 3)
+    check(xd.get((b, s, h, d), dtype), ref, dtype)
+
+
+# ---------------------------------------------------------------- activations
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1 + np.exp(-x))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("kind", ["gelu_tanh", "gelu_erf", "silu"])
+@pytest.mark.parametrize("n", [1, 7, 1000, 12345])
+def test_unary(dev: Any, rng: np.random.Generator, dtype: str, kind: str, n: int) -> None:
+    x = rand(rng, (n,), dtype, 3.0)
+    xd, yd = dev.put(x), dev.empty((n,), dtype)
+    activation.unary(kind, xd.ptr, yd.ptr, n, dtype)
+    ref = {"gelu_tanh": _gelu_tanh, "gelu_erf": _gelu_erf, "silu": _silu}[kind](f64(x))
+    check(yd.get((n,), dtype), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("cols", [1, 13, 256, 2000])
+def test_swiglu_fused_halves(dev: Any, rng: np.random.Generator, dtype: str, cols: int) -> None:
+    rows = 7
+    gu = rand(rng, (rows, 2 * cols), dtype, 2.0)
+    gd, yd = dev.put(gu), dev.empty((rows, cols), dtype)
+    isz = np.dtype(NP[dtype]).itemsize
+    activation.swiglu(
+        gd.ptr,
+        gd.ptr + cols * isz,
+        yd.ptr,
+        rows,
+        cols,
+        dtype,
+        gate_stride=2 * cols,
+        up_stride=2 * cols,
+    )
+    g, u = f64(gu)[:, :cols], f64(gu)[:, cols:]
+    check(yd.get((rows, cols), dtype), _silu(g) * u, dtype)
+
+
+# ---------------------------------------------------------------- embedding
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "int8", "int64"])
+@pytest.mark.parametrize("id_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("dim", [1, 5, 64, 1000])
+def test_embedding(dev: Any, rng: np.random.Generator, dtype: str, id_dtype: str, dim: int) -> None:
+    vocab, n = 50, 37
+    if dtype in ("int8", "int64"):
+        table = rng.integers(-100, 100, (vocab, dim)).astype(NP[dtype])
+    else:
+        table = rand(rng, (vocab, dim), dtype)
+    ids = rng.integers(-5, vocab + 5, n).astype(NP[id_dtype])
+    ids[0], ids[1] = -(2**31) + 1, 2**31 - 1  # far out of range: must not fault
+    td, idd, od = dev.put(table), dev.put(ids), dev.empty((n, dim), dtype)
+    embedding.embedding(td.ptr, idd.ptr, od.ptr, n, dim, vocab, dtype, id_dtype=id_dtype)
+    ok = (ids >= 0) & (ids < vocab)
+    ref = np.zeros((n, dim), NP[dtype])
+    ref[ok] = table[ids[ok]]
+    out = od.get((n, dim), dtype)
+    assert np.array_equal(out.view(np.uint8), ref.view(np.uint8))
+
+
+# ---------------------------------------------------------------- argmax / top-k
+
+
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (4, 1000), (2, 32000), (1, 128256)])
+def test_argmax(dev: Any, rng: np.random.Generator, dtype: str, shape: tuple[int, int]) -> None:
+    x = rand(rng, shape, dtype)
+    x[..., -1] = x.max(-1)  # a tie with the first maximum: the lower index must win
+    xd, od = dev.put(x), dev.empty((shape[0],), "int64")
+    argmax_topk.argmax(xd.ptr, od.ptr, shape[0], shape[1], dtype)
+    assert np.array_equal(od.get((shape[0],), "int64"), np.argmax(f64(x), -1))
+
+
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize(
+    "shape,k", [((1, 1), 1), ((3, 50), 5), ((2, 1000), 64), ((2, 32000), 40), ((1, 128256), 1)]
+)
+def test_topk(
+    dev: Any, rng: np.random.Generator, dtype: str, shape: tuple[int, int], k: int
+) -> None:
+    rows, cols = shape
+    x = rand(rng, shape, dtype)
+    if cols > 10:
+        x[:, 3] = x[:, 7] = x.max(-1)  # ties at the top: lower index first
+    xd = dev.put(x)
+    vd, idd = dev.empty((rows, k), dtype), dev.empty((rows, k), "int64")
+    argmax_topk.topk(xd.ptr, vd.ptr, idd.ptr, rows, cols, k, dtype)
+    xr = f64(x)
+    for r in range(rows):
+        order = np.lexsort((np.arange(cols), -xr[r]))[:k]
+        assert np.array_equal(idd.get((rows, k), "int64")[r], order), f"row {r}"
+        assert np.array_equal(f64(vd.get((rows, k), dtype)[r]), xr[r, order])
+
+
+# ---------------------------------------------------------------- gemv / gemm
+
+
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 1, 1), (1, 1000, 1000), (1, 333, 777), (3, 256, 4096), (1, 5632, 2048)]
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv(
+    dev: Any, rng: np.random.Generator, dtype: str, m: int, n: int, k: int, bias: bool
+) -> None:
+    x, w, b = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype), rand(rng, (n,), dtype)
+    xd, wd, bd, yd = dev.put(x), dev.put(w), dev.put(b), dev.empty((m, n), dtype)
+    gemv.gemv(xd.ptr, wd.ptr, yd.ptr, n, k, dtype, m=m, bias=bd.ptr if bias else 0)
+    ref = f64(x) @ f64(w).T + (f64(b) if bias else 0.0)
+    check(yd.get((m, n), dtype), ref, dtype, 1e-5 if dtype == "float32" else None)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 8), (130, 67, 72), (256, 384, 512), (77, 200, 1000)])
+@pytest.mark.parametrize("act", ["none", "gelu_tanh", "gelu_erf", "silu"])
+def test_gemm_mma(
+    dev: Any, rng: np.random.Generator, dtype: str, m: int, n: int, k: int, act: str
+) -> None:
+    a, b, bias = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype), rand(rng, (n,), dtype)
+    ad, bd, biasd, cd = dev.put(a), dev.put(b), dev.put(bias), dev.empty((m, n), dtype)
+    use_bias = act != "silu"
+    gemm_mma.gemm(
+        ad.ptr, bd.ptr, cd.ptr, m, n, k, dtype, bias=biasd.ptr if use_bias else 0, activation=act
+    )
+    ref = f64(a) @ f64(b).T + (f64(bias) if use_bias else 0.0)
+    ref = {"none": lambda v: v, "gelu_tanh": _gelu_tanh, "gelu_erf": _gelu_erf, "silu": _silu}[act](
+        ref
+    )
+    check(cd.get((m, n), dtype), ref, dtype)
+
+
+def test_gemm_mma_batched_broadcast(dev: Any, rng: np.random.Generator) -> None:
+    dtype, batch, m, n, k = "bfloat16", 3, 100, 136, 264
+    a, b = rand(rng, (batch, m, k), dtype), rand(rng, (n, k), dtype)
+    ad, bd, cd = dev.put(a), dev.put(b), dev.empty((batch, m, n), dtype)
+    gemm_mma.gemm(
+        ad.ptr, bd.ptr, cd.ptr, m, n, k, dtype, batch=batch, a_batch_stride=m * k, b_batch_stride=0
+    )
+    check(cd.get((batch, m, n), dtype), f64(a) @ f64(b).T, dtype)
+
+
+@pytest.mark.parametrize("dtype", list(NP))
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (65, 33, 70), (128, 64, 200)])
+def test_matmul_simple(
+    dev: Any, rng: np.random.Generator, dtype: str, m: int, n: int, k: int
+) -> None:
+    if dtype in FLOATS:
+        a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype)
+    else:
+        info = np.iinfo(NP[dtype])
+        lo, hi = max(info.min, -1000), min(info.max, 1000)
+        a = rng.integers(lo, hi, (m, k)).astype(NP[dtype])
+        b = rng.integers(lo, hi, (k, n)).astype(NP[dtype])
+    ad, bd, cd = dev.put(a), dev.put(b), dev.empty((m, n), dtype)
+    matmul_simple.matmul(ad.ptr, bd.ptr, cd.ptr, m, n, k, dtype)
+    out = cd.get((m, n), dtype)
+    if dtype in FLOATS:
+        check(out, f64(a) @ f64(b), dtype, 1e-6 if dtype == "float32" else None)
+    else:  # exact, with NumPy's wrap-around
+        ref = (a.astype(np.int64) @ b.astype(np.int64)).astype(NP[dtype])
+        assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bfloat16"])
+def test_matmul_simple_broadcast_transposed(dev: Any, rng: np.random.Generator, dtype: str) -> None:
+    """[2, 1, M, K] @ [1, 3, K, N] with B given as a transposed [N, K] view: no copies."""
+    m, n, k = 19, 23, 31
+    if dtype == "int32":
+        a = rng.integers(-50, 50, (2, 1, m, k)).astype(np.int32)
+        bt = rng.integers(-50, 50, (1, 3, n, k)).astype(np.int32)
+    else:
+        a, bt = rand(rng, (2, 1, m, k), dtype), rand(rng, (1, 3, n, k), dtype)
+    ad, bd, cd = dev.put(a), dev.put(bt), dev.empty((2, 3, m, n), dtype)
+    matmul_simple.matmul(
+        ad.ptr,
+        bd.ptr,
+        cd.ptr,
+        m,
+        n,
+        k,
+        dtype,
+        batch_shape=(2, 3),
+        b_strides=(1, k),
+        a_batch_strides=(m * k, 0),
+        b_batch_strides=(0, n * k),
+        c_batch_strides=(3 * m * n, m * n),
+    )
+    out = cd.get((2, 3, m, n), dtype)
+    if dtype == "int32":
+        assert np.array_equal(
+            out, (a.astype(np.int64) @ bt.astype(np.int64).swapaxes(-1, -2)).astype(np.int32)
+        )
+    else:
+        check(out, f64(a) @ f64(bt).swapaxes(-1, -2), dtype, 1e-6 if dtype == "float32" else None)
+
+
+# ---------------------------------------------------------------- attention
+
+
+def attn_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, scale: float) -> np.ndarray:
+    qr, kr, vr = f64(q), f64(k), f64(v)
+    h, kvh = qr.shape[1], kr.shape[1]
+    kr = np.repeat(kr, h // kvh, axis=1)
+    vr = np.repeat(vr, h // kvh, axis=1)
+    s = qr @ kr.swapaxes(-1, -2) * scale
+    sq, sk = s.shape[-2], s.shape[-1]
+    if causal:
+        mask = np.arange(sk)[None, :] > np.arange(sq)[:, None] + (sk - sq)
+        s = np.where(mask, -np.inf, s)
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(-1, keepdims=True)) @ vr
+
+
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(
+    "sq,sk,causal", [(37, 37, True), (5, 50, True), (33, 70, False), (1, 1, True)]
+)
+def test_attention_prefill(
+    dev: Any, rng: np.random.Generator, dtype: str, d: int, sq: int, sk: int, causal: bool
+) -> None:
+    b, h, kvh = 2, 4, 2
+    q, k, v = (
+        rand(rng, (b, h, sq, d), dtype),
+        rand(rng, (b, kvh, sk, d), dtype),
+        rand(rng, (b, kvh, sk, d), dtype),
+    )
+    qd, kd, vd, od = dev.put(q), dev.put(k), dev.put(v), dev.empty((b, h, sq, d), dtype)
+    scale = d**-0.5
+    attention.prefill(
+        qd.ptr, kd.ptr, vd.ptr, od.ptr, b, h, kvh, sq, sk, d, dtype, scale=scale, causal=causal
+    )
+    check(
+        od.get((b, h, sq, d), dtype),
+        attn_ref(q, k, v, causal, scale),
+        dtype,
+        2e-5 if dtype == "float32" else None,
+    )
+
+
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize("h,kvh,d", [(8, 2, 128), (4, 4, 64), (32, 1, 128), (12, 3, 64)])
+def test_attention_decode_ctx_from_device(
+    dev: Any, rng: np.random.Generator, dtype: str, h: int, kvh: int, d: int
+) -> None:
+    """One launch configuration (fixed splits) serves every context length: only the int32
+    in device memory changes, as it would between replays of a captured graph."""
+    b, max_seq = 2, 300
+    q = rand(rng, (b, h, d), dtype)
+    kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
+    qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
+    splits = attention.decode_splits(b, h, kvh, max_seq)
+    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
+    from pygpukit import _native as nv
+
+    ctx = dev.put(np.array([0], np.int32))
+    for n in (1, 63, 64, 65, 257, 300):
+        nv.memcpy_htod(ctx.ptr, np.array([n], np.int32), None, 4)
+        nv.memset(od.ptr, 0xFF, od.nbytes)
+        attention.decode(
+            qd.ptr,
+            kd.ptr,
+            vd.ptr,
+            ctx.ptr,
+            od.ptr,
+            ws.ptr,
+            b,
+            h,
+            kvh,
+            max_seq,
+            d,
+            dtype,
+            splits=splits,
+        )
+        ref = attn_ref(q[:, :, None], kc[:, :, :n], vc[:, :, :n], False, d**-0.5)[:, :, 0]
+        check(od.get((b, h, d), dtype), ref, dtype, 2e-5 if dtype == "float32" else None)
+
+
+def test_attention_decode_graph_replay(dev: Any, rng: np.random.Generator) -> None:
+    """Capture one decode step in a CUDA graph, then replay it for growing context lengths."""
+    from pygpukit import _native as nv
+
+    dtype, b, h, kvh, d, max_seq = "bfloat16", 1, 8, 2, 128, 512
+    q = rand(rng, (b, h, d), dtype)
+    kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
+    qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
+    splits = attention.decode_splits(b, h, kvh, max_seq)
+    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
+    ctx = dev.put(np.array([1], np.int32))
+    stream = nv.Stream()
+
+    def step() -> None:
+        attention.decode(
+            qd.ptr,
+            kd.ptr,
+            vd.ptr,
+            ctx.ptr,
+            od.ptr,
+            ws.ptr,
+            b,
+            h,
+            kvh,
+            max_seq,
+            d,
+            dtype,
+            splits=splits,
+            stream=stream,
+        )
+
+    step()  # compile and load outside the capture
+    stream.synchronize()
+    stream.begin_capture()
+    step()
+    graph = stream.end_capture().instantiate()
+    for n in (5, 100, 511, 512):
+        nv.memcpy_htod(ctx.ptr, np.array([n], np.int32), None, 4)
+        nv.memset(od.ptr, 0xFF, od.nbytes)
+        graph.launch(stream)
+        stream.synchronize()
+        ref = attn_ref(q[:, :, None], kc[:, :, :n], vc[:, :, :n], False, d**-0.5)[:, :, 0]
+        check(od.get((b, h, d), dtype), ref, dtype)
