@@ -7,14 +7,52 @@ from collections.abc import Callable
 
 from pygpukit.ir import Graph
 
+from .cse import common_subexpression_elimination
+from .dce import dead_code_elimination
+from .fold import constant_folding
+from .fuse_elementwise import fuse_elementwise
+from .fuse_linear import fuse_linear
+from .fuse_rms_norm import fuse_rms_norm
+from .fuse_rope import fuse_rope
+from .fuse_sdpa import fuse_sdpa
+from .fuse_softmax import fuse_softmax
+from .fuse_swiglu import fuse_swiglu
+from .simplify import algebraic_simplification
+
 Pass = Callable[[Graph], Graph]
 
 # In pipeline order. Each entry is a plain function in its own file under passes/.
-PIPELINE: list[Pass] = []
+# Softmax before attention (sdpa matches the softmax node); SwiGLU before linear, so a
+# gate projection stays a plain GEMM feeding swiglu; generic fusion takes what is left.
+PIPELINE: list[Pass] = [
+    dead_code_elimination,
+    constant_folding,
+    algebraic_simplification,
+    common_subexpression_elimination,
+    fuse_softmax,
+    fuse_sdpa,
+    fuse_rms_norm,
+    fuse_rope,
+    fuse_swiglu,
+    fuse_linear,
+    fuse_elementwise,
+    dead_code_elimination,
+]
 
 
-def run_pipeline(graph: Graph, passes: list[Pass] | None = None, validate: bool = True) -> Graph:
-    """Run passes in order; record per-pass time and node counts in graph.provenance."""
+def pass_named(name: str) -> Pass:
+    for p in PIPELINE:
+        if p.__name__ == name:
+            return p
+    raise KeyError(f"no pass named {name!r}; passes: {', '.join(p.__name__ for p in PIPELINE)}")
+
+
+def run_pipeline(graph: Graph, passes: list[Pass] | None = None, validate: bool = True,
+                 on_pass: Callable[[str, Graph], None] | None = None) -> Graph:  # fmt: skip
+    """Run passes in order; record per-pass time and node counts in graph.provenance.
+
+    `on_pass(name, graph)` sees the graph after each pass (for `pygpukit graph dump`).
+    """
     for p in PIPELINE if passes is None else passes:
         before = len(graph.nodes)
         t0 = time.perf_counter()
@@ -22,8 +60,12 @@ def run_pipeline(graph: Graph, passes: list[Pass] | None = None, validate: bool 
         dt_ms = (time.perf_counter() - t0) * 1e3
         if validate:
             out.validate()
+        if out is graph:
+            out = graph.rebuild(graph.outputs)
         out.provenance = list(graph.provenance) + [
             {"pass": p.__name__, "ms": dt_ms, "nodes_before": before, "nodes_after": len(out.nodes)}
         ]
         graph = out
+        if on_pass is not None:
+            on_pass(p.__name__, graph)
     return graph

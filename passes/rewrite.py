@@ -1,0 +1,106 @@
+"""Helpers shared by the passes: rebuilding a graph around replaced nodes.
+
+Passes never mutate a node in place: the runtime may still hold the originals (lazy
+graphs are copies, but compiled graphs are kept for dumps). A pass maps old node ids to
+replacement nodes; `substitute` re-creates every user of a replaced node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from pygpukit.ir import Graph, Node
+
+
+def clone(n: Node, inputs: tuple[Node, ...]) -> Node:
+    return Node(n.op, inputs, n.attrs, n.shape, n.dtype, n.loc, n.origin)
+
+
+def substitute(graph: Graph, replace: dict[int, Node]) -> Graph:
+    """The graph with node id -> replacement; replacements may reference old nodes."""
+    if not replace:
+        return graph
+    new: dict[int, Node] = {}
+    visiting: set[int] = set()
+
+    def remap(n: Node) -> Node:
+        if n.id in new:
+            return new[n.id]
+        if n.id in visiting:  # a replacement that references its own root: keep the root
+            return n
+        visiting.add(n.id)
+        r = replace.get(n.id, n)
+        if r is not n:
+            r = remap(r)
+        else:
+            ins = tuple(remap(i) for i in n.inputs)
+            if any(a is not b for a, b in zip(ins, n.inputs, strict=True)):
+                r = clone(n, ins)
+        visiting.discard(n.id)
+        new[n.id] = r
+        return r
+
+    outputs = []
+    for o in graph.outputs:
+        r = remap(o)
+        # An output must stay a value of its own: never hand back a caller's input buffer.
+        outputs.append(o if r.op == "input" and o.op != "input" else r)
+    return graph.rebuild(outputs)
+
+
+def rewrite(graph: Graph, rule: Callable[[Node], Node | None]) -> Graph:
+    """Apply `rule` to every node, inputs first; a rule sees already-rewritten inputs."""
+    new: dict[int, Node] = {}
+    for n in graph.nodes:
+        ins = tuple(new.get(i.id, i) for i in n.inputs)
+        m = n if all(a is b for a, b in zip(ins, n.inputs, strict=True)) else clone(n, ins)
+        r = rule(m)
+        if r is not None:
+            m = r
+        if m is not n:
+            new[n.id] = m
+    if not new:
+        return graph
+    outputs = []
+    for o in graph.outputs:
+        r = new.get(o.id, o)
+        outputs.append(o if r.op == "input" and o.op != "input" else r)
+    return graph.rebuild(outputs)
+
+
+def users(graph: Graph) -> dict[int, list[Node]]:
+    """Distinct users of each node (an op reading a value twice counts once)."""
+    out: dict[int, list[Node]] = {n.id: [] for n in graph.nodes}
+    for n in graph.nodes:
+        for i in {i.id: i for i in n.inputs}.values():
+            out[i.id].append(n)
+    return out
+
+
+def const_value(n: Node) -> Any:
+    """The value of a `full` node (a uniform constant), else None."""
+    return n.attrs["value"] if n.op == "full" else None
+
+
+def is_const(n: Node, value: float) -> bool:
+    v = const_value(n)
+    return v is not None and not isinstance(v, bool) and v == value
+
+
+def numel(n: Node) -> int:
+    return math.prod(n.shape)
+
+
+def canonical_attrs(n: Node) -> tuple[Any, ...]:
+    """attr_key with floats by repr, so 0.0 and -0.0 (and NaNs) are told apart."""
+
+    def canon(v: Any) -> Any:
+        if isinstance(v, float):
+            return ("f", repr(v))
+        if isinstance(v, tuple):
+            return tuple(canon(x) for x in v)
+        return v
+
+    return tuple((k, canon(v)) for k, v in n.attr_key())
