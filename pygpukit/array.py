@@ -62,11 +62,21 @@ class GPUArray:
     `.realize()`, `gpk.realize(*xs)`), or at once inside `gpk.eager()`.
     """
 
-    __slots__ = ("_node", "__weakref__")
+    __slots__ = ("_node", "_readonly", "__weakref__")
     __array_priority__ = 100  # NumPy defers `ndarray + GPUArray` to us
 
     def __init__(self, node: Node) -> None:
         self._node = node
+        self._readonly = False
+
+    @property
+    def readonly(self) -> bool:
+        """True for arrays that must not be written in place (loaded model weights)."""
+        return self._readonly
+
+    @readonly.setter
+    def readonly(self, value: bool) -> None:
+        self._readonly = bool(value)
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -339,6 +349,13 @@ class GPUArray:
         return GPUArray(node)
 
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
+        if self._readonly:
+            loc = _loc()
+            where = f"\n  at {loc.full}" if loc else ""
+            raise errors.GPUKitValueError(
+                f"setitem: the array {self.dtype.short}{list(self.shape)} is read-only "
+                f"(loaded weights are; write into a .copy()){where}"
+            )
         spec_index, dyn = _dynamic(index)
         try:
             spec, _ = indexing.normalize_index(self.shape, spec_index)

@@ -1,0 +1,125 @@
+"""gpk.llm.load and the Model it returns: config + weights + tokenizer + generation."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pygpukit import errors
+from pygpukit.ir import dtypes
+
+from .config import ModelConfig
+from .generate import GenerationResult, Generator, bucket
+from .loader import Checkpoint, LoadError, checkpoint_files, load_weights
+from .model import Transformer
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
+
+
+class Model:
+    """A loaded causal LM. `generate` takes text (needs the tokenizer) or token ids."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        transformer: Transformer,
+        tokenizer: Tokenizer | None,
+        path: str = "",
+    ) -> None:
+        self.config, self.transformer, self.tokenizer, self.path = (
+            config,
+            transformer,
+            tokenizer,
+            path,
+        )
+        self._generators: dict[tuple[int, int], Generator] = {}
+
+    @property
+    def dtype(self) -> dtypes.DType:
+        return self.transformer.dtype
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of distinct weight arrays (a tied LM head counted once)."""
+        seen = {id(a): a.nbytes for a in self.transformer.weights.values()}
+        return sum(seen.values())
+
+    def generator(self, batch: int, max_seq_len: int) -> Generator:
+        key = (batch, max_seq_len)
+        if key not in self._generators:
+            self._generators = {key: Generator(self.transformer, batch, max_seq_len)}
+        return self._generators[key]
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise errors.GPUKitError(f"{self.path}: this model has no tokenizer.json")
+        return self.tokenizer.encode(text)
+
+    def generate_ids(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        params: SamplingParams | None = None,
+        max_seq_len: int | None = None,
+        stop_at_eos: bool = True,
+        on_tokens: Callable[[int, Any], None] | None = None,
+    ) -> GenerationResult:
+        """Generate for a static batch of token-id prompts (one row each)."""
+        longest = max(len(p) for p in prompts)
+        if max_seq_len is None:
+            need = bucket(longest, 1 << 30) + max_new_tokens
+            max_seq_len = min(self.config.max_position_embeddings, bucket(need, 1 << 30))
+        pad = self.config.pad_token_id
+        pad = pad if pad is not None else (self.config.bos_token_id or 0)
+        gen = self.generator(len(prompts), max_seq_len)
+        eos = self.config.eos_token_ids if stop_at_eos else ()
+        return gen.generate(prompts, max_new_tokens, params, eos, on_tokens, pad_id=pad)
+
+    def generate(
+        self,
+        prompt: str | Sequence[str],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> str | list[str]:
+        """Text in, text out (a list for a list of prompts, generated as one batch)."""
+        texts = [prompt] if isinstance(prompt, str) else list(prompt)
+        params = SamplingParams(temperature, top_k, top_p, seed)
+        res = self.generate_ids([self.encode(t) for t in texts], max_new_tokens, params)
+        assert self.tokenizer is not None
+        outs = [self.tokenizer.decode(toks) for toks in res.tokens]
+        return outs[0] if isinstance(prompt, str) else outs
+
+
+def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None = None) -> Model:
+    """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
+
+    dtype None keeps the checkpoint's float type; "bfloat16"/"float32"/... casts on load.
+    Weights come back read-only. progress None shows the bar when stderr is a terminal.
+    """
+    import sys
+
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise LoadError(f"{path}: not a model directory")
+    cfg = ModelConfig.from_json(os.path.join(path, "config.json"))
+    target = None
+    if dtype is not None:
+        try:
+            target = dtypes.as_dtype(dtype)
+        except dtypes.UnsupportedDType as e:
+            raise errors.DTypeError(f"load: {e}") from None
+    ckpt = Checkpoint(checkpoint_files(path))
+    try:
+        show = sys.stderr.isatty() if progress is None else progress
+        weights, used = load_weights(ckpt, cfg, target, show)
+    finally:
+        ckpt.close()
+    tok_path = os.path.join(path, "tokenizer.json")
+    tokenizer = (
+        Tokenizer.from_file(tok_path, cfg.bos_token_id) if os.path.exists(tok_path) else None
+    )
+    return Model(cfg, Transformer(cfg, weights, used), tokenizer, path)

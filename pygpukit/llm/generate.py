@@ -1,0 +1,183 @@
+"""Generation with a static KV cache: bucketed prefill, then one-token decode steps.
+
+The decode step is a pure function of arrays -- the last tokens, the position as a 0-d
+array, the padding offsets, the sampling values and noise -- with the weights and caches
+captured, so @gpk.compile traces it once and replays it for every token. Until the tree
+has gpk.compile the same functions run lazily: each call records the same graph, whose
+schedule the runtime caches by structure, so nothing is re-planned per token either.
+
+Prompts of a batch are left-padded to a power-of-two bucket; the padding is masked out of
+attention, and because rotary attention depends only on relative positions, a padded row
+computes what it would alone. All rows then share one cache position per step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import pygpukit as gpk
+from pygpukit.array import GPUArray
+
+from .model import Transformer, decode_mask, left_pad, prefill_mask
+from .sampling import NoiseSource, SamplingParams, sample
+
+MIN_BUCKET = 16
+
+
+def bucket(n: int, cap: int) -> int:
+    """The prefill length for an n-token prompt: the next power of two (>= 16), capped."""
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
+def _compile(fn: Callable[..., Any]) -> tuple[Callable[..., Any], bool]:
+    compile_ = getattr(gpk, "compile", None)
+    return (compile_(fn), True) if compile_ is not None else (fn, False)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens per row, without the prompt (cut after EOS)
+    prompt_lens: list[int]
+    prefill_s: float
+    decode_s: float
+    decode_steps: int  # decode steps run (each makes one token per row)
+    batch: int
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second per sequence (one decode step = one token of each row)."""
+        return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
+
+
+class Generator:
+    """Runs prefill and decode for a static batch size and cache length."""
+
+    def __init__(self, model: Transformer, batch: int, max_seq_len: int) -> None:
+        self.model = model
+        self.batch, self.max_seq_len = batch, max_seq_len
+        model.setup_cache(batch, max_seq_len)
+        self._prefill, self.compiled = _compile(self._prefill_fn)
+        self._decode, _ = _compile(self._decode_fn)
+
+    # -- the traced functions ------------------------------------------------------------
+    def _prefill_fn(
+        self,
+        tokens: GPUArray,
+        start: GPUArray,
+        temperature: GPUArray,
+        top_p: GPUArray,
+        noise: GPUArray,
+        noise_idx: GPUArray,
+        params: SamplingParams,
+    ) -> GPUArray:
+        logits = self.model(tokens, prefill_mask(start, tokens.shape[1]))
+        return sample(logits, params, temperature, top_p, noise[noise_idx])
+
+    def _decode_fn(
+        self,
+        tokens: GPUArray,
+        pos: GPUArray,
+        start: GPUArray,
+        temperature: GPUArray,
+        top_p: GPUArray,
+        noise: GPUArray,
+        noise_idx: GPUArray,
+        params: SamplingParams,
+    ) -> GPUArray:
+        mask = decode_mask(start, pos, self.max_seq_len)
+        logits = self.model(tokens.reshape(-1, 1), mask, pos)
+        return sample(logits, params, temperature, top_p, noise[noise_idx])
+
+    def _run(self, fn: Callable[..., GPUArray], *args: Any) -> GPUArray:
+        out = fn(*args)
+        if not self.compiled:
+            # The caches were written lazily: realise them with the tokens, as one graph.
+            gpk.realize(out, *self.model.cache_arrays())
+        return out
+
+    # -- driving -------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        params: SamplingParams | None = None,
+        eos_ids: Sequence[int] = (),
+        on_tokens: Callable[[int, np.ndarray], None] | None = None,
+        pad_id: int = 0,
+    ) -> GenerationResult:
+        """New tokens for each prompt (a list of token ids per row, len == batch).
+
+        on_tokens(step, ids[B]) is called with each new token of every row as it arrives.
+        Generation stops after max_new_tokens or once every row has emitted an EOS id.
+        """
+        params = params or SamplingParams()
+        if len(prompts) != self.batch:
+            raise gpk.errors.ShapeError(
+                f"generate: {len(prompts)} prompts for a generator of batch {self.batch}"
+            )
+        if any(len(p) == 0 for p in prompts):
+            raise gpk.errors.GPUKitValueError("generate: a prompt has no tokens")
+        if max_new_tokens < 1:
+            return GenerationResult(
+                [[] for _ in prompts], [len(p) for p in prompts], 0.0, 0.0, 0, self.batch
+            )
+        length = bucket(max(len(p) for p in prompts), self.max_seq_len)
+        if length < max(len(p) for p in prompts) or length + max_new_tokens - 1 > self.max_seq_len:
+            raise gpk.errors.GPUKitValueError(
+                f"generate: a prompt of {max(len(p) for p in prompts)} tokens (bucket {length}) "
+                f"plus {max_new_tokens} new tokens does not fit max_seq_len {self.max_seq_len}"
+            )
+        ids, start_np = left_pad([list(p) for p in prompts], length, pad_id)
+        vocab = self.model.config.vocab_size
+        # Greedy steps still take a (1-wide) noise input, so both modes share one signature.
+        noise = NoiseSource(self.batch, vocab if not params.greedy else 1, params.seed)
+        temperature = gpk.from_numpy(np.array(params.temperature or 1.0, np.float32))
+        top_p = gpk.from_numpy(np.array(params.top_p, np.float32))
+        start = gpk.from_numpy(start_np)
+        eos = np.array(sorted(set(eos_ids)), dtype=np.int64)
+        done = np.zeros(self.batch, dtype=bool)
+        out: list[list[int]] = [[] for _ in prompts]
+
+        def emit(step: int, toks: np.ndarray) -> None:
+            for b in np.flatnonzero(~done):
+                out[b].append(int(toks[b]))
+            if on_tokens is not None:
+                on_tokens(step, toks)
+            if eos.size:
+                done[:] |= np.isin(toks, eos)
+
+        t0 = time.perf_counter()
+        tok = self._run(
+            self._prefill, gpk.from_numpy(ids), start, temperature, top_p, *noise.next(), params
+        )
+        emit(0, tok.to_numpy())
+        t1 = time.perf_counter()
+        steps = 0
+        for i in range(1, max_new_tokens):
+            if done.all():
+                break
+            pos = gpk.from_numpy(np.array(length + i - 1, dtype=np.int64))
+            tok = self._run(
+                self._decode, tok, pos, start, temperature, top_p, *noise.next(), params
+            )
+            emit(i, tok.to_numpy())  # the one host read per token
+            steps += 1
+        t2 = time.perf_counter()
+        return GenerationResult(
+            out,
+            [len(p) for p in prompts],
+            t1 - t0,
+            t2 - t1,
+            steps,
+            self.batch,
+            {"bucket": length, "compiled": self.compiled},
+        )

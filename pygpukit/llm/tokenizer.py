@@ -1,0 +1,53 @@
+"""Text <-> token ids through the `tokenizers` library (the optional `llm` extra)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pygpukit import errors
+
+
+def _tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError:
+        raise errors.GPUKitError(
+            "the tokenizer needs the `tokenizers` package: pip install 'pygpukit[llm]'"
+        ) from None
+    return tokenizers
+
+
+class Tokenizer:
+    """A tokenizer.json (Hugging Face fast tokenizer) wrapper; chat templates are not applied."""
+
+    def __init__(self, tok: Any, bos_id: int | None = None) -> None:
+        self._tok = tok
+        self.bos_id = bos_id
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], bos_id: int | None = None) -> Tokenizer:
+        try:
+            tok = _tokenizers().Tokenizer.from_file(str(path))
+        except Exception as e:  # the library raises its own Exception subclass
+            raise errors.GPUKitError(f"{path}: cannot read the tokenizer: {e}") from None
+        return cls(tok, bos_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size())
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        # A tokenizer without a post-processor adds no BOS; the model may expect one.
+        if add_special_tokens and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            if self._tok.post_processor is None:
+                ids.insert(0, self.bos_id)
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_to_id(self, token: str) -> int | None:
+        i = self._tok.token_to_id(token)
+        return None if i is None else int(i)
