@@ -4,10 +4,12 @@ mod arena_source;
 mod errors;
 mod pool;
 mod reentry;
+mod scheduler;
 
 #[pymodule]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", pygpukit_core::version())?;
     m.add_class::<pool::PyPool>()?;
+    m.add_class::<scheduler::PySchedulerCore>()?;
     Ok(())
 }

@@ -1,0 +1,241 @@
+//! `pygpukit._rust.SchedulerCore`: admission, lifecycle and pacing of
+//! compiled-graph launches. Time is always passed in (milliseconds).
+
+use std::sync::Mutex;
+
+use pygpukit_core::scheduler::{
+    Admission, Partition, Qos, SchedError, SchedStats, Scheduler, TaskId, TaskSpec,
+};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
+use pyo3::types::PyDict;
+
+fn to_py(e: SchedError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        SchedError::UnknownTask(_) | SchedError::Ended(_) => PyKeyError::new_err(msg),
+        SchedError::InvalidTransition { .. } | SchedError::Throttled { .. } => {
+            PyRuntimeError::new_err(msg)
+        }
+        SchedError::InvalidArgument(_) => PyValueError::new_err(msg),
+    }
+}
+
+fn bytes_arg(what: &str, v: i128) -> PyResult<u64> {
+    u64::try_from(v)
+        .map_err(|_| PyValueError::new_err(format!("{what} must be in [0, 2**64), got {v}")))
+}
+
+/// Thread-safe scheduler core. `capacity_bytes` is the node memory that
+/// reservations draw on (the pool quota); a "default" partition spans it.
+#[pyclass(frozen, name = "SchedulerCore", module = "pygpukit._rust")]
+pub struct PySchedulerCore {
+    inner: Mutex<Scheduler>,
+}
+
+impl PySchedulerCore {
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Scheduler) -> R) -> PyResult<R> {
+        let mut guard = self.inner.lock_py_attached(py).map_err(|_| {
+            PyRuntimeError::new_err("SchedulerCore is poisoned by an earlier panic")
+        })?;
+        Ok(f(&mut guard))
+    }
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &SchedStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("capacity_bytes", s.capacity_bytes)?;
+    d.set_item("reserved_bytes", s.reserved_bytes)?;
+    d.set_item("queue_length", s.queue_length)?;
+    d.set_item("waiting", s.waiting)?;
+    d.set_item("running", s.running)?;
+    let c = &s.counts;
+    for (k, v) in [
+        ("submitted", c.submitted),
+        ("admitted", c.admitted),
+        ("queued", c.queued),
+        ("rejected", c.rejected),
+        ("started", c.started),
+        ("completed", c.completed),
+        ("failed", c.failed),
+        ("cancelled", c.cancelled),
+        ("throttled", c.throttled),
+    ] {
+        d.set_item(k, v)?;
+    }
+    let tasks = PyDict::new(py);
+    for (id, t) in &s.tasks {
+        let e = PyDict::new(py);
+        e.set_item("tenant", &t.tenant)?;
+        e.set_item("partition", &t.partition)?;
+        e.set_item("qos", t.qos.name())?;
+        e.set_item("state", t.state.name())?;
+        e.set_item("reservation_bytes", t.reservation_bytes)?;
+        tasks.set_item(id, e)?;
+    }
+    d.set_item("tasks", tasks)?;
+    let tenants = PyDict::new(py);
+    for (name, t) in &s.tenants {
+        let e = PyDict::new(py);
+        e.set_item("share", t.share)?;
+        e.set_item("tokens_ms", t.tokens_ms)?;
+        e.set_item("gpu_time_ms", t.gpu_time_ms)?;
+        e.set_item("live_tasks", t.live_tasks)?;
+        e.set_item("completed", t.completed)?;
+        e.set_item("failed", t.failed)?;
+        e.set_item("throttled_tasks", t.throttled_tasks)?;
+        tenants.set_item(name, e)?;
+    }
+    d.set_item("tenants", tenants)?;
+    let parts = PyDict::new(py);
+    for (name, p) in &s.partitions {
+        let e = PyDict::new(py);
+        e.set_item("memory_quota_bytes", p.memory_quota_bytes)?;
+        e.set_item("reserved_bytes", p.reserved_bytes)?;
+        e.set_item("bandwidth_share", p.bandwidth_share)?;
+        e.set_item("stream_priority", p.stream_priority)?;
+        parts.set_item(name, e)?;
+    }
+    d.set_item("partitions", parts)?;
+    Ok(d)
+}
+
+type SubmitResult = (TaskId, &'static str, Option<String>, Vec<TaskId>);
+
+#[pymethods]
+impl PySchedulerCore {
+    #[new]
+    #[pyo3(signature = (capacity_bytes, burst_ms = 50.0))]
+    fn new(capacity_bytes: i128, burst_ms: f64) -> PyResult<Self> {
+        let cap = bytes_arg("capacity_bytes", capacity_bytes)?;
+        let inner = Scheduler::new(cap, burst_ms).map_err(to_py)?;
+        Ok(Self {
+            inner: Mutex::new(inner),
+        })
+    }
+
+    #[pyo3(signature = (name, memory_quota_bytes, bandwidth_share = 1.0, stream_priority = 0))]
+    fn add_partition(
+        &self,
+        py: Python<'_>,
+        name: String,
+        memory_quota_bytes: i128,
+        bandwidth_share: f64,
+        stream_priority: i32,
+    ) -> PyResult<()> {
+        let p = Partition {
+            name,
+            memory_quota_bytes: bytes_arg("memory_quota_bytes", memory_quota_bytes)?,
+            bandwidth_share,
+            stream_priority,
+        };
+        self.with(py, |s| s.add_partition(p))?.map_err(to_py)
+    }
+
+    /// Returns (task_id, "admitted" | "queued" | "rejected", reason or None,
+    /// ids of other queued tasks this submission let in).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (tenant, reservation_bytes, *, now, qos = "burstable", priority = 0, partition = "default", bandwidth_share = 1.0, deadline_ms = None))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        tenant: String,
+        reservation_bytes: i128,
+        now: f64,
+        qos: &str,
+        priority: i32,
+        partition: &str,
+        bandwidth_share: f64,
+        deadline_ms: Option<f64>,
+    ) -> PyResult<SubmitResult> {
+        let qos = Qos::parse(qos).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "qos must be 'guaranteed', 'burstable' or 'best_effort', got {qos:?}"
+            ))
+        })?;
+        let spec = TaskSpec {
+            tenant,
+            reservation_bytes: bytes_arg("reservation_bytes", reservation_bytes)?,
+            qos,
+            priority,
+            partition: partition.to_string(),
+            bandwidth_share,
+            deadline_ms,
+        };
+        let r = self.with(py, |s| s.submit(spec, now))?.map_err(to_py)?;
+        Ok(match r.admission {
+            Admission::Admitted => (r.id, "admitted", None, r.also_admitted),
+            Admission::Queued => (r.id, "queued", None, r.also_admitted),
+            Admission::Rejected(reason) => (r.id, "rejected", Some(reason), r.also_admitted),
+        })
+    }
+
+    /// Whether pacing lets the admitted task start now (counts a throttle if not).
+    fn may_start(&self, py: Python<'_>, task_id: TaskId, now: f64) -> PyResult<bool> {
+        self.with(py, |s| s.may_start(task_id, now))?.map_err(to_py)
+    }
+
+    /// `now` if the task may start, else when its tenant is back within its
+    /// share, or None when only another task starting or ending can free it.
+    fn next_start_time(&self, py: Python<'_>, task_id: TaskId, now: f64) -> PyResult<Option<f64>> {
+        self.with(py, |s| s.next_start_time(task_id, now))?
+            .map_err(to_py)
+    }
+
+    /// The admitted task that should start next, or None if pacing holds all back.
+    fn pick_next(&self, py: Python<'_>, now: f64) -> PyResult<Option<TaskId>> {
+        self.with(py, |s| s.pick_next(now))?.map_err(to_py)
+    }
+
+    /// Starts an admitted task; returns the CUDA stream priority to launch on.
+    /// Raises RuntimeError if pacing holds it back or it is not admitted.
+    fn start(&self, py: Python<'_>, task_id: TaskId, now: f64) -> PyResult<i32> {
+        self.with(py, |s| s.start(task_id, now))?.map_err(to_py)
+    }
+
+    /// Ends a running task with its measured GPU time; returns the ids
+    /// admitted from the queue with the memory it freed.
+    fn complete(
+        &self,
+        py: Python<'_>,
+        task_id: TaskId,
+        gpu_ms: f64,
+        now: f64,
+    ) -> PyResult<Vec<TaskId>> {
+        self.with(py, |s| s.complete(task_id, gpu_ms, now))?
+            .map_err(to_py)
+    }
+
+    fn fail(
+        &self,
+        py: Python<'_>,
+        task_id: TaskId,
+        gpu_ms: f64,
+        now: f64,
+    ) -> PyResult<Vec<TaskId>> {
+        self.with(py, |s| s.fail(task_id, gpu_ms, now))?
+            .map_err(to_py)
+    }
+
+    /// Withdraws a queued or admitted task; returns the ids admitted in its place.
+    fn cancel(&self, py: Python<'_>, task_id: TaskId) -> PyResult<Vec<TaskId>> {
+        self.with(py, |s| s.cancel(task_id))?.map_err(to_py)
+    }
+
+    /// "queued", "admitted" or "running"; KeyError once the task has ended.
+    fn state(&self, py: Python<'_>, task_id: TaskId) -> PyResult<&'static str> {
+        self.with(py, |s| s.state(task_id).map(|st| st.name()))?
+            .map_err(to_py)
+    }
+
+    fn queue_order(&self, py: Python<'_>) -> PyResult<Vec<TaskId>> {
+        self.with(py, |s| s.queue_order())
+    }
+
+    #[pyo3(signature = (now = None))]
+    fn stats<'py>(&self, py: Python<'py>, now: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.with(py, |s| s.stats(now))?;
+        stats_dict(py, &st)
+    }
+}
