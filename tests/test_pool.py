@@ -166,6 +166,8 @@ def test_double_and_foreign_free_raise_value_error():
     with pytest.raises(ValueError, match="outside every arena"):
         pool.free(12345)
     with pytest.raises(ValueError):
+        pool.free(-a)
+    with pytest.raises(ValueError):
         pool.size_of(a)
     s = pool.stats()
     assert (s["live_blocks"], s["free_count"]) == (1, 1)
@@ -271,6 +273,31 @@ def test_reentrant_callable_raises_instead_of_deadlocking():
     with pytest.raises(RuntimeError, match="re-entrantly"):
         holder["pool"].alloc(10)
     assert holder["pool"].stats()["reserved_bytes"] == 0
+
+
+def test_free_from_inside_an_arena_callable_is_deferred_not_lost():
+    """A GC pass during cuMemAlloc may drop arrays and free their blocks."""
+    holder: dict[str, object] = {}
+    dev = FakeDevice()
+
+    def alloc(n):
+        pool = holder["pool"]
+        victim = holder.pop("victim", None)
+        if victim is not None:
+            pool.free(victim)
+        return dev.alloc(n)
+
+    pool = Pool(arena_bytes=MIB, alloc_arena=alloc, free_arena=dev.free)
+    holder["pool"] = pool
+    victim = pool.alloc(1000)
+    holder["victim"] = victim
+    big = pool.alloc(2 * MIB)  # needs a new arena: the callable frees `victim`
+    s = pool.stats()
+    assert s["live_blocks"] == 1 and s["in_use_bytes"] == pool.size_of(big)
+    with pytest.raises(ValueError):
+        pool.size_of(victim)
+    pool.free(big)
+    assert pool.release_cached() == 3 * MIB
 
 
 def test_threads_share_a_pool():

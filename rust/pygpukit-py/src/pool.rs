@@ -21,6 +21,10 @@ use crate::reentry::Owner;
 pub struct PyPool {
     inner: Mutex<Pool<Source>>,
     owner: Owner,
+    /// Frees requested from inside an arena callable on the thread holding
+    /// the lock (a GC pass dropping arrays during cuMemAlloc); applied when
+    /// that outer call finishes, so the blocks are never leaked.
+    deferred: Mutex<Vec<u64>>,
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &PoolStats) -> PyResult<Bound<'py, PyDict>> {
@@ -53,7 +57,21 @@ impl PyPool {
             .lock_py_attached(py)
             .map_err(|_| PyRuntimeError::new_err("Pool is poisoned by an earlier panic"))?;
         let _own = self.owner.claim();
-        Ok(f(&mut guard))
+        let out = f(&mut guard);
+        self.apply_deferred(py, &mut guard);
+        Ok(out)
+    }
+
+    fn apply_deferred(&self, py: Python<'_>, pool: &mut Pool<Source>) {
+        let pending = match self.deferred.lock() {
+            Ok(mut d) => std::mem::take(&mut *d),
+            Err(_) => return,
+        };
+        for addr in pending {
+            if let Err(e) = pool.free(addr) {
+                PyValueError::new_err(e.to_string()).write_unraisable(py, None);
+            }
+        }
     }
 
     /// A free callable that raised inside an otherwise successful call is
@@ -98,6 +116,7 @@ impl PyPool {
         Ok(Self {
             inner: Mutex::new(Pool::new(cfg, source)),
             owner: Owner::default(),
+            deferred: Mutex::new(Vec::new()),
         })
     }
 
@@ -128,14 +147,24 @@ impl PyPool {
         })?
     }
 
-    /// Frees a block; an address that is not live raises ValueError.
-    fn free(&self, py: Python<'_>, addr: u64) -> PyResult<()> {
+    /// Frees a block; an address that is not live raises ValueError. Called
+    /// from inside one of this pool's own arena callables, the free is
+    /// applied (and checked) when the outer call returns.
+    fn free(&self, py: Python<'_>, addr: i128) -> PyResult<()> {
+        let addr = non_negative("addr", addr)?;
+        if self.owner.is_mine() {
+            if let Ok(mut d) = self.deferred.lock() {
+                d.push(addr);
+                return Ok(());
+            }
+        }
         self.with(py, |pool| pool.free(addr))?
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
     /// Usable size of the live block at `addr` (the request rounded up to 256).
-    fn size_of(&self, py: Python<'_>, addr: u64) -> PyResult<u64> {
+    fn size_of(&self, py: Python<'_>, addr: i128) -> PyResult<u64> {
+        let addr = non_negative("addr", addr)?;
         self.with(py, |pool| pool.size_of(addr))?
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }

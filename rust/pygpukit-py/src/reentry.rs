@@ -23,9 +23,13 @@ pub struct Owner(AtomicU64);
 pub struct OwnerGuard<'a>(&'a Owner);
 
 impl Owner {
+    pub fn is_mine(&self) -> bool {
+        self.0.load(Ordering::Acquire) == me()
+    }
+
     /// Call before locking: fails if this thread already holds the lock.
     pub fn check(&self, what: &str) -> PyResult<()> {
-        if self.0.load(Ordering::Acquire) == me() {
+        if self.is_mine() {
             return Err(PyRuntimeError::new_err(format!(
                 "{what} was called re-entrantly from inside one of its own callbacks"
             )));
