@@ -54,3 +54,6 @@ def pool_stats() -> dict[str, object]:
     from .backends import get_backend
 
     return get_backend().pool_stats()
+
+
+from . import llm  # noqa: E402 - last: gpk.llm is written on the API above
