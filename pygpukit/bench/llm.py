@@ -1,0 +1,369 @@
+"""LLM decode benchmark: PyGPUkit against gpt-fast-style torch.compile and transformers.
+
+The model is the TinyLlama-1.1B shape (22 layers, hidden 2048, intermediate 5632, 32 heads,
+4 KV heads, vocab 32000) with random bf16 weights, so no download is needed. Each
+implementation prefills a 16-token prompt and then times greedy decode steps with a static
+batch; tok/s is per sequence (one step makes one token of every row). The roofline row is
+the measured device-to-device copy bandwidth divided by the weight bytes one step must
+read, the ceiling for a memory-bound batch-1 decode.
+
+    run(batches=(1, 4, 16)) -> list of row dicts      (the `--llm` harness calls this)
+    python -m pygpukit.bench.llm [--impl pygpukit,torch_compile,transformers] [--jsonl F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pygpukit.llm.config import ModelConfig
+
+PROMPT_LEN = 16
+IMPLS = ("pygpukit", "torch_compile", "transformers")
+
+
+def tinyllama_config() -> ModelConfig:
+    return ModelConfig(
+        arch="llama", vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+        num_layers=22, num_heads=32, num_kv_heads=4, head_dim=64, rms_norm_eps=1e-5,
+        rope_theta=10000.0, max_position_embeddings=2048, bos_token_id=1, eos_token_ids=(2,),
+    )  # fmt: skip
+
+
+def weight_bytes(cfg: ModelConfig, itemsize: int = 2) -> int:
+    return cfg.param_count() * itemsize
+
+
+def _row(impl: str, cfg: ModelConfig, batch: int, steps: int, seconds: float,
+         **extra: Any) -> dict[str, Any]:  # fmt: skip
+    tps = steps / seconds if seconds > 0 else 0.0
+    row = {
+        "bench": "llm_decode", "model": "tinyllama-1.1b-shape", "dtype": "bfloat16",
+        "impl": impl, "batch": batch, "steps": steps, "tok_s": tps, "tok_s_total": tps * batch,
+        "ms_per_step": 1e3 * seconds / max(steps, 1),
+        "weights_gb_s": weight_bytes(cfg) * tps / 1e9,
+    }  # fmt: skip
+    row.update(extra)
+    return row
+
+
+# -- PyGPUkit ------------------------------------------------------------------------------
+
+
+def random_model(cfg: ModelConfig, dtype: str = "bfloat16", seed: int = 0) -> Any:
+    """A gpk.llm.Model with random weights, uploaded tensor by tensor (no checkpoint)."""
+    from pygpukit.ir.dtypes import as_dtype
+
+    import pygpukit as gpk
+    from pygpukit import llm
+    from pygpukit.llm.loader import weight_names
+    from pygpukit.llm.model import Transformer
+
+    d = as_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    # One random block tiled over every tensor: drawing 1.1e9 normals would take longer
+    # than the benchmark, and the values only need to be finite and O(1/sqrt(fan_in)).
+    pool = rng.standard_normal(1 << 22).astype(np.float32)
+    host: dict[str, np.ndarray] = {}
+    for name, shape in weight_names(cfg):
+        n = math.prod(shape)
+        if name.endswith("norm.weight"):
+            host[name] = np.ones(shape, np.float32)
+        else:
+            host[name] = np.resize(pool, n).reshape(shape) * np.float32(1 / math.sqrt(shape[-1]))
+
+    def up(*names: str) -> Any:
+        arr = gpk.from_numpy(np.concatenate([host.pop(n) for n in names]).astype(d.np))
+        arr.readonly = True
+        return arr
+
+    w: dict[str, Any] = {"embed": up("model.embed_tokens.weight")}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        w[f"{i}.attn_norm"] = up(p + "input_layernorm.weight")
+        w[f"{i}.wqkv"] = up(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
+        w[f"{i}.wo"] = up(p + "self_attn.o_proj.weight")
+        w[f"{i}.mlp_norm"] = up(p + "post_attention_layernorm.weight")
+        w[f"{i}.w_gate_up"] = up(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+        w[f"{i}.w_down"] = up(p + "mlp.down_proj.weight")
+    w["norm"] = up("model.norm.weight")
+    w["lm_head"] = up("lm_head.weight")
+    return llm.Model(cfg, Transformer(cfg, w, d), None, "random")
+
+
+def bench_pygpukit(cfg: ModelConfig, batch: int, steps: int, model: Any = None) -> dict[str, Any]:
+    import pygpukit as gpk
+    from pygpukit.llm.sampling import SamplingParams
+
+    model = model or random_model(cfg)
+    prompt = [list(range(3, 3 + PROMPT_LEN))] * batch
+    max_seq = 1 << math.ceil(math.log2(PROMPT_LEN + steps + 1))
+    warm = model.generate_ids(prompt, 3, SamplingParams(), max_seq_len=max_seq, stop_at_eos=False)
+    res = model.generate_ids(prompt, steps + 1, SamplingParams(), max_seq_len=max_seq,
+                             stop_at_eos=False)  # fmt: skip
+    del warm
+    return _row("pygpukit", cfg, batch, res.decode_steps, res.decode_s,
+                backend=gpk.backend_name(), compiled=res.stats["compiled"],
+                prefill_ms=1e3 * res.prefill_s)  # fmt: skip
+
+
+# -- gpt-fast-style torch ---------------------------------------------------------------------
+
+
+def _gptfast_model(cfg: ModelConfig, batch: int, max_seq: int) -> Any:
+    """gpt-fast's model.py, trimmed: fused wqkv, static KV cache written at input_pos."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    h, nh, nkv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    class RMSNorm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(h))
+
+        def forward(self, x: Any) -> Any:
+            xf = x.float()
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+            return xf.type_as(x) * self.weight
+
+    def rope(x: Any, cos: Any, sin: Any) -> Any:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wqkv = nn.Linear(h, (nh + 2 * nkv) * hd, bias=False)
+            self.wo = nn.Linear(nh * hd, h, bias=False)
+            shape = (batch, nkv, max_seq, hd)
+            self.register_buffer("k_cache", torch.zeros(shape, dtype=torch.bfloat16))
+            self.register_buffer("v_cache", torch.zeros(shape, dtype=torch.bfloat16))
+
+        def forward(self, x: Any, cos: Any, sin: Any, mask: Any, input_pos: Any) -> Any:
+            b, t, _ = x.shape
+            q, k, v = self.wqkv(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+            q = rope(q.view(b, t, nh, hd).transpose(1, 2), cos, sin)
+            k = rope(k.view(b, t, nkv, hd).transpose(1, 2), cos, sin)
+            v = v.view(b, t, nkv, hd).transpose(1, 2)
+            self.k_cache[:, :, input_pos] = k
+            self.v_cache[:, :, input_pos] = v
+            k = self.k_cache.repeat_interleave(nh // nkv, dim=1)
+            v = self.v_cache.repeat_interleave(nh // nkv, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return self.wo(y.transpose(1, 2).reshape(b, t, nh * hd))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention_norm, self.ffn_norm = RMSNorm(), RMSNorm()
+            self.attention = Attention()
+            self.w1 = nn.Linear(h, cfg.intermediate_size, bias=False)
+            self.w3 = nn.Linear(h, cfg.intermediate_size, bias=False)
+            self.w2 = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+        def forward(self, x: Any, cos: Any, sin: Any, mask: Any, input_pos: Any) -> Any:
+            x = x + self.attention(self.attention_norm(x), cos, sin, mask, input_pos)
+            y = self.ffn_norm(x)
+            return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+    class Transformer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok_embeddings = nn.Embedding(cfg.vocab_size, h)
+            self.layers = nn.ModuleList(Block() for _ in range(cfg.num_layers))
+            self.norm = RMSNorm()
+            self.output = nn.Linear(h, cfg.vocab_size, bias=False)
+            inv = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2).float() / hd)
+            ang = torch.arange(max_seq).float()[:, None] * inv[None]
+            self.register_buffer("cos", ang.cos().to(torch.bfloat16))
+            self.register_buffer("sin", ang.sin().to(torch.bfloat16))
+            causal = torch.tril(torch.ones(max_seq, max_seq, dtype=torch.bool))
+            self.register_buffer("causal", causal)
+
+        def forward(self, idx: Any, input_pos: Any) -> Any:
+            mask = self.causal[None, None, input_pos]
+            cos, sin = self.cos[input_pos], self.sin[input_pos]
+            x = self.tok_embeddings(idx)
+            for layer in self.layers:
+                x = layer(x, cos, sin, mask, input_pos)
+            return self.output(self.norm(x))
+
+    with torch.device("cuda"):
+        model = Transformer()
+    return model.to(torch.bfloat16).eval()
+
+
+def bench_torch_compile(cfg: ModelConfig, batch: int, steps: int) -> dict[str, Any]:
+    import torch
+
+    max_seq = 1 << math.ceil(math.log2(PROMPT_LEN + steps + 1))
+    model = _gptfast_model(cfg, batch, max_seq)
+
+    def decode_one(m: Any, tok: Any, pos: Any) -> Any:
+        return m(tok, pos)[:, -1].argmax(-1, keepdim=True)
+
+    step = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        idx = torch.randint(3, cfg.vocab_size, (batch, PROMPT_LEN), device="cuda")
+        tok = model(idx, torch.arange(PROMPT_LEN, device="cuda"))[:, -1].argmax(-1, keepdim=True)
+        t_c = time.perf_counter()
+        for i in range(3):  # compile and capture
+            tok = step(model, tok, torch.tensor([PROMPT_LEN + i], device="cuda")).clone()
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t_c
+        poss = [torch.tensor([PROMPT_LEN + i], device="cuda") for i in range(steps)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            tok = step(model, tok, poss[i]).clone()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    del model
+    torch.cuda.empty_cache()
+    return _row("torch_compile", cfg, batch, steps, dt, compile_s=compile_s,
+                note="gpt-fast-style, mode=reduce-overhead, fullgraph")  # fmt: skip
+
+
+def bench_transformers(cfg: ModelConfig, batch: int, steps: int) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+    )  # fmt: skip
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    idx = torch.randint(3, cfg.vocab_size, (batch, PROMPT_LEN), device="cuda")
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def timed(n: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(idx, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    timed(4)
+    t1 = min(timed(1) for _ in range(2))
+    tn = timed(steps + 1)
+    note = f"transformers {transformers.__version__} generate, greedy, dynamic cache"
+    return _row("transformers", cfg, batch, steps, tn - t1, note=note)
+
+
+# -- roofline ---------------------------------------------------------------------------------
+
+
+def copy_bandwidth() -> tuple[float, str]:
+    """Bytes/s (read + written) of a device-to-device copy; torch's when it has CUDA."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+            y = torch.empty_like(x)
+            best = float("inf")
+            for _ in range(6):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                y.copy_(x)
+                e.record()
+                e.synchronize()
+                best = min(best, s.elapsed_time(e) / 1e3)
+            del x, y
+            return 2 * (1 << 30) / best, f"device-to-device copy ({torch.cuda.get_device_name()})"
+    except ImportError:
+        pass
+    from pygpukit.llm.perf import copy_bandwidth as gpk_copy
+
+    return gpk_copy()
+
+
+def roofline_rows(cfg: ModelConfig, batches: Sequence[int]) -> list[dict[str, Any]]:
+    bw, how = copy_bandwidth()
+    wb = weight_bytes(cfg)
+    return [_row("roofline", cfg, b, 1, wb / bw, copy_gb_s=bw / 1e9,
+                 note=f"weights {wb / 1e9:.2f} GB / {how}") for b in batches]  # fmt: skip
+
+
+BENCHES: dict[str, Callable[[ModelConfig, int, int], dict[str, Any]]] = {
+    "pygpukit": bench_pygpukit,
+    "torch_compile": bench_torch_compile,
+    "transformers": bench_transformers,
+}
+
+
+def run(batches: Sequence[int] = (1, 4, 16), steps: int = 64,
+        impls: Sequence[str] = IMPLS, cfg: ModelConfig | None = None,
+        sink: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Rows of results (dicts). A failing implementation gives a row with its error."""
+    cfg = cfg or tinyllama_config()
+    rows = roofline_rows(cfg, batches)
+    bw = rows[0]["copy_gb_s"]
+    for r in rows:
+        if sink:
+            sink(r)
+    for impl in impls:
+        for b in batches:
+            try:
+                r = BENCHES[impl](cfg, b, steps)
+            except Exception as e:  # one implementation failing must not lose the others
+                r = {"bench": "llm_decode", "impl": impl, "batch": b, "error": repr(e)[:500]}
+                traceback.print_exc()
+            if "weights_gb_s" in r:
+                r["pct_of_copy_bw"] = 100 * r["weights_gb_s"] / bw
+            rows.append(r)
+            if sink:
+                sink(r)
+    return rows
+
+
+def format_rows(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [f"{'impl':<14} {'batch':>5} {'tok/s/seq':>10} {'tok/s':>10} {'ms/step':>8} "
+             f"{'GB/s':>8} {'%copy':>6}"]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['impl']:<14} {r['batch']:>5} error: {r['error'][:80]}")
+            continue
+        lines.append(
+            f"{r['impl']:<14} {r['batch']:>5} {r['tok_s']:>10.1f} {r['tok_s_total']:>10.1f} "
+            f"{r['ms_per_step']:>8.2f} {r['weights_gb_s']:>8.1f} "
+            f"{r.get('pct_of_copy_bw', 100.0):>6.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--impl", default=",".join(IMPLS))
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--jsonl", default=None, help="append each row here as it is measured")
+    a = ap.parse_args(argv)
+
+    def sink(r: dict[str, Any]) -> None:
+        print(json.dumps(r), flush=True)
+        if a.jsonl:
+            with open(a.jsonl, "a") as f:
+                f.write(json.dumps(r) + "\n")
+
+    rows = run([int(b) for b in a.batches.split(",")], a.steps, a.impl.split(","), sink=sink)
+    print(format_rows(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
