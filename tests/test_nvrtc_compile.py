@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -113,6 +114,17 @@ def test_key_covers_source_options_and_arch() -> None:
         _native.kernel_cache_key(kernel_source(1), "sm_90", [], []),
     }
     assert base not in others and len(others) == 4
+
+
+@needs_nvrtc
+def test_entry_header_holds_length_and_sha256(cache_dir: Path) -> None:
+    cubin = toolchain.compile_kernel(HALF_SOURCE, "sm_90")
+    data = entry_path(cache_dir, HALF_SOURCE).read_bytes()
+    assert data[:8] == b"PGKCUBN1"
+    assert int.from_bytes(data[8:16], "little") == len(cubin) == len(data) - 48
+    # Checks the C++ SHA-256 against hashlib on a many-block input.
+    assert data[16:48] == hashlib.sha256(cubin).digest()
+    assert data[48:] == cubin
 
 
 def _truncate(data: bytes) -> bytes:

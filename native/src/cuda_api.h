@@ -65,57 +65,57 @@ constexpr unsigned kMemoryTypeHost = 1;
 constexpr int kApiVersion = 12000;
 
 // X(name, signature). All return CUresult.
-#define PGK_DRIVER_ENTRY_POINTS(X)                                                              \
-  X(cuInit, (unsigned int))                                                                     \
-  X(cuDriverGetVersion, (int*))                                                                 \
-  X(cuGetErrorName, (CUresult, const char**))                                                   \
-  X(cuGetErrorString, (CUresult, const char**))                                                 \
-  X(cuDeviceGetCount, (int*))                                                                   \
-  X(cuDeviceGet, (CUdevice*, int))                                                              \
-  X(cuDeviceGetName, (char*, int, CUdevice))                                                    \
-  X(cuDeviceGetAttribute, (int*, int, CUdevice))                                                \
-  X(cuDeviceTotalMem, (size_t*, CUdevice))                                                      \
-  X(cuDevicePrimaryCtxRetain, (CUcontext*, CUdevice))                                           \
-  X(cuDevicePrimaryCtxRelease, (CUdevice))                                                      \
-  X(cuCtxSetCurrent, (CUcontext))                                                               \
-  X(cuCtxGetCurrent, (CUcontext*))                                                              \
-  X(cuCtxSynchronize, ())                                                                       \
-  X(cuCtxGetStreamPriorityRange, (int*, int*))                                                  \
-  X(cuMemGetInfo, (size_t*, size_t*))                                                           \
-  X(cuMemAlloc, (CUdeviceptr*, size_t))                                                         \
-  X(cuMemFree, (CUdeviceptr))                                                                   \
-  X(cuMemHostAlloc, (void**, size_t, unsigned int))                                             \
-  X(cuMemFreeHost, (void*))                                                                     \
-  X(cuPointerGetAttribute, (void*, int, CUdeviceptr))                                           \
-  X(cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))                            \
-  X(cuMemsetD32Async, (CUdeviceptr, unsigned int, size_t, CUstream))                            \
-  X(cuMemcpyHtoDAsync, (CUdeviceptr, const void*, size_t, CUstream))                            \
-  X(cuMemcpyDtoHAsync, (void*, CUdeviceptr, size_t, CUstream))                                  \
-  X(cuMemcpyDtoDAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                            \
-  X(cuStreamCreateWithPriority, (CUstream*, unsigned int, int))                                 \
-  X(cuStreamDestroy, (CUstream))                                                                \
-  X(cuStreamSynchronize, (CUstream))                                                            \
-  X(cuStreamQuery, (CUstream))                                                                  \
-  X(cuStreamBeginCapture, (CUstream, int))                                                      \
-  X(cuStreamEndCapture, (CUstream, CUgraph*))                                                   \
-  X(cuStreamIsCapturing, (CUstream, int*))                                                      \
-  X(cuEventCreate, (CUevent*, unsigned int))                                                    \
-  X(cuEventDestroy, (CUevent))                                                                  \
-  X(cuEventRecord, (CUevent, CUstream))                                                         \
-  X(cuEventSynchronize, (CUevent))                                                              \
-  X(cuEventQuery, (CUevent))                                                                    \
-  X(cuEventElapsedTime, (float*, CUevent, CUevent))                                             \
-  X(cuModuleLoadData, (CUmodule*, const void*))                                                 \
-  X(cuModuleUnload, (CUmodule))                                                                 \
-  X(cuModuleGetFunction, (CUfunction*, CUmodule, const char*))                                  \
-  X(cuFuncGetAttribute, (int*, int, CUfunction))                                                \
-  X(cuFuncSetAttribute, (CUfunction, int, int))                                                 \
-  X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,    \
-                     unsigned, CUstream, void**, void**))                                       \
-  X(cuGraphGetNodes, (CUgraph, CUgraphNode*, size_t*))                                          \
-  X(cuGraphDestroy, (CUgraph))                                                                  \
-  X(cuGraphInstantiateWithFlags, (CUgraphExec*, CUgraph, unsigned long long))                   \
-  X(cuGraphLaunch, (CUgraphExec, CUstream))                                                     \
+#define PGK_DRIVER_ENTRY_POINTS(X)                                                           \
+  X(cuInit, (unsigned int))                                                                  \
+  X(cuDriverGetVersion, (int*))                                                              \
+  X(cuGetErrorName, (CUresult, const char**))                                                \
+  X(cuGetErrorString, (CUresult, const char**))                                              \
+  X(cuDeviceGetCount, (int*))                                                                \
+  X(cuDeviceGet, (CUdevice*, int))                                                           \
+  X(cuDeviceGetName, (char*, int, CUdevice))                                                 \
+  X(cuDeviceGetAttribute, (int*, int, CUdevice))                                             \
+  X(cuDeviceTotalMem, (size_t*, CUdevice))                                                   \
+  X(cuDevicePrimaryCtxRetain, (CUcontext*, CUdevice))                                        \
+  X(cuDevicePrimaryCtxRelease, (CUdevice))                                                   \
+  X(cuCtxSetCurrent, (CUcontext))                                                            \
+  X(cuCtxGetCurrent, (CUcontext*))                                                           \
+  X(cuCtxSynchronize, ())                                                                    \
+  X(cuCtxGetStreamPriorityRange, (int*, int*))                                               \
+  X(cuMemGetInfo, (size_t*, size_t*))                                                        \
+  X(cuMemAlloc, (CUdeviceptr*, size_t))                                                      \
+  X(cuMemFree, (CUdeviceptr))                                                                \
+  X(cuMemHostAlloc, (void**, size_t, unsigned int))                                          \
+  X(cuMemFreeHost, (void*))                                                                  \
+  X(cuPointerGetAttribute, (void*, int, CUdeviceptr))                                        \
+  X(cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))                         \
+  X(cuMemsetD32Async, (CUdeviceptr, unsigned int, size_t, CUstream))                         \
+  X(cuMemcpyHtoDAsync, (CUdeviceptr, const void*, size_t, CUstream))                         \
+  X(cuMemcpyDtoHAsync, (void*, CUdeviceptr, size_t, CUstream))                               \
+  X(cuMemcpyDtoDAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                         \
+  X(cuStreamCreateWithPriority, (CUstream*, unsigned int, int))                              \
+  X(cuStreamDestroy, (CUstream))                                                             \
+  X(cuStreamSynchronize, (CUstream))                                                         \
+  X(cuStreamQuery, (CUstream))                                                               \
+  X(cuStreamBeginCapture, (CUstream, int))                                                   \
+  X(cuStreamEndCapture, (CUstream, CUgraph*))                                                \
+  X(cuStreamIsCapturing, (CUstream, int*))                                                   \
+  X(cuEventCreate, (CUevent*, unsigned int))                                                 \
+  X(cuEventDestroy, (CUevent))                                                               \
+  X(cuEventRecord, (CUevent, CUstream))                                                      \
+  X(cuEventSynchronize, (CUevent))                                                           \
+  X(cuEventQuery, (CUevent))                                                                 \
+  X(cuEventElapsedTime, (float*, CUevent, CUevent))                                          \
+  X(cuModuleLoadData, (CUmodule*, const void*))                                              \
+  X(cuModuleUnload, (CUmodule))                                                              \
+  X(cuModuleGetFunction, (CUfunction*, CUmodule, const char*))                               \
+  X(cuFuncGetAttribute, (int*, int, CUfunction))                                             \
+  X(cuFuncSetAttribute, (CUfunction, int, int))                                              \
+  X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, \
+                     unsigned, CUstream, void**, void**))                                    \
+  X(cuGraphGetNodes, (CUgraph, CUgraphNode*, size_t*))                                       \
+  X(cuGraphDestroy, (CUgraph))                                                               \
+  X(cuGraphInstantiateWithFlags, (CUgraphExec*, CUgraph, unsigned long long))                \
+  X(cuGraphLaunch, (CUgraphExec, CUstream))                                                  \
   X(cuGraphExecDestroy, (CUgraphExec))
 
 struct DriverApi {

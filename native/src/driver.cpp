@@ -57,9 +57,9 @@ std::string load_into(cu::DriverApi& api) {
     }
     return "";
   };
-#define PGK_RESOLVE(name, sig)                                                              \
+#define PGK_RESOLVE(name, sig)                                                           \
   if (std::string e = resolve(#name, reinterpret_cast<void**>(&api.name)); !e.empty()) { \
-    return e;                                                                             \
+    return e;                                                                            \
   }
   PGK_DRIVER_ENTRY_POINTS(PGK_RESOLVE)
 #undef PGK_RESOLVE

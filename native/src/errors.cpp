@@ -23,8 +23,7 @@ void check(CUresult result, const char* call) {
 namespace {
 
 // Raising an instance (not the class) lets the Python side read .code and .call.
-void raise_python(const char* class_name, const std::string& message, const char* call,
-                  int code) {
+void raise_python(const char* class_name, const std::string& message, const char* call, int code) {
   try {
     py::object cls = py::module_::import("pygpukit.errors").attr(class_name);
     py::object exc = cls(message);

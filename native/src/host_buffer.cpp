@@ -21,8 +21,8 @@ void register_host_buffer(py::module_& m) {
   py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(m, "HostBuffer", py::buffer_protocol(),
                                                       "Page-locked host memory (bytes).")
       .def(py::init<size_t>(), py::arg("nbytes"))
-      .def_property_readonly("ptr",
-                             [](const HostBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); })
+      .def_property_readonly(
+          "ptr", [](const HostBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); })
       .def_property_readonly("nbytes", &HostBuffer::size)
       .def("__len__", &HostBuffer::size)
       .def_buffer([](HostBuffer& b) {

@@ -110,9 +110,8 @@ void pack(const std::string& kernel, char code, size_t i, PyObject* v, Slot& slo
       return;
     }
     default:
-      throw py::type_error("kernel '" + kernel + "': unknown format char '" +
-                           std::string(1, code) + "' at position " + std::to_string(i) +
-                           " (use P i I q f d)");
+      throw py::type_error("kernel '" + kernel + "': unknown format char '" + std::string(1, code) +
+                           "' at position " + std::to_string(i) + " (use P i I q f d)");
   }
 }
 
@@ -144,16 +143,16 @@ std::array<unsigned, 3> dims(const std::string& kernel, const char* what, py::ha
 
 }  // namespace
 
-void Function::launch(py::handle grid, py::handle block, const std::string& fmt,
-                      py::handle args, unsigned shared_mem, py::handle stream) const {
+void Function::launch(py::handle grid, py::handle block, const std::string& fmt, py::handle args,
+                      unsigned shared_mem, py::handle stream) const {
   if (!PyTuple_Check(args.ptr())) {
     throw py::type_error("kernel '" + name_ + "': args must be a tuple");
   }
   size_t n = fmt.size();
   size_t nargs = static_cast<size_t>(PyTuple_GET_SIZE(args.ptr()));
   if (nargs != n) {
-    throw py::type_error("kernel '" + name_ + "' takes " + std::to_string(n) +
-                         " arguments (fmt '" + fmt + "'), got " + std::to_string(nargs));
+    throw py::type_error("kernel '" + name_ + "' takes " + std::to_string(n) + " arguments (fmt '" +
+                         fmt + "'), got " + std::to_string(nargs));
   }
   std::array<unsigned, 3> g = dims(name_, "grid", grid);
   std::array<unsigned, 3> b = dims(name_, "block", block);
@@ -197,8 +196,7 @@ void register_kernels(py::module_& m) {
       .def_property_readonly("shared_bytes", attr(cu::kFuncSharedSizeBytes))
       .def_property_readonly("const_bytes", attr(cu::kFuncConstSizeBytes))
       .def_property_readonly("local_bytes", attr(cu::kFuncLocalSizeBytes))
-      .def_property_readonly("max_dynamic_shared_memory",
-                             attr(cu::kFuncMaxDynamicSharedSizeBytes))
+      .def_property_readonly("max_dynamic_shared_memory", attr(cu::kFuncMaxDynamicSharedSizeBytes))
       .def("set_max_dynamic_shared_memory", &Function::set_max_dynamic_shared_memory,
            py::arg("bytes"))
       .def("launch", &Function::launch, py::arg("grid"), py::arg("block"), py::arg("fmt"),

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
+#include <pybind11/stl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,8 +15,6 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
-
-#include <pybind11/stl.h>
 
 #include "errors.h"
 #include "nvrtc.h"
@@ -32,8 +31,8 @@ constexpr uint64_t kDefaultMaxBytes = uint64_t{256} << 20;
 constexpr const char* kSuffix = ".cubin";
 
 struct Stats {
-  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, corrupt{0}, writes{0},
-      pruned{0}, disk_errors{0};
+  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, corrupt{0}, writes{0}, pruned{0},
+      disk_errors{0};
 };
 Stats g_stats;
 
@@ -49,7 +48,8 @@ std::string env(const char* name) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Creates missing components with mode 0700 and forces the leaf to 0700, since compiled
@@ -113,8 +113,8 @@ std::optional<std::string> read_entry(const std::string& path, bool& corrupt) {
 
 bool write_entry(const std::string& dir, const std::string& key, const std::string& payload) {
   static std::atomic<uint64_t> counter{0};
-  std::string tmp = dir + "/.tmp-" + key + "-" + std::to_string(getpid()) + "-" +
-                    std::to_string(counter++);
+  std::string tmp =
+      dir + "/.tmp-" + key + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
   std::string data(kMagic, 8);
   uint64_t len = payload.size();
   for (int i = 0; i < 8; ++i) data.push_back(static_cast<char>(len >> (8 * i)));
@@ -226,8 +226,9 @@ std::string cache_key(const CacheRequest& req) {
 
 std::string compile_cached(const CacheRequest& req, bool use_cache) {
   if (req.arch.rfind("sm_", 0) != 0) {
-    throw CompileError("arch must be a real architecture like 'sm_90' (CUBIN only, never PTX), got '" +
-                       req.arch + "'");
+    throw CompileError(
+        "arch must be a real architecture like 'sm_90' (CUBIN only, never PTX), got '" + req.arch +
+        "'");
   }
   std::vector<std::string> options = req.options;
   options.push_back("--gpu-architecture=" + req.arch);
@@ -366,8 +367,8 @@ void register_kernel_cache(py::module_& m) {
     return d;
   });
   m.def("kernel_cache_reset_stats", []() {
-    for (auto* c : {&g_stats.memory_hits, &g_stats.disk_hits, &g_stats.compiles,
-                    &g_stats.corrupt, &g_stats.writes, &g_stats.pruned, &g_stats.disk_errors}) {
+    for (auto* c : {&g_stats.memory_hits, &g_stats.disk_hits, &g_stats.compiles, &g_stats.corrupt,
+                    &g_stats.writes, &g_stats.pruned, &g_stats.disk_errors}) {
       c->store(0);
     }
   });

@@ -150,28 +150,25 @@ void register_memory(py::module_& m) {
 
   for (bool sync : {false, true}) {
     std::string suffix = sync ? "" : "_async";
-    m.def(
-        ("memcpy_htod" + suffix).c_str(),
-        [sync](uint64_t dst, py::handle src, py::handle stream, py::object nbytes) {
-          htod(dst, src, nbytes, stream_handle(stream), sync);
-        },
-        py::arg("dst"), py::arg("src"), py::arg("stream") = py::none(),
-        py::arg("nbytes") = py::none(), "Copy a host buffer to device memory.");
-    m.def(
-        ("memcpy_dtoh" + suffix).c_str(),
-        [sync](py::handle dst, uint64_t src, py::handle stream, py::object nbytes) {
-          dtoh(dst, src, nbytes, stream_handle(stream), sync);
-        },
-        py::arg("dst"), py::arg("src"), py::arg("stream") = py::none(),
-        py::arg("nbytes") = py::none(),
-        "Copy device memory into a writable host buffer. Unless dst is a HostBuffer this "
-        "returns once dst holds the data, even in the _async form.");
-    m.def(
-        ("memcpy_dtod" + suffix).c_str(),
-        [sync](uint64_t dst, uint64_t src, size_t nbytes, py::handle stream) {
-          dtod(dst, src, nbytes, stream_handle(stream), sync);
-        },
-        py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("stream") = py::none());
+    m.def(("memcpy_htod" + suffix).c_str(),
+          [sync](uint64_t dst, py::handle src, py::handle stream, py::object nbytes) {
+            htod(dst, src, nbytes, stream_handle(stream), sync);
+          },
+          py::arg("dst"), py::arg("src"), py::arg("stream") = py::none(),
+          py::arg("nbytes") = py::none(), "Copy a host buffer to device memory.");
+    m.def(("memcpy_dtoh" + suffix).c_str(),
+          [sync](py::handle dst, uint64_t src, py::handle stream, py::object nbytes) {
+            dtoh(dst, src, nbytes, stream_handle(stream), sync);
+          },
+          py::arg("dst"), py::arg("src"), py::arg("stream") = py::none(),
+          py::arg("nbytes") = py::none(),
+          "Copy device memory into a writable host buffer. Unless dst is a HostBuffer this "
+          "returns once dst holds the data, even in the _async form.");
+    m.def(("memcpy_dtod" + suffix).c_str(),
+          [sync](uint64_t dst, uint64_t src, size_t nbytes, py::handle stream) {
+            dtod(dst, src, nbytes, stream_handle(stream), sync);
+          },
+          py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("stream") = py::none());
   }
 
   m.def("staging_stats", []() {

@@ -1,6 +1,7 @@
 #include "nvrtc.h"
 
 #include <dlfcn.h>
+#include <pybind11/stl.h>
 
 #include <atomic>
 #include <cctype>
@@ -8,8 +9,6 @@
 #include <memory>
 #include <mutex>
 #include <set>
-
-#include <pybind11/stl.h>
 
 #include "errors.h"
 
@@ -21,17 +20,17 @@ namespace {
 using nvrtcResult = int;
 typedef struct _nvrtcProgram* nvrtcProgram;
 
-#define PGK_NVRTC_ENTRY_POINTS(X)                                                         \
-  X(nvrtcVersion, (int*, int*))                                                          \
-  X(nvrtcGetNumSupportedArchs, (int*))                                                   \
-  X(nvrtcGetSupportedArchs, (int*))                                                      \
-  X(nvrtcCreateProgram, (nvrtcProgram*, const char*, const char*, int, const char* const*, \
-                         const char* const*))                                            \
-  X(nvrtcDestroyProgram, (nvrtcProgram*))                                                \
-  X(nvrtcCompileProgram, (nvrtcProgram, int, const char* const*))                        \
-  X(nvrtcGetProgramLogSize, (nvrtcProgram, size_t*))                                     \
-  X(nvrtcGetProgramLog, (nvrtcProgram, char*))                                           \
-  X(nvrtcGetCUBINSize, (nvrtcProgram, size_t*))                                          \
+#define PGK_NVRTC_ENTRY_POINTS(X)                                                           \
+  X(nvrtcVersion, (int*, int*))                                                             \
+  X(nvrtcGetNumSupportedArchs, (int*))                                                      \
+  X(nvrtcGetSupportedArchs, (int*))                                                         \
+  X(nvrtcCreateProgram,                                                                     \
+    (nvrtcProgram*, const char*, const char*, int, const char* const*, const char* const*)) \
+  X(nvrtcDestroyProgram, (nvrtcProgram*))                                                   \
+  X(nvrtcCompileProgram, (nvrtcProgram, int, const char* const*))                           \
+  X(nvrtcGetProgramLogSize, (nvrtcProgram, size_t*))                                        \
+  X(nvrtcGetProgramLog, (nvrtcProgram, char*))                                              \
+  X(nvrtcGetCUBINSize, (nvrtcProgram, size_t*))                                             \
   X(nvrtcGetCUBIN, (nvrtcProgram, char*))
 
 struct NvrtcApi {
@@ -86,11 +85,11 @@ std::string nvrtc_load(const std::vector<std::string>& candidates) {
     }
     NvrtcApi a;
     bool ok = true;
-#define PGK_RESOLVE(name, sig)                                                 \
-  a.name = reinterpret_cast<decltype(a.name)>(dlsym(lib, #name));              \
-  if (!a.name) {                                                               \
-    ok = false;                                                                \
-    tried += "\n  " + path + ": missing " #name;                               \
+#define PGK_RESOLVE(name, sig)                                    \
+  a.name = reinterpret_cast<decltype(a.name)>(dlsym(lib, #name)); \
+  if (!a.name) {                                                  \
+    ok = false;                                                   \
+    tried += "\n  " + path + ": missing " #name;                  \
   }
     PGK_NVRTC_ENTRY_POINTS(PGK_RESOLVE)
 #undef PGK_RESOLVE
@@ -152,7 +151,8 @@ std::string format_compile_error(const std::string& source, const std::string& n
     size_t line = std::stoul(log.substr(p, q - p));
     if (line >= 1 && line <= lines.size()) hits.insert(line);
   }
-  std::string msg = "NVRTC failed to compile " + name + " for " + arch + " (" + status + "):\n" + log;
+  std::string msg =
+      "NVRTC failed to compile " + name + " for " + arch + " (" + status + "):\n" + log;
   if (!msg.empty() && msg.back() != '\n') msg += '\n';
   if (!hits.empty()) {
     msg += "offending source lines:\n";

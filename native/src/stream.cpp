@@ -57,8 +57,7 @@ bool Stream::is_capturing() const { return stream_is_capturing(stream_); }
 std::pair<int, int> Stream::priority_range() {
   current_context();
   int least = 0, greatest = 0;
-  check_cu(driver().cuCtxGetStreamPriorityRange(&least, &greatest),
-           "cuCtxGetStreamPriorityRange");
+  check_cu(driver().cuCtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange");
   return {least, greatest};
 }
 
@@ -123,19 +122,18 @@ int capture_mode(const std::string& mode) {
   if (mode == "global") return cu::kCaptureModeGlobal;
   if (mode == "thread_local") return cu::kCaptureModeThreadLocal;
   if (mode == "relaxed") return cu::kCaptureModeRelaxed;
-  throw py::value_error("capture mode must be 'global', 'thread_local' or 'relaxed', got '" +
-                        mode + "'");
+  throw py::value_error("capture mode must be 'global', 'thread_local' or 'relaxed', got '" + mode +
+                        "'");
 }
 
 }  // namespace
 
 void register_streams(py::module_& m) {
   using release = py::call_guard<py::gil_scoped_release>;
-  py::class_<Stream, std::shared_ptr<Stream>>(m, "Stream",
-                                              "A CUDA stream owned by this object.")
+  py::class_<Stream, std::shared_ptr<Stream>>(m, "Stream", "A CUDA stream owned by this object.")
       .def(py::init<int, bool>(), py::arg("priority") = 0, py::arg("non_blocking") = true)
-      .def_property_readonly("handle",
-                             [](const Stream& s) { return reinterpret_cast<uintptr_t>(s.handle()); })
+      .def_property_readonly(
+          "handle", [](const Stream& s) { return reinterpret_cast<uintptr_t>(s.handle()); })
       .def_property_readonly("priority", &Stream::priority)
       .def("synchronize", &Stream::synchronize, release())
       .def("query", &Stream::query, "True when all work on the stream has finished.")
