@@ -24,7 +24,7 @@ import pygpukit as gpk
 from pygpukit.array import GPUArray
 
 from .model import Transformer, decode_mask, left_pad, prefill_mask
-from .sampling import NoiseSource, SamplingParams, sample
+from .sampling import NoiseSource, SamplingParams, sample_with
 
 MIN_BUCKET = 16
 
@@ -40,6 +40,12 @@ def bucket(n: int, cap: int) -> int:
 def _compile(fn: Callable[..., Any]) -> tuple[Callable[..., Any], bool]:
     compile_ = getattr(gpk, "compile", None)
     return (compile_(fn), True) if compile_ is not None else (fn, False)
+
+
+def _position(i: int) -> GPUArray:
+    """A decode position as a device scalar: a graph input, never a traced constant."""
+    scalar = getattr(gpk, "scalar", None)
+    return scalar(i) if scalar is not None else gpk.from_numpy(np.array(i, dtype=np.int64))
 
 
 @dataclass
@@ -69,6 +75,8 @@ class Generator:
         self._decode, _ = _compile(self._decode_fn)
 
     # -- the traced functions ------------------------------------------------------------
+    # Graph-shaping choices (greedy, top_k, use_top_p) are plain Python values, part of a
+    # compiled step's cache key; everything that changes per call is an array.
     def _prefill_fn(
         self,
         tokens: GPUArray,
@@ -77,10 +85,13 @@ class Generator:
         top_p: GPUArray,
         noise: GPUArray,
         noise_idx: GPUArray,
-        params: SamplingParams,
+        greedy: bool,
+        top_k: int,
+        use_top_p: bool,
     ) -> GPUArray:
         logits = self.model(tokens, prefill_mask(start, tokens.shape[1]))
-        return sample(logits, params, temperature, top_p, noise[noise_idx])
+        u = noise[noise_idx]
+        return sample_with(logits, greedy, top_k, use_top_p, temperature, top_p, u)
 
     def _decode_fn(
         self,
@@ -91,11 +102,14 @@ class Generator:
         top_p: GPUArray,
         noise: GPUArray,
         noise_idx: GPUArray,
-        params: SamplingParams,
+        greedy: bool,
+        top_k: int,
+        use_top_p: bool,
     ) -> GPUArray:
         mask = decode_mask(start, pos, self.max_seq_len)
         logits = self.model(tokens.reshape(-1, 1), mask, pos)
-        return sample(logits, params, temperature, top_p, noise[noise_idx])
+        u = noise[noise_idx]
+        return sample_with(logits, greedy, top_k, use_top_p, temperature, top_p, u)
 
     def _run(self, fn: Callable[..., GPUArray], *args: Any) -> GPUArray:
         out = fn(*args)
@@ -143,6 +157,7 @@ class Generator:
         temperature = gpk.from_numpy(np.array(params.temperature or 1.0, np.float32))
         top_p = gpk.from_numpy(np.array(params.top_p, np.float32))
         start = gpk.from_numpy(start_np)
+        statics = (params.greedy, params.top_k, params.top_p < 1)
         eos = np.array(sorted(set(eos_ids)), dtype=np.int64)
         done = np.zeros(self.batch, dtype=bool)
         out: list[list[int]] = [[] for _ in prompts]
@@ -157,7 +172,7 @@ class Generator:
 
         t0 = time.perf_counter()
         tok = self._run(
-            self._prefill, gpk.from_numpy(ids), start, temperature, top_p, *noise.next(), params
+            self._prefill, gpk.from_numpy(ids), start, temperature, top_p, *noise.next(), *statics
         )
         emit(0, tok.to_numpy())
         t1 = time.perf_counter()
@@ -165,9 +180,9 @@ class Generator:
         for i in range(1, max_new_tokens):
             if done.all():
                 break
-            pos = gpk.from_numpy(np.array(length + i - 1, dtype=np.int64))
+            pos = _position(length + i - 1)
             tok = self._run(
-                self._decode, tok, pos, start, temperature, top_p, *noise.next(), params
+                self._decode, tok, pos, start, temperature, top_p, *noise.next(), *statics
             )
             emit(i, tok.to_numpy())  # the one host read per token
             steps += 1

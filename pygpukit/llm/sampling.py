@@ -94,16 +94,29 @@ def sample(
     temperature/top_p: 0-d float32 arrays (dynamic values; params gives the defaults).
     uniform: [B, V] noise in (0, 1); needed unless greedy.
     """
-    if params.greedy:
+    t = temperature if temperature is not None else gpk.full((), params.temperature, gpk.float32)
+    p = top_p if top_p is not None else gpk.full((), params.top_p, gpk.float32)
+    return sample_with(logits, params.greedy, params.top_k, params.top_p < 1, t, p, uniform)
+
+
+def sample_with(
+    logits: GPUArray,
+    greedy: bool,
+    top_k: int,
+    use_top_p: bool,
+    temperature: GPUArray,
+    top_p: GPUArray,
+    uniform: GPUArray | None,
+) -> GPUArray:
+    """sample() with the graph-shaping choices as plain bools/ints and the values as arrays,
+    the signature a compiled step takes (statics in its cache key, arrays as inputs)."""
+    if greedy:
         return logits.argmax(-1)
     if uniform is None:
         raise gpk.errors.GPUKitValueError("sample: sampling needs uniform noise [B, V]")
-    t = temperature if temperature is not None else gpk.full((), params.temperature, gpk.float32)
-    x = logits / t
-    x = top_k_filter(x, params.top_k)
-    if params.top_p < 1:
-        p = top_p if top_p is not None else gpk.full((), params.top_p, gpk.float32)
-        x = top_p_filter(x, p)
+    x = top_k_filter(logits / temperature, top_k)
+    if use_top_p:
+        x = top_p_filter(x, top_p)
     return (x + gumbel(uniform)).argmax(-1)
 
 
