@@ -45,6 +45,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    sliding_window: int | None = None  # Mistral: a key is visible while i - j < window
 
     @property
     def rope_type(self) -> str:
@@ -90,9 +91,12 @@ class ModelConfig:
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 pad_token_id=d.get("pad_token_id"),
+                sliding_window=_sliding_window(arch, d, source),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{source}: missing or bad field {e}") from None
+        if d.get("mlp_bias"):
+            raise ConfigError(f"{source}: mlp_bias is not supported")
         if act not in ("silu", "swish"):
             raise ConfigError(f"{source}: hidden_act {act!r} is not supported (only silu)")
         if cfg.num_heads % cfg.num_kv_heads:
@@ -141,6 +145,8 @@ class ModelConfig:
         }
         if self.rope_scaling:
             d["rope_scaling"] = dict(self.rope_scaling)
+        if self.sliding_window is not None:
+            d["sliding_window"] = self.sliding_window
         return d
 
     def param_count(self) -> int:
@@ -152,6 +158,17 @@ class ModelConfig:
         if self.qk_norm:
             layer += 2 * self.head_dim
         return self.num_layers * layer + v * h * (1 if self.tie_word_embeddings else 2) + h
+
+
+def _sliding_window(arch: str, d: dict[str, Any], source: str) -> int | None:
+    window = d.get("sliding_window")
+    if arch in ("qwen2", "qwen3"):
+        # Qwen's window applies to some layers only (max_window_layers); the released
+        # models switch it off, and a config that switches it on is refused, not misread.
+        if d.get("use_sliding_window"):
+            raise ConfigError(f"{source}: use_sliding_window is not supported for {arch}")
+        return None
+    return int(window) if window else None
 
 
 def inv_freq(cfg: ModelConfig) -> np.ndarray:

@@ -89,7 +89,8 @@ class Generator:
         top_k: int,
         use_top_p: bool,
     ) -> GPUArray:
-        logits = self.model(tokens, prefill_mask(start, tokens.shape[1]))
+        window = self.model.config.sliding_window
+        logits = self.model(tokens, prefill_mask(start, tokens.shape[1], window))
         u = noise[noise_idx]
         return sample_with(logits, greedy, top_k, use_top_p, temperature, top_p, u)
 
@@ -106,7 +107,7 @@ class Generator:
         top_k: int,
         use_top_p: bool,
     ) -> GPUArray:
-        mask = decode_mask(start, pos, self.max_seq_len)
+        mask = decode_mask(start, pos, self.max_seq_len, self.model.config.sliding_window)
         logits = self.model(tokens.reshape(-1, 1), mask, pos)
         u = noise[noise_idx]
         return sample_with(logits, greedy, top_k, use_top_p, temperature, top_p, u)

@@ -198,22 +198,30 @@ class Transformer:
         return logits[:, 0] if last_only else logits
 
 
-def prefill_mask(start: GPUArray, length: int) -> GPUArray:
+def prefill_mask(start: GPUArray, length: int, window: int | None = None) -> GPUArray:
     """[B, 1, 1, T, T]: causal, and no real token sees the left padding before start[b].
 
     A padding query sees itself, so no softmax row is empty (an empty row would be NaN,
-    and NaN in the padding's values would leak through 0 * NaN)."""
+    and NaN in the padding's values would leak through 0 * NaN). With a sliding window,
+    query i sees keys j > i - window only (Mistral's rule).
+    """
     i = gpk.arange(length).reshape(length, 1)
     j = gpk.arange(length).reshape(1, length)
     st = start.reshape(-1, 1, 1)
     ok = (j <= i) & ((j >= st) | (j == i))
+    if window is not None and window < length:
+        ok = ok & (j > i - window)
     return ok.reshape(-1, 1, 1, length, length)
 
 
-def decode_mask(start: GPUArray, pos: GPUArray, max_seq_len: int) -> GPUArray:
-    """[B, 1, 1, 1, S]: cache slots start[b]..pos are visible."""
+def decode_mask(
+    start: GPUArray, pos: GPUArray, max_seq_len: int, window: int | None = None
+) -> GPUArray:
+    """[B, 1, 1, 1, S]: cache slots start[b]..pos are visible (the last `window` of them)."""
     j = gpk.arange(max_seq_len).reshape(1, max_seq_len)
     ok = (j <= pos) & (j >= start.reshape(-1, 1))
+    if window is not None and window < max_seq_len:
+        ok = ok & (j > pos - window)
     return ok.reshape(-1, 1, 1, 1, max_seq_len)
 
 
