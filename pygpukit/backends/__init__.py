@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from .base import Backend
 
@@ -22,7 +23,29 @@ def _choose() -> Backend:
         raise ValueError(f"PYGPUKIT_BACKEND must be 'cpu' or 'cuda', got {want!r}")
     from .numpy_backend import NumpyBackend
 
+    if want == "cpu":
+        return NumpyBackend()
+    ok, reason = _cuda_status()
+    if ok:
+        from .cuda.backend import CudaBackend
+
+        return CudaBackend()
+    if want == "cuda":
+        from pygpukit.errors import CUDAError
+
+        raise CUDAError(f"PYGPUKIT_BACKEND=cuda, but CUDA is not usable: {reason}")
+    sys.stderr.write(f"pygpukit: no usable CUDA GPU ({reason}); running on the NumPy backend\n")
     return NumpyBackend()
+
+
+def _cuda_status() -> tuple[bool, str]:
+    """(usable, reason): a driver that loads, a device, and SM80 or newer. Never raises."""
+    try:
+        from .cuda.toolchain import cuda_usable
+
+        return cuda_usable()
+    except Exception as e:  # a broken install must fall back, not crash the import
+        return False, f"{type(e).__name__}: {e}"
 
 
 __all__ = ["Backend", "get_backend"]

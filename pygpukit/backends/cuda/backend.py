@@ -1,0 +1,128 @@
+"""The CUDA backend: Schedules run as generated and tuned kernels on device memory owned by
+the Rust pool. Values are strided views (DeviceValue); launches are asynchronous on one
+stream, and the device error word is checked whenever the backend synchronises."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pygpukit import _native
+from pygpukit.errors import GPUKitError, OutOfMemoryError
+from pygpukit.ir import DType, dtypes
+from pygpukit.memory import Storage
+from pygpukit.passes import Schedule, Step
+
+from ..base import Backend
+from . import compiler, device_pool, ew
+from .context import contiguous
+from .errorword import WORDS, ErrorWord
+from .layout import is_contiguous
+from .plan import plan_for, plan_step
+from .value import DeviceValue
+
+POISON_BYTE = 0xFF  # NaN in every float dtype, -1 in every integer one
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, arena_bytes: int = 256 << 20, quota_bytes: int | None = None) -> None:
+        self.pool = device_pool.make_pool(arena_bytes, quota_bytes)
+        self.stream: Any = None  # the legacy default stream: ordered with torch/CuPy defaults
+        self.sm_count = compiler.sm_count()
+        self.poison = os.environ.get("PYGPUKIT_POISON", "") not in ("", "0")
+        self._err = ErrorWord(device_pool.allocate(self.pool, WORDS * 8, "error word"))
+        self._step: Step | None = None
+
+    # -- memory ---------------------------------------------------------------------------
+    def alloc(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
+        nbytes = math.prod(shape) * dtype.itemsize
+        step = self._step
+        where = f" at {step.loc}" if step is not None and step.loc else ""
+        storage = device_pool.allocate(self.pool, nbytes, f"{what}{where}")
+        if self.poison and nbytes:
+            _native.memset(storage.addr, POISON_BYTE, nbytes, self.stream)
+        return DeviceValue(storage, shape, contiguous(shape), 0, dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> DeviceValue:
+        return self.alloc(tuple(shape), dtype, "empty")
+
+    def from_numpy(self, array: np.ndarray) -> DeviceValue:
+        d = dtypes.as_dtype(array.dtype)
+        v = self.alloc(tuple(array.shape), d, "from_numpy")
+        if array.size:
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            _native.memcpy_htod_async(v.ptr, raw, self.stream)
+        return v
+
+    def to_numpy(self, value: DeviceValue) -> np.ndarray:
+        src = value
+        if not is_contiguous(value.shape, value.strides):
+            src = self._copy_contiguous(value)
+        out = np.empty(value.size * value.dtype.itemsize, np.uint8)
+        if value.size:
+            _native.memcpy_dtoh_async(out, src.ptr, self.stream)
+        self.synchronize()
+        return out.view(value.dtype.np).reshape(value.shape)
+
+    def _copy_contiguous(self, v: DeviceValue) -> DeviceValue:
+        launch = ew.make(self, ("in", 0), [v], v.shape, contiguous(v.shape), v.dtype, 256)
+        out = self.alloc(v.shape, v.dtype, "copy")
+        launch(out.ptr, [v.ptr])
+        return out
+
+    def storage(self, value: DeviceValue) -> Storage:
+        return value.storage
+
+    def strides(self, value: DeviceValue) -> tuple[int, ...]:
+        return tuple(s * value.dtype.itemsize for s in value.strides)
+
+    def layout_key(self, value: DeviceValue) -> Any:
+        # Plans fold strides in, and vector kernels need 16-byte aligned pointers.
+        return (value.strides, value.ptr % 16)
+
+    def pool_stats(self) -> dict[str, Any]:
+        return dict(self.pool.stats())
+
+    # -- context for planners -------------------------------------------------------------
+    @property
+    def err_addr(self) -> int:
+        return self._err.addr
+
+    def tag(self, op: str, inputs: list[tuple[tuple[int, ...], Any]], loc: Any) -> int:
+        return self._err.tag(op, inputs, loc)
+
+    def synchronize(self) -> None:
+        _native.synchronize()
+        self._err.check()
+
+    # -- execution ------------------------------------------------------------------------
+    def run(self, schedule: Schedule, inputs: Sequence[DeviceValue]) -> list[DeviceValue]:
+        key = tuple(self.layout_key(v) for v in inputs)
+        plan = plan_for(schedule, key)
+        runs = plan.runs
+        env: list[DeviceValue | None] = [None] * schedule.n_slots
+        for slot, v in zip(schedule.input_slots, inputs, strict=True):
+            env[slot] = v
+        try:
+            for k, step in enumerate(schedule.steps):
+                ins = [env[i] for i in step.ins]
+                self._step = step
+                run = runs[k]
+                if run is None:
+                    run = runs[k] = plan_step(self, step, ins)  # type: ignore[arg-type]
+                env[step.out] = run(ins)  # type: ignore[arg-type]
+                for s in step.frees:
+                    env[s] = None
+        except OutOfMemoryError:
+            raise
+        except GPUKitError:
+            raise
+        finally:
+            self._step = None
+        return [env[s] for s in schedule.output_slots]  # type: ignore[misc]

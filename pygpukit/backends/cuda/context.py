@@ -1,0 +1,35 @@
+"""What step planners need from the backend: allocation, the error word, the stream."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+from pygpukit.ir import DType
+from pygpukit.ir.shapes import contiguous_strides
+
+from .value import DeviceValue
+
+
+class Context(Protocol):
+    stream: Any
+    sm_count: int
+
+    def alloc(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue: ...
+
+    @property
+    def err_addr(self) -> int: ...
+
+    def tag(self, op: str, inputs: list[tuple[tuple[int, ...], Any]], loc: Any) -> int: ...
+
+
+def contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(contiguous_strides(shape))
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

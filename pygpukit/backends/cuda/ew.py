@@ -1,0 +1,87 @@
+"""Builds elementwise launches: layouts -> spec -> compiled kernel + fixed arguments.
+
+Everything that depends on shapes and strides is computed once here; the returned
+launcher only takes this run's pointers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pygpukit.ir import DType
+from pygpukit.ir.expr import Expr
+
+from . import compiler
+from .codegen.elementwise import EwSpec, generate
+from .context import Context, cdiv, contiguous
+from .layout import broadcast_strides, collapse, is_contiguous
+from .value import DeviceValue
+
+Launcher = Callable[[int, Sequence[int], Sequence[int]], None]
+BLOCK = 256
+
+
+def make(ctx: Context, expr: Expr, ins: Sequence[DeviceValue], out_shape: tuple[int, ...],
+         out_strides: tuple[int, ...], out_dtype: DType, out_ptr_hint: int,
+         dyn: Sequence[tuple[int, DType, int, int]] = (), tag: int = 0) -> Launcher:  # fmt: skip
+    """launch(out_ptr, in_ptrs, dyn_ptrs). dyn: (operand, index dtype, size, stride), with
+    operand -1 for the output, k for input k."""
+    n = 1
+    for d in out_shape:
+        n *= d
+    out_contig = is_contiguous(out_shape, out_strides)
+    cst = contiguous(out_shape)
+    bstrides = [broadcast_strides(v.shape, v.strides, out_shape) for v in ins]
+    dyn_ops = {o for o, *_ in dyn}
+    modes = []
+    for k, st in enumerate(bstrides):
+        if all(s == 0 for s in st) and k not in dyn_ops:
+            modes.append("scalar")
+        elif out_contig and _same(st, cst, out_shape) and -1 not in dyn_ops:
+            modes.append("contig")
+        else:
+            modes.append("strided")
+    out_mode = "contig" if out_contig else "strided"
+    strided = ([list(out_strides)] if out_mode == "strided" else []) + [
+        list(st) for st, m in zip(bstrides, modes, strict=True) if m == "strided"
+    ]
+    sizes, cstr = collapse(out_shape, *strided) if strided else ([], [])
+    if strided and not sizes:  # every dim was 1
+        sizes, cstr = [1], [[0] for _ in strided]
+    vec = 1
+    if not strided and not dyn and n:
+        items = [out_dtype.itemsize] + [v.dtype.itemsize for v, m in zip(ins, modes, strict=True)
+                                        if m == "contig"]  # fmt: skip
+        ptrs = [out_ptr_hint] + [v.ptr for v, m in zip(ins, modes, strict=True) if m == "contig"]
+        if all(p % 16 == 0 for p in ptrs):
+            vec = 16 // max(items)
+    spec = EwSpec(expr, tuple(v.dtype for v in ins), out_dtype, tuple(modes), out_mode,
+                  len(sizes), tuple((o, d) for o, d, _, _ in dyn), vec)  # fmt: skip
+    src = generate(spec)
+    fn = compiler.function(src)
+    mid: list[int] = [n]
+    if strided:
+        mid += sizes
+        for st in cstr:
+            mid += st
+    grid = (max(1, min(cdiv(cdiv(n, vec), BLOCK), ctx.sm_count * 16)),)
+    fmt = src.fmt
+    err = ctx.err_addr
+    stream = ctx.stream
+    dyn_static = [(size, stride) for _, _, size, stride in dyn]
+    mid_t = tuple(mid)
+
+    def launch(out_ptr: int, in_ptrs: Sequence[int], dyn_ptrs: Sequence[int] = ()) -> None:
+        if n == 0:
+            return
+        tail: list[int] = []
+        for p, (size, stride) in zip(dyn_ptrs, dyn_static, strict=True):
+            tail += (p, size, stride)
+        fn.launch(grid, (BLOCK,), fmt, (out_ptr, *in_ptrs, *mid_t, *tail, err, tag), 0, stream)
+
+    return launch
+
+
+def _same(a: Sequence[int], b: Sequence[int], shape: Sequence[int]) -> bool:
+    """Equal strides wherever the dim has more than one element."""
+    return all(x == y for x, y, d in zip(a, b, shape, strict=True) if d > 1)

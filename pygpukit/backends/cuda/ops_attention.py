@@ -1,0 +1,192 @@
+"""rope and sdpa: the kernel team's launchers where their layout and dtype rules hold,
+else the same math from generated kernels and matmul_simple, accumulating in float32
+(float64 for float64) like the NumPy reference."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from pygpukit.ir import dtypes
+from pygpukit.passes import Step
+
+from . import ew
+from .context import Context, contiguous, numel
+from .kernels import attention, matmul_simple, rope, softmax
+from .layout import collapse
+from .materialize import contiguous_as
+from .value import DeviceValue
+
+Run = Callable[[Sequence[DeviceValue]], DeviceValue]
+
+
+def _bhs(x: DeviceValue) -> tuple[int, int, tuple[int, int, int]] | None:
+    """(batch, heads, (batch, head, seq) strides) of [..., S, D] with unit inner stride."""
+    if x.strides[-1] != 1 and x.shape[-1] > 1:
+        return None
+    lead, (ls,) = collapse(x.shape[:-2], x.strides[:-2])
+    if len(lead) > 2:
+        return None
+    while len(lead) < 2:
+        lead.insert(0, 1)
+        ls.insert(0, 0)
+    return lead[0], lead[1], (ls[0], ls[1], x.strides[-2])
+
+
+def plan_rope(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    x, cos, sin = ins
+    dtype, shape = step.dtype, step.shape
+    inter = step.attrs["layout"] == "interleaved"
+    seq, hd = x.shape[-2], x.shape[-1]
+    bhs = _bhs(x)
+    tables_ok = (
+        all(
+            all(d == 1 for d in t.shape[:-2]) and (t.strides[-1] == 1 or t.shape[-1] <= 1)
+            for t in (cos, sin)
+        )
+        and cos.strides[-2] == sin.strides[-2]
+        and cos.dtype == sin.dtype
+    )
+    if dtype.name in rope.DTYPES and bhs is not None and tables_ok and numel(shape):
+        b, h, xs = bhs
+        ys = (h * seq * hd, seq * hd, hd)
+        css, stream, csd = cos.strides[-2], ctx.stream, cos.dtype.name
+
+        def run(v: Sequence[DeviceValue]) -> DeviceValue:
+            y = ctx.alloc(shape, dtype, "rope")
+            rope.rope(v[0].ptr, y.ptr, v[1].ptr, v[2].ptr, b, h, seq, hd, dtype.name,
+                      interleaved=inter, cs_dtype=csd, x_strides=xs, y_strides=ys,
+                      cs_stride=css, stream=stream)  # fmt: skip
+            return y
+
+        return run
+    return _rope_ew(ctx, step, ins, tag, inter)
+
+
+def _rope_ew(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
+             inter: bool) -> Run:  # fmt: skip
+    x, cos, sin = ins
+    dtype, shape = step.dtype, step.shape
+    half = shape[-1] // 2
+    hshape = shape[:-1] + (half,)
+    ost = contiguous(shape)
+    if inter:
+        sub = lambda v, j: v.view(hshape, v.strides[:-1] + (2 * v.strides[-1],),  # noqa: E731
+                                  v.offset + j * v.strides[-1])  # fmt: skip
+        ost_h = ost[:-1] + (2,)
+        offs = (0, 1)
+    else:
+        sub = lambda v, j: v.view(hshape, v.strides, v.offset + j * half * v.strides[-1])  # noqa: E731
+        ost_h = ost
+        offs = (0, half)
+    a, b_, c, s = ("in", 0), ("in", 1), ("in", 2), ("in", 3)
+    first = ("sub", ("mul", a, c), ("mul", b_, s))
+    second = ("add", ("mul", b_, c), ("mul", a, s))
+    args = [sub(x, 0), sub(x, 1), cos, sin]
+    l1 = ew.make(ctx, first, args, hshape, ost_h, dtype, 256, tag=tag)
+    l2 = ew.make(ctx, second, args, hshape, ost_h, dtype, 256 + offs[1] * dtype.itemsize,
+                 tag=tag)  # fmt: skip
+    isz = dtype.itemsize
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        y = ctx.alloc(shape, dtype, "rope")
+        ptrs = [sub(v[0], 0).ptr, sub(v[0], 1).ptr, v[1].ptr, v[2].ptr]
+        l1(y.ptr, ptrs)
+        l2(y.ptr + offs[1] * isz, ptrs)
+        return y
+
+    return run
+
+
+def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    q, k, v = ins
+    dtype, shape = step.dtype, step.shape
+    causal, scale = bool(step.attrs.get("causal")), step.attrs.get("scale")
+    sq, d = q.shape[-2], q.shape[-1]
+    sk, h, kvh = k.shape[-2], q.shape[-3], k.shape[-3]
+    sc = float(scale) if scale else 1.0 / math.sqrt(d)
+    lay = [_bhs(t) for t in (q, k, v)]
+    fits = (
+        dtype.name in attention.DTYPES and d in attention.HEAD_DIMS and v.shape[-1] == d
+        and all(x is not None for x in lay) and len(q.shape) <= 4
+        and k.dtype == v.dtype == dtype and numel(shape)
+    )  # fmt: skip
+    if fits:
+        (bq, _, qs), (_, _, ks), (_, _, vs) = lay  # type: ignore[misc]
+        os_ = (h * sq * d, sq * d, d)
+        stream = ctx.stream
+
+        def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+            o = ctx.alloc(shape, dtype, "sdpa")
+            attention.prefill(vals[0].ptr, vals[1].ptr, vals[2].ptr, o.ptr, bq, h, kvh, sq, sk,
+                              d, dtype.name, scale=sc, causal=causal, q_strides=qs,
+                              k_strides=ks, v_strides=vs, o_strides=os_,
+                              stream=stream)  # fmt: skip
+            return o
+
+        return run
+    return _sdpa_composed(ctx, step, ins, tag, sc, causal)
+
+
+def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
+                   sc: float, causal: bool) -> Run:  # fmt: skip
+    q, k, v = ins
+    dtype, shape = step.dtype, step.shape
+    acc = dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
+    lead, h, sq, d = q.shape[:-3], q.shape[-3], q.shape[-2], q.shape[-1]
+    kvh, sk, dv = k.shape[-3], k.shape[-2], v.shape[-1]
+    g = h // kvh
+
+    # GQA: each kv head serves g query heads; a stride-0 view repeats it, the copy below
+    # materialises it in the accumulation dtype.
+    def grouped(t: DeviceValue) -> tuple[Callable[[DeviceValue], DeviceValue], tuple[int, ...]]:
+        gshape = lead + (kvh, g) + t.shape[-2:]
+
+        def view(x: DeviceValue) -> DeviceValue:
+            st = x.strides[:-3] + (x.strides[-3], 0) + x.strides[-2:]
+            return x.view(gshape, st, x.offset)
+
+        fix = contiguous_as(ctx, view(t), acc, tag)
+        return (lambda x: fix(view(x))), lead + (h,) + t.shape[-2:]
+
+    fq = contiguous_as(ctx, q, acc, tag)
+    fk, kshape = grouped(k)
+    fv, vshape = grouped(v)
+    batch = lead + (h,)
+    nb = numel(batch)
+    sshape = batch + (sq, sk)
+    it = ("in", 0)
+    score = ("mul", it, ("const", sc, acc.name))
+    if causal:
+        # Bottom-right aligned: key j is masked for query i when j > i + (sk - sq).
+        mask = ("gt", ("in", 2), ("add", ("in", 1), ("const", sk - sq, "int64")))
+        score = ("where", mask, ("const", float("-inf"), acc.name), score)
+    from .ops_elementwise import arange_values
+
+    rows_v, cols_v = arange_values(ctx, sq, (sq, 1)), arange_values(ctx, sk, (1, sk))
+    s_plan = DeviceValue(q.storage, sshape, contiguous(sshape), 0, acc)
+    margs = [s_plan] + ([rows_v, cols_v] if causal else [])
+    masked = ew.make(ctx, score, margs, sshape, contiguous(sshape), acc, 256, tag=tag)
+    out_cast = contiguous_as(ctx, DeviceValue(q.storage, shape, contiguous(shape), 0, acc),
+                             dtype, tag)  # fmt: skip
+    stream = ctx.stream
+    dims = list(batch)
+
+    def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+        qa, ka, va = fq(vals[0]), fk(vals[1]), fv(vals[2])
+        s = ctx.alloc(sshape, acc, "sdpa")
+        if nb and sq and sk:
+            matmul_simple.matmul(qa.ptr, ka.ptr, s.ptr, sq, sk, d, acc.name, batch_shape=dims,
+                                 b_strides=(1, d), stream=stream)  # fmt: skip
+        p = ctx.alloc(sshape, acc, "sdpa")
+        masked(p.ptr, [s.ptr] + ([rows_v.ptr, cols_v.ptr] if causal else []))
+        if nb * sq and sk:
+            softmax.softmax(p.ptr, s.ptr, nb * sq, sk, acc.name, stream=stream)
+        o = ctx.alloc(shape, acc, "sdpa")
+        if numel(shape):
+            matmul_simple.matmul(s.ptr, va.ptr, o.ptr, sq, dv, sk, acc.name, batch_shape=dims,
+                                 stream=stream)  # fmt: skip
+        return out_cast(o)
+
+    _ = (kshape, vshape)
+    return run

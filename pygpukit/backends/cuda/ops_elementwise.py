@@ -1,0 +1,68 @@
+"""Planners for elementwise steps: unary, binary, where, cast, gelu, full, arange and
+fused_elementwise. All but arange go through the one expression generator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pygpukit.ir import dtypes
+from pygpukit.passes import Step
+
+from . import compiler, ew
+from .codegen import fill
+from .codegen.expr import step_expr
+from .context import Context, cdiv, contiguous, numel
+from .value import DeviceValue
+
+Run = Callable[[Sequence[DeviceValue]], DeviceValue]
+
+
+def plan_expr(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    if step.op == "fused_elementwise":
+        expr = step.attrs["expr"]
+    elif step.op == "full":
+        expr = ("const", step.attrs["value"], step.dtype.name)
+    else:
+        expr = step_expr(step.op, step.attrs, len(ins))
+    shape, dtype = step.shape, step.dtype
+    launch = ew.make(ctx, expr, ins, shape, contiguous(shape), dtype, 256, tag=tag)
+    what = f"{step.op}"
+
+    def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc(shape, dtype, what)
+        launch(out.ptr, [v.ptr for v in vals])
+        return out
+
+    return run
+
+
+def plan_arange(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    start, stp = step.attrs["start"], step.attrs["step"]
+    integral = isinstance(start, int) and isinstance(stp, int)
+    src = fill.generate(fill.ArangeSpec(step.dtype, integral))
+    fn = compiler.function(src)
+    shape, dtype = step.shape, step.dtype
+    n = numel(shape)
+    grid = (max(1, min(cdiv(n, 256), ctx.sm_count * 16)),)
+    args = (n, start, stp) if integral else (n, float(start), float(stp))
+
+    def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc(shape, dtype, "arange")
+        if n:
+            fn.launch(grid, (256,), src.fmt, (out.ptr, *args), 0, ctx.stream)
+        return out
+
+    return run
+
+
+ELEMENTWISE_OPS = {"where", "cast", "gelu", "fused_elementwise", "full"}
+
+
+def arange_values(ctx: Context, n: int, shape: tuple[int, ...]) -> DeviceValue:
+    """A small int64 0..n-1 array made at plan time and kept by the plan (mask indices)."""
+    src = fill.generate(fill.ArangeSpec(dtypes.int64, True))
+    out = ctx.alloc(shape, dtypes.int64, "arange")
+    if n:
+        grid = (max(1, min(cdiv(n, 256), ctx.sm_count * 16)),)
+        compiler.function(src).launch(grid, (256,), src.fmt, (out.ptr, n, 0, 1), 0, ctx.stream)
+    return out

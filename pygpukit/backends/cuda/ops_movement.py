@@ -1,0 +1,135 @@
+"""Planners for views (reshape, permute, expand, static index: no copies), dynamic index
+(offsets read on the device), concat, take and setitem."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pygpukit.passes import Step
+
+from . import compiler, ew
+from .codegen import gather
+from .context import Context, cdiv, contiguous, numel
+from .layout import broadcast_strides, collapse, index_view, reshape_strides
+from .value import DeviceValue
+
+Run = Callable[[Sequence[DeviceValue]], DeviceValue]
+COPY = ("in", 0)
+
+
+def plan_view(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    x = ins[0]
+    op, a, shape = step.op, step.attrs, step.shape
+    if op == "permute":
+        perm = a["perm"]
+        strides = tuple(x.strides[p] for p in perm)
+        return lambda v: v[0].view(shape, strides, v[0].offset)
+    if op == "expand":
+        strides = broadcast_strides(x.shape, x.strides, shape)
+        return lambda v: v[0].view(shape, strides, v[0].offset)
+    if op == "reshape":
+        st = reshape_strides(x.shape, x.strides, shape)
+        if st is not None:
+            return lambda v: v[0].view(shape, st, v[0].offset)
+        launch = ew.make(ctx, COPY, [x], x.shape, contiguous(x.shape), x.dtype, 256, tag=tag)
+        cst = contiguous(shape)
+
+        def run_copy(v: Sequence[DeviceValue]) -> DeviceValue:
+            out = ctx.alloc(v[0].shape, v[0].dtype, "reshape")
+            launch(out.ptr, [v[0].ptr])
+            return out.view(shape, cst, 0)
+
+        return run_copy
+    return _plan_index(ctx, step, ins, tag)
+
+
+def _plan_index(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    x = ins[0]
+    shape, strides, delta, dyn = index_view(x.shape, x.strides, step.attrs["spec"])
+    if not dyn:
+        return lambda v: v[0].view(shape, strides, v[0].offset + delta)
+    src_view = x.view(shape, strides, x.offset + delta)
+    terms = [(0, ins[1 + k].dtype, size, st) for k, size, st in dyn]
+    order = [1 + k for k, _, _ in dyn]
+    launch = ew.make(ctx, COPY, [src_view], shape, contiguous(shape), x.dtype, 256, terms, tag)
+    isz = x.dtype.itemsize
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc(shape, step.dtype, "index")
+        launch(out.ptr, [v[0].ptr + delta * isz], [v[i].ptr for i in order])
+        return out
+
+    return run
+
+
+def plan_concat(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    axis, shape, dtype = step.attrs["axis"], step.shape, step.dtype
+    cst = contiguous(shape)
+    parts = []
+    start = 0
+    for x in ins:
+        sub_shape = shape[:axis] + (x.shape[axis],) + shape[axis + 1 :]
+        off = start * cst[axis]
+        cast = ("cast", dtype.name, COPY)
+        launch = ew.make(ctx, cast, [x], sub_shape, cst, dtype, 256 + off * dtype.itemsize,
+                         tag=tag)  # fmt: skip
+        parts.append((launch, off * dtype.itemsize))
+        start += x.shape[axis]
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc(shape, dtype, "concat")
+        for (launch, off), x in zip(parts, v, strict=True):
+            launch(out.ptr + off, [x.ptr])
+        return out
+
+    return run
+
+
+def plan_take(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    x, idx = ins
+    axis, shape = step.attrs["axis"], step.shape
+    ni = len(idx.shape)
+    # Output dims: x's dims before axis, idx's dims, x's dims after axis.
+    xst = list(x.strides[:axis]) + [0] * ni + list(x.strides[axis + 1 :])
+    ibs = broadcast_strides(idx.shape, idx.strides, idx.shape)
+    ist = [0] * axis + list(ibs) + [0] * (len(x.shape) - axis - 1)
+    sizes, (cx, ci) = collapse(shape, xst, ist)
+    if not sizes:
+        sizes, cx, ci = [1], [0], [0]
+    src = gather.generate(gather.TakeSpec(x.dtype, idx.dtype, len(sizes)))
+    fn = compiler.function(src)
+    n = numel(shape)
+    tail = (n, *sizes, *cx, *ci, x.shape[axis], x.strides[axis], ctx.err_addr, tag)
+    grid = (max(1, min(cdiv(n, 256), ctx.sm_count * 16)),)
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc(shape, step.dtype, "take")
+        if n:
+            fn.launch(grid, (256,), src.fmt, (out.ptr, v[0].ptr, v[1].ptr, *tail), 0, ctx.stream)
+        return out
+
+    return run
+
+
+def plan_setitem(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    x, val = ins[0], ins[1]
+    shape, dtype = step.shape, step.dtype
+    cst = contiguous(shape)
+    copy = ew.make(ctx, COPY, [x], shape, cst, dtype, 256, tag=tag)
+    rshape, rstrides, delta, dyn = index_view(shape, cst, step.attrs["spec"])
+    terms = [(-1, ins[2 + k].dtype, size, st) for k, size, st in dyn]
+    order = [2 + k for k, _, _ in dyn]
+    store = ew.make(ctx, ("cast", dtype.name, COPY), [val], rshape, rstrides, dtype,
+                    256 + delta * dtype.itemsize, terms, tag)  # fmt: skip
+    off = delta * dtype.itemsize
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc(shape, dtype, "setitem")
+        copy(out.ptr, [v[0].ptr])
+        store(out.ptr + off, [v[1].ptr], [v[i].ptr for i in order])
+        return out
+
+    return run
+
+
+VIEW_OPS = {"reshape", "permute", "expand", "index"}

@@ -1,0 +1,103 @@
+"""softmax, norms and swiglu through the kernel team's row launchers. Inputs that are not
+rows (unit inner stride, one row stride) are copied into that layout first; a softmax
+over another axis runs on a permuted copy and returns a permuted view."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pygpukit.passes import Step
+
+from . import ew
+from .context import Context, contiguous, numel
+from .kernels import activation, layer_norm, rms_norm, softmax
+from .materialize import Fix, as_rows, contiguous_as
+from .value import DeviceValue
+
+Run = Callable[[Sequence[DeviceValue]], DeviceValue]
+
+
+def plan_softmax(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    x = ins[0]
+    axis, nd, dtype = step.attrs["axis"], len(x.shape), step.dtype
+    log = step.op == "log_softmax"
+    perm = [d for d in range(nd) if d != axis] + [axis]
+    inv = [perm.index(d) for d in range(nd)]
+    xp = x.view(tuple(x.shape[p] for p in perm), tuple(x.strides[p] for p in perm), x.offset)
+    fix, rows, cols, rs = as_rows(ctx, xp, tag)
+    pshape = xp.shape
+    pst = contiguous(pshape)
+    out_st = tuple(pst[i] for i in inv)
+    stream = ctx.stream
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        xv = v[0]
+        xv = fix(xv.view(pshape, tuple(xv.strides[p] for p in perm), xv.offset))
+        y = ctx.alloc(pshape, dtype, step.op)
+        if rows and cols:
+            softmax.softmax(xv.ptr, y.ptr, rows, cols, dtype.name, log=log, x_row_stride=rs,
+                            y_row_stride=cols, stream=stream)  # fmt: skip
+        return y.view(step.shape, out_st, 0)
+
+    return run
+
+
+def _param(ctx: Context, p: DeviceValue, cols: int, tag: int) -> Fix:
+    return contiguous_as(ctx, p, p.dtype, tag, (cols,))
+
+
+def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    x = ins[0]
+    dtype, eps = step.dtype, float(step.attrs["eps"])
+    fix, rows, cols, rs = as_rows(ctx, x, tag)
+    params = [_param(ctx, p, cols, tag) for p in ins[1:]]
+    stream, shape, op = ctx.stream, step.shape, step.op
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        xv = fix(v[0])
+        ps = [f(p) for f, p in zip(params, v[1:], strict=True)]
+        y = ctx.alloc(shape, dtype, op)
+        if rows and cols:
+            if op == "rms_norm":
+                rms_norm.rms_norm(xv.ptr, ps[0].ptr, y.ptr, rows, cols, eps, dtype.name,
+                                  x_stride=rs, y_stride=cols, stream=stream)  # fmt: skip
+            else:
+                layer_norm.layer_norm(xv.ptr, ps[0].ptr, ps[1].ptr, y.ptr, rows, cols, eps,
+                                      dtype.name, x_stride=rs, y_stride=cols,
+                                      stream=stream)  # fmt: skip
+        return y
+
+    return run
+
+
+def plan_swiglu(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    g, u = ins
+    dtype, shape = step.dtype, step.shape
+    if (
+        g.shape == u.shape == shape
+        and g.dtype == u.dtype == dtype
+        and dtype.name in (activation.DTYPES)
+    ):
+        fg, rows, cols, gs = as_rows(ctx, g, tag)
+        fu, _, _, us = as_rows(ctx, u, tag)
+        stream = ctx.stream
+
+        def run(v: Sequence[DeviceValue]) -> DeviceValue:
+            gv, uv = fg(v[0]), fu(v[1])
+            y = ctx.alloc(shape, dtype, "swiglu")
+            if numel(shape):
+                activation.swiglu(gv.ptr, uv.ptr, y.ptr, rows, cols, dtype.name, gate_stride=gs,
+                                  up_stride=us, y_stride=cols, stream=stream)  # fmt: skip
+            return y
+
+        return run
+    # Broadcasting or mixed dtypes: the same math as one generated kernel.
+    expr = ("mul", ("silu", ("in", 0)), ("in", 1))
+    launch = ew.make(ctx, expr, ins, shape, contiguous(shape), dtype, 256, tag=tag)
+
+    def run_ew(v: Sequence[DeviceValue]) -> DeviceValue:
+        y = ctx.alloc(shape, dtype, "swiglu")
+        launch(y.ptr, [x.ptr for x in v])
+        return y
+
+    return run_ew

@@ -1,0 +1,58 @@
+"""Planner for sum/mean/max/min/argmax and fused_reduce steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pygpukit.passes import Step
+
+from . import compiler
+from .codegen.reduce import BLOCK, ReduceSpec, generate
+from .context import Context, cdiv, numel
+from .layout import broadcast_strides, collapse
+from .value import DeviceValue
+
+Run = Callable[[Sequence[DeviceValue]], DeviceValue]
+
+
+def plan_reduce(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    if step.op == "fused_reduce":
+        expr, op, full = step.attrs["expr"], step.attrs["reduce"], tuple(step.attrs["out_shape"])
+    else:
+        expr, op, full = ("in", 0), step.op, ins[0].shape
+    axes = set(step.attrs["axes"])
+    bst = [broadcast_strides(v.shape, v.strides, full) for v in ins]
+    kept = [d for d in range(len(full)) if d not in axes]
+    red = [d for d in range(len(full)) if d in axes]
+    ksz, kst = collapse([full[d] for d in kept], *[[s[d] for d in kept] for s in bst])
+    rsz, rst = collapse([full[d] for d in red], *[[s[d] for d in red] for s in bst])
+    if not ins:
+        kst, rst = [], []
+    n_out = numel(tuple(full[d] for d in kept))
+    r_total = numel(tuple(full[d] for d in red))
+    inner_contig = bool(rsz) and all(s[-1] in (0, 1) for s in rst)
+    block = r_total >= 64 and (inner_contig or n_out <= 4 * ctx.sm_count)
+    spec = ReduceSpec(expr, tuple(v.dtype for v in ins), op, step.dtype, len(ksz), len(rsz),
+                      "block" if block else "thread")  # fmt: skip
+    src = generate(spec)
+    fn = compiler.function(src)
+    args: list[int] = [n_out, r_total, *ksz, *rsz]
+    for k in range(len(ins)):
+        args += kst[k] + rst[k]
+    if block:
+        grid = (max(1, min(n_out, ctx.sm_count * 32)),)
+    else:
+        grid = (max(1, min(cdiv(n_out, BLOCK), ctx.sm_count * 16)),)
+    tail = (*args, ctx.err_addr, tag)
+    shape, dtype, stream, fmt = step.shape, step.dtype, ctx.stream, src.fmt
+
+    def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc(shape, dtype, op)
+        if n_out:
+            fn.launch(grid, (BLOCK,), fmt, (out.ptr, *[v.ptr for v in vals], *tail), 0, stream)
+        return out
+
+    return run
+
+
+REDUCE_OPS = {"sum", "mean", "max", "min", "argmax", "fused_reduce"}

@@ -1,0 +1,90 @@
+"""Per-schedule launch plans: every step planned once (kernels compiled, shapes and strides
+folded into argument tuples), so replaying a cached schedule only allocates outputs and
+launches with this run's pointers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pygpukit.errors import GPUKitError, op_error
+from pygpukit.passes import Schedule, Step
+
+from . import ops_attention, ops_elementwise, ops_linalg, ops_movement, ops_nn, ops_reduce
+from .context import Context
+from .value import DeviceValue
+
+Run = Callable[[Sequence[DeviceValue]], DeviceValue]
+Planner = Callable[[Context, Step, Sequence[DeviceValue], int], Run]
+
+_UNARY_BINARY = {
+    "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "gelu", "silu",
+    "neg", "abs", "logical_not", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+}  # fmt: skip
+
+PLANNERS: dict[str, Planner] = {
+    **{op: ops_elementwise.plan_expr for op in _UNARY_BINARY | ops_elementwise.ELEMENTWISE_OPS},
+    "arange": ops_elementwise.plan_arange,
+    **{op: ops_reduce.plan_reduce for op in ops_reduce.REDUCE_OPS},
+    **{op: ops_movement.plan_view for op in ops_movement.VIEW_OPS},
+    "concat": ops_movement.plan_concat,
+    "take": ops_movement.plan_take,
+    "setitem": ops_movement.plan_setitem,
+    "matmul": ops_linalg.plan_matmul,
+    "linear": ops_linalg.plan_linear,
+    "softmax": ops_nn.plan_softmax,
+    "log_softmax": ops_nn.plan_softmax,
+    "rms_norm": ops_nn.plan_norm,
+    "layer_norm": ops_nn.plan_norm,
+    "swiglu": ops_nn.plan_swiglu,
+    "rope": ops_attention.plan_rope,
+    "sdpa": ops_attention.plan_sdpa,
+}
+
+
+def _specs(ins: Sequence[DeviceValue]) -> list[tuple[tuple[int, ...], Any]]:
+    return [(v.shape, v.dtype) for v in ins]
+
+
+def plan_step(ctx: Context, step: Step, ins: Sequence[DeviceValue]) -> Run:
+    planner = PLANNERS.get(step.op)
+    if planner is None:
+        raise op_error(
+            step.op,
+            NotImplementedError(f"the CUDA backend has no kernel for {step.op!r}"),
+            _specs(ins),
+            step.loc,
+        )
+    tag = ctx.tag(step.op, _specs(ins), step.loc)
+    try:
+        return planner(ctx, step, ins, tag)
+    except GPUKitError as e:
+        if step.op in str(e) and "inputs:" in str(e):
+            raise
+        raise type(e)(f"{step.op}: {e} {_where(ins, step)}") from e
+    except (ValueError, TypeError, IndexError, ArithmeticError) as e:
+        raise op_error(step.op, e, _specs(ins), step.loc) from None
+
+
+def _where(ins: Sequence[DeviceValue], step: Step) -> str:
+    from pygpukit.errors import describe_inputs
+
+    return describe_inputs(_specs(ins), step.loc)
+
+
+class SchedulePlan:
+    """The runs of one schedule for one set of input layouts, filled on first execution."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self, n: int) -> None:
+        self.runs: list[Run | None] = [None] * n
+
+
+def plan_for(schedule: Schedule, key: Any) -> SchedulePlan:
+    plans = schedule.info.setdefault("cuda_plans", {})
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = SchedulePlan(len(schedule.steps))
+    return plan

@@ -1,0 +1,80 @@
+"""Stand-ins that let the CUDA backend plan and compile every kernel without a GPU.
+
+Kernels really go through NVRTC (toolchain.compile_kernel) for the chosen arch; only the
+final launch is replaced by a check of the argument list against the kernel's format.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from pygpukit.backends.cuda import compiler
+from pygpukit.backends.cuda.context import contiguous
+from pygpukit.backends.cuda.kernels import loader
+from pygpukit.backends.cuda.toolchain import compile_kernel
+from pygpukit.backends.cuda.value import DeviceValue
+from pygpukit.ir import DType
+
+_addr = itertools.count(1)
+
+
+class FakeStorage:
+    def __init__(self, nbytes: int) -> None:
+        self.addr = next(_addr) * (1 << 24)
+        self.nbytes = nbytes
+        self.freed = False
+
+
+class FakeFunction:
+    def __init__(self, name: str, cubin: bytes) -> None:
+        assert cubin, name
+        self.name = name
+        self.launches: list[tuple[Any, ...]] = []
+
+    def launch(self, grid: Any, block: Any, fmt: str, args: tuple[Any, ...], shared_mem: int = 0,
+               stream: Any = None) -> None:  # fmt: skip
+        assert len(fmt) == len(args), (self.name, fmt, args)
+        for c, a in zip(fmt, args, strict=True):
+            if c in "PiIq":
+                assert isinstance(a, int) and not isinstance(a, bool), (self.name, c, a)
+            else:
+                assert isinstance(a, int | float), (self.name, c, a)
+        for g in (grid if isinstance(grid, tuple) else (grid,)):
+            assert 1 <= g < 2**31, (self.name, grid)
+        LAUNCHES.append((self.name, grid, block))
+
+    def set_max_dynamic_shared_memory(self, n: int) -> None:
+        pass
+
+
+LAUNCHES: list[tuple[Any, ...]] = []
+
+
+class FakeCtx:
+    def __init__(self) -> None:
+        self.stream = None
+        self.sm_count = 132
+        self.err_addr = FakeStorage(32).addr
+
+    def alloc(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
+        st = FakeStorage(math.prod(shape) * dtype.itemsize)
+        return DeviceValue(st, shape, contiguous(shape), 0, dtype)  # type: ignore[arg-type]
+
+    def tag(self, op: str, inputs: Any, loc: Any) -> int:
+        return 7
+
+
+def install(monkeypatch: Any, arch: str) -> None:
+    def function(src: Any, arch_: str | None = None) -> FakeFunction:
+        return FakeFunction(src.name, compile_kernel(src.text, arch, ("-std=c++17",)))
+
+    def get_function(family: str, name: str, defines: Any, arch_: str | None = None) -> Any:
+        return FakeFunction(name, loader.compile_family(family, defines, arch))
+
+    monkeypatch.setattr(compiler, "function", function)
+    monkeypatch.setattr(loader, "get_function", get_function)
+    info = {"sm_count": 132, "compute_capability": (int(arch[3]), int(arch[4:])),
+            "max_shared_per_block_optin": 227 * 1024}  # fmt: skip
+    monkeypatch.setattr(loader, "device_info", lambda: info)
