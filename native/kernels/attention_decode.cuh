@@ -251,3 +251,255 @@ extern "C" __global__ void pgk_attn_decode_reduce(const float* __restrict__ o_pa
   // ctx_len == 0 leaves every split empty: the output is zeros, not NaN.
   o[b * o_sb + h * o_sh + d] = pgk_from_float<pgk_t>(l > 0.0f ? acc / l : 0.0f);
 }
+
+// ------------------------------------------------------------------------------------------
+// Tensor-core variant for bf16/f16 (pgk_attn_decode_mma): same workspace and reduce kernel.
+//
+// The CUDA-core kernel above spends ~3x longer on arithmetic than on moving a tile, so it
+// cannot keep HBM busy. Here the G <= 16 query heads of a kv head form the M = 16 rows of
+// mma.sync m16n8k16 tiles: S = Q K^T and O += P V run on tensor cores, Q stays in registers
+// as A fragments for the whole kernel, and P goes from the S accumulators straight into A
+// fragments (the FlashAttention-2 register layout identity), so scores never touch shared
+// memory. Each of the 4 warps streams its own 32-key tiles (warp w takes tiles w, w+4, ...)
+// through PGK_MSTAGES private cp.async stages with no block barrier in the loop; the warps'
+// (max, sum, O) states merge once at the end.
+#ifndef PGK_MSTAGES
+#define PGK_MSTAGES 2
+#endif
+#define PGK_MW 4                        // warps per block
+#define PGK_MTK 32                      // keys per warp tile
+#define PGK_MLD (PGK_D + 8)             // smem row: 16-byte pad keeps ldmatrix conflict-free
+#define PGK_MTILE (PGK_MTK * PGK_MLD)   // elements of one K (or V) tile
+
+template <typename A, typename B> struct pgk_dsame { static constexpr bool value = false; };
+template <typename A> struct pgk_dsame<A, A> { static constexpr bool value = true; };
+
+PGK_DEVICE void pgk_dldm_x4(unsigned* r, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+PGK_DEVICE void pgk_dldm_x4_t(unsigned* r, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+PGK_DEVICE void pgk_dmma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  if constexpr (pgk_dsame<pgk_t, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+// Two floats as one register of two 16-bit elements, the lower k index in the low half.
+PGK_DEVICE unsigned pgk_dpack(float lo, float hi) {
+  pgk_vec<pgk_t, 2> v;
+  v.v[0] = pgk_from_float<pgk_t>(lo);
+  v.v[1] = pgk_from_float<pgk_t>(hi);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
+extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
+    pgk_attn_decode_mma(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kc,
+                        const pgk_t* __restrict__ vc, const int* __restrict__ ctx_len,
+                        float* __restrict__ o_part, float* __restrict__ ml_part, int n_heads,
+                        int group, float scale, long long q_sb, long long q_sh, long long k_sb,
+                        long long k_sh, long long k_ss, long long v_sb, long long v_sh,
+                        long long v_ss) {
+  static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  pgk_t* smem = reinterpret_cast<pgk_t*>(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int qr = lane >> 2, qc = lane & 3;  // fragment row / column-pair of this thread
+  const int split = blockIdx.x, splits = gridDim.x;
+  const int n_sub = group / PGK_G;
+  const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
+  const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
+  const long long part = ((long long)b * n_heads + h0) * splits + split;
+
+  const int ctx = pgk_read_i32(ctx_len, 0);
+  const int per = ((ctx + splits - 1) / splits + PGK_MTK - 1) / PGK_MTK * PGK_MTK;
+  const int start = split * per;
+  const int end = min(start + per, ctx);
+  if (start >= end) {
+    for (int g = tid; g < PGK_G; g += blockDim.x) {
+      ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
+      ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
+    }
+    return;
+  }
+  const int n_tiles = (end - start + PGK_MTK - 1) / PGK_MTK;
+  const int my_tiles = warp < n_tiles ? (n_tiles - warp + PGK_MW - 1) / PGK_MW : 0;
+  kc += b * k_sb + kvh * k_sh;
+  vc += b * v_sb + kvh * v_sh;
+  pgk_t* wsm = smem + warp * (PGK_MSTAGES * 2 * PGK_MTILE);
+
+  auto issue = [&](int it) {
+    pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
+    pgk_t* vs = ks + PGK_MTILE;
+    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+    constexpr int CH = PGK_D / 8;  // 16-byte chunks per row
+#pragma unroll 4
+    for (int e = lane; e < PGK_MTK * CH; e += 32) {
+      const int j = e / CH, cc = (e % CH) * 8;
+      const bool in = key0 + j < end;
+      const long long key = in ? key0 + j : start;
+      pgk_cp_async16(ks + j * PGK_MLD + cc, kc + key * k_ss + cc, in);
+      pgk_cp_async16(vs + j * PGK_MLD + cc, vc + key * v_ss + cc, in);
+    }
+  };
+#pragma unroll
+  for (int it = 0; it < PGK_MSTAGES - 1; ++it) {
+    if (it < my_tiles) issue(it);
+    pgk_cp_async_commit();
+  }
+
+  // Q as A fragments: rows = heads (zero beyond G), k = head_dim.
+  constexpr int KS = PGK_D / 16;
+  unsigned qf[KS][4];
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = qr + (i & 1) * 8, col = ks * 16 + (i >> 1) * 8 + 2 * qc;
+      qf[ks][i] = row < PGK_G ? *reinterpret_cast<const unsigned*>(
+                                    q + b * q_sb + (long long)(h0 + row) * q_sh + col)
+                              : 0u;
+    }
+
+  const float sl2 = scale * 1.4426950408889634f;
+  float m_r[2] = {-PGK_INF, -PGK_INF}, l_r[2] = {0.0f, 0.0f};
+  float oacc[PGK_D / 8][4];
+#pragma unroll
+  for (int n = 0; n < PGK_D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) oacc[n][e] = 0.0f;
+
+  for (int it = 0; it < my_tiles; ++it) {
+    if (it + PGK_MSTAGES - 1 < my_tiles) issue(it + PGK_MSTAGES - 1);
+    pgk_cp_async_commit();
+    pgk_cp_async_wait<PGK_MSTAGES - 1>();
+    __syncwarp();
+    const pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
+    const pgk_t* vs = ks + PGK_MTILE;
+    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+
+    float s[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        unsigned t4[4];
+        pgk_dldm_x4(t4, ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * PGK_MLD + kk * 16 +
+                            ((lane >> 3) & 1) * 8);
+        pgk_dmma(s[2 * np], qf[kk], t4[0], t4[1]);
+        pgk_dmma(s[2 * np + 1], qf[kk], t4[2], t4[3]);
+      }
+    float mx[2] = {-PGK_INF, -PGK_INF};
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + n * 8 + 2 * qc + (e & 1);
+        s[n][e] = key < end ? s[n][e] * sl2 : -PGK_INF;
+        mx[e >> 1] = max(mx[e >> 1], s[n][e]);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // The 4 threads of a quad share a row; a tile with key0 < end has a finite max.
+      mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float mn = max(m_r[h], mx[h]);
+      alpha[h] = exp2f(m_r[h] - mn);
+      m_r[h] = mn;
+      l_r[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - m_r[e >> 1]);
+        l_r[e >> 1] += s[n][e];
+      }
+#pragma unroll
+    for (int n = 0; n < PGK_D / 8; ++n) {
+      oacc[n][0] *= alpha[0];
+      oacc[n][1] *= alpha[0];
+      oacc[n][2] *= alpha[1];
+      oacc[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      unsigned pa[4];
+      pa[0] = pgk_dpack(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = pgk_dpack(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = pgk_dpack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = pgk_dpack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < PGK_D / 16; ++dp) {
+        unsigned t4[4];
+        pgk_dldm_x4_t(t4, vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PGK_MLD +
+                              dp * 16 + (lane >> 4) * 8);
+        pgk_dmma(oacc[2 * dp], pa, t4[0], t4[1]);
+        pgk_dmma(oacc[2 * dp + 1], pa, t4[2], t4[3]);
+      }
+    }
+    __syncwarp();  // this stage is refilled by the next iteration's issue
+  }
+  pgk_cp_async_wait<0>();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 1);
+    l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 2);
+  }
+  __syncthreads();  // every warp is done with its stages: reuse them for the merge
+
+  // Per-warp states: O [16][D] f32, then m [16], l [16].
+  float* wo = reinterpret_cast<float*>(smem_raw) + warp * (16 * PGK_D + 32);
+#pragma unroll
+  for (int n = 0; n < PGK_D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) wo[(qr + (e >> 1) * 8) * PGK_D + n * 8 + 2 * qc + (e & 1)] = oacc[n][e];
+  if (qc == 0) {
+    wo[16 * PGK_D + qr] = m_r[0];
+    wo[16 * PGK_D + qr + 8] = m_r[1];
+    wo[16 * PGK_D + 16 + qr] = l_r[0];
+    wo[16 * PGK_D + 16 + qr + 8] = l_r[1];
+  }
+  __syncthreads();
+  const float* all = reinterpret_cast<const float*>(smem_raw);
+  for (int e = tid; e < PGK_G * PGK_D; e += blockDim.x) {
+    const int g = e / PGK_D, d = e % PGK_D;
+    float mmax = -PGK_INF;
+#pragma unroll
+    for (int w = 0; w < PGK_MW; ++w) mmax = max(mmax, all[w * (16 * PGK_D + 32) + 16 * PGK_D + g]);
+    float acc = 0.0f, lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < PGK_MW; ++w) {
+      const float* ww = all + w * (16 * PGK_D + 32);
+      const float mw = ww[16 * PGK_D + g];
+      if (mw == -PGK_INF) continue;  // a warp that had no tile
+      const float f = exp2f(mw - mmax);
+      acc += f * ww[g * PGK_D + d];
+      lsum += f * ww[16 * PGK_D + 16 + g];
+    }
+    o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
+    if (d == 0) {
+      ml_part[(part + (long long)g * splits) * 2] = mmax;
+      ml_part[(part + (long long)g * splits) * 2 + 1] = lsum;
+    }
+  }
+}

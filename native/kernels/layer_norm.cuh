@@ -20,7 +20,7 @@ PGK_DEVICE pgk_acc pgk_ln_rsqrt(pgk_acc x) {
   else return rsqrtf(x);
 }
 
-extern "C" __global__ void pgk_layer_norm(const pgk_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(512) pgk_layer_norm(const pgk_t* __restrict__ x,
                                           const pgk_w* __restrict__ w,
                                           const pgk_w* __restrict__ b, pgk_t* __restrict__ y,
                                           int cols, float eps, long long x_stride,

@@ -20,7 +20,7 @@ PGK_DEVICE pgk_acc pgk_rsqrt(pgk_acc x) {
   else return rsqrtf(x);
 }
 
-extern "C" __global__ void pgk_rms_norm(const pgk_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(512) pgk_rms_norm(const pgk_t* __restrict__ x,
                                         const pgk_t* __restrict__ res,
                                         const pgk_w* __restrict__ w, pgk_t* __restrict__ y,
                                         pgk_t* __restrict__ h_out, int cols, float eps,

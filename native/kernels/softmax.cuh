@@ -112,14 +112,14 @@ PGK_DEVICE void pgk_softmax_row(const pgk_t* __restrict__ x, pgk_t* __restrict__
 #endif
 }
 
-extern "C" __global__ void pgk_softmax(const pgk_t* __restrict__ x, pgk_t* __restrict__ y,
+extern "C" __global__ void __launch_bounds__(512) pgk_softmax(const pgk_t* __restrict__ x, pgk_t* __restrict__ y,
                                        int cols, long long x_row_stride,
                                        long long y_row_stride) {
   const long long r = blockIdx.x;
   pgk_softmax_row<false>(x + r * x_row_stride, y + r * y_row_stride, cols);
 }
 
-extern "C" __global__ void pgk_log_softmax(const pgk_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(512) pgk_log_softmax(const pgk_t* __restrict__ x,
                                            pgk_t* __restrict__ y, int cols,
                                            long long x_row_stride, long long y_row_stride) {
   const long long r = blockIdx.x;

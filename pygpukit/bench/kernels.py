@@ -12,6 +12,7 @@ written once), % of the measured device-to-device copy bandwidth, and torch/ours
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -138,17 +139,28 @@ def _row(
     print(json.dumps(row), flush=True)
 
 
-def bench_copy(rows: list[dict[str, Any]], nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth (bytes read + written), the ceiling for the rest."""
+def bench_copy(rows: list[dict[str, Any]]) -> float:
+    """Device-to-device copy bandwidth (bytes read + written), the ceiling for the rest:
+    the best of torch copy_ over 1 GiB and 256 MiB float32 buffers."""
     torch = _torch()
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
-    b = torch.empty_like(a)
-    t = time_graph(lambda i: _ignore(b.copy_(a)), 1, calls=5, reps=20)
-    gbs = 2 * nbytes / (t * 1e-6) / 1e9
-    rows.append(
-        {"bench": "kernels", "workload": "copy d2d 1GiB", "us": round(t, 2), "GB/s": round(gbs, 1)}
-    )
-    return gbs
+    best = 0.0
+    for nbytes in (1 << 30, 1 << 28):
+        a = torch.randn(nbytes // 4, device="cuda")
+        b = torch.empty_like(a)
+        t = time_graph(_rot(b.copy_, [a]), 1, calls=10, reps=20)
+        gbs = 2 * nbytes / (t * 1e-6) / 1e9
+        rows.append(
+            {
+                "bench": "kernels",
+                "workload": f"copy d2d {nbytes >> 20} MiB",
+                "us": round(t, 2),
+                "GB/s": round(gbs, 1),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+        best = max(best, gbs)
+        del a, b
+    return best
 
 
 def bench_rms_norm(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
@@ -163,14 +175,32 @@ def bench_rms_norm(rows: list[dict[str, Any]], copy_gbs: float, use_compile: boo
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         return w * h.to(x.dtype)
 
-    def ours(i: int) -> None:
+    def ours(i: int, threads: int | None = None) -> None:
         rms_norm.rms_norm(
-            x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, eps, "bfloat16", stream=_stream()
+            x.data_ptr(),
+            w.data_ptr(),
+            y.data_ptr(),
+            m,
+            n,
+            eps,
+            "bfloat16",
+            block_threads=threads,
+            stream=_stream(),
         )
 
-    ours(0)
-    torch.cuda.synchronize()
-    _close(y, ref(x, w), "rms_norm")
+    for threads in SWEEP_THREADS:
+        y.fill_(float("nan"))
+        ours(0, threads)
+        torch.cuda.synchronize()
+        _close(y, ref(x, w), f"rms_norm threads={threads}")
+        rows.append(
+            {
+                "bench": "kernels",
+                "workload": f"rms_norm 16384x8192 bf16 threads={threads}",
+                "us": round(time_graph(functools.partial(ours, threads=threads), 1), 2),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
     comp = _compiled(ref) if use_compile else None
     _row(
         rows,
@@ -193,12 +223,24 @@ def bench_softmax(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool
     def ref(x: Any) -> Any:
         return torch.softmax(x, -1)
 
-    def ours(i: int) -> None:
-        softmax.softmax(x.data_ptr(), y.data_ptr(), m, n, "bfloat16", stream=_stream())
+    def ours(i: int, threads: int | None = None) -> None:
+        softmax.softmax(
+            x.data_ptr(), y.data_ptr(), m, n, "bfloat16", block_threads=threads, stream=_stream()
+        )
 
-    ours(0)
-    torch.cuda.synchronize()
-    _close(y, torch.softmax(x.float(), -1), "softmax")
+    for threads in SWEEP_THREADS:
+        y.fill_(float("nan"))
+        ours(0, threads)
+        torch.cuda.synchronize()
+        _close(y, torch.softmax(x.float(), -1), f"softmax threads={threads}")
+        rows.append(
+            {
+                "bench": "kernels",
+                "workload": f"softmax 16384x8192 bf16 threads={threads}",
+                "us": round(time_graph(functools.partial(ours, threads=threads), 1), 2),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
     comp = _compiled(ref) if use_compile else None
     _row(
         rows,
@@ -266,7 +308,9 @@ def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
         xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
         ys = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
 
-        def ours(i: int, ws: Any = ws, xs: Any = xs, ys: Any = ys, n: int = n, k: int = k) -> None:
+        def ours(
+            i: int, ws: Any = ws, xs: Any = xs, ys: Any = ys, n: int = n, k: int = k, u: int = 4
+        ) -> None:
             gemv.gemv(
                 xs[i].data_ptr(),
                 ws[i].data_ptr(),
@@ -274,9 +318,24 @@ def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
                 n,
                 k,
                 "bfloat16",
+                unroll=u,
                 stream=_stream(),
             )
 
+        for u in (8, 2):
+            ys[0].fill_(float("nan"))
+            ours(0, u=u)
+            torch.cuda.synchronize()
+            _close(ys[0], xs[0].float() @ ws[0].float().T, f"gemv {n}x{k} unroll={u}")
+            rows.append(
+                {
+                    "bench": "kernels",
+                    "workload": f"gemv bf16 1x{k} @ [{n}x{k}]^T unroll={u}",
+                    "us": round(time_graph(functools.partial(ours, u=u), sets), 2),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+        ys[0].fill_(float("nan"))
         ours(0)
         torch.cuda.synchronize()
         _close(ys[0], xs[0].float() @ ws[0].float().T, f"gemv {n}x{k}")
@@ -308,7 +367,7 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
         os_ = [
             torch.empty(batch, h, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(sets)
         ]
-        splits = attention.decode_splits(batch, h, kvh, ctx)
+        splits = attention.decode_splits(batch, h, kvh, ctx, "bfloat16")
         ws = torch.empty(
             attention.decode_workspace_bytes(batch, h, splits, d), dtype=torch.uint8, device="cuda"
         )
@@ -364,6 +423,7 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
         del qs, ks, vs, os_
 
 
+SWEEP_THREADS = (512, 128)
 WORKLOADS = [bench_rms_norm, bench_rope, bench_softmax, bench_gemv, bench_decode]
 
 

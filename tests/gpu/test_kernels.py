@@ -158,8 +158,34 @@ def test_softmax_strided_rows(dev: Any, rng: np.random.Generator, dtype: str) ->
 # ---------------------------------------------------------------- norms
 
 
+@pytest.mark.parametrize("threads", [32, 128, 256, 512])
+@pytest.mark.parametrize("cols", [8192, 3000])
+def test_row_kernels_block_threads(
+    dev: Any, rng: np.random.Generator, threads: int, cols: int
+) -> None:
+    """Every block size the launchers accept (register-cached and looping variants)."""
+    dtype, rows = "bfloat16", 3
+    x, w = rand(rng, (rows, cols), dtype), rand(rng, (cols,), dtype)
+    xd, wd, yd, sd = (
+        dev.put(x),
+        dev.put(w),
+        dev.empty((rows, cols), dtype),
+        dev.empty((rows, cols), dtype),
+    )
+    rms_norm.rms_norm(xd.ptr, wd.ptr, yd.ptr, rows, cols, 1e-6, dtype, block_threads=threads)
+    softmax.softmax(xd.ptr, sd.ptr, rows, cols, dtype, block_threads=threads)
+    xr = f64(x)
+    check(
+        yd.get((rows, cols), dtype),
+        xr / np.sqrt((xr**2).mean(-1, keepdims=True) + 1e-6) * f64(w),
+        dtype,
+    )
+    e = np.exp(xr - xr.max(-1, keepdims=True))
+    check(sd.get((rows, cols), dtype), e / e.sum(-1, keepdims=True), dtype)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("cols", [1, 7, 128, 1000, 4096, 40000, 70001])
+@pytest.mark.parametrize("cols", [1, 7, 128, 1000, 4096, 16384, 40000, 70001])
 @pytest.mark.parametrize("residual", [False, True])
 def test_rms_norm(
     dev: Any, rng: np.random.Generator, dtype: str, cols: int, residual: bool
@@ -409,12 +435,13 @@ def test_topk(
     "m,n,k", [(1, 1, 1), (1, 1000, 1000), (1, 333, 777), (3, 256, 4096), (1, 5632, 2048)]
 )
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("unroll", [4, 8])
 def test_gemv(
-    dev: Any, rng: np.random.Generator, dtype: str, m: int, n: int, k: int, bias: bool
+    dev: Any, rng: np.random.Generator, dtype: str, m: int, n: int, k: int, bias: bool, unroll: int
 ) -> None:
     x, w, b = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype), rand(rng, (n,), dtype)
     xd, wd, bd, yd = dev.put(x), dev.put(w), dev.put(b), dev.empty((m, n), dtype)
-    gemv.gemv(xd.ptr, wd.ptr, yd.ptr, n, k, dtype, m=m, bias=bd.ptr if bias else 0)
+    gemv.gemv(xd.ptr, wd.ptr, yd.ptr, n, k, dtype, m=m, bias=bd.ptr if bias else 0, unroll=unroll)
     ref = f64(x) @ f64(w).T + (f64(b) if bias else 0.0)
     check(yd.get((m, n), dtype), ref, dtype, 1e-5 if dtype == "float32" else None)
 
@@ -559,7 +586,7 @@ def test_attention_decode_ctx_from_device(
     q = rand(rng, (b, h, d), dtype)
     kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
     qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
-    splits = attention.decode_splits(b, h, kvh, max_seq)
+    splits = attention.decode_splits(b, h, kvh, max_seq, dtype)
     ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
     from pygpukit import _native as nv
 
@@ -594,7 +621,7 @@ def test_attention_decode_graph_replay(dev: Any, rng: np.random.Generator) -> No
     q = rand(rng, (b, h, d), dtype)
     kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
     qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
-    splits = attention.decode_splits(b, h, kvh, max_seq)
+    splits = attention.decode_splits(b, h, kvh, max_seq, dtype)
     ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
     ctx = dev.put(np.array([1], np.int32))
     stream = nv.Stream()

@@ -20,21 +20,27 @@ def pow2_at_least(n: int) -> int:
     return p
 
 
-def row_config(cols: int, vec: int) -> tuple[int, int]:
+def row_config(
+    cols: int, vec: int, acc_bytes: int = 4, threads: int | None = None
+) -> tuple[int, int]:
     """(threads, items) for the one-block-per-row kernels.
 
     items > 0: each thread holds `items` vectors of the row in registers (one read of the
-    input); items is a power of two so few variants get compiled. items == 0: the looping
-    variant for rows too long for registers.
+    input), at most 32 fp32 (16 fp64) values so the kernels' 512-thread launch bound keeps
+    them out of local memory; items is a power of two so few variants get compiled.
+    items == 0: the looping variant for longer rows. `threads` overrides the block size.
     """
+    if threads is not None and (threads % 32 or not 32 <= threads <= 512):
+        raise ShapeError(f"block_threads must be a multiple of 32 in [32, 512], got {threads}")
     nvec = cdiv(cols, vec)
-    threads = min(256, max(32, round_up(nvec, 32)))
+    max_items = max(1, (32 if acc_bytes == 4 else 16) // vec)
+    if threads is None:
+        threads = min(256, max(32, round_up(nvec, 32)))
+        if cdiv(nvec, threads) > max_items:
+            threads = min(512, round_up(cdiv(nvec, max_items), 32))
     items = pow2_at_least(cdiv(nvec, threads))
-    if items > 8:
-        threads = min(1024, round_up(cdiv(nvec, 16), 32))
-        items = pow2_at_least(cdiv(nvec, threads))
-    if items > 16:
-        return 512, 0
+    if items > max_items:
+        return min(threads, 512), 0
     return threads, items
 
 

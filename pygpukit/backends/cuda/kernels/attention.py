@@ -14,8 +14,9 @@ HEAD_DIMS = (64, 128)
 
 # attention_prefill.cuh geometry
 _P_WARPS, _P_ROWS, _P_KEYS = 4, 8, 32
-# attention_decode.cuh geometry
+# attention_decode.cuh geometry: CUDA-core kernel, tensor-core kernel
 _D_THREADS, _D_TILE = 256, 64
+_M_WARPS, _M_TILE = 4, 32
 
 
 def _check(op: str, dtype: str, heads: int, kv_heads: int, head_dim: int) -> None:
@@ -90,10 +91,22 @@ def decode_group(heads: int, kv_heads: int) -> int:
     return 1
 
 
-def decode_splits(batch: int, heads: int, kv_heads: int, max_seq: int) -> int:
-    """Splits of the context per kv head: about one wave of blocks over the SMs."""
+def _use_mma(dtype: str) -> bool:
+    return dtype in loader.HALF_DTYPES
+
+
+def decode_splits(
+    batch: int, heads: int, kv_heads: int, max_seq: int, dtype: str = "bfloat16"
+) -> int:
+    """Splits of the context per kv head, so the blocks fill the SMs about once.
+
+    The tensor-core path (bf16/f16) runs one block per SM; rounding down keeps the grid
+    at or under one full wave (160 blocks on 132 SMs would take two waves' time)."""
     blocks = batch * kv_heads * ((heads // kv_heads) // decode_group(heads, kv_heads))
-    return max(1, min(cdiv(max_seq, _D_TILE), cdiv(loader.sm_count(), blocks)))
+    sms = loader.sm_count()
+    tile = _M_TILE if _use_mma(dtype) else _D_TILE
+    want = max(1, sms // blocks) if _use_mma(dtype) else cdiv(sms, blocks)
+    return max(1, min(cdiv(max_seq, tile), want))
 
 
 def decode_workspace_bytes(batch: int, heads: int, splits: int, head_dim: int) -> int:
@@ -110,6 +123,12 @@ def _decode_smem(dtype: str, g: int, d: int, stages: int) -> int:
     streams = _D_THREADS // (d // vec)
     red = streams * g * d * 4
     return header + max(stages * stage, red)
+
+
+def _decode_mma_smem(d: int, stages: int) -> int:
+    stage = _M_WARPS * stages * 2 * _M_TILE * (d + 8) * 2
+    merge = _M_WARPS * (16 * d + 32) * 4
+    return max(stage, merge)
 
 
 def decode(
@@ -156,30 +175,36 @@ def decode(
     if batch == 0:
         return
     g = decode_group(heads, kv_heads)
+    group = heads // kv_heads
     budget = loader.max_shared_optin()
-    stages = 4
-    while stages > 1 and _decode_smem(dtype, g, d, stages) > budget:
-        stages -= 1
-    smem = _decode_smem(dtype, g, d, stages)
+    sc = float(scale) if scale is not None else d**-0.5
+    ml = workspace + 4 * batch * heads * splits * d
+    grid = (splits, kv_heads * (group // g), batch)
+    args = (q, k_cache, v_cache, ctx_len, workspace, ml, heads, group, sc, *qst, *kst, *vst)
+    fmt = "PPPPPPiif" + "q" * 8
+    if _use_mma(dtype):
+        if any(s % 2 for s in qst) or q % 4:
+            raise ShapeError("attention_decode: q rows must be 4-byte aligned")
+        stages = 2 if _decode_mma_smem(d, 2) <= budget else 1
+        smem = _decode_mma_smem(d, stages)
+        defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_MSTAGES": stages}
+        split_fn = loader.get_function("attention_decode", "pgk_attn_decode_mma", defines)
+        threads = _M_WARPS * 32
+    else:
+        stages = 4
+        while stages > 1 and _decode_smem(dtype, g, d, stages) > budget:
+            stages -= 1
+        smem = _decode_smem(dtype, g, d, stages)
+        defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_STAGES": stages}
+        split_fn = loader.get_function("attention_decode", "pgk_attn_decode_split", defines)
+        threads = _D_THREADS
     if smem > budget:
         raise ShapeError(
             f"attention_decode: needs {smem} bytes of shared memory, the device has {budget}"
         )
-    defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_STAGES": stages}
-    split_fn = loader.get_function("attention_decode", "pgk_attn_decode_split", defines)
     reduce_fn = loader.get_function("attention_decode", "pgk_attn_decode_reduce", defines)
     loader.set_dynamic_smem(split_fn, smem)
-    sc = float(scale) if scale is not None else d**-0.5
-    ml = workspace + 4 * batch * heads * splits * d
-    group = heads // kv_heads
-    split_fn.launch(
-        (splits, kv_heads * (group // g), batch),
-        (_D_THREADS,),
-        "PPPPPPiif" + "q" * 8,
-        (q, k_cache, v_cache, ctx_len, workspace, ml, heads, group, sc, *qst, *kst[:3], *vst[:3]),
-        smem,
-        stream,
-    )
+    split_fn.launch(grid, (threads,), fmt, args, smem, stream)
     reduce_fn.launch(
         (heads, batch), (d,), "PPPiiqq", (workspace, ml, o, heads, splits, *ost), 0, stream
     )

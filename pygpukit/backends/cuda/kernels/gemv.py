@@ -26,9 +26,12 @@ def gemv(
     x_stride: int | None = None,
     w_stride: int | None = None,
     y_stride: int | None = None,
+    unroll: int = 4,
     stream: Any = None,
 ) -> None:
-    """y[i, :] = W @ x[i, :] (+ bias) for i < m; strides in elements (default dense)."""
+    """y[i, :] = W @ x[i, :] (+ bias) for i < m; strides in elements (default dense).
+
+    unroll: 16-byte loads of W in flight per lane before the first multiply."""
     loader.check_dtype(dtype, DTYPES, "gemv")
     positive("gemv", n=n, k=k, m=m)
     int32_range("gemv", n=n, k=k)
@@ -40,7 +43,12 @@ def gemv(
     if n == 0 or m == 0:
         return
     vec = loader.vec_width(dtype, xs, ws, ptrs=(x, w))
-    defines = {**loader.type_defines(dtype), "PGK_VEC": vec, "PGK_WARPS": WARPS}
+    defines = {
+        **loader.type_defines(dtype),
+        "PGK_VEC": vec,
+        "PGK_WARPS": WARPS,
+        "PGK_UNROLL": unroll,
+    }
     fn = loader.get_function("gemv", "pgk_gemv", defines)
     fn.launch(
         (cdiv(n, WARPS), m),

@@ -23,6 +23,7 @@ def layer_norm(
     w_dtype: str | None = None,
     x_stride: int | None = None,
     y_stride: int | None = None,
+    block_threads: int | None = None,
     stream: Any = None,
 ) -> None:
     """y = (x - mean) / sqrt(var + eps) * w + b over the last axis; w or b = 0 omits it."""
@@ -38,7 +39,7 @@ def layer_norm(
     vec = loader.vec_width(dtype, cols, xs, ys, ptrs=(x, y))
     if wd == dtype and (w % 16 or b % 16):
         vec = 1
-    threads, items = row_config(cols, vec)
+    threads, items = row_config(cols, vec, 8 if dtype == "float64" else 4, block_threads)
     defines = {**loader.type_defines(dtype), **loader.type_defines(wd, "PGK_W")}
     defines.update(PGK_VEC=vec, PGK_ITEMS=items)
     fn = loader.get_function("layer_norm", "pgk_layer_norm", defines)

@@ -26,6 +26,7 @@ def rms_norm(
     residual_stride: int | None = None,
     y_stride: int | None = None,
     h_stride: int | None = None,
+    block_threads: int | None = None,
     stream: Any = None,
 ) -> None:
     """y = x' * rsqrt(mean(x'^2) + eps) * w with x' = x + residual when residual is given;
@@ -44,7 +45,7 @@ def rms_norm(
     vec = loader.vec_width(dtype, cols, xs, rs, ys, hs, ptrs=(x, y, residual, h_out))
     if w and wd == dtype and w % 16:
         vec = 1
-    threads, items = row_config(cols, vec)
+    threads, items = row_config(cols, vec, 8 if dtype == "float64" else 4, block_threads)
     defines = {**loader.type_defines(dtype), **loader.type_defines(wd, "PGK_W")}
     defines.update(PGK_VEC=vec, PGK_ITEMS=items)
     fn = loader.get_function("rms_norm", "pgk_rms_norm", defines)

@@ -20,6 +20,7 @@ def softmax(
     log: bool = False,
     x_row_stride: int | None = None,
     y_row_stride: int | None = None,
+    block_threads: int | None = None,
     stream: Any = None,
 ) -> None:
     """y[r, :] = softmax(x[r, :]) (or log_softmax); strides in elements, default cols."""
@@ -31,7 +32,7 @@ def softmax(
     if rows == 0 or cols == 0:
         return
     vec = loader.vec_width(dtype, cols, xs, ys, ptrs=(x, y))
-    threads, items = row_config(cols, vec)
+    threads, items = row_config(cols, vec, 8 if dtype == "float64" else 4, block_threads)
     defines = {**loader.type_defines(dtype), "PGK_VEC": vec, "PGK_ITEMS": items}
     fn = loader.get_function("softmax", "pgk_log_softmax" if log else "pgk_softmax", defines)
     fn.launch((rows,), (threads,), "PPiqq", (x, y, cols, xs, ys), 0, stream)

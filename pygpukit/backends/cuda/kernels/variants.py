@@ -20,7 +20,14 @@ def all_variants() -> list[Variant]:
     floats = loader.FLOAT_DTYPES
     for dt in floats:
         vec = 16 // loader.itemsize(dt)
-        for items, v in ((4, vec), (0, 1), (16, vec)):
+        max_items = (32 if dt != "float64" else 16) // vec
+        for items, v in (
+            (max_items, vec),
+            (1, vec),
+            (0, 1),
+            (0, vec),
+            (32 if dt != "float64" else 16, 1),
+        ):
             out.append(
                 ("softmax", ("pgk_softmax", "pgk_log_softmax"), _t(dt, PGK_VEC=v, PGK_ITEMS=items))
             )
@@ -61,12 +68,12 @@ def all_variants() -> list[Variant]:
             out.append(
                 ("attention_prefill", ("pgk_attention_prefill",), _t(dt, PGK_D=d, PGK_ROWS=8))
             )
-            for g, stages in ((1, 2), (8, 4), (16, 3)):
+            for g, stages in ((1, 2), (8, 4), (16, 3), (4, 1)):
                 out.append(
                     (
                         "attention_decode",
-                        ("pgk_attn_decode_split", "pgk_attn_decode_reduce"),
-                        _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages),
+                        ("pgk_attn_decode_split", "pgk_attn_decode_reduce", "pgk_attn_decode_mma"),
+                        _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_MSTAGES=min(stages, 2)),
                     )
                 )
     for dt in loader.HALF_DTYPES:
