@@ -15,6 +15,7 @@ from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
 from . import elementwise, fused, linalg, movement, nn, reduce
+from .planned import PlannedHooks
 
 VIEW_OPS = ("reshape", "permute", "expand", "index")
 
@@ -27,6 +28,15 @@ class HostValue:
     def __init__(self, storage: Storage, array: np.ndarray) -> None:
         self.storage = storage
         self.array = array
+
+
+def host_view(storage: Storage, offset: int, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+    """A NumPy array over `storage` bytes [offset, offset + size)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = (ctypes.c_char * max(nbytes, 1)).from_address(storage.addr + offset)
+    raw._storage = storage  # type: ignore[attr-defined]  # numpy views keep the block alive
+    flat = np.frombuffer(raw, dtype=dtype.np, count=math.prod(shape))
+    return flat.reshape(shape)
 
 
 def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
@@ -74,7 +84,7 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
     raise NotImplementedError(f"the NumPy backend has no kernel for op {op!r}")
 
 
-class NumpyBackend(Backend):
+class NumpyBackend(PlannedHooks, Backend):
     name = "cpu"
 
     def __init__(self, arena_bytes: int = 64 << 20, quota_bytes: int | None = None) -> None:
@@ -84,12 +94,8 @@ class NumpyBackend(Backend):
 
     # -- memory ---------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: DType) -> HostValue:
-        nbytes = math.prod(shape) * dtype.itemsize
-        storage = Storage(self.pool, nbytes)
-        raw = (ctypes.c_char * max(nbytes, 1)).from_address(storage.addr)
-        raw._storage = storage  # type: ignore[attr-defined]  # numpy views keep the block alive
-        flat = np.frombuffer(raw, dtype=dtype.np, count=math.prod(shape))
-        return HostValue(storage, flat.reshape(shape))
+        storage = Storage(self.pool, math.prod(shape) * dtype.itemsize)
+        return HostValue(storage, host_view(storage, 0, shape, dtype))
 
     def from_numpy(self, array: np.ndarray) -> HostValue:
         v = self.empty(array.shape, dtypes.as_dtype(array.dtype))

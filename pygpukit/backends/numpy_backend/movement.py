@@ -73,3 +73,11 @@ def setitem(ins: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     with np.errstate(all="ignore"):
         out[index_tuple(attrs["spec"], dyn)] = v
     return out
+
+
+def setitem_into(ins: list[np.ndarray], attrs: dict[str, Any]) -> None:
+    """x[spec] = v in x's own memory (a compiled KV-cache update)."""
+    x, v, *dyn_arrays = ins
+    dyn = check_dynamic(attrs["spec"], x.shape, [int(d) for d in dyn_arrays])
+    with np.errstate(all="ignore"):
+        x[index_tuple(attrs["spec"], dyn)] = v

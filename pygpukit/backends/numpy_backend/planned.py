@@ -1,0 +1,80 @@
+"""The NumPy side of the planned-execution hooks (see pygpukit/executor.py).
+
+Compiled graphs run inside one pool block (the arena); every value is a NumPy view at a
+planned offset, and each kernel writes its result into its slot instead of allocating.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pygpukit.errors import op_error
+from pygpukit.ir import DType, dtypes
+from pygpukit.memory import Storage
+
+from . import movement
+
+
+class NumpyReplay:
+    """What `capture` returns on the CPU: replaying re-executes the planned steps."""
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self._run = run
+
+    def replay(self) -> None:
+        self._run()
+
+
+class PlannedHooks:
+    """Mixed into NumpyBackend; the CUDA backend implements the same methods."""
+
+    pool: Any
+
+    def alloc_arena(self, nbytes: int) -> Storage:
+        return Storage(self.pool, max(nbytes, 1))
+
+    def value_at(self, arena: Storage, offset: int, shape: tuple[int, ...], dtype: DType) -> Any:
+        from .backend import HostValue, host_view
+
+        return HostValue(arena, host_view(arena, offset, shape, dtype))
+
+    def view(self, step: Any, ins: list[Any]) -> Any:
+        from .backend import HostValue, _run_step
+
+        return HostValue(ins[0].storage, _run_step(step, [v.array for v in ins]))
+
+    def execute(self, step: Any, ins: list[Any], out: Any, inplace: bool = False) -> None:
+        """Run one step, writing its result into `out` (for an in-place setitem, ins[0])."""
+        from .backend import _run_step
+
+        arrays = [v.array for v in ins]
+        try:
+            if inplace:
+                movement.setitem_into(arrays, step.attrs)
+            else:
+                out.array[...] = _run_step(step, arrays)
+        except (IndexError, ValueError, TypeError, ArithmeticError) as e:
+            specs = [(a.shape, dtypes.as_dtype(a.dtype)) for a in arrays]
+            raise op_error(step.op, e, specs, step.loc) from None
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        np.copyto(dst.array, src.array, casting="unsafe")
+
+    def clone(self, value: Any) -> Any:
+        return self.from_numpy(np.ascontiguousarray(value.array))  # type: ignore[attr-defined]
+
+    def with_storage(self, value: Any, storage: Any) -> Any:
+        from .backend import HostValue
+
+        return HostValue(storage, value.array)
+
+    def capture(self, run: Callable[[], None]) -> NumpyReplay:
+        return NumpyReplay(run)
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: DType) -> int:
+    return math.prod(shape) * dtype.itemsize
