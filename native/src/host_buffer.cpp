@@ -18,8 +18,10 @@ HostBuffer::~HostBuffer() {
 }
 
 void register_host_buffer(py::module_& m) {
-  py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(m, "HostBuffer", py::buffer_protocol(),
-                                                      "Page-locked host memory (bytes).")
+  py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(
+      m, "HostBuffer", py::buffer_protocol(),
+      "Page-locked host memory (bytes). Copies to/from it are truly async: keep it "
+      "alive until the stream has passed them.")
       .def(py::init<size_t>(), py::arg("nbytes"))
       .def_property_readonly(
           "ptr", [](const HostBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); })

@@ -155,7 +155,9 @@ void register_memory(py::module_& m) {
             htod(dst, src, nbytes, stream_handle(stream), sync);
           },
           py::arg("dst"), py::arg("src"), py::arg("stream") = py::none(),
-          py::arg("nbytes") = py::none(), "Copy a host buffer to device memory.");
+          py::arg("nbytes") = py::none(),
+          "Copy a host buffer to device memory. A pageable source may be reused as soon as "
+          "this returns; a HostBuffer source must live until the stream passes the copy.");
     m.def(("memcpy_dtoh" + suffix).c_str(),
           [sync](py::handle dst, uint64_t src, py::handle stream, py::object nbytes) {
             dtoh(dst, src, nbytes, stream_handle(stream), sync);
