@@ -329,6 +329,25 @@ _register("fused_reduce", "fused", _fused_reduce, None)
 
 
 def infer(op: str, ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    """Shape and dtype of op(ins; attrs). Memoised: recording an op is a hot path."""
+    try:
+        key = (op, tuple(ins), tuple(sorted(attrs.items())))
+        hash(key)
+    except TypeError:
+        return _infer(op, ins, attrs)
+    hit = _INFER_CACHE.get(key)
+    if hit is None:
+        hit = _infer(op, ins, attrs)
+        if len(_INFER_CACHE) > 65536:
+            _INFER_CACHE.clear()
+        _INFER_CACHE[key] = hit
+    return hit
+
+
+_INFER_CACHE: dict[Any, Spec] = {}
+
+
+def _infer(op: str, ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     opdef = OPS.get(op)
     if opdef is None:
         raise KeyError(f"unknown op {op!r}")

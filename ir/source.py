@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -28,7 +29,11 @@ def _internal_prefixes() -> tuple[str, ...]:
     return _INTERNAL
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_internal(filename: str) -> bool:
+    # Cached: this runs for every frame of every recorded op.
+    if filename.startswith("<frozen"):
+        return True
     prefixes = _internal_prefixes()
     if not filename.startswith(prefixes):
         return False
@@ -38,7 +43,7 @@ def _is_internal(filename: str) -> bool:
     return any(filename.startswith(p) for p in prefixes[:-1])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceLoc:
     file: str
     line: int
@@ -57,7 +62,7 @@ def user_location() -> SourceLoc | None:
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not _is_internal(fn) and not fn.startswith("<frozen"):
+        if not _is_internal(fn):
             return SourceLoc(fn, f.f_lineno, f.f_code.co_name)
         f = f.f_back  # type: ignore[assignment]
     return None
