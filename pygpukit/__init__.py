@@ -36,11 +36,15 @@ from .errors import (
     TraceError,
 )
 from .errors import IndexError_ as IndexError  # noqa: A001 - gpk.IndexError subclasses the builtin
+from .interop import from_dlpack
 from .ir.dtypes import DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8
 from .ir.dtypes import bool_ as bool  # noqa: A001 - gpk.bool, like numpy's np.bool
+from .jit import jit
+from .compile import compile, scalar  # noqa: A004 - gpk.compile shadows the builtin here
 from .mode import eager, is_eager
 from .ops import *  # noqa: F403
 from .ops import realize
+from .streams import Event, Stream, synchronize
 
 
 def backend_name() -> str:

@@ -348,6 +348,23 @@ class GPUArray:
         node = runtime.record("index", (self._node, *dyn), {"spec": spec})
         return GPUArray(node)
 
+    # -- interop (zero-copy; see pygpukit/interop.py) --------------------------------------
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        from .interop import cuda_array_interface
+
+        return cuda_array_interface(self)
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        from .interop import to_dlpack
+
+        return to_dlpack(self, stream)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from .interop import dlpack_device
+
+        return dlpack_device(self)
+
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
         if self._readonly:
             loc = _loc()

@@ -10,12 +10,13 @@ import itertools
 import math
 from typing import Any
 
+from pygpukit.ir import DType
+
 from pygpukit.backends.cuda import compiler
 from pygpukit.backends.cuda.context import contiguous
 from pygpukit.backends.cuda.kernels import loader
 from pygpukit.backends.cuda.toolchain import compile_kernel
 from pygpukit.backends.cuda.value import DeviceValue
-from pygpukit.ir import DType
 
 _addr = itertools.count(1)
 
@@ -41,7 +42,7 @@ class FakeFunction:
                 assert isinstance(a, int) and not isinstance(a, bool), (self.name, c, a)
             else:
                 assert isinstance(a, int | float), (self.name, c, a)
-        for g in (grid if isinstance(grid, tuple) else (grid,)):
+        for g in grid if isinstance(grid, tuple) else (grid,):
             assert 1 <= g < 2**31, (self.name, grid)
         LAUNCHES.append((self.name, grid, block))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import cuda_fakes
 import numpy as np
 import pytest
+from pygpukit.ir import dtypes, toposort
+from pygpukit.passes import lower, run_pipeline
 
 import pygpukit as gpk
 from pygpukit import runtime
@@ -17,8 +19,6 @@ from pygpukit.backends.cuda.codegen import elementwise, reduce
 from pygpukit.backends.cuda.context import contiguous
 from pygpukit.backends.cuda.plan import plan_step
 from pygpukit.backends.cuda.value import DeviceValue
-from pygpukit.ir import dtypes, toposort
-from pygpukit.passes import lower, run_pipeline
 
 pytest.importorskip("nvidia")
 ARCHS = ["sm_80", "sm_90"]
@@ -88,8 +88,18 @@ UNARY_FLOAT = ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "
 def test_elementwise_every_op(arch: str, d: str, layout: str) -> None:
     rng = np.random.default_rng(0)
     x, y = _arr(rng, (5, 7), d), _arr(rng, (5, 7), d)
-    outs = [x + y, x * y, x == y, x < y, gpk.maximum(x, y), gpk.minimum(x, y),
-            gpk.where(x > y, x, y), x.astype("float16"), x.astype("int32"), x.astype("bool")]  # fmt: skip
+    outs = [
+        x + y,
+        x * y,
+        x == y,
+        x < y,
+        gpk.maximum(x, y),
+        gpk.minimum(x, y),
+        gpk.where(x > y, x, y),
+        x.astype("float16"),
+        x.astype("int32"),
+        x.astype("bool"),
+    ]
     if d != "bool":
         outs += [x - y, -x, abs(x), x / y, x**y]
     else:
@@ -120,12 +130,19 @@ def test_movement_and_indexing(arch: str, d: str) -> None:
     pos = gpk.asarray(np.array(2, np.int64))
     idx = gpk.asarray(np.array([[0, 3], [-1, 2]], np.int32))
     outs = [
-        x.reshape(6, 32), x.transpose(2, 0, 1).reshape(-1), x[1:3, ::2, None, -1], x[pos],
-        x[:, pos], gpk.concatenate([x, x[:, :2]], axis=1), gpk.take(x, idx, axis=1),
-        gpk.stack([x, x], axis=0), x.expand(2, 4, 6, 8) if False else gpk.broadcast_to(x, (2, 4, 6, 8)),
-        gpk.full((3, 5), 2, dtype=d), gpk.arange(17, dtype=d if d != "bool" else "int32"),
+        x.reshape(6, 32),
+        x.transpose(2, 0, 1).reshape(-1),
+        x[1:3, ::2, None, -1],
+        x[pos],
+        x[:, pos],
+        gpk.concatenate([x, x[:, :2]], axis=1),
+        gpk.take(x, idx, axis=1),
+        gpk.stack([x, x], axis=0),
+        x.expand(2, 4, 6, 8) if False else gpk.broadcast_to(x, (2, 4, 6, 8)),
+        gpk.full((3, 5), 2, dtype=d),
+        gpk.arange(17, dtype=d if d != "bool" else "int32"),
         gpk.arange(0.5, 9.0, 0.25),
-    ]  # fmt: skip
+    ]
     for o in outs:
         for layout in ("contiguous", "transposed", "unaligned"):
             _plan_all(o, layout)
@@ -146,14 +163,22 @@ def test_fused_nn_and_matmul(arch: str, d: str) -> None:
     k = _arr(rng, (2, 2, 8, 64), d)
     lw, lb = _arr(rng, (48, 64), d), _arr(rng, (48,), d)
     outs = [
-        gpk.nn.softmax(x), gpk.nn.softmax(x, axis=1), gpk.nn.log_softmax(x),
-        gpk.nn.rms_norm(x, w), gpk.nn.layer_norm(x, w, b), gpk.nn.rope(x, cos, sin),
+        gpk.nn.softmax(x),
+        gpk.nn.softmax(x, axis=1),
+        gpk.nn.log_softmax(x),
+        gpk.nn.rms_norm(x, w),
+        gpk.nn.layer_norm(x, w, b),
+        gpk.nn.rope(x, cos, sin),
         gpk.nn.rope(x, cos, sin, interleaved=True),
         gpk.nn.scaled_dot_product_attention(x, k, k, is_causal=True),
         gpk.nn.scaled_dot_product_attention(x[..., :40], k[..., :40], k[..., :40]),
-        gpk.nn.linear(x, lw, lb, activation="gelu_tanh"), gpk.nn.linear(x, lw),
-        x @ x.swapaxes(-1, -2), x[0, 0] @ w, gpk.nn.swiglu(x, x), gpk.nn.swiglu(x, w),
-    ]  # fmt: skip
+        gpk.nn.linear(x, lw, lb, activation="gelu_tanh"),
+        gpk.nn.linear(x, lw),
+        x @ x.swapaxes(-1, -2),
+        x[0, 0] @ w,
+        gpk.nn.swiglu(x, x),
+        gpk.nn.swiglu(x, w),
+    ]
     for o in outs:
         for layout in ("contiguous", "transposed"):
             _plan_all(o, layout)
@@ -169,16 +194,31 @@ def test_integer_matmul_and_pow(arch: str, d: str) -> None:
 
 def test_fused_expression_kernels_compile(arch: str) -> None:
     f16, f32, i8, b = dtypes.float16, dtypes.float32, dtypes.int8, dtypes.bool_
-    expr = ("where", ("gt", ("in", 0), ("const", 0.5, "float32")),
-            ("gelu", "tanh", ("mul", ("in", 0), ("cast", "float16", ("in", 1)))),
-            ("exp", ("neg", ("in", 0))))  # fmt: skip
-    for modes, out_mode, vec in [(("contig", "contig"), "contig", 8),
-                                 (("strided", "scalar"), "strided", 1)]:  # fmt: skip
+    expr = (
+        "where",
+        ("gt", ("in", 0), ("const", 0.5, "float32")),
+        ("gelu", "tanh", ("mul", ("in", 0), ("cast", "float16", ("in", 1)))),
+        ("exp", ("neg", ("in", 0))),
+    )
+    for modes, out_mode, vec in [
+        (("contig", "contig"), "contig", 8),
+        (("strided", "scalar"), "strided", 1),
+    ]:
         spec = elementwise.EwSpec(expr, (f16, f32), f16, modes, out_mode, 3, (), vec)
-        cuda_fakes.FakeFunction("x", __import__("pygpukit.backends.cuda.toolchain", fromlist=["x"])
-                                .compile_kernel(elementwise.generate(spec).text, arch))  # fmt: skip
-    for op, od in (("sum", f32), ("max", f16), ("argmax", dtypes.int64), ("min", b),
-                   ("sum", dtypes.int64), ("mean", dtypes.float64)):  # fmt: skip
+        cuda_fakes.FakeFunction(
+            "x",
+            __import__("pygpukit.backends.cuda.toolchain", fromlist=["x"]).compile_kernel(
+                elementwise.generate(spec).text, arch
+            ),
+        )
+    for op, od in (
+        ("sum", f32),
+        ("max", f16),
+        ("argmax", dtypes.int64),
+        ("min", b),
+        ("sum", dtypes.int64),
+        ("mean", dtypes.float64),
+    ):
         e = ("add", ("in", 0), ("in", 1)) if od != b else ("in", 0)
         ins = (f16, f16) if od not in (b, dtypes.int64) else ((b,) if od == b else (i8, i8))
         if od == dtypes.float64:

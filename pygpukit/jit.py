@@ -1,0 +1,126 @@
+"""gpk.jit: compile a CUDA C kernel from source and launch it on GPUArrays.
+
+    k = gpk.jit(SRC, "axpy")
+    k((blocks,), (256,), y, x, 2.0, n)
+
+The parameter list is parsed from the source, so each argument converts to its declared
+C type: GPUArrays and objects with __cuda_array_interface__ pass their device pointer,
+Python numbers pass as the scalar type. The kernel must be `extern "C"`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pygpukit.errors import CompileError, DTypeError
+
+_SCALARS = {
+    "int": "i", "int32_t": "i", "signed": "i", "signed int": "i", "short": "i", "char": "i",
+    "bool": "i", "unsigned": "I", "unsigned int": "I", "uint32_t": "I",
+    "long long": "q", "long long int": "q", "int64_t": "q", "long": "q", "size_t": "q",
+    "ptrdiff_t": "q", "uint64_t": "q", "unsigned long long": "q", "unsigned long": "q",
+    "float": "f", "double": "d",
+}  # fmt: skip
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
+
+
+def parse_params(source: str, name: str) -> list[tuple[str, str, str]]:
+    """[(C type, parameter name, launch fmt char)] of kernel `name` in `source`."""
+    m = re.search(r"__global__\s+(?:__launch_bounds__\([^)]*\)\s*)?void\s+"
+                  + re.escape(name) + r"\s*\(([^)]*)\)", source)  # fmt: skip
+    if m is None:
+        raise CompileError(f"jit: no __global__ void {name}(...) in the source")
+    if not re.search(r'extern\s+"C"[^;{]*?\b' + re.escape(name) + r"\s*\(", source):
+        raise CompileError(f'jit: kernel {name} must be declared extern "C"')
+    out = []
+    body = m.group(1).strip()
+    if not body or body == "void":
+        return out
+    for k, raw in enumerate(body.split(",")):
+        decl = " ".join(raw.split())
+        pm = re.match(r"(.*?)([A-Za-z_]\w*)\s*(\[\s*\])?$", decl)
+        if pm is None:
+            raise DTypeError(f"jit: kernel {name}: cannot parse parameter {k} {decl!r}")
+        ctype, pname = pm.group(1).strip(), pm.group(2)
+        if "*" in ctype or pm.group(3):
+            out.append((ctype, pname, "P"))
+            continue
+        base = " ".join(w for w in ctype.split() if w not in _QUALIFIERS)
+        if base not in _SCALARS:
+            raise DTypeError(f"jit: kernel {name}: parameter {pname!r} has unsupported type "
+                             f"{ctype!r} (pointers, ints and floats are supported)")  # fmt: skip
+        out.append((ctype, pname, _SCALARS[base]))
+    return out
+
+
+class Kernel:
+    def __init__(self, source: str, name: str, options: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.params = parse_params(source, name)
+        self.fmt = "".join(p[2] for p in self.params)
+        from pygpukit import _native
+        from pygpukit.backends import get_backend
+        from pygpukit.backends.cuda.toolchain import compile_kernel, device_arch
+
+        if get_backend().name != "cuda":
+            raise CompileError(f"jit: kernel {name} needs the CUDA backend (running on "
+                               f"{get_backend().name})")  # fmt: skip
+        self._module = _native.Module(compile_kernel(source, device_arch(), options, name + ".cu"))
+        self._fn = self._module.get_function(name)
+
+    def _arg(self, k: int, value: Any, keep: list[Any]) -> Any:
+        ctype, pname, code = self.params[k]
+        from pygpukit.array import GPUArray
+
+        where = f"jit kernel {self.name}: parameter {k} {pname!r} ({ctype})"
+        if code == "P":
+            if isinstance(value, GPUArray):
+
+                value.realize()
+                v = value.node.realized
+                keep.append(v)
+                return int(v.ptr)
+            cai = getattr(value, "__cuda_array_interface__", None)
+            if cai is not None:
+                keep.append(value)
+                return int(cai["data"][0])
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise DTypeError(f"{where} takes a GPUArray or a device pointer, got "
+                             f"{type(value).__name__}")  # fmt: skip
+        if code in "fd":
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise DTypeError(f"{where} takes a number, got {type(value).__name__}")
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DTypeError(f"{where} takes an int, got {type(value).__name__}")
+        return value
+
+    def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0,
+                 stream: Any = None) -> None:  # fmt: skip
+        if len(args) != len(self.params):
+            names = ", ".join(p[1] for p in self.params)
+            raise DTypeError(f"jit kernel {self.name} takes {len(self.params)} arguments "
+                             f"({names}), got {len(args)}")  # fmt: skip
+        keep: list[Any] = []
+        packed = tuple(self._arg(k, a, keep) for k, a in enumerate(args))
+        native = None
+        if stream is not None:
+            from pygpukit import _native
+
+            # The backend queues on the default stream; make its work visible to `stream`.
+            _native.synchronize()
+            native = getattr(stream, "native", stream)
+        self._fn.launch(grid, block, self.fmt, packed, shared_mem, native)
+
+    def __repr__(self) -> str:
+        return f"gpk.jit({self.name}({', '.join(p[0] + ' ' + p[1] for p in self.params)}))"
+
+
+def jit(source: str, name: str, options: tuple[str, ...] = ()) -> Kernel:
+    """Compile `name` from CUDA C `source` (NVRTC, cached on disk) into a launchable kernel."""
+    return Kernel(source, name, tuple(options))
+
+
+__all__ = ["Kernel", "jit", "parse_params"]
