@@ -81,7 +81,7 @@ def plan_memory(
             contiguous[st.out] = st.op == "reshape" and contiguous.get(st.ins[0], True)
         else:
             contiguous[st.out] = True
-    group_last: dict[int, int] = {s: end for s in inputs}
+    group_last: dict[int, int] = {s: -1 for s in inputs}
     for k, st in enumerate(steps):
         group_last.setdefault(root(st.out), k)
         for i in st.ins:

@@ -7,6 +7,7 @@ Schedules are cached by graph structure, so a Python loop does not re-run the pa
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -21,6 +22,7 @@ from pygpukit.passes import Schedule, lower, run_pipeline
 from .backends import get_backend
 from .mode import is_eager
 
+DEBUG = os.environ.get("PYGPUKIT_DEBUG", "") not in ("", "0")
 _SCHEDULE_CACHE: OrderedDict[Any, Schedule] = OrderedDict()
 _CACHE_LIMIT = 2048
 stats = {"realize_calls": 0, "schedule_hits": 0, "schedule_misses": 0}
@@ -84,6 +86,20 @@ def pending_graph(nodes: list[Node], name: str = "graph") -> Graph:
     return graph
 
 
+def _check_traced(order: list[Node]) -> None:
+    """A placeholder of @gpk.compile's tracing has no value: Python asked for one."""
+    for n in order:
+        if n.op == "input" and n.realized is None:
+            loc = user_location()
+            where = f"\n  at {loc.full}" if loc else ""
+            raise errors.TraceError(
+                "a traced array's value was needed in Python (bool(), float(), int(), .item(), "
+                "to_numpy() or print) while tracing a compiled function; tracing records ops "
+                "without running them, so branch with gpk.where or pass the value as a static "
+                f"Python argument{where}"
+            )
+
+
 def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
     index = {n.id: k for k, n in enumerate(order)}
     rows = []
@@ -104,6 +120,7 @@ def realize(nodes: list[Node]) -> None:
     backend = get_backend()
     stats["realize_calls"] += 1
     order = toposort(pending, is_leaf=_is_leaf)
+    _check_traced(order)
     _check_not_freed(order, backend)
     key = structure_key(order, pending, backend)
     schedule = _SCHEDULE_CACHE.get(key)
@@ -119,6 +136,10 @@ def realize(nodes: list[Node]) -> None:
         stats["schedule_hits"] += 1
         _SCHEDULE_CACHE.move_to_end(key)
     values = backend.run(schedule, [n.realized for n in leaves])
+    if DEBUG:
+        from .profiling import debug_realize
+
+        debug_realize(schedule, [n.realized for n in leaves])
     for n, v in zip(pending, values, strict=True):
         n.realized = v
         n.inputs = ()

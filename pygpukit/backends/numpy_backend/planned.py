@@ -65,7 +65,7 @@ class PlannedHooks:
         np.copyto(dst.array, src.array, casting="unsafe")
 
     def clone(self, value: Any) -> Any:
-        return self.from_numpy(np.ascontiguousarray(value.array))  # type: ignore[attr-defined]
+        return self.from_numpy(value.array.copy())  # type: ignore[attr-defined]
 
     def with_storage(self, value: Any, storage: Any) -> Any:
         from .backend import HostValue

@@ -1,0 +1,82 @@
+"""Runs a memory-planned Schedule on any backend: one arena, values at planned offsets.
+
+The backend provides these hooks (NumPy: backends/numpy_backend/planned.py; the CUDA
+backend implements the same names):
+
+    alloc_arena(nbytes) -> arena                    one pool allocation per compiled graph
+    value_at(arena, offset, shape, dtype) -> value  a contiguous value inside the arena
+    view(step, ins) -> value                        a view step (reshape/permute/expand/index)
+    execute(step, ins, out, inplace=False)          run one kernel, writing into `out`
+                                                    (inplace: a setitem writing ins[0])
+    copy_into(dst, src)                             copy values (inputs in, writebacks out)
+    clone(value) -> value                           a fresh pool copy (outputs by default)
+    capture(run) -> replayable                      `replayable.replay()` must have the effect
+                                                    of `run()`: NumPy calls it, CUDA records
+                                                    the launches once into a CUDA Graph
+
+Everything the steps touch has a fixed address between binds: arguments are copied into
+their arena slots, and persistent arrays (externals) are re-bound (and re-captured) only
+when the caller hands in a different buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pygpukit.passes import Schedule
+from pygpukit.passes.memory_plan import MemoryPlan, plan_memory
+
+
+class PlannedProgram:
+    def __init__(self, schedule: Schedule, backend: Any, external: list[int] | None = None,
+                 writeback: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
+        self.schedule = schedule
+        self.backend = backend
+        self.external = [s for s in (external or [])]
+        self.plan: MemoryPlan = plan_memory(schedule, set(self.external) - {-1}, writeback)
+        schedule.info["memory_plan"] = self.plan
+        schedule.info["arena_bytes"] = self.plan.arena_bytes
+        schedule.info["naive_bytes"] = self.plan.naive_bytes
+        self.arena = backend.alloc_arena(self.plan.arena_bytes)
+        nodes = schedule.graph.nodes
+        self.values: list[Any] = [None] * schedule.n_slots
+        for slot, off in self.plan.offsets.items():
+            n = nodes[slot]
+            self.values[slot] = backend.value_at(self.arena, off, n.shape, n.dtype)
+        self._bound: tuple[int, ...] | None = None
+        self._replay: Any = None
+        self.kernels = [
+            (k, st) for k, st in enumerate(schedule.steps)
+            if st.out not in self.plan.alias or k in self.plan.inplace
+        ]  # fmt: skip
+
+    def bind(self, externals: list[Any]) -> None:
+        """Point external slots at the caller's buffers; derive the views; capture."""
+        for slot, v in zip(self.external, externals, strict=True):
+            if slot >= 0:
+                self.values[slot] = v
+        for k, st in enumerate(self.schedule.steps):
+            if st.out in self.plan.alias and k not in self.plan.inplace:
+                self.values[st.out] = self.backend.view(st, [self.values[i] for i in st.ins])
+            elif k in self.plan.inplace:
+                self.values[st.out] = self.values[st.ins[0]]
+        self._bound = tuple(id(v) for v in externals)
+        self._replay = self.backend.capture(self._run)
+
+    def _run(self) -> None:
+        values, backend = self.values, self.backend
+        inplace = self.plan.inplace
+        for k, st in self.kernels:
+            backend.execute(st, [values[i] for i in st.ins], values[st.out], k in inplace)
+        for src, dst in self.plan.writeback:
+            backend.copy_into(values[dst], values[src])
+
+    def __call__(self, args: list[Any], externals: list[Any]) -> list[Any]:
+        """Run once; returns the output values (arena views, valid until the next call)."""
+        if self._bound is None or self._bound != tuple(id(v) for v in externals):
+            self.bind(externals)
+        for slot, v in zip(self.schedule.input_slots, args, strict=False):
+            if slot >= 0:
+                self.backend.copy_into(self.values[slot], v)
+        self._replay.replay()
+        return [self.values[s] for s in self.schedule.output_slots]
