@@ -53,15 +53,15 @@ def count_ops(expr: Expr) -> int:
     return 1 + sum(count_ops(e) for e in expr[start:])
 
 
-def to_source(expr: Expr) -> str:
-    """Readable form for graph dumps: mul(add(in0, 1.0), in1)."""
+def to_source(expr: Expr, names: list[str] | None = None) -> str:
+    """Readable form for graph dumps: mul(add(in0, 1.0), in1); `names` replaces in0, in1."""
     head = expr[0]
     if head == "in":
-        return f"in{expr[1]}"
+        return names[expr[1]] if names is not None else f"in{expr[1]}"
     if head == "const":
         return repr(expr[1])
     if head == "cast":
-        return f"{as_dtype(expr[1]).short}({to_source(expr[2])})"
+        return f"{as_dtype(expr[1]).short}({to_source(expr[2], names)})"
     if head == "gelu":
-        return f"gelu[{expr[1]}]({to_source(expr[2])})"
-    return f"{head}({', '.join(to_source(e) for e in expr[1:])})"
+        return f"gelu[{expr[1]}]({to_source(expr[2], names)})"
+    return f"{head}({', '.join(to_source(e, names) for e in expr[1:])})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .expr import to_source
 from .graph import Graph
 from .node import Node
 
@@ -44,6 +45,12 @@ def format_node(n: Node, names: dict[int, str]) -> str:
         sub = _fmt_index(n.attrs["spec"], ins[k:])
         expr = f"{ins[0]}{sub}" if n.op == "index" else f"setitem({ins[0]}{sub}, {ins[1]})"
         return _with_notes(n, f"  {names[n.id]}: {_type(n)} = {expr}")
+    if n.op in ("fused_elementwise", "fused_reduce"):
+        body = to_source(n.attrs["expr"], [names[i.id] for i in n.inputs])
+        if n.op == "fused_reduce":
+            red = n.attrs["reduce"]
+            body = f"{red}({body}, axes={n.attrs['axes']}, keepdims={n.attrs['keepdims']})"
+        return _with_notes(n, f"  {names[n.id]}: {_type(n)} = {n.op}[{body}]")
     args = [names[i.id] for i in n.inputs]
     args += [f"{k}={_fmt_attr(v)}" for k, v in sorted(n.attrs.items()) if k not in ("shape",)]
     if n.op in ("full", "input", "arange") and "shape" in n.attrs:
