@@ -277,8 +277,20 @@ def _rope(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
 
 
 def _sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-    (sq, dq), (sk, _), (sv, _) = ins
+    # Optional inputs after q, k, v (flagged in attrs so the arity is explicit):
+    #   kv_len   0-d int: keys at or past it are masked (a static cache filled up to kv_len)
+    #   kv_start [batch] int: keys before it are masked (left padding of batched prompts)
+    (sq, dq), (sk, _), (sv, _), *extra = ins
     _float_only("scaled_dot_product_attention", dq)
+    want = int(bool(attrs.get("kv_len"))) + int(bool(attrs.get("kv_start")))
+    if len(extra) != want:
+        raise ShapeRuleError(f"sdpa takes {3 + want} inputs with these flags, got {len(ins)}")
+    if attrs.get("kv_len") and (extra[0][0] != () or not extra[0][1].is_int):
+        raise DTypeRuleError(f"sdpa: kv_len must be a 0-d integer array, got {extra[0]}")
+    if attrs.get("kv_start"):
+        ss, sd = extra[-1]
+        if ss != sq[:1] or not sd.is_int:
+            raise ShapeRuleError(f"sdpa: kv_start must be an integer array of shape {sq[:1]}")
     if len(sq) < 3 or len(sk) != len(sq) or len(sv) != len(sq):
         raise ShapeRuleError(f"sdpa: q {sq}, k {sk}, v {sv} must be [..., heads, seq, dim]")
     if sk[-1] != sq[-1] or sv[-2] != sk[-2] or sk[-3] != sv[-3]:
@@ -321,7 +333,7 @@ _register("log_softmax", "fused", _softmax, 1)
 _register("rms_norm", "fused", _norm("rms_norm"), 2)
 _register("layer_norm", "fused", _norm("layer_norm"), 3)
 _register("rope", "fused", _rope, 3)
-_register("sdpa", "fused", _sdpa, 3)
+_register("sdpa", "fused", _sdpa, None)
 _register("linear", "fused", _linear, None)
 _register("swiglu", "fused", _swiglu, 2)
 _register("fused_elementwise", "fused", _fused_elementwise, None)

@@ -83,19 +83,34 @@ def rope(x: ArrayLike, cos: ArrayLike, sin: ArrayLike, interleaved: bool = False
 
 
 def scaled_dot_product_attention(
-    q: ArrayLike, k: ArrayLike, v: ArrayLike, is_causal: bool = False, scale: float | None = None
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    is_causal: bool = False,
+    scale: float | None = None,
+    kv_len: ArrayLike | None = None,
+    kv_start: ArrayLike | None = None,
 ) -> GPUArray:
-    """softmax(q k^T * scale [+ causal mask]) v over [..., heads, seq, dim].
+    """softmax(q k^T * scale [+ masks]) v over [..., heads, seq, dim].
 
-    GQA: k and v may have fewer heads, dividing q's. The causal mask is aligned to the
-    bottom right, so a single decode query sees the whole cache.
+    GQA: k and v may have fewer heads, dividing q's. For a static KV cache, `kv_len` (a 0-d
+    integer array, read on the device) masks the unfilled tail, and `kv_start` ([batch]
+    integers) masks left padding. The causal mask is aligned so the last query sits at key
+    kv_len - 1 (the bottom right when the cache is full), so a decode query sees the cache.
+    A query that sees no key gets zeros.
     """
     qa = _arr(q)
     attrs: dict[str, Any] = {
         "causal": bool(is_causal),
         "scale": None if scale is None else float(scale),
     }
-    ins = (qa._node, _like(k, qa)._node, _like(v, qa)._node)
+    ins: tuple[Any, ...] = (qa._node, _like(k, qa)._node, _like(v, qa)._node)
+    if kv_len is not None:
+        attrs["kv_len"] = True
+        ins += (_arr(kv_len)._node,)
+    if kv_start is not None:
+        attrs["kv_start"] = True
+        ins += (_arr(kv_start)._node,)
     return GPUArray(runtime.record("sdpa", ins, attrs))
 
 

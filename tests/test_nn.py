@@ -146,3 +146,33 @@ def test_linear_and_swiglu(m, k, n, seed, dtype, act) -> None:
     g64, u64 = f64(g, u)
     lazy, _ = lazy_and_eager(gpk.nn.swiglu, g, u)
     assert_close(lazy, g64 / (1 + np.exp(-g64)) * u64, dtype, factor=2)
+
+
+@given(b=st.integers(1, 3), s=st.integers(2, 9), seed=seeds, dtype=dtypes_, causal=st.booleans())
+@SETTINGS
+def test_sdpa_static_cache_masks(b: int, s: int, seed: int, dtype: str, causal: bool) -> None:
+    """kv_len masks the unfilled cache tail, kv_start the left padding of each batch row."""
+    rng = np.random.default_rng(seed)
+    sq = int(rng.integers(1, s + 1))
+    kv_len = int(rng.integers(sq, s + 1))
+    start = rng.integers(0, kv_len - sq + 1, size=b)
+    q, k, v = (
+        rand(rng, (b, 2, sq, 4), dtype),
+        rand(rng, (b, 1, s, 4), dtype),
+        rand(rng, (b, 1, s, 4), dtype),
+    )
+    ref = np.zeros((b, 2, sq, 4))
+    for i in range(b):
+        q64, k64, v64 = f64(q[i], k[i, :, start[i] : kv_len], v[i, :, start[i] : kv_len])
+        sc = q64 @ k64.swapaxes(-1, -2) / 2.0
+        if causal:
+            n = kv_len - start[i]
+            sc = np.where(np.arange(n)[None, :] > np.arange(sq)[:, None] + n - sq, -np.inf, sc)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        ref[i] = (p / p.sum(-1, keepdims=True)) @ v64
+    fn = lambda a, c, e, n, st_: gpk.nn.scaled_dot_product_attention(  # noqa: E731
+        a, c, e, is_causal=causal, kv_len=n, kv_start=st_
+    )
+    lazy, eager = lazy_and_eager(fn, q, k, v, np.array(kv_len, np.int32), start.astype(np.int32))
+    assert_close(lazy, ref, dtype, factor=4)
+    np.testing.assert_array_equal(lazy, eager)

@@ -52,22 +52,32 @@ def rope(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
 
 
 def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
-    q, k, v = (up(i) for i in ins)
+    q, k, v = (up(i) for i in ins[:3])
+    extra = list(ins[3:])
+    kv_len = int(extra.pop(0)) if attrs.get("kv_len") else k.shape[-2]
+    kv_start = extra.pop(0).astype(np.int64) if attrs.get("kv_start") else None
     groups = q.shape[-3] // k.shape[-3]
     if groups > 1:
         k = np.repeat(k, groups, axis=-3)
         v = np.repeat(v, groups, axis=-3)
     scale = attrs.get("scale") or 1.0 / math.sqrt(q.shape[-1])
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(scale)
+    sq, sk = s.shape[-2], s.shape[-1]
+    key = np.arange(sk)[None, :]
+    mask = np.broadcast_to(key >= kv_len, (sq, sk))
     if attrs.get("causal"):
-        sq, sk = s.shape[-2], s.shape[-1]
-        # Bottom-right aligned, so a decode query (sq=1) sees the whole cache.
-        mask = np.arange(sk)[None, :] > (np.arange(sq)[:, None] + (sk - sq))
-        s = np.where(mask, -np.inf, s)
+        # Bottom-right aligned at kv_len, so a decode query (sq=1) sees the filled cache.
+        mask = mask | (key > (np.arange(sq)[:, None] + (kv_len - sq)))
+    if kv_start is not None:
+        starts = kv_start.reshape((-1,) + (1,) * (s.ndim - 1))
+        mask = mask | (np.arange(sk) < starts)
+    s = np.where(mask, -np.inf, s)
     m = np.max(s, axis=-1, keepdims=True)
-    p = np.exp(s - m)
-    p = p / np.sum(p, axis=-1, keepdims=True)
-    return down(np.matmul(p, v), dtype)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - m)
+        p = p / np.sum(p, axis=-1, keepdims=True)
+    # A query row with no visible key (all masked) yields zeros, not NaN.
+    return down(np.nan_to_num(np.matmul(p, v), nan=0.0), dtype)
 
 
 def swiglu(gate: np.ndarray, up_: np.ndarray, dtype: DType) -> np.ndarray:
