@@ -1,0 +1,344 @@
+"""`pygpukit graph`: dump, diff and profile the graph of a function.
+
+    pygpukit graph dump model.py:block --arg "bf16[1,2048]" --arg "bf16[2048]"
+    pygpukit graph dump model.py:block --arg "f32[4,64]" --format json > a.json
+    pygpukit graph diff a.json b.json
+    pygpukit graph profile model.py:block --arg "bf16[1,2048]"     (needs the CUDA backend)
+
+`dump` traces without running anything on a GPU: it prints the graph after each pass
+(or only after --after PASS), per-pass provenance, the fusion report, the memory plan and
+the kernel list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import re
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+_SPEC = re.compile(r"^\s*([a-z0-9_]+)\s*\[([0-9,\s]*)\]\s*$")
+
+
+def parse_arg(text: str) -> Any:
+    """`bf16[1,2048]` -> an array spec; anything else is a Python literal (a static arg)."""
+    from pygpukit.ir.dtypes import UnsupportedDType, as_dtype
+
+    m = _SPEC.match(text)
+    if m:
+        try:
+            dtype = as_dtype(m.group(1))
+        except UnsupportedDType as e:
+            raise SystemExit(f"pygpukit graph: --arg {text!r}: {e}") from None
+        shape = tuple(int(d) for d in m.group(2).replace(" ", "").split(",") if d)
+        return SimpleNamespace(shape=shape, dtype=dtype)
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise SystemExit(
+            f"pygpukit graph: --arg {text!r} is neither dtype[shape] (f32[4,8]) nor a literal"
+        ) from None
+
+
+def load_function(target: str) -> Any:
+    """FILE.py:FUNC (FUNC may be dotted: model.forward) -> the plain Python function."""
+    path, sep, name = target.rpartition(":")
+    if not sep or not path:
+        raise SystemExit(f"pygpukit graph: expected FILE.py:FUNC, got {target!r}")
+    if not os.path.exists(path):
+        raise SystemExit(f"pygpukit graph: no such file {path!r}")
+    mod_name = "_pygpukit_graph_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec.loader.exec_module(module)
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise SystemExit(f"pygpukit graph: {path} has no {name!r}")
+        obj = getattr(obj, part)
+    return getattr(obj, "__wrapped_fn__", obj)
+
+
+def trace_target(target: str, arg_texts: list[str]) -> Any:
+    from pygpukit import runtime
+    from pygpukit.compile.captures import scan
+    from pygpukit.compile.pytree import flatten
+    from pygpukit.compile.trace import trace
+
+    fn = load_function(target)
+    args = tuple(parse_arg(a) for a in arg_texts)
+    specs = [a for a in args if isinstance(a, SimpleNamespace)]
+    unused: list[tuple[str, Any]] = []
+    leaves = tuple(("*",) if isinstance(a, SimpleNamespace) else flatten(a, "", unused, unused)
+                   for a in args)  # fmt: skip
+    tree = ("tuple", ("tuple",) + leaves, ("dict", ()))
+    captured = scan(fn, [])
+    pending = [a._node for _, a in captured if a._node.realized is None]
+    if pending:
+        runtime.realize(pending)
+    return trace(fn, args, {}, specs, tree, captured, getattr(fn, "__name__", "graph"))
+
+
+# -- output -----------------------------------------------------------------------------
+
+
+def graph_json(g: Any) -> dict[str, Any]:
+    names: dict[int, str] = {n.id: f"in{k}" for k, n in enumerate(g.inputs)}
+    t = 0
+    for n in g.nodes:
+        if n.id not in names:
+            names[n.id], t = f"t{t}", t + 1
+    from pygpukit.ir.expr import to_source
+
+    nodes = []
+    for n in g.nodes:
+        attrs = {k: repr(v) for k, v in sorted(n.attrs.items())}
+        if "expr" in n.attrs:
+            attrs["expr"] = to_source(n.attrs["expr"], [names[i.id] for i in n.inputs])
+        nodes.append({"name": names[n.id], "op": n.op, "dtype": n.dtype.name,
+                      "shape": list(n.shape), "inputs": [names[i.id] for i in n.inputs],
+                      "attrs": attrs, "loc": str(n.loc) if n.loc else "",
+                      "origin": n.origin})  # fmt: skip
+    return {"name": g.name, "inputs": [names[n.id] for n in g.inputs],
+            "outputs": [names[o.id] for o in g.outputs], "nodes": nodes}  # fmt: skip
+
+
+def graph_dot(g: Any) -> str:
+    js = graph_json(g)
+    lines = [f'digraph "{js["name"]}" {{', "  node [shape=box, fontname=monospace];"]
+    for n in js["nodes"]:
+        shape = ",".join(str(d) for d in n["shape"])
+        label = f"{n['name']} = {n['op']}\\n{n['dtype']}[{shape}]"
+        if n["loc"]:
+            label += f"\\n{n['loc']}"
+        if n["origin"]:
+            label += f"\\n{n['origin']}"
+        style = ', style=filled, fillcolor="#dde8ff"' if n["origin"] else ""
+        lines.append(f'  "{n["name"]}" [label="{label}"{style}];')
+        for i in n["inputs"]:
+            lines.append(f'  "{i}" -> "{n["name"]}";')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def compile_target(traced: Any, after: str | None, on_pass: Any) -> tuple[Any, Any, Any]:
+    from pygpukit.passes import lower
+    from pygpukit.passes.memory_plan import plan_memory
+    from pygpukit.passes.pipeline import PIPELINE, pass_named, run_pipeline
+
+    if after is not None:
+        try:
+            pass_named(after)
+        except KeyError as e:
+            raise SystemExit(f"pygpukit graph: {e.args[0]}") from None
+    final = run_pipeline(traced.graph, list(PIPELINE), on_pass=on_pass)
+    schedule = lower(final)
+    n_args = len(traced.graph.inputs) - len(traced.persistent) - len(traced.constants)
+    external = set(schedule.input_slots[n_args:]) - {-1}
+    outs = schedule.output_slots
+    wb = [(outs[traced.n_outputs + j], schedule.input_slots[n_args + p])
+          for j, p in enumerate(traced.writeback_persistent)]  # fmt: skip
+    plan = plan_memory(schedule, external, wb)
+    schedule.info["memory_plan"] = plan
+    return final, schedule, plan
+
+
+def kernel_list(schedule: Any, plan: Any) -> list[dict[str, Any]]:
+    rows = []
+    for k, st in enumerate(schedule.steps):
+        if st.out in plan.alias and k not in plan.inplace:
+            continue
+        rows.append({"step": k, "op": st.op, "type": f"{st.dtype.short}{list(st.shape)}",
+                     "loc": str(st.loc or ""), "origin": st.origin,
+                     "inplace": k in plan.inplace})  # fmt: skip
+    return rows
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / 2**20:.2f} MiB"
+
+
+def dump(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PYGPUKIT_BACKEND", "cpu")  # tracing needs no GPU
+    from pygpukit.ir import format_graph
+    from pygpukit.passes.patterns import format_report
+
+    traced = trace_target(args.target, args.arg or [])
+    snapshots: list[tuple[str, Any]] = [("traced", traced.graph)]
+    final, schedule, plan = compile_target(
+        traced, args.after, lambda name, g: snapshots.append((name, g))
+    )
+    if args.after is not None:
+        snapshots = [s for s in snapshots if s[0] == args.after][-1:]
+    shown = snapshots[-1][1] if snapshots else final
+    kernels = kernel_list(schedule, plan)
+    if args.format == "json":
+        doc = {
+            "name": final.name,
+            "graphs": [{"after": name, "graph": graph_json(g)} for name, g in snapshots],
+            "provenance": final.provenance,
+            "report": final.report,
+            "memory_plan": {
+                "arena_bytes": plan.arena_bytes,
+                "naive_bytes": plan.naive_bytes,
+                "offsets": {str(k): v for k, v in plan.offsets.items()},
+                "inplace_steps": sorted(plan.inplace),
+            },  # fmt: skip
+            "kernels": kernels,
+        }
+        print(json.dumps(doc, indent=1))
+        return 0
+    if args.format == "dot":
+        print(graph_dot(shown))
+        return 0
+    by_pass = {p["pass"]: p for p in final.provenance}
+    for name, g in snapshots:
+        p = by_pass.get(name)
+        head = (
+            f"# after {name}"
+            if p is None
+            else (
+                f"# after {name} ({p['ms']:.2f} ms, {p['nodes_before']} -> {p['nodes_after']} nodes)"
+            )
+        )
+        print(head)
+        print(format_graph(g))
+        print()
+    print("# provenance")
+    for p in final.provenance:
+        print(f"  {p['pass']:<36} {p['ms']:>8.3f} ms  {p['nodes_before']:>4} -> "
+              f"{p['nodes_after']:<4} nodes")  # fmt: skip
+    print("# fusion report")
+    for line in format_report(final.report) or ["(no patterns seen)"]:
+        print("  " + line)
+    saved = 100 * (1 - plan.arena_bytes / plan.naive_bytes) if plan.naive_bytes else 0.0
+    print(f"# memory plan: arena {_kib(plan.arena_bytes)}, naive {_kib(plan.naive_bytes)} "
+          f"({saved:.0f}% saved by reuse)")  # fmt: skip
+    nodes = schedule.graph.nodes
+    for s, off in sorted(plan.offsets.items(), key=lambda x: x[1]):
+        print(f"  slot {s:<4} @ {off:>10}  {plan.nbytes[s]:>10} B  "
+              f"{nodes[s].dtype.short}{list(nodes[s].shape)}")  # fmt: skip
+    print(f"# kernels ({len(kernels)})")
+    for r in kernels:
+        extra = " in place" if r["inplace"] else ""
+        note = "; ".join(x for x in (r["loc"], r["origin"]) if x)
+        print(f"  {r['step']:>3} {r['op']:<18} {r['type']:<20}{extra}  # {note}")
+    return 0
+
+
+def diff(args: argparse.Namespace) -> int:
+    docs = []
+    for path in (args.a, args.b):
+        try:
+            with open(path) as f:
+                docs.append(json.load(f))
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"pygpukit graph diff: cannot read {path}: {e}") from None
+    a, b = docs
+
+    def final_nodes(d: dict[str, Any]) -> list[dict[str, Any]]:
+        return d["graphs"][-1]["graph"]["nodes"] if d.get("graphs") else []
+
+    def counts(d: dict[str, Any]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in final_nodes(d):
+            out[n["op"]] = out.get(n["op"], 0) + 1
+        return out
+
+    ca, cb = counts(a), counts(b)
+    print(f"--- {args.a}\n+++ {args.b}")
+    print("# ops")
+    changed = False
+    for op in sorted(set(ca) | set(cb)):
+        if ca.get(op, 0) != cb.get(op, 0):
+            changed = True
+            print(f"  {op:<20} {ca.get(op, 0):>4} -> {cb.get(op, 0)}")
+
+    def sig(n: dict[str, Any]) -> str:
+        return f"{n['op']} {n['dtype']}{n['shape']} {n['loc']}".rstrip()
+
+    sa = [sig(n) for n in final_nodes(a)]
+    sb = [sig(n) for n in final_nodes(b)]
+    print("# nodes")
+    for s in sorted(set(sa) - set(sb)):
+        changed = True
+        print(f"  - {s}")
+    for s in sorted(set(sb) - set(sa)):
+        changed = True
+        print(f"  + {s}")
+    from pygpukit.passes.patterns import format_report
+
+    ra, rb = set(format_report(a.get("report", []))), set(format_report(b.get("report", [])))
+    print("# fusion report")
+    for s in sorted(ra - rb):
+        changed = True
+        print(f"  - {s}")
+    for s in sorted(rb - ra):
+        changed = True
+        print(f"  + {s}")
+    ma, mb = a.get("memory_plan", {}), b.get("memory_plan", {})
+    print(f"# arena {ma.get('arena_bytes')} -> {mb.get('arena_bytes')} bytes; kernels "
+          f"{len(a.get('kernels', []))} -> {len(b.get('kernels', []))}")  # fmt: skip
+    if ma.get("arena_bytes") != mb.get("arena_bytes"):
+        changed = True
+    if not changed:
+        print("(no differences)")
+    return 0
+
+
+def profile(args: argparse.Namespace) -> int:
+    from pygpukit.backends import get_backend
+
+    backend = get_backend()
+    if backend.name != "cuda":
+        print("pygpukit graph profile: needs the CUDA backend, but this process runs on the "
+              f"{backend.name} (NumPy) backend; kernel times on the CPU say nothing about the "
+              "GPU. Use `pygpukit graph dump` for the plan, or run where `pygpukit info` shows "
+              "an SM80+ device.", file=sys.stderr)  # fmt: skip
+        return 2
+    import numpy as np
+
+    from pygpukit.passes import lower, run_pipeline
+    from pygpukit.profiling import copy_bandwidth_gbs, format_profile
+    from pygpukit.profiling import profile as run_profile
+
+    traced = trace_target(args.target, args.arg or [])
+    schedule = lower(run_pipeline(traced.graph))
+    rng = np.random.default_rng(0)
+    inputs = []
+    n_args = len(traced.graph.inputs) - len(traced.persistent) - len(traced.constants)
+    for n in traced.graph.inputs[:n_args]:
+        a = rng.standard_normal(n.shape) if n.dtype.is_float else rng.integers(0, 4, n.shape)
+        inputs.append(backend.from_numpy(np.asarray(a).astype(n.dtype.np)))
+    inputs += [p._node.realized for p in traced.persistent] + list(traced.constants)
+    rows = run_profile(schedule, inputs, repeats=args.repeat, backend=backend)
+    print(format_profile(rows, copy_bandwidth_gbs(backend)))
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("graph", help="dump, diff or profile a function's graph")
+    sub = p.add_subparsers(dest="graph_command", required=True)
+    d = sub.add_parser("dump", help="trace FILE.py:FUNC and print the graph through the passes")
+    d.add_argument("target", help="FILE.py:FUNC")
+    d.add_argument("--arg", action="append", help='an argument: "bf16[1,2048]" or a literal')
+    d.add_argument("--format", choices=("text", "json", "dot"), default="text")
+    d.add_argument("--after", metavar="PASS", help="show only the graph after this pass")
+    d.set_defaults(func=dump)
+    f = sub.add_parser("diff", help="what changed between two `dump --format json` files")
+    f.add_argument("a")
+    f.add_argument("b")
+    f.set_defaults(func=diff)
+    r = sub.add_parser("profile", help="run FILE.py:FUNC on the GPU and time each kernel")
+    r.add_argument("target", help="FILE.py:FUNC")
+    r.add_argument("--arg", action="append", help='an argument: "bf16[1,2048]" or a literal')
+    r.add_argument("--repeat", type=int, default=5)
+    r.set_defaults(func=profile)
