@@ -176,6 +176,7 @@ def dump(args: argparse.Namespace) -> int:
     final, schedule, plan = compile_target(
         traced, args.after, lambda name, g: snapshots.append((name, g))
     )
+    all_snapshots = list(snapshots)
     if args.after is not None:
         snapshots = [s for s in snapshots if s[0] == args.after][-1:]
     shown = snapshots[-1][1] if snapshots else final
@@ -199,16 +200,12 @@ def dump(args: argparse.Namespace) -> int:
     if args.format == "dot":
         print(graph_dot(shown))
         return 0
-    by_pass = {p["pass"]: p for p in final.provenance}
+    prov = {id(g): p for (_, g), p in zip(all_snapshots[1:], final.provenance, strict=False)}
     for name, g in snapshots:
-        p = by_pass.get(name)
-        head = (
-            f"# after {name}"
-            if p is None
-            else (
-                f"# after {name} ({p['ms']:.2f} ms, {p['nodes_before']} -> {p['nodes_after']} nodes)"
-            )
-        )
+        p = prov.get(id(g))
+        head = f"# after {name}"
+        if p is not None:
+            head += f" ({p['ms']:.2f} ms, {p['nodes_before']} -> {p['nodes_after']} nodes)"
         print(head)
         print(format_graph(g))
         print()
