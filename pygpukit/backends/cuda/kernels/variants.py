@@ -21,13 +21,10 @@ def all_variants() -> list[Variant]:
     for dt in floats:
         vec = 16 // loader.itemsize(dt)
         max_items = (32 if dt != "float64" else 16) // vec
-        for items, v in (
-            (max_items, vec),
-            (1, vec),
-            (0, 1),
-            (0, vec),
-            (32 if dt != "float64" else 16, 1),
-        ):
+        scalar_items = 32 if dt != "float64" else 16  # PGK_VEC = 1 for unaligned rows
+        cached = [(1 << i, vec) for i in range(max_items.bit_length())]
+        cached += [(1 << i, 1) for i in range(scalar_items.bit_length())]
+        for items, v in [*cached, (0, 1), (0, vec)]:
             out.append(
                 ("softmax", ("pgk_softmax", "pgk_log_softmax"), _t(dt, PGK_VEC=v, PGK_ITEMS=items))
             )
