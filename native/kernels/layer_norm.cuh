@@ -3,8 +3,8 @@
 //
 // With the row in registers (PGK_ITEMS > 0) the variance is the exact two-pass
 // sum((x - mean)^2), free of the cancellation of E[x^2] - mean^2. The looping variant
-// (PGK_ITEMS == 0) uses Welford-free shifted sums: it shifts by the row's first element,
-// which keeps the cancellation small for rows with a large common offset.
+// (PGK_ITEMS == 0) makes one pass of sums shifted by the row's first element, which keeps
+// the E[d^2] - E[d]^2 cancellation small for rows with a large common offset.
 #include "common.cuh"
 
 #ifndef PGK_ITEMS
