@@ -48,6 +48,7 @@ def fuse_linear(graph: Graph) -> Graph:
             continue
         x = mm.inputs[0]
         w = _weight(mm)
+        absorbed |= {mm.id, n.id}
         if w is None:
             m.missed(top, "the weight is not transposed (write x @ w.T with w of shape [out, in])")
             continue
@@ -59,21 +60,21 @@ def fuse_linear(graph: Graph) -> Graph:
             continue
         ins = [x, w]
         if bias is not None:
-            if bias.shape not in ((w.shape[0],),):
-                m.missed(top, f"bias of shape {bias.shape} is not a vector of {w.shape[0]}")
-                continue
-            if bias.dtype != mm.dtype and bias.dtype != n.dtype:
-                m.missed(top, f"bias dtype {bias.dtype.name} differs from {mm.dtype.name}")
-                continue
-            if n.dtype != mm.dtype:
-                m.missed(top, f"bias {bias.dtype.name} promotes the {mm.dtype.name} result")
-                continue
-            ins.append(bias)
+            why = ""
+            if bias.shape != (w.shape[0],):
+                why = f"bias of shape {bias.shape} is not a vector of {w.shape[0]}"
+            elif n.dtype != mm.dtype:
+                why = f"bias {bias.dtype.name} promotes the {mm.dtype.name} result"
+            if why:
+                # The GEMM still fuses; the add (and activation) stay separate ops.
+                m.missed(top, why)
+                bias, act, top = None, "none", mm
+            else:
+                ins.append(bias)
         attrs = {"activation": act, "has_bias": bias is not None}
         fused = Node.make("linear", tuple(ins), attrs, top.loc)
         if (fused.shape, fused.dtype) != (top.shape, top.dtype):
             m.missed(top, f"linear would give {fused.dtype.short}{list(fused.shape)}")
             continue
         m.matched(top, fused, ins)
-        absorbed |= {mm.id, n.id}
     return m.finish()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,12 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
             continue
         if n.op == "input" and n.realized is None and n.id not in placeholder_ids:
             raise errors.TraceError(f"{name}: an array from another trace leaked into this one")
+        if n.realized is not None and id(n) not in by_node and math.prod(n.shape) == 1:
+            # A scalar made while tracing (gpk.where(m, -inf, 0.0)): a constant the passes see.
+            value = _scalar_value(n.realized)
+            attrs = {"shape": n.shape, "dtype": n.dtype.name, "value": value}
+            copies[n.id] = Node("full", (), attrs, n.shape, n.dtype, n.loc)
+            continue
         if n.realized is not None:
             c = _placeholder(n.shape, n.dtype, -1)
             if id(n) in by_node:
@@ -105,6 +112,12 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
     graph.validate()
     return Traced(graph, out_tree, len(out_nodes), persistent, constants,
                   [order_p.index(i) for i in wb_p], wb_a)  # fmt: skip
+
+
+def _scalar_value(value: Any) -> Any:
+    from pygpukit.backends import get_backend
+
+    return get_backend().to_numpy(value).reshape(()).item()
 
 
 def _const_node(value: Any) -> Node:
