@@ -19,6 +19,7 @@ from . import ops
 from .dtypes import DType, as_dtype
 
 Expr = tuple[Any, ...]
+_SCALAR: tuple[int, ...] = ()
 
 
 def dtype_of(expr: Expr, input_dtypes: list[DType]) -> DType:
@@ -29,8 +30,8 @@ def dtype_of(expr: Expr, input_dtypes: list[DType]) -> DType:
         return as_dtype(expr[2] if head == "const" else expr[1])
     if head == "gelu":
         child = dtype_of(expr[2], input_dtypes)
-        return ops.infer("gelu", [((), child)], {"approximate": expr[1]})[1]
-    kids = [((), dtype_of(e, input_dtypes)) for e in expr[1:]]
+        return ops.infer("gelu", [(_SCALAR, child)], {"approximate": expr[1]})[1]
+    kids = [(_SCALAR, dtype_of(e, input_dtypes)) for e in expr[1:]]
     return ops.infer(head, kids, {})[1]
 
 

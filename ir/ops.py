@@ -100,12 +100,10 @@ def _binary(ufunc: Any) -> Infer:
     return infer
 
 
-for _n, _u in _FLOAT_UNARY.items():
-    _register(_n, "unary", _unary(_u), 1, _u)
-for _n, _u in _SAME_UNARY.items():
-    _register(_n, "unary", _unary(_u), 1, _u)
-for _n, _u in _BINARY.items():
-    _register(_n, "binary", _binary(_u), 2, _u)
+for _name, _uf in [*_FLOAT_UNARY.items(), *_SAME_UNARY.items()]:
+    _register(_name, "unary", _unary(_uf), 1, _uf)
+for _bname, _buf in _BINARY.items():
+    _register(_bname, "binary", _binary(_buf), 2, _buf)
 
 
 def _where(ins: list[Spec], attrs: dict[str, Any]) -> Spec:

@@ -132,8 +132,8 @@ def run_demo(seed: int = 0, repeats: int = 5) -> dict[str, float]:
         err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
         errors[mode] = err
         status = "ok" if err < TOLERANCE else "MISMATCH"
-        best = f"best of {repeats}: {timings[mode]:.2f} ms"
-        print(f"  {mode:<6} rel. error {err:.2e}  {status}   {best}")
+        timing = f"best of {repeats}: {timings[mode]:.2f} ms"
+        print(f"  {mode:<6} rel. error {err:.2e}  {status}   {timing}")
     agree = float(np.max(np.abs(results["lazy"] - results["eager"])))
     print(f"  lazy vs eager max |diff| {agree:.2e}")
     if max(errors.values()) >= TOLERANCE:

@@ -102,7 +102,7 @@ def _check_traced(order: list[Node]) -> None:
 
 def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
     index = {n.id: k for k, n in enumerate(order)}
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for n in order:
         if n.realized is not None:
             rows.append(("input", n.shape, n.dtype.name, backend.layout_key(n.realized)))

@@ -19,7 +19,7 @@ def reduce(op: str, x: np.ndarray, attrs: dict[str, Any], dtype: DType) -> np.nd
             return np.argmax(x, axis=axes[0], keepdims=keep).astype(np.int64)
         flat = np.argmax(x.reshape(-1))
         return np.asarray(flat, np.int64).reshape((1,) * x.ndim if keep else ())
-    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op]
+    fn: Any = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op]
     src = up(x) if op in ("sum", "mean") else x
     if op == "sum" and dtype.is_int:
         src = x.astype(np.int64)
