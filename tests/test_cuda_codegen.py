@@ -171,6 +171,10 @@ def test_fused_nn_and_matmul(arch: str, d: str) -> None:
         gpk.nn.rope(x, cos, sin),
         gpk.nn.rope(x, cos, sin, interleaved=True),
         gpk.nn.scaled_dot_product_attention(x, k, k, is_causal=True),
+        gpk.nn.scaled_dot_product_attention(
+            x[:, :, :2], k, k, is_causal=True, kv_len=gpk.asarray(np.array(5)),
+            kv_start=gpk.asarray(np.array([0, 2], np.int32)),
+        ),
         gpk.nn.scaled_dot_product_attention(x[..., :40], k[..., :40], k[..., :40]),
         gpk.nn.linear(x, lw, lb, activation="gelu_tanh"),
         gpk.nn.linear(x, lw),

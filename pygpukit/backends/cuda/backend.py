@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from pygpukit import _native
-from pygpukit.errors import GPUKitError, OutOfMemoryError
 from pygpukit.ir import DType, dtypes
 from pygpukit.memory import Storage
 from pygpukit.passes import Schedule, Step
@@ -23,12 +22,13 @@ from .context import contiguous
 from .errorword import WORDS, ErrorWord
 from .layout import is_contiguous
 from .plan import plan_for, plan_step
+from .planned import CudaPlannedHooks
 from .value import DeviceValue
 
 POISON_BYTE = 0xFF  # NaN in every float dtype, -1 in every integer one
 
 
-class CudaBackend(Backend):
+class CudaBackend(CudaPlannedHooks, Backend):
     name = "cuda"
 
     def __init__(self, arena_bytes: int = 256 << 20, quota_bytes: int | None = None) -> None:
@@ -38,6 +38,8 @@ class CudaBackend(Backend):
         self.poison = os.environ.get("PYGPUKIT_POISON", "") not in ("", "0")
         self._err = ErrorWord(device_pool.allocate(self.pool, WORDS * 8, "error word"))
         self._step: Step | None = None
+        self._out: DeviceValue | None = None  # the slot execute() hands the running step
+        self._exec_plans: dict[Any, Any] = {}
 
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
@@ -48,6 +50,18 @@ class CudaBackend(Backend):
         if self.poison and nbytes:
             _native.memset(storage.addr, POISON_BYTE, nbytes, self.stream)
         return DeviceValue(storage, shape, contiguous(shape), 0, dtype)
+
+    def alloc_out(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
+        o = self._out
+        if (
+            o is not None
+            and o.shape == shape
+            and o.dtype == dtype
+            and is_contiguous(o.shape, o.strides)
+        ):
+            self._out = None
+            return o
+        return self.alloc(shape, dtype, what)
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> DeviceValue:
         return self.alloc(tuple(shape), dtype, "empty")
@@ -119,10 +133,6 @@ class CudaBackend(Backend):
                 env[step.out] = run(ins)  # type: ignore[arg-type]
                 for s in step.frees:
                     env[s] = None
-        except OutOfMemoryError:
-            raise
-        except GPUKitError:
-            raise
         finally:
             self._step = None
         return [env[s] for s in schedule.output_slots]  # type: ignore[misc]

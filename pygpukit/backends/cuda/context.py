@@ -17,6 +17,10 @@ class Context(Protocol):
 
     def alloc(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue: ...
 
+    def alloc_out(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
+        """The step's result buffer: the planned slot when the executor gave one."""
+        ...
+
     @property
     def err_addr(self) -> int: ...
 

@@ -7,30 +7,29 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from pygpukit.ir import dtypes
 from pygpukit.passes import Step
 
 from . import ew
 from .context import Context, contiguous, numel
 from .kernels import attention, matmul_simple, rope, softmax
-from .layout import collapse
 from .materialize import contiguous_as
+from .ops_elementwise import arange_values
 from .value import DeviceValue
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 
 
 def _bhs(x: DeviceValue) -> tuple[int, int, tuple[int, int, int]] | None:
-    """(batch, heads, (batch, head, seq) strides) of [..., S, D] with unit inner stride."""
-    if x.strides[-1] != 1 and x.shape[-1] > 1:
+    """(batch, heads, (batch, head, seq) strides) of [B, H, S, D] or [H, S, D] with unit
+    inner stride."""
+    if (x.strides[-1] != 1 and x.shape[-1] > 1) or len(x.shape) not in (3, 4):
         return None
-    lead, (ls,) = collapse(x.shape[:-2], x.strides[:-2])
-    if len(lead) > 2:
-        return None
-    while len(lead) < 2:
-        lead.insert(0, 1)
-        ls.insert(0, 0)
-    return lead[0], lead[1], (ls[0], ls[1], x.strides[-2])
+    if len(x.shape) == 3:
+        return 1, x.shape[0], (0, x.strides[0], x.strides[1])
+    return x.shape[0], x.shape[1], (x.strides[0], x.strides[1], x.strides[2])
 
 
 def plan_rope(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
@@ -53,7 +52,7 @@ def plan_rope(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
         css, stream, csd = cos.strides[-2], ctx.stream, cos.dtype.name
 
         def run(v: Sequence[DeviceValue]) -> DeviceValue:
-            y = ctx.alloc(shape, dtype, "rope")
+            y = ctx.alloc_out(shape, dtype, "rope")
             rope.rope(v[0].ptr, y.ptr, v[1].ptr, v[2].ptr, b, h, seq, hd, dtype.name,
                       interleaved=inter, cs_dtype=csd, x_strides=xs, y_strides=ys,
                       cs_stride=css, stream=stream)  # fmt: skip
@@ -89,7 +88,7 @@ def _rope_ew(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
     isz = dtype.itemsize
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        y = ctx.alloc(shape, dtype, "rope")
+        y = ctx.alloc_out(shape, dtype, "rope")
         ptrs = [sub(v[0], 0).ptr, sub(v[0], 1).ptr, v[1].ptr, v[2].ptr]
         l1(y.ptr, ptrs)
         l2(y.ptr + offs[1] * isz, ptrs)
@@ -99,14 +98,17 @@ def _rope_ew(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
 
 
 def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
-    q, k, v = ins
+    q, k, v = ins[:3]
     dtype, shape = step.dtype, step.shape
     causal, scale = bool(step.attrs.get("causal")), step.attrs.get("scale")
     sq, d = q.shape[-2], q.shape[-1]
     sk, h, kvh = k.shape[-2], q.shape[-3], k.shape[-3]
-    sc = float(scale) if scale else 1.0 / math.sqrt(d)
+    # The reference multiplies by the scale rounded to float32, as the kernels do.
+    sc = float(np.float32(scale if scale else 1.0 / math.sqrt(d)))
     lay = [_bhs(t) for t in (q, k, v)]
+    masks = bool(step.attrs.get("kv_len")) or bool(step.attrs.get("kv_start"))
     fits = (
+        not masks and (sq <= sk or not causal) and
         dtype.name in attention.DTYPES and d in attention.HEAD_DIMS and v.shape[-1] == d
         and all(x is not None for x in lay) and len(q.shape) <= 4
         and k.dtype == v.dtype == dtype and numel(shape)
@@ -117,7 +119,7 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
         stream = ctx.stream
 
         def run(vals: Sequence[DeviceValue]) -> DeviceValue:
-            o = ctx.alloc(shape, dtype, "sdpa")
+            o = ctx.alloc_out(shape, dtype, "sdpa")
             attention.prefill(vals[0].ptr, vals[1].ptr, vals[2].ptr, o.ptr, bq, h, kvh, sq, sk,
                               d, dtype.name, scale=sc, causal=causal, q_strides=qs,
                               k_strides=ks, v_strides=vs, o_strides=os_,
@@ -130,7 +132,7 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
 
 def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                    sc: float, causal: bool) -> Run:  # fmt: skip
-    q, k, v = ins
+    q, k, v = ins[:3]
     dtype, shape = step.dtype, step.shape
     acc = dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
     lead, h, sq, d = q.shape[:-3], q.shape[-3], q.shape[-2], q.shape[-1]
@@ -155,20 +157,38 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
     batch = lead + (h,)
     nb = numel(batch)
     sshape = batch + (sq, sk)
-    it = ("in", 0)
+    it, cols, rows = ("in", 0), ("in", 1), ("in", 2)
     score = ("mul", it, ("const", sc, acc.name))
+    args_plan: list[DeviceValue] = [DeviceValue(q.storage, sshape, contiguous(sshape), 0, acc)]
+    cols_v, rows_v = arange_values(ctx, sk, (1, sk)), arange_values(ctx, sq, (sq, 1))
+    args_plan += [cols_v, rows_v]
+    extra = list(ins[3:])
+    mask: tuple = ("const", False, "bool")
+    kv_len: tuple = ("const", sk, "int64")
+    if step.attrs.get("kv_len"):
+        # Read on the device: a static cache filled up to kv_len, no host sync.
+        kv_len = ("cast", "int64", ("in", len(args_plan)))
+        args_plan.append(extra.pop(0))
+        mask = ("ge", cols, kv_len)
     if causal:
-        # Bottom-right aligned: key j is masked for query i when j > i + (sk - sq).
-        mask = ("gt", ("in", 2), ("add", ("in", 1), ("const", sk - sq, "int64")))
-        score = ("where", mask, ("const", float("-inf"), acc.name), score)
-    from .ops_elementwise import arange_values
-
-    rows_v, cols_v = arange_values(ctx, sq, (sq, 1)), arange_values(ctx, sk, (1, sk))
-    s_plan = DeviceValue(q.storage, sshape, contiguous(sshape), 0, acc)
-    margs = [s_plan] + ([rows_v, cols_v] if causal else [])
-    masked = ew.make(ctx, score, margs, sshape, contiguous(sshape), acc, 256, tag=tag)
-    out_cast = contiguous_as(ctx, DeviceValue(q.storage, shape, contiguous(shape), 0, acc),
-                             dtype, tag)  # fmt: skip
+        # Bottom-right aligned at kv_len: key j is masked for query i when j > i + kv_len - sq.
+        limit = ("add", ("cast", "int64", rows), ("sub", kv_len, ("const", sq, "int64")))
+        mask = ("logical_or", mask, ("gt", cols, limit))
+    start_view = None
+    if step.attrs.get("kv_start"):
+        ks = extra.pop(0)
+        bshape = (ks.shape[0],) + (1,) * (len(sshape) - 1)
+        start_view = (bshape, (ks.strides[0],) + (0,) * (len(sshape) - 1))
+        mask = ("logical_or", mask, ("lt", cols, ("cast", "int64", ("in", len(args_plan)))))
+        args_plan.append(ks.view(*start_view, ks.offset))
+    score = ("where", mask, ("const", float("-inf"), acc.name), score)
+    masked = ew.make(ctx, score, args_plan, sshape, contiguous(sshape), acc, 256, tag=tag)
+    # A query that sees no key has a NaN softmax row: the reference gives it zeros.
+    o_plan = DeviceValue(q.storage, shape, contiguous(shape), 0, acc)
+    finish = ew.make(ctx, ("cast", dtype.name, ("where", ("ne", it, it), ("const", 0.0, acc.name),
+                                                it)), [o_plan], shape, contiguous(shape),
+                     dtype, 256, tag=tag)  # fmt: skip
+    n_extra = len(ins) - 3
     stream = ctx.stream
     dims = list(batch)
 
@@ -179,14 +199,16 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
             matmul_simple.matmul(qa.ptr, ka.ptr, s.ptr, sq, sk, d, acc.name, batch_shape=dims,
                                  b_strides=(1, d), stream=stream)  # fmt: skip
         p = ctx.alloc(sshape, acc, "sdpa")
-        masked(p.ptr, [s.ptr] + ([rows_v.ptr, cols_v.ptr] if causal else []))
+        mptrs = [s.ptr, cols_v.ptr, rows_v.ptr] + [x.ptr for x in vals[3 : 3 + n_extra]]
+        masked(p.ptr, mptrs)
         if nb * sq and sk:
             softmax.softmax(p.ptr, s.ptr, nb * sq, sk, acc.name, stream=stream)
         o = ctx.alloc(shape, acc, "sdpa")
         if numel(shape):
             matmul_simple.matmul(s.ptr, va.ptr, o.ptr, sq, dv, sk, acc.name, batch_shape=dims,
                                  stream=stream)  # fmt: skip
-        return out_cast(o)
+        out = ctx.alloc_out(shape, dtype, "sdpa")
+        finish(out.ptr, [o.ptr])
+        return out
 
-    _ = (kshape, vshape)
     return run

@@ -29,7 +29,7 @@ def plan_expr(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     what = f"{step.op}"
 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
-        out = ctx.alloc(shape, dtype, what)
+        out = ctx.alloc_out(shape, dtype, what)
         launch(out.ptr, [v.ptr for v in vals])
         return out
 
@@ -47,7 +47,7 @@ def plan_arange(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     args = (n, start, stp) if integral else (n, float(start), float(stp))
 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
-        out = ctx.alloc(shape, dtype, "arange")
+        out = ctx.alloc_out(shape, dtype, "arange")
         if n:
             fn.launch(grid, (256,), src.fmt, (out.ptr, *args), 0, ctx.stream)
         return out

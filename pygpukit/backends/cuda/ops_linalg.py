@@ -78,7 +78,7 @@ def plan_matmul(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         va, vb = fa(v[0]), fb(v[1])
-        out = ctx.alloc(shape, dtype, "matmul")
+        out = ctx.alloc_out(shape, dtype, "matmul")
         if numel(shape):
             launch(va.ptr, vb.ptr, out.ptr)
         return out
@@ -115,12 +115,12 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         vx = fx(v[0])
-        y = ctx.alloc(shape, dtype, "linear")
+        y = (ctx.alloc_out if epilogue is None else ctx.alloc)(shape, dtype, "linear")
         if numel(shape):
             launch(vx.ptr, v[1].ptr, y.ptr)
         if epilogue is None:
             return y
-        out = ctx.alloc(shape, dtype, "linear")
+        out = ctx.alloc_out(shape, dtype, "linear")
         epilogue(out.ptr, [y.ptr] + ([v[2].ptr] if len(v) > 2 else []))
         return out
 

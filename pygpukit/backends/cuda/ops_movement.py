@@ -35,7 +35,7 @@ def plan_view(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
         cst = contiguous(shape)
 
         def run_copy(v: Sequence[DeviceValue]) -> DeviceValue:
-            out = ctx.alloc(v[0].shape, v[0].dtype, "reshape")
+            out = ctx.alloc_out(v[0].shape, v[0].dtype, "reshape")
             launch(out.ptr, [v[0].ptr])
             return out.view(shape, cst, 0)
 
@@ -55,7 +55,7 @@ def _plan_index(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     isz = x.dtype.itemsize
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        out = ctx.alloc(shape, step.dtype, "index")
+        out = ctx.alloc_out(shape, step.dtype, "index")
         launch(out.ptr, [v[0].ptr + delta * isz], [v[i].ptr for i in order])
         return out
 
@@ -77,7 +77,7 @@ def plan_concat(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
         start += x.shape[axis]
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        out = ctx.alloc(shape, dtype, "concat")
+        out = ctx.alloc_out(shape, dtype, "concat")
         for (launch, off), x in zip(parts, v, strict=True):
             launch(out.ptr + off, [x.ptr])
         return out
@@ -103,7 +103,7 @@ def plan_take(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     grid = (max(1, min(cdiv(n, 256), ctx.sm_count * 16)),)
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        out = ctx.alloc(shape, step.dtype, "take")
+        out = ctx.alloc_out(shape, step.dtype, "take")
         if n:
             fn.launch(grid, (256,), src.fmt, (out.ptr, v[0].ptr, v[1].ptr, *tail), 0, ctx.stream)
         return out
@@ -124,8 +124,9 @@ def plan_setitem(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int)
     off = delta * dtype.itemsize
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        out = ctx.alloc(shape, dtype, "setitem")
-        copy(out.ptr, [v[0].ptr])
+        out = ctx.alloc_out(shape, dtype, "setitem")
+        if out.storage is not v[0].storage or out.ptr != v[0].ptr:
+            copy(out.ptr, [v[0].ptr])  # not in place: the store goes to a fresh copy
         store(out.ptr + off, [v[1].ptr], [v[i].ptr for i in order])
         return out
 

@@ -33,7 +33,7 @@ def plan_softmax(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int)
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         xv = v[0]
         xv = fix(xv.view(pshape, tuple(xv.strides[p] for p in perm), xv.offset))
-        y = ctx.alloc(pshape, dtype, step.op)
+        y = ctx.alloc_out(pshape, dtype, step.op)
         if rows and cols:
             softmax.softmax(xv.ptr, y.ptr, rows, cols, dtype.name, log=log, x_row_stride=rs,
                             y_row_stride=cols, stream=stream)  # fmt: skip
@@ -56,7 +56,7 @@ def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         xv = fix(v[0])
         ps = [f(p) for f, p in zip(params, v[1:], strict=True)]
-        y = ctx.alloc(shape, dtype, op)
+        y = ctx.alloc_out(shape, dtype, op)
         if rows and cols:
             if op == "rms_norm":
                 rms_norm.rms_norm(xv.ptr, ps[0].ptr, y.ptr, rows, cols, eps, dtype.name,
@@ -84,7 +84,7 @@ def plan_swiglu(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 
         def run(v: Sequence[DeviceValue]) -> DeviceValue:
             gv, uv = fg(v[0]), fu(v[1])
-            y = ctx.alloc(shape, dtype, "swiglu")
+            y = ctx.alloc_out(shape, dtype, "swiglu")
             if numel(shape):
                 activation.swiglu(gv.ptr, uv.ptr, y.ptr, rows, cols, dtype.name, gate_stride=gs,
                                   up_stride=us, y_stride=cols, stream=stream)  # fmt: skip
@@ -96,7 +96,7 @@ def plan_swiglu(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     launch = ew.make(ctx, expr, ins, shape, contiguous(shape), dtype, 256, tag=tag)
 
     def run_ew(v: Sequence[DeviceValue]) -> DeviceValue:
-        y = ctx.alloc(shape, dtype, "swiglu")
+        y = ctx.alloc_out(shape, dtype, "swiglu")
         launch(y.ptr, [x.ptr for x in v])
         return y
 

@@ -47,7 +47,7 @@ def plan_reduce(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     shape, dtype, stream, fmt = step.shape, step.dtype, ctx.stream, src.fmt
 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
-        out = ctx.alloc(shape, dtype, op)
+        out = ctx.alloc_out(shape, dtype, op)
         if n_out:
             fn.launch(grid, (BLOCK,), fmt, (out.ptr, *[v.ptr for v in vals], *tail), 0, stream)
         return out
