@@ -141,3 +141,71 @@ class Function:
         shared_mem: int = 0,
         stream: _StreamArg = None,
     ) -> None: ...
+
+# cuBLASLt (loaded at run time; see pygpukit.backends.cuda.toolchain.load_cublaslt)
+def cublaslt_load(candidates: list[str]) -> str: ...
+def cublaslt_loaded() -> bool: ...
+def cublaslt_path() -> str: ...
+def cublaslt_version() -> int: ...
+
+_Epilogue: TypeAlias = Literal["none", "bias", "gelu", "gelu_bias"]
+
+def cublaslt_plan_key(
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    *,
+    lda: int,
+    ldb: int,
+    ldd: int,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    batch: int = 1,
+    stride_a: int = 0,
+    stride_b: int = 0,
+    stride_d: int = 0,
+    epilogue: _Epilogue = "none",
+    tf32: bool = False,
+    align: int = 16,
+    workspace_bytes: int = 0,
+    device: int = 0,
+) -> str: ...
+def cublaslt_plan(
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    *,
+    lda: int,
+    ldb: int,
+    ldd: int,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    batch: int = 1,
+    stride_a: int = 0,
+    stride_b: int = 0,
+    stride_d: int = 0,
+    epilogue: _Epilogue = "none",
+    tf32: bool = False,
+    align: int = 16,
+    workspace_bytes: int = 0,
+) -> LtMatmul: ...
+def cublaslt_cache_stats() -> dict[str, int]: ...
+def cublaslt_cache_clear() -> None: ...
+
+class LtMatmul:
+    @property
+    def key(self) -> str: ...
+    @property
+    def workspace_needed(self) -> int: ...
+    def run(
+        self,
+        a: int,
+        b: int,
+        d: int,
+        bias: int = 0,
+        workspace: int = 0,
+        workspace_bytes: int = 0,
+        stream: _StreamArg = None,
+    ) -> None: ...

@@ -1,5 +1,6 @@
 #include <pybind11/pybind11.h>
 
+#include "cublaslt.h"
 #include "driver_bindings.h"
 #include "errors.h"
 #include "graph.h"
@@ -13,7 +14,7 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "PyGPUkit C++ layer: CUDA driver, NVRTC, launches, graphs";
+  m.doc() = "PyGPUkit C++ layer: CUDA driver, NVRTC, launches, graphs, cuBLASLt";
   pgk::register_errors(m);
   pgk::register_driver(m);
   pgk::register_nvrtc(m);
@@ -23,4 +24,5 @@ PYBIND11_MODULE(_native, m) {
   pgk::register_streams(m);
   pgk::register_graphs(m);
   pgk::register_kernels(m);
+  pgk::register_cublaslt(m);
 }

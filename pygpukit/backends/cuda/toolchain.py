@@ -23,6 +23,7 @@ _NVRTC_WHEEL_LIBS = ["cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12"]
 _NVRTC_SONAMES = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
 _INCLUDE_WHEEL_DIRS = ["cu13/include", "cuda_runtime/include"]
 _CUBLASLT_WHEEL_LIBS = ["cu13/lib/libcublasLt.so.13", "cublas/lib/libcublasLt.so.12"]
+_CUBLASLT_SONAMES = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
 
 
 def nvidia_wheel_dirs() -> list[Path]:
@@ -80,6 +81,23 @@ def cublaslt_path() -> str | None:
     for path in _wheel_files(_CUBLASLT_WHEEL_LIBS) + _cuda_home_libs("libcublasLt"):
         return path
     return ctypes.util.find_library("cublasLt")
+
+
+def cublaslt_candidates() -> list[str]:
+    """Paths and sonames to try for cuBLASLt, in order: pip wheel (nvidia-cublas),
+    $CUDA_HOME, system. PYGPUKIT_CUBLASLT=0 gives none (the NVRTC GEMM serves)."""
+    if os.environ.get("PYGPUKIT_CUBLASLT", "").strip() == "0":
+        return []
+    found = _wheel_files(_CUBLASLT_WHEEL_LIBS) + _cuda_home_libs("libcublasLt") + _CUBLASLT_SONAMES
+    return list(dict.fromkeys(found))
+
+
+def load_cublaslt() -> str:
+    """Load cuBLASLt once; returns its path. CUDAError (call 'load libcublasLt') lists
+    every candidate tried when none loads."""
+    if _native.cublaslt_loaded():
+        return _native.cublaslt_path()
+    return _native.cublaslt_load(cublaslt_candidates())
 
 
 def load_nvrtc() -> str:
@@ -143,11 +161,13 @@ def select_backend() -> str:
 __all__ = [
     "MIN_SM",
     "compile_kernel",
+    "cublaslt_candidates",
     "cublaslt_path",
     "cuda_home",
     "cuda_usable",
     "device_arch",
     "include_dirs",
+    "load_cublaslt",
     "load_nvrtc",
     "nvidia_wheel_dirs",
     "nvrtc_candidates",

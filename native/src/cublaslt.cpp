@@ -1,0 +1,500 @@
+#include "cublaslt.h"
+
+#include <dlfcn.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+
+#include "context.h"
+#include "errors.h"
+#include "stream.h"
+
+namespace py = pybind11;
+
+namespace pgk {
+namespace {
+
+// -- our declarations of the cuBLASLt subset (values from cublasLt.h / cublas_api.h /
+// library_types.h; all ABI-stable) --------------------------------------------------------
+using cublasStatus = int;
+typedef struct cublasLtContext* LtHandle;
+typedef struct cublasLtMatmulDescOpaque* LtDesc;
+typedef struct cublasLtMatrixLayoutOpaque* LtLayout;
+typedef struct cublasLtMatmulPreferenceOpaque* LtPref;
+struct LtAlgo {
+  uint64_t data[8];
+};
+struct LtHeuristic {
+  LtAlgo algo;
+  size_t workspace_size;
+  cublasStatus state;
+  float waves_count;
+  int reserved[4];
+};
+
+constexpr cublasStatus kLtSuccess = 0;
+constexpr cublasStatus kLtNotSupported = 15;
+constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;           // cudaDataType
+constexpr int kCompute32F = 68, kCompute32FFastTF32 = 77;  // cublasComputeType_t
+constexpr int kOpN = 0, kOpT = 1;                          // cublasOperation_t
+constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8;
+constexpr int kLayoutBatchCount = 5, kLayoutStridedBatchOffset = 6;
+constexpr int kPrefMaxWorkspace = 1;
+constexpr int kPrefMinAlignA = 5, kPrefMinAlignB = 6, kPrefMinAlignC = 7, kPrefMinAlignD = 8;
+
+// Epilogue names as the Python side spells them, with their cublasLtEpilogue_t values.
+constexpr const char* kEpilogueNames[] = {"none", "bias", "gelu", "gelu_bias"};
+constexpr uint32_t kEpilogueValues[] = {1, 4, 32, 36};
+constexpr int kNumEpilogues = 4;
+bool epilogue_has_bias(int e) { return e == 1 || e == 3; }
+
+#define PGK_LT_ENTRY_POINTS(X)                                                                   \
+  X(cublasLtCreate, cublasStatus, (LtHandle*))                                                   \
+  X(cublasLtGetVersion, size_t, ())                                                              \
+  X(cublasLtMatmulDescCreate, cublasStatus, (LtDesc*, int, int))                                 \
+  X(cublasLtMatmulDescDestroy, cublasStatus, (LtDesc))                                           \
+  X(cublasLtMatmulDescSetAttribute, cublasStatus, (LtDesc, int, const void*, size_t))            \
+  X(cublasLtMatrixLayoutCreate, cublasStatus, (LtLayout*, int, uint64_t, uint64_t, int64_t))     \
+  X(cublasLtMatrixLayoutDestroy, cublasStatus, (LtLayout))                                       \
+  X(cublasLtMatrixLayoutSetAttribute, cublasStatus, (LtLayout, int, const void*, size_t))        \
+  X(cublasLtMatmulPreferenceCreate, cublasStatus, (LtPref*))                                     \
+  X(cublasLtMatmulPreferenceDestroy, cublasStatus, (LtPref))                                     \
+  X(cublasLtMatmulPreferenceSetAttribute, cublasStatus, (LtPref, int, const void*, size_t))      \
+  X(cublasLtMatmulAlgoGetHeuristic, cublasStatus,                                                \
+    (LtHandle, LtDesc, LtLayout, LtLayout, LtLayout, LtLayout, LtPref, int, LtHeuristic*, int*)) \
+  X(cublasLtMatmul, cublasStatus,                                                                \
+    (LtHandle, LtDesc, const void*, const void*, LtLayout, const void*, LtLayout, const void*,   \
+     const void*, LtLayout, void*, LtLayout, const LtAlgo*, void*, size_t, CUstream))
+
+struct LtApi {
+#define PGK_DECLARE(name, ret, sig) ret(*name) sig = nullptr;
+  PGK_LT_ENTRY_POINTS(PGK_DECLARE)
+#undef PGK_DECLARE
+  const char* (*cublasLtGetStatusName)(cublasStatus) = nullptr;
+  const char* (*cublasLtGetStatusString)(cublasStatus) = nullptr;
+};
+
+std::mutex g_load_mu;
+std::string g_path;
+// Leaked on purpose, like NVRTC's: plans may be destroyed during interpreter shutdown.
+LtApi* g_api_storage = new LtApi();
+std::atomic<const LtApi*> g_api{nullptr};
+
+const LtApi& api() {
+  const LtApi* a = g_api.load(std::memory_order_acquire);
+  if (!a) {
+    throw CudaError("cublasLt", -1,
+                    "cuBLASLt is not loaded; use pygpukit.backends.cuda.toolchain.load_cublaslt, "
+                    "which finds and loads it");
+  }
+  return *a;
+}
+
+void check_lt(cublasStatus s, const char* call) {
+  if (s == kLtSuccess) return;
+  const LtApi& a = api();
+  const char* name = a.cublasLtGetStatusName ? a.cublasLtGetStatusName(s) : nullptr;
+  const char* text = a.cublasLtGetStatusString ? a.cublasLtGetStatusString(s) : nullptr;
+  std::string msg = std::string(call) + " failed: " + (name ? name : "cuBLAS status") + " (" +
+                    std::to_string(s) + ")";
+  if (text) msg += ": " + std::string(text);
+  throw CudaError(call, s, msg);
+}
+
+int dtype_code(const std::string& dtype) {
+  if (dtype == "float32") return kR32F;
+  if (dtype == "float16") return kR16F;
+  if (dtype == "bfloat16") return kR16BF;
+  throw py::value_error("cublasLt matmul: dtype must be float32, float16 or bfloat16, got " +
+                        dtype);
+}
+
+const char* dtype_name(int code) {
+  return code == kR32F ? "float32" : code == kR16F ? "float16" : "bfloat16";
+}
+
+int64_t itemsize(int code) { return code == kR32F ? 4 : 2; }
+
+// RAII wrappers of the opaque objects.
+struct DescDeleter {
+  void operator()(cublasLtMatmulDescOpaque* p) const { api().cublasLtMatmulDescDestroy(p); }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque* p) const { api().cublasLtMatrixLayoutDestroy(p); }
+};
+struct PrefDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque* p) const {
+    api().cublasLtMatmulPreferenceDestroy(p);
+  }
+};
+using Desc = std::unique_ptr<cublasLtMatmulDescOpaque, DescDeleter>;
+using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque, LayoutDeleter>;
+using Pref = std::unique_ptr<cublasLtMatmulPreferenceOpaque, PrefDeleter>;
+
+// One cuBLASLt handle per device, created on first use and kept for the process (handles
+// destroyed at interpreter exit could outlive the context).
+LtHandle handle_for(int device) {
+  static std::mutex mu;
+  static auto* handles = new std::map<int, LtHandle>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = handles->find(device);
+  if (it != handles->end()) return it->second;
+  LtHandle h = nullptr;
+  check_lt(api().cublasLtCreate(&h), "cublasLtCreate");
+  (*handles)[device] = h;
+  return h;
+}
+
+Layout make_layout(int type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                   int64_t stride) {
+  LtLayout raw = nullptr;
+  check_lt(api().cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(rows),
+                                            static_cast<uint64_t>(cols), ld),
+           "cublasLtMatrixLayoutCreate");
+  Layout l(raw);
+  if (batch > 1) {
+    int32_t count = static_cast<int32_t>(batch);
+    check_lt(api().cublasLtMatrixLayoutSetAttribute(raw, kLayoutBatchCount, &count, sizeof(count)),
+             "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
+    check_lt(api().cublasLtMatrixLayoutSetAttribute(raw, kLayoutStridedBatchOffset, &stride,
+                                                    sizeof(stride)),
+             "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
+  }
+  return l;
+}
+
+bool aligned(uint64_t ptr, int64_t align) { return ptr % static_cast<uint64_t>(align) == 0; }
+
+}  // namespace
+
+// -- the key --------------------------------------------------------------------------------
+
+std::string LtPlanKey::str() const {
+  std::ostringstream s;
+  s << "dev" << device << " " << dtype_name(dtype) << (tf32 ? "/tf32" : "") << " m" << m << " n"
+    << n << " k" << k << " A" << (trans_a ? "t" : "n") << lda << " B" << (trans_b ? "t" : "n")
+    << ldb << " D" << ldd << " batch" << batch << " strides(" << stride_a << "," << stride_b << ","
+    << stride_d << ") " << kEpilogueNames[epilogue] << " align" << align << " ws"
+    << workspace_bytes;
+  return s.str();
+}
+
+bool LtPlanKey::operator<(const LtPlanKey& o) const {
+  auto t = [](const LtPlanKey& x) {
+    return std::make_tuple(x.device, x.dtype, x.tf32, x.trans_a, x.trans_b, x.m, x.n, x.k, x.lda,
+                           x.ldb, x.ldd, x.batch, x.stride_a, x.stride_b, x.stride_d, x.epilogue,
+                           x.align, x.workspace_bytes);
+  };
+  return t(*this) < t(o);
+}
+
+LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype, int64_t lda,
+                      int64_t ldb, int64_t ldd, bool trans_a, bool trans_b, int64_t batch,
+                      int64_t stride_a, int64_t stride_b, int64_t stride_d,
+                      const std::string& epilogue, bool tf32, int64_t align,
+                      int64_t workspace_bytes, int device) {
+  LtPlanKey key;
+  key.device = device;
+  key.dtype = dtype_code(dtype);
+  auto bad = [](const std::string& what) { throw py::value_error("cublasLt matmul: " + what); };
+  if (tf32 && key.dtype != kR32F) bad("tf32 applies to float32 only, got " + dtype);
+  key.tf32 = tf32;
+  if (m < 1 || n < 1 || k < 1) bad("m, n, k must be positive");
+  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  if (m > kMax || n > kMax || k > kMax || batch > kMax) bad("m, n, k and batch must fit int32");
+  if (lda < (trans_a ? m : k)) bad("lda " + std::to_string(lda) + " is below the row length");
+  if (ldb < (trans_b ? k : n)) bad("ldb " + std::to_string(ldb) + " is below the row length");
+  if (ldd < n) bad("ldd " + std::to_string(ldd) + " is below n");
+  if (batch < 1) bad("batch must be positive");
+  if (stride_a < 0 || stride_b < 0 || stride_d < 0) bad("batch strides must be >= 0");
+  if (batch > 1 && stride_d < (m - 1) * ldd + n) bad("batches of D would overlap");
+  if (align < itemsize(key.dtype) || align > 256 || (align & (align - 1)) != 0) {
+    bad("align must be a power of two between the item size and 256");
+  }
+  if (workspace_bytes < 0) bad("workspace_bytes must be >= 0");
+  key.epilogue = -1;
+  for (int i = 0; i < kNumEpilogues; ++i) {
+    if (epilogue == kEpilogueNames[i]) key.epilogue = i;
+  }
+  if (key.epilogue < 0) bad("epilogue must be none, bias, gelu or gelu_bias, got " + epilogue);
+  key.trans_a = trans_a;
+  key.trans_b = trans_b;
+  key.m = m, key.n = n, key.k = k;
+  key.lda = lda, key.ldb = ldb, key.ldd = ldd;
+  key.batch = batch;
+  // A stride is meaningless for a single matrix: normalised so equal problems share a plan.
+  key.stride_a = batch > 1 ? stride_a : 0;
+  key.stride_b = batch > 1 ? stride_b : 0;
+  key.stride_d = batch > 1 ? stride_d : 0;
+  key.align = align;
+  key.workspace_bytes = workspace_bytes;
+  return key;
+}
+
+// -- loading ---------------------------------------------------------------------------------
+
+std::string cublaslt_load(const std::vector<std::string>& candidates) {
+  std::lock_guard<std::mutex> lock(g_load_mu);
+  if (g_api.load()) return g_path;
+  std::string tried;
+  for (const std::string& path : candidates) {
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* why = dlerror();
+      tried += "\n  " + path + ": " + (why ? why : "dlopen failed");
+      continue;
+    }
+    LtApi a;
+    bool ok = true;
+#define PGK_RESOLVE(name, ret, sig)                               \
+  a.name = reinterpret_cast<decltype(a.name)>(dlsym(lib, #name)); \
+  if (!a.name) {                                                  \
+    ok = false;                                                   \
+    tried += "\n  " + path + ": missing " #name;                  \
+  }
+    PGK_LT_ENTRY_POINTS(PGK_RESOLVE)
+#undef PGK_RESOLVE
+    if (!ok) {
+      dlclose(lib);
+      continue;
+    }
+    a.cublasLtGetStatusName =
+        reinterpret_cast<decltype(a.cublasLtGetStatusName)>(dlsym(lib, "cublasLtGetStatusName"));
+    a.cublasLtGetStatusString = reinterpret_cast<decltype(a.cublasLtGetStatusString)>(
+        dlsym(lib, "cublasLtGetStatusString"));
+    *g_api_storage = a;
+    g_path = path;
+    g_api.store(g_api_storage, std::memory_order_release);
+    return g_path;
+  }
+  throw CudaError("load libcublasLt", -1,
+                  "cannot load cuBLASLt (pip install nvidia-cublas); tried:" +
+                      (tried.empty() ? std::string(" no candidates") : tried));
+}
+
+bool cublaslt_loaded() { return g_api.load() != nullptr; }
+
+namespace {
+
+std::string loaded_path() {
+  std::lock_guard<std::mutex> lock(g_load_mu);
+  return g_path;
+}
+
+// -- plans -----------------------------------------------------------------------------------
+
+// Descriptors, layouts and the heuristic's algorithm for one problem. The bias pointer is
+// a descriptor attribute, so run() sets it under the plan's mutex.
+class LtPlan {
+ public:
+  explicit LtPlan(const LtPlanKey& key) : key_(key), ctx_(current_context()) {
+    const LtApi& a = api();
+    ctx_->make_current();
+    handle_ = handle_for(key.device);
+    LtDesc raw = nullptr;
+    int compute = key.tf32 ? kCompute32FFastTF32 : kCompute32F;
+    check_lt(a.cublasLtMatmulDescCreate(&raw, compute, kR32F), "cublasLtMatmulDescCreate");
+    desc_.reset(raw);
+    // Column-major cuBLASLt sees the row-major D^T = op(B)^T op(A)^T: its "A" is our B.
+    int op_a = key.trans_b ? kOpT : kOpN, op_b = key.trans_a ? kOpT : kOpN;
+    set_desc(kDescTransA, &op_a, sizeof(op_a), "TRANSA");
+    set_desc(kDescTransB, &op_b, sizeof(op_b), "TRANSB");
+    uint32_t epi = kEpilogueValues[key.epilogue];
+    set_desc(kDescEpilogue, &epi, sizeof(epi), "EPILOGUE");
+    if (epilogue_has_bias(key.epilogue)) {
+      // The heuristic reads the pointer's alignment only: a stand-in with the promised one.
+      const void* fake = reinterpret_cast<const void*>(uintptr_t{1} << 20 | key.align);
+      set_desc(kDescBiasPointer, &fake, sizeof(fake), "BIAS_POINTER");
+    }
+    int t = key.dtype;
+    lt_a_ = key.trans_b ? make_layout(t, key.k, key.n, key.ldb, key.batch, key.stride_b)
+                        : make_layout(t, key.n, key.k, key.ldb, key.batch, key.stride_b);
+    lt_b_ = key.trans_a ? make_layout(t, key.m, key.k, key.lda, key.batch, key.stride_a)
+                        : make_layout(t, key.k, key.m, key.lda, key.batch, key.stride_a);
+    lt_d_ = make_layout(t, key.n, key.m, key.ldd, key.batch, key.stride_d);
+
+    LtPref rawp = nullptr;
+    check_lt(a.cublasLtMatmulPreferenceCreate(&rawp), "cublasLtMatmulPreferenceCreate");
+    Pref pref(rawp);
+    uint64_t ws = static_cast<uint64_t>(key.workspace_bytes);
+    check_lt(a.cublasLtMatmulPreferenceSetAttribute(rawp, kPrefMaxWorkspace, &ws, sizeof(ws)),
+             "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+    uint32_t al = static_cast<uint32_t>(key.align);
+    for (int attr : {kPrefMinAlignA, kPrefMinAlignB, kPrefMinAlignC, kPrefMinAlignD}) {
+      check_lt(a.cublasLtMatmulPreferenceSetAttribute(rawp, attr, &al, sizeof(al)),
+               "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+    }
+    LtHeuristic result{};
+    int found = 0;
+    check_lt(a.cublasLtMatmulAlgoGetHeuristic(handle_, desc_.get(), lt_a_.get(), lt_b_.get(),
+                                              lt_d_.get(), lt_d_.get(), rawp, 1, &result, &found),
+             "cublasLtMatmulAlgoGetHeuristic");
+    if (found < 1 || result.state != kLtSuccess) {
+      throw CudaError("cublasLtMatmulAlgoGetHeuristic", kLtNotSupported,
+                      "cublasLtMatmulAlgoGetHeuristic found no algorithm for " + key.str());
+    }
+    algo_ = result.algo;
+    workspace_needed_ = result.workspace_size;
+  }
+
+  const LtPlanKey& key() const { return key_; }
+  size_t workspace_needed() const { return workspace_needed_; }
+
+  void run(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,
+           uint64_t workspace_bytes, CUstream stream) {
+    const bool has_bias = epilogue_has_bias(key_.epilogue);
+    if (!a || !b || !d || (has_bias && !bias)) {
+      throw py::value_error("cublasLt matmul: null pointer" +
+                            std::string(has_bias && !bias ? " (the epilogue needs a bias)" : ""));
+    }
+    if (!aligned(a, key_.align) || !aligned(b, key_.align) || !aligned(d, key_.align) ||
+        (has_bias && !aligned(bias, key_.align))) {
+      throw py::value_error("cublasLt matmul: a pointer is less aligned than the plan's " +
+                            std::to_string(key_.align) + " bytes");
+    }
+    if (workspace_needed_ > 0 && (!workspace || workspace_bytes < workspace_needed_)) {
+      throw py::value_error("cublasLt matmul: needs a workspace of " +
+                            std::to_string(workspace_needed_) + " bytes, got " +
+                            std::to_string(workspace ? workspace_bytes : 0));
+    }
+    const LtApi& api_ = api();
+    ctx_->make_current();
+    const float alpha = 1.0f, beta = 0.0f;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (has_bias) {
+      const void* p = reinterpret_cast<const void*>(bias);
+      set_desc(kDescBiasPointer, &p, sizeof(p), "BIAS_POINTER");
+    }
+    auto ptr = [](uint64_t v) { return reinterpret_cast<void*>(v); };
+    check_lt(api_.cublasLtMatmul(handle_, desc_.get(), &alpha, ptr(b), lt_a_.get(), ptr(a),
+                                 lt_b_.get(), &beta, ptr(d), lt_d_.get(), ptr(d), lt_d_.get(),
+                                 &algo_, workspace_needed_ ? ptr(workspace) : nullptr,
+                                 workspace_needed_ ? workspace_bytes : 0, stream),
+             "cublasLtMatmul");
+  }
+
+ private:
+  void set_desc(int attr, const void* value, size_t size, const char* what) {
+    cublasStatus s = api().cublasLtMatmulDescSetAttribute(desc_.get(), attr, value, size);
+    check_lt(s, (std::string("cublasLtMatmulDescSetAttribute(") + what + ")").c_str());
+  }
+
+  LtPlanKey key_;
+  std::shared_ptr<Context> ctx_;
+  LtHandle handle_ = nullptr;
+  Desc desc_;
+  Layout lt_a_, lt_b_, lt_d_;
+  LtAlgo algo_{};
+  size_t workspace_needed_ = 0;
+  std::mutex mu_;
+};
+
+struct PlanCache {
+  std::mutex mu;
+  std::map<LtPlanKey, std::shared_ptr<LtPlan>> plans;
+  int64_t hits = 0, misses = 0;
+};
+
+// Leaked on purpose: plans hold contexts, which must not be released after the driver.
+PlanCache& cache() {
+  static auto* c = new PlanCache();
+  return *c;
+}
+
+std::shared_ptr<LtPlan> get_plan(const LtPlanKey& key) {
+  PlanCache& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.plans.find(key);
+    if (it != c.plans.end()) {
+      ++c.hits;
+      return it->second;
+    }
+  }
+  auto plan = std::make_shared<LtPlan>(key);  // outside the lock: the heuristic takes a while
+  std::lock_guard<std::mutex> lock(c.mu);
+  ++c.misses;
+  auto [it, inserted] = c.plans.emplace(key, plan);
+  return it->second;
+}
+
+}  // namespace
+
+void register_cublaslt(py::module_& m) {
+  m.def("cublaslt_load", &cublaslt_load, py::arg("candidates"),
+        "Load cuBLASLt from the first loadable path; returns it. Idempotent. CUDAError "
+        "(call 'load libcublasLt') lists what was tried.");
+  m.def("cublaslt_loaded", &cublaslt_loaded);
+  m.def("cublaslt_path", &loaded_path, "Path cuBLASLt was loaded from ('' if not loaded).");
+  m.def("cublaslt_version", []() { return static_cast<int64_t>(api().cublasLtGetVersion()); });
+
+  py::class_<LtPlan, std::shared_ptr<LtPlan>>(m, "LtMatmul")
+      .def_property_readonly("key", [](const LtPlan& p) { return p.key().str(); })
+      .def_property_readonly("workspace_needed", &LtPlan::workspace_needed)
+      .def(
+          "run",
+          [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,
+             uint64_t workspace_bytes, py::handle stream) {
+            p.run(a, b, d, bias, workspace, workspace_bytes, stream_handle(stream));
+          },
+          py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias") = 0, py::arg("workspace") = 0,
+          py::arg("workspace_bytes") = 0, py::arg("stream") = py::none(),
+          "D = epilogue(op(A) @ op(B) + bias) on `stream` (asynchronous).");
+
+  m.def(
+      "cublaslt_plan_key",
+      [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, int64_t lda, int64_t ldb,
+         int64_t ldd, bool trans_a, bool trans_b, int64_t batch, int64_t stride_a, int64_t stride_b,
+         int64_t stride_d, const std::string& epilogue, bool tf32, int64_t align,
+         int64_t workspace_bytes, int device) {
+        return make_lt_key(m_, n, k, dtype, lda, ldb, ldd, trans_a, trans_b, batch, stride_a,
+                           stride_b, stride_d, epilogue, tf32, align, workspace_bytes, device)
+            .str();
+      },
+      py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::kw_only(), py::arg("lda"),
+      py::arg("ldb"), py::arg("ldd"), py::arg("trans_a") = false, py::arg("trans_b") = false,
+      py::arg("batch") = 1, py::arg("stride_a") = 0, py::arg("stride_b") = 0,
+      py::arg("stride_d") = 0, py::arg("epilogue") = "none", py::arg("tf32") = false,
+      py::arg("align") = 16, py::arg("workspace_bytes") = 0, py::arg("device") = 0,
+      "The plan-cache key of a problem (validates it; needs no library or device).");
+  m.def(
+      "cublaslt_plan",
+      [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, int64_t lda, int64_t ldb,
+         int64_t ldd, bool trans_a, bool trans_b, int64_t batch, int64_t stride_a, int64_t stride_b,
+         int64_t stride_d, const std::string& epilogue, bool tf32, int64_t align,
+         int64_t workspace_bytes) {
+        api();  // not loaded: CUDAError before any validation that needs the device
+        LtPlanKey key =
+            make_lt_key(m_, n, k, dtype, lda, ldb, ldd, trans_a, trans_b, batch, stride_a, stride_b,
+                        stride_d, epilogue, tf32, align, workspace_bytes, get_device());
+        return get_plan(key);
+      },
+      py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::kw_only(), py::arg("lda"),
+      py::arg("ldb"), py::arg("ldd"), py::arg("trans_a") = false, py::arg("trans_b") = false,
+      py::arg("batch") = 1, py::arg("stride_a") = 0, py::arg("stride_b") = 0,
+      py::arg("stride_d") = 0, py::arg("epilogue") = "none", py::arg("tf32") = false,
+      py::arg("align") = 16, py::arg("workspace_bytes") = 0,
+      "The cached plan of a row-major GEMM on the current device (heuristic on first use).");
+  m.def("cublaslt_cache_stats", []() {
+    PlanCache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    py::dict d;
+    d["plans"] = static_cast<int64_t>(c.plans.size());
+    d["hits"] = c.hits;
+    d["misses"] = c.misses;
+    return d;
+  });
+  m.def("cublaslt_cache_clear", []() {
+    PlanCache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.plans.clear();
+    c.hits = c.misses = 0;
+  });
+}
+
+}  // namespace pgk
