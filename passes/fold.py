@@ -15,6 +15,7 @@ from pygpukit.ir import Graph, Node
 from .rewrite import const_value, rewrite
 
 _VIEWS = ("reshape", "permute", "expand")
+_MANTISSA = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 
 
 def _full(n: Node, value: Any) -> Node:
@@ -53,7 +54,10 @@ def _fold_reduce(n: Node, value: Any) -> Any:
         return value
     if n.dtype.is_int or n.dtype.kind == "b":
         return int(value) * count
-    return None  # float sums round per partial sum; leave them to the kernel
+    total = float(value) * count
+    if float(value).is_integer() and abs(total) < 2 ** _MANTISSA.get(n.dtype.name, 0):
+        return total  # every partial sum is an exact integer: any order gives this
+    return None  # other float sums round per partial sum; leave them to the kernel
 
 
 def _fold_arange(n: Node) -> Node | None:

@@ -100,6 +100,18 @@ def _check_traced(order: list[Node]) -> None:
             )
 
 
+def _float_key(v: Any) -> Any:
+    if isinstance(v, float):
+        return ("f", repr(v))  # 0.0 == -0.0 and nan != nan: compare the spelling
+    if isinstance(v, tuple):
+        return tuple(_float_key(x) for x in v)
+    return v
+
+
+def _attr_key(n: Node) -> Any:
+    return tuple((k, _float_key(v)) for k, v in n.attr_key())
+
+
 def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
     index = {n.id: k for k, n in enumerate(order)}
     rows: list[tuple[Any, ...]] = []
@@ -108,7 +120,7 @@ def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
             rows.append(("input", n.shape, n.dtype.name, backend.layout_key(n.realized)))
         else:
             rows.append(
-                (n.op, n.shape, n.dtype.name, n.attr_key(), tuple(index[i.id] for i in n.inputs))
+                (n.op, n.shape, n.dtype.name, _attr_key(n), tuple(index[i.id] for i in n.inputs))
             )
     return (backend.name, tuple(rows), tuple(index[p.id] for p in pending))
 

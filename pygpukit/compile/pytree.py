@@ -25,6 +25,8 @@ def flatten(x: Any, path: str, arrays: list[tuple[str, Any]],
     if is_array(x):
         arrays.append((path, x))
         return ("*",)
+    if isinstance(x, float):
+        return ("=", "float", repr(x))  # 0.0 == -0.0 and nan != nan: key on the spelling
     if isinstance(x, STATIC):
         return ("=", type(x).__name__, x)
     if isinstance(x, tuple) and not hasattr(x, "_fields"):
@@ -59,7 +61,7 @@ def unflatten(tree: TreeDef, leaves: Iterator[Any], objects: Iterator[Any]) -> A
     if head == "*":
         return next(leaves)
     if head == "=":
-        return tree[2]
+        return float(tree[2]) if tree[1] == "float" else tree[2]
     if head == "tuple":
         return tuple(unflatten(t, leaves, objects) for t in tree[1:])
     if head == "list":
@@ -73,7 +75,7 @@ def describe(tree: TreeDef, path: str, out: dict[str, str]) -> None:
     """path -> what a cache key holds there, for miss reasons."""
     head = tree[0]
     if head == "=":
-        out[path] = f"value {tree[2]!r}"
+        out[path] = f"value {tree[2] if tree[1] == 'float' else repr(tree[2])}"
     elif head == "obj":
         out[path] = f"object id {tree[1]:#x}"
     elif head in ("tuple", "list"):
