@@ -54,6 +54,20 @@ def backend_name() -> str:
     return get_backend().name
 
 
+def set_tf32(enabled: bool) -> None:
+    """Let float32 matmuls round inputs to TF32 on the tensor cores (CUDA, cuBLASLt).
+    Default off: float32 stays float32. Read at each call, so cached plans follow it."""
+    from .backends.cuda import ops_linalg
+
+    ops_linalg.set_tf32(enabled)
+
+
+def tf32_enabled() -> bool:
+    from .backends.cuda import ops_linalg
+
+    return ops_linalg.tf32_enabled()
+
+
 def pool_stats() -> dict[str, object]:
     from .backends import get_backend
 

@@ -1,14 +1,19 @@
-"""matmul and linear through the kernel team's launchers: the mma.sync GEMM for f16/bf16
+"""matmul and linear: cuBLASLt for f32/tf32/f16/bf16 when it loads (linear's bias and
+tanh-GELU as its epilogue), else the kernel team's launchers: the mma.sync GEMM for f16/bf16
 when its layout rules hold, else the strided matmul_simple kernel (every dtype)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from pygpukit.ir import DType, shapes
+from pygpukit import _native
+from pygpukit.errors import CUDAError
+from pygpukit.ir import DType, dtypes, shapes
 from pygpukit.passes import Step
 
-from . import ew
+from . import ew, toolchain
 from .context import Context, contiguous, numel
 from .kernels import gemm_mma, matmul_simple
 from .layout import broadcast_strides, collapse, reshape_strides
@@ -17,10 +22,104 @@ from .value import DeviceValue
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 _ACT_EXPR = {"gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none"), "silu": ("silu",)}
+Launch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
+
+# -- cuBLASLt ------------------------------------------------------------------------------
+LT_DTYPES = ("float32", "float16", "bfloat16")
+WORKSPACE_BYTES = 32 << 20  # one per backend, from its pool; what Hopper's kernels ask for
+_tf32 = [False]
+_lt: dict[str, Any] = {}  # "reason": '' when loaded, else why not (tried once)
+_workspaces: weakref.WeakKeyDictionary[Any, DeviceValue] = weakref.WeakKeyDictionary()
+
+
+def set_tf32(enabled: bool) -> None:
+    """Let float32 GEMMs round their inputs to TF32 on the tensor cores (default off)."""
+    _tf32[0] = bool(enabled)
+
+
+def tf32_enabled() -> bool:
+    return _tf32[0]
+
+
+def cublaslt_unavailable_reason() -> str:
+    """'' when cuBLASLt is loaded (loading it on first call), else why the NVRTC GEMM serves."""
+    if "reason" not in _lt:
+        try:
+            toolchain.load_cublaslt()
+            _lt["reason"] = ""
+        except CUDAError as e:
+            _lt["reason"] = str(e)
+    return str(_lt["reason"])
+
+
+def _workspace(ctx: Context) -> DeviceValue:
+    ws = _workspaces.get(ctx)
+    if ws is None:
+        ws = _workspaces[ctx] = ctx.alloc((WORKSPACE_BYTES,), dtypes.uint8, "cuBLASLt workspace")
+    return ws
+
+
+def _align(*ptrs: int) -> int:
+    """The alignment (up to 16 bytes, what the fast kernels need) all pointers share."""
+    a = 16
+    while a > 1 and any(p % a for p in ptrs):
+        a //= 2
+    return a
+
+
+def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a strided [rows, cols] matrix for cuBLASLt, or
+    None when neither dimension is unit-stride. Sizes of 1 take any stride."""
+    if s_row < 0 or s_col < 0:
+        return None
+    if s_col == 1 or cols == 1:
+        ld = s_row if rows > 1 else cols
+        if ld >= max(cols, 1) and (cols == 1 or s_col == 1):
+            return False, ld
+    if s_row == 1 or rows == 1:
+        ld = s_col if cols > 1 else rows
+        if ld >= max(rows, 1):
+            return True, ld
+    return None
+
+
+def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
+                b_op: tuple[bool, int], batch: int = 1, stride_a: int = 0, stride_b: int = 0,
+                epilogue: str = "none", ptrs: Sequence[int] = ()) -> Launch | None:  # fmt: skip
+    """launch(a, b, d[, bias]) through a cached cuBLASLt plan, or None when cuBLASLt is
+    absent or has no algorithm for the problem. D is contiguous [batch, m, n]. float32
+    follows set_tf32 at run time (one plan per mode)."""
+    if dtype not in LT_DTYPES or cublaslt_unavailable_reason():
+        return None
+    (ta, lda), (tb, ldb) = a_op, b_op
+    if batch > 1 and stride_b == 0 and not ta and stride_a == m * lda:
+        m, batch, stride_a = m * batch, 1, 0  # broadcast B: the batch folds into M
+    align = _align(*ptrs)
+    kw = dict(lda=lda, ldb=ldb, ldd=n, trans_a=ta, trans_b=tb, batch=batch, stride_a=stride_a,
+              stride_b=stride_b, stride_d=m * n, epilogue=epilogue, align=align,
+              workspace_bytes=WORKSPACE_BYTES)  # fmt: skip
+
+    def plan(tf32: bool) -> Any:
+        return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
+
+    try:
+        plans = {False: plan(False)}
+        if dtype == "float32":
+            plans[True] = plan(True)
+    except (CUDAError, ValueError):
+        return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
+    ws = _workspace(ctx)
+    stream = ctx.stream
+
+    def lt(pa: int, pb: int, pc: int, pbias: int = 0) -> None:
+        p = plans[_tf32[0] and dtype == "float32"]
+        p.run(pa, pb, pc, pbias, ws.ptr, WORKSPACE_BYTES, stream)
+
+    return lt
 
 
 def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
-                 ) -> tuple[Callable[[int, int, int], None], tuple[int, ...]]:  # fmt: skip
+                 ) -> tuple[Launch, tuple[int, ...]]:  # fmt: skip
     """(launch(a_ptr, b_ptr, c_ptr), out shape incl. batch) for a [.., M, K] @ b [.., K, N]
     of one dtype; C is contiguous."""
     dtype = a.dtype.name
@@ -33,6 +132,14 @@ def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
     cbs = contiguous(batch + (m, n))[:-2]
     dims, (ca, cb, cc) = collapse(batch, abs_, bbs, cbs)
     stream = ctx.stream
+    a_op = lt_operand(m, k, a_st[-2], a_st[-1])
+    b_op = lt_operand(k, n, b_st[-2], b_st[-1])
+    if a_op and b_op and len(dims) <= 1 and min(ca + cb, default=0) >= 0:
+        lt = lt_launcher(ctx, dtype, m, n, k, a_op, b_op, dims[0] if dims else 1,
+                         ca[0] if dims else 0, cb[0] if dims else 0, "none",
+                         (a.ptr, b.ptr))  # fmt: skip
+        if lt is not None:
+            return lt, batch + (m, n)
     lda, ldb = a_st[-2], b_st[-1]
     use_mma = (
         dtype in gemm_mma.DTYPES and len(dims) <= 1 and a_st[-1] == 1 and b_st[-2] == 1
@@ -100,7 +207,13 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
         # Leading dims fold into M: one large GEMM instead of a batch of small ones.
         x2 = x2.view((rows, k), rst, x2.offset)
     wt = w.view((w.shape[1], w.shape[0]), (w.strides[1], w.strides[0]), w.offset)
-    launch, _ = _mm_launcher(ctx, x2, wt)
+    launch, lt_bias, lt_act = _linear_lt(ctx, x2, wt, bias, act)
+    if launch is None:
+        launch, _ = _mm_launcher(ctx, x2, wt)
+    if lt_bias:
+        bias = None  # the GEMM's epilogue adds it
+    if lt_act:
+        act = "none"
     epilogue = None
     if bias is not None or act != "none":
         expr: tuple = ("in", 0)
@@ -112,16 +225,46 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
         y_plan = DeviceValue(x2.storage, shape, contiguous(shape), 0, dtype)
         args = [y_plan] + ([bias] if bias is not None else [])
         epilogue = ew.make(ctx, expr, args, shape, contiguous(shape), dtype, 256, tag=tag)
+    ew_bias = bias is not None
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         vx = fx(v[0])
         y = (ctx.alloc_out if epilogue is None else ctx.alloc)(shape, dtype, "linear")
         if numel(shape):
-            launch(vx.ptr, v[1].ptr, y.ptr)
+            if lt_bias:
+                launch(vx.ptr, v[1].ptr, y.ptr, v[2].ptr)
+            else:
+                launch(vx.ptr, v[1].ptr, y.ptr)
         if epilogue is None:
             return y
         out = ctx.alloc_out(shape, dtype, "linear")
-        epilogue(out.ptr, [y.ptr] + ([v[2].ptr] if len(v) > 2 else []))
+        epilogue(out.ptr, [y.ptr] + ([v[2].ptr] if ew_bias else []))
         return out
 
     return run
+
+
+def _linear_lt(ctx: Context, x: DeviceValue, wt: DeviceValue, bias: DeviceValue | None,
+               act: str) -> tuple[Launch | None, bool, bool]:  # fmt: skip
+    """(cuBLASLt launch or None, bias in its epilogue, activation in its epilogue) for a
+    2-D x [M, K] @ wt [K, N]: bias (same dtype, unit stride) and tanh-GELU fuse into the
+    GEMM; erf-GELU and SiLU have no cuBLASLt epilogue and stay an elementwise kernel."""
+    if len(x.shape) != 2 or x.dtype.name not in LT_DTYPES or numel(x.shape + wt.shape) == 0:
+        return None, False, False
+    (m, k), n = x.shape, wt.shape[1]
+    a_op = lt_operand(m, k, x.strides[0], x.strides[1])
+    b_op = lt_operand(k, n, wt.strides[0], wt.strides[1])
+    if a_op is None or b_op is None:
+        return None, False, False
+    use_bias = (
+        bias is not None and bias.dtype == x.dtype and bias.shape == (n,)
+        and (n == 1 or bias.strides == (1,))
+    )  # fmt: skip
+    use_act = act == "gelu_tanh"
+    epi = {(False, False): "none", (True, False): "bias", (False, True): "gelu",
+           (True, True): "gelu_bias"}[(use_bias, use_act)]  # fmt: skip
+    ptrs = [x.ptr, wt.ptr] + ([bias.ptr] if use_bias and bias is not None else [])
+    launch = lt_launcher(ctx, x.dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs)
+    if launch is None:
+        return None, False, False
+    return launch, use_bias, use_act
