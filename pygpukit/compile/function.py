@@ -126,6 +126,8 @@ class CompiledFunction:
                     out.append(f"{p} dtype {da} -> {db}")
                 if sa != sb:
                     out.append(f"{p} shape {sa} -> {sb}")
+            elif a.startswith("value ") and b.startswith("value "):
+                out.append(f"{p} value {a[6:]} -> {b[6:]}")
             else:
                 out.append(f"{p} {a} -> {b}")
         return "; ".join(out) or "same signature, new captured arrays"
@@ -175,7 +177,7 @@ class CompiledFunction:
             warnings.warn(
                 f"{self.__name__} was traced {self._misses} times; reasons: "
                 + " | ".join(self._reasons[1:]),
-                stacklevel=4,
+                stacklevel=3,
             )
         t0 = time.perf_counter()
         traced = trace(self.__wrapped_fn__, args, kwargs, [a for _, a in arrays], tree, captured,
