@@ -1,0 +1,159 @@
+"""cuBLASLt host-side logic, no GPU needed: where the library is looked for, the plan-cache
+key, operand layouts, and clear errors when the library is missing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import pygpukit as gpk
+from pygpukit import _native
+from pygpukit.backends.cuda import ops_linalg, toolchain
+from pygpukit.errors import CUDAError
+
+
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not a shared library")
+    return path
+
+
+# -- discovery ------------------------------------------------------------------------------
+
+
+def test_candidates_wheel_then_cuda_home_then_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = tmp_path / "site" / "nvidia"
+    lib13 = _touch(wheel / "cu13/lib/libcublasLt.so.13")
+    lib12 = _touch(wheel / "cublas/lib/libcublasLt.so.12")
+    home = tmp_path / "cuda"
+    home_lib = _touch(home / "lib64/libcublasLt.so.12.4")
+    monkeypatch.setattr(toolchain, "nvidia_wheel_dirs", lambda: [wheel])
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    monkeypatch.delenv("PYGPUKIT_CUBLASLT", raising=False)
+    c = toolchain.cublaslt_candidates()
+    assert c[:3] == [str(lib13), str(lib12), str(home_lib)]
+    assert c[3:] == ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
+    assert toolchain.cublaslt_path() == str(lib13)
+
+
+def test_candidates_without_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(toolchain, "nvidia_wheel_dirs", lambda: [])
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
+    monkeypatch.delenv("PYGPUKIT_CUBLASLT", raising=False)
+    assert toolchain.cublaslt_candidates() == [
+        "libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"
+    ]  # fmt: skip
+    monkeypatch.setenv("PYGPUKIT_CUBLASLT", "0")
+    assert toolchain.cublaslt_candidates() == []
+
+
+@pytest.mark.skipif(_native.cublaslt_loaded(), reason="cuBLASLt already loaded in this process")
+def test_missing_library_is_a_clear_cuda_error(tmp_path: Path) -> None:
+    bogus = _touch(tmp_path / "libcublasLt.so.13")
+    with pytest.raises(CUDAError, match="pip install nvidia-cublas") as e:
+        _native.cublaslt_load([str(tmp_path / "absent.so"), str(bogus)])
+    assert e.value.call == "load libcublasLt"  # type: ignore[attr-defined]
+    assert "absent.so" in str(e.value) and str(bogus) in str(e.value)
+    with pytest.raises(CUDAError, match="no candidates"):
+        _native.cublaslt_load([])
+    # A real library without the entry points is named with what it lacks.
+    libm = "libm.so.6" if sys.platform.startswith("linux") else None
+    if libm:
+        with pytest.raises(CUDAError, match="missing cublasLtCreate"):
+            _native.cublaslt_load([libm])
+    assert not _native.cublaslt_loaded()
+    with pytest.raises(CUDAError, match="cuBLASLt is not loaded"):
+        _native.cublaslt_plan(8, 8, 8, "float32", lda=8, ldb=8, ldd=8)
+    with pytest.raises(CUDAError, match="not loaded"):
+        _native.cublaslt_version()
+
+
+@pytest.mark.skipif(_native.cublaslt_loaded(), reason="cuBLASLt already loaded in this process")
+def test_planner_falls_back_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYGPUKIT_CUBLASLT", "0")
+    monkeypatch.setattr(ops_linalg, "_lt", {})
+    reason = ops_linalg.cublaslt_unavailable_reason()
+    assert "cannot load cuBLASLt" in reason
+    assert ops_linalg._lt == {"reason": reason}  # tried once, remembered
+    launch = ops_linalg.lt_launcher(None, "float32", 8, 8, 8, (False, 8), (False, 8))  # type: ignore[arg-type]
+    assert launch is None  # the NVRTC GEMM serves
+
+
+# -- plan-cache key -------------------------------------------------------------------------
+
+KEY = dict(lda=64, ldb=32, ldd=32)
+
+
+def key(m: int = 16, n: int = 32, k: int = 64, d: str = "bfloat16", **kw: object) -> str:
+    return _native.cublaslt_plan_key(m, n, k, d, **{**KEY, **kw})  # type: ignore[arg-type]
+
+
+def test_key_identifies_the_problem() -> None:
+    base = key()
+    assert base == key() and "bfloat16 m16 n32 k64" in base
+    # Every field that changes the GEMM changes the key.
+    variants = [
+        key(m=17), key(n=31, ldd=32, ldb=32), key(k=63), key(d="float16"), key(d="float32"),
+        key(d="float32", tf32=True), key(lda=72), key(ldd=40), key(trans_b=True, ldb=64),
+        key(epilogue="bias"), key(epilogue="gelu"), key(epilogue="gelu_bias"), key(align=8),
+        key(workspace_bytes=1 << 20), key(device=1),
+        key(batch=2, stride_a=1024, stride_b=2048, stride_d=512),
+        key(batch=2, stride_a=0, stride_b=2048, stride_d=512),
+    ]  # fmt: skip
+    assert len(set(variants + [base])) == len(variants) + 1
+    # Batch strides of a single matrix do not matter: equal problems share one plan.
+    assert key(stride_a=5, stride_b=7, stride_d=9) == base
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(d="float64"), "dtype"),
+        (dict(d="float16", tf32=True), "tf32"),
+        (dict(m=0), "positive"),
+        (dict(lda=63), "lda"),
+        (dict(trans_a=True, lda=15), "lda"),
+        (dict(ldb=31), "ldb"),
+        (dict(ldd=31), "ldd"),
+        (dict(epilogue="relu"), "epilogue"),
+        (dict(align=3), "align"),
+        (dict(d="float32", align=2), "align"),
+        (dict(batch=2, stride_d=100), "overlap"),
+        (dict(batch=2, stride_a=-1, stride_d=512), ">= 0"),
+        (dict(m=1 << 31), "int32"),
+    ],
+)
+def test_key_rejects_bad_problems(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        key(**kw)  # type: ignore[arg-type]
+
+
+# -- operand layouts, alignment, tf32 flag -------------------------------------------------
+
+
+def test_operand_layouts() -> None:
+    assert ops_linalg.lt_operand(4, 8, 8, 1) == (False, 8)  # row-major
+    assert ops_linalg.lt_operand(4, 8, 16, 1) == (False, 16)  # padded rows
+    assert ops_linalg.lt_operand(4, 8, 1, 4) == (True, 4)  # a transposed view
+    assert ops_linalg.lt_operand(1, 8, 0, 1) == (False, 8)  # one row: any row stride
+    assert ops_linalg.lt_operand(4, 1, 1, 0) == (False, 1)  # one column
+    assert ops_linalg.lt_operand(4, 8, 16, 2) is None  # no unit stride: NVRTC path
+    assert ops_linalg.lt_operand(4, 8, 0, 1) is None  # broadcast rows overlap
+    assert ops_linalg.lt_operand(4, 8, -8, 1) is None
+    assert ops_linalg._align(256, 4096 + 16) == 16
+    assert ops_linalg._align(256, 4096 + 8) == 8
+    assert ops_linalg._align(2, 4) == 2
+
+
+def test_set_tf32_flag() -> None:
+    assert gpk.tf32_enabled() is False
+    gpk.set_tf32(True)
+    try:
+        assert gpk.tf32_enabled() is True
+    finally:
+        gpk.set_tf32(False)
+    assert gpk.tf32_enabled() is False
