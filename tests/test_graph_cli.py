@@ -1,0 +1,140 @@
+"""`pygpukit graph dump | diff | profile` in each format, on a model file written here."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from pygpukit.cli import main
+
+MODEL = textwrap.dedent(
+    """
+    import math
+
+    import pygpukit as gpk
+
+    w = gpk.random.normal((64, 32), seed=0)
+    b = gpk.random.normal((64,), seed=1)
+    g = gpk.random.normal((64,), seed=2)
+
+
+    def block(x):
+        h = gpk.nn.gelu(x @ w.T + b, approximate="tanh")
+        return h * gpk.rsqrt((h * h).mean(-1, keepdims=True) + 1e-6) * g
+
+
+    def norm_eps(x, eps):
+        return x * gpk.rsqrt((x * x).mean(-1, keepdims=True) + eps)
+
+
+    def chain(x, k):
+        return (gpk.exp(x * 2.0 + 1.0) * x).sum(-1) * k
+
+
+    @gpk.compile
+    def compiled(x):
+        return gpk.tanh(x) * 2.0
+    """
+)
+
+
+@pytest.fixture
+def model(tmp_path):
+    p = tmp_path / "model.py"
+    p.write_text(MODEL)
+    return str(p)
+
+
+def test_dump_text(model, capsys):
+    assert main(["graph", "dump", f"{model}:block", "--arg", "f32[4,32]"]) == 0
+    out = capsys.readouterr().out
+    assert "# after traced" in out and "# after fuse_linear" in out
+    assert "def block(in0: f32[4,32]" in out
+    assert "linear(in0, in1, in2, activation='gelu_tanh', has_bias=True)" in out
+    assert "# model.py:12; fuse_linear from permute, matmul, add, gelu" in out
+    assert "rms_norm: matched at model.py:13 (6 ops -> 1)" in out
+    assert "# provenance" in out and "fuse_rms_norm" in out
+    assert "# memory plan: arena" in out and "naive" in out
+    assert "# kernels (2)" in out
+
+
+def test_dump_reports_near_miss_with_line(model, capsys):
+    assert main(["graph", "dump", f"{model}:norm_eps", "--arg", "f32[4,32]", "--arg",
+                 "f32[1]"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "rms_norm: missed at model.py:17, eps is a tensor" in out
+    assert "fused_elementwise[" in out  # the generic fusion still runs
+
+
+def test_dump_after_pass_and_static_arg(model, capsys):
+    assert main(["graph", "dump", f"{model}:chain", "--arg", "f32[3,8]", "--arg", "2.5",
+                 "--after", "fuse_elementwise"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("# after ") == 1 and "# after fuse_elementwise (" in out
+    assert "fused_reduce[sum(mul(exp(add(mul(in0, 2.0), 1.0)), in0)" in out
+    with pytest.raises(SystemExit, match="no pass named"):
+        main(["graph", "dump", f"{model}:chain", "--arg", "f32[3,8]", "--arg", "1",
+              "--after", "nope"])  # fmt: skip
+
+
+def test_dump_json_dot_and_diff(model, tmp_path, capsys):
+    assert main(["graph", "dump", f"{model}:block", "--arg", "f32[4,32]", "--format",
+                 "json"]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    final = doc["graphs"][-1]["graph"]
+    assert [n["op"] for n in final["nodes"] if n["op"] != "input"] == ["linear", "rms_norm"]
+    assert doc["memory_plan"]["arena_bytes"] <= doc["memory_plan"]["naive_bytes"]
+    assert [p["pass"] for p in doc["provenance"]][0] == "dead_code_elimination"
+    assert {r["pattern"] for r in doc["report"]} == {"linear", "rms_norm"}
+    assert len(doc["kernels"]) == 2
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(doc))
+
+    assert main(["graph", "dump", f"{model}:block", "--arg", "f32[8,32]", "--format",
+                 "json"]) == 0  # fmt: skip
+    b = tmp_path / "b.json"
+    b.write_text(capsys.readouterr().out)
+    assert main(["graph", "diff", str(a), str(a)]) == 0
+    assert "(no differences)" in capsys.readouterr().out
+    assert main(["graph", "diff", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "- linear float32[4, 64] model.py:12" in out
+    assert "+ linear float32[8, 64] model.py:12" in out
+
+    assert main(["graph", "dump", f"{model}:compiled", "--arg", "f32[4]", "--format",
+                 "dot"]) == 0  # fmt: skip
+    dot = capsys.readouterr().out
+    assert dot.startswith('digraph "compiled" {') and '"in0" -> "t0";' in dot
+
+
+def test_bad_targets(model):
+    with pytest.raises(SystemExit, match="FILE.py:FUNC"):
+        main(["graph", "dump", "model.py"])
+    with pytest.raises(SystemExit, match="has no 'nope'"):
+        main(["graph", "dump", f"{model}:nope"])
+    with pytest.raises(SystemExit, match="neither dtype"):
+        main(["graph", "dump", f"{model}:block", "--arg", "f32[4,"])
+
+
+def test_profile_needs_cuda(model, capsys, monkeypatch):
+    from pygpukit.backends import get_backend
+
+    if get_backend().name == "cuda":
+        pytest.skip("runs on the GPU; covered by the GPU suite")
+    assert main(["graph", "profile", f"{model}:block", "--arg", "f32[4,32]"]) == 2
+    assert "needs the CUDA backend" in capsys.readouterr().err
+
+
+def test_debug_env_prints_kernel_table(monkeypatch, capsys):
+    import numpy as np
+
+    import pygpukit as gpk
+    from pygpukit import runtime
+
+    monkeypatch.setattr(runtime, "DEBUG", True)
+    x = gpk.from_numpy(np.arange(6, dtype=np.float32))
+    (gpk.exp(x) * 2.0 + x).sum().to_numpy()
+    err = capsys.readouterr().err
+    assert "pygpukit realize:" in err and "fused_reduce" in err and "GB/s" in err
