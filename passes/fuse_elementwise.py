@@ -36,6 +36,11 @@ def fuse_elementwise(graph: Graph) -> Graph:
 
     # Values that must exist in memory: outputs, and fusible nodes read by a non-fusible op
     # or by several ops (unless cheap to recompute).
+    # Reads count with multiplicity: x*x over a fused x would evaluate x twice per element.
+    reads: dict[int, int] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            reads[i.id] = reads.get(i.id, 0) + 1
     material: set[int] = set()
     for n in graph.nodes:
         if n.id not in fus:
@@ -43,10 +48,10 @@ def fuse_elementwise(graph: Graph) -> Graph:
         us = use.get(n.id, [])
         if n.id in outs or any(u.id not in fus for u in us) or not us:
             material.add(n.id)
-        elif len(us) > 1 and n.op not in _CHEAP:
+        elif reads.get(n.id, 0) > 1 and n.op not in _CHEAP:
             material.add(n.id)
     for n in graph.nodes:  # a recomputed cheap node reads its input from memory
-        if n.id in fus and n.id not in material and len(use.get(n.id, [])) > 1:
+        if n.id in fus and n.id not in material and reads.get(n.id, 0) > 1:
             for i in n.inputs:
                 if i.id in fus:
                     material.add(i.id)

@@ -161,6 +161,11 @@ def fuse_sdpa(graph: Graph) -> Graph:
                 raise Miss("the scores are not q @ k.swapaxes(-1, -2)")
             if scale is None:
                 scale = 1.0
+                for qq, c in operands(q, "mul"):  # (q * scale) @ k^T
+                    v_ = scalar_const(c)
+                    if v_ is not None and qq.shape == q.shape and qq.dtype == q.dtype:
+                        q, scale = qq, float(v_)
+                        break
             attrs: dict[str, Any] = {"causal": causal, "scale": scale}
             try:
                 fused = Node.make("sdpa", (q, k, v), attrs, n.loc)

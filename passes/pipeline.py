@@ -11,6 +11,7 @@ from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
 from .fold import constant_folding
 from .fuse_elementwise import fuse_elementwise
+from .fuse_gelu import fuse_gelu
 from .fuse_linear import fuse_linear
 from .fuse_rms_norm import fuse_rms_norm
 from .fuse_rope import fuse_rope
@@ -23,7 +24,8 @@ Pass = Callable[[Graph], Graph]
 
 # In pipeline order. Each entry is a plain function in its own file under passes/.
 # Softmax before attention (sdpa matches the softmax node); SwiGLU before linear, so a
-# gate projection stays a plain GEMM feeding swiglu; generic fusion takes what is left.
+# gate projection stays a plain GEMM feeding swiglu; written-out GELU before linear, so it
+# lands in the GEMM epilogue; generic fusion takes what is left.
 PIPELINE: list[Pass] = [
     dead_code_elimination,
     constant_folding,
@@ -34,6 +36,7 @@ PIPELINE: list[Pass] = [
     fuse_rms_norm,
     fuse_rope,
     fuse_swiglu,
+    fuse_gelu,
     fuse_linear,
     fuse_elementwise,
     dead_code_elimination,

@@ -99,8 +99,17 @@ def test_linear_refuses_untransposed_weight_and_matrix_bias(rng):
 
 
 @pytest.mark.parametrize(
-    "form", ["mul", "pow", "recip_sqrt", "div_sqrt", "no_gain", "gain_left", "upcast_before_gain",
-             "upcast_after_gain"],  # fmt: skip
+    "form",
+    [
+        "mul",
+        "pow",
+        "recip_sqrt",
+        "div_sqrt",
+        "no_gain",
+        "gain_left",
+        "upcast_before_gain",
+        "upcast_after_gain",
+    ],  # fmt: skip
 )
 def test_rms_norm_forms(rng, form):
     dtype = "bfloat16" if form.startswith("upcast") else "float32"
@@ -283,8 +292,11 @@ def test_softmax_refuses_without_max(rng):
 # -- sdpa -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("form", ["where_hide", "where_keep", "added_mask", "div_scale",
-                                  "no_mask", "fp32_softmax", "decode_offset"])  # fmt: skip
+SDPA_FORMS = ["where_hide", "where_keep", "added_mask", "div_scale", "no_mask", "fp32_softmax",
+              "decode_offset", "q_scaled"]  # fmt: skip
+
+
+@pytest.mark.parametrize("form", SDPA_FORMS)
 def test_sdpa_forms(rng, form):
     dtype = "bfloat16" if form == "fp32_softmax" else "float32"
     sq = 3 if form == "decode_offset" else 6
@@ -294,8 +306,11 @@ def test_sdpa_forms(rng, form):
 
     def f(q, k, v):
         qn, kn = q.shape[-2], k.shape[-2]
-        raw = q @ k.swapaxes(-1, -2)
-        s = raw / math.sqrt(8) if form == "div_scale" else raw * scale
+        if form == "q_scaled":
+            s = (q * scale) @ k.swapaxes(-1, -2)
+        else:
+            raw = q @ k.swapaxes(-1, -2)
+            s = raw / math.sqrt(8) if form == "div_scale" else raw * scale
         col, row = gpk.arange(kn)[None, :], gpk.arange(qn)[:, None]
         if form == "where_keep":
             s = gpk.where(col <= row, s, -math.inf)
@@ -343,3 +358,27 @@ def test_sdpa_refuses_mask_array_and_wrong_diagonal(rng):
     g = fused(h, q, k, v)
     assert "sdpa" not in ops(g)
     assert "not the causal mask" in report(g, "sdpa", "missed")[0]["reason"]
+
+
+# -- gelu written out, into the GEMM epilogue ----------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["erf", "erf_mul", "tanh", "tanh_cube_mul"])
+def test_gelu_written_out_lands_in_linear(rng, form):
+    x, w, b = arr(rng, 5, 16), arr(rng, 24, 16), arr(rng, 24)
+
+    def f(x, w, b):
+        y = x @ w.T + b
+        if form == "erf":
+            return 0.5 * y * (1 + gpk.erf(y / math.sqrt(2)))
+        if form == "erf_mul":
+            return y * 0.5 * (gpk.erf(y * math.sqrt(0.5)) + 1.0)
+        cube = y**3 if form == "tanh" else y * (y * y)
+        return 0.5 * y * (1.0 + gpk.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * cube)))
+
+    approx = "tanh" if form.startswith("tanh") else "none"
+    ref = gelu64(f64(x) @ f64(w).T + f64(b), approx)
+    g = check(f, (x, w, b), ref, "linear")
+    assert ops(g) == ["linear"]
+    assert g.nodes[-1].attrs["activation"] == ("gelu_tanh" if approx == "tanh" else "gelu_erf")
+    assert report(g, "gelu", "matched")
