@@ -37,21 +37,51 @@ class PlannedProgram:
         schedule.info["memory_plan"] = self.plan
         schedule.info["arena_bytes"] = self.plan.arena_bytes
         schedule.info["naive_bytes"] = self.plan.naive_bytes
-        self.arena = backend.alloc_arena(self.plan.arena_bytes)
-        nodes = schedule.graph.nodes
+        # The arena is allocated at the first call, or handed in by the scheduler (which
+        # reserves it at admission): tracing alone holds no arena memory.
+        self.arena: Any = None
         self.values: list[Any] = [None] * schedule.n_slots
-        for slot, off in self.plan.offsets.items():
-            n = nodes[slot]
-            self.values[slot] = backend.value_at(self.arena, off, n.shape, n.dtype)
         self._bound: tuple[int, ...] | None = None
         self._replay: Any = None
+        self._pins: list[Any] = []  # storages the bound graph uses: kept resident, fixed
         self.kernels = [
             (k, st) for k, st in enumerate(schedule.steps)
             if st.out not in self.plan.alias or k in self.plan.inplace
         ]  # fmt: skip
 
+    def use_arena(self, arena: Any) -> None:
+        """Run in `arena` (a pool block of at least plan.arena_bytes) from the next call on;
+        the caller owns it. Values move there, and the graph is re-bound."""
+        if arena is self.arena:
+            return
+        nodes = self.schedule.graph.nodes
+        for slot, off in self.plan.offsets.items():
+            n = nodes[slot]
+            self.values[slot] = self.backend.value_at(arena, off, n.shape, n.dtype)
+        self.arena = arena
+        self._bound = None
+
+    def unbind(self) -> None:
+        from pygpukit.memory import unpin_all
+
+        unpin_all(self._pins)
+        self._pins = []
+        self._bound = None
+
+    def __del__(self) -> None:
+        try:
+            self.unbind()
+        except Exception:  # interpreter shutdown
+            pass
+
     def bind(self, externals: list[Any]) -> None:
         """Point external slots at the caller's buffers; derive the views; capture."""
+        from pygpukit.memory import pin_all
+
+        # A captured graph holds addresses: what it touches must not move while bound.
+        self.unbind()
+        storage = self.backend.storage
+        self._pins = pin_all([self.arena] + [storage(v) for v in externals])
         for slot, v in zip(self.external, externals, strict=True):
             if slot >= 0:
                 self.values[slot] = v
@@ -73,10 +103,16 @@ class PlannedProgram:
 
     def __call__(self, args: list[Any], externals: list[Any]) -> list[Any]:
         """Run once; returns the output values (arena views, valid until the next call)."""
+        from pygpukit.memory import pinned
+
+        if self.arena is None or self.arena.freed:
+            self.use_arena(self.backend.alloc_arena(self.plan.arena_bytes))
         if self._bound is None or self._bound != tuple(id(v) for v in externals):
             self.bind(externals)
-        for slot, v in zip(self.schedule.input_slots, args, strict=False):
-            if slot >= 0:
-                self.backend.copy_into(self.values[slot], v)
+        storage = self.backend.storage
+        with pinned([storage(v) for v in args]):
+            for slot, v in zip(self.schedule.input_slots, args, strict=False):
+                if slot >= 0:
+                    self.backend.copy_into(self.values[slot], v)
         self._replay.replay()
         return [self.values[s] for s in self.schedule.output_slots]

@@ -1,5 +1,5 @@
 """@gpk.compile: tracing with guards, one planned schedule per signature, capture/replay."""
 
-from .function import CompiledFunction, StaleOutputError, compile, scalar
+from .function import CompiledFunction, Reservation, StaleOutputError, compile, scalar
 
-__all__ = ["CompiledFunction", "StaleOutputError", "compile", "scalar"]
+__all__ = ["CompiledFunction", "Reservation", "StaleOutputError", "compile", "scalar"]

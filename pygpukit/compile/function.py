@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +50,23 @@ class _StaticSlot(Storage):
 
     def release(self) -> None:
         pass
+
+
+class Reservation(NamedTuple):
+    """What one call needs from the pool, from the memory plan (bytes)."""
+
+    arena_bytes: int  # the planned arena: intermediates, inputs copied in, outputs
+    input_bytes: int  # the array arguments
+    output_bytes: int  # the fresh output arrays (0 with static_outputs)
+    traffic_bytes: int  # what the kernels read and write: input to a cost model
+
+    @property
+    def total(self) -> int:
+        return self.arena_bytes + self.input_bytes + self.output_bytes
+
+
+def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
+    return math.prod(shape) * dtype.itemsize
 
 
 @dataclass
@@ -160,6 +178,7 @@ class CompiledFunction:
         tree: TreeDef,
         arrays: list[tuple[str, Any]],
         captured: list[tuple[str, Any]],
+        stacklevel: int = 4,  # the warning points at the user's line
     ) -> _Entry:
         from pygpukit.backends import get_backend
         from pygpukit.executor import PlannedProgram
@@ -177,7 +196,7 @@ class CompiledFunction:
             warnings.warn(
                 f"{self.__name__} was traced {self._misses} times; reasons: "
                 + " | ".join(self._reasons[1:]),
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         t0 = time.perf_counter()
         traced = trace(self.__wrapped_fn__, args, kwargs, [a for _, a in arrays], tree, captured,
@@ -195,7 +214,45 @@ class CompiledFunction:
         self._cache[key] = entry
         return entry
 
+    def reservation(self, *args: Any, **kwargs: Any) -> Reservation:
+        """The memory a call with these arguments needs, known before it runs (a cache miss
+        traces and plans the graph here, and the call then hits)."""
+        from pygpukit import runtime
+
+        key, tree, arrays, captured = self._key(args, kwargs)
+        pending = [a._node for _, a in arrays + captured if a._node.realized is None]
+        if pending:
+            runtime.realize(pending)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._compile(key, args, kwargs, tree, arrays, captured, stacklevel=3)
+            self._last_key = key
+        prog = entry.program
+        nodes = prog.schedule.graph.nodes
+        outs = prog.schedule.graph.outputs[: entry.traced.n_outputs]
+        traffic = sum(_nbytes(st.shape, st.dtype)
+                      + sum(_nbytes(nodes[i].shape, nodes[i].dtype) for i in st.ins)
+                      for _, st in prog.kernels)  # fmt: skip
+        return Reservation(
+            prog.plan.arena_bytes,
+            sum(_nbytes(a.shape, a.dtype) for _, a in arrays),
+            0 if self.static_outputs else sum(_nbytes(n.shape, n.dtype) for n in outs),
+            traffic,
+        )
+
+    def reservation_bytes(self, *args: Any, **kwargs: Any) -> int:
+        return self.reservation(*args, **kwargs).total
+
+    def call_in(self, arena: Storage, *args: Any, **kwargs: Any) -> Any:
+        """Call with the graph's arena placed in `arena`, a pool block of at least
+        `reservation(...).arena_bytes` that the caller owns (the scheduler reserves it at
+        admission and frees it when the task ends)."""
+        return self._call(args, kwargs, arena)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(args, kwargs, None)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
         from pygpukit import runtime
         from pygpukit.array import GPUArray
         from pygpukit.backends import get_backend
@@ -210,6 +267,11 @@ class CompiledFunction:
         else:
             self._hits += 1
         self._last_key = key
+        if arena is not None:
+            if arena.nbytes < entry.program.plan.arena_bytes:
+                raise ValueError(f"{self.__name__}: arena of {arena.nbytes} bytes is smaller "
+                                 f"than the plan's {entry.program.plan.arena_bytes}")  # fmt: skip
+            entry.program.use_arena(arena)
         self._calls += 1
         traced = entry.traced
         externals = [a._node.realized for a in traced.persistent] + traced.constants

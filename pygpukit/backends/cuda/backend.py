@@ -13,7 +13,7 @@ import numpy as np
 
 from pygpukit import _native
 from pygpukit.ir import DType, dtypes
-from pygpukit.memory import Storage
+from pygpukit.memory import Storage, enable_eviction, pin_all, pinned, unpin_all
 from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
@@ -36,7 +36,10 @@ class CudaBackend(CudaPlannedHooks, Backend):
         self.stream: Any = None  # the legacy default stream: ordered with torch/CuPy defaults
         self.sm_count = compiler.sm_count()
         self.poison = os.environ.get("PYGPUKIT_POISON", "") not in ("", "0")
-        self._err = ErrorWord(device_pool.allocate(self.pool, WORDS * 8, "error word"))
+        enable_eviction(self.pool, device_pool.copy_out, device_pool.copy_in)
+        err = device_pool.allocate(self.pool, WORDS * 8, "error word")
+        err.pin()  # kernels are planned with its address: it never moves
+        self._err = ErrorWord(err)
         self._step: Step | None = None
         self._out: DeviceValue | None = None  # the slot execute() hands the running step
         self._exec_plans: dict[Any, Any] = {}
@@ -86,8 +89,9 @@ class CudaBackend(CudaPlannedHooks, Backend):
 
     def _copy_contiguous(self, v: DeviceValue) -> DeviceValue:
         launch = ew.make(self, ("in", 0), [v], v.shape, contiguous(v.shape), v.dtype, 256)
-        out = self.alloc(v.shape, v.dtype, "copy")
-        launch(out.ptr, [v.ptr])
+        with pinned((v.storage,)):  # allocating the copy must not evict its source
+            out = self.alloc(v.shape, v.dtype, "copy")
+            launch(out.ptr, [v.ptr])
         return out
 
     def storage(self, value: DeviceValue) -> Storage:
@@ -128,9 +132,14 @@ class CudaBackend(CudaPlannedHooks, Backend):
                 ins = [env[i] for i in step.ins]
                 self._step = step
                 run = runs[k]
-                if run is None:
-                    run = runs[k] = plan_step(self, step, ins)  # type: ignore[arg-type]
-                env[step.out] = run(ins)  # type: ignore[arg-type]
+                # Allocating the step's output must not evict (move) its inputs.
+                held = pin_all(v.storage for v in ins)  # type: ignore[union-attr]
+                try:
+                    if run is None:
+                        run = runs[k] = plan_step(self, step, ins)  # type: ignore[arg-type]
+                    env[step.out] = run(ins)  # type: ignore[arg-type]
+                finally:
+                    unpin_all(held)
                 for s in step.frees:
                     env[s] = None
         finally:

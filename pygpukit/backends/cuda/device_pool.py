@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pygpukit import _native
 from pygpukit.errors import CUDAError, OutOfMemoryError
 from pygpukit.memory import Storage
@@ -23,6 +25,19 @@ def _alloc_arena(nbytes: int) -> int:
 
 def _free_arena(addr: int, nbytes: int) -> None:
     _native.mem_free(addr)
+
+
+def copy_out(addr: int, nbytes: int) -> np.ndarray:
+    """A host copy of a block being evicted; synchronous on the legacy stream, so it is
+    ordered after the backend's queued kernels (storages in use by a running graph on
+    another stream are pinned and never evicted)."""
+    host = np.empty(max(nbytes, 1), np.uint8)
+    _native.memcpy_dtoh(host, addr, None, nbytes)
+    return host
+
+
+def copy_in(host: np.ndarray, addr: int) -> None:
+    _native.memcpy_htod(addr, host, None, host.nbytes)
 
 
 def make_pool(arena_bytes: int, quota_bytes: int | None) -> Any:

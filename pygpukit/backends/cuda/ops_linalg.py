@@ -56,6 +56,7 @@ def _workspace(ctx: Context) -> DeviceValue:
     ws = _workspaces.get(ctx)
     if ws is None:
         ws = _workspaces[ctx] = ctx.alloc((WORKSPACE_BYTES,), dtypes.uint8, "cuBLASLt workspace")
+        ws.storage.pin()  # captured launches keep its address: never evicted
     return ws
 
 
@@ -206,6 +207,7 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     if rst is not None:
         # Leading dims fold into M: one large GEMM instead of a batch of small ones.
         x2 = x2.view((rows, k), rst, x2.offset)
+    fw, w = _as_dtype(ctx, w, dtype, tag)
     wt = w.view((w.shape[1], w.shape[0]), (w.strides[1], w.strides[0]), w.offset)
     launch, lt_bias, lt_act = _linear_lt(ctx, x2, wt, bias, act)
     if launch is None:
@@ -234,7 +236,7 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
             if lt_bias:
                 launch(vx.ptr, v[1].ptr, y.ptr, v[2].ptr)
             else:
-                launch(vx.ptr, v[1].ptr, y.ptr)
+                launch(vx.ptr, fw(v[1]).ptr, y.ptr)
         if epilogue is None:
             return y
         out = ctx.alloc_out(shape, dtype, "linear")

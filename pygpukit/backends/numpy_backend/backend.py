@@ -10,7 +10,7 @@ import numpy as np
 
 from pygpukit.errors import OutOfMemoryError, op_error
 from pygpukit.ir import DType, dtypes
-from pygpukit.memory import Storage
+from pygpukit.memory import Storage, enable_eviction, pin_all, pinned, unpin_all
 from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
@@ -21,13 +21,39 @@ VIEW_OPS = ("reshape", "permute", "expand", "index")
 
 
 class HostValue:
-    """A NumPy array over pool memory, and the block it lives in."""
+    """A NumPy array over pool memory, and the block it lives in. The array is rebuilt
+    when its block was evicted and restored at another address (see pygpukit.memory)."""
 
-    __slots__ = ("storage", "array")
+    __slots__ = ("storage", "_array", "_gen", "_base")
 
     def __init__(self, storage: Storage, array: np.ndarray) -> None:
         self.storage = storage
-        self.array = array
+        self._array = array
+        self._gen = storage.gen
+        self._base = storage._addr
+
+    @property
+    def array(self) -> np.ndarray:
+        st = self.storage
+        addr = st.addr  # restores an evicted block, marks it used
+        if st.gen != self._gen:
+            a = self._array
+            off = a.__array_interface__["data"][0] - self._base
+            raw = (ctypes.c_char * max(st.nbytes, 1)).from_address(addr)
+            raw._storage = st  # type: ignore[attr-defined]
+            b = np.ndarray(a.shape, a.dtype, buffer=raw, offset=off, strides=a.strides)  # type: ignore[arg-type]
+            b.flags.writeable = a.flags.writeable
+            self._array, self._gen, self._base = b, st.gen, addr
+        return self._array
+
+
+def _copy_out(addr: int, nbytes: int) -> np.ndarray:
+    raw = (ctypes.c_char * max(nbytes, 1)).from_address(addr)
+    return np.frombuffer(raw, np.uint8).copy()  # type: ignore[call-overload]
+
+
+def _copy_in(host: np.ndarray, addr: int) -> None:
+    ctypes.memmove(addr, host.ctypes.data, host.nbytes)
 
 
 def host_view(storage: Storage, offset: int, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
@@ -91,6 +117,7 @@ class NumpyBackend(PlannedHooks, Backend):
         from pygpukit import _rust
 
         self.pool = _rust.Pool(arena_bytes=arena_bytes, quota_bytes=quota_bytes)
+        enable_eviction(self.pool, _copy_out, _copy_in)
 
     # -- memory ---------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: DType) -> HostValue:
@@ -103,7 +130,8 @@ class NumpyBackend(PlannedHooks, Backend):
         return v
 
     def to_numpy(self, value: HostValue) -> np.ndarray:
-        return np.array(value.array, copy=True)
+        with pinned((value.storage,)):
+            return np.array(value.array, copy=True)
 
     def storage(self, value: HostValue) -> Storage:
         return value.storage
@@ -137,13 +165,18 @@ class NumpyBackend(PlannedHooks, Backend):
             env[slot] = v
         for step in schedule.steps:
             ins = [env[i] for i in step.ins]
-            arrays = [v.array for v in ins]  # type: ignore[union-attr]
+            # A result may alias an input; allocating its output must not evict that input.
+            held = pin_all(v.storage for v in ins)  # type: ignore[union-attr]
             try:
-                result = _run_step(step, arrays)
-            except (IndexError, ValueError, TypeError, ArithmeticError) as e:
-                specs = [(a.shape, dtypes.as_dtype(a.dtype)) for a in arrays]
-                raise op_error(step.op, e, specs, step.loc) from None
-            env[step.out] = self._store(result, step, ins)  # type: ignore[arg-type]
+                arrays = [v.array for v in ins]  # type: ignore[union-attr]
+                try:
+                    result = _run_step(step, arrays)
+                except (IndexError, ValueError, TypeError, ArithmeticError) as e:
+                    specs = [(a.shape, dtypes.as_dtype(a.dtype)) for a in arrays]
+                    raise op_error(step.op, e, specs, step.loc) from None
+                env[step.out] = self._store(result, step, ins)  # type: ignore[arg-type]
+            finally:
+                unpin_all(held)
             for s in step.frees:
                 env[s] = None
         return [env[s] for s in schedule.output_slots]  # type: ignore[misc]
