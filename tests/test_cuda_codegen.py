@@ -63,6 +63,14 @@ def _plan_all(out: gpk.GPUArray, layout: str) -> int:
         env[step.out] = run(ins)
         res = env[step.out]
         assert res.shape == step.shape and res.dtype == step.dtype, step.op
+        # Compiled mode: the result lands in the slot handed in (at an arena offset), or in
+        # memory of its own that the executor then copies; never elsewhere in the arena.
+        arena = cuda_fakes.FakeStorage(1 << 20)
+        slot = DeviceValue(arena, step.shape, contiguous(step.shape), 64, step.dtype)  # type: ignore[arg-type]
+        ctx.out = slot
+        got = run(ins)
+        ctx.out = None
+        assert got.storage is not arena or got.offset == 64, step.op
     return len(sched.steps)  # type: ignore[attr-defined]
 
 

@@ -52,32 +52,45 @@ def make(ctx: Context, expr: Expr, ins: Sequence[DeviceValue], out_shape: tuple[
     if not strided and not dyn and n:
         items = [out_dtype.itemsize] + [v.dtype.itemsize for v, m in zip(ins, modes, strict=True)
                                         if m == "contig"]  # fmt: skip
-        ptrs = [out_ptr_hint] + [v.ptr for v, m in zip(ins, modes, strict=True) if m == "contig"]
-        if all(p % 16 == 0 for p in ptrs):
-            vec = 16 // max(items)
-    spec = EwSpec(expr, tuple(v.dtype for v in ins), out_dtype, tuple(modes), out_mode,
-                  len(sizes), tuple((o, d) for o, d, _, _ in dyn), vec)  # fmt: skip
-    src = generate(spec)
-    fn = compiler.function(src)
+        vec = 16 // max(items)
+    contig_k = [k for k, m in enumerate(modes) if m == "contig"]
+    base = (expr, tuple(v.dtype for v in ins), out_dtype, tuple(modes), out_mode, len(sizes),
+            tuple((o, d) for o, d, _, _ in dyn))  # fmt: skip
     mid: list[int] = [n]
     if strided:
         mid += sizes
         for st in cstr:
             mid += st
-    grid = (max(1, min(cdiv(cdiv(n, vec), BLOCK), ctx.sm_count * 16)),)
-    fmt = src.fmt
     err = ctx.err_addr
     stream = ctx.stream
     dyn_static = [(size, stride) for _, _, size, stride in dyn]
     mid_t = tuple(mid)
+    variants: dict[int, tuple[object, str, tuple[int]]] = {}
+
+    def variant(v: int) -> tuple[object, str, tuple[int]]:
+        # Compiled on first need: the 16-byte variant, and the scalar one for pointers that
+        # are not 16-byte aligned (views at odd offsets), chosen per launch.
+        got = variants.get(v)
+        if got is None:
+            src = generate(EwSpec(*base, v))  # type: ignore[arg-type]
+            grid = (max(1, min(cdiv(cdiv(n, v), BLOCK), ctx.sm_count * 16)),)
+            got = variants[v] = (compiler.function(src), src.fmt, grid)
+        return got
+
+    variant(vec if all(p % 16 == 0 for p in [out_ptr_hint] + [ins[k].ptr for k in contig_k])
+            else 1)  # fmt: skip
 
     def launch(out_ptr: int, in_ptrs: Sequence[int], dyn_ptrs: Sequence[int] = ()) -> None:
         if n == 0:
             return
+        v = vec
+        if v > 1 and (out_ptr % 16 or any(in_ptrs[k] % 16 for k in contig_k)):
+            v = 1
+        fn, fmt, grid = variant(v)
         tail: list[int] = []
         for p, (size, stride) in zip(dyn_ptrs, dyn_static, strict=True):
             tail += (p, size, stride)
-        fn.launch(grid, (BLOCK,), fmt, (out_ptr, *in_ptrs, *mid_t, *tail, err, tag), 0, stream)
+        fn.launch(grid, (BLOCK,), fmt, (out_ptr, *in_ptrs, *mid_t, *tail, err, tag), 0, stream)  # type: ignore[attr-defined]
 
     return launch
 

@@ -28,7 +28,7 @@ def contiguous_as(ctx: Context, x: DeviceValue, dtype: DType, tag: int,
     def run(v: DeviceValue) -> DeviceValue:
         out = ctx.alloc(target, dtype, "copy")
         launch(out.ptr, [v.ptr])
-        return out.view(target, cst, 0)
+        return out.view(target, cst, out.offset)
 
     return run
 

@@ -142,21 +142,15 @@ def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
         if lt is not None:
             return lt, batch + (m, n)
     lda, ldb = a_st[-2], b_st[-1]
+    # Pointer alignment is checked per launch, so a view at an odd offset falls back to
+    # matmul_simple instead of needing its own plan.
     use_mma = (
         dtype in gemm_mma.DTYPES and len(dims) <= 1 and a_st[-1] == 1 and b_st[-2] == 1
-        and gemm_mma.supported(m, n, k, a.ptr, b.ptr, lda, ldb)
+        and gemm_mma.supported(m, n, k, 0, 0, lda, ldb)
         and all(s % 8 == 0 for s in ca + cb)
     )  # fmt: skip
-    if use_mma:
-        nb = dims[0] if dims else 1
-        sa, sb = (ca[0], cb[0]) if dims else (0, 0)
-
-        def mma(pa: int, pb: int, pc: int) -> None:
-            gemm_mma.gemm(pa, pb, pc, m, n, k, dtype, lda=lda, ldb=ldb, ldc=n, batch=nb,
-                          a_batch_stride=sa, b_batch_stride=sb, c_batch_stride=m * n,
-                          stream=stream)  # fmt: skip
-
-        return mma, batch + (m, n)
+    nb = dims[0] if dims else 1
+    sa, sb = (ca[0], cb[0]) if dims else (0, 0)
 
     def simple(pa: int, pb: int, pc: int) -> None:
         matmul_simple.matmul(pa, pb, pc, m, n, k, dtype, batch_shape=batch,
@@ -164,6 +158,16 @@ def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
                              c_strides=(n, 1), a_batch_strides=abs_, b_batch_strides=bbs,
                              c_batch_strides=cbs, stream=stream)  # fmt: skip
 
+    def mma(pa: int, pb: int, pc: int) -> None:
+        if pa % 16 or pb % 16:
+            simple(pa, pb, pc)
+            return
+        gemm_mma.gemm(pa, pb, pc, m, n, k, dtype, lda=lda, ldb=ldb, ldc=n, batch=nb,
+                      a_batch_stride=sa, b_batch_stride=sb, c_batch_stride=m * n,
+                      stream=stream)  # fmt: skip
+
+    if use_mma:
+        return mma, batch + (m, n)
     return simple, batch + (m, n)
 
 
@@ -234,7 +238,7 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
         y = (ctx.alloc_out if epilogue is None else ctx.alloc)(shape, dtype, "linear")
         if numel(shape):
             if lt_bias:
-                launch(vx.ptr, v[1].ptr, y.ptr, v[2].ptr)
+                launch(vx.ptr, fw(v[1]).ptr, y.ptr, v[2].ptr)
             else:
                 launch(vx.ptr, fw(v[1]).ptr, y.ptr)
         if epilogue is None:

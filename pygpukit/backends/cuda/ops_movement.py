@@ -37,7 +37,7 @@ def plan_view(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
         def run_copy(v: Sequence[DeviceValue]) -> DeviceValue:
             out = ctx.alloc_out(v[0].shape, v[0].dtype, "reshape")
             launch(out.ptr, [v[0].ptr])
-            return out.view(shape, cst, 0)
+            return out.view(shape, cst, out.offset)
 
         return run_copy
     return _plan_index(ctx, step, ins, tag)

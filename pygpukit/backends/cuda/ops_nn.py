@@ -11,7 +11,7 @@ from pygpukit.passes import Step
 from . import ew
 from .context import Context, contiguous, numel
 from .kernels import activation, layer_norm, rms_norm, softmax
-from .materialize import Fix, as_rows, contiguous_as
+from .materialize import as_rows, contiguous_as
 from .value import DeviceValue
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
@@ -35,22 +35,29 @@ def plan_softmax(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int)
         xv = fix(xv.view(pshape, tuple(xv.strides[p] for p in perm), xv.offset))
         y = ctx.alloc_out(pshape, dtype, step.op)
         if rows and cols:
-            softmax.softmax(xv.ptr, y.ptr, rows, cols, dtype.name, log=log, x_row_stride=rs,
-                            y_row_stride=cols, stream=stream)  # fmt: skip
-        return y.view(step.shape, out_st, 0)
+            softmax.softmax(
+                xv.ptr,
+                y.ptr,
+                rows,
+                cols,
+                dtype.name,
+                log=log,
+                x_row_stride=rs,
+                y_row_stride=cols,
+                stream=stream,
+            )
+        return y.view(step.shape, out_st, y.offset)
 
     return run
-
-
-def _param(ctx: Context, p: DeviceValue, cols: int, tag: int) -> Fix:
-    return contiguous_as(ctx, p, p.dtype, tag, (cols,))
 
 
 def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
     x = ins[0]
     dtype, eps = step.dtype, float(step.attrs["eps"])
     fix, rows, cols, rs = as_rows(ctx, x, tag)
-    params = [_param(ctx, p, cols, tag) for p in ins[1:]]
+    # Weights may be wider than x (an upcast gain): the kernels take one weight dtype.
+    wd = ins[1].dtype
+    params = [contiguous_as(ctx, p, wd, tag, (cols,)) for p in ins[1:]]
     stream, shape, op = ctx.stream, step.shape, step.op
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
@@ -59,12 +66,34 @@ def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
         y = ctx.alloc_out(shape, dtype, op)
         if rows and cols:
             if op == "rms_norm":
-                rms_norm.rms_norm(xv.ptr, ps[0].ptr, y.ptr, rows, cols, eps, dtype.name,
-                                  x_stride=rs, y_stride=cols, stream=stream)  # fmt: skip
+                rms_norm.rms_norm(
+                    xv.ptr,
+                    ps[0].ptr,
+                    y.ptr,
+                    rows,
+                    cols,
+                    eps,
+                    dtype.name,
+                    w_dtype=wd.name,
+                    x_stride=rs,
+                    y_stride=cols,
+                    stream=stream,
+                )
             else:
-                layer_norm.layer_norm(xv.ptr, ps[0].ptr, ps[1].ptr, y.ptr, rows, cols, eps,
-                                      dtype.name, x_stride=rs, y_stride=cols,
-                                      stream=stream)  # fmt: skip
+                layer_norm.layer_norm(
+                    xv.ptr,
+                    ps[0].ptr,
+                    ps[1].ptr,
+                    y.ptr,
+                    rows,
+                    cols,
+                    eps,
+                    dtype.name,
+                    w_dtype=wd.name,
+                    x_stride=rs,
+                    y_stride=cols,
+                    stream=stream,
+                )
         return y
 
     return run
@@ -86,8 +115,18 @@ def plan_swiglu(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
             gv, uv = fg(v[0]), fu(v[1])
             y = ctx.alloc_out(shape, dtype, "swiglu")
             if numel(shape):
-                activation.swiglu(gv.ptr, uv.ptr, y.ptr, rows, cols, dtype.name, gate_stride=gs,
-                                  up_stride=us, y_stride=cols, stream=stream)  # fmt: skip
+                activation.swiglu(
+                    gv.ptr,
+                    uv.ptr,
+                    y.ptr,
+                    rows,
+                    cols,
+                    dtype.name,
+                    gate_stride=gs,
+                    up_stride=us,
+                    y_stride=cols,
+                    stream=stream,
+                )
             return y
 
         return run

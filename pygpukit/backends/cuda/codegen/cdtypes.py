@@ -88,6 +88,7 @@ def literal(value: Any, d: DType) -> str:
             if v >= -(2**63) + 1
             else f"(({compute(d)})(-{2**63 - 1}LL - 1))"
         )
-    bits = struct.unpack("<q", struct.pack("<d", float(value)))[0]
-    dbl = f"__longlong_as_double({bits}LL)"
+    bits = struct.unpack("<Q", struct.pack("<d", float(value)))[0]
+    # Hex bits through an unsigned literal: exact for -0.0, inf and nan alike.
+    dbl = f"__longlong_as_double((long long)0x{bits:016x}ULL)"
     return dbl if compute(d) == "double" else f"((float){dbl})"
