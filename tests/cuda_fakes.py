@@ -83,6 +83,10 @@ def install(monkeypatch: Any, arch: str) -> None:
     def get_function(family: str, name: str, defines: Any, arch_: str | None = None) -> Any:
         return FakeFunction(name, loader.compile_family(family, defines, arch))
 
+    # cuBLASLt needs a device: here the NVRTC GEMMs stand in (and are what gets compiled).
+    from pygpukit.backends.cuda import ops_linalg
+
+    monkeypatch.setattr(ops_linalg, "cublaslt_unavailable_reason", lambda: "faked")
     monkeypatch.setattr(compiler, "function", function)
     monkeypatch.setattr(loader, "get_function", get_function)
     info = {"sm_count": 132, "compute_capability": (int(arch[3]), int(arch[4:])),
