@@ -33,7 +33,7 @@ def parse_params(source: str, name: str) -> list[tuple[str, str, str]]:
         raise CompileError(f"jit: no __global__ void {name}(...) in the source")
     if not re.search(r'extern\s+"C"[^;{]*?\b' + re.escape(name) + r"\s*\(", source):
         raise CompileError(f'jit: kernel {name} must be declared extern "C"')
-    out = []
+    out: list[tuple[str, str, str]] = []
     body = m.group(1).strip()
     if not body or body == "void":
         return out
@@ -76,7 +76,6 @@ class Kernel:
         where = f"jit kernel {self.name}: parameter {k} {pname!r} ({ctype})"
         if code == "P":
             if isinstance(value, GPUArray):
-
                 value.realize()
                 v = value.node.realized
                 keep.append(v)

@@ -17,7 +17,7 @@ from .context import Context, cdiv, contiguous
 from .layout import broadcast_strides, collapse, is_contiguous
 from .value import DeviceValue
 
-Launcher = Callable[[int, Sequence[int], Sequence[int]], None]
+Launcher = Callable[..., None]  # (out_ptr, in_ptrs, dyn_ptrs=())
 BLOCK = 256
 
 
@@ -59,8 +59,8 @@ def make(ctx: Context, expr: Expr, ins: Sequence[DeviceValue], out_shape: tuple[
     mid: list[int] = [n]
     if strided:
         mid += sizes
-        for st in cstr:
-            mid += st
+        for cs in cstr:
+            mid += cs
     err = ctx.err_addr
     stream = ctx.stream
     dyn_static = [(size, stride) for _, _, size, stride in dyn]

@@ -158,7 +158,7 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
     nb = numel(batch)
     sshape = batch + (sq, sk)
     it, cols, rows = ("in", 0), ("in", 1), ("in", 2)
-    score = ("mul", it, ("const", sc, acc.name))
+    score: tuple = ("mul", it, ("const", sc, acc.name))
     args_plan: list[DeviceValue] = [DeviceValue(q.storage, sshape, contiguous(sshape), 0, acc)]
     cols_v, rows_v = arange_values(ctx, sk, (1, sk)), arange_values(ctx, sq, (sq, 1))
     args_plan += [cols_v, rows_v]

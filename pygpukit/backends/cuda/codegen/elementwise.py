@@ -86,7 +86,8 @@ def _body(spec: EwSpec, idx: str, offs: dict[int, str]) -> list[str]:
 
 
 def _dyn_lines(spec: EwSpec) -> tuple[list[str], dict[int, str]]:
-    lines, base = [], {}
+    lines: list[str] = []
+    base: dict[int, str] = {}
     for j, (o, _) in enumerate(spec.dyn):
         lines.append(f"const i64 dv{j} = pgk_dyn_index(dp{j}, dsize{j}, err, tag);")
         lines.append(f"if (dv{j} < 0) return;")
