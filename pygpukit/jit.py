@@ -27,8 +27,9 @@ _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
 
 def parse_params(source: str, name: str) -> list[tuple[str, str, str]]:
     """[(C type, parameter name, launch fmt char)] of kernel `name` in `source`."""
-    m = re.search(r"__global__\s+(?:__launch_bounds__\([^)]*\)\s*)?void\s+"
-                  + re.escape(name) + r"\s*\(([^)]*)\)", source)  # fmt: skip
+    lb = r"(?:__launch_bounds__\([^)]*\)\s*)?"
+    m = re.search(r"__global__\s+" + lb + r"void\s+" + lb + re.escape(name) + r"\s*\(([^)]*)\)",
+                  source)  # fmt: skip
     if m is None:
         raise CompileError(f"jit: no __global__ void {name}(...) in the source")
     if not re.search(r'extern\s+"C"[^;{]*?\b' + re.escape(name) + r"\s*\(", source):

@@ -180,7 +180,11 @@ def test_fused_nn_and_matmul(arch: str, d: str) -> None:
         gpk.nn.rope(x, cos, sin, interleaved=True),
         gpk.nn.scaled_dot_product_attention(x, k, k, is_causal=True),
         gpk.nn.scaled_dot_product_attention(
-            x[:, :, :2], k, k, is_causal=True, kv_len=gpk.asarray(np.array(5)),
+            x[:, :, :2],
+            k,
+            k,
+            is_causal=True,
+            kv_len=gpk.asarray(np.array(5)),
             kv_start=gpk.asarray(np.array([0, 2], np.int32)),
         ),
         gpk.nn.scaled_dot_product_attention(x[..., :40], k[..., :40], k[..., :40]),
@@ -240,3 +244,38 @@ def test_fused_expression_kernels_compile(arch: str) -> None:
             from pygpukit.backends.cuda.toolchain import compile_kernel
 
             assert compile_kernel(reduce.generate(spec).text, arch)
+
+
+def test_backend_choice_without_gpu() -> None:
+    import subprocess
+    import sys
+
+    from pygpukit import _native
+
+    if _native.driver_available():
+        pytest.skip("this host has a driver; tests/gpu covers the CUDA choice")
+    code = "import pygpukit as g; print(g.backend_name())"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYGPUKIT_BACKEND"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "cpu"
+    notices = [ln for ln in out.stderr.splitlines() if "NumPy backend" in ln]
+    assert len(notices) == 1, out.stderr
+    env["PYGPUKIT_BACKEND"] = "cuda"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "CUDAError" in out.stderr and "libcuda" in out.stderr
+
+
+def test_jit_parameter_parsing() -> None:
+    from pygpukit.errors import CompileError, DTypeError
+    from pygpukit.jit import parse_params
+
+    src = """extern "C" __global__ void __launch_bounds__(256) k(float* __restrict__ y,
+        const __half* x, double a, unsigned int m, long long n, int i) {}"""
+    assert [p[2] for p in parse_params(src, "k")] == list("PPdIqi")
+    assert [p[1] for p in parse_params(src, "k")] == ["y", "x", "a", "m", "n", "i"]
+    with pytest.raises(DTypeError, match="'h'"):
+        parse_params('extern "C" __global__ void k(__half h) {}', "k")
+    with pytest.raises(CompileError, match='extern "C"'):
+        parse_params("__global__ void k(int n) {}", "k")
+    with pytest.raises(CompileError, match="no __global__"):
+        parse_params('extern "C" __global__ void other(int n) {}', "k")
