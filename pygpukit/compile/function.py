@@ -107,7 +107,10 @@ class CompiledFunction:
 
         arrays = [(p, a if not isinstance(a, np.ndarray) else asarray(a)) for p, a in arrays]
         captured = scan(self.__wrapped_fn__, objects)
+        from pygpukit.backends import get_backend
+
         key = (
+            get_backend().name,  # a plan built for one backend never runs on another
             tree,
             tuple((a.shape, a.dtype.name) for _, a in arrays),
             tuple(id(a) for _, a in captured),
