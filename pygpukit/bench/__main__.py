@@ -3,7 +3,8 @@ installed), on the same device buffers, in one run.
 
     python -m pygpukit.bench [--json FILE] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
-NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, llm; a GEMM
+NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, chain64,
+linear_gelu, compile_time, llm; a GEMM
 workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but llm
 (--llm adds it). Prints a table of times and ratios; --json writes every row plus the
 device, driver, torch version and git commit.
@@ -21,7 +22,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import gemm, kernels
+from . import compiled, gemm, kernels
 
 KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = {
     "rms_norm": kernels.bench_rms_norm,
@@ -30,7 +31,8 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "gemv": kernels.bench_gemv,
     "decode": kernels.bench_decode,
 }
-GROUPS = ("gemm", "copy", *KERNEL_GROUPS, "llm")
+COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time")
+GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "llm")
 
 
 def _parse_only(only: str | None, llm: bool) -> tuple[set[str], list[tuple[int, str]]]:
@@ -93,6 +95,9 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
             print(f"{r['workload']:<44} {r['us']:>9} {r['GB/s']:>8} {r['pct_copy_bw']!s:>6} "
                   f"{r['torch_eager_us']:>9} {r['torch_compile_us']!s:>9} "
                   f"{r['speedup_vs_eager']:>8} {r['speedup_vs_compile']!s:>8}")  # fmt: skip
+    if any(r.get("bench") == "compiled" for r in rows):
+        print("\n== @gpk.compile vs peers")
+        print(compiled.format_rows(rows))
     lrows = [r for r in rows if r.get("bench") == "llm_decode"]
     if lrows:
         from . import llm
@@ -167,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
 
                 _guard(rows, g, kern)
                 torch.cuda.empty_cache()
+        if "chain64" in groups:
+            _guard(rows, "chain64", lambda: compiled.bench_chain64(rows))
+        if "linear_gelu" in groups:
+            _guard(rows, "linear_gelu", lambda: compiled.bench_linear_gelu(rows, use_compile))
+        if "compile_time" in groups:
+            _guard(rows, "compile_time", lambda: compiled.bench_compile_time(rows))
         if "llm" in groups:
             from . import llm
 
