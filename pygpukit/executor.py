@@ -93,6 +93,14 @@ class PlannedProgram:
         self._bound = tuple(id(v) for v in externals)
         self._replay = self.backend.capture(self._run)
 
+    def replay_info(self) -> dict[str, Any]:
+        """What the backend's replayable reports (CUDA: whether a graph was captured, its
+        node count, graph launches, eager runs, the fallback reason); {} before the first
+        call."""
+        r = self._replay
+        keys = ("captured", "num_nodes", "replays", "eager_runs", "fallback")
+        return {k: getattr(r, k) for k in keys if hasattr(r, k)}
+
     def _run(self) -> None:
         values, backend = self.values, self.backend
         inplace = self.plan.inplace

@@ -167,6 +167,7 @@ class CompiledFunction:
                     "arena_bytes": e.program.plan.arena_bytes,
                     "naive_bytes": e.program.plan.naive_bytes,
                     "kernels": len(e.program.kernels),
+                    "replay": e.program.replay_info(),
                 }  # fmt: skip
                 for e in self._cache.values()
             ],

@@ -43,6 +43,9 @@ class CudaBackend(CudaPlannedHooks, Backend):
         self._step: Step | None = None
         self._out: DeviceValue | None = None  # the slot execute() hands the running step
         self._exec_plans: dict[Any, Any] = {}
+        # While a compiled entry is captured: its scratch blocks, kept alive with its graph.
+        self._capture_keep: list[Storage] | None = None
+        self._capture_step: Step | None = None
 
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
@@ -50,6 +53,8 @@ class CudaBackend(CudaPlannedHooks, Backend):
         step = self._step
         where = f" at {step.loc}" if step is not None and step.loc else ""
         storage = device_pool.allocate(self.pool, nbytes, f"{what}{where}")
+        if self._capture_keep is not None:
+            self._capture_keep.append(storage)
         if self.poison and nbytes:
             _native.memset(storage.addr, POISON_BYTE, nbytes, self.stream)
         return DeviceValue(storage, shape, contiguous(shape), 0, dtype)

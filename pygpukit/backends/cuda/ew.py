@@ -62,7 +62,6 @@ def make(ctx: Context, expr: Expr, ins: Sequence[DeviceValue], out_shape: tuple[
         for cs in cstr:
             mid += cs
     err = ctx.err_addr
-    stream = ctx.stream
     dyn_static = [(size, stride) for _, _, size, stride in dyn]
     mid_t = tuple(mid)
     variants: dict[int, tuple[object, str, tuple[int]]] = {}
@@ -90,7 +89,7 @@ def make(ctx: Context, expr: Expr, ins: Sequence[DeviceValue], out_shape: tuple[
         tail: list[int] = []
         for p, (size, stride) in zip(dyn_ptrs, dyn_static, strict=True):
             tail += (p, size, stride)
-        fn.launch(grid, (BLOCK,), fmt, (out_ptr, *in_ptrs, *mid_t, *tail, err, tag), 0, stream)  # type: ignore[attr-defined]
+        fn.launch(grid, (BLOCK,), fmt, (out_ptr, *in_ptrs, *mid_t, *tail, err, tag), 0, ctx.stream)  # type: ignore[attr-defined]
 
     return launch
 

@@ -49,13 +49,13 @@ def plan_rope(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     if dtype.name in rope.DTYPES and bhs is not None and tables_ok and numel(shape):
         b, h, xs = bhs
         ys = (h * seq * hd, seq * hd, hd)
-        css, stream, csd = cos.strides[-2], ctx.stream, cos.dtype.name
+        css, csd = cos.strides[-2], cos.dtype.name
 
         def run(v: Sequence[DeviceValue]) -> DeviceValue:
             y = ctx.alloc_out(shape, dtype, "rope")
             rope.rope(v[0].ptr, y.ptr, v[1].ptr, v[2].ptr, b, h, seq, hd, dtype.name,
                       interleaved=inter, cs_dtype=csd, x_strides=xs, y_strides=ys,
-                      cs_stride=css, stream=stream)  # fmt: skip
+                      cs_stride=css, stream=ctx.stream)  # fmt: skip
             return y
 
         return run
@@ -116,14 +116,13 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     if fits:
         (bq, _, qs), (_, _, ks), (_, _, vs) = lay  # type: ignore[misc]
         os_ = (h * sq * d, sq * d, d)
-        stream = ctx.stream
 
         def run(vals: Sequence[DeviceValue]) -> DeviceValue:
             o = ctx.alloc_out(shape, dtype, "sdpa")
             attention.prefill(vals[0].ptr, vals[1].ptr, vals[2].ptr, o.ptr, bq, h, kvh, sq, sk,
                               d, dtype.name, scale=sc, causal=causal, q_strides=qs,
                               k_strides=ks, v_strides=vs, o_strides=os_,
-                              stream=stream)  # fmt: skip
+                              stream=ctx.stream)  # fmt: skip
             return o
 
         return run
@@ -189,7 +188,6 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
                                                 it)), [o_plan], shape, contiguous(shape),
                      dtype, 256, tag=tag)  # fmt: skip
     n_extra = len(ins) - 3
-    stream = ctx.stream
     dims = list(batch)
 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
@@ -197,16 +195,16 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         s = ctx.alloc(sshape, acc, "sdpa")
         if nb and sq and sk:
             matmul_simple.matmul(qa.ptr, ka.ptr, s.ptr, sq, sk, d, acc.name, batch_shape=dims,
-                                 b_strides=(1, d), stream=stream)  # fmt: skip
+                                 b_strides=(1, d), stream=ctx.stream)  # fmt: skip
         p = ctx.alloc(sshape, acc, "sdpa")
         mptrs = [s.ptr, cols_v.ptr, rows_v.ptr] + [x.ptr for x in vals[3 : 3 + n_extra]]
         masked(p.ptr, mptrs)
         if nb * sq and sk:
-            softmax.softmax(p.ptr, s.ptr, nb * sq, sk, acc.name, stream=stream)
+            softmax.softmax(p.ptr, s.ptr, nb * sq, sk, acc.name, stream=ctx.stream)
         o = ctx.alloc(shape, acc, "sdpa")
         if numel(shape):
             matmul_simple.matmul(s.ptr, va.ptr, o.ptr, sq, dv, sk, acc.name, batch_shape=dims,
-                                 stream=stream)  # fmt: skip
+                                 stream=ctx.stream)  # fmt: skip
         out = ctx.alloc_out(shape, dtype, "sdpa")
         finish(out.ptr, [o.ptr])
         return out

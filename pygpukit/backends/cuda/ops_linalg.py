@@ -110,11 +110,10 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     except (CUDAError, ValueError):
         return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
     ws = _workspace(ctx)
-    stream = ctx.stream
 
     def lt(pa: int, pb: int, pc: int, pbias: int = 0) -> None:
         p = plans[_tf32[0] and dtype == "float32"]
-        p.run(pa, pb, pc, pbias, ws.ptr, WORKSPACE_BYTES, stream)
+        p.run(pa, pb, pc, pbias, ws.ptr, WORKSPACE_BYTES, ctx.stream)
 
     return lt
 
@@ -132,7 +131,6 @@ def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
     bbs = broadcast_strides(b_shape[:-2], b_st[:-2], batch)
     cbs = contiguous(batch + (m, n))[:-2]
     dims, (ca, cb, cc) = collapse(batch, abs_, bbs, cbs)
-    stream = ctx.stream
     a_op = lt_operand(m, k, a_st[-2], a_st[-1])
     b_op = lt_operand(k, n, b_st[-2], b_st[-1])
     if a_op and b_op and len(dims) <= 1 and min(ca + cb, default=0) >= 0:
@@ -156,7 +154,7 @@ def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
         matmul_simple.matmul(pa, pb, pc, m, n, k, dtype, batch_shape=batch,
                              a_strides=(a_st[-2], a_st[-1]), b_strides=(b_st[-2], b_st[-1]),
                              c_strides=(n, 1), a_batch_strides=abs_, b_batch_strides=bbs,
-                             c_batch_strides=cbs, stream=stream)  # fmt: skip
+                             c_batch_strides=cbs, stream=ctx.stream)  # fmt: skip
 
     def mma(pa: int, pb: int, pc: int) -> None:
         if pa % 16 or pb % 16:
@@ -164,7 +162,7 @@ def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
             return
         gemm_mma.gemm(pa, pb, pc, m, n, k, dtype, lda=lda, ldb=ldb, ldc=n, batch=nb,
                       a_batch_stride=sa, b_batch_stride=sb, c_batch_stride=m * n,
-                      stream=stream)  # fmt: skip
+                      stream=ctx.stream)  # fmt: skip
 
     if use_mma:
         return mma, batch + (m, n)

@@ -28,7 +28,6 @@ def plan_softmax(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int)
     pshape = xp.shape
     pst = contiguous(pshape)
     out_st = tuple(pst[i] for i in inv)
-    stream = ctx.stream
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         xv = v[0]
@@ -44,7 +43,7 @@ def plan_softmax(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int)
                 log=log,
                 x_row_stride=rs,
                 y_row_stride=cols,
-                stream=stream,
+                stream=ctx.stream,
             )
         return y.view(step.shape, out_st, y.offset)
 
@@ -58,7 +57,7 @@ def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     # Weights may be wider than x (an upcast gain): the kernels take one weight dtype.
     wd = ins[1].dtype
     params = [contiguous_as(ctx, p, wd, tag, (cols,)) for p in ins[1:]]
-    stream, shape, op = ctx.stream, step.shape, step.op
+    shape, op = step.shape, step.op
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         xv = fix(v[0])
@@ -77,7 +76,7 @@ def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
                     w_dtype=wd.name,
                     x_stride=rs,
                     y_stride=cols,
-                    stream=stream,
+                    stream=ctx.stream,
                 )
             else:
                 layer_norm.layer_norm(
@@ -92,7 +91,7 @@ def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
                     w_dtype=wd.name,
                     x_stride=rs,
                     y_stride=cols,
-                    stream=stream,
+                    stream=ctx.stream,
                 )
         return y
 
@@ -109,7 +108,6 @@ def plan_swiglu(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     ):
         fg, rows, cols, gs = as_rows(ctx, g, tag)
         fu, _, _, us = as_rows(ctx, u, tag)
-        stream = ctx.stream
 
         def run(v: Sequence[DeviceValue]) -> DeviceValue:
             gv, uv = fg(v[0]), fu(v[1])
@@ -125,7 +123,7 @@ def plan_swiglu(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
                     gate_stride=gs,
                     up_stride=us,
                     y_stride=cols,
-                    stream=stream,
+                    stream=ctx.stream,
                 )
             return y
 

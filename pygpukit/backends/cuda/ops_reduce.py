@@ -44,12 +44,12 @@ def plan_reduce(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     else:
         grid = (max(1, min(cdiv(n_out, BLOCK), ctx.sm_count * 16)),)
     tail = (*args, ctx.err_addr, tag)
-    shape, dtype, stream, fmt = step.shape, step.dtype, ctx.stream, src.fmt
+    shape, dtype, fmt = step.shape, step.dtype, src.fmt
 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, dtype, op)
         if n_out:
-            fn.launch(grid, (BLOCK,), fmt, (out.ptr, *[v.ptr for v in vals], *tail), 0, stream)
+            fn.launch(grid, (BLOCK,), fmt, (out.ptr, *[v.ptr for v in vals], *tail), 0, ctx.stream)
         return out
 
     return run

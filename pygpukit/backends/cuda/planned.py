@@ -1,35 +1,127 @@
 """The CUDA side of the planned-execution hooks (see pygpukit/executor.py): compiled graphs
-run inside one arena block, and each step writes into its planned slot."""
+run inside one arena block, and each step writes into its planned slot.
+
+A compiled entry's steps run on its own non-blocking stream and are recorded once into a
+CUDA Graph; a call then costs one graph launch instead of one Python-issued launch per
+kernel. The stream is ordered against the backend's stream (the legacy default stream) with
+events on both sides, so uploads queued before a call are complete before the graph reads
+them, and later lazy ops and to_numpy see its results.
+"""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+from pygpukit import _native
 from pygpukit.ir import DType
-from pygpukit.memory import Storage
+from pygpukit.memory import Storage, pin_all, unpin_all
 
 from . import device_pool, ew
 from .context import contiguous
+from .layout import is_contiguous
 from .plan import plan_step
 from .value import DeviceValue
 
+_warned_ops: set[str] = set()  # the fallback warning is given once per op
+
 
 class CudaReplay:
-    """Replays the planned steps: every launch is already planned, so a replay is the
-    launches alone, queued asynchronously."""
+    """`replay()` has the effect of `run()`. The first replay runs it eagerly on the
+    entry's stream (compiling kernels, building cuBLASLt plans and workspaces, so nothing
+    inside the capture allocates device memory from the driver or synchronises), then
+    captures it; later replays launch the instantiated graph. When capture fails (an op
+    that synchronises), every replay re-issues the launches, after a one-time warning."""
 
-    def __init__(self, run: Callable[[], None]) -> None:
+    def __init__(self, backend: CudaPlannedHooks, run: Callable[[], None]) -> None:
+        self._backend = backend
         self._run = run
+        self.stream = _native.Stream(0, True)
+        self._ready = _native.Event(False)  # the caller's stream -> this stream
+        self._done = _native.Event(False)  # this stream -> the caller's stream
+        self._exec: Any = None
+        self._keep: list[Storage] = []  # scratch the graph writes: must outlive it
+        self.num_nodes = 0
+        self.replays = 0  # graph launches
+        self.eager_runs = 0  # run() called from Python (the first call, or the fallback)
+        self.fallback: str | None = None  # why the launches are re-issued, if they are
+
+    @property
+    def captured(self) -> bool:
+        return self._exec is not None
 
     def replay(self) -> None:
-        self._run()
+        b = self._backend
+        caller = b.stream
+        self._ready.record(caller)
+        self.stream.wait_event(self._ready)
+        if self._exec is not None:
+            self._exec.launch(self.stream)
+            self.replays += 1
+        else:
+            b.stream = self.stream
+            try:
+                self._run()
+                self.eager_runs += 1
+                if self.fallback is None:
+                    self._capture()
+            finally:
+                b.stream = caller
+        self._done.record(self.stream)
+        _native.stream_wait_event(caller, self._done)
+
+    def _capture(self) -> None:
+        b = self._backend
+        keep: list[Storage] = []
+        b._capture_keep = keep
+        b._capture_step = None
+        self.stream.begin_capture("thread_local")
+        try:
+            try:
+                self._run()
+            finally:
+                graph = self.stream.end_capture()
+            exec_ = graph.instantiate()
+        except Exception as e:  # noqa: BLE001 - any failure inside capture means: re-issue
+            self._give_up(b._capture_step, e)
+            return
+        finally:
+            b._capture_keep = None
+        self._keep = pin_all(keep)
+        self._exec = exec_
+        self.num_nodes = graph.num_nodes
+
+    def _give_up(self, step: Any, e: Exception) -> None:
+        op = getattr(step, "op", "writeback copy" if step is None else str(step))
+        loc = getattr(step, "loc", None)
+        where = f" at {loc}" if loc else ""
+        self.fallback = f"{op}{where}: {type(e).__name__}: {e}"
+        if op not in _warned_ops:
+            _warned_ops.add(op)
+            warnings.warn(
+                f"compiled graph could not be captured as a CUDA Graph because of op "
+                f"{op!r}{where} ({type(e).__name__}: {e}); its launches are re-issued "
+                f"from Python on every call",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def __del__(self) -> None:
+        try:
+            unpin_all(self._keep)
+        except Exception:  # interpreter shutdown
+            pass
 
 
 class CudaPlannedHooks:
     pool: Any
+    stream: Any
     _out: DeviceValue | None
     _exec_plans: dict[Any, Any]
+    _capture_keep: list[Storage] | None
+    _capture_step: Any
+    launches_issued = 0  # kernels queued from Python for compiled entries; replays add none
 
     def alloc_arena(self, nbytes: int) -> Storage:
         return device_pool.allocate(self.pool, max(nbytes, 1), "compiled graph arena")
@@ -53,6 +145,8 @@ class CudaPlannedHooks:
     def execute(self, step: Any, ins: list[DeviceValue], out: DeviceValue,
                 inplace: bool = False) -> None:  # fmt: skip
         """Run one step writing into `out` (for an in-place setitem, out is ins[0])."""
+        self._capture_step = step  # names the op if a capture fails inside it
+        self.launches_issued += 1
         run = self._planned(step, ins)
         self._out = out
         try:
@@ -62,10 +156,22 @@ class CudaPlannedHooks:
         if (res.storage is not out.storage or res.offset != out.offset
                 or res.strides != out.strides):  # fmt: skip
             self.copy_into(out, res)
+        self._capture_step = None
 
     def copy_into(self, dst: DeviceValue, src: DeviceValue) -> None:
+        if src.ptr == dst.ptr and src.strides == dst.strides and src.dtype == dst.dtype:
+            return  # already in its slot
+        if (src.dtype == dst.dtype and src.shape == dst.shape
+                and is_contiguous(src.shape, src.strides)
+                and is_contiguous(dst.shape, dst.strides)):  # fmt: skip
+            # A copy engine transfer: no kernel, and no launcher to build per call.
+            nbytes = src.size * src.dtype.itemsize
+            if nbytes:
+                _native.memcpy_dtod_async(dst.ptr, src.ptr, nbytes, self.stream)
+            return
         launch = ew.make(self, ("cast", dst.dtype.name, ("in", 0)), [src], dst.shape,  # type: ignore[arg-type]
                          dst.strides, dst.dtype, dst.ptr)  # fmt: skip
+        self.launches_issued += 1
         launch(dst.ptr, [src.ptr])
 
     def clone(self, value: DeviceValue) -> DeviceValue:
@@ -77,4 +183,4 @@ class CudaPlannedHooks:
         return DeviceValue(storage, value.shape, value.strides, value.offset, value.dtype)
 
     def capture(self, run: Callable[[], None]) -> CudaReplay:
-        return CudaReplay(run)
+        return CudaReplay(self, run)

@@ -1,0 +1,215 @@
+"""@gpk.compile on the CUDA backend replays a captured CUDA Graph: results against float64
+NumPy on fresh random inputs, device scalars and persistent arrays without re-capture, the
+static_outputs staleness error, flat pool memory over many calls, and the re-issue fallback
+when a step cannot be captured."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pygpukit as gpk
+import pygpukit.backends as backends
+from pygpukit.compile import StaleOutputError
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def cuda() -> Iterator[Any]:
+    b = backends.get_backend()
+    if b.name != "cuda":
+        pytest.skip("the CUDA backend is not active")
+    yield b
+    b.synchronize()
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    import zlib
+
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+def f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.uniform(-2.0, 2.0, shape).astype(np.float32)
+
+
+def close(out: Any, ref: np.ndarray, rtol: float = 2e-5) -> None:
+    got = out.to_numpy() if hasattr(out, "to_numpy") else out
+    ref = np.asarray(ref, np.float64)
+    scale = max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=rtol, atol=rtol * scale)
+
+
+def replay_of(fn: Any) -> Any:
+    (entry,) = fn._cache.values()
+    return entry.program._replay
+
+
+def softmax64(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_replays_as_graph_with_no_python_launches(cuda: Any, rng: np.random.Generator) -> None:
+    @gpk.compile
+    def f(x: Any, w: Any, b: Any) -> Any:
+        h = gpk.nn.softmax((x @ w.T + b) * 0.5)
+        return h.sum(-1), gpk.exp(h) - h
+
+    issued: list[int] = []
+    for _ in range(6):
+        x, w, b = f32(rng, 16, 64), f32(rng, 32, 64), f32(rng, 32)
+        before = cuda.launches_issued
+        s, e = f(gpk.from_numpy(x), gpk.from_numpy(w), gpk.from_numpy(b))
+        issued.append(cuda.launches_issued - before)
+        h = softmax64((x.astype(np.float64) @ w.T.astype(np.float64) + b) * 0.5)
+        close(s, h.sum(-1), 1e-4)  # tf32 may serve the float32 matmul
+        close(e, np.exp(h) - h, 1e-4)
+        close(e * 2.0, 2.0 * (np.exp(h) - h), 1e-4)  # a later lazy op sees the result
+    rp = replay_of(f)
+    assert rp.captured and rp.fallback is None and rp.num_nodes > 0
+    assert rp.eager_runs == 1 and rp.replays == 5
+    assert issued[0] > 0 and issued[1:] == [0] * 5
+    assert f.stats()["misses"] == 1
+
+
+def test_device_scalar_changes_without_recapture(rng: np.random.Generator) -> None:
+    table = f32(rng, 20, 8)
+    t = gpk.from_numpy(table)
+
+    @gpk.compile
+    def row(i: Any, scale: Any) -> Any:
+        return t[i] * scale + 1.0
+
+    order = rng.permutation(20)
+    for i in order:
+        s = float(rng.uniform(-3, 3))
+        close(row(gpk.scalar(int(i)), gpk.scalar(s)), table[i].astype(np.float64) * s + 1.0)
+    assert row.stats()["misses"] == 1
+    rp = replay_of(row)
+    assert rp.captured and rp.replays == len(order) - 1
+
+
+def test_kv_cache_setitem_at_dynamic_position(rng: np.random.Generator) -> None:
+    ref = f32(rng, 2, 16, 4).astype(np.float64)
+    cache = gpk.from_numpy(ref.astype(np.float32))
+    addr = cache.node.realized.storage.addr
+
+    @gpk.compile
+    def step(k: Any, pos: Any) -> Any:
+        cache[:, pos] = k
+        return cache.sum(1) * 2.0
+
+    for pos in rng.permutation(16)[:10]:
+        k = f32(rng, 2, 4)
+        out = step(gpk.from_numpy(k), gpk.scalar(int(pos)))
+        ref[:, pos] = k
+        close(out, ref.sum(1) * 2.0)
+        close(cache, ref)  # the user's persistent array, written inside the graph
+    assert step.stats()["misses"] == 1
+    assert cache.node.realized.storage.addr == addr
+    rp = replay_of(step)
+    assert rp.captured and rp.replays == 9
+
+
+def test_out_of_bounds_index_in_replay_is_reported(rng: np.random.Generator) -> None:
+    table = gpk.from_numpy(f32(rng, 5, 3))
+
+    @gpk.compile
+    def pick(idx: Any) -> Any:
+        return gpk.take(table, idx, axis=0) + 1.0
+
+    for _ in range(2):
+        pick(gpk.from_numpy(rng.integers(0, 5, 4))).to_numpy()
+    assert replay_of(pick).captured
+    with pytest.raises(gpk.errors.GPUKitError, match="out of bounds"):
+        pick(gpk.from_numpy(np.array([0, 7, 1, 2]))).to_numpy()
+    good = rng.integers(0, 5, 4)
+    close(pick(gpk.from_numpy(good)), table.to_numpy()[good].astype(np.float64) + 1.0)
+
+
+def test_static_outputs_go_stale(rng: np.random.Generator) -> None:
+    s = gpk.compile(lambda x: gpk.tanh(x) + 1.0, static_outputs=True)
+    xs = [f32(rng, 7, 5) for _ in range(3)]
+    y0 = s(gpk.from_numpy(xs[0]))
+    close(y0, np.tanh(xs[0].astype(np.float64)) + 1.0)
+    y1 = s(gpk.from_numpy(xs[1]))
+    with pytest.raises(StaleOutputError, match="static_outputs=True"):
+        y0.to_numpy()
+    close(y1, np.tanh(xs[1].astype(np.float64)) + 1.0)
+    y2 = s(gpk.from_numpy(xs[2]))
+    close(y2, np.tanh(xs[2].astype(np.float64)) + 1.0)
+    assert replay_of(s).captured
+
+
+def test_many_calls_do_not_grow_pool_memory(cuda: Any, rng: np.random.Generator) -> None:
+    w = gpk.from_numpy(f32(rng, 32, 32))
+
+    @gpk.compile
+    def f(x: Any, i: Any) -> Any:
+        return gpk.nn.rms_norm(x @ w, w[i]) * 0.25
+
+    x = gpk.from_numpy(f32(rng, 4, 32))
+    for k in range(5):
+        f(x, gpk.scalar(k)).to_numpy()
+    gc.collect()
+    cuda.synchronize()
+    before = cuda.pool_stats()
+    for k in range(10_000):
+        y = f(x, gpk.scalar(k % 32))
+    last = y.to_numpy()
+    del y
+    gc.collect()
+    after = cuda.pool_stats()
+    assert after["in_use_bytes"] <= before["in_use_bytes"]
+    assert after["reserved_bytes"] <= before["reserved_bytes"]
+    xw = x.to_numpy().astype(np.float64) @ w.to_numpy().astype(np.float64)
+    g = w.to_numpy().astype(np.float64)[9999 % 32]
+    ref = xw / np.sqrt((xw**2).mean(-1, keepdims=True) + 1e-6) * g * 0.25
+    close(last, ref, 2e-3)
+    assert replay_of(f).replays >= 10_000
+
+
+def test_uncapturable_step_falls_back_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    from pygpukit import _native
+    from pygpukit.backends.cuda import plan, planned
+
+    real = plan.PLANNERS["softmax"]
+
+    def syncing(ctx: Any, step: Any, ins: Any, tag: int) -> Any:
+        run = real(ctx, step, ins, tag)
+
+        def go(v: Any) -> Any:
+            _native.synchronize()  # a host sync: refused while a stream captures
+            return run(v)
+
+        return go
+
+    monkeypatch.setitem(plan.PLANNERS, "softmax", syncing)
+    monkeypatch.setattr(planned, "_warned_ops", set())
+
+    @gpk.compile
+    def f(x: Any) -> Any:
+        return gpk.nn.softmax(x * 2.0) + 1.0
+
+    with pytest.warns(RuntimeWarning, match="softmax"):
+        x = f32(rng, 6, 10)
+        close(f(gpk.from_numpy(x)), softmax64(2.0 * x.astype(np.float64)) + 1.0)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning only
+        for _ in range(3):
+            x = f32(rng, 6, 10)
+            close(f(gpk.from_numpy(x)), softmax64(2.0 * x.astype(np.float64)) + 1.0)
+    rp = replay_of(f)
+    assert not rp.captured and rp.fallback and "softmax" in rp.fallback
+    assert rp.eager_runs == 4 and rp.replays == 0
