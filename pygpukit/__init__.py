@@ -44,6 +44,7 @@ from .compile import compile, scalar  # noqa: A004 - gpk.compile shadows the bui
 from .mode import eager, is_eager
 from .ops import *  # noqa: F403
 from .ops import realize
+from .scheduler import Scheduler, Task
 from .streams import Event, Stream, synchronize
 
 

@@ -1,0 +1,376 @@
+"""gpk.Scheduler: admits compiled-graph launches against memory, paces tenants by GPU
+time, and runs them. Every decision (admit, queue, reject, which task starts when) is
+made by the Rust core (pygpukit._rust.SchedulerCore); this layer reserves the memory the
+core admits (the graph's arena, allocated from the pool at admission), launches, measures
+and reports back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pygpukit import errors
+from pygpukit.memory import eviction_stats
+
+from .clock import Clock, SimClock, WallClock
+from .device import CudaDevice, Device, Done, HostDevice, SimDevice
+from .task import Task
+
+# Tracing and running compiled functions touch process-wide state (the runtime's
+# schedule cache, a backend's current stream): one call at a time from scheduler threads.
+_EXEC_LOCK = threading.RLock()
+
+_QOS = {"guaranteed", "burstable", "best_effort"}
+_PARTITION_KEYS = {"memory", "bandwidth", "priority"}
+DEFAULT_SIM_GBPS = 1000.0  # nominal bandwidth of the simulated GPU's cost model
+
+
+def _stream_priorities(cuda: bool) -> dict[str, int]:
+    if cuda:
+        from pygpukit import _native
+
+        least, greatest = _native.Stream.priority_range()
+        return {"high": int(greatest), "normal": int(least), "low": int(least)}
+    return {"high": -1, "normal": 0, "low": 1}  # lower is more urgent, as in CUDA
+
+
+class Scheduler:
+    """Runs compiled functions as scheduled workloads.
+
+        sched = gpk.Scheduler(memory=8 << 30, partitions={
+            "inference": {"memory": 6 << 30, "bandwidth": 0.7, "priority": "high"},
+            "batch": {"memory": 2 << 30, "bandwidth": 0.3}})
+        task = sched.submit(step, x, qos="guaranteed", bandwidth=0.5, partition="inference")
+        y = task.result()
+
+    memory: bytes reservations may take (default: the pool's quota). A partition has a
+    memory quota, a share of the GPU's time, and a stream priority ("high", "normal",
+    "low" or a CUDA priority). simulate: pace against simulated GPU time (default on the
+    CPU backend): a task costs `sim_ms`, or the bytes its kernels move at sim_gbps.
+    max_inflight: launches of non-Guaranteed work on the device at once; pacing charges
+    time when a launch ends, so a deeper queue makes shares coarser and lets low-priority
+    work sit in front of Guaranteed launches.
+    """
+
+    def __init__(self, memory: int | None = None,
+                 partitions: dict[str, dict[str, Any]] | None = None, *,
+                 burst_ms: float = 50.0, simulate: bool | None = None,
+                 sim_gbps: float = DEFAULT_SIM_GBPS, max_inflight: int = 1) -> None:  # fmt: skip
+        from pygpukit import _rust
+        from pygpukit.backends import get_backend
+
+        backend: Any = get_backend()  # both backends carry their Rust pool as .pool
+        self._backend = backend
+        cuda = backend.name == "cuda"
+        pool = backend.pool
+        if memory is None:
+            memory = pool.quota_bytes
+            if memory is None and cuda:
+                from pygpukit import _native
+
+                memory = int(_native.mem_get_info()[0])
+            if memory is None:
+                raise ValueError("Scheduler(memory=...) is needed: the pool has no quota")
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        if sim_gbps <= 0:
+            raise ValueError(f"sim_gbps must be positive, got {sim_gbps}")
+        self.memory = int(memory)
+        self._core = _rust.SchedulerCore(self.memory, burst_ms)
+        self._prio = _stream_priorities(cuda)
+        self._part_prio: dict[str, int] = {"default": self._prio["normal"]}
+        for name, spec in (partitions or {}).items():
+            unknown = set(spec) - _PARTITION_KEYS
+            if unknown:
+                raise ValueError(f"partition {name!r}: unknown keys {sorted(unknown)}; "
+                                 f"expected {sorted(_PARTITION_KEYS)}")  # fmt: skip
+            prio = spec.get("priority", "normal")
+            if isinstance(prio, str):
+                if prio not in self._prio:
+                    raise ValueError(f"partition {name!r}: priority must be 'high', 'normal', "
+                                     f"'low' or an int, got {prio!r}")  # fmt: skip
+                prio = self._prio[prio]
+            self._core.add_partition(name, int(spec.get("memory", self.memory)),
+                                     float(spec.get("bandwidth", 1.0)), int(prio))  # fmt: skip
+            self._part_prio[name] = int(prio)
+        self.simulated = (not cuda) if simulate is None else bool(simulate)
+        self._sim_bytes_per_ms = sim_gbps * 1e6
+        self._clock: Clock = SimClock() if self.simulated else WallClock()
+        self._cond = threading.Condition(threading.RLock())
+        self._device: Device
+        if self.simulated:
+            self._device = SimDevice()
+        elif cuda:
+            self._device = CudaDevice(self._backend, self._wake)
+        else:
+            self._device = HostDevice()
+        self.max_inflight = max_inflight
+        self._tasks: dict[int, Task] = {}
+        self._waiting: dict[str, dict[int, None]] = {}  # tenant -> admitted task ids, in order
+        self._paused = 0
+        self._closed = False
+        self._counts = {"launched": 0, "completed": 0, "failed": 0, "cancelled": 0,
+                        "rejected": 0, "arena_oom": 0, "timer_errors": 0}  # fmt: skip
+        self._gpu_ms: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._loop, name="pygpukit-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- submitting -----------------------------------------------------------------------
+    def submit(self, fn: Any, *args: Any, qos: str = "burstable", bandwidth: float = 1.0,
+               partition: str = "default", priority: int = 0, deadline: float | None = None,
+               tenant: str | None = None, sim_ms: float | None = None,
+               kwargs: dict[str, Any] | None = None) -> Task:  # fmt: skip
+        """Submit one call `fn(*args, **kwargs)` of a @gpk.compile function. Its reservation
+        (the planned arena plus inputs and outputs) is admitted now, queued until memory
+        frees, or refused: AdmissionRejected with `.reason`. bandwidth: the tenant's share
+        of its partition's GPU time; deadline: seconds from now (earlier first among equal
+        QoS and priority); tenant: whose share it draws on (default the function's name)."""
+        if not hasattr(fn, "reservation") or not hasattr(fn, "call_in"):
+            raise errors.DTypeError(f"submit takes a @gpk.compile function, got {fn!r}")
+        if getattr(fn, "static_outputs", False):
+            raise ValueError(f"{fn.__name__}: static_outputs=True results would be views into "
+                             "the task's arena, which is freed when the task ends")  # fmt: skip
+        qos = qos.lower().replace("-", "_")
+        if qos not in _QOS:
+            raise ValueError(f"qos must be one of {sorted(_QOS)}, got {qos!r}")
+        kwargs = dict(kwargs or {})
+        with _EXEC_LOCK:
+            res = fn.reservation(*args, **kwargs)
+        cost = float(sim_ms) if sim_ms is not None else res.traffic_bytes / self._sim_bytes_per_ms
+        if not cost >= 0:
+            raise ValueError(f"sim_ms must be >= 0, got {sim_ms}")
+        tenant = str(tenant or getattr(fn, "__name__", "tenant"))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            now = self._clock.now()
+            deadline_ms = None if deadline is None else now + deadline * 1e3
+            tid, status, reason, others = self._core.submit(
+                tenant, res.total, now=now, qos=qos, priority=priority, partition=partition,
+                bandwidth_share=bandwidth, deadline_ms=deadline_ms)  # fmt: skip
+            if status == "rejected":
+                self._counts["rejected"] += 1
+                self._admit_locked(others, now)
+                raise errors.AdmissionRejected(f"{tenant}: task rejected: {reason}", reason or "")
+            task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now)
+            task._high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
+            self._tasks[tid] = task
+            self._admit_locked(([tid] if status == "admitted" else []) + list(others), now)
+            self._cond.notify_all()
+        return task
+
+    def at(self, t_ms: float, fn: Callable[[], None]) -> None:
+        """Call fn on the dispatcher thread once the scheduler's clock reaches t_ms (an
+        arrival process in simulated time; it may submit)."""
+        with self._cond:
+            self._clock.call_at(t_ms, fn)
+            self._cond.notify_all()
+
+    def now(self) -> float:
+        """The scheduler's clock, in milliseconds (simulated GPU time when simulated)."""
+        return self._clock.now()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing starts inside the block: submit a batch, then let pacing order it."""
+        with self._cond:
+            self._paused += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused -= 1
+                self._cond.notify_all()
+
+    # -- reservations ---------------------------------------------------------------------
+    def _admit_locked(self, ids: list[int], now: float) -> None:
+        """The core admitted these tasks: allocate each one's arena from the pool (which
+        may evict idle arrays); a task whose arena cannot be had fails and gives its
+        reservation back, possibly admitting others."""
+        work = list(ids)
+        while work:
+            tid = work.pop(0)
+            task = self._tasks.get(tid)
+            if task is None or task._state != "queued":
+                continue
+            try:
+                task.arena = self._backend.alloc_arena(task.reservation.arena_bytes)
+            except errors.OutOfMemoryError as e:
+                self._counts["arena_oom"] += 1
+                work.extend(self._core.cancel(tid))
+                self._end_locked(task, "failed", error=e)
+                continue
+            task._state = "admitted"
+            task.admitted_ms = now
+            self._waiting.setdefault(task.tenant, {})[tid] = None
+
+    def _end_locked(self, task: Task, state: str, result: Any = None,
+                    error: BaseException | None = None) -> None:  # fmt: skip
+        if task.arena is not None:
+            task.arena.release()
+            task.arena = None
+        self._tasks.pop(task.id, None)
+        w = self._waiting.get(task.tenant)
+        if w is not None:
+            w.pop(task.id, None)
+        task._state = state
+        task.finished_ms = self._clock.now() if task.finished_ms is None else task.finished_ms
+        task.fn, task.args, task.kwargs = None, (), {}  # the inputs may be freed now
+        if state == "cancelled":
+            task._future.cancel()
+            task._future.set_running_or_notify_cancel()  # waiters see it as done
+        elif error is not None:
+            task._future.set_exception(error)
+        else:
+            task._future.set_result(result)
+        self._cond.notify_all()
+
+    def _cancel(self, task: Task) -> bool:
+        with self._cond:
+            if task._state not in ("queued", "admitted"):
+                return False
+            others = self._core.cancel(task.id)
+            self._counts["cancelled"] += 1
+            self._end_locked(task, "cancelled")
+            self._admit_locked(others, self._clock.now())
+            return True
+
+    # -- dispatching ----------------------------------------------------------------------
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _collect_locked(self) -> None:
+        for d in self._device.collect():
+            self._finish_locked(d)
+
+    def _finish_locked(self, d: Done) -> None:
+        task = d.task
+        now = d.at_ms if d.at_ms is not None else self._clock.now()
+        task.gpu_ms = d.gpu_ms
+        task.finished_ms = now
+        ok = d.error is None
+        others = (self._core.complete if ok else self._core.fail)(task.id, d.gpu_ms, now)
+        self._counts["completed" if ok else "failed"] += 1
+        self._gpu_ms[task.tenant] = self._gpu_ms.get(task.tenant, 0.0) + d.gpu_ms
+        self._end_locked(task, "done" if ok else "failed", d.result, d.error)
+        self._admit_locked(others, now)
+
+    def _next_event_locked(self, now: float) -> float | None:
+        """The earliest time something can change without a new submission: a launch
+        ending, a timer, or a held-back tenant back within its share (from the core)."""
+        times = [t for t in (self._device.next_completion(), self._clock.next_timer())
+                 if t is not None]  # fmt: skip
+        for ids in self._waiting.values():
+            if ids:
+                tid = next(iter(ids))
+                self._core.may_start(tid, now)  # counts the tenant's task as throttled
+                t = self._core.next_start_time(tid, now)
+                if t is not None and t > now:
+                    times.append(t)
+        return min(times) if times else None
+
+    def _pick_locked(self, now: float) -> Task | None:
+        if self._paused:
+            return None
+        tid = self._core.pick_next(now)
+        if tid is None:
+            return None
+        task = self._tasks[tid]
+        if not task._high and self._device.inflight_low >= self.max_inflight:
+            return None
+        prio = self._core.start(tid, now)
+        # Guaranteed launches take the highest stream priority whatever their partition.
+        task.stream_priority = self._prio["high"] if task.qos == "guaranteed" else prio
+        task._state = "running"
+        task.started_ms = now
+        self._waiting[task.tenant].pop(tid, None)
+        for ids in self._waiting.values():
+            if ids:  # tenants passed over now count as throttled in the core's stats
+                self._core.may_start(next(iter(ids)), now)
+        self._counts["launched"] += 1
+        return task
+
+    def _run_timers(self) -> bool:
+        with self._cond:
+            due = self._clock.due(self._clock.now())
+        for fn in due:
+            try:
+                fn()
+            except Exception:
+                with self._cond:
+                    self._counts["timer_errors"] += 1
+        return bool(due)
+
+    def _loop(self) -> None:
+        sim = isinstance(self._clock, SimClock)
+        while True:
+            if self._run_timers():
+                continue
+            with self._cond:
+                self._collect_locked()
+                if self._closed and not self._tasks:
+                    return
+                now = self._clock.now()
+                task = self._pick_locked(now)
+                if task is None:
+                    t = None if self._paused else self._next_event_locked(now)
+                    if sim and t is not None and t > now:
+                        self._clock.advance_to(t)  # type: ignore[attr-defined]
+                        self._device.advance_to(t)
+                    elif sim or t is None:
+                        self._cond.wait(None if sim else 0.5)
+                    else:
+                        self._cond.wait(max(t - now, 0.0) / 1e3)
+                    continue
+            self._launch(task, now)
+
+    def _launch(self, task: Task, now: float) -> None:
+        fn, args, kwargs, arena = task.fn, task.args, task.kwargs, task.arena
+
+        def run() -> Any:
+            with _EXEC_LOCK:
+                return fn.call_in(arena, *args, **kwargs)
+
+        assert task.stream_priority is not None
+        self._device.launch(task, task.stream_priority, task._high, run, now)
+
+    # -- inspecting and closing -----------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """The node: reservations (per task), queue, running, per-tenant GPU time and
+        throttles, partitions (from the core); launches and ends; arenas held; evictions."""
+        with self._cond:
+            now = self._clock.now()
+            st = dict(self._core.stats(now))
+            st["now_ms"] = now
+            st["simulated"] = self.simulated
+            st["launches"] = dict(self._counts)
+            st["arena_bytes_held"] = sum(t.reservation.arena_bytes for t in self._tasks.values()
+                                         if t.arena is not None)  # fmt: skip
+            st["task_states"] = {tid: t._state for tid, t in self._tasks.items()}
+        st["eviction"] = eviction_stats(self._backend.pool)
+        st["pool"] = self._backend.pool_stats()
+        return st
+
+    def close(self, cancel: bool = False, timeout: float | None = None) -> None:
+        """Stop after the submitted tasks end (cancel=True withdraws those not running)."""
+        with self._cond:
+            if cancel:
+                for task in list(self._tasks.values()):
+                    if task._state in ("queued", "admitted"):
+                        self._core.cancel(task.id)
+                        self._counts["cancelled"] += 1
+                        self._end_locked(task, "cancelled")
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if isinstance(self._device, CudaDevice):
+            self._device.close()
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(cancel=exc[0] is not None)

@@ -1,0 +1,311 @@
+"""gpk.Scheduler on the CPU backend: real compiled calls, simulated GPU time."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import random
+
+import numpy as np
+import pytest
+
+import pygpukit as gpk
+from pygpukit.backends import numpy_backend
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> numpy_backend.NumpyBackend:
+    """A fresh CPU backend per test, so pool figures start from zero."""
+    from pygpukit import backends
+
+    b = numpy_backend.NumpyBackend(arena_bytes=MIB, quota_bytes=64 * MIB)
+    monkeypatch.setattr(backends, "_backend", b)
+    return b
+
+
+def _fns():
+    @gpk.compile
+    def mlp(x, w):
+        return gpk.nn.gelu(x @ w) * 2.0
+
+    @gpk.compile
+    def gather(x, idx):
+        return gpk.take(x, idx, axis=0) + 1.0
+
+    return mlp, gather
+
+
+def _data(rng, m=8, k=16, n=32):
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    return x, w
+
+
+def _reserved_zero(sched, backend, in_use_before):
+    gc.collect()  # results the test dropped give their blocks back
+    st = sched.stats()
+    assert st["reserved_bytes"] == 0 and st["arena_bytes_held"] == 0
+    assert st["queue_length"] == 0 and not st["tasks"]
+    assert backend.pool_stats()["in_use_bytes"] <= in_use_before
+
+
+def test_results_match_direct_calls_and_reservation(backend):
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    pairs = [_data(rng) for _ in range(5)]
+    args = [(gpk.asarray(x), gpk.asarray(w)) for x, w in pairs]
+    want = [mlp(*a).to_numpy() for a in args]
+    res = mlp.reservation(*args[0])
+    assert res.total == res.arena_bytes + res.input_bytes + res.output_bytes
+    assert res.input_bytes == (8 * 16 + 16 * 32) * 4 and res.output_bytes == 8 * 32 * 4
+    with gpk.Scheduler(memory=8 * MIB) as sched:
+        tasks = [sched.submit(mlp, *a, sim_ms=1.5) for a in args]
+        for t, w in zip(tasks, want, strict=True):
+            np.testing.assert_allclose(t.result(10).to_numpy(), w, rtol=1e-6)
+            st = t.stats()
+            assert st["state"] == "done" and st["reservation_bytes"] == res.total
+            assert st["gpu_ms"] == 1.5 and st["latency_ms"] >= 1.5
+        st = sched.stats()
+        assert st["completed"] == 5 and st["tenants"]["mlp"]["gpu_time_ms"] == 7.5
+        assert st["simulated"] and st["now_ms"] == pytest.approx(7.5)
+
+
+def test_cost_model_from_bytes_moved(backend):
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    traffic = mlp.reservation(x, w).traffic_bytes
+    assert traffic > 0
+    with gpk.Scheduler(memory=8 * MIB, sim_gbps=0.001) as sched:  # 1e3 bytes per ms
+        t = sched.submit(mlp, x, w)
+        t.result(10)
+        assert t.stats()["gpu_ms"] == pytest.approx(traffic / 1e3)
+
+
+def test_two_burstable_tenants_get_70_30_of_gpu_time(backend):
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    costs = random.Random(int(rng.integers(1 << 30)))
+    with gpk.Scheduler(memory=64 * MIB, burst_ms=20.0) as sched:
+        with sched.paused():
+            tasks = [sched.submit(mlp, x, w, tenant=name, bandwidth=share,
+                                  sim_ms=costs.uniform(0.2, 5.0))
+                     for _ in range(300) for name, share in (("a", 0.7), ("b", 0.3))]  # fmt: skip
+        for t in tasks:
+            t.result(30)
+        st = sched.stats()
+    # Shares while both tenants had work: up to the time the first one ran out.
+    end = min(max(t.stats()["finished_ms"] for t in tasks if t.tenant == n) for n in "ab")
+    got = {n: sum(t.gpu_ms for t in tasks if t.tenant == n and t.finished_ms <= end) for n in "ab"}
+    assert got["a"] / (got["a"] + got["b"]) == pytest.approx(0.7, abs=0.05)
+    charged = st["tenants"]["a"]["gpu_time_ms"] + st["tenants"]["b"]["gpu_time_ms"]
+    assert charged == pytest.approx(sum(t.gpu_ms for t in tasks))
+
+
+def test_tenant_over_its_share_is_throttled_while_others_are_within(backend):
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    with gpk.Scheduler(memory=64 * MIB, burst_ms=10.0) as sched:
+        sched.submit(mlp, x, w, tenant="a", bandwidth=0.5, sim_ms=30.0).result(10)
+        with sched.paused():  # a is 25 ms in debt; b arrives within its share
+            a2 = sched.submit(mlp, x, w, tenant="a", bandwidth=0.5, sim_ms=1.0)
+            bs = [sched.submit(mlp, x, w, tenant="b", bandwidth=0.5, sim_ms=1.0) for _ in range(3)]
+        a2.result(10)
+        assert all(b.finished_ms <= a2.started_ms for b in bs)
+        st = sched.stats()
+        assert st["tenants"]["a"]["throttled_tasks"] == 1 and st["throttled"] == 1
+        # Once b has nothing waiting, a borrows the idle GPU rather than waiting for refill.
+        assert a2.started_ms == pytest.approx(33.0)
+
+
+def test_guaranteed_latency_stays_bounded_next_to_best_effort_flood(backend):
+    rng = np.random.default_rng()
+    mlp, gather = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    big_x, big_w = (gpk.asarray(a) for a in _data(rng, 64, 64, 64))
+    g_tasks: list[tuple[float, gpk.Task]] = []
+    with gpk.Scheduler(memory=64 * MIB) as sched:
+        with sched.paused():
+            flood = [sched.submit(mlp, big_x, big_w, qos="best_effort", tenant="batch",
+                                  sim_ms=20.0) for _ in range(40)]  # fmt: skip
+
+            def arrive(t_ms: float) -> None:
+                g_tasks.append((t_ms, sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3,
+                                                   tenant="decode", sim_ms=0.5)))  # fmt: skip
+
+            for k in range(50):
+                sched.at(3.0 + 13.0 * k, lambda t=3.0 + 13.0 * k: arrive(t))
+        for t in flood:
+            t.result(30)
+        # The arrivals ran on the dispatcher thread, in simulated time, before the flood ended.
+        assert len(g_tasks) == 50
+        for _, task in g_tasks:
+            task.result(30)
+        lat = [task.finished_ms - t0 for t0, task in g_tasks]
+        st = sched.stats()
+    # Alone it takes 0.5 ms; next to the flood it must not wait behind 20 ms launches.
+    assert max(lat) <= 1.25 * 0.5
+    assert st["tenants"]["batch"]["gpu_time_ms"] == pytest.approx(40 * 20.0)
+    assert st["now_ms"] == pytest.approx(40 * 20.0 + sum(t.gpu_ms for _, t in g_tasks))
+
+
+def test_admission_rejects_with_reason(backend):
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    need = mlp.reservation_bytes(x, w)
+    with gpk.Scheduler(memory=need + need // 2,
+                       partitions={"tiny": {"memory": need // 2}}) as sched:  # fmt: skip
+        with pytest.raises(gpk.AdmissionRejected) as e:
+            sched.submit(mlp, x, w, partition="tiny")
+        assert "quota of partition" in e.value.reason
+        with pytest.raises(gpk.AdmissionRejected, match="unknown partition"):
+            sched.submit(mlp, x, w, partition="nope")
+        with sched.paused():
+            first = sched.submit(mlp, x, w, sim_ms=1.0)
+            with pytest.raises(gpk.AdmissionRejected) as e:
+                sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.5, tenant="g")
+            assert "free memory" in e.value.reason and isinstance(e.value, RuntimeError)
+        first.result(10)
+        with pytest.raises(gpk.AdmissionRejected, match="bandwidth"):
+            with sched.paused():
+                sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.8, tenant="g1", sim_ms=9)
+                sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.8, tenant="g2")
+        assert sched.stats()["launches"]["rejected"] == 4
+    with gpk.Scheduler(memory=MIB) as sched:
+        with pytest.raises(ValueError, match="static_outputs"):
+            sched.submit(gpk.compile(static_outputs=True)(lambda a: a + 1), x)
+        with pytest.raises(ValueError, match="qos"):
+            sched.submit(mlp, x, w, qos="gold")
+
+
+def test_queued_tasks_start_when_memory_frees(backend):
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    need = mlp.reservation_bytes(x, w)
+    in_use = backend.pool_stats()["in_use_bytes"]
+    with gpk.Scheduler(memory=need) as sched:
+        with sched.paused():
+            tasks = [sched.submit(mlp, x, w, sim_ms=2.0) for _ in range(4)]
+            assert [t.state for t in tasks] == ["admitted", "queued", "queued", "queued"]
+            assert sched.stats()["arena_bytes_held"] == mlp.reservation(x, w).arena_bytes
+            # Real memory: the admitted task's arena is a live pool block.
+            assert backend.pool_stats()["in_use_bytes"] > in_use
+        for t in tasks:
+            np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-6)
+        starts = [t.started_ms for t in tasks]
+        assert starts == [0.0, 2.0, 4.0, 6.0]  # each starts when the one before frees memory
+        del t
+        tasks.clear()
+        _reserved_zero(sched, backend, in_use)
+
+
+def test_cancel_failure_and_arena_oom_release_reservations(backend, monkeypatch):
+    rng = np.random.default_rng()
+    mlp, gather = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    table = gpk.asarray(rng.standard_normal((10, 4)).astype(np.float32))
+    bad = gpk.asarray(np.array([1, 99], dtype=np.int64))  # out of range: fails when it runs
+    in_use = backend.pool_stats()["in_use_bytes"]
+    need = mlp.reservation_bytes(x, w)
+    with gpk.Scheduler(memory=2 * need) as sched:
+        with sched.paused():
+            a = sched.submit(mlp, x, w, sim_ms=1.0)
+            b = sched.submit(mlp, x, w, sim_ms=1.0)
+            c = sched.submit(mlp, x, w, sim_ms=1.0)
+            assert (a.state, b.state, c.state) == ("admitted", "admitted", "queued")
+            assert b.cancel() and c.state == "admitted"  # b's memory let c in
+            assert c.cancel() and not c.cancel()
+        assert a.result(10) is not None and not a.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            b.result(1)
+        f = sched.submit(gather, table, bad, sim_ms=1.0)
+        with pytest.raises(IndexError):
+            f.result(10)
+        assert f.state == "failed"
+        st = sched.stats()
+        assert (st["completed"], st["failed"], st["cancelled"]) == (1, 1, 2)
+        del a
+        _reserved_zero(sched, backend, in_use)
+
+    # An arena the pool cannot give (the scheduler was told of more memory than exists).
+    monkeypatch.setattr(backend, "alloc_arena", _raise_oom)
+    with gpk.Scheduler(memory=64 * MIB) as sched:
+        t = sched.submit(mlp, x, w)
+        with pytest.raises(gpk.OutOfMemoryError):
+            t.result(10)
+        st = sched.stats()
+        assert st["launches"]["arena_oom"] == 1 and st["reserved_bytes"] == 0
+
+
+def _raise_oom(nbytes: int) -> None:
+    raise gpk.OutOfMemoryError(f"no arena of {nbytes} bytes")
+
+
+def test_partitions_priorities_deadlines(backend):
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    parts = {"inference": {"memory": 8 * MIB, "bandwidth": 0.7, "priority": "high"},
+             "batch": {"memory": 8 * MIB, "bandwidth": 0.3}}  # fmt: skip
+    with gpk.Scheduler(memory=16 * MIB, partitions=parts) as sched:
+        with sched.paused():
+            late = sched.submit(mlp, x, w, partition="batch", deadline=5.0, sim_ms=1.0)
+            soon = sched.submit(mlp, x, w, partition="batch", deadline=1.0, sim_ms=1.0)
+            hi = sched.submit(mlp, x, w, partition="batch", priority=3, sim_ms=1.0)
+            inf = sched.submit(mlp, x, w, partition="inference", tenant="svc", sim_ms=1.0)
+        for t in (late, soon, hi, inf):
+            t.result(10)
+        assert inf.stats()["stream_priority"] == -1 and late.stats()["stream_priority"] == 0
+        assert hi.started_ms < soon.started_ms < late.started_ms
+        st = sched.stats()
+        assert st["partitions"]["inference"]["bandwidth_share"] == 0.7
+        assert st["tenants"]["svc"]["share"] == pytest.approx(0.7)
+        assert st["tenants"]["mlp"]["share"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="unknown keys"):
+        gpk.Scheduler(memory=MIB, partitions={"p": {"mem": 1}})
+    with pytest.raises(ValueError, match="priority"):
+        gpk.Scheduler(memory=MIB, partitions={"p": {"priority": "urgent"}})
+
+
+def test_random_submit_cancel_leaves_no_reservation(backend):
+    rng = np.random.default_rng()
+    mlp, gather = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    table = gpk.asarray(rng.standard_normal((10, 4)).astype(np.float32))
+    idx = [gpk.asarray(np.array([1, 2])), gpk.asarray(np.array([3, 40]))]
+    need = mlp.reservation_bytes(x, w)
+    in_use = backend.pool_stats()["in_use_bytes"]
+    rnd = random.Random(int(rng.integers(1 << 30)))
+    with gpk.Scheduler(memory=3 * need) as sched:
+        tasks = []
+        for _ in range(60):
+            with sched.paused():
+                for _ in range(rnd.randint(1, 4)):
+                    qos = rnd.choice(["burstable", "best_effort", "guaranteed"])
+                    try:
+                        if rnd.random() < 0.3:
+                            tenant = f"t{rnd.randint(0, 3)}"
+                            t = sched.submit(gather, table, rnd.choice(idx), qos=qos,
+                                             bandwidth=0.1, tenant=tenant)  # fmt: skip
+                        else:
+                            t = sched.submit(mlp, x, w, qos=qos, bandwidth=0.1,
+                                             tenant=f"t{rnd.randint(0, 3)}",
+                                             sim_ms=rnd.uniform(0, 3))  # fmt: skip
+                        tasks.append(t)
+                    except gpk.AdmissionRejected as e:
+                        assert e.reason
+                for t in rnd.sample(tasks, min(2, len(tasks))):
+                    t.cancel()
+        for t in tasks:
+            concurrent.futures.wait([t._future], timeout=10)
+            assert t.state in ("done", "failed", "cancelled")
+        del t
+        tasks.clear()
+        _reserved_zero(sched, backend, in_use)
