@@ -76,7 +76,9 @@ class CudaReplay:
         keep: list[Storage] = []
         b._capture_keep = keep
         b._capture_step = None
-        self.stream.begin_capture("thread_local")
+        # Relaxed: a pool that must grow inside the capture may call cuMemAlloc, which the
+        # stricter modes refuse; a sync on the capturing stream still fails (and falls back).
+        self.stream.begin_capture("relaxed")
         try:
             try:
                 self._run()
