@@ -54,8 +54,6 @@ std::shared_ptr<Graph> Stream::end_capture() const {
 
 bool Stream::is_capturing() const { return stream_is_capturing(stream_); }
 
-void Stream::wait_event(const Event& event) const { stream_wait_event(stream_, event); }
-
 std::pair<int, int> Stream::priority_range() {
   current_context();
   int least = 0, greatest = 0;
@@ -118,10 +116,6 @@ bool stream_is_capturing(CUstream stream) {
   return status != cu::kCaptureStatusNone;
 }
 
-void stream_wait_event(CUstream stream, const Event& event) {
-  check_cu(driver().cuStreamWaitEvent(stream, event.handle(), 0), "cuStreamWaitEvent");
-}
-
 namespace {
 
 int capture_mode(const std::string& mode) {
@@ -149,8 +143,6 @@ void register_streams(py::module_& m) {
           py::arg("mode") = "thread_local")
       .def("end_capture", &Stream::end_capture)
       .def("is_capturing", &Stream::is_capturing)
-      .def("wait_event", &Stream::wait_event, py::arg("event"),
-           "Later work on this stream waits for the event's recorded work.")
       .def_static("priority_range", &Stream::priority_range,
                   "(least, greatest) priority; greatest is numerically smallest.")
       .def("__int__", [](const Stream& s) { return reinterpret_cast<uintptr_t>(s.handle()); });
@@ -166,14 +158,6 @@ void register_streams(py::module_& m) {
       .def("query", &Event::query, "True when the recorded work has finished.")
       .def("elapsed_time", &Event::elapsed_time, py::arg("end"),
            "Milliseconds from this event to `end`; both must have been recorded.");
-
-  m.def(
-      "stream_wait_event",
-      [](py::handle stream, const Event& event) {
-        stream_wait_event(stream_handle(stream), event);
-      },
-      py::arg("stream"), py::arg("event"),
-      "Later work on `stream` (None: the legacy default stream) waits for `event`.");
 
   m.def(
       "synchronize",

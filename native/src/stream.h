@@ -12,7 +12,6 @@
 namespace pgk {
 
 class Graph;
-class Event;
 
 class Stream {
  public:
@@ -28,8 +27,6 @@ class Stream {
   void begin_capture(int mode) const;
   std::shared_ptr<Graph> end_capture() const;
   bool is_capturing() const;
-  // Later work on this stream waits for `event`'s recorded work; the host never blocks.
-  void wait_event(const Event& event) const;
 
   // (least, greatest); greater priority is the numerically smaller value.
   static std::pair<int, int> priority_range();
@@ -66,9 +63,6 @@ CUstream stream_handle(pybind11::handle obj);
 // True when `stream` is capturing into a graph; copies through host staging buffers must
 // not be captured because the buffers are reused.
 bool stream_is_capturing(CUstream stream);
-
-// Orders `stream` (any handle stream_handle accepts, the legacy stream too) after `event`.
-void stream_wait_event(CUstream stream, const Event& event);
 
 void register_streams(pybind11::module_& m);
 

@@ -1,11 +1,11 @@
 """The CUDA side of the planned-execution hooks (see pygpukit/executor.py): compiled graphs
 run inside one arena block, and each step writes into its planned slot.
 
-A compiled entry's steps run on its own non-blocking stream and are recorded once into a
-CUDA Graph; a call then costs one graph launch instead of one Python-issued launch per
-kernel. The stream is ordered against the backend's stream (the legacy default stream) with
-events on both sides, so uploads queued before a call are complete before the graph reads
-them, and later lazy ops and to_numpy see its results.
+A compiled entry's steps are recorded once into a CUDA Graph; a call then costs one graph
+launch instead of one Python-issued launch per kernel. The graph is launched into the
+backend's current stream (the legacy default stream, or a scheduler's stream), so it is
+ordered after the uploads and input copies queued before the call and before the lazy ops
+and to_numpy that read its results, with no events in between.
 """
 
 from __future__ import annotations
@@ -29,17 +29,15 @@ _warned_ops: set[str] = set()  # the fallback warning is given once per op
 
 class CudaReplay:
     """`replay()` has the effect of `run()`. The first replay runs it eagerly on the
-    entry's stream (compiling kernels, building cuBLASLt plans and workspaces, so nothing
-    inside the capture allocates device memory from the driver or synchronises), then
-    captures it; later replays launch the instantiated graph. When capture fails (an op
-    that synchronises), every replay re-issues the launches, after a one-time warning."""
+    caller's stream (compiling kernels, building cuBLASLt plans and workspaces, so nothing
+    inside the capture compiles, allocates from the driver or synchronises), then records
+    it on a capture stream of its own (the legacy stream cannot be captured); later replays
+    launch the instantiated graph. When capture fails (an op that synchronises), every
+    replay re-issues the launches, after a one-time warning."""
 
     def __init__(self, backend: CudaPlannedHooks, run: Callable[[], None]) -> None:
         self._backend = backend
         self._run = run
-        self.stream = _native.Stream(0, True)
-        self._ready = _native.Event(False)  # the caller's stream -> this stream
-        self._done = _native.Event(False)  # this stream -> the caller's stream
         self._exec: Any = None
         self._keep: list[Storage] = []  # scratch the graph writes: must outlive it
         self.num_nodes = 0
@@ -53,42 +51,37 @@ class CudaReplay:
 
     def replay(self) -> None:
         b = self._backend
-        caller = b.stream
-        self._ready.record(caller)
-        self.stream.wait_event(self._ready)
         if self._exec is not None:
-            self._exec.launch(self.stream)
+            self._exec.launch(b.stream)
             self.replays += 1
-        else:
-            b.stream = self.stream
-            try:
-                self._run()
-                self.eager_runs += 1
-                if self.fallback is None:
-                    self._capture()
-            finally:
-                b.stream = caller
-        self._done.record(self.stream)
-        _native.stream_wait_event(caller, self._done)
+            return
+        self._run()
+        self.eager_runs += 1
+        if self.fallback is None:
+            self._capture()
 
     def _capture(self) -> None:
         b = self._backend
+        caller = b.stream
+        stream = _native.Stream(0, True)
         keep: list[Storage] = []
         b._capture_keep = keep
         b._capture_step = None
+        b.stream = stream  # every launch path reads the stream at launch time
         # Relaxed: a pool that must grow inside the capture may call cuMemAlloc, which the
         # stricter modes refuse; a sync on the capturing stream still fails (and falls back).
-        self.stream.begin_capture("relaxed")
+        stream.begin_capture("relaxed")
         try:
             try:
                 self._run()
             finally:
-                graph = self.stream.end_capture()
+                graph = stream.end_capture()
             exec_ = graph.instantiate()
         except Exception as e:  # noqa: BLE001 - any failure inside capture means: re-issue
             self._give_up(b._capture_step, e)
             return
         finally:
+            b.stream = caller
             b._capture_keep = None
         self._keep = pin_all(keep)
         self._exec = exec_
