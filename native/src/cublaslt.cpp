@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "context.h"
+#include "dynlib.h"
 #include "errors.h"
 #include "stream.h"
 
@@ -242,33 +243,20 @@ std::string cublaslt_load(const std::vector<std::string>& candidates) {
   std::lock_guard<std::mutex> lock(g_load_mu);
   if (g_api.load()) return g_path;
   std::string tried;
-  for (const std::string& path : candidates) {
-    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      const char* why = dlerror();
-      tried += "\n  " + path + ": " + (why ? why : "dlopen failed");
-      continue;
-    }
-    LtApi a;
-    bool ok = true;
-#define PGK_RESOLVE(name, ret, sig)                               \
-  a.name = reinterpret_cast<decltype(a.name)>(dlsym(lib, #name)); \
-  if (!a.name) {                                                  \
-    ok = false;                                                   \
-    tried += "\n  " + path + ": missing " #name;                  \
-  }
+  LtApi a;
+  auto resolve = [&a](void* lib, std::string* missing) {
+#define PGK_RESOLVE(name, ret, sig) pgk::resolve_symbol(lib, #name, a.name, missing);
     PGK_LT_ENTRY_POINTS(PGK_RESOLVE)
 #undef PGK_RESOLVE
-    if (!ok) {
-      dlclose(lib);
-      continue;
-    }
+    // Status names only improve messages: absent in some builds, so not required.
     a.cublasLtGetStatusName =
         reinterpret_cast<decltype(a.cublasLtGetStatusName)>(dlsym(lib, "cublasLtGetStatusName"));
     a.cublasLtGetStatusString = reinterpret_cast<decltype(a.cublasLtGetStatusString)>(
         dlsym(lib, "cublasLtGetStatusString"));
+  };
+  if (std::optional<std::string> path = pgk::open_first(candidates, resolve, &tried)) {
     *g_api_storage = a;
-    g_path = path;
+    g_path = *path;
     g_api.store(g_api_storage, std::memory_order_release);
     return g_path;
   }

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 
+#include "dynlib.h"
 #include "errors.h"
 
 namespace py = pybind11;
@@ -76,31 +77,16 @@ std::string nvrtc_load(const std::vector<std::string>& candidates) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_api.load()) return g_path;
   std::string tried;
-  for (const std::string& path : candidates) {
-    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      const char* why = dlerror();
-      tried += "\n  " + path + ": " + (why ? why : "dlopen failed");
-      continue;
-    }
-    NvrtcApi a;
-    bool ok = true;
-#define PGK_RESOLVE(name, sig)                                    \
-  a.name = reinterpret_cast<decltype(a.name)>(dlsym(lib, #name)); \
-  if (!a.name) {                                                  \
-    ok = false;                                                   \
-    tried += "\n  " + path + ": missing " #name;                  \
-  }
+  NvrtcApi a;
+  auto resolve = [&a](void* lib, std::string* missing) {
+#define PGK_RESOLVE(name, sig) pgk::resolve_symbol(lib, #name, a.name, missing);
     PGK_NVRTC_ENTRY_POINTS(PGK_RESOLVE)
 #undef PGK_RESOLVE
-    a.nvrtcGetErrorString =
-        reinterpret_cast<decltype(a.nvrtcGetErrorString)>(dlsym(lib, "nvrtcGetErrorString"));
-    if (!ok || !a.nvrtcGetErrorString) {
-      dlclose(lib);
-      continue;
-    }
+    pgk::resolve_symbol(lib, "nvrtcGetErrorString", a.nvrtcGetErrorString, missing);
+  };
+  if (std::optional<std::string> path = pgk::open_first(candidates, resolve, &tried)) {
     *g_api_storage = a;
-    g_path = path;
+    g_path = *path;
     g_api.store(g_api_storage, std::memory_order_release);
     return g_path;
   }
