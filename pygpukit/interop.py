@@ -9,6 +9,7 @@ ctypes: no C++ is needed for DLPack.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Any
 
 import numpy as np
@@ -65,10 +66,13 @@ _CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 # Exports alive until their deleter runs: address of the DLManagedTensor -> what it holds.
 _exports: dict[int, tuple[Any, ...]] = {}
+_cai_pinned: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _delete_export(managed: Any) -> None:
-    _exports.pop(ctypes.addressof(managed.contents), None)
+    held = _exports.pop(ctypes.addressof(managed.contents), None)
+    if held is not None:
+        held[-1].unpin()  # the consumer is done with the address: evictable again
 
 
 _DELETER = _Deleter(_delete_export)
@@ -112,6 +116,8 @@ def to_dlpack(arr: Any, stream: Any = None) -> Any:
     backend, value = _backend_value(arr)
     # Consumers may read on any stream: our queued work must have finished.
     backend.synchronize()
+    storage = backend.storage(value)
+    storage.pin()  # the consumer holds the address until its deleter runs: never evicted
     shape = tuple(arr.shape)
     if backend.name == "cuda":
         data, strides = value.ptr, tuple(value.strides)
@@ -128,7 +134,7 @@ def to_dlpack(arr: Any, stream: Any = None) -> Any:
     managed.manager_ctx = None
     managed.deleter = _DELETER
     addr = ctypes.addressof(managed)
-    _exports[addr] = (managed, shape_c, strides_c, value, backend.storage(value))
+    _exports[addr] = (managed, shape_c, strides_c, value, storage)
     return _api.PyCapsule_New(addr, b"dltensor", ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p))
 
 
@@ -228,6 +234,10 @@ def cuda_array_interface(arr: Any) -> dict[str, Any]:
         raise AttributeError(f"__cuda_array_interface__ has no typestr for {arr.dtype}")
     backend, value = _backend_value(arr)
     backend.synchronize()
+    storage = backend.storage(value)
+    if storage not in _cai_pinned:  # the address escapes with no end of use: never evicted
+        storage.pin()
+        _cai_pinned.add(storage)
     isz = arr.itemsize
     from pygpukit.backends.cuda.layout import is_contiguous
 

@@ -152,3 +152,20 @@ def test_unregistered_pools_never_evict():
     with pytest.raises(gpk.OutOfMemoryError):
         Storage(pool, 768 * 1024)
     assert not a.evicted
+
+
+def test_dlpack_export_pins_until_the_consumer_lets_go(backend):
+    rng = np.random.default_rng()
+    h = _rand(rng, 256, 256)
+    a = gpk.asarray(h)
+    st = backend.storage(a._node.realized)
+    view = np.from_dlpack(a)  # zero-copy: the consumer holds the address
+    filler = [gpk.asarray(_rand(rng, 256, 256)) for _ in range(24)]
+    assert not st.evicted and st.pins == 1
+    np.testing.assert_array_equal(view, h)
+    del view
+    gc.collect()
+    assert st.pins == 0
+    filler += [gpk.asarray(_rand(rng, 256, 256)) for _ in range(16)]
+    assert st.evicted
+    np.testing.assert_array_equal(a.to_numpy(), h)

@@ -1,0 +1,107 @@
+"""gpk.Scheduler and eviction on the CUDA backend: measured GPU time, priority streams,
+device round trips. Marked gpu (the directory); skipped without a GPU."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pygpukit as gpk
+import pygpukit.backends as backends
+from pygpukit.memory import eviction_stats
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def cuda() -> Iterator[Any]:
+    b = backends.get_backend()
+    if b.name != "cuda":
+        pytest.skip("the CUDA backend is not active")
+    yield b
+    b.synchronize()
+
+
+@pytest.fixture
+def small() -> Iterator[Any]:
+    from pygpukit.backends.cuda.backend import CudaBackend
+
+    saved = backends._backend
+    b = CudaBackend(arena_bytes=MIB, quota_bytes=16 * MIB)
+    backends._backend = b
+    try:
+        yield b
+    finally:
+        b.synchronize()
+        backends._backend = saved
+        gc.collect()
+
+
+def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32) + 0.5
+
+
+def test_results_gpu_time_and_priority_streams() -> None:
+    from pygpukit import _native
+
+    rng = np.random.default_rng()
+    w_h = _rand(rng, 512, 512)
+    w = gpk.asarray(w_h)
+
+    @gpk.compile
+    def step(x):
+        return gpk.nn.gelu(x @ w) + x
+
+    xs_h = [_rand(rng, 64, 512) for _ in range(6)]
+    xs = [gpk.asarray(h) for h in xs_h]
+    want = [step(x).to_numpy() for x in xs]
+    with gpk.Scheduler(memory=256 * MIB) as sched:
+        assert not sched.simulated
+        tasks = [sched.submit(step, x, qos=q, bandwidth=0.3, tenant=f"t{k % 2}")
+                 for k, (x, q) in enumerate(zip(xs, ["guaranteed", "burstable"] * 3,
+                                                strict=True))]  # fmt: skip
+        for t, y in zip(tasks, want, strict=True):
+            np.testing.assert_allclose(t.result(30).to_numpy(), y, rtol=1e-3, atol=1e-3)
+            assert t.gpu_ms is not None and t.gpu_ms > 0
+        _, greatest = _native.Stream.priority_range()
+        assert tasks[0].stream_priority == greatest
+        st = sched.stats()
+        assert st["completed"] == 6 and st["reserved_bytes"] == 0
+        assert st["tenants"]["t0"]["gpu_time_ms"] > 0
+
+
+def test_device_eviction_round_trip(small: Any) -> None:
+    rng = np.random.default_rng()
+    host = [_rand(rng, 512, 512) for _ in range(24)]  # 24 MiB through a 16 MiB quota
+    arrays = [gpk.asarray(h) for h in host]
+    assert eviction_stats(small.pool)["evictions"] > 0
+    np.testing.assert_allclose((arrays[0] * 2.0 + arrays[1]).to_numpy(), host[0] * 2 + host[1],
+                               rtol=1e-6)  # fmt: skip
+    for a, h in zip(arrays, host, strict=True):
+        np.testing.assert_array_equal(a.to_numpy(), h)
+    assert eviction_stats(small.pool)["restores"] > 0
+
+
+def test_scheduler_arena_evicts_idle_device_arrays(small: Any) -> None:
+    rng = np.random.default_rng()
+    w_h = _rand(rng, 512, 512)
+    w = gpk.asarray(w_h)
+
+    @gpk.compile
+    def big(x):
+        return (x @ w) * 0.5 + x
+
+    x_h = _rand(rng, 512, 512)
+    x = gpk.asarray(x_h)
+    idle_h = [_rand(rng, 512, 512) for _ in range(10)]
+    idle = [gpk.asarray(h) for h in idle_h]
+    with gpk.Scheduler(memory=16 * MIB) as sched:
+        y = sched.submit(big, x).result(30)
+        np.testing.assert_allclose(y.to_numpy(), x_h @ w_h * 0.5 + x_h, rtol=2e-3, atol=2e-3)
+        assert sched.stats()["eviction"]["evictions"] > 0
+    for a, h in zip(idle, idle_h, strict=True):
+        np.testing.assert_array_equal(a.to_numpy(), h)
