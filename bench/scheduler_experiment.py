@@ -1,0 +1,283 @@
+"""Scheduler experiment: does gpk.Scheduler keep a latency-critical tenant fast next to a
+flood of large GEMMs, and split GPU time between Burstable tenants as asked?
+
+    python3 bench/scheduler_experiment.py            # GPU if there is one, else simulated
+    python3 bench/scheduler_experiment.py --quick    # fewer launches
+
+1. A decode-like Guaranteed tenant (many small compiled-graph replays): p50/p99 latency
+   alone, next to a BestEffort GEMM flood without the scheduler (everything on one
+   stream, in arrival order), and next to the same flood with the scheduler.
+   Target: contended p99 with the scheduler within 1.25x of solo.
+2. Two Burstable tenants at 70/30, both always backlogged: the GPU-time shares they get.
+   Target: within 5 points.
+
+On the CPU backend time is simulated (each launch costs the bytes its kernels move at a
+nominal bandwidth; a GPU with a high- and a normal-priority stream), so the figures are
+the scheduler's decisions, not CPU speed. Results: bench/results/scheduler_<backend>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pygpukit as gpk  # noqa: E402
+from pygpukit.scheduler.scheduler import _EXEC_LOCK  # noqa: E402
+
+SIM_GBPS = 2.0  # simulated GPU bandwidth: CPU-sized tensors then cost milliseconds
+FLOOD_DEPTH = 4  # GEMMs the BestEffort client keeps outstanding
+TOP_UP_MS = 0.1  # how often (simulated) it tops its queue up
+
+
+def percentiles(xs: list[float]) -> dict[str, Any]:
+    a = np.asarray(xs, dtype=np.float64)
+    return {"n": len(xs), "p50_ms": float(np.percentile(a, 50)),
+            "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max())}  # fmt: skip
+
+
+def workloads(cuda: bool, rng: np.random.Generator) -> dict[str, Any]:
+    dt = np.float16 if cuda else np.float32
+    d, layers, n_big = (2048, 4, 8192) if cuda else (64, 4, 256)
+    ws = [gpk.asarray((rng.standard_normal((d, d)) / np.sqrt(d)).astype(dt)) for _ in range(layers)]
+
+    @gpk.compile
+    def decode(x):
+        h = x
+        for w in ws:
+            h = gpk.nn.gelu(h @ w) + h
+        return h
+
+    @gpk.compile
+    def gemm(a, b):
+        return a @ b
+
+    x = gpk.asarray(rng.standard_normal((1, d)).astype(dt))
+    a = gpk.asarray(rng.standard_normal((n_big, n_big)).astype(dt))
+    b = gpk.asarray((rng.standard_normal((n_big, n_big)) / np.sqrt(n_big)).astype(dt))
+    decode(x)
+    gemm(a, b)  # trace, plan and warm both before timing
+    gpk.synchronize()
+    return {"decode": decode, "x": x, "gemm": gemm, "a": a, "b": b}
+
+
+# -- simulated (CPU backend) ------------------------------------------------------------
+def sim_latency(w: dict[str, Any], n: int, period: float, flood: bool, sched_on: bool) -> dict:
+    """Decode arrivals every `period` simulated ms, next to (flood) a client that keeps
+    FLOOD_DEPTH GEMMs outstanding. Without the scheduler: one stream, launches in
+    arrival order, no pacing."""
+    kw: dict[str, Any] = {"sim_gbps": SIM_GBPS}
+    if not sched_on:
+        kw["max_inflight"] = 1 << 30
+    arrivals: list[tuple[float, Any]] = []
+    gemms: list[Any] = []  # the flood's outstanding launches
+    counts = {"gemms": 0}
+    window = n * period
+    with gpk.Scheduler(memory=1 << 34, **kw) as sched:
+        g_qos, g_share = ("guaranteed", 0.3) if sched_on else ("burstable", 1.0)
+        be_qos = "best_effort" if sched_on else "burstable"
+
+        def top_up() -> None:
+            gemms[:] = [t for t in gemms if not t.done()]  # finished results are dropped
+            for _ in range(FLOOD_DEPTH - len(gemms)):
+                gemms.append(sched.submit(w["gemm"], w["a"], w["b"], qos=be_qos, tenant="gemm"))
+                counts["gemms"] += 1
+            if sched.now() < window:
+                sched.at(sched.now() + TOP_UP_MS, top_up)
+
+        with sched.paused():
+            if flood:
+                sched.at(0.0, top_up)
+            for k in range(n):
+                t0 = 1.0 + k * period
+
+                def arrive(t0: float = t0) -> None:
+                    t = sched.submit(w["decode"], w["x"], qos=g_qos, bandwidth=g_share,
+                                     tenant="decode")  # fmt: skip
+                    arrivals.append((t0, t))
+
+                sched.at(t0, arrive)
+        while len(arrivals) < n:
+            time.sleep(0.01)
+        for _, t in arrivals:
+            t.result()
+        for t in list(gemms):
+            t.result()
+        st = sched.stats()
+    out = percentiles([t.finished_ms - t0 for t0, t in arrivals])
+    out["decode_gpu_ms"] = arrivals[0][1].gpu_ms
+    gemm_ms = st["tenants"].get("gemm", {}).get("gpu_time_ms", 0.0)
+    out["gemms"] = counts["gemms"]
+    out["gemm_gpu_ms"] = gemm_ms / counts["gemms"] if counts["gemms"] else None
+    out["throttled"] = st["throttled"]
+    return out
+
+
+def sim_shares(w: dict[str, Any], n: int) -> dict:
+    with gpk.Scheduler(memory=1 << 34, sim_gbps=SIM_GBPS, burst_ms=20.0) as sched:
+        with sched.paused():
+            tasks: list[Any] = [
+                sched.submit(w["gemm"] if name == "a" else w["decode"],
+                             *((w["a"], w["b"]) if name == "a" else (w["x"],)),
+                             tenant=name, bandwidth=share)
+                for _ in range(n) for name, share in (("a", 0.7), ("b", 0.3))
+            ]  # fmt: skip
+        for t in tasks:
+            t.result()
+    # While both were backlogged: up to the time the first tenant ran out of work.
+    end = min(max(t.finished_ms for t in tasks if t.tenant == m) for m in "ab")
+    got = {m: sum(t.gpu_ms for t in tasks if t.tenant == m and t.finished_ms <= end)
+           for m in "ab"}  # fmt: skip
+    return {"window_ms": end, "share_a": got["a"] / sum(got.values()),
+            "share_b": got["b"] / sum(got.values())}  # fmt: skip
+
+
+# -- measured (CUDA backend) ------------------------------------------------------------
+def _flood_thread(stop: threading.Event, fn: Any) -> threading.Thread:
+    t = threading.Thread(target=lambda: [fn() for _ in iter(stop.is_set, True)], daemon=True)
+    t.start()
+    return t
+
+
+def gpu_direct(w: dict[str, Any], n: int, contended: bool) -> dict:
+    stop = threading.Event()
+
+    def gemm() -> None:
+        with _EXEC_LOCK:
+            w["gemm"](w["a"], w["b"])
+        time.sleep(0)
+
+    th = _flood_thread(stop, gemm) if contended else None
+    time.sleep(0.2 if contended else 0)
+    lat = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            with _EXEC_LOCK:
+                y = w["decode"](w["x"])
+            y.to_numpy()  # waits for the result (behind whatever the stream holds)
+            lat.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        stop.set()
+        if th is not None:
+            th.join()
+        gpk.synchronize()
+    return percentiles(lat)
+
+
+def gpu_sched(w: dict[str, Any], n: int, contended: bool) -> dict:
+    with gpk.Scheduler(memory=8 << 30) as sched:
+        stop = threading.Event()
+        outstanding: list[Any] = []
+
+        def feed() -> None:
+            while not stop.is_set():
+                outstanding[:] = [t for t in outstanding if not t.done()]
+                while len(outstanding) < 4:
+                    outstanding.append(sched.submit(w["gemm"], w["a"], w["b"],
+                                                    qos="best_effort", tenant="gemm"))  # fmt: skip
+                time.sleep(0.001)
+
+        th = _flood_thread(stop, feed) if contended else None
+        time.sleep(0.2 if contended else 0)
+        lat = []
+        try:
+            for _ in range(n):
+                t0 = time.perf_counter()
+                sched.submit(w["decode"], w["x"], qos="guaranteed", bandwidth=0.3,
+                             tenant="decode").result()  # fmt: skip
+                lat.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            stop.set()
+            if th is not None:
+                th.join()
+            sched.close(cancel=True)
+        st = sched.stats()
+    out = percentiles(lat)
+    out["gemm_gpu_ms"] = st["tenants"].get("gemm", {}).get("gpu_time_ms")
+    out["throttled"] = st["throttled"]
+    return out
+
+
+def gpu_shares(w: dict[str, Any], seconds: float) -> dict:
+    with gpk.Scheduler(memory=8 << 30) as sched:
+        stop = threading.Event()
+
+        def feed(name: str, share: float) -> None:
+            live: list[Any] = []
+            while not stop.is_set():
+                live = [t for t in live if not t.done()]
+                while len(live) < 4:
+                    live.append(sched.submit(w["gemm"], w["a"], w["b"], tenant=name,
+                                             bandwidth=share))  # fmt: skip
+                time.sleep(0.001)
+
+        ths = [threading.Thread(target=feed, args=a, daemon=True)
+               for a in (("a", 0.7), ("b", 0.3))]  # fmt: skip
+        for t in ths:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in ths:
+            t.join()
+        sched.close(cancel=True)
+        tenants = sched.stats()["tenants"]
+    total = tenants["a"]["gpu_time_ms"] + tenants["b"]["gpu_time_ms"]
+    return {"window_s": seconds, "share_a": tenants["a"]["gpu_time_ms"] / total,
+            "share_b": tenants["b"]["gpu_time_ms"] / total}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer launches")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    cuda = gpk.backend_name() == "cuda"
+    w = workloads(cuda, rng)
+    n = 100 if args.quick else 300
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    res: dict[str, Any] = {"backend": gpk.backend_name(), "simulated": not cuda,
+                           "host": platform.node(), "time": stamp}  # fmt: skip
+    if cuda:
+        from pygpukit import _native
+
+        res["device"] = _native.device_info().get("name")
+        res["solo_direct"] = gpu_direct(w, n, False)
+        res["contended_direct"] = gpu_direct(w, n, True)
+        res["solo"] = gpu_sched(w, n, False)
+        res["contended_sched"] = gpu_sched(w, n, True)
+        res["shares_70_30"] = gpu_shares(w, 3.0 if args.quick else 10.0)
+    else:
+        period = 7.0
+        res["sim_gbps"] = SIM_GBPS
+        res["solo"] = sim_latency(w, n, period, False, True)
+        res["contended_direct"] = sim_latency(w, n, period, True, False)
+        res["contended_sched"] = sim_latency(w, n, period, True, True)
+        res["shares_70_30"] = sim_shares(w, n)
+    solo, cont = res["solo"]["p99_ms"], res["contended_sched"]["p99_ms"]
+    res["p99_ratio_sched"] = cont / solo
+    res["p99_ratio_direct"] = res["contended_direct"]["p99_ms"] / res.get(
+        "solo_direct", res["solo"])["p99_ms"]  # fmt: skip
+    share_err = abs(res["shares_70_30"]["share_a"] - 0.7)
+    res["targets"] = {"guaranteed_p99_within_1.25x": res["p99_ratio_sched"] <= 1.25,
+                      "shares_within_5_points": share_err <= 0.05}  # fmt: skip
+    out = args.out or Path(__file__).parent / "results" / f"scheduler_{res['backend']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+    print(f"wrote {os.path.relpath(out)}")
+
+
+if __name__ == "__main__":
+    main()
