@@ -309,3 +309,18 @@ def test_random_submit_cancel_leaves_no_reservation(backend):
         del t
         tasks.clear()
         _reserved_zero(sched, backend, in_use)
+
+
+def test_arenas_at_a_seen_address_reuse_the_capture(backend, monkeypatch):
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    captures = []
+    real = backend.capture
+    monkeypatch.setattr(backend, "capture", lambda run: captures.append(1) or real(run))
+    with gpk.Scheduler(memory=mlp.reservation_bytes(x, w)) as sched:  # one arena at a time
+        tasks = [sched.submit(mlp, x, w, sim_ms=1.0) for _ in range(8)]
+        for t in tasks:
+            np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-6)
+    assert 1 <= len(captures) < len(tasks)
