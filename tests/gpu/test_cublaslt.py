@@ -163,7 +163,8 @@ def test_tf32_opt_in_changes_error(rng: np.random.Generator) -> None:
 
 def test_plan_cache_and_single_workspace(rng: np.random.Generator, cuda: Any) -> None:
     a, b = rand(rng, (72, 88), "float16"), rand(rng, (88, 24), "float16")
-    key = dict(lda=88, ldb=24, ldd=24, align=16, workspace_bytes=ops_linalg.WORKSPACE_BYTES)
+    full = ops_linalg.WORKSPACE_SIZES[0]
+    key = dict(lda=88, ldb=24, ldd=24, align=16, workspace_bytes=full)
     p1 = _native.cublaslt_plan(72, 24, 88, "float16", **key)  # type: ignore[arg-type]
     hits = int(_native.cublaslt_cache_stats()["hits"])
     p2 = _native.cublaslt_plan(72, 24, 88, "float16", **key)  # type: ignore[arg-type]
@@ -173,16 +174,17 @@ def test_plan_cache_and_single_workspace(rng: np.random.Generator, cuda: Any) ->
     for _ in range(3):
         out = gpk.from_numpy(a) @ gpk.from_numpy(b)
         assert rel_err(out, f64(a) @ f64(b)) < TOL["float16"]
-    ws = ops_linalg._workspaces.get(cuda)
-    assert ws is not None and len(ops_linalg._workspaces) == 1
-    assert ws.storage.nbytes >= ops_linalg.WORKSPACE_BYTES
+    got = ops_linalg._workspaces.get(cuda)
+    assert got is not None and len(ops_linalg._workspaces) == 1
+    ws, ws_bytes = got
+    assert ws is not None and ws_bytes == full and ws.storage.nbytes >= full
     # A direct run with a misaligned pointer is refused, not launched (float16: the CUDA
     # array interface has no bfloat16 typestr).
     da, db, dd = (gpk.from_numpy(x) for x in (a, b, np.full((72, 24), np.nan, NP["float16"])))
     pa, pb, pd = (v.__cuda_array_interface__["data"][0] for v in (da, db, dd))
     with pytest.raises(ValueError, match="aligned"):
-        p1.run(pa + 2, pb, pd, 0, ws.ptr, ops_linalg.WORKSPACE_BYTES, None)
-    p1.run(pa, pb, pd, 0, ws.ptr, ops_linalg.WORKSPACE_BYTES, None)
+        p1.run(pa + 2, pb, pd, 0, ws.ptr, full, None)
+    p1.run(pa, pb, pd, 0, ws.ptr, full, None)
     cuda.synchronize()
     assert rel_err(dd, f64(a) @ f64(b)) < TOL["float16"]
 

@@ -112,7 +112,10 @@ def f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float64)
 
 
-def check(out: np.ndarray, ref: np.ndarray, dtype: str, tol: float | None = None) -> None:
+def check(out: np.ndarray, ref: np.ndarray, dtype: str, tol: float | None = None,
+          scale: np.ndarray | None = None) -> None:  # fmt: skip
+    """Relative error in norm; `scale` (e.g. the input) sets the magnitude where the
+    output cancels to far below its inputs, as GELU's left tail does."""
     o = f64(out)
     assert o.shape == ref.shape, (o.shape, ref.shape)
     assert np.isfinite(o).all(), (
@@ -120,6 +123,8 @@ def check(out: np.ndarray, ref: np.ndarray, dtype: str, tol: float | None = None
     )
     tol = TOL[dtype] if tol is None else tol
     denom = max(float(np.linalg.norm(ref)), 1e-30)
+    if scale is not None:
+        denom = max(denom, float(np.linalg.norm(scale)))
     err = np.linalg.norm(o - ref) / denom
     assert err < tol, f"relative error {err:.3g} >= {tol:.3g} ({dtype})"
 
@@ -346,7 +351,9 @@ def test_unary(dev: Any, rng: np.random.Generator, dtype: str, kind: str, n: int
     xd, yd = dev.put(x), dev.empty((n,), dtype)
     activation.unary(kind, xd.ptr, yd.ptr, n, dtype)
     ref = {"gelu_tanh": _gelu_tanh, "gelu_erf": _gelu_erf, "silu": _silu}[kind](f64(x))
-    check(yd.get((n,), dtype), ref, dtype)
+    # 0.5 x (1 + tanh(..)) cancels for x << 0: float32 is exact to eps * |x| there, not
+    # to eps * |gelu(x)|; a lone element drawn in that tail made the plain check flaky.
+    check(yd.get((n,), dtype), ref, dtype, scale=f64(x))
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

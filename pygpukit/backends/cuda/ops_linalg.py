@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pygpukit import _native
-from pygpukit.errors import CUDAError
+from pygpukit.errors import CUDAError, OutOfMemoryError
 from pygpukit.ir import DType, dtypes, shapes
 from pygpukit.passes import Step
 
@@ -26,10 +26,14 @@ Launch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
 
 # -- cuBLASLt ------------------------------------------------------------------------------
 LT_DTYPES = ("float32", "float16", "bfloat16")
-WORKSPACE_BYTES = 32 << 20  # one per backend, from its pool; what Hopper's kernels ask for
+# One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
+# quota (cuBLASLt still has algorithms with a small or no workspace).
+WORKSPACE_SIZES = (32 << 20, 4 << 20, 0)
 _tf32 = [False]
 _lt: dict[str, Any] = {}  # "reason": '' when loaded, else why not (tried once)
-_workspaces: weakref.WeakKeyDictionary[Any, DeviceValue] = weakref.WeakKeyDictionary()
+_workspaces: weakref.WeakKeyDictionary[Any, tuple[DeviceValue | None, int]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def set_tf32(enabled: bool) -> None:
@@ -52,12 +56,24 @@ def cublaslt_unavailable_reason() -> str:
     return str(_lt["reason"])
 
 
-def _workspace(ctx: Context) -> DeviceValue:
-    ws = _workspaces.get(ctx)
-    if ws is None:
-        ws = _workspaces[ctx] = ctx.alloc((WORKSPACE_BYTES,), dtypes.uint8, "cuBLASLt workspace")
-        ws.storage.pin()  # captured launches keep its address: never evicted
-    return ws
+def _workspace(ctx: Context) -> tuple[DeviceValue | None, int]:
+    """(buffer, bytes): the largest of WORKSPACE_SIZES the pool grants, kept for the backend."""
+    got = _workspaces.get(ctx)
+    if got is None:
+        for nbytes in WORKSPACE_SIZES:
+            if nbytes == 0:
+                got = (None, 0)
+                break
+            try:
+                ws = ctx.alloc((nbytes,), dtypes.uint8, "cuBLASLt workspace")
+            except OutOfMemoryError:
+                continue
+            ws.storage.pin()  # captured launches keep its address: never evicted
+            got = (ws, nbytes)
+            break
+        assert got is not None
+        _workspaces[ctx] = got
+    return got
 
 
 def _align(*ptrs: int) -> int:
@@ -96,9 +112,10 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     if batch > 1 and stride_b == 0 and not ta and stride_a == m * lda:
         m, batch, stride_a = m * batch, 1, 0  # broadcast B: the batch folds into M
     align = _align(*ptrs)
+    ws, ws_bytes = _workspace(ctx)
     kw = dict(lda=lda, ldb=ldb, ldd=n, trans_a=ta, trans_b=tb, batch=batch, stride_a=stride_a,
               stride_b=stride_b, stride_d=m * n, epilogue=epilogue, align=align,
-              workspace_bytes=WORKSPACE_BYTES)  # fmt: skip
+              workspace_bytes=ws_bytes)  # fmt: skip
 
     def plan(tf32: bool) -> Any:
         return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
@@ -109,11 +126,11 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
             plans[True] = plan(True)
     except (CUDAError, ValueError):
         return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
-    ws = _workspace(ctx)
+    ws_ptr = ws.ptr if ws is not None else 0
 
     def lt(pa: int, pb: int, pc: int, pbias: int = 0) -> None:
         p = plans[_tf32[0] and dtype == "float32"]
-        p.run(pa, pb, pc, pbias, ws.ptr, WORKSPACE_BYTES, ctx.stream)
+        p.run(pa, pb, pc, pbias, ws_ptr, ws_bytes, ctx.stream)
 
     return lt
 
