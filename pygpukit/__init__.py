@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 from . import errors, nn, random
 from .array import GPUArray, broadcast_to, expand_dims, matmul, take
+from .compile import compile, scalar  # noqa: A004 - gpk.compile shadows the builtin here
 from .creation import (
     arange,
     array,
@@ -40,7 +41,6 @@ from .interop import from_dlpack
 from .ir.dtypes import DType, bfloat16, float16, float32, float64, int8, int16, int32, int64, uint8
 from .ir.dtypes import bool_ as bool  # noqa: A001 - gpk.bool, like numpy's np.bool
 from .jit import jit
-from .compile import compile, scalar  # noqa: A004 - gpk.compile shadows the builtin here
 from .mode import eager, is_eager
 from .ops import *  # noqa: F403
 from .ops import realize
