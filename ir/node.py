@@ -42,11 +42,14 @@ class Node:
         dtype: DType,
         loc: SourceLoc | None = None,
         origin: str = "",
+        *,
+        frozen: bool = False,
     ) -> None:
         self.id = next(_ids)
         self.op = op
         self.inputs = inputs
-        self.attrs = {k: freeze(v) for k, v in attrs.items()}
+        # `frozen`: the caller already froze the attrs (make() does, to infer with them).
+        self.attrs = attrs if frozen else {k: freeze(v) for k, v in attrs.items()}
         self.shape = shape
         self.dtype = dtype
         self.loc = loc
@@ -65,7 +68,7 @@ class Node:
         """Create a node, inferring shape and dtype from the op's rule."""
         attrs = {k: freeze(v) for k, v in (attrs or {}).items()}
         shape, dtype = ops.infer(op, [(i.shape, i.dtype) for i in inputs], attrs)
-        return cls(op, inputs, attrs, tuple(shape), dtype, loc, origin)
+        return cls(op, inputs, attrs, tuple(shape), dtype, loc, origin, frozen=True)
 
     @property
     def kind(self) -> str:

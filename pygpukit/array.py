@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from pygpukit import errors
-from pygpukit.ir import Node, dtypes, indexing, shapes
+from pygpukit.ir import Node, dtypes, indexing, shapes, user_location
 from pygpukit.ir.dtypes import DType
 from pygpukit.ir.ops import weak_scalar_dtype
 
@@ -344,7 +345,7 @@ class GPUArray:
         try:
             spec, _ = indexing.normalize_index(self.shape, spec_index)
         except indexing.IndexRuleError as e:
-            raise errors.op_error("index", e, [(self.shape, self.dtype)], _loc()) from None
+            raise errors.op_error("index", e, [(self.shape, self.dtype)], user_location()) from None
         node = runtime.record("index", (self._node, *dyn), {"spec": spec})
         return GPUArray(node)
 
@@ -367,7 +368,7 @@ class GPUArray:
 
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
         if self._readonly:
-            loc = _loc()
+            loc = user_location()
             where = f"\n  at {loc.full}" if loc else ""
             raise errors.GPUKitValueError(
                 f"setitem: the array {self.dtype.short}{list(self.shape)} is read-only "
@@ -377,19 +378,15 @@ class GPUArray:
         try:
             spec, _ = indexing.normalize_index(self.shape, spec_index)
         except indexing.IndexRuleError as e:
-            raise errors.op_error("setitem", e, [(self.shape, self.dtype)], _loc()) from None
+            raise errors.op_error(
+                "setitem", e, [(self.shape, self.dtype)], user_location()
+            ) from None
         if any(e[0] == "new" for e in spec):
             spec = tuple(e for e in spec if e[0] != "new")
         v = _node_of(value, self.dtype)
         if v.dtype != self.dtype:
             v = runtime.record("cast", (v,), {"dtype": self.dtype.name})
         self._node = runtime.record("setitem", (self._node, v, *dyn), {"spec": spec})
-
-
-def _loc() -> Any:
-    from pygpukit.ir import user_location
-
-    return user_location()
 
 
 def _copy(x: GPUArray) -> GPUArray:
@@ -399,22 +396,16 @@ def _copy(x: GPUArray) -> GPUArray:
 
 def _ints(values: Sequence[Any]) -> tuple[int, ...]:
     try:
-        return tuple(int(operator_index(v)) for v in values)
+        return tuple(operator.index(v) for v in values)
     except TypeError as e:
         raise errors.DTypeError(f"expected integers, got {tuple(values)!r}") from e
-
-
-def operator_index(v: Any) -> int:
-    import operator
-
-    return operator.index(v)
 
 
 def _axes(op: str, axes: Sequence[Any], x: GPUArray) -> tuple[int, ...]:
     try:
         return tuple(shapes.normalize_axis(int(a), x.ndim) for a in axes)
     except shapes.AxisRuleError as e:
-        raise errors.op_error(op, e, [(x.shape, x.dtype)], _loc()) from None
+        raise errors.op_error(op, e, [(x.shape, x.dtype)], user_location()) from None
 
 
 def _dtype_arg(op: str, dtype: Any) -> DType:
@@ -483,7 +474,7 @@ def reduce(op: str, x: ArrayLike, axis: Any, keepdims: bool) -> GPUArray:
             raise shapes.AxisRuleError("argmax takes a single int axis or None")
         axes = shapes.normalize_axes(axis, x.ndim)
     except shapes.AxisRuleError as e:
-        raise errors.op_error(op, e, [(x.shape, x.dtype)], _loc()) from None
+        raise errors.op_error(op, e, [(x.shape, x.dtype)], user_location()) from None
     return GPUArray(runtime.record(op, (x._node,), {"axes": axes, "keepdims": bool(keepdims)}))
 
 
@@ -503,7 +494,7 @@ def expand_dims(x: GPUArray, axis: int) -> GPUArray:
     try:
         a = shapes.normalize_axis(axis, x.ndim + 1)
     except shapes.AxisRuleError as e:
-        raise errors.op_error("expand_dims", e, [(x.shape, x.dtype)], _loc()) from None
+        raise errors.op_error("expand_dims", e, [(x.shape, x.dtype)], user_location()) from None
     return x.reshape(x.shape[:a] + (1,) + x.shape[a:])
 
 

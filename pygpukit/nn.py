@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from pygpukit import errors
-from pygpukit.ir import shapes
+from pygpukit.ir import shapes, user_location
 
 from . import runtime
-from .array import ArrayLike, GPUArray, _loc, unary
+from .array import ArrayLike, GPUArray, unary
 from .creation import asarray
 
 
@@ -43,7 +43,7 @@ def _axis(op: str, x: GPUArray, axis: int) -> int:
     try:
         return shapes.normalize_axis(axis, x.ndim)
     except shapes.AxisRuleError as e:
-        raise errors.op_error(op, e, [(x.shape, x.dtype)], _loc()) from None
+        raise errors.op_error(op, e, [(x.shape, x.dtype)], user_location()) from None
 
 
 def softmax(x: ArrayLike, axis: int = -1) -> GPUArray:

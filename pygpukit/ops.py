@@ -6,14 +6,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from pygpukit import errors
-from pygpukit.ir import shapes
+from pygpukit.ir import shapes, user_location
 
 from . import runtime
 from .array import (
     ArrayLike,
     GPUArray,
     _axes,
-    _loc,
     _node_of,
     _pair,
     binary,
@@ -199,16 +198,14 @@ def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
     xs = [_arr(a) for a in arrays]
     if not xs:
         raise errors.ShapeError("stack: need at least one array")
-    if len({x.shape for x in xs}) != 1:
-        raise errors.ShapeError(
-            "stack: all input arrays must have the same shape, got "
-            + ", ".join(str(x.shape) for x in xs)
-            + f"\n  at {_loc().full if _loc() else '?'}"
-        )
     try:
+        if len({x.shape for x in xs}) != 1:
+            raise shapes.ShapeRuleError("all input arrays must have the same shape")
         ax = shapes.normalize_axis(axis, xs[0].ndim + 1)
-    except shapes.AxisRuleError as e:
-        raise errors.op_error("stack", e, [(x.shape, x.dtype) for x in xs], _loc()) from None
+    except shapes.ShapeRuleError as e:
+        raise errors.op_error(
+            "stack", e, [(x.shape, x.dtype) for x in xs], user_location()
+        ) from None
     return concatenate([expand_dims(x, ax) for x in xs], axis=ax)
 
 

@@ -73,7 +73,7 @@ def _graph_of(order: list[Node], pending: list[Node]) -> tuple[Graph, list[Node]
             leaves.append(n)
         else:
             c = Node(n.op, tuple(copies[i.id] for i in n.inputs), n.attrs, n.shape, n.dtype,
-                     n.loc, n.origin)  # fmt: skip
+                     n.loc, n.origin, frozen=True)  # fmt: skip
         copies[n.id] = c
     return Graph(inputs, [copies[p.id] for p in pending], name="realize"), leaves
 
