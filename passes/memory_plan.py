@@ -2,8 +2,8 @@
 
 Liveness-based reuse: a buffer is live from the step that writes it to the last step that
 reads it (or reads a view of it); buffers whose lifetimes do not overlap share bytes.
-Views (reshape of a contiguous buffer, permute, expand, static index) get no bytes of
-their own: they alias their base, and keep it alive. A setitem whose base buffer dies at
+Views (permute, expand, static index, and a reshape NumPy could do without a copy over
+the strides its input has) get no bytes of their own: they alias their base, and keep it alive. A setitem whose base buffer dies at
 that step writes in place. Outputs, and inputs copied in, stay live for the whole run;
 external slots (persistent arrays the caller owns) are never placed in the arena.
 """
@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from pygpukit.ir.shapes import contiguous_strides
+from pygpukit.ir.strides import Strides, broadcast_strides, index_view, reshape_strides
 
 from .lower import Schedule
 
@@ -42,14 +45,19 @@ def _aligned(n: int) -> int:
     return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
 
 
-def _is_view(step: Any, contiguous: dict[int, bool]) -> bool:
-    if step.op not in _VIEWS:
-        return False
-    if step.op == "index":
-        return len(step.ins) == 1  # a dynamic index reads device memory: a kernel
+def _view_strides(step: Any, shape: tuple[int, ...], strides: Strides) -> Strides | None:
+    """The element strides of a view step over its input (shape, strides), or None when
+    the step must copy (a dynamic index reads device memory; a reshape that NumPy's rule
+    cannot express over these strides)."""
     if step.op == "reshape":
-        return contiguous.get(step.ins[0], True)
-    return True
+        return reshape_strides(shape, strides, step.shape)
+    if step.op == "permute":
+        return tuple(strides[p] for p in step.attrs["perm"])
+    if step.op == "expand":
+        return broadcast_strides(shape, strides, step.shape)
+    if step.op == "index" and len(step.ins) == 1:
+        return index_view(shape, strides, step.attrs["spec"])[1]
+    return None
 
 
 def plan_memory(
@@ -64,7 +72,9 @@ def plan_memory(
     steps = schedule.steps
     end = len(steps)
     alias: dict[int, int] = {}
-    contiguous: dict[int, bool] = {}
+    nodes = schedule.graph.nodes
+    # Element strides of every slot over its root buffer (roots are contiguous).
+    strides: dict[int, Strides] = {}
 
     def root(s: int) -> int:
         while s in alias:
@@ -73,14 +83,19 @@ def plan_memory(
 
     inputs = {s for s in schedule.input_slots if s >= 0}
     for s in inputs:
-        contiguous[s] = True
+        strides[s] = contiguous_strides(nodes[s].shape)
     # Pass 1: views alias their base; each buffer's lifetime covers its views' uses.
     for st in steps:
-        if _is_view(st, contiguous):
+        view = None
+        if st.op in _VIEWS:
+            base = st.ins[0]
+            base_strides = strides.get(base) or contiguous_strides(nodes[base].shape)
+            view = _view_strides(st, nodes[base].shape, base_strides)
+        if view is not None:
             alias[st.out] = st.ins[0]
-            contiguous[st.out] = st.op == "reshape" and contiguous.get(st.ins[0], True)
+            strides[st.out] = view
         else:
-            contiguous[st.out] = True
+            strides[st.out] = contiguous_strides(st.shape)
     group_last: dict[int, int] = {s: -1 for s in inputs}
     for k, st in enumerate(steps):
         group_last.setdefault(root(st.out), k)

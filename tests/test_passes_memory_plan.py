@@ -104,6 +104,37 @@ def test_views_get_no_slots_and_copies_do():
     close(be.to_numpy(outs[2]), (a * 2).T.reshape(24))
 
 
+def test_reshape_of_a_strided_slice_is_a_view():
+    """The fused-QKV split: qkv[..., a:b].reshape(B, T, H, D) needs no copy (NumPy's rule
+    over the slice's strides), and neither does the swap back of a one-token attention
+    output; a reshape that merges across the gap of a strided view still copies."""
+    rng = np.random.default_rng(6)
+    x = arr(rng, 2, 1, 48)
+
+    def f(x):
+        q = x[:, :, :32].reshape(2, 1, 4, 8).swapaxes(1, 2)  # [2, 4, 1, 8] view
+        v = x[:, :, 32:].reshape(2, 1, 2, 8)
+        y = (q * 2.0).swapaxes(1, 2).reshape(2, 1, 32)  # t == 1: a view of q * 2
+        merged = x[:, :, 8:40].reshape(64)  # crosses rows of a strided slice: a copy
+        return q + 1.0, v * 3.0, y + 0.5, merged
+
+    g, _ = record(f, x)
+    schedule = lower(g)
+    plan = plan_memory(schedule)
+    reshapes = [st for st in schedule.steps if st.op == "reshape"]
+    copied = [st for st in reshapes if st.out in plan.offsets]
+    assert [st.shape for st in copied] == [(64,)], [st.shape for st in copied]
+    assert_no_overlap(schedule, plan)
+    outs = PlannedProgram(schedule, get_backend())([_value(x)], [])
+    x64 = f64(x)
+    q = x64[:, :, :32].reshape(2, 1, 4, 8).swapaxes(1, 2)
+    be = get_backend()
+    close(be.to_numpy(outs[0]), q + 1)
+    close(be.to_numpy(outs[1]), x64[:, :, 32:].reshape(2, 1, 2, 8) * 3)
+    close(be.to_numpy(outs[2]), (q * 2).swapaxes(1, 2).reshape(2, 1, 32) + 0.5)
+    close(be.to_numpy(outs[3]), x64[:, :, 8:40].reshape(64))
+
+
 def test_dead_store_base_is_written_in_place():
     rng = np.random.default_rng(5)
     x, v = arr(rng, 8, 8), arr(rng, 8)
