@@ -3,9 +3,10 @@
 Liveness-based reuse: a buffer is live from the step that writes it to the last step that
 reads it (or reads a view of it); buffers whose lifetimes do not overlap share bytes.
 Views (permute, expand, static index, and a reshape NumPy could do without a copy over
-the strides its input has) get no bytes of their own: they alias their base, and keep it alive. A setitem whose base buffer dies at
-that step writes in place. Outputs, and inputs copied in, stay live for the whole run;
-external slots (persistent arrays the caller owns) are never placed in the arena.
+the strides its input has) get no bytes of their own: they alias their base, and keep it
+alive. A setitem whose base buffer dies at that step writes in place. Outputs, and
+inputs copied in, stay live for the whole run; external slots (persistent arrays the
+caller owns) are never placed in the arena.
 """
 
 from __future__ import annotations
