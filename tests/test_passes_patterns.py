@@ -360,6 +360,58 @@ def test_sdpa_refuses_mask_array_and_wrong_diagonal(rng):
     assert "not the causal mask" in report(g, "sdpa", "missed")[0]["reason"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sdpa_decode_over_static_cache(rng, dtype):
+    """A decode step as the LLM model writes it: grouped-query heads folded into the rows,
+    fp32 scores, and a mask from the device position and per-row left padding. It becomes
+    one sdpa with kv_len = pos + 1 and kv_start = start, read on the device."""
+    b, h, kvh, s, d = 3, 4, 2, 12, 8
+    q = arr(rng, b, h, 1, d, dtype=dtype)
+    k, v = arr(rng, b, kvh, s, d, dtype=dtype), arr(rng, b, kvh, s, d, dtype=dtype)
+    pos_v, start_v = int(rng.integers(4, s)), rng.integers(0, 4, size=b)
+    pos, start = np.array(pos_v, np.int64), start_v.astype(np.int64)
+
+    def f(q, k, v, pos, start):
+        g = h // kvh
+        sc = (q.reshape(b, kvh, g, d) @ k.swapaxes(-1, -2)).astype(gpk.float32)
+        sc = sc.reshape(b, kvh, g, 1, s) * (1.0 / math.sqrt(d))
+        j = gpk.arange(s).reshape(1, s)
+        visible = ((j <= pos) & (j >= start.reshape(-1, 1))).reshape(-1, 1, 1, 1, s)
+        sc = gpk.where(visible, sc, -math.inf)
+        p = gpk.nn.softmax(sc, axis=-1).astype(q.dtype).reshape(b, kvh, g, s)
+        return (p @ v).reshape(b, h, 1, d)
+
+    q64, k64, v64 = f64(q), np.repeat(f64(k), h // kvh, 1), np.repeat(f64(v), h // kvh, 1)
+    sc = q64 @ np.swapaxes(k64, -1, -2) / math.sqrt(d)
+    j = np.arange(s)
+    hidden = (j[None, :] > pos_v) | (j[None, :] < start_v[:, None])  # [b, s]
+    sc = np.where(hidden[:, None, None, :], -np.inf, sc)
+    ref = softmax64(sc) @ v64
+    g = check(f, (q, k, v, pos, start), ref, "sdpa", dtype, factor=2)
+    (node,) = [n for n in g.nodes if n.op == "sdpa"]
+    assert node.attrs["kv_len"] and node.attrs["kv_start"] and not node.attrs["causal"]
+    assert "softmax" not in ops(g) and "matmul" not in ops(g)
+
+
+def test_sdpa_refuses_an_unprovable_bound(rng):
+    """A key bound that is not an arange compared with a device scalar (here a float
+    array) is reported, and the unfused program still gives the right answer."""
+    q, k, v = arr(rng, 1, 2, 1, 8), arr(rng, 1, 2, 6, 8), arr(rng, 1, 2, 6, 8)
+    lim = rng.standard_normal(6).astype(np.float32)
+
+    def f(q, k, v, lim):
+        sc = q @ k.swapaxes(-1, -2) * 0.25
+        sc = gpk.where(gpk.arange(6).reshape(1, 6) <= lim, sc, -math.inf)
+        return gpk.nn.softmax(sc, axis=-1) @ v
+
+    g = fused(f, q, k, v, lim)
+    assert "sdpa" not in ops(g)
+    assert "neither causal nor a bound" in report(g, "sdpa", "missed")[0]["reason"]
+    sc = f64(q) @ np.swapaxes(f64(k), -1, -2) * 0.25
+    sc = np.where(np.arange(6) <= lim.astype(np.float64), sc, -np.inf)
+    close(run_lazy(f, q, k, v, lim)[0], softmax64(sc) @ f64(v))
+
+
 # -- gelu written out, into the GEMM epilogue ----------------------------------------------
 
 
