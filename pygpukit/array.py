@@ -145,6 +145,19 @@ class GPUArray:
 
     get = to_numpy  # CuPy's name
 
+    def to_numpy_async(self) -> Any:
+        """Start copying to host memory and return at once; `.result()` waits for this copy
+        alone (work queued afterwards keeps running) and gives the NumPy array, `.done()`
+        polls. Like torch's `.to("cpu", non_blocking=True)` followed by an event wait."""
+        self.realize()
+        value = self._node.realized
+        backend = get_backend()
+        if backend.storage(value).freed:
+            raise errors.FreedArrayError(
+                f"to_numpy_async: the array {self.dtype.short}{list(self.shape)} was freed"
+            )
+        return backend.to_numpy_async(value)
+
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         a = self.to_numpy()
         return a if dtype is None else a.astype(dtype)

@@ -102,3 +102,16 @@ def test_pool_backs_every_buffer() -> None:
 
     gc.collect()
     assert gpk.pool_stats()["in_use_bytes"] <= stats0["in_use_bytes"]
+
+
+def test_to_numpy_async_gives_the_array() -> None:
+    rng = np.random.default_rng()
+    host = rng.standard_normal((5, 6)).astype(np.float32)
+    t = (gpk.asarray(host) * 2).T.to_numpy_async()
+    np.testing.assert_allclose(t.result(), (host.astype(np.float64) * 2).T, rtol=1e-6)
+    assert t.done()
+    x = gpk.asarray(host)
+    x.realize()
+    x.free()
+    with pytest.raises(gpk.errors.FreedArrayError, match="to_numpy_async"):
+        x.to_numpy_async()

@@ -11,6 +11,19 @@ from pygpukit.memory import Storage
 from pygpukit.passes import Schedule
 
 
+class ReadyTransfer:
+    """A host copy that is already complete (backends without queued work)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> np.ndarray:
+        return self._array
+
+
 class Backend(ABC):
     name: str
 
@@ -21,6 +34,11 @@ class Backend(ABC):
     @abstractmethod
     def to_numpy(self, value: Any) -> np.ndarray:
         """A fresh host copy of the value."""
+
+    def to_numpy_async(self, value: Any) -> Any:
+        """A transfer whose result() is the host copy; result() waits for that copy only,
+        not for work queued after it."""
+        return ReadyTransfer(self.to_numpy(value))
 
     @abstractmethod
     def run(self, schedule: Schedule, inputs: list[Any]) -> list[Any]:

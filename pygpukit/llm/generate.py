@@ -14,6 +14,7 @@ computes what it would alone. All rows then share one cache position per step.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from .model import Transformer, decode_mask, left_pad, prefill_mask
 from .sampling import NoiseSource, SamplingParams, sample_with
 
 MIN_BUCKET = 16
+LOOKAHEAD = 1  # decode steps queued beyond the one whose tokens are being read
 
 
 def bucket(n: int, cap: int) -> int:
@@ -178,14 +180,25 @@ class Generator:
         emit(0, tok.to_numpy())
         t1 = time.perf_counter()
         steps = 0
+        # One step runs ahead: step i+1 is queued before step i's tokens are read back
+        # (asynchronously, into pinned memory), so the GPU never waits for the host's
+        # emit and dispatch. It feeds on step i's tokens on the device, not on the host.
+        in_flight: deque[tuple[int, Any]] = deque()
         for i in range(1, max_new_tokens):
-            if done.all():
-                break
             pos = _position(length + i - 1)
             tok = self._run(
                 self._decode, tok, pos, start, temperature, top_p, *noise.next(), *statics
             )
-            emit(i, tok.to_numpy())  # the one host read per token
+            in_flight.append((i, tok.to_numpy_async()))
+            if len(in_flight) > LOOKAHEAD:
+                j, ready = in_flight.popleft()
+                emit(j, ready.result())  # the one host read per token
+                steps += 1
+                if done.all():
+                    break
+        while in_flight and not done.all():
+            j, ready = in_flight.popleft()
+            emit(j, ready.result())
             steps += 1
         t2 = time.perf_counter()
         return GenerationResult(

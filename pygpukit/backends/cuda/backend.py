@@ -20,6 +20,7 @@ from ..base import Backend
 from . import compiler, device_pool, ew
 from .context import contiguous
 from .errorword import WORDS, ErrorWord
+from .host_transfer import HostTransfer, PinnedBuffers
 from .layout import is_contiguous
 from .plan import plan_for, plan_step
 from .planned import CudaPlannedHooks
@@ -46,6 +47,7 @@ class CudaBackend(CudaPlannedHooks, Backend):
         # While a compiled entry is captured: its scratch blocks, kept alive with its graph.
         self._capture_keep: list[Storage] | None = None
         self._capture_step: Step | None = None
+        self.pinned_buffers = PinnedBuffers()  # for to_numpy_async
 
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
@@ -91,6 +93,12 @@ class CudaBackend(CudaPlannedHooks, Backend):
             _native.memcpy_dtoh_async(out, src.ptr, self.stream)
         self.synchronize()
         return out.view(value.dtype.np).reshape(value.shape)
+
+    def to_numpy_async(self, value: DeviceValue) -> HostTransfer:
+        src = value
+        if not is_contiguous(value.shape, value.strides):
+            src = self._copy_contiguous(value)
+        return HostTransfer(self, src)
 
     def _copy_contiguous(self, v: DeviceValue) -> DeviceValue:
         launch = ew.make(self, ("in", 0), [v], v.shape, contiguous(v.shape), v.dtype, 256)
