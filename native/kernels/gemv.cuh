@@ -1,8 +1,22 @@
-// GEMV for decode: y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), W row-major [N, K].
+// GEMV for decode: y[m, n] = act(sum_k x[m, k] * W[n, k] + bias[n]), W row-major [N, K],
+// for a few rows m of x (batched decode), reading W once for all of them.
+// PGK_ACT: 0 none, 1 GELU tanh, 2 GELU erf, 3 SiLU (as gemm_mma.cuh), after the bias.
 //
-// One warp per output row n: each lane streams 16-byte vectors of W's row with PGK_UNROLL
-// loads in flight before any arithmetic, so the kernel runs at memory bandwidth; x (a few
-// KB) is served from L1/L2. grid.y walks the M rows of x (small M reuses W from L2).
+// pgk_gemv_mma (bf16/f16, 16-byte aligned rows, K % 8 == 0): up to 16 rows of x are the
+// M = 16 rows of mma.sync m16n8k16 tiles and 8 rows of W the N = 8 columns, so the kernel
+// costs the same whether M is 1 or 16. A block owns 8 * PGK_NT rows of W; its PGK_GW warps
+// split K into contiguous ranges and each lane issues PGK_NT * PGK_U 16-byte loads of W
+// before the first multiply (bandwidth-bound code on Hopper needs ~40 KB in flight per SM,
+// and a warp walking a whole row alone had too few: 58-74% of copy bandwidth). The
+// partial sums of the warps meet once in shared memory at the end.
+//
+// K is permuted inside each 16-wide mma step so every lane reads 8 consecutive elements
+// (one 16-byte load) instead of the fragment layout's 2+2: the thread of fragment column
+// pair c holds physical columns 8c .. 8c+7 of a 32-column chunk, and the A fragment (x)
+// uses the same permutation, so the dot products are unchanged.
+//
+// pgk_gemv (any float type, any alignment): one warp per output row, grid.y walks the
+// rows of x; the fallback for float32 and for unaligned views.
 #include "common.cuh"
 
 #ifndef PGK_UNROLL
@@ -11,6 +25,41 @@
 #ifndef PGK_WARPS
 #define PGK_WARPS 8
 #endif
+#ifndef PGK_ACT
+#define PGK_ACT 0
+#endif
+#ifndef PGK_GW
+#define PGK_GW 8
+#endif
+#ifndef PGK_NT
+#define PGK_NT 1
+#endif
+#ifndef PGK_U
+#define PGK_U 8
+#endif
+
+PGK_DEVICE float pgk_gemv_act(float x) {
+#if PGK_ACT == 1
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+#elif PGK_ACT == 2
+  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+#elif PGK_ACT == 3
+  return x / (1.0f + __expf(-x));
+#else
+  return x;
+#endif
+}
+PGK_DEVICE double pgk_gemv_act(double x) {
+#if PGK_ACT == 1
+  return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+#elif PGK_ACT == 2
+  return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+#elif PGK_ACT == 3
+  return x / (1.0 + exp(-x));
+#else
+  return x;
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
     pgk_gemv(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
@@ -47,6 +96,109 @@ extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
   acc = pgk_warp_sum(acc);
   if (lane == 0) {
     if (bias) acc += pgk_acc_of(bias[row]);
-    y[(long long)blockIdx.y * y_stride + row] = pgk_from_acc<pgk_t>(acc);
+    y[(long long)blockIdx.y * y_stride + row] = pgk_from_acc<pgk_t>(pgk_gemv_act(acc));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Tensor-core variant. grid (ceil(N / (8 * PGK_NT)), ceil(M / 16)), PGK_GW * 32 threads.
+template <typename A, typename B> struct pgk_gsame { static constexpr bool value = false; };
+template <typename A> struct pgk_gsame<A, A> { static constexpr bool value = true; };
+
+PGK_DEVICE void pgk_gmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                         unsigned b0, unsigned b1) {
+  if constexpr (pgk_gsame<pgk_t, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// W is streamed (read once: evict-first); x is re-read by every block, so it stays cached.
+PGK_DEVICE uint4 pgk_gload_w(const pgk_t* p, bool in) {
+  return in ? __ldcs(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+}
+PGK_DEVICE uint4 pgk_gload_x(const pgk_t* p, bool in) {
+  return in ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
+    pgk_gemv_mma(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
+                 const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
+                 long long x_stride, long long w_stride, long long y_stride) {
+  // Compiled into every module of the family, launched for 2-byte types only.
+  constexpr int U = PGK_U, NT = PGK_NT;
+  __shared__ float red[PGK_GW][16][8 * NT + 1];  // +1: lanes of a row land in distinct banks
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int qr = lane >> 2, qc = lane & 3;
+  const int m0 = blockIdx.y * 16;
+  const int n0 = blockIdx.x * 8 * NT;
+  // This warp's contiguous range of 32-column chunks (balanced to within one chunk).
+  const int nch = (k + 31) / 32;
+  const int c_lo = (int)((long long)nch * warp / PGK_GW);
+  const int c_hi = (int)((long long)nch * (warp + 1) / PGK_GW);
+
+  const pgk_t* wrow[NT];
+  bool nin[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int row = n0 + t * 8 + qr;
+    nin[t] = row < n;
+    wrow[t] = w + (long long)(nin[t] ? row : 0) * w_stride + qc * 8;
+  }
+  const bool x0in = m0 + qr < m, x1in = m0 + qr + 8 < m;
+  const pgk_t* x0 = x + (long long)(x0in ? m0 + qr : 0) * x_stride + qc * 8;
+  const pgk_t* x1 = x + (long long)(x1in ? m0 + qr + 8 : 0) * x_stride + qc * 8;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+
+  for (int c = c_lo; c < c_hi; c += U) {
+    uint4 wv[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = (c + u) * 32 + qc * 8;
+      const bool in = c + u < c_hi && col < k;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) wv[u][t] = pgk_gload_w(wrow[t] + (c + u) * 32, in && nin[t]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = (c + u) * 32 + qc * 8;
+      const bool in = c + u < c_hi && col < k;
+      const uint4 xa = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
+      const uint4 xb = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        pgk_gmma(acc[t], xa.x, xb.x, xa.y, xb.y, wv[u][t].x, wv[u][t].y);
+        pgk_gmma(acc[t], xa.z, xb.z, xa.w, xb.w, wv[u][t].z, wv[u][t].w);
+      }
+    }
+  }
+  // C fragment: (row qr, cols 2qc, 2qc+1) and (row qr + 8, same cols) of each n8 tile.
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[warp][qr + (e >> 1) * 8][t * 8 + 2 * qc + (e & 1)] = acc[t][e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 16 * 8 * NT; i += PGK_GW * 32) {
+    const int r = i / (8 * NT), cn = i % (8 * NT);
+    if (m0 + r >= m || n0 + cn >= n) continue;
+    float s = 0.0f;
+#pragma unroll
+    for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
+    if (bias) s += pgk_to_float(bias[n0 + cn]);
+    y[(long long)(m0 + r) * y_stride + n0 + cn] = pgk_from_float<pgk_t>(pgk_gemv_act(s));
   }
 }

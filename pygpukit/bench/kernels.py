@@ -298,18 +298,38 @@ def bench_rope(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
     )
 
 
+# (M, K, N): the historical square-ish rows, then the TinyLlama-1.1B decode step's
+# projections (qkv 2048->2560, o 2048->2048, gate+up 2048->11264, down 5632->2048, lm head
+# 2048->32000) at 1, 4 and 16 rows (batched decode).
+GEMV_SHAPES = [(1, 4096, 4096), (1, 2048, 5632), (1, 5632, 2048)] + [
+    (m, k, n)
+    for m in (1, 4, 16)
+    for k, n in ((2048, 2560), (2048, 2048), (2048, 11264), (5632, 2048), (2048, 32000))
+]
+# Tensor-core GEMV geometries swept on the first three shapes: (warps, n8 tiles, loads).
+GEMV_SWEEP = ((8, 1, 8), (8, 2, 4), (4, 1, 8), (8, 1, 4), (16, 1, 4))
+
+
 def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
     torch = _torch()
     f = torch.nn.functional
-    for n, k in ((4096, 4096), (5632, 2048), (2048, 5632)):
+    for si, (m, k, n) in enumerate(GEMV_SHAPES):
         wbytes = n * k * 2
         sets = _sets_for(wbytes)
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-        xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-        ys = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+        name = f"gemv bf16 {m}x{k} @ [{n}x{k}]^T"
 
         def ours(
-            i: int, ws: Any = ws, xs: Any = xs, ys: Any = ys, n: int = n, k: int = k, u: int = 4
+            i: int,
+            ws: Any = ws,
+            xs: Any = xs,
+            ys: Any = ys,
+            m: int = m,
+            n: int = n,
+            k: int = k,
+            cfg: tuple[int, int, int] | None = None,
         ) -> None:
             gemv.gemv(
                 xs[i].data_ptr(),
@@ -318,32 +338,33 @@ def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
                 n,
                 k,
                 "bfloat16",
-                unroll=u,
+                m=m,
+                config=cfg,
                 stream=_stream(),
             )
 
-        for u in (8, 2):
+        for cfg in GEMV_SWEEP if si < 3 else ():
             ys[0].fill_(float("nan"))
-            ours(0, u=u)
+            ours(0, cfg=cfg)
             torch.cuda.synchronize()
-            _close(ys[0], xs[0].float() @ ws[0].float().T, f"gemv {n}x{k} unroll={u}")
+            _close(ys[0], xs[0].float() @ ws[0].float().T, f"{name} config={cfg}")
             rows.append(
                 {
                     "bench": "kernels",
-                    "workload": f"gemv bf16 1x{k} @ [{n}x{k}]^T unroll={u}",
-                    "us": round(time_graph(functools.partial(ours, u=u), sets), 2),
+                    "workload": f"{name} config={cfg}",
+                    "us": round(time_graph(functools.partial(ours, cfg=cfg), sets), 2),
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
         ys[0].fill_(float("nan"))
         ours(0)
         torch.cuda.synchronize()
-        _close(ys[0], xs[0].float() @ ws[0].float().T, f"gemv {n}x{k}")
+        _close(ys[0], xs[0].float() @ ws[0].float().T, name)
         comp = _compiled(f.linear) if use_compile else None
         _row(
             rows,
-            f"gemv bf16 1x{k} @ [{n}x{k}]^T",
-            wbytes + 2 * (k + n),
+            name,
+            wbytes + 2 * m * (k + n),
             copy_gbs,
             ours,
             _rot(f.linear, xs, ws),

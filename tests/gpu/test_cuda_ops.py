@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import subprocess
 import sys
@@ -474,6 +475,32 @@ def test_linear(rng: np.random.Generator, d: str, act: str) -> None:
     x, w, b = rand(rng, (3, 20, 64), d), rand(rng, (48, 64), d), rand(rng, (48,), d)
     f = 60 if d in ("float16", "bfloat16") else 8
     check(lambda xx, ww, bb: gpk.nn.linear(xx, ww, bb, activation=act), None, [x, w, b], d, f)
+
+
+@pytest.mark.parametrize("d", ["float16", "bfloat16"])
+@pytest.mark.parametrize("act", ["none", "gelu_tanh", "gelu_erf", "silu"])
+@pytest.mark.parametrize("lead", [(1,), (4, 1), (2, 8), (16,)])
+def test_linear_few_rows_gemv(rng: np.random.Generator, d: str, act: str, lead: tuple) -> None:
+    """Decode-sized linear/matmul (M <= 16 rows) take the tensor-core GEMV: bias and
+    activation fused, against a float64 reference."""
+    x, w, b = rand(rng, lead + (264,), d), rand(rng, (72, 264), d), rand(rng, (72,), d)
+    acts = {
+        "none": lambda v: v,
+        "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3))),
+        "gelu_erf": lambda v: 0.5 * v * (1 + np.vectorize(math.erf)(v / np.sqrt(2))),
+        "silu": lambda v: v / (1 + np.exp(-v)),
+    }
+    check(
+        lambda xx, ww, bb: gpk.nn.linear(xx, ww, bb, activation=act),
+        lambda xx, ww, bb: acts[act](xx @ ww.T + bb),
+        [x, w, b],
+        d,
+        8,
+        8,
+    )
+    check(lambda xx, ww: gpk.nn.linear(xx, ww), lambda xx, ww: xx @ ww.T, [x, w], d, 8, 8)
+    check(lambda xx, ww: xx @ ww.T, lambda xx, ww: xx @ ww.T, [x, w], d, 8, 8)
+    check(lambda xx, ww: xx[0] @ ww.T, lambda xx, ww: xx[0] @ ww.T, [x, w], d, 8, 8)
 
 
 @pytest.mark.parametrize("d", FLOATS)

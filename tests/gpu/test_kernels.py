@@ -453,6 +453,41 @@ def test_gemv(
     check(yd.get((m, n), dtype), ref, dtype, 1e-5 if dtype == "float32" else None)
 
 
+_ACTS = {"none": lambda v: v, "gelu_tanh": _gelu_tanh, "gelu_erf": _gelu_erf, "silu": _silu}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(1, 1, 8), (1, 2560, 2048), (4, 333, 776), (16, 2048, 5632), (7, 40, 72), (17, 96, 264)],
+)
+@pytest.mark.parametrize("act", ["none", "gelu_tanh", "gelu_erf", "silu"])
+def test_gemv_mma(
+    dev: Any, rng: np.random.Generator, dtype: str, m: int, n: int, k: int, act: str
+) -> None:
+    """The tensor-core GEMV (float32: the warp-per-row fallback): 1..16 rows per launch
+    tile (17 takes two), N and K tails, a row stride wider than K, bias + activation."""
+    xs = k + 8
+    x = rand(rng, (m, xs), dtype)
+    w, b = rand(rng, (n, k), dtype), rand(rng, (n,), dtype)
+    assert gemv.uses_mma(dtype, k, (xs, k), (0, 0)) == (dtype != "float32")
+    xd, wd, bd, yd = dev.put(x), dev.put(w), dev.put(b), dev.empty((m, n), dtype)
+    use_bias = act != "silu"
+    gemv.gemv(xd.ptr, wd.ptr, yd.ptr, n, k, dtype, m=m, bias=bd.ptr if use_bias else 0,
+              activation=act, x_stride=xs)  # fmt: skip
+    pre = f64(x[:, :k]) @ f64(w).T + (f64(b) if use_bias else 0.0)
+    check(yd.get((m, n), dtype), _ACTS[act](pre), dtype, scale=pre)
+
+
+@pytest.mark.parametrize("config", [(8, 2, 4), (4, 1, 8), (16, 1, 4)])
+def test_gemv_mma_configs(dev: Any, rng: np.random.Generator, config: Any) -> None:
+    m, n, k, dtype = 5, 1000, 2056, "bfloat16"
+    x, w = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype)
+    xd, wd, yd = dev.put(x), dev.put(w), dev.empty((m, n), dtype)
+    gemv.gemv(xd.ptr, wd.ptr, yd.ptr, n, k, dtype, m=m, config=config)
+    check(yd.get((m, n), dtype), f64(x) @ f64(w).T, dtype)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,n,k", [(1, 1, 8), (130, 67, 72), (256, 384, 512), (77, 200, 1000)])
 @pytest.mark.parametrize("act", ["none", "gelu_tanh", "gelu_erf", "silu"])

@@ -1,6 +1,9 @@
-"""matmul and linear: cuBLASLt for f32/tf32/f16/bf16 when it loads (linear's bias and
-tanh-GELU as its epilogue), else the kernel team's launchers: the mma.sync GEMM for f16/bf16
-when its layout rules hold, else the strided matmul_simple kernel (every dtype)."""
+"""matmul and linear: a few rows (M <= 16, decode) of bf16/f16 against a weight stored
+[N, K] go to the tensor-core GEMV (bias and activation fused), which reads the weight at
+~85% of copy bandwidth where cuBLASLt's split-K kernels plus their reduce reach ~60%.
+Otherwise cuBLASLt for f32/tf32/f16/bf16 when it loads (linear's bias and tanh-GELU as its
+epilogue), else the kernel team's launchers: the mma.sync GEMM for f16/bf16 when its
+layout rules hold, else the strided matmul_simple kernel (every dtype)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pygpukit.passes import Step
 
 from . import ew, toolchain
 from .context import Context, contiguous, numel
-from .kernels import gemm_mma, matmul_simple
+from .kernels import gemm_mma, gemv, loader, matmul_simple
 from .layout import broadcast_strides, collapse, reshape_strides
 from .materialize import contiguous_as
 from .value import DeviceValue
@@ -200,7 +203,9 @@ def plan_matmul(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     dtype = step.dtype
     fa, a2 = _as_dtype(ctx, a, dtype, tag)
     fb, b2 = _as_dtype(ctx, b, dtype, tag)
-    launch, _ = _mm_launcher(ctx, a2, b2)
+    launch = _matmul_gemv(ctx, a2, b2)
+    if launch is None:
+        launch, _ = _mm_launcher(ctx, a2, b2)
     shape = step.shape
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
@@ -228,7 +233,9 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
         x2 = x2.view((rows, k), rst, x2.offset)
     fw, w = _as_dtype(ctx, w, dtype, tag)
     wt = w.view((w.shape[1], w.shape[0]), (w.strides[1], w.strides[0]), w.offset)
-    launch, lt_bias, lt_act = _linear_lt(ctx, x2, wt, bias, act)
+    launch, lt_bias, lt_act = _linear_gemv(ctx, x2, w, bias, act)
+    if launch is None:
+        launch, lt_bias, lt_act = _linear_lt(ctx, x2, wt, bias, act)
     if launch is None:
         launch, _ = _mm_launcher(ctx, x2, wt)
     if lt_bias:
@@ -289,3 +296,73 @@ def _linear_lt(ctx: Context, x: DeviceValue, wt: DeviceValue, bias: DeviceValue 
     if launch is None:
         return None, False, False
     return launch, use_bias, use_act
+
+
+# -- GEMV (decode) -------------------------------------------------------------------------
+def _rows_view(x: DeviceValue) -> DeviceValue | None:
+    """x [..., K] as a [M, K] view with unit column stride, or None when the leading dims do
+    not fold into one row stride."""
+    if not x.shape:
+        return None
+    k = x.shape[-1]
+    rows = x.size // k if k else 0
+    if len(x.shape) == 1:
+        return x.view((1, k), (0, x.strides[0]), x.offset)
+    st = reshape_strides(x.shape, x.strides, (rows, k))
+    if st is None:
+        return None
+    return x.view((rows, k), st, x.offset)
+
+
+def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str) -> Launch | None:
+    """launch(x, w, y[, bias]) of y [M, N] = act(x [.., K] @ w [N, K]^T + bias) on the GEMV
+    kernel, or None where it does not apply: dtype not bf16/f16, more than 16 rows, a column
+    stride that is not 1, rows that do not fold. The launcher takes the scalar kernel at
+    run time for unaligned pointers, so the plan holds for any address."""
+    dtype = x.dtype.name
+    if dtype not in loader.HALF_DTYPES or w.dtype != x.dtype or len(w.shape) != 2:
+        return None
+    xr = _rows_view(x)
+    if xr is None:
+        return None
+    (m, k), n = xr.shape, w.shape[0]
+    if not 1 <= m <= gemv.MMA_ROWS or k == 0 or n == 0 or w.shape[1] != k:
+        return None
+    if k > 1 and (xr.strides[1] != 1 or w.strides[1] != 1):
+        return None
+    xs, ws = xr.strides[0], w.strides[0]
+    if xs < 0 or ws < 0:
+        return None
+
+    def launch(px: int, pw: int, py: int, pbias: int = 0) -> None:
+        gemv.gemv(px, pw, py, n, k, dtype, m=m, bias=pbias, activation=act, x_stride=xs,
+                  w_stride=ws, y_stride=n, stream=ctx.stream)  # fmt: skip
+
+    return launch
+
+
+def _matmul_gemv(ctx: Context, a: DeviceValue, b: DeviceValue) -> Launch | None:
+    """The GEMV for a [.., M, K] @ b [K, N] where b is a transposed [N, K] weight (unit
+    stride down its columns) and the rows of a number at most 16."""
+    if len(b.shape) != 2 or len(a.shape) < 1 or (b.shape[0] > 1 and b.strides[0] != 1):
+        return None
+    w = b.view((b.shape[1], b.shape[0]), (b.strides[1], b.strides[0]), b.offset)
+    return _gemv_launcher(ctx, a, w, "none")
+
+
+def _linear_gemv(ctx: Context, x: DeviceValue, w: DeviceValue, bias: DeviceValue | None,
+                 act: str) -> tuple[Launch | None, bool, bool]:  # fmt: skip
+    """(GEMV launch or None, bias fused, activation fused) for linear with few rows. The
+    activation fuses only with the bias (it applies after it), so a bias the kernel cannot
+    read (other dtype or stride) leaves both to the elementwise epilogue."""
+    use_bias = (
+        bias is not None
+        and bias.dtype == x.dtype
+        and bias.shape == (w.shape[0],)
+        and (w.shape[0] == 1 or bias.strides == (1,))
+    )
+    fuse_act = bias is None or use_bias
+    launch = _gemv_launcher(ctx, x, w, act if fuse_act else "none")
+    if launch is None:
+        return None, False, False
+    return launch, use_bias, fuse_act

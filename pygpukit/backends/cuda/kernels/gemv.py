@@ -1,4 +1,4 @@
-"""Launcher for gemv.cuh: y = x @ W^T for a few rows of x, W [N, K] row-major."""
+"""Launcher for gemv.cuh: y = act(x @ W^T + bias) for a few rows of x, W [N, K] row-major."""
 
 from __future__ import annotations
 
@@ -11,6 +11,23 @@ from ._common import cdiv, int32_range, positive
 
 DTYPES = ("float32", "float16", "bfloat16")
 WARPS = 8
+# Rows of x one tensor-core launch covers (the mma tile's M); routing sends M <= this here.
+MMA_ROWS = 16
+ACTS = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "silu": 3}
+# Tensor-core geometry: warps splitting K, n8 tiles per warp, 16-byte loads per lane per
+# tile in flight. 8 x 1 x 8: 256 threads with 8 loads each, 32 KB of W in flight a block.
+MMA_CONFIG = (8, 1, 8)
+
+
+def uses_mma(dtype: str, k: int, strides: tuple[int, ...], ptrs: tuple[int, ...]) -> bool:
+    """Whether gemv() takes the tensor-core kernel: bf16/f16, K % 8 == 0, 16-byte aligned
+    pointers of x and W and row strides (in elements) that keep every row aligned."""
+    return (
+        dtype in loader.HALF_DTYPES
+        and k % 8 == 0
+        and all(s % 8 == 0 for s in strides)
+        and all(p % 16 == 0 for p in ptrs)
+    )
 
 
 def gemv(
@@ -23,31 +40,55 @@ def gemv(
     *,
     m: int = 1,
     bias: int = 0,
+    activation: str = "none",
     x_stride: int | None = None,
     w_stride: int | None = None,
     y_stride: int | None = None,
     unroll: int = 4,
+    config: tuple[int, int, int] | None = None,
     stream: Any = None,
 ) -> None:
-    """y[i, :] = W @ x[i, :] (+ bias) for i < m; strides in elements (default dense).
+    """y[i, :] = act(W @ x[i, :] + bias) for i < m; strides in elements (default dense).
 
-    unroll: 16-byte loads of W in flight per lane before the first multiply."""
+    bf16/f16 with 16-byte aligned rows run on tensor cores, W read once per 16 rows of x;
+    otherwise one warp per output row. unroll: the fallback's 16-byte loads in flight per
+    lane. config: (warps, n8 tiles per warp, loads per tile) of the tensor-core kernel."""
     loader.check_dtype(dtype, DTYPES, "gemv")
     positive("gemv", n=n, k=k, m=m)
-    int32_range("gemv", n=n, k=k)
-    if m > 65535:
-        raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV (limit 65535)")
+    int32_range("gemv", n=n, k=k, m=m)
+    if activation not in ACTS:
+        raise ShapeError(f"gemv: unknown activation {activation!r} ({', '.join(ACTS)})")
     xs = k if x_stride is None else x_stride
     ws = k if w_stride is None else w_stride
     ys = n if y_stride is None else y_stride
     if n == 0 or m == 0:
         return
+    act = ACTS[activation]
+    if uses_mma(dtype, k, (xs if m > 1 else 0, ws), (x, w)):
+        gw, nt, u = config or MMA_CONFIG
+        if m > 16 * 65535:
+            raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV")
+        defines = {**loader.type_defines(dtype), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
+                   "PGK_ACT": act}  # fmt: skip
+        fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
+        fn.launch(
+            (cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
+            (gw * 32,),
+            "PPPPiiiqqq",
+            (x, w, bias, y, m, n, k, xs, ws, ys),
+            0,
+            stream,
+        )
+        return
+    if m > 65535:
+        raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV (limit 65535)")
     vec = loader.vec_width(dtype, xs, ws, ptrs=(x, w))
     defines = {
         **loader.type_defines(dtype),
         "PGK_VEC": vec,
         "PGK_WARPS": WARPS,
         "PGK_UNROLL": unroll,
+        "PGK_ACT": act,
     }
     fn = loader.get_function("gemv", "pgk_gemv", defines)
     fn.launch(

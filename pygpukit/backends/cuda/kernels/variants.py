@@ -6,7 +6,7 @@ that stops compiling in any dtype fails CI rather than on a user's first call.
 
 from __future__ import annotations
 
-from . import loader
+from . import gemv, loader
 
 Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
 
@@ -59,8 +59,9 @@ def all_variants() -> list[Variant]:
                 ("rope", ("pgk_rope",), _t(dt, PGK_VEC=1, PGK_INTERLEAVED=inter, PGK_CS="float"))
             )
         out.append(("argmax_topk", ("pgk_argmax", "pgk_topk"), _t(dt, PGK_TOPK_THREADS=512)))
-        out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=vec, PGK_WARPS=8)))
-        out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=1, PGK_WARPS=8)))
+        for act in (0, 1, 2, 3):
+            out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=vec, PGK_WARPS=8, PGK_ACT=act)))
+        out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=1, PGK_WARPS=8, PGK_ACT=0)))
         for d in (64, 128):
             out.append(
                 ("attention_prefill", ("pgk_attention_prefill",), _t(dt, PGK_D=d, PGK_ROWS=8))
@@ -76,6 +77,17 @@ def all_variants() -> list[Variant]:
     for dt in loader.HALF_DTYPES:
         for act in (0, 1, 2, 3):
             out.append(("gemm_mma", ("pgk_gemm_mma",), _t(dt, PGK_ACT=act)))
+        # The tensor-core GEMV: the default geometry with every epilogue, then the others
+        # the benchmark sweeps.
+        gw, nt, u = gemv.MMA_CONFIG
+        for act in (0, 1, 2, 3):
+            out.append(
+                ("gemv", ("pgk_gemv_mma",), _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act))
+            )
+        for gw, nt, u in ((8, 2, 4), (4, 1, 8), (8, 1, 4), (16, 1, 4)):
+            out.append(
+                ("gemv", ("pgk_gemv_mma",), _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0))
+            )
     for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"):
         out.append(("matmul_simple", ("pgk_matmul",), _t(dt)))
     for dt in floats + ("int8", "uint8", "int32", "int64"):
