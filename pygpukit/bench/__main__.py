@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llm-batches", default="1,4,16")
     p.add_argument("--llm-steps", type=int, default=64)
     p.add_argument("--llm-impls", default="pygpukit,torch_compile,transformers")
+    p.add_argument("--llm-model", default="tinyllama", help="tinyllama or llama2-7b (shapes)")
     args = p.parse_args(argv)
     groups, gemms = _parse_only(args.only, args.llm)
 
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
 
             def run_llm() -> None:
                 llm.run([int(b) for b in args.llm_batches.split(",")], args.llm_steps,
-                        args.llm_impls.split(","), sink=sink)  # fmt: skip
+                        args.llm_impls.split(","), cfg=llm.MODELS[args.llm_model](),
+                        sink=sink)  # fmt: skip
 
             _guard(rows, "llm", run_llm)
     finally:

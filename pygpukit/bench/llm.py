@@ -38,15 +38,37 @@ def tinyllama_config() -> ModelConfig:
     )  # fmt: skip
 
 
+def llama2_7b_config() -> ModelConfig:
+    return ModelConfig(
+        arch="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+        num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128, rms_norm_eps=1e-5,
+        rope_theta=10000.0, max_position_embeddings=4096, bos_token_id=1, eos_token_ids=(2,),
+    )  # fmt: skip
+
+
+MODELS: dict[str, Callable[[], ModelConfig]] = {
+    "tinyllama": tinyllama_config,
+    "llama2-7b": llama2_7b_config,
+}
+
+
 def weight_bytes(cfg: ModelConfig, itemsize: int = 2) -> int:
     return cfg.param_count() * itemsize
+
+
+def model_name(cfg: ModelConfig) -> str:
+    labels = {"tinyllama": "tinyllama-1.1b-shape", "llama2-7b": "llama-2-7b-shape"}
+    for name, make in MODELS.items():
+        if make() == cfg:
+            return labels[name]
+    return f"llama-{cfg.num_layers}x{cfg.hidden_size}"
 
 
 def _row(impl: str, cfg: ModelConfig, batch: int, steps: int, seconds: float,
          **extra: Any) -> dict[str, Any]:  # fmt: skip
     tps = steps / seconds if seconds > 0 else 0.0
     row = {
-        "bench": "llm_decode", "model": "tinyllama-1.1b-shape", "dtype": "bfloat16",
+        "bench": "llm_decode", "model": model_name(cfg), "dtype": "bfloat16",
         "impl": impl, "batch": batch, "steps": steps, "tok_s": tps, "tok_s_total": tps * batch,
         "ms_per_step": 1e3 * seconds / max(steps, 1),
         "weights_gb_s": weight_bytes(cfg) * tps / 1e9,
@@ -69,19 +91,25 @@ def random_model(cfg: ModelConfig, dtype: str = "bfloat16", seed: int = 0) -> An
 
     d = as_dtype(dtype)
     rng = np.random.default_rng(seed)
-    # One random block tiled over every tensor: drawing 1.1e9 normals would take longer
-    # than the benchmark, and the values only need to be finite and O(1/sqrt(fan_in)).
+    # One random block tiled over every tensor, scaled once per fan-in and converted once:
+    # drawing (and converting) 7e9 normals would take longer than the benchmark, and the
+    # values only need to be finite and O(1/sqrt(fan_in)). Tensors are made one at a time,
+    # so the host never holds more than one layer.
     pool = rng.standard_normal(1 << 22).astype(np.float32)
-    host: dict[str, np.ndarray] = {}
-    for name, shape in weight_names(cfg):
-        n = math.prod(shape)
+    scaled: dict[int, np.ndarray] = {}
+    shapes = dict(weight_names(cfg))
+
+    def host(name: str) -> np.ndarray:
+        shape = shapes[name]
         if name.endswith("norm.weight"):
-            host[name] = np.ones(shape, np.float32)
-        else:
-            host[name] = np.resize(pool, n).reshape(shape) * np.float32(1 / math.sqrt(shape[-1]))
+            return np.ones(shape, d.np)
+        fan_in = shape[-1]
+        if fan_in not in scaled:
+            scaled[fan_in] = (pool * np.float32(1 / math.sqrt(fan_in))).astype(d.np)
+        return np.resize(scaled[fan_in], math.prod(shape)).reshape(shape)
 
     def up(*names: str) -> Any:
-        arr = gpk.from_numpy(np.concatenate([host.pop(n) for n in names]).astype(d.np))
+        arr = gpk.from_numpy(np.concatenate([host(n) for n in names]))
         arr.readonly = True
         return arr
 
@@ -351,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impl", default=",".join(IMPLS))
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--model", default="tinyllama", choices=sorted(MODELS))
     ap.add_argument("--jsonl", default=None, help="append each row here as it is measured")
     a = ap.parse_args(argv)
 
@@ -360,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(a.jsonl, "a") as f:
                 f.write(json.dumps(r) + "\n")
 
-    rows = run([int(b) for b in a.batches.split(",")], a.steps, a.impl.split(","), sink=sink)
+    rows = run([int(b) for b in a.batches.split(",")], a.steps, a.impl.split(","),
+               cfg=MODELS[a.model](), sink=sink)  # fmt: skip
     print(format_rows(rows))
     return 0
 
