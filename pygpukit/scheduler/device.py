@@ -1,11 +1,14 @@
 """Where admitted tasks run and how their GPU time is measured.
 
-SimDevice: the CPU backend's model of a GPU with two stream priorities. The call runs at
-launch (real results); its cost (simulated milliseconds) is then consumed in device time:
-the head of the high-priority lane always progresses, the low-priority lane's head only
-while no high-priority work is queued, like blocks of a high-priority stream taking SMs
-first. HostDevice: the CPU backend with measured wall time. CudaDevice: launches on
-streams per priority, GPU time from events around the replay.
+SimDevice: the CPU backend's model of a GPU. The call runs at launch (real results); its
+cost (simulated milliseconds) is then consumed in device time, one launch at a time and
+without preemption: once a launch is on the device it runs to its end, and only then does
+the next start (the high-priority lane's head first). That is what the H200 showed: a
+Guaranteed replay next to an 8192^3 cuBLASLt GEMM waited for the whole GEMM (p50 1.55 ms
+against a 1.6 ms GEMM), because a persistent GEMM holds every SM until it ends whatever
+the stream priorities; so the scheduler must decide before a launch, not after.
+HostDevice: the CPU backend with measured wall time. CudaDevice: launches on streams per
+priority, GPU time from events around the replay, ends reported by completer threads.
 """
 
 from __future__ import annotations
@@ -31,17 +34,16 @@ class Done:
 
 
 class Device:
-    def __init__(self) -> None:
-        self.inflight_low = 0  # launched, not yet collected, low-priority tasks
-        self.inflight_high = 0
+    """launch() may report the end through `on_done` (any thread, no scheduler lock held)
+    or leave it for collect() (the dispatcher thread)."""
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float) -> None:  # fmt: skip
         raise NotImplementedError
 
     def collect(self) -> list[Done]:
-        """Launches that have ended."""
-        raise NotImplementedError
+        """Launches that have ended and were not reported through on_done."""
+        return []
 
     def next_completion(self) -> float | None:
         """Simulated devices: when the next launch ends if nothing else is launched."""
@@ -50,11 +52,8 @@ class Device:
     def advance_to(self, t_ms: float) -> None:
         pass
 
-    def _count(self, high: bool, d: int) -> None:
-        if high:
-            self.inflight_high += d
-        else:
-            self.inflight_low += d
+    def close(self) -> None:
+        pass
 
 
 def _call(run: Callable[[], Any]) -> tuple[Any, BaseException | None]:
@@ -66,9 +65,9 @@ def _call(run: Callable[[], Any]) -> tuple[Any, BaseException | None]:
 
 class SimDevice(Device):
     def __init__(self) -> None:
-        super().__init__()
         self.t = 0.0
         self.lanes: tuple[deque[list[Any]], deque[list[Any]]] = (deque(), deque())
+        self.current: list[Any] | None = None  # [task, remaining ms, cost, result, error]
         self.done: list[Done] = []
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
@@ -76,105 +75,107 @@ class SimDevice(Device):
         self.advance_to(now)
         result, error = _call(run)
         cost = 0.0 if error is not None else float(task.sim_ms)
-        self._count(high, 1)
-        # [task, remaining ms, cost, result, error, high]
-        self.lanes[0 if high else 1].append([task, cost, cost, result, error, high])
-        self._finish_zero()
+        self.lanes[0 if high else 1].append([task, cost, cost, result, error])
+        self._settle()
 
-    def _active(self) -> deque[list[Any]] | None:
-        for lane in self.lanes:
-            if lane:
-                return lane
-        return None
-
-    def _finish_zero(self) -> None:
-        while (lane := self._active()) is not None and lane[0][1] <= EPS_MS:
-            task, _, cost, result, error, high = lane.popleft()
-            self.done.append(Done(task, cost, result, error, self.t))
+    def _settle(self) -> None:
+        """Ends a finished current launch and starts the next, high lane first."""
+        while True:
+            if self.current is not None and self.current[1] <= EPS_MS:
+                task, _, cost, result, error = self.current
+                self.done.append(Done(task, cost, result, error, self.t))
+                self.current = None
+            if self.current is not None:
+                return
+            lane = self.lanes[0] or self.lanes[1]
+            if not lane:
+                return
+            self.current = lane.popleft()
 
     def next_completion(self) -> float | None:
-        lane = self._active()
-        return None if lane is None else self.t + lane[0][1]
+        return None if self.current is None else self.t + self.current[1]
 
     def advance_to(self, t_ms: float) -> None:
         while t_ms > self.t:
-            lane = self._active()
-            if lane is None:
+            if self.current is None:
                 self.t = t_ms
                 return
-            step = min(lane[0][1], t_ms - self.t)
-            lane[0][1] -= step
+            step = min(self.current[1], t_ms - self.t)
+            self.current[1] -= step
             self.t += step
-            self._finish_zero()
+            self._settle()
 
     def collect(self) -> list[Done]:
         out, self.done = self.done, []
-        for d in out:
-            self._count(d.task._high, -1)
         return out
 
 
 class HostDevice(Device):
     """CPU backend, measured: the call runs at launch; its wall time is the GPU time."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.done: list[Done] = []
+    def __init__(self, on_done: Callable[[Done], None]) -> None:
+        self.on_done = on_done
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float) -> None:  # fmt: skip
         t0 = time.perf_counter()
         result, error = _call(run)
-        self.done.append(Done(task, (time.perf_counter() - t0) * 1e3, result, error, None))
-
-    def collect(self) -> list[Done]:
-        out, self.done = self.done, []
-        return out
+        self.on_done(Done(task, (time.perf_counter() - t0) * 1e3, result, error, None))
 
 
 class CudaDevice(Device):
     """One CUDA stream per priority (blocking streams, so they order with the legacy
     stream the backend and eviction copies use); one completer thread per stream waits on
-    each launch's end event without the GIL and hands the measured time back."""
+    each launch's end event without the GIL and ends the task itself (`on_done`), so a
+    result reaches its waiter in one thread hand-off."""
 
-    def __init__(self, backend: Any, notify: Callable[[], None]) -> None:
-        super().__init__()
+    def __init__(self, backend: Any, on_done: Callable[[Done], None],
+                 exec_lock: Any) -> None:  # fmt: skip
         from pygpukit import _native
 
         self._native = _native
         self.backend = backend
-        self.notify = notify
+        self.on_done = on_done
+        self.exec_lock = exec_lock
         self.streams: dict[int, Any] = {}
         self.queues: dict[int, queue.Queue[Any]] = {}
-        self.done: queue.Queue[Done] = queue.Queue()
         self.threads: list[threading.Thread] = []
+        self._events: list[Any] = []  # timing events, reused: creating them costs a call
+        self._lock = threading.Lock()
 
     def _stream(self, priority: int) -> tuple[Any, queue.Queue[Any]]:
-        s = self.streams.get(priority)
-        if s is None:
-            s = self.streams[priority] = self._native.Stream(priority, False)
-            q: queue.Queue[Any] = queue.Queue()
-            self.queues[priority] = q
-            t = threading.Thread(target=self._complete, args=(q,), daemon=True,
-                                 name=f"pygpukit-sched-stream{priority}")  # fmt: skip
-            t.start()
-            self.threads.append(t)
-        return s, self.queues[priority]
+        with self._lock:
+            s = self.streams.get(priority)
+            if s is None:
+                s = self.streams[priority] = self._native.Stream(priority, False)
+                q: queue.Queue[Any] = queue.Queue()
+                self.queues[priority] = q
+                t = threading.Thread(target=self._complete, args=(q,), daemon=True,
+                                     name=f"pygpukit-sched-stream{priority}")  # fmt: skip
+                t.start()
+                self.threads.append(t)
+            return s, self.queues[priority]
+
+    def _event(self) -> Any:
+        with self._lock:
+            return self._events.pop() if self._events else self._native.Event(True)
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float) -> None:  # fmt: skip
         stream, q = self._stream(priority)
-        start, end = self._native.Event(True), self._native.Event(True)
+        start, end = self._event(), self._event()
         b = self.backend
-        old = b.stream
-        b.stream = stream  # the compiled call queues its launches on the task's stream
-        try:
-            start.record(stream)
-            result, error = _call(run)
-            end.record(stream)
-        finally:
-            b.stream = old
-        self._count(high, 1)
+        # Launches from the dispatcher and from submitting threads: the stream swap must
+        # not interleave with another call's.
+        with self.exec_lock:
+            old = b.stream
+            b.stream = stream  # the compiled call queues its launches on the task's stream
+            try:
+                start.record(stream)
+                result, error = _call(run)
+                end.record(stream)
+            finally:
+                b.stream = old
         q.put((task, start, end, result, error))
 
     def _complete(self, q: queue.Queue[Any]) -> None:
@@ -186,21 +187,11 @@ class CudaDevice(Device):
             try:
                 end.synchronize()
                 ms = float(start.elapsed_time(end))
+                with self._lock:
+                    self._events += [start, end]
             except Exception as e:  # a kernel fault: the task fails, its time unknown
                 ms, error = 0.0, error or e
-            self.done.put(Done(task, ms, result, error, None))
-            self.notify()
-
-    def collect(self) -> list[Done]:
-        out = []
-        while True:
-            try:
-                d = self.done.get_nowait()
-            except queue.Empty:
-                break
-            self._count(d.task._high, -1)
-            out.append(d)
-        return out
+            self.on_done(Done(task, ms, result, error, None))
 
     def close(self) -> None:
         for q in self.queues.values():

@@ -51,13 +51,20 @@ class Scheduler:
     CPU backend): a task costs `sim_ms`, or the bytes its kernels move at sim_gbps.
     max_inflight: launches of non-Guaranteed work on the device at once; pacing charges
     time when a launch ends, so a deeper queue makes shares coarser and lets low-priority
-    work sit in front of Guaranteed launches.
+    work sit in front of Guaranteed launches (BestEffort is kept to one by the core).
+    guard_ms: margin the core keeps between a BestEffort launch's expected end and the next
+    expected Guaranteed arrival.
+
+    A task the core lets start at submission is launched on the submitting thread (no
+    hand-off to the dispatcher); the CUDA device's completer thread ends it, so a solo
+    result costs one thread hand-off.
     """
 
     def __init__(self, memory: int | None = None,
                  partitions: dict[str, dict[str, Any]] | None = None, *,
                  burst_ms: float = 50.0, simulate: bool | None = None,
-                 sim_gbps: float = DEFAULT_SIM_GBPS, max_inflight: int = 1) -> None:  # fmt: skip
+                 sim_gbps: float = DEFAULT_SIM_GBPS, max_inflight: int = 1,
+                 guard_ms: float = 0.25) -> None:  # fmt: skip
         from pygpukit import _rust
         from pygpukit.backends import get_backend
 
@@ -78,7 +85,7 @@ class Scheduler:
         if sim_gbps <= 0:
             raise ValueError(f"sim_gbps must be positive, got {sim_gbps}")
         self.memory = int(memory)
-        self._core = _rust.SchedulerCore(self.memory, burst_ms)
+        self._core = _rust.SchedulerCore(self.memory, burst_ms, guard_ms)
         self._prio = _stream_priorities(cuda)
         self._part_prio: dict[str, int] = {"default": self._prio["normal"]}
         for name, spec in (partitions or {}).items():
@@ -103,10 +110,11 @@ class Scheduler:
         if self.simulated:
             self._device = SimDevice()
         elif cuda:
-            self._device = CudaDevice(self._backend, self._wake)
+            self._device = CudaDevice(self._backend, self._on_done, _EXEC_LOCK)
         else:
-            self._device = HostDevice()
+            self._device = HostDevice(self._on_done)
         self.max_inflight = max_inflight
+        self._inflight_low = 0  # started, not yet ended, tasks not on a high-priority stream
         self._tasks: dict[int, Task] = {}
         self._waiting: dict[str, dict[int, None]] = {}  # tenant -> admitted task ids, in order
         self._paused = 0
@@ -158,7 +166,13 @@ class Scheduler:
             task._high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
             self._tasks[tid] = task
             self._admit_locked(([tid] if status == "admitted" else []) + list(others), now)
-            self._cond.notify_all()
+            # Real time: start what the core allows right here rather than wake the
+            # dispatcher (two thread hand-offs). Simulated time belongs to the dispatcher.
+            ready = None if self.simulated else self._pick_locked(now)
+            if ready is None or self._has_waiting_locked():
+                self._cond.notify_all()
+        if ready is not None:
+            self._launch(ready, now)
         return task
 
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
@@ -238,9 +252,13 @@ class Scheduler:
             return True
 
     # -- dispatching ----------------------------------------------------------------------
-    def _wake(self) -> None:
+    def _has_waiting_locked(self) -> bool:
+        return any(self._waiting.values())
+
+    def _on_done(self, d: Done) -> None:
+        """A launch ended (called by the device, on its own thread)."""
         with self._cond:
-            self._cond.notify_all()
+            self._finish_locked(d)
 
     def _collect_locked(self) -> None:
         for d in self._device.collect():
@@ -248,6 +266,8 @@ class Scheduler:
 
     def _finish_locked(self, d: Done) -> None:
         task = d.task
+        if not task._high:
+            self._inflight_low -= 1
         now = d.at_ms if d.at_ms is not None else self._clock.now()
         task.gpu_ms = d.gpu_ms
         task.finished_ms = now
@@ -261,35 +281,33 @@ class Scheduler:
     def _next_event_locked(self, now: float) -> float | None:
         """The earliest time something can change without a new submission: a launch
         ending, a timer, or a held-back tenant back within its share (from the core)."""
-        times = [t for t in (self._device.next_completion(), self._clock.next_timer())
+        times = [t for t in (self._device.next_completion(), self._clock.next_timer(),
+                             self._core.next_wakeup(now) if self._has_waiting_locked() else None)
                  if t is not None]  # fmt: skip
-        for ids in self._waiting.values():
-            if ids:
-                tid = next(iter(ids))
-                self._core.may_start(tid, now)  # counts the tenant's task as throttled
-                t = self._core.next_start_time(tid, now)
-                if t is not None and t > now:
-                    times.append(t)
         return min(times) if times else None
 
     def _pick_locked(self, now: float) -> Task | None:
-        if self._paused:
+        if self._paused or not self._has_waiting_locked():
             return None
-        tid = self._core.pick_next(now)
-        if tid is None:
-            return None
-        task = self._tasks[tid]
-        if not task._high and self._device.inflight_low >= self.max_inflight:
-            return None
-        prio = self._core.start(tid, now)
+        if self._inflight_low < self.max_inflight:
+            picked = self._core.pick_and_start(now)  # one call: pick, start, count throttles
+            if picked is None:
+                return None
+            tid, prio = picked
+            task = self._tasks[tid]
+        else:  # only high-priority work may go on the device now
+            best = self._core.pick_next(now)
+            if best is None or not self._tasks[best]._high:
+                return None
+            tid, task = best, self._tasks[best]
+            prio = self._core.start(tid, now)
+        if not task._high:
+            self._inflight_low += 1
         # Guaranteed launches take the highest stream priority whatever their partition.
         task.stream_priority = self._prio["high"] if task.qos == "guaranteed" else prio
         task._state = "running"
         task.started_ms = now
         self._waiting[task.tenant].pop(tid, None)
-        for ids in self._waiting.values():
-            if ids:  # tenants passed over now count as throttled in the core's stats
-                self._core.may_start(next(iter(ids)), now)
         self._counts["launched"] += 1
         return task
 
@@ -366,8 +384,7 @@ class Scheduler:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout)
-        if isinstance(self._device, CudaDevice):
-            self._device.close()
+        self._device.close()
 
     def __enter__(self) -> Scheduler:
         return self

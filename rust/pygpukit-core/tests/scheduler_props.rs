@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use pygpukit_core::scheduler::{
-    Admission, Partition, Qos, SchedError, Scheduler, TaskId, TaskSpec, TaskState,
+    Admission, Pace, Partition, Qos, SchedError, Scheduler, TaskId, TaskSpec, TaskState,
 };
 
 const CAPACITY: u64 = 1000;
@@ -23,6 +23,7 @@ enum Op {
     Fail(usize, f64),
     Cancel(usize),
     MayStart(usize),
+    PickAndStart,
     Advance(f64),
 }
 
@@ -51,6 +52,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), 0.0f64..20.0).prop_map(|(i, ms)| Op::Fail(i, ms)),
         2 => any::<usize>().prop_map(Op::Cancel),
         1 => any::<usize>().prop_map(Op::MayStart),
+        2 => Just(Op::PickAndStart),
         2 => (0.0f64..30.0).prop_map(Op::Advance),
     ]
 }
@@ -58,6 +60,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// The model: what each live task holds, as learned from the scheduler's answers.
 struct Model {
     live: BTreeMap<TaskId, (TaskState, u64, usize)>,
+    qos: BTreeMap<TaskId, Qos>,
     ended: Vec<TaskId>,
     /// Submissions admitted, queued, rejected; admissions from the queue.
     counts: [u64; 4],
@@ -78,6 +81,34 @@ impl Model {
             prop_assert_eq!(t.0, TaskState::Queued, "task {} admitted twice", id);
             t.0 = TaskState::Admitted;
             self.counts[3] += 1;
+        }
+        Ok(())
+    }
+
+    /// A best-effort launch never starts next to Guaranteed work waiting or
+    /// running, nor next to another best-effort launch: it could not be
+    /// taken back from the GPU.
+    fn check_start(&self, id: TaskId) -> Result<(), TestCaseError> {
+        if self.qos[&id] != Qos::BestEffort {
+            return Ok(());
+        }
+        for (other, (state, _, _)) in &self.live {
+            let q = self.qos[other];
+            if *other == id || *state == TaskState::Queued {
+                continue;
+            }
+            prop_assert!(
+                q != Qos::Guaranteed,
+                "best effort {} started beside guaranteed {}",
+                id,
+                other
+            );
+            prop_assert!(
+                !(q == Qos::BestEffort && *state == TaskState::Running),
+                "best effort {} started beside running best effort {}",
+                id,
+                other
+            );
         }
         Ok(())
     }
@@ -144,7 +175,7 @@ proptest! {
                 stream_priority: -1,
             }).unwrap();
         }
-        let mut m = Model { live: BTreeMap::new(), ended: Vec::new(), counts: [0; 4] };
+        let mut m = Model { live: BTreeMap::new(), qos: BTreeMap::new(), ended: Vec::new(), counts: [0; 4] };
         let mut now = 0.0;
         for op in ops {
             let before = s.reserved_bytes();
@@ -160,6 +191,7 @@ proptest! {
                         deadline_ms: None,
                     };
                     let r = s.submit(spec, now).unwrap();
+                    m.qos.insert(r.id, qos);
                     m.admitted(&r.also_admitted)?;
                     let gained: u64 = r.also_admitted.iter().map(|a| m.live[a].1).sum();
                     let before = before + gained;
@@ -193,6 +225,7 @@ proptest! {
                     match s.start(id, now) {
                         Ok(_) => {
                             prop_assert_eq!(state, Some(TaskState::Admitted));
+                            m.check_start(id)?;
                             m.live.get_mut(&id).unwrap().0 = TaskState::Running;
                         }
                         Err(SchedError::Throttled { .. }) => {
@@ -209,6 +242,39 @@ proptest! {
                     if admitted {
                         let pace_ok = s.may_start(id, now).unwrap();
                         prop_assert_eq!(s.next_start_time(id, now).unwrap() == Some(now), pace_ok);
+                    }
+                }
+                Op::PickAndStart => {
+                    let admitted: Vec<TaskId> = m.live.iter()
+                        .filter(|(_, t)| t.0 == TaskState::Admitted).map(|(id, _)| *id).collect();
+                    let startable: Vec<TaskId> = admitted.iter().copied()
+                        .filter(|&id| s.pace(id, now) == Ok(Pace::Start)).collect();
+                    let picked = s.pick_next(now).unwrap();
+                    // pick_next picks a task pace lets start, and one if any may.
+                    prop_assert_eq!(picked.is_some(), !startable.is_empty());
+                    if let Some(id) = picked {
+                        prop_assert!(startable.contains(&id));
+                        // Nothing startable outranks it on QoS among tasks within share.
+                        let st = s.stats(Some(now));
+                        let within = |t: TaskId| {
+                            let ten = &st.tenants[&st.tasks[&t].tenant];
+                            ten.share > 0.0 && ten.tokens_ms >= -1e-9
+                        };
+                        for &o in &startable {
+                            if within(o) == within(id) {
+                                prop_assert!(m.qos[&o] >= m.qos[&id], "{} outranks {}", o, id);
+                            }
+                            prop_assert!(within(id) || !within(o), "borrower {} before {}", id, o);
+                        }
+                    }
+                    let r = s.pick_and_start(now).unwrap();
+                    prop_assert_eq!(r.map(|x| x.0), picked);
+                    if let Some((id, _)) = r {
+                        m.check_start(id)?;
+                        m.live.get_mut(&id).unwrap().0 = TaskState::Running;
+                    }
+                    if let Some(t) = s.next_wakeup(now).unwrap() {
+                        prop_assert!(t > now);
                     }
                 }
                 Op::Complete(i, ms) | Op::Fail(i, ms) => {

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use pygpukit_core::scheduler::{
     Admission, Partition, Qos, SchedError, SchedStats, Scheduler, TaskId, TaskSpec,
+    DEFAULT_GUARD_MS,
 };
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -61,6 +62,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &SchedStats) -> PyResult<Bound<'py, PyDic
         ("failed", c.failed),
         ("cancelled", c.cancelled),
         ("throttled", c.throttled),
+        ("held_for_guaranteed", c.held_for_guaranteed),
     ] {
         d.set_item(k, v)?;
     }
@@ -85,6 +87,9 @@ fn stats_dict<'py>(py: Python<'py>, s: &SchedStats) -> PyResult<Bound<'py, PyDic
         e.set_item("completed", t.completed)?;
         e.set_item("failed", t.failed)?;
         e.set_item("throttled_tasks", t.throttled_tasks)?;
+        e.set_item("held_tasks", t.held_tasks)?;
+        e.set_item("expected_ms", t.expected_ms)?;
+        e.set_item("guaranteed_gap_ms", t.guaranteed_gap_ms)?;
         tenants.set_item(name, e)?;
     }
     d.set_item("tenants", tenants)?;
@@ -105,11 +110,14 @@ type SubmitResult = (TaskId, &'static str, Option<String>, Vec<TaskId>);
 
 #[pymethods]
 impl PySchedulerCore {
+    /// `guard_ms`: margin kept between a best-effort launch's expected end and
+    /// the next expected Guaranteed arrival.
     #[new]
-    #[pyo3(signature = (capacity_bytes, burst_ms = 50.0))]
-    fn new(capacity_bytes: i128, burst_ms: f64) -> PyResult<Self> {
+    #[pyo3(signature = (capacity_bytes, burst_ms = 50.0, guard_ms = DEFAULT_GUARD_MS))]
+    fn new(capacity_bytes: i128, burst_ms: f64, guard_ms: f64) -> PyResult<Self> {
         let cap = bytes_arg("capacity_bytes", capacity_bytes)?;
-        let inner = Scheduler::new(cap, burst_ms).map_err(to_py)?;
+        let mut inner = Scheduler::new(cap, burst_ms).map_err(to_py)?;
+        inner.set_guard_ms(guard_ms).map_err(to_py)?;
         Ok(Self {
             inner: Mutex::new(inner),
         })
@@ -186,6 +194,19 @@ impl PySchedulerCore {
     /// The admitted task that should start next, or None if pacing holds all back.
     fn pick_next(&self, py: Python<'_>, now: f64) -> PyResult<Option<TaskId>> {
         self.with(py, |s| s.pick_next(now))?.map_err(to_py)
+    }
+
+    /// Picks the next task and starts it in one step: (task_id, stream
+    /// priority), or None if every waiting task is held back (those count as
+    /// throttled or held for Guaranteed work).
+    fn pick_and_start(&self, py: Python<'_>, now: f64) -> PyResult<Option<(TaskId, i32)>> {
+        self.with(py, |s| s.pick_and_start(now))?.map_err(to_py)
+    }
+
+    /// The earliest time after `now` a waiting task could start with no other
+    /// event (a bucket refilling, a Guaranteed tenant going idle), or None.
+    fn next_wakeup(&self, py: Python<'_>, now: f64) -> PyResult<Option<f64>> {
+        self.with(py, |s| s.next_wakeup(now))?.map_err(to_py)
     }
 
     /// Starts an admitted task; returns the CUDA stream priority to launch on.

@@ -64,12 +64,14 @@ impl Scheduler {
         tenant.live_tasks += 1;
         if spec.qos == Qos::Guaranteed {
             tenant.guaranteed_live += 1;
+            tenant.note_guaranteed_arrival(now);
         }
         let task = Task {
             id,
             spec,
             state: TaskState::Queued,
             throttled: false,
+            held: false,
             started_ms: None,
         };
         self.queue.insert(QueueKey::of(&task));

@@ -1,50 +1,170 @@
-//! Dispatch: which admitted task may start now, by tenant share and QoS.
+//! Dispatch: which admitted task may start now, by tenant share and QoS, and
+//! whether best-effort work would delay Guaranteed work it cannot yield to.
 
-use super::task::QueueKey;
+use std::collections::BTreeMap;
+
+use super::task::Task;
 use super::{check_time, Pace, Qos, SchedError, Scheduler, TaskId, TaskState};
 
+/// Waiting tasks counted by what they mean for another tenant's task.
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    /// Guaranteed tasks of tenants within their share.
+    guaranteed_within: usize,
+    /// Tasks of tenants within their share.
+    within: usize,
+    /// Guaranteed and Burstable tasks.
+    not_best_effort: usize,
+    /// Guaranteed and Burstable tasks of tenants within their share.
+    within_not_best_effort: usize,
+}
+
+impl Counts {
+    fn add(&mut self, qos: Qos, within: bool) {
+        self.guaranteed_within += usize::from(within && qos == Qos::Guaranteed);
+        self.within += usize::from(within);
+        self.not_best_effort += usize::from(qos != Qos::BestEffort);
+        self.within_not_best_effort += usize::from(within && qos != Qos::BestEffort);
+    }
+
+    fn minus(self, o: Counts) -> Counts {
+        Counts {
+            guaranteed_within: self.guaranteed_within - o.guaranteed_within,
+            within: self.within - o.within,
+            not_best_effort: self.not_best_effort - o.not_best_effort,
+            within_not_best_effort: self.within_not_best_effort - o.within_not_best_effort,
+        }
+    }
+}
+
+/// The waiting set summed up once per decision, so that pacing every waiting
+/// task costs O(n log t) rather than each task scanning all the others.
+struct View<'a> {
+    now: f64,
+    total: Counts,
+    /// Per tenant with waiting tasks: whether it is within share, its counts.
+    tenants: BTreeMap<&'a str, (bool, Counts)>,
+}
+
+/// Why a task may not start now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Hold {
+    /// Its tenant is over its share, or others are within theirs first.
+    Share(Option<f64>),
+    /// Best-effort work that could still be on the GPU when Guaranteed work
+    /// needs it.
+    ForGuaranteed(Option<f64>),
+}
+
 impl Scheduler {
-    /// Whether pacing lets an admitted task start at `now`. A tenant within
-    /// its share may start, except that a waiting Guaranteed tenant within
-    /// its share goes first. A tenant over its share only borrows time no
-    /// one else is entitled to: it waits while another tenant within share
-    /// has a task waiting, and BestEffort also waits while any Guaranteed or
-    /// Burstable task of another tenant waits.
+    fn view(&self, now: f64) -> View<'_> {
+        let mut v = View {
+            now,
+            total: Counts::default(),
+            tenants: BTreeMap::new(),
+        };
+        for k in &self.waiting {
+            let spec = &self.tasks[&k.id].spec;
+            let e = v.tenants.entry(spec.tenant.as_str()).or_insert_with(|| {
+                let within = self.tenants[&spec.tenant].bucket.within_share(now);
+                (within, Counts::default())
+            });
+            e.1.add(spec.qos, e.0);
+            v.total.add(spec.qos, e.0);
+        }
+        v
+    }
+
+    /// Best-effort work starts only if it cannot delay Guaranteed work: a
+    /// launch on the GPU cannot be preempted (large GEMM kernels hold every SM
+    /// until they end, whatever the stream priorities), so it is held while a
+    /// Guaranteed task waits or runs, while another best-effort launch is in
+    /// flight, and while a Guaranteed tenant's next arrival (from its recent
+    /// gaps) is due before this launch would end (its tenant's longest recent
+    /// launch plus the guard). Returns when the hold lapses by itself: the
+    /// last such tenant going idle; None when only another event can lift it.
+    fn guaranteed_hold(&self, task: &Task, now: f64) -> Option<Option<f64>> {
+        if task.spec.qos != Qos::BestEffort {
+            return None;
+        }
+        let g_waiting = self
+            .waiting
+            .first()
+            .is_some_and(|k| k.qos == Qos::Guaranteed);
+        if g_waiting || self.running[Qos::Guaranteed as usize] > 0 {
+            return Some(None);
+        }
+        if self.running[Qos::BestEffort as usize] > 0 {
+            return Some(None);
+        }
+        let ends = now + self.tenants[&task.spec.tenant].expected_ms().unwrap_or(0.0);
+        self.tenants
+            .values()
+            .filter_map(|t| t.forecast())
+            .filter(|f| now < f.idle_at_ms && ends + self.guard_ms > f.next_ms)
+            .map(|f| f.idle_at_ms)
+            .reduce(f64::max)
+            .map(Some)
+    }
+
+    /// Pacing by share. A tenant within its share may start, except that a
+    /// waiting Guaranteed tenant within its share goes first. A tenant over
+    /// its share only borrows time no one else is entitled to: it waits while
+    /// another tenant within share has a task waiting, and BestEffort also
+    /// waits while any Guaranteed or Burstable task of another tenant waits;
+    /// a Guaranteed task over its share does not wait for best-effort work.
+    fn hold(&self, v: &View<'_>, task: &Task) -> Option<Hold> {
+        if let Some(until) = self.guaranteed_hold(task, v.now) {
+            return Some(Hold::ForGuaranteed(until));
+        }
+        let spec = &task.spec;
+        let bucket = &self.tenants[&spec.tenant].bucket;
+        let mine = bucket.within_share(v.now);
+        let own = v
+            .tenants
+            .get(spec.tenant.as_str())
+            .map_or(Counts::default(), |e| e.1);
+        let others = v.total.minus(own);
+        let contended = if mine {
+            spec.qos != Qos::Guaranteed && others.guaranteed_within > 0
+        } else if spec.qos == Qos::Guaranteed {
+            // While this task waits, best-effort work is held for it: counting
+            // it as a contender would leave the GPU idle with both held.
+            others.within_not_best_effort > 0
+        } else {
+            others.within > 0 || (spec.qos == Qos::BestEffort && others.not_best_effort > 0)
+        };
+        match (contended, mine) {
+            (false, _) => None,
+            (true, true) => Some(Hold::Share(None)),
+            (true, false) => Some(Hold::Share(bucket.ready_at(v.now))),
+        }
+    }
+
+    fn pace_in(&self, v: &View<'_>, task: &Task) -> Pace {
+        match self.hold(v, task) {
+            None => Pace::Start,
+            Some(Hold::Share(until) | Hold::ForGuaranteed(until)) => Pace::Wait { until },
+        }
+    }
+
+    /// Whether pacing lets an admitted task start at `now` (see `hold` and
+    /// `guaranteed_hold` for the rules).
     pub fn pace(&self, id: TaskId, now: f64) -> Result<Pace, SchedError> {
         check_time(now)?;
         let task = self.expect_state(id, &[TaskState::Admitted], "pace")?;
-        let bucket = &self.tenants[&task.spec.tenant].bucket;
-        let mine = bucket.within_share(now);
-        let contended = self.waiting.iter().any(|k| {
-            let other = &self.tasks[&k.id].spec;
-            if other.tenant == task.spec.tenant {
-                return false;
-            }
-            let theirs = self.tenants[&other.tenant].bucket.within_share(now);
-            if mine {
-                theirs && other.qos == Qos::Guaranteed && task.spec.qos != Qos::Guaranteed
-            } else {
-                theirs || (task.spec.qos == Qos::BestEffort && other.qos != Qos::BestEffort)
-            }
-        });
-        Ok(if !contended {
-            Pace::Start
-        } else if mine {
-            Pace::Wait { until: None }
-        } else {
-            Pace::Wait {
-                until: bucket.ready_at(now),
-            }
-        })
+        Ok(self.pace_in(&self.view(now), task))
     }
 
     /// `pace`, counting the task as throttled the first time it is held back.
     pub fn may_start(&mut self, id: TaskId, now: f64) -> Result<bool, SchedError> {
-        let pace = self.pace(id, now)?;
-        if pace != Pace::Start {
-            self.note_throttled(id);
+        check_time(now)?;
+        let task = self.expect_state(id, &[TaskState::Admitted], "pace")?;
+        let hold = self.hold(&self.view(now), task);
+        if let Some(h) = hold {
+            self.note_hold(id, h);
         }
-        Ok(pace == Pace::Start)
+        Ok(hold.is_none())
     }
 
     /// When the task may start: `now` if it may, the time its tenant is back
@@ -56,40 +176,78 @@ impl Scheduler {
         })
     }
 
-    pub(super) fn note_throttled(&mut self, id: TaskId) {
+    /// The earliest time after `now` at which a waiting task could start
+    /// without any other event (a bucket refilling, a Guaranteed tenant going
+    /// idle); None if only events can. Held tasks are counted as throttled or
+    /// held, once each.
+    pub fn next_wakeup(&mut self, now: f64) -> Result<Option<f64>, SchedError> {
+        check_time(now)?;
+        let mut wake: Option<f64> = None;
+        let mut held = Vec::new();
+        {
+            let v = self.view(now);
+            for k in &self.waiting {
+                if let Some(h) = self.hold(&v, &self.tasks[&k.id]) {
+                    held.push((k.id, h));
+                    if let Hold::Share(Some(t)) | Hold::ForGuaranteed(Some(t)) = h {
+                        if t > now {
+                            wake = Some(wake.map_or(t, |w: f64| w.min(t)));
+                        }
+                    }
+                }
+            }
+        }
+        for (id, h) in held {
+            self.note_hold(id, h);
+        }
+        Ok(wake)
+    }
+
+    fn note_hold(&mut self, id: TaskId, hold: Hold) {
         let task = self.tasks.get_mut(&id).expect("paced task");
-        if !task.throttled {
-            task.throttled = true;
-            self.counts.throttled += 1;
-            let tenant = self.tenants.get_mut(&task.spec.tenant).expect("tenant");
-            tenant.throttled_tasks += 1;
+        let tenant = self.tenants.get_mut(&task.spec.tenant).expect("tenant");
+        match hold {
+            Hold::Share(_) if !task.throttled => {
+                task.throttled = true;
+                self.counts.throttled += 1;
+                tenant.throttled_tasks += 1;
+            }
+            Hold::ForGuaranteed(_) if !task.held => {
+                task.held = true;
+                self.counts.held_for_guaranteed += 1;
+                tenant.held_tasks += 1;
+            }
+            _ => {}
         }
     }
 
     /// The admitted task to start next, if any may start: tasks within their
     /// tenant's share before borrowers, then by QoS, then the tenant least
-    /// overdrawn relative to its share (weighted fairness), then admission order.
+    /// overdrawn relative to its share (weighted fairness), then admission
+    /// order. One pass over the waiting tasks.
     pub fn pick_next(&self, now: f64) -> Result<Option<TaskId>, SchedError> {
         check_time(now)?;
-        let mut best: Option<((bool, Qos, f64, QueueKey), TaskId)> = None;
+        let v = self.view(now);
+        let mut best: Option<((bool, Qos, f64), TaskId)> = None;
+        // `waiting` iterates in admission order, so the first of equal rank wins.
         for key in &self.waiting {
-            if self.pace(key.id, now)? != Pace::Start {
+            let task = &self.tasks[&key.id];
+            if self.hold(&v, task).is_some() {
                 continue;
             }
-            let spec = &self.tasks[&key.id].spec;
-            let bucket = &self.tenants[&spec.tenant].bucket;
+            let (within, _) = v.tenants[task.spec.tenant.as_str()];
+            let bucket = &self.tenants[&task.spec.tenant].bucket;
             let credit = if bucket.rate() > 0.0 {
                 bucket.tokens_at(now) / bucket.rate()
             } else {
                 f64::NEG_INFINITY
             };
-            let rank = (!bucket.within_share(now), spec.qos, -credit, *key);
+            let rank = (!within, task.spec.qos, -credit);
             let better = match &best {
                 None => true,
                 Some((b, _)) => (rank.0, rank.1)
                     .cmp(&(b.0, b.1))
                     .then(rank.2.total_cmp(&b.2))
-                    .then(rank.3.cmp(&b.3))
                     .is_lt(),
             };
             if better {
@@ -97,5 +255,18 @@ impl Scheduler {
             }
         }
         Ok(best.map(|(_, id)| id))
+    }
+
+    /// Picks the next task and starts it; the tasks still held back count as
+    /// throttled (or held for Guaranteed work). Returns the task and the
+    /// stream priority of its partition.
+    pub fn pick_and_start(&mut self, now: f64) -> Result<Option<(TaskId, i32)>, SchedError> {
+        let Some(id) = self.pick_next(now)? else {
+            self.next_wakeup(now)?;
+            return Ok(None);
+        };
+        let prio = self.start(id, now)?;
+        self.next_wakeup(now)?;
+        Ok(Some((id, prio)))
     }
 }

@@ -27,6 +27,10 @@ use tenant::Tenant;
 
 pub const DEFAULT_PARTITION: &str = "default";
 pub const DEFAULT_BURST_MS: f64 = 50.0;
+/// Margin between the expected end of a best-effort launch and the next
+/// expected Guaranteed arrival: covers jitter in both and the host's launch
+/// latency (milliseconds).
+pub const DEFAULT_GUARD_MS: f64 = 0.25;
 
 /// Shares are fractions; sums of guaranteed shares may reach 1 up to rounding.
 const SHARE_EPS: f64 = 1e-9;
@@ -71,6 +75,9 @@ pub struct Scheduler {
     tenants: BTreeMap<String, Tenant>,
     next_id: TaskId,
     counts: Counters,
+    /// Running tasks per QoS class (indexed by `Qos as usize`).
+    running: [usize; 3],
+    guard_ms: f64,
 }
 
 fn check_time(now: f64) -> Result<(), SchedError> {
@@ -112,6 +119,8 @@ impl Scheduler {
             tenants: BTreeMap::new(),
             next_id: 1,
             counts: Counters::default(),
+            running: [0; 3],
+            guard_ms: DEFAULT_GUARD_MS,
         };
         s.add_partition(Partition {
             name: DEFAULT_PARTITION.into(),
@@ -132,6 +141,22 @@ impl Scheduler {
         }
         self.partitions.insert(p.name.clone(), p);
         Ok(())
+    }
+
+    /// Sets the margin kept between a best-effort launch's expected end and
+    /// the next expected Guaranteed arrival.
+    pub fn set_guard_ms(&mut self, guard_ms: f64) -> Result<(), SchedError> {
+        if !(guard_ms.is_finite() && guard_ms >= 0.0) {
+            return Err(SchedError::InvalidArgument(format!(
+                "guard_ms must be finite and >= 0, got {guard_ms}"
+            )));
+        }
+        self.guard_ms = guard_ms;
+        Ok(())
+    }
+
+    pub fn guard_ms(&self) -> f64 {
+        self.guard_ms
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -200,15 +225,15 @@ impl Scheduler {
     /// Starts an admitted task if pacing allows; returns the stream priority
     /// of its partition.
     pub fn start(&mut self, id: TaskId, now: f64) -> Result<i32, SchedError> {
-        let pace = self.pace(id, now)?;
-        if let Pace::Wait { until } = pace {
-            self.note_throttled(id);
+        if !self.may_start(id, now)? {
+            let until = self.next_start_time(id, now)?;
             return Err(SchedError::Throttled { id, until });
         }
         let task = self.tasks.get_mut(&id).expect("paced task");
         self.waiting.remove(&QueueKey::of(task));
         task.state = TaskState::Running;
         task.started_ms = Some(now);
+        self.running[task.spec.qos as usize] += 1;
         self.counts.started += 1;
         Ok(self.partitions[&task.spec.partition].stream_priority)
     }
@@ -248,6 +273,7 @@ impl Scheduler {
         let tenant = self.tenants.get_mut(&task.spec.tenant).expect("tenant");
         tenant.bucket.charge(gpu_ms, now);
         tenant.gpu_time_ms += gpu_ms;
+        tenant.note_duration(gpu_ms);
         if ok {
             tenant.completed += 1;
             self.counts.completed += 1;
@@ -275,6 +301,9 @@ impl Scheduler {
         self.waiting.remove(&key);
         let held = self.res.release(id);
         debug_assert_eq!(held.is_some(), task.state != TaskState::Queued);
+        if task.state == TaskState::Running {
+            self.running[task.spec.qos as usize] -= 1;
+        }
         let tenant = self.tenants.get_mut(&task.spec.tenant).expect("tenant");
         tenant.live_tasks -= 1;
         if task.spec.qos == Qos::Guaranteed {
@@ -291,6 +320,11 @@ impl Scheduler {
     /// Queued tasks in the order they will be admitted.
     pub fn queue_order(&self) -> Vec<TaskId> {
         self.queue.iter().map(|k| k.id).collect()
+    }
+
+    /// Running tasks of one QoS class.
+    pub fn running_of(&self, qos: Qos) -> usize {
+        self.running[qos as usize]
     }
 
     /// Number of tasks holding a reservation (admitted or running).

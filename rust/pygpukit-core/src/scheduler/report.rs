@@ -32,6 +32,9 @@ impl Scheduler {
                     completed: t.completed,
                     failed: t.failed,
                     throttled_tasks: t.throttled_tasks,
+                    held_tasks: t.held_tasks,
+                    expected_ms: t.expected_ms(),
+                    guaranteed_gap_ms: t.shortest_gap_ms(),
                 };
                 (name.clone(), s)
             })

@@ -15,6 +15,8 @@ pub struct Counters {
     pub failed: u64,
     pub cancelled: u64,
     pub throttled: u64,
+    /// Best-effort tasks held back for Guaranteed work, each counted once.
+    pub held_for_guaranteed: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +28,11 @@ pub struct TenantStats {
     pub completed: u64,
     pub failed: u64,
     pub throttled_tasks: u64,
+    pub held_tasks: u64,
+    /// Longest recent launch (what best-effort holds assume it takes).
+    pub expected_ms: Option<f64>,
+    /// Shortest recent gap between Guaranteed submissions.
+    pub guaranteed_gap_ms: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -75,6 +75,9 @@ pub struct Task {
     /// Set once pacing has held this task back, so throttles count tasks,
     /// not polls.
     pub throttled: bool,
+    /// Likewise for holds that keep best-effort work off the GPU for
+    /// Guaranteed work.
+    pub held: bool,
     pub started_ms: Option<f64>,
 }
 
