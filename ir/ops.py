@@ -298,12 +298,43 @@ def _sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return sq[:-1] + (sv[-1],), dq
 
 
+LINEAR_PROLOGUES = ("none", "rms_norm", "swiglu")
+
+
+def linear_extras(attrs: dict[str, Any], n_extra: int) -> tuple[bool, bool, str]:
+    """(has_bias, has_residual, prologue) of a linear node with n_extra inputs after x, w.
+
+    Inputs: x, w, [bias], [residual], [prologue operand: the RMSNorm gain, or SwiGLU's up].
+    y = act(prologue(x) @ w.T + bias) + residual, where prologue is rms_norm(x, gain, eps)
+    or silu(x) * up: the fusions of a decode step's norms, gates and residual adds.
+    """
+    prologue = attrs.get("prologue", "none")
+    residual = bool(attrs.get("has_residual", False))
+    bias = n_extra - residual - (prologue != "none")
+    return bias == 1, residual, prologue
+
+
 def _linear(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-    (sx, dx), (sw, dw), *bias = ins
+    (sx, dx), (sw, dw), *extra = ins
+    has_bias, has_res, prologue = linear_extras(attrs, len(extra))
+    if prologue not in LINEAR_PROLOGUES:
+        raise ShapeRuleError(f"linear: unknown prologue {prologue!r}")
+    if len(extra) != has_bias + has_res + (prologue != "none"):
+        raise ShapeRuleError(f"linear takes {2 + len(extra)} inputs that its flags do not fit")
+    if prologue == "rms_norm":
+        sx, dx = _norm("rms_norm")([(sx, dx), extra[-1]], attrs)
+    elif prologue == "swiglu":
+        sx, dx = _swiglu([(sx, dx), extra[-1]], attrs)
     out = shapes.matmul_shape(sx, (sw[1], sw[0]) if len(sw) == 2 else sw)
-    if bias:
-        shapes.broadcast_shapes(out, bias[0][0])
-    return out, dt.result_type(dx, dw)
+    dtype = dt.result_type(dx, dw)
+    if has_bias:
+        shapes.broadcast_shapes(out, extra[0][0])
+    if has_res:
+        rs, rd = extra[int(has_bias)]
+        if rs != out or rd != dtype:
+            raise ShapeRuleError(f"linear: residual {rd.short}{list(rs)} must be the result's "
+                                 f"{dtype.short}{list(out)}")  # fmt: skip
+    return out, dtype
 
 
 def _swiglu(ins: list[Spec], attrs: dict[str, Any]) -> Spec:

@@ -6,8 +6,10 @@ final launch is replaced by a check of the argument list against the kernel's fo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from pygpukit.ir import DType
@@ -71,6 +73,14 @@ class FakeCtx:
             self.out = None
             return o
         return self.alloc(shape, dtype, what)
+
+    @contextlib.contextmanager
+    def scratch_only(self) -> Iterator[None]:
+        saved, self.out = self.out, None
+        try:
+            yield
+        finally:
+            self.out = saved
 
     def tag(self, op: str, inputs: Any, loc: Any) -> int:
         return 7

@@ -194,10 +194,24 @@ def test_fused_nn_and_matmul(arch: str, d: str) -> None:
         x[0, 0] @ w,
         gpk.nn.swiglu(x, x),
         gpk.nn.swiglu(x, w),
+        # Folded linears (passes/fold_into_linear.py): RMSNorm or SwiGLU prologue, residual.
+        _folded(x, _arr(rng, (64, 64), d), x, w, "rms_norm"),
+        _folded(x, lw, _arr(rng, (2, 4, 8, 48), d), x, "swiglu", bias=lb),
+        _folded(x[:, :1, :1], lw, None, w, "rms_norm"),
     ]
     for o in outs:
         for layout in ("contiguous", "transposed"):
             _plan_all(o, layout)
+
+
+def _folded(x: gpk.GPUArray, w: gpk.GPUArray, res: gpk.GPUArray | None, pro_arg: gpk.GPUArray,
+            prologue: str, bias: gpk.GPUArray | None = None) -> gpk.GPUArray:  # fmt: skip
+    from pygpukit import runtime
+
+    ins = [x._node, w._node] + [a._node for a in (bias, res, pro_arg) if a is not None]
+    attrs = {"has_bias": bias is not None, "has_residual": res is not None,
+             "prologue": prologue, "eps": 1e-5, "activation": "none"}  # fmt: skip
+    return gpk.GPUArray(runtime.record("linear", tuple(ins), attrs))
 
 
 @pytest.mark.parametrize("d", ["int8", "int32", "int64"])

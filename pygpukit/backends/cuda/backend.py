@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,14 @@ class CudaBackend(CudaPlannedHooks, Backend):
             self._out = None
             return o
         return self.alloc(shape, dtype, what)
+
+    @contextmanager
+    def scratch_only(self) -> Iterator[None]:
+        saved, self._out = self._out, None
+        try:
+            yield
+        finally:
+            self._out = saved
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> DeviceValue:
         return self.alloc(tuple(shape), dtype, "empty")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from pygpukit.ir import DType
@@ -19,6 +20,11 @@ class Context(Protocol):
 
     def alloc_out(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
         """The step's result buffer: the planned slot when the executor gave one."""
+        ...
+
+    def scratch_only(self) -> AbstractContextManager[None]:
+        """Within it, alloc_out allocates instead of handing out the step's slot (a step
+        that runs several kernels keeps the slot for its last one)."""
         ...
 
     @property

@@ -13,10 +13,11 @@ from typing import Any
 
 from pygpukit import _native
 from pygpukit.errors import CUDAError, OutOfMemoryError
-from pygpukit.ir import DType, dtypes, shapes
+from pygpukit.ir import DType, dtypes, ops, shapes
+from pygpukit.ir.ops import linear_extras
 from pygpukit.passes import Step
 
-from . import ew, toolchain
+from . import ew, ops_nn, toolchain
 from .context import Context, contiguous, numel
 from .kernels import gemm_mma, gemv, loader, matmul_simple
 from .layout import broadcast_strides, collapse, reshape_strides
@@ -219,6 +220,9 @@ def plan_matmul(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 
 
 def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    has_bias, has_res, prologue = linear_extras(step.attrs, len(ins) - 2)
+    if has_res or prologue != "none":
+        return _linear_folded(ctx, step, ins, tag, has_bias, has_res, prologue)
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
     act = step.attrs.get("activation", "none")
@@ -366,3 +370,46 @@ def _linear_gemv(ctx: Context, x: DeviceValue, w: DeviceValue, bias: DeviceValue
     if launch is None:
         return None, False, False
     return launch, use_bias, fuse_act
+
+
+# -- linear with a folded prologue / residual (passes/fold_into_linear.py) -------------------
+def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
+                   has_bias: bool, has_res: bool, prologue: str) -> Run:  # fmt: skip
+    """The prologue (RMSNorm or SwiGLU of the input) into scratch, the plain linear, then
+    the residual add: the same kernels the unfolded program runs, for the shapes and
+    dtypes the GEMV's own prologue and residual do not take."""
+    x, w = ins[0], ins[1]
+    dtype, shape = step.dtype, step.shape
+    pro_run = None
+    if prologue != "none":
+        attrs = {"eps": step.attrs["eps"]} if prologue == "rms_norm" else {}
+        specs = [(x.shape, x.dtype), (ins[-1].shape, ins[-1].dtype)]
+        pshape, pdtype = ops.infer(prologue, specs, attrs)
+        pstep = Step(prologue, attrs, (), -1, tuple(pshape), pdtype, step.loc)
+        planner = ops_nn.plan_norm if prologue == "rms_norm" else ops_nn.plan_swiglu
+        pro_run = planner(ctx, pstep, [x, ins[-1]], tag)
+        x = DeviceValue(x.storage, tuple(pshape), contiguous(tuple(pshape)), 0, pdtype)
+    base_ins = [x, w] + ([ins[2]] if has_bias else [])
+    base_attrs = {"activation": step.attrs.get("activation", "none"), "has_bias": has_bias}
+    base = plan_linear(ctx, Step("linear", base_attrs, (), -1, shape, dtype, step.loc),
+                       base_ins, tag)  # fmt: skip
+    res_at = 2 + has_bias
+    add = None
+    if has_res:
+        y_plan = DeviceValue(x.storage, shape, contiguous(shape), 0, dtype)
+        add = ew.make(ctx, ("add", ("in", 0), ("in", 1)), [y_plan, ins[res_at]], shape,
+                      contiguous(shape), dtype, 256, tag=tag)  # fmt: skip
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        with ctx.scratch_only():
+            xv = pro_run([v[0], v[-1]]) if pro_run is not None else v[0]
+            if add is not None:
+                y = base([xv, v[1]] + ([v[2]] if has_bias else []))
+        if add is None:
+            return base([xv, v[1]] + ([v[2]] if has_bias else []))
+        out = ctx.alloc_out(shape, dtype, "linear")
+        if numel(shape):
+            add(out.ptr, [y.ptr, v[res_at].ptr])
+        return out
+
+    return run

@@ -7,7 +7,10 @@ from typing import Any
 import numpy as np
 
 from pygpukit.ir import DType
+from pygpukit.ir.dtypes import as_dtype, result_type
+from pygpukit.ir.ops import linear_extras
 
+from . import nn
 from .compute import down, up
 from .elementwise import gelu, sigmoid
 
@@ -30,8 +33,17 @@ def activation(y: np.ndarray, name: str) -> np.ndarray:
 
 
 def linear(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
-    x, w, *bias = ins
+    """act(prologue(x) @ w.T + bias) + residual, rounded to dtype once at the end."""
+    x, w, *extra = ins
+    has_bias, has_res, prologue = linear_extras(attrs, len(extra))
+    if prologue == "rms_norm":
+        x = nn.rms_norm(x, extra[-1], attrs, as_dtype(x.dtype))
+    elif prologue == "swiglu":
+        x = nn.swiglu(x, extra[-1], result_type(as_dtype(x.dtype), as_dtype(extra[-1].dtype)))
     y = np.matmul(up(x.astype(dtype.np, copy=False)), up(w.astype(dtype.np, copy=False)).T)
-    if bias:
-        y = y + up(bias[0])
-    return down(activation(y, attrs.get("activation", "none")), dtype)
+    if has_bias:
+        y = y + up(extra[0])
+    y = activation(y, attrs.get("activation", "none"))
+    if has_res:
+        y = y + up(extra[int(has_bias)])
+    return down(y, dtype)
