@@ -2,8 +2,11 @@
 //
 // q: [B, H, D] (batch/head strides); K/V caches: [B, KVH, S_max, D] (batch/head/seq strides,
 // D contiguous); o: [B, H, D]. The live context length is READ FROM DEVICE MEMORY
-// (ctx_len, int32), so one captured CUDA graph serves every decode step: each of the
-// `splits` blocks of a kv head takes an equal share of [0, ctx_len), computed on device.
+// (ctx_len, int32; null = the whole cache), so one captured CUDA graph serves every decode
+// step, and so is the optional per-batch start (kv_start[b * kvs_stride], left padding):
+// batch b sees keys [kv_start[b], ctx_len) and each of the `splits` blocks of a kv head
+// takes an equal share of that range, computed on device, so a large cache with a short
+// live context costs only the live keys. (An int64 scalar is read through its low word.)
 //
 // Kernel 1 (pgk_attn_decode_split), grid (splits, KVH * group / PGK_G, B), 256 threads: one
 // block serves PGK_G query heads of its kv head (all of them when group = H / KVH <= 16),
@@ -41,13 +44,27 @@ static_assert(PGK_D % 32 == 0, "head_dim must be a multiple of 32");
 //   qs [G][D] f32 | S [G][TK] f32 | alpha [G] f32 | pad to 16 | stages, reused at the end
 //   for the [STREAMS][G][D] f32 reduction buffer.
 
+// [lo, hi): the keys batch b sees, clamped to the cache; then this split's share of it,
+// in whole `tile`-key tiles (trailing splits may get nothing).
+PGK_DEVICE void pgk_dec_range(const int* ctx_len, const int* kv_start, long long kvs_stride,
+                              int max_seq, int b, int split, int splits, int tile, int& start,
+                              int& end) {
+  const int hi = min(max(pgk_read_i32(ctx_len, max_seq), 0), max_seq);
+  const int lo = kv_start ? min(max(__ldcg(kv_start + b * kvs_stride), 0), hi) : 0;
+  const int per = ((hi - lo + splits - 1) / splits + tile - 1) / tile * tile;
+  start = lo + split * per;
+  end = min(start + per, hi);
+}
+
 extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_attn_decode_split(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kc,
                           const pgk_t* __restrict__ vc, const int* __restrict__ ctx_len,
                           float* __restrict__ o_part, float* __restrict__ ml_part,
                           int n_heads, int group, float scale, long long q_sb,
                           long long q_sh, long long k_sb, long long k_sh, long long k_ss,
-                          long long v_sb, long long v_sh, long long v_ss) {
+                          long long v_sb, long long v_sh, long long v_ss,
+                          const int* __restrict__ kv_start, long long kvs_stride,
+                          int max_seq) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* qs = reinterpret_cast<float*>(smem_raw);
   float* S = qs + PGK_G * PGK_D;
@@ -64,11 +81,8 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
   const long long part = ((long long)b * n_heads + h0) * splits + split;  // head h0's slot
 
-  const int ctx = pgk_read_i32(ctx_len, 0);
-  // Equal shares rounded up to whole tiles; trailing splits may get nothing.
-  const int per = ((ctx + splits - 1) / splits + PGK_TK - 1) / PGK_TK * PGK_TK;
-  const int start = split * per;
-  const int end = min(start + per, ctx);
+  int start, end;
+  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_TK, start, end);
   if (start >= end) {
     for (int g = tid; g < PGK_G; g += PGK_DT) {
       ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
@@ -231,25 +245,59 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   }
 }
 
-// grid (H, B), PGK_D threads.
-extern "C" __global__ void pgk_attn_decode_reduce(const float* __restrict__ o_part,
-                                                  const float* __restrict__ ml_part,
-                                                  pgk_t* __restrict__ o, int n_heads,
-                                                  int splits, long long o_sb, long long o_sh) {
+// grid (H, B), PGK_D threads. The (max, sum) pairs of all splits are read at once (one
+// per thread) and the partial outputs with PGK_RUNROLL loads in flight per thread: a loop
+// that waited on each split's load in turn cost ~4 us of L2 latency at 33 splits.
+#define PGK_MAXSPLITS 256
+#define PGK_RUNROLL 8
+extern "C" __global__ void __launch_bounds__(PGK_D)
+    pgk_attn_decode_reduce(const float* __restrict__ o_part, const float* __restrict__ ml_part,
+                           pgk_t* __restrict__ o, int n_heads, int splits, long long o_sb,
+                           long long o_sh) {
+  __shared__ float wsh[PGK_MAXSPLITS];
+  __shared__ float scratch[32];
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const long long base = ((long long)b * n_heads + h) * splits;
-  float mx = -PGK_INF;
-  for (int s = 0; s < splits; ++s) mx = max(mx, ml_part[(base + s) * 2]);
-  float l = 0.0f, acc = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = ml_part[(base + s) * 2];
-    if (ms == -PGK_INF) continue;  // empty split
-    const float w = exp2f(ms - mx);
-    l += w * ml_part[(base + s) * 2 + 1];
-    acc += w * o_part[(base + s) * PGK_D + d];
+  float mloc = -PGK_INF;
+  for (int s = d; s < splits; s += PGK_D) {
+    const float ms = __ldcg(ml_part + (base + s) * 2);
+    wsh[s] = ms;
+    mloc = max(mloc, ms);
   }
-  // ctx_len == 0 leaves every split empty: the output is zeros, not NaN.
-  o[b * o_sb + h * o_sh + d] = pgk_from_float<pgk_t>(l > 0.0f ? acc / l : 0.0f);
+  const float mx = pgk_block_max(mloc, scratch);  // its barriers also publish wsh
+  float lloc = 0.0f;
+  for (int s = d; s < splits; s += PGK_D) {
+    const float ms = wsh[s];
+    // An empty split (max -inf) weighs 0; so does everything when all are empty.
+    const float w = ms == -PGK_INF ? 0.0f : exp2f(ms - mx);
+    lloc += w * __ldcg(ml_part + (base + s) * 2 + 1);
+    wsh[s] = w;
+  }
+  const float l = pgk_block_sum(lloc, scratch);
+  float acc[PGK_RUNROLL];
+#pragma unroll
+  for (int u = 0; u < PGK_RUNROLL; ++u) acc[u] = 0.0f;
+  const float* op = o_part + base * PGK_D + d;
+  int s = 0;
+  for (; s + PGK_RUNROLL <= splits; s += PGK_RUNROLL) {
+    float v[PGK_RUNROLL];
+#pragma unroll
+    for (int u = 0; u < PGK_RUNROLL; ++u) v[u] = __ldcg(op + (long long)(s + u) * PGK_D);
+#pragma unroll
+    for (int u = 0; u < PGK_RUNROLL; ++u) {
+      const float w = wsh[s + u];
+      acc[u] += w == 0.0f ? 0.0f : w * v[u];  // an empty split never wrote its o_part
+    }
+  }
+  for (; s < splits; ++s) {
+    const float w = wsh[s];
+    if (w != 0.0f) acc[0] += w * __ldcg(op + (long long)s * PGK_D);
+  }
+  float tot = 0.0f;
+#pragma unroll
+  for (int u = 0; u < PGK_RUNROLL; ++u) tot += acc[u];
+  // ctx_len == 0 (or kv_start >= ctx_len) leaves every split empty: zeros, not NaN.
+  o[b * o_sb + h * o_sh + d] = pgk_from_float<pgk_t>(l > 0.0f ? tot / l : 0.0f);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -313,7 +361,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                         float* __restrict__ o_part, float* __restrict__ ml_part, int n_heads,
                         int group, float scale, long long q_sb, long long q_sh, long long k_sb,
                         long long k_sh, long long k_ss, long long v_sb, long long v_sh,
-                        long long v_ss) {
+                        long long v_ss, const int* __restrict__ kv_start,
+                        long long kvs_stride, int max_seq) {
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   pgk_t* smem = reinterpret_cast<pgk_t*>(smem_raw);
@@ -325,10 +374,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
   const long long part = ((long long)b * n_heads + h0) * splits + split;
 
-  const int ctx = pgk_read_i32(ctx_len, 0);
-  const int per = ((ctx + splits - 1) / splits + PGK_MTK - 1) / PGK_MTK * PGK_MTK;
-  const int start = split * per;
-  const int end = min(start + per, ctx);
+  int start, end;
+  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, start, end);
   if (start >= end) {
     for (int g = tid; g < PGK_G; g += blockDim.x) {
       ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;

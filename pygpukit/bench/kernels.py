@@ -388,11 +388,16 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
         os_ = [
             torch.empty(batch, h, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(sets)
         ]
-        splits = attention.decode_splits(batch, h, kvh, ctx, "bfloat16")
-        ws = torch.empty(
-            attention.decode_workspace_bytes(batch, h, splits, d), dtype=torch.uint8, device="cuda"
-        )
         ctx_t = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+        max_splits = max(
+            attention.decode_splits(batch, h, kvh, ctx, "bfloat16", blocks_per_sm=bps)
+            for bps in DECODE_SWEEP
+        )
+        ws = torch.empty(
+            attention.decode_workspace_bytes(batch, h, max_splits, d),
+            dtype=torch.uint8,
+            device="cuda",
+        )
 
         def ours(
             i: int,
@@ -402,9 +407,9 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
             os_: Any = os_,
             b: int = batch,
             c: int = ctx,
-            sp: int = splits,
             ws: Any = ws,
             ctx_t: Any = ctx_t,
+            bps: int | None = None,
         ) -> None:
             attention.decode(
                 qs[i].data_ptr(),
@@ -419,21 +424,37 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
                 c,
                 d,
                 "bfloat16",
-                splits=sp,
+                splits=attention.decode_splits(b, h, kvh, c, "bfloat16", blocks_per_sm=bps),
+                stages=attention.decode_stages("bfloat16", d, bps),
                 stream=_stream(),
             )
 
         def ref(q: Any, k: Any, v: Any) -> Any:
             return f.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
+        name = f"decode attn B{batch} H32/KV4 D128 ctx {ctx} bf16"
+        r = ref(qs[0].float(), ks[0].float(), vs[0].float())
+        for bps in DECODE_SWEEP:
+            os_[0].fill_(float("nan"))
+            ours(0, bps=bps)
+            torch.cuda.synchronize()
+            _close(os_[0], r, f"{name} blocks_per_sm={bps}")
+            rows.append(
+                {
+                    "bench": "kernels",
+                    "workload": f"{name} blocks_per_sm={bps}",
+                    "us": round(time_graph(functools.partial(ours, bps=bps), sets), 2),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+        os_[0].fill_(float("nan"))
         ours(0)
         torch.cuda.synchronize()
-        r = ref(qs[0].float(), ks[0].float(), vs[0].float())
         _close(os_[0], r, f"decode attention ctx {ctx}")
         comp = _compiled(ref) if use_compile else None
         _row(
             rows,
-            f"decode attn B{batch} H32/KV4 D128 ctx {ctx} bf16",
+            name,
             kv_bytes + 2 * 2 * batch * h * d,
             copy_gbs,
             ours,
@@ -445,6 +466,8 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
 
 
 SWEEP_THREADS = (512, 128)
+# Tensor-core decode: blocks per SM the split count aims at (1 runs two cp.async stages).
+DECODE_SWEEP = (1, 2, 3)
 WORKLOADS = [bench_rms_norm, bench_rope, bench_softmax, bench_gemv, bench_decode]
 
 

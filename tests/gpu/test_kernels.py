@@ -698,3 +698,71 @@ def test_attention_decode_graph_replay(dev: Any, rng: np.random.Generator) -> No
         stream.synchronize()
         ref = attn_ref(q[:, :, None], kc[:, :, :n], vc[:, :, :n], False, d**-0.5)[:, :, 0]
         check(od.get((b, h, d), dtype), ref, dtype)
+
+
+def _masked_decode_ref(
+    q: np.ndarray, kc: np.ndarray, vc: np.ndarray, lo: np.ndarray, hi: int, scale: float
+) -> np.ndarray:
+    """float64 decode attention where batch b sees keys [lo[b], hi); none visible: zeros."""
+    out = np.zeros(q.shape, np.float64)
+    for b in range(q.shape[0]):
+        if lo[b] < hi:
+            out[b] = attn_ref(
+                q[b : b + 1, :, None], kc[b : b + 1, :, lo[b] : hi], vc[b : b + 1, :, lo[b] : hi],
+                False, scale,
+            )[0, :, 0]  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize("idx", ["int32", "int64"])
+@pytest.mark.parametrize("blocks_per_sm", [1, 2, 3])
+def test_attention_decode_kv_start_and_len(
+    dev: Any, rng: np.random.Generator, dtype: str, idx: str, blocks_per_sm: int
+) -> None:
+    """Left padding (kv_start per batch row) and the live length, both read from device
+    memory (int32 or int64), on a cache much longer than the live context; starts past
+    the length give zeros."""
+    b, h, kvh, d, max_seq = 3, 8, 2, 128, 2048
+    q = rand(rng, (b, h, d), dtype)
+    kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
+    qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
+    splits = attention.decode_splits(b, h, kvh, max_seq, dtype, blocks_per_sm=blocks_per_sm)
+    stages = attention.decode_stages(dtype, d, blocks_per_sm)
+    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
+    from pygpukit import _native as nv
+
+    n_d, st_d = dev.put(np.zeros((), idx)), dev.put(np.zeros((b,), idx))
+    cases = [(int(rng.integers(1, max_seq + 1)), rng.integers(0, 40, b)) for _ in range(3)]
+    cases += [(5, np.array([0, 4, 9])), (max_seq, np.array([0, 1, 2000])), (0, np.zeros(b))]
+    for n, starts in cases:
+        nn = np.array([n], idx)
+        nv.memcpy_htod(n_d.ptr, nn.view(np.uint8), None, nn.nbytes)
+        st = np.asarray(starts, idx)
+        nv.memcpy_htod(st_d.ptr, st.view(np.uint8), None, st.nbytes)
+        nv.memset(od.ptr, 0xFF, od.nbytes)
+        attention.decode(qd.ptr, kd.ptr, vd.ptr, n_d.ptr, od.ptr, ws.ptr, b, h, kvh, max_seq, d,
+                         dtype, splits=splits, stages=stages, kv_start=st_d.ptr,
+                         kv_start_dtype=idx)  # fmt: skip
+        lo = np.minimum(st.astype(np.int64), n)
+        ref = _masked_decode_ref(q, kc, vc, lo, n, d**-0.5)
+        out = od.get((b, h, d), dtype)
+        if n == 0:
+            assert np.all(f64(out) == 0.0)
+            continue
+        check(out, ref, dtype, 2e-5 if dtype == "float32" else None)
+
+
+@pytest.mark.parametrize("splits", [1, 7, 37, 256])
+def test_attention_decode_many_splits(dev: Any, rng: np.random.Generator, splits: int) -> None:
+    """The reduce kernel's unrolled merge with split counts off its unroll, and splits that
+    get no keys (a whole-cache launch with no length pointer)."""
+    dtype, b, h, kvh, d, max_seq = "bfloat16", 2, 4, 4, 64, 1000
+    q = rand(rng, (b, h, d), dtype)
+    kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
+    qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
+    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
+    attention.decode(qd.ptr, kd.ptr, vd.ptr, 0, od.ptr, ws.ptr, b, h, kvh, max_seq, d, dtype,
+                     splits=splits)  # fmt: skip
+    ref = attn_ref(q[:, :, None], kc, vc, False, d**-0.5)[:, :, 0]
+    check(od.get((b, h, d), dtype), ref, dtype)

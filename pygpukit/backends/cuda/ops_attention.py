@@ -105,6 +105,10 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     sk, h, kvh = k.shape[-2], q.shape[-3], k.shape[-3]
     # The reference multiplies by the scale rounded to float32, as the kernels do.
     sc = float(np.float32(scale if scale else 1.0 / math.sqrt(d)))
+    if sq == 1:
+        dec = _plan_decode(ctx, step, ins, tag, sc, causal)
+        if dec is not None:
+            return dec
     lay = [_bhs(t) for t in (q, k, v)]
     masks = bool(step.attrs.get("kv_len")) or bool(step.attrs.get("kv_start"))
     fits = (
@@ -127,6 +131,80 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
 
         return run
     return _sdpa_composed(ctx, step, ins, tag, sc, causal)
+
+
+_INDEX_DTYPES = ("int32", "int64")
+
+
+def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, sc: float,
+                 causal: bool) -> Run | None:  # fmt: skip
+    """One query row per head (sq == 1) on the split-K decode kernel, with kv_len / kv_start
+    read from device memory (the graph replays as they change), or None where the kernel's
+    rules do not hold. With sq == 1 the causal mask (bottom-right at kv_len) and the kv_len
+    mask are the same: keys [kv_start[b], kv_len) are visible."""
+    q, k, v = ins[:3]
+    dtype, shape = step.dtype, step.shape
+    d = q.shape[-1]
+    if (
+        dtype.name not in attention.DTYPES or k.dtype != dtype or v.dtype != dtype
+        or d not in attention.HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d
+        or len(q.shape) not in (3, 4) or k.shape[:-1] != v.shape[:-1] or q.shape[-2] != 1
+        or len(k.shape) != len(q.shape) or k.shape[-2] == 0 or not numel(shape)
+    ):  # fmt: skip
+        return None
+    lay = [_bhs(t) for t in (q, k, v)]
+    if any(x is None for x in lay):
+        return None
+    (bq, h, qs), (bk, kvh, ks), (_, _, vs) = lay  # type: ignore[misc]
+    if bk not in (1, bq) or h % kvh:
+        return None
+    if bk == 1:  # one cache shared by every batch row
+        ks, vs = (0,) + ks[1:], (0,) + vs[1:]
+    if bq == 1:  # the stride of a size-1 dim is arbitrary: keep it out of alignment checks
+        qs = (0,) + qs[1:]
+    sk = k.shape[-2]
+    vec = 16 // dtype.itemsize
+    if any(x % vec for x in ks + vs) or qs[0] % 2 or qs[1] % 2:
+        return None
+    extra = list(ins[3:])
+    n_len = n_start = -1
+    kvs_stride, kvs_dtype = 1, "int32"
+    if step.attrs.get("kv_len"):
+        kl = extra.pop(0)
+        if kl.dtype.name not in _INDEX_DTYPES or kl.size != 1:
+            return None
+        n_len = 3
+    if step.attrs.get("kv_start"):
+        st = extra.pop(0)
+        if (
+            st.dtype.name not in _INDEX_DTYPES or len(q.shape) != 4 or len(st.shape) != 1
+            or st.shape[0] not in (1, bq)
+        ):  # fmt: skip
+            return None
+        n_start = 4 if n_len >= 0 else 3
+        kvs_stride, kvs_dtype = (st.strides[0] if st.shape[0] > 1 else 0), st.dtype.name
+    splits = attention.decode_splits(bq, h, kvh, sk, dtype.name)
+    ws_elems = attention.decode_workspace_bytes(bq, h, splits, d) // 4
+    fallback: list[Run] = []
+
+    def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+        pq, pk, pv = vals[0].ptr, vals[1].ptr, vals[2].ptr
+        if pk % 16 or pv % 16 or pq % 4:
+            # A view at an odd element offset: the composed kernels take any layout.
+            if not fallback:
+                fallback.append(_sdpa_composed(ctx, step, ins, tag, sc, causal))
+            return fallback[0](vals)
+        o = ctx.alloc_out(shape, dtype, "sdpa")
+        ws = ctx.alloc((ws_elems,), dtypes.float32, "sdpa")
+        attention.decode(pq, pk, pv, vals[n_len].ptr if n_len >= 0 else 0, o.ptr, ws.ptr, bq, h,
+                         kvh, sk, d, dtype.name, splits=splits, scale=sc, q_strides=qs[:2],
+                         k_strides=ks, v_strides=vs, o_strides=(h * d, d),
+                         kv_start=vals[n_start].ptr if n_start >= 0 else 0,
+                         kv_start_stride=kvs_stride, kv_start_dtype=kvs_dtype,
+                         stream=ctx.stream)  # fmt: skip
+        return o
+
+    return run
 
 
 def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,

@@ -95,18 +95,49 @@ def _use_mma(dtype: str) -> bool:
     return dtype in loader.HALF_DTYPES
 
 
+# Splits the reduce kernel merges at most (PGK_MAXSPLITS in attention_decode.cuh).
+MAX_SPLITS = 256
+# Tensor-core decode blocks per SM the split count aims at, with one cp.async stage per
+# warp (70 KB of shared memory at D=128, so 3 fit): at B1 ctx 8192 one block per SM with
+# two stages kept too few bytes in flight (25% of copy bandwidth).
+MMA_BLOCKS_PER_SM = 2
+
+
 def decode_splits(
-    batch: int, heads: int, kv_heads: int, max_seq: int, dtype: str = "bfloat16"
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    max_seq: int,
+    dtype: str = "bfloat16",
+    *,
+    blocks_per_sm: int | None = None,
 ) -> int:
     """Splits of the context per kv head, so the blocks fill the SMs about once.
 
-    The tensor-core path (bf16/f16) runs one block per SM; rounding down keeps the grid
-    at or under one full wave (160 blocks on 132 SMs would take two waves' time)."""
+    Tensor-core path (bf16/f16): `blocks_per_sm` blocks per SM (default MMA_BLOCKS_PER_SM),
+    rounded down so the grid stays within one wave, and no more splits than give each warp
+    one 32-key tile of the cache. CUDA-core path: about one block per SM."""
     blocks = batch * kv_heads * ((heads // kv_heads) // decode_group(heads, kv_heads))
     sms = loader.sm_count()
-    tile = _M_TILE if _use_mma(dtype) else _D_TILE
-    want = max(1, sms // blocks) if _use_mma(dtype) else cdiv(sms, blocks)
-    return max(1, min(cdiv(max_seq, tile), want))
+    if _use_mma(dtype):
+        per_sm = blocks_per_sm or MMA_BLOCKS_PER_SM
+        want = max(1, per_sm * sms // blocks)
+        cap = cdiv(max_seq, _M_TILE * _M_WARPS)
+    else:
+        want = cdiv(sms, blocks)
+        cap = cdiv(max_seq, _D_TILE)
+    return max(1, min(cap, want, MAX_SPLITS))
+
+
+def decode_stages(dtype: str, head_dim: int, blocks_per_sm: int | None = None) -> int:
+    """cp.async stages per warp of the tensor-core kernel: two (overlap within a warp) only
+    when they still leave room for the blocks per SM the split count assumes."""
+    per_sm = blocks_per_sm or MMA_BLOCKS_PER_SM
+    smem_sm = int(loader.device_info().get("max_shared_per_sm", 228 * 1024))
+    two = _decode_mma_smem(head_dim, 2)
+    if two <= loader.max_shared_optin() and per_sm * (two + 1024) <= smem_sm:
+        return 2
+    return 1
 
 
 def decode_workspace_bytes(batch: int, heads: int, splits: int, head_dim: int) -> int:
@@ -151,19 +182,31 @@ def decode(
     k_strides: tuple[int, int, int] | None = None,
     v_strides: tuple[int, int, int] | None = None,
     o_strides: tuple[int, int] | None = None,
+    kv_start: int = 0,
+    kv_start_stride: int = 1,
+    kv_start_dtype: str = "int32",
+    stages: int | None = None,
     stream: Any = None,
 ) -> None:
-    """One decode step: o[b, h] = softmax(scale q[b, h] K^T) V over keys [0, *ctx_len).
+    """One decode step: o[b, h] = softmax(scale q[b, h] K^T) V over keys
+    [kv_start[b], *ctx_len) of the cache.
 
     q, o: [B, H, D] (strides batch, head); caches [B, KVH, max_seq, D] (strides batch, head,
-    seq). ctx_len: device pointer to an int32 (<= max_seq), read by the kernels, so a
-    captured graph replays for every step. workspace: decode_workspace_bytes(...) bytes;
-    splits: decode_splits(...) (fixed for a captured graph).
+    seq). ctx_len: device pointer to an int32 or int64 (clamped to [0, max_seq]; 0 = the
+    whole cache), read by the kernels, so a captured graph replays for every step.
+    kv_start: optional device pointer to [B] int32/int64 first visible keys (left padding),
+    element stride kv_start_stride. A query that sees no key gets zeros.
+    workspace: decode_workspace_bytes(...) bytes; splits: decode_splits(...) (fixed for a
+    captured graph); stages: cp.async stages per warp (default decode_stages(...)).
     """
     _check("attention_decode", dtype, heads, kv_heads, head_dim)
     positive("attention_decode", batch=batch, max_seq=max_seq, splits=splits)
-    if splits < 1:
-        raise ShapeError("attention_decode: splits must be >= 1")
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ShapeError(f"attention_decode: splits must be in [1, {MAX_SPLITS}], got {splits}")
+    if kv_start_dtype not in ("int32", "int64"):
+        raise ShapeError(f"attention_decode: kv_start must be int32 or int64, got {kv_start_dtype}")
+    if max_seq >= 2**31:
+        raise ShapeError(f"attention_decode: max_seq={max_seq} exceeds the int32 range")
     d = head_dim
     vec = 16 // loader.itemsize(dtype)
     qst = q_strides or (heads * d, d)
@@ -179,23 +222,26 @@ def decode(
     budget = loader.max_shared_optin()
     sc = float(scale) if scale is not None else d**-0.5
     ml = workspace + 4 * batch * heads * splits * d
+    # int64 scalars are read through their low 32-bit word (little-endian).
+    kvs = kv_start_stride * (2 if kv_start_dtype == "int64" else 1)
     grid = (splits, kv_heads * (group // g), batch)
-    args = (q, k_cache, v_cache, ctx_len, workspace, ml, heads, group, sc, *qst, *kst, *vst)
-    fmt = "PPPPPPiif" + "q" * 8
+    args = (q, k_cache, v_cache, ctx_len, workspace, ml, heads, group, sc, *qst, *kst, *vst,
+            kv_start, kvs, max_seq)  # fmt: skip
+    fmt = "PPPPPPiif" + "q" * 8 + "Pqi"
     if _use_mma(dtype):
         if any(s % 2 for s in qst) or q % 4:
             raise ShapeError("attention_decode: q rows must be 4-byte aligned")
-        stages = 2 if _decode_mma_smem(d, 2) <= budget else 1
-        smem = _decode_mma_smem(d, stages)
-        defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_MSTAGES": stages}
+        st = stages or decode_stages(dtype, d)
+        smem = _decode_mma_smem(d, st)
+        defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_MSTAGES": st}
         split_fn = loader.get_function("attention_decode", "pgk_attn_decode_mma", defines)
         threads = _M_WARPS * 32
     else:
-        stages = 4
-        while stages > 1 and _decode_smem(dtype, g, d, stages) > budget:
-            stages -= 1
-        smem = _decode_smem(dtype, g, d, stages)
-        defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_STAGES": stages}
+        st = 4
+        while st > 1 and _decode_smem(dtype, g, d, st) > budget:
+            st -= 1
+        smem = _decode_smem(dtype, g, d, st)
+        defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_STAGES": st}
         split_fn = loader.get_function("attention_decode", "pgk_attn_decode_split", defines)
         threads = _D_THREADS
     if smem > budget:
