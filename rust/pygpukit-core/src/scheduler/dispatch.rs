@@ -54,6 +54,9 @@ enum Hold {
     /// Best-effort work that could still be on the GPU when Guaranteed work
     /// needs it.
     ForGuaranteed(Option<f64>),
+    /// Best effort behind the one best-effort launch in flight (not counted:
+    /// every backlogged task would be).
+    BehindBestEffort,
 }
 
 impl Scheduler {
@@ -83,7 +86,7 @@ impl Scheduler {
     /// gaps) is due before this launch would end (its tenant's longest recent
     /// launch plus the guard). Returns when the hold lapses by itself: the
     /// last such tenant going idle; None when only another event can lift it.
-    fn guaranteed_hold(&self, task: &Task, now: f64) -> Option<Option<f64>> {
+    fn guaranteed_hold(&self, task: &Task, now: f64) -> Option<Hold> {
         if task.spec.qos != Qos::BestEffort {
             return None;
         }
@@ -92,10 +95,10 @@ impl Scheduler {
             .first()
             .is_some_and(|k| k.qos == Qos::Guaranteed);
         if g_waiting || self.running[Qos::Guaranteed as usize] > 0 {
-            return Some(None);
+            return Some(Hold::ForGuaranteed(None));
         }
         if self.running[Qos::BestEffort as usize] > 0 {
-            return Some(None);
+            return Some(Hold::BehindBestEffort);
         }
         let ends = now + self.tenants[&task.spec.tenant].expected_ms().unwrap_or(0.0);
         self.tenants
@@ -104,7 +107,7 @@ impl Scheduler {
             .filter(|f| now < f.idle_at_ms && ends + self.guard_ms > f.next_ms)
             .map(|f| f.idle_at_ms)
             .reduce(f64::max)
-            .map(Some)
+            .map(|t| Hold::ForGuaranteed(Some(t)))
     }
 
     /// Pacing by share. A tenant within its share may start, except that a
@@ -114,8 +117,8 @@ impl Scheduler {
     /// waits while any Guaranteed or Burstable task of another tenant waits;
     /// a Guaranteed task over its share does not wait for best-effort work.
     fn hold(&self, v: &View<'_>, task: &Task) -> Option<Hold> {
-        if let Some(until) = self.guaranteed_hold(task, v.now) {
-            return Some(Hold::ForGuaranteed(until));
+        if let Some(h) = self.guaranteed_hold(task, v.now) {
+            return Some(h);
         }
         let spec = &task.spec;
         let bucket = &self.tenants[&spec.tenant].bucket;
@@ -145,6 +148,7 @@ impl Scheduler {
         match self.hold(v, task) {
             None => Pace::Start,
             Some(Hold::Share(until) | Hold::ForGuaranteed(until)) => Pace::Wait { until },
+            Some(Hold::BehindBestEffort) => Pace::Wait { until: None },
         }
     }
 
