@@ -105,3 +105,36 @@ def test_scheduler_arena_evicts_idle_device_arrays(small: Any) -> None:
         assert sched.stats()["eviction"]["evictions"] > 0
     for a, h in zip(idle, idle_h, strict=True):
         np.testing.assert_array_equal(a.to_numpy(), h)
+
+
+def test_best_effort_waits_for_guaranteed_work_on_the_gpu() -> None:
+    """A GEMM launch cannot be taken back from the GPU, so BestEffort work submitted beside
+    Guaranteed work starts only after it has ended, and one BestEffort launch at a time."""
+    rng = np.random.default_rng()
+    a = gpk.asarray(_rand(rng, 2048, 2048).astype(np.float16))
+    w = gpk.asarray(_rand(rng, 256, 256))
+
+    @gpk.compile
+    def gemm(x):
+        return x @ x
+
+    @gpk.compile
+    def step(x):
+        return gpk.nn.gelu(x @ w) + x
+
+    x = gpk.asarray(_rand(rng, 1, 256))
+    gemm(a), step(x)  # compile before timing
+    with gpk.Scheduler(memory=1 << 30) as sched:
+        with sched.paused():
+            bes = [sched.submit(gemm, a, qos="best_effort", tenant="be") for _ in range(3)]
+            g = sched.submit(step, x, qos="guaranteed", bandwidth=0.3, tenant="g")
+        g.result(30)
+        for t in bes:
+            t.result(30)
+        g_end = g.stats()["finished_ms"]
+        spans = sorted((t.stats()["started_ms"], t.stats()["finished_ms"]) for t in bes)
+        assert all(s >= g_end for s, _ in spans)
+        assert all(b[0] >= a_[1] for a_, b in zip(spans, spans[1:], strict=False))
+        st = sched.stats()
+        assert st["held_for_guaranteed"] == 3
+        assert st["tenants"]["be"]["expected_ms"] > 0
