@@ -15,6 +15,14 @@
 // pair c holds physical columns 8c .. 8c+7 of a 32-column chunk, and the A fragment (x)
 // uses the same permutation, so the dot products are unchanged.
 //
+// Folded neighbours (passes/fold_into_linear.py), tensor-core kernel only:
+// PGK_PRO 1: RMSNorm prologue. x enters the MMA as x * gain; each lane also sums the
+//   squares of the x it loads, the block reduces them per row with the partial dot
+//   products, and the row's 1/rms scales its sum before the bias: no extra pass over x.
+// PGK_PRO 2: SwiGLU prologue. x is the gate and `pro` the up rows: silu(gate) * up enters
+//   the MMA, rounded to the element type as the separate swiglu kernel would store it.
+// res (optional): a residual [M, N] added after the activation.
+//
 // pgk_gemv (any float type, any alignment): one warp per output row, grid.y walks the
 // rows of x; the fallback for float32 and for unaligned views.
 #include "common.cuh"
@@ -36,6 +44,9 @@
 #endif
 #ifndef PGK_U
 #define PGK_U 8
+#endif
+#ifndef PGK_PRO
+#define PGK_PRO 0
 #endif
 
 PGK_DEVICE float pgk_gemv_act(float x) {
@@ -130,13 +141,45 @@ PGK_DEVICE uint4 pgk_gload_x(const pgk_t* p, bool in) {
   return in ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
+// The prologue on one 16-byte chunk of x (E elements): returns what enters the MMA and
+// adds the squares of x to ss (RMSNorm) -- p is the gain chunk or the up chunk.
+PGK_DEVICE uint4 pgk_gprologue(uint4 xv, uint4 p, float& ss) {
+#if PGK_PRO == 0
+  (void)p;
+  (void)ss;
+  return xv;
+#else
+  constexpr int E = 16 / sizeof(pgk_t);
+  const pgk_t* xe = reinterpret_cast<const pgk_t*>(&xv);
+  const pgk_t* pe = reinterpret_cast<const pgk_t*>(&p);
+  uint4 out;
+  pgk_t* oe = reinterpret_cast<pgk_t*>(&out);
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const float a = pgk_to_float(xe[e]), b = pgk_to_float(pe[e]);
+#if PGK_PRO == 1
+    ss += a * a;
+    oe[e] = pgk_from_float<pgk_t>(a * b);
+#else
+    oe[e] = pgk_from_float<pgk_t>(a / (1.0f + __expf(-a)) * b);
+#endif
+  }
+  return out;
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_mma(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
-                 long long x_stride, long long w_stride, long long y_stride) {
+                 long long x_stride, long long w_stride, long long y_stride,
+                 const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
+                 long long res_stride, long long pro_stride, float eps) {
   // Compiled into every module of the family, launched for 2-byte types only.
   constexpr int U = PGK_U, NT = PGK_NT;
   __shared__ float red[PGK_GW][16][8 * NT + 1];  // +1: lanes of a row land in distinct banks
+#if PGK_PRO == 1
+  __shared__ float sumsq[PGK_GW][16];
+#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int qr = lane >> 2, qc = lane & 3;
   const int m0 = blockIdx.y * 16;
@@ -157,6 +200,11 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const bool x0in = m0 + qr < m, x1in = m0 + qr + 8 < m;
   const pgk_t* x0 = x + (long long)(x0in ? m0 + qr : 0) * x_stride + qc * 8;
   const pgk_t* x1 = x + (long long)(x1in ? m0 + qr + 8 : 0) * x_stride + qc * 8;
+  // The prologue's operand per x row: the gain (one row for all) or the up rows.
+  const long long ps = PGK_PRO == 2 ? pro_stride : 0;
+  const pgk_t* p0 = PGK_PRO ? pro + (long long)(x0in ? m0 + qr : 0) * ps + qc * 8 : x0;
+  const pgk_t* p1 = PGK_PRO ? pro + (long long)(x1in ? m0 + qr + 8 : 0) * ps + qc * 8 : x1;
+  float ss0 = 0.0f, ss1 = 0.0f;
 
   float acc[NT][4];
 #pragma unroll
@@ -177,8 +225,12 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     for (int u = 0; u < U; ++u) {
       const int col = (c + u) * 32 + qc * 8;
       const bool in = c + u < c_hi && col < k;
-      const uint4 xa = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
-      const uint4 xb = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
+      uint4 xa = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
+      uint4 xb = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
+      if (PGK_PRO) {
+        xa = pgk_gprologue(xa, pgk_gload_x(p0 + (c + u) * 32, in && x0in), ss0);
+        xb = pgk_gprologue(xb, pgk_gload_x(p1 + (c + u) * 32, in && x1in), ss1);
+      }
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         pgk_gmma(acc[t], xa.x, xb.x, xa.y, xb.y, wv[u][t].x, wv[u][t].y);
@@ -191,6 +243,17 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) red[warp][qr + (e >> 1) * 8][t * 8 + 2 * qc + (e & 1)] = acc[t][e];
+#if PGK_PRO == 1
+  // The four lanes of a row (qc = 0..3) hold its 32-column chunks between them.
+  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+  if (qc == 0) {
+    sumsq[warp][qr] = ss0;
+    sumsq[warp][qr + 8] = ss1;
+  }
+#endif
   __syncthreads();
   for (int i = threadIdx.x; i < 16 * 8 * NT; i += PGK_GW * 32) {
     const int r = i / (8 * NT), cn = i % (8 * NT);
@@ -198,7 +261,15 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     float s = 0.0f;
 #pragma unroll
     for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
+#if PGK_PRO == 1
+    float q = 0.0f;
+#pragma unroll
+    for (int g = 0; g < PGK_GW; ++g) q += sumsq[g][r];
+    s *= rsqrtf(q / (float)k + eps);
+#endif
     if (bias) s += pgk_to_float(bias[n0 + cn]);
-    y[(long long)(m0 + r) * y_stride + n0 + cn] = pgk_from_float<pgk_t>(pgk_gemv_act(s));
+    s = pgk_gemv_act(s);
+    if (res) s += pgk_to_float(res[(long long)(m0 + r) * res_stride + n0 + cn]);
+    y[(long long)(m0 + r) * y_stride + n0 + cn] = pgk_from_float<pgk_t>(s);
   }
 }

@@ -338,9 +338,9 @@ def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str) -> La
     if xs < 0 or ws < 0:
         return None
 
-    def launch(px: int, pw: int, py: int, pbias: int = 0) -> None:
+    def launch(px: int, pw: int, py: int, pbias: int = 0, **folded: Any) -> None:
         gemv.gemv(px, pw, py, n, k, dtype, m=m, bias=pbias, activation=act, x_stride=xs,
-                  w_stride=ws, y_stride=n, stream=ctx.stream)  # fmt: skip
+                  w_stride=ws, y_stride=n, stream=ctx.stream, **folded)  # fmt: skip
 
     return launch
 
@@ -378,6 +378,9 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
     """The prologue (RMSNorm or SwiGLU of the input) into scratch, the plain linear, then
     the residual add: the same kernels the unfolded program runs, for the shapes and
     dtypes the GEMV's own prologue and residual do not take."""
+    fused = _gemv_folded(ctx, step, ins, has_bias, has_res, prologue)
+    if fused is not None:
+        return fused
     x, w = ins[0], ins[1]
     dtype, shape = step.dtype, step.shape
     pro_run = None
@@ -411,5 +414,54 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         if numel(shape):
             add(out.ptr, [y.ptr, v[res_at].ptr])
         return out
+
+    return run
+
+
+def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias: bool,
+                 has_res: bool, prologue: str) -> Run | None:  # fmt: skip
+    """One tensor-core GEMV reading x through the prologue and adding the residual, or
+    None where its rules do not hold (then the composed path runs)."""
+    x, w = ins[0], ins[1]
+    dtype, shape = step.dtype, step.shape
+    res_at = 2 + has_bias
+    pro = ins[-1] if prologue != "none" else None
+    res = ins[res_at] if has_res else None
+    if any(v.dtype != dtype for v in (x, w, *(v for v in (pro, res) if v is not None))):
+        return None
+    xr = _rows_view(x)
+    rr = _rows_view(res) if res is not None else None
+    pr = _rows_view(pro) if prologue == "swiglu" and pro is not None else None
+    if xr is None or (res is not None and rr is None) or (prologue == "swiglu" and pr is None):
+        return None
+    k = xr.shape[1]
+    if prologue == "rms_norm" and (pro is None or pro.shape != (k,) or pro.strides != (1,)):
+        return None
+    if pr is not None and (pr.shape != xr.shape or pr.strides[1] != 1):
+        return None
+    if rr is not None and rr.strides[1] != 1:
+        return None
+    row_strides: tuple[int, ...] = (xr.strides[0] if xr.shape[0] > 1 else 0, w.strides[0])
+    if pr is not None:
+        row_strides += (pr.strides[0] if xr.shape[0] > 1 else 0,)
+    ptrs = (x.ptr, w.ptr) + ((pro.ptr,) if pro is not None else ())
+    if not gemv.uses_mma(dtype.name, k, row_strides, ptrs):
+        return None
+    bias = ins[2] if has_bias else None
+    act = step.attrs.get("activation", "none")
+    launch, use_bias, fuse_act = _linear_gemv(ctx, x, w, bias, act)
+    if launch is None or (bias is not None and not use_bias) or not fuse_act:
+        return None
+    eps = float(step.attrs.get("eps", 0.0))
+    ps = pr.strides[0] if pr is not None else 0
+    rs = rr.strides[0] if rr is not None else 0
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        y = ctx.alloc_out(shape, dtype, "linear")
+        if numel(shape):
+            launch(v[0].ptr, v[1].ptr, y.ptr, v[2].ptr if has_bias else 0, prologue=prologue,
+                   pro=v[-1].ptr if pro is not None else 0, pro_stride=ps, eps=eps,
+                   residual=v[res_at].ptr if has_res else 0, residual_stride=rs)  # fmt: skip
+        return y
 
     return run

@@ -14,6 +14,7 @@ WARPS = 8
 # Rows of x one tensor-core launch covers (the mma tile's M); routing sends M <= this here.
 MMA_ROWS = 16
 ACTS = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "silu": 3}
+PROLOGUES = {"none": 0, "rms_norm": 1, "swiglu": 2}
 # Tensor-core geometry: warps splitting K, n8 tiles per warp, 16-byte loads per lane per
 # tile in flight. 8 x 1 x 8: 256 threads with 8 loads each, 32 KB of W in flight a block.
 MMA_CONFIG = (8, 1, 8)
@@ -46,13 +47,22 @@ def gemv(
     y_stride: int | None = None,
     unroll: int = 4,
     config: tuple[int, int, int] | None = None,
+    prologue: str = "none",
+    pro: int = 0,
+    pro_stride: int = 0,
+    eps: float = 0.0,
+    residual: int = 0,
+    residual_stride: int | None = None,
     stream: Any = None,
 ) -> None:
-    """y[i, :] = act(W @ x[i, :] + bias) for i < m; strides in elements (default dense).
+    """y[i, :] = act(W @ p(x[i, :]) + bias) + residual[i, :] for i < m; strides in
+    elements (default dense).
 
     bf16/f16 with 16-byte aligned rows run on tensor cores, W read once per 16 rows of x;
     otherwise one warp per output row. unroll: the fallback's 16-byte loads in flight per
-    lane. config: (warps, n8 tiles per warp, loads per tile) of the tensor-core kernel."""
+    lane. config: (warps, n8 tiles per warp, loads per tile) of the tensor-core kernel.
+    prologue p (tensor cores only): "rms_norm" with the gain at `pro` (x / rms(x) * gain,
+    eps), or "swiglu" with the up rows at `pro` (silu(x) * up, row stride pro_stride)."""
     loader.check_dtype(dtype, DTYPES, "gemv")
     positive("gemv", n=n, k=k, m=m)
     int32_range("gemv", n=n, k=k, m=m)
@@ -63,23 +73,33 @@ def gemv(
     ys = n if y_stride is None else y_stride
     if n == 0 or m == 0:
         return
+    if prologue not in PROLOGUES:
+        raise ShapeError(f"gemv: unknown prologue {prologue!r} ({', '.join(PROLOGUES)})")
+    rs = n if residual_stride is None else residual_stride
     act = ACTS[activation]
-    if uses_mma(dtype, k, (xs if m > 1 else 0, ws), (x, w)):
+    pstrides = (pro_stride if m > 1 else 0,) if prologue == "swiglu" else ()
+    pptrs = (pro,) if prologue != "none" else ()
+    if uses_mma(dtype, k, (xs if m > 1 else 0, ws, *pstrides), (x, w, *pptrs)):
         gw, nt, u = config or MMA_CONFIG
         if m > 16 * 65535:
             raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV")
         defines = {**loader.type_defines(dtype), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
-                   "PGK_ACT": act}  # fmt: skip
+                   "PGK_ACT": act, "PGK_PRO": PROLOGUES[prologue]}  # fmt: skip
         fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
         fn.launch(
             (cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
             (gw * 32,),
-            "PPPPiiiqqq",
-            (x, w, bias, y, m, n, k, xs, ws, ys),
+            "PPPPiiiqqqPPqqf",
+            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, pro_stride, eps),
             0,
             stream,
         )
         return
+    if prologue != "none" or residual:
+        raise ShapeError(
+            f"gemv: a {prologue} prologue or a residual needs the tensor-core kernel "
+            f"(bf16/f16, K % 8 == 0, 16-byte aligned rows); got {dtype}, K={k}"
+        )
     if m > 65535:
         raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV (limit 65535)")
     vec = loader.vec_width(dtype, xs, ws, ptrs=(x, w))

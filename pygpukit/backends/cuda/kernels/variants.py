@@ -28,7 +28,13 @@ def all_variants() -> list[Variant]:
             out.append(
                 ("softmax", ("pgk_softmax", "pgk_log_softmax"), _t(dt, PGK_VEC=v, PGK_ITEMS=items))
             )
-            out.append(("rms_norm", ("pgk_rms_norm",), _t(dt, PGK_VEC=v, PGK_ITEMS=items)))
+            out.append(
+                (
+                    "rms_norm",
+                    ("pgk_rms_norm", "pgk_rms_norm_res"),
+                    _t(dt, PGK_VEC=v, PGK_ITEMS=items),
+                )
+            )
             out.append(("layer_norm", ("pgk_layer_norm",), _t(dt, PGK_VEC=v, PGK_ITEMS=items)))
         out.append(
             (
@@ -81,13 +87,12 @@ def all_variants() -> list[Variant]:
         # the benchmark sweeps.
         gw, nt, u = gemv.MMA_CONFIG
         for act in (0, 1, 2, 3):
-            out.append(
-                ("gemv", ("pgk_gemv_mma",), _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act))
-            )
+            for pro in gemv.PROLOGUES.values():  # none, RMSNorm, SwiGLU
+                mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act, PGK_PRO=pro)
+                out.append(("gemv", ("pgk_gemv_mma",), mma))
         for gw, nt, u in ((8, 2, 4), (4, 1, 8), (8, 1, 4), (16, 1, 4)):
-            out.append(
-                ("gemv", ("pgk_gemv_mma",), _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0))
-            )
+            mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=0)
+            out.append(("gemv", ("pgk_gemv_mma",), mma))
     for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"):
         out.append(("matmul_simple", ("pgk_matmul",), _t(dt)))
     for dt in floats + ("int8", "uint8", "int32", "int64"):

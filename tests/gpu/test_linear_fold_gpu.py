@@ -1,0 +1,99 @@
+"""Folded linears on the GPU (passes/fold_into_linear.py): the tensor-core GEMV reading x
+through an RMSNorm or SwiGLU prologue and adding the residual (M <= 16 rows), and the
+composed path for the rest, against float64 NumPy on fresh random inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pygpukit as gpk
+import pygpukit.backends as backends
+from pygpukit import runtime
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def cuda() -> Iterator[Any]:
+    b = backends.get_backend()
+    if b.name != "cuda":
+        pytest.skip("the CUDA backend is not active")
+    yield b
+    b.synchronize()
+
+
+def _silu(a: np.ndarray) -> np.ndarray:
+    return a / (1 + np.exp(-a))
+
+
+def _folded(x, w, res, pro, prologue, bias=None, activation="none"):
+    ins = [x._node, w._node] + [a._node for a in (bias, res, pro) if a is not None]
+    attrs = {"has_bias": bias is not None, "has_residual": res is not None,
+             "prologue": prologue, "eps": 1e-5, "activation": activation}  # fmt: skip
+    return gpk.GPUArray(runtime.record("linear", tuple(ins), attrs))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows", [1, 4, 16, 40])
+@pytest.mark.parametrize("prologue", ["none", "rms_norm", "swiglu"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_folded_linear(dtype: str, rows: int, prologue: str, residual: bool) -> None:
+    if prologue == "none" and not residual:
+        pytest.skip("a plain linear")
+    rng = np.random.default_rng()
+    k, n = 1024, 384
+
+    def rnd(*shape: int, scale: float = 1.0) -> gpk.GPUArray:
+        return gpk.asarray((rng.standard_normal(shape) * scale).astype(np.float32)).astype(dtype)
+
+    x, w, b = rnd(rows, k), rnd(n, k, scale=k**-0.5), rnd(n)
+    g = rnd(k) if prologue == "rms_norm" else rnd(rows, k) if prologue == "swiglu" else None
+    r = rnd(rows, n) if residual else None
+    y = _folded(x, w, r, g, prologue, bias=b, activation="silu").to_numpy()
+    f = [a.to_numpy().astype(np.float64) if a is not None else None for a in (x, w, b, g, r)]
+    x64, w64, b64, g64, r64 = f
+    if prologue == "rms_norm":
+        x64 = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * g64
+    elif prologue == "swiglu":
+        x64 = _silu(x64) * g64
+    ref = _silu(x64 @ w64.T + b64)
+    if residual:
+        ref = ref + r64
+    scale = max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(y.astype(np.float64), ref, rtol=3e-2, atol=3e-2 * scale)
+
+
+def test_decode_block_compiles_to_fused_gemvs() -> None:
+    """A transformer MLP block at batch 1, compiled: the graph holds two linears, and the
+    result matches float64."""
+    rng = np.random.default_rng()
+    hdim, inter = 512, 1024
+
+    def rnd(*shape: int, scale: float = 1.0) -> gpk.GPUArray:
+        return gpk.asarray((rng.standard_normal(shape) * scale).astype(np.float32)).astype(
+            "bfloat16"
+        )
+
+    g = rnd(hdim)
+    wgu, wd = rnd(2 * inter, hdim, scale=hdim**-0.5), rnd(hdim, inter, scale=inter**-0.5)
+
+    @gpk.compile
+    def mlp(h):
+        h32 = h.astype(gpk.float32)
+        n = (h32 * gpk.rsqrt((h32 * h32).mean(-1, keepdims=True) + 1e-5)).astype(h.dtype) * g
+        gu = gpk.nn.linear(n, wgu)
+        return h + gpk.nn.linear(gpk.nn.silu(gu[..., :inter]) * gu[..., inter:], wd)
+
+    h = rnd(1, 1, hdim)
+    out = mlp(h).to_numpy().astype(np.float64)
+    entry = mlp.stats()["entries"][0]
+    assert entry["kernels"] == 2, entry
+    h64, g64 = h.to_numpy().astype(np.float64), g.to_numpy().astype(np.float64)
+    n64 = h64 / np.sqrt((h64 * h64).mean(-1, keepdims=True) + 1e-5) * g64
+    gu64 = n64 @ wgu.to_numpy().astype(np.float64).T
+    ref = h64 + (_silu(gu64[..., :inter]) * gu64[..., inter:]) @ wd.to_numpy().astype(np.float64).T
+    np.testing.assert_allclose(out, ref, rtol=3e-2, atol=3e-2 * float(np.abs(ref).max()))
