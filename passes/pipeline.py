@@ -19,6 +19,7 @@ from .fuse_rope import fuse_rope
 from .fuse_sdpa import fuse_sdpa
 from .fuse_softmax import fuse_softmax
 from .fuse_swiglu import fuse_swiglu
+from .merge_rope import merge_rope
 from .simplify import algebraic_simplification
 
 Pass = Callable[[Graph], Graph]
@@ -37,6 +38,7 @@ PIPELINE: list[Pass] = [
     fuse_sdpa,
     fuse_rms_norm,
     fuse_rope,
+    merge_rope,
     fuse_swiglu,
     fuse_gelu,
     fuse_linear,
