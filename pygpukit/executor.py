@@ -10,28 +10,47 @@ backend implements the same names):
                                                     (inplace: a setitem writing ins[0])
     copy_into(dst, src)                             copy values (inputs in, writebacks out)
     clone(value) -> value                           a fresh pool copy (outputs by default)
+    fresh(shape, dtype) -> value                    a new contiguous pool value (an output
+                                                    the graph writes directly)
+    place(value, shape, dtype) -> key | None        how a graph can read `value` in place of
+                                                    a contiguous slot: a hashable key of what
+                                                    a capture bakes in (CUDA: the address;
+                                                    NumPy: nothing), or None: copy it in
     capture(run) -> replayable                      `replayable.replay()` must have the effect
                                                     of `run()`: NumPy calls it, CUDA records
                                                     the launches once into a CUDA Graph
 
-Everything the steps touch has a fixed address between binds: arguments are copied into
-their arena slots, and persistent arrays (externals) are re-bound (and re-captured) only
-when the caller hands in a different buffer.
+Everything the steps touch has a fixed address while a capture is replayed. Arguments
+and fresh outputs are bound by address: the graph reads the caller's buffers and writes
+new output blocks directly, with no copy in or out. A capture bakes those addresses in,
+so the program keeps the last few captures keyed by the addresses they hold (the pool
+usually hands back the block just freed, so addresses recur); when they keep changing,
+the program falls back for good to copying arguments into their arena slots and outputs
+out of theirs, which needs one capture only. Persistent arrays (externals) are re-bound
+(and re-captured) only when the caller hands in a different buffer.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+from pygpukit import memory
 from pygpukit.passes import Schedule
 from pygpukit.passes.memory_plan import MemoryPlan, plan_memory
 
-_CAPTURES_KEPT = 4  # captures per program, one per recent set of addresses
+_CAPTURES_KEPT = 8  # captures per program, one per recent set of addresses
+# Captures made for new argument/output addresses before binding gives up and copies:
+# a re-capture of a big graph costs milliseconds, a copy a few microseconds.
+_MISSES_ALLOWED = 16
+_TOKENS_KEPT = 64
+_token_ids = itertools.count()
 
 
 class PlannedProgram:
     def __init__(self, schedule: Schedule, backend: Any, external: list[int] | None = None,
-                 writeback: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
+                 writeback: list[tuple[int, int]] | None = None,
+                 n_user: int | None = None) -> None:  # fmt: skip
         self.schedule = schedule
         self.backend = backend
         self.external = [s for s in (external or [])]
@@ -43,14 +62,52 @@ class PlannedProgram:
         # reserves it at admission): tracing alone holds no arena memory.
         self.arena: Any = None
         self.values: list[Any] = [None] * schedule.n_slots
+        self._home: dict[int, Any] = {}  # slot -> its arena value (args and outputs)
         self._bound: tuple[int, ...] | None = None
+        self._bind_token = -1
+        self._tokens: dict[Any, int] = {}  # bind keys seen -> token
+        self._last_key: Any = None
+        self._span = (0, 0)
+        self._external_storages: set[int] = set()
         self._replay: Any = None
         self._pins: list[Any] = []  # storages the bound graph uses: kept resident, fixed
         self._captures: dict[Any, Any] = {}  # addresses -> replayable, oldest first
+        # Arguments and fresh outputs by address; each falls back to copies on its own
+        # once new addresses of its kind cost more than _MISSES_ALLOWED captures.
+        self.bind_args = True
+        self.bind_outputs = True
+        self.bind_misses = {"args": 0, "outputs": 0}
         self.kernels = [
             (k, st) for k, st in enumerate(schedule.steps)
             if st.out not in self.plan.alias or k in self.plan.inplace
         ]  # fmt: skip
+        self._layout(len(schedule.graph.outputs) if n_user is None else n_user)
+        registry = memory._registries.get(id(getattr(backend, "pool", None)))
+        self._lru_stats = registry.stats if registry is not None else None
+
+    def _layout(self, n_user: int) -> None:
+        """Which slots a call may bind to caller memory, and the views derived from them."""
+        plan, sched = self.plan, self.schedule
+        outs = list(sched.output_slots)
+        external = set(self.external)
+        # An argument viewed by an output is always copied: the output must not alias the
+        # caller's array (a static output would, after the call).
+        out_roots = {plan.root(s) for s in outs if s >= 0}
+        self._arg_slots = [(s, s not in out_roots) if s >= 0 and s not in external else (-1, False)
+                           for s in sched.input_slots]  # fmt: skip
+        produced = {st.out for _, st in self.kernels if st.out not in plan.alias}
+        wb = {s for pair in plan.writeback for s in pair}
+        self._fresh_slots = [
+            s for s in outs[:n_user]
+            if s in produced and outs.count(s) == 1 and s not in wb and s in plan.offsets
+        ]  # fmt: skip
+        self._fresh_index = [outs.index(s) for s in self._fresh_slots]
+        bindable = {s for s, ok in self._arg_slots if ok} | set(self._fresh_slots)
+        self._dep_views = [
+            (k, st) for k, st in enumerate(sched.steps)
+            if st.out in plan.alias and k not in plan.inplace and plan.root(st.out) in bindable
+        ]  # fmt: skip
+        self._n_user = n_user
 
     def use_arena(self, arena: Any) -> None:
         """Run in `arena` (a pool block of at least plan.arena_bytes) from the next call on;
@@ -61,7 +118,10 @@ class PlannedProgram:
         for slot, off in self.plan.offsets.items():
             n = nodes[slot]
             self.values[slot] = self.backend.value_at(arena, off, n.shape, n.dtype)
+        slots = [s for s, _ in self._arg_slots if s >= 0] + self._fresh_slots
+        self._home = {s: self.values[s] for s in slots}
         self.arena = arena
+        self._span = (arena.addr, arena.addr + arena.nbytes)
         self._bound = None
 
     def unbind(self) -> None:
@@ -78,13 +138,14 @@ class PlannedProgram:
             pass
 
     def bind(self, externals: list[Any]) -> None:
-        """Point external slots at the caller's buffers; derive the views; capture."""
+        """Point external slots at the caller's buffers; derive the views."""
         from pygpukit.memory import pin_all
 
         # A captured graph holds addresses: what it touches must not move while bound.
         self.unbind()
         storage = self.backend.storage
         self._pins = pin_all([self.arena] + [storage(v) for v in externals])
+        self._external_storages = {id(p) for p in self._pins}
         for slot, v in zip(self.external, externals, strict=True):
             if slot >= 0:
                 self.values[slot] = v
@@ -98,21 +159,28 @@ class PlannedProgram:
         # a capture stays valid while every address it holds is the same.
         key = (self.arena.addr, self._bound, tuple(p.addr for p in self._pins),
                tuple(getattr(v, "ptr", None) for v in externals))  # fmt: skip
-        replay = self._captures.pop(key, None)
-        if replay is None:
-            replay = self.backend.capture(self._run)
-        self._captures[key] = replay
-        while len(self._captures) > _CAPTURES_KEPT:
-            self._captures.pop(next(iter(self._captures)))
-        self._replay = replay
+        # A small token stands for it in capture keys: hashed on every call.
+        # Tokens are never reused, so forgetting old keys cannot alias two bindings.
+        if len(self._tokens) > _TOKENS_KEPT:
+            self._tokens.clear()
+        token = self._tokens.get(key)
+        if token is None:
+            token = self._tokens[key] = next(_token_ids)
+        self._bind_token = token
 
     def replay_info(self) -> dict[str, Any]:
         """What the backend's replayable reports (CUDA: whether a graph was captured, its
-        node count, graph launches, eager runs, the fallback reason); {} before the first
-        call."""
+        node count, graph launches, eager runs, the fallback reason), with the captures
+        kept, the captures made for new argument addresses and whether arguments are
+        bound or copied; {} before the first call."""
         r = self._replay
+        if r is None:
+            return {}
         keys = ("captured", "num_nodes", "replays", "eager_runs", "fallback")
-        return {k: getattr(r, k) for k in keys if hasattr(r, k)}
+        out = {k: getattr(r, k) for k in keys if hasattr(r, k)}
+        out.update(captures=len(self._captures), bind_misses=dict(self.bind_misses),
+                   bind_args=self.bind_args, bind_outputs=self.bind_outputs)  # fmt: skip
+        return out
 
     def _run(self) -> None:
         values, backend = self.values, self.backend
@@ -124,16 +192,159 @@ class PlannedProgram:
 
     def __call__(self, args: list[Any], externals: list[Any]) -> list[Any]:
         """Run once; returns the output values (arena views, valid until the next call)."""
-        from pygpukit.memory import pinned
+        return self.call(args, externals, fresh=False)
 
+    def call(self, args: list[Any], externals: list[Any], fresh: bool,
+             same_externals: bool = False, bind_outputs: bool = True) -> list[Any]:  # fmt: skip
+        """Run once. fresh: the first n_user outputs are values the caller owns (the
+        rest, writebacks, are arena views); otherwise all are arena views, valid until
+        the next call. same_externals: the caller knows `externals` are the values of
+        the last call (skips comparing them). bind_outputs=False: fresh outputs are
+        copied out of the arena rather than written into new blocks (callers that keep
+        every result, whose addresses never recur)."""
         if self.arena is None or self.arena.freed:
             self.use_arena(self.backend.alloc_arena(self.plan.arena_bytes))
-        if self._bound is None or self._bound != tuple(id(v) for v in externals):
+        if self._bound is None or (
+            not same_externals and self._bound != tuple(id(v) for v in externals)
+        ):
             self.bind(externals)
+        binding = self.bind_args
+        stats = self._lru_stats
+        evictions = stats["evictions"] if stats is not None else 0
+        news = self._bind_fresh() if fresh and bind_outputs and self.bind_outputs else []
+        places = self._bind_args(args, binding, news)
+        if stats is not None and stats["evictions"] != evictions:
+            # A block moved while addresses were read: read them again with all pinned.
+            places = self._bind_pinned(args, news, binding)
+        try:
+            self._replay_for(places, len(news), list(args) + news)
+            out = [self.values[s] for s in self.schedule.output_slots]
+            if fresh:
+                out = self._fresh_outputs(out, news)
+        except BaseException:
+            # A failed step: the new blocks go back now, not when the traceback (kept by
+            # a scheduler's failed task, say) lets go of this frame.
+            for v in news:
+                self.backend.storage(v).release()
+            raise
+        finally:
+            self._release(len(args))
+        return out
+
+    def _bind_fresh(self) -> list[Any]:
+        """New pool blocks for the outputs the graph can write directly. Allocated before
+        argument addresses are read: an allocation may move evictable blocks."""
+        nodes, fresh, values = self.schedule.graph.nodes, self.backend.fresh, self.values
+        news = []
+        for s in self._fresh_slots:
+            n = nodes[s]
+            values[s] = v = fresh(n.shape, n.dtype)
+            news.append(v)
+        return news
+
+    def _bind_args(self, args: list[Any], binding: bool, news: list[Any]) -> list[Any]:
+        """Put each argument in its slot: in place (bound) or copied into the arena.
+        Returns what a capture bakes in for them and for the fresh outputs."""
+        values, home, backend = self.values, self._home, self.backend
+        nodes = self.schedule.graph.nodes
+        places: list[Any] = []
+        lo, hi = self._span
+        for (slot, ok), v in zip(self._arg_slots, args, strict=False):
+            if slot < 0:
+                continue
+            n = nodes[slot]
+            place = backend.place(v, n.shape, n.dtype) if binding and ok else None
+            if place is not None:
+                s = backend.storage(v)
+                # Memory in this arena (a static output fed back) or of a persistent array
+                # the graph may write: copy, so no step reads bytes another one overwrote.
+                if id(s) in self._external_storages or lo <= s.addr < hi:
+                    place = None
+            if place is None:
+                values[slot] = home[slot]
+                backend.copy_into(values[slot], v)
+            else:
+                values[slot] = v
+            places.append(place)
+        if news:
+            for s in self._fresh_slots:
+                places.append(backend.place(values[s], nodes[s].shape, nodes[s].dtype))
+        for _, st in self._dep_views:
+            values[st.out] = backend.view(st, [values[i] for i in st.ins])
+        return places
+
+    def _bind_pinned(self, args: list[Any], news: list[Any], binding: bool) -> list[Any]:
         storage = self.backend.storage
-        with pinned([storage(v) for v in args]):
-            for slot, v in zip(self.schedule.input_slots, args, strict=False):
-                if slot >= 0:
-                    self.backend.copy_into(self.values[slot], v)
-        self._replay.replay()
-        return [self.values[s] for s in self.schedule.output_slots]
+        held = memory.pin_all([storage(v) for v in list(args) + news])
+        try:
+            return self._bind_args(args, binding, news)
+        finally:
+            memory.unpin_all(held)
+
+    def _replay_for(self, places: list[Any], n_out: int, held: list[Any]) -> None:
+        """Replay the capture made for these addresses (places: the arguments', then the
+        n_out fresh outputs'), capturing it first if there is none."""
+        key = (self._bind_token, *places)
+        if key == self._last_key:  # the same addresses as the last call
+            self._replay.replay()
+            return
+        captures = self._captures
+        replay = captures.pop(key, None)
+        fresh = replay is None
+        if fresh:
+            self._count_miss(key, n_out)
+            replay = self.backend.capture(self._run)
+        captures[key] = replay  # most recent last
+        if len(captures) > _CAPTURES_KEPT:
+            captures.pop(next(iter(captures)))
+        self._last_key, self._replay = key, replay
+        if not fresh:
+            replay.replay()
+            return
+        # A first replay runs eagerly and may allocate (evicting unpinned blocks): the
+        # arguments and outputs must stay at the addresses the key names.
+        storage = self.backend.storage
+        with memory.pinned([storage(v) for v in held]):
+            replay.replay()
+
+    def _count_miss(self, key: tuple[Any, ...], n_out: int) -> None:
+        """A capture for new addresses with the same externals and arena: charge it to
+        the arguments or the outputs, whichever moved, and stop binding those (from the
+        next call on) once they have cost too many captures."""
+        last = self._last_key
+        if last is None or last[0] != key[0] or len(last) != len(key):
+            return
+        cut = len(key) - n_out
+        for kind, moved in (("args", last[1:cut] != key[1:cut]),
+                            ("outputs", last[cut:] != key[cut:])):  # fmt: skip
+            if moved:
+                self.bind_misses[kind] += 1
+                if self.bind_misses[kind] > _MISSES_ALLOWED:
+                    setattr(self, f"bind_{kind}", False)
+
+    def _fresh_outputs(self, out: list[Any], news: list[Any]) -> list[Any]:
+        """The user outputs as values the caller owns: those the graph wrote into new
+        blocks as they are, the rest (views, arguments, persistent arrays, and all of
+        them when copying) cloned out of the arena."""
+        n, clone = self._n_user, self.backend.clone
+        if not news:
+            return [clone(v) for v in out[:n]] + out[n:]
+        res = list(out)
+        for k, v in zip(self._fresh_index, news, strict=True):
+            res[k] = v
+        direct = set(self._fresh_index)
+        for k in range(n):
+            if k not in direct:
+                res[k] = clone(out[k])
+        return res
+
+    def _release(self, n_args: int) -> None:
+        """Drop references to caller memory: the pool can hand the blocks out again."""
+        values, home = self.values, self._home
+        for slot, _ in self._arg_slots[:n_args]:
+            if slot >= 0:
+                values[slot] = home[slot]
+        for s in self._fresh_slots:
+            values[s] = home[s]
+        for _, st in self._dep_views:
+            values[st.out] = None

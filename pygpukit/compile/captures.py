@@ -3,10 +3,18 @@
 Closures, the globals its code names, bound `self` and opaque object arguments are
 walked (depth-limited) for GPUArrays; each found array is referenced by the compiled
 graph, and its identity is part of the cache key.
+
+A scan can also record what it read (a Watch): every mutable container whose items it
+walked (dicts, instance __dict__s, lists, closure cells) and the globals it looked up.
+The walk is a function of those items alone, so while each container still holds the
+same objects, a rescan would find the same arrays: a compiled function's hit checks the
+Watch (one C-level pass over the items) instead of walking the objects again.
 """
 
 from __future__ import annotations
 
+import gc
+import operator
 import types
 from typing import Any
 
@@ -15,6 +23,7 @@ import numpy as np
 _SKIP = (int, float, bool, str, bytes, type(None), complex, np.ndarray, np.generic,
          types.ModuleType, type, types.BuiltinFunctionType)  # fmt: skip
 _MAX_DEPTH = 8
+_is = operator.is_
 
 
 def _code_names(code: types.CodeType) -> set[str]:
@@ -25,12 +34,45 @@ def _code_names(code: types.CodeType) -> set[str]:
     return names
 
 
-def scan(fn: Any, objects: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """[(path, GPUArray)] reachable from fn and the opaque argument objects."""
+class Watch:
+    """The containers and global names a scan read, and the objects they held then."""
+
+    def __init__(self) -> None:
+        self.containers: list[Any] = []  # dicts, lists, cells: gc.get_referents reads them
+        self.globals: list[tuple[dict[str, Any], tuple[str, ...]]] = []
+        self._held: list[Any] = []
+        self._held_globals: list[list[Any]] = []
+
+    def freeze(self) -> Watch:
+        """Remember what the containers hold now (strong references: an id cannot be
+        reused by a new object while the old one is held here)."""
+        self._containers = tuple(self.containers)
+        self._held = gc.get_referents(*self._containers)
+        self._held_globals = [list(map(g.get, names)) for g, names in self.globals]
+        return self
+
+    def unchanged(self) -> bool:
+        """True when every container holds the same objects, by identity (never __eq__:
+        comparing arrays would record ops)."""
+        now = gc.get_referents(*self._containers)
+        held = self._held
+        if len(now) != len(held) or not all(map(_is, now, held)):
+            return False
+        for (g, names), before in zip(self.globals, self._held_globals, strict=True):
+            if not all(map(_is, map(g.get, names), before)):
+                return False
+        return True
+
+
+def scan(fn: Any, objects: list[tuple[str, Any]],
+         watch: Watch | None = None) -> list[tuple[str, Any]]:  # fmt: skip
+    """[(path, GPUArray)] reachable from fn and the opaque argument objects; `watch`, if
+    given, records the containers walked."""
     from pygpukit.array import GPUArray
 
     found: list[tuple[str, Any]] = []
     seen: set[int] = set()
+    read = watch.containers if watch is not None else []
 
     def visit(obj: Any, path: str, depth: int) -> None:
         if depth > _MAX_DEPTH or isinstance(obj, _SKIP) or id(obj) in seen:
@@ -39,9 +81,12 @@ def scan(fn: Any, objects: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         if isinstance(obj, GPUArray):
             found.append((path, obj))
         elif isinstance(obj, list | tuple):
+            if isinstance(obj, list):
+                read.append(obj)
             for i, v in enumerate(obj):
                 visit(v, f"{path}[{i}]", depth + 1)
         elif isinstance(obj, dict):
+            read.append(obj)
             for k, v in list(obj.items()):
                 visit(v, f"{path}[{k!r}]", depth + 1)
         elif isinstance(obj, types.FunctionType):
@@ -52,19 +97,26 @@ def scan(fn: Any, objects: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         elif hasattr(obj, "__wrapped_fn__"):
             visit(obj.__wrapped_fn__, path, depth + 1)
         elif hasattr(obj, "__dict__"):
-            for k, v in list(vars(obj).items()):
+            d = vars(obj)
+            read.append(d)
+            for k, v in list(d.items()):
                 visit(v, f"{path}.{k}", depth + 1)
 
     def visit_function(f: types.FunctionType, depth: int) -> None:
         if f.__module__ and f.__module__.startswith("pygpukit"):
             return
-        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True):
+        cells = f.__closure__ or ()
+        read.extend(cells)
+        for name, cell in zip(f.__code__.co_freevars, cells, strict=True):
             try:
                 visit(cell.cell_contents, name, depth)
             except ValueError:  # an empty cell
                 pass
         g = f.__globals__
-        for name in sorted(_code_names(f.__code__)):
+        names = sorted(_code_names(f.__code__))
+        if watch is not None:
+            watch.globals.append((g, tuple(names)))
+        for name in names:
             if name in g:
                 visit(g[name], name, depth)
 

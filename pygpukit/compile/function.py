@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import time
 import warnings
 from dataclasses import dataclass
@@ -12,10 +13,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pygpukit import errors
+from pygpukit.ir import SourceLoc
 from pygpukit.memory import Storage
 
-from .captures import scan
-from .pytree import TreeDef, describe, flatten_call, unflatten
+from .captures import Watch, scan
+from .pytree import TreeDef, describe, flatten_call, is_array, unflatten
 from .trace import Traced, trace
 
 _WARN_AFTER = 3  # misses (after the first trace) before the one-time warning
@@ -75,6 +77,7 @@ class _Entry:
     program: Any  # executor.PlannedProgram
     signature: dict[str, str]
     trace_ms: float
+    outputs: _Outputs
 
 
 class CompiledFunction:
@@ -92,6 +95,9 @@ class CompiledFunction:
         self._misses = 0
         self._reasons: list[str] = []
         self._warned = False
+        self._fast: _Guard | None = None  # the last call's signature: hits check only it
+        self._fast_hits = 0  # hits the guard served, without flattening and rescanning
+        self._where = _definition(fn)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -99,14 +105,15 @@ class CompiledFunction:
         return functools.partial(self.__call__, obj)
 
     # -- cache --------------------------------------------------------------------------
-    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+             watch: Watch | None = None) -> tuple[Any, ...]:  # fmt: skip
         arrays: list[tuple[str, Any]] = []
         objects: list[tuple[str, Any]] = []
         tree = flatten_call(args, kwargs, arrays, objects)
         from pygpukit.creation import asarray
 
         arrays = [(p, a if not isinstance(a, np.ndarray) else asarray(a)) for p, a in arrays]
-        captured = scan(self.__wrapped_fn__, objects)
+        captured = scan(self.__wrapped_fn__, objects, watch)
         from pygpukit.backends import get_backend
 
         key = (
@@ -141,6 +148,8 @@ class CompiledFunction:
                 continue
             if a is None or b is None:
                 out.append(f"{p} new: {b}" if a is None else f"{p} gone (was {a})")
+            elif a.startswith("array id ") and b.startswith("array id "):
+                out.append(f"{p} rebound to another array")
             elif a.startswith("array ") and b.startswith("array "):
                 (_, da, sa), (_, db, sb) = a.split(" ", 2), b.split(" ", 2)
                 if da != db:
@@ -158,6 +167,7 @@ class CompiledFunction:
         return {
             "calls": self._calls,
             "hits": self._hits,
+            "fast_hits": self._fast_hits,
             "misses": self._misses,
             "reasons": list(self._reasons),
             "entries": [
@@ -213,8 +223,9 @@ class CompiledFunction:
         outs = schedule.output_slots
         writeback = [(outs[n_user + j], external[p])
                      for j, p in enumerate(traced.writeback_persistent)]  # fmt: skip
-        program = PlannedProgram(schedule, get_backend(), external, writeback)
-        entry = _Entry(traced, program, sig, (time.perf_counter() - t0) * 1e3)
+        program = PlannedProgram(schedule, get_backend(), external, writeback, n_user)
+        entry = _Entry(traced, program, sig, (time.perf_counter() - t0) * 1e3,
+                       _Outputs(traced, program, self._where))  # fmt: skip
         self._cache[key] = entry
         return entry
 
@@ -257,11 +268,21 @@ class CompiledFunction:
         return self._call(args, kwargs, None)
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
-        from pygpukit import runtime
-        from pygpukit.array import GPUArray
-        from pygpukit.backends import get_backend
+        fast = self._fast
+        if fast is not None:
+            arrays = fast.match(args, kwargs)
+            if arrays is not None:
+                self._hits += 1
+                self._fast_hits += 1
+                return self._run(fast.entry, arrays, fast.externals, True, arena)
+        return self._call_slow(args, kwargs, arena)
 
-        key, tree, arrays, captured = self._key(args, kwargs)
+    def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
+        from pygpukit import runtime
+
+        self._fast = None
+        watch = Watch()
+        key, tree, arrays, captured = self._key(args, kwargs, watch)
         pending = [a._node for _, a in arrays + captured if a._node.realized is None]
         if pending:
             runtime.realize(pending)
@@ -271,30 +292,161 @@ class CompiledFunction:
         else:
             self._hits += 1
         self._last_key = key
+        persistent = entry.traced.persistent
+        externals = [a._node.realized for a in persistent] + entry.traced.constants
+        values = [a for _, a in arrays]
+        self._fast = _Guard.build(entry, args, kwargs, values, watch, externals)
+        return self._run(entry, values, externals, False, arena)
+
+    def _run(self, entry: _Entry, arrays: list[Any], externals: list[Any], same: bool,
+             arena: Any) -> Any:  # fmt: skip
+        """One call of a cached entry: arrays are the realised argument arrays."""
+        prog = entry.program
         if arena is not None:
-            if arena.nbytes < entry.program.plan.arena_bytes:
+            if arena.nbytes < prog.plan.arena_bytes:
                 raise ValueError(f"{self.__name__}: arena of {arena.nbytes} bytes is smaller "
-                                 f"than the plan's {entry.program.plan.arena_bytes}")  # fmt: skip
-            entry.program.use_arena(arena)
+                                 f"than the plan's {prog.plan.arena_bytes}")  # fmt: skip
+            prog.use_arena(arena)
         self._calls += 1
-        traced = entry.traced
-        externals = [a._node.realized for a in traced.persistent] + traced.constants
-        values = entry.program([a._node.realized for _, a in arrays], externals)
-        backend: Any = get_backend()
+        # A scheduled call's results outlive the next call (tasks hold them): their blocks
+        # never recur, so they are copied out of the arena rather than bound.
+        values = prog.call([a._node.realized for a in arrays], externals,
+                           not self.static_outputs, same, arena is None)  # fmt: skip
+        out = entry.outputs
+        if out.writeback_args:
+            copy_into = prog.backend.copy_into
+            for k, j in out.writeback_args:
+                copy_into(arrays[k]._node.realized, values[j])
+        if self.static_outputs:
+            with_storage, storage = prog.backend.with_storage, prog.backend.storage
+            values = [with_storage(v, _StaticSlot(storage(v), self, what))
+                      for v, what in zip(values, out.what, strict=False)]  # fmt: skip
+        return out.build(values)
+
+
+class _Outputs:
+    """What turns an entry's output values into the user's result, precomputed."""
+
+    def __init__(self, traced: Traced, program: Any, where: Any) -> None:
         n = traced.n_outputs
-        for j, k in enumerate(traced.writeback_args):
-            backend.copy_into(arrays[k][1]._node.realized, values[n + len(
-                traced.writeback_persistent) + j])  # fmt: skip
+        nodes = program.schedule.graph.outputs[:n]
+        self.tree = traced.out_tree
+        self.single = traced.out_tree == ("*",)
+        # Result arrays are leaves made at the compiled function's definition: finding the
+        # caller's line (a stack walk) per output per call costs more than the call.
+        self.leaves = [({"shape": m.shape, "dtype": m.dtype.name}, m.shape, m.dtype)
+                       for m in nodes]  # fmt: skip
+        self.where = where
+        self.what = [f"{k} ({m.dtype.short}{list(m.shape)})" for k, m in enumerate(nodes)]
+        first = n + len(traced.writeback_persistent)
+        self.writeback_args = [(k, first + j) for j, k in enumerate(traced.writeback_args)]
+
+    def build(self, values: list[Any]) -> Any:
+        from pygpukit.array import GPUArray
+        from pygpukit.ir import Node
+
+        where = self.where
         outs = []
-        for k, v in enumerate(values[:n]):
-            node = entry.program.schedule.graph.outputs[k]
-            if self.static_outputs:
-                what = f"{k} ({node.dtype.short}{list(node.shape)})"
-                v = backend.with_storage(v, _StaticSlot(backend.storage(v), self, what))
+        for v, (attrs, shape, dtype) in zip(values, self.leaves, strict=False):
+            node = Node("input", (), attrs, shape, dtype, where, frozen=True)
+            node.realized = v
+            outs.append(GPUArray(node))
+        if self.single:
+            return outs[0]
+        return unflatten(self.tree, iter(outs), iter(()))
+
+
+_ARRAY, _VALUE, _FLOAT, _OBJECT = range(4)
+
+
+class _Guard:
+    """The last call's signature, checked with a few comparisons per argument: a call
+    that matches it would get the same cache key (same structure, shapes, dtypes, static
+    values, objects; the captured containers hold the same objects, so a rescan would
+    find the same arrays; the persistent arrays still hold the same realised nodes)."""
+
+    __slots__ = ("entry", "n", "kw", "checks", "watch", "persistent", "nodes", "externals")
+
+    def __init__(self, entry: _Entry, n: int, kw: tuple[str, ...], checks: list[Any],
+                 watch: Watch, externals: list[Any]) -> None:  # fmt: skip
+        self.entry, self.n, self.kw, self.checks = entry, n, kw, checks
+        self.watch = watch.freeze()
+        self.persistent = list(entry.traced.persistent)
+        self.nodes = tuple(map(_NODE, self.persistent))
+        self.externals = externals  # their realised values: valid while `nodes` hold
+
+    @classmethod
+    def build(cls, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any],
+              arrays: list[Any], watch: Watch, externals: list[Any]) -> _Guard | None:  # fmt: skip
+        """None when the arguments are not flat (nested pytrees, NumPy arrays): those
+        calls take the full path."""
+        from pygpukit.array import GPUArray
+
+        checks = []
+        k = 0
+        for v in list(args) + list(kwargs.values()):
+            t = type(v)
+            if t is GPUArray:
+                if k >= len(arrays) or arrays[k] is not v:
+                    return None
+                checks.append((_ARRAY, v._node.shape, v._node.dtype))
+                k += 1
+            elif t is float:
+                checks.append((_FLOAT, float, repr(v)))
+            elif t in (int, bool, str, bytes, type(None), complex):
+                checks.append((_VALUE, t, v))
+            elif isinstance(v, tuple | list | dict | np.ndarray) or is_array(v):
+                return None
             else:
-                v = backend.clone(v)
-            outs.append(GPUArray(runtime.leaf(v, node.shape, node.dtype)))
-        return unflatten(traced.out_tree, iter(outs), iter(()))
+                checks.append((_OBJECT, v, None))
+        if k != len(arrays):
+            return None
+        return cls(entry, len(args) + len(kwargs), tuple(kwargs), checks, watch, externals)
+
+    def match(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+        """The argument arrays when this call hits the guarded entry, else None."""
+        from pygpukit.array import GPUArray
+
+        if kwargs:
+            if tuple(kwargs) != self.kw:
+                return None
+            args = args + tuple(kwargs.values())
+        elif self.kw:
+            return None
+        if len(args) != self.n:
+            return None
+        arrays = []
+        for v, (kind, a, b) in zip(args, self.checks, strict=True):
+            if kind == _ARRAY:
+                if type(v) is not GPUArray:
+                    return None
+                node = v._node
+                if node.shape != a or node.dtype is not b or node.realized is None:
+                    return None
+                arrays.append(v)
+            elif kind == _VALUE:
+                if type(v) is not a or v != b:
+                    return None
+            elif kind == _FLOAT:
+                if type(v) is not float or repr(v) != b:
+                    return None
+            elif v is not a:
+                return None
+        if tuple(map(_NODE, self.persistent)) != self.nodes or not self.watch.unchanged():
+            return None
+        return arrays
+
+
+_NODE = operator.attrgetter("_node")
+
+
+def _definition(fn: Any) -> SourceLoc | None:
+    """Where fn is defined: the location of the arrays a compiled call returns."""
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None),
+                                                    "__code__", None)  # fmt: skip
+    if code is None:
+        return None
+    return SourceLoc(code.co_filename, code.co_firstlineno, getattr(fn, "__name__", ""))
 
 
 def compile(fn: Any = None, *, static_outputs: bool = False) -> Any:  # noqa: A001

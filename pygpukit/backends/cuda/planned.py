@@ -174,6 +174,18 @@ class CudaPlannedHooks:
         self.copy_into(out, value)
         return out
 
+    def fresh(self, shape: tuple[int, ...], dtype: DType) -> DeviceValue:
+        return self.alloc(shape, dtype, "compiled output")  # type: ignore[attr-defined]
+
+    def place(self, value: DeviceValue, shape: tuple[int, ...], dtype: DType) -> int | None:
+        """The address a captured graph bakes in when `value` stands in for a contiguous
+        slot of this shape and dtype; None: copy it into the slot."""
+        if value.shape != shape or value.dtype != dtype:
+            return None
+        if not is_contiguous(shape, value.strides):
+            return None
+        return value.ptr
+
     def with_storage(self, value: DeviceValue, storage: Any) -> DeviceValue:
         return DeviceValue(storage, value.shape, value.strides, value.offset, value.dtype)
 

@@ -67,6 +67,19 @@ class PlannedHooks:
     def clone(self, value: Any) -> Any:
         return self.from_numpy(value.array.copy())  # type: ignore[attr-defined]
 
+    def fresh(self, shape: tuple[int, ...], dtype: DType) -> Any:
+        return self.empty(shape, dtype)  # type: ignore[attr-defined]
+
+    def place(self, value: Any, shape: tuple[int, ...], dtype: DType) -> Any:
+        """The block's address when `value` can stand in for a contiguous slot of this
+        shape and dtype, else None (copy it). A NumPy replay reads the values list, so
+        nothing is baked in; keying on the address anyway keeps the capture bookkeeping
+        (and the fall back to copies) the same as on the GPU."""
+        a = value.array
+        if a.shape != shape or a.dtype != dtype.np or not a.flags.c_contiguous:
+            return None
+        return value.storage.addr
+
     def with_storage(self, value: Any, storage: Any) -> Any:
         from .backend import HostValue
 

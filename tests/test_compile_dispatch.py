@@ -1,0 +1,222 @@
+"""@gpk.compile's per-call path: the guard that serves hits without a rescan (and must
+notice every rebinding a rescan would), and arguments and outputs bound by address
+(no copies in or out) with the fall back to copies when addresses keep changing."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from passes_util import arr, close, f64
+
+import pygpukit as gpk
+from pygpukit import executor
+from pygpukit.compile import StaleOutputError
+
+_G = None  # a global a compiled function reads; rebound by a test
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng()
+
+
+def _fresh(rng: np.random.Generator, *shape: int) -> tuple[gpk.GPUArray, np.ndarray]:
+    a = arr(rng, *shape)
+    return gpk.from_numpy(a), f64(a)
+
+
+def _program(f):
+    (entry,) = f._cache.values()
+    return entry.program
+
+
+def test_guard_serves_hits_and_sees_a_rebound_closure_and_global(rng):
+    global _G
+    w, w64 = _fresh(rng, 4, 4)
+    _G, g64 = _fresh(rng, 4)
+
+    def make():
+        cell = w
+
+        @gpk.compile
+        def f(x):
+            return x @ cell + _G
+
+        def rebind(new):
+            nonlocal cell
+            cell = new
+
+        return f, rebind
+
+    f, rebind = make()
+    x, x64 = _fresh(rng, 2, 4)
+    for _ in range(3):
+        close(f(x).to_numpy(), x64 @ w64 + g64)
+    assert f.stats()["fast_hits"] == 2 and f.stats()["misses"] == 1
+    w2, w2_64 = _fresh(rng, 4, 4)
+    rebind(w2)  # the closure cell now holds another array
+    close(f(x).to_numpy(), x64 @ w2_64 + g64)
+    _G, g2_64 = _fresh(rng, 4)  # the global now names another array
+    close(f(x).to_numpy(), x64 @ w2_64 + g2_64)
+    close(f(x).to_numpy(), x64 @ w2_64 + g2_64)
+    st = f.stats()
+    assert st["misses"] == 3 and all("captured" in r for r in st["reasons"][1:])
+    assert st["fast_hits"] == 3
+
+
+@pytest.mark.filterwarnings("ignore:.*was traced")
+def test_guard_sees_attributes_list_and_dict_entries(rng):
+    class Model:
+        def __init__(self):
+            self.layers = [{"w": _fresh(rng, 4, 4)[0]} for _ in range(2)]
+            self.bias = None
+
+        @gpk.compile
+        def __call__(self, x):
+            for layer in self.layers:
+                x = x @ layer["w"]
+            return x if self.bias is None else x + self.bias
+
+    def ref(m, x64):
+        for layer in m.layers:
+            x64 = x64 @ f64(layer["w"].to_numpy())
+        return x64 if m.bias is None else x64 + f64(m.bias.to_numpy())
+
+    m = Model()
+    x, x64 = _fresh(rng, 2, 4)
+    for _ in range(2):
+        close(m(x).to_numpy(), ref(m, x64))
+    m.layers[1]["w"] = _fresh(rng, 4, 4)[0]  # a dict entry inside a list
+    close(m(x).to_numpy(), ref(m, x64))
+    m.layers.append({"w": _fresh(rng, 4, 4)[0]})  # the list grows
+    close(m(x).to_numpy(), ref(m, x64))
+    m.bias = _fresh(rng, 4)[0]  # an attribute that was None: the trace must change
+    close(m(x).to_numpy(), ref(m, x64))
+    close(m(x).to_numpy(), ref(m, x64))
+    st = Model.__call__.stats()
+    assert st["misses"] == 4 and st["fast_hits"] == 2
+    assert st["reasons"][1] == "captured arg 0.layers[1]['w'] rebound to another array"
+
+
+@pytest.mark.filterwarnings("ignore:.*was traced")
+def test_guard_sees_a_lazy_write_to_a_captured_array_and_static_values(rng):
+    w, w64 = _fresh(rng, 3, 3)
+
+    @gpk.compile
+    def f(x, scale, mode="a"):
+        y = x @ w * scale
+        return y + 1.0 if mode == "a" else y
+
+    x, x64 = _fresh(rng, 2, 3)
+    close(f(x, 2.0).to_numpy(), x64 @ w64 * 2 + 1)
+    close(f(x, 2.0).to_numpy(), x64 @ w64 * 2 + 1)
+    w[0, 0] = 5.0  # recorded lazily: the array now holds a new node
+    w64[0, 0] = 5.0
+    close(f(x, 2.0).to_numpy(), x64 @ w64 * 2 + 1)
+    close(f(x, 3.0).to_numpy(), x64 @ w64 * 3 + 1)
+    close(f(x, 3.0, mode="b").to_numpy(), x64 @ w64 * 3)
+    close(f(x, 3.0, mode="b").to_numpy(), x64 @ w64 * 3)
+    close(f(x, 3.0, mode="a").to_numpy(), x64 @ w64 * 3 + 1)
+    st = f.stats()
+    # mode="a" spelled out is another call structure than the default: a miss too
+    assert st["misses"] == 4 and st["fast_hits"] == 2, st
+    assert st["reasons"][1] == "arg 1 value 2.0 -> 3.0"
+
+
+def test_arguments_and_outputs_bound_without_copies(rng, monkeypatch):
+    w, w64 = _fresh(rng, 8, 8)
+
+    @gpk.compile
+    def f(x, y):
+        return gpk.tanh(x @ w) + y, (x * 2.0).sum(-1)
+
+    xs = [_fresh(rng, 4, 8) for _ in range(3)]
+    y, y64 = _fresh(rng, 4, 8)
+    f(xs[0][0], y)
+    backend = _program(f).backend
+    copies = []
+    for name in ("copy_into", "clone"):
+        orig = getattr(backend, name)
+        monkeypatch.setattr(backend, name, lambda *a, _o=orig, _n=name: copies.append(_n) or _o(*a))
+    kept = []
+    for i in range(12):
+        x, x64 = xs[i % 3]
+        a, b = f(x, y)
+        close(a.to_numpy(), np.tanh(x64 @ w64) + y64)
+        close(b.to_numpy(), (x64 * 2).sum(-1))
+        kept.append((a, b, np.tanh(x64 @ w64) + y64))
+    assert copies == []  # arguments read in place, outputs written into new blocks
+    for a, _, ref in kept:  # each call's outputs are its own
+        close(a.to_numpy(), ref)
+    info = _program(f).replay_info()
+    assert info["bind_args"] and info["bind_outputs"], info
+
+
+def test_changing_addresses_fall_back_to_copies(rng):
+    @gpk.compile
+    def f(x):
+        return gpk.exp(x) * 0.5 + x
+
+    inputs = [_fresh(rng, 16) for _ in range(executor._MISSES_ALLOWED + 8)]  # all alive
+    for x, x64 in inputs:
+        close(f(x).to_numpy(), np.exp(x64) * 0.5 + x64)
+    info = _program(f).replay_info()
+    assert not info["bind_args"] and info["captures"] <= executor._CAPTURES_KEPT
+    n = len(_program(f)._captures)
+    for x, x64 in inputs:  # copied into the arena: one capture serves every address
+        close(f(x).to_numpy(), np.exp(x64) * 0.5 + x64)
+    assert len(_program(f)._captures) <= n + 1
+    assert f.stats()["misses"] == 1
+
+
+def test_outputs_that_view_arguments_and_static_outputs_fed_back(rng):
+    f = gpk.compile(lambda x: (x.T, x * 2.0))
+    x, x64 = _fresh(rng, 3, 5)
+    t, d = f(x)
+    x[0, 0] = 100.0  # the result is a copy, not a view of the caller's array
+    close(t.to_numpy(), x64.T)
+    close(d.to_numpy(), x64 * 2)
+
+    s = gpk.compile(lambda x: gpk.exp(x * 0.25) * 2.0 - x, static_outputs=True)
+    x, x64 = _fresh(rng, 64)
+    y = s(x)
+    y64 = np.exp(x64 * 0.25) * 2 - x64
+    z = s(y)  # a view into the graph's own arena as the argument: copied in first
+    close(z.to_numpy(), np.exp(y64 * 0.25) * 2 - y64)
+    with pytest.raises(StaleOutputError):
+        y.to_numpy()
+    st = gpk.compile(lambda x: x.reshape(5, 3), static_outputs=True)
+    x, x64 = _fresh(rng, 3, 5)
+    v = st(x)
+    x[0, 0] = 7.0
+    close(v.to_numpy(), x64.reshape(5, 3))  # a view of the arena copy, not of x
+
+
+def test_a_failed_call_gives_fresh_output_blocks_back(rng):
+    table = gpk.from_numpy(arr(rng, 10, 4))
+    f = gpk.compile(lambda i: table[i] * 2.0)
+    good = gpk.from_numpy(np.array([1, 2], np.int64))
+    close(f(good).to_numpy(), f64(table.to_numpy())[[1, 2]] * 2)
+    bad = gpk.from_numpy(np.array([1, 99], np.int64))
+    gc.collect()
+    before = gpk.pool_stats()["in_use_bytes"]
+    with pytest.raises(IndexError) as err:
+        f(bad)
+    gc.collect()
+    assert err.value.__traceback__ is not None  # the frames are still referenced
+    assert gpk.pool_stats()["in_use_bytes"] <= before
+
+
+def test_kept_results_stop_output_binding_only(rng):
+    f = gpk.compile(lambda x: gpk.sin(x) * 2.0)
+    x, x64 = _fresh(rng, 32)
+    kept = [f(x) for _ in range(executor._MISSES_ALLOWED + 4)]  # every block new
+    info = _program(f).replay_info()
+    assert info["bind_args"] and not info["bind_outputs"], info
+    n = len(_program(f)._captures)
+    kept += [f(x) for _ in range(6)]  # copied out of the arena now: no new captures
+    assert len(_program(f)._captures) <= n + 1
+    for y in kept:
+        close(y.to_numpy(), np.sin(x64) * 2)
