@@ -195,6 +195,16 @@ def gpu_direct(w: dict[str, Any], n: int, contended: bool) -> dict:
     return percentiles(lat)
 
 
+def _reservation_ms(w: dict[str, Any]) -> float:
+    """What submit spends asking the compiled function for its reservation."""
+    ts = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        w["decode"].reservation(w["x"])
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(np.percentile(ts, 50))
+
+
 def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | None = None,
               to_numpy: bool = False) -> dict:  # fmt: skip
     """Guaranteed decode steps through the scheduler, next to (contended) a BestEffort
@@ -213,9 +223,14 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                                                     qos="best_effort", tenant="gemm"))  # fmt: skip
                 time.sleep(0.001)
 
+        submit_ms: list[float] = []
+
         def step() -> None:
-            y = sched.submit(w["decode"], w["x"], qos="guaranteed", bandwidth=0.3,
-                             tenant="decode").result()  # fmt: skip
+            t0 = time.perf_counter()
+            task = sched.submit(w["decode"], w["x"], qos="guaranteed", bandwidth=0.3,
+                                tenant="decode")  # fmt: skip
+            submit_ms.append((time.perf_counter() - t0) * 1e3)  # admission and launch
+            y = task.result()
             if to_numpy:
                 y.to_numpy()
 
@@ -246,6 +261,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
             sched.close(cancel=True)
         st = sched.stats()
     out = percentiles(lat)
+    out["submit_p50_ms"] = float(np.percentile(submit_ms[WARMUP:], 50))
     window_ms = (t_end - t_start) * 1e3
     out.update({"period_ms": period_ms, "warmup": WARMUP, "window_ms": window_ms,
                 "throttled": st["throttled"],
@@ -318,6 +334,7 @@ def main() -> None:
 
         res["device"] = _native.device_info().get("name")
         res["solo_direct"] = gpu_direct(w, n, False)
+        res["reservation_p50_ms"] = _reservation_ms(w)
         res["solo"] = gpu_sched(w, n, False)
         res["solo_to_numpy"] = gpu_sched(w, n, False, to_numpy=True)
         res["contended_sched"] = gpu_sched(w, n, True)

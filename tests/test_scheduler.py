@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import gc
 import random
+import time
 
 import numpy as np
 import pytest
@@ -372,3 +373,61 @@ def test_arenas_at_a_seen_address_reuse_the_capture(backend, monkeypatch):
         for t in tasks:
             np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-6)
     assert 1 <= len(captures) < len(tasks)
+
+
+class _FakeStream:
+    def __init__(self, priority: int, non_blocking: bool) -> None:
+        self.priority = priority
+
+
+class _FakeEvent:
+    """A timing event on a device that has finished everything it was given."""
+
+    def __init__(self, timing: bool) -> None:
+        self.t = 0.0
+
+    def record(self, stream: _FakeStream) -> None:
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        time.sleep(0.0005)  # the completer thread waits for the GPU without the GIL
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+
+def test_cuda_device_path_ends_and_starts_tasks_from_completer_threads(backend, monkeypatch):
+    """The CUDA path without a GPU: launches on the submitting thread, ends (and the starts
+    they free) on the per-stream completer threads, and the dispatcher only for timers."""
+    import types
+
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK)
+    dev._native = types.SimpleNamespace(Stream=_FakeStream, Event=_FakeEvent)
+    sched._device = dev
+    with sched:
+        bes = [sched.submit(mlp, x, w, qos="best_effort", tenant="be") for _ in range(5)]
+        steps = []
+        for _ in range(20):
+            t = sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g")
+            np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-6)
+            steps.append(t)
+        for t in bes:
+            np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-6)
+        st = sched.stats()
+        assert st["launches"]["launched"] == 25 and st["completed"] == 25
+        spans = sorted((t.started_ms, t.finished_ms) for t in bes)
+        # One BestEffort launch in flight at a time, started by whichever thread ended the last.
+        assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:], strict=False))
+        assert {p for p in dev.streams} == {t.stream_priority for t in steps + bes}
+        t0 = time.perf_counter()
+    assert time.perf_counter() - t0 < 0.4, "close() waited for the dispatcher's timeout"
+    _reserved_zero(sched, backend, 1 << 62)

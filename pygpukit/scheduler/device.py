@@ -35,7 +35,10 @@ class Done:
 
 class Device:
     """launch() may report the end through `on_done` (any thread, no scheduler lock held)
-    or leave it for collect() (the dispatcher thread)."""
+    or leave it for collect() (the dispatcher thread). async_done: ends are reported from
+    the device's own threads, after launch() has returned."""
+
+    async_done = False
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float) -> None:  # fmt: skip
@@ -128,6 +131,8 @@ class CudaDevice(Device):
     stream the backend and eviction copies use); one completer thread per stream waits on
     each launch's end event without the GIL and ends the task itself (`on_done`), so a
     result reaches its waiter in one thread hand-off."""
+
+    async_done = True
 
     def __init__(self, backend: Any, on_done: Callable[[Done], None],
                  exec_lock: Any) -> None:  # fmt: skip

@@ -6,6 +6,7 @@ and reports back."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -115,6 +116,7 @@ class Scheduler:
             self._device = HostDevice(self._on_done)
         self.max_inflight = max_inflight
         self._inflight_low = 0  # started, not yet ended, tasks not on a high-priority stream
+        self._deadline = -math.inf  # when the waiting dispatcher plans to wake (real time)
         self._tasks: dict[int, Task] = {}
         self._waiting: dict[str, dict[int, None]] = {}  # tenant -> admitted task ids, in order
         self._paused = 0
@@ -168,11 +170,10 @@ class Scheduler:
             self._admit_locked(([tid] if status == "admitted" else []) + list(others), now)
             # Real time: start what the core allows right here rather than wake the
             # dispatcher (two thread hand-offs). Simulated time belongs to the dispatcher.
-            ready = None if self.simulated else self._pick_locked(now)
-            if ready is None or self._has_waiting_locked():
-                self._cond.notify_all()
-        if ready is not None:
-            self._launch(ready, now)
+            ready = [] if self.simulated else self._start_ready_locked(now)
+            self._kick_locked(now)
+        for t in ready:
+            self._launch(t, now)
         return task
 
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
@@ -239,7 +240,8 @@ class Scheduler:
             task._future.set_exception(error)
         else:
             task._future.set_result(result)
-        self._cond.notify_all()
+        if self._closed and not self._tasks:
+            self._cond.notify_all()  # close() waits for the dispatcher to see this
 
     def _cancel(self, task: Task) -> bool:
         with self._cond:
@@ -249,16 +251,49 @@ class Scheduler:
             self._counts["cancelled"] += 1
             self._end_locked(task, "cancelled")
             self._admit_locked(others, self._clock.now())
+            self._cond.notify_all()  # what it admitted may start
             return True
 
     # -- dispatching ----------------------------------------------------------------------
     def _has_waiting_locked(self) -> bool:
         return any(self._waiting.values())
 
+    def _start_ready_locked(self, now: float) -> list[Task]:
+        """Starts (in the core) every task that may start now; the caller launches them
+        once it has let go of the lock."""
+        out = []
+        while (t := self._pick_locked(now)) is not None:
+            out.append(t)
+        return out
+
+    def _kick_locked(self, now: float) -> None:
+        """Wakes the dispatcher only if it has something to do that the calling thread
+        does not: a held task may start by itself (a bucket refilling, a Guaranteed tenant
+        going idle) before the dispatcher's planned wake-up. Every wake-up it does not need
+        costs the latency-critical threads the GIL."""
+        if self.simulated or self._closed:
+            self._cond.notify_all()
+            return
+        if not self._has_waiting_locked():
+            return
+        t = self._core.next_wakeup(now)
+        if t is not None and t < self._deadline:
+            self._cond.notify_all()
+
     def _on_done(self, d: Done) -> None:
-        """A launch ended (called by the device, on its own thread)."""
+        """A launch ended (called by the device, on its own thread). On a device that
+        reports ends from its own threads (CUDA), the tasks this frees are started and
+        launched here too; otherwise the dispatcher does it."""
         with self._cond:
             self._finish_locked(d)
+            now = self._clock.now()
+            if not self._device.async_done:
+                self._cond.notify_all()
+                return
+            ready = self._start_ready_locked(now)
+            self._kick_locked(now)
+        for t in ready:
+            self._launch(t, now)
 
     def _collect_locked(self) -> None:
         for d in self._device.collect():
@@ -338,10 +373,13 @@ class Scheduler:
                     if sim and t is not None and t > now:
                         self._clock.advance_to(t)  # type: ignore[attr-defined]
                         self._device.advance_to(t)
-                    elif sim or t is None:
-                        self._cond.wait(None if sim else 0.5)
+                    elif sim:
+                        self._cond.wait()
                     else:
-                        self._cond.wait(max(t - now, 0.0) / 1e3)
+                        wait_ms = 500.0 if t is None else max(t - now, 0.0)
+                        self._deadline = now + wait_ms  # _kick_locked wakes it before then
+                        self._cond.wait(wait_ms / 1e3)
+                        self._deadline = -math.inf  # awake: it looks at everything anyway
                     continue
             self._launch(task, now)
 
