@@ -16,7 +16,7 @@
 // key, each a quarter of the heads; softmax: one warp per head (online, exp2); P.V: 16-byte
 // V vectors per thread, all heads at once, fp32 accumulators. Writes unnormalised partial
 // outputs plus the (max, sum) of each split to a float workspace.
-// Kernel 2 (pgk_attn_decode_reduce), grid (H, B), D threads: merges the splits.
+// Kernel 2 (pgk_attn_decode_reduce), grid (H, B), 256 threads: merges the splits.
 #include "common.cuh"
 
 #ifndef PGK_D
@@ -245,59 +245,63 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   }
 }
 
-// grid (H, B), PGK_D threads. The (max, sum) pairs of all splits are read at once (one
-// per thread) and the partial outputs with PGK_RUNROLL loads in flight per thread: a loop
-// that waited on each split's load in turn cost ~4 us of L2 latency at 33 splits.
+// grid (H, B), PGK_RT threads. Every load is issued before its first use: the (max, sum)
+// pairs of up to PGK_RT splits in one round, then the partial outputs as float4 columns,
+// PGK_RT / (D / 4) split groups each taking every group-th split with PGK_RUNROLL loads in
+// flight, summed across groups in shared memory. A loop that waited on each split's load
+// in turn cost ~4 us of L2 latency at 33 splits.
 #define PGK_MAXSPLITS 256
+#define PGK_RT 256
 #define PGK_RUNROLL 8
-extern "C" __global__ void __launch_bounds__(PGK_D)
+extern "C" __global__ void __launch_bounds__(PGK_RT)
     pgk_attn_decode_reduce(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                            pgk_t* __restrict__ o, int n_heads, int splits, long long o_sb,
                            long long o_sh) {
+  constexpr int C4 = PGK_D / 4, SG = PGK_RT / C4;  // float4 columns, split groups
   __shared__ float wsh[PGK_MAXSPLITS];
   __shared__ float scratch[32];
-  const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  __shared__ float4 part[SG][C4];
+  const int h = blockIdx.x, b = blockIdx.y, t = threadIdx.x;
   const long long base = ((long long)b * n_heads + h) * splits;
-  float mloc = -PGK_INF;
-  for (int s = d; s < splits; s += PGK_D) {
-    const float ms = __ldcg(ml_part + (base + s) * 2);
-    wsh[s] = ms;
-    mloc = max(mloc, ms);
-  }
-  const float mx = pgk_block_max(mloc, scratch);  // its barriers also publish wsh
-  float lloc = 0.0f;
-  for (int s = d; s < splits; s += PGK_D) {
-    const float ms = wsh[s];
-    // An empty split (max -inf) weighs 0; so does everything when all are empty.
-    const float w = ms == -PGK_INF ? 0.0f : exp2f(ms - mx);
-    lloc += w * __ldcg(ml_part + (base + s) * 2 + 1);
-    wsh[s] = w;
-  }
-  const float l = pgk_block_sum(lloc, scratch);
-  float acc[PGK_RUNROLL];
-#pragma unroll
-  for (int u = 0; u < PGK_RUNROLL; ++u) acc[u] = 0.0f;
-  const float* op = o_part + base * PGK_D + d;
-  int s = 0;
-  for (; s + PGK_RUNROLL <= splits; s += PGK_RUNROLL) {
-    float v[PGK_RUNROLL];
-#pragma unroll
-    for (int u = 0; u < PGK_RUNROLL; ++u) v[u] = __ldcg(op + (long long)(s + u) * PGK_D);
+  float2 ml = make_float2(-PGK_INF, 0.0f);
+  if (t < splits) ml = __ldcg(reinterpret_cast<const float2*>(ml_part) + base + t);
+  const float mx = pgk_block_max(ml.x, scratch);
+  // An empty split (max -inf) weighs 0; so does everything when all are empty.
+  const float wt = (t < splits && ml.x != -PGK_INF) ? exp2f(ml.x - mx) : 0.0f;
+  if (t < splits) wsh[t] = wt;
+  const float l = pgk_block_sum(wt * ml.y, scratch);  // its barriers also publish wsh
+  const int c4 = t % C4, sg = t / C4;
+  const float4* op = reinterpret_cast<const float4*>(o_part + base * PGK_D) + c4;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s0 = sg; s0 < splits; s0 += SG * PGK_RUNROLL) {
+    float4 v[PGK_RUNROLL];
 #pragma unroll
     for (int u = 0; u < PGK_RUNROLL; ++u) {
-      const float w = wsh[s + u];
-      acc[u] += w == 0.0f ? 0.0f : w * v[u];  // an empty split never wrote its o_part
+      const int s = s0 + u * SG;
+      v[u] = s < splits ? __ldcg(op + (long long)s * C4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < PGK_RUNROLL; ++u) {
+      const int s = s0 + u * SG;
+      const float w = s < splits ? wsh[s] : 0.0f;
+      if (w != 0.0f) {  // an empty split never wrote its o_part
+        acc.x += w * v[u].x;
+        acc.y += w * v[u].y;
+        acc.z += w * v[u].z;
+        acc.w += w * v[u].w;
+      }
     }
   }
-  for (; s < splits; ++s) {
-    const float w = wsh[s];
-    if (w != 0.0f) acc[0] += w * __ldcg(op + (long long)s * PGK_D);
-  }
-  float tot = 0.0f;
+  part[sg][c4] = acc;
+  __syncthreads();
+  if (t < PGK_D) {
+    const int cc = t / 4, e = t % 4;
+    float tot = 0.0f;
 #pragma unroll
-  for (int u = 0; u < PGK_RUNROLL; ++u) tot += acc[u];
-  // ctx_len == 0 (or kv_start >= ctx_len) leaves every split empty: zeros, not NaN.
-  o[b * o_sb + h * o_sh + d] = pgk_from_float<pgk_t>(l > 0.0f ? tot / l : 0.0f);
+    for (int g = 0; g < SG; ++g) tot += reinterpret_cast<const float*>(&part[g][cc])[e];
+    // ctx_len == 0 (or kv_start >= ctx_len) leaves every split empty: zeros, not NaN.
+    o[b * o_sb + h * o_sh + t] = pgk_from_float<pgk_t>(l > 0.0f ? tot / l : 0.0f);
+  }
 }
 
 // ------------------------------------------------------------------------------------------

@@ -48,6 +48,9 @@
 #ifndef PGK_PRO
 #define PGK_PRO 0
 #endif
+#ifndef PGK_GSTAGES
+#define PGK_GSTAGES 0
+#endif
 
 PGK_DEVICE float pgk_gemv_act(float x) {
 #if PGK_ACT == 1
@@ -212,6 +215,63 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
 
+#if PGK_GSTAGES > 0
+  // W through shared memory: cp.async moves each row's 32 * U columns as whole 512-byte
+  // runs (loading fragments straight from global memory split every 128-byte line between
+  // two instructions and ran at ~3.3 TB/s); PGK_GSTAGES stages per warp keep the next
+  // slabs in flight while the current one is multiplied. Rows are padded by 64 bytes so
+  // the 16-byte fragment reads of 8 rows x 4 lanes hit distinct banks.
+  constexpr int NS = PGK_GSTAGES, SLD = 32 * U + 32, SROWS = 8 * NT;
+  extern __shared__ __align__(16) unsigned char pgk_gsm[];
+  pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_gsm) + warp * (NS * SROWS * SLD);
+  const int n_st = (c_hi - c_lo + U - 1) / U;
+  auto issue = [&](int st) {
+    pgk_t* dst = wsm + (st % NS) * (SROWS * SLD);
+    const int c0 = c_lo + st * U;
+#pragma unroll
+    for (int i = 0; i < NT * U; ++i) {
+      const int p = i * 32 + lane;
+      const int r = p / (4 * U), cc = (p % (4 * U)) * 8;
+      const int row = n0 + r, col = c0 * 32 + cc;
+      const bool in = row < n && col < k && c0 + cc / 32 < c_hi;
+      pgk_cp_async16(dst + r * SLD + cc, in ? w + (long long)row * w_stride + col : w, in);
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < NS - 1; ++st) {
+    if (st < n_st) issue(st);
+    pgk_cp_async_commit();
+  }
+  for (int st = 0; st < n_st; ++st) {
+    if (st + NS - 1 < n_st) issue(st + NS - 1);
+    pgk_cp_async_commit();
+    pgk_cp_async_wait<NS - 1>();
+    __syncwarp();
+    const pgk_t* src = wsm + (st % NS) * (SROWS * SLD) + qr * SLD + qc * 8;
+    const int c = c_lo + st * U;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = (c + u) * 32 + qc * 8;
+      const bool in = c + u < c_hi && col < k;
+      uint4 xa = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
+      uint4 xb = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
+      if (PGK_PRO) {
+        xa = pgk_gprologue(xa, pgk_gload_x(p0 + (c + u) * 32, in && x0in), ss0);
+        xb = pgk_gprologue(xb, pgk_gload_x(p1 + (c + u) * 32, in && x1in), ss1);
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const uint4 wv = *reinterpret_cast<const uint4*>(src + t * 8 * SLD + u * 32);
+        pgk_gmma(acc[t], xa.x, xb.x, xa.y, xb.y, wv.x, wv.y);
+        pgk_gmma(acc[t], xa.z, xb.z, xa.w, xb.w, wv.z, wv.w);
+      }
+    }
+    __syncwarp();  // this stage is refilled by the next iteration's issue
+  }
+  pgk_cp_async_wait<0>();
+  (void)wrow;
+  (void)nin;
+#else
   for (int c = c_lo; c < c_hi; c += U) {
     uint4 wv[U][NT];
 #pragma unroll
@@ -238,6 +298,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       }
     }
   }
+#endif
   // C fragment: (row qr, cols 2qc, 2qc+1) and (row qr + 8, same cols) of each n8 tile.
 #pragma unroll
   for (int t = 0; t < NT; ++t)

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from pygpukit.backends.cuda.kernels import attention, gemv, rms_norm, rope, softmax
+from pygpukit.backends.cuda.kernels import attention, gemv, rms_norm, rope, softmax, variants
 
 Fn = Callable[[int], None]  # one call on input set i
 
@@ -306,8 +306,8 @@ GEMV_SHAPES = [(1, 4096, 4096), (1, 2048, 5632), (1, 5632, 2048)] + [
     for m in (1, 4, 16)
     for k, n in ((2048, 2560), (2048, 2048), (2048, 11264), (5632, 2048), (2048, 32000))
 ]
-# Tensor-core GEMV geometries swept on the first three shapes: (warps, n8 tiles, loads).
-GEMV_SWEEP = ((8, 1, 8), (8, 2, 4), (4, 1, 8), (8, 1, 4), (16, 1, 4))
+# Tensor-core GEMV geometries swept on the first three shapes (gemv.MMA_CONFIG's fields).
+GEMV_SWEEP = variants.gemv_sweep()
 
 
 def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
@@ -329,7 +329,7 @@ def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
             m: int = m,
             n: int = n,
             k: int = k,
-            cfg: tuple[int, int, int] | None = None,
+            cfg: tuple[int, int, int, int] | None = None,
         ) -> None:
             gemv.gemv(
                 xs[i].data_ptr(),
@@ -391,7 +391,7 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
         ctx_t = torch.tensor([ctx], dtype=torch.int32, device="cuda")
         max_splits = max(
             attention.decode_splits(batch, h, kvh, ctx, "bfloat16", blocks_per_sm=bps)
-            for bps in DECODE_SWEEP
+            for bps, _ in DECODE_SWEEP + ((None, 0),)
         )
         ws = torch.empty(
             attention.decode_workspace_bytes(batch, h, max_splits, d),
@@ -410,6 +410,7 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
             ws: Any = ws,
             ctx_t: Any = ctx_t,
             bps: int | None = None,
+            st: int | None = None,
         ) -> None:
             attention.decode(
                 qs[i].data_ptr(),
@@ -425,7 +426,7 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
                 d,
                 "bfloat16",
                 splits=attention.decode_splits(b, h, kvh, c, "bfloat16", blocks_per_sm=bps),
-                stages=attention.decode_stages("bfloat16", d, bps),
+                stages=st or attention.decode_stages("bfloat16", d, bps),
                 stream=_stream(),
             )
 
@@ -434,16 +435,16 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
 
         name = f"decode attn B{batch} H32/KV4 D128 ctx {ctx} bf16"
         r = ref(qs[0].float(), ks[0].float(), vs[0].float())
-        for bps in DECODE_SWEEP:
+        for bps, st in DECODE_SWEEP:
             os_[0].fill_(float("nan"))
-            ours(0, bps=bps)
+            ours(0, bps=bps, st=st)
             torch.cuda.synchronize()
-            _close(os_[0], r, f"{name} blocks_per_sm={bps}")
+            _close(os_[0], r, f"{name} blocks_per_sm={bps} stages={st}")
             rows.append(
                 {
                     "bench": "kernels",
-                    "workload": f"{name} blocks_per_sm={bps}",
-                    "us": round(time_graph(functools.partial(ours, bps=bps), sets), 2),
+                    "workload": f"{name} blocks_per_sm={bps} stages={st}",
+                    "us": round(time_graph(functools.partial(ours, bps=bps, st=st), sets), 2),
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
@@ -466,8 +467,8 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
 
 
 SWEEP_THREADS = (512, 128)
-# Tensor-core decode: blocks per SM the split count aims at (1 runs two cp.async stages).
-DECODE_SWEEP = (1, 2, 3)
+# Tensor-core decode: (blocks per SM the split count aims at, cp.async stages per warp).
+DECODE_SWEEP = ((1, 2), (1, 3), (2, 1), (3, 1))
 WORKLOADS = [bench_rms_norm, bench_rope, bench_softmax, bench_gemv, bench_decode]
 
 

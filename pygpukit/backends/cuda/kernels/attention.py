@@ -17,6 +17,7 @@ _P_WARPS, _P_ROWS, _P_KEYS = 4, 8, 32
 # attention_decode.cuh geometry: CUDA-core kernel, tensor-core kernel
 _D_THREADS, _D_TILE = 256, 64
 _M_WARPS, _M_TILE = 4, 32
+_R_THREADS = 256  # the split merge (PGK_RT)
 
 
 def _check(op: str, dtype: str, heads: int, kv_heads: int, head_dim: int) -> None:
@@ -130,13 +131,14 @@ def decode_splits(
 
 
 def decode_stages(dtype: str, head_dim: int, blocks_per_sm: int | None = None) -> int:
-    """cp.async stages per warp of the tensor-core kernel: two (overlap within a warp) only
-    when they still leave room for the blocks per SM the split count assumes."""
+    """cp.async stages per warp of the tensor-core kernel: the most (up to 3) that still
+    leave room for the blocks per SM the split count assumes."""
     per_sm = blocks_per_sm or MMA_BLOCKS_PER_SM
     smem_sm = int(loader.device_info().get("max_shared_per_sm", 228 * 1024))
-    two = _decode_mma_smem(head_dim, 2)
-    if two <= loader.max_shared_optin() and per_sm * (two + 1024) <= smem_sm:
-        return 2
+    for st in (3, 2):
+        need = _decode_mma_smem(head_dim, st)
+        if need <= loader.max_shared_optin() and per_sm * (need + 1024) <= smem_sm:
+            return st
     return 1
 
 
@@ -252,5 +254,6 @@ def decode(
     loader.set_dynamic_smem(split_fn, smem)
     split_fn.launch(grid, (threads,), fmt, args, smem, stream)
     reduce_fn.launch(
-        (heads, batch), (d,), "PPPiiqq", (workspace, ml, o, heads, splits, *ost), 0, stream
-    )
+        (heads, batch), (_R_THREADS,), "PPPiiqq", (workspace, ml, o, heads, splits, *ost), 0,
+        stream,
+    )  # fmt: skip

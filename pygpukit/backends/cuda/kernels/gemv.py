@@ -15,9 +15,16 @@ WARPS = 8
 MMA_ROWS = 16
 ACTS = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "silu": 3}
 PROLOGUES = {"none": 0, "rms_norm": 1, "swiglu": 2}
-# Tensor-core geometry: warps splitting K, n8 tiles per warp, 16-byte loads per lane per
-# tile in flight. 8 x 1 x 8: 256 threads with 8 loads each, 32 KB of W in flight a block.
-MMA_CONFIG = (8, 1, 8)
+# Tensor-core geometry: (warps splitting K, n8 tiles per warp, 32-column chunks per slab,
+# cp.async stages per warp; 0 stages loads fragments straight from global memory).
+# 8 x 1 x 8 x 2: 256 threads, 4 KB slabs of W per warp, one in flight while one is used.
+MMA_CONFIG = (8, 1, 8, 2)
+
+
+def mma_smem(config: tuple[int, int, int, int]) -> int:
+    """Dynamic shared memory of the tensor-core kernel: the warps' W slabs."""
+    gw, nt, u, stages = config
+    return gw * stages * 8 * nt * (32 * u + 32) * 2
 
 
 def uses_mma(dtype: str, k: int, strides: tuple[int, ...], ptrs: tuple[int, ...]) -> bool:
@@ -46,7 +53,7 @@ def gemv(
     w_stride: int | None = None,
     y_stride: int | None = None,
     unroll: int = 4,
-    config: tuple[int, int, int] | None = None,
+    config: tuple[int, int, int, int] | None = None,
     prologue: str = "none",
     pro: int = 0,
     pro_stride: int = 0,
@@ -60,7 +67,7 @@ def gemv(
 
     bf16/f16 with 16-byte aligned rows run on tensor cores, W read once per 16 rows of x;
     otherwise one warp per output row. unroll: the fallback's 16-byte loads in flight per
-    lane. config: (warps, n8 tiles per warp, loads per tile) of the tensor-core kernel.
+    lane. config: MMA_CONFIG's geometry for the tensor-core kernel.
     prologue p (tensor cores only): "rms_norm" with the gain at `pro` (x / rms(x) * gain,
     eps), or "swiglu" with the up rows at `pro` (silu(x) * up, row stride pro_stride)."""
     loader.check_dtype(dtype, DTYPES, "gemv")
@@ -80,18 +87,22 @@ def gemv(
     pstrides = (pro_stride if m > 1 else 0,) if prologue == "swiglu" else ()
     pptrs = (pro,) if prologue != "none" else ()
     if uses_mma(dtype, k, (xs if m > 1 else 0, ws, *pstrides), (x, w, *pptrs)):
-        gw, nt, u = config or MMA_CONFIG
+        cfg = config or MMA_CONFIG
+        gw, nt, u, stages = cfg
         if m > 16 * 65535:
             raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV")
         defines = {**loader.type_defines(dtype), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
-                   "PGK_ACT": act, "PGK_PRO": PROLOGUES[prologue]}  # fmt: skip
+                   "PGK_ACT": act, "PGK_PRO": PROLOGUES[prologue],
+                   "PGK_GSTAGES": stages}  # fmt: skip
         fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
+        smem = mma_smem(cfg) if stages else 0
+        loader.set_dynamic_smem(fn, smem)
         fn.launch(
             (cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
             (gw * 32,),
             "PPPPiiiqqqPPqqf",
             (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, pro_stride, eps),
-            0,
+            smem,
             stream,
         )
         return

@@ -15,6 +15,11 @@ def _t(dtype: str, **extra: object) -> dict[str, object]:
     return {**loader.type_defines(dtype), **extra}
 
 
+def gemv_sweep() -> tuple[tuple[int, int, int, int], ...]:
+    """The tensor-core GEMV geometries the benchmark sweeps (pygpukit.bench.kernels)."""
+    return ((8, 1, 8, 0), (8, 1, 8, 2), (4, 1, 8, 2), (8, 1, 4, 3), (4, 1, 8, 3), (8, 2, 4, 2))
+
+
 def all_variants() -> list[Variant]:
     out: list[Variant] = []
     floats = loader.FLOAT_DTYPES
@@ -28,13 +33,7 @@ def all_variants() -> list[Variant]:
             out.append(
                 ("softmax", ("pgk_softmax", "pgk_log_softmax"), _t(dt, PGK_VEC=v, PGK_ITEMS=items))
             )
-            out.append(
-                (
-                    "rms_norm",
-                    ("pgk_rms_norm", "pgk_rms_norm_res"),
-                    _t(dt, PGK_VEC=v, PGK_ITEMS=items),
-                )
-            )
+            out.append(("rms_norm", ("pgk_rms_norm",), _t(dt, PGK_VEC=v, PGK_ITEMS=items)))
             out.append(("layer_norm", ("pgk_layer_norm",), _t(dt, PGK_VEC=v, PGK_ITEMS=items)))
         out.append(
             (
@@ -77,7 +76,7 @@ def all_variants() -> list[Variant]:
                     (
                         "attention_decode",
                         ("pgk_attn_decode_split", "pgk_attn_decode_reduce", "pgk_attn_decode_mma"),
-                        _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_MSTAGES=min(stages, 2)),
+                        _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_MSTAGES=min(stages, 3)),
                     )
                 )
     for dt in loader.HALF_DTYPES:
@@ -85,13 +84,14 @@ def all_variants() -> list[Variant]:
             out.append(("gemm_mma", ("pgk_gemm_mma",), _t(dt, PGK_ACT=act)))
         # The tensor-core GEMV: the default geometry with every epilogue, then the others
         # the benchmark sweeps.
-        gw, nt, u = gemv.MMA_CONFIG
+        gw, nt, u, st = gemv.MMA_CONFIG
         for act in (0, 1, 2, 3):
             for pro in gemv.PROLOGUES.values():  # none, RMSNorm, SwiGLU
-                mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act, PGK_PRO=pro)
+                mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act, PGK_PRO=pro,
+                         PGK_GSTAGES=st)  # fmt: skip
                 out.append(("gemv", ("pgk_gemv_mma",), mma))
-        for gw, nt, u in ((8, 2, 4), (4, 1, 8), (8, 1, 4), (16, 1, 4)):
-            mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=0)
+        for gw, nt, u, st in gemv_sweep():
+            mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=0, PGK_GSTAGES=st)
             out.append(("gemv", ("pgk_gemv_mma",), mma))
     for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"):
         out.append(("matmul_simple", ("pgk_matmul",), _t(dt)))
