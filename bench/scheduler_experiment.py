@@ -23,6 +23,7 @@ decisions, not CPU speed. Results: bench/results/scheduler_<backend>.json.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
@@ -216,12 +218,17 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
         outstanding: list[Any] = []
 
         def feed() -> None:
+            # Blocks on its oldest GEMM (without the GIL) rather than polling, as a client
+            # waiting for results would; the timeout only lets it see `stop`.
             while not stop.is_set():
                 outstanding[:] = [t for t in outstanding if not t.done()]
                 while len(outstanding) < 4:
                     outstanding.append(sched.submit(w["gemm"], w["a"], w["b"],
                                                     qos="best_effort", tenant="gemm"))  # fmt: skip
-                time.sleep(0.001)
+                try:
+                    outstanding[0].result(timeout=0.05)
+                except (TimeoutError, concurrent.futures.TimeoutError, CancelledError):
+                    pass
 
         submit_ms: list[float] = []
 

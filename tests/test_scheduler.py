@@ -412,18 +412,32 @@ def test_cuda_device_path_ends_and_starts_tasks_from_completer_threads(backend, 
     sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
     dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK)
     dev._native = types.SimpleNamespace(Stream=_FakeStream, Event=_FakeEvent)
+    ends = {"completer": 0, "waiter": 0}
+
+    def counted(who, fn):
+        def end(d):
+            ends[who] += 1
+            fn(d)
+
+        return end
+
+    dev.on_done = counted("completer", sched._on_done)
+    dev.on_done_waiter = counted("waiter", sched._on_done_waiter)
     sched._device = dev
     with sched:
         bes = [sched.submit(mlp, x, w, qos="best_effort", tenant="be") for _ in range(5)]
         steps = []
         for _ in range(20):
             t = sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g")
-            np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-6)
+            np.testing.assert_allclose(t.result().to_numpy(), want, rtol=1e-6)
             steps.append(t)
         for t in bes:
             np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-6)
         st = sched.stats()
         assert st["launches"]["launched"] == 25 and st["completed"] == 25
+        # Each launch ended once, by the completer thread or by the thread waiting in
+        # result(), whichever saw the end event first (both wait on it).
+        assert ends["completer"] + ends["waiter"] == 25 and ends["waiter"] > 0, ends
         spans = sorted((t.started_ms, t.finished_ms) for t in bes)
         # One BestEffort launch in flight at a time, started by whichever thread ended the last.
         assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:], strict=False))

@@ -129,23 +129,25 @@ class HostDevice(Device):
 class CudaDevice(Device):
     """One CUDA stream per priority (blocking streams, so they order with the legacy
     stream the backend and eviction copies use); one completer thread per stream waits on
-    each launch's end event without the GIL and ends the task itself (`on_done`), so a
-    result reaches its waiter in one thread hand-off."""
+    each launch's end event without the GIL and ends the task itself (`on_done`). A thread
+    waiting in Task.result() waits on the end event itself and ends the task if it gets
+    there first (`on_done_waiter`): no thread hand-off between the GPU and the waiter."""
 
     async_done = True
 
     def __init__(self, backend: Any, on_done: Callable[[Done], None],
-                 exec_lock: Any) -> None:  # fmt: skip
+                 exec_lock: Any, on_done_waiter: Callable[[Done], None] | None = None,
+                 ) -> None:  # fmt: skip
         from pygpukit import _native
 
         self._native = _native
         self.backend = backend
         self.on_done = on_done
+        self.on_done_waiter = on_done_waiter or on_done
         self.exec_lock = exec_lock
         self.streams: dict[int, Any] = {}
         self.queues: dict[int, queue.Queue[Any]] = {}
         self.threads: list[threading.Thread] = []
-        self._events: list[Any] = []  # timing events, reused: creating them costs a call
         self._lock = threading.Lock()
 
     def _stream(self, priority: int) -> tuple[Any, queue.Queue[Any]]:
@@ -161,14 +163,21 @@ class CudaDevice(Device):
                 self.threads.append(t)
             return s, self.queues[priority]
 
-    def _event(self) -> Any:
+    def _claim(self, task: Any) -> bool:
+        """Whether this caller is the one to end the task (the completer and a waiter
+        may both see its end event fire)."""
         with self._lock:
-            return self._events.pop() if self._events else self._native.Event(True)
+            if getattr(task, "_end_claimed", False):
+                return False
+            task._end_claimed = True
+            return True
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float) -> None:  # fmt: skip
         stream, q = self._stream(priority)
-        start, end = self._event(), self._event()
+        # Fresh events per launch (not reused): a waiter may still synchronize on them
+        # after the completer is done with the task.
+        start, end = self._native.Event(True), self._native.Event(True)
         b = self.backend
         # Launches from the dispatcher and from submitting threads: the stream swap must
         # not interleave with another call's.
@@ -181,6 +190,15 @@ class CudaDevice(Device):
                 end.record(stream)
             finally:
                 b.stream = old
+        if error is None:
+
+            def wait() -> None:
+                end.synchronize()
+                if self._claim(task):
+                    ms = float(start.elapsed_time(end))
+                    self.on_done_waiter(Done(task, ms, result, None, None))
+
+            task._wait_gpu = wait
         q.put((task, start, end, result, error))
 
     def _complete(self, q: queue.Queue[Any]) -> None:
@@ -192,11 +210,10 @@ class CudaDevice(Device):
             try:
                 end.synchronize()
                 ms = float(start.elapsed_time(end))
-                with self._lock:
-                    self._events += [start, end]
             except Exception as e:  # a kernel fault: the task fails, its time unknown
                 ms, error = 0.0, error or e
-            self.on_done(Done(task, ms, result, error, None))
+            if self._claim(task):
+                self.on_done(Done(task, ms, result, error, None))
 
     def close(self) -> None:
         for q in self.queues.values():

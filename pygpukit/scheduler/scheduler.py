@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -25,6 +26,7 @@ _EXEC_LOCK = threading.RLock()
 
 _QOS = {"guaranteed", "burstable", "best_effort"}
 _PARTITION_KEYS = {"memory", "bandwidth", "priority"}
+FRUITLESS_WAIT_MS = 2.0  # real time: least wait after a timed wake-up that started nothing
 DEFAULT_SIM_GBPS = 1000.0  # nominal bandwidth of the simulated GPU's cost model
 
 
@@ -111,12 +113,14 @@ class Scheduler:
         if self.simulated:
             self._device = SimDevice()
         elif cuda:
-            self._device = CudaDevice(self._backend, self._on_done, _EXEC_LOCK)
+            self._device = CudaDevice(self._backend, self._on_done, _EXEC_LOCK,
+                                      self._on_done_waiter)  # fmt: skip
         else:
             self._device = HostDevice(self._on_done)
         self.max_inflight = max_inflight
         self._inflight_low = 0  # started, not yet ended, tasks not on a high-priority stream
         self._deadline = -math.inf  # when the waiting dispatcher plans to wake (real time)
+        self._pending: deque[Callable[[], Any]] = deque()  # future completions, see _locked
         self._tasks: dict[int, Task] = {}
         self._waiting: dict[str, dict[int, None]] = {}  # tenant -> admitted task ids, in order
         self._paused = 0
@@ -152,7 +156,7 @@ class Scheduler:
         if not cost >= 0:
             raise ValueError(f"sim_ms must be >= 0, got {sim_ms}")
         tenant = str(tenant or getattr(fn, "__name__", "tenant"))
-        with self._cond:
+        with self._locked():
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
             now = self._clock.now()
@@ -233,18 +237,35 @@ class Scheduler:
         task._state = state
         task.finished_ms = self._clock.now() if task.finished_ms is None else task.finished_ms
         task.fn, task.args, task.kwargs = None, (), {}  # the inputs may be freed now
+        fut = task._future
         if state == "cancelled":
-            task._future.cancel()
-            task._future.set_running_or_notify_cancel()  # waiters see it as done
+            self._pending.append(lambda: (fut.cancel(), fut.set_running_or_notify_cancel()))
         elif error is not None:
-            task._future.set_exception(error)
+            self._pending.append(lambda: fut.set_exception(error))
         else:
-            task._future.set_result(result)
+            self._pending.append(lambda: fut.set_result(result))
         if self._closed and not self._tasks:
             self._cond.notify_all()  # close() waits for the dispatcher to see this
 
-    def _cancel(self, task: Task) -> bool:
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The scheduler's lock; futures ended inside are completed after it is released,
+        so a woken waiter (a latency-critical client about to submit again) neither waits
+        for the lock nor competes with this thread for the GIL while it still holds it."""
         with self._cond:
+            yield
+        self._deliver()
+
+    def _deliver(self) -> None:
+        while True:
+            try:
+                complete = self._pending.popleft()
+            except IndexError:
+                return
+            complete()
+
+    def _cancel(self, task: Task) -> bool:
+        with self._locked():
             if task._state not in ("queued", "admitted"):
                 return False
             others = self._core.cancel(task.id)
@@ -283,8 +304,9 @@ class Scheduler:
     def _on_done(self, d: Done) -> None:
         """A launch ended (called by the device, on its own thread). On a device that
         reports ends from its own threads (CUDA), the tasks this frees are started and
-        launched here too; otherwise the dispatcher does it."""
-        with self._cond:
+        launched here too (after the ended task's waiter has its result); otherwise the
+        dispatcher does it."""
+        with self._locked():
             self._finish_locked(d)
             now = self._clock.now()
             if not self._device.async_done:
@@ -294,6 +316,18 @@ class Scheduler:
             self._kick_locked(now)
         for t in ready:
             self._launch(t, now)
+
+    def _on_done_waiter(self, d: Done) -> None:
+        """A launch ended, seen by the thread waiting for its result: that thread only
+        ends it; what the end frees is launched by the dispatcher, woken only if
+        something can start (so the waiter returns at once)."""
+        with self._locked():
+            self._finish_locked(d)
+            now = self._clock.now()
+            if self._has_waiting_locked() and self._core.pick_next(now) is not None:
+                self._cond.notify_all()
+            else:
+                self._kick_locked(now)
 
     def _collect_locked(self) -> None:
         for d in self._device.collect():
@@ -359,11 +393,14 @@ class Scheduler:
 
     def _loop(self) -> None:
         sim = isinstance(self._clock, SimClock)
+        fruitless = False  # the last wake-up was a timeout that started nothing
         while True:
             if self._run_timers():
                 continue
-            with self._cond:
+            with self._locked():
                 self._collect_locked()
+                if self._pending:
+                    continue  # complete the futures first: their callbacks may submit
                 if self._closed and not self._tasks:
                     return
                 now = self._clock.now()
@@ -377,10 +414,16 @@ class Scheduler:
                         self._cond.wait()
                     else:
                         wait_ms = 500.0 if t is None else max(t - now, 0.0)
+                        if fruitless:
+                            # The last timed wake-up found the hold extended (a busy
+                            # Guaranteed tenant pushes its idle time on with every step):
+                            # poll no faster than this, not once per step.
+                            wait_ms = max(wait_ms, FRUITLESS_WAIT_MS)
                         self._deadline = now + wait_ms  # _kick_locked wakes it before then
-                        self._cond.wait(wait_ms / 1e3)
+                        fruitless = not self._cond.wait(wait_ms / 1e3)
                         self._deadline = -math.inf  # awake: it looks at everything anyway
                     continue
+                fruitless = False
             self._launch(task, now)
 
     def _launch(self, task: Task, now: float) -> None:
@@ -412,7 +455,7 @@ class Scheduler:
 
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop after the submitted tasks end (cancel=True withdraws those not running)."""
-        with self._cond:
+        with self._locked():
             if cancel:
                 for task in list(self._tasks.values()):
                     if task._state in ("queued", "admitted"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,9 @@ class Task:
         self.arena: Any = None  # the pool block reserved at admission
         self._state = "queued"
         self._high = False
+        # Set by a device whose launches a waiting thread can wait on directly (CUDA: the
+        # end event); it ends the task if it is first.
+        self._wait_gpu: Callable[[], None] | None = None
         self._sched = sched
         self._future: Future[Any] = Future()
 
@@ -45,6 +49,12 @@ class Task:
         return self._state
 
     def result(self, timeout: float | None = None) -> Any:
+        wait = self._wait_gpu
+        if wait is not None and timeout is None and not self._future.done():
+            try:
+                wait()
+            except Exception:  # a kernel fault: the completer thread reports it
+                pass
         return self._future.result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
