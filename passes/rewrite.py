@@ -19,28 +19,49 @@ def clone(n: Node, inputs: tuple[Node, ...]) -> Node:
 
 
 def substitute(graph: Graph, replace: dict[int, Node]) -> Graph:
-    """The graph with node id -> replacement; replacements may reference old nodes."""
+    """The graph with node id -> replacement; replacements may reference old nodes.
+
+    A walk with an explicit stack: a 7B model's residual chain is thousands of nodes deep,
+    past Python's recursion limit."""
     if not replace:
         return graph
     new: dict[int, Node] = {}
     visiting: set[int] = set()
 
-    def remap(n: Node) -> Node:
-        if n.id in new:
-            return new[n.id]
-        if n.id in visiting:  # a replacement that references its own root: keep the root
-            return n
-        visiting.add(n.id)
-        r = replace.get(n.id, n)
-        if r is not n:
-            r = remap(r)
-        else:
-            ins = tuple(remap(i) for i in n.inputs)
-            if any(a is not b for a, b in zip(ins, n.inputs, strict=True)):
-                r = clone(n, ins)
-        visiting.discard(n.id)
-        new[n.id] = r
-        return r
+    def remap(root: Node) -> Node:
+        # Frames: [node, stage, mapped inputs]; stage 0 enter, 1 await the replacement's
+        # remap, 2 await the inputs' remaps one by one.
+        stack: list[list[Any]] = [[root, 0, []]]
+        result = root
+        while stack:
+            frame = stack[-1]
+            n, stage, ins = frame
+            if stage == 0:
+                if n.id in new or n.id in visiting:
+                    # (a replacement that references its own root keeps the root there)
+                    result = new.get(n.id, n)
+                    stack.pop()
+                    _deliver(stack, result)
+                    continue
+                visiting.add(n.id)
+                r = replace.get(n.id, n)
+                frame[1] = 1 if r is not n else 2
+                if r is not n:
+                    stack.append([r, 0, []])
+                continue
+            if stage == 2 and len(ins) < len(n.inputs):
+                stack.append([n.inputs[len(ins)], 0, []])
+                continue
+            if stage == 1:
+                result = ins[0]
+            else:
+                changed = any(a is not b for a, b in zip(ins, n.inputs, strict=True))
+                result = clone(n, tuple(ins)) if changed else n
+            visiting.discard(n.id)
+            new[n.id] = result
+            stack.pop()
+            _deliver(stack, result)
+        return result
 
     outputs = []
     for o in graph.outputs:
@@ -48,6 +69,12 @@ def substitute(graph: Graph, replace: dict[int, Node]) -> Graph:
         # An output must stay a value of its own: never hand back a caller's input buffer.
         outputs.append(o if r.op == "input" and o.op != "input" else r)
     return graph.rebuild(outputs)
+
+
+def _deliver(stack: list[list[Any]], value: Node) -> None:
+    """Hand a finished remap to the frame waiting for it."""
+    if stack:
+        stack[-1][2].append(value)
 
 
 def rewrite(graph: Graph, rule: Callable[[Node], Node | None]) -> Graph:

@@ -33,8 +33,10 @@ def test_transformer_block_folds_to_three_linears(dtype):
     rng = np.random.default_rng()
     x = arr(rng, 2, 3, 32, dtype=dtype)
     g1, g2 = arr(rng, 32, dtype=dtype), arr(rng, 32, dtype=dtype)
-    wo, wgu, wd = arr(rng, 32, 32, dtype=dtype), arr(rng, 96, 32, dtype=dtype), arr(
-        rng, 32, 48, dtype=dtype
+    wo, wgu, wd = (
+        arr(rng, 32, 32, dtype=dtype),
+        arr(rng, 96, 32, dtype=dtype),
+        arr(rng, 32, 48, dtype=dtype),
     )
 
     def block(x, g1, g2, wo, wgu, wd):
@@ -105,3 +107,24 @@ def test_linear_shape_rule_names_the_residual():
         from pygpukit import runtime
 
         runtime.record("linear", (x._node, w._node, r._node), {"has_residual": True})
+
+
+def test_a_deep_residual_chain_folds():
+    """Hundreds of residual layers (a 7B decode step is ~2000 nodes deep): the rewrite walks
+    must not recurse per node, and the folded program still computes the chain."""
+    rng = np.random.default_rng()
+    x, g = arr(rng, 1, 8), arr(rng, 8)
+    w = arr(rng, 8, 8) * np.float32(0.1)
+    layers = 400
+
+    def f(x, g, w):
+        for _ in range(layers):
+            x = x + gpk.nn.linear(_rms_norm(x, g), w)
+        return x
+
+    g_ = fused(f, x, g, w)
+    assert ops(g_) == ["linear"] * layers
+    x64, g64, w64 = f64(x), f64(g), f64(w)
+    for _ in range(layers):
+        x64 = x64 + rms64(x64, g64, 1e-5) @ w64.T
+    close(run_lazy(f, x, g, w)[0], x64, factor=50)
