@@ -33,6 +33,7 @@ out of theirs, which needs one capture only. Persistent arrays (externals) are r
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from pygpukit import memory
@@ -43,6 +44,13 @@ _CAPTURES_KEPT = 8  # captures per program, one per recent set of addresses
 # Captures made for new argument/output addresses before binding gives up and copies:
 # a re-capture of a big graph costs milliseconds, a copy a few microseconds.
 _MISSES_ALLOWED = 16
+# A capture costs about one Python launch per kernel twice (an eager run, then the
+# recording): cheap for a few kernels, milliseconds for a decode step of hundreds. Bigger
+# programs bind only large arguments and outputs, where a copy costs real bandwidth; their
+# small ones (device scalars, token ids), whose addresses change call to call, are copied
+# into their slots, so the one capture stays valid.
+_CHEAP_KERNELS = 16
+_BIG_BYTES = 1 << 20
 _TOKENS_KEPT = 64
 _token_ids = itertools.count()
 
@@ -93,15 +101,33 @@ class PlannedProgram:
         # An argument viewed by an output is always copied: the output must not alias the
         # caller's array (a static output would, after the call).
         out_roots = {plan.root(s) for s in outs if s >= 0}
-        self._arg_slots = [(s, s not in out_roots) if s >= 0 and s not in external else (-1, False)
-                           for s in sched.input_slots]  # fmt: skip
+        nodes = sched.graph.nodes
+        cheap = len(self.kernels) <= _CHEAP_KERNELS
+
+        def worth(s: int) -> bool:
+            n = nodes[s]
+            return cheap or math.prod(n.shape) * n.dtype.itemsize >= _BIG_BYTES
+
+        self._arg_slots = [
+            (s, s not in out_roots and worth(s)) if s >= 0 and s not in external else (-1, False)
+            for s in sched.input_slots
+        ]  # fmt: skip
         produced = {st.out for _, st in self.kernels if st.out not in plan.alias}
         wb = {s for pair in plan.writeback for s in pair}
         self._fresh_slots = [
             s for s in outs[:n_user]
             if s in produced and outs.count(s) == 1 and s not in wb and s in plan.offsets
+            and worth(s)
         ]  # fmt: skip
         self._fresh_index = [outs.index(s) for s in self._fresh_slots]
+        self._fresh_specs = [(s, nodes[s].shape, nodes[s].dtype) for s in self._fresh_slots]
+        self._arg_specs = [(s, ok, nodes[s].shape if s >= 0 else (), nodes[s].dtype if s >= 0
+                            else None) for s, ok in self._arg_slots]  # fmt: skip
+        # An argument in a persistent array the graph writes is copied in first: a bound
+        # one could be read after a step overwrote it.
+        self._writes_external = bool(plan.writeback) or any(
+            plan.root(sched.steps[k].ins[0]) in external for k in plan.inplace
+        )
         bindable = {s for s, ok in self._arg_slots if ok} | set(self._fresh_slots)
         self._dep_views = [
             (k, st) for k, st in enumerate(sched.steps)
@@ -121,7 +147,6 @@ class PlannedProgram:
         slots = [s for s, _ in self._arg_slots if s >= 0] + self._fresh_slots
         self._home = {s: self.values[s] for s in slots}
         self.arena = arena
-        self._span = (arena.addr, arena.addr + arena.nbytes)
         self._bound = None
 
     def unbind(self) -> None:
@@ -146,6 +171,7 @@ class PlannedProgram:
         storage = self.backend.storage
         self._pins = pin_all([self.arena] + [storage(v) for v in externals])
         self._external_storages = {id(p) for p in self._pins}
+        self._span = (self.arena.addr, self.arena.addr + self.arena.nbytes)  # pinned now
         for slot, v in zip(self.external, externals, strict=True):
             if slot >= 0:
                 self.values[slot] = v
@@ -234,11 +260,10 @@ class PlannedProgram:
     def _bind_fresh(self) -> list[Any]:
         """New pool blocks for the outputs the graph can write directly. Allocated before
         argument addresses are read: an allocation may move evictable blocks."""
-        nodes, fresh, values = self.schedule.graph.nodes, self.backend.fresh, self.values
+        fresh, values = self.backend.fresh, self.values
         news = []
-        for s in self._fresh_slots:
-            n = nodes[s]
-            values[s] = v = fresh(n.shape, n.dtype)
+        for s, shape, dtype in self._fresh_specs:
+            values[s] = v = fresh(shape, dtype)
             news.append(v)
         return news
 
@@ -246,20 +271,20 @@ class PlannedProgram:
         """Put each argument in its slot: in place (bound) or copied into the arena.
         Returns what a capture bakes in for them and for the fresh outputs."""
         values, home, backend = self.values, self._home, self.backend
-        nodes = self.schedule.graph.nodes
+        place_of = backend.place
         places: list[Any] = []
         lo, hi = self._span
-        for (slot, ok), v in zip(self._arg_slots, args, strict=False):
+        check = self._writes_external
+        for (slot, ok, shape, dtype), v in zip(self._arg_specs, args, strict=False):
             if slot < 0:
                 continue
-            n = nodes[slot]
-            place = backend.place(v, n.shape, n.dtype) if binding and ok else None
-            if place is not None:
-                s = backend.storage(v)
-                # Memory in this arena (a static output fed back) or of a persistent array
-                # the graph may write: copy, so no step reads bytes another one overwrote.
-                if id(s) in self._external_storages or lo <= s.addr < hi:
-                    place = None
+            place = place_of(v, shape, dtype) if binding and ok else None
+            # Memory in this arena (a static output fed back) or in a persistent array the
+            # graph writes: copied, so no step reads bytes another one overwrote.
+            if place is not None and (
+                lo <= place < hi or (check and id(backend.storage(v)) in self._external_storages)
+            ):
+                place = None
             if place is None:
                 values[slot] = home[slot]
                 backend.copy_into(values[slot], v)
@@ -267,8 +292,8 @@ class PlannedProgram:
                 values[slot] = v
             places.append(place)
         if news:
-            for s in self._fresh_slots:
-                places.append(backend.place(values[s], nodes[s].shape, nodes[s].dtype))
+            for (_, shape, dtype), v in zip(self._fresh_specs, news, strict=True):
+                places.append(place_of(v, shape, dtype))
         for _, st in self._dep_views:
             values[st.out] = backend.view(st, [values[i] for i in st.ins])
         return places

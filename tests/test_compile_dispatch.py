@@ -220,3 +220,26 @@ def test_kept_results_stop_output_binding_only(rng):
     assert len(_program(f)._captures) <= n + 1
     for y in kept:
         close(y.to_numpy(), np.sin(x64) * 2)
+
+
+def test_big_programs_copy_small_arguments_into_one_capture(rng):
+    ws = [_fresh(rng, 8, 8) for _ in range(executor._CHEAP_KERNELS + 2)]
+
+    @gpk.compile
+    def deep(x, scale):
+        for w, _ in ws:
+            x = gpk.tanh(x @ w) * scale
+        return x
+
+    kept = []
+    for i in range(6):  # every argument and result a new block, all kept alive
+        x, x64 = _fresh(rng, 2, 8)
+        s = float(np.float32(rng.uniform(0.5, 1.5)))
+        y = deep(x, gpk.scalar(s))
+        for _, w64 in ws:
+            x64 = np.tanh(x64 @ w64) * s
+        close(y.to_numpy(), x64, factor=20)  # float32 rounding through 18 layers
+        kept.append((x, y))
+    prog = _program(deep)
+    assert len(prog.kernels) > executor._CHEAP_KERNELS
+    assert len(prog._captures) == 1 and deep.stats()["fast_hits"] == 5

@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pygpukit import errors
-from pygpukit.ir import SourceLoc
+from pygpukit.array import GPUArray
+from pygpukit.ir import Node, SourceLoc
 from pygpukit.memory import Storage
 
 from .captures import Watch, scan
@@ -342,9 +343,6 @@ class _Outputs:
         self.writeback_args = [(k, first + j) for j, k in enumerate(traced.writeback_args)]
 
     def build(self, values: list[Any]) -> Any:
-        from pygpukit.array import GPUArray
-        from pygpukit.ir import Node
-
         where = self.where
         outs = []
         for v, (attrs, shape, dtype) in zip(values, self.leaves, strict=False):
@@ -380,8 +378,6 @@ class _Guard:
               arrays: list[Any], watch: Watch, externals: list[Any]) -> _Guard | None:  # fmt: skip
         """None when the arguments are not flat (nested pytrees, NumPy arrays): those
         calls take the full path."""
-        from pygpukit.array import GPUArray
-
         checks = []
         k = 0
         for v in list(args) + list(kwargs.values()):
@@ -405,8 +401,6 @@ class _Guard:
 
     def match(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
         """The argument arrays when this call hits the guarded entry, else None."""
-        from pygpukit.array import GPUArray
-
         if kwargs:
             if tuple(kwargs) != self.kw:
                 return None
