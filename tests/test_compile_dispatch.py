@@ -232,7 +232,7 @@ def test_big_programs_copy_small_arguments_into_one_capture(rng):
         return x
 
     kept = []
-    for i in range(6):  # every argument and result a new block, all kept alive
+    for _ in range(6):  # every argument and result a new block, all kept alive
         x, x64 = _fresh(rng, 2, 8)
         s = float(np.float32(rng.uniform(0.5, 1.5)))
         y = deep(x, gpk.scalar(s))
