@@ -19,8 +19,8 @@
 // PGK_PRO 1: RMSNorm prologue. x enters the MMA as x * gain; each lane also sums the
 //   squares of the x it loads, the block reduces them per row with the partial dot
 //   products, and the row's 1/rms scales its sum before the bias: no extra pass over x.
-// PGK_PRO 2: SwiGLU prologue. x is the gate and `pro` the up rows: silu(gate) * up enters
-//   the MMA, rounded to the element type as the separate swiglu kernel would store it.
+//   (A SwiGLU prologue the same way was compute-bound -- an exp and a divide per x
+//   element, redone by every block for all 16 row slots -- so SwiGLU stays its own kernel.)
 // res (optional): a residual [M, N] added after the activation.
 //
 // pgk_gemv (any float type, any alignment): one warp per output row, grid.y walks the
@@ -145,7 +145,7 @@ PGK_DEVICE uint4 pgk_gload_x(const pgk_t* p, bool in) {
 }
 
 // The prologue on one 16-byte chunk of x (E elements): returns what enters the MMA and
-// adds the squares of x to ss (RMSNorm) -- p is the gain chunk or the up chunk.
+// adds the squares of x to ss -- p is the gain chunk.
 PGK_DEVICE uint4 pgk_gprologue(uint4 xv, uint4 p, float& ss) {
 #if PGK_PRO == 0
   (void)p;
@@ -159,13 +159,9 @@ PGK_DEVICE uint4 pgk_gprologue(uint4 xv, uint4 p, float& ss) {
   pgk_t* oe = reinterpret_cast<pgk_t*>(&out);
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    const float a = pgk_to_float(xe[e]), b = pgk_to_float(pe[e]);
-#if PGK_PRO == 1
+    const float a = pgk_to_float(xe[e]);
     ss += a * a;
-    oe[e] = pgk_from_float<pgk_t>(a * b);
-#else
-    oe[e] = pgk_from_float<pgk_t>(a / (1.0f + __expf(-a)) * b);
-#endif
+    oe[e] = pgk_from_float<pgk_t>(a * pgk_to_float(pe[e]));
   }
   return out;
 #endif
@@ -176,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
                  long long x_stride, long long w_stride, long long y_stride,
                  const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                 long long res_stride, long long pro_stride, float eps) {
+                 long long res_stride, float eps) {
   // Compiled into every module of the family, launched for 2-byte types only.
   constexpr int U = PGK_U, NT = PGK_NT;
   __shared__ float red[PGK_GW][16][8 * NT + 1];  // +1: lanes of a row land in distinct banks
@@ -203,11 +199,9 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const bool x0in = m0 + qr < m, x1in = m0 + qr + 8 < m;
   const pgk_t* x0 = x + (long long)(x0in ? m0 + qr : 0) * x_stride + qc * 8;
   const pgk_t* x1 = x + (long long)(x1in ? m0 + qr + 8 : 0) * x_stride + qc * 8;
-  // The prologue's operand per x row: the gain (one row for all) or the up rows.
-  const long long ps = PGK_PRO == 2 ? pro_stride : 0;
-  const pgk_t* p0 = PGK_PRO ? pro + (long long)(x0in ? m0 + qr : 0) * ps + qc * 8 : x0;
-  const pgk_t* p1 = PGK_PRO ? pro + (long long)(x1in ? m0 + qr + 8 : 0) * ps + qc * 8 : x1;
+  const pgk_t* gain = PGK_PRO ? pro + qc * 8 : x0;  // one gain row serves every x row
   float ss0 = 0.0f, ss1 = 0.0f;
+  const bool upper = m0 + 8 < m;  // any row of x in the tile's upper half
 
   float acc[NT][4];
 #pragma unroll
@@ -256,8 +250,11 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       uint4 xa = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
       uint4 xb = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
       if (PGK_PRO) {
-        xa = pgk_gprologue(xa, pgk_gload_x(p0 + (c + u) * 32, in && x0in), ss0);
-        xb = pgk_gprologue(xb, pgk_gload_x(p1 + (c + u) * 32, in && x1in), ss1);
+        // The prologue is per element and redone by every block: skip the upper half of
+        // the tile when no row lives there (block-uniform, so no divergence).
+        const uint4 gv = pgk_gload_x(gain + (c + u) * 32, in);
+        xa = pgk_gprologue(xa, gv, ss0);
+        if (upper) xb = pgk_gprologue(xb, gv, ss1);
       }
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -288,8 +285,11 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       uint4 xa = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
       uint4 xb = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
       if (PGK_PRO) {
-        xa = pgk_gprologue(xa, pgk_gload_x(p0 + (c + u) * 32, in && x0in), ss0);
-        xb = pgk_gprologue(xb, pgk_gload_x(p1 + (c + u) * 32, in && x1in), ss1);
+        // The prologue is per element and redone by every block: skip the upper half of
+        // the tile when no row lives there (block-uniform, so no divergence).
+        const uint4 gv = pgk_gload_x(gain + (c + u) * 32, in);
+        xa = pgk_gprologue(xa, gv, ss0);
+        if (upper) xb = pgk_gprologue(xb, gv, ss1);
       }
 #pragma unroll
       for (int t = 0; t < NT; ++t) {

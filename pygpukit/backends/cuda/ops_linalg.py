@@ -375,15 +375,15 @@ def _linear_gemv(ctx: Context, x: DeviceValue, w: DeviceValue, bias: DeviceValue
 # -- linear with a folded prologue / residual (passes/fold_into_linear.py) -------------------
 def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                    has_bias: bool, has_res: bool, prologue: str) -> Run:  # fmt: skip
-    """The prologue (RMSNorm or SwiGLU of the input) into scratch, the plain linear, then
-    the residual add: the same kernels the unfolded program runs, for the shapes and
-    dtypes the GEMV's own prologue and residual do not take."""
+    """One GEMV with the prologue and residual where it takes them; else the prologue
+    kernel into scratch, then the linear with the residual (fused again if it can be,
+    otherwise an add): the kernels the unfolded program would run."""
     fused = _gemv_folded(ctx, step, ins, has_bias, has_res, prologue)
     if fused is not None:
         return fused
     x, w = ins[0], ins[1]
     dtype, shape = step.dtype, step.shape
-    pro_run = None
+    res_at = 2 + has_bias
     if prologue != "none":
         attrs = {"eps": step.attrs["eps"]} if prologue == "rms_norm" else {}
         specs = [(x.shape, x.dtype), (ins[-1].shape, ins[-1].dtype)]
@@ -391,25 +391,29 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         pstep = Step(prologue, attrs, (), -1, tuple(pshape), pdtype, step.loc)
         planner = ops_nn.plan_norm if prologue == "rms_norm" else ops_nn.plan_swiglu
         pro_run = planner(ctx, pstep, [x, ins[-1]], tag)
-        x = DeviceValue(x.storage, tuple(pshape), contiguous(tuple(pshape)), 0, pdtype)
+        xp = DeviceValue(x.storage, tuple(pshape), contiguous(tuple(pshape)), 0, pdtype)
+        rest = list(ins[2 : res_at + has_res])  # bias, residual
+        rest_attrs = {k: v for k, v in step.attrs.items() if k not in ("prologue", "eps")}
+        after = plan_linear(ctx, Step("linear", rest_attrs, (), -1, shape, dtype, step.loc),
+                            [xp, w, *rest], tag)  # fmt: skip
+
+        def run_pro(v: Sequence[DeviceValue]) -> DeviceValue:
+            with ctx.scratch_only():
+                xv = pro_run([v[0], v[-1]])
+            return after([xv, v[1], *v[2 : res_at + has_res]])
+
+        return run_pro
     base_ins = [x, w] + ([ins[2]] if has_bias else [])
     base_attrs = {"activation": step.attrs.get("activation", "none"), "has_bias": has_bias}
     base = plan_linear(ctx, Step("linear", base_attrs, (), -1, shape, dtype, step.loc),
                        base_ins, tag)  # fmt: skip
-    res_at = 2 + has_bias
-    add = None
-    if has_res:
-        y_plan = DeviceValue(x.storage, shape, contiguous(shape), 0, dtype)
-        add = ew.make(ctx, ("add", ("in", 0), ("in", 1)), [y_plan, ins[res_at]], shape,
-                      contiguous(shape), dtype, 256, tag=tag)  # fmt: skip
+    y_plan = DeviceValue(x.storage, shape, contiguous(shape), 0, dtype)
+    add = ew.make(ctx, ("add", ("in", 0), ("in", 1)), [y_plan, ins[res_at]], shape,
+                  contiguous(shape), dtype, 256, tag=tag)  # fmt: skip
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         with ctx.scratch_only():
-            xv = pro_run([v[0], v[-1]]) if pro_run is not None else v[0]
-            if add is not None:
-                y = base([xv, v[1]] + ([v[2]] if has_bias else []))
-        if add is None:
-            return base([xv, v[1]] + ([v[2]] if has_bias else []))
+            y = base([v[0], v[1]] + ([v[2]] if has_bias else []))
         out = ctx.alloc_out(shape, dtype, "linear")
         if numel(shape):
             add(out.ptr, [y.ptr, v[res_at].ptr])
@@ -420,8 +424,13 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
 
 def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias: bool,
                  has_res: bool, prologue: str) -> Run | None:  # fmt: skip
-    """One tensor-core GEMV reading x through the prologue and adding the residual, or
-    None where its rules do not hold (then the composed path runs)."""
+    """One tensor-core GEMV reading x through the RMSNorm prologue and adding the
+    residual, or None where its rules do not hold (then the composed path runs)."""
+    if prologue == "swiglu":
+        # silu costs an exp and a divide per element of x, redone by every block for all
+        # 16 row slots of the MMA tile: measured compute-bound (the decode step's GEMVs
+        # ran 5x slower than bandwidth), so SwiGLU stays one small kernel before the GEMV.
+        return None
     x, w = ins[0], ins[1]
     dtype, shape = step.dtype, step.shape
     res_at = 2 + has_bias
@@ -431,19 +440,14 @@ def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias:
         return None
     xr = _rows_view(x)
     rr = _rows_view(res) if res is not None else None
-    pr = _rows_view(pro) if prologue == "swiglu" and pro is not None else None
-    if xr is None or (res is not None and rr is None) or (prologue == "swiglu" and pr is None):
+    if xr is None or (res is not None and rr is None):
         return None
     k = xr.shape[1]
     if prologue == "rms_norm" and (pro is None or pro.shape != (k,) or pro.strides != (1,)):
         return None
-    if pr is not None and (pr.shape != xr.shape or pr.strides[1] != 1):
-        return None
     if rr is not None and rr.strides[1] != 1:
         return None
-    row_strides: tuple[int, ...] = (xr.strides[0] if xr.shape[0] > 1 else 0, w.strides[0])
-    if pr is not None:
-        row_strides += (pr.strides[0] if xr.shape[0] > 1 else 0,)
+    row_strides = (xr.strides[0] if xr.shape[0] > 1 else 0, w.strides[0])
     ptrs = (x.ptr, w.ptr) + ((pro.ptr,) if pro is not None else ())
     if not gemv.uses_mma(dtype.name, k, row_strides, ptrs):
         return None
@@ -453,14 +457,13 @@ def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias:
     if launch is None or (bias is not None and not use_bias) or not fuse_act:
         return None
     eps = float(step.attrs.get("eps", 0.0))
-    ps = pr.strides[0] if pr is not None else 0
     rs = rr.strides[0] if rr is not None else 0
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         y = ctx.alloc_out(shape, dtype, "linear")
         if numel(shape):
             launch(v[0].ptr, v[1].ptr, y.ptr, v[2].ptr if has_bias else 0, prologue=prologue,
-                   pro=v[-1].ptr if pro is not None else 0, pro_stride=ps, eps=eps,
+                   pro=v[-1].ptr if pro is not None else 0, eps=eps,
                    residual=v[res_at].ptr if has_res else 0, residual_stride=rs)  # fmt: skip
         return y
 

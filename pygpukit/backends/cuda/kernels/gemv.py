@@ -14,7 +14,7 @@ WARPS = 8
 # Rows of x one tensor-core launch covers (the mma tile's M); routing sends M <= this here.
 MMA_ROWS = 16
 ACTS = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "silu": 3}
-PROLOGUES = {"none": 0, "rms_norm": 1, "swiglu": 2}
+PROLOGUES = {"none": 0, "rms_norm": 1}
 # Tensor-core geometry: (warps splitting K, n8 tiles per warp, 32-column chunks per slab,
 # cp.async stages per warp; 0 stages loads fragments straight from global memory).
 # 8 x 1 x 8 x 2: 256 threads, 4 KB slabs of W per warp, one in flight while one is used.
@@ -56,7 +56,6 @@ def gemv(
     config: tuple[int, int, int, int] | None = None,
     prologue: str = "none",
     pro: int = 0,
-    pro_stride: int = 0,
     eps: float = 0.0,
     residual: int = 0,
     residual_stride: int | None = None,
@@ -69,7 +68,7 @@ def gemv(
     otherwise one warp per output row. unroll: the fallback's 16-byte loads in flight per
     lane. config: MMA_CONFIG's geometry for the tensor-core kernel.
     prologue p (tensor cores only): "rms_norm" with the gain at `pro` (x / rms(x) * gain,
-    eps), or "swiglu" with the up rows at `pro` (silu(x) * up, row stride pro_stride)."""
+    eps)."""
     loader.check_dtype(dtype, DTYPES, "gemv")
     positive("gemv", n=n, k=k, m=m)
     int32_range("gemv", n=n, k=k, m=m)
@@ -84,9 +83,8 @@ def gemv(
         raise ShapeError(f"gemv: unknown prologue {prologue!r} ({', '.join(PROLOGUES)})")
     rs = n if residual_stride is None else residual_stride
     act = ACTS[activation]
-    pstrides = (pro_stride if m > 1 else 0,) if prologue == "swiglu" else ()
     pptrs = (pro,) if prologue != "none" else ()
-    if uses_mma(dtype, k, (xs if m > 1 else 0, ws, *pstrides), (x, w, *pptrs)):
+    if uses_mma(dtype, k, (xs if m > 1 else 0, ws), (x, w, *pptrs)):
         cfg = config or MMA_CONFIG
         gw, nt, u, stages = cfg
         if m > 16 * 65535:
@@ -100,8 +98,8 @@ def gemv(
         fn.launch(
             (cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
             (gw * 32,),
-            "PPPPiiiqqqPPqqf",
-            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, pro_stride, eps),
+            "PPPPiiiqqqPPqf",
+            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps),
             smem,
             stream,
         )

@@ -86,7 +86,7 @@ def all_variants() -> list[Variant]:
         # the benchmark sweeps.
         gw, nt, u, st = gemv.MMA_CONFIG
         for act in (0, 1, 2, 3):
-            for pro in gemv.PROLOGUES.values():  # none, RMSNorm, SwiGLU
+            for pro in gemv.PROLOGUES.values():  # none, RMSNorm
                 mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act, PGK_PRO=pro,
                          PGK_GSTAGES=st)  # fmt: skip
                 out.append(("gemv", ("pgk_gemv_mma",), mma))
