@@ -24,7 +24,11 @@ class Pool:
 
 class SchedulerCore:
     def __init__(
-        self, capacity_bytes: int, burst_ms: float = ..., guard_ms: float = ...
+        self,
+        capacity_bytes: int,
+        burst_ms: float = ...,
+        guard_ms: float = ...,
+        min_idle_ms: float = ...,
     ) -> None: ...
     def add_partition(
         self,

@@ -56,7 +56,8 @@ class Scheduler:
     time when a launch ends, so a deeper queue makes shares coarser and lets low-priority
     work sit in front of Guaranteed launches (BestEffort is kept to one by the core).
     guard_ms: margin the core keeps between a BestEffort launch's expected end and the next
-    expected Guaranteed arrival.
+    expected Guaranteed arrival; min_idle_ms: least silence after which a Guaranteed
+    tenant counts as idle (BestEffort then runs freely), however short its usual gaps.
 
     A task the core lets start at submission is launched on the submitting thread (no
     hand-off to the dispatcher); the CUDA device's completer thread ends it, so a solo
@@ -67,7 +68,7 @@ class Scheduler:
                  partitions: dict[str, dict[str, Any]] | None = None, *,
                  burst_ms: float = 50.0, simulate: bool | None = None,
                  sim_gbps: float = DEFAULT_SIM_GBPS, max_inflight: int = 1,
-                 guard_ms: float = 0.25) -> None:  # fmt: skip
+                 guard_ms: float = 0.25, min_idle_ms: float = 5.0) -> None:  # fmt: skip
         from pygpukit import _rust
         from pygpukit.backends import get_backend
 
@@ -88,7 +89,7 @@ class Scheduler:
         if sim_gbps <= 0:
             raise ValueError(f"sim_gbps must be positive, got {sim_gbps}")
         self.memory = int(memory)
-        self._core = _rust.SchedulerCore(self.memory, burst_ms, guard_ms)
+        self._core = _rust.SchedulerCore(self.memory, burst_ms, guard_ms, min_idle_ms)
         self._prio = _stream_priorities(cuda)
         self._part_prio: dict[str, int] = {"default": self._prio["normal"]}
         for name, spec in (partitions or {}).items():

@@ -451,17 +451,21 @@ fn best_effort_is_held_while_guaranteed_work_is_due() {
 /// A GPU that runs one launch at a time and cannot preempt it (a large GEMM
 /// holds every SM to its end). Guaranteed tasks of `g_ms` arrive every
 /// `period` ms until `g_until` (a period of 0: each one as the previous ends,
-/// a closed loop); best effort always has a `be_ms` task admitted. Returns
-/// the Guaranteed waits (arrival to start) and the best-effort launches as
-/// (start, end).
+/// a closed loop, which pauses `pause.1` ms after every `pause.0`-th step);
+/// best effort always has a `be_ms` task admitted. Returns the Guaranteed
+/// waits (arrival to start) and the best-effort launches as (start, end).
+#[allow(clippy::too_many_arguments)]
 fn nonpreemptive(
     period: f64,
     g_ms: f64,
     be_ms: f64,
     g_until: f64,
     end: f64,
+    pause: (usize, f64),
+    min_idle_ms: f64,
 ) -> (Vec<f64>, Vec<(f64, f64)>) {
     let mut s = Scheduler::new(1 << 30, 20.0).unwrap();
+    s.set_min_idle_ms(min_idle_ms).unwrap();
     let mut be = s.submit(spec("be", MIB, Qos::BestEffort), 0.0).unwrap().id;
     let (mut now, mut next_g) = (0.0f64, 1.0f64);
     let mut g: Option<(TaskId, f64)> = None;
@@ -481,7 +485,13 @@ fn nonpreemptive(
                 waits.push(now - arrived);
                 now += g_ms;
                 s.complete(id, g_ms, now).unwrap();
-                next_g = if period == 0.0 { now } else { arrived + period };
+                next_g = if period > 0.0 {
+                    arrived + period
+                } else if waits.len() % pause.0 == 0 {
+                    now + pause.1
+                } else {
+                    now
+                };
             }
             Some((id, _)) => {
                 assert_eq!(id, be);
@@ -507,7 +517,7 @@ fn nonpreemptive(
 #[test]
 fn periodic_guaranteed_work_never_waits_behind_best_effort() {
     // G: 0.2 ms every 5 ms; BE: 1.5 ms launches; guard 0.25 ms.
-    let (waits, bes) = nonpreemptive(5.0, 0.2, 1.5, 1000.0, 1000.0);
+    let (waits, bes) = nonpreemptive(5.0, 0.2, 1.5, 1000.0, 1000.0, (1, 0.0), 5.0);
     assert_eq!(waits.len(), 200);
     // From the third arrival on, the gap is known and nothing is in the way.
     assert!(waits[2..].iter().all(|&w| w == 0.0), "{waits:?}");
@@ -520,7 +530,7 @@ fn periodic_guaranteed_work_never_waits_behind_best_effort() {
 #[test]
 fn closed_loop_guaranteed_work_starves_best_effort_only_while_active() {
     // Each G task arrives as the previous ends: the GPU is never free for 1.5 ms.
-    let (waits, bes) = nonpreemptive(0.0, 0.2, 1.5, 100.0, 200.0);
+    let (waits, bes) = nonpreemptive(0.0, 0.2, 1.5, 100.0, 200.0, (usize::MAX, 0.0), 5.0);
     assert!(waits[2..].iter().all(|&w| w == 0.0), "{waits:?} {bes:?}");
     let last_g = 1.0 + waits.iter().sum::<f64>() + 0.2 * waits.len() as f64;
     let during: Vec<_> = bes
@@ -529,14 +539,29 @@ fn closed_loop_guaranteed_work_starves_best_effort_only_while_active() {
         .collect();
     // Only the launch taken before g's rate was known (second arrival).
     assert!(during.len() <= 1, "{during:?}");
-    // Once g is idle (two gaps of silence) best effort takes the whole GPU.
+    // Once g is idle (5 ms of silence: the floor, above two 0.2 ms gaps) best
+    // effort takes the whole GPU.
     let first_after = bes.iter().find(|(a, _)| *a >= last_g).unwrap().0;
     assert!(
-        first_after - last_g <= 2.0 * 0.2 + 1e-6,
+        first_after - last_g <= 5.0 + 1e-6,
         "{first_after} vs {last_g}"
     );
-    assert_eq!(
-        bes.last().unwrap().1.ceil(),
-        200.0_f64.max(bes.last().unwrap().1).ceil()
-    );
+    let after: f64 = bes
+        .iter()
+        .filter(|(a, _)| *a >= last_g)
+        .map(|(a, b)| b - a)
+        .sum();
+    assert!(after >= 200.0 - first_after - 1.5, "{after}");
+}
+
+#[test]
+fn a_pause_in_a_closed_loop_is_not_idleness() {
+    // Every 20th step the client pauses 1 ms, five of its 0.2 ms gaps: without the
+    // idle floor that reads as idle, a 1.5 ms launch goes in and the next step waits.
+    let (waits, bes) = nonpreemptive(0.0, 0.2, 1.5, 100.0, 100.0, (20, 1.0), 0.0);
+    let late = waits[2..].iter().filter(|&&w| w > 0.0).count();
+    assert!(late >= 3 && bes.len() >= 4, "{late} {}", bes.len());
+    let (waits, bes) = nonpreemptive(0.0, 0.2, 1.5, 100.0, 100.0, (20, 1.0), 5.0);
+    assert!(waits[2..].iter().all(|&w| w == 0.0), "{waits:?}");
+    assert!(bes.len() <= 2, "{bes:?}");
 }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use pygpukit_core::scheduler::{
     Admission, Partition, Qos, SchedError, SchedStats, Scheduler, TaskId, TaskSpec,
-    DEFAULT_GUARD_MS,
+    DEFAULT_GUARD_MS, DEFAULT_MIN_IDLE_MS,
 };
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -111,13 +111,15 @@ type SubmitResult = (TaskId, &'static str, Option<String>, Vec<TaskId>);
 #[pymethods]
 impl PySchedulerCore {
     /// `guard_ms`: margin kept between a best-effort launch's expected end and
-    /// the next expected Guaranteed arrival.
+    /// the next expected Guaranteed arrival; `min_idle_ms`: least silence after
+    /// which a Guaranteed tenant counts as idle.
     #[new]
-    #[pyo3(signature = (capacity_bytes, burst_ms = 50.0, guard_ms = DEFAULT_GUARD_MS))]
-    fn new(capacity_bytes: i128, burst_ms: f64, guard_ms: f64) -> PyResult<Self> {
+    #[pyo3(signature = (capacity_bytes, burst_ms = 50.0, guard_ms = DEFAULT_GUARD_MS, min_idle_ms = DEFAULT_MIN_IDLE_MS))]
+    fn new(capacity_bytes: i128, burst_ms: f64, guard_ms: f64, min_idle_ms: f64) -> PyResult<Self> {
         let cap = bytes_arg("capacity_bytes", capacity_bytes)?;
         let mut inner = Scheduler::new(cap, burst_ms).map_err(to_py)?;
         inner.set_guard_ms(guard_ms).map_err(to_py)?;
+        inner.set_min_idle_ms(min_idle_ms).map_err(to_py)?;
         Ok(Self {
             inner: Mutex::new(inner),
         })

@@ -64,7 +64,7 @@ impl Scheduler {
         tenant.live_tasks += 1;
         if spec.qos == Qos::Guaranteed {
             tenant.guaranteed_live += 1;
-            tenant.note_guaranteed_arrival(now);
+            tenant.note_guaranteed_arrival(now, self.min_idle_ms);
         }
         let task = Task {
             id,

@@ -103,7 +103,7 @@ impl Scheduler {
         let ends = now + self.tenants[&task.spec.tenant].expected_ms().unwrap_or(0.0);
         self.tenants
             .values()
-            .filter_map(|t| t.forecast())
+            .filter_map(|t| t.forecast(self.min_idle_ms))
             .filter(|f| now < f.idle_at_ms && ends + self.guard_ms > f.next_ms)
             .map(|f| f.idle_at_ms)
             .reduce(f64::max)

@@ -10,8 +10,9 @@ use super::pacing::Bucket;
 /// rate within a few launches, few enough that one outlier soon ages out.
 pub const HISTORY: usize = 16;
 
-/// A Guaranteed tenant silent for this many of its longest recent gaps is
-/// idle: holding best-effort work back for it would only waste the GPU.
+/// A Guaranteed tenant silent for this many of its longest recent gaps (and
+/// at least the scheduler's `min_idle_ms`) is idle: holding best-effort work
+/// back for it would only waste the GPU.
 pub const IDLE_GAPS: f64 = 2.0;
 
 /// When the next Guaranteed arrival of a tenant is due, from its history.
@@ -66,11 +67,13 @@ impl Tenant {
     }
 
     /// Records a Guaranteed submission at `now`.
-    pub fn note_guaranteed_arrival(&mut self, now: f64) {
+    pub fn note_guaranteed_arrival(&mut self, now: f64, min_idle_ms: f64) {
         if let Some(last) = self.last_guaranteed_ms {
             // A gap across an idle spell says nothing about the arrival rate;
             // recording it would hold best-effort work back for as long.
-            let idle = self.forecast().is_some_and(|f| now >= f.idle_at_ms);
+            let idle = self
+                .forecast(min_idle_ms)
+                .is_some_and(|f| now >= f.idle_at_ms);
             if now >= last && !idle {
                 push(&mut self.guaranteed_gaps, now - last);
             }
@@ -84,13 +87,13 @@ impl Tenant {
     }
 
     /// None until two Guaranteed arrivals have shown a rate.
-    pub fn forecast(&self) -> Option<Forecast> {
+    pub fn forecast(&self, min_idle_ms: f64) -> Option<Forecast> {
         let last = self.last_guaranteed_ms?;
         let min = self.guaranteed_gaps.iter().copied().reduce(f64::min)?;
         let max = self.guaranteed_gaps.iter().copied().reduce(f64::max)?;
         Some(Forecast {
             next_ms: last + min,
-            idle_at_ms: last + IDLE_GAPS * max,
+            idle_at_ms: last + (IDLE_GAPS * max).max(min_idle_ms),
         })
     }
 
@@ -112,16 +115,17 @@ mod tests {
     #[test]
     fn forecast_from_gaps_skips_idle_spells() {
         let mut t = Tenant::new(0.5, 10.0, 0.0);
-        t.note_guaranteed_arrival(0.0);
-        assert_eq!(t.forecast(), None, "one arrival shows no rate");
-        t.note_guaranteed_arrival(4.0);
-        t.note_guaranteed_arrival(7.0);
-        let f = t.forecast().unwrap();
+        t.note_guaranteed_arrival(0.0, 0.0);
+        assert_eq!(t.forecast(0.0), None, "one arrival shows no rate");
+        t.note_guaranteed_arrival(4.0, 0.0);
+        t.note_guaranteed_arrival(7.0, 0.0);
+        let f = t.forecast(0.0).unwrap();
         assert_eq!((f.next_ms, f.idle_at_ms), (10.0, 15.0));
+        assert_eq!(t.forecast(20.0).unwrap().idle_at_ms, 27.0, "idle floor");
         // Silent past 15: the 93 ms gap is an idle spell, not a rate.
-        t.note_guaranteed_arrival(100.0);
+        t.note_guaranteed_arrival(100.0, 0.0);
         assert_eq!(t.shortest_gap_ms(), Some(3.0));
-        assert_eq!(t.forecast().unwrap().idle_at_ms, 108.0);
+        assert_eq!(t.forecast(0.0).unwrap().idle_at_ms, 108.0);
         for k in 0..HISTORY {
             t.note_duration(k as f64);
         }
