@@ -137,11 +137,26 @@ PGK_DEVICE void pgk_gmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsign
 }
 
 // W is streamed (read once: evict-first); x is re-read by every block, so it stays cached.
+// Both are volatile asm so they issue in program order ahead of the (volatile) MMAs: with
+// plain loads the compiler sank each next to its use (48 registers for 16 x vectors) and
+// the warp paid one L2 round trip per chunk. A false predicate gives zeros, no access.
 PGK_DEVICE uint4 pgk_gload_w(const pgk_t* p, bool in) {
-  return in ? __ldcs(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+  uint4 r;
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
+      " mov.b32 %2, 0;\n mov.b32 %3, 0;\n @q ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "r"((int)in));
+  return r;
 }
 PGK_DEVICE uint4 pgk_gload_x(const pgk_t* p, bool in) {
-  return in ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+  uint4 r;
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
+      " mov.b32 %2, 0;\n mov.b32 %3, 0;\n @q ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "r"((int)in));
+  return r;
 }
 
 // The prologue on one 16-byte chunk of x (E elements): returns what enters the MMA and
@@ -172,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
                  long long x_stride, long long w_stride, long long y_stride,
                  const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                 long long res_stride, float eps) {
+                 long long res_stride, float eps, int x_rows) {
   // Compiled into every module of the family, launched for 2-byte types only.
   constexpr int U = PGK_U, NT = PGK_NT;
   __shared__ float red[PGK_GW][16][8 * NT + 1];  // +1: lanes of a row land in distinct banks
@@ -209,26 +224,50 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
 
+  uint4 xa[U], xb[U];
+  auto mma_slab = [&](auto&& wget) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const uint4 wv = wget(u, t);
+        pgk_gmma(acc[t], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv.x, wv.y);
+        pgk_gmma(acc[t], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv.z, wv.w);
+      }
+  };
+
 #if PGK_GSTAGES > 0
-  // W through shared memory: cp.async moves each row's 32 * U columns as whole 512-byte
-  // runs (loading fragments straight from global memory split every 128-byte line between
-  // two instructions and ran at ~3.3 TB/s); PGK_GSTAGES stages per warp keep the next
-  // slabs in flight while the current one is multiplied. Rows are padded by 64 bytes so
-  // the 16-byte fragment reads of 8 rows x 4 lanes hit distinct banks.
+  // W, x and the prologue's gain through shared memory: cp.async moves each row's 32 * U
+  // columns as whole 512-byte runs, and every load of a slab is issued at one point. x
+  // loaded straight into fragments next to the MMAs was sunk by ptxas to its use, one L2
+  // round trip per 32 columns, and the kernel ran at 2-3 TB/s. PGK_GSTAGES stages per
+  // warp keep the next slabs in flight while the current one is multiplied. A stage holds
+  // 8 * NT rows of W, then the tile's x_rows rows of x (rows past m zero-filled), then the
+  // gain row (RMSNorm prologue). Rows are padded by 64 bytes so the 16-byte fragment reads
+  // of 8 rows x 4 lanes hit distinct banks.
   constexpr int NS = PGK_GSTAGES, SLD = 32 * U + 32, SROWS = 8 * NT;
+  constexpr int CPR = 4 * U;  // 16-byte pieces per row of a slab
+  const int srows = SROWS + x_rows + (PGK_PRO == 1 ? 1 : 0);
   extern __shared__ __align__(16) unsigned char pgk_gsm[];
-  pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_gsm) + warp * (NS * SROWS * SLD);
+  pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_gsm) + warp * (NS * srows * SLD);
   const int n_st = (c_hi - c_lo + U - 1) / U;
   auto issue = [&](int st) {
-    pgk_t* dst = wsm + (st % NS) * (SROWS * SLD);
+    pgk_t* dst = wsm + (st % NS) * (srows * SLD);
     const int c0 = c_lo + st * U;
 #pragma unroll
     for (int i = 0; i < NT * U; ++i) {
       const int p = i * 32 + lane;
-      const int r = p / (4 * U), cc = (p % (4 * U)) * 8;
+      const int r = p / CPR, cc = (p % CPR) * 8;
       const int row = n0 + r, col = c0 * 32 + cc;
       const bool in = row < n && col < k && c0 + cc / 32 < c_hi;
       pgk_cp_async16(dst + r * SLD + cc, in ? w + (long long)row * w_stride + col : w, in);
+    }
+    for (int p = lane; p < (srows - SROWS) * CPR; p += 32) {
+      const int r = p / CPR, cc = (p % CPR) * 8, col = c0 * 32 + cc;
+      const bool is_x = r < x_rows;
+      const bool in = col < k && c0 + cc / 32 < c_hi && (!is_x || m0 + r < m);
+      const pgk_t* src = is_x ? x + (long long)(m0 + r) * x_stride + col : pro + col;
+      pgk_cp_async16(dst + (SROWS + r) * SLD + cc, in ? src : w, in);
     }
   };
 #pragma unroll
@@ -236,38 +275,38 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if (st < n_st) issue(st);
     pgk_cp_async_commit();
   }
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  const bool r0 = qr < x_rows, r1 = qr + 8 < x_rows;
   for (int st = 0; st < n_st; ++st) {
     if (st + NS - 1 < n_st) issue(st + NS - 1);
     pgk_cp_async_commit();
     pgk_cp_async_wait<NS - 1>();
     __syncwarp();
-    const pgk_t* src = wsm + (st % NS) * (SROWS * SLD) + qr * SLD + qc * 8;
-    const int c = c_lo + st * U;
+    const pgk_t* stage = wsm + (st % NS) * (srows * SLD) + qc * 8;
+    const pgk_t* src = stage + qr * SLD;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int col = (c + u) * 32 + qc * 8;
-      const bool in = c + u < c_hi && col < k;
-      uint4 xa = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
-      uint4 xb = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
-      if (PGK_PRO) {
+      xa[u] = r0 ? *reinterpret_cast<const uint4*>(stage + (SROWS + qr) * SLD + u * 32) : zero;
+      xb[u] = r1 ? *reinterpret_cast<const uint4*>(stage + (SROWS + qr + 8) * SLD + u * 32)
+                 : zero;
+      if (PGK_PRO == 1) {
         // The prologue is per element and redone by every block: skip the upper half of
         // the tile when no row lives there (block-uniform, so no divergence).
-        const uint4 gv = pgk_gload_x(gain + (c + u) * 32, in);
-        xa = pgk_gprologue(xa, gv, ss0);
-        if (upper) xb = pgk_gprologue(xb, gv, ss1);
-      }
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const uint4 wv = *reinterpret_cast<const uint4*>(src + t * 8 * SLD + u * 32);
-        pgk_gmma(acc[t], xa.x, xb.x, xa.y, xb.y, wv.x, wv.y);
-        pgk_gmma(acc[t], xa.z, xb.z, xa.w, xb.w, wv.z, wv.w);
+        const uint4 gv =
+            *reinterpret_cast<const uint4*>(stage + (SROWS + x_rows) * SLD + u * 32);
+        xa[u] = pgk_gprologue(xa[u], gv, ss0);
+        if (upper) xb[u] = pgk_gprologue(xb[u], gv, ss1);
       }
     }
+    mma_slab([&](int u, int t) {
+      return *reinterpret_cast<const uint4*>(src + t * 8 * SLD + u * 32);
+    });
     __syncwarp();  // this stage is refilled by the next iteration's issue
   }
   pgk_cp_async_wait<0>();
   (void)wrow;
   (void)nin;
+  (void)gain;
 #else
   for (int c = c_lo; c < c_hi; c += U) {
     uint4 wv[U][NT];
@@ -282,22 +321,17 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     for (int u = 0; u < U; ++u) {
       const int col = (c + u) * 32 + qc * 8;
       const bool in = c + u < c_hi && col < k;
-      uint4 xa = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
-      uint4 xb = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
-      if (PGK_PRO) {
-        // The prologue is per element and redone by every block: skip the upper half of
-        // the tile when no row lives there (block-uniform, so no divergence).
+      xa[u] = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
+      xb[u] = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
+      if (PGK_PRO == 1) {
         const uint4 gv = pgk_gload_x(gain + (c + u) * 32, in);
-        xa = pgk_gprologue(xa, gv, ss0);
-        if (upper) xb = pgk_gprologue(xb, gv, ss1);
-      }
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        pgk_gmma(acc[t], xa.x, xb.x, xa.y, xb.y, wv[u][t].x, wv[u][t].y);
-        pgk_gmma(acc[t], xa.z, xb.z, xa.w, xb.w, wv[u][t].z, wv[u][t].w);
+        xa[u] = pgk_gprologue(xa[u], gv, ss0);
+        if (upper) xb[u] = pgk_gprologue(xb[u], gv, ss1);
       }
     }
+    mma_slab([&](int u, int t) { return wv[u][t]; });
   }
+  (void)x_rows;
 #endif
   // C fragment: (row qr, cols 2qc, 2qc+1) and (row qr + 8, same cols) of each n8 tile.
 #pragma unroll

@@ -98,10 +98,10 @@ def _use_mma(dtype: str) -> bool:
 
 # Splits the reduce kernel merges at most (PGK_MAXSPLITS in attention_decode.cuh).
 MAX_SPLITS = 256
-# Tensor-core decode blocks per SM the split count aims at, with one cp.async stage per
-# warp (70 KB of shared memory at D=128, so 3 fit): at B1 ctx 8192 one block per SM with
-# two stages kept too few bytes in flight (25% of copy bandwidth).
-MMA_BLOCKS_PER_SM = 2
+# Tensor-core decode blocks per SM the split count aims at. Measured on an H200 (B1 and B8,
+# ctx 8192): one block per SM with two cp.async stages per warp (139 KB) beat 2-3 blocks
+# with one stage (B1 12.8 vs 13.9 us, B8 40.6 vs 42.8-44.2 us).
+MMA_BLOCKS_PER_SM = 1
 
 
 def decode_splits(
@@ -131,11 +131,11 @@ def decode_splits(
 
 
 def decode_stages(dtype: str, head_dim: int, blocks_per_sm: int | None = None) -> int:
-    """cp.async stages per warp of the tensor-core kernel: the most (up to 3) that still
-    leave room for the blocks per SM the split count assumes."""
+    """cp.async stages per warp of the tensor-core kernel: two (overlap within a warp) when
+    they still leave room for the blocks per SM the split count assumes, else one."""
     per_sm = blocks_per_sm or MMA_BLOCKS_PER_SM
     smem_sm = int(loader.device_info().get("max_shared_per_sm", 228 * 1024))
-    for st in (3, 2):
+    for st in (2,):  # 3 measured no better than 2 on an H200 (B8: 40.8 vs 40.6 us)
         need = _decode_mma_smem(head_dim, st)
         if need <= loader.max_shared_optin() and per_sm * (need + 1024) <= smem_sm:
             return st

@@ -19,12 +19,18 @@ PROLOGUES = {"none": 0, "rms_norm": 1}
 # cp.async stages per warp; 0 stages loads fragments straight from global memory).
 # 8 x 1 x 8 x 2: 256 threads, 4 KB slabs of W per warp, one in flight while one is used.
 MMA_CONFIG = (8, 1, 8, 2)
+# Above this much shared memory a block (the slabs carry x's rows too) the default
+# geometry falls back to MMA_CONFIG_NARROW, so two blocks still fit an SM.
+MMA_SMEM_CAP = 110 * 1024
+MMA_CONFIG_NARROW = (4, 1, 8, 2)
 
 
-def mma_smem(config: tuple[int, int, int, int]) -> int:
-    """Dynamic shared memory of the tensor-core kernel: the warps' W slabs."""
+def mma_smem(config: tuple[int, int, int, int], x_rows: int = 1, prologue: str = "none") -> int:
+    """Dynamic shared memory of the tensor-core kernel: each warp's stages of 8 * NT rows
+    of W, x_rows rows of x and (RMSNorm prologue) the gain row, 32 * U + 32 columns."""
     gw, nt, u, stages = config
-    return gw * stages * 8 * nt * (32 * u + 32) * 2
+    rows = 8 * nt + x_rows + (1 if prologue == "rms_norm" else 0)
+    return gw * stages * rows * (32 * u + 32) * 2
 
 
 def uses_mma(dtype: str, k: int, strides: tuple[int, ...], ptrs: tuple[int, ...]) -> bool:
@@ -85,7 +91,10 @@ def gemv(
     act = ACTS[activation]
     pptrs = (pro,) if prologue != "none" else ()
     if uses_mma(dtype, k, (xs if m > 1 else 0, ws), (x, w, *pptrs)):
+        x_rows = min(m, MMA_ROWS)
         cfg = config or MMA_CONFIG
+        if config is None and mma_smem(cfg, x_rows, prologue) > MMA_SMEM_CAP:
+            cfg = MMA_CONFIG_NARROW
         gw, nt, u, stages = cfg
         if m > 16 * 65535:
             raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV")
@@ -93,13 +102,15 @@ def gemv(
                    "PGK_ACT": act, "PGK_PRO": PROLOGUES[prologue],
                    "PGK_GSTAGES": stages}  # fmt: skip
         fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
-        smem = mma_smem(cfg) if stages else 0
+        smem = mma_smem(cfg, x_rows, prologue) if stages else 0
+        if smem > loader.max_shared_optin():
+            raise ShapeError(f"gemv: config {cfg} needs {smem} bytes of shared memory")
         loader.set_dynamic_smem(fn, smem)
         fn.launch(
             (cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
             (gw * 32,),
-            "PPPPiiiqqqPPqf",
-            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps),
+            "PPPPiiiqqqPPqfi",
+            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows),
             smem,
             stream,
         )
