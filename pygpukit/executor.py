@@ -10,8 +10,9 @@ backend implements the same names):
                                                     (inplace: a setitem writing ins[0])
     copy_into(dst, src)                             copy values (inputs in, writebacks out)
     clone(value) -> value                           a fresh pool copy (outputs by default)
-    fresh(shape, dtype) -> value                    a new contiguous pool value (an output
-                                                    the graph writes directly)
+    fresh(shape, dtype) -> (value, key)             a new contiguous pool value (an output
+                                                    the graph writes directly), and its key
+                                                    as place() gives it
     place(value, shape, dtype) -> key | None        how a graph can read `value` in place of
                                                     a contiguous slot: a hashable key of what
                                                     a capture bakes in (CUDA: the address;
@@ -75,6 +76,7 @@ class PlannedProgram:
         self._bind_token = -1
         self._tokens: dict[Any, int] = {}  # bind keys seen -> token
         self._last_key: Any = None
+        self._eager: Any = None  # the replayable that re-issues launches, once capture failed
         self._span = (0, 0)
         self._external_storages: set[int] = set()
         self._replay: Any = None
@@ -237,11 +239,14 @@ class PlannedProgram:
         binding = self.bind_args
         stats = self._lru_stats
         evictions = stats["evictions"] if stats is not None else 0
-        news = self._bind_fresh() if fresh and bind_outputs and self.bind_outputs else []
-        places = self._bind_args(args, binding, news)
+        news: list[Any] = []
+        places: list[Any] = []
+        if fresh and bind_outputs and self.bind_outputs:
+            self._bind_fresh(news, places)
+        self._bind_args(args, binding, places)
         if stats is not None and stats["evictions"] != evictions:
             # A block moved while addresses were read: read them again with all pinned.
-            places = self._bind_pinned(args, news, binding)
+            places = self._bind_pinned(args, news, binding, places[: len(news)])
         try:
             self._replay_for(places, len(news), list(args) + news)
             out = [self.values[s] for s in self.schedule.output_slots]
@@ -257,22 +262,21 @@ class PlannedProgram:
             self._release(len(args))
         return out
 
-    def _bind_fresh(self) -> list[Any]:
+    def _bind_fresh(self, news: list[Any], places: list[Any]) -> None:
         """New pool blocks for the outputs the graph can write directly. Allocated before
         argument addresses are read: an allocation may move evictable blocks."""
         fresh, values = self.backend.fresh, self.values
-        news = []
         for s, shape, dtype in self._fresh_specs:
-            values[s] = v = fresh(shape, dtype)
+            v, place = fresh(shape, dtype)
+            values[s] = v
             news.append(v)
-        return news
+            places.append(place)
 
-    def _bind_args(self, args: list[Any], binding: bool, news: list[Any]) -> list[Any]:
-        """Put each argument in its slot: in place (bound) or copied into the arena.
-        Returns what a capture bakes in for them and for the fresh outputs."""
+    def _bind_args(self, args: list[Any], binding: bool, places: list[Any]) -> None:
+        """Put each argument in its slot: in place (bound) or copied into the arena;
+        appends what a capture bakes in for each to `places`."""
         values, home, backend = self.values, self._home, self.backend
         place_of = backend.place
-        places: list[Any] = []
         lo, hi = self._span
         check = self._writes_external
         for (slot, ok, shape, dtype), v in zip(self._arg_specs, args, strict=False):
@@ -291,26 +295,26 @@ class PlannedProgram:
             else:
                 values[slot] = v
             places.append(place)
-        if news:
-            for (_, shape, dtype), v in zip(self._fresh_specs, news, strict=True):
-                places.append(place_of(v, shape, dtype))
         for _, st in self._dep_views:
             values[st.out] = backend.view(st, [values[i] for i in st.ins])
-        return places
 
-    def _bind_pinned(self, args: list[Any], news: list[Any], binding: bool) -> list[Any]:
+    def _bind_pinned(self, args: list[Any], news: list[Any], binding: bool,
+                     places: list[Any]) -> list[Any]:  # fmt: skip
         storage = self.backend.storage
         held = memory.pin_all([storage(v) for v in list(args) + news])
         try:
-            return self._bind_args(args, binding, news)
+            self._bind_args(args, binding, places)
         finally:
             memory.unpin_all(held)
+        return places
 
     def _replay_for(self, places: list[Any], n_out: int, held: list[Any]) -> None:
-        """Replay the capture made for these addresses (places: the arguments', then the
-        n_out fresh outputs'), capturing it first if there is none."""
+        """Replay the capture made for these addresses (places: the n_out fresh outputs',
+        then the arguments'), capturing it first if there is none."""
         key = (self._bind_token, *places)
-        if key == self._last_key:  # the same addresses as the last call
+        if key == self._last_key or self._eager is not None:
+            # The same addresses as the last call; or capture failed for this program, and
+            # its re-issued launches read the values list, whatever addresses it holds.
             self._replay.replay()
             return
         captures = self._captures
@@ -331,6 +335,8 @@ class PlannedProgram:
         storage = self.backend.storage
         with memory.pinned([storage(v) for v in held]):
             replay.replay()
+        if getattr(replay, "fallback", None):
+            self._eager = replay  # a second capture would fail the same way
 
     def _count_miss(self, key: tuple[Any, ...], n_out: int) -> None:
         """A capture for new addresses with the same externals and arena: charge it to
@@ -339,9 +345,9 @@ class PlannedProgram:
         last = self._last_key
         if last is None or last[0] != key[0] or len(last) != len(key):
             return
-        cut = len(key) - n_out
-        for kind, moved in (("args", last[1:cut] != key[1:cut]),
-                            ("outputs", last[cut:] != key[cut:])):  # fmt: skip
+        cut = 1 + n_out
+        for kind, moved in (("outputs", last[1:cut] != key[1:cut]),
+                            ("args", last[cut:] != key[cut:])):  # fmt: skip
             if moved:
                 self.bind_misses[kind] += 1
                 if self.bind_misses[kind] > _MISSES_ALLOWED:
@@ -354,6 +360,8 @@ class PlannedProgram:
         n, clone = self._n_user, self.backend.clone
         if not news:
             return [clone(v) for v in out[:n]] + out[n:]
+        if len(news) == n:  # every result written directly (the usual case)
+            return news + out[n:]
         res = list(out)
         for k, v in zip(self._fresh_index, news, strict=True):
             res[k] = v

@@ -54,10 +54,11 @@ class Watch:
     def unchanged(self) -> bool:
         """True when every container holds the same objects, by identity (never __eq__:
         comparing arrays would record ops)."""
-        now = gc.get_referents(*self._containers)
-        held = self._held
-        if len(now) != len(held) or not all(map(_is, now, held)):
-            return False
+        if self._containers:
+            now = gc.get_referents(*self._containers)
+            held = self._held
+            if len(now) != len(held) or not all(map(_is, now, held)):
+                return False
         for (g, names), before in zip(self.globals, self._held_globals, strict=True):
             if not all(map(_is, map(g.get, names), before)):
                 return False

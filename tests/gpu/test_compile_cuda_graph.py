@@ -51,6 +51,12 @@ def replay_of(fn: Any) -> Any:
     return entry.program._replay
 
 
+def captures_of(fn: Any) -> list[Any]:
+    """The graphs kept for fn's entry: one per set of argument/output addresses seen."""
+    (entry,) = fn._cache.values()
+    return list(entry.program._captures.values())
+
+
 def softmax64(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -98,8 +104,9 @@ def test_device_scalar_changes_without_recapture(rng: np.random.Generator) -> No
         s = float(rng.uniform(-3, 3))
         close(row(gpk.scalar(int(i)), gpk.scalar(s)), table[i].astype(np.float64) * s + 1.0)
     assert row.stats()["misses"] == 1
-    rp = replay_of(row)
-    assert rp.captured and rp.replays == len(order) - 1
+    caps = captures_of(row)  # new scalars at recurring addresses: a capture or a few, no more
+    assert 1 <= len(caps) <= 4 and all(rp.captured for rp in caps)
+    assert sum(rp.replays for rp in caps) == len(order) - len(caps)
 
 
 def test_kv_cache_setitem_at_dynamic_position(rng: np.random.Generator) -> None:
@@ -120,8 +127,9 @@ def test_kv_cache_setitem_at_dynamic_position(rng: np.random.Generator) -> None:
         close(cache, ref)  # the user's persistent array, written inside the graph
     assert step.stats()["misses"] == 1
     assert cache.node.realized.storage.addr == addr
-    rp = replay_of(step)
-    assert rp.captured and rp.replays == 9
+    caps = captures_of(step)
+    assert 1 <= len(caps) <= 4 and all(rp.captured for rp in caps)
+    assert sum(rp.replays for rp in caps) == 10 - len(caps)
 
 
 def test_out_of_bounds_index_in_replay_is_reported(rng: np.random.Generator) -> None:
@@ -179,7 +187,8 @@ def test_many_calls_do_not_grow_pool_memory(cuda: Any, rng: np.random.Generator)
     g = w.to_numpy().astype(np.float64)[9999 % 32]
     ref = xw / np.sqrt((xw**2).mean(-1, keepdims=True) + 1e-6) * g * 0.25
     close(last, ref, 2e-3)
-    assert replay_of(f).replays >= 10_000
+    caps = captures_of(f)  # y from the call before is alive: outputs alternate blocks
+    assert len(caps) <= 4 and sum(rp.replays for rp in caps) >= 10_000
 
 
 def test_uncapturable_step_falls_back_with_one_warning(

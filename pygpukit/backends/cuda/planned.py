@@ -25,6 +25,7 @@ from .plan import plan_step
 from .value import DeviceValue
 
 _warned_ops: set[str] = set()  # the fallback warning is given once per op
+_contiguous: dict[tuple[int, ...], tuple[int, ...]] = {}  # shape -> its contiguous strides
 
 
 class CudaReplay:
@@ -174,15 +175,18 @@ class CudaPlannedHooks:
         self.copy_into(out, value)
         return out
 
-    def fresh(self, shape: tuple[int, ...], dtype: DType) -> DeviceValue:
-        return self.alloc(shape, dtype, "compiled output")  # type: ignore[attr-defined]
+    def fresh(self, shape: tuple[int, ...], dtype: DType) -> tuple[DeviceValue, int]:
+        """A new output block, and the address a capture bakes in for it."""
+        value = self.alloc(shape, dtype, "compiled output")  # type: ignore[attr-defined]
+        return value, value.ptr
 
     def place(self, value: DeviceValue, shape: tuple[int, ...], dtype: DType) -> int | None:
         """The address a captured graph bakes in when `value` stands in for a contiguous
         slot of this shape and dtype; None: copy it into the slot."""
-        if value.shape != shape or value.dtype != dtype:
-            return None
-        if not is_contiguous(shape, value.strides):
+        strides = _contiguous.get(shape)
+        if strides is None:
+            strides = _contiguous[shape] = contiguous(shape)
+        if value.strides != strides or value.shape != shape or value.dtype != dtype:
             return None
         return value.ptr
 

@@ -67,8 +67,10 @@ class PlannedHooks:
     def clone(self, value: Any) -> Any:
         return self.from_numpy(value.array.copy())  # type: ignore[attr-defined]
 
-    def fresh(self, shape: tuple[int, ...], dtype: DType) -> Any:
-        return self.empty(shape, dtype)  # type: ignore[attr-defined]
+    def fresh(self, shape: tuple[int, ...], dtype: DType) -> tuple[Any, int]:
+        """A new output value, and its block's address (see place)."""
+        value = self.empty(shape, dtype)  # type: ignore[attr-defined]
+        return value, value.storage.addr
 
     def place(self, value: Any, shape: tuple[int, ...], dtype: DType) -> Any:
         """The block's address when `value` can stand in for a contiguous slot of this
