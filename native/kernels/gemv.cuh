@@ -182,6 +182,22 @@ PGK_DEVICE uint4 pgk_gprologue(uint4 xv, uint4 p, float& ss) {
 #endif
 }
 
+// One slab: U 32-column steps of x against NT n8 tiles of W; wget(u, t) gives W's
+// fragment. (A function template, not a generic lambda: NVRTC 13.0 on the GPU machine
+// takes an `auto` lambda parameter for a host function.)
+template <int U, int NT, typename WGet>
+PGK_DEVICE void pgk_gmma_slab(float (&acc)[NT][4], const uint4 (&xa)[U], const uint4 (&xb)[U],
+                              WGet wget) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const uint4 wv = wget(u, t);
+      pgk_gmma(acc[t], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv.x, wv.y);
+      pgk_gmma(acc[t], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv.z, wv.w);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_mma(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
@@ -225,16 +241,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
 
   uint4 xa[U], xb[U];
-  auto mma_slab = [&](auto&& wget) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const uint4 wv = wget(u, t);
-        pgk_gmma(acc[t], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv.x, wv.y);
-        pgk_gmma(acc[t], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv.z, wv.w);
-      }
-  };
 
 #if PGK_GSTAGES > 0
   // W, x and the prologue's gain through shared memory: cp.async moves each row's 32 * U
@@ -298,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         if (upper) xb[u] = pgk_gprologue(xb[u], gv, ss1);
       }
     }
-    mma_slab([&](int u, int t) {
+    pgk_gmma_slab<U, NT>(acc, xa, xb, [&](int u, int t) {
       return *reinterpret_cast<const uint4*>(src + t * 8 * SLD + u * 32);
     });
     __syncwarp();  // this stage is refilled by the next iteration's issue
@@ -329,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         if (upper) xb[u] = pgk_gprologue(xb[u], gv, ss1);
       }
     }
-    mma_slab([&](int u, int t) { return wv[u][t]; });
+    pgk_gmma_slab<U, NT>(acc, xa, xb, [&](int u, int t) { return wv[u][t]; });
   }
   (void)x_rows;
 #endif
