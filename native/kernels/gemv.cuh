@@ -137,26 +137,13 @@ PGK_DEVICE void pgk_gmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsign
 }
 
 // W is streamed (read once: evict-first); x is re-read by every block, so it stays cached.
-// Both are volatile asm so they issue in program order ahead of the (volatile) MMAs: with
-// plain loads the compiler sank each next to its use (48 registers for 16 x vectors) and
-// the warp paid one L2 round trip per chunk. A false predicate gives zeros, no access.
+// (Making these volatile asm to keep all of a slab's x loads ahead of the MMAs made this
+// path slower, 13.6 -> 15.2 us at 4096 x 4096: ptxas still placed them by use.)
 PGK_DEVICE uint4 pgk_gload_w(const pgk_t* p, bool in) {
-  uint4 r;
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
-      " mov.b32 %2, 0;\n mov.b32 %3, 0;\n @q ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p), "r"((int)in));
-  return r;
+  return in ? __ldcs(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
 }
 PGK_DEVICE uint4 pgk_gload_x(const pgk_t* p, bool in) {
-  uint4 r;
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
-      " mov.b32 %2, 0;\n mov.b32 %3, 0;\n @q ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p), "r"((int)in));
-  return r;
+  return in ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // The prologue on one 16-byte chunk of x (E elements): returns what enters the MMA and
@@ -314,6 +301,9 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   (void)nin;
   (void)gain;
 #else
+  // Fragments straight from global memory, x one chunk at a time next to its MMAs: the
+  // path for many rows of x (a slab of 16 x rows per warp made the staged path 2x slower
+  // at M = 16, the x traffic then exceeding W's).
   for (int c = c_lo; c < c_hi; c += U) {
     uint4 wv[U][NT];
 #pragma unroll
@@ -327,16 +317,18 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     for (int u = 0; u < U; ++u) {
       const int col = (c + u) * 32 + qc * 8;
       const bool in = c + u < c_hi && col < k;
-      xa[u] = pgk_gload_x(x0 + (c + u) * 32, in && x0in);
-      xb[u] = pgk_gload_x(x1 + (c + u) * 32, in && x1in);
+      uint4 xa1[1] = {pgk_gload_x(x0 + (c + u) * 32, in && x0in)};
+      uint4 xb1[1] = {pgk_gload_x(x1 + (c + u) * 32, in && x1in)};
       if (PGK_PRO == 1) {
         const uint4 gv = pgk_gload_x(gain + (c + u) * 32, in);
-        xa[u] = pgk_gprologue(xa[u], gv, ss0);
-        if (upper) xb[u] = pgk_gprologue(xb[u], gv, ss1);
+        xa1[0] = pgk_gprologue(xa1[0], gv, ss0);
+        if (upper) xb1[0] = pgk_gprologue(xb1[0], gv, ss1);
       }
+      pgk_gmma_slab<1, NT>(acc, xa1, xb1, [&](int, int t) { return wv[u][t]; });
     }
-    pgk_gmma_slab<U, NT>(acc, xa, xb, [&](int u, int t) { return wv[u][t]; });
   }
+  (void)xa;
+  (void)xb;
   (void)x_rows;
 #endif
   // C fragment: (row qr, cols 2qc, 2qc+1) and (row qr + 8, same cols) of each n8 tile.

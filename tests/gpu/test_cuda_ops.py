@@ -481,8 +481,9 @@ def test_linear(rng: np.random.Generator, d: str, act: str) -> None:
 @pytest.mark.parametrize("act", ["none", "gelu_tanh", "gelu_erf", "silu"])
 @pytest.mark.parametrize("lead", [(1,), (4, 1), (2, 8), (16,)])
 def test_linear_few_rows_gemv(rng: np.random.Generator, d: str, act: str, lead: tuple) -> None:
-    """Decode-sized linear/matmul (M <= 16 rows) take the tensor-core GEMV: bias and
-    activation fused, against a float64 reference."""
+    """Decode-sized linear/matmul (1..16 rows): the tensor-core GEMV where it is routed
+    (M <= 4 here, gemv.beats_gemm), bias and activation fused, else cuBLASLt; against a
+    float64 reference."""
     x, w, b = rand(rng, lead + (264,), d), rand(rng, (72, 264), d), rand(rng, (72,), d)
     acts = {
         "none": lambda v: v,

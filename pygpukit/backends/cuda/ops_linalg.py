@@ -1,6 +1,7 @@
-"""matmul and linear: a few rows (M <= 16, decode) of bf16/f16 against a weight stored
-[N, K] go to the tensor-core GEMV (bias and activation fused), which reads the weight at
-~85% of copy bandwidth where cuBLASLt's split-K kernels plus their reduce reach ~60%.
+"""matmul and linear: a few rows (decode) of bf16/f16 against a weight stored [N, K] go to
+the tensor-core GEMV (bias and activation fused) for the shapes where it measured faster
+than cuBLASLt (gemv.beats_gemm); folded linears (RMSNorm prologue, residual) take it for
+M <= 16.
 Otherwise cuBLASLt for f32/tf32/f16/bf16 when it loads (linear's bias and tanh-GELU as its
 epilogue), else the kernel team's launchers: the mma.sync GEMM for f16/bf16 when its
 layout rules hold, else the strided matmul_simple kernel (every dtype)."""
@@ -237,7 +238,7 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
         x2 = x2.view((rows, k), rst, x2.offset)
     fw, w = _as_dtype(ctx, w, dtype, tag)
     wt = w.view((w.shape[1], w.shape[0]), (w.strides[1], w.strides[0]), w.offset)
-    launch, lt_bias, lt_act = _linear_gemv(ctx, x2, w, bias, act)
+    launch, lt_bias, lt_act = _linear_gemv(ctx, x2, w, bias, act, only_if_faster=True)
     if launch is None:
         launch, lt_bias, lt_act = _linear_lt(ctx, x2, wt, bias, act)
     if launch is None:
@@ -318,7 +319,8 @@ def _rows_view(x: DeviceValue) -> DeviceValue | None:
     return x.view((rows, k), st, x.offset)
 
 
-def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str) -> Launch | None:
+def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str,
+                   only_if_faster: bool = False) -> Launch | None:  # fmt: skip
     """launch(x, w, y[, bias]) of y [M, N] = act(x [.., K] @ w [N, K]^T + bias) on the GEMV
     kernel, or None where it does not apply: dtype not bf16/f16, more than 16 rows, a column
     stride that is not 1, rows that do not fold. The launcher takes the scalar kernel at
@@ -334,6 +336,8 @@ def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str) -> La
         return None
     if k > 1 and (xr.strides[1] != 1 or w.strides[1] != 1):
         return None
+    if only_if_faster and not gemv.beats_gemm(m, n, k):
+        return None  # measured: cuBLASLt is faster for this shape (see gemv.beats_gemm)
     xs, ws = xr.strides[0], w.strides[0]
     if xs < 0 or ws < 0:
         return None
@@ -351,11 +355,12 @@ def _matmul_gemv(ctx: Context, a: DeviceValue, b: DeviceValue) -> Launch | None:
     if len(b.shape) != 2 or len(a.shape) < 1 or (b.shape[0] > 1 and b.strides[0] != 1):
         return None
     w = b.view((b.shape[1], b.shape[0]), (b.strides[1], b.strides[0]), b.offset)
-    return _gemv_launcher(ctx, a, w, "none")
+    return _gemv_launcher(ctx, a, w, "none", only_if_faster=True)
 
 
 def _linear_gemv(ctx: Context, x: DeviceValue, w: DeviceValue, bias: DeviceValue | None,
-                 act: str) -> tuple[Launch | None, bool, bool]:  # fmt: skip
+                 act: str, only_if_faster: bool = False
+                 ) -> tuple[Launch | None, bool, bool]:  # fmt: skip
     """(GEMV launch or None, bias fused, activation fused) for linear with few rows. The
     activation fuses only with the bias (it applies after it), so a bias the kernel cannot
     read (other dtype or stride) leaves both to the elementwise epilogue."""
@@ -366,7 +371,7 @@ def _linear_gemv(ctx: Context, x: DeviceValue, w: DeviceValue, bias: DeviceValue
         and (w.shape[0] == 1 or bias.strides == (1,))
     )
     fuse_act = bias is None or use_bias
-    launch = _gemv_launcher(ctx, x, w, act if fuse_act else "none")
+    launch = _gemv_launcher(ctx, x, w, act if fuse_act else "none", only_if_faster)
     if launch is None:
         return None, False, False
     return launch, use_bias, fuse_act

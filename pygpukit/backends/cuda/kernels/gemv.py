@@ -17,12 +17,26 @@ ACTS = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "silu": 3}
 PROLOGUES = {"none": 0, "rms_norm": 1}
 # Tensor-core geometry: (warps splitting K, n8 tiles per warp, 32-column chunks per slab,
 # cp.async stages per warp; 0 stages loads fragments straight from global memory).
-# 8 x 1 x 8 x 2: 256 threads, 4 KB slabs of W per warp, one in flight while one is used.
-MMA_CONFIG = (8, 1, 8, 2)
-# Above this much shared memory a block (the slabs carry x's rows too) the default
-# geometry falls back to MMA_CONFIG_NARROW, so two blocks still fit an SM.
-MMA_SMEM_CAP = 110 * 1024
-MMA_CONFIG_NARROW = (4, 1, 8, 2)
+# Measured on an H200 at M = 1 (us, 4096x4096 / 5632x2048 / 2048x5632): 4x1x8x2 11.1 /
+# 8.7 / 8.7, 8x1x8x2 11.5 / 10.9 / 8.4, 8x2x4x2 10.4 / 9.4 / 8.5, unstaged 8x1x8x0 15.2 /
+# 12.7 / 16.2. Up to MMA_STAGED_ROWS rows of x the staged kernel serves; above, each warp's
+# slab would carry more x than W (16 rows: 2x slower), so the unstaged one does.
+MMA_CONFIG = (4, 1, 8, 2)
+MMA_CONFIG_MANY_ROWS = (8, 1, 8, 0)
+MMA_STAGED_ROWS = 4
+
+
+def beats_gemm(m: int, n: int, k: int) -> bool:
+    """Whether a plain linear/matmul of m rows should take the GEMV rather than cuBLASLt.
+
+    Measured on an H200 against cuBLASLt (torch F.linear, bf16): the GEMV wins at M <= 4
+    for long rows or few of them (1x2048 @ [2048x2048]^T 5.0 vs 6.2 us, 1x5632 @
+    [2048x5632]^T 8.2 vs 11.2, 1x4096 @ [4096x4096]^T 11.5 vs 13.7) and loses on wide
+    short-K weights (1x2048 @ [11264x2048]^T 17.2 vs 13.5, [32000x2048]^T 38.2 vs 34.7:
+    one slab per warp leaves no pipeline) and at M = 16 (0.4-0.9x). Folded linears take
+    the GEMV regardless: their prologue and residual would otherwise be kernels of their
+    own."""
+    return m <= MMA_STAGED_ROWS and (k >= 4096 or n <= 2048)
 
 
 def mma_smem(config: tuple[int, int, int, int], x_rows: int = 1, prologue: str = "none") -> int:
@@ -92,9 +106,7 @@ def gemv(
     pptrs = (pro,) if prologue != "none" else ()
     if uses_mma(dtype, k, (xs if m > 1 else 0, ws), (x, w, *pptrs)):
         x_rows = min(m, MMA_ROWS)
-        cfg = config or MMA_CONFIG
-        if config is None and mma_smem(cfg, x_rows, prologue) > MMA_SMEM_CAP:
-            cfg = MMA_CONFIG_NARROW
+        cfg = config or (MMA_CONFIG if x_rows <= MMA_STAGED_ROWS else MMA_CONFIG_MANY_ROWS)
         gw, nt, u, stages = cfg
         if m > 16 * 65535:
             raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV")

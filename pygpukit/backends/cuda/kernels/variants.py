@@ -84,12 +84,12 @@ def all_variants() -> list[Variant]:
             out.append(("gemm_mma", ("pgk_gemm_mma",), _t(dt, PGK_ACT=act)))
         # The tensor-core GEMV: the default geometry with every epilogue, then the others
         # the benchmark sweeps.
-        gw, nt, u, st = gemv.MMA_CONFIG
-        for act in (0, 1, 2, 3):
-            for pro in gemv.PROLOGUES.values():  # none, RMSNorm
-                mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act, PGK_PRO=pro,
-                         PGK_GSTAGES=st)  # fmt: skip
-                out.append(("gemv", ("pgk_gemv_mma",), mma))
+        for gw, nt, u, st in (gemv.MMA_CONFIG, gemv.MMA_CONFIG_MANY_ROWS):
+            for act in (0, 1, 2, 3):
+                for pro in gemv.PROLOGUES.values():  # none, RMSNorm
+                    mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act, PGK_PRO=pro,
+                             PGK_GSTAGES=st)  # fmt: skip
+                    out.append(("gemv", ("pgk_gemv_mma",), mma))
         for gw, nt, u, st in gemv_sweep():
             mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=0, PGK_GSTAGES=st)
             out.append(("gemv", ("pgk_gemv_mma",), mma))
