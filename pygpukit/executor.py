@@ -9,6 +9,8 @@ backend implements the same names):
     execute(step, ins, out, inplace=False)          run one kernel, writing into `out`
                                                     (inplace: a setitem writing ins[0])
     copy_into(dst, src)                             copy values (inputs in, writebacks out)
+    copy_placed(dst, src, key, nbytes)              copy a value place() accepted (key) into
+                                                    a contiguous slot: no checks left to make
     clone(value) -> value                           a fresh pool copy (outputs by default)
     fresh(shape, dtype) -> (value, key)             a new contiguous pool value (an output
                                                     the graph writes directly), and its key
@@ -123,8 +125,12 @@ class PlannedProgram:
         ]  # fmt: skip
         self._fresh_index = [outs.index(s) for s in self._fresh_slots]
         self._fresh_specs = [(s, nodes[s].shape, nodes[s].dtype) for s in self._fresh_slots]
-        self._arg_specs = [(s, ok, nodes[s].shape if s >= 0 else (), nodes[s].dtype if s >= 0
-                            else None) for s, ok in self._arg_slots]  # fmt: skip
+        self._arg_specs = [
+            (s, ok, nodes[s].shape, nodes[s].dtype,
+             math.prod(nodes[s].shape) * nodes[s].dtype.itemsize)
+            if s >= 0 else (s, ok, (), None, 0)
+            for s, ok in self._arg_slots
+        ]  # fmt: skip
         # An argument in a persistent array the graph writes is copied in first: a bound
         # one could be read after a step overwrote it.
         self._writes_external = bool(plan.writeback) or any(
@@ -279,24 +285,28 @@ class PlannedProgram:
         place_of = backend.place
         lo, hi = self._span
         check = self._writes_external
-        for (slot, ok, shape, dtype), v in zip(self._arg_specs, args, strict=False):
+        for (slot, ok, shape, dtype, nbytes), v in zip(self._arg_specs, args, strict=False):
             if slot < 0:
                 continue
-            place = place_of(v, shape, dtype) if binding and ok else None
+            place = place_of(v, shape, dtype)
             # Memory in this arena (a static output fed back) or in a persistent array the
-            # graph writes: copied, so no step reads bytes another one overwrote.
-            if place is not None and (
-                lo <= place < hi or (check and id(backend.storage(v)) in self._external_storages)
-            ):
-                place = None
-            if place is None:
-                values[slot] = home[slot]
-                backend.copy_into(values[slot], v)
-            else:
+            # graph writes is copied, so no step reads bytes another one overwrote.
+            if (place is not None and binding and ok and not lo <= place < hi
+                    and not (check and self._in_external(v))):  # fmt: skip
                 values[slot] = v
-            places.append(place)
+                places.append(place)
+                continue
+            values[slot] = dst = home[slot]
+            if place is None:  # another layout or dtype: a strided copy or a cast
+                backend.copy_into(dst, v)
+            else:
+                backend.copy_placed(dst, v, place, nbytes)
+            places.append(None)
         for _, st in self._dep_views:
             values[st.out] = backend.view(st, [values[i] for i in st.ins])
+
+    def _in_external(self, value: Any) -> bool:
+        return id(self.backend.storage(value)) in self._external_storages
 
     def _bind_pinned(self, args: list[Any], news: list[Any], binding: bool,
                      places: list[Any]) -> list[Any]:  # fmt: skip

@@ -295,13 +295,13 @@ class CompiledFunction:
         self._last_key = key
         persistent = entry.traced.persistent
         externals = [a._node.realized for a in persistent] + entry.traced.constants
-        values = [a for _, a in arrays]
-        self._fast = _Guard.build(entry, args, kwargs, values, watch, externals)
-        return self._run(entry, values, externals, False, arena)
+        given = [a for _, a in arrays]
+        self._fast = _Guard.build(entry, args, kwargs, given, watch, externals)
+        return self._run(entry, [a._node.realized for a in given], externals, False, arena)
 
-    def _run(self, entry: _Entry, arrays: list[Any], externals: list[Any], same: bool,
+    def _run(self, entry: _Entry, args: list[Any], externals: list[Any], same: bool,
              arena: Any) -> Any:  # fmt: skip
-        """One call of a cached entry: arrays are the realised argument arrays."""
+        """One call of a cached entry: args are the argument arrays' realised values."""
         prog = entry.program
         if arena is not None:
             if arena.nbytes < prog.plan.arena_bytes:
@@ -311,13 +311,12 @@ class CompiledFunction:
         self._calls += 1
         # A scheduled call's results outlive the next call (tasks hold them): their blocks
         # never recur, so they are copied out of the arena rather than bound.
-        values = prog.call([a._node.realized for a in arrays], externals,
-                           not self.static_outputs, same, arena is None)  # fmt: skip
+        values = prog.call(args, externals, not self.static_outputs, same, arena is None)
         out = entry.outputs
         if out.writeback_args:
             copy_into = prog.backend.copy_into
             for k, j in out.writeback_args:
-                copy_into(arrays[k]._node.realized, values[j])
+                copy_into(args[k], values[j])
         if self.static_outputs:
             with_storage, storage = prog.backend.with_storage, prog.backend.storage
             values = [with_storage(v, _StaticSlot(storage(v), self, what))
@@ -400,7 +399,7 @@ class _Guard:
         return cls(entry, len(args) + len(kwargs), tuple(kwargs), checks, watch, externals)
 
     def match(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
-        """The argument arrays when this call hits the guarded entry, else None."""
+        """The argument arrays' values when this call hits the guarded entry, else None."""
         if kwargs:
             if tuple(kwargs) != self.kw:
                 return None
@@ -417,7 +416,7 @@ class _Guard:
                 node = v._node
                 if node.shape != a or node.dtype is not b or node.realized is None:
                     return None
-                arrays.append(v)
+                arrays.append(node.realized)
             elif kind == _VALUE:
                 if type(v) is not a or v != b:
                     return None

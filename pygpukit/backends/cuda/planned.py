@@ -110,6 +110,14 @@ class CudaReplay:
             pass
 
 
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The contiguous element strides of `shape` (cached: asked on every call)."""
+    strides = _contiguous.get(shape)
+    if strides is None:
+        strides = _contiguous[shape] = contiguous(shape)
+    return strides
+
+
 class CudaPlannedHooks:
     pool: Any
     stream: Any
@@ -172,8 +180,18 @@ class CudaPlannedHooks:
 
     def clone(self, value: DeviceValue) -> DeviceValue:
         out = self.alloc(value.shape, value.dtype, "clone")  # type: ignore[attr-defined]
-        self.copy_into(out, value)
+        if value.strides == _strides(value.shape):  # an arena slot: one copy-engine transfer
+            self.copy_placed(out, value, value.ptr, value.size * value.dtype.itemsize)
+        else:
+            self.copy_into(out, value)
         return out
+
+    def copy_placed(self, dst: DeviceValue, src: DeviceValue, src_place: int,
+                    nbytes: int) -> None:  # fmt: skip
+        """Copy `src`, whose place() is src_place, into the contiguous slot `dst` of the
+        same shape and dtype: the checks copy_into makes were made by place()."""
+        if nbytes and dst.ptr != src_place:
+            _native.memcpy_dtod_async(dst.ptr, src_place, nbytes, self.stream)
 
     def fresh(self, shape: tuple[int, ...], dtype: DType) -> tuple[DeviceValue, int]:
         """A new output block, and the address a capture bakes in for it."""
@@ -183,10 +201,7 @@ class CudaPlannedHooks:
     def place(self, value: DeviceValue, shape: tuple[int, ...], dtype: DType) -> int | None:
         """The address a captured graph bakes in when `value` stands in for a contiguous
         slot of this shape and dtype; None: copy it into the slot."""
-        strides = _contiguous.get(shape)
-        if strides is None:
-            strides = _contiguous[shape] = contiguous(shape)
-        if value.strides != strides or value.shape != shape or value.dtype != dtype:
+        if value.strides != _strides(shape) or value.shape != shape or value.dtype != dtype:
             return None
         return value.ptr
 

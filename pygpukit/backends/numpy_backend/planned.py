@@ -64,6 +64,10 @@ class PlannedHooks:
     def copy_into(self, dst: Any, src: Any) -> None:
         np.copyto(dst.array, src.array, casting="unsafe")
 
+    def copy_placed(self, dst: Any, src: Any, src_place: Any, nbytes: int) -> None:
+        """Copy `src` (place() accepted it) into the contiguous slot `dst`."""
+        np.copyto(dst.array, src.array)
+
     def clone(self, value: Any) -> Any:
         return self.from_numpy(value.array.copy())  # type: ignore[attr-defined]
 
