@@ -17,10 +17,11 @@ ACTS = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "silu": 3}
 PROLOGUES = {"none": 0, "rms_norm": 1}
 # Tensor-core geometry: (warps splitting K, n8 tiles per warp, 32-column chunks per slab,
 # cp.async stages per warp; 0 stages loads fragments straight from global memory).
-# Measured on an H200 at M = 1 (us, 4096x4096 / 5632x2048 / 2048x5632): 4x1x8x2 11.1 /
-# 8.7 / 8.7, 8x1x8x2 11.5 / 10.9 / 8.4, 8x2x4x2 10.4 / 9.4 / 8.5, unstaged 8x1x8x0 15.2 /
-# 12.7 / 16.2. Up to MMA_STAGED_ROWS rows of x the staged kernel serves; above, each warp's
-# slab would carry more x than W (16 rows: 2x slower), so the unstaged one does.
+# H200 at M = 1 (bench/results/h200-2026-11-22-kernels.json; us for 4096x4096 / 5632x2048 /
+# 2048x5632): 4x1x8x2 11.0 / 8.8 / 8.6, 8x1x8x2 11.5 / 10.9 / 8.3, 8x2x4x2 10.4 / 9.4 / 8.5,
+# unstaged 8x1x8x0 13.5 / 11.7 / 15.3. Up to MMA_STAGED_ROWS rows of x the staged kernel
+# serves; above, each warp's slab would carry more x than W (16 rows: 2x slower), so the
+# unstaged one does.
 MMA_CONFIG = (4, 1, 8, 2)
 MMA_CONFIG_MANY_ROWS = (8, 1, 8, 0)
 MMA_STAGED_ROWS = 4
@@ -29,14 +30,16 @@ MMA_STAGED_ROWS = 4
 def beats_gemm(m: int, n: int, k: int) -> bool:
     """Whether a plain linear/matmul of m rows should take the GEMV rather than cuBLASLt.
 
-    Measured on an H200 against cuBLASLt (torch F.linear, bf16): the GEMV wins at M <= 4
-    for long rows or few of them (1x2048 @ [2048x2048]^T 5.0 vs 6.2 us, 1x5632 @
-    [2048x5632]^T 8.2 vs 11.2, 1x4096 @ [4096x4096]^T 11.5 vs 13.7) and loses on wide
-    short-K weights (1x2048 @ [11264x2048]^T 17.2 vs 13.5, [32000x2048]^T 38.2 vs 34.7:
-    one slab per warp leaves no pipeline) and at M = 16 (0.4-0.9x). Folded linears take
-    the GEMV regardless: their prologue and residual would otherwise be kernels of their
-    own."""
-    return m <= MMA_STAGED_ROWS and (k >= 4096 or n <= 2048)
+    From bench/results/h200-2026-11-22-kernels.json (bf16, us, ours vs torch F.linear on
+    cuBLASLt): M = 1 wins or ties up to N = 5632 (2048->2560 5.5 vs 6.4, 2048->2048 5.1 vs
+    6.3, 5632->2048 8.6 vs 11.3, 4096->4096 11.0 vs 13.4, 2048->5632 8.8 vs 8.7) and trails
+    slightly on wide short-K weights (2048->11264 14.2 vs 13.2, 2048->32000 33.6 vs 33.1);
+    M = 4 wins only up to N = 2560 or K >= 4096 (2048->11264 19.5 vs 13.3); M = 16 trails
+    everywhere (0.73-0.94x). Folded linears take the GEMV regardless: their prologue and
+    residual would otherwise be kernels of their own."""
+    if m == 1:
+        return k >= 4096 or n <= 5632
+    return m <= MMA_STAGED_ROWS and (k >= 4096 or n <= 2560)
 
 
 def mma_smem(config: tuple[int, int, int, int], x_rows: int = 1, prologue: str = "none") -> int:
