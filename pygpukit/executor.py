@@ -142,6 +142,8 @@ class PlannedProgram:
             if st.out in plan.alias and k not in plan.inplace and plan.root(st.out) in bindable
         ]  # fmt: skip
         self._n_user = n_user
+        self._out_slots = outs
+        self._tail = len(outs) > n_user  # writeback values follow the user outputs
 
     def use_arena(self, arena: Any) -> None:
         """Run in `arena` (a pool block of at least plan.arena_bytes) from the next call on;
@@ -254,10 +256,8 @@ class PlannedProgram:
             # A block moved while addresses were read: read them again with all pinned.
             places = self._bind_pinned(args, news, binding, places[: len(news)])
         try:
-            self._replay_for(places, len(news), list(args) + news)
-            out = [self.values[s] for s in self.schedule.output_slots]
-            if fresh:
-                out = self._fresh_outputs(out, news)
+            self._replay_for(places, len(news), args, news)
+            out = self._outputs(news) if fresh else [self.values[s] for s in self._out_slots]
         except BaseException:
             # A failed step: the new blocks go back now, not when the traceback (kept by
             # a scheduler's failed task, say) lets go of this frame.
@@ -318,7 +318,8 @@ class PlannedProgram:
             memory.unpin_all(held)
         return places
 
-    def _replay_for(self, places: list[Any], n_out: int, held: list[Any]) -> None:
+    def _replay_for(self, places: list[Any], n_out: int, args: list[Any],
+                    news: list[Any]) -> None:  # fmt: skip
         """Replay the capture made for these addresses (places: the n_out fresh outputs',
         then the arguments'), capturing it first if there is none."""
         key = (self._bind_token, *places)
@@ -343,7 +344,7 @@ class PlannedProgram:
         # A first replay runs eagerly and may allocate (evicting unpinned blocks): the
         # arguments and outputs must stay at the addresses the key names.
         storage = self.backend.storage
-        with memory.pinned([storage(v) for v in held]):
+        with memory.pinned([storage(v) for v in list(args) + news]):
             replay.replay()
         if getattr(replay, "fallback", None):
             self._eager = replay  # a second capture would fail the same way
@@ -363,15 +364,16 @@ class PlannedProgram:
                 if self.bind_misses[kind] > _MISSES_ALLOWED:
                     setattr(self, f"bind_{kind}", False)
 
-    def _fresh_outputs(self, out: list[Any], news: list[Any]) -> list[Any]:
+    def _outputs(self, news: list[Any]) -> list[Any]:
         """The user outputs as values the caller owns: those the graph wrote into new
         blocks as they are, the rest (views, arguments, persistent arrays, and all of
-        them when copying) cloned out of the arena."""
-        n, clone = self._n_user, self.backend.clone
+        them when copying) cloned out of the arena; then the writebacks' arena views."""
+        n, clone, values = self._n_user, self.backend.clone, self.values
+        if len(news) == n:  # every result written directly (the usual case)
+            return news + [values[s] for s in self._out_slots[n:]] if self._tail else news
+        out = [values[s] for s in self._out_slots]
         if not news:
             return [clone(v) for v in out[:n]] + out[n:]
-        if len(news) == n:  # every result written directly (the usual case)
-            return news + out[n:]
         res = list(out)
         for k, v in zip(self._fresh_index, news, strict=True):
             res[k] = v
