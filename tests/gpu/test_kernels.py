@@ -504,11 +504,11 @@ def test_gemm_mma(
     gemm_mma.gemm(
         ad.ptr, bd.ptr, cd.ptr, m, n, k, dtype, bias=biasd.ptr if use_bias else 0, activation=act
     )
-    ref = f64(a) @ f64(b).T + (f64(bias) if use_bias else 0.0)
-    ref = {"none": lambda v: v, "gelu_tanh": _gelu_tanh, "gelu_erf": _gelu_erf, "silu": _silu}[act](
-        ref
-    )
-    check(cd.get((m, n), dtype), ref, dtype)
+    pre = f64(a) @ f64(b).T + (f64(bias) if use_bias else 0.0)
+    # GELU's left tail cancels to far below its input (1 + erf(x) in float32): with a 1x1
+    # output one such element made the plain relative check fail (seen on an H200), so the
+    # error is measured against the pre-activation scale as in test_unary.
+    check(cd.get((m, n), dtype), _ACTS[act](pre), dtype, scale=pre)
 
 
 def test_gemm_mma_batched_broadcast(dev: Any, rng: np.random.Generator) -> None:
