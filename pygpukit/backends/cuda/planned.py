@@ -10,6 +10,7 @@ and to_numpy that read its results, with no events in between.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -194,9 +195,14 @@ class CudaPlannedHooks:
             _native.memcpy_dtod_async(dst.ptr, src_place, nbytes, self.stream)
 
     def fresh(self, shape: tuple[int, ...], dtype: DType) -> tuple[DeviceValue, int]:
-        """A new output block, and the address a capture bakes in for it."""
-        value = self.alloc(shape, dtype, "compiled output")  # type: ignore[attr-defined]
-        return value, value.ptr
+        """A new output block, and the address a capture bakes in for it (alloc() without
+        what only matters inside a step: an error location, the capture's scratch list)."""
+        if self.poison:  # type: ignore[attr-defined]  # tests: alloc() fills it with NaN
+            value = self.alloc(shape, dtype, "compiled output")  # type: ignore[attr-defined]
+            return value, value.ptr
+        storage = device_pool.allocate(self.pool, math.prod(shape) * dtype.itemsize,
+                                       "compiled output")  # fmt: skip
+        return DeviceValue(storage, shape, _strides(shape), 0, dtype), storage.addr
 
     def place(self, value: DeviceValue, shape: tuple[int, ...], dtype: DType) -> int | None:
         """The address a captured graph bakes in when `value` stands in for a contiguous
