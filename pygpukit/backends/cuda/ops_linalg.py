@@ -447,7 +447,11 @@ def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias:
     rr = _rows_view(res) if res is not None else None
     if xr is None or (res is not None and rr is None):
         return None
-    k = xr.shape[1]
+    (m, k), n = xr.shape, w.shape[0]
+    if m > gemv.MMA_STAGED_ROWS and not gemv.beats_gemm(m, n, k):
+        # Measured (batch-16 decode): with x unstaged the folded GEMV ran 2x slower than
+        # cuBLASLt plus separate norm and add kernels.
+        return None
     if prologue == "rms_norm" and (pro is None or pro.shape != (k,) or pro.strides != (1,)):
         return None
     if rr is not None and rr.strides[1] != 1:

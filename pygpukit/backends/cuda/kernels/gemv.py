@@ -35,8 +35,8 @@ def beats_gemm(m: int, n: int, k: int) -> bool:
     6.3, 5632->2048 8.6 vs 11.3, 4096->4096 11.0 vs 13.4, 2048->5632 8.8 vs 8.7) and trails
     slightly on wide short-K weights (2048->11264 14.2 vs 13.2, 2048->32000 33.6 vs 33.1);
     M = 4 wins only up to N = 2560 or K >= 4096 (2048->11264 19.5 vs 13.3); M = 16 trails
-    everywhere (0.73-0.94x). Folded linears take the GEMV regardless: their prologue and
-    residual would otherwise be kernels of their own."""
+    everywhere (0.73-0.94x). Folded linears of up to MMA_STAGED_ROWS rows take the GEMV
+    regardless: their prologue and residual would otherwise be kernels of their own."""
     if m == 1:
         return k >= 4096 or n <= 5632
     return m <= MMA_STAGED_ROWS and (k >= 4096 or n <= 2560)
