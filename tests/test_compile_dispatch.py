@@ -243,3 +243,24 @@ def test_big_programs_copy_small_arguments_into_one_capture(rng):
     prog = _program(deep)
     assert len(prog.kernels) > executor._CHEAP_KERNELS
     assert len(prog._captures) == 1 and deep.stats()["fast_hits"] == 5
+
+
+def test_a_block_moved_while_binding_rereads_addresses_pinned(rng, monkeypatch):
+    f = gpk.compile(lambda x, y: x * y + 1.0)
+    x, x64 = _fresh(rng, 8)
+    y, y64 = _fresh(rng, 8)
+    close(f(x, y).to_numpy(), x64 * y64 + 1)
+    prog = _program(f)
+    backend = prog.backend
+    real = backend.place
+    pins = []
+
+    def place(v, shape, dtype):  # as if reading an address had evicted another block
+        prog._lru_stats["evictions"] += 1
+        pins.append(backend.storage(v).pins)
+        return real(v, shape, dtype)
+
+    monkeypatch.setattr(backend, "place", place)
+    close(f(x, y).to_numpy(), x64 * y64 + 1)
+    assert pins[:2] == [0, 0] and pins[2:] == [1, 1]  # the second pass runs pinned
+    assert backend.storage(x.node.realized).pins == 0  # and unpins
