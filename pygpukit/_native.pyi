@@ -140,6 +140,7 @@ class Function:
         args: tuple[Any, ...],
         shared_mem: int = 0,
         stream: _StreamArg = None,
+        pdl: bool = False,
     ) -> None: ...
 
 # cuBLASLt (loaded at run time; see pygpukit.backends.cuda.toolchain.load_cublaslt)

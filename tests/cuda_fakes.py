@@ -37,7 +37,7 @@ class FakeFunction:
         self.launches: list[tuple[Any, ...]] = []
 
     def launch(self, grid: Any, block: Any, fmt: str, args: tuple[Any, ...], shared_mem: int = 0,
-               stream: Any = None) -> None:  # fmt: skip
+               stream: Any = None, pdl: bool = False) -> None:  # fmt: skip
         assert len(fmt) == len(args), (self.name, fmt, args)
         for c, a in zip(fmt, args, strict=True):
             if c in "PiIq":

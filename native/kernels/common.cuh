@@ -163,6 +163,28 @@ PGK_DEVICE int pgk_read_i32(const int* p, int fallback) {
   return p ? __ldcg(p) : fallback;
 }
 
+// ------------------------------------------- programmatic dependent launch (SM90+)
+// A kernel launched with programmatic stream serialization may start while the kernel
+// before it still runs: it must pgk_pdl_wait() before it reads anything earlier work
+// wrote or writes anything earlier work reads (the wait returns once that work has
+// completed and its memory is visible). pgk_pdl_trigger() lets the next such kernel be
+// scheduled before this one ends. Both are no-ops below SM 9.0 and without the attribute.
+PGK_DEVICE void pgk_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+PGK_DEVICE void pgk_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// A hint only: the line is fetched into L2 (safe before pgk_pdl_wait -- the real read
+// after it sees the latest data through the coherent L2).
+PGK_DEVICE void pgk_prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // ---------------------------------------------------------------- cp.async (SM80+)
 PGK_DEVICE void pgk_cp_async16(void* smem, const void* gmem, bool pred) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);

@@ -227,6 +227,20 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
 
+  // Launched as a programmatic dependent (decode chains of GEMVs): while the kernel
+  // before still runs, pull this warp's first slab of W into L2 (a hint, right even if
+  // earlier work wrote W), then wait for that kernel before touching x, the residual or
+  // y. 8 * NT rows x 32 * U columns are 8 * NT * U 128-byte lines; a lane takes every 32nd.
+  for (int i = lane; i < 8 * NT * U; i += 32) {
+    const int r = i / U, cc = (i % U) * 64;  // 64 two-byte elements per line
+    const int row = n0 + r, col = c_lo * 32 + cc;
+    if (row < n && col < k && c_lo + cc / 32 < c_hi) {
+      pgk_prefetch_l2(w + (long long)row * w_stride + col);
+    }
+  }
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+
   uint4 xa[U], xb[U];
 
 #if PGK_GSTAGES > 0

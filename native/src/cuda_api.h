@@ -58,6 +58,27 @@ constexpr int kCaptureModeRelaxed = 2;
 constexpr int kCaptureStatusNone = 0;
 
 constexpr int kPointerAttrMemoryType = 2;
+
+// cuLaunchKernelEx: a launch attribute is its id, padding to 8 bytes, and a 64-byte value
+// union; programmatic stream serialization (id 6) lets the kernel start while the one
+// before it in the stream finishes, to wait on it with griddepcontrol.wait (SM 9.0+).
+constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;
+struct LaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char raw[64];
+    int value;
+  };
+};
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z;
+  unsigned block_x, block_y, block_z;
+  unsigned shared_mem;
+  CUstream stream;
+  LaunchAttribute* attrs;
+  unsigned num_attrs;
+};
 constexpr unsigned kMemoryTypeHost = 1;
 
 // Every entry point below is requested from cuGetProcAddress at this ABI version, which
@@ -112,6 +133,7 @@ constexpr int kApiVersion = 12000;
   X(cuFuncSetAttribute, (CUfunction, int, int))                                              \
   X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, \
                      unsigned, CUstream, void**, void**))                                    \
+  X(cuLaunchKernelEx, (const LaunchConfig*, CUfunction, void**, void**))                     \
   X(cuGraphGetNodes, (CUgraph, CUgraphNode*, size_t*))                                       \
   X(cuGraphDestroy, (CUgraph))                                                               \
   X(cuGraphInstantiateWithFlags, (CUgraphExec*, CUgraph, unsigned long long))                \

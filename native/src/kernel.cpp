@@ -144,7 +144,7 @@ std::array<unsigned, 3> dims(const std::string& kernel, const char* what, py::ha
 }  // namespace
 
 void Function::launch(py::handle grid, py::handle block, const std::string& fmt, py::handle args,
-                      unsigned shared_mem, py::handle stream) const {
+                      unsigned shared_mem, py::handle stream, bool pdl) const {
   if (!PyTuple_Check(args.ptr())) {
     throw py::type_error("kernel '" + name_ + "': args must be a tuple");
   }
@@ -175,6 +175,15 @@ void Function::launch(py::handle grid, py::handle block, const std::string& fmt,
     ptrs[i] = &slots[i];
   }
   module_->context()->make_current();
+  if (pdl) {
+    cu::LaunchAttribute attr{};
+    attr.id = cu::kLaunchAttrProgrammaticStreamSerialization;
+    attr.value = 1;
+    cu::LaunchConfig cfg{g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, s, &attr, 1};
+    check_cu(driver().cuLaunchKernelEx(&cfg, func_, n ? ptrs : nullptr, nullptr),
+             ("cuLaunchKernelEx('" + name_ + "')").c_str());
+    return;
+  }
   check_cu(driver().cuLaunchKernel(func_, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, s,
                                    n ? ptrs : nullptr, nullptr),
            ("cuLaunchKernel('" + name_ + "')").c_str());
@@ -201,8 +210,10 @@ void register_kernels(py::module_& m) {
            py::arg("bytes"))
       .def("launch", &Function::launch, py::arg("grid"), py::arg("block"), py::arg("fmt"),
            py::arg("args"), py::arg("shared_mem") = 0, py::arg("stream") = py::none(),
+           py::arg("pdl") = false,
            "fmt: one char per kernel parameter: P pointer, i int32, I uint32, q int64, "
-           "f float32, d float64.");
+           "f float32, d float64. pdl: programmatic dependent launch (SM 9.0+; the kernel "
+           "waits on the previous one with griddepcontrol.wait).");
 }
 
 }  // namespace pgk

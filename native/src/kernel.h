@@ -35,8 +35,11 @@ class Function {
   int attribute(int attr) const;
   void set_max_dynamic_shared_memory(int bytes) const;
   // Packs `args` per `fmt` (P i I q f d) and calls cuLaunchKernel. TypeError names the kernel.
+  // pdl: launch with programmatic stream serialization (the kernel must griddepcontrol.wait
+  // before it reads what earlier work wrote, or writes what earlier work reads).
   void launch(pybind11::handle grid, pybind11::handle block, const std::string& fmt,
-              pybind11::handle args, unsigned shared_mem, pybind11::handle stream) const;
+              pybind11::handle args, unsigned shared_mem, pybind11::handle stream,
+              bool pdl) const;
 
  private:
   std::shared_ptr<Module> module_;  // the function is only valid while its module is loaded

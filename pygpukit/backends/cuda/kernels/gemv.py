@@ -128,6 +128,7 @@ def gemv(
             (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows),
             smem,
             stream,
+            pdl=loader.pdl_enabled(),  # the kernel waits on its predecessor (gemv.cuh)
         )
         return
     if prologue != "none" or residual:

@@ -115,6 +115,14 @@ def device_info() -> dict[str, Any]:
     return dict(_native.device_info(None))
 
 
+def pdl_enabled() -> bool:
+    """Whether kernels that wait with griddepcontrol.wait launch as programmatic
+    dependents (SM 9.0+; PYGPUKIT_PDL=0 turns it off, e.g. to measure its effect)."""
+    if os.environ.get("PYGPUKIT_PDL", "1") == "0":
+        return False
+    return int(device_info()["compute_capability"][0]) >= 9
+
+
 def device_arch() -> str:
     major, minor = device_info()["compute_capability"]
     return f"sm_{major}{minor}"
