@@ -205,7 +205,12 @@ def test_a_failed_call_gives_fresh_output_blocks_back(rng):
     with pytest.raises(IndexError) as err:  # NumPy: in the call; CUDA: at the next read
         f(bad).to_numpy()
     gc.collect()
-    assert err.value.__traceback__ is not None  # the frames are still referenced
+    if _program(f).backend.name != "numpy":
+        # The CUDA call itself succeeded; its result is held by the read's traceback.
+        del err
+        gc.collect()
+    else:
+        assert err.value.__traceback__ is not None  # the call's frames are still held
     assert gpk.pool_stats()["in_use_bytes"] <= before
 
 
