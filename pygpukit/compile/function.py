@@ -448,9 +448,13 @@ def compile(fn: Any = None, *, static_outputs: bool = False) -> Any:  # noqa: A0
     The cache key is the arguments' structure, shapes, dtypes and static Python values
     (ints, floats, strings, tuples), and the identity of persistent arrays the function
     reads from closures, globals or objects (referenced, not copied). Use gpk.scalar(i) or
-    a 0-d array for values that change every call. `fn.stats()` reports hits and misses.
+    a 0-d array for values that change every call. `fn.stats()` reports hits and misses
+    (fast_hits: hits the last call's guard served without re-walking the captures).
     Results are fresh arrays; static_outputs=True returns views into the graph's buffers,
-    valid until the next call.
+    valid until the next call. A graph of a few kernels reads its arguments and writes
+    its results in place (no copies; one capture per set of addresses, which recur as
+    the pool hands blocks back); a bigger one does so for large arrays only and copies
+    small ones (token ids, device scalars) into its slots, keeping one capture.
     """
     if fn is None:
         return functools.partial(compile, static_outputs=static_outputs)
