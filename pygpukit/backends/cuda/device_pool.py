@@ -24,6 +24,8 @@ def _alloc_arena(nbytes: int) -> int:
 
 
 def _free_arena(addr: int, nbytes: int) -> None:
+    if _native is None:  # interpreter shutdown: module globals are gone, so is the context
+        return
     _native.mem_free(addr)
 
 
