@@ -60,3 +60,30 @@ def test_source_inlines_common() -> None:
     assert '#include "common.cuh"' not in src
     assert src.startswith("#define PGK_T float\n")
     assert "pgk_read_i32" in src
+
+
+@pytest.mark.parametrize("path", sorted(loader.kernel_dir().glob("*.cuh")), ids=lambda p: p.name)
+def test_every_kernel_waits_on_its_predecessor(path: object) -> None:
+    """Kernels launch as programmatic dependents on SM 9.0+ (loader.pdl_enabled): each must
+    call pgk_pdl_wait() before it touches memory another kernel writes (the GEMV first
+    issues L2 prefetch hints of its weights; everything else opens with the wait)."""
+    import re
+
+    text = path.read_text()  # type: ignore[attr-defined]
+    for body in re.split(r'extern "C" __global__', text)[1:]:
+        assert "pgk_pdl_wait()" in body, f"{path}: a kernel never calls pgk_pdl_wait()"
+        start = body.index("{", body.index(")"))
+        before = body[start : body.index("pgk_pdl_wait()")]
+        assert "prefetch" in before or not before.strip("{ \\\n"), (
+            f"{path}: a kernel runs code before pgk_pdl_wait(): {before[:200]!r}"
+        )
+
+
+def test_generated_kernels_wait_on_their_predecessor() -> None:
+    import inspect
+
+    from pygpukit.backends.cuda.codegen import elementwise, fill, gather, prelude, reduce
+
+    assert "griddepcontrol.wait" in prelude.PRELUDE
+    for module in (elementwise, reduce, gather, fill):
+        assert "PGK_PDL_ENTRY" in inspect.getsource(module), module.__name__

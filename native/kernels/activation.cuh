@@ -25,6 +25,8 @@ PGK_DEVICE pgk_acc pgk_silu_f(pgk_acc x) {
 #define PGK_UNARY(NAME, FN)                                                                  \
   extern "C" __global__ void NAME(const pgk_t* __restrict__ x, pgk_t* __restrict__ y,        \
                                   long long n) {                                             \
+    pgk_pdl_wait(); /* launched as a programmatic dependent: see common.cuh */               \
+    pgk_pdl_trigger();                                                                       \
     constexpr int V = PGK_VEC;                                                               \
     const long long nv = n / V;                                                              \
     const long long stride = (long long)gridDim.x * blockDim.x;                              \
@@ -51,6 +53,8 @@ extern "C" __global__ void pgk_swiglu(const pgk_t* __restrict__ gate,
                                       const pgk_t* __restrict__ up, pgk_t* __restrict__ y,
                                       long long rows, int cols, long long gate_stride,
                                       long long up_stride, long long y_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   constexpr int V = PGK_VEC;
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (c >= cols) return;

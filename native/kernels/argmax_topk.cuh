@@ -28,6 +28,8 @@ PGK_DEVICE bool pgk_better(float a, long long ia, float b, long long ib) {
 extern "C" __global__ void pgk_argmax(const pgk_t* __restrict__ x,
                                       long long* __restrict__ out_idx, int cols,
                                       long long row_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   __shared__ float sv[32];
   __shared__ long long si[32];
   const pgk_t* xr = x + (long long)blockIdx.x * row_stride;
@@ -89,6 +91,8 @@ PGK_DEVICE int pgk_block_prefix(bool flag, int* warp_counts, int* total) {
 extern "C" __global__ void __launch_bounds__(PGK_TOPK_THREADS)
     pgk_topk(const pgk_t* __restrict__ x, pgk_t* __restrict__ out_val,
              long long* __restrict__ out_idx, int cols, int k, long long row_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   __shared__ int hist[256];
   __shared__ int warp_counts[32];
   __shared__ unsigned s_prefix;

@@ -65,6 +65,8 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
                           long long v_sb, long long v_sh, long long v_ss,
                           const int* __restrict__ kv_start, long long kvs_stride,
                           int max_seq) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* qs = reinterpret_cast<float*>(smem_raw);
   float* S = qs + PGK_G * PGK_D;
@@ -257,6 +259,8 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
     pgk_attn_decode_reduce(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                            pgk_t* __restrict__ o, int n_heads, int splits, long long o_sb,
                            long long o_sh) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   constexpr int C4 = PGK_D / 4, SG = PGK_RT / C4;  // float4 columns, split groups
   __shared__ float wsh[PGK_MAXSPLITS];
   __shared__ float scratch[32];
@@ -367,6 +371,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                         long long k_sh, long long k_ss, long long v_sb, long long v_sh,
                         long long v_ss, const int* __restrict__ kv_start,
                         long long kvs_stride, int max_seq) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   pgk_t* smem = reinterpret_cast<pgk_t*>(smem_raw);

@@ -34,6 +34,8 @@ extern "C" __global__ void __launch_bounds__(PGK_AW * 32)
                           long long q_sb, long long q_sh, long long q_ss, long long k_sb,
                           long long k_sh, long long k_ss, long long v_sb, long long v_sh,
                           long long v_ss, long long o_sb, long long o_sh, long long o_ss) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   extern __shared__ __align__(16) float smem[];
   float* qs = smem;
   float* ks = qs + PGK_AQ * PGK_D;

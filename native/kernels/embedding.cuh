@@ -15,6 +15,8 @@ extern "C" __global__ void pgk_embedding(const pgk_t* __restrict__ table,
                                          pgk_t* __restrict__ out, long long n_ids, int dim,
                                          long long vocab, long long table_stride,
                                          long long out_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   constexpr int V = PGK_VEC;
   const long long i = (long long)blockIdx.x * blockDim.y + threadIdx.y;
   if (i >= n_ids) return;

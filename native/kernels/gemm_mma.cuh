@@ -64,6 +64,8 @@ extern "C" __global__ void __launch_bounds__(256)
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ c, int m, int n, int k,
                  long long lda, long long ldb, long long ldc, long long a_bs, long long b_bs,
                  long long c_bs) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   __shared__ __align__(16) pgk_t As[2][PGK_GBM * PGK_GLD];
   __shared__ __align__(16) pgk_t Bs[2][PGK_GBN * PGK_GLD];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

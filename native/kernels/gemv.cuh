@@ -79,6 +79,8 @@ extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
     pgk_gemv(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
              const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int n, int k,
              long long x_stride, long long w_stride, long long y_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   constexpr int V = PGK_VEC;
   constexpr int U = PGK_UNROLL;
   const int lane = threadIdx.x & 31;

@@ -25,6 +25,8 @@ extern "C" __global__ void __launch_bounds__(512) pgk_layer_norm(const pgk_t* __
                                           const pgk_w* __restrict__ b, pgk_t* __restrict__ y,
                                           int cols, float eps, long long x_stride,
                                           long long y_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   constexpr int V = PGK_VEC;
   __shared__ pgk_acc scratch[32];
   const long long r = blockIdx.x;

@@ -34,6 +34,8 @@ extern "C" __global__ void __launch_bounds__(256)
                long long a_rs, long long a_cs, long long b_rs, long long b_cs, long long c_rs,
                long long c_cs, long long a_b0, long long a_b1, long long a_b2, long long b_b0,
                long long b_b1, long long b_b2, long long c_b0, long long c_b1, long long c_b2) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   // +1 column of padding: the transposed store of A and the row reads of B stay free of
   // bank conflicts for 4- and 8-byte types alike.
   __shared__ pgk_acc As[PGK_BK][PGK_BM + 1];

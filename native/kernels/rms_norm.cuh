@@ -26,6 +26,8 @@ extern "C" __global__ void __launch_bounds__(512) pgk_rms_norm(const pgk_t* __re
                                         pgk_t* __restrict__ h_out, int cols, float eps,
                                         long long x_stride, long long res_stride,
                                         long long y_stride, long long h_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   constexpr int V = PGK_VEC;
   __shared__ pgk_acc scratch[32];
   const long long r = blockIdx.x;

@@ -27,6 +27,8 @@ extern "C" __global__ void pgk_rope(const pgk_t* x, pgk_t* y,  // may alias: in 
                                     long long xs_b, long long xs_h, long long xs_s,
                                     long long ys_b, long long ys_h, long long ys_s,
                                     long long cs_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   constexpr int V = PGK_VEC;
   // 32-bit index math: the launcher keeps rows below 2^31, and 64-bit division is a slow
   // subroutine call.

@@ -115,6 +115,8 @@ PGK_DEVICE void pgk_softmax_row(const pgk_t* __restrict__ x, pgk_t* __restrict__
 extern "C" __global__ void __launch_bounds__(512) pgk_softmax(const pgk_t* __restrict__ x, pgk_t* __restrict__ y,
                                        int cols, long long x_row_stride,
                                        long long y_row_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   const long long r = blockIdx.x;
   pgk_softmax_row<false>(x + r * x_row_stride, y + r * y_row_stride, cols);
 }
@@ -122,6 +124,8 @@ extern "C" __global__ void __launch_bounds__(512) pgk_softmax(const pgk_t* __res
 extern "C" __global__ void __launch_bounds__(512) pgk_log_softmax(const pgk_t* __restrict__ x,
                                            pgk_t* __restrict__ y, int cols,
                                            long long x_row_stride, long long y_row_stride) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   const long long r = blockIdx.x;
   pgk_softmax_row<true>(x + r * x_row_stride, y + r * y_row_stride, cols);
 }

@@ -14,6 +14,7 @@ from pygpukit.ir.expr import Expr
 from . import compiler
 from .codegen.elementwise import EwSpec, generate
 from .context import Context, cdiv, contiguous
+from .kernels import loader
 from .layout import broadcast_strides, collapse, is_contiguous
 from .value import DeviceValue
 
@@ -89,7 +90,8 @@ def make(ctx: Context, expr: Expr, ins: Sequence[DeviceValue], out_shape: tuple[
         tail: list[int] = []
         for p, (size, stride) in zip(dyn_ptrs, dyn_static, strict=True):
             tail += (p, size, stride)
-        fn.launch(grid, (BLOCK,), fmt, (out_ptr, *in_ptrs, *mid_t, *tail, err, tag), 0, ctx.stream)  # type: ignore[attr-defined]
+        args = (out_ptr, *in_ptrs, *mid_t, *tail, err, tag)
+        fn.launch(grid, (BLOCK,), fmt, args, 0, ctx.stream, pdl=loader.pdl_enabled())  # type: ignore[attr-defined]
 
     return launch
 

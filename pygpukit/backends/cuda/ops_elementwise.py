@@ -12,6 +12,7 @@ from . import compiler, ew
 from .codegen import fill
 from .codegen.expr import step_expr
 from .context import Context, cdiv, contiguous, numel
+from .kernels import loader
 from .value import DeviceValue
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
@@ -49,7 +50,9 @@ def plan_arange(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, dtype, "arange")
         if n:
-            fn.launch(grid, (256,), src.fmt, (out.ptr, *args), 0, ctx.stream)
+            fn.launch(
+                grid, (256,), src.fmt, (out.ptr, *args), 0, ctx.stream, pdl=loader.pdl_enabled()
+            )
         return out
 
     return run
@@ -64,5 +67,7 @@ def arange_values(ctx: Context, n: int, shape: tuple[int, ...]) -> DeviceValue:
     out = ctx.alloc(shape, dtypes.int64, "arange")
     if n:
         grid = (max(1, min(cdiv(n, 256), ctx.sm_count * 16)),)
-        compiler.function(src).launch(grid, (256,), src.fmt, (out.ptr, n, 0, 1), 0, ctx.stream)
+        compiler.function(src).launch(
+            grid, (256,), src.fmt, (out.ptr, n, 0, 1), 0, ctx.stream, pdl=loader.pdl_enabled()
+        )
     return out

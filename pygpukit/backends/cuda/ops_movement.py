@@ -10,6 +10,7 @@ from pygpukit.passes import Step
 from . import compiler, ew
 from .codegen import gather
 from .context import Context, cdiv, contiguous, numel
+from .kernels import loader
 from .layout import broadcast_strides, collapse, index_view, reshape_strides
 from .value import DeviceValue
 
@@ -105,7 +106,15 @@ def plan_take(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, step.dtype, "take")
         if n:
-            fn.launch(grid, (256,), src.fmt, (out.ptr, v[0].ptr, v[1].ptr, *tail), 0, ctx.stream)
+            fn.launch(
+                grid,
+                (256,),
+                src.fmt,
+                (out.ptr, v[0].ptr, v[1].ptr, *tail),
+                0,
+                ctx.stream,
+                pdl=loader.pdl_enabled(),
+            )
         return out
 
     return run

@@ -9,7 +9,7 @@ from pygpukit.passes import Step
 from . import compiler
 from .codegen.reduce import BLOCK, ReduceSpec, generate
 from .context import Context, cdiv, numel
-from .kernels import argmax_topk
+from .kernels import argmax_topk, loader
 from .layout import broadcast_strides, collapse
 from .value import DeviceValue
 
@@ -53,7 +53,15 @@ def plan_reduce(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, dtype, op)
         if n_out:
-            fn.launch(grid, (BLOCK,), fmt, (out.ptr, *[v.ptr for v in vals], *tail), 0, ctx.stream)
+            fn.launch(
+                grid,
+                (BLOCK,),
+                fmt,
+                (out.ptr, *[v.ptr for v in vals], *tail),
+                0,
+                ctx.stream,
+                pdl=loader.pdl_enabled(),
+            )
         return out
 
     return run

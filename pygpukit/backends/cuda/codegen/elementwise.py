@@ -166,6 +166,7 @@ def generate(spec: EwSpec) -> KernelSource:
     uses_err = bool(spec.dyn) or uses_error_word(spec.expr, list(spec.in_dtypes))
     lines = [f'extern "C" __global__ void __launch_bounds__(256) {name}(']
     lines.append("    " + ",\n    ".join(decl) + ") {")
+    lines.append("  PGK_PDL_ENTRY")
     if not uses_err:
         lines.append("  (void)err; (void)tag;")
     if spec.vec > 1:

@@ -28,6 +28,7 @@ def generate(spec: ArangeSpec) -> KernelSource:
     text = (
         f'extern "C" __global__ void {name}({ct.storage(spec.dtype)}* __restrict__ out, '
         f"i64 n, {t} start, {t} step) {{\n"
+        "  PGK_PDL_ENTRY\n"
         "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;"
         " i += (i64)gridDim.x * blockDim.x)\n"
         f"    out[i] = {store};\n}}\n"

@@ -51,5 +51,6 @@ def generate(spec: TakeSpec) -> KernelSource:
         "}",
     ]
     text = (f'extern "C" __global__ void __launch_bounds__(256) {name}(\n    '
-            + ",\n    ".join(decl) + ") {\n  " + "\n  ".join(body) + "\n}\n")  # fmt: skip
+            + ",\n    ".join(decl) + ") {\n  PGK_PDL_ENTRY\n  " + "\n  ".join(body)
+            + "\n}\n")  # fmt: skip
     return KernelSource(PRELUDE + text, name, fmt)

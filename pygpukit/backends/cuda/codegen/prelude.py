@@ -11,6 +11,21 @@ PRELUDE = r"""
 #include <cuda_bf16.h>
 typedef long long i64;
 
+// Every generated kernel opens with these (as the templates do, native/kernels/common.cuh):
+// launched as a programmatic dependent it may start before the kernel ahead of it ends,
+// so it waits for that kernel before touching memory, then lets the next one start.
+__device__ __forceinline__ void pgk_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pgk_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+#define PGK_PDL_ENTRY pgk_pdl_wait(); pgk_pdl_trigger();
+
 // NaN-propagating max/min, like np.maximum / np.max.
 template <class T> __device__ __forceinline__ T pgk_max(T a, T b) {
   if (a != a) return a;

@@ -157,6 +157,7 @@ def generate(spec: ReduceSpec) -> KernelSource:
     uses_err = uses_error_word(spec.expr, list(spec.in_dtypes))
     lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(']
     lines.append("    " + ",\n    ".join(decl) + ") {")
+    lines.append("PGK_PDL_ENTRY")
     if not uses_err:
         lines.append("(void)err; (void)tag;")
     block = spec.strategy == "block"

@@ -26,7 +26,7 @@ def unary(kind: str, x: int, y: int, n: int, dtype: str, *, stream: Any = None) 
         "activation", _KERNELS[kind], {**loader.type_defines(dtype), "PGK_VEC": vec}
     )
     blocks = max(1, min(cdiv(n // vec, 256), loader.sm_count() * 16))
-    fn.launch((blocks,), (256,), "PPq", (x, y, n), 0, stream)
+    fn.launch((blocks,), (256,), "PPq", (x, y, n), 0, stream, pdl=loader.pdl_enabled())
 
 
 def gelu_tanh(x: int, y: int, n: int, dtype: str, *, stream: Any = None) -> None:
@@ -70,4 +70,12 @@ def swiglu(
     tx = min(256, max(32, cdiv(nv, 32) * 32))
     ty = max(1, 256 // tx)
     grid = (cdiv(nv, tx), min(65535, cdiv(rows, ty)))
-    fn.launch(grid, (tx, ty), "PPPqiqqq", (gate, up, y, rows, cols, gs, us, ys), 0, stream)
+    fn.launch(
+        grid,
+        (tx, ty),
+        "PPPqiqqq",
+        (gate, up, y, rows, cols, gs, us, ys),
+        0,
+        stream,
+        pdl=loader.pdl_enabled(),
+    )

@@ -34,7 +34,9 @@ def argmax(
     rs = cols if row_stride is None else row_stride
     fn = loader.get_function("argmax_topk", "pgk_argmax", loader.type_defines(dtype))
     threads = 1024 if cols >= 8192 else 256
-    fn.launch((rows,), (threads,), "PPiq", (x, out_idx, cols, rs), 0, stream)
+    fn.launch(
+        (rows,), (threads,), "PPiq", (x, out_idx, cols, rs), 0, stream, pdl=loader.pdl_enabled()
+    )
 
 
 def topk(
@@ -63,4 +65,12 @@ def topk(
     rs = cols if row_stride is None else row_stride
     defines = {**loader.type_defines(dtype), "PGK_TOPK_THREADS": TOPK_THREADS}
     fn = loader.get_function("argmax_topk", "pgk_topk", defines)
-    fn.launch((rows,), (TOPK_THREADS,), "PPPiiq", (x, out_val, out_idx, cols, k, rs), 0, stream)
+    fn.launch(
+        (rows,),
+        (TOPK_THREADS,),
+        "PPPiiq",
+        (x, out_val, out_idx, cols, k, rs),
+        0,
+        stream,
+        pdl=loader.pdl_enabled(),
+    )

@@ -78,6 +78,7 @@ def prefill(
         (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *qs, *ks, *vs, *os_),
         smem,
         stream,
+        pdl=loader.pdl_enabled(),
     )
 
 
@@ -252,8 +253,9 @@ def decode(
         )
     reduce_fn = loader.get_function("attention_decode", "pgk_attn_decode_reduce", defines)
     loader.set_dynamic_smem(split_fn, smem)
-    split_fn.launch(grid, (threads,), fmt, args, smem, stream)
+    split_fn.launch(grid, (threads,), fmt, args, smem, stream, pdl=loader.pdl_enabled())
     reduce_fn.launch(
         (heads, batch), (_R_THREADS,), "PPPiiqq", (workspace, ml, o, heads, splits, *ost), 0,
         stream,
+        pdl=loader.pdl_enabled(),
     )  # fmt: skip

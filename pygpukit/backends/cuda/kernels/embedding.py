@@ -51,4 +51,5 @@ def embedding(
         (table, ids, out, n_ids, dim, vocab, ts, os_),
         0,
         stream,
+        pdl=loader.pdl_enabled(),
     )

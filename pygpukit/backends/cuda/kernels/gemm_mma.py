@@ -69,4 +69,5 @@ def gemm(
         (a, b, bias, c, m, n, k, lda_, ldb_, ldc_, a_batch_stride, b_batch_stride, cbs),
         0,
         stream,
+        pdl=loader.pdl_enabled(),
     )

@@ -154,4 +154,5 @@ def gemv(
         (x, w, bias, y, n, k, xs, ws, ys),
         0,
         stream,
+        pdl=loader.pdl_enabled(),
     )

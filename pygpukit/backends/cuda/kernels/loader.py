@@ -116,11 +116,16 @@ def device_info() -> dict[str, Any]:
 
 
 def pdl_enabled() -> bool:
-    """Whether kernels that wait with griddepcontrol.wait launch as programmatic
-    dependents (SM 9.0+; PYGPUKIT_PDL=0 turns it off, e.g. to measure its effect)."""
-    if os.environ.get("PYGPUKIT_PDL", "1") == "0":
-        return False
-    return int(device_info()["compute_capability"][0]) >= 9
+    """Whether our kernels launch as programmatic dependents (SM 9.0+). Every template and
+    generated kernel opens with griddepcontrol.wait, so it may start while the kernel
+    before it finishes (launch latency and, in the GEMV, the first weight loads overlap
+    that kernel's tail). PYGPUKIT_PDL=0 turns it off, e.g. to measure its effect."""
+    return _pdl(os.environ.get("PYGPUKIT_PDL", "1"))
+
+
+@functools.lru_cache(maxsize=4)
+def _pdl(setting: str) -> bool:
+    return setting != "0" and int(device_info()["compute_capability"][0]) >= 9
 
 
 def device_arch() -> str:

@@ -97,4 +97,5 @@ def matmul(
         (a, b, c, m, n, k, dims[1], dims[2], *ast, *bst, *cst, *sa, *sb, *sc),
         0,
         stream,
+        pdl=loader.pdl_enabled(),
     )

@@ -56,4 +56,5 @@ def rms_norm(
         (x, residual, w, y, h_out, cols, float(eps), xs, rs, ys, hs),
         0,
         stream,
+        pdl=loader.pdl_enabled(),
     )

@@ -67,4 +67,5 @@ def rope(
         (x, y, cos, sin, pos_offset, heads, seq, head_dim, rows, *xs, *ys, css),
         0,
         stream,
+        pdl=loader.pdl_enabled(),
     )

@@ -35,7 +35,9 @@ def softmax(
     threads, items = row_config(cols, vec, 8 if dtype == "float64" else 4, block_threads)
     defines = {**loader.type_defines(dtype), "PGK_VEC": vec, "PGK_ITEMS": items}
     fn = loader.get_function("softmax", "pgk_log_softmax" if log else "pgk_softmax", defines)
-    fn.launch((rows,), (threads,), "PPiqq", (x, y, cols, xs, ys), 0, stream)
+    fn.launch(
+        (rows,), (threads,), "PPiqq", (x, y, cols, xs, ys), 0, stream, pdl=loader.pdl_enabled()
+    )
 
 
 def log_softmax(x: int, y: int, rows: int, cols: int, dtype: str, **kw: Any) -> None:
