@@ -27,7 +27,6 @@ import concurrent.futures
 import json
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -312,15 +311,10 @@ def gpu_shares(w: dict[str, Any], seconds: float) -> dict:
 
 
 def _commit() -> str | None:
-    """The commit measured: $GIT_COMMIT (the device copy has no .git), else git's HEAD."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, check=True)  # fmt: skip
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    """The commit measured ($PGK_GIT_COMMIT where the tree travels without .git)."""
+    from pygpukit.bench.timing import git_commit
+
+    return git_commit()
 
 
 def main() -> None:

@@ -4,6 +4,8 @@
 # profile of the captured decode step. Logs and JSON under $OUT.
 #   PGK_LLM_BATCHES (1,4,16)  PGK_LLM_IMPLS (pygpukit,torch_compile)  PGK_LLM_MODEL (tinyllama)
 #   PGK_LLM_TESTS (the test files; "none" skips them)  PGK_PROFILE_BATCHES (1)
+# Bench JSON records the commit: call with PGK_GIT_COMMIT=<hash of the tree sent> (the
+# machine's copy of .git can be a stale snapshot).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/pygpukit-device-out}"

@@ -3,6 +3,8 @@
 # CUDA backend's tests, the other GPU tests and the CPU suite (on the CUDA backend), with
 # logs under $OUT. The Rust library is built beforehand where cargo exists
 # (cd rust && cargo build --release -p pygpukit-py) and carried as .carry/_rust.abi3.so.
+# Bench JSON records the commit: call with PGK_GIT_COMMIT=<hash of the tree sent> (the
+# machine's copy of .git can be a stale snapshot).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/pygpukit-device-out}"

@@ -102,7 +102,8 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     if lrows:
         from . import llm
 
-        print("\n== LLM decode (TinyLlama-1.1B shape, random bf16 weights)")
+        model = lrows[0].get("model", "tinyllama-1.1b-shape")
+        print(f"\n== LLM decode ({model}, random bf16 weights)")
         print(llm.format_rows(lrows))
     for r in rows:
         if "error" in r and r.get("bench") in GROUPS:
