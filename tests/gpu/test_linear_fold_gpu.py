@@ -42,10 +42,20 @@ def _folded(x, w, res, pro, prologue, bias=None, activation="none"):
 @pytest.mark.parametrize("prologue", ["none", "rms_norm", "swiglu"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_folded_linear(dtype: str, rows: int, prologue: str, residual: bool) -> None:
+    _check_folded(dtype, rows, prologue, residual, 1024)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_folded_linear_long_rows(rows: int) -> None:
+    """K >= gemv.LONG_K takes the two-tile geometry (the 7B shapes)."""
+    _check_folded("bfloat16", rows, "rms_norm", True, 4608)
+
+
+def _check_folded(dtype: str, rows: int, prologue: str, residual: bool, k: int) -> None:
     if prologue == "none" and not residual:
         pytest.skip("a plain linear")
     rng = np.random.default_rng()
-    k, n = 1024, 384
+    n = 384
 
     def rnd(*shape: int, scale: float = 1.0) -> gpk.GPUArray:
         return gpk.asarray((rng.standard_normal(shape) * scale).astype(np.float32)).astype(dtype)
