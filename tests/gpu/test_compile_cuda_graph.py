@@ -6,26 +6,15 @@ when a step cannot be captured."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 import pygpukit as gpk
-import pygpukit.backends as backends
 from pygpukit.compile import StaleOutputError
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def cuda() -> Iterator[Any]:
-    b = backends.get_backend()
-    if b.name != "cuda":
-        pytest.skip("the CUDA backend is not active")
-    yield b
-    b.synchronize()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
 
 
 @pytest.fixture

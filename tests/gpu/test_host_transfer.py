@@ -3,25 +3,13 @@ result() waits for that copy alone; kernel errors still surface at the wait."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import numpy as np
 import pytest
 
 import pygpukit as gpk
 import pygpukit.backends as backends
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def cuda() -> Iterator[Any]:
-    b = backends.get_backend()
-    if b.name != "cuda":
-        pytest.skip("the CUDA backend is not active")
-    yield b
-    b.synchronize()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])

@@ -4,26 +4,13 @@ composed path for the rest, against float64 NumPy on fresh random inputs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import numpy as np
 import pytest
 
 import pygpukit as gpk
-import pygpukit.backends as backends
 from pygpukit import runtime
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def cuda() -> Iterator[Any]:
-    b = backends.get_backend()
-    if b.name != "cuda":
-        pytest.skip("the CUDA backend is not active")
-    yield b
-    b.synchronize()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
 
 
 def _silu(a: np.ndarray) -> np.ndarray:

@@ -14,16 +14,8 @@ import pygpukit as gpk
 import pygpukit.backends as backends
 from pygpukit.memory import eviction_stats
 
+pytestmark = pytest.mark.usefixtures("cuda")
 MIB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def cuda() -> Iterator[Any]:
-    b = backends.get_backend()
-    if b.name != "cuda":
-        pytest.skip("the CUDA backend is not active")
-    yield b
-    b.synchronize()
 
 
 @pytest.fixture
