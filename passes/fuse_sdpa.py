@@ -99,12 +99,12 @@ class _Mask:
     kv_start[b]. The device-value bounds are nodes made once per pass and shared by every
     attention in the graph (one `pos + 1` for all layers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, made: dict[tuple[int, int, tuple[int, ...]], Node], loc: Any) -> None:
         self.causal = False
         self.kv_len: Node | None = None
         self.kv_start: Node | None = None
-        self._made: dict[tuple[int, int, tuple[int, ...]], Node] = {}
-        self.loc: Any = None  # the attention's line, for bounds made from graph inputs
+        self._made = made  # the pass's bounds, shared by every attention it fuses
+        self.loc = loc  # the attention's line, for bounds made from graph inputs
 
     def shifted(self, x: Node, by: int, shape: tuple[int, ...]) -> Node:
         """x (a broadcastable integer) reshaped to `shape`, plus `by`, made once."""
@@ -154,9 +154,7 @@ def _key_bound(c: Node, sk: int, batch: int, made: _Mask) -> bool:
         return True
     if op in ("ge", "gt") and made.kv_start is None and (n == batch or n == 1):
         # One offset per batch row: the mask's batch axis must be the scores' first.
-        if n == batch and batch > 1 and [d for d in b.shape if d != 1] != [batch]:
-            return False
-        if n == batch and batch > 1 and b.shape[0] != batch and len(b.shape) > 1:
+        if n == batch and batch > 1 and (b.shape[0] != batch or math.prod(b.shape) != n):
             return False
         x1 = made.shifted(x, 1 if op == "gt" else 0, (n,))
         if n != batch:
@@ -258,7 +256,7 @@ def _k_of(kt: Node) -> Node | None:
 
 def fuse_sdpa(graph: Graph) -> Graph:
     m = Matcher(graph, "sdpa", "fuse_sdpa")
-    made = _Mask()
+    bounds: dict[tuple[int, int, tuple[int, ...]], Node] = {}
     for n in graph.nodes:
         if n.op != "matmul":
             continue
@@ -271,9 +269,7 @@ def fuse_sdpa(graph: Graph) -> Graph:
                 raise Miss("the softmax is not over the last axis")
             s = _rows_view(sm.inputs[0]) if sm.inputs[0].op == "cast" else sm.inputs[0]
             sq, sk = s.shape[-2], s.shape[-1]
-            mask = _Mask()
-            mask._made = made._made  # bounds are shared across the graph's attentions
-            mask.loc = n.loc
+            mask = _Mask(bounds, n.loc)
             t = _unmask(s, sq, sk, s.shape[0] if len(s.shape) > 3 else 1, mask)
             r, scale = _scaled(t)
             if r.op != "matmul":

@@ -133,15 +133,18 @@ class GPUArray:
         runtime.realize([self._node])
         return self
 
-    def to_numpy(self) -> np.ndarray:
+    def _live_value(self, op: str) -> Any:
+        """The realised backend value, for reading back; a freed array raises."""
         self.realize()
         value = self._node.realized
-        backend = get_backend()
-        if backend.storage(value).freed:
+        if get_backend().storage(value).freed:
             raise errors.FreedArrayError(
-                f"to_numpy: the array {self.dtype.short}{list(self.shape)} was freed"
+                f"{op}: the array {self.dtype.short}{list(self.shape)} was freed"
             )
-        return backend.to_numpy(value)
+        return value
+
+    def to_numpy(self) -> np.ndarray:
+        return get_backend().to_numpy(self._live_value("to_numpy"))
 
     get = to_numpy  # CuPy's name
 
@@ -149,14 +152,7 @@ class GPUArray:
         """Start copying to host memory and return at once; `.result()` waits for this copy
         alone (work queued afterwards keeps running) and gives the NumPy array, `.done()`
         polls. Like torch's `.to("cpu", non_blocking=True)` followed by an event wait."""
-        self.realize()
-        value = self._node.realized
-        backend = get_backend()
-        if backend.storage(value).freed:
-            raise errors.FreedArrayError(
-                f"to_numpy_async: the array {self.dtype.short}{list(self.shape)} was freed"
-            )
-        return backend.to_numpy_async(value)
+        return get_backend().to_numpy_async(self._live_value("to_numpy_async"))
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         a = self.to_numpy()

@@ -163,6 +163,31 @@ PGK_DEVICE int pgk_read_i32(const int* p, int fallback) {
   return p ? __ldcg(p) : fallback;
 }
 
+// ------------------------------------------------------- GEMM / GEMV epilogue activation
+// PGK_ACT (a family define; 0 when absent): 0 none, 1 GELU tanh, 2 GELU erf, 3 SiLU.
+PGK_DEVICE float pgk_epilogue_act(float x) {
+#if PGK_ACT == 1
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+#elif PGK_ACT == 2
+  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+#elif PGK_ACT == 3
+  return x / (1.0f + __expf(-x));
+#else
+  return x;
+#endif
+}
+PGK_DEVICE double pgk_epilogue_act(double x) {
+#if PGK_ACT == 1
+  return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+#elif PGK_ACT == 2
+  return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+#elif PGK_ACT == 3
+  return x / (1.0 + exp(-x));
+#else
+  return x;
+#endif
+}
+
 // ------------------------------------------- programmatic dependent launch (SM90+)
 // A kernel launched with programmatic stream serialization may start while the kernel
 // before it still runs: it must pgk_pdl_wait() before it reads anything earlier work

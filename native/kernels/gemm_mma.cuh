@@ -45,18 +45,6 @@ PGK_DEVICE void pgk_mma_16816(float* d, const unsigned* a, const unsigned* b) {
   }
 }
 
-PGK_DEVICE float pgk_gemm_act(float x) {
-#if PGK_ACT == 1
-  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-#elif PGK_ACT == 2
-  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
-#elif PGK_ACT == 3
-  return x / (1.0f + __expf(-x));
-#else
-  return x;
-#endif
-}
-
 // 256 threads = 8 warps in a 2 (M) x 4 (N) grid; each warp owns a 64x32 piece of the
 // 128x128 block tile: 4 x 4 mma tiles, 64 fp32 accumulators a thread.
 extern "C" __global__ void __launch_bounds__(256)
@@ -146,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(256)
         if (r < m && cc < n) {
           float v = acc[i][j][e];
           if (bias) v += pgk_to_float(bias[cc]);
-          c[r * ldc + cc] = pgk_from_float<pgk_t>(pgk_gemm_act(v));
+          c[r * ldc + cc] = pgk_from_float<pgk_t>(pgk_epilogue_act(v));
         }
       }
 }

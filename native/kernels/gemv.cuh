@@ -1,6 +1,6 @@
 // GEMV for decode: y[m, n] = act(sum_k x[m, k] * W[n, k] + bias[n]), W row-major [N, K],
 // for a few rows m of x (batched decode), reading W once for all of them.
-// PGK_ACT: 0 none, 1 GELU tanh, 2 GELU erf, 3 SiLU (as gemm_mma.cuh), after the bias.
+// PGK_ACT: 0 none, 1 GELU tanh, 2 GELU erf, 3 SiLU (pgk_epilogue_act, common.cuh), after the bias.
 //
 // pgk_gemv_mma (bf16/f16, 16-byte aligned rows, K % 8 == 0): up to 16 rows of x are the
 // M = 16 rows of mma.sync m16n8k16 tiles and 8 rows of W the N = 8 columns, so the kernel
@@ -52,29 +52,6 @@
 #define PGK_GSTAGES 0
 #endif
 
-PGK_DEVICE float pgk_gemv_act(float x) {
-#if PGK_ACT == 1
-  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-#elif PGK_ACT == 2
-  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
-#elif PGK_ACT == 3
-  return x / (1.0f + __expf(-x));
-#else
-  return x;
-#endif
-}
-PGK_DEVICE double pgk_gemv_act(double x) {
-#if PGK_ACT == 1
-  return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-#elif PGK_ACT == 2
-  return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
-#elif PGK_ACT == 3
-  return x / (1.0 + exp(-x));
-#else
-  return x;
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
     pgk_gemv(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
              const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int n, int k,
@@ -112,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
   acc = pgk_warp_sum(acc);
   if (lane == 0) {
     if (bias) acc += pgk_acc_of(bias[row]);
-    y[(long long)blockIdx.y * y_stride + row] = pgk_from_acc<pgk_t>(pgk_gemv_act(acc));
+    y[(long long)blockIdx.y * y_stride + row] = pgk_from_acc<pgk_t>(pgk_epilogue_act(acc));
   }
 }
 
@@ -377,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     s *= rsqrtf(q / (float)k + eps);
 #endif
     if (bias) s += pgk_to_float(bias[n0 + cn]);
-    s = pgk_gemv_act(s);
+    s = pgk_epilogue_act(s);
     if (res) s += pgk_to_float(res[(long long)(m0 + r) * res_stride + n0 + cn]);
     y[(long long)(m0 + r) * y_stride + n0 + cn] = pgk_from_float<pgk_t>(s);
   }
