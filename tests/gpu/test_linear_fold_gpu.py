@@ -32,17 +32,18 @@ def test_folded_linear(dtype: str, rows: int, prologue: str, residual: bool) -> 
     _check_folded(dtype, rows, prologue, residual, 1024)
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-def test_folded_linear_long_rows(rows: int) -> None:
-    """K >= gemv.LONG_K takes the two-tile geometry (the 7B shapes)."""
-    _check_folded("bfloat16", rows, "rms_norm", True, 4608)
+@pytest.mark.parametrize(("rows", "k", "n"), [(1, 4608, 384), (3, 4096, 4096), (2, 2048, 5632)])
+def test_folded_linear_each_geometry(rows: int, k: int, n: int) -> None:
+    """Each default GEMV geometry (gemv.default_config: long rows over few or many outputs,
+    short rows over many) with the RMSNorm prologue and the residual."""
+    _check_folded("bfloat16", rows, "rms_norm", True, k, n)
 
 
-def _check_folded(dtype: str, rows: int, prologue: str, residual: bool, k: int) -> None:
+def _check_folded(dtype: str, rows: int, prologue: str, residual: bool, k: int,
+                  n: int = 384) -> None:  # fmt: skip
     if prologue == "none" and not residual:
         pytest.skip("a plain linear")
     rng = np.random.default_rng()
-    n = 384
 
     def rnd(*shape: int, scale: float = 1.0) -> gpk.GPUArray:
         return gpk.asarray((rng.standard_normal(shape) * scale).astype(np.float32)).astype(dtype)

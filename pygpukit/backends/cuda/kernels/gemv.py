@@ -25,18 +25,29 @@ PROLOGUES = {"none": 0, "rms_norm": 1}
 MMA_CONFIG = (4, 1, 8, 2)
 MMA_CONFIG_MANY_ROWS = (8, 1, 8, 0)
 MMA_STAGED_ROWS = 4
-# Long rows (K >= 4096, the 7B shapes) share each x fragment over two n8 tiles: 4096x4096
-# 10.4 / 9.97 us against 11.0 / 12.2 for MMA_CONFIG in two H200 runs (-kernels.json and
-# -kernels-pdl.json), 2048x5632 8.5 / 8.9 against 8.6 / 9.1.
+# Batch-1 decode shapes, swept on an H200 (bench/results/h200-2026-11-22-gemv-sweep.json,
+# us): long rows over many outputs share each x fragment over two n8 tiles (4096x4096:
+# 8x2x4x2 9.97 against 11.6-12.3); long rows over few outputs keep 132 SMs busy with one
+# (2048x5632: 8x1x8x2 7.9 against 8.7-8.9 with two tiles); short rows over many outputs
+# take three shallower stages (11264x2048 14.3 against 14.7; 32000x2048 35.6 against 37.1).
 MMA_CONFIG_LONG_K = (8, 2, 4, 2)
+MMA_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)
+MMA_CONFIG_MANY_N = (8, 1, 4, 3)
 LONG_K = 4096
+MANY_N = 4096
 
 
-def default_config(x_rows: int, k: int) -> tuple[int, int, int, int]:
-    """The tensor-core geometry for x_rows rows of length k (see the figures above)."""
+def default_config(x_rows: int, k: int, n: int) -> tuple[int, int, int, int]:
+    """The tensor-core geometry for x_rows rows of length k against n outputs."""
     if x_rows > MMA_STAGED_ROWS:
         return MMA_CONFIG_MANY_ROWS
-    return MMA_CONFIG_LONG_K if k >= LONG_K else MMA_CONFIG
+    if k >= LONG_K:
+        return MMA_CONFIG_LONG_K if n >= MANY_N else MMA_CONFIG_LONG_K_FEW_N
+    return MMA_CONFIG_MANY_N if n > MANY_N else MMA_CONFIG
+
+
+DEFAULT_CONFIGS = (MMA_CONFIG, MMA_CONFIG_LONG_K, MMA_CONFIG_LONG_K_FEW_N, MMA_CONFIG_MANY_N,
+                   MMA_CONFIG_MANY_ROWS)  # fmt: skip
 
 
 def beats_gemm(m: int, n: int, k: int) -> bool:
@@ -121,7 +132,7 @@ def gemv(
     pptrs = (pro,) if prologue != "none" else ()
     if uses_mma(dtype, k, (xs if m > 1 else 0, ws), (x, w, *pptrs)):
         x_rows = min(m, MMA_ROWS)
-        cfg = config or default_config(x_rows, k)
+        cfg = config or default_config(x_rows, k, n)
         gw, nt, u, stages = cfg
         if m > 16 * 65535:
             raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV")

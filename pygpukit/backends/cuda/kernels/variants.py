@@ -84,7 +84,7 @@ def all_variants() -> list[Variant]:
             out.append(("gemm_mma", ("pgk_gemm_mma",), _t(dt, PGK_ACT=act)))
         # The tensor-core GEMV: the default geometry with every epilogue, then the others
         # the benchmark sweeps.
-        for gw, nt, u, st in (gemv.MMA_CONFIG, gemv.MMA_CONFIG_LONG_K, gemv.MMA_CONFIG_MANY_ROWS):
+        for gw, nt, u, st in gemv.DEFAULT_CONFIGS:
             for act in (0, 1, 2, 3):
                 for pro in gemv.PROLOGUES.values():  # none, RMSNorm
                     mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act, PGK_PRO=pro,
