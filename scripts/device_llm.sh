@@ -22,6 +22,6 @@ bash scripts/device_build_native.sh bash -c "
   timeout 300 python3 -m pygpukit.bench.llm --model ${PGK_LLM_MODEL:-tinyllama} \
     --batches ${PGK_LLM_BATCHES:-1,4,16} --impl ${PGK_LLM_IMPLS:-pygpukit,torch_compile} \
     --jsonl $OUT/llm.jsonl 2>&1 | tail -12
-  timeout 200 python3 scripts/graph_profile.py --batches ${PGK_PROFILE_BATCHES:-1} \
+  timeout 200 python3 scripts/graph_profile.py --batches ${PGK_PROFILE_BATCHES:-1} --trace $OUT/trace.json \
     --json $OUT/profile.json 2>&1 | tail -20
 "

@@ -1,6 +1,6 @@
 """Where a compiled call's time goes on the CUDA backend, with CUDA Graph replay.
 
-    python scripts/graph_profile.py [--batches 1,16] [--steps 32] [--json FILE]
+    python scripts/graph_profile.py [--batches 1,16] [--steps 32] [--json FILE] [--trace FILE]
 
 Prints (1) the host time of one call of a small compiled function (the dispatch cost: the
 GPU work is a few microseconds), (2) the TinyLlama-shape decode step (random bf16 weights)
@@ -46,7 +46,9 @@ def dispatch_us(n_calls: int = 3000) -> dict[str, float]:
     return out
 
 
-def decode(batches: list[int], steps: int, profile: bool) -> list[dict[str, Any]]:
+def decode(
+    batches: list[int], steps: int, profile: bool, trace: str | None = None
+) -> list[dict[str, Any]]:
     from pygpukit.bench.llm import random_model, tinyllama_config, weight_bytes
     from pygpukit.llm.sampling import SamplingParams
 
@@ -69,7 +71,9 @@ def decode(batches: list[int], steps: int, profile: bool) -> list[dict[str, Any]
         print(json.dumps(row), flush=True)
         if profile:
             try:
-                row["kernels"] = _profile(model, prompt, max_seq)
+                row["kernels"] = _profile(
+                    model, prompt, max_seq, trace and trace.replace(".json", f"-b{b}.json")
+                )
             except Exception as e:  # the timings above stand without it
                 print(f"  profile failed: {type(e).__name__}: {e}", flush=True)
         rows.append(row)
@@ -88,7 +92,9 @@ def _generator(model: Any) -> Any:
     return None
 
 
-def _profile(model: Any, prompt: list[list[int]], max_seq: int) -> list[dict[str, Any]]:
+def _profile(
+    model: Any, prompt: list[list[int]], max_seq: int, trace: str | None = None
+) -> list[dict[str, Any]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -99,6 +105,8 @@ def _profile(model: Any, prompt: list[list[int]], max_seq: int) -> list[dict[str
         model.generate_ids(prompt, n + 1, SamplingParams(), max_seq_len=max_seq,
                            stop_at_eos=False)  # fmt: skip
         torch.cuda.synchronize()
+    if trace:  # every launch with its grid and start time: gaps and per-shape times
+        prof.export_chrome_trace(trace)
     rows = []
     for e in prof.key_averages():
         dev = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
@@ -119,10 +127,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--trace", help="write the profiled steps as a Chrome trace (per batch)")
     a = ap.parse_args()
     res: dict[str, Any] = {"dispatch": dispatch_us()}
     print(json.dumps(res["dispatch"]), flush=True)
-    res["decode"] = decode([int(b) for b in a.batches.split(",")], a.steps, not a.no_profile)
+    res["decode"] = decode(
+        [int(b) for b in a.batches.split(",")], a.steps, not a.no_profile, a.trace
+    )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=str)
