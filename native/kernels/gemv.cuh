@@ -51,6 +51,9 @@
 #ifndef PGK_GSTAGES
 #define PGK_GSTAGES 0
 #endif
+#ifndef PGK_PF
+#define PGK_PF 2  // slabs of W each warp pulls into L2 before waiting on its predecessor
+#endif
 
 extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
     pgk_gemv(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
@@ -207,11 +210,13 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
 
   // Launched as a programmatic dependent (decode chains of GEMVs): while the kernel
-  // before still runs, pull this warp's first slab of W into L2 (a hint, right even if
-  // earlier work wrote W), then wait for that kernel before touching x, the residual or
-  // y. 8 * NT rows x 32 * U columns are 8 * NT * U 128-byte lines; a lane takes every 32nd.
-  for (int i = lane; i < 8 * NT * U; i += 32) {
-    const int r = i / U, cc = (i % U) * 64;  // 64 two-byte elements per line
+  // before still runs, pull this warp's first PGK_PF slabs of W into L2 (a hint, right
+  // even if earlier work wrote W), then wait for that kernel before touching x, the
+  // residual or y. A slab row is 32 * U columns, U / 2 128-byte lines; a lane takes every
+  // 32nd line.
+  constexpr int PF_LINES = (PGK_PF * U + 1) / 2;  // per row of W
+  for (int i = lane; i < 8 * NT * PF_LINES; i += 32) {
+    const int r = i / PF_LINES, cc = (i % PF_LINES) * 64;  // 64 two-byte elements a line
     const int row = n0 + r, col = c_lo * 32 + cc;
     if (row < n && col < k && c_lo + cc / 32 < c_hi) {
       pgk_prefetch_l2(w + (long long)row * w_stride + col);

@@ -41,18 +41,63 @@ void StagingPool::Buffer::wait() {
   pending = false;
 }
 
+StagingPool::Slots::Slots() {
+  const cu::DriverApi& api = driver();
+  check_cu(api.cuMemHostAlloc(&host, kSlots * kSlotBytes, cu::kMemHostAllocPortable),
+           "cuMemHostAlloc");
+  for (size_t i = 0; i < kSlots; ++i) {
+    CUresult r = api.cuEventCreate(&done[i], cu::kEventDisableTiming);
+    if (r != cu::kSuccess) {
+      for (size_t j = 0; j < i; ++j) api.cuEventDestroy(done[j]);
+      api.cuMemFreeHost(host);
+      check(r, "cuEventCreate");
+    }
+  }
+}
+
+StagingPool::Slots::~Slots() {
+  const cu::DriverApi* api = driver_if_loaded();
+  if (!api) return;
+  for (size_t i = 0; i < kSlots; ++i) {
+    if (pending[i]) api->cuEventSynchronize(done[i]);  // the DMA may still read the slot
+    api->cuEventDestroy(done[i]);
+  }
+  api->cuMemFreeHost(host);
+}
+
 StagingPool::Buffer& StagingPool::buffer(size_t i) {
   while (buffers_.size() <= i) buffers_.push_back(std::make_unique<Buffer>());
   return *buffers_[i];
+}
+
+StagingPool::Buffer& StagingPool::next_buffer() {
+  Buffer& b = buffer(next_);
+  next_ = (next_ + 1) % kBuffers;
+  return b;
 }
 
 void StagingPool::htod(CUdeviceptr dst, const void* src, size_t nbytes, CUstream stream) {
   const cu::DriverApi& api = driver();
   std::lock_guard<std::mutex> lock(mu_);
   const char* in = static_cast<const char*>(src);
+  if (nbytes <= kSlotBytes) {
+    if (!slots_) slots_ = std::make_unique<Slots>();
+    size_t i = next_slot_;
+    next_slot_ = (next_slot_ + 1) % kSlots;
+    if (slots_->pending[i]) check_cu(api.cuEventSynchronize(slots_->done[i]), "cuEventSynchronize");
+    char* host = static_cast<char*>(slots_->host) + i * kSlotBytes;
+    std::memcpy(host, in, nbytes);
+    check_cu(api.cuMemcpyHtoDAsync(dst, host, nbytes, stream), "cuMemcpyHtoDAsync");
+    check_cu(api.cuEventRecord(slots_->done[i], stream), "cuEventRecord");
+    slots_->pending[i] = true;
+    g_copies++;
+    g_chunks++;
+    g_bytes += nbytes;
+    return;
+  }
   size_t nchunks = (nbytes + kChunkBytes - 1) / kChunkBytes;
   for (size_t k = 0; k < nchunks; ++k) {
-    Buffer& b = buffer(k % kBuffers);
+    Buffer& b = next_buffer();
     b.wait();
     size_t off = k * kChunkBytes;
     size_t len = std::min(kChunkBytes, nbytes - off);

@@ -270,6 +270,24 @@ def test_large_copy_round_trips_through_staging(bufs: Buffers) -> None:
     np.testing.assert_array_equal(tail, data_copy[half:])
 
 
+def test_small_uploads_do_not_wait_for_queued_work(module: nv.Module, bufs: Buffers) -> None:
+    """Small pageable uploads queued behind a long kernel return at once (a decode loop
+    uploads a position and a noise index while the previous step runs); reusing one
+    staging buffer made the second upload wait for the first, i.e. for the kernel."""
+    rng = np.random.default_rng()
+    y = bufs.upload(rng.standard_normal(BLOCK).astype(np.float32))
+    s = nv.Stream()
+    values = [rng.integers(1, 1 << 30, 4, dtype=np.int64) for _ in range(8)]
+    dsts = [bufs.alloc(32) for _ in values]
+    module.get_function("spin").launch(1, BLOCK, "Pi", (y, 1 << 24), stream=s)
+    for d, v in zip(dsts, values):
+        nv.memcpy_htod_async(d, v.copy(), s)
+    assert not s.query(), "an upload waited for the kernel queued before it"
+    s.synchronize()
+    for d, v in zip(dsts, values):
+        np.testing.assert_array_equal(download(d, 4, np.int64), v)
+
+
 def test_pinned_host_buffers_copy_directly(bufs: Buffers) -> None:
     n = 1 << 20
     src, dst = nv.HostBuffer(n), nv.HostBuffer(n)

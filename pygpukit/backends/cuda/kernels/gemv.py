@@ -105,6 +105,7 @@ def gemv(
     eps: float = 0.0,
     residual: int = 0,
     residual_stride: int | None = None,
+    prefetch: int | None = None,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(W @ p(x[i, :]) + bias) + residual[i, :] for i < m; strides in
@@ -139,6 +140,8 @@ def gemv(
         defines = {**loader.type_defines(dtype), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
                    "PGK_ACT": act, "PGK_PRO": PROLOGUES[prologue],
                    "PGK_GSTAGES": stages}  # fmt: skip
+        if prefetch is not None:  # slabs per warp prefetched before the wait (gemv.cuh)
+            defines["PGK_PF"] = prefetch
         fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
         smem = mma_smem(cfg, x_rows, prologue) if stages else 0
         if smem > loader.max_shared_optin():

@@ -1,0 +1,154 @@
+"""GEMV geometry where the decode step uses it: the four folded projections of a TinyLlama
+layer (RMSNorm prologue on qkv and gate_up, residual on o and down), alone and as the
+22-layer chain of one decode step (distinct weights, each GEMV reading the one before).
+
+    python scripts/gemv_probe.py [--json FILE]
+
+Alone: median us per call of 20 calls in one CUDA graph, weights rotated past L2 (as
+`python -m pygpukit.bench`). Chain: us per replay of the 88-GEMV graph, so programmatic
+dependent launch and the L2 prefetch before each wait act as in the decode step. Each
+chain row changes one projection's geometry (or prefetch depth) from the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pygpukit.backends.cuda.kernels import gemv
+from pygpukit.bench.kernels import _sets_for, _stream, time_graph
+
+HIDDEN, INTER, QKV, LAYERS = 2048, 5632, 2560, 22
+# (name, k, n, folded): qkv and gate_up take the RMSNorm prologue, o and down the residual.
+PROJ = [("qkv", HIDDEN, QKV, "pro"), ("o", HIDDEN, HIDDEN, "res"),
+        ("gate_up", HIDDEN, 2 * INTER, "pro"), ("down", INTER, HIDDEN, "res")]  # fmt: skip
+CONFIGS = [(4, 1, 8, 2), (8, 1, 8, 2), (8, 1, 4, 3), (8, 2, 4, 2), (4, 2, 8, 2), (8, 1, 4, 2),
+           (4, 1, 4, 3), (8, 4, 2, 2), (16, 1, 4, 2)]  # fmt: skip
+PREFETCH = [0, 1, 4, 8]
+
+
+def _launch(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any, cfg: Any, pf: Any) -> None:
+    n, k = w.shape
+    kw: dict[str, Any] = {"config": cfg, "prefetch": pf, "stream": _stream()}
+    if folded == "pro":
+        kw.update(prologue="rms_norm", pro=aux.data_ptr(), eps=1e-5)
+    else:
+        kw.update(residual=aux.data_ptr())
+    gemv.gemv(x.data_ptr(), w.data_ptr(), y.data_ptr(), n, k, "bfloat16", **kw)
+
+
+def _check(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any) -> None:
+    xf = x.double()
+    if folded == "pro":
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5) * aux.double()
+    ref = xf @ w.double().T
+    if folded == "res":
+        ref = ref + aux.double()
+    err = float((y.double() - ref).norm() / ref.norm())
+    if err > 2e-2:
+        raise AssertionError(f"gemv probe: relative error {err:.3g}")
+
+
+def alone(torch: Any, rows: list[dict[str, Any]]) -> None:
+    for name, k, n, folded in PROJ + [("lm_head", HIDDEN, 32000, "pro")]:
+        _alone_shape(torch, rows, name, k, n, folded)
+
+
+def _alone_shape(torch: Any, rows: list[dict[str, Any]], name: str, k: int, n: int,
+                 folded: str) -> None:  # fmt: skip
+    sets = _sets_for(n * k * 2)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+    xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+    ys = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+    aux = torch.randn(1, k if folded == "pro" else n, device="cuda", dtype=torch.bfloat16)
+    cases = [(None, "none")] + [(cfg, folded) for cfg in [None, *CONFIGS]]
+    for cfg, fold in cases:
+
+        def call(i: int, cfg: Any = cfg, fold: str = fold) -> None:
+            if fold == "none":
+                gemv.gemv(xs[i].data_ptr(), ws[i].data_ptr(), ys[i].data_ptr(), n, k,
+                          "bfloat16", config=cfg, stream=_stream())  # fmt: skip
+            else:
+                _launch(torch, xs[i], ws[i], ys[i], fold, aux, cfg, None)
+
+        try:
+            call(0)
+            torch.cuda.synchronize()
+            if fold != "none":
+                _check(torch, xs[0], ws[0], ys[0], fold, aux)
+            us = time_graph(call, sets)
+        except Exception as e:  # a geometry the shape cannot take
+            print(f"  {name} {cfg}: {type(e).__name__}: {e}")
+            continue
+        row = {"probe": "alone", "proj": name, "k": k, "n": n, "fold": fold,
+               "config": cfg, "us": round(us, 2),
+               "GB/s": round(n * k * 2 / us / 1e3, 1)}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
+    bf = torch.bfloat16
+    layers = []
+    for _ in range(LAYERS):
+        layers.append({name: torch.randn(n, k, device="cuda", dtype=bf) * k**-0.5
+                       for name, k, n, _f in PROJ})  # fmt: skip
+    gain = torch.rand(HIDDEN, device="cuda", dtype=bf) + 0.5
+    h = torch.randn(1, HIDDEN, device="cuda", dtype=bf)
+    qkv = torch.empty(1, QKV, device="cuda", dtype=bf)
+    h2 = torch.empty(1, HIDDEN, device="cuda", dtype=bf)
+    gu = torch.empty(1, 2 * INTER, device="cuda", dtype=bf)
+    out = torch.empty(1, HIDDEN, device="cuda", dtype=bf)
+
+    def step(cfgs: dict[str, Any], pfs: dict[str, Any]) -> None:
+        x = h
+        for w in layers:
+            # qkv[:, :2048] stands in for the attention output, gu[:, :5632] for SwiGLU's.
+            _launch(torch, x, w["qkv"], qkv, "pro", gain, cfgs.get("qkv"), pfs.get("qkv"))
+            _launch(torch, qkv[:, :HIDDEN], w["o"], h2, "res", x, cfgs.get("o"), pfs.get("o"))
+            _launch(torch, h2, w["gate_up"], gu, "pro", gain, cfgs.get("gate_up"),
+                    pfs.get("gate_up"))  # fmt: skip
+            _launch(torch, gu[:, :INTER], w["down"], out, "res", h2, cfgs.get("down"),
+                    pfs.get("down"))  # fmt: skip
+            x = out
+
+    def timed(label: str, cfgs: dict[str, Any], pfs: dict[str, Any]) -> None:
+        try:
+            us = time_graph(lambda _i: step(cfgs, pfs), 1, calls=1, reps=40)
+        except Exception as e:
+            print(f"  chain {label}: {type(e).__name__}: {e}")
+            return
+        gb = sum(n * k * 2 for _nm, k, n, _f in PROJ) * LAYERS / 1e9
+        row = {"probe": "chain", "label": label, "us": round(us, 1),
+               "GB/s": round(gb / us * 1e6, 1)}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    timed("default", {}, {})
+    for name, _k, _n, _f in PROJ:
+        for cfg in CONFIGS:
+            timed(f"{name} config={cfg}", {name: cfg}, {})
+        for pf in PREFETCH:
+            timed(f"{name} prefetch={pf}", {}, {name: pf})
+    timed("default again", {}, {})
+
+
+def main() -> None:
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--skip-alone", action="store_true")
+    a = ap.parse_args()
+    rows: list[dict[str, Any]] = []
+    chain(torch, rows)
+    if not a.skip_alone:
+        alone(torch, rows)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
