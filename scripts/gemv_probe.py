@@ -28,9 +28,10 @@ CONFIGS = [(4, 1, 8, 2), (8, 1, 8, 2), (8, 1, 4, 3), (8, 2, 4, 2), (4, 2, 8, 2),
 PREFETCH = [0, 1, 4, 8]
 
 
-def _launch(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any, cfg: Any, pf: Any) -> None:
+def _launch(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any, cfg: Any, pf: Any,
+            glu: bool = False) -> None:  # fmt: skip
     n, k = w.shape
-    kw: dict[str, Any] = {"config": cfg, "prefetch": pf, "stream": _stream()}
+    kw: dict[str, Any] = {"config": cfg, "prefetch": pf, "stream": _stream(), "glu": glu}
     if folded == "pro":
         kw.update(prologue="rms_norm", pro=aux.data_ptr(), eps=1e-5)
     else:
@@ -38,11 +39,15 @@ def _launch(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any, cfg: Any,
     gemv.gemv(x.data_ptr(), w.data_ptr(), y.data_ptr(), n, k, "bfloat16", **kw)
 
 
-def _check(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any) -> None:
+def _check(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any, glu: bool = False) -> None:
     xf = x.double()
     if folded == "pro":
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5) * aux.double()
     ref = xf @ w.double().T
+    if glu:
+        g, u = ref.chunk(2, dim=-1)
+        ref = torch.nn.functional.silu(g) * u
+        y = y[:, : ref.shape[1]]
     if folded == "res":
         ref = ref + aux.double()
     err = float((y.double() - ref).norm() / ref.norm())
@@ -50,8 +55,10 @@ def _check(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any) -> None:
         raise AssertionError(f"gemv probe: relative error {err:.3g}")
 
 
-def alone(torch: Any, rows: list[dict[str, Any]]) -> None:
+def alone(torch: Any, rows: list[dict[str, Any]], only: list[str] | None = None) -> None:
     for name, k, n, folded in PROJ + [("lm_head", HIDDEN, 32000, "pro")]:
+        if only and name not in only:
+            continue
         _alone_shape(torch, rows, name, k, n, folded)
 
 
@@ -62,30 +69,49 @@ def _alone_shape(torch: Any, rows: list[dict[str, Any]], name: str, k: int, n: i
     xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
     ys = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
     aux = torch.randn(1, k if folded == "pro" else n, device="cuda", dtype=torch.bfloat16)
-    cases = [(None, "none")] + [(cfg, folded) for cfg in [None, *CONFIGS]]
-    for cfg, fold in cases:
+    cases = [(None, "none", False)] + [(cfg, folded, False) for cfg in [None, *CONFIGS]]
+    if name == "gate_up":  # the SwiGLU epilogue pairs tiles: even tile counts only
+        cases += [(cfg, folded, True) for cfg in [None, *CONFIGS] if cfg is None or cfg[1] % 2 == 0]
+    for cfg, fold, glu in cases:
 
-        def call(i: int, cfg: Any = cfg, fold: str = fold) -> None:
+        def call(i: int, cfg: Any = cfg, fold: str = fold, glu: bool = glu) -> None:
             if fold == "none":
                 gemv.gemv(xs[i].data_ptr(), ws[i].data_ptr(), ys[i].data_ptr(), n, k,
                           "bfloat16", config=cfg, stream=_stream())  # fmt: skip
             else:
-                _launch(torch, xs[i], ws[i], ys[i], fold, aux, cfg, None)
+                _launch(torch, xs[i], ws[i], ys[i], fold, aux, cfg, None, glu)
 
         try:
             call(0)
             torch.cuda.synchronize()
             if fold != "none":
-                _check(torch, xs[0], ws[0], ys[0], fold, aux)
+                _check(torch, xs[0], ws[0], ys[0], fold, aux, glu)
             us = time_graph(call, sets)
         except Exception as e:  # a geometry the shape cannot take
             print(f"  {name} {cfg}: {type(e).__name__}: {e}")
             continue
-        row = {"probe": "alone", "proj": name, "k": k, "n": n, "fold": fold,
+        row = {"probe": "alone", "proj": name, "k": k, "n": n, "fold": fold + "+glu" * glu,
                "config": cfg, "us": round(us, 2),
                "GB/s": round(n * k * 2 / us / 1e3, 1)}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
+
+
+def once(torch: Any, only: list[str]) -> None:
+    """One plain launch per projection and folding, nothing else, for a profiler."""
+    for name, k, n, folded in PROJ + [("lm_head", HIDDEN, 32000, "pro")]:
+        if name not in only:
+            continue
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        aux = torch.randn(1, k if folded == "pro" else n, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2):  # the first compiles and loads
+            gemv.gemv(x.data_ptr(), w.data_ptr(), y.data_ptr(), n, k, "bfloat16",
+                      stream=_stream())  # fmt: skip
+            torch.cuda.synchronize()
+            _launch(torch, x, w, y, folded, aux, None, None)
+            torch.cuda.synchronize()
 
 
 def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
@@ -140,11 +166,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--skip-alone", action="store_true")
+    ap.add_argument("--skip-chain", action="store_true")
+    ap.add_argument("--proj", help="alone: only these projections (comma-separated)")
+    ap.add_argument(
+        "--once",
+        action="store_true",
+        help="launch each --proj once without and with its folding (for ncu)",
+    )
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
-    chain(torch, rows)
+    if a.once:
+        once(torch, a.proj.split(",") if a.proj else ["gate_up"])
+        return
+    if not a.skip_chain:
+        chain(torch, rows)
     if not a.skip_alone:
-        alone(torch, rows)
+        alone(torch, rows, a.proj.split(",") if a.proj else None)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

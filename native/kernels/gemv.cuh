@@ -26,6 +26,11 @@
 //   (A SwiGLU prologue the same way was compute-bound -- an exp and a divide per x
 //   element, redone by every block for all 16 row slots -- so SwiGLU stays its own kernel.)
 // res (optional): a residual [M, N] added after the activation.
+// PGK_GLU 1: SwiGLU epilogue. W's first N/2 rows are the gate, the rest the up projection;
+//   a block's first NT/2 n8 tiles take gate rows and the others the up rows of the same
+//   outputs, so y[m, j] = silu(gate_j) * up_j (plus bias before, residual after) is
+//   written straight from the block's sums: y has N/2 columns, and the decode step loses
+//   a kernel and a round trip of the gate/up activations per layer.
 //
 // pgk_gemv (any float type, any alignment): one warp per output row, grid.y walks the
 // rows of x; the fallback for float32 and for unaligned views.
@@ -54,6 +59,9 @@
 #endif
 #ifndef PGK_GSTAGES
 #define PGK_GSTAGES 0
+#endif
+#ifndef PGK_GLU
+#define PGK_GLU 0
 #endif
 #ifndef PGK_PF
 #define PGK_PF 2  // slabs of W each warp pulls into L2 before waiting on its predecessor
@@ -187,6 +195,18 @@ PGK_DEVICE void pgk_gmma_slab(float (&acc)[NT][4], const uint4 (&xa)[U], const u
     }
 }
 
+// Row of W for row r (0 .. 8 * NT) of this block's tile, or -1 past the end.
+PGK_DEVICE int pgk_grow(int n, int r) {
+#if PGK_GLU == 1
+  constexpr int HALF = 4 * PGK_NT;  // outputs per block: NT / 2 tiles of 8 rows
+  const int j = blockIdx.x * HALF + r % HALF;
+  return j < n / 2 ? (r < HALF ? j : n / 2 + j) : -1;
+#else
+  const int row = blockIdx.x * 8 * PGK_NT + r;
+  return row < n ? row : -1;
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_mma(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
@@ -202,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int qr = lane >> 2, qc = lane & 3;
   const int m0 = blockIdx.y * 16;
-  const int n0 = blockIdx.x * 8 * NT;
+  static_assert(PGK_GLU == 0 || NT % 2 == 0, "the SwiGLU epilogue pairs gate and up tiles");
   // This warp's contiguous range of 32-column chunks (balanced to within one chunk).
   const int nch = (k + 31) / 32;
   const int c_lo = (int)((long long)nch * warp / PGK_GW);
@@ -212,8 +232,8 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   bool nin[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const int row = n0 + t * 8 + qr;
-    nin[t] = row < n;
+    const int row = pgk_grow(n, t * 8 + qr);
+    nin[t] = row >= 0;
     wrow[t] = w + (long long)(nin[t] ? row : 0) * w_stride + qc * 8;
   }
   const bool x0in = m0 + qr < m, x1in = m0 + qr + 8 < m;
@@ -237,8 +257,8 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   constexpr int PF_LINES = (PGK_PF * U + 1) / 2;  // per row of W
   for (int i = lane; i < 8 * NT * PF_LINES; i += 32) {
     const int r = i / PF_LINES, cc = (i % PF_LINES) * 64;  // 64 two-byte elements a line
-    const int row = n0 + r, col = c_lo * 32 + cc;
-    if (row < n && col < k && c_lo + cc / 32 < c_hi) {
+    const int row = pgk_grow(n, r), col = c_lo * 32 + cc;
+    if (row >= 0 && col < k && c_lo + cc / 32 < c_hi) {
       pgk_prefetch_l2(w + (long long)row * w_stride + col);
     }
   }
@@ -248,64 +268,69 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   uint4 xa[U], xb[U];
 
 #if PGK_GSTAGES > 0
-  // W, x and the prologue's gain through shared memory: cp.async moves each row's 32 * U
-  // columns as whole 512-byte runs, and every load of a slab is issued at one point. x
-  // loaded straight into fragments next to the MMAs was sunk by ptxas to its use, one L2
-  // round trip per 32 columns, and the kernel ran at 2-3 TB/s. PGK_GSTAGES stages per
-  // warp keep the next slabs in flight while the current one is multiplied. A stage holds
-  // 8 * NT rows of W, then the tile's x_rows rows of x (rows past m zero-filled), then the
-  // gain row (RMSNorm prologue). Rows are padded by 64 bytes so the 16-byte fragment reads
-  // of 8 rows x 4 lanes hit distinct banks.
+  // W through shared memory in stages: cp.async moves each row's 32 * U columns as whole
+  // 512-byte runs, and every load of a slab is issued at one point (x loaded straight into
+  // fragments next to the MMAs was sunk by ptxas to its use, one L2 round trip per 32
+  // columns: 2-3 TB/s). PGK_GSTAGES stages per warp keep the next slabs in flight while
+  // the current one is multiplied. The warp's whole range of x (x_rows rows, rows past m
+  // zero-filled) and of the prologue's gain is loaded once, with the first stage: staged
+  // beside W they cost a row each per stage, and the gain row alone took the 2048 -> 11264
+  // projection from 3 blocks per SM to 2 (19.5 us against 14.1 without the prologue).
+  // Rows are padded by 64 bytes so the 16-byte fragment reads of 8 rows x 4 lanes spread
+  // over the banks.
   constexpr int NS = PGK_GSTAGES, SLD = 32 * U + 32, SROWS = 8 * NT;
   constexpr int CPR = 4 * U;  // 16-byte pieces per row of a slab
-  const int srows = SROWS + x_rows + (PGK_PRO == 1 ? 1 : 0);
   extern __shared__ __align__(16) unsigned char pgk_gsm[];
-  pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_gsm) + warp * (NS * srows * SLD);
+  pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_gsm) + warp * (NS * SROWS * SLD);
+  const int xld = nch * 32 + 32;  // x and gain rows: all of K, padded
+  pgk_t* xsm = reinterpret_cast<pgk_t*>(pgk_gsm) + PGK_GW * NS * SROWS * SLD;
+  const pgk_t* gsm = xsm + x_rows * xld;  // the gain row (RMSNorm prologue)
   const int n_st = (c_hi - c_lo + U - 1) / U;
   auto issue = [&](int st) {
-    pgk_t* dst = wsm + (st % NS) * (srows * SLD);
+    pgk_t* dst = wsm + (st % NS) * (SROWS * SLD);
     const int c0 = c_lo + st * U;
 #pragma unroll
     for (int i = 0; i < NT * U; ++i) {
       const int p = i * 32 + lane;
       const int r = p / CPR, cc = (p % CPR) * 8;
-      const int row = n0 + r, col = c0 * 32 + cc;
-      const bool in = row < n && col < k && c0 + cc / 32 < c_hi;
+      const int row = pgk_grow(n, r), col = c0 * 32 + cc;
+      const bool in = row >= 0 && col < k && c0 + cc / 32 < c_hi;
       pgk_cp_async16(dst + r * SLD + cc, in ? w + (long long)row * w_stride + col : w, in);
     }
-    for (int p = lane; p < (srows - SROWS) * CPR; p += 32) {
-      const int r = p / CPR, cc = (p % CPR) * 8, col = c0 * 32 + cc;
-      const bool is_x = r < x_rows;
-      const bool in = col < k && c0 + cc / 32 < c_hi && (!is_x || m0 + r < m);
-      const pgk_t* src = is_x ? x + (long long)(m0 + r) * x_stride + col : pro + col;
-      pgk_cp_async16(dst + (SROWS + r) * SLD + cc, in ? src : w, in);
-    }
   };
+  {  // this warp's columns of x and the gain, in the first stage's group
+    const int pieces = (c_hi - c_lo) * 4, rows = x_rows + (PGK_PRO == 1 ? 1 : 0);
+    for (int p = lane; p < rows * pieces; p += 32) {
+      const int r = p / pieces, col = c_lo * 32 + (p % pieces) * 8;
+      const bool is_x = r < x_rows;
+      const bool in = col < k && (!is_x || m0 + r < m);
+      const pgk_t* src = is_x ? x + (long long)(m0 + r) * x_stride + col : pro + col;
+      pgk_cp_async16(xsm + r * xld + col, in ? src : w, in);
+    }
+  }
 #pragma unroll
   for (int st = 0; st < NS - 1; ++st) {
     if (st < n_st) issue(st);
     pgk_cp_async_commit();
   }
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  const bool r0 = qr < x_rows, r1 = qr + 8 < x_rows;
+  const bool r0 = qr < x_rows;  // the staged path takes up to 8 rows: the upper half is 0
   for (int st = 0; st < n_st; ++st) {
     if (st + NS - 1 < n_st) issue(st + NS - 1);
     pgk_cp_async_commit();
     pgk_cp_async_wait<NS - 1>();
     __syncwarp();
-    const pgk_t* stage = wsm + (st % NS) * (srows * SLD) + qc * 8;
-    const pgk_t* src = stage + qr * SLD;
+    const pgk_t* src = wsm + (st % NS) * (SROWS * SLD) + qr * SLD + qc * 8;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      xa[u] = r0 ? *reinterpret_cast<const uint4*>(stage + (SROWS + qr) * SLD + u * 32) : zero;
-      xb[u] = r1 ? *reinterpret_cast<const uint4*>(stage + (SROWS + qr + 8) * SLD + u * 32)
-                 : zero;
+      // Past the warp's range the smem holds no data (W there is zero-filled, x is not).
+      const int c = c_lo + st * U + u, col = c * 32 + qc * 8;
+      const bool cin = c < c_hi;
+      xa[u] = r0 && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col) : zero;
+      xb[u] = zero;
       if (PGK_PRO == 1) {
-        // Redone by every block: the upper half of the tile is skipped when no row lives
-        // there (block-uniform, so no divergence).
-        const uint4 gv =
-            *reinterpret_cast<const uint4*>(stage + (SROWS + x_rows) * SLD + u * 32);
-        pgk_gprologue(xa[u], xb[u], gv, upper, ss, ss_hi);
+        const uint4 gv = cin ? *reinterpret_cast<const uint4*>(gsm + col) : zero;
+        pgk_gprologue(xa[u], xb[u], gv, false, ss, ss_hi);
       }
     }
     pgk_gmma_slab<U, NT>(acc, xa, xb, [&](int u, int t) {
@@ -355,27 +380,40 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #if PGK_PRO == 1
   // Row i's sum of squares is element (i, i) of its x . x tile: lane (qr = i, qc = i / 2),
   // C fragment entry i % 2 (rows 8-15: entry 2 + i % 2 of ss_hi).
-  if (qc == (qr >> 1)) {
-    sumsq[warp][qr] = ss[qr & 1];
-    sumsq[warp][qr + 8] = upper ? ss_hi[2 + (qr & 1)] : 0.0f;
+  if (qc == (qr >> 1)) {  // constant indices: a dynamic one would put ss in local memory
+    sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
+    sumsq[warp][qr + 8] = upper ? ((qr & 1) ? ss_hi[3] : ss_hi[2]) : 0.0f;
   }
 #endif
   __syncthreads();
-  for (int i = threadIdx.x; i < 16 * 8 * NT; i += PGK_GW * 32) {
-    const int r = i / (8 * NT), cn = i % (8 * NT);
-    if (m0 + r >= m || n0 + cn >= n) continue;
-    float s = 0.0f;
-#pragma unroll
-    for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
+  constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;  // output columns per block
+  for (int i = threadIdx.x; i < 16 * OUT; i += PGK_GW * 32) {
+    const int r = i / OUT, cn = i % OUT;
+    const int row = pgk_grow(n, cn);  // W's row; with GLU the gate's, the up's at cn + OUT
+    if (m0 + r >= m || row < 0) continue;
+    float scale = 1.0f;
 #if PGK_PRO == 1
     float q = 0.0f;
 #pragma unroll
     for (int g = 0; g < PGK_GW; ++g) q += sumsq[g][r];
-    s *= rsqrtf(q / (float)k + eps);
+    scale = rsqrtf(q / (float)k + eps);
 #endif
-    if (bias) s += pgk_to_float(bias[n0 + cn]);
+    float s = 0.0f;
+#pragma unroll
+    for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
+    s *= scale;
+    if (bias) s += pgk_to_float(bias[row]);
+#if PGK_GLU == 1
+    float up = 0.0f;
+#pragma unroll
+    for (int g = 0; g < PGK_GW; ++g) up += red[g][r][cn + OUT];
+    up *= scale;
+    if (bias) up += pgk_to_float(bias[n / 2 + row]);
+    s = s / (1.0f + __expf(-s)) * up;  // silu(gate) * up
+#else
     s = pgk_epilogue_act(s);
-    if (res) s += pgk_to_float(res[(long long)(m0 + r) * res_stride + n0 + cn]);
-    y[(long long)(m0 + r) * y_stride + n0 + cn] = pgk_from_float<pgk_t>(s);
+#endif
+    if (res) s += pgk_to_float(res[(long long)(m0 + r) * res_stride + row]);
+    y[(long long)(m0 + r) * y_stride + row] = pgk_from_float<pgk_t>(s);
   }
 }

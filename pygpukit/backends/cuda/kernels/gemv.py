@@ -37,8 +37,10 @@ LONG_K = 4096
 MANY_N = 4096
 
 
-def default_config(x_rows: int, k: int, n: int) -> tuple[int, int, int, int]:
-    """The tensor-core geometry for x_rows rows of length k against n outputs."""
+def default_config(x_rows: int, k: int, n: int, glu: bool = False) -> tuple[int, int, int, int]:
+    """The tensor-core geometry for x_rows rows of length k against n rows of W."""
+    if glu:
+        return MMA_CONFIG_GLU_MANY_ROWS if x_rows > MMA_STAGED_ROWS else MMA_CONFIG_GLU
     if x_rows > MMA_STAGED_ROWS:
         return MMA_CONFIG_MANY_ROWS
     if k >= LONG_K:
@@ -46,8 +48,14 @@ def default_config(x_rows: int, k: int, n: int) -> tuple[int, int, int, int]:
     return MMA_CONFIG_MANY_N if n > MANY_N else MMA_CONFIG
 
 
+# The SwiGLU epilogue pairs gate and up tiles, so its geometries have an even tile count;
+# two tiles per warp also share each x fragment, which the 2048 -> 11264 gate/up
+# projection with the RMSNorm prologue ran fastest with (gemv_probe, H200).
+MMA_CONFIG_GLU = (8, 2, 4, 2)
+MMA_CONFIG_GLU_MANY_ROWS = (8, 2, 4, 0)
 DEFAULT_CONFIGS = (MMA_CONFIG, MMA_CONFIG_LONG_K, MMA_CONFIG_LONG_K_FEW_N, MMA_CONFIG_MANY_N,
                    MMA_CONFIG_MANY_ROWS)  # fmt: skip
+GLU_CONFIGS = (MMA_CONFIG_GLU, MMA_CONFIG_GLU_MANY_ROWS)
 
 
 def beats_gemm(m: int, n: int, k: int) -> bool:
@@ -65,12 +73,14 @@ def beats_gemm(m: int, n: int, k: int) -> bool:
     return m <= MMA_STAGED_ROWS and (k >= 4096 or n <= 2560)
 
 
-def mma_smem(config: tuple[int, int, int, int], x_rows: int = 1, prologue: str = "none") -> int:
+def mma_smem(config: tuple[int, int, int, int], k: int, x_rows: int = 1,
+             prologue: str = "none") -> int:  # fmt: skip
     """Dynamic shared memory of the tensor-core kernel: each warp's stages of 8 * NT rows
-    of W, x_rows rows of x and (RMSNorm prologue) the gain row, 32 * U + 32 columns."""
+    of W (32 * U + 32 columns), then x_rows rows of x and (RMSNorm prologue) the gain row,
+    each all of K (rounded up to 32 columns) plus 32."""
     gw, nt, u, stages = config
-    rows = 8 * nt + x_rows + (1 if prologue == "rms_norm" else 0)
-    return gw * stages * rows * (32 * u + 32) * 2
+    rows = x_rows + (1 if prologue == "rms_norm" else 0)
+    return (gw * stages * 8 * nt * (32 * u + 32) + rows * (cdiv(k, 32) * 32 + 32)) * 2
 
 
 def uses_mma(dtype: str, k: int, strides: tuple[int, ...], ptrs: tuple[int, ...]) -> bool:
@@ -106,6 +116,7 @@ def gemv(
     residual: int = 0,
     residual_stride: int | None = None,
     prefetch: int | None = None,
+    glu: bool = False,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(W @ p(x[i, :]) + bias) + residual[i, :] for i < m; strides in
@@ -115,7 +126,8 @@ def gemv(
     otherwise one warp per output row. unroll: the fallback's 16-byte loads in flight per
     lane. config: MMA_CONFIG's geometry for the tensor-core kernel.
     prologue p (tensor cores only): "rms_norm" with the gain at `pro` (x / rms(x) * gain,
-    eps)."""
+    eps). glu (tensor cores only): W's n rows are gate then up, and y[i, :] (n / 2 wide) is
+    silu(gate) * up, the bias added to both before, the residual after."""
     loader.check_dtype(dtype, DTYPES, "gemv")
     positive("gemv", n=n, k=k, m=m)
     int32_range("gemv", n=n, k=k, m=m)
@@ -123,32 +135,47 @@ def gemv(
         raise ShapeError(f"gemv: unknown activation {activation!r} ({', '.join(ACTS)})")
     xs = k if x_stride is None else x_stride
     ws = k if w_stride is None else w_stride
-    ys = n if y_stride is None else y_stride
+    n_out = n // 2 if glu else n
+    ys = n_out if y_stride is None else y_stride
     if n == 0 or m == 0:
         return
     if prologue not in PROLOGUES:
         raise ShapeError(f"gemv: unknown prologue {prologue!r} ({', '.join(PROLOGUES)})")
-    rs = n if residual_stride is None else residual_stride
+    rs = n_out if residual_stride is None else residual_stride
+    if glu and (n % 2 or activation != "none"):
+        raise ShapeError(f"gemv: the SwiGLU epilogue needs an even N (got {n}) and no "
+                         f"activation (got {activation!r})")  # fmt: skip
     act = ACTS[activation]
     pptrs = (pro,) if prologue != "none" else ()
     if uses_mma(dtype, k, (xs if m > 1 else 0, ws), (x, w, *pptrs)):
         x_rows = min(m, MMA_ROWS)
-        cfg = config or default_config(x_rows, k, n)
+        cfg = config or default_config(x_rows, k, n, glu)
         gw, nt, u, stages = cfg
+        if stages and x_rows > 8:
+            raise ShapeError(f"gemv: config {cfg} stages x, which takes up to 8 rows (got {m})")
+        if glu and nt % 2:
+            raise ShapeError(f"gemv: config {cfg} has an odd tile count; SwiGLU pairs tiles")
         if m > 16 * 65535:
             raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV")
         defines = {**loader.type_defines(dtype), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
                    "PGK_ACT": act, "PGK_PRO": PROLOGUES[prologue],
                    "PGK_GSTAGES": stages}  # fmt: skip
+        if glu:
+            defines["PGK_GLU"] = 1
         if prefetch is not None:  # slabs per warp prefetched before the wait (gemv.cuh)
             defines["PGK_PF"] = prefetch
-        fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
-        smem = mma_smem(cfg, x_rows, prologue) if stages else 0
+        smem = mma_smem(cfg, k, x_rows, prologue) if stages else 0
+        if smem > loader.max_shared_optin() and config is None:
+            # Very long rows of x do not fit beside the stages: read x from global memory.
+            cfg = (gw, nt, u, 0)
+            stages = smem = 0
+            defines["PGK_GSTAGES"] = 0
         if smem > loader.max_shared_optin():
             raise ShapeError(f"gemv: config {cfg} needs {smem} bytes of shared memory")
+        fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
         loader.set_dynamic_smem(fn, smem)
         fn.launch(
-            (cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
+            (cdiv(n_out, 4 * nt) if glu else cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
             (gw * 32,),
             "PPPPiiiqqqPPqfi",
             (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows),
@@ -157,9 +184,10 @@ def gemv(
             pdl=loader.pdl_enabled(),  # the kernel waits on its predecessor (gemv.cuh)
         )
         return
-    if prologue != "none" or residual:
+    if prologue != "none" or residual or glu:
         raise ShapeError(
-            f"gemv: a {prologue} prologue or a residual needs the tensor-core kernel "
+            f"gemv: a {prologue} prologue, a residual or the SwiGLU epilogue needs the "
+            f"tensor-core kernel "
             f"(bf16/f16, K % 8 == 0, 16-byte aligned rows); got {dtype}, K={k}"
         )
     if m > 65535:
