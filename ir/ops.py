@@ -306,7 +306,9 @@ def linear_extras(attrs: dict[str, Any], n_extra: int) -> tuple[bool, bool, str]
 
     Inputs: x, w, [bias], [residual], [prologue operand: the RMSNorm gain, or SwiGLU's up].
     y = act(prologue(x) @ w.T + bias) + residual, where prologue is rms_norm(x, gain, eps)
-    or silu(x) * up: the fusions of a decode step's norms, gates and residual adds.
+    or silu(x) * up: the fusions of a decode step's norms, gates and residual adds. With
+    attrs["glu"] == "swiglu" the product's last axis is gate then up, and the node gives
+    silu(gate) * up (half as wide) before the residual: a gate/up projection and its gate.
     """
     prologue = attrs.get("prologue", "none")
     residual = bool(attrs.get("has_residual", False))
@@ -329,6 +331,12 @@ def _linear(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     dtype = dt.result_type(dx, dw)
     if has_bias:
         shapes.broadcast_shapes(out, extra[0][0])
+    glu = attrs.get("glu", "none")
+    if glu != "none":
+        if glu != "swiglu" or attrs.get("activation", "none") != "none" or out[-1] % 2:
+            raise ShapeRuleError(f"linear: glu={glu!r} needs 'swiglu', no activation and an "
+                                 f"even width (got {out[-1]})")  # fmt: skip
+        out = out[:-1] + (out[-1] // 2,)
     if has_res:
         rs, rd = extra[int(has_bias)]
         if rs != out or rd != dtype:

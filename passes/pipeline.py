@@ -12,6 +12,7 @@ from .dce import dead_code_elimination
 from .fold import constant_folding
 from .fold_into_linear import fold_into_linear
 from .fuse_elementwise import fuse_elementwise
+from .fuse_gated_linear import fuse_gated_linear
 from .fuse_gelu import fuse_gelu
 from .fuse_linear import fuse_linear
 from .fuse_rms_norm import fuse_rms_norm
@@ -27,7 +28,8 @@ Pass = Callable[[Graph], Graph]
 # In pipeline order. Each entry is a plain function in its own file under passes/.
 # Softmax before attention (sdpa matches the softmax node); SwiGLU before linear, so a
 # gate projection stays a plain GEMM feeding swiglu; written-out GELU before linear, so it
-# lands in the GEMM epilogue; norms, gates and residual adds around a linear fold into it;
+# lands in the GEMM epilogue; a gate/up projection takes its SwiGLU as an epilogue; norms,
+# gates and residual adds around a linear fold into it;
 # generic fusion takes what is left.
 PIPELINE: list[Pass] = [
     dead_code_elimination,
@@ -42,6 +44,7 @@ PIPELINE: list[Pass] = [
     fuse_swiglu,
     fuse_gelu,
     fuse_linear,
+    fuse_gated_linear,
     fold_into_linear,
     fuse_elementwise,
     dead_code_elimination,

@@ -29,7 +29,8 @@ def _linear_nodes(g):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_transformer_block_folds_to_three_linears(dtype):
     """h = x + o(attn_norm(x)); out = h + down(silu(gate) * up) of mlp_norm(h): every norm,
-    gate and residual add lands in a linear."""
+    gate and residual add lands in a linear (the gate as the gate/up projection's SwiGLU
+    epilogue, fuse_gated_linear)."""
     rng = np.random.default_rng()
     x = arr(rng, 2, 3, 32, dtype=dtype)
     g1, g2 = arr(rng, 32, dtype=dtype), arr(rng, 32, dtype=dtype)
@@ -46,8 +47,9 @@ def test_transformer_block_folds_to_three_linears(dtype):
 
     g = fused(block, x, g1, g2, wo, wgu, wd)
     lin = _linear_nodes(g)
-    assert sorted(n.attrs.get("prologue", "none") for n in lin) == ["rms_norm", "rms_norm",
-                                                                     "swiglu"]  # fmt: skip
+    assert sorted(n.attrs.get("prologue", "none") for n in lin) == ["none", "rms_norm",
+                                                                     "rms_norm"]  # fmt: skip
+    assert [n.attrs.get("glu", "none") for n in lin].count("swiglu") == 1
     assert sum(bool(n.attrs.get("has_residual")) for n in lin) == 2
     assert not {"rms_norm", "swiglu", "add"} & set(ops(g)), ops(g)
 

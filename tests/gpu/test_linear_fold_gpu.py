@@ -65,6 +65,42 @@ def _check_folded(dtype: str, rows: int, prologue: str, residual: bool, k: int,
     np.testing.assert_allclose(y.astype(np.float64), ref, rtol=3e-2, atol=3e-2 * scale)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_gated_linear(dtype: str, rows: int, residual: bool) -> None:
+    """RMSNorm -> gate/up projection -> SwiGLU (+ residual) compiled: one GEMV writing
+    silu(gate) * up up to the staged rows, the composed kernels beyond; float64 reference."""
+    rng = np.random.default_rng()
+    k, inter = 1024, 1536
+
+    def rnd(*shape: int, scale: float = 1.0) -> gpk.GPUArray:
+        return gpk.asarray((rng.standard_normal(shape) * scale).astype(np.float32)).astype(dtype)
+
+    g, w, b = rnd(k), rnd(2 * inter, k, scale=k**-0.5), rnd(2 * inter)
+    r = rnd(rows, inter)
+
+    @gpk.compile
+    def gated(h):
+        h32 = h.astype(gpk.float32)
+        n = (h32 * gpk.rsqrt((h32 * h32).mean(-1, keepdims=True) + 1e-5)).astype(h.dtype) * g
+        gu = gpk.nn.linear(n, w, b)
+        y = gpk.nn.silu(gu[..., :inter]) * gu[..., inter:]
+        return y + r if residual else y
+
+    h = rnd(rows, k)
+    out = gated(h).to_numpy().astype(np.float64)
+    h64, g64 = h.to_numpy().astype(np.float64), g.to_numpy().astype(np.float64)
+    n64 = h64 / np.sqrt((h64 * h64).mean(-1, keepdims=True) + 1e-5) * g64
+    gu64 = n64 @ w.to_numpy().astype(np.float64).T + b.to_numpy().astype(np.float64)
+    ref = _silu(gu64[..., :inter]) * gu64[..., inter:]
+    if residual:
+        ref = ref + r.to_numpy().astype(np.float64)
+    np.testing.assert_allclose(out, ref, rtol=3e-2, atol=3e-2 * float(np.abs(ref).max()))
+    if rows <= 4:
+        assert gated.stats()["entries"][0]["kernels"] == 1, gated.stats()["entries"][0]
+
+
 def test_decode_block_compiles_to_fused_gemvs() -> None:
     """A transformer MLP block at batch 1, compiled: the graph holds two linears, and the
     result matches float64."""

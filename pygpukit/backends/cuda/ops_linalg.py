@@ -222,6 +222,8 @@ def plan_matmul(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 
 def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
     has_bias, has_res, prologue = linear_extras(step.attrs, len(ins) - 2)
+    if step.attrs.get("glu", "none") != "none":
+        return _linear_gated(ctx, step, ins, tag, has_bias, has_res, prologue)
     if has_res or prologue != "none":
         return _linear_folded(ctx, step, ins, tag, has_bias, has_res, prologue)
     x, w = ins[0], ins[1]
@@ -343,8 +345,9 @@ def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str,
         return None
 
     def launch(px: int, pw: int, py: int, pbias: int = 0, **folded: Any) -> None:
+        ys = n // 2 if folded.get("glu") else n
         gemv.gemv(px, pw, py, n, k, dtype, m=m, bias=pbias, activation=act, x_stride=xs,
-                  w_stride=ws, y_stride=n, stream=ctx.stream, **folded)  # fmt: skip
+                  w_stride=ws, y_stride=ys, stream=ctx.stream, **folded)  # fmt: skip
 
     return launch
 
@@ -428,7 +431,7 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
 
 
 def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias: bool,
-                 has_res: bool, prologue: str) -> Run | None:  # fmt: skip
+                 has_res: bool, prologue: str, glu: bool = False) -> Run | None:  # fmt: skip
     """One tensor-core GEMV reading x through the RMSNorm prologue and adding the
     residual, or None where its rules do not hold (then the composed path runs)."""
     if prologue == "swiglu":
@@ -473,7 +476,50 @@ def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias:
         if numel(shape):
             launch(v[0].ptr, v[1].ptr, y.ptr, v[2].ptr if has_bias else 0, prologue=prologue,
                    pro=v[-1].ptr if pro is not None else 0, eps=eps,
-                   residual=v[res_at].ptr if has_res else 0, residual_stride=rs)  # fmt: skip
+                   residual=v[res_at].ptr if has_res else 0, residual_stride=rs,
+                   glu=glu)  # fmt: skip
         return y
+
+    return run
+
+
+def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
+                  has_bias: bool, has_res: bool, prologue: str) -> Run:  # fmt: skip
+    """linear with glu="swiglu": one GEMV writing silu(gate) * up where it applies; else the
+    full-width linear into scratch, the SwiGLU kernel on its halves, then the residual."""
+    fused = _gemv_folded(ctx, step, ins, has_bias, has_res, prologue, glu=True)
+    if fused is not None:
+        return fused
+    dtype, shape = step.dtype, step.shape
+    half = shape[-1]
+    full = shape[:-1] + (2 * half,)
+    res_at = 2 + has_bias
+    attrs = {k: v for k, v in step.attrs.items() if k not in ("glu", "has_residual")}
+    base_ins = list(ins[:res_at]) + ([ins[-1]] if prologue != "none" else [])
+    base = plan_linear(ctx, Step("linear", attrs, (), -1, full, dtype, step.loc), base_ins, tag)
+    y_plan = DeviceValue(ins[0].storage, full, contiguous(full), 0, dtype)
+
+    def halves(y: DeviceValue) -> list[DeviceValue]:
+        return [y.view(shape, y.strides, y.offset + i * half) for i in (0, 1)]
+
+    gate_step = Step("swiglu", {}, (), -1, shape, dtype, step.loc)
+    gate = ops_nn.plan_swiglu(ctx, gate_step, halves(y_plan), tag)
+    add = None
+    if has_res:
+        g_plan = DeviceValue(ins[0].storage, shape, contiguous(shape), 0, dtype)
+        add = ew.make(ctx, ("add", ("in", 0), ("in", 1)), [g_plan, ins[res_at]], shape,
+                      contiguous(shape), dtype, 256, tag=tag)  # fmt: skip
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        with ctx.scratch_only():
+            y = base(list(v[:res_at]) + ([v[-1]] if prologue != "none" else []))
+        if add is None:
+            return gate(halves(y))
+        with ctx.scratch_only():
+            g = gate(halves(y))
+        out = ctx.alloc_out(shape, dtype, "linear")
+        if numel(shape):
+            add(out.ptr, [g.ptr, v[res_at].ptr])
+        return out
 
     return run

@@ -44,6 +44,10 @@ def linear(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.nda
     if has_bias:
         y = y + up(extra[0])
     y = activation(y, attrs.get("activation", "none"))
+    if attrs.get("glu", "none") == "swiglu":
+        # As the unfused program: the product rounds to dtype before the gate reads it.
+        gate, up_ = np.split(down(y, dtype), 2, axis=-1)
+        y = up(nn.swiglu(gate, up_, dtype))
     if has_res:
         y = y + up(extra[int(has_bias)])
     return down(y, dtype)

@@ -29,10 +29,11 @@ MMA_STAGED_ROWS = 4
 # us): long rows over many outputs share each x fragment over two n8 tiles (4096x4096:
 # 8x2x4x2 9.97 against 11.6-12.3); long rows over few outputs keep 132 SMs busy with one
 # (2048x5632: 8x1x8x2 7.9 against 8.7-8.9 with two tiles); short rows over many outputs
-# take three shallower stages (11264x2048 14.3 against 14.7; 32000x2048 35.6 against 37.1).
+# take two tiles too: plain, 32000x2048 35.5 against 35.6-37.1; with the RMSNorm prologue
+# (the LM head; scripts/gemv_probe.py) 36.1 against 40.9 for three shallow stages.
 MMA_CONFIG_LONG_K = (8, 2, 4, 2)
 MMA_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)
-MMA_CONFIG_MANY_N = (8, 1, 4, 3)
+MMA_CONFIG_MANY_N = MMA_CONFIG_LONG_K
 LONG_K = 4096
 MANY_N = 4096
 
@@ -53,8 +54,8 @@ def default_config(x_rows: int, k: int, n: int, glu: bool = False) -> tuple[int,
 # projection with the RMSNorm prologue ran fastest with (gemv_probe, H200).
 MMA_CONFIG_GLU = (8, 2, 4, 2)
 MMA_CONFIG_GLU_MANY_ROWS = (8, 2, 4, 0)
-DEFAULT_CONFIGS = (MMA_CONFIG, MMA_CONFIG_LONG_K, MMA_CONFIG_LONG_K_FEW_N, MMA_CONFIG_MANY_N,
-                   MMA_CONFIG_MANY_ROWS)  # fmt: skip
+DEFAULT_CONFIGS = tuple(dict.fromkeys((MMA_CONFIG, MMA_CONFIG_LONG_K, MMA_CONFIG_LONG_K_FEW_N,
+                                        MMA_CONFIG_MANY_N, MMA_CONFIG_MANY_ROWS)))  # fmt: skip
 GLU_CONFIGS = (MMA_CONFIG_GLU, MMA_CONFIG_GLU_MANY_ROWS)
 
 

@@ -170,8 +170,10 @@ def get_function(
 
 
 def set_dynamic_smem(fn: Any, nbytes: int) -> None:
-    """Raises a Function's dynamic shared-memory limit once (needed above 48 KB)."""
-    if nbytes > 48 * 1024:
+    """Raises a Function's dynamic shared-memory limit once per new maximum. Needed when
+    dynamic plus static shared memory passes 48 KB, so below 48 KB of dynamic memory too
+    (the GEMV's 45 KB of stages beside its 5 KB reduction failed to launch)."""
+    if nbytes > 0:
         key = ("smem", id(fn))
         if _functions.get(key, 0) < nbytes:
             fn.set_max_dynamic_shared_memory(nbytes)
