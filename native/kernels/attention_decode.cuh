@@ -1,22 +1,30 @@
 // Decode attention: one query token per (batch, head) against a KV cache, split-K.
 //
 // q: [B, H, D] (batch/head strides); K/V caches: [B, KVH, S_max, D] (batch/head/seq strides,
-// D contiguous); o: [B, H, D]. The live context length is READ FROM DEVICE MEMORY
-// (ctx_len, int32; null = the whole cache), so one captured CUDA graph serves every decode
-// step, and so is the optional per-batch start (kv_start[b * kvs_stride], left padding):
-// batch b sees keys [kv_start[b], ctx_len) and each of the `splits` blocks of a kv head
-// takes an equal share of that range, computed on device, so a large cache with a short
+// D contiguous); o: [B, H, D] (batch/head strides). The live context length is READ FROM
+// DEVICE MEMORY (ctx_len, int32; null = the whole cache), so one captured CUDA graph serves
+// every decode step, and so is the optional per-batch start (kv_start[b * kvs_stride], left
+// padding): batch b sees keys [kv_start[b], ctx_len) and each of the `splits` blocks of a kv
+// head takes an equal share of that range, computed on device, so a large cache with a short
 // live context costs only the live keys. (An int64 scalar is read through its low word.)
 //
-// Kernel 1 (pgk_attn_decode_split), grid (splits, KVH * group / PGK_G, B), 256 threads: one
-// block serves PGK_G query heads of its kv head (all of them when group = H / KVH <= 16),
-// so each K/V byte is read from memory once.
+// With one split the block normalises and writes o itself: one kernel, no workspace. With
+// several, each block writes its unnormalised partial output and (max, sum) pair to a float
+// workspace, merged either by the block that arrives last (given counters: one kernel)
+// or by pgk_attn_decode_reduce launched after it. Last-block merge: each block counts itself
+// in on a per-(batch, kv-head block row) counter after a fence; the last one merges every
+// split's partial (pgk_dec_arrive / pgk_dec_merge). The counter wraps back to 0 in that same
+// atomic, so the next launch or graph replay finds it zeroed: the caller zeroes it once, and
+// two launches may share it only if one completes before the other counts (true for
+// consecutive launches on a stream: each waits on griddepcontrol before it counts).
+//
+// pgk_attn_decode_split (CUDA cores, f32 too), grid (splits, KVH * group / PGK_G, B), 256
+// threads: one block serves PGK_G query heads of its kv head (all of them when group = H /
+// KVH <= 16), so each K/V byte is read from memory once.
 // 64-key tiles stream through PGK_STAGES shared-memory stages by cp.async, keeping
 // (PGK_STAGES - 1) tiles in flight while the current one is used. Scores: four threads per
 // key, each a quarter of the heads; softmax: one warp per head (online, exp2); P.V: 16-byte
-// V vectors per thread, all heads at once, fp32 accumulators. Writes unnormalised partial
-// outputs plus the (max, sum) of each split to a float workspace.
-// Kernel 2 (pgk_attn_decode_reduce), grid (H, B), 256 threads: merges the splits.
+// V vectors per thread, all heads at once, fp32 accumulators.
 #include "common.cuh"
 
 #ifndef PGK_D
@@ -56,6 +64,128 @@ PGK_DEVICE void pgk_dec_range(const int* ctx_len, const int* kv_start, long long
   end = min(start + per, hi);
 }
 
+// Every thread calls it after writing its share of the block's partial: true in the block
+// that arrives last at `counter` (all splits' partials are then visible to it). atomicInc
+// wraps to 0 at splits - 1, so the last arrival also leaves the counter zeroed.
+PGK_DEVICE bool pgk_dec_arrive(unsigned* counter, int splits) {
+  __shared__ bool last;
+  __threadfence();  // this thread's partial reaches L2 before the block is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicInc(counter, (unsigned)(splits - 1)) == (unsigned)(splits - 1);
+    __threadfence();  // acquire: the reads below see every other block's partial
+  }
+  __syncthreads();
+  return last;
+}
+
+#ifndef PGK_MP
+#define PGK_MP 8  // splits whose partials are in flight at once in the merge
+#endif
+
+// The last block's merge of `splits` partials of this block's PGK_G heads (head g of split s
+// at o_part[(g * splits + s) * D] and ml_part[(g * splits + s) * 2]) into o (head 0's row,
+// heads o_sh apart). NT threads; smem (free by now, sized by the launcher):
+//   ring [PGK_MP][NC][NT] float4 | w [G][splits] | l [G][splits] | L [G].
+// Each thread owns fixed 16-byte columns and streams them split by split through its own
+// ring slots by cp.async, PGK_MP splits in flight, so that loop needs no block barrier; the
+// (max, sum) pairs are read meanwhile and turned into per-split weights. (An online merge,
+// each thread carrying its heads' records through the ring, measured slower: half the
+// splits in flight for the same ring.)
+template <int NT>
+PGK_DEVICE void pgk_dec_merge(const float* __restrict__ o_part, const float* __restrict__ ml_part,
+                              pgk_t* __restrict__ o, long long o_sh, int splits,
+                              unsigned char* smem) {
+  constexpr int CPH = PGK_D / 4;          // float4 columns per head
+  constexpr int C = PGK_G * CPH;          // float4 columns of the block's heads
+  constexpr int NC = (C + NT - 1) / NT;   // columns per thread
+  float4* ring = reinterpret_cast<float4*>(smem);
+  float* wsh = reinterpret_cast<float*>(ring + PGK_MP * NC * NT);
+  float* lsh = wsh + PGK_G * splits;
+  float* tot = lsh + PGK_G * splits;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const float4* src = reinterpret_cast<const float4*>(o_part);
+  auto issue = [&](int s) {
+#pragma unroll
+    for (int i = 0; i < NC; ++i) {
+      const int c = min(t + i * NT, C - 1);
+      pgk_cp_async16(ring + ((s % PGK_MP) * NC + i) * NT + t,
+                     src + ((long long)(c / CPH) * splits + s) * CPH + c % CPH, t + i * NT < C);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < PGK_MP - 1; ++s) {
+    if (s < splits) issue(s);
+    pgk_cp_async_commit();
+  }
+  const float2* ml2 = reinterpret_cast<const float2*>(ml_part);
+#pragma unroll 4
+  for (int e = t; e < PGK_G * splits; e += NT) {
+    const float2 v = __ldcg(ml2 + e);
+    wsh[e] = v.x;
+    lsh[e] = v.y;
+  }
+  __syncthreads();
+  for (int g = warp; g < PGK_G; g += NT / 32) {  // (max, sum) -> weights, warp per head
+    float mx = -PGK_INF;
+    for (int s = lane; s < splits; s += 32) mx = max(mx, wsh[g * splits + s]);
+    mx = pgk_warp_max(mx);
+    float l = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+      const float m = wsh[g * splits + s];
+      // An empty split (max -inf) weighs 0; so does everything when all are empty.
+      const float w = m == -PGK_INF ? 0.0f : exp2f(m - mx);
+      wsh[g * splits + s] = w;
+      l += w * lsh[g * splits + s];
+    }
+    l = pgk_warp_sum(l);
+    if (lane == 0) tot[g] = l;
+  }
+  __syncthreads();
+  float4 acc[NC];
+#pragma unroll
+  for (int i = 0; i < NC; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < splits; ++s) {
+    if (s + PGK_MP - 1 < splits) issue(s + PGK_MP - 1);
+    pgk_cp_async_commit();
+    pgk_cp_async_wait<PGK_MP - 1>();  // split s has landed (this thread's columns only)
+#pragma unroll
+    for (int i = 0; i < NC; ++i) {
+      const int c = t + i * NT;
+      const float w = c < C ? wsh[(c / CPH) * splits + s] : 0.0f;
+      if (w != 0.0f) {  // an empty split never wrote its o_part
+        const float4 v = ring[((s % PGK_MP) * NC + i) * NT + t];
+        acc[i].x += w * v.x;
+        acc[i].y += w * v.y;
+        acc[i].z += w * v.z;
+        acc[i].w += w * v.w;
+      }
+    }
+    __syncwarp();  // this slot is refilled by the next iteration's issue
+  }
+  pgk_cp_async_wait<0>();
+#pragma unroll
+  for (int i = 0; i < NC; ++i) {
+    const int c = t + i * NT;
+    if (c < C) {
+      const int g = c / CPH, d = (c % CPH) * 4;
+      // ctx_len == 0 (or kv_start >= ctx_len) leaves every split empty: zeros, not NaN.
+      const float inv = tot[g] > 0.0f ? 1.0f / tot[g] : 0.0f;
+      pgk_t* orow = o + g * o_sh + d;
+      orow[0] = pgk_from_float<pgk_t>(acc[i].x * inv);
+      orow[1] = pgk_from_float<pgk_t>(acc[i].y * inv);
+      orow[2] = pgk_from_float<pgk_t>(acc[i].z * inv);
+      orow[3] = pgk_from_float<pgk_t>(acc[i].w * inv);
+    }
+  }
+}
+
+// Zeros for a block's heads when it is the only split and sees no key.
+PGK_DEVICE void pgk_dec_zero(pgk_t* o, long long o_sh) {
+  for (int e = threadIdx.x; e < PGK_G * PGK_D; e += blockDim.x)
+    o[(e / PGK_D) * o_sh + e % PGK_D] = pgk_from_float<pgk_t>(0.0f);
+}
+
 extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_attn_decode_split(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kc,
                           const pgk_t* __restrict__ vc, const int* __restrict__ ctx_len,
@@ -64,7 +194,8 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
                           long long q_sh, long long k_sb, long long k_sh, long long k_ss,
                           long long v_sb, long long v_sh, long long v_ss,
                           const int* __restrict__ kv_start, long long kvs_stride,
-                          int max_seq) {
+                          int max_seq, pgk_t* __restrict__ o, long long o_sb, long long o_sh,
+                          unsigned* __restrict__ counters) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -82,14 +213,21 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
   const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
   const long long part = ((long long)b * n_heads + h0) * splits + split;  // head h0's slot
+  const long long head0 = ((long long)b * n_heads + h0) * splits;         // its split 0
+  o += b * o_sb + h0 * o_sh;
+  unsigned* counter = counters + b * gridDim.y + blockIdx.y;
 
   int start, end;
   pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_TK, start, end);
   if (start >= end) {
+    if (splits == 1) return pgk_dec_zero(o, o_sh);
     for (int g = tid; g < PGK_G; g += PGK_DT) {
       ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
       ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
     }
+    if (counters && pgk_dec_arrive(counter, splits))
+      pgk_dec_merge<PGK_DT>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
+                            smem_raw);
     return;
   }
   const int n_tiles = (end - start + PGK_TK - 1) / PGK_TK;
@@ -232,8 +370,11 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
     for (int i = 0; i < PGK_HPW; ++i) {
       const int g = warp + 8 * i;
       if (g < PGK_G) {
-        ml_part[(part + (long long)g * splits) * 2] = m_r[i];
-        ml_part[(part + (long long)g * splits) * 2 + 1] = l_r[i];
+        alpha_s[g] = l_r[i];  // the sum, for the one-split normalisation below
+        if (splits > 1) {
+          ml_part[(part + (long long)g * splits) * 2] = m_r[i];
+          ml_part[(part + (long long)g * splits) * 2 + 1] = l_r[i];
+        }
       }
     }
   }
@@ -243,15 +384,26 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 #pragma unroll 4
     for (int s2 = 0; s2 < PGK_STREAMS; ++s2) sum += red[s2 * PGK_G * PGK_D + e];
     const int g = e / PGK_D, d = e % PGK_D;
-    o_part[(part + (long long)g * splits) * PGK_D + d] = sum;
+    if (splits == 1)  // a non-empty block's sum is positive
+      o[g * o_sh + d] = pgk_from_float<pgk_t>(sum / alpha_s[g]);
+    else
+      o_part[(part + (long long)g * splits) * PGK_D + d] = sum;
   }
+  if (counters && splits > 1 && pgk_dec_arrive(counter, splits))
+    pgk_dec_merge<PGK_DT>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
+                          smem_raw);
 }
 
-// grid (H, B), PGK_RT threads. Every load is issued before its first use: the (max, sum)
-// pairs of up to PGK_RT splits in one round, then the partial outputs as float4 columns,
-// PGK_RT / (D / 4) split groups each taking every group-th split with PGK_RUNROLL loads in
-// flight, summed across groups in shared memory. A loop that waited on each split's load
-// in turn cost ~4 us of L2 latency at 33 splits.
+// The merge as its own kernel (the split kernels launched without counters), grid (H, B),
+// PGK_RT threads: the alternative to the last block's merge, spread over H blocks instead of
+// one per kv head. Every load is issued before its first use: the (max, sum) pairs of up
+// to PGK_RT splits in one round, then the partial outputs as float4 columns, PGK_RT / (D / 4)
+// split groups each taking every group-th split with PGK_RUNROLL loads in flight, summed
+// across groups in shared memory. A loop that waited on each split's load in turn cost ~4 us
+// of L2 latency at 33 splits. Measured on an H200 against the last-block merge, this kernel
+// is faster at every split count tried (see native/kernels/README.md): the last block's
+// fence, atomic and single-SM read of every partial cost more than a second launch that
+// PDL already overlaps.
 #define PGK_MAXSPLITS 256
 #define PGK_RT 256
 #define PGK_RUNROLL 8
@@ -309,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
 }
 
 // ------------------------------------------------------------------------------------------
-// Tensor-core variant for bf16/f16 (pgk_attn_decode_mma): same workspace and reduce kernel.
+// Tensor-core variant for bf16/f16 (pgk_attn_decode_mma): same workspace and merges.
 //
 // The CUDA-core kernel above spends ~3x longer on arithmetic than on moving a tile, so it
 // cannot keep HBM busy. Here the G <= 16 query heads of a kv head form the M = 16 rows of
@@ -370,7 +522,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                         int group, float scale, long long q_sb, long long q_sh, long long k_sb,
                         long long k_sh, long long k_ss, long long v_sb, long long v_sh,
                         long long v_ss, const int* __restrict__ kv_start,
-                        long long kvs_stride, int max_seq) {
+                        long long kvs_stride, int max_seq, pgk_t* __restrict__ o,
+                        long long o_sb, long long o_sh, unsigned* __restrict__ counters) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
@@ -383,14 +536,21 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
   const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
   const long long part = ((long long)b * n_heads + h0) * splits + split;
+  const long long head0 = ((long long)b * n_heads + h0) * splits;
+  o += b * o_sb + h0 * o_sh;
+  unsigned* counter = counters + b * gridDim.y + blockIdx.y;
 
   int start, end;
   pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, start, end);
   if (start >= end) {
+    if (splits == 1) return pgk_dec_zero(o, o_sh);
     for (int g = tid; g < PGK_G; g += blockDim.x) {
       ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
       ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
     }
+    if (counters && pgk_dec_arrive(counter, splits))
+      pgk_dec_merge<PGK_MW * 32>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
+                                 smem_raw);
     return;
   }
   const int n_tiles = (end - start + PGK_MTK - 1) / PGK_MTK;
@@ -553,10 +713,17 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
       acc += f * ww[g * PGK_D + d];
       lsum += f * ww[16 * PGK_D + 16 + g];
     }
+    if (splits == 1) {  // a non-empty block's sum is positive
+      o[g * o_sh + d] = pgk_from_float<pgk_t>(acc / lsum);
+      continue;
+    }
     o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
     if (d == 0) {
       ml_part[(part + (long long)g * splits) * 2] = mmax;
       ml_part[(part + (long long)g * splits) * 2 + 1] = lsum;
     }
   }
+  if (counters && splits > 1 && pgk_dec_arrive(counter, splits))
+    pgk_dec_merge<PGK_MW * 32>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
+                               smem_raw);
 }

@@ -398,6 +398,9 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
             dtype=torch.uint8,
             device="cuda",
         )
+        # Shared by every call (last-block merge): each launch leaves them zeroed.
+        n_ctr = attention.decode_counters(batch, h, kvh)
+        ctr = torch.zeros(n_ctr, dtype=torch.int32, device="cuda")
 
         def ours(
             i: int,
@@ -408,10 +411,12 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
             b: int = batch,
             c: int = ctx,
             ws: Any = ws,
+            ctr: Any = ctr,
             ctx_t: Any = ctx_t,
             bps: int | None = None,
             st: int | None = None,
         ) -> None:
+            sp = attention.decode_splits(b, h, kvh, c, "bfloat16", blocks_per_sm=bps)
             attention.decode(
                 qs[i].data_ptr(),
                 ks[i].data_ptr(),
@@ -425,7 +430,8 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
                 c,
                 d,
                 "bfloat16",
-                splits=attention.decode_splits(b, h, kvh, c, "bfloat16", blocks_per_sm=bps),
+                splits=sp,
+                counters=ctr.data_ptr() if attention.decode_last_block_merge(sp) else 0,
                 stages=st or attention.decode_stages("bfloat16", d, bps),
                 stream=_stream(),
             )

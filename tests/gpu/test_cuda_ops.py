@@ -794,6 +794,39 @@ def test_sdpa_decode_compiled_replay(rng: np.random.Generator) -> None:
         close(got, _decode_ref(f64(q), f64(k), f64(v), n, st), d, 20, f"kv_len={n}")
 
 
+@pytest.mark.parametrize("cache,last_block_max", [(128, 0), (4096, 0), (4096, 256)])
+def test_sdpa_decode_two_layers_replayed(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, cache: int, last_block_max: int
+) -> None:
+    """Two decode attentions in one compiled step (the second's query is the first's output,
+    as consecutive layers), replayed with a changing device-scalar length and start: one
+    split at cache 128 (no merge), many at 4096, merged by a second kernel or by each
+    launch's last block (its step's counters, left zeroed, serve the next replay)."""
+    from pygpukit.backends.cuda.kernels import attention
+
+    monkeypatch.setattr(attention, "LAST_BLOCK_MERGE_MAX_SPLITS", last_block_max)
+    d, b, h, kvh, hd = "bfloat16", 2, 32, 4, 128
+
+    @gpk.compile
+    def step(a: Any, k1: Any, v1: Any, k2: Any, v2: Any, n: Any, st: Any) -> Any:
+        x = gpk.nn.scaled_dot_product_attention(a, k1, v1, is_causal=True, kv_len=n,
+                                                kv_start=st)  # fmt: skip
+        return gpk.nn.scaled_dot_product_attention(x, k2, v2, is_causal=True, kv_len=n,
+                                                   kv_start=st)  # fmt: skip
+
+    q = rand(rng, (b, h, 1, hd), d)
+    kv = [rand(rng, (b, kvh, cache, hd), d) for _ in range(4)]
+    qg, kvg = gpk.asarray(q), [gpk.asarray(x) for x in kv]
+    for n in (cache, 1, cache // 2 + 3, 9, cache - 1, cache // 3):
+        st = rng.integers(0, 8, b).astype(np.int32)
+        got = step(qg, *kvg, gpk.scalar(n), gpk.asarray(st)).to_numpy()
+        x = _decode_ref(f64(q), f64(kv[0]), f64(kv[1]), n, st)
+        close(got, _decode_ref(x, f64(kv[2]), f64(kv[3]), n, st), d, 20, f"kv_len={n}")
+    (entry,) = step._cache.values()
+    caps = list(entry.program._captures.values())
+    assert all(rp.captured for rp in caps) and sum(rp.replays for rp in caps) >= 3
+
+
 def _compiled() -> Any:
     @gpk.compile
     def f(x: gpk.GPUArray, w: gpk.GPUArray, cache: gpk.GPUArray, pos: gpk.GPUArray) -> Any:

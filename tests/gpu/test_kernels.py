@@ -621,6 +621,34 @@ def test_attention_prefill(
     )
 
 
+# The two ways several splits merge: the last split block (given counters), a second kernel.
+MERGES = ("last_block", "kernel")
+
+
+class _Counters:
+    """Zeroed arrival counters for last-block merges, or none (ptr 0: the merge kernel)."""
+
+    def __init__(self, dev: Any, b: int, h: int, kvh: int, merge: str = "last_block") -> None:
+        self.dev = dev
+        self.n = attention.decode_counters(b, h, kvh)
+        self.buf = dev.put(np.zeros(self.n, np.uint32)) if merge == "last_block" else None
+        self.ptr = self.buf.ptr if self.buf is not None else 0
+
+    def assert_zero(self) -> None:
+        """Every launch must leave its counters at 0 for the next launch or graph replay."""
+        if self.buf is not None:
+            self.dev.sync()
+            assert np.all(self.buf.get((self.n,), "int32") == 0)
+
+
+def _decode_bufs(
+    dev: Any, b: int, h: int, kvh: int, d: int, splits: int, merge: str = "last_block"
+) -> tuple[int, _Counters]:
+    """(workspace pointer, counters) for a decode launch with `splits`."""
+    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
+    return ws.ptr, _Counters(dev, b, h, kvh, merge)
+
+
 @pytest.mark.parametrize("dtype", HALFS)
 @pytest.mark.parametrize("h,kvh,d", [(8, 2, 128), (4, 4, 64), (32, 1, 128), (12, 3, 64)])
 def test_attention_decode_ctx_from_device(
@@ -633,75 +661,69 @@ def test_attention_decode_ctx_from_device(
     kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
     qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
     splits = attention.decode_splits(b, h, kvh, max_seq, dtype)
-    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
+    ws, ctr = _decode_bufs(dev, b, h, kvh, d, splits)
     from pygpukit import _native as nv
 
     ctx = dev.put(np.array([0], np.int32))
     for n in (1, 63, 64, 65, 257, 300):
         nv.memcpy_htod(ctx.ptr, np.array([n], np.int32), None, 4)
         nv.memset(od.ptr, 0xFF, od.nbytes)
-        attention.decode(
-            qd.ptr,
-            kd.ptr,
-            vd.ptr,
-            ctx.ptr,
-            od.ptr,
-            ws.ptr,
-            b,
-            h,
-            kvh,
-            max_seq,
-            d,
-            dtype,
-            splits=splits,
-        )
+        attention.decode(qd.ptr, kd.ptr, vd.ptr, ctx.ptr, od.ptr, ws, b, h, kvh, max_seq, d,
+                         dtype, splits=splits, counters=ctr.ptr)  # fmt: skip
         ref = attn_ref(q[:, :, None], kc[:, :, :n], vc[:, :, :n], False, d**-0.5)[:, :, 0]
         check(od.get((b, h, d), dtype), ref, dtype, 2e-5 if dtype == "float32" else None)
+    ctr.assert_zero()
 
 
-def test_attention_decode_graph_replay(dev: Any, rng: np.random.Generator) -> None:
-    """Capture one decode step in a CUDA graph, then replay it for growing context lengths."""
+@pytest.mark.parametrize("merge", MERGES)
+@pytest.mark.parametrize("max_seq", [128, 512, 4096])
+def test_attention_decode_graph_replay(
+    dev: Any, rng: np.random.Generator, max_seq: int, merge: str
+) -> None:
+    """Capture three decode launches in one CUDA graph (as consecutive layers would be, each
+    a programmatic dependent of the one before), two of them sharing one set of arrival
+    counters, then replay it for changing context lengths: every replay finds the counters
+    zeroed again. max_seq 128 runs one split (no merge), the others several."""
     from pygpukit import _native as nv
 
-    dtype, b, h, kvh, d, max_seq = "bfloat16", 1, 8, 2, 128, 512
-    q = rand(rng, (b, h, d), dtype)
-    kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
-    qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
+    dtype, b, h, kvh, d, n_launch = "bfloat16", 1, 32, 4, 128, 3
     splits = attention.decode_splits(b, h, kvh, max_seq, dtype)
-    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
+    assert (splits == 1) == (max_seq == 128)
+    qs = [rand(rng, (b, h, d), dtype) for _ in range(n_launch)]
+    kcs = [rand(rng, (b, kvh, max_seq, d), dtype) for _ in range(n_launch)]
+    vcs = [rand(rng, (b, kvh, max_seq, d), dtype) for _ in range(n_launch)]
+    qd, kd, vd = ([dev.put(x) for x in xs] for xs in (qs, kcs, vcs))
+    od = [dev.empty((b, h, d), dtype) for _ in range(n_launch)]
+    bufs = [_decode_bufs(dev, b, h, kvh, d, splits, merge) for _ in range(2)]
+    use = [bufs[0], bufs[0], bufs[1]]
     ctx = dev.put(np.array([1], np.int32))
+    start = dev.put(np.array([0], np.int32))
     stream = nv.Stream()
 
     def step() -> None:
-        attention.decode(
-            qd.ptr,
-            kd.ptr,
-            vd.ptr,
-            ctx.ptr,
-            od.ptr,
-            ws.ptr,
-            b,
-            h,
-            kvh,
-            max_seq,
-            d,
-            dtype,
-            splits=splits,
-            stream=stream,
-        )
+        for i in range(n_launch):
+            attention.decode(qd[i].ptr, kd[i].ptr, vd[i].ptr, ctx.ptr, od[i].ptr, use[i][0], b,
+                             h, kvh, max_seq, d, dtype, splits=splits, counters=use[i][1].ptr,
+                             kv_start=start.ptr, stream=stream)  # fmt: skip
 
     step()  # compile and load outside the capture
     stream.synchronize()
     stream.begin_capture()
     step()
     graph = stream.end_capture().instantiate()
-    for n in (5, 100, 511, 512):
+    for rep, n in enumerate((5, max_seq // 3, max_seq - 1, max_seq, 77 % max_seq + 1)):
+        lo = rep % 3 * 2  # a left-padding start in some replays
         nv.memcpy_htod(ctx.ptr, np.array([n], np.int32), None, 4)
-        nv.memset(od.ptr, 0xFF, od.nbytes)
+        nv.memcpy_htod(start.ptr, np.array([lo], np.int32), None, 4)
+        for o in od:
+            nv.memset(o.ptr, 0xFF, o.nbytes)
         graph.launch(stream)
         stream.synchronize()
-        ref = attn_ref(q[:, :, None], kc[:, :, :n], vc[:, :, :n], False, d**-0.5)[:, :, 0]
-        check(od.get((b, h, d), dtype), ref, dtype)
+        for i in range(n_launch):
+            ref = _masked_decode_ref(qs[i], kcs[i], vcs[i], np.array([min(lo, n)]), n, d**-0.5)
+            check(od[i].get((b, h, d), dtype), ref, dtype)
+        for _, ctr in bufs:
+            ctr.assert_zero()
 
 
 def _masked_decode_ref(
@@ -733,7 +755,7 @@ def test_attention_decode_kv_start_and_len(
     qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
     splits = attention.decode_splits(b, h, kvh, max_seq, dtype, blocks_per_sm=blocks_per_sm)
     stages = attention.decode_stages(dtype, d, blocks_per_sm)
-    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
+    ws, ctr = _decode_bufs(dev, b, h, kvh, d, splits)
     from pygpukit import _native as nv
 
     n_d, st_d = dev.put(np.zeros((), idx)), dev.put(np.zeros((b,), idx))
@@ -745,9 +767,9 @@ def test_attention_decode_kv_start_and_len(
         st = np.asarray(starts, idx)
         nv.memcpy_htod(st_d.ptr, st.view(np.uint8), None, st.nbytes)
         nv.memset(od.ptr, 0xFF, od.nbytes)
-        attention.decode(qd.ptr, kd.ptr, vd.ptr, n_d.ptr, od.ptr, ws.ptr, b, h, kvh, max_seq, d,
+        attention.decode(qd.ptr, kd.ptr, vd.ptr, n_d.ptr, od.ptr, ws, b, h, kvh, max_seq, d,
                          dtype, splits=splits, stages=stages, kv_start=st_d.ptr,
-                         kv_start_dtype=idx)  # fmt: skip
+                         kv_start_dtype=idx, counters=ctr.ptr)  # fmt: skip
         lo = np.minimum(st.astype(np.int64), n)
         ref = _masked_decode_ref(q, kc, vc, lo, n, d**-0.5)
         out = od.get((b, h, d), dtype)
@@ -755,18 +777,73 @@ def test_attention_decode_kv_start_and_len(
             assert np.all(f64(out) == 0.0)
             continue
         check(out, ref, dtype, 2e-5 if dtype == "float32" else None)
+    ctr.assert_zero()
 
 
-@pytest.mark.parametrize("splits", [1, 7, 37, 256])
-def test_attention_decode_many_splits(dev: Any, rng: np.random.Generator, splits: int) -> None:
-    """The reduce kernel's unrolled merge with split counts off its unroll, and splits that
-    get no keys (a whole-cache launch with no length pointer)."""
-    dtype, b, h, kvh, d, max_seq = "bfloat16", 2, 4, 4, 64, 1000
+@pytest.mark.parametrize("merge", MERGES)
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize("splits", [1, 2, 7, 37, 256])
+def test_attention_decode_many_splits(
+    dev: Any, rng: np.random.Generator, dtype: str, splits: int, merge: str
+) -> None:
+    """Split counts off the merge's pipeline depth, splits that get no keys (a whole-cache
+    launch with no length pointer, 256 splits of 1000 keys), and the same launch repeated
+    with one set of counters on fresh inputs."""
+    b, h, kvh, d, max_seq = 2, 4, 4, 64, 1000
+    kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
+    kd, vd, od = dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
+    ws, ctr = _decode_bufs(dev, b, h, kvh, d, splits, merge)
+    for _ in range(3):
+        q = rand(rng, (b, h, d), dtype)
+        qd = dev.put(q)
+        attention.decode(qd.ptr, kd.ptr, vd.ptr, 0, od.ptr, ws, b, h, kvh, max_seq, d, dtype,
+                         splits=splits, counters=ctr.ptr)  # fmt: skip
+        ref = attn_ref(q[:, :, None], kc, vc, False, d**-0.5)[:, :, 0]
+        check(od.get((b, h, d), dtype), ref, dtype, 2e-5 if dtype == "float32" else None)
+    ctr.assert_zero()
+
+
+@pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize("splits,merge", [(1, "none"), (5, "last_block"), (5, "kernel")])
+def test_attention_decode_one_vs_many_splits(
+    dev: Any, rng: np.random.Generator, dtype: str, splits: int, merge: str
+) -> None:
+    """The TinyLlama head layout (32 query heads over 4 kv heads) with left padding and
+    different live lengths: one split normalises in the split kernel (no workspace, no
+    counters), several merge in the last block or in the merge kernel."""
+    b, h, kvh, d, max_seq = 2, 32, 4, 128, 256
     q = rand(rng, (b, h, d), dtype)
     kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
     qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
-    ws = dev.empty((attention.decode_workspace_bytes(b, h, splits, d) // 4,), "float32")
-    attention.decode(qd.ptr, kd.ptr, vd.ptr, 0, od.ptr, ws.ptr, b, h, kvh, max_seq, d, dtype,
-                     splits=splits)  # fmt: skip
-    ref = attn_ref(q[:, :, None], kc, vc, False, d**-0.5)[:, :, 0]
-    check(od.get((b, h, d), dtype), ref, dtype)
+    from pygpukit import _native as nv
+
+    if splits == 1:
+        ws, ctr = 0, _Counters(dev, b, h, kvh, "none")
+    else:
+        ws, ctr = _decode_bufs(dev, b, h, kvh, d, splits, merge)
+    n_d, st_d = dev.put(np.zeros(1, np.int32)), dev.put(np.zeros(b, np.int32))
+    for n, starts in ((256, (3, 0)), (100, (0, 17)), (31, (30, 5)), (40, (40, 2))):
+        nv.memcpy_htod(n_d.ptr, np.array([n], np.int32), None, 4)
+        nv.memcpy_htod(st_d.ptr, np.array(starts, np.int32), None, 4 * b)
+        nv.memset(od.ptr, 0xFF, od.nbytes)
+        attention.decode(qd.ptr, kd.ptr, vd.ptr, n_d.ptr, od.ptr, ws, b, h, kvh, max_seq, d,
+                         dtype, splits=splits, counters=ctr.ptr,
+                         kv_start=st_d.ptr)  # fmt: skip
+        ref = _masked_decode_ref(q, kc, vc, np.array(starts), n, d**-0.5)
+        check(od.get((b, h, d), dtype), ref, dtype, 2e-5 if dtype == "float32" else None)
+    if ctr is not None:
+        ctr.assert_zero()
+
+
+def test_attention_decode_needs_workspace() -> None:
+    """Several splits without a (16-byte aligned) workspace, or with misaligned counters:
+    a clear error before any launch."""
+    from pygpukit.errors import ShapeError
+
+    args = (16, 16, 16, 0, 16)
+    with pytest.raises(ShapeError, match=r"attention_decode: splits=4 needs .* workspace"):
+        attention.decode(*args, 0, 1, 8, 2, 512, 128, "bfloat16", splits=4)
+    with pytest.raises(ShapeError, match=r"attention_decode: splits=4 needs .* workspace"):
+        attention.decode(*args, 8, 1, 8, 2, 512, 128, "bfloat16", splits=4)
+    with pytest.raises(ShapeError, match=r"attention_decode: splits=4 needs .* counters"):
+        attention.decode(*args, 16, 1, 8, 2, 512, 128, "bfloat16", splits=4, counters=18)

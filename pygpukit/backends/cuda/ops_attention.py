@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from pygpukit import _native
 from pygpukit.ir import dtypes
 from pygpukit.passes import Step
 
@@ -185,6 +186,9 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
         kvs_stride, kvs_dtype = (st.strides[0] if st.shape[0] > 1 else 0), st.dtype.name
     splits = attention.decode_splits(bq, h, kvh, sk, dtype.name)
     ws_elems = attention.decode_workspace_bytes(bq, h, splits, d) // 4
+    counters = None
+    if attention.decode_last_block_merge(splits):
+        counters = _decode_counters(ctx, attention.decode_counters(bq, h, kvh))
     fallback: list[Run] = []
 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
@@ -195,16 +199,29 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                 fallback.append(_sdpa_composed(ctx, step, ins, tag, sc, causal))
             return fallback[0](vals)
         o = ctx.alloc_out(shape, dtype, "sdpa")
-        ws = ctx.alloc((ws_elems,), dtypes.float32, "sdpa")
-        attention.decode(pq, pk, pv, vals[n_len].ptr if n_len >= 0 else 0, o.ptr, ws.ptr, bq, h,
-                         kvh, sk, d, dtype.name, splits=splits, scale=sc, q_strides=qs[:2],
-                         k_strides=ks, v_strides=vs, o_strides=(h * d, d),
+        ws = ctx.alloc((ws_elems,), dtypes.float32, "sdpa") if ws_elems else None
+        ws_ptr = ws.ptr if ws is not None else 0
+        ctr = counters.ptr if counters is not None else 0
+        attention.decode(pq, pk, pv, vals[n_len].ptr if n_len >= 0 else 0, o.ptr, ws_ptr, bq, h,
+                         kvh, sk, d, dtype.name, splits=splits, counters=ctr, scale=sc,
+                         q_strides=qs[:2], k_strides=ks, v_strides=vs, o_strides=(h * d, d),
                          kv_start=vals[n_start].ptr if n_start >= 0 else 0,
                          kv_start_stride=kvs_stride, kv_start_dtype=kvs_dtype,
                          stream=ctx.stream)  # fmt: skip
         return o
 
     return run
+
+
+def _decode_counters(ctx: Context, n: int) -> DeviceValue:
+    """n zeroed arrival counters (read as uint32) for one planned decode step. The plan
+    owns them (every call of the step, eager or in a graph replay, runs after the last one
+    finished and finds them zeroed again); steps do not share them, so launches of two
+    steps never meet on one counter. Pinned: a captured graph bakes the address in."""
+    buf = ctx.alloc((n,), dtypes.int32, "sdpa decode counters")
+    buf.storage.pin()
+    _native.memset(buf.ptr, 0, 4 * n, ctx.stream)
+    return buf
 
 
 def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,

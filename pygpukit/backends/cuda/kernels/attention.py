@@ -17,7 +17,7 @@ _P_WARPS, _P_ROWS, _P_KEYS = 4, 8, 32
 # attention_decode.cuh geometry: CUDA-core kernel, tensor-core kernel
 _D_THREADS, _D_TILE = 256, 64
 _M_WARPS, _M_TILE = 4, 32
-_R_THREADS = 256  # the split merge (PGK_RT)
+_R_THREADS = 256  # the merge kernel (PGK_RT)
 
 
 def _check(op: str, dtype: str, heads: int, kv_heads: int, head_dim: int) -> None:
@@ -97,8 +97,12 @@ def _use_mma(dtype: str) -> bool:
     return dtype in loader.HALF_DTYPES
 
 
-# Splits the reduce kernel merges at most (PGK_MAXSPLITS in attention_decode.cuh).
+# Splits the merge kernel takes at most (PGK_MAXSPLITS in attention_decode.cuh).
 MAX_SPLITS = 256
+# The most splits the last split block merges itself (one kernel); above it a separate
+# merge kernel spreads the work over every query head. Measured on an H200: see
+# native/kernels/README.md.
+LAST_BLOCK_MERGE_MAX_SPLITS = 0
 # Tensor-core decode blocks per SM the split count aims at. Measured on an H200 (B1 and B8,
 # ctx 8192): one block per SM with two cp.async stages per warp (139 KB) beat 2-3 blocks
 # with one stage (B1 12.8 vs 13.9 us, B8 40.6 vs 42.8-44.2 us).
@@ -144,8 +148,22 @@ def decode_stages(dtype: str, head_dim: int, blocks_per_sm: int | None = None) -
 
 
 def decode_workspace_bytes(batch: int, heads: int, splits: int, head_dim: int) -> int:
-    """Float workspace for the partial outputs and (max, sum) pairs of every split."""
-    return 4 * batch * heads * splits * (head_dim + 2)
+    """Float workspace for the partial outputs and (max, sum) pairs of every split (none
+    with one split: the block writes the output itself)."""
+    return 0 if splits == 1 else 4 * batch * heads * splits * (head_dim + 2)
+
+
+def decode_last_block_merge(splits: int) -> bool:
+    """Whether a launch with `splits` should merge in its last block (pass counters) rather
+    than in the separate merge kernel (pass none)."""
+    return 1 < splits <= LAST_BLOCK_MERGE_MAX_SPLITS
+
+
+def decode_counters(batch: int, heads: int, kv_heads: int) -> int:
+    """uint32 arrival counters a last-block-merge launch needs (one per block row of a kv
+    head). Zero them once: every launch leaves them zeroed. Launches that may overlap need
+    their own; consecutive launches on one stream may share them."""
+    return batch * kv_heads * ((heads // kv_heads) // decode_group(heads, kv_heads))
 
 
 def _decode_smem(dtype: str, g: int, d: int, stages: int) -> int:
@@ -165,6 +183,22 @@ def _decode_mma_smem(d: int, stages: int) -> int:
     return max(stage, merge)
 
 
+def _merge_slot(g: int, d: int, threads: int) -> int:
+    """Bytes of one split's partial in the last block's merge ring (pgk_dec_merge)."""
+    return cdiv(g * d // 4, threads) * threads * 16
+
+
+def _merge_depth(g: int, d: int, threads: int, main_smem: int) -> int:
+    """Splits in flight in the last block's merge (PGK_MP), 2 to 16: the ring takes up to
+    half the shared memory the split pass holds (free by then), the rest is left for the
+    per-split weights, so the merge rarely raises the block's footprint."""
+    return max(2, min(16, (main_smem // 2) // _merge_slot(g, d, threads)))
+
+
+def _merge_smem(g: int, d: int, threads: int, depth: int, splits: int) -> int:
+    return depth * _merge_slot(g, d, threads) + 4 * (2 * g * splits + g)
+
+
 def decode(
     q: int,
     k_cache: int,
@@ -180,6 +214,7 @@ def decode(
     dtype: str,
     *,
     splits: int,
+    counters: int = 0,
     scale: float | None = None,
     q_strides: tuple[int, int] | None = None,
     k_strides: tuple[int, int, int] | None = None,
@@ -191,7 +226,7 @@ def decode(
     stages: int | None = None,
     stream: Any = None,
 ) -> None:
-    """One decode step: o[b, h] = softmax(scale q[b, h] K^T) V over keys
+    """One decode step in one kernel: o[b, h] = softmax(scale q[b, h] K^T) V over keys
     [kv_start[b], *ctx_len) of the cache.
 
     q, o: [B, H, D] (strides batch, head); caches [B, KVH, max_seq, D] (strides batch, head,
@@ -199,13 +234,21 @@ def decode(
     whole cache), read by the kernels, so a captured graph replays for every step.
     kv_start: optional device pointer to [B] int32/int64 first visible keys (left padding),
     element stride kv_start_stride. A query that sees no key gets zeros.
-    workspace: decode_workspace_bytes(...) bytes; splits: decode_splits(...) (fixed for a
-    captured graph); stages: cp.async stages per warp (default decode_stages(...)).
+    splits: decode_splits(...) (fixed for a captured graph). With more than one, workspace
+    (decode_workspace_bytes(...) bytes, 16-byte aligned) takes the splits' partials, merged
+    by the last split block when counters (decode_counters(...) uint32, zeroed once) are
+    given, else by a second kernel (see decode_last_block_merge). With one split neither is
+    used. stages: cp.async stages per warp (default decode_stages(...)).
     """
     _check("attention_decode", dtype, heads, kv_heads, head_dim)
     positive("attention_decode", batch=batch, max_seq=max_seq, splits=splits)
     if not 1 <= splits <= MAX_SPLITS:
         raise ShapeError(f"attention_decode: splits must be in [1, {MAX_SPLITS}], got {splits}")
+    if splits > 1 and (not workspace or workspace % 16 or counters % 4):
+        raise ShapeError(
+            f"attention_decode: splits={splits} needs a 16-byte aligned workspace (and "
+            f"4-byte aligned counters), got workspace={workspace:#x} counters={counters:#x}"
+        )
     if kv_start_dtype not in ("int32", "int64"):
         raise ShapeError(f"attention_decode: kv_start must be int32 or int64, got {kv_start_dtype}")
     if max_seq >= 2**31:
@@ -224,38 +267,40 @@ def decode(
     group = heads // kv_heads
     budget = loader.max_shared_optin()
     sc = float(scale) if scale is not None else d**-0.5
-    ml = workspace + 4 * batch * heads * splits * d
+    ml = workspace + 4 * batch * heads * splits * d if splits > 1 else 0
     # int64 scalars are read through their low 32-bit word (little-endian).
     kvs = kv_start_stride * (2 if kv_start_dtype == "int64" else 1)
     grid = (splits, kv_heads * (group // g), batch)
     args = (q, k_cache, v_cache, ctx_len, workspace, ml, heads, group, sc, *qst, *kst, *vst,
-            kv_start, kvs, max_seq)  # fmt: skip
-    fmt = "PPPPPPiif" + "q" * 8 + "Pqi"
+            kv_start, kvs, max_seq, o, *ost, counters)  # fmt: skip
+    fmt = "PPPPPPiif" + "q" * 8 + "Pqi" + "PqqP"
     if _use_mma(dtype):
         if any(s % 2 for s in qst) or q % 4:
             raise ShapeError("attention_decode: q rows must be 4-byte aligned")
         st = stages or decode_stages(dtype, d)
         smem = _decode_mma_smem(d, st)
         defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_MSTAGES": st}
-        split_fn = loader.get_function("attention_decode", "pgk_attn_decode_mma", defines)
-        threads = _M_WARPS * 32
+        name, threads = "pgk_attn_decode_mma", _M_WARPS * 32
     else:
         st = 4
         while st > 1 and _decode_smem(dtype, g, d, st) > budget:
             st -= 1
         smem = _decode_smem(dtype, g, d, st)
         defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_STAGES": st}
-        split_fn = loader.get_function("attention_decode", "pgk_attn_decode_split", defines)
-        threads = _D_THREADS
+        name, threads = "pgk_attn_decode_split", _D_THREADS
+    depth = _merge_depth(g, d, threads, smem)
+    defines["PGK_MP"] = depth
+    if splits > 1 and counters:
+        smem = max(smem, _merge_smem(g, d, threads, depth, splits))
     if smem > budget:
         raise ShapeError(
             f"attention_decode: needs {smem} bytes of shared memory, the device has {budget}"
         )
-    reduce_fn = loader.get_function("attention_decode", "pgk_attn_decode_reduce", defines)
-    loader.set_dynamic_smem(split_fn, smem)
-    split_fn.launch(grid, (threads,), fmt, args, smem, stream, pdl=loader.pdl_enabled())
-    reduce_fn.launch(
-        (heads, batch), (_R_THREADS,), "PPPiiqq", (workspace, ml, o, heads, splits, *ost), 0,
-        stream,
-        pdl=loader.pdl_enabled(),
-    )  # fmt: skip
+    fn = loader.get_function("attention_decode", name, defines)
+    loader.set_dynamic_smem(fn, smem)
+    pdl = loader.pdl_enabled()
+    fn.launch(grid, (threads,), fmt, args, smem, stream, pdl=pdl)
+    if splits > 1 and not counters:
+        reduce_fn = loader.get_function("attention_decode", "pgk_attn_decode_reduce", defines)
+        reduce_fn.launch((heads, batch), (_R_THREADS,), "PPPiiqq",
+                         (workspace, ml, o, heads, splits, *ost), 0, stream, pdl=pdl)  # fmt: skip

@@ -71,14 +71,11 @@ def all_variants() -> list[Variant]:
             out.append(
                 ("attention_prefill", ("pgk_attention_prefill",), _t(dt, PGK_D=d, PGK_ROWS=8))
             )
-            for g, stages in ((1, 2), (8, 4), (16, 3), (4, 1)):
-                out.append(
-                    (
-                        "attention_decode",
-                        ("pgk_attn_decode_split", "pgk_attn_decode_reduce", "pgk_attn_decode_mma"),
-                        _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_MSTAGES=min(stages, 3)),
-                    )
-                )
+            for g, stages, mp in ((1, 2, 16), (8, 4, 8), (16, 3, 4), (4, 1, 2)):
+                dec = _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_MSTAGES=min(stages, 3))
+                dec["PGK_MP"] = mp  # splits in flight in the last block's merge
+                names = ("pgk_attn_decode_split", "pgk_attn_decode_reduce", "pgk_attn_decode_mma")
+                out.append(("attention_decode", names, dec))
     for dt in loader.HALF_DTYPES:
         for act in (0, 1, 2, 3):
             out.append(("gemm_mma", ("pgk_gemm_mma",), _t(dt, PGK_ACT=act)))
