@@ -66,12 +66,34 @@ template <> PGK_DEVICE __nv_bfloat16 pgk_from_acc<__nv_bfloat16>(double x) {
   return __double2bfloat16(x);
 }
 
+// Two accumulator values rounded to T and stored at o[0], o[1]; 16-bit types convert as a
+// pair in one instruction (separate conversions also need a permute to pack the halves).
+template <typename T, typename A> PGK_DEVICE void pgk_from_acc2(A a, A b, T* o) {
+  o[0] = pgk_from_acc<T>(a);
+  o[1] = pgk_from_acc<T>(b);
+}
+PGK_DEVICE void pgk_from_acc2(float a, float b, __nv_bfloat16* o) {
+  *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(a, b);
+}
+PGK_DEVICE void pgk_from_acc2(float a, float b, __half* o) {
+  *reinterpret_cast<__half2*>(o) = __floats2half2_rn(a, b);
+}
+
 // ---------------------------------------------------------------- vector access
 // A bundle of N elements moved with the widest access the byte count allows. Callers
 // guarantee alignment of sizeof(T) * N bytes (the launcher checks pointers and strides).
 template <typename T, int N> struct alignas(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) pgk_vec {
   T v[N];
 };
+
+// N accumulator values rounded into one vector of T.
+template <typename T, int N, typename A> PGK_DEVICE pgk_vec<T, N> pgk_vec_from_acc(const A (&r)[N]) {
+  pgk_vec<T, N> o;
+#pragma unroll
+  for (int k = 0; k + 1 < N; k += 2) pgk_from_acc2(r[k], r[k + 1], &o.v[k]);
+  if constexpr (N % 2 != 0) o.v[N - 1] = pgk_from_acc<T>(r[N - 1]);
+  return o;
+}
 
 template <int N, typename T> PGK_DEVICE pgk_vec<T, N> pgk_load(const T* p) {
   pgk_vec<T, N> r;
@@ -154,6 +176,29 @@ template <typename A> PGK_DEVICE A pgk_block_max(A v, A* scratch) {
   r = pgk_warp_max(r);
   __syncthreads();
   return r;
+}
+
+// One-barrier forms for a kernel that reduces a fixed number of times: every call site
+// passes its own `scratch` (32 entries, never written again), so no trailing barrier has to
+// protect it. On the row kernels each barrier is on the critical path of every row.
+template <typename A> PGK_DEVICE A pgk_block_sum_once(A v, A* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = pgk_warp_sum(v);
+  if (nwarps == 1) return v;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return pgk_warp_sum(lane < nwarps ? scratch[lane] : A(0));
+}
+
+template <typename A> PGK_DEVICE A pgk_block_max_once(A v, A* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = pgk_warp_max(v);
+  if (nwarps == 1) return v;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return pgk_warp_max(lane < nwarps ? scratch[lane] : A(-PGK_INF));
 }
 
 // ---------------------------------------------------------------- device scalars

@@ -191,7 +191,7 @@ def test_row_kernels_block_threads(
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("cols", [1, 7, 128, 1000, 4096, 16384, 40000, 70001])
+@pytest.mark.parametrize("cols", [1, 7, 128, 1000, 4096, 8192, 16384, 40000, 70001])
 @pytest.mark.parametrize("residual", [False, True])
 def test_rms_norm(
     dev: Any, rng: np.random.Generator, dtype: str, cols: int, residual: bool
@@ -221,6 +221,21 @@ def test_rms_norm(
     check(yd.get((rows, cols), dtype), ref, dtype)
     if residual:
         check(hd.get((rows, cols), dtype), hr, dtype, 1e-7 if dtype == "float64" else TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cols", [8192, 3000, 70001])
+def test_rms_norm_residual_without_outputs(
+    dev: Any, rng: np.random.Generator, dtype: str, cols: int
+) -> None:
+    """The residual form with no weight and no h output (both pointers null)."""
+    rows = 3
+    x, r = rand(rng, (rows, cols), dtype), rand(rng, (rows, cols), dtype)
+    xd, rd, yd = dev.put(x), dev.put(r), dev.empty((rows, cols), dtype)
+    rms_norm.rms_norm(xd.ptr, 0, yd.ptr, rows, cols, 1e-6, dtype, residual=rd.ptr)
+    hr = f64((f64(x) + f64(r)).astype(NP[dtype]))
+    ref = hr / np.sqrt((hr * hr).mean(-1, keepdims=True) + 1e-6)
+    check(yd.get((rows, cols), dtype), ref, dtype)
 
 
 def test_rms_norm_f32_weight(dev: Any, rng: np.random.Generator) -> None:

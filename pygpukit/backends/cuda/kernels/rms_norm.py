@@ -48,7 +48,8 @@ def rms_norm(
     threads, items = row_config(cols, vec, 8 if dtype == "float64" else 4, block_threads)
     defines = {**loader.type_defines(dtype), **loader.type_defines(wd, "PGK_W")}
     defines.update(PGK_VEC=vec, PGK_ITEMS=items)
-    fn = loader.get_function("rms_norm", "pgk_rms_norm", defines)
+    name = "pgk_rms_norm_add" if residual else "pgk_rms_norm"
+    fn = loader.get_function("rms_norm", name, defines)
     fn.launch(
         (rows,),
         (threads,),
