@@ -20,7 +20,7 @@ typedef PGK_W pgk_w;
 // converted where used. Resident blocks per SM the register allocation must allow: the
 // kernel is latency bound unless about 48 KB of row loads are in flight per SM, so 512
 // threads with 32 bytes each need three blocks (an H200 ran 16384x8192 bf16 at 80% of
-// copy bandwidth with two, 95% with three); rows of 64+ bytes a thread fill an SM with two.
+// copy bandwidth with two, 97% with three); rows of 64+ bytes a thread fill an SM with two.
 // Only 16-byte vectors of at most 32 bytes a thread with fp32 math are capped (40 registers
 // at 512 threads); other variants keep the compiler's choice.
 constexpr bool pgk_rms_capped = PGK_ITEMS > 0 && PGK_ITEMS <= 2 && sizeof(pgk_acc) == 4 &&
