@@ -27,6 +27,11 @@
 // V vectors per thread, all heads at once, fp32 accumulators.
 #include "common.cuh"
 
+#ifndef PGK_DEC_PF
+#define PGK_DEC_PF 256  // positions prefetched before the wait (one split)
+#endif
+
+
 #ifndef PGK_D
 #define PGK_D 128
 #endif
@@ -524,6 +529,23 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                         long long v_ss, const int* __restrict__ kv_start,
                         long long kvs_stride, int max_seq, pgk_t* __restrict__ o,
                         long long o_sb, long long o_sh, unsigned* __restrict__ counters) {
+  // One split (short caches, the decode step of a small max_seq_len) reads its head's keys
+  // and values from 0 up to the live length, which is not known before the wait: pull the
+  // first PGK_DEC_PF positions into L2 while the kernels before still run. A hint only:
+  // this step's row, written by the kernel just before, is read after the wait.
+  if (gridDim.x == 1) {
+    constexpr int LPR = (PGK_D * (int)sizeof(pgk_t) + 127) / 128;  // 128-byte lines a row
+    constexpr int EPL = 128 / (int)sizeof(pgk_t);
+    const int kvh = blockIdx.y / (group / PGK_G);
+    const pgk_t* kh = kc + blockIdx.z * k_sb + kvh * k_sh;
+    const pgk_t* vh = vc + blockIdx.z * v_sb + kvh * v_sh;
+    const int lines = min(max_seq, PGK_DEC_PF) * LPR;
+    for (int i = threadIdx.x; i < lines; i += blockDim.x) {
+      const long long pos = i / LPR, off = (i % LPR) * EPL;
+      pgk_prefetch_l2(kh + pos * k_ss + off);
+      pgk_prefetch_l2(vh + pos * v_ss + off);
+    }
+  }
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
