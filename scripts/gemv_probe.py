@@ -26,6 +26,9 @@ PROJ = [("qkv", HIDDEN, QKV, "pro"), ("o", HIDDEN, HIDDEN, "res"),
 CONFIGS = [(4, 1, 8, 2), (8, 1, 8, 2), (8, 1, 4, 3), (8, 2, 4, 2), (4, 2, 8, 2), (8, 1, 4, 2),
            (4, 1, 4, 3), (8, 4, 2, 2), (16, 1, 4, 2)]  # fmt: skip
 PREFETCH = [0, 1, 4, 8]
+# The gate/up projection with its SwiGLU epilogue (even tile counts).
+GLU_CONFIGS = [(8, 2, 4, 2), (4, 2, 8, 2), (4, 2, 4, 3), (4, 2, 4, 2), (8, 2, 2, 3),
+               (4, 2, 2, 4), (8, 4, 2, 2), (16, 2, 2, 2), (8, 2, 4, 1), (4, 4, 4, 2)]  # fmt: skip
 
 
 def _launch(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any, cfg: Any, pf: Any,
@@ -71,7 +74,7 @@ def _alone_shape(torch: Any, rows: list[dict[str, Any]], name: str, k: int, n: i
     aux = torch.randn(1, k if folded == "pro" else n, device="cuda", dtype=torch.bfloat16)
     cases = [(None, "none", False)] + [(cfg, folded, False) for cfg in [None, *CONFIGS]]
     if name == "gate_up":  # the SwiGLU epilogue pairs tiles: even tile counts only
-        cases += [(cfg, folded, True) for cfg in [None, *CONFIGS] if cfg is None or cfg[1] % 2 == 0]
+        cases += [(cfg, folded, True) for cfg in [None, *GLU_CONFIGS]]
     for cfg, fold, glu in cases:
 
         def call(i: int, cfg: Any = cfg, fold: str = fold, glu: bool = glu) -> None:
@@ -124,19 +127,18 @@ def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
     h = torch.randn(1, HIDDEN, device="cuda", dtype=bf)
     qkv = torch.empty(1, QKV, device="cuda", dtype=bf)
     h2 = torch.empty(1, HIDDEN, device="cuda", dtype=bf)
-    gu = torch.empty(1, 2 * INTER, device="cuda", dtype=bf)
+    gu = torch.empty(1, INTER, device="cuda", dtype=bf)  # silu(gate) * up
     out = torch.empty(1, HIDDEN, device="cuda", dtype=bf)
 
     def step(cfgs: dict[str, Any], pfs: dict[str, Any]) -> None:
         x = h
         for w in layers:
-            # qkv[:, :2048] stands in for the attention output, gu[:, :5632] for SwiGLU's.
+            # qkv[:, :2048] stands in for the attention output.
             _launch(torch, x, w["qkv"], qkv, "pro", gain, cfgs.get("qkv"), pfs.get("qkv"))
             _launch(torch, qkv[:, :HIDDEN], w["o"], h2, "res", x, cfgs.get("o"), pfs.get("o"))
             _launch(torch, h2, w["gate_up"], gu, "pro", gain, cfgs.get("gate_up"),
-                    pfs.get("gate_up"))  # fmt: skip
-            _launch(torch, gu[:, :INTER], w["down"], out, "res", h2, cfgs.get("down"),
-                    pfs.get("down"))  # fmt: skip
+                    pfs.get("gate_up"), glu=True)  # fmt: skip
+            _launch(torch, gu, w["down"], out, "res", h2, cfgs.get("down"), pfs.get("down"))
             x = out
 
     def timed(label: str, cfgs: dict[str, Any], pfs: dict[str, Any]) -> None:
@@ -153,7 +155,7 @@ def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
 
     timed("default", {}, {})
     for name, _k, _n, _f in PROJ:
-        for cfg in CONFIGS:
+        for cfg in GLU_CONFIGS if name == "gate_up" else CONFIGS:
             timed(f"{name} config={cfg}", {name: cfg}, {})
         for pf in PREFETCH:
             timed(f"{name} prefetch={pf}", {}, {name: pf})
