@@ -21,7 +21,10 @@ backend implements the same names):
                                                     NumPy: nothing), or None: copy it in
     capture(run) -> replayable                      `replayable.replay()` must have the effect
                                                     of `run()`: NumPy calls it, CUDA records
-                                                    the launches once into a CUDA Graph
+                                                    the launches once into a CUDA Graph;
+                                                    `replayable.reads_values` (default True):
+                                                    False while replay() launches a recording
+                                                    that holds the addresses it was made with
 
 Everything the steps touch has a fixed address while a capture is replayed. Arguments
 and fresh outputs are bound by address: the graph reads the caller's buffers and writes
@@ -30,7 +33,9 @@ so the program keeps the last few captures keyed by the addresses they hold (the
 usually hands back the block just freed, so addresses recur); when they keep changing,
 the program falls back for good to copying arguments into their arena slots and outputs
 out of theirs, which needs one capture only. Persistent arrays (externals) are re-bound
-(and re-captured) only when the caller hands in a different buffer.
+(and re-captured) only when the caller hands in a different buffer. The values list points
+at a call's arguments and new blocks only while steps run from Python (a capture, NumPy, the
+re-issue fallback): replaying a recording needs nothing but the addresses in its key.
 """
 
 from __future__ import annotations
@@ -73,12 +78,13 @@ class PlannedProgram:
         # reserves it at admission): tracing alone holds no arena memory.
         self.arena: Any = None
         self.values: list[Any] = [None] * schedule.n_slots
-        self._home: dict[int, Any] = {}  # slot -> its arena value (args and outputs)
+        self._homes: list[tuple[int, Any]] = []  # (slot, its arena value): args, outputs
         self._bound: tuple[int, ...] | None = None
         self._bind_token = -1
         self._tokens: dict[Any, int] = {}  # bind keys seen -> token
         self._last_key: Any = None
         self._eager: Any = None  # the replayable that re-issues launches, once capture failed
+        self._holds = False  # the last replay is a graph holding _last_key's addresses
         self._span = (0, 0)
         self._external_storages: set[int] = set()
         self._replay: Any = None
@@ -125,7 +131,7 @@ class PlannedProgram:
         ]  # fmt: skip
         self._fresh_index = [outs.index(s) for s in self._fresh_slots]
         self._fresh_specs = [(s, nodes[s].shape, nodes[s].dtype) for s in self._fresh_slots]
-        self._arg_specs = [
+        self._arg_layout = [
             (s, ok, nodes[s].shape, nodes[s].dtype,
              math.prod(nodes[s].shape) * nodes[s].dtype.itemsize)
             if s >= 0 else (s, ok, (), None, 0)
@@ -141,6 +147,8 @@ class PlannedProgram:
             (k, st) for k, st in enumerate(sched.steps)
             if st.out in plan.alias and k not in plan.inplace and plan.root(st.out) in bindable
         ]  # fmt: skip
+        # An output read from the values list that is such a view: _fill() derives it.
+        self._views_out = bool({st.out for _, st in self._dep_views} & set(outs))
         self._n_user = n_user
         self._out_slots = outs
         self._tail = len(outs) > n_user  # writeback values follow the user outputs
@@ -155,7 +163,10 @@ class PlannedProgram:
             n = nodes[slot]
             self.values[slot] = self.backend.value_at(arena, off, n.shape, n.dtype)
         slots = [s for s, _ in self._arg_slots if s >= 0] + self._fresh_slots
-        self._home = {s: self.values[s] for s in slots}
+        self._homes = [(s, self.values[s]) for s in slots]
+        # Each argument's layout and its arena slot, which it is copied into when not bound.
+        self._arg_specs = [(*spec, self.values[spec[0]] if spec[0] >= 0 else None)
+                           for spec in self._arg_layout]  # fmt: skip
         self.arena = arena
         self._bound = None
 
@@ -238,26 +249,41 @@ class PlannedProgram:
         the last call (skips comparing them). bind_outputs=False: fresh outputs are
         copied out of the arena rather than written into new blocks (callers that keep
         every result, whose addresses never recur)."""
-        if self.arena is None or self.arena.freed:
+        arena = self.arena
+        if arena is None or arena.freed:
             self.use_arena(self.backend.alloc_arena(self.plan.arena_bytes))
         if self._bound is None or (
             not same_externals and self._bound != tuple(id(v) for v in externals)
         ):
             self.bind(externals)
-        binding = self.bind_args
         stats = self._lru_stats
         evictions = stats["evictions"] if stats is not None else 0
         news: list[Any] = []
-        places: list[Any] = []
+        places: list[Any] = [self._bind_token]  # a capture's key: the addresses it holds
         if fresh and bind_outputs and self.bind_outputs:
-            self._bind_fresh(news, places)
-        self._bind_args(args, binding, places)
+            # Allocated before argument addresses are read: an allocation may move
+            # evictable blocks.
+            new = self.backend.fresh
+            for _, shape, dtype in self._fresh_specs:
+                v, place = new(shape, dtype)
+                news.append(v)
+                places.append(place)
+        n_out = len(news)
+        self._bind_args(args, places)
         if stats is not None and stats["evictions"] != evictions:
             # A block moved while addresses were read: read them again with all pinned.
-            places = self._bind_pinned(args, news, binding, places[: len(news)])
+            places = self._bind_pinned(args, news, places[: 1 + n_out])
+        key = tuple(places)
         try:
-            self._replay_for(places, len(news), args, news)
-            out = self._outputs(news) if fresh else [self.values[s] for s in self._out_slots]
+            if key == self._last_key and self._holds:
+                self._replay.replay()  # the graph holds these addresses: no values to set
+            else:
+                self._replay_for(key, n_out, args, news)
+            if fresh and n_out == self._n_user and not self._tail:
+                return news  # every result written directly (the usual case)
+            if self._views_out:
+                self._fill(key, n_out, args, news)
+            return self._outputs(news) if fresh else [self.values[s] for s in self._out_slots]
         except BaseException:
             # A failed step: the new blocks go back now, not when the traceback (kept by
             # a scheduler's failed task, say) lets go of this frame.
@@ -265,27 +291,19 @@ class PlannedProgram:
                 self.backend.storage(v).release()
             raise
         finally:
-            self._release(len(args))
-        return out
+            if self._views_out:
+                self._unfill()
 
-    def _bind_fresh(self, news: list[Any], places: list[Any]) -> None:
-        """New pool blocks for the outputs the graph can write directly. Allocated before
-        argument addresses are read: an allocation may move evictable blocks."""
-        fresh, values = self.backend.fresh, self.values
-        for s, shape, dtype in self._fresh_specs:
-            v, place = fresh(shape, dtype)
-            values[s] = v
-            news.append(v)
-            places.append(place)
-
-    def _bind_args(self, args: list[Any], binding: bool, places: list[Any]) -> None:
-        """Put each argument in its slot: in place (bound) or copied into the arena;
-        appends what a capture bakes in for each to `places`."""
-        values, home, backend = self.values, self._home, self.backend
+    def _bind_args(self, args: list[Any], places: list[Any]) -> None:
+        """Decide for each argument: read in place (bound: appends its address to
+        `places`) or copied into its arena slot (appends None). The values list is set
+        from `places` only when a step runs from Python (_fill)."""
+        backend = self.backend
         place_of = backend.place
         lo, hi = self._span
         check = self._writes_external
-        for (slot, ok, shape, dtype, nbytes), v in zip(self._arg_specs, args, strict=False):
+        binding = self.bind_args
+        for (slot, ok, shape, dtype, nbytes, home), v in zip(self._arg_specs, args, strict=False):
             if slot < 0:
                 continue
             place = place_of(v, shape, dtype)
@@ -293,61 +311,91 @@ class PlannedProgram:
             # graph writes is copied, so no step reads bytes another one overwrote.
             if (place is not None and binding and ok and not lo <= place < hi
                     and not (check and self._in_external(v))):  # fmt: skip
-                values[slot] = v
                 places.append(place)
                 continue
-            values[slot] = dst = home[slot]
             if place is None:  # another layout or dtype: a strided copy or a cast
-                backend.copy_into(dst, v)
+                backend.copy_into(home, v)
             else:
-                backend.copy_placed(dst, v, place, nbytes)
+                backend.copy_placed(home, v, place, nbytes)
             places.append(None)
+
+    def _fill(self, key: tuple[Any, ...], n_out: int, args: list[Any],
+              news: list[Any]) -> None:  # fmt: skip
+        """Point the values list at this call's bound arguments and new output blocks
+        (key: as _bind_args left it), and derive the views of them; _unfill() undoes it."""
+        values, backend = self.values, self.backend
+        for (s, _, _), v in zip(self._fresh_specs, news, strict=False):
+            values[s] = v
+        k = 1 + n_out
+        for (slot, *_), v in zip(self._arg_specs, args, strict=False):
+            if slot >= 0:
+                if key[k] is not None:
+                    values[slot] = v
+                k += 1
         for _, st in self._dep_views:
             values[st.out] = backend.view(st, [values[i] for i in st.ins])
+
+    def _unfill(self) -> None:
+        """Drop references to caller memory: the pool can hand the blocks out again."""
+        values = self.values
+        for slot, v in self._homes:
+            values[slot] = v
+        for _, st in self._dep_views:
+            values[st.out] = None
 
     def _in_external(self, value: Any) -> bool:
         return id(self.backend.storage(value)) in self._external_storages
 
-    def _bind_pinned(self, args: list[Any], news: list[Any], binding: bool,
+    def _bind_pinned(self, args: list[Any], news: list[Any],
                      places: list[Any]) -> list[Any]:  # fmt: skip
         storage = self.backend.storage
         held = memory.pin_all([storage(v) for v in list(args) + news])
         try:
-            self._bind_args(args, binding, places)
+            self._bind_args(args, places)
         finally:
             memory.unpin_all(held)
         return places
 
-    def _replay_for(self, places: list[Any], n_out: int, args: list[Any],
+    def _replay_for(self, key: tuple[Any, ...], n_out: int, args: list[Any],
                     news: list[Any]) -> None:  # fmt: skip
-        """Replay the capture made for these addresses (places: the n_out fresh outputs',
-        then the arguments'), capturing it first if there is none."""
-        key = (self._bind_token, *places)
-        if key == self._last_key or self._eager is not None:
-            # The same addresses as the last call; or capture failed for this program, and
-            # its re-issued launches read the values list, whatever addresses it holds.
-            self._replay.replay()
+        """Replay the capture made for these addresses (key: the binding's token, the n_out
+        fresh outputs' addresses, then the arguments'), capturing it first if none. The
+        caller replays the last one itself when it holds the key's addresses (_holds)."""
+        replay = self._eager
+        new = False
+        if replay is None:
+            captures = self._captures
+            replay = captures.pop(key, None)
+            new = replay is None
+            if new:
+                self._count_miss(key, n_out)
+                replay = self.backend.capture(self._run)
+            captures[key] = replay  # most recent last
+            if len(captures) > _CAPTURES_KEPT:
+                captures.pop(next(iter(captures)))
+            self._last_key, self._replay = key, replay
+        if not getattr(replay, "reads_values", True):
+            replay.replay()  # a captured graph: it holds the addresses the key names
+            self._holds = True
             return
-        captures = self._captures
-        replay = captures.pop(key, None)
-        fresh = replay is None
-        if fresh:
-            self._count_miss(key, n_out)
-            replay = self.backend.capture(self._run)
-        captures[key] = replay  # most recent last
-        if len(captures) > _CAPTURES_KEPT:
-            captures.pop(next(iter(captures)))
-        self._last_key, self._replay = key, replay
-        if not fresh:
-            replay.replay()
-            return
-        # A first replay runs eagerly and may allocate (evicting unpinned blocks): the
-        # arguments and outputs must stay at the addresses the key names.
+        # The replay runs the steps from Python (a first replay, a NumPy one, or the
+        # re-issued launches of a program whose capture failed): they read the values.
+        self._holds = False
         storage = self.backend.storage
-        with memory.pinned([storage(v) for v in list(args) + news]):
-            replay.replay()
-        if getattr(replay, "fallback", None):
+        self._fill(key, n_out, args, news)
+        try:
+            if new:
+                # A first replay may allocate (evicting unpinned blocks): the arguments and
+                # outputs must stay at the addresses the key names.
+                with memory.pinned([storage(v) for v in list(args) + news]):
+                    replay.replay()
+            else:
+                replay.replay()
+        finally:
+            self._unfill()
+        if new and getattr(replay, "fallback", None):
             self._eager = replay  # a second capture would fail the same way
+        self._holds = not getattr(replay, "reads_values", True)
 
     def _count_miss(self, key: tuple[Any, ...], n_out: int) -> None:
         """A capture for new addresses with the same externals and arena: charge it to
@@ -382,14 +430,3 @@ class PlannedProgram:
             if k not in direct:
                 res[k] = clone(out[k])
         return res
-
-    def _release(self, n_args: int) -> None:
-        """Drop references to caller memory: the pool can hand the blocks out again."""
-        values, home = self.values, self._home
-        for slot, _ in self._arg_slots[:n_args]:
-            if slot >= 0:
-                values[slot] = home[slot]
-        for s in self._fresh_slots:
-            values[s] = home[s]
-        for _, st in self._dep_views:
-            values[st.out] = None

@@ -218,12 +218,39 @@ class Storage:
         # No lock: nothing else references this storage, and a GC pass may run inside a
         # pool callable while another thread holds the registry lock.
         try:
-            if self._lru is None:
+            lru = self._lru
+            if lru is None:
                 self.release()  # subclasses (external memory, static views) free their way
-            else:
-                self._release()
+            elif not self.freed:  # _release() inline: compiled calls free a block per call
+                self.freed = True
+                lru.order.pop(id(self), None)
+                if self.host is None:
+                    self.pool.free(self._addr)
+                else:
+                    self.host = None
         except Exception:  # interpreter shutdown: the pool may already be gone
             pass
+
+
+_new = object.__new__
+
+
+def block(pool: Any, nbytes: int) -> Storage:
+    """Storage(pool, nbytes) without the generic constructor's calls: a compiled function
+    allocates its fresh outputs here on every call."""
+    s: Storage = _new(Storage)
+    s.pool, s.nbytes, s.freed, s.host, s.pins, s.gen, s._lru = pool, nbytes, False, None, 0, 0, None
+    lru = _registries.get(id(pool))
+    if lru is None:
+        s._addr = pool.alloc(nbytes)
+        return s
+    try:
+        s._addr = pool.alloc(nbytes)
+    except OutOfMemoryError:
+        s._addr = lru.alloc(nbytes)  # evicts until it fits, or raises
+    s._lru = lru
+    lru.order[id(s)] = weakref.ref(s)
+    return s
 
 
 def pin_all(storages: Iterable[Storage]) -> list[Storage]:

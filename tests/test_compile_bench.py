@@ -69,8 +69,10 @@ def test_bench_eager_op_dispatch(benchmark):
 
 
 class _NoReplay:
-    """Stands in for a capture: the benchmark then times the host side of a call alone
-    (guard, binding, output arrays), which is the same Python on every backend."""
+    """Stands in for a captured graph: the benchmark then times the host side of a call
+    alone (guard, binding, output arrays), which is the same Python on every backend."""
+
+    reads_values = False  # like a CUDA graph: the values list is not set for it
 
     def replay(self) -> None:
         pass
@@ -93,6 +95,22 @@ def test_bench_compiled_dispatch_host_only(benchmark):
     assert f.stats()["fast_hits"] >= 3
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["fresh", "static"])
+def test_bench_dispatch_gelu_scalar(benchmark, static):
+    """scripts/graph_profile.py's dispatch_us workload (and bench `dispatch`'s): one
+    small linear + GELU with a device scalar, its replay stubbed out, so what is timed
+    is the per-call host path the CUDA backend runs too."""
+    w = gpk.from_numpy(rng.standard_normal((64, 64)).astype(np.float32))
+    f = gpk.compile(lambda x, s: gpk.nn.gelu(x @ w + s) * 0.5, static_outputs=static)
+    x = gpk.from_numpy(rng.standard_normal((8, 64)).astype(np.float32))
+    s = gpk.scalar(0.25)
+    for _ in range(4):
+        f(x, s)
+    _host_only(f)
+    benchmark(f, x, s)
+    assert f.stats()["misses"] == 1 and f.stats()["fast_hits"] >= 3
+
+
 def test_bench_llm_decode_dispatch_host_only(benchmark):
     """The tiny model's decode step (pygpukit/llm/tiny.py config, random weights): ~10
     arguments, its weights and KV caches captured through `self`."""
@@ -105,15 +123,15 @@ def test_bench_llm_decode_dispatch_host_only(benchmark):
     model.generate_ids(prompt, 6, SamplingParams(), max_seq_len=64, stop_at_eos=False)
     gen = next(g for g in _generators(model))
     seen = {}
-    real = gen._decode._call
+    real = gen._decode
 
-    def spy(args, kwargs, arena):
+    def spy(*args, **kwargs):
         seen["call"] = (args, kwargs)
-        return real(args, kwargs, arena)
+        return real(*args, **kwargs)
 
-    gen._decode._call = spy
+    gen._decode = spy
     model.generate_ids(prompt, 3, SamplingParams(), max_seq_len=64, stop_at_eos=False)
-    del gen._decode._call
+    gen._decode = real
     args, kwargs = seen["call"]
     for _ in range(4):
         gen._decode(*args, **kwargs)

@@ -7,14 +7,12 @@ graph, and its identity is part of the cache key.
 A scan can also record what it read (a Watch): every mutable container whose items it
 walked (dicts, instance __dict__s, lists, closure cells) and the globals it looked up.
 The walk is a function of those items alone, so while each container still holds the
-same objects, a rescan would find the same arrays: a compiled function's hit checks the
-Watch (one C-level pass over the items) instead of walking the objects again.
+same objects, a rescan would find the same arrays: a compiled function's hit compares the
+identities of those items (one C-level pass) instead of walking the objects again.
 """
 
 from __future__ import annotations
 
-import gc
-import operator
 import types
 from typing import Any
 
@@ -23,7 +21,6 @@ import numpy as np
 _SKIP = (int, float, bool, str, bytes, type(None), complex, np.ndarray, np.generic,
          types.ModuleType, type, types.BuiltinFunctionType)  # fmt: skip
 _MAX_DEPTH = 8
-_is = operator.is_
 
 
 def _code_names(code: types.CodeType) -> set[str]:
@@ -35,34 +32,11 @@ def _code_names(code: types.CodeType) -> set[str]:
 
 
 class Watch:
-    """The containers and global names a scan read, and the objects they held then."""
+    """The containers and global names a scan read."""
 
     def __init__(self) -> None:
         self.containers: list[Any] = []  # dicts, lists, cells: gc.get_referents reads them
         self.globals: list[tuple[dict[str, Any], tuple[str, ...]]] = []
-        self._held: list[Any] = []
-        self._held_globals: list[list[Any]] = []
-
-    def freeze(self) -> Watch:
-        """Remember what the containers hold now (strong references: an id cannot be
-        reused by a new object while the old one is held here)."""
-        self._containers = tuple(self.containers)
-        self._held = gc.get_referents(*self._containers)
-        self._held_globals = [list(map(g.get, names)) for g, names in self.globals]
-        return self
-
-    def unchanged(self) -> bool:
-        """True when every container holds the same objects, by identity (never __eq__:
-        comparing arrays would record ops)."""
-        if self._containers:
-            now = gc.get_referents(*self._containers)
-            held = self._held
-            if len(now) != len(held) or not all(map(_is, now, held)):
-                return False
-        for (g, names), before in zip(self.globals, self._held_globals, strict=True):
-            if not all(map(_is, map(g.get, names), before)):
-                return False
-        return True
 
 
 def scan(fn: Any, objects: list[tuple[str, Any]],

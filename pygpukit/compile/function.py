@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import operator
 import time
@@ -28,14 +29,26 @@ class StaleOutputError(errors.FreedArrayError):
     """A static output view was read after a later call overwrote it."""
 
 
+_new = object.__new__
+
+
 class _StaticSlot(Storage):
     """The storage of a static output: the arena block, valid for one call's results."""
 
     __slots__ = ("_fn", "_gen", "_what")
+    _fn: CompiledFunction
+    _gen: int
+    _what: str
 
-    def __init__(self, base: Storage, fn: CompiledFunction, what: str) -> None:
-        self.pool, self.nbytes, self.addr = base.pool, base.nbytes, base.addr
-        self._fn, self._gen, self._what = fn, fn._calls, what
+    @classmethod
+    def of(cls, base: Storage, fn: CompiledFunction, what: str) -> _StaticSlot:
+        # Made on every call: the slots are set here, not through Storage's generic
+        # constructor and its defaults.
+        s = _new(cls)
+        s._lru, s.host, s.pins, s.gen = None, None, 0, 0
+        s.pool, s.nbytes, s._addr = base.pool, base.nbytes, base.addr
+        s._fn, s._gen, s._what = fn, fn._calls, what
+        return s
 
     @property
     def freed(self) -> bool:
@@ -92,7 +105,7 @@ class CompiledFunction:
         self._cache: dict[Any, _Entry] = {}
         self._last_key: Any = None
         self._calls = 0
-        self._hits = 0
+        self._hits = 0  # the full path's (fast_hits are counted apart)
         self._misses = 0
         self._reasons: list[str] = []
         self._warned = False
@@ -167,7 +180,7 @@ class CompiledFunction:
         """hits, misses, the reason of each miss, and the cached entries' plans."""
         return {
             "calls": self._calls,
-            "hits": self._hits,
+            "hits": self._hits + self._fast_hits,
             "fast_hits": self._fast_hits,
             "misses": self._misses,
             "reasons": list(self._reasons),
@@ -266,16 +279,21 @@ class CompiledFunction:
         return self._call(args, kwargs, arena)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(args, kwargs, None)
+        fast = self._fast
+        if fast is not None:
+            values = fast.match(args, kwargs)
+            if values is not None:
+                self._fast_hits += 1
+                return self._run(fast.entry, values, fast.externals, True, None)
+        return self._call_slow(args, kwargs, None)
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
         fast = self._fast
         if fast is not None:
-            arrays = fast.match(args, kwargs)
-            if arrays is not None:
-                self._hits += 1
+            values = fast.match(args, kwargs)
+            if values is not None:
                 self._fast_hits += 1
-                return self._run(fast.entry, arrays, fast.externals, True, arena)
+                return self._run(fast.entry, values, fast.externals, True, arena)
         return self._call_slow(args, kwargs, arena)
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
@@ -319,7 +337,7 @@ class CompiledFunction:
                 copy_into(args[k], values[j])
         if self.static_outputs:
             with_storage, storage = prog.backend.with_storage, prog.backend.storage
-            values = [with_storage(v, _StaticSlot(storage(v), self, what))
+            values = [with_storage(v, _StaticSlot.of(storage(v), self, what))
                       for v, what in zip(values, out.what, strict=False)]  # fmt: skip
         return out.build(values)
 
@@ -343,17 +361,21 @@ class _Outputs:
 
     def build(self, values: list[Any]) -> Any:
         where = self.where
+        if self.single:
+            attrs, shape, dtype = self.leaves[0]
+            node = Node("input", (), attrs, shape, dtype, where, frozen=True)
+            node.realized = values[0]
+            return GPUArray(node)
         outs = []
         for v, (attrs, shape, dtype) in zip(values, self.leaves, strict=False):
             node = Node("input", (), attrs, shape, dtype, where, frozen=True)
             node.realized = v
             outs.append(GPUArray(node))
-        if self.single:
-            return outs[0]
         return unflatten(self.tree, iter(outs), iter(()))
 
 
 _ARRAY, _VALUE, _FLOAT, _OBJECT = range(4)
+_is = operator.is_
 
 
 class _Guard:
@@ -362,15 +384,24 @@ class _Guard:
     values, objects; the captured containers hold the same objects, so a rescan would
     find the same arrays; the persistent arrays still hold the same realised nodes)."""
 
-    __slots__ = ("entry", "n", "kw", "checks", "watch", "persistent", "nodes", "externals")
+    __slots__ = ("entry", "n", "kw", "sigs", "checks", "containers", "held", "globals",
+                 "externals")  # fmt: skip
 
-    def __init__(self, entry: _Entry, n: int, kw: tuple[str, ...], checks: list[Any],
+    def __init__(self, entry: _Entry, kw: tuple[str, ...], checks: list[Any],
                  watch: Watch, externals: list[Any]) -> None:  # fmt: skip
-        self.entry, self.n, self.kw, self.checks = entry, n, kw, checks
-        self.watch = watch.freeze()
-        self.persistent = list(entry.traced.persistent)
-        self.nodes = tuple(map(_NODE, self.persistent))
-        self.externals = externals  # their realised values: valid while `nodes` hold
+        self.entry, self.n, self.kw = entry, len(checks), kw
+        # All arguments arrays (the usual case): (shape, dtype) per argument, one loop.
+        arrays = all(c[0] == _ARRAY for c in checks)
+        self.sigs = [(a, b) for _, a, b in checks] if arrays else None
+        self.checks = checks
+        # A persistent array's referents include its node: one pass over the referents
+        # of the containers and of those arrays finds a rebinding or a lazy write.
+        self.containers = (*watch.containers, *entry.traced.persistent)
+        # Strong references: the objects compared by identity cannot be freed and their
+        # ids reused while the guard lives.
+        self.held = gc.get_referents(*self.containers)
+        self.globals = [(g, names, list(map(g.get, names))) for g, names in watch.globals]
+        self.externals = externals  # their realised values: valid while `held` holds
 
     @classmethod
     def build(cls, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -396,7 +427,7 @@ class _Guard:
                 checks.append((_OBJECT, v, None))
         if k != len(arrays):
             return None
-        return cls(entry, len(args) + len(kwargs), tuple(kwargs), checks, watch, externals)
+        return cls(entry, tuple(kwargs), checks, watch, externals)
 
     def match(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
         """The argument arrays' values when this call hits the guarded entry, else None."""
@@ -408,8 +439,34 @@ class _Guard:
             return None
         if len(args) != self.n:
             return None
+        if self.sigs is None:
+            values = self._mixed(args)
+            if values is None:
+                return None
+        else:
+            values = []
+            for v, (shape, dtype) in zip(args, self.sigs, strict=False):
+                if type(v) is not GPUArray:
+                    return None
+                node = v._node
+                if node.shape != shape or node.dtype is not dtype:
+                    return None
+                r = node.realized
+                if r is None:
+                    return None
+                values.append(r)
+        now, held = gc.get_referents(*self.containers), self.held
+        # By identity: an array's __eq__ records an op.
+        if len(now) != len(held) or not all(map(_is, now, held)):
+            return None
+        for g, names, before in self.globals:
+            if not all(map(_is, map(g.get, names), before)):
+                return None
+        return values
+
+    def _mixed(self, args: tuple[Any, ...]) -> list[Any] | None:
         arrays = []
-        for v, (kind, a, b) in zip(args, self.checks, strict=True):
+        for v, (kind, a, b) in zip(args, self.checks, strict=False):
             if kind == _ARRAY:
                 if type(v) is not GPUArray:
                     return None
@@ -425,12 +482,7 @@ class _Guard:
                     return None
             elif v is not a:
                 return None
-        if tuple(map(_NODE, self.persistent)) != self.nodes or not self.watch.unchanged():
-            return None
         return arrays
-
-
-_NODE = operator.attrgetter("_node")
 
 
 def _definition(fn: Any) -> SourceLoc | None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from pygpukit import _native
 from pygpukit.errors import CUDAError, OutOfMemoryError
-from pygpukit.memory import Storage
+from pygpukit.memory import Storage, block
 
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
@@ -53,11 +53,11 @@ def allocate(pool: Any, nbytes: int, what: str) -> Storage:
     """A Storage block; on OOM, cached arenas go back to the driver and it is tried once
     more, then OutOfMemoryError names `what` and carries the pool's stats."""
     try:
-        return Storage(pool, nbytes)
+        return block(pool, nbytes)
     except OutOfMemoryError:
         pool.release_cached()
     try:
-        return Storage(pool, nbytes)
+        return block(pool, nbytes)
     except OutOfMemoryError as e:
         stats = dict(pool.stats())
         msg = (f"{what}: out of device memory allocating {nbytes} bytes (in use "

@@ -46,6 +46,9 @@ class CudaReplay:
         self.replays = 0  # graph launches
         self.eager_runs = 0  # run() called from Python (the first call, or the fallback)
         self.fallback: str | None = None  # why the launches are re-issued, if they are
+        # Whether replay() runs the steps from Python, reading the executor's values list
+        # (before the capture, or after it failed), rather than launching the graph.
+        self.reads_values = True
 
     @property
     def captured(self) -> bool:
@@ -87,6 +90,7 @@ class CudaReplay:
             b._capture_keep = None
         self._keep = pin_all(keep)
         self._exec = exec_
+        self.reads_values = False
         self.num_nodes = graph.num_nodes
 
     def _give_up(self, step: Any, e: Exception) -> None:
@@ -200,16 +204,25 @@ class CudaPlannedHooks:
         if self.poison:  # type: ignore[attr-defined]  # tests: alloc() fills it with NaN
             value = self.alloc(shape, dtype, "compiled output")  # type: ignore[attr-defined]
             return value, value.ptr
+        strides = _contiguous.get(shape)
+        if strides is None:
+            strides = _strides(shape)
         storage = device_pool.allocate(self.pool, math.prod(shape) * dtype.itemsize,
                                        "compiled output")  # fmt: skip
-        return DeviceValue(storage, shape, _strides(shape), 0, dtype), storage.addr
+        # Just allocated: resident, and the most recently used (no need for .addr's touch).
+        return DeviceValue(storage, shape, strides, 0, dtype), storage._addr
 
     def place(self, value: DeviceValue, shape: tuple[int, ...], dtype: DType) -> int | None:
         """The address a captured graph bakes in when `value` stands in for a contiguous
         slot of this shape and dtype; None: copy it into the slot."""
-        if value.strides != _strides(shape) or value.shape != shape or value.dtype != dtype:
+        strides = _contiguous.get(shape)
+        if strides is None:
+            strides = _strides(shape)
+        # Identity first: DType's __eq__ is Python code, and this runs per argument per call.
+        if (value.strides != strides or value.shape != shape
+                or (value.dtype is not dtype and value.dtype != dtype)):  # fmt: skip
             return None
-        return value.ptr
+        return value.storage.addr + value.offset * dtype.itemsize
 
     def with_storage(self, value: DeviceValue, storage: Any) -> DeviceValue:
         return DeviceValue(storage, value.shape, value.strides, value.offset, value.dtype)
