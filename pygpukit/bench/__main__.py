@@ -4,7 +4,7 @@ installed), on the same device buffers, in one run.
     python -m pygpukit.bench [--json FILE] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
 NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, chain64,
-linear_gelu, compile_time, llm; a GEMM
+linear_gelu, compile_time, dispatch, llm; a GEMM
 workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but llm
 (--llm adds it). Prints a table of times and ratios; --json writes every row plus the
 device, driver, torch version and git commit.
@@ -31,7 +31,7 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "gemv": kernels.bench_gemv,
     "decode": kernels.bench_decode,
 }
-COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time")
+COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time", "dispatch")
 GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "llm")
 
 
@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             _guard(rows, "linear_gelu", lambda: compiled.bench_linear_gelu(rows, use_compile))
         if "compile_time" in groups:
             _guard(rows, "compile_time", lambda: compiled.bench_compile_time(rows))
+        if "dispatch" in groups:
+            _guard(rows, "dispatch", lambda: compiled.bench_dispatch(rows))
         if "llm" in groups:
             from . import llm
 
