@@ -60,6 +60,7 @@ _MISSES_ALLOWED = 16
 _CHEAP_KERNELS = 16
 _BIG_BYTES = 1 << 20
 _TOKENS_KEPT = 64
+_NONE = (object(), None)  # no replay: a key that equals no other
 _token_ids = itertools.count()
 
 
@@ -84,7 +85,11 @@ class PlannedProgram:
         self._tokens: dict[Any, int] = {}  # bind keys seen -> token
         self._last_key: Any = None
         self._eager: Any = None  # the replayable that re-issues launches, once capture failed
-        self._holds = False  # the last replay is a graph holding _last_key's addresses
+        # The last two replays, when they are graphs holding their keys' addresses:
+        # (key, replayable), else _NONE. Fresh outputs alternate between two blocks (the
+        # caller holds the last result while the next call allocates), and so do keys.
+        self._hot: tuple[Any, Any] = _NONE
+        self._cold: tuple[Any, Any] = _NONE
         self._span = (0, 0)
         self._external_storages: set[int] = set()
         self._replay: Any = None
@@ -275,8 +280,13 @@ class PlannedProgram:
             places = self._bind_pinned(args, news, places[: 1 + n_out])
         key = tuple(places)
         try:
-            if key == self._last_key and self._holds:
-                self._replay.replay()  # the graph holds these addresses: no values to set
+            hot = self._hot
+            if key == hot[0]:
+                hot[1].replay()  # the graph holds these addresses: no values to set
+            elif key == self._cold[0]:
+                cold = self._cold
+                self._hot, self._cold, self._last_key, self._replay = cold, hot, key, cold[1]
+                cold[1].replay()
             else:
                 self._replay_for(key, n_out, args, news)
             if fresh and n_out == self._n_user and not self._tail:
@@ -303,7 +313,7 @@ class PlannedProgram:
         lo, hi = self._span
         check = self._writes_external
         binding = self.bind_args
-        for (slot, ok, shape, dtype, nbytes, home), v in zip(self._arg_specs, args, strict=False):
+        for (slot, ok, shape, dtype, nbytes, home), v in zip(self._arg_specs, args):  # noqa: B905
             if slot < 0:
                 continue
             place = place_of(v, shape, dtype)
@@ -360,7 +370,7 @@ class PlannedProgram:
                     news: list[Any]) -> None:  # fmt: skip
         """Replay the capture made for these addresses (key: the binding's token, the n_out
         fresh outputs' addresses, then the arguments'), capturing it first if none. The
-        caller replays the last one itself when it holds the key's addresses (_holds)."""
+        caller replays the last two itself when they hold their keys' addresses."""
         replay = self._eager
         new = False
         if replay is None:
@@ -372,15 +382,18 @@ class PlannedProgram:
                 replay = self.backend.capture(self._run)
             captures[key] = replay  # most recent last
             if len(captures) > _CAPTURES_KEPT:
+                for k in (self._cold[0], self._hot[0]):  # replayed without moving them
+                    if k in captures:
+                        captures[k] = captures.pop(k)
                 captures.pop(next(iter(captures)))
             self._last_key, self._replay = key, replay
         if not getattr(replay, "reads_values", True):
             replay.replay()  # a captured graph: it holds the addresses the key names
-            self._holds = True
+            self._hot, self._cold = (key, replay), self._hot
             return
         # The replay runs the steps from Python (a first replay, a NumPy one, or the
         # re-issued launches of a program whose capture failed): they read the values.
-        self._holds = False
+        self._hot, self._cold = _NONE, _NONE
         storage = self.backend.storage
         self._fill(key, n_out, args, news)
         try:
@@ -395,7 +408,8 @@ class PlannedProgram:
             self._unfill()
         if new and getattr(replay, "fallback", None):
             self._eager = replay  # a second capture would fail the same way
-        self._holds = not getattr(replay, "reads_values", True)
+        if not getattr(replay, "reads_values", True):  # captured just now
+            self._hot = (key, replay)
 
     def _count_miss(self, key: tuple[Any, ...], n_out: int) -> None:
         """A capture for new addresses with the same externals and arena: charge it to

@@ -284,6 +284,9 @@ class CompiledFunction:
             values = fast.match(args, kwargs)
             if values is not None:
                 self._fast_hits += 1
+                if fast.plain and not self.static_outputs:  # _run's usual case, inline
+                    self._calls += 1
+                    return fast.results(fast.call(values, fast.externals, True, True))
                 return self._run(fast.entry, values, fast.externals, True, None)
         return self._call_slow(args, kwargs, None)
 
@@ -338,7 +341,7 @@ class CompiledFunction:
         if self.static_outputs:
             with_storage, storage = prog.backend.with_storage, prog.backend.storage
             values = [with_storage(v, _StaticSlot.of(storage(v), self, what))
-                      for v, what in zip(values, out.what, strict=False)]  # fmt: skip
+                      for v, what in zip(values, out.what)]  # noqa: B905  # fmt: skip
         return out.build(values)
 
 
@@ -360,12 +363,12 @@ class _Outputs:
         self.writeback_args = [(k, first + j) for j, k in enumerate(traced.writeback_args)]
 
     def build(self, values: list[Any]) -> Any:
-        where = self.where
         if self.single:
             attrs, shape, dtype = self.leaves[0]
-            node = Node("input", (), attrs, shape, dtype, where, frozen=True)
+            node = Node("input", (), attrs, shape, dtype, self.where, frozen=True)
             node.realized = values[0]
             return GPUArray(node)
+        where = self.where
         outs = []
         for v, (attrs, shape, dtype) in zip(values, self.leaves, strict=False):
             node = Node("input", (), attrs, shape, dtype, where, frozen=True)
@@ -385,7 +388,7 @@ class _Guard:
     find the same arrays; the persistent arrays still hold the same realised nodes)."""
 
     __slots__ = ("entry", "n", "kw", "sigs", "checks", "containers", "held", "globals",
-                 "externals")  # fmt: skip
+                 "externals", "plain", "call", "results")  # fmt: skip
 
     def __init__(self, entry: _Entry, kw: tuple[str, ...], checks: list[Any],
                  watch: Watch, externals: list[Any]) -> None:  # fmt: skip
@@ -402,6 +405,9 @@ class _Guard:
         self.held = gc.get_referents(*self.containers)
         self.globals = [(g, names, list(map(g.get, names))) for g, names in watch.globals]
         self.externals = externals  # their realised values: valid while `held` holds
+        # What a hit runs (bound once): no arguments written back, fresh outputs.
+        self.plain = not entry.outputs.writeback_args
+        self.call, self.results = entry.program.call, entry.outputs.build
 
     @classmethod
     def build(cls, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -445,7 +451,7 @@ class _Guard:
                 return None
         else:
             values = []
-            for v, (shape, dtype) in zip(args, self.sigs, strict=False):
+            for v, (shape, dtype) in zip(args, self.sigs):  # noqa: B905 (a keyword slows zip)
                 if type(v) is not GPUArray:
                     return None
                 node = v._node

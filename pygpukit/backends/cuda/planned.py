@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pygpukit import _native
+from pygpukit.errors import OutOfMemoryError
 from pygpukit.ir import DType
-from pygpukit.memory import Storage, pin_all, unpin_all
+from pygpukit.memory import Storage, block, pin_all, unpin_all
 
 from . import device_pool, ew
 from .context import contiguous
@@ -207,8 +208,11 @@ class CudaPlannedHooks:
         strides = _contiguous.get(shape)
         if strides is None:
             strides = _strides(shape)
-        storage = device_pool.allocate(self.pool, math.prod(shape) * dtype.itemsize,
-                                       "compiled output")  # fmt: skip
+        nbytes = math.prod(shape) * dtype.itemsize
+        try:
+            storage = block(self.pool, nbytes)
+        except OutOfMemoryError:  # allocate() releases cached arenas, then names the output
+            storage = device_pool.allocate(self.pool, nbytes, "compiled output")
         # Just allocated: resident, and the most recently used (no need for .addr's touch).
         return DeviceValue(storage, shape, strides, 0, dtype), storage._addr
 
