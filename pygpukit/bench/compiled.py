@@ -158,7 +158,9 @@ def _gelu_tail(y: Any, tanh: Any) -> Any:
 
 def _host_us(fns: dict[str, Callable[[], Any]], calls: int, reps: int) -> dict[str, list[float]]:
     """Microseconds per call of each fn, `calls` back to back per timing, the fns
-    interleaved rep by rep (so drift of the host's clock or load hits all alike)."""
+    interleaved rep by rep (so drift of the host's clock or load hits all alike). Each
+    result is held until the next call returns (`y = f(x)` in a loop): a fresh output
+    cannot take the block its predecessor still holds."""
     import torch
 
     out: dict[str, list[float]] = {k: [] for k in fns}
@@ -166,9 +168,11 @@ def _host_us(fns: dict[str, Callable[[], Any]], calls: int, reps: int) -> dict[s
         for name, fn in fns.items():
             torch.cuda.synchronize()
             t0 = time.perf_counter()
+            y = None
             for _ in range(calls):
-                fn()
+                y = fn()
             out[name].append((time.perf_counter() - t0) * 1e6 / calls)
+            del y
     torch.cuda.synchronize()
     return out
 
