@@ -29,14 +29,15 @@ MMA_STAGED_ROWS = 4
 # us): long rows over many outputs share each x fragment over two n8 tiles (4096x4096:
 # 8x2x4x2 9.97 against 11.6-12.3); long rows over few outputs keep 132 SMs busy with one
 # (2048x5632: 8x1x8x2 7.9 against 8.7-8.9 with two tiles); short rows over many outputs
-# take two tiles too: plain, 32000x2048 35.5 against 35.6-37.1; with the RMSNorm prologue
-# (the LM head; scripts/gemv_probe.py) 36.1 against 40.9 for three shallow stages.
+# take three shallower stages (11264x2048 14.3 against 14.7, 5632x2048 8.3 against 8.9-9.1).
+# With the RMSNorm prologue (scripts/gemv_probe.py): many outputs take two tiles (the LM
+# head 36.1 us against 40.9), few outputs three shallow stages (the 2048 -> 2560 QKV
+# projection 5.9 against 7.3 for MMA_CONFIG).
 MMA_CONFIG_LONG_K = (8, 2, 4, 2)
 MMA_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)
-MMA_CONFIG_MANY_N = MMA_CONFIG_LONG_K
-# Short rows over few outputs with the RMSNorm prologue (the 2048 -> 2560 QKV projection):
-# three shallow stages, 5.9 us against 7.3 for MMA_CONFIG (gemv_probe, H200).
-MMA_CONFIG_PRO = (8, 1, 4, 3)
+MMA_CONFIG_MANY_N = (8, 1, 4, 3)
+MMA_CONFIG_PRO_MANY_N = MMA_CONFIG_LONG_K
+MMA_CONFIG_PRO = MMA_CONFIG_MANY_N
 LONG_K = 4096
 MANY_N = 4096
 
@@ -51,7 +52,7 @@ def default_config(x_rows: int, k: int, n: int, glu: bool = False,
     if k >= LONG_K:
         return MMA_CONFIG_LONG_K if n >= MANY_N else MMA_CONFIG_LONG_K_FEW_N
     if n > MANY_N:
-        return MMA_CONFIG_MANY_N
+        return MMA_CONFIG_PRO_MANY_N if prologue != "none" else MMA_CONFIG_MANY_N
     return MMA_CONFIG_PRO if prologue != "none" else MMA_CONFIG
 
 
@@ -61,8 +62,8 @@ def default_config(x_rows: int, k: int, n: int, glu: bool = False,
 MMA_CONFIG_GLU = (8, 2, 4, 2)
 MMA_CONFIG_GLU_MANY_ROWS = (8, 2, 4, 0)
 DEFAULT_CONFIGS = tuple(dict.fromkeys((MMA_CONFIG, MMA_CONFIG_LONG_K, MMA_CONFIG_LONG_K_FEW_N,
-                                        MMA_CONFIG_MANY_N, MMA_CONFIG_PRO,
-                                        MMA_CONFIG_MANY_ROWS)))  # fmt: skip
+                                        MMA_CONFIG_MANY_N, MMA_CONFIG_PRO_MANY_N,
+                                        MMA_CONFIG_PRO, MMA_CONFIG_MANY_ROWS)))  # fmt: skip
 GLU_CONFIGS = (MMA_CONFIG_GLU, MMA_CONFIG_GLU_MANY_ROWS)
 
 
