@@ -400,12 +400,14 @@ class _Guard:
         # A persistent array's referents include its node: one pass over the referents
         # of the containers and of those arrays finds a rebinding or a lazy write.
         self.containers = (*watch.containers, *entry.traced.persistent)
+        # The globals the function names, by name (dict.get bound once per dict).
+        self.globals = [(g.get, names) for g, names in watch.globals]
         # Strong references: the objects compared by identity cannot be freed and their
         # ids reused while the guard lives.
-        self.held = gc.get_referents(*self.containers)
-        self.globals = [(g, names, list(map(g.get, names))) for g, names in watch.globals]
+        self.held = self._now()
         self.externals = externals  # their realised values: valid while `held` holds
-        # What a hit runs (bound once): no arguments written back, fresh outputs.
+        # No arguments written back: with fresh outputs, a hit is one program call and
+        # one build of the results, through methods bound once here.
         self.plain = not entry.outputs.writeback_args
         self.call, self.results = entry.program.call, entry.outputs.build
 
@@ -461,14 +463,21 @@ class _Guard:
                 if r is None:
                     return None
                 values.append(r)
-        now, held = gc.get_referents(*self.containers), self.held
+        now = gc.get_referents(*self.containers)  # _now(), inline: it runs on every hit
+        for get, names in self.globals:
+            now += map(get, names)
+        held = self.held
         # By identity: an array's __eq__ records an op.
         if len(now) != len(held) or not all(map(_is, now, held)):
             return None
-        for g, names, before in self.globals:
-            if not all(map(_is, map(g.get, names), before)):
-                return None
         return values
+
+    def _now(self) -> list[Any]:
+        """What the containers and the persistent arrays hold, and what the globals name."""
+        now = gc.get_referents(*self.containers)
+        for get, names in self.globals:
+            now += map(get, names)
+        return now
 
     def _mixed(self, args: tuple[Any, ...]) -> list[Any] | None:
         arrays = []
