@@ -296,3 +296,34 @@ def test_view_outputs_and_strided_arguments_over_alternating_inputs(rng, static)
         close(t.to_numpy(), ref.T)
     st = f.stats()
     assert st["misses"] == 1 and st["hits"] == 8, st
+
+
+@pytest.mark.parametrize("n", [2, 12], ids=["few", "many"])
+@pytest.mark.filterwarnings("ignore:.*was traced")
+def test_guard_sees_lazy_writes_to_few_or_many_captured_arrays(rng, n):
+    # A few persistent arrays are checked through their referents, many node by node.
+    ws = [_fresh(rng, 4) for _ in range(n)]
+
+    @gpk.compile
+    def f(x):
+        for w, _ in ws:
+            x = x * w
+        return x
+
+    x, x64 = _fresh(rng, 4)
+
+    def ref():
+        out = x64
+        for _, w64 in ws:
+            out = out * w64
+        return out
+
+    close(f(x).to_numpy(), ref())
+    close(f(x).to_numpy(), ref())
+    w, w64 = ws[-1]
+    w[1] = 3.0  # recorded lazily: the array now holds a new node
+    w64[1] = 3.0
+    close(f(x).to_numpy(), ref())
+    close(f(x).to_numpy(), ref())
+    st = f.stats()
+    assert st["misses"] == 1 and st["hits"] == 3 and st["fast_hits"] == 2, st  # 3rd: full path

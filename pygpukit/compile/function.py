@@ -379,6 +379,8 @@ class _Outputs:
 
 _ARRAY, _VALUE, _FLOAT, _OBJECT = range(4)
 _is = operator.is_
+_NODE = operator.attrgetter("_node")
+_FEW_PERSISTENT = 8  # measured break-even of the two ways to check persistent arrays
 
 
 class _Guard:
@@ -387,8 +389,8 @@ class _Guard:
     values, objects; the captured containers hold the same objects, so a rescan would
     find the same arrays; the persistent arrays still hold the same realised nodes)."""
 
-    __slots__ = ("entry", "n", "kw", "sigs", "checks", "containers", "held", "globals",
-                 "externals", "plain", "call", "results")  # fmt: skip
+    __slots__ = ("entry", "n", "kw", "sigs", "checks", "containers", "persistent", "held",
+                 "globals", "externals", "plain", "call", "results")  # fmt: skip
 
     def __init__(self, entry: _Entry, kw: tuple[str, ...], checks: list[Any],
                  watch: Watch, externals: list[Any]) -> None:  # fmt: skip
@@ -397,9 +399,13 @@ class _Guard:
         arrays = all(c[0] == _ARRAY for c in checks)
         self.sigs = [(a, b) for _, a, b in checks] if arrays else None
         self.checks = checks
-        # A persistent array's referents include its node: one pass over the referents
-        # of the containers and of those arrays finds a rebinding or a lazy write.
-        self.containers = (*watch.containers, *entry.traced.persistent)
+        # A lazy write gives a persistent array a new node. A few arrays join the
+        # containers (their referents include the node); many are read node by node
+        # (fewer items to compare than all their referents).
+        persistent = list(entry.traced.persistent)
+        few = len(persistent) <= _FEW_PERSISTENT
+        self.containers = (*watch.containers, *persistent) if few else tuple(watch.containers)
+        self.persistent = [] if few else persistent
         # The globals the function names, by name (dict.get bound once per dict).
         self.globals = [(g.get, names) for g, names in watch.globals]
         # Strong references: the objects compared by identity cannot be freed and their
@@ -466,6 +472,8 @@ class _Guard:
         now = gc.get_referents(*self.containers)  # _now(), inline: it runs on every hit
         for get, names in self.globals:
             now += map(get, names)
+        if self.persistent:
+            now += map(_NODE, self.persistent)
         held = self.held
         # By identity: an array's __eq__ records an op.
         if len(now) != len(held) or not all(map(_is, now, held)):
@@ -473,10 +481,11 @@ class _Guard:
         return values
 
     def _now(self) -> list[Any]:
-        """What the containers and the persistent arrays hold, and what the globals name."""
+        """What the containers hold, what the globals name, the persistent arrays' nodes."""
         now = gc.get_referents(*self.containers)
         for get, names in self.globals:
             now += map(get, names)
+        now += map(_NODE, self.persistent)
         return now
 
     def _mixed(self, args: tuple[Any, ...]) -> list[Any] | None:
