@@ -48,11 +48,16 @@ class Graph:
         self.provenance: list[dict[str, Any]] = []
         # Pattern-fusion matches and near-misses, one dict per event (see passes/patterns.py).
         self.report: list[dict[str, Any]] = []
+        # Output position -> input position: the caller stores that output into that input's
+        # memory after the run (a compiled function's mutated persistent array), so a node
+        # may write the new value into the input's memory directly (passes/fuse_kv_append.py).
+        self.writeback: dict[int, int] = {}
 
     def rebuild(self, outputs: list[Node]) -> Graph:
         g = Graph(self.inputs, outputs, self.name)
         g.provenance = list(self.provenance)
         g.report = list(self.report)
+        g.writeback = dict(self.writeback)
         return g
 
     def users(self) -> dict[int, list[Node]]:

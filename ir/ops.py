@@ -298,6 +298,50 @@ def _sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return sq[:-1] + (sv[-1],), dq
 
 
+ROPE_LAYOUTS = ("none", "half", "interleaved")
+
+
+def _sdpa_append(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # One decode step against a static cache that first takes this step's key and value:
+    #   q [B, H, 1, D], k_cache/v_cache [B, KV, S, D], k_new/v_new [B, KV, 1, D], pos 0-d int,
+    #   then cos, sin (one table row of D/2 each) when attrs["rope"] is "half"/"interleaved",
+    #   then kv_len / kv_start as sdpa's.
+    # k_cache[:, :, pos] = rope(k_new); v_cache[:, :, pos] = v_new (in the caches' own
+    # memory: passes/fuse_kv_append.py makes it only where that memory is the caller's
+    # to overwrite); then sdpa(rope(q), k_cache, v_cache, ...).
+    rope = attrs.get("rope", "none")
+    if rope not in ROPE_LAYOUTS:
+        raise ShapeRuleError(f"sdpa_append: rope must be one of {ROPE_LAYOUTS}, got {rope!r}")
+    n_rope = 2 if rope != "none" else 0
+    if len(ins) < 6 + n_rope:
+        raise ShapeRuleError(f"sdpa_append takes at least {6 + n_rope} inputs, got {len(ins)}")
+    (sq, dq), (skc, dkc), (svc, dvc), (skn, dkn), (svn, dvn), (sp, dp) = ins[:6]
+    tables, extra = ins[6 : 6 + n_rope], ins[6 + n_rope :]
+    if len(sq) != 4 or sq[2] != 1:
+        raise ShapeRuleError(f"sdpa_append: q {sq} must be [batch, heads, 1, dim]")
+    b, _, _, d = sq
+    if len(skc) != 4 or skc[0] != b or skc[3] != d or svc != skc:
+        raise ShapeRuleError(f"sdpa_append: caches {skc}, {svc} must be [{b}, kv_heads, seq, {d}]")
+    if skn != skc[:2] + (1, d) or svn != skn:
+        raise ShapeRuleError(f"sdpa_append: k_new {skn} and v_new {svn} must be "
+                             f"{list(skc[:2] + (1, d))}")  # fmt: skip
+    if len({dq, dkc, dvc, dkn, dvn}) != 1:
+        raise DTypeRuleError(f"sdpa_append: q, caches and new k/v must share one dtype, got "
+                             f"{dq}, {dkc}, {dvc}, {dkn}, {dvn}")  # fmt: skip
+    if sp != () or not dp.is_int:
+        raise DTypeRuleError(f"sdpa_append: pos must be a 0-d integer array, got {dp}{list(sp)}")
+    for ts, td in tables:
+        if not ts or ts[-1] != d // 2 or math.prod(ts) != d // 2 or not td.is_float:
+            raise ShapeRuleError(f"sdpa_append: cos/sin {td}{list(ts)} must be one float row "
+                                 f"of {d // 2}")  # fmt: skip
+    return _sdpa([(sq, dq), (skc, dkc), (svc, dvc), *extra], attrs)
+
+
+def _after(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # after(x, dep): x once dep's node has run (dep wrote into x's memory); a view of x.
+    return ins[0]
+
+
 LINEAR_PROLOGUES = ("none", "rms_norm", "swiglu")
 
 
@@ -371,6 +415,8 @@ _register("rms_norm", "fused", _norm("rms_norm"), 2)
 _register("layer_norm", "fused", _norm("layer_norm"), 3)
 _register("rope", "fused", _rope, 3)
 _register("sdpa", "fused", _sdpa, None)
+_register("sdpa_append", "fused", _sdpa_append, None)
+_register("after", "movement", _after, 2)
 _register("linear", "fused", _linear, None)
 _register("swiglu", "fused", _swiglu, 2)
 _register("fused_elementwise", "fused", _fused_elementwise, None)

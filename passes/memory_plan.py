@@ -2,8 +2,8 @@
 
 Liveness-based reuse: a buffer is live from the step that writes it to the last step that
 reads it (or reads a view of it); buffers whose lifetimes do not overlap share bytes.
-Views (permute, expand, static index, and a reshape NumPy could do without a copy over
-the strides its input has) get no bytes of their own: they alias their base, and keep it
+Views (permute, expand, static index, `after`, and a reshape NumPy could do without a copy
+over the strides its input has) get no bytes of their own: they alias their base, and keep it
 alive. A setitem whose base buffer dies at that step writes in place. Outputs, and
 inputs copied in, stay live for the whole run; external slots (persistent arrays the
 caller owns) are never placed in the arena.
@@ -22,7 +22,7 @@ from .lower import Schedule
 
 ALIGN = 256  # bytes; the alignment cuBLASLt and vectorised kernels want
 
-_VIEWS = ("reshape", "permute", "expand", "index")
+_VIEWS = ("reshape", "permute", "expand", "index", "after")
 
 
 @dataclass
@@ -56,6 +56,8 @@ def _view_strides(step: Any, shape: tuple[int, ...], strides: Strides) -> Stride
         return tuple(strides[p] for p in step.attrs["perm"])
     if step.op == "expand":
         return broadcast_strides(shape, strides, step.shape)
+    if step.op == "after":  # the buffer an sdpa_append wrote into, as it is now
+        return strides
     if step.op == "index" and len(step.ins) == 1:
         return index_view(shape, strides, step.attrs["spec"])[1]
     return None

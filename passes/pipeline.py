@@ -14,6 +14,7 @@ from .fold_into_linear import fold_into_linear
 from .fuse_elementwise import fuse_elementwise
 from .fuse_gated_linear import fuse_gated_linear
 from .fuse_gelu import fuse_gelu
+from .fuse_kv_append import fuse_kv_append
 from .fuse_linear import fuse_linear
 from .fuse_rms_norm import fuse_rms_norm
 from .fuse_rope import fuse_rope
@@ -26,7 +27,9 @@ from .simplify import algebraic_simplification
 Pass = Callable[[Graph], Graph]
 
 # In pipeline order. Each entry is a plain function in its own file under passes/.
-# Softmax before attention (sdpa matches the softmax node); SwiGLU before linear, so a
+# Softmax before attention (sdpa matches the softmax node); a decode step's cache stores
+# join its attention (with the ropes of q and k) before merge_rope pairs up what is left;
+# SwiGLU before linear, so a
 # gate projection stays a plain GEMM feeding swiglu; written-out GELU before linear, so it
 # lands in the GEMM epilogue; a gate/up projection takes its SwiGLU as an epilogue; norms,
 # gates and residual adds around a linear fold into it;
@@ -40,6 +43,7 @@ PIPELINE: list[Pass] = [
     fuse_sdpa,
     fuse_rms_norm,
     fuse_rope,
+    fuse_kv_append,
     merge_rope,
     fuse_swiglu,
     fuse_gelu,

@@ -293,3 +293,27 @@ def test_jit_parameter_parsing() -> None:
         parse_params("__global__ void k(int n) {}", "k")
     with pytest.raises(CompileError, match="no __global__"):
         parse_params('extern "C" __global__ void other(int n) {}', "k")
+
+
+@pytest.mark.parametrize("d", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("rope", ["half", "interleaved", "none"])
+def test_sdpa_append_plans(arch: str, d: str, rope: str) -> None:
+    """The decode kernel's append mode (16-bit types) and the composed path (float32, or
+    caches at an odd offset) plan and compile: ropes, cache stores, attention."""
+    rng = np.random.default_rng(5)
+    b, h, kvh, s, hd = 2, 8, 2, 64, 64
+    q = _arr(rng, (b, h, 1, hd), d)
+    kc, vc = _arr(rng, (b, kvh, s, hd), d), _arr(rng, (b, kvh, s, hd), d)
+    kn, vn = _arr(rng, (b, kvh, 1, hd), d), _arr(rng, (b, kvh, 1, hd), d)
+    pos = gpk.asarray(np.array(7))
+    tables = [_arr(rng, (1, hd // 2), "float32") for _ in range(2)] if rope != "none" else []
+    start = gpk.asarray(np.array([0, 2], np.int64))
+    ins = [q, kc, vc, kn, vn, pos, *tables, gpk.asarray(np.array(8)), start]
+    attrs = {"rope": rope, "kv_len": True, "kv_start": True, "causal": False, "scale": 0.125}
+    out = gpk.GPUArray(runtime.record("sdpa_append", tuple(a._node for a in ins), attrs))
+    cuda_fakes.LAUNCHES.clear()
+    for layout in ("contiguous", "unaligned"):
+        _plan_all(out, layout)
+    names = {n for n, *_ in cuda_fakes.LAUNCHES}
+    assert ("pgk_attn_decode_mma" in names) == (d != "float32")
+    assert any(n.startswith("pgk_ew") for n in names)  # the composed stores ran somewhere

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pygpukit._rust import Pool
 
+from pygpukit._rust import Pool
 from pygpukit.errors import GPUKitError, OutOfMemoryError
 
 MIB = 1 << 20

@@ -7,6 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pygpukit._rust import SchedulerCore
 
 MIB = 1 << 20

@@ -59,11 +59,16 @@ static_assert(PGK_D % 32 == 0, "head_dim must be a multiple of 32");
 
 // [lo, hi): the keys batch b sees, clamped to the cache; then this split's share of it,
 // in whole `tile`-key tiles (trailing splits may get nothing).
+PGK_DEVICE void pgk_dec_bounds(const int* ctx_len, const int* kv_start, long long kvs_stride,
+                               int max_seq, int b, int& lo, int& hi) {
+  hi = min(max(pgk_read_i32(ctx_len, max_seq), 0), max_seq);
+  lo = kv_start ? min(max(__ldcg(kv_start + b * kvs_stride), 0), hi) : 0;
+}
 PGK_DEVICE void pgk_dec_range(const int* ctx_len, const int* kv_start, long long kvs_stride,
                               int max_seq, int b, int split, int splits, int tile, int& start,
                               int& end) {
-  const int hi = min(max(pgk_read_i32(ctx_len, max_seq), 0), max_seq);
-  const int lo = kv_start ? min(max(__ldcg(kv_start + b * kvs_stride), 0), hi) : 0;
+  int lo, hi;
+  pgk_dec_bounds(ctx_len, kv_start, kvs_stride, max_seq, b, lo, hi);
   const int per = ((hi - lo + splits - 1) / splits + tile - 1) / tile * tile;
   start = lo + split * per;
   end = min(start + per, hi);
@@ -520,15 +525,90 @@ PGK_DEVICE unsigned pgk_dpack(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
+// ------------------------------------------------------------------------------------------
+// Append mode (PGK_APPEND 1, ir op sdpa_append): the kernel first stores this step's key and
+// value at row pos of the caches, then attends over them; with PGK_ROPE (1 half-split,
+// 2 interleaved) it rotates q and the new key itself (one table row, cos_r / sin_r of type
+// PGK_CS), as pgk_rope would (rope.cuh: float math, one rounding). The stores sit where a
+// decode step had three kernels (rope, two cache stores) between its QKV projection and
+// this one.
+#ifndef PGK_APPEND
+#define PGK_APPEND 0
+#endif
+#ifndef PGK_ROPE
+#define PGK_ROPE 0
+#endif
+#ifndef PGK_CS
+#define PGK_CS PGK_T
+#endif
+#ifndef PGK_ERR_INDEX
+#define PGK_ERR_INDEX 1
+#endif
+typedef PGK_CS pgk_dcs;
+
+// Element e of row x rotated by the table row (c, s); x unrotated without PGK_ROPE.
+PGK_DEVICE float pgk_rope_at(const pgk_t* x, int e, const pgk_dcs* c, const pgk_dcs* s) {
+#if PGK_ROPE == 1
+  constexpr int H = PGK_D / 2;
+  const int j = e < H ? e : e - H;
+  const float f0 = pgk_to_float(x[j]), f1 = pgk_to_float(x[j + H]);
+  const float cf = pgk_to_float(c[j]), sf = pgk_to_float(s[j]);
+  return e < H ? f0 * cf - f1 * sf : f1 * cf + f0 * sf;
+#elif PGK_ROPE == 2
+  const int j = e >> 1;
+  const float f0 = pgk_to_float(x[2 * j]), f1 = pgk_to_float(x[2 * j + 1]);
+  const float cf = pgk_to_float(c[j]), sf = pgk_to_float(s[j]);
+  return (e & 1) ? f1 * cf + f0 * sf : f0 * cf - f1 * sf;
+#else
+  (void)c;
+  (void)s;
+  return pgk_to_float(x[e]);
+#endif
+}
+
+// Row pos of this block's caches <- rope(k_new), v_new, done by every block whose share of
+// the keys holds pos (blocks of one kv head store the same values, so none waits on
+// another), or, when no share holds it, by split 0 of the head's first block row. A
+// position outside [-max_seq, max_seq) is an index error (error word), and stores nothing.
+PGK_DEVICE void pgk_dec_append(pgk_t* kc, pgk_t* vc, long long k_ss, long long v_ss,
+                               const pgk_t* k_new, const pgk_t* v_new, const int* pos_p,
+                               const pgk_dcs* c, const pgk_dcs* s, int lo, int hi, int start,
+                               int end, bool first_row, int max_seq, long long* err,
+                               long long tag) {
+  int p = pgk_read_i32(pos_p, 0);
+  const int raw = p;
+  if (p < 0) p += max_seq;
+  if (p < 0 || p >= max_seq) {
+    if (first_row && blockIdx.x == 0 && threadIdx.x == 0 && err &&
+        atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, PGK_ERR_INDEX) == 0ull) {
+      err[1] = tag;
+      err[2] = raw;
+      err[3] = max_seq;
+    }
+    return;
+  }
+  const bool held = p >= start && p < end;
+  const bool orphan = (p < lo || p >= hi) && blockIdx.x == 0 && first_row;
+  if (!held && !orphan) return;
+  for (int e = threadIdx.x; e < PGK_D; e += blockDim.x) {
+    kc[p * k_ss + e] = pgk_from_float<pgk_t>(pgk_rope_at(k_new, e, c, s));
+    vc[p * v_ss + e] = v_new[e];
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
-    pgk_attn_decode_mma(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kc,
-                        const pgk_t* __restrict__ vc, const int* __restrict__ ctx_len,
-                        float* __restrict__ o_part, float* __restrict__ ml_part, int n_heads,
-                        int group, float scale, long long q_sb, long long q_sh, long long k_sb,
-                        long long k_sh, long long k_ss, long long v_sb, long long v_sh,
-                        long long v_ss, const int* __restrict__ kv_start,
-                        long long kvs_stride, int max_seq, pgk_t* __restrict__ o,
-                        long long o_sb, long long o_sh, unsigned* __restrict__ counters) {
+    pgk_attn_decode_mma(const pgk_t* __restrict__ q, const pgk_t* kc, const pgk_t* vc,
+                        const int* __restrict__ ctx_len, float* __restrict__ o_part,
+                        float* __restrict__ ml_part, int n_heads, int group, float scale,
+                        long long q_sb, long long q_sh, long long k_sb, long long k_sh,
+                        long long k_ss, long long v_sb, long long v_sh, long long v_ss,
+                        const int* __restrict__ kv_start, long long kvs_stride, int max_seq,
+                        pgk_t* __restrict__ o, long long o_sb, long long o_sh,
+                        unsigned* __restrict__ counters, const pgk_t* __restrict__ k_new,
+                        const pgk_t* __restrict__ v_new, long long kn_sb, long long kn_sh,
+                        long long vn_sb, long long vn_sh, const int* __restrict__ pos_p,
+                        const pgk_dcs* __restrict__ cos_r, const pgk_dcs* __restrict__ sin_r,
+                        long long* __restrict__ err, long long tag) {
   // One split (short caches, the decode step of a small max_seq_len) reads its head's keys
   // and values from 0 up to the live length, which is not known before the wait: pull the
   // first PGK_DEC_PF positions into L2 while the kernels before still run. A hint only:
@@ -564,6 +644,30 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 
   int start, end;
   pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, start, end);
+#if PGK_APPEND
+  {
+    int lo, hi;
+    pgk_dec_bounds(ctx_len, kv_start, kvs_stride, max_seq, b, lo, hi);
+    pgk_dec_append(const_cast<pgk_t*>(kc) + b * k_sb + kvh * k_sh,
+                   const_cast<pgk_t*>(vc) + b * v_sb + kvh * v_sh, k_ss, v_ss,
+                   k_new + b * kn_sb + kvh * kn_sh, v_new + b * vn_sb + kvh * vn_sh, pos_p,
+                   cos_r, sin_r, lo, hi, start, end, blockIdx.y % n_sub == 0, max_seq, err,
+                   tag);
+  }
+#if PGK_ROPE
+  // This block's query heads, rotated once into shared memory for the fragment loads.
+  __shared__ __align__(16) pgk_t q_rot[PGK_G][PGK_D];
+  for (int e = tid; e < PGK_G * PGK_D; e += blockDim.x) {
+    const int g = e / PGK_D, d = e % PGK_D;
+    q_rot[g][d] = pgk_from_float<pgk_t>(
+        pgk_rope_at(q + b * q_sb + (long long)(h0 + g) * q_sh, d, cos_r, sin_r));
+  }
+#endif
+  __syncthreads();  // the new cache row (and q_rot) before any read of them
+#else
+  (void)k_new, (void)v_new, (void)kn_sb, (void)kn_sh, (void)vn_sb, (void)vn_sh;
+  (void)pos_p, (void)cos_r, (void)sin_r, (void)err, (void)tag;
+#endif
   if (start >= end) {
     if (splits == 1) return pgk_dec_zero(o, o_sh);
     for (int g = tid; g < PGK_G; g += blockDim.x) {
@@ -609,9 +713,13 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = qr + (i & 1) * 8, col = ks * 16 + (i >> 1) * 8 + 2 * qc;
+#if PGK_APPEND && PGK_ROPE
+      qf[ks][i] = row < PGK_G ? *reinterpret_cast<const unsigned*>(&q_rot[row][col]) : 0u;
+#else
       qf[ks][i] = row < PGK_G ? *reinterpret_cast<const unsigned*>(
                                     q + b * q_sb + (long long)(h0 + row) * q_sh + col)
                               : 0u;
+#endif
     }
 
   const float sl2 = scale * 1.4426950408889634f;

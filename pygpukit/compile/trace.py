@@ -109,6 +109,7 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
     inputs.extend(const_nodes)
     outputs = [copies[n.id] for n in out_nodes + wb_nodes]
     graph = Graph(inputs, outputs, name=name)
+    graph.writeback = {len(out_nodes) + j: persistent_idx[i] for j, i in enumerate(wb_p)}
     graph.validate()
     return Traced(graph, out_tree, len(out_nodes), persistent, constants,
                   [order_p.index(i) for i in wb_p], wb_a)  # fmt: skip

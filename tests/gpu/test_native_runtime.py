@@ -280,11 +280,11 @@ def test_small_uploads_do_not_wait_for_queued_work(module: nv.Module, bufs: Buff
     values = [rng.integers(1, 1 << 30, 4, dtype=np.int64) for _ in range(8)]
     dsts = [bufs.alloc(32) for _ in values]
     module.get_function("spin").launch(1, BLOCK, "Pi", (y, 1 << 24), stream=s)
-    for d, v in zip(dsts, values):
+    for d, v in zip(dsts, values, strict=True):
         nv.memcpy_htod_async(d, v.copy(), s)
     assert not s.query(), "an upload waited for the kernel queued before it"
     s.synchronize()
-    for d, v in zip(dsts, values):
+    for d, v in zip(dsts, values, strict=True):
         np.testing.assert_array_equal(download(d, 4, np.int64), v)
 
 

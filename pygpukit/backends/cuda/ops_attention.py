@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from .context import Context, contiguous, numel
 from .kernels import attention, matmul_simple, rope, softmax
 from .materialize import contiguous_as
 from .ops_elementwise import arange_values
+from .ops_movement import store_into
 from .value import DeviceValue
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
@@ -138,11 +140,13 @@ _INDEX_DTYPES = ("int32", "int64")
 
 
 def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, sc: float,
-                 causal: bool) -> Run | None:  # fmt: skip
+                 causal: bool, append: _AppendPlan | None = None) -> Run | None:  # fmt: skip
     """One query row per head (sq == 1) on the split-K decode kernel, with kv_len / kv_start
     read from device memory (the graph replays as they change), or None where the kernel's
     rules do not hold. With sq == 1 the causal mask (bottom-right at kv_len) and the kv_len
-    mask are the same: keys [kv_start[b], kv_len) are visible."""
+    mask are the same: keys [kv_start[b], kv_len) are visible. `append`: the kernel first
+    stores the step's key and value (sdpa_append; ins are then q, caches, kv_len, kv_start
+    and the append operands come from `append`)."""
     q, k, v = ins[:3]
     dtype, shape = step.dtype, step.shape
     d = q.shape[-1]
@@ -184,6 +188,8 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
             return None
         n_start = 4 if n_len >= 0 else 3
         kvs_stride, kvs_dtype = (st.strides[0] if st.shape[0] > 1 else 0), st.dtype.name
+    if append is not None and (bk != bq or dtype.name not in attention.APPEND_DTYPES):
+        return None
     splits = attention.decode_splits(bq, h, kvh, sk, dtype.name)
     ws_elems = attention.decode_workspace_bytes(bq, h, splits, d) // 4
     counters = None
@@ -196,7 +202,8 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
         if pk % 16 or pv % 16 or pq % 4:
             # A view at an odd element offset: the composed kernels take any layout.
             if not fallback:
-                fallback.append(_sdpa_composed(ctx, step, ins, tag, sc, causal))
+                fallback.append(append.composed() if append is not None
+                                else _sdpa_composed(ctx, step, ins, tag, sc, causal))  # fmt: skip
             return fallback[0](vals)
         o = ctx.alloc_out(shape, dtype, "sdpa")
         ws = ctx.alloc((ws_elems,), dtypes.float32, "sdpa") if ws_elems else None
@@ -207,10 +214,114 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                          q_strides=qs[:2], k_strides=ks, v_strides=vs, o_strides=(h * d, d),
                          kv_start=vals[n_start].ptr if n_start >= 0 else 0,
                          kv_start_stride=kvs_stride, kv_start_dtype=kvs_dtype,
+                         append=append.bind(vals) if append is not None else None,
                          stream=ctx.stream)  # fmt: skip
         return o
 
     return run
+
+
+class _AppendPlan:
+    """sdpa_append's operands for the decode kernel's append mode: new k/v rows [B, KV, 1, D]
+    and the table row as (batch, head) strides, dtypes and their places in `vals`."""
+
+    def __init__(self, ctx: Context, step: Step, ins: Sequence[DeviceValue],
+                 where: tuple[int, int, int, int | None], tag: int,
+                 composed: Callable[[], Run]) -> None:  # fmt: skip
+        self.where, self.tag, self.err = where, tag, ctx.err_addr
+        self.composed = composed  # the unfused steps, over the same values
+        self.rope = step.attrs.get("rope", "none")
+        kn, vn, pos = (ins[i] for i in where[:3])
+        self.k_strides = (kn.strides[0], kn.strides[1])
+        self.v_strides = (vn.strides[0], vn.strides[1])
+        self.cs_dtype = ins[where[3]].dtype.name if where[3] is not None else "float32"
+        tables = [ins[where[3]], ins[where[3] + 1]] if where[3] is not None else []
+        d = kn.shape[-1]
+        self.ok = (
+            kn.strides[-1] == 1 and vn.strides[-1] == 1 and pos.dtype.name in _INDEX_DTYPES
+            and all(t.strides[-1] == 1 and t.dtype.name in attention.DTYPES for t in tables)
+            and all(t.size == d // 2 for t in tables) and (not tables or d % 2 == 0)
+        )  # fmt: skip
+
+    def bind(self, vals: Sequence[DeviceValue]) -> attention.Append:
+        k, v, p, t = self.where
+        return attention.Append(
+            vals[k].ptr, vals[v].ptr, self.k_strides, self.v_strides, vals[p].ptr, self.rope,
+            vals[t].ptr if t is not None else 0, vals[t + 1].ptr if t is not None else 0,
+            self.cs_dtype, self.err, self.tag,
+        )  # fmt: skip
+
+
+def plan_sdpa_append(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    """The decode kernel in append mode where its rules hold; else the same work as the
+    steps it was fused from: ropes, the two in-place cache stores, then sdpa."""
+    layout = step.attrs.get("rope", "none")
+    n_rope = 0 if layout == "none" else 2
+    d = ins[0].shape[-1]
+    scale = step.attrs.get("scale")
+    sc = float(np.float32(scale if scale else 1.0 / math.sqrt(d)))
+    attn = replace(step, op="sdpa", attrs={k: v for k, v in step.attrs.items() if k != "rope"})
+    # The decode planner's order: q, caches, kv_len / kv_start, then the append operands.
+    n_rest = len(ins) - 6 - n_rope
+    order = [0, 1, 2, *range(6 + n_rope, len(ins)), 3, 4, 5, *range(6, 6 + n_rope)]
+    sub = [ins[i] for i in order]
+    at = 3 + n_rest
+    inverse = [order.index(i) for i in range(len(ins))]
+
+    def composed() -> Run:  # over the decode planner's order
+        run = _sdpa_append_composed(ctx, step, attn, ins, tag, layout, n_rope)
+        return lambda vals: run([vals[i] for i in inverse])
+
+    where = (at, at + 1, at + 2, at + 3 if n_rope else None)
+    plan = _AppendPlan(ctx, step, sub, where, tag, composed)
+    if plan.ok:
+        fused = _plan_decode(ctx, attn, sub, tag, sc, bool(step.attrs.get("causal")), plan)
+        if fused is not None:
+            return lambda vals: fused([vals[i] for i in order])
+    return _sdpa_append_composed(ctx, step, attn, ins, tag, layout, n_rope)
+
+
+def _sdpa_append_composed(ctx: Context, step: Step, attn: Step, ins: Sequence[DeviceValue],
+                          tag: int, layout: str, n_rope: int) -> Run:  # fmt: skip
+    q, k_cache, v_cache, k_new, v_new, pos = ins[:6]
+    half = q.shape[-1] // 2
+    tables = [_row(t, half) for t in ins[6 : 6 + n_rope]]
+    rot_q = rot_k = None
+    if n_rope:
+        rope_step = replace(step, op="rope", attrs={"layout": layout})
+        rot_q = plan_rope(ctx, replace(rope_step, shape=q.shape), [q, *tables], tag)
+        rot_k = plan_rope(ctx, replace(rope_step, shape=k_new.shape), [k_new, *tables], tag)
+    spec = (("slice", 0, k_cache.shape[0], 1), ("slice", 0, k_cache.shape[1], 1), ("dyn", 0),
+            ("slice", 0, k_cache.shape[3], 1))  # fmt: skip
+    k_row = (DeviceValue(k_new.storage, k_new.shape, contiguous(k_new.shape), 0, k_new.dtype)
+             if n_rope else k_new)  # fmt: skip
+    store_k = store_into(ctx, k_cache, _drop_seq(k_row), spec, [pos], tag)
+    store_v = store_into(ctx, v_cache, _drop_seq(v_new), spec, [pos], tag)
+    q_t = DeviceValue(q.storage, q.shape, contiguous(q.shape), 0, q.dtype)
+    attend = plan_sdpa(ctx, attn, [q_t if n_rope else q, k_cache, v_cache, *ins[6 + n_rope :]],
+                       tag)  # fmt: skip
+
+    def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+        tabs = [_row(t, half) for t in vals[6 : 6 + n_rope]]
+        qv, kv = vals[0], vals[3]
+        with ctx.scratch_only():
+            if rot_q is not None and rot_k is not None:
+                qv, kv = rot_q([qv, *tabs]), rot_k([kv, *tabs])
+        store_k(vals[1], _drop_seq(kv), [vals[5]])
+        store_v(vals[2], _drop_seq(vals[4]), [vals[5]])
+        return attend([qv, vals[1], vals[2], *vals[6 + n_rope :]])
+
+    return run
+
+
+def _row(t: DeviceValue, half: int) -> DeviceValue:
+    """A rope table row (half elements along the last axis, ir rule) as [1, half]."""
+    return t.view((1, half), (0, t.strides[-1]), t.offset)
+
+
+def _drop_seq(x: DeviceValue) -> DeviceValue:
+    """[B, KV, 1, D] -> the row [B, KV, D] a cache store takes."""
+    return x.view(x.shape[:2] + x.shape[3:], x.strides[:2] + x.strides[3:], x.offset)
 
 
 def _decode_counters(ctx: Context, n: int) -> DeviceValue:

@@ -21,6 +21,8 @@ COPY = ("in", 0)
 def plan_view(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
     x = ins[0]
     op, a, shape = step.op, step.attrs, step.shape
+    if op == "after":  # the caches an sdpa_append stored into, as they now are
+        return lambda v: v[0]
     if op == "permute":
         perm = a["perm"]
         strides = tuple(x.strides[p] for p in perm)
@@ -121,25 +123,42 @@ def plan_take(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
 
 
 def plan_setitem(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
-    x, val = ins[0], ins[1]
+    x = ins[0]
     shape, dtype = step.shape, step.dtype
     cst = contiguous(shape)
     copy = ew.make(ctx, COPY, [x], shape, cst, dtype, 256, tag=tag)
-    rshape, rstrides, delta, dyn = index_view(shape, cst, step.attrs["spec"])
-    terms = [(-1, ins[2 + k].dtype, size, st) for k, size, st in dyn]
-    order = [2 + k for k, _, _ in dyn]
-    store = ew.make(ctx, ("cast", dtype.name, COPY), [val], rshape, rstrides, dtype,
-                    256 + delta * dtype.itemsize, terms, tag)  # fmt: skip
-    off = delta * dtype.itemsize
+    out_t = DeviceValue(x.storage, shape, cst, 0, dtype)
+    store = store_into(ctx, out_t, ins[1], step.attrs["spec"], ins[2:], tag)
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, dtype, "setitem")
         if out.storage is not v[0].storage or out.ptr != v[0].ptr:
             copy(out.ptr, [v[0].ptr])  # not in place: the store goes to a fresh copy
-        store(out.ptr + off, [v[1].ptr], [v[i].ptr for i in order])
+        store(out, v[1], v[2:])
         return out
 
     return run
 
 
-VIEW_OPS = {"reshape", "permute", "expand", "index"}
+Store = Callable[[DeviceValue, DeviceValue, Sequence[DeviceValue]], None]
+
+
+def store_into(ctx: Context, base: DeviceValue, val: DeviceValue, spec: tuple,
+               dyn_ins: Sequence[DeviceValue], tag: int) -> Store:  # fmt: skip
+    """base[spec] = val in base's own memory (layouts as the templates'): a launcher taking
+    (base, val, dynamic index values)."""
+    dtype = base.dtype
+    rshape, rstrides, delta, dyn = index_view(base.shape, base.strides, spec)
+    terms = [(-1, dyn_ins[k].dtype, size, st) for k, size, st in dyn]
+    order = [k for k, _, _ in dyn]
+    store = ew.make(ctx, ("cast", dtype.name, COPY), [val], rshape, rstrides, dtype,
+                    256 + delta * dtype.itemsize, terms, tag)  # fmt: skip
+    off = delta * dtype.itemsize
+
+    def run(b: DeviceValue, v: DeviceValue, dyn_vals: Sequence[DeviceValue]) -> None:
+        store(b.ptr + off, [v.ptr], [dyn_vals[i].ptr for i in order])
+
+    return run
+
+
+VIEW_OPS = {"reshape", "permute", "expand", "index", "after"}

@@ -40,6 +40,7 @@ PLANNERS: dict[str, Planner] = {
     "swiglu": ops_nn.plan_swiglu,
     "rope": ops_attention.plan_rope,
     "sdpa": ops_attention.plan_sdpa,
+    "sdpa_append": ops_attention.plan_sdpa_append,
 }
 
 

@@ -17,7 +17,7 @@ from ..base import Backend
 from . import elementwise, fused, linalg, movement, nn, reduce
 from .planned import PlannedHooks
 
-VIEW_OPS = ("reshape", "permute", "expand", "index")
+VIEW_OPS = ("reshape", "permute", "expand", "index", "after")
 
 
 class HostValue:
@@ -97,6 +97,8 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
         return nn.rope(ins, a, d)
     if op == "sdpa":
         return nn.sdpa(ins, a, d)
+    if op == "sdpa_append":
+        return nn.sdpa_append(ins, a, d)
     if op == "swiglu":
         return nn.swiglu(ins[0], ins[1], d)
     if op == "fused_elementwise":

@@ -52,6 +52,8 @@ def movement(op: str, ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType
     if op == "index":
         dyn = check_dynamic(attrs["spec"], x.shape, [int(d) for d in ins[1:]])
         return x[index_tuple(attrs["spec"], dyn)]
+    if op == "after":  # the caches sdpa_append wrote: its memory, as it now is
+        return x
     if op == "concat":
         return np.concatenate([i.astype(dtype.np, copy=False) for i in ins], axis=attrs["axis"])
     raise KeyError(op)

@@ -80,6 +80,25 @@ def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
     return down(np.nan_to_num(np.matmul(p, v), nan=0.0), dtype)
 
 
+def sdpa_append(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
+    """Store this step's rotated key and its value into the caches (their own memory) at
+    pos, then attend with the rotated query (ir/ops.py: sdpa_append)."""
+    from .movement import check_dynamic
+
+    q, k_cache, v_cache, k_new, v_new, pos = ins[:6]
+    layout = attrs.get("rope", "none")
+    n_rope = 0 if layout == "none" else 2
+    if n_rope:
+        half = q.shape[-1] // 2
+        cos, sin = (t.reshape(1, half) for t in ins[6:8])
+        q = rope([q, cos, sin], {"layout": layout}, dtype)
+        k_new = rope([k_new, cos, sin], {"layout": layout}, dtype)
+    (p,) = check_dynamic((("dyn", 0),), (k_cache.shape[2],), [int(pos)])
+    k_cache[:, :, p] = k_new[:, :, 0]
+    v_cache[:, :, p] = v_new[:, :, 0]
+    return sdpa([q, k_cache, v_cache, *ins[6 + n_rope :]], attrs, dtype)
+
+
 def swiglu(gate: np.ndarray, up_: np.ndarray, dtype: DType) -> np.ndarray:
     g = up(gate)
     return down(g * sigmoid(g) * up(up_), dtype)

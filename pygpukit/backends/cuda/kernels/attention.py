@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pygpukit.errors import ShapeError
@@ -10,6 +11,7 @@ from . import loader
 from ._common import cdiv, positive
 
 DTYPES = ("float32", "float16", "bfloat16")
+APPEND_DTYPES = ("float16", "bfloat16")  # the tensor-core decode kernel's append mode
 HEAD_DIMS = (64, 128)
 
 # attention_prefill.cuh geometry
@@ -18,6 +20,39 @@ _P_WARPS, _P_ROWS, _P_KEYS = 4, 8, 32
 _D_THREADS, _D_TILE = 256, 64
 _M_WARPS, _M_TILE = 4, 32
 _R_THREADS = 256  # the merge kernel (PGK_RT)
+
+
+@dataclass(frozen=True)
+class Append:
+    """Decode attention's append mode (attention_decode.cuh, PGK_APPEND): new key/value rows
+    [B, KV, D] at k_new / v_new (batch, head strides in elements), the position as a device
+    int32 or int64 (read through its low word), the rope table row (cos, sin: D/2 elements
+    of cs_dtype) when rope is "half" or "interleaved", and the error word and tag a bad
+    position is reported with."""
+
+    k_new: int
+    v_new: int
+    k_strides: tuple[int, int]
+    v_strides: tuple[int, int]
+    pos: int
+    rope: str = "none"
+    cos: int = 0
+    sin: int = 0
+    cs_dtype: str = "float32"
+    err: int = 0
+    tag: int = 0
+
+    def defines(self, dtype: str) -> dict[str, Any]:
+        from ..codegen.prelude import ERR_INDEX
+
+        layouts = {"none": 0, "half": 1, "interleaved": 2}
+        if self.rope not in layouts:
+            raise ShapeError(f"attention_decode: rope must be one of {list(layouts)}")
+        out: dict[str, Any] = {"PGK_APPEND": 1, "PGK_ROPE": layouts[self.rope],
+                               "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+        if self.rope != "none":
+            out["PGK_CS"] = loader.ctype(self.cs_dtype)
+        return out
 
 
 def _check(op: str, dtype: str, heads: int, kv_heads: int, head_dim: int) -> None:
@@ -224,6 +259,7 @@ def decode(
     kv_start_stride: int = 1,
     kv_start_dtype: str = "int32",
     stages: int | None = None,
+    append: Append | None = None,
     stream: Any = None,
 ) -> None:
     """One decode step in one kernel: o[b, h] = softmax(scale q[b, h] K^T) V over keys
@@ -239,6 +275,9 @@ def decode(
     by the last split block when counters (decode_counters(...) uint32, zeroed once) are
     given, else by a second kernel (see decode_last_block_merge). With one split neither is
     used. stages: cp.async stages per warp (default decode_stages(...)).
+    append (bf16/f16 only): first store this step's key and value at row *pos of the caches,
+    rotating the key and q by the table row (Append.rope "half" / "interleaved"), then
+    attend (ir op sdpa_append).
     """
     _check("attention_decode", dtype, heads, kv_heads, head_dim)
     positive("attention_decode", batch=batch, max_seq=max_seq, splits=splits)
@@ -271,9 +310,12 @@ def decode(
     # int64 scalars are read through their low 32-bit word (little-endian).
     kvs = kv_start_stride * (2 if kv_start_dtype == "int64" else 1)
     grid = (splits, kv_heads * (group // g), batch)
-    args = (q, k_cache, v_cache, ctx_len, workspace, ml, heads, group, sc, *qst, *kst, *vst,
-            kv_start, kvs, max_seq, o, *ost, counters)  # fmt: skip
+    args: tuple[Any, ...] = (q, k_cache, v_cache, ctx_len, workspace, ml, heads, group, sc,
+                             *qst, *kst, *vst, kv_start, kvs, max_seq, o, *ost,
+                             counters)  # fmt: skip
     fmt = "PPPPPPiif" + "q" * 8 + "Pqi" + "PqqP"
+    if append is not None and not _use_mma(dtype):
+        raise ShapeError(f"attention_decode: append takes bfloat16 or float16, got {dtype}")
     if _use_mma(dtype):
         if any(s % 2 for s in qst) or q % 4:
             raise ShapeError("attention_decode: q rows must be 4-byte aligned")
@@ -281,6 +323,12 @@ def decode(
         smem = _decode_mma_smem(d, st)
         defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_MSTAGES": st}
         name, threads = "pgk_attn_decode_mma", _M_WARPS * 32
+        ap = append or Append(0, 0, (0, 0), (0, 0), 0)
+        if append is not None:
+            defines.update(append.defines(dtype))
+        args += (ap.k_new, ap.v_new, *ap.k_strides, *ap.v_strides, ap.pos, ap.cos, ap.sin,
+                 ap.err, ap.tag)  # fmt: skip
+        fmt += "PPqqqqPPPPq"
     else:
         st = 4
         while st > 1 and _decode_smem(dtype, g, d, st) > budget:

@@ -77,6 +77,12 @@ def all_variants() -> list[Variant]:
                 names = ("pgk_attn_decode_split", "pgk_attn_decode_reduce", "pgk_attn_decode_mma")
                 out.append(("attention_decode", names, dec))
     for dt in loader.HALF_DTYPES:
+        # Append mode (sdpa_append): each rope layout, tables in the element type or float.
+        for d, g in ((64, 8), (128, 16)):
+            for rope, cs in ((0, dt), (1, dt), (1, "float32"), (2, "float32")):
+                dec = _t(dt, PGK_D=d, PGK_G=g, PGK_MSTAGES=2, PGK_APPEND=1, PGK_ROPE=rope,
+                         PGK_CS=loader.ctype(cs))  # fmt: skip
+                out.append(("attention_decode", ("pgk_attn_decode_mma",), dec))
         for act in (0, 1, 2, 3):
             out.append(("gemm_mma", ("pgk_gemm_mma",), _t(dt, PGK_ACT=act)))
         # The tensor-core GEMV: the default geometry with every epilogue, then the others
