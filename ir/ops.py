@@ -247,12 +247,25 @@ def _softmax(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return shape, d
 
 
-def _norm(name: str) -> Infer:
+def _norm(name: str, residual: bool = False) -> Infer:
+    """With residual: rms_norm(x, gain[, r]); attrs["has_residual"] adds r (x's exact shape
+    and dtype) and normalises x + r rounded to x's dtype, one kernel for both."""
+
     def infer(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
         (shape, d), *params = ins
         _float_only(name, d)
         if not shape:
             raise ShapeRuleError(f"{name}: input must have at least one dim")
+        if residual:
+            has_res = bool(attrs.get("has_residual", False))
+            if len(ins) != 2 + has_res:
+                raise ShapeRuleError(f"{name} takes {2 + has_res} inputs with "
+                                     f"has_residual={has_res}, got {len(ins)}")  # fmt: skip
+            if has_res:
+                rs, rd = params.pop()
+                if (rs, rd) != (shape, d):
+                    raise ShapeRuleError(f"{name}: residual {rd.short}{list(rs)} must have x's "
+                                         f"shape and dtype {d.short}{list(shape)}")  # fmt: skip
         for ps, _ in params[: attrs.get("n_params", len(params))]:
             if ps not in ((shape[-1],), ()):
                 raise ShapeRuleError(
@@ -348,12 +361,14 @@ LINEAR_PROLOGUES = ("none", "rms_norm", "swiglu")
 def linear_extras(attrs: dict[str, Any], n_extra: int) -> tuple[bool, bool, str]:
     """(has_bias, has_residual, prologue) of a linear node with n_extra inputs after x, w.
 
-    Inputs: x, w, [bias], [residual], [prologue operand: the RMSNorm gain, or SwiGLU's up].
+    Inputs: x, w, [bias], [residual], [prologue operand: the RMSNorm gain, or SwiGLU's up],
+    [prefetch: a later projection's weight, a hint only, with attrs["prefetch"]].
     y = act(prologue(x) @ w.T + bias) + residual, where prologue is rms_norm(x, gain, eps)
     or silu(x) * up: the fusions of a decode step's norms, gates and residual adds. With
     attrs["glu"] == "swiglu" the product's last axis is gate then up, and the node gives
     silu(gate) * up (half as wide) before the residual: a gate/up projection and its gate.
     """
+    n_extra -= bool(attrs.get("prefetch"))
     prologue = attrs.get("prologue", "none")
     residual = bool(attrs.get("has_residual", False))
     bias = n_extra - residual - (prologue != "none")
@@ -363,6 +378,8 @@ def linear_extras(attrs: dict[str, Any], n_extra: int) -> tuple[bool, bool, str]
 def _linear(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     (sx, dx), (sw, dw), *extra = ins
     has_bias, has_res, prologue = linear_extras(attrs, len(extra))
+    if attrs.get("prefetch"):
+        extra = extra[:-1]  # a hint operand: no part of the result
     if prologue not in LINEAR_PROLOGUES:
         raise ShapeRuleError(f"linear: unknown prologue {prologue!r}")
     if len(extra) != has_bias + has_res + (prologue != "none"):
@@ -411,7 +428,7 @@ def _fused_reduce(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
 
 _register("softmax", "fused", _softmax, 1)
 _register("log_softmax", "fused", _softmax, 1)
-_register("rms_norm", "fused", _norm("rms_norm"), 2)
+_register("rms_norm", "fused", _norm("rms_norm", residual=True), None)
 _register("layer_norm", "fused", _norm("layer_norm"), 3)
 _register("rope", "fused", _rope, 3)
 _register("sdpa", "fused", _sdpa, None)

@@ -3,13 +3,19 @@
 Forms: x*x or x.pow(2); rsqrt(v), 1/sqrt(v) or x / sqrt(v); with or without a gain; with
 or without an fp32 upcast of x and a downcast before or after the gain. Refused (reported):
 eps that is not a constant, a mean not over the last axis, a gain that is not per-feature.
+
+With the residual add: rms_norm(x + r) -> rms_norm(x, g, r; has_residual), one kernel
+(pgk_rms_norm_add) when the sum has no other user and x, r, the sum share shape and dtype.
+Otherwise the add stays its own node and the report says why: the sum is used elsewhere
+(a transformer's residual stream), it broadcasts or promotes, or it is a linear's result
+plus r (fold_into_linear takes that add as the linear's residual epilogue instead).
 """
 
 from __future__ import annotations
 
 from pygpukit.ir import Graph, Node
 
-from .patterns import Matcher, Miss, operands, scalar_const
+from .patterns import Matcher, Miss, collect, operands, scalar_const
 from .rewrite import const_value, users
 
 
@@ -46,6 +52,22 @@ def _normalised(y: Node) -> tuple[Node, Node] | None:
 
 def _per_feature(g: Node, d: int) -> bool:
     return g.shape == () or (g.shape[-1] in (1, d) and all(s == 1 for s in g.shape[:-1]))
+
+
+def _residual(h: Node, root: Node, gain: Node | None, use: dict[int, list[Node]],
+              outs: set[int]) -> tuple[Node, Node] | str:  # fmt: skip
+    """(x, r) of the sum h = x + r that only the norm at root reads, else why not."""
+    body = {n.id for n in collect(root, {h.id} | ({gain.id} if gain is not None else set()))}
+    if h.id in outs or any(u.id not in body for u in use.get(h.id, [])):
+        return "the sum x + r is used elsewhere (kept as its own add)"
+    a, b = h.inputs
+    if any((t.shape, t.dtype) != (h.shape, h.dtype) for t in (a, b)):
+        return (f"the sum x + r ({a.dtype.short}{list(a.shape)} + {b.dtype.short}"
+                f"{list(b.shape)}) broadcasts or promotes (kept as its own add)")  # fmt: skip
+    for t in (a, b):
+        if t.op in ("linear", "matmul") and [u.id for u in use.get(t.id, [])] == [h.id]:
+            return "the sum x + r adds to a linear's result (left to fold into the linear)"
+    return a, b
 
 
 def fuse_rms_norm(graph: Graph) -> Graph:
@@ -87,6 +109,7 @@ def fuse_rms_norm(graph: Graph) -> Graph:
                 raise Miss(f"result is {root.dtype.name}")
             if x.dtype != root.dtype:
                 x = Node.make("cast", (x,), {"dtype": root.dtype.name}, root.loc)
+            gain_in = gain
             if gain is None:
                 gain = Node("full", (), {"shape": (), "dtype": x.dtype.name, "value": 1.0}, (),
                             x.dtype, root.loc)  # fmt: skip
@@ -94,10 +117,19 @@ def fuse_rms_norm(graph: Graph) -> Graph:
                 gain = Node.make("reshape", (gain,), {"shape": (gain.shape[-1],)}, root.loc)
             if root.shape != xn.shape:
                 raise Miss(f"the result {list(root.shape)} is broadcast beyond x {list(xn.shape)}")
-            fused = Node.make("rms_norm", (x, gain), {"eps": eps}, root.loc)
+            res = _residual(x, root, gain_in, use, outs) if x is base and x.op == "add" else None
+            stop = [xn, base, gain]
+            if isinstance(res, tuple):
+                fused = Node.make("rms_norm", (res[0], gain, res[1]),
+                                  {"eps": eps, "has_residual": True}, root.loc)  # fmt: skip
+                stop = [*res, gain] + ([gain_in] if gain_in is not None else [])
+            else:
+                fused = Node.make("rms_norm", (x, gain), {"eps": eps}, root.loc)
         except Miss as e:
             m.missed(y, str(e))
             continue
-        m.matched(root, fused, [xn, base, gain])
+        if isinstance(res, str):
+            m.missed(base, res)
+        m.matched(root, fused, stop)
         done.add(root.id)
     return m.finish()

@@ -1,14 +1,18 @@
-"""Per-kernel timing of a lowered schedule: time, bytes moved, GB/s, % of copy bandwidth.
+"""Per-kernel timing of a lowered schedule: time, bytes moved, GB/s, % of copy bandwidth;
+and the replay time of the whole compiled function.
 
-`pygpukit graph profile` runs it on the GPU with _native.Event pairs around each launch;
+`pygpukit graph profile` runs it on the GPU with _native.Event pairs around each launch,
+then times replays of the function's captured CUDA Graph (replay_profile);
 PYGPUKIT_DEBUG=1 prints the same table for every lazy realize (host timers on the CPU).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pygpukit.passes import Schedule
@@ -107,6 +111,60 @@ def format_profile(rows: list[dict[str, Any]], copy_gbs: float) -> str:
                      f"{r['gbs']:>9.2f} {pct:>5.1f}%  {r['loc']}")  # fmt: skip
     lines.append(f"    total {total * 1e3:.1f}us in {len(rows)} kernels")
     return "\n".join(lines)
+
+
+def time_calls(call: Callable[[], Any], calls: int = 20, reps: int = 15,
+               backend: Any = None) -> float:  # fmt: skip
+    """Median milliseconds per call over `reps` timings of `calls` back-to-back calls,
+    a timer pair (device events on CUDA) around each timing. The host runs ahead, so the
+    device time is what is measured whenever a call's host work is the shorter side."""
+    backend = backend or get_backend()
+    times = []
+    for _ in range(max(reps, 1)):
+        t0, t1 = _timer(backend), _timer(backend)
+        t0.record()
+        for _ in range(max(calls, 1)):
+            call()
+        t1.record()
+        times.append(t0.elapsed_ms(t1) / max(calls, 1))
+    return statistics.median(times)
+
+
+def replay_profile(fn: Any, args: tuple[Any, ...], calls: int = 20, reps: int = 15,
+                   warmup: int = 3, backend: Any = None) -> dict[str, Any]:  # fmt: skip
+    """Median time per call of `fn` (a gpk.compile'd function) replaying its captured
+    graph: `warmup` calls trace, plan and capture it, then time_calls times the replays.
+    "ms" is None when no CUDA Graph was captured (the NumPy backend, or a fallback)."""
+    backend = backend or get_backend()
+    for _ in range(max(warmup, 2)):  # the 1st call runs eagerly and captures; the 2nd replays
+        fn(*args)
+    backend.synchronize()
+    info = fn.stats()["entries"][0]["replay"]
+    out: dict[str, Any] = {"captured": bool(info.get("captured", False)), "ms": None,
+                           "calls": calls, "reps": reps, "num_nodes": info.get("num_nodes"),
+                           "fallback": info.get("fallback")}  # fmt: skip
+    if out["captured"]:
+        out["ms"] = time_calls(lambda: fn(*args), calls, reps, backend)
+    return out
+
+
+def kernel_sum_ms(rows: list[dict[str, Any]]) -> float:
+    return float(sum(r["ms"] for r in rows))
+
+
+def format_replay(replay: dict[str, Any], kernel_ms: float, backend_name: str = "cuda") -> str:
+    """The replay line under the kernel table: the median per-call replay time against the
+    sum of the kernels timed one by one, or why there is no replay time."""
+    if not replay.get("captured") or replay.get("ms") is None:
+        why = replay.get("fallback") or f"the {backend_name} backend made no capture"
+        return f"    replay: not captured as a CUDA Graph ({why}); no replay time"
+    ms = float(replay["ms"])
+    nodes = replay.get("num_nodes")
+    graph = f"CUDA Graph of {nodes} nodes" if nodes else "CUDA Graph"
+    ratio = f", {ms / kernel_ms:.2f}x" if kernel_ms > 0 else ""
+    runs = f"median of {replay.get('reps')} x {replay.get('calls')} calls"
+    return (f"    replay {ms * 1e3:.1f}us per call ({graph}, {runs}; "
+            f"per-kernel sum {kernel_ms * 1e3:.1f}us{ratio})")  # fmt: skip
 
 
 _COPY_GBS: dict[str, float] = {}

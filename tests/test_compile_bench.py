@@ -156,3 +156,69 @@ def _generators(model):
             yield v
         if isinstance(v, dict):
             yield from (g for g in v.values() if hasattr(g, "_decode"))
+
+
+def _decode_step_22_layers():
+    """The 22-layer TinyLlama decode step (pygpukit/llm/generate.py Generator._decode_fn) at
+    tiny widths, random weights, batch 1, and its call arguments (greedy sampling)."""
+    import dataclasses
+
+    from pygpukit.bench.llm import random_model, tinyllama_config
+    from pygpukit.llm.sampling import NoiseSource
+
+    cfg = dataclasses.replace(tinyllama_config(), vocab_size=256, hidden_size=64,
+                              intermediate_size=128, num_heads=4, num_kv_heads=2,
+                              head_dim=16, max_position_embeddings=64)  # fmt: skip
+    assert cfg.num_layers == 22
+    gen = random_model(cfg, "float32").generator(1, 64)
+    noise, noise_idx = NoiseSource(1, 1, 0).next()
+    i64 = np.zeros(1, np.int64)
+    one = np.array(1.0, np.float32)
+    args = (gpk.from_numpy(i64), gpk.scalar(16), gpk.from_numpy(i64), gpk.from_numpy(one),
+            gpk.from_numpy(one), noise, noise_idx, True, 0, False)  # fmt: skip
+    return gen, args
+
+
+def test_bench_trace_and_passes_decode_22_layers(benchmark):
+    """trace + run_pipeline + lower of the 22-layer decode step, as CompiledFunction._compile
+    runs them on a cache miss (argument flattening and the capture scan done beforehand)."""
+    from collections import Counter
+
+    from pygpukit.passes import lower
+    from pygpukit.passes.memory_plan import plan_memory
+
+    from pygpukit import runtime
+    from pygpukit.compile.trace import trace
+
+    gen, args = _decode_step_22_layers()
+    dec = gen._decode
+    _, tree, arrays, captured = dec._key(args, {})
+    pending = [a._node for _, a in arrays + captured if a._node.realized is None]
+    if pending:
+        runtime.realize(pending)
+    given = [a for _, a in arrays]
+
+    def trace_passes_lower():
+        traced = trace(dec.__wrapped_fn__, args, {}, given, tree, captured, dec.__name__)
+        return traced, lower(run_pipeline(traced.graph))
+
+    traced, schedule = benchmark.pedantic(trace_passes_lower, rounds=3, iterations=1)
+    ops = Counter(n.op for n in schedule.graph.nodes)
+    # Each layer's ropes, KV-cache stores and attention: one sdpa_append node.
+    assert ops["sdpa_append"] == 22 and ops["sdpa"] == 0 and ops["rope"] == 0, ops
+    # Per layer: qkv, o, gate_up and down projections (the norms folded in); plus lm_head.
+    assert ops["linear"] == 4 * 22 + 1, ops
+    # embed, norm, lm_head, the rope tables, 6 weights and the K and V caches per layer
+    assert len(traced.persistent) == 5 + 8 * 22
+    assert len(traced.writeback_persistent) == 2 * 22  # the K and V caches, written back
+    # The kernels a replay launches (views excluded), as PlannedProgram counts them.
+    external = schedule.input_slots[len(given) :]
+    outs = schedule.output_slots
+    wb = [(outs[traced.n_outputs + j], external[p])
+          for j, p in enumerate(traced.writeback_persistent)]  # fmt: skip
+    plan = plan_memory(schedule, set(external) - {-1}, wb)
+    kernels = Counter(st.op for k, st in enumerate(schedule.steps)
+                      if st.out not in plan.alias or k in plan.inplace)  # fmt: skip
+    assert kernels["linear"] == 89 and kernels["sdpa_append"] == 22, kernels
+    # The rest: the embedding gather, the mask and greedy sampling, a few kernels in all.
+    assert 89 + 22 < sum(kernels.values()) <= 89 + 22 + 8, kernels

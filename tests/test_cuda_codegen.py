@@ -317,3 +317,43 @@ def test_sdpa_append_plans(arch: str, d: str, rope: str) -> None:
     names = {n for n, *_ in cuda_fakes.LAUNCHES}
     assert ("pgk_attn_decode_mma" in names) == (d != "float32")
     assert any(n.startswith("pgk_ew") for n in names)  # the composed stores ran somewhere
+
+
+@pytest.mark.parametrize("d", ["bfloat16", "float16", "float32"])
+def test_rms_norm_residual_plans(arch: str, d: str) -> None:
+    """rms_norm(x + r) written out (fp32 upcast, as HF) fuses to one rms_norm with the
+    residual, planned as one pgk_rms_norm_add launch; row-strided inputs are copied first."""
+    rng = np.random.default_rng(6)
+    x, r, w = _arr(rng, (2, 8, 64), d), _arr(rng, (2, 8, 64), d), _arr(rng, (64,), d)
+    h = x + r
+    h32 = h.astype("float32")
+    y = (h32 * gpk.rsqrt((h32 * h32).mean(-1, keepdims=True) + 1e-6)).astype(d) * w
+    sched, _ = _schedule(y)
+    assert [s.op for s in sched.steps] == ["rms_norm"]  # type: ignore[attr-defined]
+    assert sched.steps[0].attrs["has_residual"]  # type: ignore[attr-defined]
+    # The fused node recorded directly, with a gain wider than x (an upcast weight).
+    w32, attrs = _arr(rng, (64,), "float32"), {"eps": 1e-5, "has_residual": True}
+    direct = gpk.GPUArray(runtime.record("rms_norm", (x._node, w32._node, r._node), attrs))
+    for out in (y, direct):
+        for layout in ("contiguous", "transposed", "unaligned"):
+            cuda_fakes.LAUNCHES.clear()
+            _plan_all(out, layout)
+            names = [n for n, *_ in cuda_fakes.LAUNCHES]
+            assert names.count("pgk_rms_norm_add") == 2, (layout, names)  # planned run + slot run
+            assert "pgk_rms_norm" not in names
+
+
+@pytest.mark.parametrize("d", ["bfloat16", "float32"])
+def test_linear_with_prefetch_hint_plans(arch: str, d: str) -> None:
+    """A linear carrying a later weight (passes/prefetch_weights.py): the GEMV launch takes
+    the hint's pointer and size, the other paths ignore it, and the result is unchanged."""
+    rng = np.random.default_rng(11)
+    x, w, res = _arr(rng, (1, 1, 64), d), _arr(rng, (48, 64), d), _arr(rng, (1, 1, 48), d)
+    later = _arr(rng, (256, 64), d)
+    attrs = {"has_bias": False, "has_residual": True, "activation": "none", "prefetch": True}
+    ins = (x._node, w._node, res._node, later._node)
+    out = gpk.GPUArray(runtime.record("linear", ins, attrs))
+    assert out.shape == (1, 1, 48)
+    cuda_fakes.LAUNCHES.clear()
+    _plan_all(out, "contiguous")
+    assert ("pgk_gemv_mma" in {n for n, *_ in cuda_fakes.LAUNCHES}) == (d == "bfloat16")

@@ -138,3 +138,71 @@ def test_debug_env_prints_kernel_table(monkeypatch, capsys):
     (gpk.exp(x) * 2.0 + x).sum().to_numpy()
     err = capsys.readouterr().err
     assert "pygpukit realize:" in err and "fused_reduce" in err and "GB/s" in err
+
+
+def test_format_replay_line():
+    from pygpukit.profiling import format_replay
+
+    replay = {"captured": True, "ms": 0.0125, "calls": 20, "reps": 15, "num_nodes": 3,
+              "fallback": None}  # fmt: skip
+    line = format_replay(replay, 0.025)
+    assert line == ("    replay 12.5us per call (CUDA Graph of 3 nodes, median of 15 x 20 "
+                    "calls; per-kernel sum 25.0us, 0.50x)")  # fmt: skip
+    assert "per-kernel sum 0.0us)" in format_replay(replay, 0.0)  # no ratio without a sum
+    missed = dict(replay, captured=False, ms=None, fallback="softmax at m.py:3: CUDAError: x")
+    assert format_replay(missed, 0.025) == (
+        "    replay: not captured as a CUDA Graph (softmax at m.py:3: CUDAError: x); no replay time"
+    )
+    none = format_replay({"captured": False, "ms": None}, 0.025, "cpu")
+    assert "not captured" in none and "cpu backend made no capture" in none
+    assert "us per call" not in none
+
+
+def test_time_calls_host_timer():
+    from pygpukit.profiling import time_calls
+
+    n = []
+    ms = time_calls(lambda: n.append(sum(range(2000))), calls=4, reps=3)
+    assert len(n) == 12 and 0 < ms < 1000
+
+
+def test_profile_pieces_on_cpu(model, capsys):
+    """What `graph profile` runs after its CUDA check, on the NumPy backend: the kernel
+    table, the replay profile (no capture here: no replay time) and both output formats."""
+    from pygpukit.passes import lower, run_pipeline
+
+    import pygpukit as gpk
+    from pygpukit.backends import get_backend
+    from pygpukit.cli import graph as cli
+    from pygpukit.profiling import profile as run_profile
+    from pygpukit.profiling import replay_profile
+
+    backend = get_backend()
+    if backend.name == "cuda":
+        pytest.skip("the GPU suite runs the command itself")
+    fn = cli.load_function(f"{model}:chain")
+    parsed = tuple(cli.parse_arg(a) for a in ("f32[3,8]", "2.5"))
+    traced = cli.trace_function(fn, parsed)
+    host = cli.random_inputs(traced)
+    assert [a.shape for a in host] == [(3, 8)]
+    args = cli.call_args(parsed, host)
+    assert args[1] == 2.5 and args[0].shape == (3, 8)
+    inputs = [backend.from_numpy(a) for a in host]
+    inputs += [p._node.realized for p in traced.persistent] + list(traced.constants)
+    rows = run_profile(lower(run_pipeline(traced.graph)), inputs, repeats=1, backend=backend)
+    f = gpk.compile(fn, static_outputs=True)
+    replay = replay_profile(f, args, calls=2, reps=2, backend=backend)
+    assert replay["captured"] is False and replay["ms"] is None
+    assert f.stats()["misses"] == 1 and f.stats()["calls"] >= 2
+
+    cli.print_profile("text", "chain", rows, 100.0, replay)
+    out = capsys.readouterr().out
+    assert "fused_reduce" in out and "total " in out and "GB/s" in out
+    assert out.rstrip().endswith("no replay time")
+    cli.print_profile("json", "chain", rows, float("inf"), replay)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["name"] == "chain" and doc["copy_gbs"] is None
+    assert [r["op"] for r in doc["kernels"]] == [r["op"] for r in rows]
+    assert {"step", "op", "loc", "origin", "ms", "bytes", "gbs"} <= set(doc["kernels"][0])
+    assert doc["kernel_sum_ms"] == pytest.approx(sum(r["ms"] for r in rows))
+    assert doc["replay"]["captured"] is False and doc["replay"]["ms"] is None

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from kv_step import DecodeStep, StepCase
 from passes_util import close, report
+from pygpukit.passes.pipeline import run_pipeline
 
 import pygpukit as gpk
-from pygpukit.passes.pipeline import run_pipeline
 
 
 @pytest.fixture
@@ -134,3 +134,29 @@ def test_op_rule_checks_shapes():
         ops.infer("sdpa_append", [q, c, c, n, n, pos, ((2, 8), float32), row, pos], attrs)
     with pytest.raises(ShapeRuleError, match="k_new"):
         ops.infer("sdpa_append", [q, c, c, c, n, pos, row, row, pos], attrs)
+
+
+def test_llm_decode_step_fuses_and_prefetches():
+    """A Llama decode step from the model file: each layer's attention is one sdpa_append,
+    and the output projection after it carries the gate/up weight as its prefetch hint."""
+    import dataclasses
+
+    from pygpukit.bench.llm import random_model, tinyllama_config
+    from pygpukit.llm.sampling import SamplingParams
+
+    small = {"num_layers": 2, "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+             "num_heads": 4, "num_kv_heads": 2, "head_dim": 16}  # fmt: skip
+    cfg = dataclasses.replace(tinyllama_config(), **small)
+    model = random_model(cfg, dtype="float32")
+    model.generate_ids([[3, 4, 5, 6]], 3, SamplingParams(), max_seq_len=32, stop_at_eos=False)
+    gen = next(g for v in vars(model).values() if isinstance(v, dict) for g in v.values()
+               if hasattr(g, "_decode"))  # fmt: skip
+    graph = list(gen._decode._cache.values())[-1].program.schedule.graph
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("sdpa_append") == 2 and "setitem" not in ops and "rope" not in ops
+    linears = [n for n in graph.nodes if n.op == "linear"]
+    hinted = [n for n in linears if n.attrs.get("prefetch")]
+    assert len(hinted) == 2
+    for n in hinted:
+        nxt = linears[linears.index(n) + 1]
+        assert n.inputs[-1] is nxt.inputs[1]  # the next projection's weight

@@ -185,6 +185,110 @@ def test_rms_norm_refuses_mean_over_other_axis(rng):
     assert "last axis" in report(g, "rms_norm", "missed")[0]["reason"]
 
 
+def _rms_residual(form, dtype, eps):
+    """rms_norm(x + r) written out (HF style: fp32 upcast, downcast before the gain)."""
+
+    def f(x, r, g):
+        h = r + x if form == "residual_left" else x + r
+        hf = h if form == "plain" else h.astype("float32")
+        y = hf * gpk.rsqrt((hf * hf).mean(-1, keepdims=True) + eps)
+        return y.astype(h.dtype) * g
+
+    return f
+
+
+@pytest.mark.parametrize(
+    "form,dtype",
+    [("upcast", "float32"), ("upcast", "bfloat16"), ("plain", "float32"),
+     ("residual_left", "bfloat16")],
+)  # fmt: skip
+def test_rms_norm_with_residual_add(rng, form, dtype):
+    x, r, g = (arr(rng, 3, 4, 32, dtype=dtype), arr(rng, 3, 4, 32, dtype=dtype),
+               arr(rng, 32, dtype=dtype))  # fmt: skip
+    eps = 1e-5
+    f = _rms_residual(form, dtype, eps)
+    ref = rms64(f64(x) + f64(r), f64(g), eps)
+    gr = check(f, (x, r, g), ref, "rms_norm", dtype, factor=2)
+    assert ops(gr) == ["rms_norm"], str(gr)  # one node: no add left
+    (node,) = [n for n in gr.nodes if n.op == "rms_norm"]
+    assert node.attrs["has_residual"] is True and len(node.inputs) == 3
+    assert node.inputs[2].dtype.name == dtype and node.inputs[2].shape == x.shape
+    assert "add" in node.origin
+    (m,) = report(gr, "rms_norm", "matched")
+    assert m["loc"].startswith("test_passes_patterns.py:")
+    assert not report(gr, "rms_norm", "missed")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rms_norm_residual_sum_used_elsewhere(rng, dtype):
+    x, r, g = (arr(rng, 3, 4, 32, dtype=dtype), arr(rng, 3, 4, 32, dtype=dtype),
+               arr(rng, 32, dtype=dtype))  # fmt: skip
+    norm = _rms_residual("upcast", dtype, 1e-6)
+
+    def f(x, r, g):
+        return norm(x, r, g), x + r  # the sum goes on as the residual stream
+
+    gr = fused(f, x, r, g)
+    assert ops(gr).count("rms_norm") == 1 and "add" in ops(gr), str(gr)
+    (node,) = [n for n in gr.nodes if n.op == "rms_norm"]
+    assert len(node.inputs) == 2 and "has_residual" not in node.attrs
+    (miss,) = report(gr, "rms_norm", "missed")
+    assert miss["reason"] == "the sum x + r is used elsewhere (kept as its own add)"
+    assert miss["loc"].startswith("test_passes_patterns.py:")
+    assert len(report(gr, "rms_norm", "matched")) == 1
+    y, h = run_lazy(f, x, r, g)
+    h64 = f64(x) + f64(r)
+    close(y, rms64(h64, f64(g), 1e-6), dtype, 2)
+    close(h, h64, dtype)
+    for a, b in zip((y, h), run_unfused(f, x, r, g), strict=True):
+        close(a, b, dtype, 2)
+
+
+def test_rms_norm_residual_refused_forms(rng):
+    x, r, g, w = arr(rng, 4, 32), arr(rng, 32), arr(rng, 32), arr(rng, 32, 16)
+    norm = _rms_residual("upcast", "float32", 1e-6)
+
+    def bcast(x, r, g):
+        return norm(x, r, g)  # r broadcasts over the rows
+
+    gr = fused(bcast, x, r, g)
+    assert sorted(ops(gr)) == ["add", "rms_norm"], str(gr)
+    assert "broadcasts or promotes" in report(gr, "rms_norm", "missed")[0]["reason"]
+    close(run_lazy(bcast, x, r, g)[0], rms64(f64(x) + f64(r), f64(g), 1e-6))
+
+    xr = arr(rng, 4, 16)
+
+    def after_linear(xr, w, x, g):
+        return norm(gpk.nn.linear(xr, w), x, g)  # the add folds into the linear instead
+
+    gr = fused(after_linear, xr, w, x, g)
+    assert "fold into the linear" in report(gr, "rms_norm", "missed")[0]["reason"]
+    (lin,) = [n for n in gr.nodes if n.op == "linear"]
+    assert lin.attrs["has_residual"]
+    ref = rms64(f64(xr) @ f64(w).T + f64(x), f64(g), 1e-6)
+    close(run_lazy(after_linear, xr, w, x, g)[0], ref)
+
+
+def test_rms_norm_residual_shape_rule():
+    from pygpukit.ir import dtypes
+    from pygpukit.ir import ops as irops
+    from pygpukit.ir.shapes import ShapeRuleError
+
+    f32, bf16 = dtypes.float32, dtypes.bfloat16
+    x, g = ((4, 32), f32), ((32,), f32)
+    attrs = {"eps": 1e-6, "has_residual": True}
+    assert irops.infer("rms_norm", [x, g, x], attrs) == ((4, 32), f32)
+    assert irops.infer("rms_norm", [x, g], {"eps": 1e-6}) == ((4, 32), f32)
+    for bad in (((1, 32), f32), ((4, 32), bf16)):
+        with pytest.raises(ShapeRuleError, match="rms_norm") as e:
+            irops.infer("rms_norm", [x, g, bad], attrs)
+        assert str(list(bad[0])) in str(e.value) and "[4, 32]" in str(e.value)
+    with pytest.raises(ShapeRuleError, match="rms_norm takes 3 inputs"):
+        irops.infer("rms_norm", [x, g], attrs)
+    with pytest.raises(ShapeRuleError, match="rms_norm takes 2 inputs"):
+        irops.infer("rms_norm", [x, g, x], {"eps": 1e-6})
+
+
 # -- rope -------------------------------------------------------------------------------
 
 

@@ -64,14 +64,18 @@ PGK_DEVICE void pgk_dec_bounds(const int* ctx_len, const int* kv_start, long lon
   hi = min(max(pgk_read_i32(ctx_len, max_seq), 0), max_seq);
   lo = kv_start ? min(max(__ldcg(kv_start + b * kvs_stride), 0), hi) : 0;
 }
+PGK_DEVICE void pgk_dec_share(int lo, int hi, int split, int splits, int tile, int& start,
+                              int& end) {
+  const int per = ((hi - lo + splits - 1) / splits + tile - 1) / tile * tile;
+  start = lo + split * per;
+  end = min(start + per, hi);
+}
 PGK_DEVICE void pgk_dec_range(const int* ctx_len, const int* kv_start, long long kvs_stride,
                               int max_seq, int b, int split, int splits, int tile, int& start,
                               int& end) {
   int lo, hi;
   pgk_dec_bounds(ctx_len, kv_start, kvs_stride, max_seq, b, lo, hi);
-  const int per = ((hi - lo + splits - 1) / splits + tile - 1) / tile * tile;
-  start = lo + split * per;
-  end = min(start + per, hi);
+  pgk_dec_share(lo, hi, split, splits, tile, start, end);
 }
 
 // Every thread calls it after writing its share of the block's partial: true in the block
@@ -526,12 +530,14 @@ PGK_DEVICE unsigned pgk_dpack(float lo, float hi) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Append mode (PGK_APPEND 1, ir op sdpa_append): the kernel first stores this step's key and
-// value at row pos of the caches, then attends over them; with PGK_ROPE (1 half-split,
+// Append mode (PGK_APPEND 1, ir op sdpa_append): the kernel stores this step's key and value
+// at row pos of the caches and attends over them with it; with PGK_ROPE (1 half-split,
 // 2 interleaved) it rotates q and the new key itself (one table row, cos_r / sin_r of type
-// PGK_CS), as pgk_rope would (rope.cuh: float math, one rounding). The stores sit where a
-// decode step had three kernels (rope, two cache stores) between its QKV projection and
-// this one.
+// PGK_CS), as pgk_rope would (rope.cuh: float math, one rounding). This replaces three
+// kernels of a decode step (rope, two cache stores), so it is written for latency: every
+// read of this step's data (scalars, q, the new row, tables) is issued at once, the cache
+// tiles are requested before the row is stored, and the tile holding pos is patched in
+// shared memory from the block's own copy of the row instead of read back.
 #ifndef PGK_APPEND
 #define PGK_APPEND 0
 #endif
@@ -546,54 +552,29 @@ PGK_DEVICE unsigned pgk_dpack(float lo, float hi) {
 #endif
 typedef PGK_CS pgk_dcs;
 
-// Element e of row x rotated by the table row (c, s); x unrotated without PGK_ROPE.
-PGK_DEVICE float pgk_rope_at(const pgk_t* x, int e, const pgk_dcs* c, const pgk_dcs* s) {
-#if PGK_ROPE == 1
-  constexpr int H = PGK_D / 2;
-  const int j = e < H ? e : e - H;
-  const float f0 = pgk_to_float(x[j]), f1 = pgk_to_float(x[j + H]);
-  const float cf = pgk_to_float(c[j]), sf = pgk_to_float(s[j]);
-  return e < H ? f0 * cf - f1 * sf : f1 * cf + f0 * sf;
-#elif PGK_ROPE == 2
-  const int j = e >> 1;
-  const float f0 = pgk_to_float(x[2 * j]), f1 = pgk_to_float(x[2 * j + 1]);
-  const float cf = pgk_to_float(c[j]), sf = pgk_to_float(s[j]);
-  return (e & 1) ? f1 * cf + f0 * sf : f0 * cf - f1 * sf;
+// Pair jj of a row under the rope layout: (jj, jj + D/2) half-split (and without rope:
+// any pairing covers the row), (2jj, 2jj + 1) interleaved.
+PGK_DEVICE int pgk_pair_elem(int jj, int which) {
+#if PGK_ROPE == 2
+  return 2 * jj + which;
 #else
-  (void)c;
-  (void)s;
-  return pgk_to_float(x[e]);
+  return jj + which * (PGK_D / 2);
 #endif
 }
 
-// Row pos of this block's caches <- rope(k_new), v_new, done by every block whose share of
-// the keys holds pos (blocks of one kv head store the same values, so none waits on
-// another), or, when no share holds it, by split 0 of the head's first block row. A
-// position outside [-max_seq, max_seq) is an index error (error word), and stores nothing.
-PGK_DEVICE void pgk_dec_append(pgk_t* kc, pgk_t* vc, long long k_ss, long long v_ss,
-                               const pgk_t* k_new, const pgk_t* v_new, const int* pos_p,
-                               const pgk_dcs* c, const pgk_dcs* s, int lo, int hi, int start,
-                               int end, bool first_row, int max_seq, long long* err,
-                               long long tag) {
-  int p = pgk_read_i32(pos_p, 0);
-  const int raw = p;
-  if (p < 0) p += max_seq;
-  if (p < 0 || p >= max_seq) {
-    if (first_row && blockIdx.x == 0 && threadIdx.x == 0 && err &&
-        atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, PGK_ERR_INDEX) == 0ull) {
-      err[1] = tag;
-      err[2] = raw;
-      err[3] = max_seq;
-    }
-    return;
-  }
-  const bool held = p >= start && p < end;
-  const bool orphan = (p < lo || p >= hi) && blockIdx.x == 0 && first_row;
-  if (!held && !orphan) return;
-  for (int e = threadIdx.x; e < PGK_D; e += blockDim.x) {
-    kc[p * k_ss + e] = pgk_from_float<pgk_t>(pgk_rope_at(k_new, e, c, s));
-    vc[p * v_ss + e] = v_new[e];
-  }
+// (x0, x1) rotated by (c, s) as pgk_rope computes it (float math); unrotated without rope.
+PGK_DEVICE void pgk_rope_pair(pgk_t x0, pgk_t x1, pgk_dcs c, pgk_dcs s, float& r0, float& r1) {
+  const float f0 = pgk_to_float(x0), f1 = pgk_to_float(x1);
+#if PGK_ROPE
+  const float cf = pgk_to_float(c), sf = pgk_to_float(s);
+  r0 = f0 * cf - f1 * sf;
+  r1 = f1 * cf + f0 * sf;
+#else
+  (void)c;
+  (void)s;
+  r0 = f0;
+  r1 = f1;
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
@@ -643,43 +624,50 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   unsigned* counter = counters + b * gridDim.y + blockIdx.y;
 
   int start, end;
-  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, start, end);
 #if PGK_APPEND
-  {
-    int lo, hi;
-    pgk_dec_bounds(ctx_len, kv_start, kvs_stride, max_seq, b, lo, hi);
-    pgk_dec_append(const_cast<pgk_t*>(kc) + b * k_sb + kvh * k_sh,
-                   const_cast<pgk_t*>(vc) + b * v_sb + kvh * v_sh, k_ss, v_ss,
-                   k_new + b * kn_sb + kvh * kn_sh, v_new + b * vn_sb + kvh * vn_sh, pos_p,
-                   cos_r, sin_r, lo, hi, start, end, blockIdx.y % n_sub == 0, max_seq, err,
-                   tag);
+  // Every read this step's own data needs, issued at once (one round trip): the scalars,
+  // this thread's pairs of q and of the new key/value row, and their table entries.
+  constexpr int HALF = PGK_D / 2, NTH = PGK_MW * 32;
+  constexpr int NQ = PGK_ROPE ? (PGK_G * HALF + NTH - 1) / NTH : 1;  // q pairs a thread
+  const int hi_raw = pgk_read_i32(ctx_len, max_seq);
+  const int lo_raw = kv_start ? __ldcg(kv_start + b * kvs_stride) : 0;
+  const int p_raw = pgk_read_i32(pos_p, 0);
+  pgk_t qx[NQ][2];
+  pgk_dcs qcs[NQ][2];
+#pragma unroll
+  for (int i = 0; i < NQ; ++i) {
+    if (!PGK_ROPE) break;  // q goes straight into its fragments
+    const int pr = tid + i * NTH, g = min(pr / HALF, PGK_G - 1), jj = pr % HALF;
+    const pgk_t* qrow = q + b * q_sb + (long long)(h0 + g) * q_sh;
+    qx[i][0] = qrow[pgk_pair_elem(jj, 0)];
+    qx[i][1] = qrow[pgk_pair_elem(jj, 1)];
+    qcs[i][0] = cos_r[jj];
+    qcs[i][1] = sin_r[jj];
   }
-#if PGK_ROPE
-  // This block's query heads, rotated once into shared memory for the fragment loads.
-  __shared__ __align__(16) pgk_t q_rot[PGK_G][PGK_D];
-  for (int e = tid; e < PGK_G * PGK_D; e += blockDim.x) {
-    const int g = e / PGK_D, d = e % PGK_D;
-    q_rot[g][d] = pgk_from_float<pgk_t>(
-        pgk_rope_at(q + b * q_sb + (long long)(h0 + g) * q_sh, d, cos_r, sin_r));
-  }
-#endif
-  __syncthreads();  // the new cache row (and q_rot) before any read of them
+  const pgk_t* krow = k_new + b * kn_sb + kvh * kn_sh;
+  const pgk_t* vrow = v_new + b * vn_sb + kvh * vn_sh;
+  const int jr = min(tid, HALF - 1);  // the row pair of this thread (threads < HALF)
+  const pgk_t k0 = krow[pgk_pair_elem(jr, 0)], k1 = krow[pgk_pair_elem(jr, 1)];
+  const pgk_t v0 = vrow[pgk_pair_elem(jr, 0)], v1 = vrow[pgk_pair_elem(jr, 1)];
+  const pgk_dcs rc = PGK_ROPE ? cos_r[jr] : pgk_dcs(), rs = PGK_ROPE ? sin_r[jr] : pgk_dcs();
+
+  const int hi = min(max(hi_raw, 0), max_seq);
+  const int lo = min(max(lo_raw, 0), hi);
+  pgk_dec_share(lo, hi, split, splits, PGK_MTK, start, end);
+  const int p = p_raw < 0 ? p_raw + max_seq : p_raw;
+  const bool p_ok = p >= 0 && p < max_seq;
+  // Who stores row p: every block whose share holds it (blocks of one kv head store the
+  // same values, and each patches its own copy of the tile, so none waits on another),
+  // or, if no share holds it, split 0 of the head's first block row.
+  const bool held = p_ok && p >= start && p < end;
+  const bool store =
+      held || (p_ok && (p < lo || p >= hi) && split == 0 && blockIdx.y % n_sub == 0);
 #else
+  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, start, end);
   (void)k_new, (void)v_new, (void)kn_sb, (void)kn_sh, (void)vn_sb, (void)vn_sh;
   (void)pos_p, (void)cos_r, (void)sin_r, (void)err, (void)tag;
 #endif
-  if (start >= end) {
-    if (splits == 1) return pgk_dec_zero(o, o_sh);
-    for (int g = tid; g < PGK_G; g += blockDim.x) {
-      ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
-      ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
-    }
-    if (counters && pgk_dec_arrive(counter, splits))
-      pgk_dec_merge<PGK_MW * 32>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
-                                 smem_raw);
-    return;
-  }
-  const int n_tiles = (end - start + PGK_MTK - 1) / PGK_MTK;
+  const int n_tiles = start < end ? (end - start + PGK_MTK - 1) / PGK_MTK : 0;
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + PGK_MW - 1) / PGK_MW : 0;
   kc += b * k_sb + kvh * k_sh;
   vc += b * v_sb + kvh * v_sh;
@@ -703,6 +691,63 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   for (int it = 0; it < PGK_MSTAGES - 1; ++it) {
     if (it < my_tiles) issue(it);
     pgk_cp_async_commit();
+  }
+#if PGK_APPEND
+  // The tiles may hold row p as it was: the warp whose tile holds p patches it from
+  // new_row once that tile lands. q_rot: this block's query heads, rotated.
+  __shared__ __align__(16) pgk_t new_row[2][PGK_D];
+#if PGK_ROPE
+  __shared__ __align__(16) pgk_t q_rot[PGK_G][PGK_D];
+#pragma unroll
+  for (int i = 0; i < NQ; ++i) {
+    const int pr = tid + i * NTH, g = pr / HALF, jj = pr % HALF;
+    if (g < PGK_G) {
+      float r0, r1;
+      pgk_rope_pair(qx[i][0], qx[i][1], qcs[i][0], qcs[i][1], r0, r1);
+      q_rot[g][pgk_pair_elem(jj, 0)] = pgk_from_float<pgk_t>(r0);
+      q_rot[g][pgk_pair_elem(jj, 1)] = pgk_from_float<pgk_t>(r1);
+    }
+  }
+#else
+  (void)qx;
+  (void)qcs;
+#endif
+  if (tid < HALF) {
+    float r0, r1;
+    pgk_rope_pair(k0, k1, rc, rs, r0, r1);
+    const int e0 = pgk_pair_elem(tid, 0), e1 = pgk_pair_elem(tid, 1);
+    const pgk_t kr0 = pgk_from_float<pgk_t>(r0), kr1 = pgk_from_float<pgk_t>(r1);
+    new_row[0][e0] = kr0;
+    new_row[0][e1] = kr1;
+    new_row[1][e0] = v0;
+    new_row[1][e1] = v1;
+    if (store) {
+      pgk_t* kw = const_cast<pgk_t*>(kc) + p * k_ss;
+      pgk_t* vw = const_cast<pgk_t*>(vc) + p * v_ss;
+      kw[e0] = kr0;
+      kw[e1] = kr1;
+      vw[e0] = v0;
+      vw[e1] = v1;
+    }
+  }
+  if (!p_ok && tid == 0 && split == 0 && blockIdx.y % n_sub == 0 && err &&
+      atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, PGK_ERR_INDEX) == 0ull) {
+    err[1] = tag;
+    err[2] = p_raw;
+    err[3] = max_seq;
+  }
+  __syncthreads();  // new_row and q_rot before any read of them
+#endif
+  if (start >= end) {
+    if (splits == 1) return pgk_dec_zero(o, o_sh);
+    for (int g = tid; g < PGK_G; g += blockDim.x) {
+      ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
+      ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
+    }
+    if (counters && pgk_dec_arrive(counter, splits))
+      pgk_dec_merge<PGK_MW * 32>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
+                                 smem_raw);
+    return;
   }
 
   // Q as A fragments: rows = heads (zero beyond G), k = head_dim.
@@ -738,6 +783,16 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     const pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
     const pgk_t* vs = ks + PGK_MTILE;
     const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+#if PGK_APPEND
+    if (held && p >= key0 && p < key0 + PGK_MTK) {  // this step's row, as stored
+      pgk_t* row = const_cast<pgk_t*>(ks) + (p - key0) * PGK_MLD;
+      for (int e = lane; e < PGK_D; e += 32) {
+        row[e] = new_row[0][e];
+        row[PGK_MTILE + e] = new_row[1][e];
+      }
+      __syncwarp();
+    }
+#endif
 
     float s[4][4];
 #pragma unroll

@@ -4,10 +4,14 @@
     pygpukit graph dump model.py:block --arg "f32[4,64]" --format json > a.json
     pygpukit graph diff a.json b.json
     pygpukit graph profile model.py:block --arg "bf16[1,2048]"     (needs the CUDA backend)
+    pygpukit graph profile model.py:block --arg "bf16[1,2048]" --format json
 
 `dump` traces without running anything on a GPU: it prints the graph after each pass
 (or only after --after PASS), per-pass provenance, the fusion report, the memory plan and
-the kernel list.
+the kernel list. `profile` times each kernel of the plan one by one (time, bytes moved,
+GB/s, % of the measured copy bandwidth), then compiles the function with gpk.compile and
+times its captured CUDA Graph's replays: the median per-call replay time is printed next to
+the per-kernel sum.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import ast
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -68,13 +73,16 @@ def load_function(target: str) -> Any:
 
 
 def trace_target(target: str, arg_texts: list[str]) -> Any:
+    return trace_function(load_function(target), tuple(parse_arg(a) for a in arg_texts))
+
+
+def trace_function(fn: Any, args: tuple[Any, ...]) -> Any:
+    """Trace `fn` on parse_arg's values (array specs and static literals)."""
     from pygpukit import runtime
     from pygpukit.compile.captures import scan
     from pygpukit.compile.pytree import flatten
     from pygpukit.compile.trace import trace
 
-    fn = load_function(target)
-    args = tuple(parse_arg(a) for a in arg_texts)
     specs = [a for a in args if isinstance(a, SimpleNamespace)]
     unused: list[tuple[str, Any]] = []
     leaves = tuple(("*",) if isinstance(a, SimpleNamespace) else flatten(a, "", unused, unused)
@@ -301,24 +309,67 @@ def profile(args: argparse.Namespace) -> int:
               "GPU. Use `pygpukit graph dump` for the plan, or run where `pygpukit info` shows "
               "an SM80+ device.", file=sys.stderr)  # fmt: skip
         return 2
-    import numpy as np
-
+    import pygpukit as gpk
     from pygpukit.passes import lower, run_pipeline
-    from pygpukit.profiling import copy_bandwidth_gbs, format_profile
+    from pygpukit.profiling import copy_bandwidth_gbs, replay_profile
     from pygpukit.profiling import profile as run_profile
 
-    traced = trace_target(args.target, args.arg or [])
+    fn = load_function(args.target)
+    parsed = tuple(parse_arg(a) for a in args.arg or [])
+    traced = trace_function(fn, parsed)
     schedule = lower(run_pipeline(traced.graph))
-    rng = np.random.default_rng(0)
-    inputs = []
-    n_args = len(traced.graph.inputs) - len(traced.persistent) - len(traced.constants)
-    for n in traced.graph.inputs[:n_args]:
-        a = rng.standard_normal(n.shape) if n.dtype.is_float else rng.integers(0, 4, n.shape)
-        inputs.append(backend.from_numpy(np.asarray(a).astype(n.dtype.np)))
+    host = random_inputs(traced)
+    inputs = [backend.from_numpy(a) for a in host]
     inputs += [p._node.realized for p in traced.persistent] + list(traced.constants)
     rows = run_profile(schedule, inputs, repeats=args.repeat, backend=backend)
-    print(format_profile(rows, copy_bandwidth_gbs(backend)))
+    # The whole function: compiled, captured, and its graph replayed back to back. Static
+    # outputs: a call allocates nothing, so only the replay (and its host dispatch) is timed.
+    compiled = gpk.compile(fn, static_outputs=True)
+    replay = replay_profile(compiled, call_args(parsed, host), calls=args.replays,
+                            backend=backend)  # fmt: skip
+    print_profile(args.format, traced.graph.name, rows, copy_bandwidth_gbs(backend), replay)
     return 0
+
+
+def random_inputs(traced: Any) -> list[Any]:
+    """Host arrays for the traced graph's argument inputs (seeded; small ints for ints)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n_args = len(traced.graph.inputs) - len(traced.persistent) - len(traced.constants)
+    out = []
+    for n in traced.graph.inputs[:n_args]:
+        a = rng.standard_normal(n.shape) if n.dtype.is_float else rng.integers(0, 4, n.shape)
+        out.append(np.asarray(a).astype(n.dtype.np))
+    return out
+
+
+def call_args(parsed: tuple[Any, ...], host: list[Any]) -> tuple[Any, ...]:
+    """parse_arg's values with each array spec replaced by its host array, uploaded."""
+    import pygpukit as gpk
+
+    arrays = iter(host)
+    return tuple(gpk.from_numpy(next(arrays)) if isinstance(a, SimpleNamespace) else a
+                 for a in parsed)  # fmt: skip
+
+
+def profile_json(name: str, rows: list[dict[str, Any]], copy_gbs: float,
+                 replay: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    from pygpukit.profiling import kernel_sum_ms
+
+    return {"name": name, "copy_gbs": copy_gbs if math.isfinite(copy_gbs) else None,
+            "kernels": rows, "kernel_sum_ms": kernel_sum_ms(rows), "replay": replay}  # fmt: skip
+
+
+def print_profile(fmt: str, name: str, rows: list[dict[str, Any]], copy_gbs: float,
+                  replay: dict[str, Any]) -> None:  # fmt: skip
+    from pygpukit.profiling import format_profile, format_replay, kernel_sum_ms
+
+    if fmt == "json":
+        print(json.dumps(profile_json(name, rows, copy_gbs, replay), indent=1))
+        return
+    print(format_profile(rows, copy_gbs))
+    print(format_replay(replay, kernel_sum_ms(rows)))
 
 
 def add_parser(subparsers: Any) -> None:
@@ -334,8 +385,16 @@ def add_parser(subparsers: Any) -> None:
     f.add_argument("a")
     f.add_argument("b")
     f.set_defaults(func=diff)
-    r = sub.add_parser("profile", help="run FILE.py:FUNC on the GPU and time each kernel")
+    r = sub.add_parser("profile", help="run FILE.py:FUNC on the GPU: each kernel's time and "
+                       "the whole graph's replay time")  # fmt: skip
     r.add_argument("target", help="FILE.py:FUNC")
     r.add_argument("--arg", action="append", help='an argument: "bf16[1,2048]" or a literal')
-    r.add_argument("--repeat", type=int, default=5)
+    r.add_argument("--repeat", type=int, default=5, help="timings per kernel (best is kept)")
+    r.add_argument(
+        "--replays",
+        type=int,
+        default=20,
+        help="graph replays per timing of the whole function (median of 15)",
+    )
+    r.add_argument("--format", choices=("text", "json"), default="text")
     r.set_defaults(func=profile)

@@ -854,3 +854,29 @@ def test_compiled_function_runs_on_cuda(rng: np.random.Generator) -> None:
         for g, w in zip(got, want, strict=True):
             close(g, w, "float32", 50)
         close(cache_gpu.to_numpy(), cpu_cache, "float32", 50)
+
+
+@pytest.mark.parametrize("d", ["bfloat16", "float32"])
+def test_rms_norm_with_residual_add(rng: np.random.Generator, d: str) -> None:
+    """rms_norm(x + r) written out (fp32 upcast) runs as one pgk_rms_norm_add launch: the
+    sum rounded to d first, as the unfused add gives; a row view exercises the strides."""
+    from pygpukit.passes import run_pipeline
+
+    def f(a: gpk.GPUArray, res: gpk.GPUArray, ww: gpk.GPUArray) -> gpk.GPUArray:
+        h = a + res
+        h32 = h.astype("float32")
+        return (h32 * gpk.rsqrt((h32 * h32).mean(-1, keepdims=True) + 1e-6)).astype(d) * ww
+
+    def ref(a: np.ndarray, res: np.ndarray, ww: np.ndarray) -> np.ndarray:
+        h = a + res
+        return h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-6) * ww
+
+    for shape in ((3, 7, 4096), (5, 1000), (2, 64)):
+        x, r, w = rand(rng, shape, d), rand(rng, shape, d), rand(rng, shape[-1:], d)
+        out = f(gpk.asarray(x), gpk.asarray(r), gpk.asarray(w))
+        g = run_pipeline(runtime.pending_graph([out.node], "rms_add"))
+        assert [n.op for n in g.nodes if n.op != "input"] == ["rms_norm"], str(g)
+        check(f, ref, [x, r, w], d, 4, 8)
+    xs = rand(rng, (6, 2, 256), d)  # rows at a stride of 512 elements
+    check(lambda a, res, ww: f(a[:, 0], res, ww), lambda a, res, ww: ref(a[:, 0], res, ww),
+          [xs, rand(rng, (6, 256), d), rand(rng, (256,), d)], d, 4, 8)  # fmt: skip

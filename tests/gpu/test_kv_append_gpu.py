@@ -37,13 +37,21 @@ CASES = [
     # one split (short cache), TinyLlama's heads
     StepCase(batch=1, heads=32, kv_heads=4, max_seq=128, head_dim=64, dtype="bfloat16"),
     # many splits (ctx 8192 at batch 1), Llama-style D=128, interleaved tables
-    StepCase(batch=1, heads=32, kv_heads=4, max_seq=8192, head_dim=128, dtype="bfloat16",
-             layout="interleaved"),  # fmt: skip
+    StepCase(
+        batch=1,
+        heads=32,
+        kv_heads=4,
+        max_seq=8192,
+        head_dim=128,
+        dtype="bfloat16",
+        layout="interleaved",
+    ),  # fmt: skip
     # batches with left padding, a group above 16 heads (two blocks per kv head), f16
     StepCase(batch=3, heads=64, kv_heads=2, max_seq=512, head_dim=128, dtype="float16"),
     # no rope on q or k: only the stores join the attention
-    StepCase(batch=2, heads=8, kv_heads=8, max_seq=256, head_dim=64, dtype="bfloat16",
-             layout="none"),  # fmt: skip
+    StepCase(
+        batch=2, heads=8, kv_heads=8, max_seq=256, head_dim=64, dtype="bfloat16", layout="none"
+    ),  # fmt: skip
     # float32: the composed path (ropes, stores, attention as separate kernels)
     StepCase(batch=2, heads=8, kv_heads=2, max_seq=64, head_dim=64, dtype="float32"),
 ]

@@ -51,17 +51,24 @@ def plan_softmax(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int)
 
 
 def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    """rms_norm(x, g), layer_norm(x, g, b), and rms_norm(x, g, r; has_residual): the norm of
+    x + r rounded to x's dtype in one launch of pgk_rms_norm_add (no h_out: the sum has no
+    other reader)."""
     x = ins[0]
     dtype, eps = step.dtype, float(step.attrs["eps"])
     fix, rows, cols, rs = as_rows(ctx, x, tag)
+    has_res = step.op == "rms_norm" and bool(step.attrs.get("has_residual", False))
+    n_params = len(ins) - 1 - has_res
+    res_fix, _, _, res_rs = as_rows(ctx, ins[-1], tag) if has_res else (None, 0, 0, 0)
     # Weights may be wider than x (an upcast gain): the kernels take one weight dtype.
     wd = ins[1].dtype
-    params = [contiguous_as(ctx, p, wd, tag, (cols,)) for p in ins[1:]]
+    params = [contiguous_as(ctx, p, wd, tag, (cols,)) for p in ins[1 : 1 + n_params]]
     shape, op = step.shape, step.op
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         xv = fix(v[0])
-        ps = [f(p) for f, p in zip(params, v[1:], strict=True)]
+        ps = [f(p) for f, p in zip(params, v[1 : 1 + n_params], strict=True)]
+        rv = res_fix(v[-1]) if res_fix is not None else None
         y = ctx.alloc_out(shape, dtype, op)
         if rows and cols:
             if op == "rms_norm":
@@ -73,8 +80,10 @@ def plan_norm(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
                     cols,
                     eps,
                     dtype.name,
+                    residual=rv.ptr if rv is not None else 0,
                     w_dtype=wd.name,
                     x_stride=rs,
+                    residual_stride=res_rs if rv is not None else None,
                     y_stride=cols,
                     stream=ctx.stream,
                 )

@@ -90,7 +90,7 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
     if op in ("softmax", "log_softmax"):
         return nn.softmax(ins[0], a, d, log=op == "log_softmax")
     if op == "rms_norm":
-        return nn.rms_norm(ins[0], ins[1], a, d)
+        return nn.rms_norm(ins[0], ins[1], a, d, ins[2] if len(ins) > 2 else None)
     if op == "layer_norm":
         return nn.layer_norm(ins, a, d)
     if op == "rope":

@@ -24,7 +24,12 @@ def softmax(x: np.ndarray, attrs: dict[str, Any], dtype: DType, log: bool) -> np
     return down(r, dtype)
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, attrs: dict[str, Any], dtype: DType) -> np.ndarray:
+def rms_norm(x: np.ndarray, w: np.ndarray, attrs: dict[str, Any], dtype: DType,
+             residual: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """x * rsqrt(mean(x*x) + eps) * w; with a residual, of x + residual rounded to x's dtype
+    first (what the unfused add gives, and what pgk_rms_norm_add computes)."""
+    if residual is not None:
+        x = np.asarray(up(x) + up(residual)).astype(x.dtype)
     xf = up(x)
     r = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + np.float32(attrs["eps"]))
     return down(r * up(w), dtype)
