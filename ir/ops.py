@@ -361,14 +361,12 @@ LINEAR_PROLOGUES = ("none", "rms_norm", "swiglu")
 def linear_extras(attrs: dict[str, Any], n_extra: int) -> tuple[bool, bool, str]:
     """(has_bias, has_residual, prologue) of a linear node with n_extra inputs after x, w.
 
-    Inputs: x, w, [bias], [residual], [prologue operand: the RMSNorm gain, or SwiGLU's up],
-    [prefetch: a later projection's weight, a hint only, with attrs["prefetch"]].
+    Inputs: x, w, [bias], [residual], [prologue operand: the RMSNorm gain, or SwiGLU's up].
     y = act(prologue(x) @ w.T + bias) + residual, where prologue is rms_norm(x, gain, eps)
     or silu(x) * up: the fusions of a decode step's norms, gates and residual adds. With
     attrs["glu"] == "swiglu" the product's last axis is gate then up, and the node gives
     silu(gate) * up (half as wide) before the residual: a gate/up projection and its gate.
     """
-    n_extra -= bool(attrs.get("prefetch"))
     prologue = attrs.get("prologue", "none")
     residual = bool(attrs.get("has_residual", False))
     bias = n_extra - residual - (prologue != "none")
@@ -378,8 +376,6 @@ def linear_extras(attrs: dict[str, Any], n_extra: int) -> tuple[bool, bool, str]
 def _linear(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     (sx, dx), (sw, dw), *extra = ins
     has_bias, has_res, prologue = linear_extras(attrs, len(extra))
-    if attrs.get("prefetch"):
-        extra = extra[:-1]  # a hint operand: no part of the result
     if prologue not in LINEAR_PROLOGUES:
         raise ShapeRuleError(f"linear: unknown prologue {prologue!r}")
     if len(extra) != has_bias + has_res + (prologue != "none"):

@@ -22,7 +22,6 @@ from .fuse_sdpa import fuse_sdpa
 from .fuse_softmax import fuse_softmax
 from .fuse_swiglu import fuse_swiglu
 from .merge_rope import merge_rope
-from .prefetch_weights import prefetch_weights
 from .simplify import algebraic_simplification
 
 Pass = Callable[[Graph], Graph]
@@ -34,8 +33,7 @@ Pass = Callable[[Graph], Graph]
 # gate projection stays a plain GEMM feeding swiglu; written-out GELU before linear, so it
 # lands in the GEMM epilogue; a gate/up projection takes its SwiGLU as an epilogue; norms,
 # gates and residual adds around a linear fold into it;
-# generic fusion takes what is left; last, the projection after each attention is told
-# which weight comes next, to pull into L2 while the attention runs.
+# generic fusion takes what is left.
 PIPELINE: list[Pass] = [
     dead_code_elimination,
     constant_folding,
@@ -53,7 +51,6 @@ PIPELINE: list[Pass] = [
     fuse_gated_linear,
     fold_into_linear,
     fuse_elementwise,
-    prefetch_weights,
     dead_code_elimination,
 ]
 

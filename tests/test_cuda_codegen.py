@@ -341,19 +341,3 @@ def test_rms_norm_residual_plans(arch: str, d: str) -> None:
             names = [n for n, *_ in cuda_fakes.LAUNCHES]
             assert names.count("pgk_rms_norm_add") == 2, (layout, names)  # planned run + slot run
             assert "pgk_rms_norm" not in names
-
-
-@pytest.mark.parametrize("d", ["bfloat16", "float32"])
-def test_linear_with_prefetch_hint_plans(arch: str, d: str) -> None:
-    """A linear carrying a later weight (passes/prefetch_weights.py): the GEMV launch takes
-    the hint's pointer and size, the other paths ignore it, and the result is unchanged."""
-    rng = np.random.default_rng(11)
-    x, w, res = _arr(rng, (1, 1, 64), d), _arr(rng, (48, 64), d), _arr(rng, (1, 1, 48), d)
-    later = _arr(rng, (256, 64), d)
-    attrs = {"has_bias": False, "has_residual": True, "activation": "none", "prefetch": True}
-    ins = (x._node, w._node, res._node, later._node)
-    out = gpk.GPUArray(runtime.record("linear", ins, attrs))
-    assert out.shape == (1, 1, 48)
-    cuda_fakes.LAUNCHES.clear()
-    _plan_all(out, "contiguous")
-    assert ("pgk_gemv_mma" in {n for n, *_ in cuda_fakes.LAUNCHES}) == (d == "bfloat16")

@@ -212,8 +212,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
                  long long x_stride, long long w_stride, long long y_stride,
                  const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                 long long res_stride, float eps, int x_rows,
-                 const unsigned char* __restrict__ ahead, long long ahead_bytes) {
+                 long long res_stride, float eps, int x_rows) {
   // Compiled into every module of the family, launched for 2-byte types only.
   constexpr int U = PGK_U, NT = PGK_NT;
   __shared__ float red[PGK_GW][16][8 * NT + 1];  // +1: lanes of a row land in distinct banks
@@ -262,16 +261,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if (row >= 0 && col < k && c_lo + cc / 32 < c_hi) {
       pgk_prefetch_l2(w + (long long)row * w_stride + col);
     }
-  }
-  // Then the first ahead_bytes of a later projection's weight (passes/prefetch_weights.py),
-  // spread over the whole grid: memory is idle while the kernel before (an attention on a
-  // few SMs) runs, and that projection then reads this part from L2.
-  {
-    const long long nthr = (long long)gridDim.x * gridDim.y * blockDim.x;
-    const long long blk = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-    for (long long off = (blk * blockDim.x + threadIdx.x) * 128; off < ahead_bytes;
-         off += nthr * 128)
-      pgk_prefetch_l2(ahead + off);
   }
   pgk_pdl_wait();
   pgk_pdl_trigger();

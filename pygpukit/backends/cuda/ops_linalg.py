@@ -8,10 +8,8 @@ layout rules hold, else the strided matmul_simple kernel (every dtype)."""
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from pygpukit import _native
@@ -223,8 +221,6 @@ def plan_matmul(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 
 
 def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
-    if step.attrs.get("prefetch"):
-        return _linear_prefetching(ctx, step, ins, tag)
     has_bias, has_res, prologue = linear_extras(step.attrs, len(ins) - 2)
     if step.attrs.get("glu", "none") != "none":
         return _linear_gated(ctx, step, ins, tag, has_bias, has_res, prologue)
@@ -279,27 +275,6 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
         out = ctx.alloc_out(shape, dtype, "linear")
         epilogue(out.ptr, [y.ptr] + ([v[2].ptr] if ew_bias else []))
         return out
-
-    return run
-
-
-def _linear_prefetching(ctx: Context, step: Step, ins: Sequence[DeviceValue],
-                        tag: int) -> Run:  # fmt: skip
-    """linear with a later projection's weight as its last operand (passes/
-    prefetch_weights.py): the GEMV launches pull its start into L2, up to half the L2,
-    while they wait on the kernel before them; other paths ignore the hint.
-    PYGPUKIT_L2_PREFETCH=0 turns the hint off (to measure it)."""
-    attrs = {k: v for k, v in step.attrs.items() if k != "prefetch"}
-    inner = plan_linear(ctx, replace(step, attrs=attrs), ins[:-1], tag)
-    later = ins[-1]
-    on = os.environ.get("PYGPUKIT_L2_PREFETCH", "1") != "0"
-    l2 = int(loader.device_info().get("l2_cache_bytes", 0)) if on else 0
-    contiguous_w = later.strides == contiguous(later.shape)
-    nbytes = min(later.size * later.dtype.itemsize, l2 // 2) if contiguous_w else 0
-
-    def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        with gemv.prefetching(v[-1].ptr, nbytes):
-            return inner(v[:-1])
 
     return run
 

@@ -36,8 +36,6 @@ def linear(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.nda
     """act(prologue(x) @ w.T + bias) + residual, rounded to dtype once at the end."""
     x, w, *extra = ins
     has_bias, has_res, prologue = linear_extras(attrs, len(extra))
-    if attrs.get("prefetch"):
-        extra = extra[:-1]  # the hint operand (a later weight): nothing to compute
     if prologue == "rms_norm":
         x = nn.rms_norm(x, extra[-1], attrs, as_dtype(x.dtype))
     elif prologue == "swiglu":

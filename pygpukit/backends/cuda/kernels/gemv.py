@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from pygpukit.errors import ShapeError
@@ -105,22 +103,6 @@ def uses_mma(dtype: str, k: int, strides: tuple[int, ...], ptrs: tuple[int, ...]
     )
 
 
-# (pointer, bytes) the tensor-core GEMV launches pull into L2 before they wait on the kernel
-# before them: set around one planned step's launches by `prefetching`.
-_AHEAD: list[tuple[int, int]] = [(0, 0)]
-
-
-@contextlib.contextmanager
-def prefetching(ptr: int, nbytes: int) -> Iterator[None]:
-    """Tensor-core GEMV launches inside also pull [ptr, ptr + nbytes) into L2 while they
-    wait on their predecessor (a later projection's weight: passes/prefetch_weights.py)."""
-    _AHEAD.append((ptr, max(0, nbytes)))
-    try:
-        yield
-    finally:
-        _AHEAD.pop()
-
-
 def gemv(
     x: int,
     w: int,
@@ -204,8 +186,8 @@ def gemv(
         fn.launch(
             (cdiv(n_out, 4 * nt) if glu else cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
             (gw * 32,),
-            "PPPPiiiqqqPPqfiPq",
-            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows, *_AHEAD[-1]),
+            "PPPPiiiqqqPPqfi",
+            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows),
             smem,
             stream,
             pdl=loader.pdl_enabled(),  # the kernel waits on its predecessor (gemv.cuh)
