@@ -29,8 +29,8 @@ python3 scripts/cuda_overhead.py 2>&1 | tee "$OUT/overhead.txt"
 run cuda_ops "${PGK_CUDA_OPS_SECS:-150}" -n 8 tests/gpu/test_cuda_ops.py ${PGK_K:+-k "$PGK_K"}
 grep -E "^(FAILED|ERROR)" "$OUT/cuda_ops.log" | head -60
 if [ -z "${PGK_ONLY_CUDA_OPS:-}" ]; then
-  run gpu_other 100 -n 4 -m gpu tests --deselect tests/gpu/test_cuda_ops.py \
+  run gpu_other "${PGK_GPU_OTHER_SECS:-100}" -n 4 -m gpu tests --deselect tests/gpu/test_cuda_ops.py \
     --ignore=tests/gpu/test_cuda_ops.py
-  run cpu_suite 170 -n 8 -m "not gpu" tests
+  [ -n "${PGK_SKIP_CPU_SUITE:-}" ] || run cpu_suite 170 -n 8 -m "not gpu" tests
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_other.log" "$OUT/cpu_suite.log" | head -40
 fi
