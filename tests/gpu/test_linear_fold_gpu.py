@@ -39,6 +39,13 @@ def test_folded_linear_each_geometry(rows: int, k: int, n: int) -> None:
     _check_folded("bfloat16", rows, "rms_norm", True, k, n)
 
 
+@pytest.mark.parametrize(("k", "n"), [(5632, 2048), (2048, 2048), (2048, 2560)])
+def test_folded_residual_one_row_geometry(k: int, n: int) -> None:
+    """The batch-1 geometries of a projection with the residual only (gemv.default_config:
+    the MLP down projection, the attention output projection, and a wider one)."""
+    _check_folded("bfloat16", 1, "none", True, k, n)
+
+
 def _check_folded(dtype: str, rows: int, prologue: str, residual: bool, k: int,
                   n: int = 384) -> None:  # fmt: skip
     if prologue == "none" and not residual:

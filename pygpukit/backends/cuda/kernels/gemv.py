@@ -36,6 +36,14 @@ MMA_STAGED_ROWS = 4
 MMA_CONFIG_LONG_K = (8, 2, 4, 2)
 MMA_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)
 MMA_CONFIG_MANY_N = (8, 1, 4, 3)
+# One row of x (batch-1 decode), swept again on an H200 at fe3b0bd (bench/results/
+# h200-2026-11-23-kernels.json, us, each shape timed twice): long rows over few outputs take
+# three shallow stages (2048x5632, the MLP down projection: 8x1x4x3 7.71/7.73 against
+# 8x1x8x2 8.31/8.31), short rows over at most 2048 outputs eight warps (2048x2048, the
+# attention output projection: 8x1x8x2 4.18 against 4x1x8x2 4.79).
+MMA_CONFIG_LONG_K_FEW_N_M1 = MMA_CONFIG_MANY_N
+MMA_CONFIG_FEW_N_M1 = MMA_CONFIG_LONG_K_FEW_N
+FEW_N = 2048
 MMA_CONFIG_PRO_MANY_N = MMA_CONFIG_LONG_K
 MMA_CONFIG_PRO = MMA_CONFIG_MANY_N
 LONG_K = 4096
@@ -50,10 +58,14 @@ def default_config(x_rows: int, k: int, n: int, glu: bool = False,
     if x_rows > MMA_STAGED_ROWS:
         return MMA_CONFIG_MANY_ROWS
     if k >= LONG_K:
-        return MMA_CONFIG_LONG_K if n >= MANY_N else MMA_CONFIG_LONG_K_FEW_N
+        if n >= MANY_N:
+            return MMA_CONFIG_LONG_K
+        return MMA_CONFIG_LONG_K_FEW_N_M1 if x_rows == 1 else MMA_CONFIG_LONG_K_FEW_N
     if n > MANY_N:
         return MMA_CONFIG_PRO_MANY_N if prologue != "none" else MMA_CONFIG_MANY_N
-    return MMA_CONFIG_PRO if prologue != "none" else MMA_CONFIG
+    if prologue != "none":
+        return MMA_CONFIG_PRO
+    return MMA_CONFIG_FEW_N_M1 if x_rows == 1 and n <= FEW_N else MMA_CONFIG
 
 
 # The SwiGLU epilogue pairs gate and up tiles, so its geometries have an even tile count;
