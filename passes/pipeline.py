@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -62,13 +63,25 @@ def pass_named(name: str) -> Pass:
     raise KeyError(f"no pass named {name!r}; passes: {', '.join(p.__name__ for p in PIPELINE)}")
 
 
+def default_passes() -> list[Pass]:
+    """PIPELINE less the passes named in PYGPUKIT_SKIP_PASSES (comma-separated), to measure
+    or debug a program with and without a fusion."""
+    skip = {s.strip() for s in os.environ.get("PYGPUKIT_SKIP_PASSES", "").split(",") if s.strip()}
+    unknown = skip - {p.__name__ for p in PIPELINE}
+    if unknown:
+        raise KeyError(f"PYGPUKIT_SKIP_PASSES names no pass {sorted(unknown)}; passes: "
+                       f"{', '.join(p.__name__ for p in PIPELINE)}")  # fmt: skip
+    return [p for p in PIPELINE if p.__name__ not in skip]
+
+
 def run_pipeline(graph: Graph, passes: list[Pass] | None = None, validate: bool = True,
                  on_pass: Callable[[str, Graph], None] | None = None) -> Graph:  # fmt: skip
-    """Run passes in order; record per-pass time and node counts in graph.provenance.
+    """Run passes in order (default_passes() unless given); record per-pass time and node
+    counts in graph.provenance.
 
     `on_pass(name, graph)` sees the graph after each pass (for `pygpukit graph dump`).
     """
-    for p in PIPELINE if passes is None else passes:
+    for p in default_passes() if passes is None else passes:
         before = len(graph.nodes)
         t0 = time.perf_counter()
         out = p(graph)

@@ -153,3 +153,16 @@ def test_llm_decode_step_fuses():
     graph = list(gen._decode._cache.values())[-1].program.schedule.graph
     ops = [n.op for n in graph.nodes]
     assert ops.count("sdpa_append") == 2 and "setitem" not in ops and "rope" not in ops
+
+
+def test_skipping_the_pass_keeps_the_stores(rng, monkeypatch):
+    """PYGPUKIT_SKIP_PASSES=fuse_kv_append (for measuring it): the same numbers, unfused."""
+    monkeypatch.setenv("PYGPUKIT_SKIP_PASSES", "fuse_kv_append")
+    step = DecodeStep(StepCase(), rng)
+    arrays, start = step.inputs(7)
+    close(step(arrays, 7, start), step.reference(arrays, 7, start), "float32", factor=2)
+    ops = step.program_ops()
+    assert "sdpa_append" not in ops and ops.count("setitem") == 2 and "sdpa" in ops
+    monkeypatch.setenv("PYGPUKIT_SKIP_PASSES", "no_such_pass")
+    with pytest.raises(KeyError, match="no_such_pass"):
+        DecodeStep(StepCase(), rng)(arrays, 7, start)
