@@ -10,6 +10,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import passes_util
 
 import pygpukit as gpk
 from pygpukit.llm.model import attention, decode_mask
@@ -30,17 +31,7 @@ class StepCase:
 
 
 def rope64(x: np.ndarray, c: np.ndarray, s: np.ndarray, layout: str) -> np.ndarray:
-    if layout == "none":
-        return x
-    if layout == "interleaved":
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., 0::2] = x1 * c - x2 * s
-        out[..., 1::2] = x2 * c + x1 * s
-        return out
-    h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+    return x if layout == "none" else passes_util.rope64(x, c, s, layout == "interleaved")
 
 
 class DecodeStep:
