@@ -241,6 +241,7 @@ class _AppendPlan:
             kn.strides[-1] == 1 and vn.strides[-1] == 1 and pos.dtype.name in _INDEX_DTYPES
             and all(t.strides[-1] == 1 and t.dtype.name in attention.DTYPES for t in tables)
             and all(t.size == d // 2 for t in tables) and (not tables or d % 2 == 0)
+            and len({t.dtype for t in tables}) <= 1  # one table type in the kernel (PGK_CS)
         )  # fmt: skip
 
     def bind(self, vals: Sequence[DeviceValue]) -> attention.Append:
