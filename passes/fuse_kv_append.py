@@ -122,7 +122,7 @@ def fuse_kv_append(graph: Graph) -> Graph:
             q, k_new, tables, layout = rope
         ins = (q, k_cache, v_cache, k_new, v_new, pos, *tables, *n.inputs[3:])
         fused = Node.make("sdpa_append", ins, {**n.attrs, "rope": layout}, n.loc)
-        m.matched(n, fused, [q, k_cache, v_cache, k_new, v_new, pos, *tables, *n.inputs[3:]])
+        m.matched(n, fused, list(ins))
         m.replace[k_st.id] = Node.make("after", (k_cache, fused), None, k_st.loc, fused.origin)
         m.replace[v_st.id] = Node.make("after", (v_cache, fused), None, v_st.loc, fused.origin)
     return m.finish()

@@ -30,8 +30,8 @@ Pass = Callable[[Graph], Graph]
 # In pipeline order. Each entry is a plain function in its own file under passes/.
 # Softmax before attention (sdpa matches the softmax node); a decode step's cache stores
 # join its attention (with the ropes of q and k) before merge_rope pairs up what is left;
-# SwiGLU before linear, so a
-# gate projection stays a plain GEMM feeding swiglu; written-out GELU before linear, so it
+# SwiGLU before linear, so a gate projection stays a plain GEMM feeding swiglu;
+# written-out GELU before linear, so it
 # lands in the GEMM epilogue; a gate/up projection takes its SwiGLU as an epilogue; norms,
 # gates and residual adds around a linear fold into it;
 # generic fusion takes what is left.

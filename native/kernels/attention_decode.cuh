@@ -57,12 +57,12 @@ static_assert(PGK_D % 32 == 0, "head_dim must be a multiple of 32");
 //   qs [G][D] f32 | S [G][TK] f32 | alpha [G] f32 | pad to 16 | stages, reused at the end
 //   for the [STREAMS][G][D] f32 reduction buffer.
 
-// [lo, hi): the keys batch b sees, clamped to the cache; then this split's share of it,
-// in whole `tile`-key tiles (trailing splits may get nothing).
-PGK_DEVICE void pgk_dec_bounds(const int* ctx_len, const int* kv_start, long long kvs_stride,
-                               int max_seq, int b, int& lo, int& hi) {
-  hi = min(max(pgk_read_i32(ctx_len, max_seq), 0), max_seq);
-  lo = kv_start ? min(max(__ldcg(kv_start + b * kvs_stride), 0), hi) : 0;
+// [lo, hi): the keys batch b sees (the live length and start as read), clamped to the
+// cache; then this split's share of it, in whole `tile`-key tiles (trailing splits may get
+// nothing).
+PGK_DEVICE void pgk_dec_bounds(int len_raw, int start_raw, int max_seq, int& lo, int& hi) {
+  hi = min(max(len_raw, 0), max_seq);
+  lo = min(max(start_raw, 0), hi);
 }
 PGK_DEVICE void pgk_dec_share(int lo, int hi, int split, int splits, int tile, int& start,
                               int& end) {
@@ -74,7 +74,8 @@ PGK_DEVICE void pgk_dec_range(const int* ctx_len, const int* kv_start, long long
                               int max_seq, int b, int split, int splits, int tile, int& start,
                               int& end) {
   int lo, hi;
-  pgk_dec_bounds(ctx_len, kv_start, kvs_stride, max_seq, b, lo, hi);
+  const int start_raw = kv_start ? __ldcg(kv_start + b * kvs_stride) : 0;
+  pgk_dec_bounds(pgk_read_i32(ctx_len, max_seq), start_raw, max_seq, lo, hi);
   pgk_dec_share(lo, hi, split, splits, tile, start, end);
 }
 
@@ -651,8 +652,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   const pgk_t v0 = vrow[pgk_pair_elem(jr, 0)], v1 = vrow[pgk_pair_elem(jr, 1)];
   const pgk_dcs rc = PGK_ROPE ? cos_r[jr] : pgk_dcs(), rs = PGK_ROPE ? sin_r[jr] : pgk_dcs();
 
-  const int hi = min(max(hi_raw, 0), max_seq);
-  const int lo = min(max(lo_raw, 0), hi);
+  int lo, hi;
+  pgk_dec_bounds(hi_raw, lo_raw, max_seq, lo, hi);
   pgk_dec_share(lo, hi, split, splits, PGK_MTK, start, end);
   const int p = p_raw < 0 ? p_raw + max_seq : p_raw;
   const bool p_ok = p >= 0 && p < max_seq;

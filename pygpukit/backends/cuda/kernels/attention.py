@@ -42,7 +42,7 @@ class Append:
     err: int = 0
     tag: int = 0
 
-    def defines(self, dtype: str) -> dict[str, Any]:
+    def defines(self) -> dict[str, Any]:
         from ..codegen.prelude import ERR_INDEX
 
         layouts = {"none": 0, "half": 1, "interleaved": 2}
@@ -325,7 +325,7 @@ def decode(
         name, threads = "pgk_attn_decode_mma", _M_WARPS * 32
         ap = append or Append(0, 0, (0, 0), (0, 0), 0)
         if append is not None:
-            defines.update(append.defines(dtype))
+            defines.update(append.defines())
         args += (ap.k_new, ap.v_new, *ap.k_strides, *ap.v_strides, ap.pos, ap.cos, ap.sin,
                  ap.err, ap.tag)  # fmt: skip
         fmt += "PPqqqqPPPPq"
