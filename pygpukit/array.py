@@ -78,6 +78,11 @@ class GPUArray:
     @readonly.setter
     def readonly(self, value: bool) -> None:
         self._readonly = bool(value)
+        if self._readonly and self._node.realized is None:
+            self.realize()  # the value is final: its memory is what views share
+        storage = getattr(self._node.realized, "storage", None)
+        if storage is not None and hasattr(storage, "readonly"):
+            storage.readonly = self._readonly  # views sharing the memory are read-only too
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -376,7 +381,7 @@ class GPUArray:
         return dlpack_device(self)
 
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
-        if self._readonly:
+        if self._readonly or _over_readonly(self._node):
             loc = user_location()
             where = f"\n  at {loc.full}" if loc else ""
             raise errors.GPUKitValueError(
@@ -520,3 +525,13 @@ def asarray(x: ArrayLike, dtype: Any = None) -> GPUArray:
     from .creation import asarray as _asarray
 
     return _asarray(x, dtype)
+
+
+_VIEW_OPS = ("reshape", "permute", "expand", "index")
+
+
+def _over_readonly(node: Node) -> bool:
+    """Whether node is (a view of) memory marked read-only through another array."""
+    while node.realized is None and node.op in _VIEW_OPS and node.inputs:
+        node = node.inputs[0]
+    return bool(getattr(getattr(node.realized, "storage", None), "readonly", False))

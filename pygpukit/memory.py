@@ -128,11 +128,14 @@ class Storage:
     """A pool block. Freed when the last value using it dies, or at once by `release()`."""
 
     __slots__ = ("_addr", "nbytes", "pool", "freed", "host", "pins", "gen", "_lru",
-                 "__weakref__")  # fmt: skip
+                 "readonly", "__weakref__")  # fmt: skip
     host: np.ndarray | None  # the host copy while evicted
     pins: int
     gen: int  # bumped when the block moves (evicted, restored)
     _lru: _Lru | None
+    # Set with GPUArray.readonly: no kernel writes the block, so a kernel may read it before
+    # its predecessor on the stream has finished (gemv.gemv's w_early).
+    readonly: bool
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
         # Subclasses that bypass __init__ (external memory, static views) get the defaults.
@@ -141,6 +144,7 @@ class Storage:
         self.host = None
         self.pins = 0
         self.gen = 0
+        self.readonly = False
         return self
 
     def __init__(self, pool: Any, nbytes: int) -> None:

@@ -31,10 +31,22 @@ GLU_CONFIGS = [(8, 2, 4, 2), (4, 2, 8, 2), (4, 2, 4, 3), (4, 2, 4, 2), (8, 2, 2,
                (4, 2, 2, 4), (8, 4, 2, 2), (16, 2, 2, 2), (8, 2, 4, 1), (4, 4, 4, 2)]  # fmt: skip
 
 
+# (blocks per SM of the persistent grid, W loaded before the predecessor ends): the weights
+# here are never written, so early loads are right.
+MODES = [(0, False), (0, True), (1, False), (1, True), (2, True)]
+# Geometries small enough in shared memory for two kernels' blocks to share an SM.
+PERSIST_CONFIGS = [(8, 1, 4, 3), (8, 1, 8, 2), (8, 1, 4, 2), (4, 1, 8, 3), (8, 2, 4, 2),
+                   (8, 1, 2, 4), (4, 2, 4, 3), (8, 1, 8, 3)]  # fmt: skip
+PERSIST_GLU_CONFIGS = [(8, 2, 4, 3), (8, 2, 4, 2), (8, 1, 4, 3), (8, 1, 8, 2), (4, 2, 8, 2),
+                       (8, 2, 2, 4), (4, 2, 4, 3), (8, 1, 4, 2)]  # fmt: skip
+
+
 def _launch(torch: Any, x: Any, w: Any, y: Any, folded: str, aux: Any, cfg: Any, pf: Any,
-            glu: bool = False) -> None:  # fmt: skip
+            glu: bool = False, mode: tuple[int, bool] | None = None) -> None:  # fmt: skip
     n, k = w.shape
     kw: dict[str, Any] = {"config": cfg, "prefetch": pf, "stream": _stream(), "glu": glu}
+    if mode is not None:
+        kw.update(blocks_per_sm=mode[0], w_early=mode[1])
     if folded == "pro":
         kw.update(prologue="rms_norm", pro=aux.data_ptr(), eps=1e-5)
     else:
@@ -72,17 +84,20 @@ def _alone_shape(torch: Any, rows: list[dict[str, Any]], name: str, k: int, n: i
     xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
     ys = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
     aux = torch.randn(1, k if folded == "pro" else n, device="cuda", dtype=torch.bfloat16)
-    cases = [(None, "none", False)] + [(cfg, folded, False) for cfg in [None, *CONFIGS]]
-    if name == "gate_up":  # the SwiGLU epilogue pairs tiles: even tile counts only
-        cases += [(cfg, folded, True) for cfg in [None, *GLU_CONFIGS]]
-    for cfg, fold, glu in cases:
+    cases = [(cfg, "none", False, md) for md in MODES for cfg in [None, *PERSIST_CONFIGS]]
+    cases += [(cfg, folded, False, md) for md in MODES for cfg in [None, *PERSIST_CONFIGS]]
+    if name == "gate_up":
+        cases += [(cfg, folded, True, md) for md in MODES for cfg in [None, *PERSIST_GLU_CONFIGS]]
+    for cfg, fold, glu, md in cases:
 
-        def call(i: int, cfg: Any = cfg, fold: str = fold, glu: bool = glu) -> None:
+        def call(i: int, cfg: Any = cfg, fold: str = fold, glu: bool = glu,
+                 md: Any = md) -> None:  # fmt: skip
             if fold == "none":
                 gemv.gemv(xs[i].data_ptr(), ws[i].data_ptr(), ys[i].data_ptr(), n, k,
-                          "bfloat16", config=cfg, stream=_stream())  # fmt: skip
+                          "bfloat16", config=cfg, stream=_stream(), blocks_per_sm=md[0],
+                          w_early=md[1])  # fmt: skip
             else:
-                _launch(torch, xs[i], ws[i], ys[i], fold, aux, cfg, None, glu)
+                _launch(torch, xs[i], ws[i], ys[i], fold, aux, cfg, None, glu, md)
 
         try:
             call(0)
@@ -94,7 +109,7 @@ def _alone_shape(torch: Any, rows: list[dict[str, Any]], name: str, k: int, n: i
             print(f"  {name} {cfg}: {type(e).__name__}: {e}")
             continue
         row = {"probe": "alone", "proj": name, "k": k, "n": n, "fold": fold + "+glu" * glu,
-               "config": cfg, "us": round(us, 2),
+               "config": cfg, "mode": md, "us": round(us, 2),
                "GB/s": round(n * k * 2 / us / 1e3, 1)}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -130,20 +145,24 @@ def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
     gu = torch.empty(1, INTER, device="cuda", dtype=bf)  # silu(gate) * up
     out = torch.empty(1, HIDDEN, device="cuda", dtype=bf)
 
-    def step(cfgs: dict[str, Any], pfs: dict[str, Any]) -> None:
+    def step(cfgs: dict[str, Any], pfs: dict[str, Any], md: Any) -> None:
         x = h
         for w in layers:
             # qkv[:, :2048] stands in for the attention output.
-            _launch(torch, x, w["qkv"], qkv, "pro", gain, cfgs.get("qkv"), pfs.get("qkv"))
-            _launch(torch, qkv[:, :HIDDEN], w["o"], h2, "res", x, cfgs.get("o"), pfs.get("o"))
+            _launch(torch, x, w["qkv"], qkv, "pro", gain, cfgs.get("qkv"), pfs.get("qkv"),
+                    mode=md)  # fmt: skip
+            _launch(torch, qkv[:, :HIDDEN], w["o"], h2, "res", x, cfgs.get("o"), pfs.get("o"),
+                    mode=md)  # fmt: skip
             _launch(torch, h2, w["gate_up"], gu, "pro", gain, cfgs.get("gate_up"),
-                    pfs.get("gate_up"), glu=True)  # fmt: skip
-            _launch(torch, gu, w["down"], out, "res", h2, cfgs.get("down"), pfs.get("down"))
+                    pfs.get("gate_up"), glu=True, mode=md)  # fmt: skip
+            _launch(torch, gu, w["down"], out, "res", h2, cfgs.get("down"), pfs.get("down"),
+                    mode=md)  # fmt: skip
             x = out
 
-    def timed(label: str, cfgs: dict[str, Any], pfs: dict[str, Any]) -> None:
+    def timed(label: str, cfgs: dict[str, Any], pfs: dict[str, Any], md: Any = None) -> None:
+        label = f"{label} mode={md}" if md is not None else label
         try:
-            us = time_graph(lambda _i: step(cfgs, pfs), 1, calls=1, reps=40)
+            us = time_graph(lambda _i: step(cfgs, pfs, md), 1, calls=1, reps=40)
         except Exception as e:
             print(f"  chain {label}: {type(e).__name__}: {e}")
             return
@@ -154,11 +173,14 @@ def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
         print(json.dumps(row), flush=True)
 
     timed("default", {}, {})
-    for name, _k, _n, _f in PROJ:
-        for cfg in GLU_CONFIGS if name == "gate_up" else CONFIGS:
-            timed(f"{name} config={cfg}", {name: cfg}, {})
+    for md in MODES:
+        timed("defaults", {}, {}, md)
+    for md in MODES[1:]:
+        for name, _k, _n, _f in PROJ:
+            for cfg in PERSIST_GLU_CONFIGS if name == "gate_up" else PERSIST_CONFIGS:
+                timed(f"{name} config={cfg}", {name: cfg}, {}, md)
         for pf in PREFETCH:
-            timed(f"{name} prefetch={pf}", {}, {name: pf})
+            timed(f"all prefetch={pf}", {}, {nm: pf for nm, *_ in PROJ}, md)
     timed("default again", {}, {})
 
 

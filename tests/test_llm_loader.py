@@ -161,6 +161,25 @@ def test_readonly_flag_on_any_array():
     assert x.to_numpy()[0, 0] == 5.0 and (x.to_numpy()[1] == 2.0).all()
 
 
+def test_readonly_covers_views_of_the_memory():
+    """Read-only marks the memory: a view taken before or after cannot write it either
+    (the GEMV relies on it to read weights ahead of the kernel before it)."""
+    x = gpk.from_numpy(np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32))
+    x[0] = 1.0  # lazy: marking read-only realises it
+    before_view = x.reshape(6, 4)
+    x.readonly = True
+    after_view = x.T
+    for v in (before_view, after_view, after_view[1:]):
+        assert not v.readonly
+        with pytest.raises(gpk.GPUKitError, match="read-only"):
+            v[0] = 5.0
+    assert (x.to_numpy()[0] == 1.0).all() and not (x.to_numpy() == 5.0).any()
+    x.readonly = False
+    v = x.T
+    v[0] = 5.0  # as NumPy: writable again once the flag is cleared
+    assert (v.to_numpy()[0] == 5.0).all()
+
+
 def test_load_casts_and_shows_progress(capsys):
     model = llm.load(FIXTURE, dtype="bfloat16", progress=True)
     err = capsys.readouterr().err

@@ -195,24 +195,29 @@ PGK_DEVICE void pgk_gmma_slab(float (&acc)[NT][4], const uint4 (&xa)[U], const u
     }
 }
 
-// Row of W for row r (0 .. 8 * NT) of this block's tile, or -1 past the end.
-PGK_DEVICE int pgk_grow(int n, int r) {
+// Row of W for row r (0 .. 8 * NT) of tile `tile`, or -1 past the end.
+PGK_DEVICE int pgk_grow(int n, int r, int tile) {
 #if PGK_GLU == 1
-  constexpr int HALF = 4 * PGK_NT;  // outputs per block: NT / 2 tiles of 8 rows
-  const int j = blockIdx.x * HALF + r % HALF;
+  constexpr int HALF = 4 * PGK_NT;  // outputs per tile: NT / 2 n8 tiles of gate, NT / 2 of up
+  const int j = tile * HALF + r % HALF;
   return j < n / 2 ? (r < HALF ? j : n / 2 + j) : -1;
 #else
-  const int row = blockIdx.x * 8 * PGK_NT + r;
+  const int row = tile * 8 * PGK_NT + r;
   return row < n ? row : -1;
 #endif
 }
+
+// A staged slab row is 32 * U columns, whole 128-byte lines (U >= 2). Odd rows swap the
+// two 64-byte halves of each line, so the fragment reads of rows qr (even) and qr + 1
+// (odd), which share an 8-lane phase, land in distinct banks without padding the rows.
+PGK_DEVICE int pgk_gswz(int r, int piece) { return piece ^ ((r & 1) << 2); }
 
 extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_mma(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
                  long long x_stride, long long w_stride, long long y_stride,
                  const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                 long long res_stride, float eps, int x_rows) {
+                 long long res_stride, float eps, int x_rows, int w_early) {
   // Compiled into every module of the family, launched for 2-byte types only.
   constexpr int U = PGK_U, NT = PGK_NT;
   __shared__ float red[PGK_GW][16][8 * NT + 1];  // +1: lanes of a row land in distinct banks
@@ -222,48 +227,78 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int qr = lane >> 2, qc = lane & 3;
   const int m0 = blockIdx.y * 16;
-  static_assert(PGK_GLU == 0 || NT % 2 == 0, "the SwiGLU epilogue pairs gate and up tiles");
+  // A tile is 8 * NT rows of W (with GLU: 4 * NT outputs, gate and up rows). A grid
+  // narrower than the tile count walks them (a persistent grid: one block per SM leaves
+  // room beside it for the next kernel's blocks, which load their weights meanwhile).
+  const int tiles = PGK_GLU ? (n / 2 + 4 * NT - 1) / (4 * NT) : (n + 8 * NT - 1) / (8 * NT);
+  const int my_tiles = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
   // This warp's contiguous range of 32-column chunks (balanced to within one chunk).
   const int nch = (k + 31) / 32;
   const int c_lo = (int)((long long)nch * warp / PGK_GW);
   const int c_hi = (int)((long long)nch * (warp + 1) / PGK_GW);
-
-  const pgk_t* wrow[NT];
-  bool nin[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const int row = pgk_grow(n, t * 8 + qr);
-    nin[t] = row >= 0;
-    wrow[t] = w + (long long)(nin[t] ? row : 0) * w_stride + qc * 8;
-  }
   const bool x0in = m0 + qr < m, x1in = m0 + qr + 8 < m;
-  const pgk_t* x0 = x + (long long)(x0in ? m0 + qr : 0) * x_stride + qc * 8;
-  const pgk_t* x1 = x + (long long)(x1in ? m0 + qr + 8 : 0) * x_stride + qc * 8;
-  const pgk_t* gain = PGK_PRO ? pro + qc * 8 : x0;  // one gain row serves every x row
-  float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ss_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const bool upper = m0 + 8 < m;  // any row of x in the tile's upper half
 
   float acc[NT][4];
+  float ss[4], ss_hi[4];
+  auto zero_acc = [&]() {
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
+  };
 
-  // Launched as a programmatic dependent (decode chains of GEMVs): while the kernel
-  // before still runs, pull this warp's first PGK_PF slabs of W into L2 (a hint, right
-  // even if earlier work wrote W), then wait for that kernel before touching x, the
-  // residual or y. A slab row is 32 * U columns, U / 2 128-byte lines; a lane takes every
-  // 32nd line.
-  constexpr int PF_LINES = (PGK_PF * U + 1) / 2;  // per row of W
-  for (int i = lane; i < 8 * NT * PF_LINES; i += 32) {
-    const int r = i / PF_LINES, cc = (i % PF_LINES) * 64;  // 64 two-byte elements a line
-    const int row = pgk_grow(n, r), col = c_lo * 32 + cc;
-    if (row >= 0 && col < k && c_lo + cc / 32 < c_hi) {
-      pgk_prefetch_l2(w + (long long)row * w_stride + col);
+  // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
+  auto epilogue = [&](int tile) {
+    // C fragment: (row qr, cols 2qc, 2qc+1) and (row qr + 8, same cols) of each n8 tile.
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        red[warp][qr + (e >> 1) * 8][t * 8 + 2 * qc + (e & 1)] = acc[t][e];
+#if PGK_PRO == 1
+    // Row i's sum of squares is element (i, i) of its x . x tile: lane (qr = i, qc = i / 2),
+    // C fragment entry i % 2 (rows 8-15: entry 2 + i % 2 of ss_hi).
+    if (qc == (qr >> 1)) {  // constant indices: a dynamic one would put ss in local memory
+      sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
+      sumsq[warp][qr + 8] = upper ? ((qr & 1) ? ss_hi[3] : ss_hi[2]) : 0.0f;
     }
-  }
-  pgk_pdl_wait();
-  pgk_pdl_trigger();
+#endif
+    __syncthreads();
+    constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;  // output columns per tile
+    for (int i = threadIdx.x; i < 16 * OUT; i += PGK_GW * 32) {
+      const int r = i / OUT, cn = i % OUT;
+      const int row = pgk_grow(n, cn, tile);  // W's row; with GLU the gate's (up: cn + OUT)
+      if (m0 + r >= m || row < 0) continue;
+      float scale = 1.0f;
+#if PGK_PRO == 1
+      float q = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) q += sumsq[g][r];
+      scale = rsqrtf(q / (float)k + eps);
+#endif
+      float s = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
+      s *= scale;
+      if (bias) s += pgk_to_float(bias[row]);
+#if PGK_GLU == 1
+      float up = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) up += red[g][r][cn + OUT];
+      up *= scale;
+      if (bias) up += pgk_to_float(bias[n / 2 + row]);
+      s = s / (1.0f + __expf(-s)) * up;  // silu(gate) * up
+#else
+      s = pgk_epilogue_act(s);
+#endif
+      if (res) s += pgk_to_float(res[(long long)(m0 + r) * res_stride + row]);
+      y[(long long)(m0 + r) * y_stride + row] = pgk_from_float<pgk_t>(s);
+    }
+    __syncthreads();  // red is rewritten by the next tile
+  };
 
   uint4 xa[U], xb[U];
 
@@ -272,33 +307,79 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   // 512-byte runs, and every load of a slab is issued at one point (x loaded straight into
   // fragments next to the MMAs was sunk by ptxas to its use, one L2 round trip per 32
   // columns: 2-3 TB/s). PGK_GSTAGES stages per warp keep the next slabs in flight while
-  // the current one is multiplied. The warp's whole range of x (x_rows rows, rows past m
-  // zero-filled) and of the prologue's gain is loaded once, with the first stage: staged
-  // beside W they cost a row each per stage, and the gain row alone took the 2048 -> 11264
-  // projection from 3 blocks per SM to 2 (19.5 us against 14.1 without the prologue).
-  // Rows are padded by 64 bytes so the 16-byte fragment reads of 8 rows x 4 lanes spread
-  // over the banks.
-  constexpr int NS = PGK_GSTAGES, SLD = 32 * U + 32, SROWS = 8 * NT;
+  // the current one is multiplied; the stage sequence runs on across the block's tiles.
+  // The warp's whole range of x (x_rows rows, rows past m zero-filled) and of the
+  // prologue's gain is loaded once: staged beside W they cost a row each per stage, and
+  // the gain row alone took the 2048 -> 11264 projection from 3 blocks per SM to 2.
+  //
+  // Launched as a programmatic dependent (decode chains of GEMVs), the kernel must wait
+  // for the kernel before it before touching x, the residual or y. W is read before the
+  // wait only when the launcher vouches that nothing before this kernel can still be
+  // writing it (w_early: read-only weights in a captured graph): the first stages then
+  // load while the predecessor runs. Otherwise the wait comes first and W only gets L2
+  // prefetch hints (right whatever earlier work wrote).
+  static_assert(U >= 2, "a staged slab row spans whole 128-byte lines");
+  constexpr int NS = PGK_GSTAGES, SLD = 32 * U, SROWS = 8 * NT;
   constexpr int CPR = 4 * U;  // 16-byte pieces per row of a slab
   extern __shared__ __align__(16) unsigned char pgk_gsm[];
   pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_gsm) + warp * (NS * SROWS * SLD);
   const int xld = nch * 32 + 32;  // x and gain rows: all of K, padded
   pgk_t* xsm = reinterpret_cast<pgk_t*>(pgk_gsm) + PGK_GW * NS * SROWS * SLD;
   const pgk_t* gsm = xsm + x_rows * xld;  // the gain row (RMSNorm prologue)
-  const int n_st = (c_hi - c_lo + U - 1) / U;
-  auto issue = [&](int st) {
-    pgk_t* dst = wsm + (st % NS) * (SROWS * SLD);
-    const int c0 = c_lo + st * U;
+  const int n_st = (c_hi - c_lo + U - 1) / U;  // slabs per tile
+  const int total = my_tiles * n_st;
+  // Piece i (0 .. NT * U - 1) of this lane in stage s of this warp (slab s % n_st of its
+  // tile s / n_st): its place in shared memory, its source, whether it is inside W.
+  auto piece = [&](int s, int i, pgk_t*& dst, const pgk_t*& src, int& pc) -> bool {
+    const int tile = (int)blockIdx.x + (s / n_st) * (int)gridDim.x;
+    const int c0 = c_lo + (s % n_st) * U;
+    const int p = i * 32 + lane;
+    const int r = p / CPR;
+    pc = p % CPR;
+    const int row = pgk_grow(n, r, tile), col = c0 * 32 + pc * 8;
+    const bool in = row >= 0 && col < k && c0 + pc / 4 < c_hi;
+    dst = wsm + (s % NS) * (SROWS * SLD) + r * SLD + pgk_gswz(r, pc) * 8;
+    src = in ? w + (long long)row * w_stride + col : w;
+    return in;
+  };
+  auto issue = [&](int s) {
 #pragma unroll
     for (int i = 0; i < NT * U; ++i) {
-      const int p = i * 32 + lane;
-      const int r = p / CPR, cc = (p % CPR) * 8;
-      const int row = pgk_grow(n, r), col = c0 * 32 + cc;
-      const bool in = row >= 0 && col < k && c0 + cc / 32 < c_hi;
-      pgk_cp_async16(dst + r * SLD + cc, in ? w + (long long)row * w_stride + col : w, in);
+      pgk_t* dst;
+      const pgk_t* src;
+      int pc;
+      const bool in = piece(s, i, dst, src, pc);
+      pgk_cp_async16(dst, src, in);
     }
   };
-  {  // this warp's columns of x and the gain, in the first stage's group
+  auto hint = [&](int s) {  // one L2 prefetch per 128-byte line
+#pragma unroll
+    for (int i = 0; i < NT * U; ++i) {
+      pgk_t* dst;
+      const pgk_t* src;
+      int pc;
+      if (piece(s, i, dst, src, pc) && pc % 8 == 0) pgk_prefetch_l2(src);
+    }
+  };
+  const int pre = NS - 1 < total ? NS - 1 : total;  // stages issued before the loop
+  if (w_early) {
+    for (int s = 0; s < NS - 1; ++s) {
+      if (s < pre) issue(s);
+      pgk_cp_async_commit();
+    }
+    for (int s = pre; s < pre + PGK_PF && s < total; ++s) hint(s);
+  } else {
+    for (int s = 0; s < PGK_PF && s < total; ++s) hint(s);
+  }
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+  if (!w_early) {
+    for (int s = 0; s < NS - 1; ++s) {
+      if (s < pre) issue(s);
+      pgk_cp_async_commit();
+    }
+  }
+  {  // this warp's columns of x and the gain: one group after the first stages
     const int pieces = (c_hi - c_lo) * 4, rows = x_rows + (PGK_PRO == 1 ? 1 : 0);
     for (int p = lane; p < rows * pieces; p += 32) {
       const int r = p / pieces, col = c_lo * 32 + (p % pieces) * 8;
@@ -307,113 +388,105 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       const pgk_t* src = is_x ? x + (long long)(m0 + r) * x_stride + col : pro + col;
       pgk_cp_async16(xsm + r * xld + col, in ? src : w, in);
     }
-  }
-#pragma unroll
-  for (int st = 0; st < NS - 1; ++st) {
-    if (st < n_st) issue(st);
     pgk_cp_async_commit();
   }
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   const bool r0 = qr < x_rows;  // the staged path takes up to 8 rows: the upper half is 0
-  for (int st = 0; st < n_st; ++st) {
-    if (st + NS - 1 < n_st) issue(st + NS - 1);
-    pgk_cp_async_commit();
-    pgk_cp_async_wait<NS - 1>();
-    __syncwarp();
-    const pgk_t* src = wsm + (st % NS) * (SROWS * SLD) + qr * SLD + qc * 8;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      // Past the warp's range the smem holds no data (W there is zero-filled, x is not).
-      const int c = c_lo + st * U + u, col = c * 32 + qc * 8;
-      const bool cin = c < c_hi;
-      xa[u] = r0 && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col) : zero;
-      xb[u] = zero;
-      if (PGK_PRO == 1) {
-        const uint4 gv = cin ? *reinterpret_cast<const uint4*>(gsm + col) : zero;
-        pgk_gprologue(xa[u], xb[u], gv, false, ss, ss_hi);
+  int s = 0;
+  for (int ti = 0; ti < my_tiles; ++ti) {
+    zero_acc();
+    for (int j = 0; j < n_st; ++j, ++s) {
+      if (s + NS - 1 < total) issue(s + NS - 1);
+      pgk_cp_async_commit();
+      // Groups in issue order: stages 0 .. NS-2, x, then one stage per step. Stage s is
+      // complete once at most this many later groups are pending.
+      if (s == 0) {
+        pgk_cp_async_wait<1>();
+      } else if (s < NS - 1) {
+        pgk_cp_async_wait<NS>();
+      } else {
+        pgk_cp_async_wait<NS - 1>();
       }
+      __syncwarp();
+      const pgk_t* src = wsm + (s % NS) * (SROWS * SLD) + qr * SLD;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        // Past the warp's range the smem holds no data (W there is zero-filled, x is not).
+        const int c = c_lo + j * U + u, col = c * 32 + qc * 8;
+        const bool cin = c < c_hi;
+        xa[u] = r0 && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col) : zero;
+        xb[u] = zero;
+        if (PGK_PRO == 1) {
+          const uint4 gv = cin ? *reinterpret_cast<const uint4*>(gsm + col) : zero;
+          pgk_gprologue(xa[u], xb[u], gv, false, ss, ss_hi);
+        }
+      }
+      const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
+      pgk_gmma_slab<U, NT>(acc, xa, xb, [&](int u, int t) {
+        return *reinterpret_cast<const uint4*>(src + t * 8 * SLD + ((u * 4 + qc) ^ sw) * 8);
+      });
+      __syncwarp();  // this stage is refilled by a later step's issue
     }
-    pgk_gmma_slab<U, NT>(acc, xa, xb, [&](int u, int t) {
-      return *reinterpret_cast<const uint4*>(src + t * 8 * SLD + u * 32);
-    });
-    __syncwarp();  // this stage is refilled by the next iteration's issue
+    epilogue((int)blockIdx.x + ti * (int)gridDim.x);
   }
   pgk_cp_async_wait<0>();
-  (void)wrow;
-  (void)nin;
-  (void)gain;
 #else
   // Fragments straight from global memory, x one chunk at a time next to its MMAs: the
   // path for many rows of x (a slab of 16 x rows per warp made the staged path 2x slower
-  // at M = 16, the x traffic then exceeding W's).
-  for (int c = c_lo; c < c_hi; c += U) {
-    uint4 wv[U][NT];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = (c + u) * 32 + qc * 8;
-      const bool in = c + u < c_hi && col < k;
-#pragma unroll
-      for (int t = 0; t < NT; ++t) wv[u][t] = pgk_gload_w(wrow[t] + (c + u) * 32, in && nin[t]);
+  // at M = 16, the x traffic then exceeding W's). W gets L2 prefetch hints before the
+  // wait (right whatever earlier work wrote it).
+  (void)w_early;
+  (void)x_rows;
+  const pgk_t* x0 = x + (long long)(x0in ? m0 + qr : 0) * x_stride + qc * 8;
+  const pgk_t* x1 = x + (long long)(x1in ? m0 + qr + 8 : 0) * x_stride + qc * 8;
+  const pgk_t* gain = PGK_PRO ? pro + qc * 8 : x0;  // one gain row serves every x row
+  // A slab row is 32 * U columns, U / 2 128-byte lines; a lane takes every 32nd line.
+  constexpr int PF_LINES = (PGK_PF * U + 1) / 2;  // per row of W
+  for (int i = lane; i < 8 * NT * PF_LINES; i += 32) {
+    const int r = i / PF_LINES, cc = (i % PF_LINES) * 64;  // 64 two-byte elements a line
+    const int row = pgk_grow(n, r, blockIdx.x), col = c_lo * 32 + cc;
+    if (row >= 0 && col < k && c_lo + cc / 32 < c_hi) {
+      pgk_prefetch_l2(w + (long long)row * w_stride + col);
     }
+  }
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+  for (int ti = 0; ti < my_tiles; ++ti) {
+    const int tile = (int)blockIdx.x + ti * (int)gridDim.x;
+    const pgk_t* wrow[NT];
+    bool nin[NT];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = (c + u) * 32 + qc * 8;
-      const bool in = c + u < c_hi && col < k;
-      uint4 xa1[1] = {pgk_gload_x(x0 + (c + u) * 32, in && x0in)};
-      uint4 xb1[1] = {pgk_gload_x(x1 + (c + u) * 32, in && x1in)};
-      if (PGK_PRO == 1) {
-        const uint4 gv = pgk_gload_x(gain + (c + u) * 32, in);
-        pgk_gprologue(xa1[0], xb1[0], gv, upper, ss, ss_hi);
+    for (int t = 0; t < NT; ++t) {
+      const int row = pgk_grow(n, t * 8 + qr, tile);
+      nin[t] = row >= 0;
+      wrow[t] = w + (long long)(nin[t] ? row : 0) * w_stride + qc * 8;
+    }
+    zero_acc();
+    for (int c = c_lo; c < c_hi; c += U) {
+      uint4 wv[U][NT];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int col = (c + u) * 32 + qc * 8;
+        const bool in = c + u < c_hi && col < k;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) wv[u][t] = pgk_gload_w(wrow[t] + (c + u) * 32, in && nin[t]);
       }
-      pgk_gmma_slab<1, NT>(acc, xa1, xb1, [&](int, int t) { return wv[u][t]; });
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int col = (c + u) * 32 + qc * 8;
+        const bool in = c + u < c_hi && col < k;
+        uint4 xa1[1] = {pgk_gload_x(x0 + (c + u) * 32, in && x0in)};
+        uint4 xb1[1] = {pgk_gload_x(x1 + (c + u) * 32, in && x1in)};
+        if (PGK_PRO == 1) {
+          const uint4 gv = pgk_gload_x(gain + (c + u) * 32, in);
+          pgk_gprologue(xa1[0], xb1[0], gv, upper, ss, ss_hi);
+        }
+        pgk_gmma_slab<1, NT>(acc, xa1, xb1, [&](int, int t) { return wv[u][t]; });
+      }
     }
+    epilogue(tile);
   }
   (void)xa;
   (void)xb;
-  (void)x_rows;
 #endif
-  // C fragment: (row qr, cols 2qc, 2qc+1) and (row qr + 8, same cols) of each n8 tile.
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) red[warp][qr + (e >> 1) * 8][t * 8 + 2 * qc + (e & 1)] = acc[t][e];
-#if PGK_PRO == 1
-  // Row i's sum of squares is element (i, i) of its x . x tile: lane (qr = i, qc = i / 2),
-  // C fragment entry i % 2 (rows 8-15: entry 2 + i % 2 of ss_hi).
-  if (qc == (qr >> 1)) {  // constant indices: a dynamic one would put ss in local memory
-    sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
-    sumsq[warp][qr + 8] = upper ? ((qr & 1) ? ss_hi[3] : ss_hi[2]) : 0.0f;
-  }
-#endif
-  __syncthreads();
-  constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;  // output columns per block
-  for (int i = threadIdx.x; i < 16 * OUT; i += PGK_GW * 32) {
-    const int r = i / OUT, cn = i % OUT;
-    const int row = pgk_grow(n, cn);  // W's row; with GLU the gate's, the up's at cn + OUT
-    if (m0 + r >= m || row < 0) continue;
-    float scale = 1.0f;
-#if PGK_PRO == 1
-    float q = 0.0f;
-#pragma unroll
-    for (int g = 0; g < PGK_GW; ++g) q += sumsq[g][r];
-    scale = rsqrtf(q / (float)k + eps);
-#endif
-    float s = 0.0f;
-#pragma unroll
-    for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
-    s *= scale;
-    if (bias) s += pgk_to_float(bias[row]);
-#if PGK_GLU == 1
-    float up = 0.0f;
-#pragma unroll
-    for (int g = 0; g < PGK_GW; ++g) up += red[g][r][cn + OUT];
-    up *= scale;
-    if (bias) up += pgk_to_float(bias[n / 2 + row]);
-    s = s / (1.0f + __expf(-s)) * up;  // silu(gate) * up
-#else
-    s = pgk_epilogue_act(s);
-#endif
-    if (res) s += pgk_to_float(res[(long long)(m0 + r) * res_stride + row]);
-    y[(long long)(m0 + r) * y_stride + row] = pgk_from_float<pgk_t>(s);
-  }
 }

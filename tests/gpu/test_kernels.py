@@ -507,6 +507,33 @@ def test_gemv_mma_configs(dev: Any, rng: np.random.Generator, config: Any) -> No
     check(yd.get((m, n), dtype), f64(x) @ f64(w).T, dtype)
 
 
+@pytest.mark.parametrize("config", [(8, 1, 4, 3), (4, 2, 8, 2), (8, 3, 2, 4)])
+@pytest.mark.parametrize("blocks_per_sm", [0, 1])
+@pytest.mark.parametrize("w_early", [False, True])
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 11264, 2048), (3, 1000, 2056)])
+def test_gemv_mma_persistent(dev: Any, rng: np.random.Generator, config: Any, blocks_per_sm: int,
+                             w_early: bool, glu: bool, m: int, n: int, k: int) -> None:  # fmt: skip
+    """The staged kernel over a persistent grid (one block per SM walking many tiles, N and
+    K tails, odd tile counts with SwiGLU) and with W read before the predecessor wait, with
+    the RMSNorm prologue, bias and residual."""
+    dtype, eps = "bfloat16", 1e-5
+    x, w = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype)
+    gain, b = rand(rng, (k,), dtype), rand(rng, (n,), dtype)
+    n_out = n // 2 if glu else n
+    r = rand(rng, (m, n_out), dtype)
+    xd, wd, gd, bd, rd = dev.put(x), dev.put(w), dev.put(gain), dev.put(b), dev.put(r)
+    yd = dev.empty((m, n_out), dtype)
+    gemv.gemv(xd.ptr, wd.ptr, yd.ptr, n, k, dtype, m=m, bias=bd.ptr, config=config,
+              prologue="rms_norm", pro=gd.ptr, eps=eps, residual=rd.ptr, glu=glu,
+              blocks_per_sm=blocks_per_sm, w_early=w_early)  # fmt: skip
+    xf = f64(x)
+    xn = xf / np.sqrt((xf**2).mean(-1, keepdims=True) + eps) * f64(gain)
+    pre = xn @ f64(w).T + f64(b)
+    out = _silu(pre[:, :n_out]) * pre[:, n_out:] if glu else pre
+    check(yd.get((m, n_out), dtype), out + f64(r), dtype, scale=out)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,n,k", [(1, 1, 8), (130, 67, 72), (256, 384, 512), (77, 200, 1000)])
 @pytest.mark.parametrize("act", ["none", "gelu_tanh", "gelu_erf", "silu"])

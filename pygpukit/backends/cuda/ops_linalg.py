@@ -477,10 +477,17 @@ def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias:
             launch(v[0].ptr, v[1].ptr, y.ptr, v[2].ptr if has_bias else 0, prologue=prologue,
                    pro=v[-1].ptr if pro is not None else 0, eps=eps,
                    residual=v[res_at].ptr if has_res else 0, residual_stride=rs,
-                   glu=glu)  # fmt: skip
+                   glu=glu, w_early=_settled(ctx, v[1]))  # fmt: skip
         return y
 
     return run
+
+
+def _settled(ctx: Context, w: DeviceValue) -> bool:
+    """Whether a kernel may read w before the kernel ahead of it on the stream finishes:
+    w is read-only (no kernel writes it) and the launch is captured into a CUDA graph (so
+    the kernel ahead is the graph's own, not one that made w before it was marked)."""
+    return bool(getattr(w.storage, "readonly", False)) and bool(getattr(ctx, "capturing", False))
 
 
 def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,

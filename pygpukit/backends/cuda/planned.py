@@ -133,6 +133,12 @@ class CudaPlannedHooks:
     _capture_step: Any
     launches_issued = 0  # kernels queued from Python for compiled entries; replays add none
 
+    @property
+    def capturing(self) -> bool:
+        """Whether launches are being recorded into a CUDA graph: every kernel before one of
+        them on the stream is then one of the graph's own."""
+        return self._capture_keep is not None
+
     def alloc_arena(self, nbytes: int) -> Storage:
         return device_pool.allocate(self.pool, max(nbytes, 1), "compiled graph arena")
 

@@ -48,6 +48,8 @@ MMA_CONFIG_PRO_MANY_N = MMA_CONFIG_LONG_K
 MMA_CONFIG_PRO = MMA_CONFIG_MANY_N
 LONG_K = 4096
 MANY_N = 4096
+# Blocks per SM of the staged kernel's persistent grid (0: one block per tile).
+PERSIST_BLOCKS_PER_SM = 0
 
 
 def default_config(x_rows: int, k: int, n: int, glu: bool = False,
@@ -97,11 +99,16 @@ def beats_gemm(m: int, n: int, k: int) -> bool:
 def mma_smem(config: tuple[int, int, int, int], k: int, x_rows: int = 1,
              prologue: str = "none") -> int:  # fmt: skip
     """Dynamic shared memory of the tensor-core kernel: each warp's stages of 8 * NT rows
-    of W (32 * U + 32 columns), then x_rows rows of x and (RMSNorm prologue) the gain row,
-    each all of K (rounded up to 32 columns) plus 32."""
+    of W (32 * U columns), then x_rows rows of x and (RMSNorm prologue) the gain row, each
+    all of K (rounded up to 32 columns) plus 32."""
     gw, nt, u, stages = config
     rows = x_rows + (1 if prologue == "rms_norm" else 0)
-    return (gw * stages * 8 * nt * (32 * u + 32) + rows * (cdiv(k, 32) * 32 + 32)) * 2
+    return (gw * stages * 8 * nt * 32 * u + rows * (cdiv(k, 32) * 32 + 32)) * 2
+
+
+def mma_tiles(n: int, nt: int, glu: bool) -> int:
+    """Tiles of the tensor-core kernel: 8 * nt rows of W each (SwiGLU: 4 * nt outputs)."""
+    return cdiv(n // 2, 4 * nt) if glu else cdiv(n, 8 * nt)
 
 
 def uses_mma(dtype: str, k: int, strides: tuple[int, ...], ptrs: tuple[int, ...]) -> bool:
@@ -138,6 +145,8 @@ def gemv(
     residual_stride: int | None = None,
     prefetch: int | None = None,
     glu: bool = False,
+    blocks_per_sm: int | None = None,
+    w_early: bool = False,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(W @ p(x[i, :]) + bias) + residual[i, :] for i < m; strides in
@@ -148,7 +157,12 @@ def gemv(
     lane. config: MMA_CONFIG's geometry for the tensor-core kernel.
     prologue p (tensor cores only): "rms_norm" with the gain at `pro` (x / rms(x) * gain,
     eps). glu (tensor cores only): W's n rows are gate then up, and y[i, :] (n / 2 wide) is
-    silu(gate) * up, the bias added to both before, the residual after."""
+    silu(gate) * up, the bias added to both before, the residual after.
+    blocks_per_sm (staged tensor-core kernel): a persistent grid of that many blocks per SM
+    walking the tiles (None: PERSIST_BLOCKS_PER_SM; 0: one block per tile). w_early: W may
+    be read before the kernel waits for its predecessor (programmatic dependent launch):
+    only where nothing launched before it can still be writing W (read-only weights in a
+    captured graph)."""
     loader.check_dtype(dtype, DTYPES, "gemv")
     positive("gemv", n=n, k=k, m=m)
     int32_range("gemv", n=n, k=k, m=m)
@@ -172,10 +186,10 @@ def gemv(
         x_rows = min(m, MMA_ROWS)
         cfg = config or default_config(x_rows, k, n, glu, prologue)
         gw, nt, u, stages = cfg
+        if stages and u < 2:
+            raise ShapeError(f"gemv: config {cfg} stages slabs of {u} chunk; staging needs 2+")
         if stages and x_rows > 8:
             raise ShapeError(f"gemv: config {cfg} stages x, which takes up to 8 rows (got {m})")
-        if glu and nt % 2:
-            raise ShapeError(f"gemv: config {cfg} has an odd tile count; SwiGLU pairs tiles")
         if m > 16 * 65535:
             raise ShapeError(f"gemv: m={m} rows is a GEMM, not a GEMV")
         defines = {**loader.type_defines(dtype), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
@@ -195,11 +209,14 @@ def gemv(
             raise ShapeError(f"gemv: config {cfg} needs {smem} bytes of shared memory")
         fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
         loader.set_dynamic_smem(fn, smem)
+        tiles = mma_tiles(n, nt, glu)
+        per_sm = PERSIST_BLOCKS_PER_SM if blocks_per_sm is None else blocks_per_sm
+        grid_x = min(tiles, per_sm * loader.sm_count()) if stages and per_sm else tiles
         fn.launch(
-            (cdiv(n_out, 4 * nt) if glu else cdiv(n, 8 * nt), cdiv(m, MMA_ROWS)),
+            (grid_x, cdiv(m, MMA_ROWS)),
             (gw * 32,),
-            "PPPPiiiqqqPPqfi",
-            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows),
+            "PPPPiiiqqqPPqfii",
+            (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows, int(w_early)),
             smem,
             stream,
             pdl=loader.pdl_enabled(),  # the kernel waits on its predecessor (gemv.cuh)
