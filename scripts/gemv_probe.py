@@ -132,7 +132,7 @@ def once(torch: Any, only: list[str]) -> None:
             torch.cuda.synchronize()
 
 
-def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
+def chain(torch: Any, rows: list[dict[str, Any]], combos: dict[str, Any] | None = None) -> None:
     bf = torch.bfloat16
     layers = []
     for _ in range(LAYERS):
@@ -146,17 +146,18 @@ def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
     out = torch.empty(1, HIDDEN, device="cuda", dtype=bf)
 
     def step(cfgs: dict[str, Any], pfs: dict[str, Any], md: Any) -> None:
+        mds = md if isinstance(md, dict) else {nm: md for nm, *_ in PROJ}
         x = h
         for w in layers:
             # qkv[:, :2048] stands in for the attention output.
             _launch(torch, x, w["qkv"], qkv, "pro", gain, cfgs.get("qkv"), pfs.get("qkv"),
-                    mode=md)  # fmt: skip
+                    mode=mds["qkv"])  # fmt: skip
             _launch(torch, qkv[:, :HIDDEN], w["o"], h2, "res", x, cfgs.get("o"), pfs.get("o"),
-                    mode=md)  # fmt: skip
+                    mode=mds["o"])  # fmt: skip
             _launch(torch, h2, w["gate_up"], gu, "pro", gain, cfgs.get("gate_up"),
-                    pfs.get("gate_up"), glu=True, mode=md)  # fmt: skip
+                    pfs.get("gate_up"), glu=True, mode=mds["gate_up"])  # fmt: skip
             _launch(torch, gu, w["down"], out, "res", h2, cfgs.get("down"), pfs.get("down"),
-                    mode=md)  # fmt: skip
+                    mode=mds["down"])  # fmt: skip
             x = out
 
     def timed(label: str, cfgs: dict[str, Any], pfs: dict[str, Any], md: Any = None) -> None:
@@ -173,6 +174,13 @@ def chain(torch: Any, rows: list[dict[str, Any]]) -> None:
         print(json.dumps(row), flush=True)
 
     timed("default", {}, {})
+    if combos:
+        for label, spec in combos.items():  # spec: proj -> [config, mode, prefetch]
+            cfgs = {nm: tuple(v[0]) if v[0] else None for nm, v in spec.items()}
+            mds = {nm: tuple(spec.get(nm, [None, (0, False)])[1]) for nm, *_ in PROJ}
+            pfs = {nm: v[2] for nm, v in spec.items() if len(v) > 2}
+            timed(label, cfgs, pfs, mds)
+        return
     for md in MODES:
         timed("defaults", {}, {}, md)
     for md in MODES[1:]:
@@ -192,6 +200,8 @@ def main() -> None:
     ap.add_argument("--skip-alone", action="store_true")
     ap.add_argument("--skip-chain", action="store_true")
     ap.add_argument("--proj", help="alone: only these projections (comma-separated)")
+    ap.add_argument("--combos", help="chain: only these settings (JSON: label -> proj -> "
+                    "[config, [blocks_per_sm, w_early], prefetch])")  # fmt: skip
     ap.add_argument(
         "--once",
         action="store_true",
@@ -203,7 +213,7 @@ def main() -> None:
         once(torch, a.proj.split(",") if a.proj else ["gate_up"])
         return
     if not a.skip_chain:
-        chain(torch, rows)
+        chain(torch, rows, json.loads(a.combos) if a.combos else None)
     if not a.skip_alone:
         alone(torch, rows, a.proj.split(",") if a.proj else None)
     if a.json:

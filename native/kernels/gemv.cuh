@@ -362,24 +362,21 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     }
   };
   const int pre = NS - 1 < total ? NS - 1 : total;  // stages issued before the loop
-  if (w_early) {
+  auto first_stages = [&]() {
     for (int s = 0; s < NS - 1; ++s) {
       if (s < pre) issue(s);
       pgk_cp_async_commit();
     }
+  };
+  if (w_early) {
+    first_stages();
     for (int s = pre; s < pre + PGK_PF && s < total; ++s) hint(s);
   } else {
     for (int s = 0; s < PGK_PF && s < total; ++s) hint(s);
   }
   pgk_pdl_wait();
   pgk_pdl_trigger();
-  if (!w_early) {
-    for (int s = 0; s < NS - 1; ++s) {
-      if (s < pre) issue(s);
-      pgk_cp_async_commit();
-    }
-  }
-  {  // this warp's columns of x and the gain: one group after the first stages
+  {  // this warp's columns of x and the gain, as one group
     const int pieces = (c_hi - c_lo) * 4, rows = x_rows + (PGK_PRO == 1 ? 1 : 0);
     for (int p = lane; p < rows * pieces; p += 32) {
       const int r = p / pieces, col = c_lo * 32 + (p % pieces) * 8;
@@ -390,6 +387,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     }
     pgk_cp_async_commit();
   }
+  if (!w_early) first_stages();
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   const bool r0 = qr < x_rows;  // the staged path takes up to 8 rows: the upper half is 0
   int s = 0;
@@ -398,12 +396,11 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     for (int j = 0; j < n_st; ++j, ++s) {
       if (s + NS - 1 < total) issue(s + NS - 1);
       pgk_cp_async_commit();
-      // Groups in issue order: stages 0 .. NS-2, x, then one stage per step. Stage s is
-      // complete once at most this many later groups are pending.
+      // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
+      // per step. The first step takes all but the newest; later ones stage s, which has
+      // at most NS - 1 groups after it.
       if (s == 0) {
         pgk_cp_async_wait<1>();
-      } else if (s < NS - 1) {
-        pgk_cp_async_wait<NS>();
       } else {
         pgk_cp_async_wait<NS - 1>();
       }

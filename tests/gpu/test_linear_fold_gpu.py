@@ -175,3 +175,53 @@ def test_dependent_gemv_chain(pdl: str, monkeypatch: pytest.MonkeyPatch) -> None
     for _ in range(3):  # the eager first call, then graph replays
         np.testing.assert_allclose(compiled(x).to_numpy().astype(np.float64), ref, atol=tol)
     np.testing.assert_allclose(chain(x).to_numpy().astype(np.float64), ref, atol=tol)
+
+
+def test_read_only_weights_load_before_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read-only weights in a captured graph are read before each GEMV waits on the kernel
+    ahead (gemv's w_early): the chain is right, the capture asks for early loads, the
+    eager run does not, and writable weights never get them."""
+    from pygpukit.backends.cuda.kernels import gemv
+
+    seen: list[bool] = []
+    real = gemv.gemv
+
+    def spy(*args, **kwargs):
+        seen.append(bool(kwargs.get("w_early")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gemv, "gemv", spy)
+    rng = np.random.default_rng()
+    d, layers = 1024, 6
+    host = [(rng.standard_normal((d, d)) * d**-0.5).astype(np.float32) for _ in range(layers)]
+    gain = gpk.asarray(rng.random(d).astype(np.float32) + 0.5).astype("bfloat16")
+
+    def run(readonly: bool) -> None:
+        ws = [gpk.asarray(w).astype("bfloat16") for w in host]
+        for w in ws:
+            w.readonly = readonly
+
+        def chain(x):
+            for w in ws:
+                x32 = x.astype(gpk.float32)
+                n = (x32 * gpk.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-5)).astype(x.dtype)
+                x = x + gpk.nn.linear(n * gain, w)
+            return x
+
+        compiled = gpk.compile(chain)
+        w64 = [w.to_numpy().astype(np.float64) for w in ws]
+        g64 = gain.to_numpy().astype(np.float64)
+        for call in range(4):  # the eager first call, the capture, then replays
+            x = gpk.asarray(rng.standard_normal((1, d)).astype(np.float32)).astype("bfloat16")
+            ref = x.to_numpy().astype(np.float64)
+            for w in w64:
+                n = ref / np.sqrt((ref * ref).mean(-1, keepdims=True) + 1e-5) * g64
+                ref = ref + n @ w.T
+            seen.clear()
+            out = compiled(x).to_numpy().astype(np.float64)
+            np.testing.assert_allclose(out, ref, atol=5e-2 * float(np.abs(ref).max()))
+            if call == 0:  # eager, then captured: early loads only inside the capture
+                assert seen == [False] * layers + [readonly] * layers
+
+    run(readonly=True)
+    run(readonly=False)

@@ -50,6 +50,25 @@ LONG_K = 4096
 MANY_N = 4096
 # Blocks per SM of the staged kernel's persistent grid (0: one block per tile).
 PERSIST_BLOCKS_PER_SM = 0
+# With W read before the predecessor wait (w_early), as in a decode step's CUDA graph: a
+# persistent grid of two blocks per SM, one slab a warp hinted into L2, and these batch-1
+# geometries, from the 88-GEMV TinyLlama chain on an H200 (scripts/gemv_probe.py --combos,
+# us per chain: 828 for the geometries above without early loads, 599/605 with these;
+# the prefetch depth 0/1/2 gave 591/599/630, one block per SM 1069-1127).
+EARLY_BLOCKS_PER_SM = 2
+EARLY_PREFETCH = 1
+EARLY_CONFIG = (8, 2, 4, 2)  # the QKV projection (2048 -> 2560), wide rows of outputs
+EARLY_CONFIG_FEW_N = (8, 1, 4, 3)  # at most 2048 outputs (the attention output, 2048^2)
+EARLY_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)  # the MLP down projection (5632 -> 2048)
+
+
+def early_config(x_rows: int, k: int, n: int, glu: bool) -> tuple[int, int, int, int]:
+    """The geometry with early weight loads (gemv's w_early), up to MMA_STAGED_ROWS rows."""
+    if glu or n > MANY_N:
+        return MMA_CONFIG_GLU  # the gate/up projection and the LM head: two tiles a warp
+    if k >= LONG_K:
+        return EARLY_CONFIG_LONG_K_FEW_N if n < MANY_N else MMA_CONFIG_LONG_K
+    return EARLY_CONFIG_FEW_N if n <= FEW_N else EARLY_CONFIG
 
 
 def default_config(x_rows: int, k: int, n: int, glu: bool = False,
@@ -79,6 +98,8 @@ DEFAULT_CONFIGS = tuple(dict.fromkeys((MMA_CONFIG, MMA_CONFIG_LONG_K, MMA_CONFIG
                                         MMA_CONFIG_MANY_N, MMA_CONFIG_PRO_MANY_N,
                                         MMA_CONFIG_PRO, MMA_CONFIG_MANY_ROWS)))  # fmt: skip
 GLU_CONFIGS = (MMA_CONFIG_GLU, MMA_CONFIG_GLU_MANY_ROWS)
+EARLY_CONFIGS = tuple(dict.fromkeys((EARLY_CONFIG, EARLY_CONFIG_FEW_N, EARLY_CONFIG_LONG_K_FEW_N,
+                                      MMA_CONFIG_LONG_K)))  # fmt: skip
 
 
 def beats_gemm(m: int, n: int, k: int) -> bool:
@@ -184,7 +205,11 @@ def gemv(
     pptrs = (pro,) if prologue != "none" else ()
     if uses_mma(dtype, k, (xs if m > 1 else 0, ws), (x, w, *pptrs)):
         x_rows = min(m, MMA_ROWS)
-        cfg = config or default_config(x_rows, k, n, glu, prologue)
+        early = w_early and x_rows <= MMA_STAGED_ROWS
+        if config is None and early:
+            cfg = early_config(x_rows, k, n, glu)
+        else:
+            cfg = config or default_config(x_rows, k, n, glu, prologue)
         gw, nt, u, stages = cfg
         if stages and u < 2:
             raise ShapeError(f"gemv: config {cfg} stages slabs of {u} chunk; staging needs 2+")
@@ -197,7 +222,9 @@ def gemv(
                    "PGK_GSTAGES": stages}  # fmt: skip
         if glu:
             defines["PGK_GLU"] = 1
-        if prefetch is not None:  # slabs per warp prefetched before the wait (gemv.cuh)
+        if prefetch is None and early:
+            prefetch = EARLY_PREFETCH
+        if prefetch is not None:  # slabs per warp hinted into L2 before the loop (gemv.cuh)
             defines["PGK_PF"] = prefetch
         smem = mma_smem(cfg, k, x_rows, prologue) if stages else 0
         if smem > loader.max_shared_optin() and config is None:
@@ -210,7 +237,9 @@ def gemv(
         fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
         loader.set_dynamic_smem(fn, smem)
         tiles = mma_tiles(n, nt, glu)
-        per_sm = PERSIST_BLOCKS_PER_SM if blocks_per_sm is None else blocks_per_sm
+        per_sm = blocks_per_sm
+        if per_sm is None:
+            per_sm = EARLY_BLOCKS_PER_SM if early else PERSIST_BLOCKS_PER_SM
         grid_x = min(tiles, per_sm * loader.sm_count()) if stages and per_sm else tiles
         fn.launch(
             (grid_x, cdiv(m, MMA_ROWS)),
