@@ -81,7 +81,7 @@ class GPUArray:
         if self._readonly and self._node.realized is None:
             self.realize()  # the value is final: its memory is what views share
         storage = getattr(self._node.realized, "storage", None)
-        if storage is not None and hasattr(storage, "readonly"):
+        if storage is not None:
             storage.readonly = self._readonly  # views sharing the memory are read-only too
 
     # -- properties ----------------------------------------------------------------------

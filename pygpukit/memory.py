@@ -244,6 +244,7 @@ def block(pool: Any, nbytes: int) -> Storage:
     allocates its fresh outputs here on every call."""
     s: Storage = _new(Storage)
     s.pool, s.nbytes, s.freed, s.host, s.pins, s.gen, s._lru = pool, nbytes, False, None, 0, 0, None
+    s.readonly = False
     lru = _registries.get(id(pool))
     if lru is None:
         s._addr = pool.alloc(nbytes)
