@@ -207,15 +207,12 @@ PGK_DEVICE int pgk_grow(int n, int r, int tile) {
 #endif
 }
 
-// A staged slab row is 32 * U columns, whole 128-byte lines (U >= 2). The fragment reads
-// of rows qr (even) and qr + 1 (odd) share an 8-lane phase: PGK_GPAD 1 pads each row by
-// 64 bytes so they land in distinct banks; PGK_GPAD 0 swaps the two 64-byte halves of each
-// line of odd rows instead, which takes a fifth less shared memory, so two kernels' blocks
-// fit on an SM (the persistent grid of w_early).
-#ifndef PGK_GPAD
-#define PGK_GPAD 1
-#endif
-PGK_DEVICE int pgk_gswz(int r, int piece) { return PGK_GPAD ? piece : piece ^ ((r & 1) << 2); }
+// A staged slab row is 32 * U columns, whole 128-byte lines (U >= 2). Odd rows swap the
+// two 64-byte halves of each line, so the fragment reads of rows qr (even) and qr + 1
+// (odd), which share an 8-lane phase, land in distinct banks without padding the rows:
+// a fifth less shared memory, so two kernels' blocks fit on an SM (the persistent grid of
+// w_early). (Padding instead measured the same or slower on an H200.)
+PGK_DEVICE int pgk_gswz(int r, int piece) { return piece ^ ((r & 1) << 2); }
 
 extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_mma(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
@@ -324,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   // load while the predecessor runs. Otherwise the wait comes first and W only gets L2
   // prefetch hints (right whatever earlier work wrote).
   static_assert(U >= 2, "a staged slab row spans whole 128-byte lines");
-  constexpr int NS = PGK_GSTAGES, SLD = 32 * U + (PGK_GPAD ? 32 : 0), SROWS = 8 * NT;
+  constexpr int NS = PGK_GSTAGES, SLD = 32 * U, SROWS = 8 * NT;
   constexpr int CPR = 4 * U;  // 16-byte pieces per row of a slab
   extern __shared__ __align__(16) unsigned char pgk_gsm[];
   pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_gsm) + warp * (NS * SROWS * SLD);
@@ -402,9 +399,9 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       if (s + NS - 1 < total) issue(s + NS - 1);
       pgk_cp_async_commit();
       // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
-      // per step. The first step takes all but the newest; later ones stage s, which has
-      // at most NS - 1 groups after it.
-      if (s == 0) {
+      // per step: stage s has at most NS - 1 groups after it; with w_early the first step
+      // also needs x, which has one.
+      if (w_early && s == 0) {
         pgk_cp_async_wait<1>();
       } else {
         pgk_cp_async_wait<NS - 1>();
@@ -423,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
           pgk_gprologue(xa[u], xb[u], gv, false, ss, ss_hi);
         }
       }
-      const int sw = PGK_GPAD ? 0 : (qr & 1) << 2;  // pgk_gswz for rows t * 8 + qr
+      const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
       pgk_gmma_slab<U, NT>(acc, xa, xb, [&](int u, int t) {
         return *reinterpret_cast<const uint4*>(src + t * 8 * SLD + ((u * 4 + qc) ^ sw) * 8);
       });

@@ -118,14 +118,13 @@ def beats_gemm(m: int, n: int, k: int) -> bool:
 
 
 def mma_smem(config: tuple[int, int, int, int], k: int, x_rows: int = 1,
-             prologue: str = "none", padded: bool = True) -> int:  # fmt: skip
+             prologue: str = "none") -> int:  # fmt: skip
     """Dynamic shared memory of the tensor-core kernel: each warp's stages of 8 * NT rows
-    of W (32 * U columns, plus 32 when padded: gemv.cuh's PGK_GPAD), then x_rows rows of x
-    and (RMSNorm prologue) the gain row, each all of K (rounded up to 32 columns) plus 32."""
+    of W (32 * U columns), then x_rows rows of x and (RMSNorm prologue) the gain row, each
+    all of K (rounded up to 32 columns) plus 32."""
     gw, nt, u, stages = config
     rows = x_rows + (1 if prologue == "rms_norm" else 0)
-    row = 32 * u + (32 if padded else 0)
-    return (gw * stages * 8 * nt * row + rows * (cdiv(k, 32) * 32 + 32)) * 2
+    return (gw * stages * 8 * nt * 32 * u + rows * (cdiv(k, 32) * 32 + 32)) * 2
 
 
 def mma_tiles(n: int, nt: int, glu: bool) -> int:
@@ -223,13 +222,11 @@ def gemv(
                    "PGK_GSTAGES": stages}  # fmt: skip
         if glu:
             defines["PGK_GLU"] = 1
-        if early:  # unpadded stages: room for the next kernel's blocks beside these
-            defines["PGK_GPAD"] = 0
         if prefetch is None and early:
             prefetch = EARLY_PREFETCH
         if prefetch is not None:  # slabs per warp hinted into L2 before the loop (gemv.cuh)
             defines["PGK_PF"] = prefetch
-        smem = mma_smem(cfg, k, x_rows, prologue, padded=not early) if stages else 0
+        smem = mma_smem(cfg, k, x_rows, prologue) if stages else 0
         if smem > loader.max_shared_optin() and config is None:
             # Very long rows of x do not fit beside the stages: read x from global memory.
             cfg = (gw, nt, u, 0)
