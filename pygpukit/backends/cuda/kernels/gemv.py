@@ -51,12 +51,15 @@ MANY_N = 4096
 # Blocks per SM of the staged kernel's persistent grid (0: one block per tile).
 PERSIST_BLOCKS_PER_SM = 0
 # With W read before the predecessor wait (w_early), as in a decode step's CUDA graph: a
-# persistent grid of two blocks per SM, one slab a warp hinted into L2, and these batch-1
-# geometries, from the 88-GEMV TinyLlama chain on an H200 (scripts/gemv_probe.py --combos,
-# us per chain: 828 for the geometries above without early loads, 599/605 with these;
-# the prefetch depth 0/1/2 gave 591/599/630, one block per SM 1069-1127).
+# persistent grid of two blocks per SM and these batch-1 geometries, from the 88-GEMV
+# TinyLlama chain on an H200 (scripts/gemv_probe.py --combos, us per chain: 828 for the
+# geometries above without early loads, 599/605 with these; one block per SM 1069-1127).
 EARLY_BLOCKS_PER_SM = 2
-EARLY_PREFETCH = 1
+# Slabs per warp the staged kernel hints into L2 before its loop (gemv.cuh's PGK_PF): none.
+# H200 (scripts/gemv_pf_probe.py, us at depth 0/1/2, without and with early loads):
+# 2048 -> 11264 14.3/15.1/17.0 and 12.1/12.0/12.8, 2048 -> 32000 36.7/39.2/45.4 and
+# 31.6/31.6/32.3, 4096^2 10.2/9.8/10.1 and 8.9/9.2/9.6; the TinyLlama chain 591/599/630.
+STAGED_PREFETCH = 0
 EARLY_CONFIG = (8, 2, 4, 2)  # the QKV projection (2048 -> 2560), wide rows of outputs
 EARLY_CONFIG_FEW_N = (8, 1, 4, 3)  # at most 2048 outputs (the attention output, 2048^2)
 EARLY_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)  # the MLP down projection (5632 -> 2048)
@@ -222,8 +225,8 @@ def gemv(
                    "PGK_GSTAGES": stages}  # fmt: skip
         if glu:
             defines["PGK_GLU"] = 1
-        if prefetch is None and early:
-            prefetch = EARLY_PREFETCH
+        if prefetch is None and stages:
+            prefetch = STAGED_PREFETCH
         if prefetch is not None:  # slabs per warp hinted into L2 before the loop (gemv.cuh)
             defines["PGK_PF"] = prefetch
         smem = mma_smem(cfg, k, x_rows, prologue) if stages else 0

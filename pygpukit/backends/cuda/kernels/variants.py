@@ -92,19 +92,21 @@ def all_variants() -> list[Variant]:
                 for pro in gemv.PROLOGUES.values():  # none, RMSNorm
                     mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=act, PGK_PRO=pro,
                              PGK_GSTAGES=st)  # fmt: skip
+                    if st:
+                        mma["PGK_PF"] = gemv.STAGED_PREFETCH
                     out.append(("gemv", ("pgk_gemv_mma",), mma))
         for gw, nt, u, st in gemv.GLU_CONFIGS:  # the SwiGLU epilogue, with and without RMSNorm
             for pro in gemv.PROLOGUES.values():
                 mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=pro,
                          PGK_GSTAGES=st, PGK_GLU=1)  # fmt: skip
                 out.append(("gemv", ("pgk_gemv_mma",), mma))
-        for gw, nt, u, st in gemv.EARLY_CONFIGS + (gemv.MMA_CONFIG_GLU,):  # w_early's hints
+        for gw, nt, u, st in gemv.EARLY_CONFIGS + (gemv.MMA_CONFIG_GLU,):  # early loads
             for pro in gemv.PROLOGUES.values():
                 mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=pro,
-                         PGK_GSTAGES=st, PGK_PF=gemv.EARLY_PREFETCH)  # fmt: skip
+                         PGK_GSTAGES=st, PGK_PF=gemv.STAGED_PREFETCH)  # fmt: skip
                 out.append(("gemv", ("pgk_gemv_mma",), mma))
             mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=1, PGK_GSTAGES=st,
-                     PGK_PF=gemv.EARLY_PREFETCH, PGK_GLU=1)  # fmt: skip
+                     PGK_PF=gemv.STAGED_PREFETCH, PGK_GLU=1)  # fmt: skip
             out.append(("gemv", ("pgk_gemv_mma",), mma))
         for gw, nt, u, st in gemv_sweep():
             mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=0, PGK_GSTAGES=st)
