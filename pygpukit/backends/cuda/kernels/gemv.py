@@ -65,8 +65,18 @@ EARLY_CONFIG_FEW_N = (8, 1, 4, 3)  # at most 2048 outputs (the attention output,
 EARLY_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)  # the MLP down projection (5632 -> 2048)
 
 
+# Short rows over a middling count of outputs (2048 -> 5632, H200, w_early, us by blocks
+# per SM 0/3/4): four warps of two tiles, three stages, one block per tile 6.26/6.26/6.25,
+# against 7.5-8.0 for the wide geometry on two blocks per SM (the tiles, 352, then leave a
+# third of the blocks a second one).
+EARLY_CONFIG_MID_N = (4, 2, 4, 3)
+MID_N = 8192
+
+
 def early_config(x_rows: int, k: int, n: int, glu: bool) -> tuple[int, int, int, int]:
     """The geometry with early weight loads (gemv's w_early), up to MMA_STAGED_ROWS rows."""
+    if not glu and k < LONG_K and MANY_N < n <= MID_N:
+        return EARLY_CONFIG_MID_N
     if glu or n > MANY_N:
         return MMA_CONFIG_GLU  # the gate/up projection and the LM head: two tiles a warp
     if k >= LONG_K:
@@ -102,7 +112,7 @@ DEFAULT_CONFIGS = tuple(dict.fromkeys((MMA_CONFIG, MMA_CONFIG_LONG_K, MMA_CONFIG
                                         MMA_CONFIG_PRO, MMA_CONFIG_MANY_ROWS)))  # fmt: skip
 GLU_CONFIGS = (MMA_CONFIG_GLU, MMA_CONFIG_GLU_MANY_ROWS)
 EARLY_CONFIGS = tuple(dict.fromkeys((EARLY_CONFIG, EARLY_CONFIG_FEW_N, EARLY_CONFIG_LONG_K_FEW_N,
-                                      MMA_CONFIG_LONG_K)))  # fmt: skip
+                                      MMA_CONFIG_LONG_K, EARLY_CONFIG_MID_N)))  # fmt: skip
 
 
 def beats_gemm(m: int, n: int, k: int) -> bool:
@@ -242,7 +252,9 @@ def gemv(
         tiles = mma_tiles(n, nt, glu)
         per_sm = blocks_per_sm
         if per_sm is None:
-            per_sm = EARLY_BLOCKS_PER_SM if early else PERSIST_BLOCKS_PER_SM
+            per_sm = PERSIST_BLOCKS_PER_SM
+            if early and cfg != EARLY_CONFIG_MID_N:
+                per_sm = EARLY_BLOCKS_PER_SM
         grid_x = min(tiles, per_sm * loader.sm_count()) if stages and per_sm else tiles
         fn.launch(
             (grid_x, cdiv(m, MMA_ROWS)),
