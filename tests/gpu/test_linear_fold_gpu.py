@@ -24,6 +24,29 @@ def _folded(x, w, res, pro, prologue, bias=None, activation="none"):
     return gpk.GPUArray(runtime.record("linear", tuple(ins), attrs))
 
 
+def _norm_chain(ws, gain):
+    """x -> x + linear(rms_norm(x) * gain, w) for each w: folds into one GEMV a layer."""
+
+    def chain(x):
+        for w in ws:
+            x32 = x.astype(gpk.float32)
+            n = (x32 * gpk.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-5)).astype(x.dtype)
+            x = x + gpk.nn.linear(n * gain, w)
+        return x
+
+    return chain
+
+
+def _norm_chain_ref(x, ws, gain):
+    """_norm_chain in float64 NumPy."""
+    ref = x.to_numpy().astype(np.float64)
+    g64 = gain.to_numpy().astype(np.float64)
+    for w in ws:
+        n = ref / np.sqrt((ref * ref).mean(-1, keepdims=True) + 1e-5) * g64
+        ref = ref + n @ w.to_numpy().astype(np.float64).T
+    return ref
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("rows", [1, 4, 16, 40])
 @pytest.mark.parametrize("prologue", ["none", "rms_norm", "swiglu"])
@@ -157,20 +180,10 @@ def test_dependent_gemv_chain(pdl: str, monkeypatch: pytest.MonkeyPatch) -> None
     ws = [rnd(d, d, scale=d**-0.5) for _ in range(12)]
     gain = rnd(d)
 
-    def chain(x):
-        for w in ws:
-            x32 = x.astype(gpk.float32)
-            n = (x32 * gpk.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-5)).astype(x.dtype)
-            x = x + gpk.nn.linear(n * gain, w)
-        return x
-
+    chain = _norm_chain(ws, gain)
     compiled = gpk.compile(chain)
     x = rnd(1, d)
-    ref = x.to_numpy().astype(np.float64)
-    g64 = gain.to_numpy().astype(np.float64)
-    for w in ws:
-        n = ref / np.sqrt((ref * ref).mean(-1, keepdims=True) + 1e-5) * g64
-        ref = ref + n @ w.to_numpy().astype(np.float64).T
+    ref = _norm_chain_ref(x, ws, gain)
     tol = 5e-2 * float(np.abs(ref).max())
     for _ in range(3):  # the eager first call, then graph replays
         np.testing.assert_allclose(compiled(x).to_numpy().astype(np.float64), ref, atol=tol)
@@ -201,22 +214,10 @@ def test_read_only_weights_load_before_the_wait(monkeypatch: pytest.MonkeyPatch)
         for w in ws:
             w.readonly = readonly
 
-        def chain(x):
-            for w in ws:
-                x32 = x.astype(gpk.float32)
-                n = (x32 * gpk.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-5)).astype(x.dtype)
-                x = x + gpk.nn.linear(n * gain, w)
-            return x
-
-        compiled = gpk.compile(chain)
-        w64 = [w.to_numpy().astype(np.float64) for w in ws]
-        g64 = gain.to_numpy().astype(np.float64)
+        compiled = gpk.compile(_norm_chain(ws, gain))
         for call in range(4):  # the eager first call, the capture, then replays
             x = gpk.asarray(rng.standard_normal((1, d)).astype(np.float32)).astype("bfloat16")
-            ref = x.to_numpy().astype(np.float64)
-            for w in w64:
-                n = ref / np.sqrt((ref * ref).mean(-1, keepdims=True) + 1e-5) * g64
-                ref = ref + n @ w.T
+            ref = _norm_chain_ref(x, ws, gain)
             seen.clear()
             out = compiled(x).to_numpy().astype(np.float64)
             np.testing.assert_allclose(out, ref, atol=5e-2 * float(np.abs(ref).max()))
