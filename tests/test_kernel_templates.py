@@ -65,8 +65,9 @@ def test_source_inlines_common() -> None:
 @pytest.mark.parametrize("path", sorted(loader.kernel_dir().glob("*.cuh")), ids=lambda p: p.name)
 def test_every_kernel_waits_on_its_predecessor(path: object) -> None:
     """Kernels launch as programmatic dependents on SM 9.0+ (loader.pdl_enabled): each must
-    call pgk_pdl_wait() before it touches memory another kernel writes (the GEMV first
-    issues L2 prefetch hints of its weights; everything else opens with the wait)."""
+    call pgk_pdl_wait() before it touches memory another kernel writes. Code ahead of the
+    wait may only trigger the next launch, issue L2 prefetch hints, or read settled
+    operands under an early-load flag the launcher sets (gemv w_early, decode kv_early)."""
     import re
 
     text = path.read_text()  # type: ignore[attr-defined]
@@ -74,16 +75,8 @@ def test_every_kernel_waits_on_its_predecessor(path: object) -> None:
         assert "pgk_pdl_wait()" in body, f"{path}: a kernel never calls pgk_pdl_wait()"
         start = body.index("{", body.index(")"))
         before = body[start : body.index("pgk_pdl_wait()")]
-        assert "prefetch" in before or not before.strip("{ \\\n"), (
+        code = re.sub(r"//[^\n]*", "", before).replace("pgk_pdl_trigger();", "")
+        allowed = "prefetch" in code or re.search(r"\b\w+_early\b", code)
+        assert allowed or not code.strip("{ \\\n"), (
             f"{path}: a kernel runs code before pgk_pdl_wait(): {before[:200]!r}"
         )
-
-
-def test_generated_kernels_wait_on_their_predecessor() -> None:
-    import inspect
-
-    from pygpukit.backends.cuda.codegen import elementwise, fill, gather, prelude, reduce
-
-    assert "griddepcontrol.wait" in prelude.PRELUDE
-    for module in (elementwise, reduce, gather, fill):
-        assert "PGK_PDL_ENTRY" in inspect.getsource(module), module.__name__

@@ -412,9 +412,9 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 // The merge as its own kernel (the split kernels launched without counters), grid (H, B),
 // PGK_RT threads: the alternative to the last block's merge, spread over H blocks instead of
 // one per kv head. Every load is issued before its first use: the (max, sum) pairs of up
-// to PGK_RT splits in one round, then the partial outputs as float4 columns, PGK_RT / (D / 4)
-// split groups each taking every group-th split with PGK_RUNROLL loads in flight, summed
-// across groups in shared memory. A loop that waited on each split's load in turn cost ~4 us
+// to PGK_RT splits together with the first round of partial outputs (float4 columns,
+// PGK_RT / (D / 4) split groups each taking every group-th split, PGK_RUNROLL loads in
+// flight), summed across groups in shared memory. A loop that waited on each split's load in turn cost ~4 us
 // of L2 latency at 33 splits. Measured on an H200 against the last-block merge, this kernel
 // is faster at every split count tried (see native/kernels/README.md): the last block's
 // fence, atomic and single-SM read of every partial cost more than a second launch that
@@ -426,14 +426,31 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
     pgk_attn_decode_reduce(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                            pgk_t* __restrict__ o, int n_heads, int splits, long long o_sb,
                            long long o_sh) {
-  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  // Triggered before the wait: the next kernel's blocks may then take the SMs the split
+  // blocks leave and start their early loads (kv_early, gemv w_early) while this merge
+  // still waits; they read nothing this launch or its split kernel writes before their own
+  // wait, which returns only once this kernel (so also the split kernel) is complete.
   pgk_pdl_trigger();
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   constexpr int C4 = PGK_D / 4, SG = PGK_RT / C4;  // float4 columns, split groups
   __shared__ float wsh[PGK_MAXSPLITS];
   __shared__ float scratch[32];
   __shared__ float4 part[SG][C4];
   const int h = blockIdx.x, b = blockIdx.y, t = threadIdx.x;
   const long long base = ((long long)b * n_heads + h) * splits;
+  const int c4 = t % C4, sg = t / C4;
+  const float4* op = reinterpret_cast<const float4*>(o_part + base * PGK_D) + c4;
+  // One round of partials: splits s0, s0 + SG, ... (PGK_RUNROLL of them) of this thread.
+  auto load_round = [&](int s0, float4* v) {
+#pragma unroll
+    for (int u = 0; u < PGK_RUNROLL; ++u) {
+      const int s = s0 + u * SG;
+      v[u] = s < splits ? __ldcg(op + (long long)s * C4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  // The first round's partials are requested with the (max, sum) pairs: one round trip.
+  float4 v[PGK_RUNROLL];
+  load_round(sg, v);
   float2 ml = make_float2(-PGK_INF, 0.0f);
   if (t < splits) ml = __ldcg(reinterpret_cast<const float2*>(ml_part) + base + t);
   const float mx = pgk_block_max(ml.x, scratch);
@@ -441,16 +458,9 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
   const float wt = (t < splits && ml.x != -PGK_INF) ? exp2f(ml.x - mx) : 0.0f;
   if (t < splits) wsh[t] = wt;
   const float l = pgk_block_sum(wt * ml.y, scratch);  // its barriers also publish wsh
-  const int c4 = t % C4, sg = t / C4;
-  const float4* op = reinterpret_cast<const float4*>(o_part + base * PGK_D) + c4;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int s0 = sg; s0 < splits; s0 += SG * PGK_RUNROLL) {
-    float4 v[PGK_RUNROLL];
-#pragma unroll
-    for (int u = 0; u < PGK_RUNROLL; ++u) {
-      const int s = s0 + u * SG;
-      v[u] = s < splits ? __ldcg(op + (long long)s * C4) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    if (s0 != sg) load_round(s0, v);
 #pragma unroll
     for (int u = 0; u < PGK_RUNROLL; ++u) {
       const int s = s0 + u * SG;
@@ -590,26 +600,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                         const pgk_t* __restrict__ v_new, long long kn_sb, long long kn_sh,
                         long long vn_sb, long long vn_sh, const int* __restrict__ pos_p,
                         const pgk_dcs* __restrict__ cos_r, const pgk_dcs* __restrict__ sin_r,
-                        long long* __restrict__ err, long long tag) {
-  // One split (short caches, the decode step of a small max_seq_len) reads its head's keys
-  // and values from 0 up to the live length, which is not known before the wait: pull the
-  // first PGK_DEC_PF positions into L2 while the kernels before still run. A hint only:
-  // this step's row, written by the kernel just before, is read after the wait.
-  if (gridDim.x == 1) {
-    constexpr int LPR = (PGK_D * (int)sizeof(pgk_t) + 127) / 128;  // 128-byte lines a row
-    constexpr int EPL = 128 / (int)sizeof(pgk_t);
-    const int kvh = blockIdx.y / (group / PGK_G);
-    const pgk_t* kh = kc + blockIdx.z * k_sb + kvh * k_sh;
-    const pgk_t* vh = vc + blockIdx.z * v_sb + kvh * v_sh;
-    const int lines = min(max_seq, PGK_DEC_PF) * LPR;
-    for (int i = threadIdx.x; i < lines; i += blockDim.x) {
-      const long long pos = i / LPR, off = (i % LPR) * EPL;
-      pgk_prefetch_l2(kh + pos * k_ss + off);
-      pgk_prefetch_l2(vh + pos * v_ss + off);
-    }
-  }
-  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
-  pgk_pdl_trigger();
+                        long long* __restrict__ err, long long tag, int kv_early) {
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   pgk_t* smem = reinterpret_cast<pgk_t*>(smem_raw);
@@ -623,8 +614,86 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   const long long head0 = ((long long)b * n_heads + h0) * splits;
   o += b * o_sb + h0 * o_sh;
   unsigned* counter = counters + b * gridDim.y + blockIdx.y;
+  kc += b * k_sb + kvh * k_sh;
+  vc += b * v_sb + kvh * v_sh;
+  pgk_t* wsm = smem + warp * (PGK_MSTAGES * 2 * PGK_MTILE);
 
-  int start, end;
+  // This block's keys [start, end): each warp takes tiles warp, warp + PGK_MW, ... of
+  // PGK_MTK keys, streamed through its PGK_MSTAGES private stages (issue(it): its it-th).
+  int start = 0, end = 0, my_tiles = 0;
+  auto set_range = [&](int s, int e) {
+    start = s;
+    end = e;
+    const int n_tiles = s < e ? (e - s + PGK_MTK - 1) / PGK_MTK : 0;
+    my_tiles = warp < n_tiles ? (n_tiles - warp + PGK_MW - 1) / PGK_MW : 0;
+  };
+  auto issue = [&](int it) {
+    pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
+    pgk_t* vs = ks + PGK_MTILE;
+    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+    constexpr int CH = PGK_D / 8;  // 16-byte chunks per row
+#pragma unroll 4
+    for (int e = lane; e < PGK_MTK * CH; e += 32) {
+      const int j = e / CH, cc = (e % CH) * 8;
+      const bool in = key0 + j < end;
+      const long long key = in ? key0 + j : start;
+      pgk_cp_async16(ks + j * PGK_MLD + cc, kc + key * k_ss + cc, in);
+      pgk_cp_async16(vs + j * PGK_MLD + cc, vc + key * v_ss + cc, in);
+    }
+  };
+  auto first_stages = [&]() {  // one commit group per stage, empty ones too
+#pragma unroll
+    for (int it = 0; it < PGK_MSTAGES; ++it) {
+      if (it < my_tiles) issue(it);
+      pgk_cp_async_commit();
+    }
+  };
+
+  if (kv_early) {
+    // The cache rows this launch reads were written before the graph ran (a captured
+    // decode step; this step's own row, if any, is patched below from the block's copy):
+    // fill every stage while the kernels before still run. The range comes from the live
+    // length and start as read now, a guess until the wait: it is read again after it and
+    // the stages refilled if it changed.
+    int s, e;
+    pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, s, e);
+    set_range(s, e);
+    first_stages();
+  } else if (splits == 1) {
+    // One split (short caches, the decode step of a small max_seq_len) reads its head's
+    // keys and values from 0 up to the live length: pull the first PGK_DEC_PF positions
+    // into L2 while the kernels before still run. A hint only: the real reads follow the
+    // wait.
+    constexpr int LPR = (PGK_D * (int)sizeof(pgk_t) + 127) / 128;  // 128-byte lines a row
+    constexpr int EPL = 128 / (int)sizeof(pgk_t);
+    const int lines = min(max_seq, PGK_DEC_PF) * LPR;
+    for (int i = tid; i < lines; i += blockDim.x) {
+      const long long row = i / LPR, off = (i % LPR) * EPL;
+      pgk_prefetch_l2(kc + row * k_ss + off);
+      pgk_prefetch_l2(vc + row * v_ss + off);
+    }
+  }
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
+
+  // Q as A fragments: rows = heads (zero beyond G), k = head_dim. Read first, so these
+  // loads and those of the length (below) take one round trip together (through L1: the
+  // quads of a row share its lines; __ldcg here measured 1.6 us slower at B1 ctx 8192).
+  constexpr int KS = PGK_D / 16;
+  unsigned qf[KS][4];
+#if !(PGK_APPEND && PGK_ROPE)  // else rotated into q_rot first (below)
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = qr + (i & 1) * 8, col = ks * 16 + (i >> 1) * 8 + 2 * qc;
+      qf[ks][i] = row < PGK_G ? *reinterpret_cast<const unsigned*>(
+                                    q + b * q_sb + (long long)(h0 + row) * q_sh + col)
+                              : 0u;
+    }
+#endif
+
+  int r_start, r_end;  // the range as it is now
 #if PGK_APPEND
   // Every read this step's own data needs, issued at once (one round trip): the scalars,
   // this thread's pairs of q and of the new key/value row, and their table entries.
@@ -654,44 +723,28 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 
   int lo, hi;
   pgk_dec_bounds(hi_raw, lo_raw, max_seq, lo, hi);
-  pgk_dec_share(lo, hi, split, splits, PGK_MTK, start, end);
+  pgk_dec_share(lo, hi, split, splits, PGK_MTK, r_start, r_end);
   const int p = p_raw < 0 ? p_raw + max_seq : p_raw;
   const bool p_ok = p >= 0 && p < max_seq;
   // Who stores row p: every block whose share holds it (blocks of one kv head store the
   // same values, and each patches its own copy of the tile, so none waits on another),
   // or, if no share holds it, split 0 of the head's first block row.
-  const bool held = p_ok && p >= start && p < end;
+  const bool held = p_ok && p >= r_start && p < r_end;
   const bool store =
       held || (p_ok && (p < lo || p >= hi) && split == 0 && blockIdx.y % n_sub == 0);
 #else
-  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, start, end);
+  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, r_start,
+                r_end);
   (void)k_new, (void)v_new, (void)kn_sb, (void)kn_sh, (void)vn_sb, (void)vn_sh;
   (void)pos_p, (void)cos_r, (void)sin_r, (void)err, (void)tag;
 #endif
-  const int n_tiles = start < end ? (end - start + PGK_MTK - 1) / PGK_MTK : 0;
-  const int my_tiles = warp < n_tiles ? (n_tiles - warp + PGK_MW - 1) / PGK_MW : 0;
-  kc += b * k_sb + kvh * k_sh;
-  vc += b * v_sb + kvh * v_sh;
-  pgk_t* wsm = smem + warp * (PGK_MSTAGES * 2 * PGK_MTILE);
-
-  auto issue = [&](int it) {
-    pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
-    pgk_t* vs = ks + PGK_MTILE;
-    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
-    constexpr int CH = PGK_D / 8;  // 16-byte chunks per row
-#pragma unroll 4
-    for (int e = lane; e < PGK_MTK * CH; e += 32) {
-      const int j = e / CH, cc = (e % CH) * 8;
-      const bool in = key0 + j < end;
-      const long long key = in ? key0 + j : start;
-      pgk_cp_async16(ks + j * PGK_MLD + cc, kc + key * k_ss + cc, in);
-      pgk_cp_async16(vs + j * PGK_MLD + cc, vc + key * v_ss + cc, in);
+  if (!kv_early || r_start != start || r_end != end) {
+    if (kv_early) {  // the guess was wrong: drop the early tiles (each warp its own)
+      pgk_cp_async_wait<0>();
+      __syncwarp();
     }
-  };
-#pragma unroll
-  for (int it = 0; it < PGK_MSTAGES - 1; ++it) {
-    if (it < my_tiles) issue(it);
-    pgk_cp_async_commit();
+    set_range(r_start, r_end);
+    first_stages();
   }
 #if PGK_APPEND
   // The tiles may hold row p as it was: the warp whose tile holds p patches it from
@@ -751,22 +804,15 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     return;
   }
 
-  // Q as A fragments: rows = heads (zero beyond G), k = head_dim.
-  constexpr int KS = PGK_D / 16;
-  unsigned qf[KS][4];
+#if PGK_APPEND && PGK_ROPE
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = qr + (i & 1) * 8, col = ks * 16 + (i >> 1) * 8 + 2 * qc;
-#if PGK_APPEND && PGK_ROPE
       qf[ks][i] = row < PGK_G ? *reinterpret_cast<const unsigned*>(&q_rot[row][col]) : 0u;
-#else
-      qf[ks][i] = row < PGK_G ? *reinterpret_cast<const unsigned*>(
-                                    q + b * q_sb + (long long)(h0 + row) * q_sh + col)
-                              : 0u;
-#endif
     }
+#endif
 
   const float sl2 = scale * 1.4426950408889634f;
   float m_r[2] = {-PGK_INF, -PGK_INF}, l_r[2] = {0.0f, 0.0f};
@@ -777,9 +823,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     for (int e = 0; e < 4; ++e) oacc[n][e] = 0.0f;
 
   for (int it = 0; it < my_tiles; ++it) {
-    if (it + PGK_MSTAGES - 1 < my_tiles) issue(it + PGK_MSTAGES - 1);
-    pgk_cp_async_commit();
-    pgk_cp_async_wait<PGK_MSTAGES - 1>();
+    pgk_cp_async_wait<PGK_MSTAGES - 1>();  // tile it (groups after it: the stages ahead)
     __syncwarp();
     const pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
     const pgk_t* vs = ks + PGK_MTILE;
@@ -860,7 +904,9 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
         pgk_dmma(oacc[2 * dp + 1], pa, t4[2], t4[3]);
       }
     }
-    __syncwarp();  // this stage is refilled by the next iteration's issue
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    if (it + PGK_MSTAGES < my_tiles) issue(it + PGK_MSTAGES);
+    pgk_cp_async_commit();
   }
   pgk_cp_async_wait<0>();
 #pragma unroll

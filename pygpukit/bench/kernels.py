@@ -428,7 +428,10 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
             ctx_t: Any = ctx_t,
             bps: int | None = None,
             st: int | None = None,
+            early: bool = True,
         ) -> None:
+            # The caches and the length are written before the graph runs, as in a captured
+            # decode step: each block may fill its stages before the call ahead ends.
             sp = attention.decode_splits(b, h, kvh, c, "bfloat16", blocks_per_sm=bps)
             attention.decode(
                 qs[i].data_ptr(),
@@ -446,6 +449,7 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
                 splits=sp,
                 counters=ctr.data_ptr() if attention.decode_last_block_merge(sp) else 0,
                 stages=st or attention.decode_stages("bfloat16", d, bps),
+                kv_early=early,
                 stream=_stream(),
             )
 
@@ -467,10 +471,19 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
-        os_[0].fill_(float("nan"))
-        ours(0)
-        torch.cuda.synchronize()
-        _close(os_[0], r, f"decode attention ctx {ctx}")
+        for early in (False, True):
+            os_[0].fill_(float("nan"))
+            ours(0, early=early)
+            torch.cuda.synchronize()
+            _close(os_[0], r, f"decode attention ctx {ctx} kv_early={early}")
+        rows.append(
+            {
+                "bench": "kernels",
+                "workload": f"{name} no early loads",
+                "us": round(time_graph(functools.partial(ours, early=False), sets), 2),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
         comp = _compiled(ref) if use_compile else None
         _row(
             rows,

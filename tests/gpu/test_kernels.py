@@ -717,15 +717,18 @@ def test_attention_decode_ctx_from_device(
     ctr.assert_zero()
 
 
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("max_seq", [128, 512, 4096])
 def test_attention_decode_graph_replay(
-    dev: Any, rng: np.random.Generator, max_seq: int, merge: str
+    dev: Any, rng: np.random.Generator, max_seq: int, merge: str, early: bool
 ) -> None:
     """Capture three decode launches in one CUDA graph (as consecutive layers would be, each
     a programmatic dependent of the one before), two of them sharing one set of arrival
     counters, then replay it for changing context lengths: every replay finds the counters
-    zeroed again. max_seq 128 runs one split (no merge), the others several."""
+    zeroed again. max_seq 128 runs one split (no merge), the others several. early: the
+    caches are written before the graph, so each launch fills its stages before the wait
+    (kv_early)."""
     from pygpukit import _native as nv
 
     dtype, b, h, kvh, d, n_launch = "bfloat16", 1, 32, 4, 128, 3
@@ -746,7 +749,7 @@ def test_attention_decode_graph_replay(
         for i in range(n_launch):
             attention.decode(qd[i].ptr, kd[i].ptr, vd[i].ptr, ctx.ptr, od[i].ptr, use[i][0], b,
                              h, kvh, max_seq, d, dtype, splits=splits, counters=use[i][1].ptr,
-                             kv_start=start.ptr, stream=stream)  # fmt: skip
+                             kv_start=start.ptr, kv_early=early, stream=stream)  # fmt: skip
 
     step()  # compile and load outside the capture
     stream.synchronize()
@@ -766,6 +769,50 @@ def test_attention_decode_graph_replay(
             check(od[i].get((b, h, d), dtype), ref, dtype)
         for _, ctr in bufs:
             ctr.assert_zero()
+
+
+@pytest.mark.parametrize("max_seq", [128, 4096])
+def test_attention_decode_early_guess_rechecked(
+    dev: Any, rng: np.random.Generator, max_seq: int
+) -> None:
+    """kv_early reads the live length before the programmatic-launch wait as a guess. Here
+    the kernel just ahead in the graph (an argmax, itself a programmatic dependent) writes
+    that length, so the guess is taken while it may still be the previous replay's: the
+    kernel must check it after the wait and refill its stages for the range it finds."""
+    from pygpukit import _native as nv
+
+    dtype, b, h, kvh, d = "bfloat16", 1, 32, 4, 128
+    splits = attention.decode_splits(b, h, kvh, max_seq, dtype)
+    q = rand(rng, (b, h, d), dtype)
+    kc, vc = rand(rng, (b, kvh, max_seq, d), dtype), rand(rng, (b, kvh, max_seq, d), dtype)
+    qd, kd, vd, od = dev.put(q), dev.put(kc), dev.put(vc), dev.empty((b, h, d), dtype)
+    ws, ctr = _decode_bufs(dev, b, h, kvh, d, splits, "kernel")
+    scores = dev.empty((max_seq,), "float32")
+    length = dev.put(np.array([max_seq], np.int64))  # argmax writes an int64
+    stream = nv.Stream()
+
+    def step() -> None:
+        argmax_topk.argmax(scores.ptr, length.ptr, 1, max_seq, "float32", stream=stream)
+        attention.decode(qd.ptr, kd.ptr, vd.ptr, length.ptr, od.ptr, ws, b, h, kvh, max_seq, d,
+                         dtype, splits=splits, counters=ctr.ptr, kv_early=True,
+                         stream=stream)  # fmt: skip
+
+    nv.memcpy_htod(scores.ptr, rng.standard_normal(max_seq).astype(np.float32), None,
+                   4 * max_seq)  # fmt: skip
+    step()  # compile and load outside the capture
+    stream.synchronize()
+    stream.begin_capture()
+    step()
+    graph = stream.end_capture().instantiate()
+    for n in (max_seq - 1, 3, max_seq // 2 + 5, 40, max_seq - 7):
+        row = rng.standard_normal(max_seq).astype(np.float32)
+        row[n] = 100.0  # the argmax, so the length this replay attends over
+        nv.memcpy_htod(scores.ptr, row, None, 4 * max_seq)
+        nv.memset(od.ptr, 0xFF, od.nbytes)
+        graph.launch(stream)
+        stream.synchronize()
+        ref = attn_ref(q[:, :, None], kc[:, :, :n], vc[:, :, :n], False, d**-0.5)[:, :, 0]
+        check(od.get((b, h, d), dtype), ref, dtype)
 
 
 def _masked_decode_ref(

@@ -260,6 +260,7 @@ def decode(
     kv_start_dtype: str = "int32",
     stages: int | None = None,
     append: Append | None = None,
+    kv_early: bool = False,
     stream: Any = None,
 ) -> None:
     """One decode step in one kernel: o[b, h] = softmax(scale q[b, h] K^T) V over keys
@@ -278,6 +279,10 @@ def decode(
     append (bf16/f16 only): first store this step's key and value at row *pos of the caches,
     rotating the key and q by the table row (Append.rope "half" / "interleaved"), then
     attend (ir op sdpa_append).
+    kv_early (tensor-core kernel): the cache rows read were all written before the kernel
+    ahead of this launch started (a captured decode step: earlier steps' rows; this step's
+    row comes from `append`), so each warp fills its stages before the programmatic-launch
+    wait; ctx_len / kv_start are read early as a guess and checked after the wait.
     """
     _check("attention_decode", dtype, heads, kv_heads, head_dim)
     positive("attention_decode", batch=batch, max_seq=max_seq, splits=splits)
@@ -327,8 +332,8 @@ def decode(
         if append is not None:
             defines.update(append.defines())
         args += (ap.k_new, ap.v_new, *ap.k_strides, *ap.v_strides, ap.pos, ap.cos, ap.sin,
-                 ap.err, ap.tag)  # fmt: skip
-        fmt += "PPqqqqPPPPq"
+                 ap.err, ap.tag, int(kv_early))  # fmt: skip
+        fmt += "PPqqqqPPPPqi"
     else:
         st = 4
         while st > 1 and _decode_smem(dtype, g, d, st) > budget:
