@@ -90,3 +90,28 @@ def test_bad_position_is_an_index_error(cuda: Any, rng: np.random.Generator) -> 
     assert "sdpa_append" in str(e.value) and str(case.max_seq + 5) in str(e.value)
     np.testing.assert_array_equal(step.cache_k.to_numpy(), before)  # nothing was stored
     _close(step(arrays, 4, start), step.reference(arrays, 4, start), case.dtype)
+
+
+def test_captured_step_loads_the_cache_before_the_wait(
+    cuda: Any, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In append mode the caches are the step's own, so the captured decode kernel fills its
+    stages before it waits on the kernel ahead (kv_early); the eager first run does not.
+    Results stay right over replays whose length the graph computes (pos + 1)."""
+    seen: list[bool] = []
+    real = attention.decode
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        seen.append(bool(kwargs.get("kv_early")))
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "decode", spy)
+    case = StepCase(batch=2, heads=16, kv_heads=4, max_seq=1024, head_dim=128, dtype="bfloat16")
+    step = DecodeStep(case, rng)
+    for call, pos in enumerate((700, 701, 3, 1023)):
+        seen.clear()
+        arrays, start = step.inputs(pos)
+        _close(step(arrays, pos, start), step.reference(arrays, pos, start), case.dtype)
+        if call == 0:  # eager, then captured
+            assert seen == [False, True]
+    _close(step.cache_k.to_numpy(), step.k_ref, case.dtype)
