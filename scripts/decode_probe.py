@@ -18,14 +18,19 @@ from pygpukit.bench.kernels import _sets_for, _stream, time_graph
 H, KVH, D = 32, 4, 128
 
 
-def probe(batch: int, ctx: int) -> None:
+def _inputs(batch: int, ctx: int) -> tuple[int, list, list, list, list, torch.Tensor]:
+    """(sets, q, K, V, o per set, the length): random sets spanning ~3x L2."""
     sets = _sets_for(2 * batch * KVH * ctx * D * 2)
     mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     qs = [mk(batch, H, D) for _ in range(sets)]
     ks = [mk(batch, KVH, ctx, D) for _ in range(sets)]
     vs = [mk(batch, KVH, ctx, D) for _ in range(sets)]
     os_ = [torch.empty(batch, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-    length = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    return sets, qs, ks, vs, os_, torch.tensor([ctx], dtype=torch.int32, device="cuda")
+
+
+def probe(batch: int, ctx: int) -> None:
+    sets, qs, ks, vs, os_, length = _inputs(batch, ctx)
     ws = torch.empty(attention.decode_workspace_bytes(batch, H, 256, D), dtype=torch.uint8,
                      device="cuda")  # fmt: skip
     ctr = torch.zeros(attention.decode_counters(batch, H, KVH), dtype=torch.int32, device="cuda")
@@ -54,6 +59,7 @@ def probe(batch: int, ctx: int) -> None:
                     call(0)
                     torch.cuda.synchronize()
                     err = (os_[0].float() - ref).abs().max().item()
+                    assert err < 3e-2, (splits, merge, stages, early, err)
                     us = time_graph(call, sets)
                     row = {"batch": batch, "ctx": ctx, "splits": splits, "merge": merge,
                            "stages": stages, "kv_early": early, "us": round(us, 2),
@@ -66,13 +72,7 @@ def parts(batch: int, ctx: int, splits: int, stages: int) -> None:
     20 dependent launches: where a call's time goes."""
     from pygpukit.backends.cuda.kernels import loader
 
-    sets = _sets_for(2 * batch * KVH * ctx * D * 2)
-    mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    qs = [mk(batch, H, D) for _ in range(sets)]
-    ks = [mk(batch, KVH, ctx, D) for _ in range(sets)]
-    vs = [mk(batch, KVH, ctx, D) for _ in range(sets)]
-    os_ = [torch.empty(batch, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-    length = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    sets, qs, ks, vs, os_, length = _inputs(batch, ctx)
     ws = torch.randn(attention.decode_workspace_bytes(batch, H, splits, D) // 4, device="cuda")
     real = loader.get_function
 

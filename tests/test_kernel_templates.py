@@ -80,3 +80,13 @@ def test_every_kernel_waits_on_its_predecessor(path: object) -> None:
         assert allowed or not code.strip("{ \\\n"), (
             f"{path}: a kernel runs code before pgk_pdl_wait(): {before[:200]!r}"
         )
+
+
+def test_generated_kernels_wait_on_their_predecessor() -> None:
+    import inspect
+
+    from pygpukit.backends.cuda.codegen import elementwise, fill, gather, prelude, reduce
+
+    assert "griddepcontrol.wait" in prelude.PRELUDE
+    for module in (elementwise, reduce, gather, fill):
+        assert "PGK_PDL_ENTRY" in inspect.getsource(module), module.__name__

@@ -414,11 +414,11 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 // one per kv head. Every load is issued before its first use: the (max, sum) pairs of up
 // to PGK_RT splits together with the first round of partial outputs (float4 columns,
 // PGK_RT / (D / 4) split groups each taking every group-th split, PGK_RUNROLL loads in
-// flight), summed across groups in shared memory. A loop that waited on each split's load in turn cost ~4 us
-// of L2 latency at 33 splits. Measured on an H200 against the last-block merge, this kernel
-// is faster at every split count tried (see native/kernels/README.md): the last block's
-// fence, atomic and single-SM read of every partial cost more than a second launch that
-// PDL already overlaps.
+// flight), summed across groups in shared memory. A loop that waited on each split's load
+// in turn cost ~4 us of L2 latency at 33 splits. Measured on an H200 against the
+// last-block merge, this kernel is faster at every split count tried (see
+// native/kernels/README.md): the last block's fence, atomic and single-SM read of every
+// partial cost more than a second launch that PDL already overlaps.
 #define PGK_MAXSPLITS 256
 #define PGK_RT 256
 #define PGK_RUNROLL 8

@@ -104,6 +104,12 @@ def _compiled(fn: Callable[..., Any]) -> Callable[..., Any] | None:
         return None
 
 
+def _timed_row(rows: list[dict[str, Any]], name: str, ours: Fn, n_sets: int) -> None:
+    """A row of our time alone (a variant swept beside the row that compares with peers)."""
+    rows.append({"bench": "kernels", "workload": name, "us": round(time_graph(ours, n_sets), 2)})
+    print(json.dumps(rows[-1]), flush=True)
+
+
 def _row(
     rows: list[dict[str, Any]],
     name: str,
@@ -193,14 +199,12 @@ def bench_rms_norm(rows: list[dict[str, Any]], copy_gbs: float, use_compile: boo
         ours(0, threads)
         torch.cuda.synchronize()
         _close(y, ref(x, w), f"rms_norm threads={threads}")
-        rows.append(
-            {
-                "bench": "kernels",
-                "workload": f"rms_norm 16384x8192 bf16 threads={threads}",
-                "us": round(time_graph(functools.partial(ours, threads=threads), 1), 2),
-            }
+        _timed_row(
+            rows,
+            f"rms_norm 16384x8192 bf16 threads={threads}",
+            functools.partial(ours, threads=threads),
+            1,
         )
-        print(json.dumps(rows[-1]), flush=True)
     comp = _compiled(ref) if use_compile else None
     _row(
         rows,
@@ -233,14 +237,12 @@ def bench_softmax(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool
         ours(0, threads)
         torch.cuda.synchronize()
         _close(y, torch.softmax(x.float(), -1), f"softmax threads={threads}")
-        rows.append(
-            {
-                "bench": "kernels",
-                "workload": f"softmax 16384x8192 bf16 threads={threads}",
-                "us": round(time_graph(functools.partial(ours, threads=threads), 1), 2),
-            }
+        _timed_row(
+            rows,
+            f"softmax 16384x8192 bf16 threads={threads}",
+            functools.partial(ours, threads=threads),
+            1,
         )
-        print(json.dumps(rows[-1]), flush=True)
     comp = _compiled(ref) if use_compile else None
     _row(
         rows,
@@ -352,27 +354,20 @@ def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
             ours(0, cfg=cfg)
             torch.cuda.synchronize()
             _close(ys[0], xs[0].float() @ ws[0].float().T, f"{name} config={cfg}")
-            rows.append(
-                {
-                    "bench": "kernels",
-                    "workload": f"{name} config={cfg}",
-                    "us": round(time_graph(functools.partial(ours, cfg=cfg, early=False), sets), 2),
-                }
+            _timed_row(
+                rows, f"{name} config={cfg}", functools.partial(ours, cfg=cfg, early=False), sets
             )
-            print(json.dumps(rows[-1]), flush=True)
         for early in (False, True):
             ys[0].fill_(float("nan"))
             ours(0, early=early)
             torch.cuda.synchronize()
             _close(ys[0], xs[0].float() @ ws[0].float().T, f"{name} w_early={early}")
-        rows.append(
-            {
-                "bench": "kernels",
-                "workload": f"{name} writable weights (no early loads)",
-                "us": round(time_graph(functools.partial(ours, early=False), sets), 2),
-            }
+        _timed_row(
+            rows,
+            f"{name} writable weights (no early loads)",
+            functools.partial(ours, early=False),
+            sets,
         )
-        print(json.dumps(rows[-1]), flush=True)
         comp = _compiled(f.linear) if use_compile else None
         _row(
             rows,
@@ -463,27 +458,18 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
             ours(0, bps=bps, st=st)
             torch.cuda.synchronize()
             _close(os_[0], r, f"{name} blocks_per_sm={bps} stages={st}")
-            rows.append(
-                {
-                    "bench": "kernels",
-                    "workload": f"{name} blocks_per_sm={bps} stages={st}",
-                    "us": round(time_graph(functools.partial(ours, bps=bps, st=st), sets), 2),
-                }
+            _timed_row(
+                rows,
+                f"{name} blocks_per_sm={bps} stages={st}",
+                functools.partial(ours, bps=bps, st=st),
+                sets,
             )
-            print(json.dumps(rows[-1]), flush=True)
         for early in (False, True):
             os_[0].fill_(float("nan"))
             ours(0, early=early)
             torch.cuda.synchronize()
             _close(os_[0], r, f"decode attention ctx {ctx} kv_early={early}")
-        rows.append(
-            {
-                "bench": "kernels",
-                "workload": f"{name} no early loads",
-                "us": round(time_graph(functools.partial(ours, early=False), sets), 2),
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
+        _timed_row(rows, f"{name} no early loads", functools.partial(ours, early=False), sets)
         comp = _compiled(ref) if use_compile else None
         _row(
             rows,

@@ -33,6 +33,13 @@ class Context(Protocol):
     def tag(self, op: str, inputs: list[tuple[tuple[int, ...], Any]], loc: Any) -> int: ...
 
 
+def capturing(ctx: Context) -> bool:
+    """Whether ctx's launches are being captured into a CUDA graph: every kernel ahead of
+    one of them on the stream is then one of the graph's own (a context that never
+    captures: False)."""
+    return bool(getattr(ctx, "capturing", False))
+
+
 def contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(contiguous_strides(shape))
 

@@ -15,7 +15,7 @@ from pygpukit.ir import dtypes
 from pygpukit.passes import Step
 
 from . import ew
-from .context import Context, contiguous, numel
+from .context import Context, capturing, contiguous, numel
 from .kernels import attention, matmul_simple, rope, softmax
 from .materialize import contiguous_as
 from .ops_elementwise import arange_values
@@ -215,19 +215,15 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                          kv_start=vals[n_start].ptr if n_start >= 0 else 0,
                          kv_start_stride=kvs_stride, kv_start_dtype=kvs_dtype,
                          append=append.bind(vals) if append is not None else None,
-                         kv_early=append is not None and _capturing(ctx),
+                         # In append mode the caches are the compiled step's own
+                         # (sdpa_append's rule): the graph writes no row of them but this
+                         # step's, which the kernel patches itself, so in a capture (the
+                         # kernel ahead is the graph's own) it may read them early.
+                         kv_early=append is not None and capturing(ctx),
                          stream=ctx.stream)  # fmt: skip
         return o
 
     return run
-
-
-def _capturing(ctx: Context) -> bool:
-    """Whether this launch is captured into a CUDA graph. In append mode the caches are the
-    compiled step's own (sdpa_append's rule): the graph writes no row of them but this
-    step's, which the kernel patches itself, and the kernel ahead is the graph's own, so
-    the decode kernel may read the cache before that kernel ends (kv_early)."""
-    return bool(getattr(ctx, "capturing", False))
 
 
 class _AppendPlan:

@@ -19,7 +19,7 @@ from pygpukit.ir.ops import linear_extras
 from pygpukit.passes import Step
 
 from . import ew, ops_nn, toolchain
-from .context import Context, contiguous, numel
+from .context import Context, capturing, contiguous, numel
 from .kernels import gemm_mma, gemv, loader, matmul_simple
 from .layout import broadcast_strides, collapse, reshape_strides
 from .materialize import contiguous_as
@@ -487,7 +487,7 @@ def _settled(ctx: Context, w: DeviceValue) -> bool:
     """Whether a kernel may read w before the kernel ahead of it on the stream finishes:
     w is read-only (no kernel writes it) and the launch is captured into a CUDA graph (so
     the kernel ahead is the graph's own, not one that made w before it was marked)."""
-    return bool(getattr(w.storage, "readonly", False)) and bool(getattr(ctx, "capturing", False))
+    return bool(getattr(w.storage, "readonly", False)) and capturing(ctx)
 
 
 def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
