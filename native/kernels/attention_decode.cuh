@@ -499,10 +499,12 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
 #ifndef PGK_MSTAGES
 #define PGK_MSTAGES 2
 #endif
-#define PGK_MW 4                        // warps per block
+#define PGK_MW 4  // warps per block (8, one tile each, measured slower at B1 and B8)
 #define PGK_MTK 32                      // keys per warp tile
 #define PGK_MLD (PGK_D + 8)             // smem row: 16-byte pad keeps ldmatrix conflict-free
 #define PGK_MTILE (PGK_MTK * PGK_MLD)   // elements of one K (or V) tile
+#define PGK_MOLD (PGK_D + 8)            // f32 row of a warp's O state at the end
+#define PGK_MWS (16 * PGK_MOLD + 32)    // f32 of one warp's state: O, m [16], l [16]
 
 template <typename A, typename B> struct pgk_dsame { static constexpr bool value = false; };
 template <typename A> struct pgk_dsame<A, A> { static constexpr bool value = true; };
@@ -916,43 +918,61 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   }
   __syncthreads();  // every warp is done with its stages: reuse them for the merge
 
-  // Per-warp states: O [16][D] f32, then m [16], l [16].
-  float* wo = reinterpret_cast<float*>(smem_raw) + warp * (16 * PGK_D + 32);
+  // Per-warp states (f32): O [16][PGK_MOLD], m [16], l [16]. Rows are padded by 8 floats
+  // so a quad's float2 stores of one fragment column hit distinct banks (unpadded, the
+  // eight rows of a column shared a bank: ~0.6 us of conflicts at B1 ctx 8192).
+  constexpr int LD = PGK_MOLD, WS = PGK_MWS, NT = PGK_MW * 32;
+  float* wst = reinterpret_cast<float*>(smem_raw);
+  float* wo = wst + warp * WS;
 #pragma unroll
-  for (int n = 0; n < PGK_D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) wo[(qr + (e >> 1) * 8) * PGK_D + n * 8 + 2 * qc + (e & 1)] = oacc[n][e];
+  for (int n = 0; n < PGK_D / 8; ++n) {
+    const int c = n * 8 + 2 * qc;
+    *reinterpret_cast<float2*>(wo + qr * LD + c) = make_float2(oacc[n][0], oacc[n][1]);
+    if (PGK_G > 8)  // rows 8..15 are padding heads otherwise
+      *reinterpret_cast<float2*>(wo + (qr + 8) * LD + c) = make_float2(oacc[n][2], oacc[n][3]);
+  }
   if (qc == 0) {
-    wo[16 * PGK_D + qr] = m_r[0];
-    wo[16 * PGK_D + qr + 8] = m_r[1];
-    wo[16 * PGK_D + 16 + qr] = l_r[0];
-    wo[16 * PGK_D + 16 + qr + 8] = l_r[1];
+    wo[16 * LD + qr] = m_r[0];
+    wo[16 * LD + qr + 8] = m_r[1];
+    wo[16 * LD + 16 + qr] = l_r[0];
+    wo[16 * LD + 16 + qr + 8] = l_r[1];
   }
   __syncthreads();
-  const float* all = reinterpret_cast<const float*>(smem_raw);
-  for (int e = tid; e < PGK_G * PGK_D; e += blockDim.x) {
-    const int g = e / PGK_D, d = e % PGK_D;
+  // Each warp's weight per head (wgt [MW][G]) and the head's sum (tot [G]), once, so the
+  // column loop below is loads and FMAs only (with the exp2 per element it took ~1 us).
+  float* wgt = wst + PGK_MW * WS;
+  float* tot = wgt + PGK_MW * PGK_G;
+  if (tid < PGK_G) {
     float mmax = -PGK_INF;
 #pragma unroll
-    for (int w = 0; w < PGK_MW; ++w) mmax = max(mmax, all[w * (16 * PGK_D + 32) + 16 * PGK_D + g]);
-    float acc = 0.0f, lsum = 0.0f;
+    for (int w = 0; w < PGK_MW; ++w) mmax = max(mmax, wst[w * WS + 16 * LD + tid]);
+    float lsum = 0.0f;
 #pragma unroll
     for (int w = 0; w < PGK_MW; ++w) {
-      const float* ww = all + w * (16 * PGK_D + 32);
-      const float mw = ww[16 * PGK_D + g];
-      if (mw == -PGK_INF) continue;  // a warp that had no tile
-      const float f = exp2f(mw - mmax);
-      acc += f * ww[g * PGK_D + d];
-      lsum += f * ww[16 * PGK_D + 16 + g];
+      const float mw = wst[w * WS + 16 * LD + tid];
+      const float f = mw == -PGK_INF ? 0.0f : exp2f(mw - mmax);  // a warp with no tile: 0
+      wgt[w * PGK_G + tid] = f;
+      lsum += f * wst[w * WS + 16 * LD + 16 + tid];
     }
-    if (splits == 1) {  // a non-empty block's sum is positive
-      o[g * o_sh + d] = pgk_from_float<pgk_t>(acc / lsum);
-      continue;
+    tot[tid] = lsum;
+    if (splits > 1) {
+      ml_part[(part + (long long)tid * splits) * 2] = mmax;
+      ml_part[(part + (long long)tid * splits) * 2 + 1] = lsum;
     }
-    o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
-    if (d == 0) {
-      ml_part[(part + (long long)g * splits) * 2] = mmax;
-      ml_part[(part + (long long)g * splits) * 2 + 1] = lsum;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < (PGK_G * PGK_D + NT - 1) / NT; ++i) {
+    const int e = tid + i * NT;
+    if (e < PGK_G * PGK_D) {
+      const int g = e / PGK_D, d = e % PGK_D;
+      float acc = 0.0f;
+#pragma unroll
+      for (int w = 0; w < PGK_MW; ++w) acc += wgt[w * PGK_G + g] * wst[w * WS + g * LD + d];
+      if (splits == 1)  // a non-empty block's sum is positive
+        o[g * o_sh + d] = pgk_from_float<pgk_t>(acc / tot[g]);
+      else
+        o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
     }
   }
   if (counters && splits > 1 && pgk_dec_arrive(counter, splits))

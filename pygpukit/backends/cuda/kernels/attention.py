@@ -213,8 +213,10 @@ def _decode_smem(dtype: str, g: int, d: int, stages: int) -> int:
 
 
 def _decode_mma_smem(d: int, stages: int) -> int:
-    stage = _M_WARPS * stages * 2 * _M_TILE * (d + 8) * 2
-    merge = _M_WARPS * (16 * d + 32) * 4
+    warps = _M_WARPS
+    stage = warps * stages * 2 * _M_TILE * (d + 8) * 2
+    # The warps' states (PGK_MWS floats each), their weights per head and the heads' sums.
+    merge = (warps * (16 * (d + 8) + 32) + warps * 16 + 16) * 4
     return max(stage, merge)
 
 
