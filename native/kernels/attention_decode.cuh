@@ -489,12 +489,15 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
 // Tensor-core variant for bf16/f16 (pgk_attn_decode_mma): same workspace and merges.
 //
 // The CUDA-core kernel above spends ~3x longer on arithmetic than on moving a tile, so it
-// cannot keep HBM busy. Here the G <= 16 query heads of a kv head form the M = 16 rows of
-// mma.sync m16n8k16 tiles: S = Q K^T and O += P V run on tensor cores, Q stays in registers
-// as A fragments for the whole kernel, and P goes from the S accumulators straight into A
-// fragments (the FlashAttention-2 register layout identity), so scores never touch shared
-// memory. Each of the 4 warps streams its own 32-key tiles (warp w takes tiles w, w+4, ...)
-// through PGK_MSTAGES private cp.async stages with no block barrier in the loop; the warps'
+// cannot keep HBM busy. Here the products run on mma.sync m16n8k16 tensor-core tiles,
+// transposed: S^T = K Q^T and O^T += V^T P^T, so the 16 rows of a tile are keys (then
+// head_dim) and its 8 columns are the query heads (G <= 16: one or two column blocks). Q^T
+// stays in registers as B fragments for the whole kernel; P^T goes from the S^T
+// accumulators into B fragments through movmatrix (8x8 transposes in registers), so scores
+// never touch shared memory. (As S = Q K^T, with the heads on the 16 rows, G = 8 left half
+// of every tile padding: twice the mma work, ~30% longer per tile at B1 ctx 8192.) Each of
+// the 4 warps streams its own 32-key tiles (warp w takes tiles w, w+4, ...) through
+// PGK_MSTAGES private cp.async stages with no block barrier in the loop; the warps'
 // (max, sum, O) states merge once at the end.
 #ifndef PGK_MSTAGES
 #define PGK_MSTAGES 2
@@ -503,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
 #define PGK_MTK 32                      // keys per warp tile
 #define PGK_MLD (PGK_D + 8)             // smem row: 16-byte pad keeps ldmatrix conflict-free
 #define PGK_MTILE (PGK_MTK * PGK_MLD)   // elements of one K (or V) tile
-#define PGK_MOLD (PGK_D + 8)            // f32 row of a warp's O state at the end
+#define PGK_MOLD (PGK_D + 4)            // f32 row of a warp's O state at the end
 #define PGK_MWS (16 * PGK_MOLD + 32)    // f32 of one warp's state: O, m [16], l [16]
 
 template <typename A, typename B> struct pgk_dsame { static constexpr bool value = false; };
@@ -533,6 +536,13 @@ PGK_DEVICE void pgk_dmma(float* d, const unsigned* a, unsigned b0, unsigned b1) 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+// An 8x8 matrix of 16-bit elements in mma fragment layout, transposed (thread (r, c) gets
+// elements (2c, r) and (2c + 1, r)).
+PGK_DEVICE unsigned pgk_dmovt(unsigned x) {
+  unsigned y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 // Two floats as one register of two 16-bit elements, the lower k index in the low half.
 PGK_DEVICE unsigned pgk_dpack(float lo, float hi) {
@@ -678,21 +688,23 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
 
-  // Q as A fragments: rows = heads (zero beyond G), k = head_dim. Read first, so these
+  // Q^T as B fragments: n = heads (zero beyond G), k = head_dim. Read first, so these
   // loads and those of the length (below) take one round trip together (through L1: the
   // quads of a row share its lines; __ldcg here measured 1.6 us slower at B1 ctx 8192).
-  constexpr int KS = PGK_D / 16;
-  unsigned qf[KS][4];
+  constexpr int KS = PGK_D / 16, NB = (PGK_G + 7) / 8;  // k steps, 8-head column blocks
+  unsigned qb[NB][KS][2];
 #if !(PGK_APPEND && PGK_ROPE)  // else rotated into q_rot first (below)
 #pragma unroll
-  for (int ks = 0; ks < KS; ++ks)
+  for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = qr + (i & 1) * 8, col = ks * 16 + (i >> 1) * 8 + 2 * qc;
-      qf[ks][i] = row < PGK_G ? *reinterpret_cast<const unsigned*>(
-                                    q + b * q_sb + (long long)(h0 + row) * q_sh + col)
-                              : 0u;
-    }
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int head = nb * 8 + qr, col = ks * 16 + i * 8 + 2 * qc;
+        qb[nb][ks][i] = head < PGK_G ? *reinterpret_cast<const unsigned*>(
+                                           q + b * q_sb + (long long)(h0 + head) * q_sh + col)
+                                     : 0u;
+      }
 #endif
 
   int r_start, r_end;  // the range as it is now
@@ -808,21 +820,36 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 
 #if PGK_APPEND && PGK_ROPE
 #pragma unroll
-  for (int ks = 0; ks < KS; ++ks)
+  for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = qr + (i & 1) * 8, col = ks * 16 + (i >> 1) * 8 + 2 * qc;
-      qf[ks][i] = row < PGK_G ? *reinterpret_cast<const unsigned*>(&q_rot[row][col]) : 0u;
-    }
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int head = nb * 8 + qr, col = ks * 16 + i * 8 + 2 * qc;
+        qb[nb][ks][i] =
+            head < PGK_G ? *reinterpret_cast<const unsigned*>(&q_rot[head][col]) : 0u;
+      }
 #endif
 
+  // The products run transposed, S^T = K Q^T and O^T += V^T P^T: keys (then head_dim) on
+  // the mma's 16 rows and the query heads on its 8 columns, so G = 8 heads fill the tile
+  // (as Q K^T, the heads sat on 16 rows, half of them padding: twice the mma work).
+  // Fragment (r, c) of thread (qr, qc): rows qr, qr + 8; columns 2 qc, 2 qc + 1.
   const float sl2 = scale * 1.4426950408889634f;
-  float m_r[2] = {-PGK_INF, -PGK_INF}, l_r[2] = {0.0f, 0.0f};
-  float oacc[PGK_D / 8][4];
+  float m_r[NB][2], l_r[NB][2];  // per head 2 qc + h of each column block
+  float oacc[PGK_D / 16][NB][4];
 #pragma unroll
-  for (int n = 0; n < PGK_D / 8; ++n)
+  for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) oacc[n][e] = 0.0f;
+    for (int h = 0; h < 2; ++h) {
+      m_r[nb][h] = -PGK_INF;
+      l_r[nb][h] = 0.0f;
+    }
+#pragma unroll
+    for (int dp = 0; dp < PGK_D / 16; ++dp)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) oacc[dp][nb][e] = 0.0f;
+  }
 
   for (int it = 0; it < my_tiles; ++it) {
     pgk_cp_async_wait<PGK_MSTAGES - 1>();  // tile it (groups after it: the stages ahead)
@@ -841,69 +868,82 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     }
 #endif
 
-    float s[4][4];
+    float s[2][NB][4];  // S^T: [16-key half][column block][fragment]
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mb][nb][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        unsigned t4[4];
-        pgk_dldm_x4(t4, ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * PGK_MLD + kk * 16 +
-                            ((lane >> 3) & 1) * 8);
-        pgk_dmma(s[2 * np], qf[kk], t4[0], t4[1]);
-        pgk_dmma(s[2 * np + 1], qf[kk], t4[2], t4[3]);
+      for (int mb = 0; mb < 2; ++mb) {
+        unsigned a4[4];  // K rows mb*16.., columns kk*16..: (r0-7,k0-7) (r8-15,k0-7) ...
+        pgk_dldm_x4(a4, ks + (mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PGK_MLD +
+                            kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) pgk_dmma(s[mb][nb], a4, qb[nb][kk][0], qb[nb][kk][1]);
       }
-    float mx[2] = {-PGK_INF, -PGK_INF};
+    float mx[NB][2];
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int nb = 0; nb < NB; ++nb) mx[nb][0] = mx[nb][1] = -PGK_INF;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + n * 8 + 2 * qc + (e & 1);
-        s[n][e] = key < end ? s[n][e] * sl2 : -PGK_INF;
-        mx[e >> 1] = max(mx[e >> 1], s[n][e]);
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + mb * 16 + qr + (e >> 1) * 8;
+          s[mb][nb][e] = key < end ? s[mb][nb][e] * sl2 : -PGK_INF;
+          mx[nb][e & 1] = max(mx[nb][e & 1], s[mb][nb][e]);
+        }
+    float alpha[NB][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // The 8 threads of a column (lanes qc + 4 i) share a head; a tile with key0 < end
+        // has a finite max.
+        float m = mx[nb][h];
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 16));
+        const float mn = max(m_r[nb][h], m);
+        alpha[nb][h] = exp2f(m_r[nb][h] - mn);
+        m_r[nb][h] = mn;
+        l_r[nb][h] *= alpha[nb][h];
       }
-    float alpha[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // The 4 threads of a quad share a row; a tile with key0 < end has a finite max.
-      mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float mn = max(m_r[h], mx[h]);
-      alpha[h] = exp2f(m_r[h] - mn);
-      m_r[h] = mn;
-      l_r[h] *= alpha[h];
-    }
+    for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+      for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - m_r[e >> 1]);
-        l_r[e >> 1] += s[n][e];
+        for (int e = 0; e < 4; ++e) {
+          s[mb][nb][e] = exp2f(s[mb][nb][e] - m_r[nb][e & 1]);
+          l_r[nb][e & 1] += s[mb][nb][e];
+        }
+#pragma unroll
+    for (int dp = 0; dp < PGK_D / 16; ++dp)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) oacc[dp][nb][e] *= alpha[nb][e & 1];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {  // 16 keys a step: the S^T rows of half kk
+      unsigned pb[NB][2];  // P^T as B fragments: 8x8 blocks of S^T, transposed
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        pb[nb][0] = pgk_dmovt(pgk_dpack(s[kk][nb][0], s[kk][nb][1]));
+        pb[nb][1] = pgk_dmovt(pgk_dpack(s[kk][nb][2], s[kk][nb][3]));
       }
-#pragma unroll
-    for (int n = 0; n < PGK_D / 8; ++n) {
-      oacc[n][0] *= alpha[0];
-      oacc[n][1] *= alpha[0];
-      oacc[n][2] *= alpha[1];
-      oacc[n][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      unsigned pa[4];
-      pa[0] = pgk_dpack(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = pgk_dpack(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = pgk_dpack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = pgk_dpack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int dp = 0; dp < PGK_D / 16; ++dp) {
-        unsigned t4[4];
-        pgk_dldm_x4_t(t4, vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PGK_MLD +
-                              dp * 16 + (lane >> 4) * 8);
-        pgk_dmma(oacc[2 * dp], pa, t4[0], t4[1]);
-        pgk_dmma(oacc[2 * dp + 1], pa, t4[2], t4[3]);
+        unsigned a4[4];  // V^T rows dp*16.. (head_dim), columns kk*16.. (keys)
+        pgk_dldm_x4_t(a4, vs + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * PGK_MLD + dp * 16 +
+                              ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) pgk_dmma(oacc[dp][nb], a4, pb[nb][0], pb[nb][1]);
       }
     }
     __syncwarp();  // every lane is done with this stage before it is refilled
@@ -912,30 +952,36 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   }
   pgk_cp_async_wait<0>();
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 1);
-    l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 2);
-  }
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the keys of a head are spread over its column's lanes
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 4);
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 8);
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 16);
+    }
   __syncthreads();  // every warp is done with its stages: reuse them for the merge
 
-  // Per-warp states (f32): O [16][PGK_MOLD], m [16], l [16]. Rows are padded by 8 floats
-  // so a quad's float2 stores of one fragment column hit distinct banks (unpadded, the
-  // eight rows of a column shared a bank: ~0.6 us of conflicts at B1 ctx 8192).
+  // Per-warp states (f32): O [16][PGK_MOLD] (row = head), m [16], l [16]. Rows are padded
+  // by 4 floats so the 8 x 4 lanes of one O^T fragment store hit distinct banks (unpadded,
+  // the rows of one column shared a bank: ~0.6 us of conflicts at B1 ctx 8192).
   constexpr int LD = PGK_MOLD, WS = PGK_MWS, NT = PGK_MW * 32;
   float* wst = reinterpret_cast<float*>(smem_raw);
   float* wo = wst + warp * WS;
 #pragma unroll
-  for (int n = 0; n < PGK_D / 8; ++n) {
-    const int c = n * 8 + 2 * qc;
-    *reinterpret_cast<float2*>(wo + qr * LD + c) = make_float2(oacc[n][0], oacc[n][1]);
-    if (PGK_G > 8)  // rows 8..15 are padding heads otherwise
-      *reinterpret_cast<float2*>(wo + (qr + 8) * LD + c) = make_float2(oacc[n][2], oacc[n][3]);
-  }
-  if (qc == 0) {
-    wo[16 * LD + qr] = m_r[0];
-    wo[16 * LD + qr + 8] = m_r[1];
-    wo[16 * LD + 16 + qr] = l_r[0];
-    wo[16 * LD + 16 + qr + 8] = l_r[1];
+  for (int dp = 0; dp < PGK_D / 16; ++dp)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        wo[(nb * 8 + 2 * qc + (e & 1)) * LD + dp * 16 + qr + (e >> 1) * 8] = oacc[dp][nb][e];
+  if (qr == 0) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        wo[16 * LD + nb * 8 + 2 * qc + h] = m_r[nb][h];
+        wo[16 * LD + 16 + nb * 8 + 2 * qc + h] = l_r[nb][h];
+      }
   }
   __syncthreads();
   // Each warp's weight per head (wgt [MW][G]) and the head's sum (tot [G]), once, so the

@@ -216,7 +216,7 @@ def _decode_mma_smem(d: int, stages: int) -> int:
     warps = _M_WARPS
     stage = warps * stages * 2 * _M_TILE * (d + 8) * 2
     # The warps' states (PGK_MWS floats each), their weights per head and the heads' sums.
-    merge = (warps * (16 * (d + 8) + 32) + warps * 16 + 16) * 4
+    merge = (warps * (16 * (d + 4) + 32) + warps * 16 + 16) * 4
     return max(stage, merge)
 
 
