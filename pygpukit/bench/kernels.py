@@ -482,6 +482,28 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
             sets,
         )
         del qs, ks, vs, os_
+        _copy_at(rows, kv_bytes, copy_gbs)
+
+
+def _copy_at(rows: list[dict[str, Any]], nbytes: int, copy_gbs: float) -> None:
+    """torch's device copy moving `nbytes` (read + write), rotating sets as the workload
+    did: the ceiling at that size, where launch and ramp-up weigh on a few microseconds."""
+    torch = _torch()
+    sets = _sets_for(nbytes)
+    src = [torch.randn(nbytes // 8, device="cuda") for _ in range(sets)]
+    dst = [torch.empty_like(a) for a in src]
+    t = time_graph(lambda i: _ignore(dst[i].copy_(src[i])), sets)
+    gbs = nbytes / (t * 1e-6) / 1e9
+    rows.append(
+        {
+            "bench": "kernels",
+            "workload": f"copy d2d moving {nbytes} bytes",
+            "us": round(t, 2),
+            "GB/s": round(gbs, 1),
+            "pct_copy_bw": round(100 * gbs / copy_gbs, 1),
+        }
+    )
+    print(json.dumps(rows[-1]), flush=True)
 
 
 SWEEP_THREADS = (512, 128)
