@@ -693,18 +693,20 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   // quads of a row share its lines; __ldcg here measured 1.6 us slower at B1 ctx 8192).
   constexpr int KS = PGK_D / 16, NB = (PGK_G + 7) / 8;  // k steps, 8-head column blocks
   unsigned qb[NB][KS][2];
+  auto load_q = [&](const pgk_t* q0, long long sh) {  // head h's row at q0 + h * sh
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int head = nb * 8 + qr, col = ks * 16 + i * 8 + 2 * qc;
+          qb[nb][ks][i] =
+              head < PGK_G ? *reinterpret_cast<const unsigned*>(q0 + head * sh + col) : 0u;
+        }
+  };
 #if !(PGK_APPEND && PGK_ROPE)  // else rotated into q_rot first (below)
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int head = nb * 8 + qr, col = ks * 16 + i * 8 + 2 * qc;
-        qb[nb][ks][i] = head < PGK_G ? *reinterpret_cast<const unsigned*>(
-                                           q + b * q_sb + (long long)(h0 + head) * q_sh + col)
-                                     : 0u;
-      }
+  load_q(q + b * q_sb + (long long)h0 * q_sh, q_sh);
 #endif
 
   int r_start, r_end;  // the range as it is now
@@ -819,16 +821,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   }
 
 #if PGK_APPEND && PGK_ROPE
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int head = nb * 8 + qr, col = ks * 16 + i * 8 + 2 * qc;
-        qb[nb][ks][i] =
-            head < PGK_G ? *reinterpret_cast<const unsigned*>(&q_rot[head][col]) : 0u;
-      }
+  load_q(&q_rot[0][0], PGK_D);
 #endif
 
   // The products run transposed, S^T = K Q^T and O^T += V^T P^T: keys (then head_dim) on

@@ -213,10 +213,9 @@ def _decode_smem(dtype: str, g: int, d: int, stages: int) -> int:
 
 
 def _decode_mma_smem(d: int, stages: int) -> int:
-    warps = _M_WARPS
-    stage = warps * stages * 2 * _M_TILE * (d + 8) * 2
+    stage = _M_WARPS * stages * 2 * _M_TILE * (d + 8) * 2
     # The warps' states (PGK_MWS floats each), their weights per head and the heads' sums.
-    merge = (warps * (16 * (d + 4) + 32) + warps * 16 + 16) * 4
+    merge = (_M_WARPS * (16 * (d + 4) + 32) + _M_WARPS * 16 + 16) * 4
     return max(stage, merge)
 
 
