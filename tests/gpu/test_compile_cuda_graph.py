@@ -205,11 +205,14 @@ def test_many_calls_do_not_grow_pool_memory(cuda: Any, rng: np.random.Generator)
     ref = xw / np.sqrt((xw**2).mean(-1, keepdims=True) + 1e-6) * g * 0.25
     close(last, ref, 2e-3)
     # y from the call before is alive, so outputs alternate blocks; how many address sets
-    # the warm-up and the scalars' blocks add depends on the pool's reuse (H200, 2026-11-23:
-    # 6). What must hold: the captures fit the program's cache (no re-capture churn) and
-    # replays served the calls.
+    # the warm-up and the scalars' blocks add, and whether one of them first appears inside
+    # the loop, depends on the pool's reuse (H200: 6 sets, one of them new at one run's call
+    # 9,999). What must hold: the captures fit the program's cache (no re-capture churn,
+    # which would evict captures and their replay counts) and replays served every call but
+    # the few that made a capture.
     caps = captures_of(f)
-    assert len(caps) <= _CAPTURES_KEPT and sum(rp.replays for rp in caps) >= 10_000
+    assert len(caps) <= _CAPTURES_KEPT
+    assert sum(rp.replays for rp in caps) >= 10_000 - len(caps)
 
 
 def test_uncapturable_step_falls_back_with_one_warning(

@@ -82,14 +82,22 @@ def test_logits_f32_and_bf16(wide_llama):
 
 @torch.no_grad()
 def test_greedy_tokens_f32(wide_llama):
+    """Each of our greedy tokens is transformers' argmax on the same prefix. The small random
+    fixtures have near-ties (the llama fixture once gave 235 where transformers gave 101),
+    where float32 sums in another order may pick the other token; there a token within the
+    rounding of the top logit counts as greedy, and the check goes on along our sequence
+    (teacher-forced), so one tie does not fail every later step."""
     rng = np.random.default_rng(1)
+    decisive = 0
     for path in _paths(wide_llama):
         prompt = rng.integers(3, 256, 13).astype(np.int64)
-        m = hf_model(path, torch.float32)
-        seq = torch.from_numpy(prompt).to("cuda")
-        for _ in range(32):
-            nxt = m(seq[None]).logits[0, -1].argmax()  # type: ignore[operator]
-            seq = torch.cat([seq, nxt[None]])
-        want = seq[len(prompt) :].cpu().tolist()
         ours = llm.load(path, progress=False).generate_ids([prompt.tolist()], 32, stop_at_eos=False)
-        assert ours.tokens[0] == want, path
+        seq = np.concatenate([prompt, np.asarray(ours.tokens[0], np.int64)])
+        logits = hf_logits(hf_model(path, torch.float32), seq).astype(np.float64)
+        for i, tok in enumerate(ours.tokens[0]):
+            row = logits[len(prompt) - 1 + i]
+            top = np.sort(row)[-2:]
+            tol = 1e-5 * (1.0 + abs(top[1]))
+            assert row[tok] >= top[1] - tol, (path, i, tok, int(row.argmax()), top[1] - row[tok])
+            decisive += bool(top[1] - top[0] > tol)
+    assert decisive >= 0.9 * 32 * len(_paths(wide_llama))
