@@ -17,7 +17,8 @@ flood of large GEMMs, and split GPU time between Burstable tenants as asked?
 On the CPU backend time is simulated (each launch costs the bytes its kernels move at a
 nominal bandwidth; a GPU that runs one launch at a time and cannot preempt it, as a
 persistent GEMM on the H200 does not yield its SMs), so the figures are the scheduler's
-decisions, not CPU speed. Results: bench/results/scheduler_<backend>.json.
+decisions, not CPU speed. Results: bench/results/<device>-scheduler.json (cpu-scheduler.json
+on the CPU backend), which the next run on that device overwrites.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pygpukit as gpk  # noqa: E402
+from pygpukit.bench.results import result_path  # noqa: E402
 from pygpukit.scheduler.scheduler import _EXEC_LOCK  # noqa: E402
 
 SIM_GBPS = 2.0  # simulated GPU bandwidth: CPU-sized tensors then cost milliseconds
@@ -362,7 +364,7 @@ def main() -> None:
                       "shares_within_5_points": share_err <= 0.05}  # fmt: skip
     if "p99_ratio_paced" in res:
         res["targets"]["paced_guaranteed_p99_within_1.25x"] = res["p99_ratio_paced"] <= 1.25
-    out = args.out or Path(__file__).parent / "results" / f"scheduler_{res['backend']}.json"
+    out = args.out or result_path(res.get("device") or "cpu", "scheduler")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))

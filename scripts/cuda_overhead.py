@@ -1,4 +1,8 @@
-"""Per-op host overhead of the CUDA backend: eager ops and cached lazy replays (us/op)."""
+"""Per-op host overhead of the CUDA backend: eager ops and cached lazy replays (us/op).
+scripts/device_test.sh runs it first and keeps its line in $OUT/overhead.txt.
+
+    python scripts/cuda_overhead.py
+"""
 
 from __future__ import annotations
 

@@ -6,7 +6,10 @@ Prints (1) the host time of one call of a small compiled function (the dispatch 
 GPU work is a few microseconds), (2) the TinyLlama-shape decode step (random bf16 weights)
 per batch: ms per token, the captured graph's node count, and (3) with torch's profiler
 (CUPTI sees every kernel in the process, graph replays included) the per-kernel GPU time of
-the decode steps, grouped by kernel name.
+the decode steps, grouped by kernel name. scripts/device_llm.sh runs it after the LLM bench;
+bench/results/h200-graphs-profile.json is the last run kept:
+
+    python scripts/graph_profile.py --batches 1 --json bench/results/h200-graphs-profile.json
 """
 
 from __future__ import annotations

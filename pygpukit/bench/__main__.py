@@ -1,13 +1,17 @@
 """The benchmark harness: PyGPUkit against torch eager, torch.compile and CuPy (where
 installed), on the same device buffers, in one run.
 
-    python -m pygpukit.bench [--json FILE] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
+    python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
-NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, chain64,
-linear_gelu, compile_time, dispatch, llm; a GEMM
-workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but llm
-(--llm adds it). Prints a table of times and ratios; --json writes every row plus the
-device, driver, torch version and git commit.
+NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, read_floor,
+chain64, linear_gelu, compile_time, dispatch, llm; a GEMM workload alone as
+gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but llm (--llm adds it).
+Prints a table of times and ratios; --json writes every row plus the device, driver, torch
+version and git commit. --json without FILE writes bench/results/<device>-<group>.json when
+NAMES are one result group's (results.RESULT_GROUPS: kernels, compiled, dispatch,
+read-floor, llm, llm-7b), overwriting the last run of that group:
+
+    python -m pygpukit.bench --only gemm,copy,rms_norm,rope,softmax,gemv,decode --json
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import compiled, gemm, kernels
+from . import compiled, gemm, kernels, read_floor, results
 
 KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = {
     "rms_norm": kernels.bench_rms_norm,
@@ -30,6 +34,7 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "softmax": kernels.bench_softmax,
     "gemv": kernels.bench_gemv,
     "decode": kernels.bench_decode,
+    "read_floor": read_floor.bench_read_floor,
 }
 COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time", "dispatch")
 GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "llm")
@@ -61,6 +66,7 @@ def _parse_only(only: str | None, llm: bool) -> tuple[set[str], list[tuple[int, 
 
 
 _after_group: list[Callable[[], None]] = []
+_RESULT_FILE = "\0result-group"  # --json given without FILE
 
 
 def _guard(rows: list[dict[str, Any]], name: str, fn: Callable[[], None]) -> None:
@@ -112,7 +118,9 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pygpukit.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--json", help="write the rows and run metadata to this file")
+    p.add_argument("--json", nargs="?", const=_RESULT_FILE,
+                   help="write the rows and run metadata to this file (no FILE: the result "
+                        "group's file in bench/results/)")  # fmt: skip
     p.add_argument("--llm", action="store_true", help="add the LLM decode rows")
     p.add_argument("--only", help="comma-separated names (see the module docstring)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
@@ -123,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llm-model", default="tinyllama", help="tinyllama or llama2-7b (shapes)")
     args = p.parse_args(argv)
     groups, gemms = _parse_only(args.only, args.llm)
+    group = None  # the result group whose file --json without FILE names
+    if args.json == _RESULT_FILE:
+        try:
+            group = results.result_group(groups, args.llm_model)
+        except ValueError as e:
+            raise SystemExit(f"--json: {e}") from None
 
     import torch
 
@@ -138,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(started=now.isoformat(timespec="seconds"), backend=gpk.backend_name(),
                 argv=sys.argv[1:] if argv is None else argv)  # fmt: skip
     print(json.dumps(meta), flush=True)
+    if group is not None:
+        try:
+            args.json = str(results.result_path(meta.get("device", "gpu"), group))
+        except FileNotFoundError as e:
+            raise SystemExit(f"--json: {e}") from None
+        print(f"# writing {args.json}", flush=True)
     rows: list[dict[str, Any]] = []
 
     def save() -> None:
