@@ -180,6 +180,17 @@ declare(
     cuda="pgk_gelu_{approximate}({x})", api=("nn.gelu",),
 )  # fmt: skip
 
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    # log(1 + exp(x)) as max(x, 0) + log1p(exp(-|x|)): no overflow, no cancellation.
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+declare(
+    "softplus", "unary", ufunc=np.exp, float_only=True, reference=_softplus,
+    cuda="(fmax{f}({x}, 0.0{f}) + log1p{f}(exp{f}(-fabs{f}({x}))))", api=("softplus",),
+)  # fmt: skip
+
 # ---- unary: same kind as the input ------------------------------------------------------
 declare(
     "neg", "unary", ufunc=np.negative, reference=np.negative,

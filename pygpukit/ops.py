@@ -75,6 +75,12 @@ def erf(x: ArrayLike) -> GPUArray:
     return unary("erf", x)
 
 
+def softplus(x: ArrayLike) -> GPUArray:
+    """log(1 + exp(x)), elementwise, without overflow (torch's softplus, beta 1); float
+    inputs only."""
+    return unary("softplus", x)
+
+
 def abs(x: ArrayLike) -> GPUArray:  # noqa: A001 - NumPy's name
     """Absolute value, elementwise."""
     return unary("abs", x)
@@ -282,6 +288,6 @@ __all__ = [
     "expand_dims", "greater", "greater_equal", "invert", "less", "less_equal", "log",
     "logical_and", "logical_not", "logical_or", "matmul", "max", "maximum", "mean", "min",
     "minimum", "multiply", "negative", "not_equal", "permute", "power", "realize", "reshape",
-    "rsqrt", "sigmoid", "sin", "sqrt", "squeeze", "stack", "subtract", "sum",
+    "rsqrt", "sigmoid", "sin", "softplus", "sqrt", "squeeze", "stack", "subtract", "sum",
     "swapaxes", "take", "tanh", "transpose", "where",
 ]  # fmt: skip
