@@ -153,7 +153,8 @@ declare("erf", "unary", ufunc=np.exp, reference=reference.erf, cuda="erf{f}({x})
 
 
 def _rsqrt(x: np.ndarray) -> np.ndarray:
-    return 1.0 / np.sqrt(x)
+    out: np.ndarray = 1.0 / np.sqrt(x)
+    return out
 
 
 declare(
@@ -167,7 +168,8 @@ declare(
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
-    return x * reference.sigmoid(x)
+    out: np.ndarray = x * reference.sigmoid(x)
+    return out
 
 
 declare(
@@ -183,7 +185,8 @@ declare(
 
 def _softplus(x: np.ndarray) -> np.ndarray:
     # log(1 + exp(x)) as max(x, 0) + log1p(exp(-|x|)): no overflow, no cancellation.
-    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+    out: np.ndarray = np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+    return out
 
 
 declare(

@@ -22,12 +22,16 @@ def erf(x: np.ndarray) -> np.ndarray:
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)); exp overflowing to inf gives the exact limit 0."""
     with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
+        out: np.ndarray = 1.0 / (1.0 + np.exp(-x))
+    return out
 
 
 def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
     """GELU: the exact erf form, or torch's tanh approximation with approximate='tanh'."""
+    out: np.ndarray
     if approximate == "tanh":
         c = np.asarray(math.sqrt(2.0 / math.pi), x.dtype)
-        return 0.5 * x * (1.0 + np.tanh(c * (x + np.asarray(0.044715, x.dtype) * x**3)))
-    return 0.5 * x * (1.0 + erf(x / np.asarray(math.sqrt(2.0), x.dtype)))
+        out = 0.5 * x * (1.0 + np.tanh(c * (x + np.asarray(0.044715, x.dtype) * x**3)))
+    else:
+        out = 0.5 * x * (1.0 + erf(x / np.asarray(math.sqrt(2.0), x.dtype)))
+    return out
