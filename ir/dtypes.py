@@ -76,6 +76,20 @@ class UnsupportedDType(TypeError):
     pass
 
 
+class DTypeRuleError(TypeError):
+    """An op's dtype rule rejects its input dtypes."""
+
+
+def resolve_ufunc(ufunc: Any, in_dtypes: list[DType]) -> DType:
+    """The result dtype of NumPy's type resolution for `ufunc` over these input dtypes."""
+    try:
+        res = ufunc.resolve_dtypes(tuple(d.np for d in in_dtypes) + (None,))
+    except (TypeError, np.exceptions.DTypePromotionError) as e:
+        names = ", ".join(d.name for d in in_dtypes)
+        raise DTypeRuleError(f"no {ufunc.__name__} loop for dtypes ({names})") from e
+    return as_dtype(res[-1])
+
+
 def as_dtype(x: Any) -> DType:
     """DType from a DType, a name ('bf16', 'float32'), a NumPy dtype or a scalar type."""
     if isinstance(x, DType):
@@ -108,8 +122,12 @@ def result_type(*args: DType | int | float | bool) -> DType:
     arrays = [a for a in args if isinstance(a, DType)]
     scalars = [a for a in args if not isinstance(a, DType)]
     if not arrays:
-        return scalar_dtype(scalars[0]) if len(scalars) == 1 else as_dtype(
-            np.result_type(*[np.float32 if isinstance(v, float) else v for v in scalars])
+        return (
+            scalar_dtype(scalars[0])
+            if len(scalars) == 1
+            else as_dtype(
+                np.result_type(*[np.float32 if isinstance(v, float) else v for v in scalars])
+            )
         )
     out = arrays[0]
     for d in arrays[1:]:

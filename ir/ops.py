@@ -11,19 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from . import dtypes as dt
-from . import indexing, shapes
-from .dtypes import DType
+from . import elementwise, indexing, shapes
+from .dtypes import DType, DTypeRuleError
 from .shapes import Shape, ShapeRuleError
 
 Spec = tuple[Shape, DType]
 Infer = Callable[[list[Spec], dict[str, Any]], Spec]
-
-
-class DTypeRuleError(TypeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -42,16 +36,7 @@ def _register(name: str, kind: str, infer: Infer, n: int | None, ufunc: Any = No
     OPS[name] = OpDef(name, kind, infer, n, ufunc)
 
 
-# ---- dtype rules -----------------------------------------------------------------------
-
-
-def resolve_ufunc(ufunc: Any, in_dtypes: list[DType]) -> DType:
-    try:
-        res = ufunc.resolve_dtypes(tuple(d.np for d in in_dtypes) + (None,))
-    except (TypeError, np.exceptions.DTypePromotionError) as e:
-        names = ", ".join(d.name for d in in_dtypes)
-        raise DTypeRuleError(f"no {ufunc.__name__} loop for dtypes ({names})") from e
-    return dt.as_dtype(res[-1])
+# ---- elementwise ops: declared in ir/elementwise.py ---------------------------------------
 
 
 def weak_scalar_dtype(value: Any, other: DType) -> DType:
@@ -65,60 +50,8 @@ def weak_scalar_dtype(value: Any, other: DType) -> DType:
     raise DTypeRuleError(f"unsupported scalar {value!r}")
 
 
-_FLOAT_UNARY = {
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": np.sqrt, "sin": np.sin,
-    "cos": np.cos, "tanh": np.tanh, "sigmoid": np.exp, "erf": np.exp, "gelu": np.exp,
-    "silu": np.exp,
-}  # fmt: skip
-_SAME_UNARY = {"neg": np.negative, "abs": np.absolute, "logical_not": np.logical_not}
-_BINARY = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-    "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
-    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-    "gt": np.greater, "ge": np.greater_equal,
-    "logical_and": np.logical_and, "logical_or": np.logical_or,
-}  # fmt: skip
-
-
-def _unary(ufunc: Any) -> Infer:
-    def infer(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-        ((shape, d),) = ins
-        if ufunc is np.negative and d == dt.bool_:
-            raise DTypeRuleError("negation of a bool array is not supported; use logical_not")
-        return shape, resolve_ufunc(ufunc, [d])
-
-    return infer
-
-
-def _binary(ufunc: Any) -> Infer:
-    def infer(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-        (sa, da), (sb, db) = ins
-        if ufunc is np.subtract and da == dt.bool_ and db == dt.bool_:
-            raise DTypeRuleError("subtracting bool arrays is not supported")
-        return shapes.broadcast_shapes(sa, sb), resolve_ufunc(ufunc, [da, db])
-
-    return infer
-
-
-for _name, _uf in [*_FLOAT_UNARY.items(), *_SAME_UNARY.items()]:
-    _register(_name, "unary", _unary(_uf), 1, _uf)
-for _bname, _buf in _BINARY.items():
-    _register(_bname, "binary", _binary(_buf), 2, _buf)
-
-
-def _where(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-    (sc, dc), (sx, dx), (sy, dy) = ins
-    if dc != dt.bool_:
-        raise DTypeRuleError(f"where: condition must be bool, got {dc}")
-    return shapes.broadcast_shapes(sc, sx, sy), dt.result_type(dx, dy)
-
-
-def _cast(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-    return ins[0][0], dt.as_dtype(attrs["dtype"])
-
-
-_register("where", "ternary", _where, 3)
-_register("cast", "cast", _cast, 1)
+for _decl in elementwise.OPS.values():
+    _register(_decl.name, _decl.kind, _decl.infer, _decl.arity, _decl.ufunc)
 
 # ---- leaves ---------------------------------------------------------------------------
 

@@ -10,7 +10,10 @@ import math
 from typing import Any
 
 import numpy as np
+
 from pygpukit.ir import Graph, Node
+from pygpukit.ir.elementwise import OPS as ELEMENTWISE
+from pygpukit.ir.evaluate import evaluate
 
 from .rewrite import const_value, rewrite
 
@@ -27,19 +30,9 @@ def _full(n: Node, value: Any) -> Node:
 
 
 def _eval_scalar(n: Node, values: list[Any]) -> Any:
-    # Evaluate with the reference kernels, so the folded value rounds like the unfused op.
-    from pygpukit.backends.numpy_backend import elementwise
-
+    # Through the evaluator the NumPy backend runs, so the folded value rounds like the op.
     arrays = [np.asarray(v, dtype=i.dtype.np) for v, i in zip(values, n.inputs, strict=True)]
-    if n.kind == "unary":
-        r = elementwise.unary(n.op, arrays[0], n.attrs, n.dtype)
-    elif n.kind == "binary":
-        r = elementwise.binary(n.op, arrays[0], arrays[1], n.dtype)
-    elif n.op == "where":
-        r = elementwise.where(arrays[0], arrays[1], arrays[2], n.dtype)
-    else:
-        r = elementwise.cast(arrays[0], n.dtype)
-    return np.asarray(r).reshape(()).item()
+    return np.asarray(evaluate(n.op, arrays, n.attrs, n.dtype)).reshape(()).item()
 
 
 def _fold_reduce(n: Node, value: Any) -> Any:
@@ -100,7 +93,7 @@ def constant_folding(graph: Graph) -> Graph:
         values = [const_value(i) for i in n.inputs]
         try:
             if all(v is not None for v in values):
-                if n.kind in ("unary", "binary", "ternary", "cast"):
+                if n.op in ELEMENTWISE:
                     return _full(n, _eval_scalar(n, values))
                 if n.op in _VIEWS or (n.op == "index" and len(n.inputs) == 1):
                     return _full(n, values[0])

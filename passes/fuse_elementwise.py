@@ -9,7 +9,7 @@ of a materialised value.
 from __future__ import annotations
 
 from pygpukit.ir import Graph, Node
-from pygpukit.ir.expr import Expr, count_ops
+from pygpukit.ir.expr import Expr, count_ops, node_expr
 
 from .rewrite import substitute, users
 
@@ -77,11 +77,7 @@ def fuse_elementwise(graph: Graph) -> Graph:
             body.append(n)
             if n.op == "expand":
                 return walk(n.inputs[0], False)
-            if n.op == "cast":
-                return ("cast", n.dtype.name, walk(n.inputs[0], False))
-            if n.op == "gelu":
-                return ("gelu", n.attrs.get("approximate", "none"), walk(n.inputs[0], False))
-            return (n.op, *(walk(i, False) for i in n.inputs))
+            return node_expr(n.op, n.attrs, [walk(i, False) for i in n.inputs])
 
         return walk(root, True), ins, body
 

@@ -12,6 +12,7 @@ import numpy as np
 from pygpukit import errors
 from pygpukit.ir import Node, dtypes, indexing, shapes, user_location
 from pygpukit.ir.dtypes import DType
+from pygpukit.ir.elementwise import canonical
 from pygpukit.ir.ops import weak_scalar_dtype
 
 from . import runtime
@@ -48,12 +49,15 @@ def _pair(a: ArrayLike, b: ArrayLike) -> tuple[Node, Node]:
 
 
 def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """Record elementwise op(a, b); Python scalars are weak (NEP 50)."""
     na, nb = _pair(a, b)
-    return GPUArray(runtime.record(op, (na, nb)))
+    return GPUArray(runtime.record(canonical(op, [na.dtype, nb.dtype]), (na, nb)))
 
 
 def unary(op: str, x: ArrayLike, **attrs: Any) -> GPUArray:
-    return GPUArray(runtime.record(op, (_node_of(x),), attrs))
+    """Record elementwise op(x; attrs)."""
+    n = _node_of(x)
+    return GPUArray(runtime.record(canonical(op, [n.dtype]), (n,), attrs))
 
 
 class GPUArray:
@@ -250,15 +254,25 @@ class GPUArray:
         return unary("abs", self)
 
     def __invert__(self) -> GPUArray:
-        if self.dtype != dtypes.bool_:
-            raise errors.DTypeError(f"invert: only bool arrays are supported, got {self.dtype}")
-        return unary("logical_not", self)
+        return unary("invert", self)
 
     def __and__(self, o: ArrayLike) -> GPUArray:
-        return binary("logical_and", self, o)
+        return binary("bitwise_and", self, o)
+
+    def __rand__(self, o: ArrayLike) -> GPUArray:
+        return binary("bitwise_and", o, self)
 
     def __or__(self, o: ArrayLike) -> GPUArray:
-        return binary("logical_or", self, o)
+        return binary("bitwise_or", self, o)
+
+    def __ror__(self, o: ArrayLike) -> GPUArray:
+        return binary("bitwise_or", o, self)
+
+    def __xor__(self, o: ArrayLike) -> GPUArray:
+        return binary("bitwise_xor", self, o)
+
+    def __rxor__(self, o: ArrayLike) -> GPUArray:
+        return binary("bitwise_xor", o, self)
 
     def __eq__(self, o: object) -> GPUArray:  # type: ignore[override]
         return binary("eq", self, o)

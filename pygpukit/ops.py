@@ -31,99 +31,167 @@ def _arr(x: ArrayLike) -> GPUArray:
 
 
 def exp(x: ArrayLike) -> GPUArray:
+    """e**x, elementwise."""
     return unary("exp", x)
 
 
 def log(x: ArrayLike) -> GPUArray:
+    """Natural logarithm, elementwise."""
     return unary("log", x)
 
 
 def sqrt(x: ArrayLike) -> GPUArray:
+    """Square root, elementwise."""
     return unary("sqrt", x)
 
 
 def rsqrt(x: ArrayLike) -> GPUArray:
+    """1 / sqrt(x), elementwise."""
     return unary("rsqrt", x)
 
 
 def sin(x: ArrayLike) -> GPUArray:
+    """Sine, elementwise."""
     return unary("sin", x)
 
 
 def cos(x: ArrayLike) -> GPUArray:
+    """Cosine, elementwise."""
     return unary("cos", x)
 
 
 def tanh(x: ArrayLike) -> GPUArray:
+    """Hyperbolic tangent, elementwise."""
     return unary("tanh", x)
 
 
 def sigmoid(x: ArrayLike) -> GPUArray:
+    """1 / (1 + exp(-x)), elementwise."""
     return unary("sigmoid", x)
 
 
 def erf(x: ArrayLike) -> GPUArray:
+    """The error function, elementwise."""
     return unary("erf", x)
 
 
+def softplus(x: ArrayLike) -> GPUArray:
+    """log(1 + exp(x)), elementwise, without overflow (torch's softplus, beta 1); float
+    inputs only."""
+    return unary("softplus", x)
+
+
 def abs(x: ArrayLike) -> GPUArray:  # noqa: A001 - NumPy's name
+    """Absolute value, elementwise."""
     return unary("abs", x)
 
 
 def negative(x: ArrayLike) -> GPUArray:
+    """-x, elementwise."""
     return unary("neg", x)
 
 
+def logical_not(x: ArrayLike) -> GPUArray:
+    """not x, elementwise (any dtype; nonzero is true)."""
+    return unary("logical_not", x)
+
+
+def invert(x: ArrayLike) -> GPUArray:
+    """~x: bitwise not of integers, logical not of bools (NumPy's invert)."""
+    return unary("invert", x)
+
+
+bitwise_invert = invert  # NumPy 2 / array API name
+
+
 def add(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a + b, elementwise with broadcasting."""
     return binary("add", a, b)
 
 
 def subtract(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a - b, elementwise with broadcasting."""
     return binary("sub", a, b)
 
 
 def multiply(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a * b, elementwise with broadcasting."""
     return binary("mul", a, b)
 
 
 def divide(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a / b (true division), elementwise with broadcasting."""
     return binary("div", a, b)
 
 
 def power(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a ** b, elementwise with broadcasting."""
     return binary("pow", a, b)
 
 
 def maximum(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """Elementwise maximum; NaN propagates."""
     return binary("maximum", a, b)
 
 
 def minimum(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """Elementwise minimum; NaN propagates."""
     return binary("minimum", a, b)
 
 
 def equal(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a == b, elementwise."""
     return binary("eq", a, b)
 
 
 def not_equal(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a != b, elementwise."""
     return binary("ne", a, b)
 
 
 def less(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a < b, elementwise."""
     return binary("lt", a, b)
 
 
 def less_equal(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a <= b, elementwise."""
     return binary("le", a, b)
 
 
 def greater(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a > b, elementwise."""
     return binary("gt", a, b)
 
 
 def greater_equal(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a >= b, elementwise."""
     return binary("ge", a, b)
+
+
+def logical_and(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a and b, elementwise (any dtypes; nonzero is true)."""
+    return binary("logical_and", a, b)
+
+
+def logical_or(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a or b, elementwise (any dtypes; nonzero is true)."""
+    return binary("logical_or", a, b)
+
+
+def bitwise_and(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a & b of integer or bool arrays (floats raise DTypeError, as in NumPy)."""
+    return binary("bitwise_and", a, b)
+
+
+def bitwise_or(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a | b of integer or bool arrays (floats raise DTypeError, as in NumPy)."""
+    return binary("bitwise_or", a, b)
+
+
+def bitwise_xor(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a ^ b of integer or bool arrays (floats raise DTypeError, as in NumPy)."""
+    return binary("bitwise_xor", a, b)
 
 
 def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> GPUArray:
@@ -215,9 +283,11 @@ def realize(*xs: GPUArray) -> None:
 
 
 __all__ = [
-    "abs", "add", "argmax", "astype", "broadcast_to", "clip", "concatenate", "cos", "divide",
-    "equal", "erf", "exp", "expand_dims", "greater", "greater_equal", "less", "less_equal", "log",
-    "matmul", "max", "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal",
-    "permute", "power", "realize", "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "squeeze",
-    "stack", "subtract", "sum", "swapaxes", "take", "tanh", "transpose", "where",
+    "abs", "add", "argmax", "astype", "bitwise_and", "bitwise_invert", "bitwise_or",
+    "bitwise_xor", "broadcast_to", "clip", "concatenate", "cos", "divide", "equal", "erf", "exp",
+    "expand_dims", "greater", "greater_equal", "invert", "less", "less_equal", "log",
+    "logical_and", "logical_not", "logical_or", "matmul", "max", "maximum", "mean", "min",
+    "minimum", "multiply", "negative", "not_equal", "permute", "power", "realize", "reshape",
+    "rsqrt", "sigmoid", "sin", "softplus", "sqrt", "squeeze", "stack", "subtract", "sum",
+    "swapaxes", "take", "tanh", "transpose", "where",
 ]  # fmt: skip

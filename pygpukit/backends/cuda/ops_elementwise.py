@@ -1,11 +1,11 @@
-"""Planners for elementwise steps: unary, binary, where, cast, gelu, full, arange and
+"""Planners for elementwise steps: every op of ir/elementwise.py, full, arange and
 fused_elementwise. All but arange go through the one expression generator."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pygpukit.ir import dtypes
+from pygpukit.ir import dtypes, elementwise
 from pygpukit.passes import Step
 
 from . import compiler, ew
@@ -58,7 +58,8 @@ def plan_arange(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     return run
 
 
-ELEMENTWISE_OPS = {"where", "cast", "gelu", "fused_elementwise", "full"}
+# The ops plan_expr takes: the registry's, a constant, and fused expressions.
+ELEMENTWISE_OPS = {*elementwise.OPS, "fused_elementwise", "full"}
 
 
 def arange_values(ctx: Context, n: int, shape: tuple[int, ...]) -> DeviceValue:

@@ -17,14 +17,8 @@ from .value import DeviceValue
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 Planner = Callable[[Context, Step, Sequence[DeviceValue], int], Run]
 
-_UNARY_BINARY = {
-    "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "gelu", "silu",
-    "neg", "abs", "logical_not", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-}  # fmt: skip
-
 PLANNERS: dict[str, Planner] = {
-    **{op: ops_elementwise.plan_expr for op in _UNARY_BINARY | ops_elementwise.ELEMENTWISE_OPS},
+    **{op: ops_elementwise.plan_expr for op in ops_elementwise.ELEMENTWISE_OPS},
     "arange": ops_elementwise.plan_arange,
     **{op: ops_reduce.plan_reduce for op in ops_reduce.REDUCE_OPS},
     **{op: ops_movement.plan_view for op in ops_movement.VIEW_OPS},

@@ -10,11 +10,13 @@ import numpy as np
 
 from pygpukit.errors import OutOfMemoryError, op_error
 from pygpukit.ir import DType, dtypes
+from pygpukit.ir.elementwise import OPS as ELEMENTWISE
+from pygpukit.ir.evaluate import evaluate
 from pygpukit.memory import Storage, enable_eviction, pin_all, pinned, unpin_all
 from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
-from . import elementwise, fused, linalg, movement, nn, reduce
+from . import fused, linalg, movement, nn, reduce
 from .planned import PlannedHooks
 
 VIEW_OPS = ("reshape", "permute", "expand", "index", "after")
@@ -67,14 +69,8 @@ def host_view(storage: Storage, offset: int, shape: tuple[int, ...], dtype: DTyp
 
 def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
     op, a, d = step.op, step.attrs, step.dtype
-    if op in elementwise.UNARY or op == "gelu":
-        return elementwise.unary(op, ins[0], a, d)
-    if op in elementwise.BINARY:
-        return elementwise.binary(op, ins[0], ins[1], d)
-    if op == "where":
-        return elementwise.where(ins[0], ins[1], ins[2], d)
-    if op == "cast":
-        return elementwise.cast(ins[0], d)
+    if op in ELEMENTWISE:
+        return evaluate(op, ins, a, d)
     if op in ("sum", "mean", "max", "min", "argmax"):
         return reduce.reduce(op, ins[0], a, d)
     if op in VIEW_OPS or op == "concat":

@@ -9,10 +9,10 @@ import numpy as np
 from pygpukit.ir import DType
 from pygpukit.ir.dtypes import as_dtype, result_type
 from pygpukit.ir.ops import linear_extras
+from pygpukit.ir.reference import gelu, sigmoid
 
 from . import nn
 from .compute import down, up
-from .elementwise import gelu, sigmoid
 
 
 def matmul(a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from pygpukit.ir import DType
+from pygpukit.ir.reference import sigmoid
 
 from .compute import down, up
-from .elementwise import sigmoid
 
 
 def softmax(x: np.ndarray, attrs: dict[str, Any], dtype: DType, log: bool) -> np.ndarray:

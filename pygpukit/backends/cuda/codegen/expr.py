@@ -1,22 +1,23 @@
 """The expression IR of ir/expr.py as CUDA C statements in compute types.
 
 Each subexpression has the dtype the unfused op would have (ir.ops rules, via
-ir.expr.dtype_of), is evaluated in that dtype's compute type, and integer results wrap
-at their own width after every op, like NumPy's.
+ir.expr.dtype_of), is evaluated in that dtype's compute type from the op's C template
+(ir/elementwise.py), and integer results wrap at their own width after every op, like
+NumPy's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pygpukit.ir import DType, dtypes
-from pygpukit.ir.expr import Expr, dtype_of
+from pygpukit.ir.elementwise import Elementwise
+from pygpukit.ir.expr import Expr, dtype_of, node_expr, operands, split
 
 from . import cdtypes as ct
 
-_FLOAT_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "sin": "sin", "cos": "cos",
-             "tanh": "tanh", "erf": "erf"}  # fmt: skip
-_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_OPERAND_NAMES = ("x", "y", "z")
 
 
 @dataclass
@@ -31,62 +32,30 @@ class ExprCode:
         return name
 
 
-def _fn(name: str, d: DType) -> str:
-    return name + ("f" if ct.compute(d) == "float" else "")
+def _operand(code: str, mode: str, src: DType, common: DType, r: DType) -> str:
+    if mode == "result":
+        return ct.to_compute(code, src, r)
+    if mode == "common":
+        return ct.to_compute(code, src, common)
+    if mode == "round":
+        return ct.round_through(code, src, r)
+    return code
 
 
-def _wrap(code: str, d: DType) -> str:
-    return f"(({ct.compute(d)})({code}))" if d.is_int else code
-
-
-def _unary(op: str, a: str, src: DType, r: DType, attr: str) -> str:
-    x = ct.to_compute(a, src, r) if r.is_float or op in ("neg", "abs") else a
-    if op == "neg":
-        return _wrap(f"-{x}", r)
-    if op == "abs":
-        if r.name == "bool":
-            return x
-        return f"{_fn('fabs', r)}({x})" if r.is_float else _wrap(f"({x} < 0 ? -{x} : {x})", r)
-    if op == "logical_not":
-        return f"(!({a} != 0))"
-    if op in _FLOAT_FN:
-        return f"{_fn(_FLOAT_FN[op], r)}({x})"
-    one = "1.0f" if ct.compute(r) == "float" else "1.0"
-    if op == "rsqrt":
-        return f"({one} / {_fn('sqrt', r)}({x}))"
-    if op == "sigmoid":
-        return f"pgk_sigmoid({x})"
-    if op == "silu":
-        return f"({x} * pgk_sigmoid({x}))"
-    if op == "gelu":
-        return f"pgk_gelu_{'tanh' if attr == 'tanh' else 'erf'}({x})"
-    raise KeyError(f"no CUDA code for unary op {op!r}")
-
-
-def _binary(op: str, a: str, b: str, da: DType, db: DType, r: DType) -> str:
-    if op in _CMP:
-        c = dtypes.result_type(da, db)
-        return f"({ct.to_compute(a, da, c)} {_CMP[op]} {ct.to_compute(b, db, c)})"
-    if op == "logical_and":
-        return f"(({a} != 0) && ({b} != 0))"
-    if op == "logical_or":
-        return f"(({a} != 0) || ({b} != 0))"
-    x, y = ct.to_compute(a, da, r), ct.to_compute(b, db, r)
-    if r.name == "bool":
-        bool_ops = {"add": "||", "maximum": "||", "mul": "&&", "minimum": "&&"}
-        return f"({x} {bool_ops[op]} {y})"
-    if op in ("add", "sub", "mul", "div"):
-        sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
-        return _wrap(f"{x} {sym} {y}", r)
-    if op == "maximum":
-        return f"pgk_max<{ct.compute(r)}>({x}, {y})"
-    if op == "minimum":
-        return f"pgk_min<{ct.compute(r)}>({x}, {y})"
-    if op == "pow":
-        if r.is_float:
-            return f"{_fn('pow', r)}({x}, {y})"
-        return f"pgk_ipow<{ct.compute(r)}>({x}, {y}, err, tag)"
-    raise KeyError(f"no CUDA code for binary op {op!r}")
+def lower(decl: Elementwise, attrs: dict[str, Any], vals: list[str], kd: list[DType],
+          r: DType) -> str:  # fmt: skip
+    """The C expression of one op over operand codes `vals` (of dtypes kd), result dtype r."""
+    modes = decl.operand_modes()
+    common = dtypes.result_type(*kd) if "common" in modes else r
+    subst = {
+        name: _operand(v, mode, d, common, r)
+        for name, v, mode, d in zip(_OPERAND_NAMES, vals, modes, kd, strict=False)
+    }
+    subst |= decl.cuda_attrs(decl.attr_values(attrs))
+    cf = ct.compute(r)
+    subst |= {"f": "f" if cf == "float" else "", "ct": cf, "err": "err, tag"}
+    code = decl.cuda_template(r).format(**subst)
+    return f"(({cf})({code}))" if r.is_int else code
 
 
 def emit(expr: Expr, in_dtypes: list[DType], in_codes: list[str], code: ExprCode) -> str:
@@ -97,40 +66,22 @@ def emit(expr: Expr, in_dtypes: list[DType], in_codes: list[str], code: ExprCode
     if head == "const":
         return ct.literal(expr[1], dtypes.as_dtype(expr[2]))
     r = dtype_of(expr, in_dtypes)
-    if head == "cast":
-        src = dtype_of(expr[2], in_dtypes)
-        a = emit(expr[2], in_dtypes, in_codes, code)
-        return code.tmp(ct.compute(r), ct.round_through(a, src, r))
-    if head == "gelu":
-        src = dtype_of(expr[2], in_dtypes)
-        a = emit(expr[2], in_dtypes, in_codes, code)
-        return code.tmp(ct.compute(r), _unary("gelu", a, src, r, expr[1]))
-    kids = expr[1:]
+    decl, attrs, kids = split(expr)
     vals = [emit(k, in_dtypes, in_codes, code) for k in kids]
     kd = [dtype_of(k, in_dtypes) for k in kids]
-    if head == "where":
-        x, y = ct.to_compute(vals[1], kd[1], r), ct.to_compute(vals[2], kd[2], r)
-        return code.tmp(ct.compute(r), f"(({vals[0]}) ? {x} : {y})")
-    if len(kids) == 1:
-        return code.tmp(ct.compute(r), _unary(head, vals[0], kd[0], r, ""))
-    return code.tmp(ct.compute(r), _binary(head, vals[0], vals[1], kd[0], kd[1], r))
+    return code.tmp(ct.compute(r), lower(decl, attrs, vals, kd, r))
 
 
 def uses_error_word(expr: Expr, in_dtypes: list[DType]) -> bool:
     """Whether the expression needs `err`/`tag` in scope (integer pow)."""
     if expr[0] in ("in", "const"):
         return False
-    start = 2 if expr[0] in ("cast", "gelu") else 1
-    if expr[0] == "pow" and not dtype_of(expr, in_dtypes).is_float:
+    decl = split(expr)[0]
+    if "{err}" in decl.cuda_template(dtype_of(expr, in_dtypes)):
         return True
-    return any(uses_error_word(e, in_dtypes) for e in expr[start:])
+    return any(uses_error_word(e, in_dtypes) for e in operands(expr))
 
 
 def step_expr(op: str, attrs: dict, n_inputs: int) -> Expr:
     """A single elementwise op as a one-op expression, so it takes the same generator."""
-    ins = tuple(("in", k) for k in range(n_inputs))
-    if op == "cast":
-        return ("cast", attrs["dtype"], ins[0])
-    if op == "gelu":
-        return ("gelu", attrs.get("approximate", "none"), ins[0])
-    return (op, *ins)
+    return node_expr(op, attrs, [("in", k) for k in range(n_inputs)])
