@@ -10,7 +10,7 @@ from pygpukit import errors
 from pygpukit.ir import dtypes
 
 from .config import ModelConfig
-from .generate import GenerationResult, Generator, bucket
+from .generate import GenerationResult, Generator, bucket, check_count
 from .loader import Checkpoint, LoadError, checkpoint_files, load_weights
 from .model import Transformer
 from .sampling import SamplingParams
@@ -65,7 +65,15 @@ class Model:
         stop_at_eos: bool = True,
         on_tokens: Callable[[int, Any], None] | None = None,
     ) -> GenerationResult:
-        """Generate for a static batch of token-id prompts (one row each)."""
+        """Generate for a static batch of token-id prompts (one row each).
+
+        max_new_tokens 0 returns no new tokens (as Hugging Face's generate).
+        """
+        if len(prompts) == 0:
+            raise errors.GPUKitValueError("generate: no prompts (the batch must be >= 1)")
+        check_count("max_new_tokens", max_new_tokens, 0)
+        if max_seq_len is not None:
+            check_count("max_seq_len", max_seq_len, 1)
         longest = max(len(p) for p in prompts)
         if max_seq_len is None:
             need = bucket(longest, 1 << 30) + max_new_tokens
