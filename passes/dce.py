@@ -21,12 +21,16 @@ def dead_code_elimination(graph: Graph) -> Graph:
     kills the first store. Graph.rebuild keeps only nodes reachable from the outputs.
     """
     use = users(graph)
+    # A covering store into an input the caller takes back (graph.writeback: a compiled
+    # function's captured array) stays a store: replaced by its value, it would leave the
+    # input unreachable, so lowering gives it no slot and the new value has nowhere to land.
+    written_back = {graph.inputs[i].id for i in graph.writeback.values()}
 
     def rule(n: Node) -> Node | None:
         if n.op != "setitem" or len(n.inputs) != 2:
             return None
         base, value = n.inputs
-        if _covers_all(n.attrs["spec"], n.shape):
+        if _covers_all(n.attrs["spec"], n.shape) and base.id not in written_back:
             # The whole array is overwritten: the result is the value broadcast and cast.
             out = value
             if out.dtype != n.dtype:

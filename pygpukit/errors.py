@@ -52,6 +52,23 @@ class FreedArrayError(GPUKitError, RuntimeError):
     """An array was used after its memory was freed."""
 
 
+class LoadError(GPUKitError, ValueError, OSError):
+    """A model directory or checkpoint that cannot be loaded.
+
+    Both a ValueError (the content is malformed: a bad field, header or tensor) and an
+    OSError (a file is missing, unreadable, not a regular file, or outside the model
+    directory), so code written for either builtin -- what json and open() raise -- keeps
+    working. The message starts with the file and the field; both are attributes too.
+    """
+
+    def __init__(
+        self, message: str, *, file: str | None = None, field: str | None = None
+    ) -> None:
+        parts = [p for p in (file, field) if p]
+        super().__init__(": ".join([*parts, message]))
+        self.file, self.field = file, field
+
+
 __all__ = [
     "GPUKitError",
     "ShapeError",
@@ -63,6 +80,7 @@ __all__ = [
     "TraceError",
     "AdmissionRejected",
     "FreedArrayError",
+    "LoadError",
 ]
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -12,13 +15,15 @@ from pygpukit.cli import main
 def test_generate_tiny(capsys):
     rc = main(["generate", "--model", "tiny", "--prompt", "Alice was", "--max-new-tokens", "12",
                "--ignore-eos"])  # fmt: skip
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out, err = cap.out, cap.err
     assert rc == 0
-    assert out.startswith("Alice was")
-    assert re.search(r"prefill\s+[\d.]+ ms", out)
-    assert re.search(r"decode\s+[\d.]+ tok/s per sequence.*\(11 steps", out)
+    # stdout is the text alone: the prompt, its continuation, a newline.
+    assert out.startswith("Alice was") and out.count("\n") == 1 and out.endswith("\n")
+    assert re.search(r"prefill\s+[\d.]+ ms", err)
+    assert re.search(r"decode\s+[\d.]+ tok/s per sequence.*\(11 steps", err)
     bandwidth = r"[\d.]+ GB/s (host memcpy|device-to-device copy)"
-    assert re.search(r"weights read [\d.]+ GB/s = [\d.]+% of the " + bandwidth, out)
+    assert re.search(r"weights read [\d.]+ GB/s = [\d.]+% of the " + bandwidth, err)
 
 
 def test_generate_tiny_sampled_batch(capsys):
@@ -44,3 +49,41 @@ def test_generate_help_lists_options(capsys):
     out = capsys.readouterr().out
     for opt in ("--temperature", "--top-k", "--top-p", "--seed", "--batch", "--max-new-tokens"):
         assert opt in out
+
+
+def test_generate_zero_new_tokens_is_the_prompt(capsys):
+    """--max-new-tokens 0: the prompt alone and exit 0, as Hugging Face's generate."""
+    assert (
+        main(["generate", "--model", "tiny", "--prompt", "Alice was", "--max-new-tokens", "0"]) == 0
+    )
+    cap = capsys.readouterr()
+    assert cap.out == "Alice was\n"
+    assert "prefill      not run" in cap.err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-new-tokens", "-1"], "--max-new-tokens must be >= 0, got -1"),
+        (["--seed", "-1", "--temperature", "0.5"], "seed must be None or an integer >= 0"),
+        (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--temperature", "-2"], "temperature must be >= 0"),
+    ],
+)
+def test_generate_bad_flags_one_line(capsys, flags, message):
+    assert main(["generate", "--model", "tiny", *flags]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert cap.err.count("\n") == 1 and cap.err.startswith("pygpukit generate: ")
+    assert message in cap.err
+
+
+def test_generate_bad_flag_subprocess(tmp_path):
+    """The installed entry point: one line on stderr, a non-zero status, no traceback."""
+    env = dict(os.environ, PYGPUKIT_BACKEND="cpu")
+    argv = [sys.executable, "-m", "pygpukit", "generate", "--model", "tiny", "--batch", "0"]
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("pygpukit: no usable CUDA")]
+    assert lines == ["pygpukit generate: --batch must be >= 1, got 0"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pygpukit as gpk
-from pygpukit import llm, runtime
+from pygpukit import llm
 from pygpukit.llm.generate import bucket
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "llm", "llama")
@@ -56,21 +56,39 @@ def test_cache_beyond_model_positions(model):
 def test_decode_steps_reuse_one_schedule(model, ref):
     """Positions are device scalars: every decode step after the first hits the cache."""
     gen = model.generator(1, 64)
-    gen.generate([ref["prompt_a"].tolist()], 4)  # warm: the prefill and decode schedules
-    before = dict(runtime.stats)
-    compiled_before = gen._decode.stats() if gen.compiled else None
+    gen.generate([ref["prompt_a"].tolist()], 4)  # warm: the prefill and decode traces
+    before = gen._decode.stats()
     res = gen.generate([ref["prompt_a"].tolist()], 12, eos_ids=())
     assert res.tokens[0] == ref["greedy_a"][:12].tolist()
-    if compiled_before is not None:
-        # One traced decode step, replayed: no new trace, a hit per step.
-        after = gen._decode.stats()
-        assert after["misses"] == compiled_before["misses"]
-        assert after["hits"] - compiled_before["hits"] >= 11
-    else:
-        assert runtime.stats["schedule_misses"] == before["schedule_misses"]
-        assert runtime.stats["schedule_hits"] - before["schedule_hits"] >= 12
+    # One traced decode step, replayed: no new trace, a hit per step.
+    after = gen._decode.stats()
+    assert after["misses"] == before["misses"]
+    assert after["hits"] - before["hits"] >= 11
 
 
 def test_text_generate_needs_tokenizer(model):
     with pytest.raises(gpk.GPUKitError, match="no tokenizer.json"):
         model.generate("hello")
+
+
+def test_generate_counts_checked(model, ref):
+    prompt = ref["prompt_a"].tolist()
+    res = model.generate_ids([prompt, prompt], 0)  # as Hugging Face: no new tokens
+    assert res.tokens == [[], []] and res.decode_steps == 0 and res.stats["bucket"] is None
+    with pytest.raises(gpk.GPUKitError, match="no prompts") as e:
+        model.generate_ids([], 4)
+    assert isinstance(e.value, ValueError)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(gpk.GPUKitError, match="max_new_tokens must be an integer >= 0"):
+            model.generate_ids([prompt], bad)
+    with pytest.raises(gpk.GPUKitError, match="max_seq_len must be an integer >= 1"):
+        model.generate_ids([prompt], 2, max_seq_len=0)
+    with pytest.raises(gpk.GPUKitError, match="max_new_tokens must be an integer >= 0"):
+        model.generator(1, 64).generate([prompt], -2)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True, "3"])
+def test_bad_seed(seed):
+    with pytest.raises(gpk.GPUKitError, match="seed must be None or an integer >= 0") as e:
+        llm.SamplingParams(0.7, seed=seed)
+    assert isinstance(e.value, ValueError)

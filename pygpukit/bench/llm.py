@@ -139,8 +139,7 @@ def bench_pygpukit(cfg: ModelConfig, batch: int, steps: int, model: Any = None) 
                              stop_at_eos=False)  # fmt: skip
     del warm
     return _row("pygpukit", cfg, batch, res.decode_steps, res.decode_s,
-                backend=gpk.backend_name(), compiled=res.stats["compiled"],
-                prefill_ms=1e3 * res.prefill_s)  # fmt: skip
+                backend=gpk.backend_name(), prefill_ms=1e3 * res.prefill_s)  # fmt: skip
 
 
 # -- gpt-fast-style torch ---------------------------------------------------------------------

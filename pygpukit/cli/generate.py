@@ -29,6 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Load, stream the prompt and its continuation on stdout, statistics on stderr.
+
+    Every error is one line on stderr and exit status 1 (argparse's own usage errors: 2).
+    """
     if args.model == "tiny":
         # The tiny model is a CPU demo; a GPU is used only when asked for explicitly.
         os.environ.setdefault("PYGPUKIT_BACKEND", "cpu")
@@ -37,6 +41,14 @@ def run(args: argparse.Namespace) -> int:
     from pygpukit.llm.perf import copy_bandwidth
 
     try:
+        # Checked before the model loads: a bad flag should not cost a load.
+        params = llm.SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        if args.batch < 1:
+            raise gpk.errors.GPUKitValueError(f"--batch must be >= 1, got {args.batch}")
+        if args.max_new_tokens < 0:
+            raise gpk.errors.GPUKitValueError(
+                f"--max-new-tokens must be >= 0, got {args.max_new_tokens}"
+            )
         path = args.model
         if path == "tiny":
             from pygpukit.llm.tiny import write_tiny_model
@@ -45,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
         model = llm.load(path, dtype=args.dtype)
         if model.tokenizer is None:
             raise gpk.GPUKitError(f"{path}: no tokenizer.json, so no text prompt")
-        params = llm.SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         ids = model.encode(args.prompt)
         tokenizer = model.tokenizer
         shown_ids: list[int] = []
@@ -66,25 +77,40 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         for b in range(1, args.batch):
             print(f"[{b}] {args.prompt}{tokenizer.decode(res.tokens[b])}")
+        sys.stdout.flush()
     except gpk.GPUKitError as e:
-        print(f"pygpukit generate: {e}", file=sys.stderr)
+        print(f"pygpukit generate: {_one_line(e)}", file=sys.stderr)
         return 1
-    bw, how = copy_bandwidth()
+    _report(model, res, len(ids), args.batch, copy_bandwidth())
+    return 0
+
+
+def _one_line(e: Exception) -> str:
+    # gpk errors may append the user's line on a second line; the CLI's user has none.
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _report(model: Any, res: Any, prompt_len: int, batch: int, copy: tuple[float, str]) -> None:
+    """Statistics on stderr, so stdout holds the generated text alone."""
+    import pygpukit as gpk
+
+    bw, how = copy
     wbytes = model.weight_bytes
     tps = res.decode_tokens_per_s
     gbs = wbytes * tps / 1e9
-    print(
-        f"model        {model.config.arch} {model.config.param_count() / 1e6:.2f}M params, "
-        f"{model.dtype.name}, {wbytes / 1e6:.1f} MB of weights, backend {gpk.backend_name()}"
-    )
-    print(
-        f"prefill      {res.prefill_s * 1e3:.1f} ms ({len(ids)} tokens, bucket "
-        f"{res.stats['bucket']}, batch {args.batch})"
-    )
-    print(
-        f"decode       {tps:.1f} tok/s per sequence, {tps * args.batch:.1f} tok/s in all "
-        f"({res.decode_steps} steps{', compiled' if res.stats['compiled'] else ', lazy'})"
-    )
-    print(f"weights read {gbs:.2f} GB/s = {100 * gbs / (bw / 1e9):.1f}% of the {bw / 1e9:.1f} GB/s "
-          f"{how}")  # fmt: skip
-    return 0
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    cfg = model.config
+    say(f"model        {cfg.arch} {cfg.param_count() / 1e6:.2f}M params, {model.dtype.name}, "
+        f"{wbytes / 1e6:.1f} MB of weights, backend {gpk.backend_name()}")  # fmt: skip
+    if res.stats["bucket"] is None:
+        say("prefill      not run (--max-new-tokens 0: the prompt alone, as Hugging Face)")
+        return
+    say(f"prefill      {res.prefill_s * 1e3:.1f} ms ({prompt_len} tokens, bucket "
+        f"{res.stats['bucket']}, batch {batch})")  # fmt: skip
+    say(f"decode       {tps:.1f} tok/s per sequence, {tps * batch:.1f} tok/s in all "
+        f"({res.decode_steps} steps)")  # fmt: skip
+    say(f"weights read {gbs:.2f} GB/s = {100 * gbs / (bw / 1e9):.1f}% of the {bw / 1e9:.1f} GB/s "
+        f"{how}")  # fmt: skip

@@ -6,10 +6,11 @@ text = model.generate("Once upon a time", max_new_tokens=64, temperature=0.8, to
 
 from __future__ import annotations
 
+from pygpukit.errors import LoadError
+
 from .api import Model, load
 from .config import ConfigError, ModelConfig
 from .generate import GenerationResult, Generator
-from .loader import LoadError
 from .model import Transformer
 from .sampling import SamplingParams, sample
 from .tokenizer import Tokenizer

@@ -10,8 +10,9 @@ from pygpukit import errors
 from pygpukit.ir import dtypes
 
 from .config import ModelConfig
-from .generate import GenerationResult, Generator, bucket
-from .loader import Checkpoint, LoadError, checkpoint_files, load_weights
+from .files import ModelDir, read_json
+from .generate import GenerationResult, Generator, bucket, check_count
+from .loader import INDEX, Checkpoint, LoadError, checkpoint_files, load_weights, read_index
 from .model import Transformer
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -65,7 +66,15 @@ class Model:
         stop_at_eos: bool = True,
         on_tokens: Callable[[int, Any], None] | None = None,
     ) -> GenerationResult:
-        """Generate for a static batch of token-id prompts (one row each)."""
+        """Generate for a static batch of token-id prompts (one row each).
+
+        max_new_tokens 0 returns no new tokens (as Hugging Face's generate).
+        """
+        if len(prompts) == 0:
+            raise errors.GPUKitValueError("generate: no prompts (the batch must be >= 1)")
+        check_count("max_new_tokens", max_new_tokens, 0)
+        if max_seq_len is not None:
+            check_count("max_seq_len", max_seq_len, 1)
         longest = max(len(p) for p in prompts)
         if max_seq_len is None:
             need = bucket(longest, 1 << 30) + max_new_tokens
@@ -99,27 +108,41 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
 
     dtype None keeps the checkpoint's float type; "bfloat16"/"float32"/... casts on load.
     Weights come back read-only. progress None shows the bar when stderr is a terminal.
+    Only regular files inside the directory are read, and the config, the index, every
+    header and the tokenizer are checked before any memory is allocated: a malformed
+    checkpoint raises a LoadError naming the file and the field.
     """
     import sys
 
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise LoadError(f"{path}: not a model directory")
-    cfg = ModelConfig.from_json(os.path.join(path, "config.json"))
+    model = ModelDir(path)
+    config_path = model.path("config.json")
+    with model.open("config.json") as f:
+        cfg = ModelConfig.from_dict(read_json(f, config_path, "the model config"), config_path)
     target = None
     if dtype is not None:
         try:
             target = dtypes.as_dtype(dtype)
         except dtypes.UnsupportedDType as e:
             raise errors.DTypeError(f"load: {e}") from None
-    ckpt = Checkpoint(checkpoint_files(path))
+    tokenizer = None
+    if model.has("tokenizer.json"):
+        tok_path = model.path("tokenizer.json")
+        with model.open("tokenizer.json") as f:
+            tokenizer = Tokenizer.from_bytes(f.read(), tok_path, cfg.bos_token_id)
+        if tokenizer.vocab_size > cfg.vocab_size:
+            raise LoadError(
+                f"{tokenizer.vocab_size} tokens, more than {config_path}'s vocab_size "
+                f"{cfg.vocab_size}",
+                file=tok_path,
+                field="vocab",
+            )
+    weight_map = read_index(model)
+    ckpt = Checkpoint(checkpoint_files(model))
     try:
+        if weight_map is not None:
+            ckpt.check_index(weight_map, model.path(INDEX))
         show = sys.stderr.isatty() if progress is None else progress
-        weights, used = load_weights(ckpt, cfg, target, show)
+        weights, used = load_weights(ckpt, cfg, target, show, config_path)
     finally:
         ckpt.close()
-    tok_path = os.path.join(path, "tokenizer.json")
-    tokenizer = (
-        Tokenizer.from_file(tok_path, cfg.bos_token_id) if os.path.exists(tok_path) else None
-    )
-    return Model(cfg, Transformer(cfg, weights, used), tokenizer, path)
+    return Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)

@@ -2,9 +2,8 @@
 
 The decode step is a pure function of arrays -- the last tokens, the position as a 0-d
 array, the padding offsets, the sampling values and noise -- with the weights and caches
-captured, so @gpk.compile traces it once and replays it for every token. Until the tree
-has gpk.compile the same functions run lazily: each call records the same graph, whose
-schedule the runtime caches by structure, so nothing is re-planned per token either.
+captured, so gpk.compile traces it once and replays it for every token (on the CUDA and
+the NumPy backend alike).
 
 Prompts of a batch are left-padded to a power-of-two bucket; the padding is masked out of
 attention, and because rotary attention depends only on relative positions, a padded row
@@ -39,15 +38,12 @@ def bucket(n: int, cap: int) -> int:
     return min(b, cap)
 
 
-def _compile(fn: Callable[..., Any]) -> tuple[Callable[..., Any], bool]:
-    compile_ = getattr(gpk, "compile", None)
-    return (compile_(fn), True) if compile_ is not None else (fn, False)
-
-
-def _position(i: int) -> GPUArray:
-    """A decode position as a device scalar: a graph input, never a traced constant."""
-    scalar = getattr(gpk, "scalar", None)
-    return scalar(i) if scalar is not None else gpk.from_numpy(np.array(i, dtype=np.int64))
+def check_count(name: str, value: object, least: int) -> None:
+    """A count argument: an int (not a bool) >= least, else GPUKitValueError."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < least:
+        raise gpk.errors.GPUKitValueError(
+            f"generate: {name} must be an integer >= {least}, got {value!r}"
+        )
 
 
 @dataclass
@@ -73,8 +69,8 @@ class Generator:
         self.model = model
         self.batch, self.max_seq_len = batch, max_seq_len
         model.setup_cache(batch, max_seq_len)
-        self._prefill, self.compiled = _compile(self._prefill_fn)
-        self._decode, _ = _compile(self._decode_fn)
+        self._prefill = gpk.compile(self._prefill_fn)
+        self._decode = gpk.compile(self._decode_fn)
 
     # -- the traced functions ------------------------------------------------------------
     # Graph-shaping choices (greedy, top_k, use_top_p) are plain Python values, part of a
@@ -114,13 +110,6 @@ class Generator:
         u = noise[noise_idx]
         return sample_with(logits, greedy, top_k, use_top_p, temperature, top_p, u)
 
-    def _run(self, fn: Callable[..., GPUArray], *args: Any) -> GPUArray:
-        out = fn(*args)
-        if not self.compiled:
-            # The caches were written lazily: realise them with the tokens, as one graph.
-            gpk.realize(out, *self.model.cache_arrays())
-        return out
-
     # -- driving -------------------------------------------------------------------------
     def generate(
         self,
@@ -137,16 +126,19 @@ class Generator:
         Generation stops after max_new_tokens or once every row has emitted an EOS id.
         """
         params = params or SamplingParams()
+        check_count("max_new_tokens", max_new_tokens, 0)
         if len(prompts) != self.batch:
             raise gpk.errors.ShapeError(
                 f"generate: {len(prompts)} prompts for a generator of batch {self.batch}"
             )
         if any(len(p) == 0 for p in prompts):
             raise gpk.errors.GPUKitValueError("generate: a prompt has no tokens")
-        if max_new_tokens < 1:
+        if max_new_tokens == 0:
+            # As Hugging Face's generate: no new tokens, nothing run; bucket None says so.
             return GenerationResult(
-                [[] for _ in prompts], [len(p) for p in prompts], 0.0, 0.0, 0, self.batch
-            )
+                [[] for _ in prompts], [len(p) for p in prompts], 0.0, 0.0, 0, self.batch,
+                {"bucket": None},
+            )  # fmt: skip
         length = bucket(max(len(p) for p in prompts), self.max_seq_len)
         if length < max(len(p) for p in prompts) or length + max_new_tokens - 1 > self.max_seq_len:
             raise gpk.errors.GPUKitValueError(
@@ -174,9 +166,7 @@ class Generator:
                 done[:] |= np.isin(toks, eos)
 
         t0 = time.perf_counter()
-        tok = self._run(
-            self._prefill, gpk.from_numpy(ids), start, temperature, top_p, *noise.next(), *statics
-        )
+        tok = self._prefill(gpk.from_numpy(ids), start, temperature, top_p, *noise.next(), *statics)
         emit(0, tok.to_numpy())
         t1 = time.perf_counter()
         steps = 0
@@ -185,10 +175,9 @@ class Generator:
         # emit and dispatch. It feeds on step i's tokens on the device, not on the host.
         in_flight: deque[tuple[int, Any]] = deque()
         for i in range(1, max_new_tokens):
-            pos = _position(length + i - 1)
-            tok = self._run(
-                self._decode, tok, pos, start, temperature, top_p, *noise.next(), *statics
-            )
+            # A device scalar: a graph input, so every position replays one trace.
+            pos = gpk.scalar(length + i - 1)
+            tok = self._decode(tok, pos, start, temperature, top_p, *noise.next(), *statics)
             in_flight.append((i, tok.to_numpy_async()))
             if len(in_flight) > LOOKAHEAD:
                 j, ready = in_flight.popleft()
@@ -208,5 +197,5 @@ class Generator:
             t2 - t1,
             steps,
             self.batch,
-            {"bucket": length, "compiled": self.compiled},
+            {"bucket": length},
         )

@@ -8,15 +8,15 @@ copied tensor by tensor to the backend, so a checkpoint never sits in host memor
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import re
 import struct
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import ml_dtypes
 import numpy as np
@@ -24,9 +24,11 @@ import numpy as np
 from pygpukit import errors
 from pygpukit.array import GPUArray
 from pygpukit.creation import from_numpy
+from pygpukit.errors import LoadError
 from pygpukit.ir import dtypes
 
 from .config import ModelConfig
+from .files import ModelDir, open_regular, parse_json, read_json
 
 SAFETENSORS_DTYPES: dict[str, np.dtype[Any]] = {
     "F64": np.dtype(np.float64),
@@ -39,11 +41,9 @@ SAFETENSORS_DTYPES: dict[str, np.dtype[Any]] = {
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
 }
+WEIGHT_DTYPES = ("F64", "F32", "F16", "BF16")  # what a model's weights may be stored as
 MAX_HEADER = 100 << 20  # the reference implementation's limit
-
-
-class LoadError(errors.GPUKitError, ValueError):
-    """A checkpoint that cannot be loaded: bad header, wrong sizes, a missing tensor."""
+INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -54,88 +54,162 @@ class TensorInfo:
     shape: tuple[int, ...]
     offset: int  # absolute byte offset in the file
     nbytes: int
+    stored: str = ""  # the safetensors dtype name (BF16, I32, ...)
 
 
 def read_header(path: str) -> dict[str, TensorInfo]:
     """Parse and check one .safetensors header; every error names the file (and tensor)."""
+    with open_regular(path) as f:
+        return _parse_header(f, path)
+
+
+def _parse_header(f: IO[bytes], path: str) -> dict[str, TensorInfo]:
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise LoadError(f"{path}: not a safetensors file (shorter than its 8-byte header)")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER or 8 + n > size:
-                raise LoadError(
-                    f"{path}: bad safetensors header: header length {n} does not fit the "
-                    f"file of {size} bytes"
-                )
-            raw = f.read(n)
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise LoadError("not a safetensors file (shorter than its 8-byte header)", file=path)
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            raise LoadError(
+                f"bad safetensors header: header length {n} does not fit the "
+                f"file of {size} bytes (at most {MAX_HEADER})",
+                file=path,
+            )
+        raw = f.read(n)
+    except LoadError:
+        raise
     except OSError as e:
-        raise LoadError(f"{path}: cannot read: {e}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoadError(f"{path}: bad safetensors header: not valid JSON ({e})") from None
+        raise LoadError(f"cannot read: {e.strerror or e}", file=path) from None
+    header = parse_json(raw, path, "the safetensors header")
     if not isinstance(header, dict):
-        raise LoadError(f"{path}: bad safetensors header: expected a JSON object")
+        raise LoadError("bad safetensors header: expected a JSON object", file=path)
+    meta = header.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise LoadError("must map names to strings", file=path, field="__metadata__")
     data_start, data_len = 8 + n, size - 8 - n
-    out: dict[str, TensorInfo] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dt = SAFETENSORS_DTYPES[meta["dtype"]]
-            shape = tuple(int(s) for s in meta["shape"])
-            begin, end = (int(o) for o in meta["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
+    out = {name: _entry(path, name, entry, data_start, data_len) for name, entry in header.items()}
+    # Tensors own disjoint byte ranges (empty tensors own none).
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in out.values() if t.nbytes)
+    for (_, end, a), (begin, _, b) in zip(spans, spans[1:], strict=False):
+        if begin < end:
             raise LoadError(
-                f"{path}: tensor {name!r}: bad header entry {meta!r} ({type(e).__name__}: {e})"
-            ) from None
-        want = math.prod(shape) * dt.itemsize
-        if end - begin != want or begin < 0:
-            raise LoadError(
-                f"{path}: tensor {name!r}: {meta['dtype']}{list(shape)} needs {want} bytes, "
-                f"the header gives {end - begin} (offsets {begin}..{end})"
+                f"bytes {begin - data_start}.. overlap tensor {a!r} (ending at {end - data_start})",
+                file=path,
+                field=f"tensor {b!r}",
             )
-        if end > data_len:
-            raise LoadError(
-                f"{path}: tensor {name!r}: bytes {begin}..{end} run past the end of the data "
-                f"({data_len} bytes; the file is truncated?)"
-            )
-        out[name] = TensorInfo(name, path, dt, shape, data_start + begin, want)
     return out
 
 
-def checkpoint_files(path: str) -> list[str]:
-    """The .safetensors files of a model directory: the index's shards, or all of them."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError) as e:
-            raise LoadError(f"{index}: bad index: {e}") from None
-        files = sorted(set(weight_map.values()))
+def _entry(path: str, name: str, e: Any, data_start: int, data_len: int) -> TensorInfo:
+    """One header entry {dtype, shape, data_offsets}, every value's type and range checked."""
+
+    def bad(what: str) -> LoadError:
+        return LoadError(f"bad header entry: {what}", file=path, field=f"tensor {name!r}")
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(e, dict):
+        raise bad(f"expected an object, got {type(e).__name__}")
+    stored = e.get("dtype")
+    if not isinstance(stored, str) or stored not in SAFETENSORS_DTYPES:
+        raise bad(f"dtype {stored!r} is not one of {', '.join(SAFETENSORS_DTYPES)}")
+    shape, offsets = e.get("shape"), e.get("data_offsets")
+    if not isinstance(shape, list) or not all(is_int(s) for s in shape):
+        raise bad(f"shape {shape!r} is not a list of integers >= 0")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_int(o) for o in offsets):
+        raise bad(f"data_offsets {offsets!r} is not two integers >= 0")
+    dt = SAFETENSORS_DTYPES[stored]
+    begin, end = offsets
+    want = math.prod(shape) * dt.itemsize
+    if end < begin or end - begin != want:
+        raise LoadError(
+            f"{stored}{shape} needs {want} bytes, the header gives {end - begin} "
+            f"(offsets {begin}..{end})",
+            file=path,
+            field=f"tensor {name!r}",
+        )
+    if end > data_len:
+        raise LoadError(
+            f"bytes {begin}..{end} run past the end of the data ({data_len} "
+            f"bytes; the file is truncated?)",
+            file=path,
+            field=f"tensor {name!r}",
+        )
+    return TensorInfo(name, path, dt, tuple(shape), data_start + begin, want, stored)
+
+
+def read_index(model: ModelDir) -> dict[str, str] | None:
+    """The index's weight_map (tensor name -> shard file name), or None without an index."""
+    if not model.has(INDEX):
+        return None
+    path = model.path(INDEX)
+    with model.open(INDEX) as f:
+        index = read_json(f, path, "the shard index")
+    if not isinstance(index, dict) or "weight_map" not in index:
+        raise LoadError("expected an object with a weight_map", file=path)
+    weight_map = index["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise LoadError(
+            f"must map tensor names to file names, got {type(weight_map).__name__}",
+            file=path,
+            field="weight_map",
+        )
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise LoadError(
+                f"expected a file name, got {shard!r}", file=path, field=f"weight_map[{name!r}]"
+            )
+    return weight_map
+
+
+def checkpoint_files(path: str | ModelDir) -> list[str]:
+    """The .safetensors files of a model directory: the index's shards, or all of them,
+    each a regular file inside the directory (resolved path)."""
+    model = path if isinstance(path, ModelDir) else ModelDir(path)
+    weight_map = read_index(model)
+    index = model.path(INDEX) if weight_map is not None else None
+    if weight_map is not None:
+        names: dict[str, str | None] = {s: f"weight_map[{t!r}]" for t, s in weight_map.items()}
     else:
-        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-    if not files:
-        raise LoadError(f"{path}: no *.safetensors files")
-    return [os.path.join(path, f) for f in files]
+        names = {f: None for f in os.listdir(model.root) if f.endswith(".safetensors")}
+    if not names:
+        raise LoadError("no *.safetensors files", file=model.given)
+    files = []
+    for name, field in sorted(names.items()):
+        with model.open(name, index, field):  # refused unless a regular file inside
+            files.append(model.path(name))
+    return files
 
 
 class Checkpoint:
-    """The tensors of one checkpoint, by name, memory-mapped on demand."""
+    """The tensors of one checkpoint, by name, memory-mapped on demand.
+
+    Each file is opened once (a regular file, checked on the open descriptor) and stays
+    open: the memory maps are made from those descriptors, so a file swapped after the
+    check is never read.
+    """
 
     def __init__(self, files: Iterable[str]) -> None:
         self.files = list(files)
         self.tensors: dict[str, TensorInfo] = {}
-        for f in self.files:
-            for name, info in read_header(f).items():
-                if name in self.tensors:
-                    raise LoadError(f"{f}: tensor {name!r} is also in {self.tensors[name].file}")
-                self.tensors[name] = info
+        self._open: dict[str, IO[bytes]] = {}
         self._maps: dict[str, np.memmap[Any, Any]] = {}
+        try:
+            for path in self.files:
+                f = self._open[path] = open_regular(path)
+                for name, info in _parse_header(f, path).items():
+                    if name in self.tensors:
+                        raise LoadError(
+                            f"also in {self.tensors[name].file}",
+                            file=path,
+                            field=f"tensor {name!r}",
+                        )
+                    self.tensors[name] = info
+        except BaseException:
+            self.close()
+            raise
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
@@ -145,25 +219,48 @@ class Checkpoint:
             return self.tensors[name]
         except KeyError:
             where = ", ".join(os.path.basename(f) for f in self.files)
-            raise LoadError(f"missing tensor {name!r} (looked in {where})") from None
+            file = self.files[0] if len(self.files) == 1 else os.path.dirname(self.files[0])
+            raise LoadError(
+                f"missing (looked in {where})", file=file, field=f"tensor {name!r}"
+            ) from None
+
+    def check_index(self, weight_map: dict[str, str], index: str) -> None:
+        """Every tensor the index lists is in the shard it names."""
+        for name, shard in weight_map.items():
+            t = self.tensors.get(name)
+            if t is None or os.path.basename(t.file) != os.path.basename(shard):
+                found = "in no shard" if t is None else f"in {t.file}"
+                raise LoadError(
+                    f"names {shard!r}, but the tensor is {found}",
+                    file=index,
+                    field=f"weight_map[{name!r}]",
+                )
 
     def numpy(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """The tensor as a read-only memory-mapped array, its shape checked if given."""
         t = self.info(name)
         if shape is not None and t.shape != tuple(shape):
             raise LoadError(
-                f"{t.file}: tensor {name!r} has shape {list(t.shape)}, the config needs "
-                f"{list(shape)}"
+                f"has shape {list(t.shape)}, the config needs {list(shape)}",
+                file=t.file,
+                field=f"tensor {name!r}",
             )
+        if t.nbytes == 0:
+            return np.zeros(t.shape, t.dtype)
         mm = self._maps.get(t.file)
         if mm is None:
-            mm = self._maps[t.file] = np.memmap(t.file, dtype=np.uint8, mode="r")
+            f = self._open.get(t.file) or open_regular(t.file)
+            self._open[t.file] = f
+            mm = self._maps[t.file] = np.memmap(f, dtype=np.uint8, mode="r")
         return np.frombuffer(mm, dtype=t.dtype, count=math.prod(t.shape), offset=t.offset).reshape(
             t.shape
         )
 
     def close(self) -> None:
         self._maps.clear()
+        for f in self._open.values():
+            f.close()
+        self._open.clear()
 
 
 class Progress:
@@ -219,6 +316,62 @@ def weight_names(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (cfg.vocab_size, h)
 
 
+# The config.json fields each weight's dimensions come from, by the name's ending.
+_DIM_FIELDS = {
+    "embed_tokens.weight": ("vocab_size", "hidden_size"),
+    "lm_head.weight": ("vocab_size", "hidden_size"),
+    "q_proj.weight": ("num_attention_heads * head_dim", "hidden_size"),
+    "k_proj.weight": ("num_key_value_heads * head_dim", "hidden_size"),
+    "v_proj.weight": ("num_key_value_heads * head_dim", "hidden_size"),
+    "q_proj.bias": ("num_attention_heads * head_dim",),
+    "k_proj.bias": ("num_key_value_heads * head_dim",),
+    "v_proj.bias": ("num_key_value_heads * head_dim",),
+    "q_norm.weight": ("head_dim",),
+    "k_norm.weight": ("head_dim",),
+    "o_proj.weight": ("hidden_size", "num_attention_heads * head_dim"),
+    "gate_proj.weight": ("intermediate_size", "hidden_size"),
+    "up_proj.weight": ("intermediate_size", "hidden_size"),
+    "down_proj.weight": ("hidden_size", "intermediate_size"),
+    "norm.weight": ("hidden_size",),
+}
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _dim_fields(name: str) -> str:
+    fields = next(f for end, f in _DIM_FIELDS.items() if name.endswith(end))
+    return ", ".join(fields)
+
+
+def check_checkpoint(ckpt: Checkpoint, cfg: ModelConfig, source: str = "config.json") -> None:
+    """The config against the tensors found, before anything is allocated: the layer count
+    (checked first, so a huge num_hidden_layers costs nothing), then every needed tensor's
+    presence, shape and dtype. `source` is the config's path, for the errors."""
+    layers = {int(m.group(1)) for n in ckpt.tensors if (m := _LAYER.match(n))}
+    if len(layers) != cfg.num_layers or layers != set(range(cfg.num_layers)):
+        found = f"layers {sorted(layers)[:8]}{'...' if len(layers) > 8 else ''}"
+        raise LoadError(
+            f"{cfg.num_layers}, but the checkpoint has {len(layers)} "
+            f"({found if layers else 'none'})",
+            file=source,
+            field="num_hidden_layers",
+        )
+    for name, shape in weight_names(cfg):
+        t = ckpt.info(name)
+        if t.shape != shape:
+            raise LoadError(
+                f"has shape {list(t.shape)}, but {source} ({_dim_fields(name)}) "
+                f"needs {list(shape)}",
+                file=t.file,
+                field=f"tensor {name!r}",
+            )
+        if t.stored not in WEIGHT_DTYPES:
+            raise LoadError(
+                f"dtype {t.stored}: weights must be one of {', '.join(WEIGHT_DTYPES)}",
+                file=t.file,
+                field=f"tensor {name!r}",
+            )
+
+
 def _upload(a: np.ndarray, dtype: dtypes.DType) -> GPUArray:
     host = a if a.dtype == dtype.np else a.astype(dtype.np)
     arr = from_numpy(np.ascontiguousarray(host))
@@ -227,17 +380,21 @@ def _upload(a: np.ndarray, dtype: dtypes.DType) -> GPUArray:
 
 
 def load_weights(
-    ckpt: Checkpoint, cfg: ModelConfig, dtype: dtypes.DType | None, progress: bool
+    ckpt: Checkpoint,
+    cfg: ModelConfig,
+    dtype: dtypes.DType | None,
+    progress: bool,
+    source: str = "config.json",
 ) -> tuple[dict[str, GPUArray], dtypes.DType]:
     """name -> read-only GPUArray. q/k/v and gate/up are concatenated into one matrix each,
-    so a decode step runs one GEMM where the checkpoint has two or three."""
+    so a decode step runs one GEMM where the checkpoint has two or three. Everything is
+    checked (check_checkpoint) before the first allocation, and what was uploaded is
+    freed if a copy still fails."""
+    check_checkpoint(ckpt, cfg, source)
     needed = dict(weight_names(cfg))
-    for name in needed:
-        ckpt.info(name)  # every missing tensor is reported before any copy starts
-    first = ckpt.info("model.embed_tokens.weight").dtype
-    target = dtype or dtypes.as_dtype(first)
+    target = dtype or dtypes.as_dtype(ckpt.info("model.embed_tokens.weight").dtype)
     if not target.is_float:
-        raise LoadError(f"load: weights must load as a float dtype, got {target}")
+        raise LoadError(f"weights must load as a float dtype, got {target}")
     bar = Progress(sum(ckpt.info(n).nbytes for n in needed), progress)
     out: dict[str, GPUArray] = {}
 
@@ -253,25 +410,31 @@ def load_weights(
         except errors.GPUKitError as e:
             raise type(e)(f"load {', '.join(names)}: {e}") from None
 
-    put("embed", "model.embed_tokens.weight")
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        put(f"{i}.attn_norm", p + "input_layernorm.weight")
-        put(f"{i}.wqkv", a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
-        if cfg.attention_bias:
-            put(f"{i}.bqkv", a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
-        if cfg.qk_norm:
-            put(f"{i}.q_norm", a + "q_norm.weight")
-            put(f"{i}.k_norm", a + "k_norm.weight")
-        put(f"{i}.wo", a + "o_proj.weight")
-        put(f"{i}.mlp_norm", p + "post_attention_layernorm.weight")
-        put(f"{i}.w_gate_up", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
-        put(f"{i}.w_down", p + "mlp.down_proj.weight")
-    put("norm", "model.norm.weight")
-    if cfg.tie_word_embeddings:
-        out["lm_head"] = out["embed"]
-    else:
-        put("lm_head", "lm_head.weight")
-    bar.finish()
+    try:
+        put("embed", "model.embed_tokens.weight")
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            put(f"{i}.attn_norm", p + "input_layernorm.weight")
+            put(f"{i}.wqkv", a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+            if cfg.attention_bias:
+                put(f"{i}.bqkv", a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
+            if cfg.qk_norm:
+                put(f"{i}.q_norm", a + "q_norm.weight")
+                put(f"{i}.k_norm", a + "k_norm.weight")
+            put(f"{i}.wo", a + "o_proj.weight")
+            put(f"{i}.mlp_norm", p + "post_attention_layernorm.weight")
+            put(f"{i}.w_gate_up", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+            put(f"{i}.w_down", p + "mlp.down_proj.weight")
+        put("norm", "model.norm.weight")
+        if cfg.tie_word_embeddings:
+            out["lm_head"] = out["embed"]
+        else:
+            put("lm_head", "lm_head.weight")
+    except BaseException:
+        for arr in {id(a): a for a in out.values()}.values():
+            arr.free()
+        raise
+    finally:
+        bar.finish()
     return out, target

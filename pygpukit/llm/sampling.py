@@ -40,6 +40,14 @@ class SamplingParams:
             raise gpk.errors.GPUKitValueError(
                 f"sampling: top_p must be in (0, 1], got {self.top_p}"
             )
+        # NumPy's generator takes non-negative integers only (a bool is not a seed).
+        if self.seed is not None and (
+            not isinstance(self.seed, int | np.integer) or isinstance(self.seed, bool)
+            or self.seed < 0
+        ):  # fmt: skip
+            raise gpk.errors.GPUKitValueError(
+                f"sampling: seed must be None or an integer >= 0, got {self.seed!r}"
+            )
 
     @property
     def greedy(self) -> bool:

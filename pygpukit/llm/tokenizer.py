@@ -6,6 +6,9 @@ import os
 from typing import Any
 
 from pygpukit import errors
+from pygpukit.errors import LoadError
+
+from .files import open_regular
 
 
 def _tokenizers() -> Any:
@@ -27,10 +30,23 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], bos_id: int | None = None) -> Tokenizer:
+        """Read a tokenizer.json (a regular file: a FIFO is refused, not waited on)."""
+        path = os.fspath(path)
+        with open_regular(path) as f:
+            return cls.from_bytes(f.read(), path, bos_id)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, path: str, bos_id: int | None = None) -> Tokenizer:
+        """Parse the contents of a tokenizer.json read from `path` (named in errors)."""
+        module = _tokenizers()
         try:
-            tok = _tokenizers().Tokenizer.from_file(str(path))
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise LoadError(f"not UTF-8 (byte {e.start}: {e.reason})", file=path) from None
+        try:
+            tok = module.Tokenizer.from_str(text)
         except Exception as e:  # the library raises its own Exception subclass
-            raise errors.GPUKitError(f"{path}: cannot read the tokenizer: {e}") from None
+            raise LoadError(f"cannot read the tokenizer: {e}", file=path) from None
         return cls(tok, bos_id)
 
     @property
