@@ -539,6 +539,7 @@ def run_group(group: str, out: list[dict[str, Any]]) -> None:
     import torch
 
     import pygpukit._native as native
+    from pygpukit.backends.cuda import toolchain
     from pygpukit.backends.cuda.kernels import loader
     from pygpukit.bench.kernels import time_graph
 
@@ -555,7 +556,7 @@ def run_group(group: str, out: list[dict[str, Any]]) -> None:
     x3 = (xf * 3).to(torch.bfloat16)
     refs[2] = torch.softmax(x3.float(), -1)
     stream = lambda: int(torch.cuda.current_stream().cuda_stream)  # noqa: E731
-    arch = loader.device_arch()
+    arch = toolchain.device_arch()
     for d in variant_groups()[group]:
         name = _name(d)
         row: dict[str, Any] = {"group": group, "variant": name, **d}
@@ -607,6 +608,7 @@ def run_reference(out: list[dict[str, Any]], inductor: str | None) -> None:
     import torch
 
     import pygpukit._native as native
+    from pygpukit.backends.cuda import toolchain
     from pygpukit.backends.cuda.kernels import loader, rms_norm, softmax
     from pygpukit.bench.kernels import time_graph
 
@@ -624,7 +626,8 @@ def run_reference(out: list[dict[str, Any]], inductor: str | None) -> None:
         ),
     }
     src = _defines(V(OP=0, T=256, G=256, LD=0, CSYNC=0))
-    mod = native.Module(loader.compile_source(src + SOURCE, loader.device_arch(), ("-std=c++17",)))
+    arch = toolchain.device_arch()
+    mod = native.Module(loader.compile_source(src + SOURCE, arch, ("-std=c++17",)))
     flat = mod.get_function("kflat")
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     n16 = ROWS * COLS * 2 // 16
@@ -647,6 +650,7 @@ def run_production(out: list[dict[str, Any]], old_rev: str | None) -> None:
     import torch
 
     import pygpukit._native as native
+    from pygpukit.backends.cuda import toolchain
     from pygpukit.backends.cuda.kernels import loader, rms_norm, softmax
     from pygpukit.bench.kernels import time_graph
 
@@ -690,7 +694,7 @@ def run_production(out: list[dict[str, Any]], old_rev: str | None) -> None:
                 src = "".join(f"#define {k} {v}\n" for k, v in sorted(d.items()))
                 src += git(fam).replace('#include "common.cuh"', common)
                 fn = native.Module(
-                    loader.compile_source(src, loader.device_arch(), ("-std=c++17",))
+                    loader.compile_source(src, toolchain.device_arch(), ("-std=c++17",))
                 )
                 fn = fn.get_function(name)
                 if fam == "rms_norm":

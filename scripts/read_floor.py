@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from pygpukit.backends.cuda import toolchain
 from pygpukit.backends.cuda.kernels import loader
 from pygpukit.bench.kernels import _sets_for, _stream, time_graph
 
@@ -71,7 +72,7 @@ def main() -> None:
     a = ap.parse_args()
     defines = "\n".join(f"#define {k} {v}" for k, v in loader.type_defines("float32").items())
     common = (loader.kernel_dir() / "common.cuh").read_text(encoding="ascii")
-    cubin = loader.compile_source(f"{defines}\n{common}\n{PROBE}", loader.device_arch(),
+    cubin = loader.compile_source(f"{defines}\n{common}\n{PROBE}", toolchain.device_arch(),
                                   ("-std=c++17",))  # fmt: skip
     mod = _native.Module(cubin)
     read, merge = mod.get_function("pgk_floor_read"), mod.get_function("pgk_floor_merge")

@@ -6,6 +6,7 @@ from typing import Any
 
 from pygpukit.errors import ShapeError
 
+from .. import toolchain
 from . import loader
 from ._common import cdiv, int32_range, positive
 
@@ -247,23 +248,21 @@ def gemv(
             defines["PGK_GSTAGES"] = 0
         if smem > loader.max_shared_optin():
             raise ShapeError(f"gemv: config {cfg} needs {smem} bytes of shared memory")
-        fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
-        loader.set_dynamic_smem(fn, smem)
+        fn = loader.get_kernel("gemv", "pgk_gemv_mma", defines)
+        fn.set_dynamic_smem(smem)
         tiles = mma_tiles(n, nt, glu)
         per_sm = blocks_per_sm
         if per_sm is None:
             per_sm = PERSIST_BLOCKS_PER_SM
             if early and cfg != EARLY_CONFIG_MID_N:
                 per_sm = EARLY_BLOCKS_PER_SM
-        grid_x = min(tiles, per_sm * loader.sm_count()) if stages and per_sm else tiles
+        grid_x = min(tiles, per_sm * toolchain.sm_count()) if stages and per_sm else tiles
         fn.launch(
             (grid_x, cdiv(m, MMA_ROWS)),
             (gw * 32,),
-            "PPPPiiiqqqPPqfii",
             (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows, int(w_early)),
             smem,
-            stream,
-            pdl=loader.pdl_enabled(),  # the kernel waits on its predecessor (gemv.cuh)
+            stream,  # the kernel waits on its predecessor (gemv.cuh)
         )
         return
     if prologue != "none" or residual or glu:
@@ -282,13 +281,11 @@ def gemv(
         "PGK_UNROLL": unroll,
         "PGK_ACT": act,
     }
-    fn = loader.get_function("gemv", "pgk_gemv", defines)
+    fn = loader.get_kernel("gemv", "pgk_gemv", defines)
     fn.launch(
         (cdiv(n, WARPS), m),
         (WARPS * 32,),
-        "PPPPiiqqq",
         (x, w, bias, y, n, k, xs, ws, ys),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

@@ -8,137 +8,23 @@ layout rules hold, else the strided matmul_simple kernel (every dtype)."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pygpukit import _native
-from pygpukit.errors import CUDAError, OutOfMemoryError
-from pygpukit.ir import DType, dtypes, ops, shapes
+from pygpukit.ir import DType, ops, shapes
 from pygpukit.ir.ops import linear_extras
 from pygpukit.passes import Step
 
-from . import ew, ops_nn, toolchain
-from .context import Context, capturing, contiguous, numel
-from .kernels import gemm_mma, gemv, loader, matmul_simple
-from .layout import broadcast_strides, collapse, reshape_strides
-from .materialize import contiguous_as
-from .value import DeviceValue
+from .. import ew
+from ..context import Context, capturing, contiguous, numel
+from ..cublaslt import LT_DTYPES, Launch, lt_launcher, lt_operand
+from ..layout import broadcast_strides, collapse, reshape_strides
+from ..materialize import contiguous_as
+from ..value import DeviceValue
+from . import activation_plan, gemm_mma, gemv, loader, matmul_simple, rms_norm_plan
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 _ACT_EXPR = {"gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none"), "silu": ("silu",)}
-Launch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
-
-# -- cuBLASLt ------------------------------------------------------------------------------
-LT_DTYPES = ("float32", "float16", "bfloat16")
-# One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
-# quota (cuBLASLt still has algorithms with a small or no workspace).
-WORKSPACE_SIZES = (32 << 20, 4 << 20, 0)
-_tf32 = [False]
-_lt: dict[str, Any] = {}  # "reason": '' when loaded, else why not (tried once)
-_workspaces: weakref.WeakKeyDictionary[Any, tuple[DeviceValue | None, int]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def set_tf32(enabled: bool) -> None:
-    """Let float32 GEMMs round their inputs to TF32 on the tensor cores (default off)."""
-    _tf32[0] = bool(enabled)
-
-
-def tf32_enabled() -> bool:
-    return _tf32[0]
-
-
-def cublaslt_unavailable_reason() -> str:
-    """'' when cuBLASLt is loaded (loading it on first call), else why the NVRTC GEMM serves."""
-    if "reason" not in _lt:
-        try:
-            toolchain.load_cublaslt()
-            _lt["reason"] = ""
-        except CUDAError as e:
-            _lt["reason"] = str(e)
-    return str(_lt["reason"])
-
-
-def _workspace(ctx: Context) -> tuple[DeviceValue | None, int]:
-    """(buffer, bytes): the largest of WORKSPACE_SIZES the pool grants, kept for the backend."""
-    got = _workspaces.get(ctx)
-    if got is None:
-        for nbytes in WORKSPACE_SIZES:
-            if nbytes == 0:
-                got = (None, 0)
-                break
-            try:
-                ws = ctx.alloc((nbytes,), dtypes.uint8, "cuBLASLt workspace")
-            except OutOfMemoryError:
-                continue
-            ws.storage.pin()  # captured launches keep its address: never evicted
-            got = (ws, nbytes)
-            break
-        assert got is not None
-        _workspaces[ctx] = got
-    return got
-
-
-def _align(*ptrs: int) -> int:
-    """The alignment (up to 16 bytes, what the fast kernels need) all pointers share."""
-    a = 16
-    while a > 1 and any(p % a for p in ptrs):
-        a //= 2
-    return a
-
-
-def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int] | None:
-    """(transposed, leading dimension) of a strided [rows, cols] matrix for cuBLASLt, or
-    None when neither dimension is unit-stride. Sizes of 1 take any stride."""
-    if s_row < 0 or s_col < 0:
-        return None
-    if s_col == 1 or cols == 1:
-        ld = s_row if rows > 1 else cols
-        if ld >= max(cols, 1) and (cols == 1 or s_col == 1):
-            return False, ld
-    if s_row == 1 or rows == 1:
-        ld = s_col if cols > 1 else rows
-        if ld >= max(rows, 1):
-            return True, ld
-    return None
-
-
-def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
-                b_op: tuple[bool, int], batch: int = 1, stride_a: int = 0, stride_b: int = 0,
-                epilogue: str = "none", ptrs: Sequence[int] = ()) -> Launch | None:  # fmt: skip
-    """launch(a, b, d[, bias]) through a cached cuBLASLt plan, or None when cuBLASLt is
-    absent or has no algorithm for the problem. D is contiguous [batch, m, n]. float32
-    follows set_tf32 at run time (one plan per mode)."""
-    if dtype not in LT_DTYPES or cublaslt_unavailable_reason():
-        return None
-    (ta, lda), (tb, ldb) = a_op, b_op
-    if batch > 1 and stride_b == 0 and not ta and stride_a == m * lda:
-        m, batch, stride_a = m * batch, 1, 0  # broadcast B: the batch folds into M
-    align = _align(*ptrs)
-    ws, ws_bytes = _workspace(ctx)
-    kw = dict(lda=lda, ldb=ldb, ldd=n, trans_a=ta, trans_b=tb, batch=batch, stride_a=stride_a,
-              stride_b=stride_b, stride_d=m * n, epilogue=epilogue, align=align,
-              workspace_bytes=ws_bytes)  # fmt: skip
-
-    def plan(tf32: bool) -> Any:
-        return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
-
-    try:
-        plans = {False: plan(False)}
-        if dtype == "float32":
-            plans[True] = plan(True)
-    except (CUDAError, ValueError):
-        return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
-    ws_ptr = ws.ptr if ws is not None else 0
-
-    def lt(pa: int, pb: int, pc: int, pbias: int = 0) -> None:
-        p = plans[_tf32[0] and dtype == "float32"]
-        p.run(pa, pb, pc, pbias, ws_ptr, ws_bytes, ctx.stream)
-
-    return lt
-
 
 def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
                  ) -> tuple[Launch, tuple[int, ...]]:  # fmt: skip
@@ -397,7 +283,8 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         specs = [(x.shape, x.dtype), (ins[-1].shape, ins[-1].dtype)]
         pshape, pdtype = ops.infer(prologue, specs, attrs)
         pstep = Step(prologue, attrs, (), -1, tuple(pshape), pdtype, step.loc)
-        planner = ops_nn.plan_norm if prologue == "rms_norm" else ops_nn.plan_swiglu
+        planner = (rms_norm_plan.plan_rms_norm if prologue == "rms_norm"
+                   else activation_plan.plan_swiglu)  # fmt: skip
         pro_run = planner(ctx, pstep, [x, ins[-1]], tag)
         xp = DeviceValue(x.storage, tuple(pshape), contiguous(tuple(pshape)), 0, pdtype)
         rest = list(ins[2 : res_at + has_res])  # bias, residual
@@ -510,7 +397,7 @@ def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         return [y.view(shape, y.strides, y.offset + i * half) for i in (0, 1)]
 
     gate_step = Step("swiglu", {}, (), -1, shape, dtype, step.loc)
-    gate = ops_nn.plan_swiglu(ctx, gate_step, halves(y_plan), tag)
+    gate = activation_plan.plan_swiglu(ctx, gate_step, halves(y_plan), tag)
     add = None
     if has_res:
         g_plan = DeviceValue(ins[0].storage, shape, contiguous(shape), 0, dtype)
@@ -530,3 +417,6 @@ def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         return out
 
     return run
+
+
+PLANNERS = {"matmul": plan_matmul, "linear": plan_linear}
