@@ -37,6 +37,21 @@ def test_template_compiles(variant: variants.Variant, arch: str) -> None:
         assert name.encode() in cubin, f"kernel {name} missing from the {family} CUBIN"
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=[_id(v) for v in VARIANTS])
+def test_variant_declares_its_kernels(variant: variants.Variant) -> None:
+    """Each kernel a variant names is an extern "C" kernel of that variant's source, and
+    the launch format parsed from it is the one the launchers use (loader.kernel_format,
+    parsed once per family from the template without defines)."""
+    from pygpukit.backends.cuda import signature
+
+    family, names, defines = variant
+    src = loader.kernel_source(family, defines)
+    declared = signature.kernel_names(src)
+    for name in names:
+        assert name in declared, f'{family}: {name} is not an extern "C" kernel'
+        assert signature.launch_format(src, name, family) == loader.kernel_format(family, name)
+
+
 def test_every_family_is_covered() -> None:
     files = {p.stem for p in loader.kernel_dir().glob("*.cuh")} - {"common"}
     assert files == {fam for fam, _, _ in VARIANTS}
