@@ -3,6 +3,8 @@ CUBIN for sm_80 and sm_90 (no GPU needed: NVRTC and the CUDA headers come from p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pygpukit.errors import CompileError
@@ -105,3 +107,16 @@ def test_generated_kernels_wait_on_their_predecessor() -> None:
     assert "griddepcontrol.wait" in prelude.PRELUDE
     for module in (elementwise, reduce, gather, fill):
         assert "PGK_PDL_ENTRY" in inspect.getsource(module), module.__name__
+
+
+def test_templates_ship_beside_the_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The templates are package data next to loader.py (so the wheel carries them where
+    the loader looks); PYGPUKIT_KERNEL_DIR overrides, and a directory without them is a
+    clear error."""
+    monkeypatch.delenv("PYGPUKIT_KERNEL_DIR", raising=False)
+    here = Path(loader.__file__).resolve().parent
+    assert loader.kernel_dir() == here
+    assert {p.stem for p in here.glob("*.cuh")} >= {"common"} | {f for f, _, _ in VARIANTS}
+    monkeypatch.setenv("PYGPUKIT_KERNEL_DIR", str(tmp_path))
+    with pytest.raises(CompileError, match="no common.cuh in"):
+        loader.kernel_dir()

@@ -1,20 +1,23 @@
-"""The NVRTC kernel families: each is its template (<family>.cuh), its launcher
-(<family>.py: device pointers and shapes in, variant and geometry chosen, launched with
-the argument format the template's `extern "C"` signature declares) and, for the fused IR
-ops, its planner (<family>_plan.py: a schedule step onto the launcher, with a PLANNERS
-table of the ops it plans, which cuda/plan.py collects).
+"""The NVRTC kernel families, each in one place:
 
-    activation   gelu, silu, swiglu          activation_plan: swiglu
-    argmax_topk  argmax, top-k               (planned by ops_reduce)
-    attention    prefill and decode SDPA     attention_plan: sdpa, sdpa_append
-    embedding    row gather
-    gemm_mma     tensor-core GEMM            linear_plan: matmul, linear (GEMV, mma GEMM,
-    gemv         GEMV with folded prologue     matmul_simple or cuBLASLt)
-    matmul_simple  every dtype
-    layer_norm, rms_norm, rope, softmax      <family>_plan
+    <family>.cuh       the template (common.cuh is inlined into each)
+    <family>.py        its launcher: device pointers and shapes in; it picks the variant
+                       (#defines) and geometry and launches with the argument format the
+                       template's extern "C" signature declares (loader.get_kernel)
+    <op>_plan.py       the planner of the IR ops the family computes: a schedule step onto
+                       the launchers, with a PLANNERS table that cuda/plan.py collects
 
-loader.py finds, compiles and caches the templates (common.cuh is inlined into each);
-variants.py lists every variant a launcher can ask for, for ahead-of-time compile checks.
-Submodules are imported by name (nothing here imports them: the plan modules import the
-backend's helpers, which import the loader).
+    softmax_plan     softmax, log_softmax    softmax
+    rms_norm_plan    rms_norm                rms_norm
+    layer_norm_plan  layer_norm              layer_norm
+    activation_plan  swiglu                  activation (also gelu, silu)
+    rope_plan        rope                    rope
+    attention_plan   sdpa, sdpa_append       attention (attention_prefill, attention_decode),
+                                             matmul_simple and softmax for the composed path
+    linear_plan      matmul, linear          gemv, gemm_mma, matmul_simple, cuBLASLt
+
+argmax_topk and embedding have launchers only (ops_reduce plans argmax). loader.py finds,
+compiles and caches the templates; variants.py lists every variant a launcher can ask
+for, for ahead-of-time compile checks. Nothing here imports the submodules: the planners
+import the backend's helpers, which import the loader.
 """
