@@ -14,6 +14,7 @@ from typing import Any
 from . import dtypes as dt
 from . import elementwise, indexing, shapes
 from .dtypes import DType, DTypeRuleError
+from .linear import LinearSpec
 from .shapes import Shape, ShapeRuleError
 
 Spec = tuple[Shape, DType]
@@ -288,47 +289,26 @@ def _after(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return ins[0]
 
 
-LINEAR_PROLOGUES = ("none", "rms_norm", "swiglu")
-
-
-def linear_extras(attrs: dict[str, Any], n_extra: int) -> tuple[bool, bool, str]:
-    """(has_bias, has_residual, prologue) of a linear node with n_extra inputs after x, w.
-
-    Inputs: x, w, [bias], [residual], [prologue operand: the RMSNorm gain, or SwiGLU's up].
-    y = act(prologue(x) @ w.T + bias) + residual, where prologue is rms_norm(x, gain, eps)
-    or silu(x) * up: the fusions of a decode step's norms, gates and residual adds. With
-    attrs["glu"] == "swiglu" the product's last axis is gate then up, and the node gives
-    silu(gate) * up (half as wide) before the residual: a gate/up projection and its gate.
-    """
-    prologue = attrs.get("prologue", "none")
-    residual = bool(attrs.get("has_residual", False))
-    bias = n_extra - residual - (prologue != "none")
-    return bias == 1, residual, prologue
-
-
 def _linear(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-    (sx, dx), (sw, dw), *extra = ins
-    has_bias, has_res, prologue = linear_extras(attrs, len(extra))
-    if prologue not in LINEAR_PROLOGUES:
-        raise ShapeRuleError(f"linear: unknown prologue {prologue!r}")
-    if len(extra) != has_bias + has_res + (prologue != "none"):
-        raise ShapeRuleError(f"linear takes {2 + len(extra)} inputs that its flags do not fit")
-    if prologue == "rms_norm":
-        sx, dx = _norm("rms_norm")([(sx, dx), extra[-1]], attrs)
-    elif prologue == "swiglu":
-        sx, dx = _swiglu([(sx, dx), extra[-1]], attrs)
+    spec = LinearSpec.of(attrs, len(ins))
+    parts = spec.split(ins)
+    (sx, dx), (sw, dw) = parts.x, parts.w
+    if parts.prologue is not None:
+        if spec.prologue == "rms_norm":
+            sx, dx = _norm("rms_norm")([(sx, dx), parts.prologue], attrs)
+        else:
+            sx, dx = _swiglu([(sx, dx), parts.prologue], attrs)
     out = shapes.matmul_shape(sx, (sw[1], sw[0]) if len(sw) == 2 else sw)
     dtype = dt.result_type(dx, dw)
-    if has_bias:
-        shapes.broadcast_shapes(out, extra[0][0])
-    glu = attrs.get("glu", "none")
-    if glu != "none":
-        if glu != "swiglu" or attrs.get("activation", "none") != "none" or out[-1] % 2:
-            raise ShapeRuleError(f"linear: glu={glu!r} needs 'swiglu', no activation and an "
-                                 f"even width (got {out[-1]})")  # fmt: skip
+    if parts.bias is not None:
+        shapes.broadcast_shapes(out, parts.bias[0])
+    if spec.glu != "none":
+        if spec.glu != "swiglu" or spec.activation != "none" or out[-1] % 2:
+            raise ShapeRuleError(f"linear: glu={spec.glu!r} needs 'swiglu', no activation and "
+                                 f"an even width (got {out[-1]})")  # fmt: skip
         out = out[:-1] + (out[-1] // 2,)
-    if has_res:
-        rs, rd = extra[int(has_bias)]
+    if parts.residual is not None:
+        rs, rd = parts.residual
         if rs != out or rd != dtype:
             raise ShapeRuleError(f"linear: residual {rd.short}{list(rs)} must be the result's "
                                  f"{dtype.short}{list(out)}")  # fmt: skip

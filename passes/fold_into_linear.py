@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from pygpukit.ir import Graph, Node
-from pygpukit.ir.ops import linear_extras
+from pygpukit.ir.linear import LinearSpec
 
 from .patterns import Matcher, operands
 from .rewrite import users
@@ -24,10 +24,8 @@ from .rewrite import users
 
 def _parts(n: Node) -> tuple[Node, Node, Node | None, Node | None, dict[str, Any]]:
     """(x, w, bias, residual, attrs) of a linear node without a prologue."""
-    has_bias, has_res, _ = linear_extras(n.attrs, len(n.inputs) - 2)
-    bias = n.inputs[2] if has_bias else None
-    res = n.inputs[2 + has_bias] if has_res else None
-    return n.inputs[0], n.inputs[1], bias, res, dict(n.attrs)
+    p = LinearSpec.of(n.attrs, len(n.inputs)).split(n.inputs)
+    return p.x, p.w, p.bias, p.residual, dict(n.attrs)
 
 
 def _build(x: Node, w: Node, bias: Node | None, res: Node | None, pro: Node | None,
@@ -48,7 +46,7 @@ def fold_into_linear(graph: Graph) -> Graph:
     def with_prologue(lin: Node) -> tuple[Node, Node | None, dict[str, Any], list[Node]]:
         """(input, prologue operand, attrs, operands) once the input's norm/gate folds in."""
         x, _, _, _, attrs = _parts(lin)
-        if attrs.get("prologue", "none") != "none" or not only_user(x, lin):
+        if LinearSpec.of(attrs, len(lin.inputs)).prologue != "none" or not only_user(x, lin):
             return x, None, attrs, [x]
         if x.op == "rms_norm" and len(x.inputs) == 2:
             attrs.update(prologue="rms_norm", eps=x.attrs["eps"])

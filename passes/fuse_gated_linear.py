@@ -12,6 +12,7 @@ Runs before fold_into_linear, which then folds the RMSNorm feeding the projectio
 from __future__ import annotations
 
 from pygpukit.ir import Graph, Node
+from pygpukit.ir.linear import LinearSpec
 
 from .patterns import Matcher
 from .rewrite import users
@@ -49,17 +50,17 @@ def fuse_gated_linear(graph: Graph) -> Graph:
             m.missed(n, f"gate {gate[1]}:{gate[2]} and up {up[1]}:{up[2]} are not the two "
                         f"halves of the projection's {width} columns")  # fmt: skip
             continue
-        attrs = lin.attrs
-        if (attrs.get("activation", "none"), attrs.get("has_residual", False),
-                attrs.get("prologue", "none"), attrs.get("glu", "none")) != (
-                "none", False, "none", "none"):  # fmt: skip
+        spec = LinearSpec.of(lin.attrs, len(lin.inputs))
+        if (spec.activation, spec.has_residual, spec.prologue, spec.glu) != (
+            "none", False, "none", "none"
+        ):  # fmt: skip
             m.missed(n, "the projection already has an activation, residual or prologue")
             continue
         halves = {n.inputs[0].id, n.inputs[1].id}
         if not only_users(lin, halves) or not all(only_users(h, {n.id}) for h in n.inputs):
             m.missed(n, "the projection or a half has another user")
             continue
-        fused = Node.make("linear", lin.inputs, dict(attrs, glu="swiglu"), lin.loc)
+        fused = Node.make("linear", lin.inputs, dict(lin.attrs, glu="swiglu"), lin.loc)
         if (fused.shape, fused.dtype) != (n.shape, n.dtype):
             m.missed(n, f"gated linear would give {fused.dtype.short}{list(fused.shape)}, "
                         f"the program {n.dtype.short}{list(n.shape)}")  # fmt: skip

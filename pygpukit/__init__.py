@@ -58,15 +58,15 @@ def backend_name() -> str:
 def set_tf32(enabled: bool) -> None:
     """Let float32 matmuls round inputs to TF32 on the tensor cores (CUDA, cuBLASLt).
     Default off: float32 stays float32. Read at each call, so cached plans follow it."""
-    from .backends.cuda import ops_linalg
+    from .backends.cuda import cublaslt
 
-    ops_linalg.set_tf32(enabled)
+    cublaslt.set_tf32(enabled)
 
 
 def tf32_enabled() -> bool:
-    from .backends.cuda import ops_linalg
+    from .backends.cuda import cublaslt
 
-    return ops_linalg.tf32_enabled()
+    return cublaslt.tf32_enabled()
 
 
 def pool_stats() -> dict[str, object]:

@@ -5,54 +5,16 @@
 
 The parameter list is parsed from the source, so each argument converts to its declared
 C type: GPUArrays and objects with __cuda_array_interface__ pass their device pointer,
-Python numbers pass as the scalar type. The kernel must be `extern "C"`.
+Python numbers pass as the scalar type. The kernel must be `extern "C"` (the parser is
+backends/cuda/signature.py, shared with the kernel templates' launchers).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from pygpukit.backends.cuda.signature import parse_params
 from pygpukit.errors import CompileError, DTypeError
-
-_SCALARS = {
-    "int": "i", "int32_t": "i", "signed": "i", "signed int": "i", "short": "i", "char": "i",
-    "bool": "i", "unsigned": "I", "unsigned int": "I", "uint32_t": "I",
-    "long long": "q", "long long int": "q", "int64_t": "q", "long": "q", "size_t": "q",
-    "ptrdiff_t": "q", "uint64_t": "q", "unsigned long long": "q", "unsigned long": "q",
-    "float": "f", "double": "d",
-}  # fmt: skip
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
-
-
-def parse_params(source: str, name: str) -> list[tuple[str, str, str]]:
-    """[(C type, parameter name, launch fmt char)] of kernel `name` in `source`."""
-    lb = r"(?:__launch_bounds__\([^)]*\)\s*)?"
-    m = re.search(r"__global__\s+" + lb + r"void\s+" + lb + re.escape(name) + r"\s*\(([^)]*)\)",
-                  source)  # fmt: skip
-    if m is None:
-        raise CompileError(f"jit: no __global__ void {name}(...) in the source")
-    if not re.search(r'extern\s+"C"[^;{]*?\b' + re.escape(name) + r"\s*\(", source):
-        raise CompileError(f'jit: kernel {name} must be declared extern "C"')
-    out: list[tuple[str, str, str]] = []
-    body = m.group(1).strip()
-    if not body or body == "void":
-        return out
-    for k, raw in enumerate(body.split(",")):
-        decl = " ".join(raw.split())
-        pm = re.match(r"(.*?)([A-Za-z_]\w*)\s*(\[\s*\])?$", decl)
-        if pm is None:
-            raise DTypeError(f"jit: kernel {name}: cannot parse parameter {k} {decl!r}")
-        ctype, pname = pm.group(1).strip(), pm.group(2)
-        if "*" in ctype or pm.group(3):
-            out.append((ctype, pname, "P"))
-            continue
-        base = " ".join(w for w in ctype.split() if w not in _QUALIFIERS)
-        if base not in _SCALARS:
-            raise DTypeError(f"jit: kernel {name}: parameter {pname!r} has unsupported type "
-                             f"{ctype!r} (pointers, ints and floats are supported)")  # fmt: skip
-        out.append((ctype, pname, _SCALARS[base]))
-    return out
 
 
 class Kernel:

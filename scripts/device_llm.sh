@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/pygpukit-device-out}"
 mkdir -p "$OUT"
 cp .carry/_rust.abi3.so pygpukit/_rust.abi3.so || exit 1
-export PYTHONUNBUFFERED=1 PYGPUKIT_KERNEL_DIR="$PWD/native/kernels"
+export PYTHONUNBUFFERED=1
 tests="${PGK_LLM_TESTS:-tests/gpu/test_linear_fold_gpu.py tests/gpu/test_host_transfer.py tests/gpu/test_llm_gpu.py}"
 bash scripts/device_build_native.sh bash -c "
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/device.txt

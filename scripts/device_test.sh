@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/pygpukit-device-out}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" PYGPUKIT_KERNEL_DIR="$PWD/native/kernels"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -V; } \
   | tee "$OUT/device.txt"
 cp .carry/_rust.abi3.so pygpukit/_rust.abi3.so || exit 1

@@ -14,7 +14,7 @@ from typing import Any
 
 from pygpukit.ir import DType
 
-from pygpukit.backends.cuda import compiler
+from pygpukit.backends.cuda import compiler, toolchain
 from pygpukit.backends.cuda.context import contiguous
 from pygpukit.backends.cuda.kernels import loader
 from pygpukit.backends.cuda.toolchain import compile_kernel
@@ -94,11 +94,11 @@ def install(monkeypatch: Any, arch: str) -> None:
         return FakeFunction(name, loader.compile_family(family, defines, arch))
 
     # cuBLASLt needs a device: here the NVRTC GEMMs stand in (and are what gets compiled).
-    from pygpukit.backends.cuda import ops_linalg
+    from pygpukit.backends.cuda import cublaslt
 
-    monkeypatch.setattr(ops_linalg, "cublaslt_unavailable_reason", lambda: "faked")
+    monkeypatch.setattr(cublaslt, "cublaslt_unavailable_reason", lambda: "faked")
     monkeypatch.setattr(compiler, "function", function)
     monkeypatch.setattr(loader, "get_function", get_function)
     info = {"sm_count": 132, "compute_capability": (int(arch[3]), int(arch[4:])),
             "max_shared_per_block_optin": 227 * 1024}  # fmt: skip
-    monkeypatch.setattr(loader, "device_info", lambda: info)
+    monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)

@@ -10,7 +10,7 @@ import pytest
 
 import pygpukit as gpk
 from pygpukit import _native
-from pygpukit.backends.cuda import ops_linalg, toolchain
+from pygpukit.backends.cuda import cublaslt, toolchain
 from pygpukit.errors import CUDAError
 
 
@@ -82,11 +82,11 @@ def test_missing_library_is_a_clear_cuda_error(tmp_path: Path) -> None:
 def test_planner_falls_back_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     _skip_if_loaded()
     monkeypatch.setenv("PYGPUKIT_CUBLASLT", "0")
-    monkeypatch.setattr(ops_linalg, "_lt", {})
-    reason = ops_linalg.cublaslt_unavailable_reason()
+    monkeypatch.setattr(cublaslt, "_lt", {})
+    reason = cublaslt.cublaslt_unavailable_reason()
     assert "cannot load cuBLASLt" in reason
-    assert ops_linalg._lt == {"reason": reason}  # tried once, remembered
-    launch = ops_linalg.lt_launcher(None, "float32", 8, 8, 8, (False, 8), (False, 8))  # type: ignore[arg-type]
+    assert cublaslt._lt == {"reason": reason}  # tried once, remembered
+    launch = cublaslt.lt_launcher(None, "float32", 8, 8, 8, (False, 8), (False, 8))  # type: ignore[arg-type]
     assert launch is None  # the NVRTC GEMM serves
 
 
@@ -143,17 +143,17 @@ def test_key_rejects_bad_problems(kw: dict[str, object], match: str) -> None:
 
 
 def test_operand_layouts() -> None:
-    assert ops_linalg.lt_operand(4, 8, 8, 1) == (False, 8)  # row-major
-    assert ops_linalg.lt_operand(4, 8, 16, 1) == (False, 16)  # padded rows
-    assert ops_linalg.lt_operand(4, 8, 1, 4) == (True, 4)  # a transposed view
-    assert ops_linalg.lt_operand(1, 8, 0, 1) == (False, 8)  # one row: any row stride
-    assert ops_linalg.lt_operand(4, 1, 1, 0) == (False, 1)  # one column
-    assert ops_linalg.lt_operand(4, 8, 16, 2) is None  # no unit stride: NVRTC path
-    assert ops_linalg.lt_operand(4, 8, 0, 1) is None  # broadcast rows overlap
-    assert ops_linalg.lt_operand(4, 8, -8, 1) is None
-    assert ops_linalg._align(256, 4096 + 16) == 16
-    assert ops_linalg._align(256, 4096 + 8) == 8
-    assert ops_linalg._align(2, 4) == 2
+    assert cublaslt.lt_operand(4, 8, 8, 1) == (False, 8)  # row-major
+    assert cublaslt.lt_operand(4, 8, 16, 1) == (False, 16)  # padded rows
+    assert cublaslt.lt_operand(4, 8, 1, 4) == (True, 4)  # a transposed view
+    assert cublaslt.lt_operand(1, 8, 0, 1) == (False, 8)  # one row: any row stride
+    assert cublaslt.lt_operand(4, 1, 1, 0) == (False, 1)  # one column
+    assert cublaslt.lt_operand(4, 8, 16, 2) is None  # no unit stride: NVRTC path
+    assert cublaslt.lt_operand(4, 8, 0, 1) is None  # broadcast rows overlap
+    assert cublaslt.lt_operand(4, 8, -8, 1) is None
+    assert cublaslt._align(256, 4096 + 16) == 16
+    assert cublaslt._align(256, 4096 + 8) == 8
+    assert cublaslt._align(2, 4) == 2
 
 
 def test_set_tf32_flag() -> None:

@@ -3,6 +3,8 @@ CUBIN for sm_80 and sm_90 (no GPU needed: NVRTC and the CUDA headers come from p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pygpukit.errors import CompileError
@@ -35,6 +37,21 @@ def test_template_compiles(variant: variants.Variant, arch: str) -> None:
     assert cubin[:4] == b"\x7fELF", "NVRTC must return CUBIN (ELF), never PTX"
     for name in names:
         assert name.encode() in cubin, f"kernel {name} missing from the {family} CUBIN"
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[_id(v) for v in VARIANTS])
+def test_variant_declares_its_kernels(variant: variants.Variant) -> None:
+    """Each kernel a variant names is an extern "C" kernel of that variant's source, and
+    the launch format parsed from it is the one the launchers use (loader.kernel_format,
+    parsed once per family from the template without defines)."""
+    from pygpukit.backends.cuda import signature
+
+    family, names, defines = variant
+    src = loader.kernel_source(family, defines)
+    declared = signature.kernel_names(src)
+    for name in names:
+        assert name in declared, f'{family}: {name} is not an extern "C" kernel'
+        assert signature.launch_format(src, name, family) == loader.kernel_format(family, name)
 
 
 def test_every_family_is_covered() -> None:
@@ -90,3 +107,16 @@ def test_generated_kernels_wait_on_their_predecessor() -> None:
     assert "griddepcontrol.wait" in prelude.PRELUDE
     for module in (elementwise, reduce, gather, fill):
         assert "PGK_PDL_ENTRY" in inspect.getsource(module), module.__name__
+
+
+def test_templates_ship_beside_the_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The templates are package data next to loader.py (so the wheel carries them where
+    the loader looks); PYGPUKIT_KERNEL_DIR overrides, and a directory without them is a
+    clear error."""
+    monkeypatch.delenv("PYGPUKIT_KERNEL_DIR", raising=False)
+    here = Path(loader.__file__).resolve().parent
+    assert loader.kernel_dir() == here
+    assert {p.stem for p in here.glob("*.cuh")} >= {"common"} | {f for f, _, _ in VARIANTS}
+    monkeypatch.setenv("PYGPUKIT_KERNEL_DIR", str(tmp_path))
+    with pytest.raises(CompileError, match="no common.cuh in"):
+        loader.kernel_dir()

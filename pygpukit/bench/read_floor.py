@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from pygpukit.backends.cuda import toolchain
 from pygpukit.backends.cuda.kernels import loader
 
 from .kernels import _sets_for, _stream, time_graph
@@ -86,7 +87,7 @@ def bench_read_floor(rows: list[dict[str, Any]], copy_gbs: float, use_compile: b
 
     import pygpukit._native as _native
 
-    cubin = loader.compile_source(probe_source(), loader.device_arch(), ("-std=c++17",))
+    cubin = loader.compile_source(probe_source(), toolchain.device_arch(), ("-std=c++17",))
     mod = _native.Module(cubin)
     read, merge = mod.get_function("pgk_floor_read"), mod.get_function("pgk_floor_merge")
     smem_max = loader.max_shared_optin()
@@ -96,7 +97,7 @@ def bench_read_floor(rows: list[dict[str, Any]], copy_gbs: float, use_compile: b
     for nbytes in (decode_bytes(ctx) for ctx in CONTEXTS):
         sets = _sets_for(nbytes)
         bufs = [torch.randn(nbytes // 4, device="cuda") for _ in range(sets)]
-        for grid in (k * loader.sm_count() for k in GRIDS_PER_SM):
+        for grid in (k * toolchain.sm_count() for k in GRIDS_PER_SM):
             n16 = nbytes // 16 // grid
             if n16 * 16 > smem_max:
                 continue

@@ -97,9 +97,9 @@ def metadata() -> dict[str, Any]:
         meta["cupy"] = None
     try:
         from pygpukit import _native
-        from pygpukit.backends.cuda import ops_linalg
+        from pygpukit.backends.cuda import cublaslt
 
-        reason = ops_linalg.cublaslt_unavailable_reason()
+        reason = cublaslt.cublaslt_unavailable_reason()
         meta["cublaslt"] = (
             {"path": _native.cublaslt_path(), "version": _native.cublaslt_version()}
             if not reason else {"unavailable": reason}

@@ -20,7 +20,7 @@ import pytest
 import pygpukit as gpk
 import pygpukit.backends as backends
 from pygpukit import _native
-from pygpukit.backends.cuda import ops_linalg
+from pygpukit.backends.cuda import cublaslt
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +36,7 @@ def cuda() -> Iterator[Any]:
     b: Any = backends.get_backend()
     if b.name != "cuda":
         pytest.skip("the CUDA backend is not active")
-    reason = ops_linalg.cublaslt_unavailable_reason()
+    reason = cublaslt.cublaslt_unavailable_reason()
     if reason:
         pytest.skip(f"cuBLASLt is not available: {reason}")
     saved = b.poison
@@ -163,7 +163,7 @@ def test_tf32_opt_in_changes_error(rng: np.random.Generator) -> None:
 
 def test_plan_cache_and_single_workspace(rng: np.random.Generator, cuda: Any) -> None:
     a, b = rand(rng, (72, 88), "float16"), rand(rng, (88, 24), "float16")
-    full = ops_linalg.WORKSPACE_SIZES[0]
+    full = cublaslt.WORKSPACE_SIZES[0]
     key = dict(lda=88, ldb=24, ldd=24, align=16, workspace_bytes=full)
     p1 = _native.cublaslt_plan(72, 24, 88, "float16", **key)  # type: ignore[arg-type]
     hits = int(_native.cublaslt_cache_stats()["hits"])
@@ -174,8 +174,8 @@ def test_plan_cache_and_single_workspace(rng: np.random.Generator, cuda: Any) ->
     for _ in range(3):
         out = gpk.from_numpy(a) @ gpk.from_numpy(b)
         assert rel_err(out, f64(a) @ f64(b)) < TOL["float16"]
-    got = ops_linalg._workspaces.get(cuda)
-    assert got is not None and len(ops_linalg._workspaces) == 1
+    got = cublaslt._workspaces.get(cuda)
+    assert got is not None and len(cublaslt._workspaces) == 1
     ws, ws_bytes = got
     assert ws is not None and ws_bytes == full and ws.storage.nbytes >= full
     # A direct run with a misaligned pointer is refused, not launched (float16: the CUDA
@@ -192,7 +192,7 @@ def test_plan_cache_and_single_workspace(rng: np.random.Generator, cuda: Any) ->
 def test_fallback_to_nvrtc_gemm(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
                                 ) -> None:  # fmt: skip
     """Without cuBLASLt the mma.sync / simple kernels serve, with the same results."""
-    monkeypatch.setattr(ops_linalg, "_lt", {"reason": "disabled by the test"})
+    monkeypatch.setattr(cublaslt, "_lt", {"reason": "disabled by the test"})
     before = lt_plans() + int(_native.cublaslt_cache_stats()["hits"])
     for d in ("bfloat16", "float16", "float32"):
         a, b = rand(rng, (2, 56, 120), d), rand(rng, (120, 88), d)

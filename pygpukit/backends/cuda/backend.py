@@ -18,7 +18,7 @@ from pygpukit.memory import Storage, enable_eviction, pin_all, pinned, unpin_all
 from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
-from . import compiler, device_pool, ew
+from . import device_pool, ew, toolchain
 from .context import contiguous
 from .errorword import WORDS, ErrorWord
 from .host_transfer import HostTransfer, PinnedBuffers
@@ -36,7 +36,7 @@ class CudaBackend(CudaPlannedHooks, Backend):
     def __init__(self, arena_bytes: int = 256 << 20, quota_bytes: int | None = None) -> None:
         self.pool = device_pool.make_pool(arena_bytes, quota_bytes)
         self.stream: Any = None  # the legacy default stream: ordered with torch/CuPy defaults
-        self.sm_count = compiler.sm_count()
+        self.sm_count = toolchain.sm_count()
         self.poison = os.environ.get("PYGPUKIT_POISON", "") not in ("", "0")
         enable_eviction(self.pool, device_pool.copy_out, device_pool.copy_in)
         err = device_pool.allocate(self.pool, WORDS * 8, "error word")

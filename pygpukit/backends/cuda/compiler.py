@@ -21,7 +21,7 @@ stats = {"compiled": 0, "hits": 0}
 
 
 def function(src: KernelSource, arch: str | None = None) -> Any:
-    arch = arch or _arch()
+    arch = arch or device_arch()
     key = (src.text, arch)
     fn = _functions.get(key)
     if fn is not None:
@@ -36,16 +36,3 @@ def function(src: KernelSource, arch: str | None = None) -> Any:
             _functions[key] = fn
             stats["compiled"] += 1
     return fn
-
-
-_ARCH: list[str] = []
-
-
-def _arch() -> str:
-    if not _ARCH:
-        _ARCH.append(device_arch())
-    return _ARCH[0]
-
-
-def sm_count() -> int:
-    return int(_native.device_info(None)["sm_count"])

@@ -10,12 +10,25 @@ from typing import Any
 from pygpukit.errors import GPUKitError, op_error
 from pygpukit.passes import Schedule, Step
 
-from . import ops_attention, ops_elementwise, ops_linalg, ops_movement, ops_nn, ops_reduce
+from . import ops_elementwise, ops_movement, ops_reduce
 from .context import Context
+from .kernels import (
+    activation_plan,
+    attention_plan,
+    layer_norm_plan,
+    linear_plan,
+    rms_norm_plan,
+    rope_plan,
+    softmax_plan,
+)
 from .value import DeviceValue
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 Planner = Callable[[Context, Step, Sequence[DeviceValue], int], Run]
+
+# The fused kernel families: each plan module declares the IR ops it plans (PLANNERS).
+FAMILY_PLANS = (activation_plan, attention_plan, layer_norm_plan, linear_plan, rms_norm_plan,
+                rope_plan, softmax_plan)  # fmt: skip
 
 PLANNERS: dict[str, Planner] = {
     **{op: ops_elementwise.plan_expr for op in ops_elementwise.ELEMENTWISE_OPS},
@@ -25,16 +38,7 @@ PLANNERS: dict[str, Planner] = {
     "concat": ops_movement.plan_concat,
     "take": ops_movement.plan_take,
     "setitem": ops_movement.plan_setitem,
-    "matmul": ops_linalg.plan_matmul,
-    "linear": ops_linalg.plan_linear,
-    "softmax": ops_nn.plan_softmax,
-    "log_softmax": ops_nn.plan_softmax,
-    "rms_norm": ops_nn.plan_norm,
-    "layer_norm": ops_nn.plan_norm,
-    "swiglu": ops_nn.plan_swiglu,
-    "rope": ops_attention.plan_rope,
-    "sdpa": ops_attention.plan_sdpa,
-    "sdpa_append": ops_attention.plan_sdpa_append,
+    **{op: planner for family in FAMILY_PLANS for op, planner in family.PLANNERS.items()},
 }
 
 

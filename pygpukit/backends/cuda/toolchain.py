@@ -13,6 +13,7 @@ import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pygpukit import _native
 
@@ -113,10 +114,22 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+@functools.lru_cache(maxsize=8)
+def device_info(device: int | None = None) -> dict[str, Any]:
+    """The driver's properties of a device (default: the current one), read once: they do
+    not change while the process runs."""
+    return dict(_native.device_info(device))
+
+
 def device_arch(device: int | None = None) -> str:
     """The exact architecture of a device, e.g. 'sm_90'."""
-    major, minor = _native.device_info(device)["compute_capability"]
+    major, minor = device_info(device)["compute_capability"]
     return f"sm_{major}{minor}"
+
+
+def sm_count(device: int | None = None) -> int:
+    """Streaming multiprocessors of a device."""
+    return int(device_info(device)["sm_count"])
 
 
 @functools.lru_cache(maxsize=1)
@@ -166,6 +179,7 @@ __all__ = [
     "cuda_home",
     "cuda_usable",
     "device_arch",
+    "device_info",
     "include_dirs",
     "load_cublaslt",
     "load_nvrtc",
@@ -173,4 +187,5 @@ __all__ = [
     "nvrtc_candidates",
     "nvrtc_version",
     "select_backend",
+    "sm_count",
 ]

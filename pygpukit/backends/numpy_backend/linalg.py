@@ -8,7 +8,7 @@ import numpy as np
 
 from pygpukit.ir import DType
 from pygpukit.ir.dtypes import as_dtype, result_type
-from pygpukit.ir.ops import linear_extras
+from pygpukit.ir.linear import LinearSpec
 from pygpukit.ir.reference import gelu, sigmoid
 
 from . import nn
@@ -34,20 +34,22 @@ def activation(y: np.ndarray, name: str) -> np.ndarray:
 
 def linear(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
     """act(prologue(x) @ w.T + bias) + residual, rounded to dtype once at the end."""
-    x, w, *extra = ins
-    has_bias, has_res, prologue = linear_extras(attrs, len(extra))
-    if prologue == "rms_norm":
-        x = nn.rms_norm(x, extra[-1], attrs, as_dtype(x.dtype))
-    elif prologue == "swiglu":
-        x = nn.swiglu(x, extra[-1], result_type(as_dtype(x.dtype), as_dtype(extra[-1].dtype)))
+    spec = LinearSpec.of(attrs, len(ins))
+    p = spec.split(ins)
+    x, w = p.x, p.w
+    if p.prologue is not None:
+        if spec.prologue == "rms_norm":
+            x = nn.rms_norm(x, p.prologue, attrs, as_dtype(x.dtype))
+        else:
+            x = nn.swiglu(x, p.prologue, result_type(as_dtype(x.dtype), as_dtype(p.prologue.dtype)))
     y = np.matmul(up(x.astype(dtype.np, copy=False)), up(w.astype(dtype.np, copy=False)).T)
-    if has_bias:
-        y = y + up(extra[0])
-    y = activation(y, attrs.get("activation", "none"))
-    if attrs.get("glu", "none") == "swiglu":
+    if p.bias is not None:
+        y = y + up(p.bias)
+    y = activation(y, spec.activation)
+    if spec.glu == "swiglu":
         # As the unfused program: the product rounds to dtype before the gate reads it.
         gate, up_ = np.split(down(y, dtype), 2, axis=-1)
         y = up(nn.swiglu(gate, up_, dtype))
-    if has_res:
-        y = y + up(extra[int(has_bias)])
+    if p.residual is not None:
+        y = y + up(p.residual)
     return down(y, dtype)

@@ -11,7 +11,7 @@ PRELUDE = r"""
 #include <cuda_bf16.h>
 typedef long long i64;
 
-// Every generated kernel opens with these (as the templates do, native/kernels/common.cuh):
+// Every generated kernel opens with these (as the templates do, kernels/common.cuh):
 // launched as a programmatic dependent it may start before the kernel ahead of it ends,
 // so it waits for that kernel before touching memory, then lets the next one start.
 __device__ __forceinline__ void pgk_pdl_wait() {

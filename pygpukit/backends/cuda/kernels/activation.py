@@ -6,6 +6,7 @@ from typing import Any
 
 from pygpukit.errors import ShapeError
 
+from .. import toolchain
 from . import loader
 from ._common import cdiv, positive
 
@@ -22,11 +23,11 @@ def unary(kind: str, x: int, y: int, n: int, dtype: str, *, stream: Any = None) 
     if n == 0:
         return
     vec = loader.vec_width(dtype, ptrs=(x, y))
-    fn = loader.get_function(
+    fn = loader.get_kernel(
         "activation", _KERNELS[kind], {**loader.type_defines(dtype), "PGK_VEC": vec}
     )
-    blocks = max(1, min(cdiv(n // vec, 256), loader.sm_count() * 16))
-    fn.launch((blocks,), (256,), "PPq", (x, y, n), 0, stream, pdl=loader.pdl_enabled())
+    blocks = max(1, min(cdiv(n // vec, 256), toolchain.sm_count() * 16))
+    fn.launch((blocks,), (256,), (x, y, n), 0, stream)
 
 
 def gelu_tanh(x: int, y: int, n: int, dtype: str, *, stream: Any = None) -> None:
@@ -65,7 +66,7 @@ def swiglu(
         return
     vec = loader.vec_width(dtype, cols, gs, us, ys, ptrs=(gate, up, y))
     defines = {**loader.type_defines(dtype), "PGK_VEC": vec}
-    fn = loader.get_function("activation", "pgk_swiglu", defines)
+    fn = loader.get_kernel("activation", "pgk_swiglu", defines)
     nv = cdiv(cols, vec)
     tx = min(256, max(32, cdiv(nv, 32) * 32))
     ty = max(1, 256 // tx)
@@ -73,9 +74,7 @@ def swiglu(
     fn.launch(
         grid,
         (tx, ty),
-        "PPPqiqqq",
         (gate, up, y, rows, cols, gs, us, ys),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

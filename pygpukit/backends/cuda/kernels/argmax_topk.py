@@ -32,10 +32,14 @@ def argmax(
     if rows == 0:
         return
     rs = cols if row_stride is None else row_stride
-    fn = loader.get_function("argmax_topk", "pgk_argmax", loader.type_defines(dtype))
+    fn = loader.get_kernel("argmax_topk", "pgk_argmax", loader.type_defines(dtype))
     threads = 1024 if cols >= 8192 else 256
     fn.launch(
-        (rows,), (threads,), "PPiq", (x, out_idx, cols, rs), 0, stream, pdl=loader.pdl_enabled()
+        (rows,),
+        (threads,),
+        (x, out_idx, cols, rs),
+        0,
+        stream,
     )
 
 
@@ -64,13 +68,11 @@ def topk(
         return
     rs = cols if row_stride is None else row_stride
     defines = {**loader.type_defines(dtype), "PGK_TOPK_THREADS": TOPK_THREADS}
-    fn = loader.get_function("argmax_topk", "pgk_topk", defines)
+    fn = loader.get_kernel("argmax_topk", "pgk_topk", defines)
     fn.launch(
         (rows,),
         (TOPK_THREADS,),
-        "PPPiiq",
         (x, out_val, out_idx, cols, k, rs),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

@@ -7,6 +7,7 @@ from typing import Any
 
 from pygpukit.errors import ShapeError
 
+from .. import toolchain
 from . import loader
 from ._common import cdiv, positive
 
@@ -102,18 +103,16 @@ def prefill(
     if batch == 0 or seq_q == 0:
         return
     defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_ROWS": _P_ROWS}
-    fn = loader.get_function("attention_prefill", "pgk_attention_prefill", defines)
+    fn = loader.get_kernel("attention_prefill", "pgk_attention_prefill", defines)
     aq = _P_WARPS * _P_ROWS
     smem = 4 * (aq * d + _P_KEYS * (d + 1) + _P_KEYS * d)
-    loader.set_dynamic_smem(fn, smem)
+    fn.set_dynamic_smem(smem)
     fn.launch(
         (cdiv(seq_q, aq), batch * heads),
         (_P_WARPS * 32,),
-        "PPPPiiiifi" + "q" * 12,
         (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *qs, *ks, *vs, *os_),
         smem,
         stream,
-        pdl=loader.pdl_enabled(),
     )
 
 
@@ -136,7 +135,7 @@ def _use_mma(dtype: str) -> bool:
 MAX_SPLITS = 256
 # The most splits the last split block merges itself (one kernel); above it a separate
 # merge kernel spreads the work over every query head. Measured on an H200: see
-# native/kernels/README.md.
+# docs/kernels.md.
 LAST_BLOCK_MERGE_MAX_SPLITS = 0
 # Tensor-core decode blocks per SM the split count aims at. Measured on an H200 (B1 and B8,
 # ctx 8192): one block per SM with two cp.async stages per warp (139 KB) beat 2-3 blocks
@@ -159,7 +158,7 @@ def decode_splits(
     rounded down so the grid stays within one wave, and no more splits than give each warp
     one 32-key tile of the cache. CUDA-core path: about one block per SM."""
     blocks = batch * kv_heads * ((heads // kv_heads) // decode_group(heads, kv_heads))
-    sms = loader.sm_count()
+    sms = toolchain.sm_count()
     if _use_mma(dtype):
         per_sm = blocks_per_sm or MMA_BLOCKS_PER_SM
         want = max(1, per_sm * sms // blocks)
@@ -174,7 +173,7 @@ def decode_stages(dtype: str, head_dim: int, blocks_per_sm: int | None = None) -
     """cp.async stages per warp of the tensor-core kernel: two (overlap within a warp) when
     they still leave room for the blocks per SM the split count assumes, else one."""
     per_sm = blocks_per_sm or MMA_BLOCKS_PER_SM
-    smem_sm = int(loader.device_info().get("max_shared_per_sm", 228 * 1024))
+    smem_sm = int(toolchain.device_info().get("max_shared_per_sm", 228 * 1024))
     for st in (2,):  # 3 measured no better than 2 on an H200 (B8: 40.8 vs 40.6 us)
         need = _decode_mma_smem(head_dim, st)
         if need <= loader.max_shared_optin() and per_sm * (need + 1024) <= smem_sm:
@@ -319,7 +318,6 @@ def decode(
     args: tuple[Any, ...] = (q, k_cache, v_cache, ctx_len, workspace, ml, heads, group, sc,
                              *qst, *kst, *vst, kv_start, kvs, max_seq, o, *ost,
                              counters)  # fmt: skip
-    fmt = "PPPPPPiif" + "q" * 8 + "Pqi" + "PqqP"
     if append is not None and not _use_mma(dtype):
         raise ShapeError(f"attention_decode: append takes bfloat16 or float16, got {dtype}")
     if _use_mma(dtype):
@@ -334,7 +332,6 @@ def decode(
             defines.update(append.defines())
         args += (ap.k_new, ap.v_new, *ap.k_strides, *ap.v_strides, ap.pos, ap.cos, ap.sin,
                  ap.err, ap.tag, int(kv_early))  # fmt: skip
-        fmt += "PPqqqqPPPPqi"
     else:
         st = 4
         while st > 1 and _decode_smem(dtype, g, d, st) > budget:
@@ -350,11 +347,11 @@ def decode(
         raise ShapeError(
             f"attention_decode: needs {smem} bytes of shared memory, the device has {budget}"
         )
-    fn = loader.get_function("attention_decode", name, defines)
-    loader.set_dynamic_smem(fn, smem)
-    pdl = loader.pdl_enabled()
-    fn.launch(grid, (threads,), fmt, args, smem, stream, pdl=pdl)
+    fn = loader.get_kernel("attention_decode", name, defines)
+    fn.set_dynamic_smem(smem)
+    fn.launch(grid, (threads,), args, smem, stream)
     if splits > 1 and not counters:
-        reduce_fn = loader.get_function("attention_decode", "pgk_attn_decode_reduce", defines)
-        reduce_fn.launch((heads, batch), (_R_THREADS,), "PPPiiqq",
-                         (workspace, ml, o, heads, splits, *ost), 0, stream, pdl=pdl)  # fmt: skip
+        reduce_fn = loader.get_kernel("attention_decode", "pgk_attn_decode_reduce", defines)
+        reduce_fn.launch(
+            (heads, batch), (_R_THREADS,), (workspace, ml, o, heads, splits, *ost), 0, stream
+        )

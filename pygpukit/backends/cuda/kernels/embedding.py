@@ -40,16 +40,14 @@ def embedding(
         "PGK_IDX": loader.ctype(id_dtype),
         "PGK_VEC": vec,
     }
-    fn = loader.get_function("embedding", "pgk_embedding", defines)
+    fn = loader.get_kernel("embedding", "pgk_embedding", defines)
     nv = cdiv(dim, vec)
     tx = min(256, max(32, cdiv(nv, 32) * 32))
     ty = max(1, 256 // tx)
     fn.launch(
         (cdiv(n_ids, ty),),
         (tx, ty),
-        "PPPqiqqq",
         (table, ids, out, n_ids, dim, vocab, ts, os_),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

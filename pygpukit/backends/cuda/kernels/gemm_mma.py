@@ -61,13 +61,11 @@ def gemm(
     if m == 0 or n == 0 or batch == 0:
         return
     defines = {**loader.type_defines(dtype), "PGK_ACT": ACTIVATIONS[activation]}
-    fn = loader.get_function("gemm_mma", "pgk_gemm_mma", defines)
+    fn = loader.get_kernel("gemm_mma", "pgk_gemm_mma", defines)
     fn.launch(
         (cdiv(n, TILE), cdiv(m, TILE), batch),
         (256,),
-        "PPPPiiiqqqqqq",
         (a, b, bias, c, m, n, k, lda_, ldb_, ldc_, a_batch_stride, b_batch_stride, cbs),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

@@ -6,6 +6,7 @@ from typing import Any
 
 from pygpukit.errors import ShapeError
 
+from .. import toolchain
 from . import loader
 from ._common import cdiv, int32_range, positive
 
@@ -17,7 +18,7 @@ ACTS = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "silu": 3}
 PROLOGUES = {"none": 0, "rms_norm": 1}
 # Tensor-core geometry: (warps splitting K, n8 tiles per warp, 32-column chunks per slab,
 # cp.async stages per warp; 0 stages loads fragments straight from global memory).
-# H200 at M = 1 (bench/results/h200-2026-11-22-kernels.json; us for 4096x4096 / 5632x2048 /
+# H200 at M = 1 (h200-2026-11-22-kernels.json, in git history; us for 4096x4096 / 5632x2048 /
 # 2048x5632): 4x1x8x2 11.0 / 8.8 / 8.6, 8x1x8x2 11.5 / 10.9 / 8.3, 8x2x4x2 10.4 / 9.4 / 8.5,
 # unstaged 8x1x8x0 13.5 / 11.7 / 15.3. Up to MMA_STAGED_ROWS rows of x the staged kernel
 # serves; above, each warp's slab would carry more x than W (16 rows: 2x slower), so the
@@ -25,19 +26,19 @@ PROLOGUES = {"none": 0, "rms_norm": 1}
 MMA_CONFIG = (4, 1, 8, 2)
 MMA_CONFIG_MANY_ROWS = (8, 1, 8, 0)
 MMA_STAGED_ROWS = 4
-# Batch-1 decode shapes, swept on an H200 (bench/results/h200-2026-11-22-gemv-sweep.json,
+# Batch-1 decode shapes, swept on an H200 (h200-2026-11-22-gemv-sweep.json in git history,
 # us): long rows over many outputs share each x fragment over two n8 tiles (4096x4096:
 # 8x2x4x2 9.97 against 11.6-12.3); long rows over few outputs keep 132 SMs busy with one
 # (2048x5632: 8x1x8x2 7.9 against 8.7-8.9 with two tiles); short rows over many outputs
 # take three shallower stages (11264x2048 14.3 against 14.7, 5632x2048 8.3 against 8.9-9.1).
-# With the RMSNorm prologue (scripts/gemv_probe.py): many outputs take two tiles (the LM
-# head 36.1 us against 40.9), few outputs three shallow stages (the 2048 -> 2560 QKV
-# projection 5.9 against 7.3 for MMA_CONFIG).
+# With the RMSNorm prologue (scripts/gemv_probe.py, in git history): many outputs take
+# two tiles (the LM head 36.1 us against 40.9), few outputs three shallow stages (the
+# 2048 -> 2560 QKV projection 5.9 against 7.3 for MMA_CONFIG).
 MMA_CONFIG_LONG_K = (8, 2, 4, 2)
 MMA_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)
 MMA_CONFIG_MANY_N = (8, 1, 4, 3)
-# One row of x (batch-1 decode), swept again on an H200 at fe3b0bd (bench/results/
-# h200-2026-11-23-kernels.json, us, each shape timed twice): long rows over few outputs take
+# One row of x (batch-1 decode), swept again on an H200 at fe3b0bd
+# (h200-2026-11-23-kernels.json in git history, us, each shape timed twice): long rows over few outputs take
 # three shallow stages (2048x5632, the MLP down projection: 8x1x4x3 7.71/7.73 against
 # 8x1x8x2 8.31/8.31), short rows over at most 2048 outputs eight warps (2048x2048, the
 # attention output projection: 8x1x8x2 4.18 against 4x1x8x2 4.79).
@@ -52,11 +53,11 @@ MANY_N = 4096
 PERSIST_BLOCKS_PER_SM = 0
 # With W read before the predecessor wait (w_early), as in a decode step's CUDA graph: a
 # persistent grid of two blocks per SM and these batch-1 geometries, from the 88-GEMV
-# TinyLlama chain on an H200 (scripts/gemv_probe.py --combos, us per chain: 828 for the
-# geometries above without early loads, 599/605 with these; one block per SM 1069-1127).
+# TinyLlama chain on an H200 (scripts/gemv_probe.py --combos, in git history; us per chain:
+# 828 for the geometries above without early loads, 599/605 with these; one block per SM 1069-1127).
 EARLY_BLOCKS_PER_SM = 2
 # Slabs per warp the staged kernel hints into L2 before its loop (gemv.cuh's PGK_PF): none.
-# H200 (scripts/gemv_pf_probe.py, us at depth 0/1/2, without and with early loads):
+# H200 (scripts/gemv_pf_probe.py in git history, us at depth 0/1/2, without and with early loads):
 # 2048 -> 11264 14.3/15.1/17.0 and 12.1/12.0/12.8, 2048 -> 32000 36.7/39.2/45.4 and
 # 31.6/31.6/32.3, 4096^2 10.2/9.8/10.1 and 8.9/9.2/9.6; the TinyLlama chain 591/599/630.
 STAGED_PREFETCH = 0
@@ -118,7 +119,7 @@ EARLY_CONFIGS = tuple(dict.fromkeys((EARLY_CONFIG, EARLY_CONFIG_FEW_N, EARLY_CON
 def beats_gemm(m: int, n: int, k: int) -> bool:
     """Whether a plain linear/matmul of m rows should take the GEMV rather than cuBLASLt.
 
-    From bench/results/h200-2026-11-22-kernels.json (bf16, us, ours vs torch F.linear on
+    From h200-2026-11-22-kernels.json (git history) (bf16, us, ours vs torch F.linear on
     cuBLASLt): M = 1 wins or ties up to N = 5632 (2048->2560 5.5 vs 6.4, 2048->2048 5.1 vs
     6.3, 5632->2048 8.6 vs 11.3, 4096->4096 11.0 vs 13.4, 2048->5632 8.8 vs 8.7) and trails
     slightly on wide short-K weights (2048->11264 14.2 vs 13.2, 2048->32000 33.6 vs 33.1);
@@ -247,23 +248,21 @@ def gemv(
             defines["PGK_GSTAGES"] = 0
         if smem > loader.max_shared_optin():
             raise ShapeError(f"gemv: config {cfg} needs {smem} bytes of shared memory")
-        fn = loader.get_function("gemv", "pgk_gemv_mma", defines)
-        loader.set_dynamic_smem(fn, smem)
+        fn = loader.get_kernel("gemv", "pgk_gemv_mma", defines)
+        fn.set_dynamic_smem(smem)
         tiles = mma_tiles(n, nt, glu)
         per_sm = blocks_per_sm
         if per_sm is None:
             per_sm = PERSIST_BLOCKS_PER_SM
             if early and cfg != EARLY_CONFIG_MID_N:
                 per_sm = EARLY_BLOCKS_PER_SM
-        grid_x = min(tiles, per_sm * loader.sm_count()) if stages and per_sm else tiles
+        grid_x = min(tiles, per_sm * toolchain.sm_count()) if stages and per_sm else tiles
         fn.launch(
             (grid_x, cdiv(m, MMA_ROWS)),
             (gw * 32,),
-            "PPPPiiiqqqPPqfii",
             (x, w, bias, y, m, n, k, xs, ws, ys, residual, pro, rs, eps, x_rows, int(w_early)),
             smem,
-            stream,
-            pdl=loader.pdl_enabled(),  # the kernel waits on its predecessor (gemv.cuh)
+            stream,  # the kernel waits on its predecessor (gemv.cuh)
         )
         return
     if prologue != "none" or residual or glu:
@@ -282,13 +281,11 @@ def gemv(
         "PGK_UNROLL": unroll,
         "PGK_ACT": act,
     }
-    fn = loader.get_function("gemv", "pgk_gemv", defines)
+    fn = loader.get_kernel("gemv", "pgk_gemv", defines)
     fn.launch(
         (cdiv(n, WARPS), m),
         (WARPS * 32,),
-        "PPPPiiqqq",
         (x, w, bias, y, n, k, xs, ws, ys),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

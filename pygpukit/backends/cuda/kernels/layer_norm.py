@@ -42,13 +42,11 @@ def layer_norm(
     threads, items = row_config(cols, vec, 8 if dtype == "float64" else 4, block_threads)
     defines = {**loader.type_defines(dtype), **loader.type_defines(wd, "PGK_W")}
     defines.update(PGK_VEC=vec, PGK_ITEMS=items)
-    fn = loader.get_function("layer_norm", "pgk_layer_norm", defines)
+    fn = loader.get_kernel("layer_norm", "pgk_layer_norm", defines)
     fn.launch(
         (rows,),
         (threads,),
-        "PPPPifqq",
         (x, w, b, y, cols, float(eps), xs, ys),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

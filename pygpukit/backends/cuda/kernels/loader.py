@@ -1,11 +1,13 @@
-"""Loads the NVRTC kernel templates (native/kernels/*.cuh) as CUBIN for the current device.
+"""Loads the NVRTC kernel templates (the *.cuh files beside this module) as CUBIN for the
+current device, and launches them with the argument format their signatures declare.
 
 A template is compiled from: the `#define`s the launcher asks for, then common.cuh inlined
 in place of its `#include`, then the family file. Inlining (rather than an include path)
 puts every byte that reaches NVRTC into the source, so the toolchain's disk cache, keyed
 by the source text, can never serve a stale CUBIN after common.cuh changes.
 
-Compiled Modules and their Functions are cached per (family, defines, arch).
+Compiled Modules and their Functions are cached per (family, defines, arch); launch
+formats per (family, kernel), parsed from the template's `extern "C"` signature.
 """
 
 from __future__ import annotations
@@ -18,35 +20,42 @@ from pathlib import Path
 from typing import Any
 
 from pygpukit.errors import CompileError, DTypeError
+from pygpukit.ir import dtypes
 
-_PKG_DIR = Path(__file__).resolve().parents[3]  # .../pygpukit
+from ..codegen.cdtypes import STORAGE
+from ..signature import launch_format
 
-# Element types: C type for PGK_T, accumulation type, item size.
-_DTYPES: dict[str, tuple[str, str, int]] = {
-    "float32": ("float", "float", 4),
-    "float64": ("double", "double", 8),
-    "float16": ("__half", "float", 2),
-    "bfloat16": ("__nv_bfloat16", "float", 2),
-    "int8": ("signed char", "int", 1),
-    "uint8": ("unsigned char", "unsigned", 1),
-    "int32": ("int", "long long", 4),
-    "int64": ("long long", "long long", 8),
+# The templates ship as package data next to this module (source tree and wheel alike).
+_TEMPLATE_DIR = Path(__file__).resolve().parent
+
+# Accumulation type (PGK_ACC) of each element type the templates take; the C type of the
+# element itself is codegen's (cdtypes.STORAGE).
+_ACC: dict[str, str] = {
+    "float32": "float",
+    "float64": "double",
+    "float16": "float",
+    "bfloat16": "float",
+    "int8": "int",
+    "uint8": "unsigned",
+    "int32": "long long",
+    "int64": "long long",
 }
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 HALF_DTYPES = ("float16", "bfloat16")
 
 
+def _dir_override() -> str | None:
+    """PYGPUKIT_KERNEL_DIR: read the templates from another directory (an edited copy)."""
+    return os.environ.get("PYGPUKIT_KERNEL_DIR") or None
+
+
 def kernel_dir() -> Path:
-    """Where the .cuh templates live: the source tree, else the installed copy."""
-    env = os.environ.get("PYGPUKIT_KERNEL_DIR")
-    candidates = [Path(env)] if env else []
-    candidates += [_PKG_DIR.parent / "native" / "kernels", _PKG_DIR / "native_kernels"]
-    for c in candidates:
-        if (c / "common.cuh").is_file():
-            return c
-    raise CompileError(
-        "kernel templates not found; looked in " + ", ".join(str(c) for c in candidates)
-    )
+    """Where the .cuh templates live: PYGPUKIT_KERNEL_DIR, else beside this module."""
+    override = _dir_override()
+    d = Path(override) if override else _TEMPLATE_DIR
+    if not (d / "common.cuh").is_file():
+        raise CompileError(f"kernel templates not found: no common.cuh in {d}")
+    return d
 
 
 def check_dtype(dtype: str, allowed: tuple[str, ...], op: str) -> None:
@@ -55,25 +64,25 @@ def check_dtype(dtype: str, allowed: tuple[str, ...], op: str) -> None:
 
 
 def itemsize(dtype: str) -> int:
-    try:
-        return _DTYPES[dtype][2]
-    except KeyError:
-        raise DTypeError(f"unknown dtype {dtype!r}") from None
+    if dtype not in _ACC:
+        raise DTypeError(f"unknown dtype {dtype!r}")
+    return dtypes.as_dtype(dtype).itemsize
 
 
 def type_defines(dtype: str, prefix: str = "PGK_T") -> dict[str, object]:
     """PGK_T (or another macro) and, for the element macro, the matching PGK_ACC."""
-    try:
-        ctype, acc, _ = _DTYPES[dtype]
-    except KeyError:
-        raise DTypeError(f"unknown dtype {dtype!r}") from None
+    if dtype not in _ACC:
+        raise DTypeError(f"unknown dtype {dtype!r}")
     if prefix == "PGK_T":
-        return {"PGK_T": ctype, "PGK_ACC": acc}
-    return {prefix: ctype}
+        return {"PGK_T": STORAGE[dtype], "PGK_ACC": _ACC[dtype]}
+    return {prefix: STORAGE[dtype]}
 
 
 def ctype(dtype: str) -> str:
-    return _DTYPES[dtype][0]
+    """The C type of an element of `dtype` in a template."""
+    if dtype not in _ACC:
+        raise DTypeError(f"unknown dtype {dtype!r}")
+    return STORAGE[dtype]
 
 
 def vec_width(dtype: str, *ints: int, ptrs: tuple[int, ...] = ()) -> int:
@@ -99,20 +108,13 @@ def kernel_source(family: str, defines: Mapping[str, object]) -> str:
 
 def compile_source(source: str, arch: str, options: tuple[str, ...] = ()) -> bytes:
     """CUBIN through the team's toolchain (disk-cached, CompileError on failure)."""
-    from pygpukit.backends.cuda.toolchain import compile_kernel
+    from ..toolchain import compile_kernel
 
     return compile_kernel(source, arch, list(options), "pgk_kernel.cu")
 
 
 def compile_family(family: str, defines: Mapping[str, object], arch: str) -> bytes:
     return compile_source(kernel_source(family, defines), arch, ("-std=c++17",))
-
-
-@functools.lru_cache(maxsize=1)
-def device_info() -> dict[str, Any]:
-    import pygpukit._native as _native
-
-    return dict(_native.device_info(None))
 
 
 def pdl_enabled() -> bool:
@@ -125,20 +127,16 @@ def pdl_enabled() -> bool:
 
 @functools.lru_cache(maxsize=4)
 def _pdl(setting: str) -> bool:
-    return setting != "0" and int(device_info()["compute_capability"][0]) >= 9
+    from .. import toolchain
 
-
-def device_arch() -> str:
-    major, minor = device_info()["compute_capability"]
-    return f"sm_{major}{minor}"
+    return setting != "0" and int(toolchain.device_info()["compute_capability"][0]) >= 9
 
 
 def max_shared_optin() -> int:
-    return int(device_info()["max_shared_per_block_optin"])
+    """Dynamic shared memory one block may opt in to on the current device."""
+    from .. import toolchain
 
-
-def sm_count() -> int:
-    return int(device_info()["sm_count"])
+    return int(toolchain.device_info()["max_shared_per_block_optin"])
 
 
 _lock = threading.Lock()
@@ -150,7 +148,10 @@ def get_function(
     family: str, name: str, defines: Mapping[str, object], arch: str | None = None
 ) -> Any:
     """The `name` kernel of `family` compiled with `defines` for `arch` (default: device)."""
-    arch = arch or device_arch()
+    if arch is None:
+        from .. import toolchain
+
+        arch = toolchain.device_arch()
     dkey = tuple(sorted((k, str(v)) for k, v in defines.items()))
     fkey = (family, dkey, arch, name)
     fn = _functions.get(fkey)
@@ -178,3 +179,36 @@ def set_dynamic_smem(fn: Any, nbytes: int) -> None:
         if _functions.get(key, 0) < nbytes:
             fn.set_max_dynamic_shared_memory(nbytes)
             _functions[key] = nbytes
+
+
+@functools.cache
+def kernel_format(family: str, name: str) -> str:
+    """The launch argument format of kernel `name`, from its `extern "C"` signature in the
+    family's template (the signatures use no macros in scalar types, so one format serves
+    every variant)."""
+    return launch_format(_read(f"{family}.cuh"), name, family)
+
+
+class Kernel:
+    """A compiled template kernel (the native Function) and its launch format."""
+
+    __slots__ = ("fmt", "fn", "name")
+
+    def __init__(self, name: str, fn: Any, fmt: str) -> None:
+        self.name, self.fn, self.fmt = name, fn, fmt
+
+    def launch(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
+               smem: int = 0, stream: Any = None) -> None:  # fmt: skip
+        """Launches with `args` in signature order, as a programmatic dependent where
+        pdl_enabled()."""
+        self.fn.launch(grid, block, self.fmt, args, smem, stream, pdl=pdl_enabled())
+
+    def set_dynamic_smem(self, nbytes: int) -> None:
+        """See set_dynamic_smem."""
+        set_dynamic_smem(self.fn, nbytes)
+
+
+def get_kernel(family: str, name: str, defines: Mapping[str, object],
+               arch: str | None = None) -> Kernel:  # fmt: skip
+    """get_function's kernel with the launch format its template declares."""
+    return Kernel(name, get_function(family, name, defines, arch), kernel_format(family, name))

@@ -89,13 +89,11 @@ def matmul(
         raise ShapeError(f"matmul: batch {nbatch} exceeds 65535")
     if m == 0 or n == 0 or nbatch == 0:
         return
-    fn = loader.get_function("matmul_simple", "pgk_matmul", loader.type_defines(dtype))
+    fn = loader.get_kernel("matmul_simple", "pgk_matmul", loader.type_defines(dtype))
     fn.launch(
         (cdiv(n, TILE), cdiv(m, TILE), nbatch),
         (256,),
-        "PPPiiiiiqqqqqqqqqqqqqqq",
         (a, b, c, m, n, k, dims[1], dims[2], *ast, *bst, *cst, *sa, *sb, *sc),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

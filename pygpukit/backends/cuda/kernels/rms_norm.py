@@ -49,13 +49,11 @@ def rms_norm(
     defines = {**loader.type_defines(dtype), **loader.type_defines(wd, "PGK_W")}
     defines.update(PGK_VEC=vec, PGK_ITEMS=items)
     name = "pgk_rms_norm_add" if residual else "pgk_rms_norm"
-    fn = loader.get_function("rms_norm", name, defines)
+    fn = loader.get_kernel("rms_norm", name, defines)
     fn.launch(
         (rows,),
         (threads,),
-        "PPPPPifqqqq",
         (x, residual, w, y, h_out, cols, float(eps), xs, rs, ys, hs),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

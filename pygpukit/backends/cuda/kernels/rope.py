@@ -59,13 +59,11 @@ def rope(
     ty = max(1, 256 // tx)
     defines = {**loader.type_defines(dtype), **loader.type_defines(csd, "PGK_CS")}
     defines.update(PGK_VEC=vec, PGK_INTERLEAVED=int(interleaved))
-    fn = loader.get_function("rope", "pgk_rope", defines)
+    fn = loader.get_kernel("rope", "pgk_rope", defines)
     fn.launch(
         (cdiv(rows, ty),),
         (tx, ty),
-        "PPPPPiiiqqqqqqqq",
         (x, y, cos, sin, pos_offset, heads, seq, head_dim, rows, *xs, *ys, css),
         0,
         stream,
-        pdl=loader.pdl_enabled(),
     )

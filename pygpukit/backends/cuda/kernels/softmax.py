@@ -34,9 +34,13 @@ def softmax(
     vec = loader.vec_width(dtype, cols, xs, ys, ptrs=(x, y))
     threads, items = row_config(cols, vec, 8 if dtype == "float64" else 4, block_threads)
     defines = {**loader.type_defines(dtype), "PGK_VEC": vec, "PGK_ITEMS": items}
-    fn = loader.get_function("softmax", "pgk_log_softmax" if log else "pgk_softmax", defines)
+    fn = loader.get_kernel("softmax", "pgk_log_softmax" if log else "pgk_softmax", defines)
     fn.launch(
-        (rows,), (threads,), "PPiqq", (x, y, cols, xs, ys), 0, stream, pdl=loader.pdl_enabled()
+        (rows,),
+        (threads,),
+        (x, y, cols, xs, ys),
+        0,
+        stream,
     )
 
 

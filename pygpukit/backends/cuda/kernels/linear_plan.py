@@ -8,136 +8,23 @@ layout rules hold, else the strided matmul_simple kernel (every dtype)."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pygpukit import _native
-from pygpukit.errors import CUDAError, OutOfMemoryError
-from pygpukit.ir import DType, dtypes, ops, shapes
-from pygpukit.ir.ops import linear_extras
+from pygpukit.ir import DType, ops, shapes
+from pygpukit.ir.linear import LinearSpec
 from pygpukit.passes import Step
 
-from . import ew, ops_nn, toolchain
-from .context import Context, capturing, contiguous, numel
-from .kernels import gemm_mma, gemv, loader, matmul_simple
-from .layout import broadcast_strides, collapse, reshape_strides
-from .materialize import contiguous_as
-from .value import DeviceValue
+from .. import ew
+from ..context import Context, capturing, contiguous, numel
+from ..cublaslt import LT_DTYPES, Launch, lt_launcher, lt_operand
+from ..layout import broadcast_strides, collapse, reshape_strides
+from ..materialize import contiguous_as
+from ..value import DeviceValue
+from . import activation_plan, gemm_mma, gemv, loader, matmul_simple, rms_norm_plan
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 _ACT_EXPR = {"gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none"), "silu": ("silu",)}
-Launch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
-
-# -- cuBLASLt ------------------------------------------------------------------------------
-LT_DTYPES = ("float32", "float16", "bfloat16")
-# One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
-# quota (cuBLASLt still has algorithms with a small or no workspace).
-WORKSPACE_SIZES = (32 << 20, 4 << 20, 0)
-_tf32 = [False]
-_lt: dict[str, Any] = {}  # "reason": '' when loaded, else why not (tried once)
-_workspaces: weakref.WeakKeyDictionary[Any, tuple[DeviceValue | None, int]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def set_tf32(enabled: bool) -> None:
-    """Let float32 GEMMs round their inputs to TF32 on the tensor cores (default off)."""
-    _tf32[0] = bool(enabled)
-
-
-def tf32_enabled() -> bool:
-    return _tf32[0]
-
-
-def cublaslt_unavailable_reason() -> str:
-    """'' when cuBLASLt is loaded (loading it on first call), else why the NVRTC GEMM serves."""
-    if "reason" not in _lt:
-        try:
-            toolchain.load_cublaslt()
-            _lt["reason"] = ""
-        except CUDAError as e:
-            _lt["reason"] = str(e)
-    return str(_lt["reason"])
-
-
-def _workspace(ctx: Context) -> tuple[DeviceValue | None, int]:
-    """(buffer, bytes): the largest of WORKSPACE_SIZES the pool grants, kept for the backend."""
-    got = _workspaces.get(ctx)
-    if got is None:
-        for nbytes in WORKSPACE_SIZES:
-            if nbytes == 0:
-                got = (None, 0)
-                break
-            try:
-                ws = ctx.alloc((nbytes,), dtypes.uint8, "cuBLASLt workspace")
-            except OutOfMemoryError:
-                continue
-            ws.storage.pin()  # captured launches keep its address: never evicted
-            got = (ws, nbytes)
-            break
-        assert got is not None
-        _workspaces[ctx] = got
-    return got
-
-
-def _align(*ptrs: int) -> int:
-    """The alignment (up to 16 bytes, what the fast kernels need) all pointers share."""
-    a = 16
-    while a > 1 and any(p % a for p in ptrs):
-        a //= 2
-    return a
-
-
-def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int] | None:
-    """(transposed, leading dimension) of a strided [rows, cols] matrix for cuBLASLt, or
-    None when neither dimension is unit-stride. Sizes of 1 take any stride."""
-    if s_row < 0 or s_col < 0:
-        return None
-    if s_col == 1 or cols == 1:
-        ld = s_row if rows > 1 else cols
-        if ld >= max(cols, 1) and (cols == 1 or s_col == 1):
-            return False, ld
-    if s_row == 1 or rows == 1:
-        ld = s_col if cols > 1 else rows
-        if ld >= max(rows, 1):
-            return True, ld
-    return None
-
-
-def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
-                b_op: tuple[bool, int], batch: int = 1, stride_a: int = 0, stride_b: int = 0,
-                epilogue: str = "none", ptrs: Sequence[int] = ()) -> Launch | None:  # fmt: skip
-    """launch(a, b, d[, bias]) through a cached cuBLASLt plan, or None when cuBLASLt is
-    absent or has no algorithm for the problem. D is contiguous [batch, m, n]. float32
-    follows set_tf32 at run time (one plan per mode)."""
-    if dtype not in LT_DTYPES or cublaslt_unavailable_reason():
-        return None
-    (ta, lda), (tb, ldb) = a_op, b_op
-    if batch > 1 and stride_b == 0 and not ta and stride_a == m * lda:
-        m, batch, stride_a = m * batch, 1, 0  # broadcast B: the batch folds into M
-    align = _align(*ptrs)
-    ws, ws_bytes = _workspace(ctx)
-    kw = dict(lda=lda, ldb=ldb, ldd=n, trans_a=ta, trans_b=tb, batch=batch, stride_a=stride_a,
-              stride_b=stride_b, stride_d=m * n, epilogue=epilogue, align=align,
-              workspace_bytes=ws_bytes)  # fmt: skip
-
-    def plan(tf32: bool) -> Any:
-        return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
-
-    try:
-        plans = {False: plan(False)}
-        if dtype == "float32":
-            plans[True] = plan(True)
-    except (CUDAError, ValueError):
-        return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
-    ws_ptr = ws.ptr if ws is not None else 0
-
-    def lt(pa: int, pb: int, pc: int, pbias: int = 0) -> None:
-        p = plans[_tf32[0] and dtype == "float32"]
-        p.run(pa, pb, pc, pbias, ws_ptr, ws_bytes, ctx.stream)
-
-    return lt
 
 
 def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
@@ -221,14 +108,14 @@ def plan_matmul(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 
 
 def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
-    has_bias, has_res, prologue = linear_extras(step.attrs, len(ins) - 2)
-    if step.attrs.get("glu", "none") != "none":
-        return _linear_gated(ctx, step, ins, tag, has_bias, has_res, prologue)
-    if has_res or prologue != "none":
-        return _linear_folded(ctx, step, ins, tag, has_bias, has_res, prologue)
-    x, w = ins[0], ins[1]
-    bias = ins[2] if len(ins) > 2 else None
-    act = step.attrs.get("activation", "none")
+    """act(prologue(x) @ w.T + bias) + residual (see ir/linear.py)."""
+    spec = LinearSpec.of(step.attrs, len(ins))
+    if spec.glu != "none":
+        return _linear_gated(ctx, step, ins, tag, spec)
+    if spec.has_residual or spec.prologue != "none":
+        return _linear_folded(ctx, step, ins, tag, spec)
+    x, w, bias = ins[0], ins[1], spec.split(ins).bias
+    act = spec.activation
     dtype, shape = step.dtype, step.shape
 
     fx, x2 = _as_dtype(ctx, x, dtype, tag)
@@ -382,25 +269,26 @@ def _linear_gemv(ctx: Context, x: DeviceValue, w: DeviceValue, bias: DeviceValue
 
 # -- linear with a folded prologue / residual (passes/fold_into_linear.py) -------------------
 def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
-                   has_bias: bool, has_res: bool, prologue: str) -> Run:  # fmt: skip
+                   spec: LinearSpec) -> Run:  # fmt: skip
     """One GEMV with the prologue and residual where it takes them; else the prologue
     kernel into scratch, then the linear with the residual (fused again if it can be,
     otherwise an add): the kernels the unfolded program would run."""
-    fused = _gemv_folded(ctx, step, ins, has_bias, has_res, prologue)
+    fused = _gemv_folded(ctx, step, ins, spec)
     if fused is not None:
         return fused
     x, w = ins[0], ins[1]
     dtype, shape = step.dtype, step.shape
-    res_at = 2 + has_bias
-    if prologue != "none":
-        attrs = {"eps": step.attrs["eps"]} if prologue == "rms_norm" else {}
+    res_at = spec.residual_at
+    if spec.prologue != "none":
+        attrs = {"eps": step.attrs["eps"]} if spec.prologue == "rms_norm" else {}
         specs = [(x.shape, x.dtype), (ins[-1].shape, ins[-1].dtype)]
-        pshape, pdtype = ops.infer(prologue, specs, attrs)
-        pstep = Step(prologue, attrs, (), -1, tuple(pshape), pdtype, step.loc)
-        planner = ops_nn.plan_norm if prologue == "rms_norm" else ops_nn.plan_swiglu
+        pshape, pdtype = ops.infer(spec.prologue, specs, attrs)
+        pstep = Step(spec.prologue, attrs, (), -1, tuple(pshape), pdtype, step.loc)
+        planner = (rms_norm_plan.plan_rms_norm if spec.prologue == "rms_norm"
+                   else activation_plan.plan_swiglu)  # fmt: skip
         pro_run = planner(ctx, pstep, [x, ins[-1]], tag)
         xp = DeviceValue(x.storage, tuple(pshape), contiguous(tuple(pshape)), 0, pdtype)
-        rest = list(ins[2 : res_at + has_res])  # bias, residual
+        rest = list(ins[2 : res_at + spec.has_residual])  # bias, residual
         rest_attrs = {k: v for k, v in step.attrs.items() if k not in ("prologue", "eps")}
         after = plan_linear(ctx, Step("linear", rest_attrs, (), -1, shape, dtype, step.loc),
                             [xp, w, *rest], tag)  # fmt: skip
@@ -408,11 +296,11 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         def run_pro(v: Sequence[DeviceValue]) -> DeviceValue:
             with ctx.scratch_only():
                 xv = pro_run([v[0], v[-1]])
-            return after([xv, v[1], *v[2 : res_at + has_res]])
+            return after([xv, v[1], *v[2 : res_at + spec.has_residual]])
 
         return run_pro
-    base_ins = [x, w] + ([ins[2]] if has_bias else [])
-    base_attrs = {"activation": step.attrs.get("activation", "none"), "has_bias": has_bias}
+    base_ins = [x, w] + ([ins[2]] if spec.has_bias else [])
+    base_attrs = {"activation": spec.activation, "has_bias": spec.has_bias}
     base = plan_linear(ctx, Step("linear", base_attrs, (), -1, shape, dtype, step.loc),
                        base_ins, tag)  # fmt: skip
     y_plan = DeviceValue(x.storage, shape, contiguous(shape), 0, dtype)
@@ -421,7 +309,7 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         with ctx.scratch_only():
-            y = base([v[0], v[1]] + ([v[2]] if has_bias else []))
+            y = base([v[0], v[1]] + ([v[2]] if spec.has_bias else []))
         out = ctx.alloc_out(shape, dtype, "linear")
         if numel(shape):
             add(out.ptr, [y.ptr, v[res_at].ptr])
@@ -430,20 +318,20 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
     return run
 
 
-def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias: bool,
-                 has_res: bool, prologue: str, glu: bool = False) -> Run | None:  # fmt: skip
+def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: LinearSpec
+                 ) -> Run | None:  # fmt: skip
     """One tensor-core GEMV reading x through the RMSNorm prologue and adding the
     residual, or None where its rules do not hold (then the composed path runs)."""
-    if prologue == "swiglu":
+    if spec.prologue == "swiglu":
         # silu costs an exp and a divide per element of x, redone by every block for all
         # 16 row slots of the MMA tile: measured compute-bound (the decode step's GEMVs
         # ran 5x slower than bandwidth), so SwiGLU stays one small kernel before the GEMV.
         return None
     x, w = ins[0], ins[1]
     dtype, shape = step.dtype, step.shape
-    res_at = 2 + has_bias
-    pro = ins[-1] if prologue != "none" else None
-    res = ins[res_at] if has_res else None
+    res_at = spec.residual_at
+    pro = ins[-1] if spec.prologue != "none" else None
+    res = ins[res_at] if spec.has_residual else None
     if any(v.dtype != dtype for v in (x, w, *(v for v in (pro, res) if v is not None))):
         return None
     xr = _rows_view(x)
@@ -455,7 +343,7 @@ def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias:
         # Measured (batch-16 decode): with x unstaged the folded GEMV ran 2x slower than
         # cuBLASLt plus separate norm and add kernels.
         return None
-    if prologue == "rms_norm" and (pro is None or pro.shape != (k,) or pro.strides != (1,)):
+    if spec.prologue == "rms_norm" and (pro is None or pro.shape != (k,) or pro.strides != (1,)):
         return None
     if rr is not None and rr.strides[1] != 1:
         return None
@@ -463,21 +351,21 @@ def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], has_bias:
     ptrs = (x.ptr, w.ptr) + ((pro.ptr,) if pro is not None else ())
     if not gemv.uses_mma(dtype.name, k, row_strides, ptrs):
         return None
-    bias = ins[2] if has_bias else None
-    act = step.attrs.get("activation", "none")
+    bias = ins[2] if spec.has_bias else None
+    act = spec.activation
     launch, use_bias, fuse_act = _linear_gemv(ctx, x, w, bias, act)
     if launch is None or (bias is not None and not use_bias) or not fuse_act:
         return None
-    eps = float(step.attrs.get("eps", 0.0))
+    eps = spec.eps
     rs = rr.strides[0] if rr is not None else 0
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         y = ctx.alloc_out(shape, dtype, "linear")
         if numel(shape):
-            launch(v[0].ptr, v[1].ptr, y.ptr, v[2].ptr if has_bias else 0, prologue=prologue,
-                   pro=v[-1].ptr if pro is not None else 0, eps=eps,
-                   residual=v[res_at].ptr if has_res else 0, residual_stride=rs,
-                   glu=glu, w_early=_settled(ctx, v[1]))  # fmt: skip
+            launch(v[0].ptr, v[1].ptr, y.ptr, v[2].ptr if spec.has_bias else 0,
+                   prologue=spec.prologue, pro=v[-1].ptr if pro is not None else 0, eps=eps,
+                   residual=v[res_at].ptr if spec.has_residual else 0, residual_stride=rs,
+                   glu=spec.glu == "swiglu", w_early=_settled(ctx, v[1]))  # fmt: skip
         return y
 
     return run
@@ -491,18 +379,18 @@ def _settled(ctx: Context, w: DeviceValue) -> bool:
 
 
 def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
-                  has_bias: bool, has_res: bool, prologue: str) -> Run:  # fmt: skip
+                  spec: LinearSpec) -> Run:  # fmt: skip
     """linear with glu="swiglu": one GEMV writing silu(gate) * up where it applies; else the
     full-width linear into scratch, the SwiGLU kernel on its halves, then the residual."""
-    fused = _gemv_folded(ctx, step, ins, has_bias, has_res, prologue, glu=True)
+    fused = _gemv_folded(ctx, step, ins, spec)
     if fused is not None:
         return fused
     dtype, shape = step.dtype, step.shape
     half = shape[-1]
     full = shape[:-1] + (2 * half,)
-    res_at = 2 + has_bias
+    res_at = spec.residual_at
     attrs = {k: v for k, v in step.attrs.items() if k not in ("glu", "has_residual")}
-    base_ins = list(ins[:res_at]) + ([ins[-1]] if prologue != "none" else [])
+    base_ins = list(ins[:res_at]) + ([ins[-1]] if spec.prologue != "none" else [])
     base = plan_linear(ctx, Step("linear", attrs, (), -1, full, dtype, step.loc), base_ins, tag)
     y_plan = DeviceValue(ins[0].storage, full, contiguous(full), 0, dtype)
 
@@ -510,16 +398,16 @@ def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         return [y.view(shape, y.strides, y.offset + i * half) for i in (0, 1)]
 
     gate_step = Step("swiglu", {}, (), -1, shape, dtype, step.loc)
-    gate = ops_nn.plan_swiglu(ctx, gate_step, halves(y_plan), tag)
+    gate = activation_plan.plan_swiglu(ctx, gate_step, halves(y_plan), tag)
     add = None
-    if has_res:
+    if spec.has_residual:
         g_plan = DeviceValue(ins[0].storage, shape, contiguous(shape), 0, dtype)
         add = ew.make(ctx, ("add", ("in", 0), ("in", 1)), [g_plan, ins[res_at]], shape,
                       contiguous(shape), dtype, 256, tag=tag)  # fmt: skip
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         with ctx.scratch_only():
-            y = base(list(v[:res_at]) + ([v[-1]] if prologue != "none" else []))
+            y = base(list(v[:res_at]) + ([v[-1]] if spec.prologue != "none" else []))
         if add is None:
             return gate(halves(y))
         with ctx.scratch_only():
@@ -530,3 +418,6 @@ def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         return out
 
     return run
+
+
+PLANNERS = {"matmul": plan_matmul, "linear": plan_linear}

@@ -1,6 +1,6 @@
-"""rope and sdpa: the kernel team's launchers where their layout and dtype rules hold,
-else the same math from generated kernels and matmul_simple, accumulating in float32
-(float64 for float64) like the NumPy reference."""
+"""Plans sdpa and sdpa_append steps onto attention.py's prefill and decode launchers where
+their layout and dtype rules hold, else the same math from generated kernels and
+matmul_simple, accumulating in float32 (float64 for float64) like the NumPy reference."""
 
 from __future__ import annotations
 
@@ -14,90 +14,16 @@ from pygpukit import _native
 from pygpukit.ir import dtypes
 from pygpukit.passes import Step
 
-from . import ew
-from .context import Context, capturing, contiguous, numel
-from .kernels import attention, matmul_simple, rope, softmax
-from .materialize import contiguous_as
-from .ops_elementwise import arange_values
-from .ops_movement import store_into
-from .value import DeviceValue
+from .. import ew
+from ..context import Context, capturing, contiguous, numel
+from ..materialize import contiguous_as
+from ..ops_elementwise import arange_values
+from ..ops_movement import store_into
+from ..value import DeviceValue
+from . import attention, matmul_simple, softmax
+from .rope_plan import heads_layout, plan_rope
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
-
-
-def _bhs(x: DeviceValue) -> tuple[int, int, tuple[int, int, int]] | None:
-    """(batch, heads, (batch, head, seq) strides) of [B, H, S, D] or [H, S, D] with unit
-    inner stride."""
-    if (x.strides[-1] != 1 and x.shape[-1] > 1) or len(x.shape) not in (3, 4):
-        return None
-    if len(x.shape) == 3:
-        return 1, x.shape[0], (0, x.strides[0], x.strides[1])
-    return x.shape[0], x.shape[1], (x.strides[0], x.strides[1], x.strides[2])
-
-
-def plan_rope(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
-    x, cos, sin = ins
-    dtype, shape = step.dtype, step.shape
-    inter = step.attrs["layout"] == "interleaved"
-    seq, hd = x.shape[-2], x.shape[-1]
-    bhs = _bhs(x)
-    tables_ok = (
-        all(
-            all(d == 1 for d in t.shape[:-2]) and (t.strides[-1] == 1 or t.shape[-1] <= 1)
-            for t in (cos, sin)
-        )
-        and cos.strides[-2] == sin.strides[-2]
-        and cos.dtype == sin.dtype
-    )
-    if dtype.name in rope.DTYPES and bhs is not None and tables_ok and numel(shape):
-        b, h, xs = bhs
-        ys = (h * seq * hd, seq * hd, hd)
-        css, csd = cos.strides[-2], cos.dtype.name
-
-        def run(v: Sequence[DeviceValue]) -> DeviceValue:
-            y = ctx.alloc_out(shape, dtype, "rope")
-            rope.rope(v[0].ptr, y.ptr, v[1].ptr, v[2].ptr, b, h, seq, hd, dtype.name,
-                      interleaved=inter, cs_dtype=csd, x_strides=xs, y_strides=ys,
-                      cs_stride=css, stream=ctx.stream)  # fmt: skip
-            return y
-
-        return run
-    return _rope_ew(ctx, step, ins, tag, inter)
-
-
-def _rope_ew(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
-             inter: bool) -> Run:  # fmt: skip
-    x, cos, sin = ins
-    dtype, shape = step.dtype, step.shape
-    half = shape[-1] // 2
-    hshape = shape[:-1] + (half,)
-    ost = contiguous(shape)
-    if inter:
-        sub = lambda v, j: v.view(hshape, v.strides[:-1] + (2 * v.strides[-1],),  # noqa: E731
-                                  v.offset + j * v.strides[-1])  # fmt: skip
-        ost_h = ost[:-1] + (2,)
-        offs = (0, 1)
-    else:
-        sub = lambda v, j: v.view(hshape, v.strides, v.offset + j * half * v.strides[-1])  # noqa: E731
-        ost_h = ost
-        offs = (0, half)
-    a, b_, c, s = ("in", 0), ("in", 1), ("in", 2), ("in", 3)
-    first = ("sub", ("mul", a, c), ("mul", b_, s))
-    second = ("add", ("mul", b_, c), ("mul", a, s))
-    args = [sub(x, 0), sub(x, 1), cos, sin]
-    l1 = ew.make(ctx, first, args, hshape, ost_h, dtype, 256, tag=tag)
-    l2 = ew.make(ctx, second, args, hshape, ost_h, dtype, 256 + offs[1] * dtype.itemsize,
-                 tag=tag)  # fmt: skip
-    isz = dtype.itemsize
-
-    def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        y = ctx.alloc_out(shape, dtype, "rope")
-        ptrs = [sub(v[0], 0).ptr, sub(v[0], 1).ptr, v[1].ptr, v[2].ptr]
-        l1(y.ptr, ptrs)
-        l2(y.ptr + offs[1] * isz, ptrs)
-        return y
-
-    return run
 
 
 def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
@@ -112,7 +38,7 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
         dec = _plan_decode(ctx, step, ins, tag, sc, causal)
         if dec is not None:
             return dec
-    lay = [_bhs(t) for t in (q, k, v)]
+    lay = [heads_layout(t) for t in (q, k, v)]
     masks = bool(step.attrs.get("kv_len")) or bool(step.attrs.get("kv_start"))
     fits = (
         not masks and (sq <= sk or not causal) and
@@ -157,7 +83,7 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
         or len(k.shape) != len(q.shape) or k.shape[-2] == 0 or not numel(shape)
     ):  # fmt: skip
         return None
-    lay = [_bhs(t) for t in (q, k, v)]
+    lay = [heads_layout(t) for t in (q, k, v)]
     if any(x is None for x in lay):
         return None
     (bq, h, qs), (bk, kvh, ks), (_, _, vs) = lay  # type: ignore[misc]
@@ -421,3 +347,6 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         return out
 
     return run
+
+
+PLANNERS = {"sdpa": plan_sdpa, "sdpa_append": plan_sdpa_append}

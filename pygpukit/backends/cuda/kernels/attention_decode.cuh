@@ -417,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 // flight), summed across groups in shared memory. A loop that waited on each split's load
 // in turn cost ~4 us of L2 latency at 33 splits. Measured on an H200 against the
 // last-block merge, this kernel is faster at every split count tried (see
-// native/kernels/README.md): the last block's fence, atomic and single-SM read of every
+// docs/kernels.md): the last block's fence, atomic and single-SM read of every
 // partial cost more than a second launch that PDL already overlaps.
 #define PGK_MAXSPLITS 256
 #define PGK_RT 256

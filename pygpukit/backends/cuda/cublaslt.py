@@ -1,0 +1,130 @@
+"""cuBLASLt GEMMs: plans cached per problem, one workspace per backend, the tf32 switch.
+
+The library is loaded on first use (toolchain.load_cublaslt); where it is absent the
+linear planner (kernels/linear_plan.py) falls back to the NVRTC GEMMs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pygpukit import _native
+from pygpukit.errors import CUDAError, OutOfMemoryError
+from pygpukit.ir import dtypes
+
+from . import toolchain
+from .context import Context
+from .value import DeviceValue
+
+Launch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
+
+LT_DTYPES = ("float32", "float16", "bfloat16")
+# One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
+# quota (cuBLASLt still has algorithms with a small or no workspace).
+WORKSPACE_SIZES = (32 << 20, 4 << 20, 0)
+_tf32 = [False]
+_lt: dict[str, Any] = {}  # "reason": '' when loaded, else why not (tried once)
+_workspaces: weakref.WeakKeyDictionary[Any, tuple[DeviceValue | None, int]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def set_tf32(enabled: bool) -> None:
+    """Let float32 GEMMs round their inputs to TF32 on the tensor cores (default off)."""
+    _tf32[0] = bool(enabled)
+
+
+def tf32_enabled() -> bool:
+    return _tf32[0]
+
+
+def cublaslt_unavailable_reason() -> str:
+    """'' when cuBLASLt is loaded (loading it on first call), else why the NVRTC GEMM serves."""
+    if "reason" not in _lt:
+        try:
+            toolchain.load_cublaslt()
+            _lt["reason"] = ""
+        except CUDAError as e:
+            _lt["reason"] = str(e)
+    return str(_lt["reason"])
+
+
+def _workspace(ctx: Context) -> tuple[DeviceValue | None, int]:
+    """(buffer, bytes): the largest of WORKSPACE_SIZES the pool grants, kept for the backend."""
+    got = _workspaces.get(ctx)
+    if got is None:
+        for nbytes in WORKSPACE_SIZES:
+            if nbytes == 0:
+                got = (None, 0)
+                break
+            try:
+                ws = ctx.alloc((nbytes,), dtypes.uint8, "cuBLASLt workspace")
+            except OutOfMemoryError:
+                continue
+            ws.storage.pin()  # captured launches keep its address: never evicted
+            got = (ws, nbytes)
+            break
+        assert got is not None
+        _workspaces[ctx] = got
+    return got
+
+
+def _align(*ptrs: int) -> int:
+    """The alignment (up to 16 bytes, what the fast kernels need) all pointers share."""
+    a = 16
+    while a > 1 and any(p % a for p in ptrs):
+        a //= 2
+    return a
+
+
+def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a strided [rows, cols] matrix for cuBLASLt, or
+    None when neither dimension is unit-stride. Sizes of 1 take any stride."""
+    if s_row < 0 or s_col < 0:
+        return None
+    if s_col == 1 or cols == 1:
+        ld = s_row if rows > 1 else cols
+        if ld >= max(cols, 1) and (cols == 1 or s_col == 1):
+            return False, ld
+    if s_row == 1 or rows == 1:
+        ld = s_col if cols > 1 else rows
+        if ld >= max(rows, 1):
+            return True, ld
+    return None
+
+
+def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
+                b_op: tuple[bool, int], batch: int = 1, stride_a: int = 0, stride_b: int = 0,
+                epilogue: str = "none", ptrs: Sequence[int] = ()) -> Launch | None:  # fmt: skip
+    """launch(a, b, d[, bias]) through a cached cuBLASLt plan, or None when cuBLASLt is
+    absent or has no algorithm for the problem. D is contiguous [batch, m, n]. float32
+    follows set_tf32 at run time (one plan per mode)."""
+    if dtype not in LT_DTYPES or cublaslt_unavailable_reason():
+        return None
+    (ta, lda), (tb, ldb) = a_op, b_op
+    if batch > 1 and stride_b == 0 and not ta and stride_a == m * lda:
+        m, batch, stride_a = m * batch, 1, 0  # broadcast B: the batch folds into M
+    align = _align(*ptrs)
+    ws, ws_bytes = _workspace(ctx)
+    kw = dict(lda=lda, ldb=ldb, ldd=n, trans_a=ta, trans_b=tb, batch=batch, stride_a=stride_a,
+              stride_b=stride_b, stride_d=m * n, epilogue=epilogue, align=align,
+              workspace_bytes=ws_bytes)  # fmt: skip
+
+    def plan(tf32: bool) -> Any:
+        return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
+
+    try:
+        plans = {False: plan(False)}
+        if dtype == "float32":
+            plans[True] = plan(True)
+    except (CUDAError, ValueError):
+        return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
+    ws_ptr = ws.ptr if ws is not None else 0
+
+    def lt(pa: int, pb: int, pc: int, pbias: int = 0) -> None:
+        p = plans[_tf32[0] and dtype == "float32"]
+        p.run(pa, pb, pc, pbias, ws_ptr, ws_bytes, ctx.stream)
+
+    return lt
