@@ -1,5 +1,5 @@
-"""rope and sdpa: the kernel team's launchers where their layout and dtype rules hold,
-else the same math from generated kernels and matmul_simple, accumulating in float32
+"""rope and sdpa: the template launchers (kernels/) where their layout and dtype rules
+hold, else the same math from generated kernels and matmul_simple, accumulating in float32
 (float64 for float64) like the NumPy reference."""
 
 from __future__ import annotations

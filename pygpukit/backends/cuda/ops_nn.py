@@ -1,5 +1,5 @@
-"""softmax, norms and swiglu through the kernel team's row launchers. Inputs that are not
-rows (unit inner stride, one row stride) are copied into that layout first; a softmax
+"""softmax, norms and swiglu through the template row launchers (kernels/). Inputs that
+are not rows (unit inner stride, one row stride) are copied into that layout first; a softmax
 over another axis runs on a permuted copy and returns a permuted view."""
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ Compiled Modules and their Functions are cached per (family, defines, arch).
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pygpukit import settings
 from pygpukit.errors import CompileError, DTypeError
 
 _PKG_DIR = Path(__file__).resolve().parents[3]  # .../pygpukit
@@ -38,7 +38,7 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 def kernel_dir() -> Path:
     """Where the .cuh templates live: the source tree, else the installed copy."""
-    env = os.environ.get("PYGPUKIT_KERNEL_DIR")
+    env = settings.kernel_dir()
     candidates = [Path(env)] if env else []
     candidates += [_PKG_DIR.parent / "native" / "kernels", _PKG_DIR / "native_kernels"]
     for c in candidates:
@@ -120,12 +120,12 @@ def pdl_enabled() -> bool:
     generated kernel opens with griddepcontrol.wait, so it may start while the kernel
     before it finishes (launch latency and, in the GEMV, the first weight loads overlap
     that kernel's tail). PYGPUKIT_PDL=0 turns it off, e.g. to measure its effect."""
-    return _pdl(os.environ.get("PYGPUKIT_PDL", "1"))
+    return _pdl(settings.pdl())
 
 
-@functools.lru_cache(maxsize=4)
-def _pdl(setting: str) -> bool:
-    return setting != "0" and int(device_info()["compute_capability"][0]) >= 9
+@functools.lru_cache(maxsize=2)
+def _pdl(setting: bool) -> bool:
+    return setting and int(device_info()["compute_capability"][0]) >= 9
 
 
 def device_arch() -> str:
