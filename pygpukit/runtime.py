@@ -113,6 +113,8 @@ def _check_traced(order: list[Node]) -> None:
 
 
 def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
+    """What a cached schedule depends on: the graph's structure and the passes it went
+    through (a pass skipped since must not be served from the cache)."""
     index = {n.id: k for k, n in enumerate(order)}
     rows: list[tuple[Any, ...]] = []
     for n in order:
@@ -128,7 +130,8 @@ def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
                     tuple(index[i.id] for i in n.inputs),
                 )
             )
-    return (backend.name, tuple(rows), tuple(index[p.id] for p in pending))
+    pending_idx = tuple(index[p.id] for p in pending)
+    return (backend.name, settings.skip_passes(), tuple(rows), pending_idx)
 
 
 def realize(nodes: list[Node]) -> None:
