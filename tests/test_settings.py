@@ -235,6 +235,22 @@ def test_compiled_kernels_land_in_the_set_cache_dir(tmp_path: Path) -> None:
     assert len(list((tmp_path / "kc").glob("*.cubin"))) == 1
 
 
+def test_cache_cli_follows_the_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pygpukit.cli import main as cli_main
+
+    toolchain.configure_kernel_cache()  # the native cache holds the default now
+    monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "a"))
+    monkeypatch.setenv(settings.CACHE_MAX_BYTES, "4096")
+    assert cli_main(["cache", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert f"cache dir: {tmp_path / 'a'}" in out and "(limit 4096)" in out
+    gpk.set_cache_dir(tmp_path / "b")
+    assert cli_main(["cache", "clear"]) == 0
+    assert f"removed 0 entries from {tmp_path / 'b'}" in capsys.readouterr().out
+
+
 def test_cache_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
     for raw in ("-1", "1e6", "lots"):
         monkeypatch.setenv(settings.CACHE_MAX_BYTES, raw)
