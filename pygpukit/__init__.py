@@ -74,6 +74,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 
 def __getattr__(name: str) -> _typing.Any:
+    """gpk.Scheduler, gpk.Task, gpk.llm: imported when first asked for."""
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'pygpukit' has no attribute {name!r}")
@@ -84,6 +85,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 def __dir__() -> list[str]:
+    """The module's names, the lazy ones included."""
     return sorted(set(globals()) | set(_LAZY))
 
 
