@@ -26,8 +26,8 @@ this process, its default and what it does. This module is the only reader of th
 6. The NVRTC GEMM serves instead. Read when cuBLASLt would first load.
 7. NaN in every float dtype, -1 in every integer one: exposes reads of unwritten memory.
    Read when the CUDA backend starts.
-8. The source tree's native/kernels, else the copy installed with the package; the
-   directory must hold common.cuh. Read when the first template loads.
+8. The templates that ship with the package. The directory must hold common.cuh.
+   Read when the first template loads.
 9. `-DPYGPUKIT_RUST_PREBUILT=path` (or scikit-build's cmake.define): install that _rust
    library instead of running cargo. Not read at run time.
 
