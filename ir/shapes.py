@@ -102,13 +102,6 @@ def matmul_shape(a: Shape, b: Shape) -> Shape:
     return out
 
 
-def slice_shape(shape: Shape, starts: Shape, stops: Shape, steps: Shape) -> Shape:
-    out = []
-    for start, stop, step in zip(starts, stops, steps, strict=True):
-        out.append(len(range(start, stop, step)))
-    return tuple(out)
-
-
 def concat_shape(shapes: Sequence[Shape], axis: int) -> Shape:
     first = shapes[0]
     for s in shapes[1:]:

@@ -3,44 +3,43 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-_INTERNAL: tuple[str, ...] = ()
-# Modules of the package that are user-level programs written with the API: graph lines
-# should point into them, not past them.
-_USER_LEVEL = ("demo.py",)
+# Library code whose frames user_location() steps past. The IR knows only its own
+# directory; the layers above register theirs (register_library), since the IR imports
+# nothing above it.
+_TREES: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+# Directories whose files, but not their subdirectories, are library code.
+_FLAT: tuple[str, ...] = ()
+# File names in _FLAT directories that are user-level programs written with the API:
+# graph lines should point into them, not past them.
+_USER_LEVEL: frozenset[str] = frozenset()
 
 
-def _internal_prefixes() -> tuple[str, ...]:
-    global _INTERNAL
-    if not _INTERNAL:
-        import pygpukit
-
-        ir_dir = os.path.dirname(os.path.abspath(__file__))
-        pkg = os.path.dirname(os.path.abspath(pygpukit.__file__))
-        passes_dir = os.path.dirname(
-            os.path.abspath(importlib.import_module("pygpukit.passes").__file__ or "")
-        )
-        _INTERNAL = (ir_dir + os.sep, passes_dir + os.sep, os.path.join(pkg, "backends") + os.sep,
-                     os.path.join(pkg, "compile") + os.sep, pkg + os.sep)  # fmt: skip
-    return _INTERNAL
+def register_library(trees: Iterable[str] = (), flat: Iterable[str] = (),
+                     user_level: Iterable[str] = ()) -> None:  # fmt: skip
+    """Mark code as library code, which user_location() steps past: every file under
+    `trees`; the files directly in `flat` (not in its subdirectories) except those named in
+    `user_level`."""
+    global _TREES, _FLAT, _USER_LEVEL
+    _TREES += tuple(os.path.abspath(d) + os.sep for d in trees)
+    _FLAT += tuple(os.path.abspath(d) + os.sep for d in flat)
+    _USER_LEVEL |= frozenset(user_level)
+    _is_internal.cache_clear()
 
 
 @functools.lru_cache(maxsize=4096)
 def _is_internal(filename: str) -> bool:
     # Cached: this runs for every frame of every recorded op.
-    if filename.startswith("<frozen"):
+    if filename.startswith("<frozen") or filename.startswith(_TREES):
         return True
-    prefixes = _internal_prefixes()
-    if not filename.startswith(prefixes):
-        return False
-    pkg = prefixes[-1]
-    if filename.startswith(pkg) and os.sep not in filename[len(pkg) :]:
-        return os.path.basename(filename) not in _USER_LEVEL
-    return any(filename.startswith(p) for p in prefixes[:-1])
+    for d in _FLAT:
+        if filename.startswith(d) and os.sep not in filename[len(d) :]:
+            return os.path.basename(filename) not in _USER_LEVEL
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from .patterns import Matcher, Miss
 from .rewrite import users
 
 
-def _full(e: tuple, size: int) -> bool:
+def _full(e: tuple[object, ...], size: int) -> bool:
     return e == ("slice", 0, size, 1)
 
 

@@ -103,22 +103,22 @@ def _match(n: Node) -> tuple[Node, Node, Node, str, list[Node]] | None:
             for rot, st in operands(q, "mul"):
                 if rot.op != "concat" or len(rot.inputs) != 2:
                     continue
-                x2 = _neg_of(rot.inputs[0])
-                if x2 is None:
+                neg = _neg_of(rot.inputs[0])
+                if neg is None:
                     continue
-                h = _halves(rot.inputs[1], x2)
+                h = _halves(rot.inputs[1], neg)
                 if h is None or h[1] != "half":
                     continue
                 x = h[0]
                 for xx, ct in operands(p, "mul"):
                     if xx is not x:
                         continue
-                    c, s = _half_table(ct), _half_table(st)
-                    if c is None or s is None:
+                    cos, sin = _half_table(ct), _half_table(st)
+                    if cos is None or sin is None:
                         raise Miss("cos/sin are full-width tables not built from two equal "
                                    "halves (pass [seq, head_dim/2] tables, or concatenate "
                                    "[c, c])")  # fmt: skip
-                    return x, c, s, "half", [x, ct, st]
+                    return x, cos, sin, "half", [x, ct, st]
     return None
 
 

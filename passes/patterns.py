@@ -50,12 +50,6 @@ def operands(n: Node, op: str) -> Iterator[tuple[Node, Node]]:
         yield b, a
 
 
-def strip_casts(n: Node) -> Node:
-    while n.op == "cast":
-        n = n.inputs[0]
-    return n
-
-
 def scalar_const(n: Node) -> Any:
     """The value of a constant that broadcasts as a scalar (a `full`), else None."""
     return const_value(n)

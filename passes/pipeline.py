@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
+from pygpukit import settings
+from pygpukit.errors import SettingError
 from pygpukit.ir import Graph
 
 from .cse import common_subexpression_elimination
@@ -28,13 +29,14 @@ from .simplify import algebraic_simplification
 Pass = Callable[[Graph], Graph]
 
 # In pipeline order. Each entry is a plain function in its own file under passes/.
-# Softmax before attention (sdpa matches the softmax node); a decode step's cache stores
-# join its attention (with the ropes of q and k) before merge_rope pairs up what is left;
-# SwiGLU before linear, so a gate projection stays a plain GEMM feeding swiglu;
-# written-out GELU before linear, so it
-# lands in the GEMM epilogue; a gate/up projection takes its SwiGLU as an epilogue; norms,
-# gates and residual adds around a linear fold into it;
-# generic fusion takes what is left.
+# - softmax before attention: sdpa matches the softmax node;
+# - a decode step's cache stores join its attention (with the ropes of q and k) before
+#   merge_rope pairs up the ropes that are left;
+# - SwiGLU before linear, so a gate projection stays a plain GEMM feeding swiglu;
+# - written-out GELU before linear, so the GELU lands in the GEMM epilogue;
+# - then a gate/up projection takes its SwiGLU as an epilogue, and norms, gates and
+#   residual adds around a linear fold into it;
+# - generic elementwise fusion takes what is left.
 PIPELINE: list[Pass] = [
     dead_code_elimination,
     constant_folding,
@@ -64,13 +66,13 @@ def pass_named(name: str) -> Pass:
 
 
 def default_passes() -> list[Pass]:
-    """PIPELINE less the passes named in PYGPUKIT_SKIP_PASSES (comma-separated), to measure
-    or debug a program with and without a fusion."""
-    skip = {s.strip() for s in os.environ.get("PYGPUKIT_SKIP_PASSES", "").split(",") if s.strip()}
+    """PIPELINE less the passes named by gpk.set_skip_passes or PYGPUKIT_SKIP_PASSES, to
+    measure or debug a program with and without a fusion."""
+    skip = settings.skip_passes()
     unknown = skip - {p.__name__ for p in PIPELINE}
     if unknown:
-        raise KeyError(f"PYGPUKIT_SKIP_PASSES names no pass {sorted(unknown)}; passes: "
-                       f"{', '.join(p.__name__ for p in PIPELINE)}")  # fmt: skip
+        raise SettingError(f"{settings.skip_passes_source()} names no pass {sorted(unknown)}; "
+                           f"passes: {', '.join(p.__name__ for p in PIPELINE)}")  # fmt: skip
     return [p for p in PIPELINE if p.__name__ not in skip]
 
 

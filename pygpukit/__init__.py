@@ -10,7 +10,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import errors, nn, random
+import builtins as _builtins
+import importlib as _importlib
+import typing as _typing
+
+from . import errors, nn, random, settings
 from .array import GPUArray, broadcast_to, expand_dims, matmul, take
 from .compile import compile, scalar  # noqa: A004 - gpk.compile shadows the builtin here
 from .creation import (
@@ -33,6 +37,7 @@ from .errors import (
     FreedArrayError,
     GPUKitError,
     OutOfMemoryError,
+    SettingError,
     ShapeError,
     TraceError,
 )
@@ -44,8 +49,44 @@ from .jit import jit
 from .mode import eager, is_eager
 from .ops import *  # noqa: F403
 from .ops import realize
-from .scheduler import Scheduler, Task
+from .settings import (
+    set_backend,
+    set_cache_dir,
+    set_cache_max_bytes,
+    set_debug,
+    set_eager,
+    set_pdl,
+    set_skip_passes,
+)
 from .streams import Event, Stream, synchronize
+
+if _typing.TYPE_CHECKING:
+    from . import llm
+    from .scheduler import Scheduler, Task
+
+# Imported on first use (PEP 562), so `import pygpukit` stays light: name -> (module,
+# attribute or None for the module itself).
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "Scheduler": ("pygpukit.scheduler", "Scheduler"),
+    "Task": ("pygpukit.scheduler", "Task"),
+    "llm": ("pygpukit.llm", None),
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """gpk.Scheduler, gpk.Task, gpk.llm: imported when first asked for."""
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'pygpukit' has no attribute {name!r}")
+    module = _importlib.import_module(target[0])
+    value = module if target[1] is None else getattr(module, target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazy ones included."""
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def backend_name() -> str:
@@ -55,7 +96,7 @@ def backend_name() -> str:
     return get_backend().name
 
 
-def set_tf32(enabled: bool) -> None:
+def set_tf32(enabled: _builtins.bool) -> None:
     """Let float32 matmuls round inputs to TF32 on the tensor cores (CUDA, cuBLASLt).
     Default off: float32 stays float32. Read at each call, so cached plans follow it."""
     from .backends.cuda import cublaslt
@@ -63,16 +104,15 @@ def set_tf32(enabled: bool) -> None:
     cublaslt.set_tf32(enabled)
 
 
-def tf32_enabled() -> bool:
+def tf32_enabled() -> _builtins.bool:
+    """Whether float32 matmuls may round inputs to TF32 (see set_tf32)."""
     from .backends.cuda import cublaslt
 
     return cublaslt.tf32_enabled()
 
 
 def pool_stats() -> dict[str, object]:
+    """The Rust pool's counters for the running backend's memory."""
     from .backends import get_backend
 
     return get_backend().pool_stats()
-
-
-from . import llm  # noqa: E402 - last: gpk.llm is written on the API above

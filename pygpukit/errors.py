@@ -7,6 +7,8 @@ raise these same classes (they import this module), so there is one hierarchy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class GPUKitError(Exception):
     """Base class of every PyGPUkit error."""
@@ -69,6 +71,11 @@ class LoadError(GPUKitError, ValueError, OSError):
         self.file, self.field = file, field
 
 
+class SettingError(GPUKitError, ValueError):
+    """A setting (environment variable or gpk.set_* call) with a value it cannot take, or
+    set too late (a backend already chosen)."""
+
+
 __all__ = [
     "GPUKitError",
     "ShapeError",
@@ -81,10 +88,11 @@ __all__ = [
     "AdmissionRejected",
     "FreedArrayError",
     "LoadError",
+    "SettingError",
 ]
 
 
-def describe_inputs(inputs: list[tuple[tuple[int, ...], object]], loc: object) -> str:
+def describe_inputs(inputs: Sequence[tuple[tuple[int, ...], object]], loc: object) -> str:
     """`(inputs: f32[2,3], i64[4])` and the user's line, for error messages."""
     types = ", ".join(f"{getattr(d, 'short', d)}{list(s)}" for s, d in inputs)
     where = f"\n  at {getattr(loc, 'full', loc)}" if loc else ""
@@ -92,7 +100,7 @@ def describe_inputs(inputs: list[tuple[tuple[int, ...], object]], loc: object) -
 
 
 def op_error(
-    op: str, exc: Exception, inputs: list[tuple[tuple[int, ...], object]], loc: object
+    op: str, exc: Exception, inputs: Sequence[tuple[tuple[int, ...], object]], loc: object
 ) -> Exception:
     """The gpk error for a failing op: names the op, its input types and the user's line."""
     from pygpukit.ir.dtypes import UnsupportedDType

@@ -110,10 +110,6 @@ def enable_eviction(pool: Any, copy_out: CopyOut, copy_in: CopyIn) -> None:
     _registries[id(pool)] = _Lru(pool, copy_out, copy_in)
 
 
-def disable_eviction(pool: Any) -> None:
-    _registries.pop(id(pool), None)
-
-
 def eviction_stats(pool: Any) -> dict[str, int]:
     """Evictions and restores so far, and the storages evicted now (count and bytes)."""
     lru = _registries.get(id(pool))

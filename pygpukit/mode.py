@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from collections.abc import Iterator
 
-_eager: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "pygpukit_eager", default=os.environ.get("PYGPUKIT_EAGER", "") not in ("", "0")
-)
+from . import settings
+
+# None outside any gpk.eager() block: the process-wide setting decides.
+_eager: contextvars.ContextVar[bool | None] = contextvars.ContextVar("pygpukit_eager", default=None)
 
 
 def is_eager() -> bool:
-    return _eager.get()
+    """Whether ops run at once here: the innermost gpk.eager() block, else the setting
+    (gpk.set_eager / PYGPUKIT_EAGER)."""
+    enabled = _eager.get()
+    return settings.eager() if enabled is None else enabled
 
 
 @contextlib.contextmanager

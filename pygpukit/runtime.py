@@ -11,18 +11,30 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from pygpukit import errors
+from pygpukit import errors, passes
 from pygpukit.ir import Graph, Node, toposort, user_location
 from pygpukit.ir.dtypes import UnsupportedDType
 from pygpukit.ir.indexing import IndexRuleError
 from pygpukit.ir.ops import DTypeRuleError
 from pygpukit.ir.shapes import ShapeRuleError
+from pygpukit.ir.source import register_library
 from pygpukit.passes import Schedule, lower, run_pipeline
+from pygpukit.passes.rewrite import canonical_attrs
 
+from . import settings
 from .backends import get_backend
 from .mode import is_eager
 
-DEBUG = os.environ.get("PYGPUKIT_DEBUG", "") not in ("", "0")
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# The user's line is the first frame outside these: the passes, the backends, compiled
+# functions and the package's own modules. demo.py is a user-level program written with
+# the API (as llm/, cli/ and bench/ are), so lines point into it.
+register_library(
+    trees=[os.path.dirname(os.path.abspath(passes.__file__ or "")),
+           os.path.join(_PKG_DIR, "backends"), os.path.join(_PKG_DIR, "compile")],
+    flat=[_PKG_DIR], user_level=["demo.py"],
+)  # fmt: skip
+
 _SCHEDULE_CACHE: OrderedDict[Any, Schedule] = OrderedDict()
 _CACHE_LIMIT = 2048
 stats = {"realize_calls": 0, "schedule_hits": 0, "schedule_misses": 0}
@@ -100,19 +112,9 @@ def _check_traced(order: list[Node]) -> None:
             )
 
 
-def _float_key(v: Any) -> Any:
-    if isinstance(v, float):
-        return ("f", repr(v))  # 0.0 == -0.0 and nan != nan: compare the spelling
-    if isinstance(v, tuple):
-        return tuple(_float_key(x) for x in v)
-    return v
-
-
-def _attr_key(n: Node) -> Any:
-    return tuple((k, _float_key(v)) for k, v in n.attr_key())
-
-
 def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
+    """What a cached schedule depends on: the graph's structure and the passes it went
+    through (a pass skipped since must not be served from the cache)."""
     index = {n.id: k for k, n in enumerate(order)}
     rows: list[tuple[Any, ...]] = []
     for n in order:
@@ -120,9 +122,16 @@ def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
             rows.append(("input", n.shape, n.dtype.name, backend.layout_key(n.realized)))
         else:
             rows.append(
-                (n.op, n.shape, n.dtype.name, _attr_key(n), tuple(index[i.id] for i in n.inputs))
+                (
+                    n.op,
+                    n.shape,
+                    n.dtype.name,
+                    canonical_attrs(n),
+                    tuple(index[i.id] for i in n.inputs),
+                )
             )
-    return (backend.name, tuple(rows), tuple(index[p.id] for p in pending))
+    pending_idx = tuple(index[p.id] for p in pending)
+    return (backend.name, settings.skip_passes(), tuple(rows), pending_idx)
 
 
 def realize(nodes: list[Node]) -> None:
@@ -148,7 +157,7 @@ def realize(nodes: list[Node]) -> None:
         stats["schedule_hits"] += 1
         _SCHEDULE_CACHE.move_to_end(key)
     values = backend.run(schedule, [n.realized for n in leaves])
-    if DEBUG:
+    if settings.debug():
         from .profiling import debug_realize
 
         debug_realize(schedule, [n.realized for n in leaves])

@@ -64,10 +64,6 @@ class Event:
         return float(self._e.elapsed_time(end._e))
 
 
-def native_stream(stream: Stream | None) -> Any:
-    return None if stream is None else stream.native
-
-
 def synchronize() -> None:
     """Wait for all queued GPU work; raises errors kernels recorded (bad indices)."""
     from pygpukit.backends import get_backend

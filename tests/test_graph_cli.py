@@ -131,9 +131,8 @@ def test_debug_env_prints_kernel_table(monkeypatch, capsys):
     import numpy as np
 
     import pygpukit as gpk
-    from pygpukit import runtime
 
-    monkeypatch.setattr(runtime, "DEBUG", True)
+    monkeypatch.setenv("PYGPUKIT_DEBUG", "1")
     x = gpk.from_numpy(np.arange(6, dtype=np.float32))
     (gpk.exp(x) * 2.0 + x).sum().to_numpy()
     err = capsys.readouterr().err

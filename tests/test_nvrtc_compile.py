@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pygpukit import _native
+from pygpukit.backends import select_backend
 from pygpukit.backends.cuda import toolchain
 from pygpukit.cli import main as cli_main
 from pygpukit.errors import CompileError, CUDAError, GPUKitError
@@ -178,6 +179,7 @@ def test_existing_directory_is_made_private(cache_dir: Path) -> None:
 def test_xdg_cache_home_is_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYGPUKIT_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    toolchain.configure_kernel_cache()
     assert _native.kernel_cache_dir() == str(tmp_path / "pygpukit" / "kernels")
 
 
@@ -191,6 +193,7 @@ def test_lru_pruning_keeps_the_size_bound(cache_dir: Path, monkeypatch: pytest.M
     sizes = [entry_path(cache_dir, s).stat().st_size for s in sources[:3]]
     limit = sum(sizes) + max(sizes) // 2
     monkeypatch.setenv("PYGPUKIT_CACHE_MAX_BYTES", str(limit))
+    toolchain.configure_kernel_cache()
     assert _native.kernel_cache_max_bytes() == limit
 
     _native.kernel_cache_clear_memory()
@@ -258,14 +261,15 @@ def test_nvrtc_candidates_prefer_wheels_then_cuda_home(
 
 def test_select_backend_honours_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYGPUKIT_BACKEND", "cpu")
-    assert toolchain.select_backend() == "cpu"
+    assert select_backend() == ("cpu", "")
     monkeypatch.setenv("PYGPUKIT_BACKEND", "cuda")
-    assert toolchain.select_backend() == "cuda"
+    usable, why = toolchain.cuda_usable()
+    assert select_backend() == ("cuda", why)
     monkeypatch.setenv("PYGPUKIT_BACKEND", "tpu")
     with pytest.raises(ValueError, match="tpu"):
-        toolchain.select_backend()
+        select_backend()
     monkeypatch.delenv("PYGPUKIT_BACKEND")
-    assert toolchain.select_backend() == ("cuda" if toolchain.cuda_usable()[0] else "cpu")
+    assert select_backend() == ("cuda" if usable else "cpu", why)
 
 
 def test_info_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,6 +42,12 @@ std::unordered_map<std::string, std::string>& memory() {
   return *m;
 }
 
+// The PYGPUKIT_CACHE_DIR / PYGPUKIT_CACHE_MAX_BYTES settings, handed over by Python
+// (pygpukit.settings owns them; toolchain.configure_kernel_cache runs before each use).
+std::mutex g_config_mu;
+std::string g_dir_setting;  // "": the XDG default below
+uint64_t g_max_bytes_setting = kDefaultMaxBytes;
+
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -185,8 +191,10 @@ void remember(const std::string& key, const std::string& cubin) {
 }  // namespace
 
 std::string cache_dir() {
-  std::string dir = env("PYGPUKIT_CACHE_DIR");
-  if (!dir.empty()) return dir;
+  {
+    std::lock_guard<std::mutex> lock(g_config_mu);
+    if (!g_dir_setting.empty()) return g_dir_setting;
+  }
   std::string base = env("XDG_CACHE_HOME");
   if (base.empty() || base[0] != '/') {
     std::string home = env("HOME");
@@ -199,12 +207,14 @@ std::string cache_dir() {
 }
 
 uint64_t cache_max_bytes() {
-  std::string v = env("PYGPUKIT_CACHE_MAX_BYTES");
-  if (v.empty()) return kDefaultMaxBytes;
-  char* end = nullptr;
-  unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != '\0') return kDefaultMaxBytes;
-  return n;
+  std::lock_guard<std::mutex> lock(g_config_mu);
+  return g_max_bytes_setting;
+}
+
+void configure_cache(const std::string& dir, uint64_t max_bytes) {
+  std::lock_guard<std::mutex> lock(g_config_mu);
+  g_dir_setting = dir;
+  g_max_bytes_setting = max_bytes;
 }
 
 std::string cache_key(const CacheRequest& req) {
@@ -339,6 +349,8 @@ void register_kernel_cache(py::module_& m) {
       },
       py::arg("source"), py::arg("arch"), py::arg("options") = std::vector<std::string>{},
       py::arg("include_dirs") = std::vector<std::string>{}, py::arg("name") = "kernel.cu");
+  m.def("kernel_cache_configure", &configure_cache, py::arg("dir"), py::arg("max_bytes"),
+        "Set the cache directory (\"\": the XDG default) and its size bound in bytes.");
   m.def("kernel_cache_dir", &cache_dir);
   m.def("kernel_cache_max_bytes", &cache_max_bytes);
   m.def(

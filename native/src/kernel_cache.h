@@ -37,6 +37,8 @@ std::string compile_cached(const CacheRequest& req, bool use_cache);
 
 std::string cache_dir();
 uint64_t cache_max_bytes();
+// The settings above, from Python's pygpukit.settings (dir "" keeps the XDG default).
+void configure_cache(const std::string& dir, uint64_t max_bytes);
 std::vector<CacheEntryInfo> cache_list();
 size_t cache_clear();
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
+
+from pygpukit import settings
 
 from .base import Backend
 
@@ -17,25 +18,39 @@ def get_backend() -> Backend:
     return _backend
 
 
+def active_backend_name() -> str | None:
+    """The name of the backend this process runs on, or None before the first use."""
+    return None if _backend is None else _backend.name
+
+
+def select_backend() -> tuple[str, str]:
+    """(name, why CUDA is unusable or ''): the backend get_backend() would start. The
+    PYGPUKIT_BACKEND / gpk.set_backend choice when there is one, else cuda when usable."""
+    want = settings.backend()
+    if want == "cpu":
+        return "cpu", ""
+    ok, reason = _cuda_status()
+    return ("cuda" if ok or want == "cuda" else "cpu"), reason
+
+
 def _choose() -> Backend:
-    want = os.environ.get("PYGPUKIT_BACKEND", "").lower()
-    if want not in ("", "cpu", "cuda"):
-        raise ValueError(f"PYGPUKIT_BACKEND must be 'cpu' or 'cuda', got {want!r}")
+    name, reason = select_backend()
     from .numpy_backend import NumpyBackend
 
-    if want == "cpu":
+    if name == "cpu":
+        if reason:
+            sys.stderr.write(
+                f"pygpukit: no usable CUDA GPU ({reason}); running on the NumPy backend\n"
+            )
         return NumpyBackend()
-    ok, reason = _cuda_status()
-    if ok:
-        from .cuda.backend import CudaBackend
-
-        return CudaBackend()
-    if want == "cuda":
+    if reason:
         from pygpukit.errors import CUDAError
 
-        raise CUDAError(f"PYGPUKIT_BACKEND=cuda, but CUDA is not usable: {reason}")
-    sys.stderr.write(f"pygpukit: no usable CUDA GPU ({reason}); running on the NumPy backend\n")
-    return NumpyBackend()
+        raise CUDAError(f"the cuda backend was asked for ({settings.BACKEND} or gpk.set_backend), "
+                        f"but CUDA is not usable: {reason}")  # fmt: skip
+    from .cuda.backend import CudaBackend
+
+    return CudaBackend()
 
 
 def _cuda_status() -> tuple[bool, str]:
@@ -48,4 +63,4 @@ def _cuda_status() -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {e}"
 
 
-__all__ = ["Backend", "get_backend"]
+__all__ = ["Backend", "active_backend_name", "get_backend", "select_backend"]

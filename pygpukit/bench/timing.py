@@ -9,13 +9,14 @@ whenever one call's host work is shorter than its device work.
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pygpukit import settings
 
 from .kernels import _sets_for, time_graph
 
@@ -51,7 +52,7 @@ def time_loop(fn: Fn, n_sets: int, calls: int = 10, reps: int = 15, warmup: int 
 
 def git_commit() -> str | None:
     """$PGK_GIT_COMMIT (set where the tree travels without .git), else git rev-parse."""
-    env = os.environ.get("PGK_GIT_COMMIT")
+    env = settings.git_commit()
     if env:
         return env
     try:

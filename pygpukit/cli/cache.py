@@ -8,7 +8,9 @@ import datetime
 
 def _ls(args: argparse.Namespace) -> int:
     from pygpukit import _native
+    from pygpukit.backends.cuda.toolchain import configure_kernel_cache
 
+    configure_kernel_cache()
     entries = _native.kernel_cache_list()
     print(f"cache dir: {_native.kernel_cache_dir()}")
     for key, size, mtime in entries:
@@ -22,7 +24,9 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _clear(args: argparse.Namespace) -> int:
     from pygpukit import _native
+    from pygpukit.backends.cuda.toolchain import configure_kernel_cache
 
+    configure_kernel_cache()
     removed = _native.kernel_cache_clear()
     print(f"removed {removed} entries from {_native.kernel_cache_dir()}")
     return 0

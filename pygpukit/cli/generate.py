@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
+
+from pygpukit import settings
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.model == "tiny":
         # The tiny model is a CPU demo; a GPU is used only when asked for explicitly.
-        os.environ.setdefault("PYGPUKIT_BACKEND", "cpu")
+        settings.prefer_backend("cpu")
     import pygpukit as gpk
     from pygpukit import llm
     from pygpukit.llm.perf import copy_bandwidth

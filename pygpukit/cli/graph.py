@@ -27,6 +27,8 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
+from pygpukit import settings
+
 _SPEC = re.compile(r"^\s*([a-z0-9_]+)\s*\[([0-9,\s]*)\]\s*$")
 
 
@@ -175,7 +177,7 @@ def _kib(n: int) -> str:
 
 
 def dump(args: argparse.Namespace) -> int:
-    os.environ.setdefault("PYGPUKIT_BACKEND", "cpu")  # tracing needs no GPU
+    settings.prefer_backend("cpu")  # tracing needs no GPU
     from pygpukit.ir import format_graph
     from pygpukit.passes.patterns import format_report
 

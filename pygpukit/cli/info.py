@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pygpukit.errors import GPUKitError
+from pygpukit.backends import select_backend
+from pygpukit.errors import GPUKitError, SettingError
 
 
 def _line(label: str, value: object) -> None:
@@ -44,12 +45,11 @@ def run(args: argparse.Namespace) -> int:
     _line("CUDA headers", ", ".join(toolchain.include_dirs()) or "not found")
     _line("cuBLASLt", toolchain.cublaslt_path() or "not found")
     try:
-        backend = toolchain.select_backend()
-    except ValueError as e:
+        backend, why = select_backend()
+    except SettingError as e:
         _line("backend", f"invalid ({e})")
         return 1
-    usable, why = toolchain.cuda_usable()
-    note = "" if usable or backend == "cpu" else f" (but CUDA is unusable: {why})"
+    note = f" (but CUDA is unusable: {why})" if backend == "cuda" and why else ""
     _line("backend", backend + note)
     return 0
 

@@ -11,8 +11,6 @@ if TYPE_CHECKING:
 
     from .scheduler import Scheduler
 
-STATES = ("queued", "admitted", "running", "done", "failed", "cancelled")
-
 
 class Task:
     """A compiled-graph launch the scheduler admitted or queued. `result()` waits for it

@@ -5,14 +5,13 @@ stream, and the device error word is checked whenever the backend synchronises."
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from pygpukit import _native
+from pygpukit import _native, settings
 from pygpukit.ir import DType, dtypes
 from pygpukit.memory import Storage, enable_eviction, pin_all, pinned, unpin_all
 from pygpukit.passes import Schedule, Step
@@ -37,7 +36,7 @@ class CudaBackend(CudaPlannedHooks, Backend):
         self.pool = device_pool.make_pool(arena_bytes, quota_bytes)
         self.stream: Any = None  # the legacy default stream: ordered with torch/CuPy defaults
         self.sm_count = toolchain.sm_count()
-        self.poison = os.environ.get("PYGPUKIT_POISON", "") not in ("", "0")
+        self.poison = settings.poison()
         enable_eviction(self.pool, device_pool.copy_out, device_pool.copy_in)
         err = device_pool.allocate(self.pool, WORDS * 8, "error word")
         err.pin()  # kernels are planned with its address: it never moves

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pygpukit import _native
+from pygpukit import _native, settings
 
 MIN_SM = 80
 
@@ -87,7 +87,7 @@ def cublaslt_path() -> str | None:
 def cublaslt_candidates() -> list[str]:
     """Paths and sonames to try for cuBLASLt, in order: pip wheel (nvidia-cublas),
     $CUDA_HOME, system. PYGPUKIT_CUBLASLT=0 gives none (the NVRTC GEMM serves)."""
-    if os.environ.get("PYGPUKIT_CUBLASLT", "").strip() == "0":
+    if not settings.cublaslt():
         return []
     found = _wheel_files(_CUBLASLT_WHEEL_LIBS) + _cuda_home_libs("libcublasLt") + _CUBLASLT_SONAMES
     return list(dict.fromkeys(found))
@@ -145,9 +145,16 @@ def compile_kernel(
     Raises CompileError with the NVRTC log and the offending source lines.
     """
     load_nvrtc()
+    configure_kernel_cache()
     return bytes(
         _native.compile_cubin(source, arch, list(options), list(_include_dirs_cached()), name)
     )
+
+
+def configure_kernel_cache() -> None:
+    """Hand the cache settings (directory, size bound) to the native kernel cache; done
+    before each use of it, so a setting changed since takes effect."""
+    _native.kernel_cache_configure(settings.cache_dir() or "", settings.cache_max_bytes())
 
 
 def cuda_usable() -> tuple[bool, str]:
@@ -161,19 +168,10 @@ def cuda_usable() -> tuple[bool, str]:
     return True, ""
 
 
-def select_backend() -> str:
-    """'cuda' when usable, else 'cpu'; PYGPUKIT_BACKEND=cpu|cuda overrides."""
-    want = os.environ.get("PYGPUKIT_BACKEND", "").strip().lower()
-    if want in ("cpu", "cuda"):
-        return want
-    if want:
-        raise ValueError(f"PYGPUKIT_BACKEND must be 'cpu' or 'cuda', got {want!r}")
-    return "cuda" if cuda_usable()[0] else "cpu"
-
-
 __all__ = [
     "MIN_SM",
     "compile_kernel",
+    "configure_kernel_cache",
     "cublaslt_candidates",
     "cublaslt_path",
     "cuda_home",
@@ -186,6 +184,5 @@ __all__ = [
     "nvidia_wheel_dirs",
     "nvrtc_candidates",
     "nvrtc_version",
-    "select_backend",
     "sm_count",
 ]

@@ -17,10 +17,6 @@ STORAGE = {
     "int64": "long long", "bool": "bool",
 }  # fmt: skip
 COMPUTE = {**STORAGE, "float16": "float", "bfloat16": "float"}
-SHORT = {
-    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16", "int8": "i8",
-    "uint8": "u8", "int16": "i16", "int32": "i32", "int64": "i64", "bool": "b",
-}  # fmt: skip
 
 
 def storage(d: DType) -> str:

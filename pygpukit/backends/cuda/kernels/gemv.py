@@ -37,11 +37,11 @@ MMA_STAGED_ROWS = 4
 MMA_CONFIG_LONG_K = (8, 2, 4, 2)
 MMA_CONFIG_LONG_K_FEW_N = (8, 1, 8, 2)
 MMA_CONFIG_MANY_N = (8, 1, 4, 3)
-# One row of x (batch-1 decode), swept again on an H200 at fe3b0bd
-# (h200-2026-11-23-kernels.json in git history, us, each shape timed twice): long rows over
-# few outputs take three shallow stages (2048x5632, the MLP down projection: 8x1x4x3 7.71/7.73 against
-# 8x1x8x2 8.31/8.31), short rows over at most 2048 outputs eight warps (2048x2048, the
-# attention output projection: 8x1x8x2 4.18 against 4x1x8x2 4.79).
+# One row of x (batch-1 decode), swept again on an H200 at fe3b0bd (h200-2026-11-23-kernels.json in
+# git history, us, each shape timed twice): long rows over few outputs take three shallow stages
+# (2048x5632, the MLP down projection: 8x1x4x3 7.71/7.73 against 8x1x8x2 8.31/8.31), short rows
+# over at most 2048 outputs eight warps (2048x2048, the attention output projection: 8x1x8x2 4.18
+# against 4x1x8x2 4.79).
 MMA_CONFIG_LONG_K_FEW_N_M1 = MMA_CONFIG_MANY_N
 MMA_CONFIG_FEW_N_M1 = MMA_CONFIG_LONG_K_FEW_N
 FEW_N = 2048

@@ -3,7 +3,7 @@ the tensor-core GEMV (bias and activation fused) for the shapes where it measure
 than cuBLASLt (gemv.beats_gemm); folded linears (RMSNorm prologue, residual) take it for
 M <= 16.
 Otherwise cuBLASLt for f32/tf32/f16/bf16 when it loads (linear's bias and tanh-GELU as its
-epilogue), else the kernel team's launchers: the mma.sync GEMM for f16/bf16 when its
+epilogue), else the template launchers (kernels/): the mma.sync GEMM for f16/bf16 when its
 layout rules hold, else the strided matmul_simple kernel (every dtype)."""
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ formats per (family, kernel), parsed from the template's `extern "C"` signature.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pygpukit import settings
 from pygpukit.errors import CompileError, DTypeError
 from pygpukit.ir import dtypes
 
@@ -46,7 +46,7 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 def _dir_override() -> str | None:
     """PYGPUKIT_KERNEL_DIR: read the templates from another directory (an edited copy)."""
-    return os.environ.get("PYGPUKIT_KERNEL_DIR") or None
+    return settings.kernel_dir() or None
 
 
 def kernel_dir() -> Path:
@@ -122,14 +122,14 @@ def pdl_enabled() -> bool:
     generated kernel opens with griddepcontrol.wait, so it may start while the kernel
     before it finishes (launch latency and, in the GEMV, the first weight loads overlap
     that kernel's tail). PYGPUKIT_PDL=0 turns it off, e.g. to measure its effect."""
-    return _pdl(os.environ.get("PYGPUKIT_PDL", "1"))
+    return _pdl(settings.pdl())
 
 
-@functools.lru_cache(maxsize=4)
-def _pdl(setting: str) -> bool:
+@functools.lru_cache(maxsize=2)
+def _pdl(setting: bool) -> bool:
     from .. import toolchain
 
-    return setting != "0" and int(toolchain.device_info()["compute_capability"][0]) >= 9
+    return setting and int(toolchain.device_info()["compute_capability"][0]) >= 9
 
 
 def max_shared_optin() -> int:

@@ -1,0 +1,277 @@
+"""Every setting of PyGPUkit: the environment variable, the Python call that sets it for
+this process, its default and what it does. This module is the only reader of them.
+
+| Variable                 | Python                  | Default   | Meaning                         |
+|--------------------------|-------------------------|-----------|---------------------------------|
+| PYGPUKIT_BACKEND         | gpk.set_backend         | auto      | cpu (NumPy) or cuda (1)         |
+| PYGPUKIT_EAGER           | gpk.set_eager           | 0         | run each op at once (2)         |
+| PYGPUKIT_DEBUG           | gpk.set_debug           | 0         | profile each lazy realize (3)   |
+| PYGPUKIT_SKIP_PASSES     | gpk.set_skip_passes     | (none)    | passes left out of the pipeline |
+| PYGPUKIT_PDL             | gpk.set_pdl             | 1         | PDL launches on SM 9.0+ (4)     |
+| PYGPUKIT_CACHE_DIR       | gpk.set_cache_dir       | (5)       | compiled-kernel cache directory |
+| PYGPUKIT_CACHE_MAX_BYTES | gpk.set_cache_max_bytes | 268435456 | its size bound (256 MiB, LRU)   |
+| PYGPUKIT_CUBLASLT        | (environment only)      | 1         | 0: never load cuBLASLt (6)      |
+| PYGPUKIT_POISON          | (environment only)      | 0         | fill new CUDA memory: 0xFF (7)  |
+| PYGPUKIT_KERNEL_DIR      | (environment only)      | (8)       | .cuh kernel template directory  |
+| PGK_GIT_COMMIT           | (environment only)      | git       | commit bench results record     |
+| PYGPUKIT_RUST_PREBUILT   | CMake -D (build time)   | (none)    | prebuilt _rust library (9)      |
+
+1. Auto is cuda when an SM80+ GPU is usable, else cpu. Read once, when the first array
+   needs a backend; gpk.set_backend after that raises SettingError.
+2. As inside `with gpk.eager():`, wherever no such block says otherwise.
+3. The per-kernel table of `pygpukit graph profile`, on stderr (host timers on the CPU).
+4. Programmatic dependent launch: each kernel may start while the one before it
+   finishes, then waits on it.
+5. $XDG_CACHE_HOME/pygpukit/kernels, else ~/.cache/pygpukit/kernels.
+6. The NVRTC GEMM serves instead. Read when cuBLASLt would first load.
+7. NaN in every float dtype, -1 in every integer one: exposes reads of unwritten memory.
+   Read when the CUDA backend starts.
+8. The templates that ship with the package. The directory must hold common.cuh.
+   Read when the first template loads.
+9. `-DPYGPUKIT_RUST_PREBUILT=path` (or scikit-build's cmake.define): install that _rust
+   library instead of running cargo. Not read at run time.
+
+Flags take 1/0 (also true/false, yes/no, on/off); an empty variable is the default.
+Values are read from the environment when they are used, so a change to os.environ made
+before that point takes effect; a `set_*` call overrides the environment for this process
+and `set_*(None)` hands the setting back to it. A value a setting cannot take raises
+SettingError (a ValueError) naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+
+from pygpukit.errors import SettingError
+
+BACKEND = "PYGPUKIT_BACKEND"
+EAGER = "PYGPUKIT_EAGER"
+DEBUG = "PYGPUKIT_DEBUG"
+SKIP_PASSES = "PYGPUKIT_SKIP_PASSES"
+PDL = "PYGPUKIT_PDL"
+CACHE_DIR = "PYGPUKIT_CACHE_DIR"
+CACHE_MAX_BYTES = "PYGPUKIT_CACHE_MAX_BYTES"
+CUBLASLT = "PYGPUKIT_CUBLASLT"
+POISON = "PYGPUKIT_POISON"
+KERNEL_DIR = "PYGPUKIT_KERNEL_DIR"
+GIT_COMMIT = "PGK_GIT_COMMIT"
+
+DEFAULT_CACHE_MAX_BYTES = 256 << 20
+BACKENDS = ("cpu", "cuda")
+
+# Values set from Python, by variable name; they win over the environment.
+_overrides: dict[str, object] = {}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _raw(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def _flag(name: str, default: bool) -> bool:
+    if name in _overrides:
+        return bool(_overrides[name])
+    raw = _raw(name)
+    if not raw:
+        return default
+    low = raw.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise SettingError(f"{name}={raw!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+
+
+def _set(name: str, value: object) -> None:
+    if value is None:
+        _overrides.pop(name, None)
+    else:
+        _overrides[name] = value
+
+
+def _check_flag(setter: str, enabled: bool | None) -> bool | None:
+    if enabled is not None and not isinstance(enabled, bool):
+        raise SettingError(f"{setter}: expected True, False or None, got {enabled!r}")
+    return enabled
+
+
+# -- backend ----------------------------------------------------------------------------
+
+
+def backend() -> str:
+    """'cpu' or 'cuda' when one was asked for (gpk.set_backend or PYGPUKIT_BACKEND), else ''
+    (auto: cuda when usable)."""
+    if BACKEND in _overrides:
+        return str(_overrides[BACKEND])
+    raw = _raw(BACKEND)
+    want = raw.lower()
+    if want not in ("",) + BACKENDS:
+        raise SettingError(f"{BACKEND}={raw!r}: expected 'cpu' or 'cuda'")
+    return want
+
+
+def set_backend(name: str | None) -> None:
+    """Run this process on `name`: 'cpu' (NumPy) or 'cuda'; None goes back to
+    PYGPUKIT_BACKEND (or auto). Call it before the first array is made: a different backend
+    already in use raises SettingError."""
+    if name is not None:
+        if not isinstance(name, str) or name.strip().lower() not in BACKENDS:
+            raise SettingError(f"set_backend: expected 'cpu' or 'cuda', got {name!r}")
+        name = name.strip().lower()
+    active = _active_backend()
+    if active is not None and name != active:
+        raise SettingError(
+            f"set_backend({name!r}): the {active} backend is already in use; a process runs on "
+            "one backend, so call set_backend before the first array is made"
+        )
+    _set(BACKEND, name)
+
+
+def prefer_backend(name: str) -> None:
+    """Run on `name` unless a backend was asked for or one already runs: for commands that
+    need no GPU (tracing, the tiny model) but should follow an explicit choice."""
+    if not backend() and _active_backend() is None:
+        set_backend(name)
+
+
+def _active_backend() -> str | None:
+    # sys.modules, not an import: a backends module nobody imported has chosen nothing.
+    backends = sys.modules.get("pygpukit.backends")
+    return None if backends is None else backends.active_backend_name()
+
+
+# -- execution --------------------------------------------------------------------------
+
+
+def eager() -> bool:
+    """Whether ops run at once where no `gpk.eager()` block says otherwise (PYGPUKIT_EAGER)."""
+    return _flag(EAGER, False)
+
+
+def set_eager(enabled: bool | None) -> None:
+    """Run every op at once (True) or record lazily (False) by default in this process;
+    `with gpk.eager(...)` blocks still decide inside them. None: PYGPUKIT_EAGER again."""
+    _set(EAGER, _check_flag("set_eager", enabled))
+
+
+def debug() -> bool:
+    """Whether every lazy realize prints its profile table on stderr (PYGPUKIT_DEBUG)."""
+    return _flag(DEBUG, False)
+
+
+def set_debug(enabled: bool | None) -> None:
+    """Print the profile table of every lazy realize (True). None: PYGPUKIT_DEBUG again."""
+    _set(DEBUG, _check_flag("set_debug", enabled))
+
+
+def skip_passes() -> frozenset[str]:
+    """The pass names left out of the pipeline (PYGPUKIT_SKIP_PASSES, comma-separated).
+    Unknown names are the pipeline's to reject: it knows the passes."""
+    names = _overrides.get(SKIP_PASSES)
+    if isinstance(names, tuple):
+        return frozenset(names)
+    return frozenset(s.strip() for s in _raw(SKIP_PASSES).split(",") if s.strip())
+
+
+def set_skip_passes(names: Iterable[str] | None) -> None:
+    """Leave these passes (by name, e.g. ['fuse_kv_append']) out of the pipeline, to measure
+    what one is worth. An empty list runs them all; None: PYGPUKIT_SKIP_PASSES again."""
+    if names is None:
+        _set(SKIP_PASSES, None)
+        return
+    if isinstance(names, str):
+        raise SettingError(f"set_skip_passes: expected a list of pass names, got {names!r}")
+    listed = tuple(names)
+    if not all(isinstance(n, str) and n.strip() for n in listed):
+        raise SettingError(f"set_skip_passes: expected pass names, got {list(listed)!r}")
+    _set(SKIP_PASSES, tuple(n.strip() for n in listed))
+
+
+def skip_passes_source() -> str:
+    """Where skip_passes() came from, for error messages."""
+    return "gpk.set_skip_passes" if SKIP_PASSES in _overrides else SKIP_PASSES
+
+
+# -- CUDA -------------------------------------------------------------------------------
+
+
+def pdl() -> bool:
+    """Whether kernels launch as programmatic dependents on SM 9.0+ (PYGPUKIT_PDL)."""
+    return _flag(PDL, True)
+
+
+def set_pdl(enabled: bool | None) -> None:
+    """Launch kernels as programmatic dependents on SM 9.0+ (True, the default) or not.
+    None: PYGPUKIT_PDL again."""
+    _set(PDL, _check_flag("set_pdl", enabled))
+
+
+def cublaslt() -> bool:
+    """Whether cuBLASLt may be loaded (PYGPUKIT_CUBLASLT=0 says no)."""
+    return _flag(CUBLASLT, True)
+
+
+def poison() -> bool:
+    """Whether new CUDA allocations are filled with 0xFF (PYGPUKIT_POISON)."""
+    return _flag(POISON, False)
+
+
+def kernel_dir() -> str | None:
+    """The kernel template directory asked for (PYGPUKIT_KERNEL_DIR), or None."""
+    return _raw(KERNEL_DIR) or None
+
+
+def cache_dir() -> str | None:
+    """The kernel cache directory asked for (gpk.set_cache_dir or PYGPUKIT_CACHE_DIR), or None
+    for the default ($XDG_CACHE_HOME/pygpukit/kernels, else ~/.cache/pygpukit/kernels)."""
+    if CACHE_DIR in _overrides:
+        return str(_overrides[CACHE_DIR])
+    return _raw(CACHE_DIR) or None
+
+
+def set_cache_dir(path: str | os.PathLike[str] | None) -> None:
+    """Keep compiled kernels in `path` (created with mode 0700 on first use). None:
+    PYGPUKIT_CACHE_DIR again, or the default."""
+    if path is not None:
+        path = os.fspath(path)
+        if not isinstance(path, str) or not path:
+            raise SettingError(f"set_cache_dir: expected a directory path, got {path!r}")
+    _set(CACHE_DIR, path)
+
+
+def cache_max_bytes() -> int:
+    """The size bound of the kernel cache directory (PYGPUKIT_CACHE_MAX_BYTES)."""
+    n = _overrides.get(CACHE_MAX_BYTES)
+    if isinstance(n, int):
+        return n
+    raw = _raw(CACHE_MAX_BYTES)
+    if not raw:
+        return DEFAULT_CACHE_MAX_BYTES
+    if not raw.isdigit():
+        raise SettingError(f"{CACHE_MAX_BYTES}={raw!r}: expected a number of bytes (0 or more)")
+    return int(raw)
+
+
+def set_cache_max_bytes(n: int | None) -> None:
+    """Bound the kernel cache directory to `n` bytes (least recently used entries go first).
+    None: PYGPUKIT_CACHE_MAX_BYTES again, or 256 MiB."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise SettingError(f"set_cache_max_bytes: expected a number of bytes >= 0, got {n!r}")
+    _set(CACHE_MAX_BYTES, n)
+
+
+def git_commit() -> str | None:
+    """The commit bench results record when the tree has no .git (PGK_GIT_COMMIT), or None."""
+    return _raw(GIT_COMMIT) or None
+
+
+__all__ = [
+    "BACKENDS", "DEFAULT_CACHE_MAX_BYTES", "backend", "cache_dir", "cache_max_bytes", "cublaslt",
+    "debug", "eager", "git_commit", "kernel_dir", "pdl", "poison", "prefer_backend",
+    "set_backend", "set_cache_dir", "set_cache_max_bytes", "set_debug", "set_eager", "set_pdl",
+    "set_skip_passes", "skip_passes", "skip_passes_source",
+]  # fmt: skip
