@@ -43,8 +43,14 @@ class PlannedHooks:
         return HostValue(arena, host_view(arena, offset, shape, dtype))
 
     def view(self, step: Any, ins: list[Any]) -> Any:
+        """The view step over ins[0]'s memory (the memory plan gave it no bytes)."""
         from .backend import HostValue, _run_step
 
+        if step.op == "index":
+            # An all-integer index makes NumPy return a scalar copy, not the element's
+            # memory; a trailing Ellipsis keeps it a (0-d) view of what the step names.
+            spec = movement.index_tuple(step.attrs["spec"], [])
+            return HostValue(ins[0].storage, ins[0].array[(*spec, ...)])
         return HostValue(ins[0].storage, _run_step(step, [v.array for v in ins]))
 
     def execute(self, step: Any, ins: list[Any], out: Any, inplace: bool = False) -> None:
