@@ -56,11 +56,11 @@ class PlannedBackend(Protocol):
 
     @abstractmethod
     def execute(self, step: Step, ins: list[Any], out: Any, inplace: bool,
-                launch: Any) -> Any:  # fmt: skip
+                launch: Any = None) -> Any:  # fmt: skip
         """Run one step and return its value. out=None: the lazy policy, the step allocates
         its result (a view step returns a view of ins[0]); else it writes into `out`, a
         contiguous planned slot, and returns it (inplace: a setitem writing ins[0], which
-        `out` is)."""
+        `out` is). launch=None: a lone step run from Python now (the profiler's)."""
         ...
 
     @abstractmethod

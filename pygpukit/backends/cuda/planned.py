@@ -164,10 +164,12 @@ class CudaPlannedHooks:
         return got  # type: ignore[no-any-return]
 
     def execute(self, step: Step, ins: list[DeviceValue], out: DeviceValue | None,
-                inplace: bool, launch: Launch) -> DeviceValue:  # fmt: skip
+                inplace: bool, launch: Launch | None = None) -> DeviceValue:  # fmt: skip
         """Run one step (PlannedBackend.execute). out=None: its result is allocated (the
         inputs are pinned meanwhile: the allocation must not evict them); else written
         into `out` (for an in-place setitem, out is ins[0])."""
+        if launch is None:  # a lone step (the profiler's): on the current stream
+            launch = Launch(self.stream)
         launch.step = step  # names the op if a capture fails inside it
         if out is None:
             held = pin_all(v.storage for v in ins)

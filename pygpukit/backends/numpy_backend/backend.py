@@ -167,7 +167,7 @@ class NumpyBackend(PlannedHooks, Backend):
         return None
 
     def execute(self, step: Step, ins: list[Any], out: Any, inplace: bool,
-                launch: Any) -> Any:  # fmt: skip
+                launch: Any = None) -> Any:  # fmt: skip
         """Run one step (PlannedBackend.execute): into `out` when given, else into a new
         block, or as a view of ins[0] for a view step."""
         # A lazy step allocates its output: that must not evict (move) its inputs.
