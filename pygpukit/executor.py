@@ -71,7 +71,8 @@ def run_schedule(backend: PlannedBackend, schedule: Schedule, inputs: Sequence[A
         steps = schedule.info["lazy_steps"] = [(st, False, st.frees) for st in schedule.steps]
     values: list[Any] = [None] * schedule.n_slots
     for slot, v in zip(schedule.input_slots, inputs, strict=True):
-        values[slot] = v
+        if slot >= 0:  # -1: an input the passes left unread
+            values[slot] = v
     run_steps(backend, steps, values, backend.new_launch(schedule, inputs))
     return [values[s] for s in schedule.output_slots]
 
