@@ -4,9 +4,11 @@ Liveness-based reuse: a buffer is live from the step that writes it to the last 
 reads it (or reads a view of it); buffers whose lifetimes do not overlap share bytes.
 Views (permute, expand, static index, `after`, and a reshape NumPy could do without a copy
 over the strides its input has) get no bytes of their own: they alias their base, and keep it
-alive. A setitem whose base buffer dies at that step writes in place. Outputs, and
-inputs copied in, stay live for the whole run; external slots (persistent arrays the
-caller owns) are never placed in the arena.
+alive. A setitem whose base buffer dies at that step writes in place (never into an
+input's, an output's or an external's). Outputs (and the buffers they view) stay live to
+the end of the run; inputs copied in are live from before the first step (the copies
+happen before any step runs) to their last reader, after which their bytes are reused;
+external slots (persistent arrays the caller owns) are never placed in the arena.
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
-"""Runs a memory-planned Schedule on any backend: one arena, values at planned offsets.
-
-The backend provides these hooks (NumPy: backends/numpy_backend/planned.py; the CUDA
-backend implements the same names):
-
-    alloc_arena(nbytes) -> arena                    one pool allocation per compiled graph
-    value_at(arena, offset, shape, dtype) -> value  a contiguous value inside the arena
-    view(step, ins) -> value                        a view step (reshape/permute/expand/index)
-    execute(step, ins, out, inplace=False)          run one kernel, writing into `out`
-                                                    (inplace: a setitem writing ins[0])
-    copy_into(dst, src)                             copy values (inputs in, writebacks out)
-    copy_placed(dst, src, key, nbytes)              copy a value place() accepted (key) into
-                                                    a contiguous slot: no checks left to make
-    clone(value) -> value                           a fresh pool copy (outputs by default)
-    fresh(shape, dtype) -> (value, key)             a new contiguous pool value (an output
-                                                    the graph writes directly), and its key
-                                                    as place() gives it
-    place(value, shape, dtype) -> key | None        how a graph can read `value` in place of
-                                                    a contiguous slot: a hashable key of what
-                                                    a capture bakes in (CUDA: the address;
-                                                    NumPy: nothing), or None: copy it in
-    capture(run) -> replayable                      `replayable.replay()` must have the effect
-                                                    of `run()`: NumPy calls it, CUDA records
-                                                    the launches once into a CUDA Graph;
-                                                    `replayable.reads_values` (default True):
-                                                    False while replay() launches a recording
-                                                    that holds the addresses it was made with
+"""Runs Schedules: every lazy realize and every compiled call goes through run_steps(),
+one loop handing each step to the backend's execute() (the hooks are the PlannedBackend
+protocol of backends/base.py). A lazy run (run_schedule) lets each step allocate its
+result and drops dead values; a compiled program (PlannedProgram) runs in one arena, each
+step writing into its planned slot.
 
 Everything the steps touch has a fixed address while a capture is replayed. Arguments
 and fresh outputs are bound by address: the graph reads the caller's buffers and writes
@@ -42,11 +20,19 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pygpukit import memory
-from pygpukit.passes import Schedule
+from pygpukit.passes import Schedule, Step
 from pygpukit.passes.memory_plan import MemoryPlan, plan_memory
+
+if TYPE_CHECKING:
+    from pygpukit.backends.base import PlannedBackend
+
+# A step as run_steps takes it: the step, whether it writes ins[0] in place, and the slots
+# that die after it (their values are dropped).
+RunStep = tuple[Step, bool, tuple[int, ...]]
 
 _CAPTURES_KEPT = 8  # captures per program, one per recent set of addresses
 # Captures made for new argument/output addresses before binding gives up and copies:
@@ -64,9 +50,36 @@ _NONE = (object(), None)  # no replay: a key that equals no other
 _token_ids = itertools.count()
 
 
+def run_steps(backend: PlannedBackend, steps: Sequence[RunStep], values: list[Any],
+              launch: Any) -> None:  # fmt: skip
+    """Run `steps` over `values` (indexed by slot): each step reads its inputs' values and
+    gets values[step.out] as its output slot (None: it allocates its result, the lazy
+    policy; a value: it writes there, the planned one)."""
+    execute = backend.execute
+    for step, inplace, frees in steps:
+        out = step.out
+        values[out] = execute(step, [values[i] for i in step.ins], values[out], inplace, launch)
+        for s in frees:
+            values[s] = None
+
+
+def run_schedule(backend: PlannedBackend, schedule: Schedule, inputs: Sequence[Any]) -> list[Any]:
+    """A lazy run of `schedule`: inputs bind to its input slots in order; every step
+    allocates its result, and values die after their last reader."""
+    steps: list[RunStep] | None = schedule.info.get("lazy_steps")
+    if steps is None:
+        steps = schedule.info["lazy_steps"] = [(st, False, st.frees) for st in schedule.steps]
+    values: list[Any] = [None] * schedule.n_slots
+    for slot, v in zip(schedule.input_slots, inputs, strict=True):
+        if slot >= 0:  # -1: an input the passes left unread
+            values[slot] = v
+    run_steps(backend, steps, values, backend.new_launch(schedule, inputs))
+    return [values[s] for s in schedule.output_slots]
+
+
 class PlannedProgram:
-    def __init__(self, schedule: Schedule, backend: Any, external: list[int] | None = None,
-                 writeback: list[tuple[int, int]] | None = None,
+    def __init__(self, schedule: Schedule, backend: PlannedBackend,
+                 external: list[int] | None = None, writeback: list[tuple[int, int]] | None = None,
                  n_user: int | None = None) -> None:  # fmt: skip
         self.schedule = schedule
         self.backend = backend
@@ -104,6 +117,9 @@ class PlannedProgram:
             (k, st) for k, st in enumerate(schedule.steps)
             if st.out not in self.plan.alias or k in self.plan.inplace
         ]  # fmt: skip
+        # What run_steps takes: views are derived when values are bound, never run here,
+        # and no value dies (the arena's slots live as long as the program).
+        self._steps: list[RunStep] = [(st, k in self.plan.inplace, ()) for k, st in self.kernels]
         self._layout(len(schedule.graph.outputs) if n_user is None else n_user)
         registry = memory._registries.get(id(getattr(backend, "pool", None)))
         self._lru_stats = registry.stats if registry is not None else None
@@ -234,13 +250,12 @@ class PlannedProgram:
                    bind_args=self.bind_args, bind_outputs=self.bind_outputs)  # fmt: skip
         return out
 
-    def _run(self) -> None:
+    def _run(self, launch: Any) -> None:
+        """The program's steps, then its writebacks (what a capture records)."""
         values, backend = self.values, self.backend
-        inplace = self.plan.inplace
-        for k, st in self.kernels:
-            backend.execute(st, [values[i] for i in st.ins], values[st.out], k in inplace)
+        run_steps(backend, self._steps, values, launch)
         for src, dst in self.plan.writeback:
-            backend.copy_into(values[dst], values[src])
+            backend.copy_into(values[dst], values[src], launch)
 
     def __call__(self, args: list[Any], externals: list[Any]) -> list[Any]:
         """Run once; returns the output values (arena views, valid until the next call)."""

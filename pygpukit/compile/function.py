@@ -279,23 +279,19 @@ class CompiledFunction:
         return self._call(args, kwargs, arena)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fast = self._fast
-        if fast is not None:
-            values = fast.match(args, kwargs)
-            if values is not None:
-                self._fast_hits += 1
-                if fast.plain and not self.static_outputs:  # _run's usual case, inline
-                    self._calls += 1
-                    return fast.results(fast.call(values, fast.externals, True, True))
-                return self._run(fast.entry, values, fast.externals, True, None)
-        return self._call_slow(args, kwargs, None)
+        return self._call(args, kwargs, None)
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
+        """A call (arena: see call_in): a hit of the last call's guard runs the cached
+        entry at once; anything else takes the full path."""
         fast = self._fast
         if fast is not None:
             values = fast.match(args, kwargs)
             if values is not None:
                 self._fast_hits += 1
+                if arena is None and fast.plain and not self.static_outputs:
+                    self._calls += 1  # _run's usual case, inline
+                    return fast.results(fast.call(values, fast.externals, True, True))
                 return self._run(fast.entry, values, fast.externals, True, arena)
         return self._call_slow(args, kwargs, arena)
 

@@ -5,24 +5,23 @@ stream, and the device error word is checked whenever the backend synchronises."
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from pygpukit import _native, settings
 from pygpukit.ir import DType, dtypes
-from pygpukit.memory import Storage, enable_eviction, pin_all, pinned, unpin_all
-from pygpukit.passes import Schedule, Step
+from pygpukit.memory import Storage, enable_eviction, pinned
+from pygpukit.passes import Schedule
 
 from ..base import Backend
 from . import device_pool, ew, toolchain
-from .context import contiguous
+from .context import Launch, StepContext, contiguous
 from .errorword import WORDS, ErrorWord
 from .host_transfer import HostTransfer, PinnedBuffers
 from .layout import is_contiguous
-from .plan import plan_for, plan_step
+from .plan import plan_for
 from .planned import CudaPlannedHooks
 from .value import DeviceValue
 
@@ -41,45 +40,22 @@ class CudaBackend(CudaPlannedHooks, Backend):
         err = device_pool.allocate(self.pool, WORDS * 8, "error word")
         err.pin()  # kernels are planned with its address: it never moves
         self._err = ErrorWord(err)
-        self._step: Step | None = None
-        self._out: DeviceValue | None = None  # the slot execute() hands the running step
-        self._exec_plans: dict[Any, Any] = {}
-        # While a compiled entry is captured: its scratch blocks, kept alive with its graph.
-        self._capture_keep: list[Storage] | None = None
-        self._capture_step: Step | None = None
+        self._exec_plans: dict[Any, Any] = {}  # a compiled program's: (id(step), layouts)
         self.pinned_buffers = PinnedBuffers()  # for to_numpy_async
 
     # -- memory ---------------------------------------------------------------------------
-    def alloc(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
+    def alloc(self, shape: tuple[int, ...], dtype: DType, what: str,
+              launch: Launch | None = None) -> DeviceValue:  # fmt: skip
+        """A new contiguous block; inside a CUDA graph recording (launch.keep) it is kept
+        alive with the graph, which writes it."""
         nbytes = math.prod(shape) * dtype.itemsize
-        step = self._step
-        where = f" at {step.loc}" if step is not None and step.loc else ""
-        storage = device_pool.allocate(self.pool, nbytes, f"{what}{where}")
-        if self._capture_keep is not None:
-            self._capture_keep.append(storage)
+        storage = device_pool.allocate(self.pool, nbytes, what)
+        if launch is not None and launch.keep is not None:
+            launch.keep.append(storage)
         if self.poison and nbytes:
-            _native.memset(storage.addr, POISON_BYTE, nbytes, self.stream)
+            stream = self.stream if launch is None else launch.stream
+            _native.memset(storage.addr, POISON_BYTE, nbytes, stream)
         return DeviceValue(storage, shape, contiguous(shape), 0, dtype)
-
-    def alloc_out(self, shape: tuple[int, ...], dtype: DType, what: str) -> DeviceValue:
-        o = self._out
-        if (
-            o is not None
-            and o.shape == shape
-            and o.dtype == dtype
-            and is_contiguous(o.shape, o.strides)
-        ):
-            self._out = None
-            return o
-        return self.alloc(shape, dtype, what)
-
-    @contextmanager
-    def scratch_only(self) -> Iterator[None]:
-        saved, self._out = self._out, None
-        try:
-            yield
-        finally:
-            self._out = saved
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> DeviceValue:
         return self.alloc(tuple(shape), dtype, "empty")
@@ -109,7 +85,8 @@ class CudaBackend(CudaPlannedHooks, Backend):
         return HostTransfer(self, src)
 
     def _copy_contiguous(self, v: DeviceValue) -> DeviceValue:
-        launch = ew.make(self, ("in", 0), [v], v.shape, contiguous(v.shape), v.dtype, 256)
+        launch = ew.make(StepContext(self), ("in", 0), [v], v.shape, contiguous(v.shape), v.dtype,
+                         256)  # fmt: skip
         with pinned((v.storage,)):  # allocating the copy must not evict its source
             out = self.alloc(v.shape, v.dtype, "copy")
             launch(out.ptr, [v.ptr])
@@ -141,28 +118,8 @@ class CudaBackend(CudaPlannedHooks, Backend):
         self._err.check()
 
     # -- execution ------------------------------------------------------------------------
-    def run(self, schedule: Schedule, inputs: Sequence[DeviceValue]) -> list[DeviceValue]:
+    def new_launch(self, schedule: Schedule, inputs: Sequence[DeviceValue]) -> Launch:
+        """Launches on the current stream; each step of `schedule` is planned once for its
+        inputs' layouts (cached with the schedule)."""
         key = tuple(self.layout_key(v) for v in inputs)
-        plan = plan_for(schedule, key)
-        runs = plan.runs
-        env: list[DeviceValue | None] = [None] * schedule.n_slots
-        for slot, v in zip(schedule.input_slots, inputs, strict=True):
-            env[slot] = v
-        try:
-            for k, step in enumerate(schedule.steps):
-                ins = [env[i] for i in step.ins]
-                self._step = step
-                run = runs[k]
-                # Allocating the step's output must not evict (move) its inputs.
-                held = pin_all(v.storage for v in ins)  # type: ignore[union-attr]
-                try:
-                    if run is None:
-                        run = runs[k] = plan_step(self, step, ins)  # type: ignore[arg-type]
-                    env[step.out] = run(ins)  # type: ignore[arg-type]
-                finally:
-                    unpin_all(held)
-                for s in step.frees:
-                    env[s] = None
-        finally:
-            self._step = None
-        return [env[s] for s in schedule.output_slots]  # type: ignore[misc]
+        return Launch(self.stream, plans=plan_for(schedule, key))

@@ -53,7 +53,7 @@ def cublaslt_unavailable_reason() -> str:
 
 def _workspace(ctx: Context) -> tuple[DeviceValue | None, int]:
     """(buffer, bytes): the largest of WORKSPACE_SIZES the pool grants, kept for the backend."""
-    got = _workspaces.get(ctx)
+    got = _workspaces.get(ctx.owner)
     if got is None:
         for nbytes in WORKSPACE_SIZES:
             if nbytes == 0:
@@ -67,7 +67,7 @@ def _workspace(ctx: Context) -> tuple[DeviceValue | None, int]:
             got = (ws, nbytes)
             break
         assert got is not None
-        _workspaces[ctx] = got
+        _workspaces[ctx.owner] = got
     return got
 
 

@@ -72,18 +72,8 @@ def _where(ins: Sequence[DeviceValue], step: Step) -> str:
     return describe_inputs(_specs(ins), step.loc)
 
 
-class SchedulePlan:
-    """The runs of one schedule for one set of input layouts, filled on first execution."""
-
-    __slots__ = ("runs",)
-
-    def __init__(self, n: int) -> None:
-        self.runs: list[Run | None] = [None] * n
-
-
-def plan_for(schedule: Schedule, key: Any) -> SchedulePlan:
-    plans = schedule.info.setdefault("cuda_plans", {})
-    plan = plans.get(key)
-    if plan is None:
-        plan = plans[key] = SchedulePlan(len(schedule.steps))
-    return plan
+def plan_for(schedule: Schedule, key: Any) -> dict[int, Any]:
+    """The launch plans of a lazily run schedule for one set of input layouts, by id of
+    the step (the schedule keeps its steps alive), filled on first execution."""
+    plans: dict[int, Any] = schedule.info.setdefault("cuda_plans", {}).setdefault(key, {})
+    return plans

@@ -1,5 +1,6 @@
-"""The CUDA side of the planned-execution hooks (see pygpukit/executor.py): compiled graphs
-run inside one arena block, and each step writes into its planned slot.
+"""The CUDA side of the executor's hooks (PlannedBackend in backends/base.py): steps run
+through launchers planned once per step and layout; compiled graphs run inside one arena
+block, and each step writes into its planned slot.
 
 A compiled entry's steps are recorded once into a CUDA Graph; a call then costs one graph
 launch instead of one Python-issued launch per kernel. The graph is launched into the
@@ -19,9 +20,10 @@ from pygpukit import _native
 from pygpukit.errors import OutOfMemoryError
 from pygpukit.ir import DType
 from pygpukit.memory import Storage, block, pin_all, unpin_all
+from pygpukit.passes import Step
 
 from . import device_pool, ew
-from .context import contiguous
+from .context import Launch, StepContext, contiguous
 from .layout import is_contiguous
 from .plan import plan_step
 from .value import DeviceValue
@@ -38,7 +40,7 @@ class CudaReplay:
     launch the instantiated graph. When capture fails (an op that synchronises), every
     replay re-issues the launches, after a one-time warning."""
 
-    def __init__(self, backend: CudaPlannedHooks, run: Callable[[], None]) -> None:
+    def __init__(self, backend: CudaPlannedHooks, run: Callable[[Launch], None]) -> None:
         self._backend = backend
         self._run = run
         self._exec: Any = None
@@ -61,35 +63,29 @@ class CudaReplay:
             self._exec.launch(b.stream)
             self.replays += 1
             return
-        self._run()
+        self._run(Launch(b.stream))
         self.eager_runs += 1
         if self.fallback is None:
             self._capture()
 
     def _capture(self) -> None:
-        b = self._backend
-        caller = b.stream
+        # The launches go to a capture stream of its own (handed to every launch through
+        # the Launch); the blocks allocated while recording are the graph's to keep.
         stream = _native.Stream(0, True)
-        keep: list[Storage] = []
-        b._capture_keep = keep
-        b._capture_step = None
-        b.stream = stream  # every launch path reads the stream at launch time
+        launch = Launch(stream, keep=[])
         # Relaxed: a pool that must grow inside the capture may call cuMemAlloc, which the
         # stricter modes refuse; a sync on the capturing stream still fails (and falls back).
         stream.begin_capture("relaxed")
         try:
             try:
-                self._run()
+                self._run(launch)
             finally:
                 graph = stream.end_capture()
             exec_ = graph.instantiate()
         except Exception as e:  # noqa: BLE001 - any failure inside capture means: re-issue
-            self._give_up(b._capture_step, e)
+            self._give_up(launch.step, e)
             return
-        finally:
-            b.stream = caller
-            b._capture_keep = None
-        self._keep = pin_all(keep)
+        self._keep = pin_all(launch.keep or [])
         self._exec = exec_
         self.reads_values = False
         self.num_nodes = graph.num_nodes
@@ -125,19 +121,14 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class CudaPlannedHooks:
+    """Mixed into CudaBackend (which has alloc, layout_key and what a StepContext reads):
+    the executor's hooks."""
+
     pool: Any
     stream: Any
-    _out: DeviceValue | None
+    poison: bool
     _exec_plans: dict[Any, Any]
-    _capture_keep: list[Storage] | None
-    _capture_step: Any
     launches_issued = 0  # kernels queued from Python for compiled entries; replays add none
-
-    @property
-    def capturing(self) -> bool:
-        """Whether launches are being recorded into a CUDA graph: every kernel before one of
-        them on the stream is then one of the graph's own."""
-        return self._capture_keep is not None
 
     def alloc_arena(self, nbytes: int) -> Storage:
         return device_pool.allocate(self.pool, max(nbytes, 1), "compiled graph arena")
@@ -148,33 +139,57 @@ class CudaPlannedHooks:
             raise ValueError(f"arena offset {offset} is not a multiple of {dtype.itemsize}")
         return DeviceValue(arena, shape, contiguous(shape), offset // dtype.itemsize, dtype)
 
-    def view(self, step: Any, ins: list[DeviceValue]) -> DeviceValue:
-        return self._planned(step, ins)(ins)
+    def view(self, step: Step, ins: list[DeviceValue]) -> DeviceValue:
+        # A view launches nothing: no Launch to make (its context reads the backend's).
+        ctx, run = self._launcher(step, ins, None)
+        return ctx.call(run, ins, None, None)
 
-    def _planned(self, step: Any, ins: list[DeviceValue]) -> Any:
-        key = (id(step), tuple(self.layout_key(v) for v in ins))  # type: ignore[attr-defined]
-        run = self._exec_plans.get(key)
-        if run is None:
-            run = self._exec_plans[key] = (step, plan_step(self, step, ins))  # type: ignore[arg-type]
-        return run[1]
+    def _launcher(self, step: Step, ins: list[DeviceValue],
+                  launch: Launch | None) -> tuple[StepContext, Any]:  # fmt: skip
+        """The step's context and launcher, planned on first use: per step for a lazy run
+        (launch.plans, one layout per cached schedule), else per step and input layouts."""
+        plans = None if launch is None else launch.plans
+        if plans is not None:
+            key: Any = id(step)
+        else:
+            plans = self._exec_plans  # the StepContext keeps the step: its id stays unique
+            key = (id(step), tuple(self.layout_key(v) for v in ins))  # type: ignore[attr-defined]
+        got = plans.get(key)
+        if got is None:
+            ctx = StepContext(self, step, launch)  # type: ignore[arg-type]  # plan-time allocs too
+            try:
+                got = plans[key] = (ctx, plan_step(ctx, step, ins))
+            finally:
+                ctx.launch = None
+        return got  # type: ignore[no-any-return]
 
-    def execute(self, step: Any, ins: list[DeviceValue], out: DeviceValue,
-                inplace: bool = False) -> None:  # fmt: skip
-        """Run one step writing into `out` (for an in-place setitem, out is ins[0])."""
-        self._capture_step = step  # names the op if a capture fails inside it
+    def execute(self, step: Step, ins: list[DeviceValue], out: DeviceValue | None,
+                inplace: bool, launch: Launch | None = None) -> DeviceValue:  # fmt: skip
+        """Run one step (PlannedBackend.execute). out=None: its result is allocated (the
+        inputs are pinned meanwhile: the allocation must not evict them); else written
+        into `out` (for an in-place setitem, out is ins[0])."""
+        if launch is None:  # a lone step (the profiler's): on the current stream
+            launch = Launch(self.stream)
+        launch.step = step  # names the op if a capture fails inside it
+        if out is None:
+            held = pin_all(v.storage for v in ins)
+            try:
+                ctx, run = self._launcher(step, ins, launch)
+                res: DeviceValue = ctx.call(run, ins, None, launch)
+            finally:
+                unpin_all(held)
+            launch.step = None
+            return res
         self.launches_issued += 1
-        run = self._planned(step, ins)
-        self._out = out
-        try:
-            res = run(ins)
-        finally:
-            self._out = None
+        ctx, run = self._launcher(step, ins, launch)
+        res = ctx.call(run, ins, out, launch)
         if (res.storage is not out.storage or res.offset != out.offset
                 or res.strides != out.strides):  # fmt: skip
-            self.copy_into(out, res)
-        self._capture_step = None
+            self.copy_into(out, res, launch)
+        launch.step = None
+        return out
 
-    def copy_into(self, dst: DeviceValue, src: DeviceValue) -> None:
+    def copy_into(self, dst: DeviceValue, src: DeviceValue, launch: Launch | None = None) -> None:
         if src.ptr == dst.ptr and src.strides == dst.strides and src.dtype == dst.dtype:
             return  # already in its slot
         if (src.dtype == dst.dtype and src.shape == dst.shape
@@ -183,12 +198,14 @@ class CudaPlannedHooks:
             # A copy engine transfer: no kernel, and no launcher to build per call.
             nbytes = src.size * src.dtype.itemsize
             if nbytes:
-                _native.memcpy_dtod_async(dst.ptr, src.ptr, nbytes, self.stream)
+                stream = self.stream if launch is None else launch.stream
+                _native.memcpy_dtod_async(dst.ptr, src.ptr, nbytes, stream)
             return
-        launch = ew.make(self, ("cast", dst.dtype.name, ("in", 0)), [src], dst.shape,  # type: ignore[arg-type]
-                         dst.strides, dst.dtype, dst.ptr)  # fmt: skip
+        ctx = StepContext(self, None, launch)  # type: ignore[arg-type]
+        cast = ew.make(ctx, ("cast", dst.dtype.name, ("in", 0)), [src], dst.shape, dst.strides,
+                       dst.dtype, dst.ptr)  # fmt: skip
         self.launches_issued += 1
-        launch(dst.ptr, [src.ptr])
+        cast(dst.ptr, [src.ptr])
 
     def clone(self, value: DeviceValue) -> DeviceValue:
         out = self.alloc(value.shape, value.dtype, "clone")  # type: ignore[attr-defined]
@@ -208,7 +225,7 @@ class CudaPlannedHooks:
     def fresh(self, shape: tuple[int, ...], dtype: DType) -> tuple[DeviceValue, int]:
         """A new output block, and the address a capture bakes in for it (alloc() without
         what only matters inside a step: an error location, the capture's scratch list)."""
-        if self.poison:  # type: ignore[attr-defined]  # tests: alloc() fills it with NaN
+        if self.poison:  # tests: alloc() fills it with NaN
             value = self.alloc(shape, dtype, "compiled output")  # type: ignore[attr-defined]
             return value, value.ptr
         strides = _contiguous.get(shape)
@@ -237,5 +254,5 @@ class CudaPlannedHooks:
     def with_storage(self, value: DeviceValue, storage: Any) -> DeviceValue:
         return DeviceValue(storage, value.shape, value.strides, value.offset, value.dtype)
 
-    def capture(self, run: Callable[[], None]) -> CudaReplay:
+    def capture(self, run: Callable[[Launch], None]) -> CudaReplay:
         return CudaReplay(self, run)

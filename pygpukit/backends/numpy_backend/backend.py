@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -157,24 +158,32 @@ class NumpyBackend(PlannedHooks, Backend):
         out.array[...] = result
         return out
 
-    def run(self, schedule: Schedule, inputs: list[HostValue]) -> list[HostValue]:
-        env: list[HostValue | None] = [None] * schedule.n_slots
-        for slot, v in zip(schedule.input_slots, inputs, strict=True):
-            env[slot] = v
-        for step in schedule.steps:
-            ins = [env[i] for i in step.ins]
-            # A result may alias an input; allocating its output must not evict that input.
-            held = pin_all(v.storage for v in ins)  # type: ignore[union-attr]
+    def new_launch(self, schedule: Schedule, inputs: Sequence[Any]) -> None:
+        """None: NumPy runs each step as it is called, with nothing to carry."""
+        return None
+
+    def execute(self, step: Step, ins: list[Any], out: Any, inplace: bool,
+                launch: Any = None) -> Any:  # fmt: skip
+        """Run one step (PlannedBackend.execute): into `out` when given, else into a new
+        block, or as a view of ins[0] for a view step."""
+        # A lazy step allocates its output: that must not evict (move) its inputs.
+        held = pin_all(v.storage for v in ins) if out is None else None
+        try:
+            arrays = [v.array for v in ins]
             try:
-                arrays = [v.array for v in ins]  # type: ignore[union-attr]
-                try:
-                    result = _run_step(step, arrays)
-                except (IndexError, ValueError, TypeError, ArithmeticError) as e:
-                    specs = [(a.shape, dtypes.as_dtype(a.dtype)) for a in arrays]
-                    raise op_error(step.op, e, specs, step.loc) from None
-                env[step.out] = self._store(result, step, ins)  # type: ignore[arg-type]
-            finally:
+                if inplace:
+                    movement.setitem_into(arrays, step.attrs)
+                    return out
+                result = _run_step(step, arrays)
+                if out is None:
+                    return self._store(result, step, ins)
+                out.array[...] = result
+                return out
+            except (IndexError, ValueError, TypeError, ArithmeticError) as e:
+                specs: list[tuple[tuple[int, ...], object]] = [
+                    (a.shape, dtypes.as_dtype(a.dtype)) for a in arrays
+                ]
+                raise op_error(step.op, e, specs, step.loc) from None
+        finally:
+            if held is not None:
                 unpin_all(held)
-            for s in step.frees:
-                env[s] = None
-        return [env[s] for s in schedule.output_slots]  # type: ignore[misc]

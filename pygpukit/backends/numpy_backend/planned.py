@@ -1,4 +1,4 @@
-"""The NumPy side of the planned-execution hooks (see pygpukit/executor.py).
+"""The NumPy side of the planned-execution hooks (PlannedBackend in backends/base.py).
 
 Compiled graphs run inside one pool block (the arena); every value is a NumPy view at a
 planned offset, and each kernel writes its result into its slot instead of allocating.
@@ -6,14 +6,12 @@ planned offset, and each kernel writes its result into its slot instead of alloc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from pygpukit.errors import op_error
-from pygpukit.ir import DType, dtypes
+from pygpukit.ir import DType
 from pygpukit.memory import Storage
 
 from . import movement
@@ -22,11 +20,13 @@ from . import movement
 class NumpyReplay:
     """What `capture` returns on the CPU: replaying re-executes the planned steps."""
 
-    def __init__(self, run: Callable[[], None]) -> None:
+    reads_values = True  # every replay runs the steps from Python
+
+    def __init__(self, run: Callable[[Any], None]) -> None:
         self._run = run
 
     def replay(self) -> None:
-        self._run()
+        self._run(None)  # the NumPy backend has no launch context
 
 
 class PlannedHooks:
@@ -43,25 +43,17 @@ class PlannedHooks:
         return HostValue(arena, host_view(arena, offset, shape, dtype))
 
     def view(self, step: Any, ins: list[Any]) -> Any:
+        """The view step over ins[0]'s memory (the memory plan gave it no bytes)."""
         from .backend import HostValue, _run_step
 
+        if step.op == "index":
+            # An all-integer index makes NumPy return a scalar copy, not the element's
+            # memory; a trailing Ellipsis keeps it a (0-d) view of what the step names.
+            spec = movement.index_tuple(step.attrs["spec"], [])
+            return HostValue(ins[0].storage, ins[0].array[(*spec, ...)])
         return HostValue(ins[0].storage, _run_step(step, [v.array for v in ins]))
 
-    def execute(self, step: Any, ins: list[Any], out: Any, inplace: bool = False) -> None:
-        """Run one step, writing its result into `out` (for an in-place setitem, ins[0])."""
-        from .backend import _run_step
-
-        arrays = [v.array for v in ins]
-        try:
-            if inplace:
-                movement.setitem_into(arrays, step.attrs)
-            else:
-                out.array[...] = _run_step(step, arrays)
-        except (IndexError, ValueError, TypeError, ArithmeticError) as e:
-            specs = [(a.shape, dtypes.as_dtype(a.dtype)) for a in arrays]
-            raise op_error(step.op, e, specs, step.loc) from None
-
-    def copy_into(self, dst: Any, src: Any) -> None:
+    def copy_into(self, dst: Any, src: Any, launch: Any = None) -> None:
         np.copyto(dst.array, src.array, casting="unsafe")
 
     def copy_placed(self, dst: Any, src: Any, src_place: Any, nbytes: int) -> None:
@@ -91,9 +83,5 @@ class PlannedHooks:
 
         return HostValue(storage, value.array)
 
-    def capture(self, run: Callable[[], None]) -> NumpyReplay:
+    def capture(self, run: Callable[[Any], None]) -> NumpyReplay:
         return NumpyReplay(run)
-
-
-def nbytes_of(shape: tuple[int, ...], dtype: DType) -> int:
-    return math.prod(shape) * dtype.itemsize
