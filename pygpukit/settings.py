@@ -33,16 +33,17 @@ this process, its default and what it does. This module is the only reader of th
 
 Flags take 1/0 (also true/false, yes/no, on/off); an empty variable is the default.
 Values are read from the environment when they are used, so a change to os.environ made
-before that point takes effect; a `set_*` call overrides the environment for this process
-and `set_*(None)` hands the setting back to it. A value a setting cannot take raises
-SettingError (a ValueError) naming the variable.
+before that point takes effect; the three consulted for every op or realize (EAGER, DEBUG,
+SKIP_PASSES) are read at their first use and kept (`settings.reload()` reads them again). A
+`set_*` call overrides the environment for this process and `set_*(None)` hands the setting
+back to it. A value a setting cannot take raises SettingError (a ValueError) naming the variable.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pygpukit.errors import SettingError
 
@@ -147,9 +148,30 @@ def _active_backend() -> str | None:
 # -- execution --------------------------------------------------------------------------
 
 
+# Settings consulted on every recorded op or realize (EAGER, DEBUG, SKIP_PASSES): their
+# environment value is read once, at first use, and kept here; reload() reads them again.
+_kept: dict[str, object] = {}
+
+
+def _kept_value(name: str, read: Callable[[], object]) -> object:
+    if name in _overrides:
+        return _overrides[name]
+    if name not in _kept:
+        _kept[name] = read()
+    return _kept[name]
+
+
+def reload() -> None:
+    """Read the environment again for the settings kept from their first read
+    (PYGPUKIT_EAGER, PYGPUKIT_DEBUG, PYGPUKIT_SKIP_PASSES): after this process changed
+    os.environ."""
+    _kept.clear()
+
+
 def eager() -> bool:
-    """Whether ops run at once where no `gpk.eager()` block says otherwise (PYGPUKIT_EAGER)."""
-    return _flag(EAGER, False)
+    """Whether ops run at once where no `gpk.eager()` block says otherwise (PYGPUKIT_EAGER,
+    read at the first op; gpk.set_eager changes it later)."""
+    return bool(_kept_value(EAGER, lambda: _flag(EAGER, False)))
 
 
 def set_eager(enabled: bool | None) -> None:
@@ -159,8 +181,9 @@ def set_eager(enabled: bool | None) -> None:
 
 
 def debug() -> bool:
-    """Whether every lazy realize prints its profile table on stderr (PYGPUKIT_DEBUG)."""
-    return _flag(DEBUG, False)
+    """Whether every lazy realize prints its profile table on stderr (PYGPUKIT_DEBUG, read
+    at the first realize; gpk.set_debug changes it later)."""
+    return bool(_kept_value(DEBUG, lambda: _flag(DEBUG, False)))
 
 
 def set_debug(enabled: bool | None) -> None:
@@ -171,10 +194,10 @@ def set_debug(enabled: bool | None) -> None:
 def skip_passes() -> frozenset[str]:
     """The pass names left out of the pipeline (PYGPUKIT_SKIP_PASSES, comma-separated).
     Unknown names are the pipeline's to reject: it knows the passes."""
-    names = _overrides.get(SKIP_PASSES)
-    if isinstance(names, tuple):
-        return frozenset(names)
-    return frozenset(s.strip() for s in _raw(SKIP_PASSES).split(",") if s.strip())
+    names = _kept_value(
+        SKIP_PASSES, lambda: tuple(s.strip() for s in _raw(SKIP_PASSES).split(",") if s.strip())
+    )
+    return frozenset(names)  # type: ignore[arg-type]
 
 
 def set_skip_passes(names: Iterable[str] | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,3 +28,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
         if "gpu" in item.keywords and not gpu_available():
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _settings_follow_the_environment() -> Iterator[None]:
+    """Settings read once (EAGER, DEBUG, SKIP_PASSES) are read again after each test, whose
+    monkeypatch has restored the environment by then (this fixture is set up first, so it
+    is torn down last)."""
+    yield
+    from pygpukit import settings
+
+    settings.reload()

@@ -43,5 +43,9 @@ def test_lazy_and_compiled_share_run_steps(monkeypatch: pytest.MonkeyPatch) -> N
         np.testing.assert_allclose(compiled(*args).to_numpy(), ref, rtol=1e-5)
     lazy = [r for r in runs if not r[0]]
     planned = [r for r in runs if r[0]]
-    assert len(lazy) >= 2 and len(planned) == 2  # NumPy replays run the steps every call
+    # NumPy replays run the steps every call (2); CUDA runs them from Python twice for each
+    # capture it makes (an eager run, then the recording) and replays without the loop: one
+    # capture, or two when the second call's buffers got new addresses.
+    assert len(lazy) >= 2
+    assert len(planned) == 2 if gpk.backend_name() == "cpu" else len(planned) in (2, 4)
     assert all(n > 0 for _, n in runs)

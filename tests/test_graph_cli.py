@@ -131,8 +131,10 @@ def test_debug_env_prints_kernel_table(monkeypatch, capsys):
     import numpy as np
 
     import pygpukit as gpk
+    from pygpukit import settings
 
     monkeypatch.setenv("PYGPUKIT_DEBUG", "1")
+    settings.reload()  # kept from its first read
     x = gpk.from_numpy(np.arange(6, dtype=np.float32))
     (gpk.exp(x) * 2.0 + x).sum().to_numpy()
     err = capsys.readouterr().err

@@ -204,4 +204,7 @@ def test_every_public_spelling_records_the_op(name: str) -> None:
         if spelling.startswith("GPUArray.__r"):  # reflected: x.__rsub__(y) is y - x
             args.reverse()
         ref = evaluate(name, args, {"dtype": "float16"}, out.dtype)
-        np.testing.assert_array_equal(out.to_numpy(), ref)
+        # The NumPy backend is the reference evaluator itself; a CUDA math function may
+        # round differently in the last bit.
+        tol = {"float16": 1e-3, "bfloat16": 1e-2}.get(out.dtype.name, 1e-6)
+        np.testing.assert_allclose(out.to_numpy(), ref, rtol=tol, atol=0)

@@ -12,6 +12,7 @@ from passes_util import close, report
 from pygpukit.passes.pipeline import run_pipeline
 
 import pygpukit as gpk
+from pygpukit import settings
 
 
 @pytest.fixture
@@ -158,11 +159,13 @@ def test_llm_decode_step_fuses():
 def test_skipping_the_pass_keeps_the_stores(rng, monkeypatch):
     """PYGPUKIT_SKIP_PASSES=fuse_kv_append (for measuring it): the same numbers, unfused."""
     monkeypatch.setenv("PYGPUKIT_SKIP_PASSES", "fuse_kv_append")
+    settings.reload()  # kept from its first read
     step = DecodeStep(StepCase(), rng)
     arrays, start = step.inputs(7)
     close(step(arrays, 7, start), step.reference(arrays, 7, start), "float32", factor=2)
     ops = step.program_ops()
     assert "sdpa_append" not in ops and ops.count("setitem") == 2 and "sdpa" in ops
     monkeypatch.setenv("PYGPUKIT_SKIP_PASSES", "no_such_pass")
+    settings.reload()  # kept from its first read
     with pytest.raises(gpk.SettingError, match="PYGPUKIT_SKIP_PASSES names no pass.*no_such_pass"):
         DecodeStep(StepCase(), rng)(arrays, 7, start)

@@ -31,8 +31,10 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if var != settings.BACKEND:  # the backend of this process is chosen already
             monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(settings, "_overrides", {})
+    settings.reload()
     yield
     monkeypatch.undo()
+    settings.reload()
     toolchain.configure_kernel_cache()  # hand the native cache the restored settings
 
 
@@ -64,14 +66,17 @@ def test_flag_from_environment_and_setter(
     assert get() is default
     for raw, want in [("1", True), ("0", False), ("true", True), (" Off ", False), ("", default)]:
         monkeypatch.setenv(var, raw)
+        settings.reload()  # PYGPUKIT_EAGER is kept from its first read
         assert get() is want, raw
     monkeypatch.setenv(var, "maybe")
+    settings.reload()
     _expect_setting_error(get, f"{var}='maybe': expected 1 or 0")
     if set_ is None:
         return
     set_(not default)  # the setter wins over the environment, even a malformed one
     assert get() is (not default)
     monkeypatch.setenv(var, "1" if default else "0")
+    settings.reload()
     set_(None)  # back to the environment
     assert get() is default
     _expect_setting_error(lambda: set_("yes"), "expected True, False or None")  # type: ignore[arg-type]
@@ -86,6 +91,7 @@ def test_eager_runs_each_op_at_once(
     assert (x * 2.0)._node.realized is None  # lazy by default
     if how == "env":
         monkeypatch.setenv(settings.EAGER, "1")
+        settings.reload()  # read at the first op: this process changed it since
     else:
         gpk.set_eager(True)
     y = gpk.exp(x * 2.0)
@@ -106,6 +112,7 @@ def test_debug_prints_each_realize(
     assert "pygpukit realize" not in capsys.readouterr().err
     if how == "env":
         monkeypatch.setenv(settings.DEBUG, "1")
+        settings.reload()  # kept from its first read
     else:
         gpk.set_debug(True)
     out = (gpk.tanh(x) * 3.0).to_numpy()
@@ -133,6 +140,7 @@ def test_skip_passes_leaves_a_pass_out(
     # The same structure again, now without the fusion: the cached schedule must not serve.
     if how == "env":
         monkeypatch.setenv(settings.SKIP_PASSES, " fuse_elementwise , ")
+        settings.reload()  # kept from its first read
     else:
         gpk.set_skip_passes(["fuse_elementwise"])
     assert settings.skip_passes() == {"fuse_elementwise"}
@@ -144,6 +152,8 @@ def test_skip_passes_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
     from pygpukit.passes.pipeline import default_passes
 
     monkeypatch.setenv(settings.SKIP_PASSES, "fuse_elementwise,no_such_pass")
+
+    settings.reload()  # kept from its first read
     _expect_setting_error(default_passes, r"PYGPUKIT_SKIP_PASSES names no pass \['no_such_pass'\]")
     gpk.set_skip_passes(["nope"])
     _expect_setting_error(default_passes, r"gpk.set_skip_passes names no pass \['nope'\]")
