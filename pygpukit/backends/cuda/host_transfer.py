@@ -71,21 +71,27 @@ class HostTransfer:
         if self._result is None:
             self._event.synchronize()
             host = np.frombuffer(self._buf, np.uint8)
-            err = host[self._nbytes : self._nbytes + _ERR_BYTES].view(np.int64)
+            failed = int(host[self._nbytes : self._nbytes + _ERR_BYTES].view(np.int64)[0])
             data = host[: self._nbytes].copy()
-            unpin_all(self._pins)
-            self._pins = []
-            self._buffers.give(self._buf, self._event)
-            if err[0] != 0:
+            self._release()  # read everything first: the next transfer may take the buffer
+            if failed:
                 self._backend.synchronize()  # raises the recorded error with its op and line
             self._result = data.view(self.dtype.np).reshape(self.shape)
         return self._result
 
+    def _release(self) -> None:
+        """Unpins the source and returns the pinned buffer to the pool, once: a buffer
+        given back twice would be handed to two transfers at the same time."""
+        if self._buf is not None:
+            unpin_all(self._pins)
+            self._pins = []
+            self._buffers.give(self._buf, self._event)
+            self._buf = None
+
     def __del__(self) -> None:
         try:
-            if self._result is None:
+            if self._buf is not None:
                 self._event.synchronize()  # the copy must land before the buffer is reused
-                unpin_all(self._pins)
-                self._buffers.give(self._buf, self._event)
+                self._release()
         except Exception:  # interpreter shutdown
             pass
