@@ -199,7 +199,7 @@ def test_entry_owned_by_another_user_is_a_miss(cache_dir: Path) -> None:
 
 
 def fallback_dir(tmp_path: Path) -> Path:
-    return tmp_path / "tmp" / f"pygpukit-{os.geteuid()}" / "kernels"
+    return tmp_path / "tmp" / f"pygpukit-kernels-{os.geteuid()}"
 
 
 def check_refused(cache_dir: Path, tmp_path: Path, reason: str) -> None:
@@ -250,16 +250,28 @@ def test_world_writable_directory_is_refused(cache_dir: Path, tmp_path: Path) ->
     assert cache_dir.stat().st_mode & 0o777 == 0o777  # not silently "fixed"
 
 
-def test_refused_fallback_leaves_the_memory_cache(cache_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("planted", ["world-writable", "symlink"])
+def test_refused_fallback_leaves_the_memory_cache(
+    cache_dir: Path, tmp_path: Path, planted: str
+) -> None:
     cache_dir.mkdir(parents=True)
     os.chmod(cache_dir, 0o777)
-    fallback_dir(tmp_path).mkdir(parents=True)
-    os.chmod(fallback_dir(tmp_path), 0o777)
+    fallback = fallback_dir(tmp_path)
+    fallback.parent.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if planted == "symlink":
+        fallback.symlink_to(elsewhere)  # a private directory of ours, reached by a planted link
+    else:
+        fallback.mkdir()
+        os.chmod(fallback, 0o777)
     a = kernel_source(13)
     with pytest.warns(RuntimeWarning, match="in memory only"):
         cubin = toolchain.compile_kernel(a, ARCH)
-    assert cubin[:4] == b"\x7fELF" and stats()["disk_errors"] >= 1 and stats()["writes"] == 0
-    assert list(cache_dir.iterdir()) == [] and list(fallback_dir(tmp_path).iterdir()) == []
+    assert cubin == uncached(a)
+    assert stats()["disk_errors"] >= 1 and stats()["writes"] == 0
+    assert list(cache_dir.iterdir()) == [] and list(elsewhere.iterdir()) == []
+    assert elsewhere.stat().st_mode & 0o777 == 0o700
     assert toolchain.compile_kernel(a, ARCH) == cubin and stats()["memory_hits"] == 1
 
 

@@ -96,8 +96,8 @@ enum class DirState { kOk, kUnavailable, kRefused };
 // Creates missing components with mode 0700. Compiled code loaded from the leaf runs on the
 // GPU with the user's privileges, so a leaf owned by someone else, or one anybody could have
 // written to, is refused (why says why); a leaf of ours that is merely readable by others is
-// made private.
-DirState prepare_dir(const std::string& path, std::string& why) {
+// made private. follow_leaf: whether the leaf may be a symlink to the directory.
+DirState prepare_dir(const std::string& path, bool follow_leaf, std::string& why) {
   for (size_t pos = 1; pos <= path.size(); ++pos) {
     if (pos != path.size() && path[pos] != '/') continue;
     std::string part = path.substr(0, pos);
@@ -107,8 +107,9 @@ DirState prepare_dir(const std::string& path, std::string& why) {
     }
   }
   struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    why = "not a directory";
+  int got = follow_leaf ? stat(path.c_str(), &st) : lstat(path.c_str(), &st);
+  if (got != 0 || !S_ISDIR(st.st_mode)) {
+    why = "it is not a directory";
     return DirState::kUnavailable;
   }
   if (st.st_uid != geteuid()) {
@@ -124,11 +125,12 @@ DirState prepare_dir(const std::string& path, std::string& why) {
   return DirState::kOk;
 }
 
-// Per-user directory under TMPDIR, used when the configured one is refused.
+// Per-user directory right under TMPDIR (whose sticky bit keeps others from renaming it),
+// used when the configured one is refused. Never a symlink: others can plant those there.
 std::string fallback_dir() {
   std::string tmp = env("TMPDIR");
   if (tmp.empty() || tmp[0] != '/') tmp = "/tmp";
-  return tmp + "/pygpukit-" + std::to_string(geteuid()) + "/kernels";
+  return tmp + "/pygpukit-kernels-" + std::to_string(geteuid());
 }
 
 struct ActiveDir {
@@ -139,11 +141,12 @@ struct ActiveDir {
 ActiveDir active_dir() {
   std::string configured = cache_dir_setting();
   std::string why;
-  DirState state = prepare_dir(configured, why);
+  DirState state = prepare_dir(configured, true, why);
   if (state != DirState::kRefused) return {configured, state == DirState::kOk};
   std::string fallback = fallback_dir();
   std::string fallback_why;
-  bool usable = fallback != configured && prepare_dir(fallback, fallback_why) == DirState::kOk;
+  bool usable =
+      fallback != configured && prepare_dir(fallback, false, fallback_why) == DirState::kOk;
   std::string message = "pygpukit kernel cache: not using " + configured + " because " + why;
   if (usable) {
     message += "; using the private directory " + fallback + " instead";
@@ -473,8 +476,7 @@ void register_kernel_cache(py::module_& m) {
   m.def(
       "kernel_cache_key",
       [request](const std::string& source, const std::string& arch, const Strings& options,
-                const Strings& include_dirs, const std::string& name,
-                const Strings& dependencies) {
+                const Strings& include_dirs, const std::string& name, const Strings& dependencies) {
         return cache_key(request(source, arch, options, include_dirs, name, dependencies));
       },
       py::arg("source"), py::arg("arch"), py::arg("options") = Strings{},
