@@ -273,6 +273,10 @@ def test_refused_fallback_leaves_the_memory_cache(
     assert list(cache_dir.iterdir()) == [] and list(elsewhere.iterdir()) == []
     assert elsewhere.stat().st_mode & 0o777 == 0o700
     assert toolchain.compile_kernel(a, ARCH) == cubin and stats()["memory_hits"] == 1
+    # Listing and clearing leave whatever the unusable directory holds alone.
+    (elsewhere / ("1" * 64 + ".cubin")).write_bytes(b"not ours to delete")
+    assert _native.kernel_cache_list() == [] and _native.kernel_cache_clear() == 0
+    assert [p.name for p in elsewhere.iterdir()] == ["1" * 64 + ".cubin"]
 
 
 JIT_SOURCE = r"""

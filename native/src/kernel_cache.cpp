@@ -402,7 +402,9 @@ std::string compile_cached(const CacheRequest& req, bool use_cache) {
 }
 
 std::vector<CacheEntryInfo> cache_list() {
-  std::vector<DiskEntry> entries = scan(cache_dir());
+  ActiveDir dir = active_dir();
+  // An unusable directory may be a planted link to anywhere: nothing there is ours to list.
+  std::vector<DiskEntry> entries = dir.usable ? scan(dir.path) : std::vector<DiskEntry>{};
   std::sort(entries.begin(), entries.end(),
             [](const DiskEntry& a, const DiskEntry& b) { return a.mtime_ns > b.mtime_ns; });
   std::vector<CacheEntryInfo> out;
@@ -414,8 +416,8 @@ size_t cache_clear() {
   ActiveDir dir = active_dir();
   size_t removed = 0;
   // Every non-directory entry name (symlinks and FIFOs too), and the temp files of writers
-  // that died mid-write.
-  if (DIR* d = opendir(dir.path.c_str())) {
+  // that died mid-write; nothing in an unusable directory (it may be a planted link).
+  if (DIR* d = dir.usable ? opendir(dir.path.c_str()) : nullptr) {
     while (dirent* e = readdir(d)) {
       std::string name = e->d_name;
       bool entry = name[0] != '.' && ends_with(name, kSuffix);
