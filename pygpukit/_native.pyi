@@ -29,6 +29,7 @@ def compile_cubin(
     include_dirs: list[str] = ...,
     name: str = "kernel.cu",
     use_cache: bool = True,
+    dependencies: list[str] = ...,
 ) -> bytes: ...
 def kernel_cache_key(
     source: str,
@@ -36,6 +37,7 @@ def kernel_cache_key(
     options: list[str] = ...,
     include_dirs: list[str] = ...,
     name: str = "kernel.cu",
+    dependencies: list[str] = ...,
 ) -> str: ...
 def kernel_cache_configure(dir: str, max_bytes: int) -> None: ...
 def kernel_cache_dir() -> str: ...

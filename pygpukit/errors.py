@@ -89,6 +89,8 @@ __all__ = [
     "FreedArrayError",
     "LoadError",
     "SettingError",
+    "GPUKitOverflowError",
+    "SchedulerError",
 ]
 
 
@@ -122,3 +124,12 @@ def op_error(
 
 class GPUKitValueError(GPUKitError, ValueError):
     """A value an op cannot take (a negative integer power, say)."""
+
+
+class GPUKitOverflowError(GPUKitValueError, OverflowError):
+    """An integer argument beyond what it can hold (a priority past 32 bits, say)."""
+
+
+class SchedulerError(GPUKitError, RuntimeError):
+    """The scheduler is closed, or stopped on an error its dispatcher cannot recover from
+    (the tasks it still held fail with this)."""

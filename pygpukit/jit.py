@@ -17,6 +17,17 @@ from pygpukit.backends.cuda.signature import parse_params
 from pygpukit.errors import CompileError, DTypeError
 
 
+def compile_jit_source(source: str, name: str, options: tuple[str, ...], arch: str) -> bytes:
+    """CUBIN of a jit kernel's source for `arch`, cached under a key that also covers the
+    contents of the headers it includes from its include directories."""
+    from pygpukit.backends.cuda.header_deps import header_dependencies
+    from pygpukit.backends.cuda.toolchain import compile_kernel
+
+    file_name = name + ".cu"
+    deps = header_dependencies(source, options, file_name)
+    return compile_kernel(source, arch, options, file_name, dependencies=deps)
+
+
 class Kernel:
     def __init__(self, source: str, name: str, options: tuple[str, ...] = ()) -> None:
         self.name = name
@@ -24,12 +35,12 @@ class Kernel:
         self.fmt = "".join(p[2] for p in self.params)
         from pygpukit import _native
         from pygpukit.backends import get_backend
-        from pygpukit.backends.cuda.toolchain import compile_kernel, device_arch
+        from pygpukit.backends.cuda.toolchain import device_arch
 
         if get_backend().name != "cuda":
             raise CompileError(f"jit: kernel {name} needs the CUDA backend (running on "
                                f"{get_backend().name})")  # fmt: skip
-        self._module = _native.Module(compile_kernel(source, device_arch(), options, name + ".cu"))
+        self._module = _native.Module(compile_jit_source(source, name, options, device_arch()))
         self._fn = self._module.get_function(name)
 
     def _arg(self, k: int, value: Any, keep: list[Any]) -> Any:
@@ -85,4 +96,4 @@ def jit(source: str, name: str, options: tuple[str, ...] = ()) -> Kernel:
     return Kernel(source, name, tuple(options))
 
 
-__all__ = ["Kernel", "jit", "parse_params"]
+__all__ = ["Kernel", "compile_jit_source", "jit", "parse_params"]

@@ -118,14 +118,16 @@ def test_key_covers_source_options_and_arch() -> None:
 
 
 @needs_nvrtc
-def test_entry_header_holds_length_and_sha256(cache_dir: Path) -> None:
+def test_entry_header_holds_length_key_and_sha256(cache_dir: Path) -> None:
     cubin = toolchain.compile_kernel(HALF_SOURCE, "sm_90")
-    data = entry_path(cache_dir, HALF_SOURCE).read_bytes()
-    assert data[:8] == b"PGKCUBN1"
-    assert int.from_bytes(data[8:16], "little") == len(cubin) == len(data) - 48
+    path = entry_path(cache_dir, HALF_SOURCE)
+    data = path.read_bytes()
+    assert data[:8] == b"PGKCUBN2"
+    assert int.from_bytes(data[8:16], "little") == len(cubin) == len(data) - 80
+    assert data[16:48] == bytes.fromhex(path.name.removesuffix(".cubin"))
     # Checks the C++ SHA-256 against hashlib on a many-block input.
-    assert data[16:48] == hashlib.sha256(cubin).digest()
-    assert data[48:] == cubin
+    assert data[48:80] == hashlib.sha256(cubin).digest()
+    assert data[80:] == cubin
 
 
 def _truncate(data: bytes) -> bytes:

@@ -381,27 +381,62 @@ class _FakeStream:
         self.priority = priority
 
 
-class _FakeEvent:
-    """A timing event on a device that has finished everything it was given."""
+def _fake_cuda(dev, waiter_ended):
+    """Fake Stream and Event classes for `dev`, and a launch wrapper. Each event knows the
+    task it was recorded for. The end event of a Guaranteed launch holds its stream's
+    completer thread until the thread waiting in result() has ended the task
+    (waiter_ended[task.id]), so who ends what is decided, not raced: the waiter ends every
+    Guaranteed step, the completer every BestEffort task (whose results are awaited with a
+    timeout, which never waits on the event itself). Returns the launch wrapper's map of
+    task id -> threading.Event set once the task is launched."""
+    import threading
 
-    def __init__(self, timing: bool) -> None:
-        self.t = 0.0
+    local = threading.local()
+    launched: dict[int, threading.Event] = {}
+    lock = threading.Lock()
 
-    def record(self, stream: _FakeStream) -> None:
-        self.t = time.perf_counter()
+    def flag(table: dict[int, threading.Event], tid: int) -> threading.Event:
+        with lock:
+            return table.setdefault(tid, threading.Event())
 
-    def synchronize(self) -> None:
-        time.sleep(0.0005)  # the completer thread waits for the GPU without the GIL
+    class FakeEvent:
+        def __init__(self, timing: bool) -> None:
+            self.t = 0.0
+            self.task = getattr(local, "task", None)
 
-    def elapsed_time(self, end: _FakeEvent) -> float:
-        return (end.t - self.t) * 1e3
+        def record(self, stream: _FakeStream) -> None:
+            self.t = time.perf_counter()
+
+        def synchronize(self) -> None:
+            on_completer = threading.current_thread().name.startswith("pygpukit-sched-stream")
+            if on_completer and self.task is not None and self.task.qos == "guaranteed":
+                flag(waiter_ended, self.task.id).wait()
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            return (end.t - self.t) * 1e3
+
+    import types
+
+    dev._native = types.SimpleNamespace(Stream=_FakeStream, Event=FakeEvent)
+    real_launch = dev.launch
+
+    def launch(task, priority, high, run, now):
+        local.task = task
+        try:
+            real_launch(task, priority, high, run, now)
+        finally:
+            local.task = None
+        flag(launched, task.id).set()
+
+    dev.launch = launch
+    return lambda tid: flag(launched, tid), lambda tid: flag(waiter_ended, tid)
 
 
 def test_cuda_device_path_ends_and_starts_tasks_from_completer_threads(backend, monkeypatch):
     """The CUDA path without a GPU: launches on the submitting thread, ends (and the starts
-    they free) on the per-stream completer threads, and the dispatcher only for timers."""
-    import types
-
+    they free) on the per-stream completer threads or on the thread waiting in result(),
+    and the dispatcher only for timers. No step depends on timing: fake events decide which
+    thread ends each task, and closing must not wait for the dispatcher's idle timeout."""
     from pygpukit.scheduler import scheduler as sched_mod
     from pygpukit.scheduler.device import CudaDevice
 
@@ -410,39 +445,46 @@ def test_cuda_device_path_ends_and_starts_tasks_from_completer_threads(backend, 
     x, w = (gpk.asarray(a) for a in _data(rng))
     want = mlp(x, w).to_numpy()
     monkeypatch.setattr(backend, "stream", None, raising=False)
+    # An idle dispatcher sleeps an hour: anything that needs its backstop wake-up hangs.
+    monkeypatch.setattr(sched_mod, "IDLE_WAIT_MS", 3.6e6)
     sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
     dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK)
-    dev._native = types.SimpleNamespace(Stream=_FakeStream, Event=_FakeEvent)
+    waiter_ended: dict = {}
+    launched, ended_by_waiter = _fake_cuda(dev, waiter_ended)
     ends = {"completer": 0, "waiter": 0}
 
     def counted(who, fn):
         def end(d):
             ends[who] += 1
             fn(d)
+            if who == "waiter":
+                ended_by_waiter(d.task.id).set()
 
         return end
 
     dev.on_done = counted("completer", sched._on_done)
     dev.on_done_waiter = counted("waiter", sched._on_done_waiter)
     sched._device = dev
-    with sched:
+    try:
         bes = [sched.submit(mlp, x, w, qos="best_effort", tenant="be") for _ in range(5)]
         steps = []
         for _ in range(20):
             t = sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g")
+            # A step held back by pacing is launched later by another thread; result()
+            # waits on the launch's end event only once it is launched.
+            assert launched(t.id).wait(60)
             np.testing.assert_allclose(t.result().to_numpy(), want, rtol=1e-6)
             steps.append(t)
         for t in bes:
-            np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-6)
+            np.testing.assert_allclose(t.result(60).to_numpy(), want, rtol=1e-6)
         st = sched.stats()
         assert st["launches"]["launched"] == 25 and st["completed"] == 25
-        # Each launch ended once, by the completer thread or by the thread waiting in
-        # result(), whichever saw the end event first (both wait on it).
-        assert ends["completer"] + ends["waiter"] == 25 and ends["waiter"] > 0, ends
+        assert ends == {"completer": 5, "waiter": 20}, ends
         spans = sorted((t.started_ms, t.finished_ms) for t in bes)
         # One BestEffort launch in flight at a time, started by whichever thread ended the last.
         assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:], strict=False))
         assert {p for p in dev.streams} == {t.stream_priority for t in steps + bes}
-        t0 = time.perf_counter()
-    assert time.perf_counter() - t0 < 0.4, "close() waited for the dispatcher's timeout"
+    finally:
+        sched.close(timeout=60)
+    assert not sched._thread.is_alive(), "close() waited for the dispatcher's idle timeout"
     _reserved_zero(sched, backend, 1 << 62)

@@ -16,6 +16,7 @@ from typing import Any
 from pygpukit import errors
 from pygpukit.memory import eviction_stats
 
+from . import args as check
 from .clock import Clock, SimClock, WallClock
 from .device import CudaDevice, Device, Done, HostDevice, SimDevice
 from .task import Task
@@ -27,6 +28,7 @@ _EXEC_LOCK = threading.RLock()
 _QOS = {"guaranteed", "burstable", "best_effort"}
 _PARTITION_KEYS = {"memory", "bandwidth", "priority"}
 FRUITLESS_WAIT_MS = 2.0  # real time: least wait after a timed wake-up that started nothing
+IDLE_WAIT_MS = 500.0  # real time: the dispatcher's sleep when nothing is planned (a backstop)
 DEFAULT_SIM_GBPS = 1000.0  # nominal bandwidth of the simulated GPU's cost model
 
 
@@ -76,6 +78,7 @@ class Scheduler:
         self._backend = backend
         cuda = backend.name == "cuda"
         pool = backend.pool
+        where = "Scheduler"
         if memory is None:
             memory = pool.quota_bytes
             if memory is None and cuda:
@@ -83,29 +86,42 @@ class Scheduler:
 
                 memory = int(_native.mem_get_info()[0])
             if memory is None:
-                raise ValueError("Scheduler(memory=...) is needed: the pool has no quota")
-        if max_inflight < 1:
-            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
-        if sim_gbps <= 0:
-            raise ValueError(f"sim_gbps must be positive, got {sim_gbps}")
-        self.memory = int(memory)
+                raise errors.GPUKitValueError("Scheduler(memory=...) is needed: the pool has "
+                                              "no quota")  # fmt: skip
+        self.memory = check.byte_count(where, "memory", memory)
+        burst_ms = check.real(where, "burst_ms", burst_ms, 0.0, open_low=True)
+        guard_ms = check.real(where, "guard_ms", guard_ms, 0.0)
+        min_idle_ms = check.real(where, "min_idle_ms", min_idle_ms, 0.0)
+        sim_gbps = check.real(where, "sim_gbps", sim_gbps, 0.0, open_low=True)
+        max_inflight = check.at_least(where, "max_inflight", max_inflight, 1)
+        if partitions is not None and not isinstance(partitions, dict):
+            raise errors.DTypeError(f"{where}: partitions must be a dict of name -> dict, got "
+                                    f"{type(partitions).__name__}")  # fmt: skip
         self._core = _rust.SchedulerCore(self.memory, burst_ms, guard_ms, min_idle_ms)
         self._prio = _stream_priorities(cuda)
         self._part_prio: dict[str, int] = {"default": self._prio["normal"]}
         for name, spec in (partitions or {}).items():
+            check.text(where, "a partition name", name)
+            part = f"{where}: partition {name!r}"
+            if not isinstance(spec, dict):
+                raise errors.DTypeError(f"{part} must be a dict with keys "
+                                        f"{sorted(_PARTITION_KEYS)}, got {spec!r}")  # fmt: skip
             unknown = set(spec) - _PARTITION_KEYS
             if unknown:
-                raise ValueError(f"partition {name!r}: unknown keys {sorted(unknown)}; "
-                                 f"expected {sorted(_PARTITION_KEYS)}")  # fmt: skip
+                raise errors.GPUKitValueError(f"{part}: unknown keys {sorted(unknown)}; "
+                                              f"expected {sorted(_PARTITION_KEYS)}")  # fmt: skip
             prio = spec.get("priority", "normal")
             if isinstance(prio, str):
                 if prio not in self._prio:
-                    raise ValueError(f"partition {name!r}: priority must be 'high', 'normal', "
-                                     f"'low' or an int, got {prio!r}")  # fmt: skip
+                    raise errors.GPUKitValueError(f"{part}: priority must be 'high', 'normal', "
+                                                  f"'low' or an int, got {prio!r}")  # fmt: skip
                 prio = self._prio[prio]
-            self._core.add_partition(name, int(spec.get("memory", self.memory)),
-                                     float(spec.get("bandwidth", 1.0)), int(prio))  # fmt: skip
-            self._part_prio[name] = int(prio)
+            prio = check.int32(part, "priority", prio)
+            mem = check.byte_count(part, "memory", spec.get("memory", self.memory))
+            share = check.real(part, "bandwidth", spec.get("bandwidth", 1.0), 0.0, 1.0)
+            # The core refuses a quota above the scheduler's memory and shares summing above 1.
+            self._core.add_partition(name, mem, share, prio)
+            self._part_prio[name] = prio
         self.simulated = (not cuda) if simulate is None else bool(simulate)
         self._sim_bytes_per_ms = sim_gbps * 1e6
         self._clock: Clock = SimClock() if self.simulated else WallClock()
@@ -126,6 +142,7 @@ class Scheduler:
         self._waiting: dict[str, dict[int, None]] = {}  # tenant -> admitted task ids, in order
         self._paused = 0
         self._closed = False
+        self._stopped: errors.SchedulerError | None = None  # set if the dispatcher died
         self._counts = {"launched": 0, "completed": 0, "failed": 0, "cancelled": 0,
                         "rejected": 0, "arena_oom": 0, "timer_errors": 0}  # fmt: skip
         self._gpu_ms: dict[str, float] = {}
@@ -142,24 +159,36 @@ class Scheduler:
         frees, or refused: AdmissionRejected with `.reason`. bandwidth: the tenant's share
         of its partition's GPU time; deadline: seconds from now (earlier first among equal
         QoS and priority); tenant: whose share it draws on (default the function's name)."""
+        where = "Scheduler.submit"
         if not hasattr(fn, "reservation") or not hasattr(fn, "call_in"):
             raise errors.DTypeError(f"submit takes a @gpk.compile function, got {fn!r}")
         if getattr(fn, "static_outputs", False):
-            raise ValueError(f"{fn.__name__}: static_outputs=True results would be views into "
-                             "the task's arena, which is freed when the task ends")  # fmt: skip
-        qos = qos.lower().replace("-", "_")
+            raise errors.GPUKitValueError(
+                f"{fn.__name__}: static_outputs=True results would be views into the task's "
+                "arena, which is freed when the task ends")  # fmt: skip
+        qos = check.text(where, "qos", qos).lower().replace("-", "_")
         if qos not in _QOS:
-            raise ValueError(f"qos must be one of {sorted(_QOS)}, got {qos!r}")
+            raise errors.GPUKitValueError(f"{where}: qos must be one of {sorted(_QOS)}, "
+                                          f"got {qos!r}")  # fmt: skip
+        bandwidth = check.real(where, "bandwidth", bandwidth, 0.0, 1.0)
+        partition = check.text(where, "partition", partition)
+        priority = check.int32(where, "priority", priority)
+        if deadline is not None:
+            deadline = check.real(where, "deadline", deadline, -math.inf)
+        if sim_ms is not None:
+            # A cost that is not finite would move the simulated clock past every time.
+            sim_ms = check.real(where, "sim_ms", sim_ms, 0.0)
         kwargs = dict(kwargs or {})
         with _EXEC_LOCK:
             res = fn.reservation(*args, **kwargs)
-        cost = float(sim_ms) if sim_ms is not None else res.traffic_bytes / self._sim_bytes_per_ms
-        if not cost >= 0:
-            raise ValueError(f"sim_ms must be >= 0, got {sim_ms}")
+        cost = sim_ms if sim_ms is not None else res.traffic_bytes / self._sim_bytes_per_ms
+        if not math.isfinite(cost):
+            raise errors.GPUKitValueError(f"{where}: the simulated cost of {res.traffic_bytes} "
+                                          f"bytes at sim_gbps={self._sim_bytes_per_ms / 1e6} "
+                                          "is not finite")  # fmt: skip
         tenant = str(tenant or getattr(fn, "__name__", "tenant"))
         with self._locked():
-            if self._closed:
-                raise RuntimeError("the scheduler is closed")
+            self._check_open_locked()
             now = self._clock.now()
             deadline_ms = None if deadline is None else now + deadline * 1e3
             tid, status, reason, others = self._core.submit(
@@ -184,7 +213,9 @@ class Scheduler:
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
         """Call fn on the dispatcher thread once the scheduler's clock reaches t_ms (an
         arrival process in simulated time; it may submit)."""
+        t_ms = check.real("Scheduler.at", "t_ms", t_ms, -math.inf)
         with self._cond:
+            self._check_open_locked()
             self._clock.call_at(t_ms, fn)
             self._cond.notify_all()
 
@@ -203,6 +234,12 @@ class Scheduler:
             with self._cond:
                 self._paused -= 1
                 self._cond.notify_all()
+
+    def _check_open_locked(self) -> None:
+        if self._stopped is not None:
+            raise errors.SchedulerError(str(self._stopped)) from self._stopped.__cause__
+        if self._closed:
+            raise errors.SchedulerError("the scheduler is closed")
 
     # -- reservations ---------------------------------------------------------------------
     def _admit_locked(self, ids: list[int], now: float) -> None:
@@ -393,6 +430,36 @@ class Scheduler:
         return bool(due)
 
     def _loop(self) -> None:
+        try:
+            self._dispatch()
+        except BaseException as e:  # whatever ends the dispatcher ends its tasks
+            self._stop(e)
+
+    def _stop(self, cause: BaseException) -> None:
+        """The dispatcher cannot go on: every task it would have started or ended fails with
+        a SchedulerError that says why, later calls raise one, and close() has nothing left
+        to wait for. A launch running on a real device is left to end as usual (its device
+        thread ends it, and its arena stays held until then)."""
+        err = errors.SchedulerError(f"the scheduler stopped: {type(cause).__name__}: {cause}")
+        err.__cause__ = cause
+        with self._locked():
+            self._stopped = err
+            for task in list(self._tasks.values()):
+                running = task._state == "running"
+                if running and not self.simulated:
+                    continue
+                try:
+                    if running:  # simulated: only the dispatcher would have ended it
+                        self._core.fail(task.id, 0.0, self._clock.now())
+                    else:
+                        self._core.cancel(task.id)
+                except Exception:  # the core may be what failed
+                    pass
+                self._counts["failed"] += 1
+                self._end_locked(task, "failed", error=err)
+            self._cond.notify_all()
+
+    def _dispatch(self) -> None:
         sim = isinstance(self._clock, SimClock)
         fruitless = False  # the last wake-up was a timeout that started nothing
         while True:
@@ -408,13 +475,15 @@ class Scheduler:
                 task = self._pick_locked(now)
                 if task is None:
                     t = None if self._paused else self._next_event_locked(now)
+                    if t is not None and not math.isfinite(t):
+                        raise errors.SchedulerError(f"the next event is at t={t} ms")
                     if sim and t is not None and t > now:
                         self._clock.advance_to(t)  # type: ignore[attr-defined]
                         self._device.advance_to(t)
                     elif sim:
                         self._cond.wait()
                     else:
-                        wait_ms = 500.0 if t is None else max(t - now, 0.0)
+                        wait_ms = IDLE_WAIT_MS if t is None else max(t - now, 0.0)
                         if fruitless:
                             # The last timed wake-up found the hold extended (a busy
                             # Guaranteed tenant pushes its idle time on with every step):

@@ -138,17 +138,29 @@ def _include_dirs_cached() -> tuple[str, ...]:
 
 
 def compile_kernel(
-    source: str, arch: str, options: Sequence[str] = (), name: str = "kernel.cu"
+    source: str,
+    arch: str,
+    options: Sequence[str] = (),
+    name: str = "kernel.cu",
+    dependencies: Sequence[str] = (),
 ) -> bytes:
     """Compile CUDA C++ to CUBIN for `arch` (e.g. 'sm_90') through the kernel cache.
 
+    `dependencies` are strings hashed into the cache key besides the source and options: the
+    digests of the headers the source includes (header_deps.header_dependencies).
     Raises CompileError with the NVRTC log and the offending source lines.
     """
     load_nvrtc()
     configure_kernel_cache()
-    return bytes(
-        _native.compile_cubin(source, arch, list(options), list(_include_dirs_cached()), name)
+    cubin = _native.compile_cubin(
+        source,
+        arch,
+        list(options),
+        list(_include_dirs_cached()),
+        name,
+        dependencies=list(dependencies),
     )
+    return bytes(cubin)
 
 
 def configure_kernel_cache() -> None:

@@ -1,6 +1,6 @@
 //! Raising the Python-side error classes of pygpukit.errors from Rust.
 
-use pyo3::exceptions::PyMemoryError;
+use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -43,4 +43,20 @@ pub fn out_of_memory(
         ("requested_bytes", requested.into_any()),
     ];
     project_error(py, "OutOfMemoryError", msg, PyMemoryError::new_err, &attrs)
+}
+
+/// `pygpukit.errors.GPUKitValueError`: an argument out of its domain.
+pub fn value_error(py: Python<'_>, msg: String) -> PyErr {
+    project_error(py, "GPUKitValueError", msg, PyValueError::new_err, &[])
+}
+
+/// `pygpukit.errors.GPUKitOverflowError`: an integer past what the argument holds.
+pub fn overflow_error(py: Python<'_>, msg: String) -> PyErr {
+    project_error(
+        py,
+        "GPUKitOverflowError",
+        msg,
+        PyOverflowError::new_err,
+        &[],
+    )
 }

@@ -7,25 +7,41 @@ use pygpukit_core::scheduler::{
     Admission, Partition, Qos, SchedError, SchedStats, Scheduler, TaskId, TaskSpec,
     DEFAULT_GUARD_MS, DEFAULT_MIN_IDLE_MS,
 };
-use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::PyDict;
 
-fn to_py(e: SchedError) -> PyErr {
+use crate::errors;
+
+fn to_py(py: Python<'_>, e: SchedError) -> PyErr {
     let msg = e.to_string();
     match e {
         SchedError::UnknownTask(_) | SchedError::Ended(_) => PyKeyError::new_err(msg),
         SchedError::InvalidTransition { .. } | SchedError::Throttled { .. } => {
             PyRuntimeError::new_err(msg)
         }
-        SchedError::InvalidArgument(_) => PyValueError::new_err(msg),
+        SchedError::InvalidArgument(_) => errors::value_error(py, msg),
     }
 }
 
-fn bytes_arg(what: &str, v: i128) -> PyResult<u64> {
+/// A byte count: negative is out of its domain, 2**64 and up past what it holds.
+fn bytes_arg(py: Python<'_>, what: &str, v: i128) -> PyResult<u64> {
+    if v < 0 {
+        return Err(errors::value_error(
+            py,
+            format!("{what} must be >= 0, got {v}"),
+        ));
+    }
     u64::try_from(v)
-        .map_err(|_| PyValueError::new_err(format!("{what} must be in [0, 2**64), got {v}")))
+        .map_err(|_| errors::overflow_error(py, format!("{what} must be < 2**64, got {v}")))
+}
+
+/// Priorities are C ints in the core and in CUDA.
+fn int32_arg(py: Python<'_>, what: &str, v: i128) -> PyResult<i32> {
+    i32::try_from(v).map_err(|_| {
+        errors::overflow_error(py, format!("{what} must be in [-2**31, 2**31), got {v}"))
+    })
 }
 
 /// Thread-safe scheduler core. `capacity_bytes` is the node memory that
@@ -115,11 +131,19 @@ impl PySchedulerCore {
     /// which a Guaranteed tenant counts as idle.
     #[new]
     #[pyo3(signature = (capacity_bytes, burst_ms = 50.0, guard_ms = DEFAULT_GUARD_MS, min_idle_ms = DEFAULT_MIN_IDLE_MS))]
-    fn new(capacity_bytes: i128, burst_ms: f64, guard_ms: f64, min_idle_ms: f64) -> PyResult<Self> {
-        let cap = bytes_arg("capacity_bytes", capacity_bytes)?;
-        let mut inner = Scheduler::new(cap, burst_ms).map_err(to_py)?;
-        inner.set_guard_ms(guard_ms).map_err(to_py)?;
-        inner.set_min_idle_ms(min_idle_ms).map_err(to_py)?;
+    fn new(
+        py: Python<'_>,
+        capacity_bytes: i128,
+        burst_ms: f64,
+        guard_ms: f64,
+        min_idle_ms: f64,
+    ) -> PyResult<Self> {
+        let cap = bytes_arg(py, "capacity_bytes", capacity_bytes)?;
+        let mut inner = Scheduler::new(cap, burst_ms).map_err(|e| to_py(py, e))?;
+        inner.set_guard_ms(guard_ms).map_err(|e| to_py(py, e))?;
+        inner
+            .set_min_idle_ms(min_idle_ms)
+            .map_err(|e| to_py(py, e))?;
         Ok(Self {
             inner: Mutex::new(inner),
         })
@@ -132,15 +156,16 @@ impl PySchedulerCore {
         name: String,
         memory_quota_bytes: i128,
         bandwidth_share: f64,
-        stream_priority: i32,
+        stream_priority: i128,
     ) -> PyResult<()> {
         let p = Partition {
             name,
-            memory_quota_bytes: bytes_arg("memory_quota_bytes", memory_quota_bytes)?,
+            memory_quota_bytes: bytes_arg(py, "memory_quota_bytes", memory_quota_bytes)?,
             bandwidth_share,
-            stream_priority,
+            stream_priority: int32_arg(py, "stream_priority", stream_priority)?,
         };
-        self.with(py, |s| s.add_partition(p))?.map_err(to_py)
+        self.with(py, |s| s.add_partition(p))?
+            .map_err(|e| to_py(py, e))
     }
 
     /// Returns (task_id, "admitted" | "queued" | "rejected", reason or None,
@@ -154,26 +179,29 @@ impl PySchedulerCore {
         reservation_bytes: i128,
         now: f64,
         qos: &str,
-        priority: i32,
+        priority: i128,
         partition: &str,
         bandwidth_share: f64,
         deadline_ms: Option<f64>,
     ) -> PyResult<SubmitResult> {
         let qos = Qos::parse(qos).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "qos must be 'guaranteed', 'burstable' or 'best_effort', got {qos:?}"
-            ))
+            errors::value_error(
+                py,
+                format!("qos must be 'guaranteed', 'burstable' or 'best_effort', got {qos:?}"),
+            )
         })?;
         let spec = TaskSpec {
             tenant,
-            reservation_bytes: bytes_arg("reservation_bytes", reservation_bytes)?,
+            reservation_bytes: bytes_arg(py, "reservation_bytes", reservation_bytes)?,
             qos,
-            priority,
+            priority: int32_arg(py, "priority", priority)?,
             partition: partition.to_string(),
             bandwidth_share,
             deadline_ms,
         };
-        let r = self.with(py, |s| s.submit(spec, now))?.map_err(to_py)?;
+        let r = self
+            .with(py, |s| s.submit(spec, now))?
+            .map_err(|e| to_py(py, e))?;
         Ok(match r.admission {
             Admission::Admitted => (r.id, "admitted", None, r.also_admitted),
             Admission::Queued => (r.id, "queued", None, r.also_admitted),
@@ -183,38 +211,43 @@ impl PySchedulerCore {
 
     /// Whether pacing lets the admitted task start now (counts a throttle if not).
     fn may_start(&self, py: Python<'_>, task_id: TaskId, now: f64) -> PyResult<bool> {
-        self.with(py, |s| s.may_start(task_id, now))?.map_err(to_py)
+        self.with(py, |s| s.may_start(task_id, now))?
+            .map_err(|e| to_py(py, e))
     }
 
     /// `now` if the task may start, else when its tenant is back within its
     /// share, or None when only another task starting or ending can free it.
     fn next_start_time(&self, py: Python<'_>, task_id: TaskId, now: f64) -> PyResult<Option<f64>> {
         self.with(py, |s| s.next_start_time(task_id, now))?
-            .map_err(to_py)
+            .map_err(|e| to_py(py, e))
     }
 
     /// The admitted task that should start next, or None if pacing holds all back.
     fn pick_next(&self, py: Python<'_>, now: f64) -> PyResult<Option<TaskId>> {
-        self.with(py, |s| s.pick_next(now))?.map_err(to_py)
+        self.with(py, |s| s.pick_next(now))?
+            .map_err(|e| to_py(py, e))
     }
 
     /// Picks the next task and starts it in one step: (task_id, stream
     /// priority), or None if every waiting task is held back (those count as
     /// throttled or held for Guaranteed work).
     fn pick_and_start(&self, py: Python<'_>, now: f64) -> PyResult<Option<(TaskId, i32)>> {
-        self.with(py, |s| s.pick_and_start(now))?.map_err(to_py)
+        self.with(py, |s| s.pick_and_start(now))?
+            .map_err(|e| to_py(py, e))
     }
 
     /// The earliest time after `now` a waiting task could start with no other
     /// event (a bucket refilling, a Guaranteed tenant going idle), or None.
     fn next_wakeup(&self, py: Python<'_>, now: f64) -> PyResult<Option<f64>> {
-        self.with(py, |s| s.next_wakeup(now))?.map_err(to_py)
+        self.with(py, |s| s.next_wakeup(now))?
+            .map_err(|e| to_py(py, e))
     }
 
     /// Starts an admitted task; returns the CUDA stream priority to launch on.
     /// Raises RuntimeError if pacing holds it back or it is not admitted.
     fn start(&self, py: Python<'_>, task_id: TaskId, now: f64) -> PyResult<i32> {
-        self.with(py, |s| s.start(task_id, now))?.map_err(to_py)
+        self.with(py, |s| s.start(task_id, now))?
+            .map_err(|e| to_py(py, e))
     }
 
     /// Ends a running task with its measured GPU time; returns the ids
@@ -227,7 +260,7 @@ impl PySchedulerCore {
         now: f64,
     ) -> PyResult<Vec<TaskId>> {
         self.with(py, |s| s.complete(task_id, gpu_ms, now))?
-            .map_err(to_py)
+            .map_err(|e| to_py(py, e))
     }
 
     fn fail(
@@ -238,18 +271,19 @@ impl PySchedulerCore {
         now: f64,
     ) -> PyResult<Vec<TaskId>> {
         self.with(py, |s| s.fail(task_id, gpu_ms, now))?
-            .map_err(to_py)
+            .map_err(|e| to_py(py, e))
     }
 
     /// Withdraws a queued or admitted task; returns the ids admitted in its place.
     fn cancel(&self, py: Python<'_>, task_id: TaskId) -> PyResult<Vec<TaskId>> {
-        self.with(py, |s| s.cancel(task_id))?.map_err(to_py)
+        self.with(py, |s| s.cancel(task_id))?
+            .map_err(|e| to_py(py, e))
     }
 
     /// "queued", "admitted" or "running"; KeyError once the task has ended.
     fn state(&self, py: Python<'_>, task_id: TaskId) -> PyResult<&'static str> {
         self.with(py, |s| s.state(task_id).map(|st| st.name()))?
-            .map_err(to_py)
+            .map_err(|e| to_py(py, e))
     }
 
     fn queue_order(&self, py: Python<'_>) -> PyResult<Vec<TaskId>> {

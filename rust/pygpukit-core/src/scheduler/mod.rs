@@ -139,12 +139,36 @@ impl Scheduler {
         Ok(s)
     }
 
+    /// Adds a named partition. Its quota may not exceed the node's capacity,
+    /// and the bandwidth shares of the named partitions may not sum above 1
+    /// (the default partition spans the whole node and is not counted: it is
+    /// what tasks that name no partition share).
     pub fn add_partition(&mut self, p: Partition) -> Result<(), SchedError> {
         check_share("bandwidth_share", p.bandwidth_share)?;
         if p.name.is_empty() || self.partitions.contains_key(&p.name) {
             return Err(SchedError::InvalidArgument(format!(
                 "partition name {:?} is empty or taken",
                 p.name
+            )));
+        }
+        if p.memory_quota_bytes > self.res.capacity {
+            return Err(SchedError::InvalidArgument(format!(
+                "partition {:?}: memory quota of {} bytes exceeds the scheduler's memory ({} bytes)",
+                p.name, p.memory_quota_bytes, self.res.capacity
+            )));
+        }
+        let named: f64 = self
+            .partitions
+            .values()
+            .filter(|q| q.name != DEFAULT_PARTITION)
+            .map(|q| q.bandwidth_share)
+            .sum();
+        if p.name != DEFAULT_PARTITION && named + p.bandwidth_share > 1.0 + SHARE_EPS {
+            return Err(SchedError::InvalidArgument(format!(
+                "partition {:?}: bandwidth share {} would bring the partitions' shares to {:.3}, above 1",
+                p.name,
+                p.bandwidth_share,
+                named + p.bandwidth_share
             )));
         }
         self.partitions.insert(p.name.clone(), p);
@@ -349,5 +373,78 @@ impl Scheduler {
     /// Number of tasks holding a reservation (admitted or running).
     pub fn holders(&self) -> usize {
         self.res.holders()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(name: &str, memory_quota_bytes: u64, bandwidth_share: f64) -> Partition {
+        Partition {
+            name: name.into(),
+            memory_quota_bytes,
+            bandwidth_share,
+            stream_priority: 0,
+        }
+    }
+
+    fn invalid(r: Result<(), SchedError>, needle: &str) {
+        match r {
+            Err(SchedError::InvalidArgument(msg)) => {
+                assert!(msg.contains(needle), "{msg:?} does not name {needle:?}")
+            }
+            other => panic!("expected InvalidArgument naming {needle:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn partition_quota_above_capacity_is_refused() {
+        let mut s = Scheduler::new(1000, 50.0).unwrap();
+        invalid(
+            s.add_partition(part("big", 1001, 0.5)),
+            "memory quota of 1001 bytes",
+        );
+        s.add_partition(part("whole", 1000, 0.5)).unwrap();
+        assert_eq!(s.stats(None).partitions.len(), 2);
+    }
+
+    #[test]
+    fn partition_shares_summing_above_one_are_refused() {
+        let mut s = Scheduler::new(1000, 50.0).unwrap();
+        s.add_partition(part("a", 500, 0.7)).unwrap();
+        invalid(s.add_partition(part("b", 500, 0.4)), "above 1");
+        // Shares that reach 1 up to rounding are fine; the default partition is not counted.
+        s.add_partition(part("b", 500, 0.1 + 0.2)).unwrap();
+        invalid(s.add_partition(part("c", 1, 1e-6)), "\"c\"");
+        assert!(!s.stats(None).partitions.contains_key("c"));
+    }
+
+    #[test]
+    fn non_finite_and_out_of_range_arguments_are_refused() {
+        assert!(Scheduler::new(1, f64::INFINITY).is_err());
+        assert!(Scheduler::new(1, f64::NAN).is_err());
+        let mut s = Scheduler::new(1000, 50.0).unwrap();
+        invalid(s.add_partition(part("n", 1, f64::NAN)), "bandwidth_share");
+        invalid(s.set_guard_ms(f64::INFINITY), "guard_ms");
+        invalid(s.set_min_idle_ms(f64::NAN), "min_idle_ms");
+        let spec = TaskSpec {
+            tenant: "t".into(),
+            reservation_bytes: 1,
+            qos: Qos::Burstable,
+            priority: 0,
+            partition: DEFAULT_PARTITION.into(),
+            bandwidth_share: 1.0,
+            deadline_ms: None,
+        };
+        assert!(s.submit(spec.clone(), f64::INFINITY).is_err());
+        let mut late = spec.clone();
+        late.deadline_ms = Some(f64::INFINITY);
+        assert!(s.submit(late, 0.0).is_err());
+        let id = s.submit(spec, 0.0).unwrap().id;
+        s.start(id, 0.0).unwrap();
+        assert!(s.complete(id, f64::INFINITY, 1.0).is_err());
+        assert!(s.complete(id, 1.0, f64::NAN).is_err());
+        assert_eq!(s.complete(id, 1.0, 1.0), Ok(vec![]));
     }
 }
