@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 
 from .base import Backend
 
@@ -34,7 +34,9 @@ def _choose() -> Backend:
         from pygpukit.errors import CUDAError
 
         raise CUDAError(f"PYGPUKIT_BACKEND=cuda, but CUDA is not usable: {reason}")
-    sys.stderr.write(f"pygpukit: no usable CUDA GPU ({reason}); running on the NumPy backend\n")
+    logging.getLogger(__name__).warning(
+        "no usable CUDA GPU (%s); running on the NumPy backend", reason
+    )
     return NumpyBackend()
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pygpukit import _native
+from pygpukit.progress import slow_step
 
 MIN_SM = 80
 
@@ -132,9 +133,10 @@ def compile_kernel(
     Raises CompileError with the NVRTC log and the offending source lines.
     """
     load_nvrtc()
-    return bytes(
-        _native.compile_cubin(source, arch, list(options), list(_include_dirs_cached()), name)
-    )
+    with slow_step(f"compiling {name} for {arch}"):  # a disk-cache hit is quick and silent
+        return bytes(
+            _native.compile_cubin(source, arch, list(options), list(_include_dirs_cached()), name)
+        )
 
 
 def cuda_usable() -> tuple[bool, str]:
