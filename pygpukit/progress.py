@@ -1,10 +1,11 @@
 """Progress for work that may take more than a moment: loading weights, compiling kernels.
 
 On a terminal: one line on stderr, redrawn in place, drawn only once the work has taken
-DELAY seconds (quick work stays silent) and erased or ended when it is done. Elsewhere
-(a pipe, a log file, a test): nothing is drawn; one record goes to the `pygpukit`
-logger when the work ends, INFO when it was slow and DEBUG when not (`pygpukit -v` shows
-the first, `-vv` both). `pygpukit -q`, or any logger level above WARNING, hides the line.
+DELAY seconds (quick work stays silent) and erased or ended when it is done. In every
+case one record goes to the `pygpukit` logger when the work ends: INFO for a load (one a
+model), and for a step INFO when it was slow, DEBUG when not (a kernel from the disk
+cache); `pygpukit -v` shows INFO, `-vv` DEBUG. `pygpukit -q`, or any logger level above
+WARNING, hides the terminal line as well.
 """
 
 from __future__ import annotations
@@ -24,10 +25,6 @@ def on_terminal() -> bool:
     """Whether a progress line may be drawn: stderr is a TTY and the logger not quieted."""
     isatty = getattr(sys.stderr, "isatty", None)
     return bool(isatty and isatty()) and logging.getLogger("pygpukit").isEnabledFor(logging.WARNING)
-
-
-def _log_done(message: str, seconds: float) -> None:
-    _log.log(logging.INFO if seconds >= DELAY else logging.DEBUG, message)
 
 
 class ProgressBar:
@@ -65,8 +62,8 @@ class ProgressBar:
         if self.drawn:
             sys.stderr.write("\n")
             sys.stderr.flush()
-        _log_done(f"{self.label}: {self.done / 1e6:.1f} MB in {dt:.2f} s "
-                  f"({self.done / 1e9 / max(dt, 1e-9):.2f} GB/s)", dt)  # fmt: skip
+        _log.info(f"{self.label}: {self.done / 1e6:.1f} MB in {dt:.2f} s "
+                  f"({self.done / 1e9 / max(dt, 1e-9):.2f} GB/s)")  # fmt: skip
 
 
 @contextmanager
@@ -100,4 +97,4 @@ def slow_step(what: str) -> Iterator[None]:
                 sys.stderr.write("\r" + " " * len(text) + "\r")
                 sys.stderr.flush()
         dt = time.perf_counter() - t0
-        _log_done(f"{what}: {dt:.2f} s", dt)
+        _log.log(logging.INFO if dt >= DELAY else logging.DEBUG, f"{what}: {dt:.2f} s")
