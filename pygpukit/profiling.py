@@ -8,9 +8,9 @@ PYGPUKIT_DEBUG=1 prints the same table for every lazy realize (host timers on th
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +18,8 @@ from typing import Any
 from pygpukit.passes import Schedule
 
 from .backends import get_backend
+
+_log = logging.getLogger(__name__)
 
 
 class _HostTimer:
@@ -171,14 +173,17 @@ _COPY_GBS: dict[str, float] = {}
 
 
 def debug_realize(schedule: Schedule, inputs: list[Any]) -> None:
-    """PYGPUKIT_DEBUG=1: the profile table of one lazy realize, on stderr."""
+    """PYGPUKIT_DEBUG=1: the profile table of one lazy realize, to the `pygpukit` logger.
+
+    At WARNING: it was asked for, so it shows without any logging set up (Python prints
+    WARNING and above on stderr then), as `pygpukit -q` hides it."""
     backend = get_backend()
     if backend.name not in _COPY_GBS:
         _COPY_GBS[backend.name] = copy_bandwidth_gbs(backend, 8 << 20)
     try:
         rows = profile(schedule, inputs, repeats=1, backend=backend)
     except NotImplementedError as e:
-        sys.stderr.write(f"pygpukit debug: {e}\n")
+        _log.warning("debug: %s", e)
         return
-    sys.stderr.write(f"pygpukit realize: {len(schedule.steps)} steps\n")
-    sys.stderr.write(format_profile(rows, _COPY_GBS[backend.name]) + "\n")
+    _log.warning("realize: %d steps\n%s", len(schedule.steps),
+                 format_profile(rows, _COPY_GBS[backend.name]))  # fmt: skip

@@ -41,9 +41,10 @@ back to it. A value a setting cannot take raises SettingError (a ValueError) nam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from pygpukit.errors import SettingError
 
@@ -212,6 +213,17 @@ def set_skip_passes(names: Iterable[str] | None) -> None:
     if not all(isinstance(n, str) and n.strip() for n in listed):
         raise SettingError(f"set_skip_passes: expected pass names, got {list(listed)!r}")
     _set(SKIP_PASSES, tuple(n.strip() for n in listed))
+
+
+@contextlib.contextmanager
+def also_skipping(names: Iterable[str]) -> Iterator[None]:
+    """Leave these passes out as well, inside the block (`pygpukit graph dump --skip`)."""
+    saved = _overrides.get(SKIP_PASSES)
+    set_skip_passes(dict.fromkeys([*sorted(skip_passes()), *names]))
+    try:
+        yield
+    finally:
+        _set(SKIP_PASSES, saved)
 
 
 def skip_passes_source() -> str:

@@ -32,10 +32,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _settings_follow_the_environment() -> Iterator[None]:
-    """Settings read once (EAGER, DEBUG, SKIP_PASSES) are read again after each test, whose
-    monkeypatch has restored the environment by then (this fixture is set up first, so it
-    is torn down last)."""
-    yield
+    """Each test starts from the settings the one before it found: gpk.set_* calls made in a
+    test (or by a CLI command it runs) are undone, and the settings read once (EAGER, DEBUG,
+    SKIP_PASSES) are read again from the environment, which monkeypatch has restored by then
+    (this fixture is set up first, so it is torn down last)."""
     from pygpukit import settings
 
+    saved = dict(settings._overrides)
+    yield
+    settings._overrides.clear()
+    settings._overrides.update(saved)
     settings.reload()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 
 from pygpukit import settings
 
@@ -39,8 +39,8 @@ def _choose() -> Backend:
 
     if name == "cpu":
         if reason:
-            sys.stderr.write(
-                f"pygpukit: no usable CUDA GPU ({reason}); running on the NumPy backend\n"
+            logging.getLogger(__name__).warning(
+                "no usable CUDA GPU (%s); running on the NumPy backend", reason
             )
         return NumpyBackend()
     if reason:

@@ -1,9 +1,10 @@
-"""`pygpukit cache ls|clear`: the on-disk cache of compiled kernels."""
+"""`pygpukit cache ls|clear`: the on-disk cache of compiled kernels (`ls --json`: as JSON)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -12,12 +13,17 @@ def _ls(args: argparse.Namespace) -> int:
 
     configure_kernel_cache()
     entries = _native.kernel_cache_list()
+    total = sum(size for _, size, _ in entries)
+    limit = _native.kernel_cache_max_bytes()
+    if args.json:
+        rows = [{"key": key, "bytes": size, "mtime": mtime} for key, size, mtime in entries]
+        print(json.dumps({"dir": _native.kernel_cache_dir(), "entries": rows,
+                          "total_bytes": total, "limit_bytes": limit}, indent=1))  # fmt: skip
+        return 0
     print(f"cache dir: {_native.kernel_cache_dir()}")
     for key, size, mtime in entries:
         when = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
         print(f"{key}  {size:>10}  {when}")
-    total = sum(size for _, size, _ in entries)
-    limit = _native.kernel_cache_max_bytes()
     print(f"{len(entries)} entries, {total} bytes (limit {limit})")
     return 0
 
@@ -35,5 +41,7 @@ def _clear(args: argparse.Namespace) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("cache", help="list or clear the compiled-kernel cache")
     sub = p.add_subparsers(dest="cache_command", required=True)
-    sub.add_parser("ls", help="list cached kernels, newest first").set_defaults(func=_ls)
+    ls = sub.add_parser("ls", help="list cached kernels, newest first")
+    ls.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    ls.set_defaults(func=_ls)
     sub.add_parser("clear", help="delete every cached kernel").set_defaults(func=_clear)

@@ -2,16 +2,19 @@
 
     pygpukit graph dump model.py:block --arg "bf16[1,2048]" --arg "bf16[2048]"
     pygpukit graph dump model.py:block --arg "f32[4,64]" --format json > a.json
-    pygpukit graph diff a.json b.json
+    pygpukit graph dump model.py:block --arg "f32[4,64]" --format html > block.html
+    pygpukit graph dump model.py:block --arg "f32[4,64]" --skip fuse_linear
+    pygpukit graph diff a.json b.json          (exit 0: same, 1: different, 2: trouble)
     pygpukit graph profile model.py:block --arg "bf16[1,2048]"     (needs the CUDA backend)
     pygpukit graph profile model.py:block --arg "bf16[1,2048]" --format json
 
 `dump` traces without running anything on a GPU: it prints the graph after each pass
-(or only after --after PASS), per-pass provenance, the fusion report, the memory plan and
-the kernel list. `profile` times each kernel of the plan one by one (time, bytes moved,
-GB/s, % of the measured copy bandwidth), then compiles the function with gpk.compile and
-times its captured CUDA Graph's replays: the median per-call replay time is printed next to
-the per-kernel sum.
+(or only after --after PASS; --skip PASS leaves a pass out), per-pass provenance, the
+fusion report, the memory plan and the kernel list (`--format html`: a page drawing the
+graph). `profile` times each kernel of the plan one by one (time, bytes moved, GB/s, % of
+the measured copy bandwidth), then compiles the function with gpk.compile and times its
+captured CUDA Graph's replays: the median per-call replay time is printed next to the
+per-kernel sum.
 """
 
 from __future__ import annotations
@@ -19,15 +22,23 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import inspect
 import json
+import linecache
 import math
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 from pygpukit import settings
+
+from . import graph_diff
+from .console import UsageError
+from .graph_html import graph_page
 
 _SPEC = re.compile(r"^\s*([a-z0-9_]+)\s*\[([0-9,\s]*)\]\s*$")
 
@@ -41,14 +52,14 @@ def parse_arg(text: str) -> Any:
         try:
             dtype = as_dtype(m.group(1))
         except UnsupportedDType as e:
-            raise SystemExit(f"pygpukit graph: --arg {text!r}: {e}") from None
+            raise UsageError(f"--arg {text!r}: {e}") from None
         shape = tuple(int(d) for d in m.group(2).replace(" ", "").split(",") if d)
         return SimpleNamespace(shape=shape, dtype=dtype)
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        raise SystemExit(
-            f"pygpukit graph: --arg {text!r} is neither dtype[shape] (f32[4,8]) nor a literal"
+        raise UsageError(
+            f"--arg {text!r} is neither dtype[shape] (f32[4,8]) nor a Python literal"
         ) from None
 
 
@@ -56,12 +67,13 @@ def load_function(target: str) -> Any:
     """FILE.py:FUNC (FUNC may be dotted: model.forward) -> the plain Python function."""
     path, sep, name = target.rpartition(":")
     if not sep or not path:
-        raise SystemExit(f"pygpukit graph: expected FILE.py:FUNC, got {target!r}")
+        raise UsageError(f"expected FILE.py:FUNC, got {target!r}")
     if not os.path.exists(path):
-        raise SystemExit(f"pygpukit graph: no such file {path!r}")
+        raise UsageError(f"no such file {path!r}")
     mod_name = "_pygpukit_graph_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
     spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None or os.path.isdir(path):
+        raise UsageError(f"{path!r} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
@@ -69,9 +81,27 @@ def load_function(target: str) -> Any:
     obj: Any = module
     for part in name.split("."):
         if not hasattr(obj, part):
-            raise SystemExit(f"pygpukit graph: {path} has no {name!r}")
+            raise UsageError(f"{path} has no {name!r}")
         obj = getattr(obj, part)
-    return getattr(obj, "__wrapped_fn__", obj)
+    fn = getattr(obj, "__wrapped_fn__", obj)
+    if not callable(fn):
+        raise UsageError(f"{path}:{name} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def check_call(fn: Any, args: tuple[Any, ...]) -> None:
+    """One --arg per parameter of `fn`, before tracing calls it with the wrong count."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: tracing will tell
+        return
+    try:
+        sig.bind(*args)
+    except TypeError as e:
+        name = getattr(fn, "__name__", "the function")
+        raise UsageError(
+            f"{name}{sig} takes one --arg per parameter; got {len(args)}: {e}"
+        ) from None
 
 
 def trace_target(target: str, arg_texts: list[str]) -> Any:
@@ -80,6 +110,7 @@ def trace_target(target: str, arg_texts: list[str]) -> Any:
 
 def trace_function(fn: Any, args: tuple[Any, ...]) -> Any:
     """Trace `fn` on parse_arg's values (array specs and static literals)."""
+    check_call(fn, args)
     from pygpukit import runtime
     from pygpukit.compile.captures import scan
     from pygpukit.compile.pytree import flatten
@@ -139,17 +170,48 @@ def graph_dot(g: Any) -> str:
     return "\n".join(lines)
 
 
+def check_pass_name(name: str, flag: str) -> None:
+    """UsageError unless `name` is a pass of the pipeline."""
+    from pygpukit.passes.pipeline import pass_named
+
+    try:
+        pass_named(name)
+    except KeyError as e:
+        raise UsageError(f"{flag} {name}: {e.args[0]}") from None
+
+
+@contextmanager
+def skipping(names: list[str]) -> Iterator[None]:
+    """`dump --skip`: leave these passes out for this command, added to what the skip-passes
+    setting (gpk.set_skip_passes / PYGPUKIT_SKIP_PASSES) already names."""
+    for name in names:
+        check_pass_name(name, "--skip")
+    with settings.also_skipping(names):
+        yield
+
+
+def graph_html_doc(g: Any) -> dict[str, Any]:
+    """graph_json's dict with each node's code line (`source`) for the page's hover."""
+    doc = graph_json(g)
+    for n, row in zip(g.nodes, doc["nodes"], strict=True):
+        row["source"] = linecache.getline(n.loc.file, n.loc.line).strip() if n.loc else ""
+    return doc
+
+
 def compile_target(traced: Any, after: str | None, on_pass: Any) -> tuple[Any, Any, Any]:
     from pygpukit.passes import lower
     from pygpukit.passes.memory_plan import plan_memory
-    from pygpukit.passes.pipeline import PIPELINE, pass_named, run_pipeline
+    from pygpukit.passes.pipeline import default_passes, run_pipeline
 
+    try:
+        passes = default_passes()  # PIPELINE less PYGPUKIT_SKIP_PASSES (dump's --skip)
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
     if after is not None:
-        try:
-            pass_named(after)
-        except KeyError as e:
-            raise SystemExit(f"pygpukit graph: {e.args[0]}") from None
-    final = run_pipeline(traced.graph, list(PIPELINE), on_pass=on_pass)
+        check_pass_name(after, "--after")
+        if after not in {p.__name__ for p in passes}:
+            raise UsageError(f"--after {after}: that pass is skipped")
+    final = run_pipeline(traced.graph, passes, on_pass=on_pass)
     schedule = lower(final)
     n_args = len(traced.graph.inputs) - len(traced.persistent) - len(traced.constants)
     external = set(schedule.input_slots[n_args:]) - {-1}
@@ -177,7 +239,13 @@ def _kib(n: int) -> str:
 
 
 def dump(args: argparse.Namespace) -> int:
+    """Trace the target and print its graph through the passes (text, json, dot or html)."""
     settings.prefer_backend("cpu")  # tracing needs no GPU
+    with skipping(args.skip or []):
+        return _dump(args)
+
+
+def _dump(args: argparse.Namespace) -> int:
     from pygpukit.ir import format_graph
     from pygpukit.passes.patterns import format_report
 
@@ -210,6 +278,10 @@ def dump(args: argparse.Namespace) -> int:
     if args.format == "dot":
         print(graph_dot(shown))
         return 0
+    if args.format == "html":
+        title = f"{final.name} after {args.after or 'all passes'}"
+        sys.stdout.write(graph_page(graph_html_doc(shown), title))
+        return 0
     prov = {id(g): p for (_, g), p in zip(all_snapshots[1:], final.provenance, strict=False)}
     for name, g in snapshots:
         p = prov.get(id(g))
@@ -241,76 +313,15 @@ def dump(args: argparse.Namespace) -> int:
     return 0
 
 
-def diff(args: argparse.Namespace) -> int:
-    docs = []
-    for path in (args.a, args.b):
-        try:
-            with open(path) as f:
-                docs.append(json.load(f))
-        except (OSError, json.JSONDecodeError) as e:
-            raise SystemExit(f"pygpukit graph diff: cannot read {path}: {e}") from None
-    a, b = docs
-
-    def final_nodes(d: dict[str, Any]) -> list[dict[str, Any]]:
-        return d["graphs"][-1]["graph"]["nodes"] if d.get("graphs") else []
-
-    def counts(d: dict[str, Any]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for n in final_nodes(d):
-            out[n["op"]] = out.get(n["op"], 0) + 1
-        return out
-
-    ca, cb = counts(a), counts(b)
-    print(f"--- {args.a}\n+++ {args.b}")
-    print("# ops")
-    changed = False
-    for op in sorted(set(ca) | set(cb)):
-        if ca.get(op, 0) != cb.get(op, 0):
-            changed = True
-            print(f"  {op:<20} {ca.get(op, 0):>4} -> {cb.get(op, 0)}")
-
-    def sig(n: dict[str, Any]) -> str:
-        return f"{n['op']} {n['dtype']}{n['shape']} {n['loc']}".rstrip()
-
-    sa = [sig(n) for n in final_nodes(a)]
-    sb = [sig(n) for n in final_nodes(b)]
-    print("# nodes")
-    for s in sorted(set(sa) - set(sb)):
-        changed = True
-        print(f"  - {s}")
-    for s in sorted(set(sb) - set(sa)):
-        changed = True
-        print(f"  + {s}")
-    from pygpukit.passes.patterns import format_report
-
-    ra, rb = set(format_report(a.get("report", []))), set(format_report(b.get("report", [])))
-    print("# fusion report")
-    for s in sorted(ra - rb):
-        changed = True
-        print(f"  - {s}")
-    for s in sorted(rb - ra):
-        changed = True
-        print(f"  + {s}")
-    ma, mb = a.get("memory_plan", {}), b.get("memory_plan", {})
-    print(f"# arena {ma.get('arena_bytes')} -> {mb.get('arena_bytes')} bytes; kernels "
-          f"{len(a.get('kernels', []))} -> {len(b.get('kernels', []))}")  # fmt: skip
-    if ma.get("arena_bytes") != mb.get("arena_bytes"):
-        changed = True
-    if not changed:
-        print("(no differences)")
-    return 0
-
-
 def profile(args: argparse.Namespace) -> int:
     from pygpukit.backends import get_backend
 
     backend = get_backend()
     if backend.name != "cuda":
-        print("pygpukit graph profile: needs the CUDA backend, but this process runs on the "
-              f"{backend.name} (NumPy) backend; kernel times on the CPU say nothing about the "
-              "GPU. Use `pygpukit graph dump` for the plan, or run where `pygpukit info` shows "
-              "an SM80+ device.", file=sys.stderr)  # fmt: skip
-        return 2
+        raise UsageError("graph profile needs the CUDA backend, but this process runs on the "
+                         f"{backend.name} (NumPy) backend; kernel times on the CPU say nothing "
+                         "about the GPU. Use `pygpukit graph dump` for the plan, or run where "
+                         "`pygpukit info` shows an SM80+ device.")  # fmt: skip
     import pygpukit as gpk
     from pygpukit.passes import lower, run_pipeline
     from pygpukit.profiling import copy_bandwidth_gbs, replay_profile
@@ -380,13 +391,13 @@ def add_parser(subparsers: Any) -> None:
     d = sub.add_parser("dump", help="trace FILE.py:FUNC and print the graph through the passes")
     d.add_argument("target", help="FILE.py:FUNC")
     d.add_argument("--arg", action="append", help='an argument: "bf16[1,2048]" or a literal')
-    d.add_argument("--format", choices=("text", "json", "dot"), default="text")
+    d.add_argument("--format", choices=("text", "json", "dot", "html"), default="text",
+                   help="html: one self-contained page drawing the graph")  # fmt: skip
     d.add_argument("--after", metavar="PASS", help="show only the graph after this pass")
+    d.add_argument("--skip", metavar="PASS", action="append",
+                   help="run without this pass (repeatable; as PYGPUKIT_SKIP_PASSES)")  # fmt: skip
     d.set_defaults(func=dump)
-    f = sub.add_parser("diff", help="what changed between two `dump --format json` files")
-    f.add_argument("a")
-    f.add_argument("b")
-    f.set_defaults(func=diff)
+    graph_diff.add_parser(sub)
     r = sub.add_parser("profile", help="run FILE.py:FUNC on the GPU: each kernel's time and "
                        "the whole graph's replay time")  # fmt: skip
     r.add_argument("target", help="FILE.py:FUNC")

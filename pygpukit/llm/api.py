@@ -107,13 +107,12 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
     """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
 
     dtype None keeps the checkpoint's float type; "bfloat16"/"float32"/... casts on load.
-    Weights come back read-only. progress None shows the bar when stderr is a terminal.
+    Weights come back read-only. progress None draws a bar on a terminal once loading
+    takes more than a moment (pygpukit.progress); True always, False never.
     Only regular files inside the directory are read, and the config, the index, every
     header and the tokenizer are checked before any memory is allocated: a malformed
     checkpoint raises a LoadError naming the file and the field.
     """
-    import sys
-
     model = ModelDir(path)
     config_path = model.path("config.json")
     with model.open("config.json") as f:
@@ -141,8 +140,7 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
     try:
         if weight_map is not None:
             ckpt.check_index(weight_map, model.path(INDEX))
-        show = sys.stderr.isatty() if progress is None else progress
-        weights, used = load_weights(ckpt, cfg, target, show, config_path)
+        weights, used = load_weights(ckpt, cfg, target, progress, config_path)
     finally:
         ckpt.close()
     return Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)

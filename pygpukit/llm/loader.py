@@ -12,8 +12,6 @@ import math
 import os
 import re
 import struct
-import sys
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -26,6 +24,7 @@ from pygpukit.array import GPUArray
 from pygpukit.creation import from_numpy
 from pygpukit.errors import LoadError
 from pygpukit.ir import dtypes
+from pygpukit.progress import ProgressBar
 
 from .config import ModelConfig
 from .files import ModelDir, open_regular, parse_json, read_json
@@ -263,32 +262,6 @@ class Checkpoint:
         self._open.clear()
 
 
-class Progress:
-    """A plain one-line progress bar on stderr (no dependency)."""
-
-    def __init__(self, total_bytes: int, enabled: bool, label: str = "loading") -> None:
-        self.total, self.done, self.enabled, self.label = total_bytes, 0, enabled, label
-        self.t0 = time.perf_counter()
-
-    def update(self, nbytes: int) -> None:
-        self.done += nbytes
-        if not self.enabled:
-            return
-        frac = self.done / max(self.total, 1)
-        bar = "#" * int(30 * frac)
-        dt = max(time.perf_counter() - self.t0, 1e-9)
-        sys.stderr.write(
-            f"\r{self.label} [{bar:<30}] {self.done / 1e6:8.1f}/{self.total / 1e6:.1f} MB "
-            f"{self.done / 1e9 / dt:5.2f} GB/s"
-        )
-        sys.stderr.flush()
-
-    def finish(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def weight_names(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor the model needs, with its shape, in Hugging Face naming."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -383,7 +356,7 @@ def load_weights(
     ckpt: Checkpoint,
     cfg: ModelConfig,
     dtype: dtypes.DType | None,
-    progress: bool,
+    progress: bool | None,
     source: str = "config.json",
 ) -> tuple[dict[str, GPUArray], dtypes.DType]:
     """name -> read-only GPUArray. q/k/v and gate/up are concatenated into one matrix each,
@@ -395,7 +368,7 @@ def load_weights(
     target = dtype or dtypes.as_dtype(ckpt.info("model.embed_tokens.weight").dtype)
     if not target.is_float:
         raise LoadError(f"weights must load as a float dtype, got {target}")
-    bar = Progress(sum(ckpt.info(n).nbytes for n in needed), progress)
+    bar = ProgressBar(sum(ckpt.info(n).nbytes for n in needed), progress)
     out: dict[str, GPUArray] = {}
 
     def get(name: str) -> np.ndarray:

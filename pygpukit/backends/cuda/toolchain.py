@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pygpukit import _native, settings
+from pygpukit.progress import slow_step
 
 MIN_SM = 80
 
@@ -152,14 +153,15 @@ def compile_kernel(
     """
     load_nvrtc()
     configure_kernel_cache()
-    cubin = _native.compile_cubin(
-        source,
-        arch,
-        list(options),
-        list(_include_dirs_cached()),
-        name,
-        dependencies=list(dependencies),
-    )
+    with slow_step(f"compiling {name} for {arch}"):  # a disk-cache hit is quick and silent
+        cubin = _native.compile_cubin(
+            source,
+            arch,
+            list(options),
+            list(_include_dirs_cached()),
+            name,
+            dependencies=list(dependencies),
+        )
     return bytes(cubin)
 
 
