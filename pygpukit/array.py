@@ -11,6 +11,7 @@ import numpy as np
 
 from pygpukit import errors
 from pygpukit.ir import Node, dtypes, indexing, shapes, user_location
+from pygpukit.ir import strides as strides_mod
 from pygpukit.ir.dtypes import DType
 from pygpukit.ir.elementwise import canonical
 from pygpukit.ir.ops import weak_scalar_dtype
@@ -24,9 +25,34 @@ ArrayLike = Any
 
 def _scalar_node(value: Scalar, like: DType) -> Node:
     d = weak_scalar_dtype(value, like)
-    return runtime.record(
-        "full", (), {"shape": (), "dtype": d.name, "value": d.np.type(value).item()}
-    )
+    return runtime.record("full", (), {"shape": (), "dtype": d.name,
+                                       "value": scalar_value(value, d)})  # fmt: skip
+
+
+def scalar_value(value: Scalar, d: DType) -> Scalar:
+    """A Python scalar as a value of dtype d, with NumPy 2's checks: an int out of d's range
+    raises OverflowError, a float NaN into an integer dtype ValueError, inf OverflowError.
+    Raises the builtins; callers wrap them with the op and the user's line."""
+    if d.kind in "iu" and not isinstance(value, bool):
+        if isinstance(value, float):
+            if math.isnan(value):
+                raise ValueError("cannot convert float NaN to integer")
+            if math.isinf(value):
+                raise OverflowError("cannot convert float infinity to integer")
+            value = int(value)
+        info = np.iinfo(d.np)
+        if not info.min <= value <= info.max:
+            raise OverflowError(f"Python integer {value} out of bounds for {d.name}")
+    with np.errstate(all="ignore"):  # a float too large for f16 becomes inf, as in NumPy
+        out: Scalar = d.np.type(value).item()
+    return out
+
+
+def _scalar_error(op: str, e: Exception, a: Any, b: Any) -> Exception:
+    """A scalar that does not fit the other operand's dtype, named with op and line."""
+    ins = [(x.shape, x.dtype) if isinstance(x, GPUArray) else ((), type(x).__name__)
+           for x in (a, b)]  # fmt: skip
+    return errors.op_error(op, e, ins, user_location())
 
 
 def _node_of(x: ArrayLike, like: DType | None = None) -> Node:
@@ -50,7 +76,10 @@ def _pair(a: ArrayLike, b: ArrayLike) -> tuple[Node, Node]:
 
 def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     """Record elementwise op(a, b); Python scalars are weak (NEP 50)."""
-    na, nb = _pair(a, b)
+    try:
+        na, nb = _pair(a, b)
+    except (OverflowError, ValueError) as e:
+        raise _scalar_error(op, e, a, b) from None
     return GPUArray(runtime.record(canonical(op, [na.dtype, nb.dtype]), (na, nb)))
 
 
@@ -67,12 +96,41 @@ class GPUArray:
     `.realize()`, `gpk.realize(*xs)`), or at once inside `gpk.eager()`.
     """
 
-    __slots__ = ("_node", "_readonly", "__weakref__")
+    __slots__ = ("_raw", "_readonly", "_link", "__weakref__")
     __array_priority__ = 100  # NumPy defers `ndarray + GPUArray` to us
 
     def __init__(self, node: Node) -> None:
-        self._node = node
+        self._raw = node
         self._readonly = False
+        self._link: _ViewLink | None = None
+
+    @property
+    def _node(self) -> Node:
+        """The node of this array's current value. A view re-derives it from its base's
+        current value when the base was written since (NumPy aliasing: writes to the base
+        show through its views)."""
+        link = self._link
+        if link is None:
+            return self._raw
+        base_node = link.base._node
+        if base_node is not link.seen or (not link.aliased and base_node.realized is not None):
+            self._raw = runtime.record(link.op, (base_node,), link.attrs)
+            link.seen, link.aliased = base_node, base_node.realized is not None
+        return self._raw
+
+    @_node.setter
+    def _node(self, node: Node) -> None:
+        self._raw = node
+        link = self._link
+        if link is not None:
+            link.seen = link.base._node
+            link.aliased = link.seen.realized is not None
+
+    @property
+    def base(self) -> GPUArray | None:
+        """The array this one is a view of (None for an array that owns its value), as in
+        NumPy: writes through a view reach its base and the base's other views."""
+        return None if self._link is None else self._link.base
 
     @property
     def readonly(self) -> bool:
@@ -248,7 +306,7 @@ class GPUArray:
         return unary("neg", self)
 
     def __pos__(self) -> GPUArray:
-        return self
+        return GPUArray(self._node)  # a new array, as NumPy's +a
 
     def __abs__(self) -> GPUArray:
         return unary("abs", self)
@@ -298,15 +356,17 @@ class GPUArray:
     def astype(self, dtype: Any) -> GPUArray:
         d = _dtype_arg("astype", dtype)
         if d == self.dtype:
-            return self
+            return GPUArray(self._node)  # a new array (NumPy copies): writes stay its own
         return GPUArray(runtime.record("cast", (self._node,), {"dtype": d.name}))
 
     def reshape(self, *shape: Any) -> GPUArray:
+        """A view when NumPy's would be one (the memory allows it), else a new array."""
         new = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], Sequence) else shape
-        return GPUArray(runtime.record("reshape", (self._node,), {"shape": _ints(new)}))
+        return _view_of(self, "reshape", {"shape": _ints(new)})
 
     def flatten(self) -> GPUArray:
-        return self.reshape(-1)
+        """A 1-D copy (NumPy's flatten never returns a view)."""
+        return GPUArray(self.reshape(-1)._node)
 
     def transpose(self, *axes: Any) -> GPUArray:
         if len(axes) == 1 and isinstance(axes[0], Sequence):
@@ -314,7 +374,7 @@ class GPUArray:
         if not axes:
             axes = tuple(reversed(range(self.ndim)))
         perm = _axes("transpose", axes, self)
-        return GPUArray(runtime.record("permute", (self._node,), {"perm": perm}))
+        return _view_of(self, "permute", {"perm": perm})
 
     permute = transpose
 
@@ -374,8 +434,9 @@ class GPUArray:
             spec, _ = indexing.normalize_index(self.shape, spec_index)
         except indexing.IndexRuleError as e:
             raise errors.op_error("index", e, [(self.shape, self.dtype)], user_location()) from None
-        node = runtime.record("index", (self._node, *dyn), {"spec": spec})
-        return GPUArray(node)
+        if dyn:  # NumPy copies for an array index, even a 0-d one: not a view
+            return GPUArray(runtime.record("index", (self._node, *dyn), {"spec": spec}))
+        return _view_of(self, "index", {"spec": spec})
 
     # -- interop (zero-copy; see pygpukit/interop.py) --------------------------------------
     @property
@@ -395,13 +456,7 @@ class GPUArray:
         return dlpack_device(self)
 
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
-        if self._readonly or _over_readonly(self._node):
-            loc = user_location()
-            where = f"\n  at {loc.full}" if loc else ""
-            raise errors.GPUKitValueError(
-                f"setitem: the array {self.dtype.short}{list(self.shape)} is read-only "
-                f"(loaded weights are; write into a .copy()){where}"
-            )
+        _check_writable(self)
         spec_index, dyn = _dynamic(index)
         try:
             spec, _ = indexing.normalize_index(self.shape, spec_index)
@@ -411,10 +466,24 @@ class GPUArray:
             ) from None
         if any(e[0] == "new" for e in spec):
             spec = tuple(e for e in spec if e[0] != "new")
-        v = _node_of(value, self.dtype)
+        v = _store_value(value, self)
         if v.dtype != self.dtype:
             v = runtime.record("cast", (v,), {"dtype": self.dtype.name})
-        self._node = runtime.record("setitem", (self._node, v, *dyn), {"spec": spec})
+        _assign(self, runtime.record("setitem", (self._node, v, *dyn), {"spec": spec}))
+
+
+def _store_value(value: ArrayLike, x: GPUArray) -> Node:
+    """The node of a value stored into x; a scalar is checked against x's dtype (NumPy 2:
+    `int8_array[0] = 300` and `int_array[0] = nan` raise)."""
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        value = value.item()  # NumPy scalars follow the Python scalar rules here
+    if isinstance(value, bool | int | float) and not isinstance(value, GPUArray):
+        try:
+            v = scalar_value(value, x.dtype)
+        except (OverflowError, ValueError) as e:
+            raise _scalar_error("setitem", e, x, value) from None
+        return runtime.record("full", (), {"shape": (), "dtype": x.dtype.name, "value": v})
+    return _node_of(value, x.dtype)
 
 
 def _copy(x: GPUArray) -> GPUArray:
@@ -512,10 +581,14 @@ def matmul(a: ArrayLike, b: ArrayLike) -> GPUArray:
 
 
 def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> GPUArray:
-    n = _node_of(x)
-    if tuple(shape) == n.shape:
-        return GPUArray(n)
-    return GPUArray(runtime.record("expand", (n,), {"shape": _ints(shape)}))
+    """A read-only view of x broadcast to shape (NumPy's: writing it raises)."""
+    xa = x if isinstance(x, GPUArray) else asarray(x)
+    new = _ints(shape)
+    if new == xa.shape:
+        out = GPUArray(xa._node)
+        out._link = _ViewLink(xa, "expand", {"shape": new}, xa._node, ())
+        return out
+    return _view_of(xa, "expand", {"shape": new})
 
 
 def expand_dims(x: GPUArray, axis: int) -> GPUArray:
@@ -539,6 +612,110 @@ def asarray(x: ArrayLike, dtype: Any = None) -> GPUArray:
     from .creation import asarray as _asarray
 
     return _asarray(x, dtype)
+
+
+# -- views: NumPy aliasing -------------------------------------------------------------------
+
+
+class _ViewLink:
+    """How a view derives from its base: the op and attrs that made it, the base node it was
+    last derived from, and its element strides in the root array's memory (which decide
+    whether a later reshape of it is a view, NumPy's rule)."""
+
+    __slots__ = ("base", "op", "attrs", "seen", "aliased", "strides")
+
+    def __init__(self, base: GPUArray, op: str, attrs: dict[str, Any], seen: Node,
+                 strides: tuple[int, ...]) -> None:  # fmt: skip
+        self.base, self.op, self.attrs, self.seen = base, op, attrs, seen
+        self.aliased = seen.realized is not None  # derived from realised memory: shares it
+        self.strides = strides
+
+
+def _layout(x: GPUArray) -> tuple[int, ...]:
+    """x's element strides in its root's memory (a root is C-contiguous)."""
+    return x._link.strides if x._link is not None else shapes.contiguous_strides(x.shape)
+
+
+def _view_of(x: GPUArray, op: str, attrs: dict[str, Any]) -> GPUArray:
+    """op(x) as a view of x where NumPy's would be one, else as a new array."""
+    base_node = x._node
+    node = runtime.record(op, (base_node,), attrs)
+    out = GPUArray(node)
+    src = _layout(x)
+    if op == "index":
+        strides: tuple[int, ...] | None = strides_mod.index_view(
+            x.shape, src, node.attrs["spec"])[1]  # fmt: skip
+    elif op == "permute":
+        strides = tuple(src[p] for p in node.attrs["perm"])
+    elif op == "expand":
+        strides = strides_mod.broadcast_strides(x.shape, src, node.shape)
+    else:
+        strides = strides_mod.reshape_strides(x.shape, src, node.shape)
+    if strides is not None:
+        out._link = _ViewLink(x, op, node.attrs, base_node, strides)
+    return out
+
+
+def _read_only_reason(x: GPUArray) -> str | None:
+    """Why x must not be written, or None: read-only memory (loaded weights) or a
+    broadcast view anywhere up its chain of bases."""
+    a: GPUArray | None = x
+    while a is not None:
+        if a._readonly or _over_readonly(a._raw):
+            return "is read-only (loaded weights are; write into a .copy())"
+        link = a._link
+        if link is not None and link.op == "expand":
+            return ("is a broadcast view (broadcast_to/expand), read-only as in NumPy; "
+                    "write into a .copy()")  # fmt: skip
+        a = None if link is None else link.base
+    return None
+
+
+def _check_writable(x: GPUArray) -> None:
+    reason = _read_only_reason(x)
+    if reason is not None:
+        loc = user_location()
+        where = f"\n  at {loc.full}" if loc else ""
+        raise errors.GPUKitValueError(
+            f"setitem: the array {x.dtype.short}{list(x.shape)} {reason}{where}"
+        )
+
+
+def _assign(x: GPUArray, node: Node) -> None:
+    """x's whole value becomes node; for a view, by writing its base (NumPy aliasing)."""
+    link = x._link
+    if link is None:
+        x._raw = node
+        return
+    base = link.base
+    if link.op == "index":
+        spec = link.attrs["spec"]
+        region = indexing.region_shape(base.shape, spec)
+        if node.shape != region:  # drop the dims None inserted
+            node = runtime.record("reshape", (node,), {"shape": region})
+        stored = tuple(e for e in spec if e[0] != "new")
+        new = runtime.record("setitem", (base._node, node), {"spec": stored})
+    elif link.op == "permute":
+        perm = link.attrs["perm"]
+        new = runtime.record("permute", (node,), {"perm": tuple(perm.index(i) for i in
+                                                                range(len(perm)))})  # fmt: skip
+    else:  # reshape
+        new = runtime.record("reshape", (node,), {"shape": base.shape})
+    _assign(base, new)  # x re-derives from the written base when next read
+
+
+def realize_arrays(arrays: Sequence[GPUArray]) -> None:
+    """Realise arrays in one graph, the bases of views first, so a view's memory is its
+    base's (an in-place write into it, as a compiled function's writeback, reaches the base)."""
+    roots = []
+    for a in arrays:
+        if a._link is not None:
+            while a._link is not None:
+                a = a._link.base
+            roots.append(a)
+    if roots:
+        runtime.realize([r._node for r in roots])
+    runtime.realize([a._node for a in arrays])
 
 
 _VIEW_OPS = ("reshape", "permute", "expand", "index")

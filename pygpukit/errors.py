@@ -81,6 +81,8 @@ __all__ = [
     "AdmissionRejected",
     "FreedArrayError",
     "LoadError",
+    "GPUKitValueError",
+    "GPUKitOverflowError",
 ]
 
 
@@ -107,6 +109,8 @@ def op_error(
         return ShapeError(msg)
     if isinstance(exc, DTypeRuleError | UnsupportedDType | TypeError):
         return DTypeError(msg)
+    if isinstance(exc, OverflowError):
+        return GPUKitOverflowError(msg)
     if isinstance(exc, ValueError | ArithmeticError):
         return ShapeError(msg) if "shape" in str(exc) else GPUKitValueError(msg)
     return exc
@@ -114,3 +118,7 @@ def op_error(
 
 class GPUKitValueError(GPUKitError, ValueError):
     """A value an op cannot take (a negative integer power, say)."""
+
+
+class GPUKitOverflowError(GPUKitError, OverflowError):
+    """A value out of its dtype's range (a Python int into an int8 array, inf into ints)."""
