@@ -68,8 +68,10 @@ def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
     kv_start = extra.pop(0).astype(np.int64) if attrs.get("kv_start") else None
     if not 0 <= kv_len <= sk:
         raise ValueError(f"kv_len {kv_len} is outside [0, {sk}] (the key length)")
-    if kv_start is not None and kv_start.size and not (
-        0 <= kv_start.min() and kv_start.max() <= sk
+    if (
+        kv_start is not None
+        and kv_start.size
+        and not (0 <= kv_start.min() and kv_start.max() <= sk)
     ):
         raise ValueError(f"kv_start {kv_start.tolist()} is outside [0, {sk}] (the key length)")
     groups = q.shape[-3] // k.shape[-3]
