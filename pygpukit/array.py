@@ -250,9 +250,14 @@ class GPUArray:
         return int(self.item())
 
     def free(self) -> None:
-        """Return the memory to the pool now; later use of the array raises FreedArrayError."""
-        if self._node.realized is not None:
-            get_backend().storage(self._node.realized).release()
+        """Return the memory to the pool now; later use of the array raises FreedArrayError.
+        A pending array is never computed: anything recorded from it raises when realised."""
+        node = self._node
+        if node.realized is None:
+            backend = get_backend()
+            node.realized = backend.empty((0,), self.dtype)  # type: ignore[attr-defined]
+            node.inputs = ()  # its pending graph is dropped, not run
+        get_backend().storage(node.realized).release()
 
     def __repr__(self) -> str:
         body = np.array2string(self.to_numpy(), separator=", ", prefix="GPUArray(")
@@ -475,7 +480,7 @@ class GPUArray:
 def _store_value(value: ArrayLike, x: GPUArray) -> Node:
     """The node of a value stored into x; a scalar is checked against x's dtype (NumPy 2:
     `int8_array[0] = 300` and `int_array[0] = nan` raise)."""
-    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+    if isinstance(value, np.generic):
         value = value.item()  # NumPy scalars follow the Python scalar rules here
     if isinstance(value, bool | int | float) and not isinstance(value, GPUArray):
         try:

@@ -52,11 +52,12 @@ def _is_leaf(n: Node) -> bool:
 
 def _check_not_freed(order: list[Node], backend: Any) -> None:
     for n in order:
-        for i in n.inputs:
+        for k, i in enumerate(n.inputs):
             if i.realized is not None and backend.storage(i.realized).freed:
+                made = f" (made at {i.loc.full})" if i.loc else ""
                 raise errors.FreedArrayError(
-                    f"{n.op}: uses an array that was freed "
-                    f"{errors.describe_inputs([(x.shape, x.dtype) for x in n.inputs], n.loc)}"
+                    f"{n.op}: input {k}, the array {i.dtype.short}{list(i.shape)}{made}, was "
+                    f"freed {errors.describe_inputs([(x.shape, x.dtype) for x in n.inputs], n.loc)}"
                 )
 
 
