@@ -26,8 +26,10 @@ def _like(p: ArrayLike, x: GPUArray) -> GPUArray:
 def gelu(x: ArrayLike, approximate: str = "none") -> GPUArray:
     """GELU; approximate='tanh' is the tanh formula, 'none' the exact erf one (torch's names)."""
     if approximate not in ("none", "tanh"):
-        raise errors.GPUKitValueError(
-            f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}"
+        raise errors.user_error(
+            errors.GPUKitValueError,
+            "gelu",
+            f"approximate must be 'none' or 'tanh', got {approximate!r}",
         )
     return unary("gelu", x, approximate=approximate)
 
@@ -125,7 +127,7 @@ def scaled_dot_product_attention(
         _check_lengths(op, "kv_start", kv_start, seq)
         attrs["kv_start"] = True
         ins += (_arr(kv_start)._node,)
-    return GPUArray(runtime.record("sdpa", ins, attrs))
+    return GPUArray(runtime.record("sdpa", ins, attrs, op))
 
 
 def _where() -> str:
@@ -150,7 +152,9 @@ def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None,
            activation: str = "none") -> GPUArray:  # fmt: skip
     """x @ weight.T (+ bias) (+ activation in none|gelu_tanh|gelu_erf|silu), one fused GEMM."""
     if activation not in ("none", "gelu_tanh", "gelu_erf", "silu"):
-        raise errors.GPUKitValueError(f"linear: unknown activation {activation!r}")
+        raise errors.user_error(
+            errors.GPUKitValueError, "linear", f"unknown activation {activation!r}"
+        )
     xa = _arr(x)
     ins = [xa._node, _like(weight, xa)._node]
     if bias is not None:

@@ -28,12 +28,15 @@ _CACHE_LIMIT = 2048
 stats = {"realize_calls": 0, "schedule_hits": 0, "schedule_misses": 0}
 
 
-def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = None) -> Node:
+def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = None,
+           name: str | None = None) -> Node:  # fmt: skip
+    """One node of op, checked now; an error names `name` (the user's function, where it
+    differs from the IR op: broadcast_to records expand), the inputs and the user's line."""
     loc = user_location()
     try:
         node = Node.make(op, inputs, attrs, loc)
     except (ShapeRuleError, DTypeRuleError, UnsupportedDType, IndexRuleError) as e:
-        raise errors.op_error(op, e, [(i.shape, i.dtype) for i in inputs], loc) from None
+        raise errors.op_error(name or op, e, [(i.shape, i.dtype) for i in inputs], loc) from None
     if is_eager():
         realize([node])
     return node
