@@ -20,7 +20,7 @@ import pygpukit as gpk
 
 DTYPES = ["float32", "float16", "bfloat16", "int8", "int32", "bool"]
 MODES = ["lazy", "eager", "compiled"]
-FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 # -- programs ---------------------------------------------------------------------------------
