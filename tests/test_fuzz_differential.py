@@ -178,9 +178,16 @@ def attention_cases(draw: st.DrawFn) -> dict[str, Any]:
         "causal": draw(st.booleans()),
         "scale": draw(st.sampled_from([None, None, 0.0, 0.3, math.nan])),
         "kv_len": draw(st.one_of(st.none(), st.integers(0, sk))),
-        "poison": draw(st.lists(st.tuples(st.sampled_from("qkv"),
-                                           st.sampled_from([math.nan, math.inf, -math.inf]),
-                                           st.integers(0, 10**6)), max_size=2)),  # fmt: skip
+        "poison": draw(
+            st.lists(
+                st.tuples(
+                    st.sampled_from("qkv"),
+                    st.sampled_from([math.nan, math.inf, -math.inf]),
+                    st.integers(0, 10**6),
+                ),
+                max_size=2,
+            )
+        ),  # fmt: skip
     }
     return case
 
