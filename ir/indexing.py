@@ -60,9 +60,12 @@ def normalize_index(shape: Shape, index: Any) -> tuple[IndexSpec, Shape]:
             continue
         size = shape[dim]
         if isinstance(i, slice):
-            start, stop, step = i.indices(size)
-            if step == 0:
-                raise IndexRuleError("slice step cannot be zero")
+            if i.step == 0:  # NumPy's is a ValueError, not an IndexError
+                raise ShapeRuleError("slice step cannot be zero")
+            try:
+                start, stop, step = i.indices(size)
+            except TypeError:
+                raise IndexRuleError(f"slice indices must be integers or None, got {i}") from None
             spec.append(("slice", start, stop, step))
             out.append(len(range(start, stop, step)))
         elif isinstance(i, DynamicIndex):

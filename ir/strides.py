@@ -51,7 +51,7 @@ def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], 
 def reshape_strides(shape: Sequence[int], strides: Sequence[int],
                     new: Sequence[int]) -> Strides | None:  # fmt: skip
     """Strides of `new` over the same memory, or None when a copy is needed (NumPy's rule)."""
-    if is_contiguous(shape, strides):
+    if is_contiguous(shape, strides) or 0 in shape:  # an empty array: any layout is a view
         return tuple(contiguous_strides(tuple(new)))
     old = [(d, s) for d, s in zip(shape, strides, strict=True) if d != 1]
     out: list[int] = []

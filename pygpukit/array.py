@@ -11,6 +11,7 @@ import numpy as np
 
 from pygpukit import errors
 from pygpukit.ir import Node, dtypes, indexing, shapes, user_location
+from pygpukit.ir import strides as strides_mod
 from pygpukit.ir.dtypes import DType
 from pygpukit.ir.elementwise import canonical
 from pygpukit.ir.ops import weak_scalar_dtype
@@ -24,39 +25,96 @@ ArrayLike = Any
 
 def _scalar_node(value: Scalar, like: DType) -> Node:
     d = weak_scalar_dtype(value, like)
-    return runtime.record(
-        "full", (), {"shape": (), "dtype": d.name, "value": d.np.type(value).item()}
-    )
+    return runtime.record("full", (), {"shape": (), "dtype": d.name,
+                                       "value": scalar_value(value, d)})  # fmt: skip
 
 
-def _node_of(x: ArrayLike, like: DType | None = None) -> Node:
+def scalar_value(value: Scalar, d: DType) -> Scalar:
+    """A Python scalar as a value of dtype d, with NumPy 2's checks: an int out of d's range
+    raises OverflowError, a float NaN into an integer dtype ValueError, inf OverflowError.
+    Raises the builtins; callers wrap them with the op and the user's line."""
+    if d.kind in "iu" and not isinstance(value, bool):
+        if isinstance(value, float):
+            if math.isnan(value):
+                raise ValueError("cannot convert float NaN to integer")
+            if math.isinf(value):
+                raise OverflowError("cannot convert float infinity to integer")
+            value = int(value)
+        info = np.iinfo(d.np)
+        if not info.min <= value <= info.max:
+            raise OverflowError(f"Python integer {value} out of bounds for {d.name}")
+    with np.errstate(all="ignore"):  # a float too large for f16 becomes inf, as in NumPy
+        out: Scalar = d.np.type(value).item()
+    return out
+
+
+def _scalar_error(op: str, e: Exception, a: Any, b: Any) -> Exception:
+    """A scalar that does not fit the other operand's dtype, named with op and line."""
+    ins: list[tuple[tuple[int, ...], object]] = [
+        (x.shape, x.dtype) if isinstance(x, GPUArray) else ((), type(x).__name__) for x in (a, b)
+    ]
+    return errors.op_error(op, e, ins, user_location())
+
+
+def _node_of(x: ArrayLike, like: DType | None = None, op: str = "asarray") -> Node:
     if isinstance(x, GPUArray):
         return x._node
     if isinstance(x, bool | int | float) and like is not None:
         return _scalar_node(x, like)
     if isinstance(x, np.generic):
         x = np.asarray(x)
-    return asarray(x)._node
+    from .creation import to_array
+
+    return to_array(x, None, op)._node
 
 
-def _pair(a: ArrayLike, b: ArrayLike) -> tuple[Node, Node]:
+def _pair(a: ArrayLike, b: ArrayLike, op: str = "asarray") -> tuple[Node, Node]:
     """Nodes of two operands; a Python scalar takes the other side's dtype (NEP 50)."""
     if isinstance(a, GPUArray):
-        return a._node, _node_of(b, a.dtype)
+        return a._node, _node_of(b, a.dtype, op)
     if isinstance(b, GPUArray):
-        return _node_of(a, b.dtype), b._node
-    return _node_of(a), _node_of(b)
+        return _node_of(a, b.dtype, op), b._node
+    return _node_of(a, None, op), _node_of(b, None, op)
+
+
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def _wide_scalar(value: Any, x: Any) -> Any:
+    """NumPy 2 compares an integer array with an out-of-range Python int exactly (int8 < 300
+    is True): the scalar joins as int64, or float64 past int64's range."""
+    if isinstance(value, int) and not isinstance(value, bool) and isinstance(x, GPUArray):
+        if -(2**63) <= value < 2**63:
+            return from_node(_typed_scalar(value, dtypes.int64))
+        return from_node(_typed_scalar(float(value), dtypes.float64))
+    return value
+
+
+def _typed_scalar(value: Scalar, d: DType) -> Node:
+    return runtime.record("full", (), {"shape": (), "dtype": d.name, "value": value})
+
+
+def from_node(node: Node) -> GPUArray:
+    """A GPUArray over a recorded node."""
+    return GPUArray(node)
 
 
 def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     """Record elementwise op(a, b); Python scalars are weak (NEP 50)."""
-    na, nb = _pair(a, b)
+    try:
+        na, nb = _pair(a, b, op)
+    except (OverflowError, ValueError) as e:
+        if isinstance(e, errors.GPUKitError):
+            raise
+        if op not in _COMPARISONS or not isinstance(e, OverflowError):
+            raise _scalar_error(op, e, a, b) from None
+        na, nb = _pair(_wide_scalar(a, b), _wide_scalar(b, a), op)
     return GPUArray(runtime.record(canonical(op, [na.dtype, nb.dtype]), (na, nb)))
 
 
 def unary(op: str, x: ArrayLike, **attrs: Any) -> GPUArray:
     """Record elementwise op(x; attrs)."""
-    n = _node_of(x)
+    n = _node_of(x, None, op)
     return GPUArray(runtime.record(canonical(op, [n.dtype]), (n,), attrs))
 
 
@@ -67,12 +125,41 @@ class GPUArray:
     `.realize()`, `gpk.realize(*xs)`), or at once inside `gpk.eager()`.
     """
 
-    __slots__ = ("_node", "_readonly", "__weakref__")
+    __slots__ = ("_raw", "_readonly", "_link", "__weakref__")
     __array_priority__ = 100  # NumPy defers `ndarray + GPUArray` to us
 
     def __init__(self, node: Node) -> None:
-        self._node = node
+        self._raw = node
         self._readonly = False
+        self._link: _ViewLink | None = None
+
+    @property
+    def _node(self) -> Node:
+        """The node of this array's current value. A view re-derives it from its base's
+        current value when the base was written since (NumPy aliasing: writes to the base
+        show through its views)."""
+        link = self._link
+        if link is None:
+            return self._raw
+        base_node = link.base._node
+        if base_node is not link.seen or (not link.aliased and base_node.realized is not None):
+            self._raw = runtime.record(link.op, (base_node,), link.attrs)
+            link.seen, link.aliased = base_node, base_node.realized is not None
+        return self._raw
+
+    @_node.setter
+    def _node(self, node: Node) -> None:
+        self._raw = node
+        link = self._link
+        if link is not None:
+            link.seen = link.base._node
+            link.aliased = link.seen.realized is not None
+
+    @property
+    def base(self) -> GPUArray | None:
+        """The array this one is a view of (None for an array that owns its value), as in
+        NumPy: writes through a view reach its base and the base's other views."""
+        return None if self._link is None else self._link.base
 
     @property
     def readonly(self) -> bool:
@@ -134,7 +221,8 @@ class GPUArray:
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of unsized object")
+            raise errors.user_error(errors.DTypeError, "len", "len() of unsized object (a 0-d "
+                                    "array)")  # fmt: skip
         return self.shape[0]
 
     # -- running ---------------------------------------------------------------------------
@@ -168,33 +256,43 @@ class GPUArray:
         return a if dtype is None else a.astype(dtype)
 
     def item(self) -> Any:
+        """The one element as a Python scalar."""
+        return self._scalar("item", errors.ShapeError)
+
+    def _scalar(self, op: str, cls: type[errors.GPUKitError]) -> Any:
         if self.size != 1:
-            raise errors.ShapeError(
-                f"item: only arrays of size 1 convert to a Python scalar, got shape {self.shape}"
-            )
+            raise errors.user_error(cls, op, f"only arrays of size 1 convert to a Python "
+                                    f"scalar, got shape {self.shape}")  # fmt: skip
         return self.to_numpy().reshape(()).item()
 
     def tolist(self) -> Any:
         return self.to_numpy().tolist()
 
     def __bool__(self) -> bool:
-        return bool(self.item())
+        return bool(self._scalar("bool", errors.GPUKitValueError))  # NumPy: ambiguous
 
     def __float__(self) -> float:
-        return float(self.item())
+        return float(self._scalar("float", errors.DTypeError))
 
     def __int__(self) -> int:
-        return int(self.item())
+        return int(self._scalar("int", errors.DTypeError))
 
     def __index__(self) -> int:
-        if not self.dtype.is_int:
-            raise TypeError("only integer arrays can be used as an index")
+        if not self.dtype.is_int or self.ndim:
+            raise errors.user_error(errors.DTypeError, "index", "only 0-d integer arrays can "
+                                    f"be used as an index, got {self.dtype.short}"
+                                    f"{list(self.shape)}")  # fmt: skip
         return int(self.item())
 
     def free(self) -> None:
-        """Return the memory to the pool now; later use of the array raises FreedArrayError."""
-        if self._node.realized is not None:
-            get_backend().storage(self._node.realized).release()
+        """Return the memory to the pool now; later use of the array raises FreedArrayError.
+        A pending array is never computed: anything recorded from it raises when realised."""
+        node = self._node
+        if node.realized is None:
+            backend = get_backend()
+            node.realized = backend.empty((0,), self.dtype)  # type: ignore[attr-defined]
+            node.inputs = ()  # its pending graph is dropped, not run
+        get_backend().storage(node.realized).release()
 
     def __repr__(self) -> str:
         body = np.array2string(self.to_numpy(), separator=", ", prefix="GPUArray(")
@@ -204,6 +302,8 @@ class GPUArray:
         return str(self.to_numpy())
 
     def __iter__(self) -> Any:
+        if not self.shape:
+            raise errors.user_error(errors.DTypeError, "iter", "iteration over a 0-d array")
         for i in range(len(self)):
             yield self[i]
 
@@ -248,7 +348,7 @@ class GPUArray:
         return unary("neg", self)
 
     def __pos__(self) -> GPUArray:
-        return self
+        return GPUArray(self._node)  # a new array, as NumPy's +a
 
     def __abs__(self) -> GPUArray:
         return unary("abs", self)
@@ -298,15 +398,17 @@ class GPUArray:
     def astype(self, dtype: Any) -> GPUArray:
         d = _dtype_arg("astype", dtype)
         if d == self.dtype:
-            return self
+            return GPUArray(self._node)  # a new array (NumPy copies): writes stay its own
         return GPUArray(runtime.record("cast", (self._node,), {"dtype": d.name}))
 
     def reshape(self, *shape: Any) -> GPUArray:
+        """A view when NumPy's would be one (the memory allows it), else a new array."""
         new = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], Sequence) else shape
-        return GPUArray(runtime.record("reshape", (self._node,), {"shape": _ints(new)}))
+        return _view_of(self, "reshape", {"shape": _ints("reshape", new)})
 
     def flatten(self) -> GPUArray:
-        return self.reshape(-1)
+        """A 1-D copy (NumPy's flatten never returns a view)."""
+        return GPUArray(self.reshape(-1)._node)
 
     def transpose(self, *axes: Any) -> GPUArray:
         if len(axes) == 1 and isinstance(axes[0], Sequence):
@@ -314,7 +416,10 @@ class GPUArray:
         if not axes:
             axes = tuple(reversed(range(self.ndim)))
         perm = _axes("transpose", axes, self)
-        return GPUArray(runtime.record("permute", (self._node,), {"perm": perm}))
+        if sorted(perm) != list(range(self.ndim)):
+            raise errors.user_error(errors.ShapeError, "transpose", f"axes {tuple(axes)} do not "
+                                    f"match an array of shape {self.shape}")  # fmt: skip
+        return _view_of(self, "permute", {"perm": perm})
 
     permute = transpose
 
@@ -337,10 +442,9 @@ class GPUArray:
             drop = _axes("squeeze", (axis,) if isinstance(axis, int) else tuple(axis), self)
             for a in drop:
                 if self.shape[a] != 1:
-                    raise errors.ShapeError(
-                        f"squeeze: cannot select axis {a} of size {self.shape[a]} "
-                        f"(shape {self.shape})"
-                    )
+                    raise errors.user_error(errors.ShapeError, "squeeze", f"cannot select an "
+                                            f"axis to squeeze out which has size not equal to "
+                                            f"one: axis {a} of shape {self.shape}")  # fmt: skip
         return self.reshape(tuple(d for i, d in enumerate(self.shape) if i not in drop))
 
     def unsqueeze(self, axis: int) -> GPUArray:
@@ -372,10 +476,11 @@ class GPUArray:
         spec_index, dyn = _dynamic(index)
         try:
             spec, _ = indexing.normalize_index(self.shape, spec_index)
-        except indexing.IndexRuleError as e:
+        except (indexing.IndexRuleError, shapes.ShapeRuleError) as e:
             raise errors.op_error("index", e, [(self.shape, self.dtype)], user_location()) from None
-        node = runtime.record("index", (self._node, *dyn), {"spec": spec})
-        return GPUArray(node)
+        if dyn:  # NumPy copies for an array index, even a 0-d one: not a view
+            return GPUArray(runtime.record("index", (self._node, *dyn), {"spec": spec}))
+        return _view_of(self, "index", {"spec": spec})
 
     # -- interop (zero-copy; see pygpukit/interop.py) --------------------------------------
     @property
@@ -395,26 +500,42 @@ class GPUArray:
         return dlpack_device(self)
 
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
-        if self._readonly or _over_readonly(self._node):
-            loc = user_location()
-            where = f"\n  at {loc.full}" if loc else ""
-            raise errors.GPUKitValueError(
-                f"setitem: the array {self.dtype.short}{list(self.shape)} is read-only "
-                f"(loaded weights are; write into a .copy()){where}"
-            )
+        _check_writable(self)
         spec_index, dyn = _dynamic(index)
         try:
             spec, _ = indexing.normalize_index(self.shape, spec_index)
-        except indexing.IndexRuleError as e:
+        except (indexing.IndexRuleError, shapes.ShapeRuleError) as e:
             raise errors.op_error(
                 "setitem", e, [(self.shape, self.dtype)], user_location()
             ) from None
         if any(e[0] == "new" for e in spec):
             spec = tuple(e for e in spec if e[0] != "new")
-        v = _node_of(value, self.dtype)
+        v = _store_value(value, self)
         if v.dtype != self.dtype:
             v = runtime.record("cast", (v,), {"dtype": self.dtype.name})
-        self._node = runtime.record("setitem", (self._node, v, *dyn), {"spec": spec})
+        _assign(self, runtime.record("setitem", (self._node, v, *dyn), {"spec": spec}))
+
+
+def _store_value(value: ArrayLike, x: GPUArray) -> Node:
+    """The node of a value stored into x; a scalar is checked against x's dtype (NumPy 2:
+    `int8_array[0] = 300` and `int_array[0] = nan` raise)."""
+    if isinstance(value, np.generic):
+        value = value.item()  # NumPy scalars follow the Python scalar rules here
+    if isinstance(value, str):
+        raise errors.user_error(errors.GPUKitValueError, "setitem", f"could not convert string "
+                                f"{value!r:.40} to {x.dtype.name}")  # fmt: skip
+    if value is None:  # NumPy stores None as NaN into floats
+        if not x.dtype.is_float:
+            raise errors.user_error(errors.DTypeError, "setitem", f"cannot store None into a "
+                                    f"{x.dtype.name} array")  # fmt: skip
+        value = math.nan
+    if isinstance(value, bool | int | float) and not isinstance(value, GPUArray):
+        try:
+            v = scalar_value(value, x.dtype)
+        except (OverflowError, ValueError) as e:
+            raise _scalar_error("setitem", e, x, value) from None
+        return runtime.record("full", (), {"shape": (), "dtype": x.dtype.name, "value": v})
+    return _node_of(value, x.dtype, "setitem")
 
 
 def _copy(x: GPUArray) -> GPUArray:
@@ -422,25 +543,29 @@ def _copy(x: GPUArray) -> GPUArray:
     return GPUArray(runtime.record("cast", (x._node,), {"dtype": x.dtype.name}))
 
 
-def _ints(values: Sequence[Any]) -> tuple[int, ...]:
+def _ints(op: str, values: Any) -> tuple[int, ...]:
+    """Integer arguments (a shape): anything else raises TypeError naming op."""
     try:
+        if isinstance(values, str) or not isinstance(values, Sequence):
+            return (operator.index(values),)  # type: ignore[arg-type]  # a str raises
         return tuple(operator.index(v) for v in values)
-    except TypeError as e:
-        raise errors.DTypeError(f"expected integers, got {tuple(values)!r}") from e
+    except TypeError:
+        raise errors.user_error(errors.DTypeError, op, f"expected integers, got "
+                                f"{values!r}") from None  # fmt: skip
 
 
 def _axes(op: str, axes: Sequence[Any], x: GPUArray) -> tuple[int, ...]:
+    ints = _ints(op, axes)
     try:
-        return tuple(shapes.normalize_axis(int(a), x.ndim) for a in axes)
+        return tuple(shapes.normalize_axis(a, x.ndim) for a in ints)
     except shapes.AxisRuleError as e:
         raise errors.op_error(op, e, [(x.shape, x.dtype)], user_location()) from None
 
 
 def _dtype_arg(op: str, dtype: Any) -> DType:
-    try:
-        return dtypes.as_dtype(dtype)
-    except dtypes.UnsupportedDType as e:
-        raise errors.DTypeError(f"{op}: {e}") from None
+    from .creation import _dtype
+
+    return _dtype(dtype, dtypes.float32, op)
 
 
 def _dynamic(index: Any) -> tuple[Any, list[Node]]:
@@ -451,10 +576,9 @@ def _dynamic(index: Any) -> tuple[Any, list[Node]]:
     for i in items:
         if isinstance(i, GPUArray):
             if i.ndim != 0 or not i.dtype.is_int:
-                raise errors.IndexError_(
-                    f"index: a GPUArray index must be a 0-d integer array here, "
-                    f"got {i.dtype.short}{list(i.shape)}"
-                )
+                raise errors.user_error(errors.IndexError_, "index", "a GPUArray index must be "
+                                        f"a 0-d integer array here, got {i.dtype.short}"
+                                        f"{list(i.shape)}")  # fmt: skip
             out.append(indexing.DynamicIndex(len(dyn)))
             dyn.append(i._node)
         elif isinstance(i, np.integer):
@@ -480,14 +604,17 @@ def _array_index(index: Any, x: GPUArray) -> tuple[int, Any]:
     k = arrays[0]
     rest = [i for j, i in enumerate(items) if j != k]
     if len(arrays) > 1 or any(not (isinstance(i, slice) and i == slice(None)) for i in rest):
-        raise errors.IndexError_(
-            "index: only one integer array index, with full slices around it, is supported"
-        )
+        raise errors.user_error(errors.IndexError_, "index", "only one integer array index, "
+                                "with full slices around it, is supported")  # fmt: skip
     idx = items[k]
     if not isinstance(idx, GPUArray):
         arr = np.asarray(idx)
         if arr.dtype == np.bool_:
-            raise errors.IndexError_("index: boolean masks are not supported (dynamic shape)")
+            raise errors.user_error(errors.IndexError_, "index", "boolean masks are not "
+                                    "supported (dynamic shape)")  # fmt: skip
+        if arr.dtype.kind not in "iu":
+            raise errors.user_error(errors.IndexError_, "index", "arrays used as indices must "
+                                    f"be of integer type, got {arr.dtype}")  # fmt: skip
         idx = asarray(arr)
     return k, idx
 
@@ -496,10 +623,22 @@ def _array_index(index: Any, x: GPUArray) -> tuple[int, Any]:
 
 
 def reduce(op: str, x: ArrayLike, axis: Any, keepdims: bool) -> GPUArray:
-    x = x if isinstance(x, GPUArray) else asarray(x)
+    x = x if isinstance(x, GPUArray) else _operand(x, op)
+    if axis is not None:
+        if op == "argmax" and not isinstance(axis, int | np.integer):
+            raise errors.user_error(errors.DTypeError, op, f"axis must be an int or None, got "
+                                    f"{axis!r}")  # fmt: skip
+        ints = _ints(op, axis)
+        if len(set(ints)) != len(ints):
+            raise errors.user_error(errors.ShapeError, op, f"duplicate value in 'axis' {ints}")
+        if x.ndim == 0 and isinstance(axis, int | np.integer) and ints[0] in (0, -1) \
+                and op != "mean":  # fmt: skip
+            ints = ()  # NumPy takes an int axis 0 (or -1) of a 0-d array as no axis
+        if x.ndim == 0 and ints:
+            raise errors.user_error(errors.AxisError, op, f"axis {ints[0]} is out of bounds "
+                                    "for an array of dimension 0")  # fmt: skip
+        axis = ints[0] if isinstance(axis, int | np.integer) and ints else ints
     try:
-        if op == "argmax" and axis is not None and not isinstance(axis, int):
-            raise shapes.AxisRuleError("argmax takes a single int axis or None")
         axes = shapes.normalize_axes(axis, x.ndim)
     except shapes.AxisRuleError as e:
         raise errors.op_error(op, e, [(x.shape, x.dtype)], user_location()) from None
@@ -507,38 +646,162 @@ def reduce(op: str, x: ArrayLike, axis: Any, keepdims: bool) -> GPUArray:
 
 
 def matmul(a: ArrayLike, b: ArrayLike) -> GPUArray:
-    na, nb = _node_of(a), _node_of(b)
+    """a @ b with NumPy's batching and 1-D rules."""
+    na, nb = _node_of(a, None, "matmul"), _node_of(b, None, "matmul")
     return GPUArray(runtime.record("matmul", (na, nb)))
 
 
 def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> GPUArray:
-    n = _node_of(x)
-    if tuple(shape) == n.shape:
-        return GPUArray(n)
-    return GPUArray(runtime.record("expand", (n,), {"shape": _ints(shape)}))
+    """A read-only view of x broadcast to shape (NumPy's: writing it raises)."""
+    xa = x if isinstance(x, GPUArray) else _operand(x, "broadcast_to")
+    new = _ints("broadcast_to", shape)
+    if any(d < 0 for d in new):
+        raise errors.user_error(errors.ShapeError, "broadcast_to", f"all elements of broadcast "
+                                f"shape must be non-negative, got {new}")  # fmt: skip
+    if new == xa.shape:
+        out = GPUArray(xa._node)
+        out._link = _ViewLink(xa, "expand", {"shape": new}, xa._node, ())
+        return out
+    return _view_of(xa, "expand", {"shape": new}, "broadcast_to")
 
 
 def expand_dims(x: GPUArray, axis: int) -> GPUArray:
+    """x with a new axis of size 1 at axis (a view)."""
+    (ax,) = _ints("expand_dims", (axis,))
     try:
-        a = shapes.normalize_axis(axis, x.ndim + 1)
+        a = shapes.normalize_axis(ax, x.ndim + 1)
     except shapes.AxisRuleError as e:
         raise errors.op_error("expand_dims", e, [(x.shape, x.dtype)], user_location()) from None
     return x.reshape(x.shape[:a] + (1,) + x.shape[a:])
 
 
 def take(x: ArrayLike, indices: ArrayLike, axis: int | None = None) -> GPUArray:
-    xa = x if isinstance(x, GPUArray) else asarray(x)
+    xa = x if isinstance(x, GPUArray) else _operand(x, "take")
     if axis is None:
         xa, axis = xa.reshape(-1), 0
     ax = _axes("take", (axis,), xa)[0]
-    ni = _node_of(indices)
+    ni = _node_of(indices, None, "take")
+    if not ni.dtype.is_int:
+        raise errors.user_error(errors.DTypeError, "take", f"indices must be integers, got "
+                                f"{ni.dtype}")  # fmt: skip
     return GPUArray(runtime.record("take", (xa._node, ni), {"axis": ax}))
+
+
+def _operand(x: ArrayLike, op: str) -> GPUArray:
+    from .creation import to_array
+
+    return to_array(x, None, op)
 
 
 def asarray(x: ArrayLike, dtype: Any = None) -> GPUArray:
     from .creation import asarray as _asarray
 
     return _asarray(x, dtype)
+
+
+# -- views: NumPy aliasing -------------------------------------------------------------------
+
+
+class _ViewLink:
+    """How a view derives from its base: the op and attrs that made it, the base node it was
+    last derived from, and its element strides in the root array's memory (which decide
+    whether a later reshape of it is a view, NumPy's rule)."""
+
+    __slots__ = ("base", "op", "attrs", "seen", "aliased", "strides")
+
+    def __init__(self, base: GPUArray, op: str, attrs: dict[str, Any], seen: Node,
+                 strides: tuple[int, ...]) -> None:  # fmt: skip
+        self.base, self.op, self.attrs, self.seen = base, op, attrs, seen
+        self.aliased = seen.realized is not None  # derived from realised memory: shares it
+        self.strides = strides
+
+
+def _layout(x: GPUArray) -> tuple[int, ...]:
+    """x's element strides in its root's memory (a root is C-contiguous)."""
+    return x._link.strides if x._link is not None else shapes.contiguous_strides(x.shape)
+
+
+def _view_of(x: GPUArray, op: str, attrs: dict[str, Any], name: str | None = None) -> GPUArray:
+    """op(x) as a view of x where NumPy's would be one, else as a new array; errors name
+    `name`, the user's function."""
+    base_node = x._node
+    node = runtime.record(op, (base_node,), attrs, name)
+    out = GPUArray(node)
+    src = _layout(x)
+    if op == "index":
+        strides: tuple[int, ...] | None = strides_mod.index_view(
+            x.shape, src, node.attrs["spec"])[1]  # fmt: skip
+    elif op == "permute":
+        strides = tuple(src[p] for p in node.attrs["perm"])
+    elif op == "expand":
+        strides = strides_mod.broadcast_strides(x.shape, src, node.shape)
+    else:
+        strides = strides_mod.reshape_strides(x.shape, src, node.shape)
+    if strides is not None:
+        out._link = _ViewLink(x, op, node.attrs, base_node, strides)
+    return out
+
+
+def _read_only_reason(x: GPUArray) -> str | None:
+    """Why x must not be written, or None: read-only memory (loaded weights) or a
+    broadcast view anywhere up its chain of bases."""
+    a: GPUArray | None = x
+    while a is not None:
+        if a._readonly or _over_readonly(a._raw):
+            return "is read-only (loaded weights are; write into a .copy())"
+        link = a._link
+        if link is not None and link.op == "expand":
+            return ("is a broadcast view (broadcast_to/expand), read-only as in NumPy; "
+                    "write into a .copy()")  # fmt: skip
+        a = None if link is None else link.base
+    return None
+
+
+def _check_writable(x: GPUArray) -> None:
+    reason = _read_only_reason(x)
+    if reason is not None:
+        loc = user_location()
+        where = f"\n  at {loc.full}" if loc else ""
+        raise errors.GPUKitValueError(
+            f"setitem: the array {x.dtype.short}{list(x.shape)} {reason}{where}"
+        )
+
+
+def _assign(x: GPUArray, node: Node) -> None:
+    """x's whole value becomes node; for a view, by writing its base (NumPy aliasing)."""
+    link = x._link
+    if link is None:
+        x._raw = node
+        return
+    base = link.base
+    if link.op == "index":
+        spec = link.attrs["spec"]
+        region = indexing.region_shape(base.shape, spec)
+        if node.shape != region:  # drop the dims None inserted
+            node = runtime.record("reshape", (node,), {"shape": region})
+        stored = tuple(e for e in spec if e[0] != "new")
+        new = runtime.record("setitem", (base._node, node), {"spec": stored})
+    elif link.op == "permute":
+        perm = link.attrs["perm"]
+        new = runtime.record("permute", (node,), {"perm": tuple(perm.index(i) for i in
+                                                                range(len(perm)))})  # fmt: skip
+    else:  # reshape
+        new = runtime.record("reshape", (node,), {"shape": base.shape})
+    _assign(base, new)  # x re-derives from the written base when next read
+
+
+def realize_arrays(arrays: Sequence[GPUArray]) -> None:
+    """Realise arrays in one graph, the bases of views first, so a view's memory is its
+    base's (an in-place write into it, as a compiled function's writeback, reaches the base)."""
+    roots: list[GPUArray] = []
+    for a in arrays:
+        if a._link is not None:
+            while a._link is not None:
+                a = a._link.base
+            roots.append(a)
+    if roots:
+        runtime.realize([r._node for r in roots])
+    runtime.realize([a._node for a in arrays])
 
 
 _VIEW_OPS = ("reshape", "permute", "expand", "index")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,82 +14,148 @@ from pygpukit.ir import dtypes
 from pygpukit.ir.dtypes import DType
 
 from . import runtime
-from .array import GPUArray
+from .array import GPUArray, scalar_value
 from .backends import get_backend
 
 DEFAULT_FLOAT = dtypes.float32  # like torch and JAX; from_numpy keeps float64 as float64
 
 
-def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if any(not isinstance(d, int | np.integer) or d < 0 for d in dims):
-        raise errors.ShapeError(f"invalid shape {shape!r}: dims must be non-negative ints")
-    return tuple(int(d) for d in dims)
+_MAX_BYTES = 2**63  # NumPy's limit on an array's size in bytes
 
 
-def _dtype(dtype: Any, default: DType) -> DType:
+def _shape(shape: Any, op: str = "shape", itemsize: int = 1) -> tuple[int, ...]:
+    """A shape argument as ints: non-integers raise TypeError, negative dims and sizes over
+    NumPy's limit ValueError, as in NumPy, naming op and the user's line."""
+    try:
+        if isinstance(shape, str) or not isinstance(shape, Sequence):
+            dims: tuple[int, ...] = (operator.index(shape),)  # type: ignore[arg-type]
+        else:
+            dims = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise errors.user_error(errors.DTypeError, op, f"invalid shape {shape!r}: dims must be "
+                                "integers") from None  # fmt: skip
+    if any(d < 0 for d in dims):
+        raise errors.user_error(errors.ShapeError, op, f"negative dimensions are not allowed "
+                                f"(shape {dims})")  # fmt: skip
+    if math.prod(dims) * itemsize >= _MAX_BYTES:
+        raise errors.user_error(errors.GPUKitValueError, op, f"array is too big: shape {dims} "
+                                f"of {itemsize}-byte items is over 2**63 bytes")  # fmt: skip
+    return dims
+
+
+def _dtype(dtype: Any, default: DType, op: str = "dtype") -> DType:
     if dtype is None:
         return default
     try:
         return dtypes.as_dtype(dtype)
     except dtypes.UnsupportedDType as e:
-        raise errors.DTypeError(str(e)) from None
+        raise errors.user_error(errors.DTypeError, op, str(e)) from None
+    except TypeError as e:  # an unhashable or odd object given as a dtype
+        raise errors.user_error(errors.DTypeError, op, f"not a dtype: {dtype!r} ({e})") from None
 
 
 def full(shape: int | Sequence[int], fill_value: Any, dtype: Any = None) -> GPUArray:
+    """An array of shape filled with fill_value (NumPy 2's checks of the value)."""
+    return _full("full", shape, fill_value, dtype)
+
+
+def _full(op: str, shape: Any, fill_value: Any, dtype: Any) -> GPUArray:
+    if isinstance(fill_value, np.generic):
+        fill_value = fill_value.item()
     default = dtypes.scalar_dtype(fill_value) if isinstance(fill_value, int | float | bool) \
         else DEFAULT_FLOAT  # fmt: skip
-    d = _dtype(dtype, default)
-    value = d.np.type(fill_value).item()
-    return GPUArray(runtime.record("full", (), {"shape": _shape(shape), "dtype": d.name,
-                                                "value": value}))  # fmt: skip
+    d = _dtype(dtype, default, op)
+    dims = _shape(shape, op, d.itemsize)
+    if not isinstance(fill_value, int | float | bool):
+        bad: type[errors.GPUKitError] = (
+            errors.GPUKitValueError if isinstance(fill_value, str) else errors.DTypeError
+        )
+        raise errors.user_error(bad, op, f"fill value {fill_value!r} is not a number")
+    try:
+        value = scalar_value(fill_value, d)
+    except (OverflowError, ValueError) as e:
+        cls: type[errors.GPUKitError] = (
+            errors.GPUKitOverflowError if isinstance(e, OverflowError) else errors.GPUKitValueError
+        )
+        raise errors.user_error(cls, op, str(e)) from None
+    return GPUArray(runtime.record("full", (), {"shape": dims, "dtype": d.name, "value": value}))
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
-    return full(shape, 0, _dtype(dtype, DEFAULT_FLOAT))
+    """An array of zeros (float32 by default)."""
+    return _full("zeros", shape, 0, _dtype(dtype, DEFAULT_FLOAT, "zeros"))
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
-    return full(shape, 1, _dtype(dtype, DEFAULT_FLOAT))
+    """An array of ones (float32 by default)."""
+    return _full("ones", shape, 1, _dtype(dtype, DEFAULT_FLOAT, "ones"))
 
 
 def zeros_like(x: GPUArray, dtype: Any = None) -> GPUArray:
-    return zeros(x.shape, dtype or x.dtype)
+    """Zeros of x's shape and (by default) dtype."""
+    return _full("zeros_like", x.shape, 0, _dtype(dtype, x.dtype, "zeros_like"))
 
 
 def ones_like(x: GPUArray, dtype: Any = None) -> GPUArray:
-    return ones(x.shape, dtype or x.dtype)
+    """Ones of x's shape and (by default) dtype."""
+    return _full("ones_like", x.shape, 1, _dtype(dtype, x.dtype, "ones_like"))
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
     """Uninitialised memory straight from the pool."""
-    d = _dtype(dtype, DEFAULT_FLOAT)
-    s = _shape(shape)
+    d = _dtype(dtype, DEFAULT_FLOAT, "empty")
+    s = _shape(shape, "empty", d.itemsize)
     backend = get_backend()
     return GPUArray(runtime.leaf(backend.empty(s, d), s, d))  # type: ignore[attr-defined]
 
 
 def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = None) -> GPUArray:
+    """Evenly spaced values in [start, stop), as NumPy's arange."""
     if stop is None:
         start, stop = 0, start
+    for v in (start, stop, step):
+        if isinstance(v, np.generic):
+            v = v.item()
+        if not isinstance(v, int | float):
+            raise errors.user_error(
+                errors.DTypeError, "arange", f"start, stop and step must be numbers, got {v!r}"
+            )
+        if isinstance(v, float) and not math.isfinite(v):
+            raise errors.user_error(
+                errors.GPUKitValueError, "arange", f"start, stop and step must be finite, got {v!r}"
+            )
     if step == 0:
-        raise errors.GPUKitValueError("arange: step must not be zero")
+        raise errors.user_error(errors.GPUKitZeroDivisionError, "arange", "step must not be zero")
     n = max(0, math.ceil((stop - start) / step))
     all_int = all(isinstance(v, int) for v in (start, stop, step))
-    d = _dtype(dtype, dtypes.int64 if all_int else DEFAULT_FLOAT)
-    return GPUArray(runtime.record("arange", (), {"shape": (n,), "dtype": d.name, "start": start,
+    d = _dtype(dtype, dtypes.int64 if all_int else DEFAULT_FLOAT, "arange")
+    return GPUArray(runtime.record("arange", (), {"shape": _shape((n,), "arange", d.itemsize),
+                                                  "dtype": d.name, "start": start,
                                                   "step": step}))  # fmt: skip
 
 
 def from_numpy(array: np.ndarray) -> GPUArray:
     """Copy a NumPy array to the backend (dtype kept; float64 stays float64)."""
-    d = _dtype(array.dtype, DEFAULT_FLOAT)
+    if isinstance(array, np.generic):
+        array = np.asarray(array)
+    if not isinstance(array, np.ndarray):
+        raise errors.user_error(
+            errors.DTypeError, "from_numpy", f"expected a numpy.ndarray, got {type(array).__name__}"
+        )
+    d = _dtype(array.dtype, DEFAULT_FLOAT, "from_numpy")
     # np.ascontiguousarray would turn a 0-d array into 1-d
     value = get_backend().from_numpy(array if array.flags.c_contiguous else array.copy(order="C"))
     return GPUArray(runtime.leaf(value, tuple(array.shape), d))
 
 
 def asarray(x: Any, dtype: Any = None) -> GPUArray:
+    """x as a GPUArray: GPUArrays as they are, DLPack producers zero-copy, else a copy of
+    np.asarray(x) (Python floats become float32)."""
+    return to_array(x, dtype, "asarray")
+
+
+def to_array(x: Any, dtype: Any, op: str) -> GPUArray:
+    """asarray for an operand of op: what cannot become an array raises naming op."""
     if isinstance(x, GPUArray):
         return x if dtype is None else x.astype(dtype)
     if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
@@ -96,16 +163,17 @@ def asarray(x: Any, dtype: Any = None) -> GPUArray:
 
         arr = from_dlpack(x)
         return arr if dtype is None else arr.astype(dtype)
-    if isinstance(x, np.ndarray | np.generic):
+    try:
         a = np.asarray(x)
-    else:
-        a = np.asarray(x)
-        if a.dtype == np.float64:
-            a = a.astype(DEFAULT_FLOAT.np)  # Python floats default to float32
+    except ValueError as e:  # ragged nested sequences
+        raise errors.user_error(errors.GPUKitValueError, op, str(e)) from None
+    if not isinstance(x, np.ndarray | np.generic) and a.dtype == np.float64:
+        a = a.astype(DEFAULT_FLOAT.np)  # Python floats default to float32
     if dtype is not None:
-        a = a.astype(_dtype(dtype, DEFAULT_FLOAT).np)
-    if a.dtype.kind in "OUSV" and a.dtype.name != "bfloat16":
-        raise errors.DTypeError(f"asarray: cannot make an array of {a.dtype} data")
+        a = a.astype(_dtype(dtype, DEFAULT_FLOAT, op).np)
+    if a.dtype.kind in "OUSVMm" and a.dtype.name != "bfloat16":
+        raise errors.user_error(errors.DTypeError, op, f"cannot make an array of {a.dtype} data "
+                                f"from {type(x).__name__} {x!r:.40}")  # fmt: skip
     return from_numpy(a)
 
 

@@ -91,6 +91,9 @@ __all__ = [
     "SettingError",
     "GPUKitOverflowError",
     "SchedulerError",
+    "GPUKitValueError",
+    "GPUKitZeroDivisionError",
+    "AxisError",
 ]
 
 
@@ -108,15 +111,19 @@ def op_error(
     from pygpukit.ir.dtypes import UnsupportedDType
     from pygpukit.ir.indexing import IndexRuleError
     from pygpukit.ir.ops import DTypeRuleError
-    from pygpukit.ir.shapes import ShapeRuleError
+    from pygpukit.ir.shapes import AxisRuleError, ShapeRuleError
 
     msg = f"{op}: {exc} {describe_inputs(inputs, loc)}"
+    if isinstance(exc, AxisRuleError) and "out of bounds" in str(exc):
+        return AxisError(msg)
     if isinstance(exc, IndexRuleError | IndexError):
         return IndexError_(msg)
     if isinstance(exc, ShapeRuleError):
         return ShapeError(msg)
     if isinstance(exc, DTypeRuleError | UnsupportedDType | TypeError):
         return DTypeError(msg)
+    if isinstance(exc, OverflowError):
+        return GPUKitOverflowError(msg)
     if isinstance(exc, ValueError | ArithmeticError):
         return ShapeError(msg) if "shape" in str(exc) else GPUKitValueError(msg)
     return exc
@@ -126,8 +133,25 @@ class GPUKitValueError(GPUKitError, ValueError):
     """A value an op cannot take (a negative integer power, say)."""
 
 
-class GPUKitOverflowError(GPUKitValueError, OverflowError):
-    """An integer argument beyond what it can hold (a priority past 32 bits, say)."""
+class GPUKitOverflowError(GPUKitError, OverflowError):
+    """A value out of its dtype's range (a Python int into an int8 array, inf into ints)."""
+
+
+class GPUKitZeroDivisionError(GPUKitError, ZeroDivisionError):
+    """A zero step or divisor where NumPy raises ZeroDivisionError (arange's step)."""
+
+
+class AxisError(ShapeError, IndexError_):
+    """An axis out of range: both a ValueError and an IndexError, as numpy's AxisError."""
+
+
+def user_error(cls: type[GPUKitError], op: str, message: str) -> GPUKitError:
+    """cls("op: message") with the user's line: for bad arguments found before any op is
+    recorded."""
+    from pygpukit.ir import user_location
+
+    loc = user_location()
+    return cls(f"{op}: {message}" + (f"\n  at {loc.full}" if loc else ""))
 
 
 class SchedulerError(GPUKitError, RuntimeError):

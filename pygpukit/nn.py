@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pygpukit import errors
 from pygpukit.ir import shapes, user_location
 
@@ -24,8 +26,10 @@ def _like(p: ArrayLike, x: GPUArray) -> GPUArray:
 def gelu(x: ArrayLike, approximate: str = "none") -> GPUArray:
     """GELU; approximate='tanh' is the tanh formula, 'none' the exact erf one (torch's names)."""
     if approximate not in ("none", "tanh"):
-        raise errors.GPUKitValueError(
-            f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}"
+        raise errors.user_error(
+            errors.GPUKitValueError,
+            "gelu",
+            f"approximate must be 'none' or 'tanh', got {approximate!r}",
         )
     return unary("gelu", x, approximate=approximate)
 
@@ -97,28 +101,60 @@ def scaled_dot_product_attention(
     integer array, read on the device) masks the unfilled tail, and `kv_start` ([batch]
     integers) masks left padding. The causal mask is aligned so the last query sits at key
     kv_len - 1 (the bottom right when the cache is full), so a decode query sees the cache.
-    A query that sees no key gets zeros.
+    A query that sees no key gets zeros; masked keys never reach the result, while NaN or
+    inf in a visible element (or a NaN scale) propagates as in a float64 reference.
+    `scale=None` is 1/sqrt(dim); any float, 0.0 included, is used as given. kv_len must lie
+    in [0, seq] and kv_start in [0, seq] (checked here for host values, on the device for
+    device arrays).
     """
+    op = "scaled_dot_product_attention"
+    if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
+        raise errors.DTypeError(f"{op}: scale must be a float or None, got {scale!r}"
+                                f"{_where()}")  # fmt: skip
     qa = _arr(q)
     attrs: dict[str, Any] = {
         "causal": bool(is_causal),
         "scale": None if scale is None else float(scale),
     }
-    ins: tuple[Any, ...] = (qa._node, _like(k, qa)._node, _like(v, qa)._node)
+    ka = _like(k, qa)
+    ins: tuple[Any, ...] = (qa._node, ka._node, _like(v, qa)._node)
+    seq = ka.shape[-2] if ka.ndim >= 2 else 0
     if kv_len is not None:
+        _check_lengths(op, "kv_len", kv_len, seq)
         attrs["kv_len"] = True
         ins += (_arr(kv_len)._node,)
     if kv_start is not None:
+        _check_lengths(op, "kv_start", kv_start, seq)
         attrs["kv_start"] = True
         ins += (_arr(kv_start)._node,)
-    return GPUArray(runtime.record("sdpa", ins, attrs))
+    return GPUArray(runtime.record("sdpa", ins, attrs, op))
+
+
+def _where() -> str:
+    loc = user_location()
+    return f"\n  at {loc.full}" if loc else ""
+
+
+def _check_lengths(op: str, name: str, value: ArrayLike, seq: int) -> None:
+    """Host lengths are checked at once; a GPUArray's are checked where they are read."""
+    if isinstance(value, GPUArray):
+        return
+    a = np.asarray(value)
+    if a.dtype.kind not in "iu":
+        raise errors.DTypeError(f"{op}: {name} must be integers, got {a.dtype}{_where()}")
+    if a.size and not (0 <= a.min() and a.max() <= seq):
+        raise errors.GPUKitValueError(
+            f"{op}: {name} {a.tolist()} is outside [0, {seq}] (the key length){_where()}"
+        )
 
 
 def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None,
            activation: str = "none") -> GPUArray:  # fmt: skip
     """x @ weight.T (+ bias) (+ activation in none|gelu_tanh|gelu_erf|silu), one fused GEMM."""
     if activation not in ("none", "gelu_tanh", "gelu_erf", "silu"):
-        raise errors.GPUKitValueError(f"linear: unknown activation {activation!r}")
+        raise errors.user_error(
+            errors.GPUKitValueError, "linear", f"unknown activation {activation!r}"
+        )
     xa = _arr(x)
     ins = [xa._node, _like(weight, xa)._node]
     if bias is not None:

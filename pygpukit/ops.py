@@ -23,11 +23,11 @@ from .array import (
     take,
     unary,
 )
-from .creation import asarray
+from .creation import to_array
 
 
 def _arr(x: ArrayLike) -> GPUArray:
-    return x if isinstance(x, GPUArray) else asarray(x)
+    return x if isinstance(x, GPUArray) else to_array(x, None, "asarray")
 
 
 def exp(x: ArrayLike) -> GPUArray:
@@ -195,13 +195,17 @@ def bitwise_xor(a: ArrayLike, b: ArrayLike) -> GPUArray:
 
 
 def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> GPUArray:
-    c = _node_of(condition)
-    nx, ny = _pair(x, y)
+    c = _node_of(condition, None, "where")
+    nx, ny = _pair(x, y, "where")
     return GPUArray(runtime.record("where", (c, nx, ny)))
 
 
 def clip(x: ArrayLike, a_min: ArrayLike | None, a_max: ArrayLike | None) -> GPUArray:
     out = _arr(x)
+    for bound in (a_min, a_max):
+        if isinstance(bound, str):
+            raise errors.user_error(errors.DTypeError, "clip", f"bounds must be numbers or "
+                                    f"arrays, got {bound!r}")  # fmt: skip
     if a_min is not None:
         out = maximum(out, a_min)
     if a_max is not None:
@@ -255,17 +259,19 @@ def astype(x: ArrayLike, dtype: Any) -> GPUArray:
 def concatenate(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
     xs = [_arr(a) for a in arrays]
     if not xs:
-        raise errors.ShapeError("concatenate: need at least one array")
+        raise errors.user_error(errors.ShapeError, "concatenate", "need at least one array")
     if any(x.ndim == 0 for x in xs):
-        raise errors.ShapeError("concatenate: zero-dimensional arrays cannot be concatenated")
+        raise errors.user_error(errors.ShapeError, "concatenate", "zero-dimensional arrays "
+                                "cannot be concatenated")  # fmt: skip
     ax = _axes("concatenate", (axis,), xs[0])[0]
-    return GPUArray(runtime.record("concat", tuple(x._node for x in xs), {"axis": ax}))
+    return GPUArray(runtime.record("concat", tuple(x._node for x in xs), {"axis": ax},
+                                   "concatenate"))  # fmt: skip
 
 
 def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
     xs = [_arr(a) for a in arrays]
     if not xs:
-        raise errors.ShapeError("stack: need at least one array")
+        raise errors.user_error(errors.ShapeError, "stack", "need at least one array")
     try:
         if len({x.shape for x in xs}) != 1:
             raise shapes.ShapeRuleError("all input arrays must have the same shape")

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from . import errors
 from .array import GPUArray
 from .creation import DEFAULT_FLOAT, _dtype, _shape, from_numpy
 
@@ -25,19 +26,23 @@ def _gen(seed_: int | None) -> np.random.Generator:
 
 def normal(shape: int | Sequence[int], mean: float = 0.0, std: float = 1.0, dtype: Any = None,
            seed: int | None = None) -> GPUArray:  # fmt: skip
-    d = _dtype(dtype, DEFAULT_FLOAT)
-    a = _gen(seed).normal(mean, std, size=_shape(shape))
+    d = _dtype(dtype, DEFAULT_FLOAT, "normal")
+    a = _gen(seed).normal(mean, std, size=_shape(shape, "normal", d.itemsize))
     return from_numpy(a.astype(d.np))
 
 
 def uniform(shape: int | Sequence[int], low: float = 0.0, high: float = 1.0, dtype: Any = None,
             seed: int | None = None) -> GPUArray:  # fmt: skip
-    d = _dtype(dtype, DEFAULT_FLOAT)
-    a = _gen(seed).uniform(low, high, size=_shape(shape))
+    d = _dtype(dtype, DEFAULT_FLOAT, "uniform")
+    a = _gen(seed).uniform(low, high, size=_shape(shape, "uniform", d.itemsize))
     return from_numpy(a.astype(d.np))
 
 
 def randint(low: int, high: int, shape: int | Sequence[int], dtype: Any = None,
             seed: int | None = None) -> GPUArray:  # fmt: skip
-    d = _dtype(dtype, _dtype("int64", DEFAULT_FLOAT))
-    return from_numpy(_gen(seed).integers(low, high, size=_shape(shape)).astype(d.np))
+    d = _dtype(dtype, _dtype("int64", DEFAULT_FLOAT), "randint")
+    if not d.is_int:
+        raise errors.user_error(errors.DTypeError, "randint", f"dtype must be an integer "
+                                f"dtype, got {d.name}")  # fmt: skip
+    size = _shape(shape, "randint", d.itemsize)
+    return from_numpy(_gen(seed).integers(low, high, size=size).astype(d.np))

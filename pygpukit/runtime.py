@@ -40,12 +40,15 @@ _CACHE_LIMIT = 2048
 stats = {"realize_calls": 0, "schedule_hits": 0, "schedule_misses": 0}
 
 
-def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = None) -> Node:
+def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = None,
+           name: str | None = None) -> Node:  # fmt: skip
+    """One node of op, checked now; an error names `name` (the user's function, where it
+    differs from the IR op: broadcast_to records expand), the inputs and the user's line."""
     loc = user_location()
     try:
         node = Node.make(op, inputs, attrs, loc)
     except (ShapeRuleError, DTypeRuleError, UnsupportedDType, IndexRuleError) as e:
-        raise errors.op_error(op, e, [(i.shape, i.dtype) for i in inputs], loc) from None
+        raise errors.op_error(name or op, e, [(i.shape, i.dtype) for i in inputs], loc) from None
     if is_eager():
         realize([node])
     return node
@@ -64,11 +67,12 @@ def _is_leaf(n: Node) -> bool:
 
 def _check_not_freed(order: list[Node], backend: Any) -> None:
     for n in order:
-        for i in n.inputs:
+        for k, i in enumerate(n.inputs):
             if i.realized is not None and backend.storage(i.realized).freed:
+                made = f" (made at {i.loc.full})" if i.loc else ""
                 raise errors.FreedArrayError(
-                    f"{n.op}: uses an array that was freed "
-                    f"{errors.describe_inputs([(x.shape, x.dtype) for x in n.inputs], n.loc)}"
+                    f"{n.op}: input {k}, the array {i.dtype.short}{list(i.shape)}{made}, was "
+                    f"freed {errors.describe_inputs([(x.shape, x.dtype) for x in n.inputs], n.loc)}"
                 )
 
 

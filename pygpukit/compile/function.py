@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pygpukit import errors
-from pygpukit.array import GPUArray
+from pygpukit.array import GPUArray, realize_arrays
 from pygpukit.ir import Node, SourceLoc
 from pygpukit.memory import Storage
 
@@ -246,12 +246,8 @@ class CompiledFunction:
     def reservation(self, *args: Any, **kwargs: Any) -> Reservation:
         """The memory a call with these arguments needs, known before it runs (a cache miss
         traces and plans the graph here, and the call then hits)."""
-        from pygpukit import runtime
-
         key, tree, arrays, captured = self._key(args, kwargs)
-        pending = [a._node for _, a in arrays + captured if a._node.realized is None]
-        if pending:
-            runtime.realize(pending)
+        realize_arrays([a for _, a in arrays + captured])  # views share their bases' memory
         entry = self._cache.get(key)
         if entry is None:
             entry = self._compile(key, args, kwargs, tree, arrays, captured, stacklevel=3)
@@ -296,14 +292,10 @@ class CompiledFunction:
         return self._call_slow(args, kwargs, arena)
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
-        from pygpukit import runtime
-
         self._fast = None
         watch = Watch()
         key, tree, arrays, captured = self._key(args, kwargs, watch)
-        pending = [a._node for _, a in arrays + captured if a._node.realized is None]
-        if pending:
-            runtime.realize(pending)
+        realize_arrays([a for _, a in arrays + captured])  # views share their bases' memory
         entry = self._cache.get(key)
         if entry is None:
             entry = self._compile(key, args, kwargs, tree, arrays, captured)

@@ -36,6 +36,7 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
 
     from .pytree import unflatten
 
+    captured = _with_view_bases(captured)
     tracers = [GPUArray(_placeholder(a.shape, a.dtype, k)) for k, a in enumerate(arrays)]
     start = [t._node for t in tracers]
     objects = [o for _, o in _objects_of(args, kwargs)]
@@ -46,7 +47,9 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
             out = fn(*new_args, **new_kwargs)
     finally:
         after = {id(a): a._node for _, a in captured}
-        for _, a in captured:  # captured arrays must not keep pointing at symbolic nodes
+        # Captured arrays must not keep pointing at symbolic nodes; bases (listed after
+        # their views) first, so a restored view is in step with its base.
+        for _, a in reversed(captured):
             a._node = before[id(a)]
     out_arrays: list[tuple[str, Any]] = []
     out_objects: list[tuple[str, Any]] = []
@@ -59,7 +62,9 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
         )
     roots = [a if isinstance(a, GPUArray) else GPUArray(_const_node(a)) for _, a in out_arrays]
     out_nodes = [r._node for r in roots]
-    wb_p = [i for i, (_, a) in enumerate(captured) if after[id(a)] is not before[id(a)]]
+    # A written view's base is written (and captured): the view itself needs no writeback.
+    wb_p = [i for i, (_, a) in enumerate(captured)
+            if a.base is None and after[id(a)] is not before[id(a)]]  # fmt: skip
     wb_a = [k for k, t in enumerate(tracers) if t._node is not start[k]]
     wb_nodes = [after[id(captured[i][1])] for i in wb_p] + [tracers[k]._node for k in wb_a]
 
@@ -113,6 +118,20 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
     graph.validate()
     return Traced(graph, out_tree, len(out_nodes), persistent, constants,
                   [order_p.index(i) for i in wb_p], wb_a)  # fmt: skip
+
+
+def _with_view_bases(captured: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Captured arrays plus the bases of captured views: a write through a view is a write
+    of its base, which the graph must then reference and write back."""
+    out = list(captured)
+    seen = {id(a) for _, a in out}
+    for path, a in captured:
+        while a.base is not None:
+            a, path = a.base, f"{path}.base"
+            if id(a) not in seen:
+                seen.add(id(a))
+                out.append((path, a))
+    return out
 
 
 def _scalar_value(value: Any) -> Any:

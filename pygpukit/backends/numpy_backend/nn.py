@@ -57,17 +57,33 @@ def rope(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
 
 
 def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
+    """Attention as the float64 reference defines it: masked keys (past kv_len, before
+    kv_start, causal) are absent, so what they hold never reaches the result; NaN or inf in a
+    visible q, k or v element, or a NaN scale, propagates; a query that sees no key gets
+    zeros. Bad lengths raise (kv_len in [0, seq], kv_start in [0, seq])."""
     q, k, v = (up(i) for i in ins[:3])
     extra = list(ins[3:])
-    kv_len = int(extra.pop(0)) if attrs.get("kv_len") else k.shape[-2]
+    sk = k.shape[-2]
+    kv_len = int(extra.pop(0)) if attrs.get("kv_len") else sk
     kv_start = extra.pop(0).astype(np.int64) if attrs.get("kv_start") else None
+    if not 0 <= kv_len <= sk:
+        raise ValueError(f"kv_len {kv_len} is outside [0, {sk}] (the key length)")
+    if (
+        kv_start is not None
+        and kv_start.size
+        and not (0 <= kv_start.min() and kv_start.max() <= sk)
+    ):
+        raise ValueError(f"kv_start {kv_start.tolist()} is outside [0, {sk}] (the key length)")
     groups = q.shape[-3] // k.shape[-3]
     if groups > 1:
         k = np.repeat(k, groups, axis=-3)
         v = np.repeat(v, groups, axis=-3)
-    scale = attrs.get("scale") or 1.0 / math.sqrt(q.shape[-1])
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(scale)
-    sq, sk = s.shape[-2], s.shape[-1]
+    scale = attrs.get("scale")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    with np.errstate(all="ignore"):
+        s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(scale)
+    sq = s.shape[-2]
     key = np.arange(sk)[None, :]
     mask = np.broadcast_to(key >= kv_len, (sq, sk))
     if attrs.get("causal"):
@@ -76,13 +92,18 @@ def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
     if kv_start is not None:
         starts = kv_start.reshape((-1,) + (1,) * (s.ndim - 1))
         mask = mask | (np.arange(sk) < starts)
+    mask = np.broadcast_to(mask, s.shape)
+    empty = mask.all(axis=-1, keepdims=True)  # rows that see no key
     s = np.where(mask, -np.inf, s)
-    m = np.max(s, axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        p = np.exp(s - m)
+    m = np.max(s, axis=-1, keepdims=True)  # NaN in a visible score makes its row NaN
+    with np.errstate(all="ignore"):
+        p = np.exp(s - np.where(empty, 0.0, m))
         p = p / np.sum(p, axis=-1, keepdims=True)
-    # A query row with no visible key (all masked) yields zeros, not NaN.
-    return down(np.nan_to_num(np.matmul(p, v), nan=0.0), dtype)
+        if np.isfinite(v).all():
+            out = np.matmul(p, v)
+        else:  # sum only the visible keys' p * v, so a masked key's NaN/inf stays out
+            out = np.where(mask[..., None], 0.0, p[..., None] * v[..., None, :, :]).sum(-2)
+    return down(np.where(empty, 0.0, out), dtype)
 
 
 def sdpa_append(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:

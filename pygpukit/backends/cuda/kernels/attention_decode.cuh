@@ -148,8 +148,10 @@ PGK_DEVICE void pgk_dec_merge(const float* __restrict__ o_part, const float* __r
     float l = 0.0f;
     for (int s = lane; s < splits; s += 32) {
       const float m = wsh[g * splits + s];
-      // An empty split (max -inf) weighs 0; so does everything when all are empty.
-      const float w = m == -PGK_INF ? 0.0f : exp2f(m - mx);
+      // An empty split (-inf, 0) weighs 0; so does everything when all are empty. A split
+      // whose scores were all NaN also has max -inf (fmaxf skips NaN) but a NaN sum: it
+      // keeps its weight, so the NaN reaches the total.
+      const float w = (m == -PGK_INF && lsh[g * splits + s] == 0.0f) ? 0.0f : exp2f(m - mx);
       wsh[g * splits + s] = w;
       l += w * lsh[g * splits + s];
     }
@@ -184,8 +186,9 @@ PGK_DEVICE void pgk_dec_merge(const float* __restrict__ o_part, const float* __r
     const int c = t + i * NT;
     if (c < C) {
       const int g = c / CPH, d = (c % CPH) * 4;
-      // ctx_len == 0 (or kv_start >= ctx_len) leaves every split empty: zeros, not NaN.
-      const float inv = tot[g] > 0.0f ? 1.0f / tot[g] : 0.0f;
+      // ctx_len == 0 (or kv_start >= ctx_len) leaves every split empty: zeros; a NaN total
+      // (NaN or inf in a visible q, k or v) stays NaN.
+      const float inv = tot[g] == 0.0f ? 0.0f : 1.0f / tot[g];
       pgk_t* orow = o + g * o_sh + d;
       orow[0] = pgk_from_float<pgk_t>(acc[i].x * inv);
       orow[1] = pgk_from_float<pgk_t>(acc[i].y * inv);
@@ -454,8 +457,10 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
   float2 ml = make_float2(-PGK_INF, 0.0f);
   if (t < splits) ml = __ldcg(reinterpret_cast<const float2*>(ml_part) + base + t);
   const float mx = pgk_block_max(ml.x, scratch);
-  // An empty split (max -inf) weighs 0; so does everything when all are empty.
-  const float wt = (t < splits && ml.x != -PGK_INF) ? exp2f(ml.x - mx) : 0.0f;
+  // An empty split (-inf, 0) weighs 0; so does everything when all are empty. An all-NaN
+  // split (max -inf, sum NaN) keeps its weight so the NaN reaches l.
+  const float wt =
+      (t < splits && !(ml.x == -PGK_INF && ml.y == 0.0f)) ? exp2f(ml.x - mx) : 0.0f;
   if (t < splits) wsh[t] = wt;
   const float l = pgk_block_sum(wt * ml.y, scratch);  // its barriers also publish wsh
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -480,8 +485,8 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
     float tot = 0.0f;
 #pragma unroll
     for (int g = 0; g < SG; ++g) tot += reinterpret_cast<const float*>(&part[g][cc])[e];
-    // ctx_len == 0 (or kv_start >= ctx_len) leaves every split empty: zeros, not NaN.
-    o[b * o_sb + h * o_sh + t] = pgk_from_float<pgk_t>(l > 0.0f ? tot / l : 0.0f);
+    // ctx_len == 0 (or kv_start >= ctx_len) leaves every split empty: zeros; NaN stays.
+    o[b * o_sb + h * o_sh + t] = pgk_from_float<pgk_t>(l == 0.0f ? 0.0f : tot / l);
   }
 }
 
@@ -989,9 +994,11 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 #pragma unroll
     for (int w = 0; w < PGK_MW; ++w) {
       const float mw = wst[w * WS + 16 * LD + tid];
-      const float f = mw == -PGK_INF ? 0.0f : exp2f(mw - mmax);  // a warp with no tile: 0
+      const float lw = wst[w * WS + 16 * LD + 16 + tid];
+      // A warp with no tile (-inf, 0): 0; an all-NaN one (-inf, NaN) keeps its NaN.
+      const float f = (mw == -PGK_INF && lw == 0.0f) ? 0.0f : exp2f(mw - mmax);
       wgt[w * PGK_G + tid] = f;
-      lsum += f * wst[w * WS + 16 * LD + 16 + tid];
+      lsum += f * lw;
     }
     tot[tid] = lsum;
     if (splits > 1) {

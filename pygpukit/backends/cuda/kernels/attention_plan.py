@@ -33,7 +33,7 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     sq, d = q.shape[-2], q.shape[-1]
     sk, h, kvh = k.shape[-2], q.shape[-3], k.shape[-3]
     # The reference multiplies by the scale rounded to float32, as the kernels do.
-    sc = float(np.float32(scale if scale else 1.0 / math.sqrt(d)))
+    sc = float(np.float32(1.0 / math.sqrt(d) if scale is None else scale))
     if sq == 1:
         dec = _plan_decode(ctx, step, ins, tag, sc, causal)
         if dec is not None:
@@ -190,7 +190,7 @@ def plan_sdpa_append(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: 
     n_rope = 0 if layout == "none" else 2
     d = ins[0].shape[-1]
     scale = step.attrs.get("scale")
-    sc = float(np.float32(scale if scale else 1.0 / math.sqrt(d)))
+    sc = float(np.float32(1.0 / math.sqrt(d) if scale is None else scale))
     attn = replace(step, op="sdpa", attrs={k: v for k, v in step.attrs.items() if k != "rope"})
     # The decode planner's order: q, caches, kv_len / kv_start, then the append operands.
     n_rest = len(ins) - 6 - n_rope
@@ -319,10 +319,13 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         args_plan.append(ks.view(*start_view, ks.offset))
     score = ("where", mask, ("const", float("-inf"), acc.name), score)
     masked = ew.make(ctx, score, args_plan, sshape, contiguous(sshape), acc, 256, tag=tag)
-    # A query that sees no key has a NaN softmax row: the reference gives it zeros.
+    # A query that sees no key has a NaN softmax row: the reference gives it zeros. Only the
+    # masked probabilities are cleared, so a NaN from a visible q, k or v still propagates.
+    clear = None if mask == ("const", False, "bool") else ew.make(
+        ctx, ("where", mask, ("const", 0.0, acc.name), it), args_plan, sshape,
+        contiguous(sshape), acc, 256, tag=tag)  # fmt: skip
     o_plan = DeviceValue(q.storage, shape, contiguous(shape), 0, acc)
-    finish = ew.make(ctx, ("cast", dtype.name, ("where", ("ne", it, it), ("const", 0.0, acc.name),
-                                                it)), [o_plan], shape, contiguous(shape),
+    finish = ew.make(ctx, ("cast", dtype.name, it), [o_plan], shape, contiguous(shape),
                      dtype, 256, tag=tag)  # fmt: skip
     n_extra = len(ins) - 3
     dims = list(batch)
@@ -338,9 +341,13 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         masked(p.ptr, mptrs)
         if nb * sq and sk:
             softmax.softmax(p.ptr, s.ptr, nb * sq, sk, acc.name, stream=ctx.stream)
+        probs = s
+        if clear is not None:
+            clear(p.ptr, [s.ptr, *mptrs[1:]])
+            probs = p
         o = ctx.alloc(shape, acc, "sdpa")
         if numel(shape):
-            matmul_simple.matmul(s.ptr, va.ptr, o.ptr, sq, dv, sk, acc.name, batch_shape=dims,
+            matmul_simple.matmul(probs.ptr, va.ptr, o.ptr, sq, dv, sk, acc.name, batch_shape=dims,
                                  stream=ctx.stream)  # fmt: skip
         out = ctx.alloc_out(shape, dtype, "sdpa")
         finish(out.ptr, [o.ptr])

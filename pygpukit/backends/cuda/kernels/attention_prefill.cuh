@@ -103,8 +103,9 @@ extern "C" __global__ void __launch_bounds__(PGK_AW * 32)
       const float tmax = pgk_warp_max(sc);
       const float mn = max(m[r], tmax);
       // A row that has seen no visible key yet keeps m = -inf; exp2 of (-inf) - (-inf)
-      // would be NaN, so such rows take p = 0 and alpha = 1.
-      const float p = (mn == -PGK_INF) ? 0.0f : pgk_exp2f(sc - mn);
+      // would be NaN, so such rows take p = 0 and alpha = 1. The max skips NaN (fmaxf), so
+      // a NaN score is passed on as p itself: it reaches l and acc, as in the reference.
+      const float p = isnan(sc) ? sc : (mn == -PGK_INF) ? 0.0f : pgk_exp2f(sc - mn);
       const float alpha = (mn == -PGK_INF) ? 1.0f : pgk_exp2f(m[r] - mn);
       l[r] = l[r] * alpha + pgk_warp_sum(p);
       m[r] = mn;
@@ -134,8 +135,9 @@ extern "C" __global__ void __launch_bounds__(PGK_AW * 32)
   for (int r = 0; r < PGK_ROWS; ++r) {
     const int qi = my_q0 + r;
     if (qi >= seq_q) break;
-    // A row with no visible key (seq_q > seq_k under the causal mask) writes zeros.
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    // A row with no visible key (seq_q > seq_k under the causal mask) writes zeros; a NaN
+    // sum (a NaN or inf in what the row sees) stays NaN.
+    const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
 #pragma unroll
     for (int c = 0; c < PGK_DL; ++c)
       o[qi * o_ss + lane * PGK_DL + c] = pgk_from_float<pgk_t>(acc[r][c] * inv);

@@ -1,0 +1,66 @@
+"""The CUDA attention kernels let NaN and inf through as the float64 reference does:
+prefill (hd 64/128, no masks), decode (one query row, kv_len, many splits), and the
+composed fallback (hd 40, masks). Fully masked rows keep giving zeros."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from attention_ref import sdpa_ref
+from helpers import rand
+
+import pygpukit as gpk
+
+sdpa = gpk.nn.scaled_dot_product_attention
+
+
+def _check(out: Any, ref: np.ndarray) -> None:
+    out = np.asarray(out, np.float64)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("hd", "sq", "sk", "kw"), [
+    (64, 9, 13, {}), (128, 40, 40, {"is_causal": True}),        # prefill kernel
+    (64, 1, 4096, {"kv_len": 3000}), (128, 1, 300, {}),         # decode kernel, splits
+    (40, 5, 11, {"kv_len": 9, "is_causal": True}),              # composed fallback
+])  # fmt: skip
+@pytest.mark.parametrize("where", ["q", "k", "v", "scale", "k_all"])
+def test_nan_propagates(cuda: Any, hd: int, sq: int, sk: int, kw: dict, where: str) -> None:
+    rng = np.random.default_rng(hd + sq + sk)
+    q = rand(rng, (2, 4, sq, hd), "float16")
+    k, v = rand(rng, (2, 2, sk, hd), "float16"), rand(rng, (2, 2, sk, hd), "float16")
+    scale = None
+    if where == "q":
+        q[0, 1, sq - 1, 3] = np.nan
+    elif where == "k":
+        k[1, 0, 0, 5] = np.nan
+    elif where == "v":
+        v[0, 1, 0, 2] = np.inf
+    elif where == "k_all":  # every score of a head NaN: max stays -inf, the NaN must not
+        k[1, 1] = np.nan
+    else:
+        scale = math.nan
+    n = kw.get("kv_len")
+    if n is not None:
+        k[:, :, n:] = np.nan  # past kv_len: absent, never read into the result
+        v[:, :, n:] = np.nan
+    causal = kw.get("is_causal", False)
+    ref = sdpa_ref(q, k, v, causal=causal, scale=scale, kv_len=n)
+    dev = {} if n is None else {"kv_len": gpk.asarray(np.array(n, np.int32))}
+    out = sdpa(gpk.from_numpy(q), gpk.from_numpy(k), gpk.from_numpy(v), is_causal=causal,
+               scale=scale, **dev)  # fmt: skip
+    _check(out.to_numpy(), ref)
+
+
+def test_zero_scale_and_empty_rows(cuda: Any) -> None:
+    rng = np.random.default_rng(1)
+    q = rand(rng, (1, 2, 20, 64), "float32")
+    k, v = rand(rng, (1, 2, 16, 64), "float32"), rand(rng, (1, 2, 16, 64), "float32")
+    out = sdpa(gpk.from_numpy(q), gpk.from_numpy(k), gpk.from_numpy(v), is_causal=True,
+               scale=0.0).to_numpy()  # fmt: skip
+    _check(out, sdpa_ref(q, k, v, causal=True, scale=0.0))
+    assert np.all(out[:, :, :4] == 0)  # rows that see no key
