@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -33,8 +34,14 @@ def scalar_value(value: Scalar, d: DType) -> Scalar:
     """A Python scalar as a value of dtype d, with NumPy 2's checks: an int out of d's range
     raises OverflowError, a float NaN into an integer dtype ValueError, inf OverflowError.
     Raises the builtins; callers wrap them with the op and the user's line."""
-    if d.kind in "iu" and not isinstance(value, bool):
-        if isinstance(value, float):
+    return _scalar_value(type(value), value, d.name)
+
+
+@functools.lru_cache(maxsize=4096)  # every op with a Python scalar asks: a hot path
+def _scalar_value(kind: type, value: Scalar, dtype: str) -> Scalar:
+    d = dtypes.as_dtype(dtype)
+    if d.kind in "iu" and kind is not bool:
+        if kind is float:
             if math.isnan(value):
                 raise ValueError("cannot convert float NaN to integer")
             if math.isinf(value):

@@ -324,6 +324,27 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
     clear = None if mask == ("const", False, "bool") else ew.make(
         ctx, ("where", mask, ("const", 0.0, acc.name), it), args_plan, sshape,
         contiguous(sshape), acc, 256, tag=tag)  # fmt: skip
+    # Keys outside [kv_start, kv_len) are absent for every query, and a static cache's
+    # unwritten tail may hold anything (NaN included): P @ V would still multiply their zero
+    # probabilities by it, so their V rows are zeroed first.
+    n_key_inputs = int(bool(step.attrs.get("kv_len"))) + int(bool(step.attrs.get("kv_start")))
+    vshape = batch + (sk, dv)
+    vkeys = arange_values(ctx, sk, (sk, 1)) if n_key_inputs else None
+    vmask = None
+    if vkeys is not None:
+        vargs = [DeviceValue(q.storage, vshape, contiguous(vshape), 0, acc), vkeys]
+        absent: tuple = ("const", False, "bool")
+        if step.attrs.get("kv_len"):
+            absent = ("ge", ("in", 1), ("cast", "int64", ("in", len(vargs))))
+            vargs.append(ins[3])
+        if step.attrs.get("kv_start"):
+            ksv = ins[3 + len(vargs) - 2]
+            vb = (ksv.shape[0],) + (1,) * (len(vshape) - 1)
+            absent = ("logical_or", absent,
+                      ("lt", ("in", 1), ("cast", "int64", ("in", len(vargs)))))  # fmt: skip
+            vargs.append(ksv.view(vb, (ksv.strides[0],) + (0,) * (len(vshape) - 1), ksv.offset))
+        vmask = ew.make(ctx, ("where", absent, ("const", 0.0, acc.name), ("in", 0)), vargs,
+                        vshape, contiguous(vshape), acc, 256, tag=tag)  # fmt: skip
     o_plan = DeviceValue(q.storage, shape, contiguous(shape), 0, acc)
     finish = ew.make(ctx, ("cast", dtype.name, it), [o_plan], shape, contiguous(shape),
                      dtype, 256, tag=tag)  # fmt: skip
@@ -345,6 +366,10 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         if clear is not None:
             clear(p.ptr, [s.ptr, *mptrs[1:]])
             probs = p
+        if vmask is not None and vkeys is not None:
+            vm = ctx.alloc(vshape, acc, "sdpa")
+            vmask(vm.ptr, [va.ptr, vkeys.ptr, *[x.ptr for x in vals[3 : 3 + n_key_inputs]]])
+            va = vm
         o = ctx.alloc(shape, acc, "sdpa")
         if numel(shape):
             matmul_simple.matmul(probs.ptr, va.ptr, o.ptr, sq, dv, sk, acc.name, batch_shape=dims,
