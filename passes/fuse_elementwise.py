@@ -24,9 +24,9 @@ def _fusible(n: Node) -> bool:
     if n.kind not in _ELEMENTWISE:
         return False
     if n.op == "cast":
-        return n.dtype.is_float and (n.inputs[0].dtype.is_float or n.inputs[0].dtype.kind == "b")
+        return bool(n.dtype.is_float and (n.inputs[0].dtype.is_float or n.inputs[0].dtype.kind == "b"))
     ok = all(i.dtype.is_float or i.dtype.kind == "b" for i in n.inputs)
-    return ok and (n.dtype.is_float or n.dtype.kind == "b")
+    return bool(ok and (n.dtype.is_float or n.dtype.kind == "b"))
 
 
 def fuse_elementwise(graph: Graph) -> Graph:

@@ -25,7 +25,7 @@ def exact_cast(src: DType, dst: DType) -> bool:
 
 def _same(n: Node, x: Node) -> bool:
     """x can stand for n: same shape and dtype."""
-    return x.shape == n.shape and x.dtype == n.dtype
+    return bool(x.shape == n.shape and x.dtype == n.dtype)
 
 
 def _identity_operand(n: Node) -> Node | None:

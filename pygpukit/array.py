@@ -34,14 +34,14 @@ def scalar_value(value: Scalar, d: DType) -> Scalar:
     """A Python scalar as a value of dtype d, with NumPy 2's checks: an int out of d's range
     raises OverflowError, a float NaN into an integer dtype ValueError, inf OverflowError.
     Raises the builtins; callers wrap them with the op and the user's line."""
-    return _scalar_value(type(value), value, d.name)
+    return _scalar_value(type(value).__name__, value, d.name)
 
 
 @functools.lru_cache(maxsize=4096)  # every op with a Python scalar asks: a hot path
-def _scalar_value(kind: type, value: Scalar, dtype: str) -> Scalar:
+def _scalar_value(kind: str, value: Scalar, dtype: str) -> Scalar:
     d = dtypes.as_dtype(dtype)
-    if d.kind in "iu" and kind is not bool:
-        if kind is float:
+    if d.kind in "iu" and kind != "bool":
+        if kind == "float":
             if math.isnan(value):
                 raise ValueError("cannot convert float NaN to integer")
             if math.isinf(value):

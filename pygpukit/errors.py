@@ -63,9 +63,7 @@ class LoadError(GPUKitError, ValueError, OSError):
     working. The message starts with the file and the field; both are attributes too.
     """
 
-    def __init__(
-        self, message: str, *, file: str | None = None, field: str | None = None
-    ) -> None:
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None) -> None:
         parts = [p for p in (file, field) if p]
         super().__init__(": ".join([*parts, message]))
         self.file, self.field = file, field

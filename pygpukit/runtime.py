@@ -30,7 +30,7 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 # functions and the package's own modules. demo.py is a user-level program written with
 # the API (as llm/, cli/ and bench/ are), so lines point into it.
 register_library(
-    trees=[os.path.dirname(os.path.abspath(passes.__file__ or "")),
+    trees=[os.path.dirname(os.path.abspath(getattr(passes, "__file__", None) or "")),
            os.path.join(_PKG_DIR, "backends"), os.path.join(_PKG_DIR, "compile")],
     flat=[_PKG_DIR], user_level=["demo.py"],
 )  # fmt: skip

@@ -45,6 +45,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
 from pygpukit.errors import SettingError
 
@@ -198,7 +199,7 @@ def skip_passes() -> frozenset[str]:
     names = _kept_value(
         SKIP_PASSES, lambda: tuple(s.strip() for s in _raw(SKIP_PASSES).split(",") if s.strip())
     )
-    return frozenset(names)  # type: ignore[arg-type]
+    return frozenset(cast(tuple[str, ...], names))
 
 
 def set_skip_passes(names: Iterable[str] | None) -> None:
