@@ -24,7 +24,8 @@ def _fusible(n: Node) -> bool:
     if n.kind not in _ELEMENTWISE:
         return False
     if n.op == "cast":
-        return bool(n.dtype.is_float and (n.inputs[0].dtype.is_float or n.inputs[0].dtype.kind == "b"))
+        src = n.inputs[0].dtype
+        return bool(n.dtype.is_float and (src.is_float or src.kind == "b"))
     ok = all(i.dtype.is_float or i.dtype.kind == "b" for i in n.inputs)
     return bool(ok and (n.dtype.is_float or n.dtype.kind == "b"))
 
