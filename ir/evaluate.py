@@ -62,23 +62,23 @@ def evaluate_expr(expr: Expr, ins: list[np.ndarray]) -> np.ndarray:
     """An expression of ir/expr.py over the fused node's inputs, as the generated kernel
     computes it: every op in the compute precision, casts rounding through their dtype,
     the result not yet rounded to the node's dtype."""
-    in_dtypes = [as_dtype(a.dtype) for a in ins]
-
-    def ev(e: Expr) -> np.ndarray:
-        head = e[0]
-        if head == "in":
-            x = ins[e[1]]
-            return x.astype(compute_dtype(x.dtype), copy=False)
-        if head == "const":
-            return np.asarray(e[1], dtype=compute_dtype(as_dtype(e[2]).np))
-        decl, attrs, kids = split(e)
-        args = [ev(k) for k in kids]
-        modes = decl.operand_modes()
-        if "round" in modes:
-            d = dtype_of(e, in_dtypes).np
-            args = [a.astype(d).astype(compute_dtype(d), copy=False) if m == "round" else a
-                    for a, m in zip(args, modes, strict=True)]  # fmt: skip
-        return np.asarray(decl.reference(*args, **attrs))
-
     with np.errstate(all="ignore"):
-        return ev(expr)
+        return _ev(expr, ins, [as_dtype(a.dtype) for a in ins])
+
+
+def _ev(e: Expr, ins: list[np.ndarray], in_dtypes: list[DType]) -> np.ndarray:
+    # Module level, not a recursive closure (a reference cycle per call).
+    head = e[0]
+    if head == "in":
+        x = ins[e[1]]
+        return x.astype(compute_dtype(x.dtype), copy=False)
+    if head == "const":
+        return np.asarray(e[1], dtype=compute_dtype(as_dtype(e[2]).np))
+    decl, attrs, kids = split(e)
+    args = [_ev(k, ins, in_dtypes) for k in kids]
+    modes = decl.operand_modes()
+    if "round" in modes:
+        d = dtype_of(e, in_dtypes).np
+        args = [a.astype(d).astype(compute_dtype(d), copy=False) if m == "round" else a
+                for a, m in zip(args, modes, strict=True)]  # fmt: skip
+    return np.asarray(decl.reference(*args, **attrs))
