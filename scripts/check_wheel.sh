@@ -31,10 +31,14 @@ check() {  # wheel, its CPython tag
     *-"$tag"-"$tag"-linux_x86_64.whl) ;;
     *) echo "check_wheel: $whl is not tagged $tag-$tag" >&2; exit 1 ;;
   esac
-  python3 -m zipfile -l "$whl" | grep -q "pygpukit/_native.cpython-${tag#cp}-" \
+  # (the listing is read whole first: grep -q closing the pipe early would fail pipefail)
+  python3 -m zipfile -l "$whl" > "$work/files.txt"
+  grep -q "pygpukit/_native.cpython-${tag#cp}-" "$work/files.txt" \
     || { echo "check_wheel: $whl lacks the $tag _native module" >&2; exit 1; }
   python3 -m auditwheel show "$whl" | tee "$work/show.txt"
-  grep -q 'consistent with the following platform tag: "manylinux_' "$work/show.txt" \
+  # auditwheel wraps its lines; the tag it finds the wheel consistent with must be manylinux.
+  tr '\n' ' ' < "$work/show.txt" > "$work/show1.txt"
+  grep -Eq 'consistent with the +following platform tag: +"manylinux_' "$work/show1.txt" \
     || { echo "check_wheel: auditwheel gives $whl no manylinux tag" >&2; exit 1; }
 }
 
