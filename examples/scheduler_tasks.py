@@ -34,8 +34,10 @@ def main() -> float:
             err = max(err, float(np.abs(task.result(60).to_numpy() - e / e.sum(-1,
                                         keepdims=True)).max()))  # fmt: skip
             st = scheduler.stats(task.id)
-            print(f"task {st['id']}: {st['qos']:<11} reserved {st['reservation_bytes']} bytes, "
-                  f"{st['state']}")
+            print(
+                f"task {st['id']}: {st['qos']:<11} reserved {st['reservation_bytes']} bytes, "
+                f"{st['state']}"
+            )
     print(f"max |error| vs float64 NumPy = {err:.2e}")
     return err
 

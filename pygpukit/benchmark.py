@@ -122,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     p.add_argument("--save", metavar="FILE", help="write the results as JSON")
     p.add_argument("--compare", metavar="FILE", help="compare with a run saved by --save")
-    p.add_argument("--fail-on-regression", action="store_true",
-                   help="exit 1 when a workload is slower than --compare's by > threshold")
+    p.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when a workload is slower than --compare's by > threshold",
+    )
     p.add_argument("--threshold", type=float, default=0.2, help="allowed slowdown (0.2: 20%%)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = p.parse_args(argv)

@@ -24,8 +24,14 @@ def backend(monkeypatch: pytest.MonkeyPatch) -> numpy_backend.NumpyBackend:
 
 @pytest.mark.parametrize(
     ("text", "nbytes"),
-    [("512MB", 512 * 10**6), ("1.5GiB", 3 * 2**29), ("4096", 4096), (" 64 kib ", 64 * 1024),
-     (1 << 20, 1 << 20), ("2TB", 2 * 10**12)],
+    [
+        ("512MB", 512 * 10**6),
+        ("1.5GiB", 3 * 2**29),
+        ("4096", 4096),
+        (" 64 kib ", 64 * 1024),
+        (1 << 20, 1 << 20),
+        ("2TB", 2 * 10**12),
+    ],
 )
 def test_memory_sizes(text: object, nbytes: int) -> None:
     assert check.memory_size("f", "memory", text) == nbytes

@@ -206,8 +206,9 @@ class Scheduler:
             self._check_open_locked()
             now = self._clock.now()
             deadline_ms = None if deadline is None else now + deadline * 1e3
+            held = res.total if reserve is None else reserve
             tid, status, reason, others = self._core.submit(
-                tenant, res.total if reserve is None else reserve, now=now, qos=qos, priority=priority, partition=partition,
+                tenant, held, now=now, qos=qos, priority=priority, partition=partition,
                 bandwidth_share=bandwidth, deadline_ms=deadline_ms)  # fmt: skip
             if status == "rejected":
                 self._counts["rejected"] += 1

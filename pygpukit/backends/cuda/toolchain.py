@@ -183,8 +183,9 @@ def compare_nvrtc_driver(nvrtc: tuple[int, int], driver: int) -> tuple[bool, str
         return False, ""
     said = f"NVRTC {n_major}.{n_minor} is newer than the driver (CUDA {d_major}.{d_minor})"
     if n_major > d_major:
+        extra = f'pip install "pygpukit[cuda{d_major}]"'
         return True, (f"{said}: the kernels it compiles would not load; install a driver for "
-                      f"CUDA {n_major} or NVRTC {d_major} (pip install \"pygpukit[cuda{d_major}]\")")  # fmt: skip
+                      f"CUDA {n_major} or NVRTC {d_major} ({extra})")  # fmt: skip
     return False, f"{said}; it works through CUDA minor version compatibility"
 
 
