@@ -62,6 +62,13 @@ from .streams import Event, Stream, synchronize
 
 if _typing.TYPE_CHECKING:
     from . import llm
+    from .device_query import (
+        get_nvrtc_path,
+        get_sm_version,
+        is_cuda_available,
+        is_nvrtc_available,
+        validate_compute_capability,
+    )
     from .scheduler import Scheduler, Task
 
 # Imported on first use (PEP 562), so `import pygpukit` stays light: name -> (module,
@@ -70,11 +77,18 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Scheduler": ("pygpukit.scheduler", "Scheduler"),
     "Task": ("pygpukit.scheduler", "Task"),
     "llm": ("pygpukit.llm", None),
+    # The original project's device queries.
+    "is_cuda_available": ("pygpukit.device_query", "is_cuda_available"),
+    "is_nvrtc_available": ("pygpukit.device_query", "is_nvrtc_available"),
+    "get_nvrtc_path": ("pygpukit.device_query", "get_nvrtc_path"),
+    "get_sm_version": ("pygpukit.device_query", "get_sm_version"),
+    "validate_compute_capability": ("pygpukit.device_query", "validate_compute_capability"),
 }
 
 
 def __getattr__(name: str) -> _typing.Any:
-    """gpk.Scheduler, gpk.Task, gpk.llm: imported when first asked for."""
+    """gpk.Scheduler, gpk.Task, gpk.llm and the device queries: imported when first
+    asked for."""
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'pygpukit' has no attribute {name!r}")

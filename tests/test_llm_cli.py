@@ -87,3 +87,17 @@ def test_generate_bad_flag_subprocess(tmp_path):
     assert r.returncode == 1
     lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("pygpukit: no usable CUDA")]
     assert lines == ["pygpukit generate: --batch must be >= 1, got 0"]
+
+
+def test_generate_tiny_without_tokenizers_names_the_extra(tmp_path):
+    """`pip install .` has no `tokenizers`: the command says which extra brings it."""
+    code = ("import sys; sys.modules['tokenizers'] = None\n"
+            "from pygpukit.cli import main\n"
+            "sys.exit(main(['generate', '--model', 'tiny', '--max-new-tokens', '2']))")  # fmt: skip
+    env = dict(os.environ, PYGPUKIT_BACKEND="cpu", PYGPUKIT_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pygpukit")
+    assert 'pip install "pygpukit[llm]"' in lines[0]

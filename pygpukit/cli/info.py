@@ -45,6 +45,10 @@ def gather() -> dict[str, Any]:
     except GPUKitError as e:
         facts["nvrtc"] = None
         facts["nvrtc_error"] = str(e).splitlines()[0]
+    # An NVRTC newer than the driver: a CUDA major newer than the driver's makes CUDA
+    # unusable (the backend falls back and says why), a newer minor is only noted.
+    fatal, said = toolchain.nvrtc_driver_check()
+    facts["nvrtc_vs_driver"] = {"fatal": fatal, "message": said} if said else None
     facts["cuda_headers"] = list(toolchain.include_dirs())
     facts["cublaslt"] = toolchain.cublaslt_path() or None
     try:
@@ -70,6 +74,8 @@ def _text(facts: dict[str, Any]) -> list[str]:
     nv = facts["nvrtc"]
     rows.append(("NVRTC", f"{nv['version']} ({nv['path']})" if nv
                  else f"not found ({facts['nvrtc_error']})"))  # fmt: skip
+    if facts["nvrtc_vs_driver"]:
+        rows.append(("  vs driver", facts["nvrtc_vs_driver"]["message"]))
     rows.append(("CUDA headers", ", ".join(facts["cuda_headers"]) or "not found"))
     rows.append(("cuBLASLt", facts["cublaslt"] or "not found"))
     if facts["backend"] is None:

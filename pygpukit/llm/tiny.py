@@ -49,7 +49,11 @@ def train_tokenizer(vocab_size: int = VOCAB) -> object:
 
     Its alphabet is the text's own characters, not all 256 bytes, so even a random model
     prints word pieces rather than control bytes; other characters encode as <unk>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from .tokenizer import _tokenizers
+
+    lib = _tokenizers()  # a one-line error naming the llm extra when it is not installed
+    Tokenizer, decoders, models = lib.Tokenizer, lib.decoders, lib.models
+    pre_tokenizers, processors, trainers = lib.pre_tokenizers, lib.processors, lib.trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -16,7 +16,7 @@ def _tokenizers() -> Any:
         import tokenizers
     except ImportError:
         raise errors.GPUKitError(
-            "the tokenizer needs the `tokenizers` package: pip install 'pygpukit[llm]'"
+            'the tokenizer needs the `tokenizers` package: pip install "pygpukit[llm]"'
         ) from None
     return tokenizers
 

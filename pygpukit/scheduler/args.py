@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 from pygpukit.errors import DTypeError, GPUKitOverflowError, GPUKitValueError
 
@@ -72,3 +73,21 @@ def text(where: str, name: str, value: object) -> str:
 
 
 __all__ = ["at_least", "byte_count", "int32", "real", "text"]
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def memory_size(where: str, name: str, value: object) -> int:
+    """A number of bytes given as an int or a string with a unit: "512MB" (10**6 bytes a
+    MB, as in SI), "1.5GiB" (2**30 a GiB), "4096"."""
+    if not isinstance(value, str):
+        return byte_count(where, name, value)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", value)
+    unit = m.group(2).upper() if m else ""
+    if m is None or unit not in _UNITS:
+        raise GPUKitValueError(f"{where}: {name} must be bytes or a size like '512MB' or "
+                               f"'1.5GiB' (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), "
+                               f"got {value!r}")  # fmt: skip
+    return byte_count(where, name, int(float(m.group(1)) * _UNITS[unit]))

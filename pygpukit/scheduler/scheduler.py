@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +26,7 @@ from .task import Task
 _EXEC_LOCK = threading.RLock()
 
 _QOS = {"guaranteed", "burstable", "best_effort"}
+ENDED_KEPT = 4096  # ended tasks whose stats stats(task_id) still finds
 _PARTITION_KEYS = {"memory", "bandwidth", "priority"}
 FRUITLESS_WAIT_MS = 2.0  # real time: least wait after a timed wake-up that started nothing
 IDLE_WAIT_MS = 500.0  # real time: the dispatcher's sleep when nothing is planned (a backstop)
@@ -139,6 +140,7 @@ class Scheduler:
         self._deadline = -math.inf  # when the waiting dispatcher plans to wake (real time)
         self._pending: deque[Callable[[], Any]] = deque()  # future completions, see _locked
         self._tasks: dict[int, Task] = {}
+        self._ended: OrderedDict[int, dict[str, Any]] = OrderedDict()  # id -> final stats
         self._waiting: dict[str, dict[int, None]] = {}  # tenant -> admitted task ids, in order
         self._paused = 0
         self._closed = False
@@ -153,13 +155,21 @@ class Scheduler:
     def submit(self, fn: Any, *args: Any, qos: str = "burstable", bandwidth: float = 1.0,
                partition: str = "default", priority: int = 0, deadline: float | None = None,
                tenant: str | None = None, sim_ms: float | None = None,
-               kwargs: dict[str, Any] | None = None) -> Task:  # fmt: skip
+               kwargs: dict[str, Any] | None = None, memory: int | str | None = None,
+               policy: str | None = None) -> Task:  # fmt: skip
         """Submit one call `fn(*args, **kwargs)` of a @gpk.compile function. Its reservation
         (the planned arena plus inputs and outputs) is admitted now, queued until memory
         frees, or refused: AdmissionRejected with `.reason`. bandwidth: the tenant's share
         of its partition's GPU time; deadline: seconds from now (earlier first among equal
-        QoS and priority); tenant: whose share it draws on (default the function's name)."""
+        QoS and priority); tenant: whose share it draws on (default the function's name).
+        memory: reserve this much instead of the plan's need (bytes or "512MB"; not less
+        than the need); policy: another name for qos ("guaranteed", "burstable",
+        "best_effort")."""
         where = "Scheduler.submit"
+        if policy is not None:
+            if qos != "burstable":
+                raise errors.GPUKitValueError(f"{where}: give qos or policy, not both")
+            qos = policy
         if not hasattr(fn, "reservation") or not hasattr(fn, "call_in"):
             raise errors.DTypeError(f"submit takes a @gpk.compile function, got {fn!r}")
         if getattr(fn, "static_outputs", False):
@@ -179,8 +189,13 @@ class Scheduler:
             # A cost that is not finite would move the simulated clock past every time.
             sim_ms = check.real(where, "sim_ms", sim_ms, 0.0)
         kwargs = dict(kwargs or {})
+        reserve = None if memory is None else check.memory_size(where, "memory", memory)
         with _EXEC_LOCK:
             res = fn.reservation(*args, **kwargs)
+        if reserve is not None and reserve < res.total:
+            raise errors.GPUKitValueError(
+                f"{where}: memory={memory!r} ({reserve} bytes) is less than the "
+                f"{res.total} bytes {getattr(fn, '__name__', 'the function')} needs")  # fmt: skip
         cost = sim_ms if sim_ms is not None else res.traffic_bytes / self._sim_bytes_per_ms
         if not math.isfinite(cost):
             raise errors.GPUKitValueError(f"{where}: the simulated cost of {res.traffic_bytes} "
@@ -191,14 +206,16 @@ class Scheduler:
             self._check_open_locked()
             now = self._clock.now()
             deadline_ms = None if deadline is None else now + deadline * 1e3
+            held = res.total if reserve is None else reserve
             tid, status, reason, others = self._core.submit(
-                tenant, res.total, now=now, qos=qos, priority=priority, partition=partition,
+                tenant, held, now=now, qos=qos, priority=priority, partition=partition,
                 bandwidth_share=bandwidth, deadline_ms=deadline_ms)  # fmt: skip
             if status == "rejected":
                 self._counts["rejected"] += 1
                 self._admit_locked(others, now)
                 raise errors.AdmissionRejected(f"{tenant}: task rejected: {reason}", reason or "")
             task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now)
+            task.reserved_bytes = res.total if reserve is None else reserve
             task._high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
             self._tasks[tid] = task
             self._admit_locked(([tid] if status == "admitted" else []) + list(others), now)
@@ -275,6 +292,9 @@ class Scheduler:
         task._state = state
         task.finished_ms = self._clock.now() if task.finished_ms is None else task.finished_ms
         task.fn, task.args, task.kwargs = None, (), {}  # the inputs may be freed now
+        self._ended[task.id] = task.stats()
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
         fut = task._future
         if state == "cancelled":
             self._pending.append(lambda: (fut.cancel(), fut.set_running_or_notify_cancel()))
@@ -507,9 +527,12 @@ class Scheduler:
         self._device.launch(task, task.stream_priority, task._high, run, now)
 
     # -- inspecting and closing -----------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def stats(self, task_id: int | Task | None = None) -> dict[str, Any]:
         """The node: reservations (per task), queue, running, per-tenant GPU time and
-        throttles, partitions (from the core); launches and ends; arenas held; evictions."""
+        throttles, partitions (from the core); launches and ends; arenas held; evictions.
+        With a task (or its id): that task's stats (Task.stats), also once it has ended."""
+        if task_id is not None:
+            return self._task_stats(task_id)
         with self._cond:
             now = self._clock.now()
             st = dict(self._core.stats(now))
@@ -522,6 +545,20 @@ class Scheduler:
         st["eviction"] = eviction_stats(self._backend.pool)
         st["pool"] = self._backend.pool_stats()
         return st
+
+    def _task_stats(self, task_id: int | Task) -> dict[str, Any]:
+        tid = task_id.id if isinstance(task_id, Task) else check.byte_count(
+            "Scheduler.stats", "task_id", task_id)  # fmt: skip
+        with self._cond:
+            task = self._tasks.get(tid)
+            if task is not None:
+                return task.stats()
+            ended = self._ended.get(tid)
+        if ended is None:
+            raise errors.GPUKitValueError(f"Scheduler.stats: no task {tid} (ids of this "
+                                          f"scheduler's last {ENDED_KEPT} ended tasks are "
+                                          "kept)")  # fmt: skip
+        return dict(ended)
 
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop after the submitted tasks end (cancel=True withdraws those not running)."""

@@ -24,6 +24,7 @@ class Task:
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.tenant, self.qos, self.partition = tenant, qos, partition
         self.reservation = reservation
+        self.reserved_bytes = reservation.total  # submit(memory=...) may reserve more
         self.sim_ms = sim_ms
         self.submitted_ms = submitted_ms
         self.admitted_ms: float | None = None
@@ -76,7 +77,7 @@ class Task:
             "qos": self.qos,
             "partition": self.partition,
             "state": self._state,
-            "reservation_bytes": self.reservation.total,
+            "reservation_bytes": self.reserved_bytes,
             "arena_bytes": self.reservation.arena_bytes,
             "holds_arena": self.arena is not None,
             "stream_priority": self.stream_priority,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pygpukit import _native, settings
+from pygpukit.errors import GPUKitError
 from pygpukit.progress import slow_step
 
 MIN_SM = 80
@@ -171,19 +172,53 @@ def configure_kernel_cache() -> None:
     _native.kernel_cache_configure(settings.cache_dir() or "", settings.cache_max_bytes())
 
 
+def compare_nvrtc_driver(nvrtc: tuple[int, int], driver: int) -> tuple[bool, str]:
+    """(fatal, message) for an NVRTC `(major, minor)` against cuDriverGetVersion's `driver`
+    (e.g. 12040); message is '' when NVRTC is not newer. A newer major is fatal: the driver
+    does not load CUBINs of a later CUDA major. A newer minor of the same major loads
+    (CUDA minor version compatibility), so it is only reported."""
+    d_major, d_minor = driver // 1000, (driver % 1000) // 10
+    n_major, n_minor = nvrtc
+    if (n_major, n_minor) <= (d_major, d_minor):
+        return False, ""
+    said = f"NVRTC {n_major}.{n_minor} is newer than the driver (CUDA {d_major}.{d_minor})"
+    if n_major > d_major:
+        extra = f'pip install "pygpukit[cuda{d_major}]"'
+        return True, (f"{said}: the kernels it compiles would not load; install a driver for "
+                      f"CUDA {n_major} or NVRTC {d_major} ({extra})")  # fmt: skip
+    return False, f"{said}; it works through CUDA minor version compatibility"
+
+
+def nvrtc_driver_check() -> tuple[bool, str]:
+    """compare_nvrtc_driver for the loaded driver and NVRTC; (False, '') when either is
+    missing (their absence is reported on its own)."""
+    if _native.driver_unavailable_reason():
+        return False, ""
+    try:
+        nvrtc = nvrtc_version()
+    except GPUKitError:
+        return False, ""
+    return compare_nvrtc_driver(nvrtc, int(_native.driver_version()))
+
+
 def cuda_usable() -> tuple[bool, str]:
-    """Whether an SM80+ GPU and a working driver are present, and if not, why."""
+    """Whether an SM80+ GPU, a working driver and an NVRTC whose kernels it loads are
+    present, and if not, why."""
     reason = _native.driver_unavailable_reason()
     if reason:
         return False, reason
     major, minor = _native.device_info(None)["compute_capability"]
     if major * 10 + minor < MIN_SM:
         return False, f"device is sm_{major}{minor}; PyGPUkit needs sm_{MIN_SM} or newer"
+    fatal, why = nvrtc_driver_check()
+    if fatal:
+        return False, why
     return True, ""
 
 
 __all__ = [
     "MIN_SM",
+    "compare_nvrtc_driver",
     "compile_kernel",
     "configure_kernel_cache",
     "cublaslt_candidates",
@@ -197,6 +232,7 @@ __all__ = [
     "load_nvrtc",
     "nvidia_wheel_dirs",
     "nvrtc_candidates",
+    "nvrtc_driver_check",
     "nvrtc_version",
     "sm_count",
 ]
