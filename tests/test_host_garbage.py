@@ -33,11 +33,14 @@ def test_calls_leave_no_reference_cycles(run: Callable[[Any], Any]) -> None:
     for _ in range(20):  # the schedule, its plans and one-off types are made by now
         run(x)
     # Garbage found after n calls, with the collector off meanwhile. A cyclic object made
-    # once per collector run (ctypes re-creates an array type it caches weakly) is the same
-    # for 10 calls as for 60; one made per call is not.
+    # once per collector run (ctypes re-creates an array type it caches weakly), or left by
+    # an earlier test's finalizer, does not grow with the calls; a cycle made per call adds
+    # at least one object for each of the 50 more calls.
     found = []
     for n in (10, 60):
-        gc.collect()
+        for _ in range(5):  # finalizers of earlier tests' objects may leave more behind
+            if not gc.collect():
+                break
         gc.disable()
         try:
             for _ in range(n):
@@ -45,7 +48,7 @@ def test_calls_leave_no_reference_cycles(run: Callable[[Any], Any]) -> None:
             found.append(gc.collect())
         finally:
             gc.enable()
-    assert found[1] == found[0], f"cycles per call: {(found[1] - found[0]) / 50}"
+    assert found[1] < found[0] + 50, f"cyclic objects per call: {(found[1] - found[0]) / 50}"
     want = np.exp(a.astype(np.float64)) * 2.0 if run is _eager else a.astype(np.float64)
     if run is _chain:
         for _ in range(4):
