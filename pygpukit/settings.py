@@ -1,21 +1,21 @@
 """Every setting of PyGPUkit: the environment variable, the Python call that sets it for
 this process, its default and what it does. This module is the only reader of them.
 
-| Variable                 | Python                  | Default   | Meaning                         |
-|--------------------------|-------------------------|-----------|---------------------------------|
-| PYGPUKIT_BACKEND         | gpk.set_backend         | auto      | cpu (NumPy) or cuda (1)         |
-| PYGPUKIT_EAGER           | gpk.set_eager           | 0         | run each op at once (2)         |
-| PYGPUKIT_DEBUG           | gpk.set_debug           | 0         | profile each lazy realize (3)   |
-| PYGPUKIT_SKIP_PASSES     | gpk.set_skip_passes     | (none)    | passes left out of the pipeline |
-| PYGPUKIT_PDL             | gpk.set_pdl             | 1         | PDL launches on SM 9.0+ (4)     |
-| PYGPUKIT_CACHE_DIR       | gpk.set_cache_dir       | (5)       | compiled-kernel cache directory |
-| PYGPUKIT_CACHE_MAX_BYTES | gpk.set_cache_max_bytes | 268435456 | its size bound (256 MiB, LRU)   |
-| PYGPUKIT_COMPILE_CACHE_SIZE | settings.set_compile_cache_size | 64 | entries per compiled fn (10) |
-| PYGPUKIT_CUBLASLT        | (environment only)      | 1         | 0: never load cuBLASLt (6)      |
-| PYGPUKIT_POISON          | (environment only)      | 0         | fill new CUDA memory: 0xFF (7)  |
-| PYGPUKIT_KERNEL_DIR      | (environment only)      | (8)       | .cuh kernel template directory  |
-| PGK_GIT_COMMIT           | (environment only)      | git       | commit bench results record     |
-| PYGPUKIT_RUST_PREBUILT   | CMake -D (build time)   | (none)    | prebuilt _rust library (9)      |
+| Variable                    | Python                     | Default   | Meaning                   |
+|-----------------------------|----------------------------|-----------|---------------------------|
+| PYGPUKIT_BACKEND            | gpk.set_backend            | auto      | cpu (NumPy) or cuda (1)   |
+| PYGPUKIT_EAGER              | gpk.set_eager              | 0         | run each op at once (2)   |
+| PYGPUKIT_DEBUG              | gpk.set_debug              | 0         | profile lazy realizes (3) |
+| PYGPUKIT_SKIP_PASSES        | gpk.set_skip_passes        | (none)    | passes left out           |
+| PYGPUKIT_PDL                | gpk.set_pdl                | 1         | PDL launches, SM 9.0+ (4) |
+| PYGPUKIT_CACHE_DIR          | gpk.set_cache_dir          | (5)       | kernel cache directory    |
+| PYGPUKIT_CACHE_MAX_BYTES    | gpk.set_cache_max_bytes    | 268435456 | its size bound (LRU)      |
+| PYGPUKIT_COMPILE_CACHE_SIZE | gpk.set_compile_cache_size | 64        | traces kept per fn (10)   |
+| PYGPUKIT_CUBLASLT           | (environment only)         | 1         | 0: no cuBLASLt (6)        |
+| PYGPUKIT_POISON             | (environment only)         | 0         | fill new CUDA memory (7)  |
+| PYGPUKIT_KERNEL_DIR         | (environment only)         | (8)       | kernel template directory |
+| PGK_GIT_COMMIT              | (environment only)         | git       | commit in bench results   |
+| PYGPUKIT_RUST_PREBUILT      | CMake -D (build time)      | (none)    | prebuilt _rust (9)        |
 
 1. Auto is cuda when an SM80+ GPU is usable, else cpu. Read once, when the first array
    needs a backend; gpk.set_backend after that raises SettingError.
@@ -25,8 +25,8 @@ this process, its default and what it does. This module is the only reader of th
    finishes, then waits on it.
 5. $XDG_CACHE_HOME/pygpukit/kernels, else ~/.cache/pygpukit/kernels.
 6. The NVRTC GEMM serves instead. Read when cuBLASLt would first load.
-7. NaN in every float dtype, -1 in every integer one: exposes reads of unwritten memory.
-   Read when the CUDA backend starts.
+7. With 0xFF bytes: NaN in every float dtype, -1 in every integer one: exposes reads of
+   unwritten memory. Read when the CUDA backend starts.
 8. The templates that ship with the package. The directory must hold common.cuh.
    Read when the first template loads.
 9. `-DPYGPUKIT_RUST_PREBUILT=path` (or scikit-build's cmake.define): install that _rust
@@ -315,7 +315,9 @@ def compile_cache_size() -> int:
     if not raw:
         return DEFAULT_COMPILE_CACHE_SIZE
     if not raw.isdigit() or int(raw) < 1:
-        raise SettingError(f"{COMPILE_CACHE_SIZE}={raw!r}: expected a number of entries (1 or more)")
+        raise SettingError(
+            f"{COMPILE_CACHE_SIZE}={raw!r}: expected a number of entries (1 or more)"
+        )
     return int(raw)
 
 

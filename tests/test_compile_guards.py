@@ -123,6 +123,27 @@ def test_captured_numpy_array_is_refused(rng):
         f(gpk.from_numpy(arr(rng, 4)))
 
 
+def test_numpy_array_in_a_captured_container_is_refused_when_the_graph_reads_it(rng):
+    pairs = [
+        (gpk.from_numpy(arr(rng, 4)), arr(rng, 4)),
+        (gpk.from_numpy(arr(rng, 4)), arr(rng, 3, 4)),
+    ]
+
+    @gpk.compile
+    def uses_host(x):
+        return x + pairs[1][1].T  # the host array's values become a graph constant
+
+    with pytest.raises(gpk.errors.TraceError, match=r"captured pairs\[1\]\[1\] is a NumPy"):
+        uses_host(gpk.from_numpy(arr(rng, 4, 3)))
+
+    @gpk.compile
+    def keeps_a_reference(x):
+        return x * pairs[0][0]  # pairs[0][1], a host reference copy, is not read
+
+    x = arr(rng, 4)
+    close(keeps_a_reference(gpk.from_numpy(x)).to_numpy(), f64(x) * f64(pairs[0][0]))
+
+
 def test_numpy_array_argument_is_fine(rng):
     @gpk.compile
     def f(x, t):
@@ -172,7 +193,9 @@ def test_captured_weight_freed_raises(rng):
     f(x)
     f(x)
     w.free()
-    with pytest.raises(gpk.errors.FreedArrayError, match=r"f: captured w \(f32\[6, 6\]\) was freed"):
+    with pytest.raises(
+        gpk.errors.FreedArrayError, match=r"f: captured w \(f32\[6, 6\]\) was freed"
+    ):
         f(x)
 
 
@@ -240,11 +263,17 @@ def test_cache_size_default_comes_from_settings(rng, monkeypatch):
         for n in range(1, 5):
             f(gpk.from_numpy(arr(rng, n)))
     assert len(f.stats()["entries"]) == 2
-    settings.set_compile_cache_size(5)
+    gpk.set_compile_cache_size(5)  # wins over the environment
     assert settings.compile_cache_size() == 5
-    settings.set_compile_cache_size(None)
-    with pytest.raises(gpk.errors.SettingError):
-        settings.set_compile_cache_size(0)
+    gpk.set_compile_cache_size(None)
+    assert settings.compile_cache_size() == 2
+    monkeypatch.delenv(settings.COMPILE_CACHE_SIZE)
+    assert settings.compile_cache_size() == settings.DEFAULT_COMPILE_CACHE_SIZE
+    with pytest.raises(gpk.errors.SettingError, match="set_compile_cache_size"):
+        gpk.set_compile_cache_size(0)
+    monkeypatch.setenv(settings.COMPILE_CACHE_SIZE, "many")
+    with pytest.raises(gpk.errors.SettingError, match="PYGPUKIT_COMPILE_CACHE_SIZE='many'"):
+        settings.compile_cache_size()
     with pytest.raises(ValueError, match="cache_size"):
         gpk.compile(lambda x: x, cache_size=0)
 
@@ -283,7 +312,7 @@ def test_compiled_function_called_while_tracing_is_inlined(rng):
 
     @gpk.compile
     def outer(x):
-        return inner(x, 0.5) + inner(x * 2.0, 1.5) + gpk.compile(bias)()
+        return inner(x, 0.5) + inner(x * 2.0, 1.5) + bias()
 
     x = arr(rng, 3, 8)
     inner(gpk.from_numpy(x), 0.5)  # inner is compiled and cached on its own too
@@ -298,4 +327,5 @@ def test_compiled_function_called_while_tracing_is_inlined(rng):
     for _ in range(2):
         close(outer(gpk.from_numpy(x)).to_numpy(), ref)
     assert outer.stats()["misses"] == 1
-    assert inner.stats()["calls"] == 1  # the traced calls did not run inner's program
+    # the traced calls ran neither inner's nor bias's program
+    assert inner.stats()["calls"] == 1 and bias.stats()["calls"] == 1

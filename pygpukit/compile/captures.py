@@ -6,8 +6,10 @@ graph, and its identity is part of the cache key. The walk also collects (Values
 Python scalar it passes (int, float, bool, str, bytes, complex, None, NumPy scalars) with
 where it came from (`SCALE`, `coefs[1]`, `self.eps`): their values are part of the cache
 key, since tracing may have read any of them (a constant in the graph, a loop count). Host
-NumPy arrays the function names are collected too: they are refused, because an in-place
-change could not be seen without comparing their contents on every call.
+NumPy arrays are collected too: those the function names (a global or closure variable, an
+attribute its code reads) are refused, and so are the others whose contents became a
+constant of the graph (function._compile compares): an in-place change could not be seen
+without comparing their contents on every call.
 
 A scan can also record what it read (a Watch): every mutable container whose items it
 walked (dicts, instance __dict__s, lists, closure cells) and the globals it looked up.
@@ -42,7 +44,8 @@ class Values:
 
     def __init__(self) -> None:
         self.scalars: list[tuple[str, Any]] = []
-        self.host_arrays: list[tuple[str, np.ndarray]] = []
+        self.host_arrays: list[tuple[str, np.ndarray]] = []  # named by the code: refused
+        self.host_items: list[tuple[str, np.ndarray]] = []  # inside containers: compared
 
     def key(self) -> tuple[tuple[str, str], ...]:
         """The scalars for a cache key: by type and spelling (0.0 == -0.0, nan != nan)."""
@@ -60,19 +63,19 @@ class Watch:
 def scan(fn: Any, objects: list[tuple[str, Any]], watch: Watch | None = None,
          values: Values | None = None) -> list[tuple[str, Any]]:  # fmt: skip
     """[(path, GPUArray)] reachable from fn and the opaque argument objects; `watch`, if
-    given, records the containers walked; `values`, the scalars and host arrays passed
-    (a host array only where it is not reached through an attribute, or through one whose
-    name the code walked names: `self.table` in `x + self.table`)."""
+    given, records the containers walked; `values`, the scalars and host arrays passed."""
     from pygpukit.array import GPUArray
 
     found: list[tuple[str, Any]] = []
     seen: set[int] = set()
     read = watch.containers if watch is not None else []
     scalars = values.scalars if values is not None else None
-    hosts: list[tuple[str, str | None, np.ndarray]] = []
+    # (path, the attribute it is the value of, the array, whether a container's item)
+    hosts: list[tuple[str, str | None, np.ndarray, bool]] = []
     names_read: set[str] = set()
 
-    def visit(obj: Any, path: str, depth: int, attr: str | None = None) -> None:
+    def visit(obj: Any, path: str, depth: int, attr: str | None = None,
+              item: bool = False) -> None:  # fmt: skip
         if depth > _MAX_DEPTH:
             return
         if isinstance(obj, _SKIP):
@@ -80,7 +83,7 @@ def scan(fn: Any, objects: list[tuple[str, Any]], watch: Watch | None = None,
                 if isinstance(obj, SCALARS):
                     scalars.append((path, obj))  # a leaf: every path to it is kept
                 elif isinstance(obj, np.ndarray):
-                    hosts.append((path, attr, obj))
+                    hosts.append((path, attr, obj, item))
             return
         if id(obj) in seen:
             return
@@ -91,11 +94,11 @@ def scan(fn: Any, objects: list[tuple[str, Any]], watch: Watch | None = None,
             if isinstance(obj, list):
                 read.append(obj)
             for i, v in enumerate(obj):
-                visit(v, f"{path}[{i}]", depth + 1, attr)
+                visit(v, f"{path}[{i}]", depth + 1, item=True)
         elif isinstance(obj, dict):
             read.append(obj)
             for k, v in list(obj.items()):
-                visit(v, f"{path}[{k!r}]", depth + 1, attr)
+                visit(v, f"{path}[{k!r}]", depth + 1, item=True)
         elif isinstance(obj, types.FunctionType):
             visit_function(obj, depth + 1)
         elif isinstance(obj, types.MethodType):
@@ -132,5 +135,7 @@ def scan(fn: Any, objects: list[tuple[str, Any]], watch: Watch | None = None,
     for path, obj in objects:
         visit(obj, path, 1)
     if values is not None:
-        values.host_arrays = [(p, a) for p, attr, a in hosts if attr is None or attr in names_read]
+        for p, attr, a, item in hosts:
+            named = not item and (attr is None or attr in names_read)
+            (values.host_arrays if named else values.host_items).append((p, a))
     return found

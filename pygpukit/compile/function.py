@@ -107,7 +107,9 @@ class _Entry:
 class CompiledFunction:
     """The callable @gpk.compile returns; see gpk.compile."""
 
-    def __init__(self, fn: Any, static_outputs: bool = False, cache_size: int | None = None) -> None:
+    def __init__(
+        self, fn: Any, static_outputs: bool = False, cache_size: int | None = None
+    ) -> None:
         if cache_size is not None and (
             isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1
         ):
@@ -149,12 +151,7 @@ class CompiledFunction:
         values = Values()
         captured = scan(self.__wrapped_fn__, objects, watch, values)
         if values.host_arrays:
-            path, a = values.host_arrays[0]
-            raise errors.TraceError(
-                f"{self.__name__}: captured {path} is a NumPy array ({a.dtype}{list(a.shape)}); "
-                "a compiled function cannot see changes made to a host array in place: pass it "
-                "as an argument (read on every call), or capture gpk.asarray(...) of it"
-            )
+            raise self._host_array(*values.host_arrays[0])
         from pygpukit.backends import get_backend
 
         key = (
@@ -164,13 +161,42 @@ class CompiledFunction:
             tuple(id(a) for _, a in captured),
             values.key(),  # any of them may have shaped the trace
         )
-        return key, tree, arrays, captured, values.scalars
+        return key, tree, arrays, captured, values
+
+    def _host_array(self, path: str, a: np.ndarray) -> errors.TraceError:
+        return errors.TraceError(
+            f"{self.__name__}: captured {path} is a NumPy array ({a.dtype}{list(a.shape)}); "
+            "a compiled function cannot see changes made to a host array in place: pass it "
+            "as an argument (read on every call), or capture gpk.asarray(...) of it"
+        )
+
+    def _check_host_items(self, traced: Traced, items: list[tuple[str, np.ndarray]]) -> None:
+        """TraceError for a host array inside a captured container (`tables[0]`) whose
+        contents became a constant of the graph (compared sorted: a transpose or a reshape
+        of it is the same values)."""
+        from pygpukit.backends import get_backend
+
+        if not items or not traced.constants:
+            return
+        to_numpy = get_backend().to_numpy
+        consts = [np.sort(np.asarray(to_numpy(c)).ravel()) for c in traced.constants]
+        for path, a in items:
+            if a.size <= 1 or a.dtype.kind not in "biuf":
+                continue
+            mine = np.sort(a.ravel())
+            for c in consts:
+                if (
+                    c.size == a.size
+                    and c.dtype.kind in "biuf"
+                    and np.array_equal(c.astype(np.float64), mine.astype(np.float64))
+                ):
+                    raise self._host_array(path, a)
 
     @staticmethod
     def _signature(tree: TreeDef, arrays: list[tuple[str, Any]], captured: list[tuple[str, Any]],
-                   scalars: list[tuple[str, Any]]) -> dict[str, str]:  # fmt: skip
+                   values: Values) -> dict[str, str]:  # fmt: skip
         sig: dict[str, str] = {}
-        for p, v in scalars:
+        for p, v in values.scalars:
             sig[f"captured {p}"] = f"value {v!r}"
         for k, t in enumerate(tree[1][1:]):
             describe(t, f"arg {k}", sig)
@@ -237,14 +263,14 @@ class CompiledFunction:
         tree: TreeDef,
         arrays: list[tuple[str, Any]],
         captured: list[tuple[str, Any]],
-        scalars: list[tuple[str, Any]],
+        values: Values,
         stacklevel: int = 5,  # the warning points at the user's line (through _call)
     ) -> _Entry:
         from pygpukit.backends import get_backend
         from pygpukit.executor import PlannedProgram
         from pygpukit.passes import lower, run_pipeline
 
-        sig = self._signature(tree, arrays, captured, scalars)
+        sig = self._signature(tree, arrays, captured, values)
         if self._last_key is None:
             reason = "first call"
         else:
@@ -261,6 +287,7 @@ class CompiledFunction:
         t0 = time.perf_counter()
         traced = trace(self.__wrapped_fn__, args, kwargs, [a for _, a in arrays], tree, captured,
                        self.__name__)  # fmt: skip
+        self._check_host_items(traced, values.host_items)
         schedule = lower(run_pipeline(traced.graph))
         n_args = len(arrays)
         ins = schedule.input_slots
@@ -300,14 +327,14 @@ class CompiledFunction:
         traces and plans the graph here, and the call then hits)."""
         from pygpukit import runtime
 
-        key, tree, arrays, captured, scalars = self._key(args, kwargs)
+        key, tree, arrays, captured, values = self._key(args, kwargs)
         pending = [a._node for _, a in arrays + captured if a._node.realized is None]
         if pending:
             runtime.realize(pending)
         entry = self._cache.get(key)
         if entry is None:
             self._check_freed([(f"captured {p}", a) for p, a in captured] + arrays)
-            entry = self._compile(key, args, kwargs, tree, arrays, captured, scalars,
+            entry = self._compile(key, args, kwargs, tree, arrays, captured, values,
                                   stacklevel=3)  # fmt: skip
             self._last_key = key
         prog = entry.program
@@ -359,7 +386,7 @@ class CompiledFunction:
 
         self._fast = None
         watch = Watch()
-        key, tree, arrays, captured, scalars = self._key(args, kwargs, watch)
+        key, tree, arrays, captured, values = self._key(args, kwargs, watch)
         pending = [a._node for _, a in arrays + captured if a._node.realized is None]
         if pending:
             runtime.realize(pending)
@@ -368,7 +395,7 @@ class CompiledFunction:
         self._check_freed(named)
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._compile(key, args, kwargs, tree, arrays, captured, scalars)
+            entry = self._compile(key, args, kwargs, tree, arrays, captured, values)
         else:
             self._hits += 1
             self._cache[key] = self._cache.pop(key)  # the most recently used last

@@ -12,7 +12,6 @@ from pygpukit.ir import Graph, Node, toposort
 
 from .pytree import TreeDef, flatten, flatten_call
 
-
 # The threads tracing now (one entry per trace in progress): a compiled function called
 # from one of them is traced into the caller's graph rather than run (function._call).
 TRACING: list[int] = []
