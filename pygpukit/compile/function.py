@@ -58,9 +58,9 @@ class _StaticSlot(Storage):
         if self._fn._evictions != self._evicted:
             raise StaleOutputError(
                 f"{self._fn.__name__}: output {self._what} is a view into the compiled graph's "
-                f"buffers (static_outputs=True) from call {self._gen}, whose cache entry has "
-                "been evicted since (its buffers went back to the pool); copy it (y.copy()) "
-                "before calling again"
+                f"buffers (static_outputs=True) from call {self._gen}, and entries of its cache "
+                "have been evicted since (their buffers went back to the pool); copy it "
+                "(y.copy()) before calling again"
             )
         if self._fn._calls != self._gen:
             raise StaleOutputError(
@@ -647,10 +647,17 @@ def compile(fn: Any = None, *, static_outputs: bool = False,  # noqa: A001
     """Trace `fn` once per signature into one graph, fuse and plan it, and replay it.
 
     The cache key is the arguments' structure, shapes, dtypes and static Python values
-    (ints, floats, strings, tuples), and the identity of persistent arrays the function
-    reads from closures, globals or objects (referenced, not copied). Use gpk.scalar(i) or
-    a 0-d array for values that change every call. `fn.stats()` reports hits and misses
-    (fast_hits: hits the last call's guard served without re-walking the captures).
+    (ints, floats, strings, tuples), the identity of persistent arrays the function reads
+    from closures, globals or objects (referenced, not copied), and the values of the
+    Python scalars reachable there (a changed global float or attribute is a miss, never a
+    stale result). Captured host NumPy arrays are refused: pass them as arguments. A freed
+    argument or captured array raises FreedArrayError before anything runs. Use
+    gpk.scalar(i) or a 0-d array for values that change every call. `fn.stats()` reports
+    hits, misses with their reasons and evictions (fast_hits: hits the last call's guard
+    served without re-walking the captures). The cache keeps `cache_size` signatures
+    (default settings.compile_cache_size(), 64), least recently used evicted first with
+    their buffers and captured graphs. Called while another compiled function is traced,
+    the function is traced into that graph (inlined).
     Results are fresh arrays; static_outputs=True returns views into the graph's buffers,
     valid until the next call. A graph of a few kernels reads its arguments and writes
     its results in place (no copies; one capture per set of addresses, which recur as
