@@ -53,6 +53,7 @@ from .settings import (
     set_backend,
     set_cache_dir,
     set_cache_max_bytes,
+    set_compile_cache_size,
     set_debug,
     set_eager,
     set_pdl,

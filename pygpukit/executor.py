@@ -91,6 +91,7 @@ class PlannedProgram:
         # The arena is allocated at the first call, or handed in by the scheduler (which
         # reserves it at admission): tracing alone holds no arena memory.
         self.arena: Any = None
+        self._owns_arena = False  # allocated here (not a scheduler's): close() frees it
         self.values: list[Any] = [None] * schedule.n_slots
         self._homes: list[tuple[int, Any]] = []  # (slot, its arena value): args, outputs
         self._bound: tuple[int, ...] | None = None
@@ -179,6 +180,7 @@ class PlannedProgram:
         the caller owns it. Values move there, and the graph is re-bound."""
         if arena is self.arena:
             return
+        self._owns_arena = False
         nodes = self.schedule.graph.nodes
         for slot, off in self.plan.offsets.items():
             n = nodes[slot]
@@ -197,6 +199,23 @@ class PlannedProgram:
         unpin_all(self._pins)
         self._pins = []
         self._bound = None
+
+    def close(self) -> None:
+        """Give back what the program holds: its pins, its captured graphs and the arena
+        it allocated (a compiled function's evicted cache entry). A later call starts
+        again from a new arena and a new capture."""
+        self.unbind()
+        self._captures.clear()
+        self._hot = self._cold = _NONE
+        self._replay = self._eager = None
+        self._last_key = None
+        self._tokens.clear()
+        self.values = [None] * self.schedule.n_slots
+        self._homes = []
+        arena, self.arena = self.arena, None
+        if arena is not None and self._owns_arena:
+            arena.release()
+        self._owns_arena = False
 
     def __del__(self) -> None:
         try:
@@ -272,6 +291,7 @@ class PlannedProgram:
         arena = self.arena
         if arena is None or arena.freed:
             self.use_arena(self.backend.alloc_arena(self.plan.arena_bytes))
+            self._owns_arena = True
         if self._bound is None or (
             not same_externals and self._bound != tuple(id(v) for v in externals)
         ):

@@ -120,6 +120,12 @@ def eviction_stats(pool: Any) -> dict[str, int]:
     return out
 
 
+# Explicit releases so far (release(), the only way memory still referenced is freed):
+# a compiled call checks its arrays for freed memory only when this moved since its last
+# check. A list, so readers bind it once and read one item.
+RELEASES = [0]
+
+
 class Storage:
     """A pool block. Freed when the last value using it dies, or at once by `release()`."""
 
@@ -196,6 +202,7 @@ class Storage:
             self.pins -= 1
 
     def release(self) -> None:
+        RELEASES[0] += 1
         lru = self._lru
         if lru is None:
             self._release()
@@ -220,7 +227,10 @@ class Storage:
         try:
             lru = self._lru
             if lru is None:
-                self.release()  # subclasses (external memory, static views) free their way
+                if type(self) is Storage:
+                    self._release()  # not release(): nothing can read it, no check is due
+                else:
+                    self.release()  # subclasses (external memory, static views) free their way
             elif not self.freed:  # _release() inline: compiled calls free a block per call
                 self.freed = True
                 lru.order.pop(id(self), None)

@@ -1,20 +1,21 @@
 """Every setting of PyGPUkit: the environment variable, the Python call that sets it for
 this process, its default and what it does. This module is the only reader of them.
 
-| Variable                 | Python                  | Default   | Meaning                         |
-|--------------------------|-------------------------|-----------|---------------------------------|
-| PYGPUKIT_BACKEND         | gpk.set_backend         | auto      | cpu (NumPy) or cuda (1)         |
-| PYGPUKIT_EAGER           | gpk.set_eager           | 0         | run each op at once (2)         |
-| PYGPUKIT_DEBUG           | gpk.set_debug           | 0         | profile each lazy realize (3)   |
-| PYGPUKIT_SKIP_PASSES     | gpk.set_skip_passes     | (none)    | passes left out of the pipeline |
-| PYGPUKIT_PDL             | gpk.set_pdl             | 1         | PDL launches on SM 9.0+ (4)     |
-| PYGPUKIT_CACHE_DIR       | gpk.set_cache_dir       | (5)       | compiled-kernel cache directory |
-| PYGPUKIT_CACHE_MAX_BYTES | gpk.set_cache_max_bytes | 268435456 | its size bound (256 MiB, LRU)   |
-| PYGPUKIT_CUBLASLT        | (environment only)      | 1         | 0: never load cuBLASLt (6)      |
-| PYGPUKIT_POISON          | (environment only)      | 0         | fill new CUDA memory: 0xFF (7)  |
-| PYGPUKIT_KERNEL_DIR      | (environment only)      | (8)       | .cuh kernel template directory  |
-| PGK_GIT_COMMIT           | (environment only)      | git       | commit bench results record     |
-| PYGPUKIT_RUST_PREBUILT   | CMake -D (build time)   | (none)    | prebuilt _rust library (9)      |
+| Variable                    | Python                     | Default   | Meaning                   |
+|-----------------------------|----------------------------|-----------|---------------------------|
+| PYGPUKIT_BACKEND            | gpk.set_backend            | auto      | cpu (NumPy) or cuda (1)   |
+| PYGPUKIT_EAGER              | gpk.set_eager              | 0         | run each op at once (2)   |
+| PYGPUKIT_DEBUG              | gpk.set_debug              | 0         | profile lazy realizes (3) |
+| PYGPUKIT_SKIP_PASSES        | gpk.set_skip_passes        | (none)    | passes left out           |
+| PYGPUKIT_PDL                | gpk.set_pdl                | 1         | PDL launches, SM 9.0+ (4) |
+| PYGPUKIT_CACHE_DIR          | gpk.set_cache_dir          | (5)       | kernel cache directory    |
+| PYGPUKIT_CACHE_MAX_BYTES    | gpk.set_cache_max_bytes    | 268435456 | its size bound (LRU)      |
+| PYGPUKIT_COMPILE_CACHE_SIZE | gpk.set_compile_cache_size | 64        | traces kept per fn (10)   |
+| PYGPUKIT_CUBLASLT           | (environment only)         | 1         | 0: no cuBLASLt (6)        |
+| PYGPUKIT_POISON             | (environment only)         | 0         | fill new CUDA memory (7)  |
+| PYGPUKIT_KERNEL_DIR         | (environment only)         | (8)       | kernel template directory |
+| PGK_GIT_COMMIT              | (environment only)         | git       | commit in bench results   |
+| PYGPUKIT_RUST_PREBUILT      | CMake -D (build time)      | (none)    | prebuilt _rust (9)        |
 
 1. Auto is cuda when an SM80+ GPU is usable, else cpu. Read once, when the first array
    needs a backend; gpk.set_backend after that raises SettingError.
@@ -24,12 +25,15 @@ this process, its default and what it does. This module is the only reader of th
    finishes, then waits on it.
 5. $XDG_CACHE_HOME/pygpukit/kernels, else ~/.cache/pygpukit/kernels.
 6. The NVRTC GEMM serves instead. Read when cuBLASLt would first load.
-7. NaN in every float dtype, -1 in every integer one: exposes reads of unwritten memory.
-   Read when the CUDA backend starts.
+7. With 0xFF bytes: NaN in every float dtype, -1 in every integer one: exposes reads of
+   unwritten memory. Read when the CUDA backend starts.
 8. The templates that ship with the package. The directory must hold common.cuh.
    Read when the first template loads.
 9. `-DPYGPUKIT_RUST_PREBUILT=path` (or scikit-build's cmake.define): install that _rust
    library instead of running cargo. Not read at run time.
+10. Signatures (traces) a @gpk.compile function keeps, least recently used evicted first
+   with their buffers and captured graphs; `gpk.compile(fn, cache_size=n)` sets one
+   function's. Read when a function's cache fills.
 
 Flags take 1/0 (also true/false, yes/no, on/off); an empty variable is the default.
 Values are read from the environment when they are used, so a change to os.environ made
@@ -56,12 +60,14 @@ SKIP_PASSES = "PYGPUKIT_SKIP_PASSES"
 PDL = "PYGPUKIT_PDL"
 CACHE_DIR = "PYGPUKIT_CACHE_DIR"
 CACHE_MAX_BYTES = "PYGPUKIT_CACHE_MAX_BYTES"
+COMPILE_CACHE_SIZE = "PYGPUKIT_COMPILE_CACHE_SIZE"
 CUBLASLT = "PYGPUKIT_CUBLASLT"
 POISON = "PYGPUKIT_POISON"
 KERNEL_DIR = "PYGPUKIT_KERNEL_DIR"
 GIT_COMMIT = "PGK_GIT_COMMIT"
 
 DEFAULT_CACHE_MAX_BYTES = 256 << 20
+DEFAULT_COMPILE_CACHE_SIZE = 64
 BACKENDS = ("cpu", "cuda")
 
 # Values set from Python, by variable name; they win over the environment.
@@ -300,14 +306,39 @@ def set_cache_max_bytes(n: int | None) -> None:
     _set(CACHE_MAX_BYTES, n)
 
 
+def compile_cache_size() -> int:
+    """Cache entries (signatures) a @gpk.compile function keeps when it names none
+    (PYGPUKIT_COMPILE_CACHE_SIZE, default 64)."""
+    n = _overrides.get(COMPILE_CACHE_SIZE)
+    if isinstance(n, int):
+        return n
+    raw = _raw(COMPILE_CACHE_SIZE)
+    if not raw:
+        return DEFAULT_COMPILE_CACHE_SIZE
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingError(
+            f"{COMPILE_CACHE_SIZE}={raw!r}: expected a number of entries (1 or more)"
+        )
+    return int(raw)
+
+
+def set_compile_cache_size(n: int | None) -> None:
+    """Keep `n` signatures per @gpk.compile function (least recently used evicted first).
+    None: PYGPUKIT_COMPILE_CACHE_SIZE again, or 64."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise SettingError(f"set_compile_cache_size: expected a number of entries >= 1, got {n!r}")
+    _set(COMPILE_CACHE_SIZE, n)
+
+
 def git_commit() -> str | None:
     """The commit bench results record when the tree has no .git (PGK_GIT_COMMIT), or None."""
     return _raw(GIT_COMMIT) or None
 
 
 __all__ = [
-    "BACKENDS", "DEFAULT_CACHE_MAX_BYTES", "backend", "cache_dir", "cache_max_bytes", "cublaslt",
-    "debug", "eager", "git_commit", "kernel_dir", "pdl", "poison", "prefer_backend",
-    "set_backend", "set_cache_dir", "set_cache_max_bytes", "set_debug", "set_eager", "set_pdl",
+    "BACKENDS", "DEFAULT_CACHE_MAX_BYTES", "DEFAULT_COMPILE_CACHE_SIZE", "backend", "cache_dir",
+    "cache_max_bytes", "compile_cache_size", "cublaslt", "debug", "eager", "git_commit",
+    "kernel_dir", "pdl", "poison", "prefer_backend", "set_backend", "set_cache_dir",
+    "set_cache_max_bytes", "set_compile_cache_size", "set_debug", "set_eager", "set_pdl",
     "set_skip_passes", "skip_passes", "skip_passes_source",
 ]  # fmt: skip

@@ -191,7 +191,7 @@ def test_bench_trace_and_passes_decode_22_layers(benchmark):
 
     gen, args = _decode_step_22_layers()
     dec = gen._decode
-    _, tree, arrays, captured = dec._key(args, {})
+    _, tree, arrays, captured, _ = dec._key(args, {})
     pending = [a._node for _, a in arrays + captured if a._node.realized is None]
     if pending:
         runtime.realize(pending)

@@ -21,7 +21,7 @@ from pygpukit.errors import GPUKitError, SettingError
 ROOT = Path(__file__).resolve().parents[1]
 VARS = [settings.BACKEND, settings.EAGER, settings.DEBUG, settings.SKIP_PASSES, settings.PDL,
         settings.CACHE_DIR, settings.CACHE_MAX_BYTES, settings.CUBLASLT, settings.POISON,
-        settings.KERNEL_DIR, settings.GIT_COMMIT]  # fmt: skip
+        settings.KERNEL_DIR, settings.GIT_COMMIT, settings.COMPILE_CACHE_SIZE]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,15 @@
-"""Finding persistent arrays a function reads without taking them as arguments.
+"""Finding what a function reads without taking it as an argument.
 
 Closures, the globals its code names, bound `self` and opaque object arguments are
 walked (depth-limited) for GPUArrays; each found array is referenced by the compiled
-graph, and its identity is part of the cache key.
+graph, and its identity is part of the cache key. The walk also collects (Values) every
+Python scalar it passes (int, float, bool, str, bytes, complex, None, NumPy scalars) with
+where it came from (`SCALE`, `coefs[1]`, `self.eps`): their values are part of the cache
+key, since tracing may have read any of them (a constant in the graph, a loop count). Host
+NumPy arrays are collected too: those the function names (a global or closure variable, an
+attribute its code reads) are refused, and so are the others whose contents became a
+constant of the graph (function._compile compares): an in-place change could not be seen
+without comparing their contents on every call.
 
 A scan can also record what it read (a Watch): every mutable container whose items it
 walked (dicts, instance __dict__s, lists, closure cells) and the globals it looked up.
@@ -21,6 +28,7 @@ import numpy as np
 _SKIP = (int, float, bool, str, bytes, type(None), complex, np.ndarray, np.generic,
          types.ModuleType, type, types.BuiltinFunctionType)  # fmt: skip
 _MAX_DEPTH = 8
+SCALARS = (int, float, bool, str, bytes, type(None), complex, np.generic)
 
 
 def _code_names(code: types.CodeType) -> set[str]:
@@ -31,6 +39,19 @@ def _code_names(code: types.CodeType) -> set[str]:
     return names
 
 
+class Values:
+    """The Python scalars and host NumPy arrays a scan passed, with their paths."""
+
+    def __init__(self) -> None:
+        self.scalars: list[tuple[str, Any]] = []
+        self.host_arrays: list[tuple[str, np.ndarray]] = []  # named by the code: refused
+        self.host_items: list[tuple[str, np.ndarray]] = []  # inside containers: compared
+
+    def key(self) -> tuple[tuple[str, str], ...]:
+        """The scalars for a cache key: by type and spelling (0.0 == -0.0, nan != nan)."""
+        return tuple((p, f"{type(v).__name__} {v!r}") for p, v in self.scalars)
+
+
 class Watch:
     """The containers and global names a scan read."""
 
@@ -39,18 +60,32 @@ class Watch:
         self.globals: list[tuple[dict[str, Any], tuple[str, ...]]] = []
 
 
-def scan(fn: Any, objects: list[tuple[str, Any]],
-         watch: Watch | None = None) -> list[tuple[str, Any]]:  # fmt: skip
+def scan(fn: Any, objects: list[tuple[str, Any]], watch: Watch | None = None,
+         values: Values | None = None) -> list[tuple[str, Any]]:  # fmt: skip
     """[(path, GPUArray)] reachable from fn and the opaque argument objects; `watch`, if
-    given, records the containers walked."""
+    given, records the containers walked; `values`, the scalars and host arrays passed."""
     from pygpukit.array import GPUArray
 
     found: list[tuple[str, Any]] = []
     seen: set[int] = set()
     read = watch.containers if watch is not None else []
+    scalars = values.scalars if values is not None else None
+    # (path, the attribute it is the value of, the array, whether a container's item)
+    hosts: list[tuple[str, str | None, np.ndarray, bool]] = []
+    names_read: set[str] = set()
 
-    def visit(obj: Any, path: str, depth: int) -> None:
-        if depth > _MAX_DEPTH or isinstance(obj, _SKIP) or id(obj) in seen:
+    def visit(obj: Any, path: str, depth: int, attr: str | None = None,
+              item: bool = False) -> None:  # fmt: skip
+        if depth > _MAX_DEPTH:
+            return
+        if isinstance(obj, _SKIP):
+            if scalars is not None:
+                if isinstance(obj, SCALARS):
+                    scalars.append((path, obj))  # a leaf: every path to it is kept
+                elif isinstance(obj, np.ndarray):
+                    hosts.append((path, attr, obj, item))
+            return
+        if id(obj) in seen:
             return
         seen.add(id(obj))
         if isinstance(obj, GPUArray):
@@ -59,11 +94,11 @@ def scan(fn: Any, objects: list[tuple[str, Any]],
             if isinstance(obj, list):
                 read.append(obj)
             for i, v in enumerate(obj):
-                visit(v, f"{path}[{i}]", depth + 1)
+                visit(v, f"{path}[{i}]", depth + 1, item=True)
         elif isinstance(obj, dict):
             read.append(obj)
             for k, v in list(obj.items()):
-                visit(v, f"{path}[{k!r}]", depth + 1)
+                visit(v, f"{path}[{k!r}]", depth + 1, item=True)
         elif isinstance(obj, types.FunctionType):
             visit_function(obj, depth + 1)
         elif isinstance(obj, types.MethodType):
@@ -75,7 +110,7 @@ def scan(fn: Any, objects: list[tuple[str, Any]],
             d = vars(obj)
             read.append(d)
             for k, v in list(d.items()):
-                visit(v, f"{path}.{k}", depth + 1)
+                visit(v, f"{path}.{k}", depth + 1, k)
 
     def visit_function(f: types.FunctionType, depth: int) -> None:
         if f.__module__ and f.__module__.startswith("pygpukit"):
@@ -89,6 +124,7 @@ def scan(fn: Any, objects: list[tuple[str, Any]],
                 pass
         g = f.__globals__
         names = sorted(_code_names(f.__code__))
+        names_read.update(names)
         if watch is not None:
             watch.globals.append((g, tuple(names)))
         for name in names:
@@ -98,4 +134,8 @@ def scan(fn: Any, objects: list[tuple[str, Any]],
     visit(fn, getattr(fn, "__name__", "fn"), 0)
     for path, obj in objects:
         visit(obj, path, 1)
+    if values is not None:
+        for p, attr, a, item in hosts:
+            named = not item and (attr is None or attr in names_read)
+            (values.host_arrays if named else values.host_items).append((p, a))
     return found

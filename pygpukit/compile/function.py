@@ -9,20 +9,22 @@ import operator
 import time
 import warnings
 from dataclasses import dataclass
+from threading import get_ident
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from pygpukit import errors
+from pygpukit import errors, memory, settings
 from pygpukit.array import GPUArray, realize_arrays
 from pygpukit.ir import Node, SourceLoc
 from pygpukit.memory import Storage
 
-from .captures import Watch, scan
+from .captures import Values, Watch, scan
 from .pytree import TreeDef, describe, flatten_call, is_array, unflatten
-from .trace import Traced, trace
+from .trace import TRACING, Traced, trace
 
 _WARN_AFTER = 3  # misses (after the first trace) before the one-time warning
+_RELEASES = memory.RELEASES  # [explicit releases so far]: a freed check when it moved
 
 
 class StaleOutputError(errors.FreedArrayError):
@@ -35,9 +37,10 @@ _new = object.__new__
 class _StaticSlot(Storage):
     """The storage of a static output: the arena block, valid for one call's results."""
 
-    __slots__ = ("_fn", "_gen", "_what")
+    __slots__ = ("_fn", "_gen", "_evicted", "_what")
     _fn: CompiledFunction
     _gen: int
+    _evicted: int
     _what: str
 
     @classmethod
@@ -47,11 +50,18 @@ class _StaticSlot(Storage):
         s = _new(cls)
         s._lru, s.host, s.pins, s.gen = None, None, 0, 0
         s.pool, s.nbytes, s._addr = base.pool, base.nbytes, base.addr
-        s._fn, s._gen, s._what = fn, fn._calls, what
+        s._fn, s._gen, s._evicted, s._what = fn, fn._calls, fn._evictions, what
         return s
 
     @property
     def freed(self) -> bool:
+        if self._fn._evictions != self._evicted:
+            raise StaleOutputError(
+                f"{self._fn.__name__}: output {self._what} is a view into the compiled graph's "
+                f"buffers (static_outputs=True) from call {self._gen}, and entries of its cache "
+                "have been evicted since (their buffers went back to the pool); copy it "
+                "(y.copy()) before calling again"
+            )
         if self._fn._calls != self._gen:
             raise StaleOutputError(
                 f"{self._fn.__name__}: output {self._what} is a view into the compiled graph's "
@@ -97,12 +107,23 @@ class _Entry:
 class CompiledFunction:
     """The callable @gpk.compile returns; see gpk.compile."""
 
-    def __init__(self, fn: Any, static_outputs: bool = False) -> None:
+    def __init__(
+        self, fn: Any, static_outputs: bool = False, cache_size: int | None = None
+    ) -> None:
+        if cache_size is not None and (
+            isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1
+        ):
+            raise errors.GPUKitValueError(
+                f"gpk.compile: cache_size must be an int >= 1 (entries kept), got {cache_size!r}"
+            )
         self.__wrapped_fn__ = fn
         self.static_outputs = static_outputs
+        self.cache_size = cache_size  # None: settings.compile_cache_size() when it fills
         self.__name__ = getattr(fn, "__name__", "compiled")
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
-        self._cache: dict[Any, _Entry] = {}
+        self._cache: dict[Any, _Entry] = {}  # least recently used first
+        self._evictions = 0
+        self._warned_evicting = False
         self._last_key: Any = None
         self._calls = 0
         self._hits = 0  # the full path's (fast_hits are counted apart)
@@ -127,7 +148,10 @@ class CompiledFunction:
         from pygpukit.creation import asarray
 
         arrays = [(p, a if not isinstance(a, np.ndarray) else asarray(a)) for p, a in arrays]
-        captured = scan(self.__wrapped_fn__, objects, watch)
+        values = Values()
+        captured = scan(self.__wrapped_fn__, objects, watch, values)
+        if values.host_arrays:
+            raise self._host_array(*values.host_arrays[0])
         from pygpukit.backends import get_backend
 
         key = (
@@ -135,13 +159,45 @@ class CompiledFunction:
             tree,
             tuple((a.shape, a.dtype.name) for _, a in arrays),
             tuple(id(a) for _, a in captured),
+            values.key(),  # any of them may have shaped the trace
         )
-        return key, tree, arrays, captured
+        return key, tree, arrays, captured, values
+
+    def _host_array(self, path: str, a: np.ndarray) -> errors.TraceError:
+        return errors.TraceError(
+            f"{self.__name__}: captured {path} is a NumPy array ({a.dtype}{list(a.shape)}); "
+            "a compiled function cannot see changes made to a host array in place: pass it "
+            "as an argument (read on every call), or capture gpk.asarray(...) of it"
+        )
+
+    def _check_host_items(self, traced: Traced, items: list[tuple[str, np.ndarray]]) -> None:
+        """TraceError for a host array inside a captured container (`tables[0]`) whose
+        contents became a constant of the graph (compared sorted: a transpose or a reshape
+        of it is the same values)."""
+        from pygpukit.backends import get_backend
+
+        if not items or not traced.constants:
+            return
+        to_numpy = get_backend().to_numpy
+        consts = [np.sort(np.asarray(to_numpy(c)).ravel()) for c in traced.constants]
+        for path, a in items:
+            if a.size <= 1 or a.dtype.kind not in "biuf":
+                continue
+            mine = np.sort(a.ravel())
+            for c in consts:
+                if (
+                    c.size == a.size
+                    and c.dtype.kind in "biuf"
+                    and np.array_equal(c.astype(np.float64), mine.astype(np.float64))
+                ):
+                    raise self._host_array(path, a)
 
     @staticmethod
-    def _signature(tree: TreeDef, arrays: list[tuple[str, Any]],
-                   captured: list[tuple[str, Any]]) -> dict[str, str]:  # fmt: skip
+    def _signature(tree: TreeDef, arrays: list[tuple[str, Any]], captured: list[tuple[str, Any]],
+                   values: Values) -> dict[str, str]:  # fmt: skip
         sig: dict[str, str] = {}
+        for p, v in values.scalars:
+            sig[f"captured {p}"] = f"value {v!r}"
         for k, t in enumerate(tree[1][1:]):
             describe(t, f"arg {k}", sig)
         for name, t in zip(tree[2][1], tree[2][2:], strict=True):
@@ -184,6 +240,7 @@ class CompiledFunction:
             "fast_hits": self._fast_hits,
             "misses": self._misses,
             "reasons": list(self._reasons),
+            "evictions": self._evictions,
             "entries": [
                 {
                     "signature": dict(e.signature),
@@ -206,13 +263,14 @@ class CompiledFunction:
         tree: TreeDef,
         arrays: list[tuple[str, Any]],
         captured: list[tuple[str, Any]],
-        stacklevel: int = 4,  # the warning points at the user's line
+        values: Values,
+        stacklevel: int = 5,  # the warning points at the user's line (through _call)
     ) -> _Entry:
         from pygpukit.backends import get_backend
         from pygpukit.executor import PlannedProgram
         from pygpukit.passes import lower, run_pipeline
 
-        sig = self._signature(tree, arrays, captured)
+        sig = self._signature(tree, arrays, captured, values)
         if self._last_key is None:
             reason = "first call"
         else:
@@ -229,6 +287,7 @@ class CompiledFunction:
         t0 = time.perf_counter()
         traced = trace(self.__wrapped_fn__, args, kwargs, [a for _, a in arrays], tree, captured,
                        self.__name__)  # fmt: skip
+        self._check_host_items(traced, values.host_items)
         schedule = lower(run_pipeline(traced.graph))
         n_args = len(arrays)
         ins = schedule.input_slots
@@ -241,16 +300,38 @@ class CompiledFunction:
         entry = _Entry(traced, program, sig, (time.perf_counter() - t0) * 1e3,
                        _Outputs(traced, program, self._where))  # fmt: skip
         self._cache[key] = entry
+        self._evict(stacklevel + 1)
         return entry
+
+    def _evict(self, stacklevel: int) -> None:
+        """Drop the least recently used entries beyond the cache size; their arenas and
+        captured graphs go back (warned once: a function traced for ever-new signatures)."""
+        size = self.cache_size or settings.compile_cache_size()
+        while len(self._cache) > size:
+            old = self._cache.pop(next(iter(self._cache)))
+            if self._fast is not None and self._fast.entry is old:
+                self._fast = None
+            old.program.close()
+            self._evictions += 1
+            if not self._warned_evicting:
+                self._warned_evicting = True
+                warnings.warn(
+                    f"{self.__name__}: its cache of {size} entries is full, so the least "
+                    "recently used entry was evicted (traced again when called); reasons of "
+                    "the misses: " + " | ".join(self._reasons[1:][-8:]),
+                    stacklevel=stacklevel,
+                )
 
     def reservation(self, *args: Any, **kwargs: Any) -> Reservation:
         """The memory a call with these arguments needs, known before it runs (a cache miss
         traces and plans the graph here, and the call then hits)."""
-        key, tree, arrays, captured = self._key(args, kwargs)
+        key, tree, arrays, captured, values = self._key(args, kwargs)
         realize_arrays([a for _, a in arrays + captured])  # views share their bases' memory
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._compile(key, args, kwargs, tree, arrays, captured, stacklevel=3)
+            self._check_freed([(f"captured {p}", a) for p, a in captured] + arrays)
+            entry = self._compile(key, args, kwargs, tree, arrays, captured, values,
+                                  stacklevel=3)  # fmt: skip
             self._last_key = key
         prog = entry.program
         nodes = prog.schedule.graph.nodes
@@ -279,11 +360,16 @@ class CompiledFunction:
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
         """A call (arena: see call_in): a hit of the last call's guard runs the cached
-        entry at once; anything else takes the full path."""
+        entry at once; anything else takes the full path. While another compiled function
+        is being traced, the call is traced into its graph (inlined)."""
+        if TRACING and get_ident() in TRACING:
+            return self.__wrapped_fn__(*args, **kwargs)
         fast = self._fast
         if fast is not None:
             values = fast.match(args, kwargs)
             if values is not None:
+                if fast.releases != _RELEASES[0]:  # something was freed since the last check
+                    fast.check_freed(values)
                 self._fast_hits += 1
                 if arena is None and fast.plain and not self.static_outputs:
                     self._calls += 1  # _run's usual case, inline
@@ -294,19 +380,37 @@ class CompiledFunction:
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
         self._fast = None
         watch = Watch()
-        key, tree, arrays, captured = self._key(args, kwargs, watch)
+        key, tree, arrays, captured, values = self._key(args, kwargs, watch)
         realize_arrays([a for _, a in arrays + captured])  # views share their bases' memory
+        releases = _RELEASES[0]
+        named = [(f"captured {p}", a) for p, a in captured] + arrays
+        self._check_freed(named)
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._compile(key, args, kwargs, tree, arrays, captured)
+            entry = self._compile(key, args, kwargs, tree, arrays, captured, values)
         else:
             self._hits += 1
+            self._cache[key] = self._cache.pop(key)  # the most recently used last
         self._last_key = key
         persistent = entry.traced.persistent
         externals = [a._node.realized for a in persistent] + entry.traced.constants
         given = [a for _, a in arrays]
-        self._fast = _Guard.build(entry, args, kwargs, given, watch, externals)
+        where = {id(a): p for p, a in named}
+        self._fast = _Guard.build(entry, args, kwargs, given, watch, externals, releases,
+                                  [where.get(id(a), "a captured view's base")
+                                   for a in given + persistent])  # fmt: skip
         return self._run(entry, [a._node.realized for a in given], externals, False, arena)
+
+    def _check_freed(self, arrays: list[tuple[str, Any]]) -> None:
+        """FreedArrayError naming the first argument or captured array whose memory was
+        freed (array.free()): a compiled call would read it, or write into the block
+        something else now holds."""
+        from pygpukit.backends import get_backend
+
+        storage = get_backend().storage
+        for path, a in arrays:
+            if storage(a._node.realized).freed:
+                raise _freed(self.__name__, path, a._node)
 
     def _run(self, entry: _Entry, args: list[Any], externals: list[Any], same: bool,
              arena: Any) -> Any:  # fmt: skip
@@ -365,6 +469,13 @@ class _Outputs:
         return unflatten(self.tree, iter(outs), iter(()))
 
 
+def _freed(name: str, what: str, node: Node) -> errors.FreedArrayError:
+    return errors.FreedArrayError(
+        f"{name}: {what} ({node.dtype.short}{list(node.shape)}) was freed (array.free()); "
+        "a compiled call would read freed memory or write into a block reused since"
+    )
+
+
 _ARRAY, _VALUE, _FLOAT, _OBJECT = range(4)
 _is = operator.is_
 _NODE = operator.attrgetter("_node")
@@ -378,11 +489,15 @@ class _Guard:
     find the same arrays; the persistent arrays still hold the same realised nodes)."""
 
     __slots__ = ("entry", "n", "kw", "sigs", "checks", "containers", "persistent", "held",
-                 "globals", "externals", "plain", "call", "results")  # fmt: skip
+                 "globals", "externals", "plain", "call", "results", "releases", "paths",
+                 "name")  # fmt: skip
 
-    def __init__(self, entry: _Entry, kw: tuple[str, ...], checks: list[Any],
-                 watch: Watch, externals: list[Any]) -> None:  # fmt: skip
+    def __init__(self, entry: _Entry, kw: tuple[str, ...], checks: list[Any], watch: Watch,
+                 externals: list[Any], releases: int, paths: list[str]) -> None:  # fmt: skip
         self.entry, self.n, self.kw = entry, len(checks), kw
+        # Memory released since `releases` (memory.RELEASES) may be the arguments' or the
+        # persistent arrays': check_freed then looks, before the call runs.
+        self.releases, self.paths, self.name = releases, paths, entry.traced.graph.name
         # All arguments arrays (the usual case): (shape, dtype) per argument, one loop.
         arrays = all(c[0] == _ARRAY for c in checks)
         self.sigs = [(a, b) for _, a, b in checks] if arrays else None
@@ -407,7 +522,8 @@ class _Guard:
 
     @classmethod
     def build(cls, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any],
-              arrays: list[Any], watch: Watch, externals: list[Any]) -> _Guard | None:  # fmt: skip
+              arrays: list[Any], watch: Watch, externals: list[Any], releases: int,
+              paths: list[str]) -> _Guard | None:  # fmt: skip
         """None when the arguments are not flat (nested pytrees, NumPy arrays): those
         calls take the full path."""
         checks = []
@@ -429,7 +545,20 @@ class _Guard:
                 checks.append((_OBJECT, v, None))
         if k != len(arrays):
             return None
-        return cls(entry, tuple(kwargs), checks, watch, externals)
+        return cls(entry, tuple(kwargs), checks, watch, externals, releases, paths)
+
+    def check_freed(self, values: list[Any]) -> None:
+        """FreedArrayError if an argument's or a persistent array's memory was freed."""
+        releases = _RELEASES[0]
+        storage = self.entry.program.backend.storage
+        nodes = self.entry.traced.graph.inputs
+        n_args = len(values)
+        persistent = self.externals[: len(self.entry.traced.persistent)]
+        for k, v in enumerate(values + persistent):
+            if storage(v).freed:
+                node = nodes[k] if k < n_args else self.entry.traced.persistent[k - n_args]._node
+                raise _freed(self.name, self.paths[k], node)
+        self.releases = releases
 
     def match(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
         """The argument arrays' values when this call hits the guarded entry, else None."""
@@ -506,14 +635,22 @@ def _definition(fn: Any) -> SourceLoc | None:
     return SourceLoc(code.co_filename, code.co_firstlineno, getattr(fn, "__name__", ""))
 
 
-def compile(fn: Any = None, *, static_outputs: bool = False) -> Any:  # noqa: A001
+def compile(fn: Any = None, *, static_outputs: bool = False,  # noqa: A001
+            cache_size: int | None = None) -> Any:  # fmt: skip
     """Trace `fn` once per signature into one graph, fuse and plan it, and replay it.
 
     The cache key is the arguments' structure, shapes, dtypes and static Python values
-    (ints, floats, strings, tuples), and the identity of persistent arrays the function
-    reads from closures, globals or objects (referenced, not copied). Use gpk.scalar(i) or
-    a 0-d array for values that change every call. `fn.stats()` reports hits and misses
-    (fast_hits: hits the last call's guard served without re-walking the captures).
+    (ints, floats, strings, tuples), the identity of persistent arrays the function reads
+    from closures, globals or objects (referenced, not copied), and the values of the
+    Python scalars reachable there (a changed global float or attribute is a miss, never a
+    stale result). Captured host NumPy arrays are refused: pass them as arguments. A freed
+    argument or captured array raises FreedArrayError before anything runs. Use
+    gpk.scalar(i) or a 0-d array for values that change every call. `fn.stats()` reports
+    hits, misses with their reasons and evictions (fast_hits: hits the last call's guard
+    served without re-walking the captures). The cache keeps `cache_size` signatures
+    (default settings.compile_cache_size(), 64), least recently used evicted first with
+    their buffers and captured graphs. Called while another compiled function is traced,
+    the function is traced into that graph (inlined).
     Results are fresh arrays; static_outputs=True returns views into the graph's buffers,
     valid until the next call. A graph of a few kernels reads its arguments and writes
     its results in place (no copies; one capture per set of addresses, which recur as
@@ -521,8 +658,8 @@ def compile(fn: Any = None, *, static_outputs: bool = False) -> Any:  # noqa: A0
     small ones (token ids, device scalars) into its slots, keeping one capture.
     """
     if fn is None:
-        return functools.partial(compile, static_outputs=static_outputs)
-    return CompiledFunction(fn, static_outputs=static_outputs)
+        return functools.partial(compile, static_outputs=static_outputs, cache_size=cache_size)
+    return CompiledFunction(fn, static_outputs=static_outputs, cache_size=cache_size)
 
 
 def scalar(value: int | float, dtype: Any = None) -> Any:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from threading import get_ident
 from typing import Any
 
 from pygpukit import errors
 from pygpukit.ir import Graph, Node, toposort
 
 from .pytree import TreeDef, flatten, flatten_call
+
+# The threads tracing now (one entry per trace in progress): a compiled function called
+# from one of them is traced into the caller's graph rather than run (function._call).
+TRACING: list[int] = []
 
 
 @dataclass
@@ -42,10 +47,12 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
     objects = [o for _, o in _objects_of(args, kwargs)]
     new_args, new_kwargs = unflatten(tree, iter(tracers), iter(objects))
     before = {id(a): a._node for _, a in captured}
+    TRACING.append(get_ident())
     try:
         with eager(False):
             out = fn(*new_args, **new_kwargs)
     finally:
+        TRACING.remove(get_ident())
         after = {id(a): a._node for _, a in captured}
         # Captured arrays must not keep pointing at symbolic nodes; bases (listed after
         # their views) first, so a restored view is in step with its base.
