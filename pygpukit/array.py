@@ -34,11 +34,14 @@ def scalar_value(value: Scalar, d: DType) -> Scalar:
     """A Python scalar as a value of dtype d, with NumPy 2's checks: an int out of d's range
     raises OverflowError, a float NaN into an integer dtype ValueError, inf OverflowError.
     Raises the builtins; callers wrap them with the op and the user's line."""
-    return _scalar_value(type(value).__name__, value, d.name)
+    kind = type(value).__name__
+    # -0.0 == 0.0 hashes alike: the sign is part of the key, or one would stand for the other.
+    sign = math.copysign(1.0, value) if kind == "float" else 1.0
+    return _scalar_value(kind, value, d.name, sign)
 
 
 @functools.lru_cache(maxsize=4096)  # every op with a Python scalar asks: a hot path
-def _scalar_value(kind: str, value: Scalar, dtype: str) -> Scalar:
+def _scalar_value(kind: str, value: Scalar, dtype: str, sign: float) -> Scalar:
     d = dtypes.as_dtype(dtype)
     if d.kind in "iu" and kind != "bool":
         if kind == "float":
