@@ -121,8 +121,10 @@ def test_device_scalar_changes_without_recapture(rng: np.random.Generator) -> No
         s = float(rng.uniform(-3, 3))
         close(row(gpk.scalar(int(i)), gpk.scalar(s)), table[i].astype(np.float64) * s + 1.0)
     assert row.stats()["misses"] == 1
-    caps = captures_of(row)  # new scalars at recurring addresses: a capture or a few, no more
-    assert 1 <= len(caps) <= 4 and all(rp.captured for rp in caps)
+    # New scalars at recurring addresses: a few captures, within the program's cache (how
+    # many depends on the pool's reuse, which the test does not control), each one call.
+    caps = captures_of(row)
+    assert 1 <= len(caps) <= _CAPTURES_KEPT and all(rp.captured for rp in caps)
     assert sum(rp.replays for rp in caps) == len(order) - len(caps)
 
 
@@ -144,8 +146,8 @@ def test_kv_cache_setitem_at_dynamic_position(rng: np.random.Generator) -> None:
         close(cache, ref)  # the user's persistent array, written inside the graph
     assert step.stats()["misses"] == 1
     assert cache.node.realized.storage.addr == addr
-    caps = captures_of(step)
-    assert 1 <= len(caps) <= 4 and all(rp.captured for rp in caps)
+    caps = captures_of(step)  # as above: a few captures, within the cache, each one call
+    assert 1 <= len(caps) <= _CAPTURES_KEPT and all(rp.captured for rp in caps)
     assert sum(rp.replays for rp in caps) == 10 - len(caps)
 
 
