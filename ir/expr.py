@@ -77,7 +77,10 @@ def to_source(expr: Expr, names: list[str] | None = None) -> str:
     if head == "const":
         return repr(expr[1])
     _, attrs, kids = split(expr)
-    args = ", ".join(to_source(e, names) for e in kids)
+    parts = []
+    for e in kids:  # a plain loop: one frame per level of a deep fused chain, not two
+        parts.append(to_source(e, names))
+    args = ", ".join(parts)
     if head == "cast":
         return f"{as_dtype(attrs['dtype']).short}({args})"
     if attrs:
