@@ -33,8 +33,7 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(settings, "_overrides", {})
     settings.reload()
     yield
-    monkeypatch.undo()
-    settings.reload()
+    monkeypatch.undo()  # (tests/conftest.py reads the kept settings again after each test)
     toolchain.configure_kernel_cache()  # hand the native cache the restored settings
 
 

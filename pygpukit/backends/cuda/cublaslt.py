@@ -18,7 +18,7 @@ from . import toolchain
 from .context import Context
 from .value import DeviceValue
 
-Launch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
+GemmLaunch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
 
 LT_DTYPES = ("float32", "float16", "bfloat16")
 # One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
@@ -97,7 +97,7 @@ def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int]
 
 def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
                 b_op: tuple[bool, int], batch: int = 1, stride_a: int = 0, stride_b: int = 0,
-                epilogue: str = "none", ptrs: Sequence[int] = ()) -> Launch | None:  # fmt: skip
+                epilogue: str = "none", ptrs: Sequence[int] = ()) -> GemmLaunch | None:  # fmt: skip
     """launch(a, b, d[, bias]) through a cached cuBLASLt plan, or None when cuBLASLt is
     absent or has no algorithm for the problem. D is contiguous [batch, m, n]. float32
     follows set_tf32 at run time (one plan per mode)."""

@@ -17,7 +17,7 @@ from pygpukit.passes import Step
 
 from .. import ew
 from ..context import Context, capturing, contiguous, numel
-from ..cublaslt import LT_DTYPES, Launch, lt_launcher, lt_operand
+from ..cublaslt import LT_DTYPES, GemmLaunch, lt_launcher, lt_operand
 from ..layout import broadcast_strides, collapse, reshape_strides
 from ..materialize import contiguous_as
 from ..value import DeviceValue
@@ -28,7 +28,7 @@ _ACT_EXPR = {"gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none"), "silu"
 
 
 def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
-                 ) -> tuple[Launch, tuple[int, ...]]:  # fmt: skip
+                 ) -> tuple[GemmLaunch, tuple[int, ...]]:  # fmt: skip
     """(launch(a_ptr, b_ptr, c_ptr), out shape incl. batch) for a [.., M, K] @ b [.., K, N]
     of one dtype; C is contiguous."""
     dtype = a.dtype.name
@@ -167,7 +167,7 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 
 
 def _linear_lt(ctx: Context, x: DeviceValue, wt: DeviceValue, bias: DeviceValue | None,
-               act: str) -> tuple[Launch | None, bool, bool]:  # fmt: skip
+               act: str) -> tuple[GemmLaunch | None, bool, bool]:  # fmt: skip
     """(cuBLASLt launch or None, bias in its epilogue, activation in its epilogue) for a
     2-D x [M, K] @ wt [K, N]: bias (same dtype, unit stride) and tanh-GELU fuse into the
     GEMM; erf-GELU and SiLU have no cuBLASLt epilogue and stay an elementwise kernel."""
@@ -209,7 +209,7 @@ def _rows_view(x: DeviceValue) -> DeviceValue | None:
 
 
 def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str,
-                   only_if_faster: bool = False) -> Launch | None:  # fmt: skip
+                   only_if_faster: bool = False) -> GemmLaunch | None:  # fmt: skip
     """launch(x, w, y[, bias]) of y [M, N] = act(x [.., K] @ w [N, K]^T + bias) on the GEMV
     kernel, or None where it does not apply: dtype not bf16/f16, more than 16 rows, a column
     stride that is not 1, rows that do not fold. The launcher takes the scalar kernel at
@@ -239,7 +239,7 @@ def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str,
     return launch
 
 
-def _matmul_gemv(ctx: Context, a: DeviceValue, b: DeviceValue) -> Launch | None:
+def _matmul_gemv(ctx: Context, a: DeviceValue, b: DeviceValue) -> GemmLaunch | None:
     """The GEMV for a [.., M, K] @ b [K, N] where b is a transposed [N, K] weight (unit
     stride down its columns) and the rows of a number at most 16."""
     if len(b.shape) != 2 or len(a.shape) < 1 or (b.shape[0] > 1 and b.strides[0] != 1):
@@ -250,7 +250,7 @@ def _matmul_gemv(ctx: Context, a: DeviceValue, b: DeviceValue) -> Launch | None:
 
 def _linear_gemv(ctx: Context, x: DeviceValue, w: DeviceValue, bias: DeviceValue | None,
                  act: str, only_if_faster: bool = False
-                 ) -> tuple[Launch | None, bool, bool]:  # fmt: skip
+                 ) -> tuple[GemmLaunch | None, bool, bool]:  # fmt: skip
     """(GEMV launch or None, bias fused, activation fused) for linear with few rows. The
     activation fuses only with the bias (it applies after it), so a bias the kernel cannot
     read (other dtype or stride) leaves both to the elementwise epilogue."""
