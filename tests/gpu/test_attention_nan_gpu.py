@@ -1,6 +1,7 @@
 """The CUDA attention kernels let NaN and inf through as the float64 reference does:
 prefill (hd 64/128, no masks), decode (one query row, kv_len, many splits), and the
-composed fallback (hd 40, masks). Fully masked rows keep giving zeros."""
+composed fallback (hd 40, masks). Fully masked rows keep giving zeros. A bad device-held
+kv_len / kv_start read by a decode kernel is an index error."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from attention_ref import sdpa_ref
-from helpers import rand
+from helpers import RTOL, rand
 
 import pygpukit as gpk
 
@@ -64,3 +65,47 @@ def test_zero_scale_and_empty_rows(cuda: Any) -> None:
                scale=0.0).to_numpy()  # fmt: skip
     _check(out, sdpa_ref(q, k, v, causal=True, scale=0.0))
     assert np.all(out[:, :, :4] == 0)  # rows that see no key
+
+
+# (head_dim, dtype, key length): the decode kernels (sq == 1), one split and several.
+_DECODE_CASES = [
+    (64, "float32", 64), (64, "float32", 4096),        # CUDA-core pgk_attn_decode_split
+    (128, "bfloat16", 64), (128, "bfloat16", 4096),    # tensor-core pgk_attn_decode_mma
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("hd", "dtype", "sk"), _DECODE_CASES)
+@pytest.mark.parametrize(("name", "bad"), [("kv_len", -1), ("kv_len", 1), ("kv_start", 1),
+                                           ("kv_start", -1)])  # fmt: skip
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_bad_device_lengths_are_index_errors(cuda: Any, hd: int, dtype: str, sk: int, name: str,
+                                             bad: int, index_dtype: Any) -> None:  # fmt: skip
+    """A device-held kv_len outside [0, seq] or kv_start outside [0, seq] (bad = 1 means
+    seq + 1) is read by the decode kernel, recorded in the error word and raised at the next
+    sync as an IndexError naming the op and this line; the next good call is unaffected."""
+    from pygpukit.backends.cuda.kernels import attention
+
+    rng = np.random.default_rng(hd + sk)
+    splits = attention.decode_splits(2, 4, 2, sk, dtype)
+    assert (splits > 1) == (sk > 64)  # both the one-split and the split paths are covered
+    q = rand(rng, (2, 4, 1, hd), dtype)
+    k, v = rand(rng, (2, 2, sk, hd), dtype), rand(rng, (2, 2, sk, hd), dtype)
+    value = sk + 1 if bad == 1 else bad
+    good_len, good_start = sk - 7, np.array([0, 3])
+    lens = {"kv_len": good_len, "kv_start": good_start}
+    lens[name] = value if name == "kv_len" else np.array([0, value])
+    qd, kd, vd = gpk.from_numpy(q), gpk.from_numpy(k), gpk.from_numpy(v)
+
+    def call(n: Any, st: Any) -> Any:
+        return sdpa(qd, kd, vd, kv_len=gpk.asarray(np.array(n, index_dtype)),
+                    kv_start=gpk.asarray(np.asarray(st, index_dtype)))  # fmt: skip
+
+    with pytest.raises(gpk.IndexError) as e:
+        call(lens["kv_len"], lens["kv_start"]).to_numpy()
+    msg = str(e.value)
+    assert "sdpa" in msg and f"index {value} " in msg and "test_attention_nan_gpu.py" in msg
+    out = call(good_len, good_start).to_numpy()
+    ref = sdpa_ref(q, k, v, kv_len=good_len, kv_start=good_start)
+    f = 10 if dtype == "bfloat16" else 50  # as test_cuda_ops' decode tests
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=RTOL[dtype] * f,
+                               atol=RTOL[dtype] * 2 * f)  # fmt: skip

@@ -8,6 +8,7 @@ from typing import Any
 from pygpukit.errors import ShapeError
 
 from .. import toolchain
+from ..codegen.prelude import ERR_INDEX
 from . import loader
 from ._common import cdiv, positive
 
@@ -27,9 +28,9 @@ _R_THREADS = 256  # the merge kernel (PGK_RT)
 class Append:
     """Decode attention's append mode (attention_decode.cuh, PGK_APPEND): new key/value rows
     [B, KV, D] at k_new / v_new (batch, head strides in elements), the position as a device
-    int32 or int64 (read through its low word), the rope table row (cos, sin: D/2 elements
-    of cs_dtype) when rope is "half" or "interleaved", and the error word and tag a bad
-    position is reported with."""
+    int32 or int64 (read through its low word) and the rope table row (cos, sin: D/2 elements
+    of cs_dtype) when rope is "half" or "interleaved". A bad position is reported through
+    decode's error word."""
 
     k_new: int
     v_new: int
@@ -40,17 +41,12 @@ class Append:
     cos: int = 0
     sin: int = 0
     cs_dtype: str = "float32"
-    err: int = 0
-    tag: int = 0
 
     def defines(self) -> dict[str, Any]:
-        from ..codegen.prelude import ERR_INDEX
-
         layouts = {"none": 0, "half": 1, "interleaved": 2}
         if self.rope not in layouts:
             raise ShapeError(f"attention_decode: rope must be one of {list(layouts)}")
-        out: dict[str, Any] = {"PGK_APPEND": 1, "PGK_ROPE": layouts[self.rope],
-                               "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+        out: dict[str, Any] = {"PGK_APPEND": 1, "PGK_ROPE": layouts[self.rope]}
         if self.rope != "none":
             out["PGK_CS"] = loader.ctype(self.cs_dtype)
         return out
@@ -261,6 +257,8 @@ def decode(
     stages: int | None = None,
     append: Append | None = None,
     kv_early: bool = False,
+    err: int = 0,
+    tag: int = 0,
     stream: Any = None,
 ) -> None:
     """One decode step in one kernel: o[b, h] = softmax(scale q[b, h] K^T) V over keys
@@ -269,6 +267,8 @@ def decode(
     q, o: [B, H, D] (strides batch, head); caches [B, KVH, max_seq, D] (strides batch, head,
     seq). ctx_len: device pointer to an int32 or int64 (clamped to [0, max_seq]; 0 = the
     whole cache), read by the kernels, so a captured graph replays for every step.
+    err / tag: the error word (0: none) where a ctx_len or kv_start outside [0, max_seq] (or,
+    in append mode, a bad position) is recorded, with the step's tag.
     kv_start: optional device pointer to [B] int32/int64 first visible keys (left padding),
     element stride kv_start_stride. A query that sees no key gets zeros.
     splits: decode_splits(...) (fixed for a captured graph). With more than one, workspace
@@ -331,7 +331,7 @@ def decode(
         if append is not None:
             defines.update(append.defines())
         args += (ap.k_new, ap.v_new, *ap.k_strides, *ap.v_strides, ap.pos, ap.cos, ap.sin,
-                 ap.err, ap.tag, int(kv_early))  # fmt: skip
+                 err, tag, int(kv_early))  # fmt: skip
     else:
         st = 4
         while st > 1 and _decode_smem(dtype, g, d, st) > budget:
@@ -339,6 +339,8 @@ def decode(
         smem = _decode_smem(dtype, g, d, st)
         defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_STAGES": st}
         name, threads = "pgk_attn_decode_split", _D_THREADS
+        args += (err, tag)
+    defines["PGK_ERR_INDEX"] = ERR_INDEX
     depth = _merge_depth(g, d, threads, smem)
     defines["PGK_MP"] = depth
     if splits > 1 and counters:

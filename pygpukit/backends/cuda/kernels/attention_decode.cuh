@@ -27,6 +27,10 @@
 // V vectors per thread, all heads at once, fp32 accumulators.
 #include "common.cuh"
 
+#ifndef PGK_ERR_INDEX
+#define PGK_ERR_INDEX 1  // the error word's code for a bad index (codegen/prelude.py)
+#endif
+
 #ifndef PGK_DEC_PF
 #define PGK_DEC_PF 256  // positions prefetched before the wait (one split)
 #endif
@@ -64,6 +68,21 @@ PGK_DEVICE void pgk_dec_bounds(int len_raw, int start_raw, int max_seq, int& lo,
   hi = min(max(len_raw, 0), max_seq);
   lo = min(max(start_raw, 0), hi);
 }
+// The op's rule is a live length and start in [0, max_seq]: one outside it is recorded in
+// the error word (err may be null: no report), raised by the backend at its next sync, while
+// pgk_dec_bounds still clamps it so nothing is read out of bounds. Thread 0 of each batch
+// row's first block checks the values it read (the others read the same ones).
+PGK_DEVICE void pgk_dec_check(int len_raw, int start_raw, int max_seq, long long* err,
+                              long long tag) {
+  if (threadIdx.x || blockIdx.x || blockIdx.y || !err) return;
+  const bool len_bad = len_raw < 0 || len_raw > max_seq;
+  if ((len_bad || start_raw < 0 || start_raw > max_seq) &&
+      atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, PGK_ERR_INDEX) == 0ull) {
+    err[1] = tag;
+    err[2] = len_bad ? len_raw : start_raw;
+    err[3] = max_seq;
+  }
+}
 PGK_DEVICE void pgk_dec_share(int lo, int hi, int split, int splits, int tile, int& start,
                               int& end) {
   const int per = ((hi - lo + splits - 1) / splits + tile - 1) / tile * tile;
@@ -72,10 +91,12 @@ PGK_DEVICE void pgk_dec_share(int lo, int hi, int split, int splits, int tile, i
 }
 PGK_DEVICE void pgk_dec_range(const int* ctx_len, const int* kv_start, long long kvs_stride,
                               int max_seq, int b, int split, int splits, int tile, int& start,
-                              int& end) {
+                              int& end, long long* err, long long tag) {
   int lo, hi;
   const int start_raw = kv_start ? __ldcg(kv_start + b * kvs_stride) : 0;
-  pgk_dec_bounds(pgk_read_i32(ctx_len, max_seq), start_raw, max_seq, lo, hi);
+  const int len_raw = pgk_read_i32(ctx_len, max_seq);
+  pgk_dec_check(len_raw, start_raw, max_seq, err, tag);
+  pgk_dec_bounds(len_raw, start_raw, max_seq, lo, hi);
   pgk_dec_share(lo, hi, split, splits, tile, start, end);
 }
 
@@ -213,7 +234,8 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
                           long long v_sb, long long v_sh, long long v_ss,
                           const int* __restrict__ kv_start, long long kvs_stride,
                           int max_seq, pgk_t* __restrict__ o, long long o_sb, long long o_sh,
-                          unsigned* __restrict__ counters) {
+                          unsigned* __restrict__ counters, long long* __restrict__ err,
+                          long long tag) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -236,7 +258,8 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   unsigned* counter = counters + b * gridDim.y + blockIdx.y;
 
   int start, end;
-  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_TK, start, end);
+  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_TK, start, end,
+                err, tag);
   if (start >= end) {
     if (splits == 1) return pgk_dec_zero(o, o_sh);
     for (int g = tid; g < PGK_G; g += PGK_DT) {
@@ -575,9 +598,6 @@ PGK_DEVICE unsigned pgk_dpack(float lo, float hi) {
 #ifndef PGK_CS
 #define PGK_CS PGK_T
 #endif
-#ifndef PGK_ERR_INDEX
-#define PGK_ERR_INDEX 1
-#endif
 typedef PGK_CS pgk_dcs;
 
 // Pair jj of a row under the rope layout: (jj, jj + D/2) half-split (and without rope:
@@ -673,7 +693,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     // length and start as read now, a guess until the wait: it is read again after it and
     // the stages refilled if it changed.
     int s, e;
-    pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, s, e);
+    pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, s, e,
+                  nullptr, 0);  // checked when read again after the wait
     set_range(s, e);
     first_stages();
   } else if (splits == 1) {
@@ -743,6 +764,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   const pgk_dcs rc = PGK_ROPE ? cos_r[jr] : pgk_dcs(), rs = PGK_ROPE ? sin_r[jr] : pgk_dcs();
 
   int lo, hi;
+  pgk_dec_check(hi_raw, lo_raw, max_seq, err, tag);
   pgk_dec_bounds(hi_raw, lo_raw, max_seq, lo, hi);
   pgk_dec_share(lo, hi, split, splits, PGK_MTK, r_start, r_end);
   const int p = p_raw < 0 ? p_raw + max_seq : p_raw;
@@ -755,9 +777,9 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
       held || (p_ok && (p < lo || p >= hi) && split == 0 && blockIdx.y % n_sub == 0);
 #else
   pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_MTK, r_start,
-                r_end);
+                r_end, err, tag);
   (void)k_new, (void)v_new, (void)kn_sb, (void)kn_sh, (void)vn_sb, (void)vn_sh;
-  (void)pos_p, (void)cos_r, (void)sin_r, (void)err, (void)tag;
+  (void)pos_p, (void)cos_r, (void)sin_r;
 #endif
   if (!kv_early || r_start != start || r_end != end) {
     if (kv_early) {  // the guess was wrong: drop the early tiles (each warp its own)

@@ -146,7 +146,7 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                          # step's, which the kernel patches itself, so in a capture (the
                          # kernel ahead is the graph's own) it may read them early.
                          kv_early=append is not None and capturing(ctx),
-                         stream=ctx.stream)  # fmt: skip
+                         err=ctx.err_addr, tag=tag, stream=ctx.stream)  # fmt: skip
         return o
 
     return run
@@ -156,10 +156,10 @@ class _AppendPlan:
     """sdpa_append's operands for the decode kernel's append mode: new k/v rows [B, KV, 1, D]
     and the table row as (batch, head) strides, dtypes and their places in `vals`."""
 
-    def __init__(self, ctx: Context, step: Step, ins: Sequence[DeviceValue],
-                 where: tuple[int, int, int, int | None], tag: int,
+    def __init__(self, step: Step, ins: Sequence[DeviceValue],
+                 where: tuple[int, int, int, int | None],
                  composed: Callable[[], Run]) -> None:  # fmt: skip
-        self.where, self.tag, self.err = where, tag, ctx.err_addr
+        self.where = where
         self.composed = composed  # the unfused steps, over the same values
         self.rope = step.attrs.get("rope", "none")
         kn, vn, pos = (ins[i] for i in where[:3])
@@ -179,7 +179,7 @@ class _AppendPlan:
         return attention.Append(
             vals[k].ptr, vals[v].ptr, self.k_strides, self.v_strides, vals[p].ptr, self.rope,
             vals[t].ptr if t is not None else 0, vals[t + 1].ptr if t is not None else 0,
-            self.cs_dtype, self.err, self.tag,
+            self.cs_dtype,
         )  # fmt: skip
 
 
@@ -204,7 +204,7 @@ def plan_sdpa_append(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: 
         return lambda vals: run([vals[i] for i in inverse])
 
     where = (at, at + 1, at + 2, at + 3 if n_rope else None)
-    plan = _AppendPlan(ctx, step, sub, where, tag, composed)
+    plan = _AppendPlan(step, sub, where, composed)
     if plan.ok:
         fused = _plan_decode(ctx, attn, sub, tag, sc, bool(step.attrs.get("causal")), plan)
         if fused is not None:
