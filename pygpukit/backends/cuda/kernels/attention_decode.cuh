@@ -764,11 +764,13 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   const pgk_dcs rc = PGK_ROPE ? cos_r[jr] : pgk_dcs(), rs = PGK_ROPE ? sin_r[jr] : pgk_dcs();
 
   int lo, hi;
-  pgk_dec_check(hi_raw, lo_raw, max_seq, err, tag);
-  pgk_dec_bounds(hi_raw, lo_raw, max_seq, lo, hi);
-  pgk_dec_share(lo, hi, split, splits, PGK_MTK, r_start, r_end);
   const int p = p_raw < 0 ? p_raw + max_seq : p_raw;
   const bool p_ok = p >= 0 && p < max_seq;
+  // A bad position is the user's error; the length derived from it (pos + 1) is then bad
+  // too, so the lengths are checked only once the position is known good.
+  if (p_ok) pgk_dec_check(hi_raw, lo_raw, max_seq, err, tag);
+  pgk_dec_bounds(hi_raw, lo_raw, max_seq, lo, hi);
+  pgk_dec_share(lo, hi, split, splits, PGK_MTK, r_start, r_end);
   // Who stores row p: every block whose share holds it (blocks of one kv head store the
   // same values, and each patches its own copy of the tile, so none waits on another),
   // or, if no share holds it, split 0 of the head's first block row.
