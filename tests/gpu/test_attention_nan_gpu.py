@@ -1,7 +1,7 @@
 """The CUDA attention kernels let NaN and inf through as the float64 reference does:
 prefill (hd 64/128, no masks), decode (one query row, kv_len, many splits), and the
 composed fallback (hd 40, masks). Fully masked rows keep giving zeros. A bad device-held
-kv_len / kv_start read by a decode kernel is an index error."""
+kv_len / kv_start read by a decode kernel or the composed path is an index error."""
 
 from __future__ import annotations
 
@@ -74,21 +74,29 @@ _DECODE_CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("hd", "dtype", "sk"), _DECODE_CASES)
+# The composed path (head dim 40; query chunks against a cache) checks them in a kernel of
+# its own before its masks.
+_LENGTH_CASES = [(*c, 1) for c in _DECODE_CASES] + [(40, "float32", 11, 5), (40, "float16", 300, 7)]
+
+
+@pytest.mark.parametrize(("hd", "dtype", "sk", "sq"), _LENGTH_CASES)
 @pytest.mark.parametrize(("name", "bad"), [("kv_len", -1), ("kv_len", 1), ("kv_start", 1),
                                            ("kv_start", -1)])  # fmt: skip
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_bad_device_lengths_are_index_errors(cuda: Any, hd: int, dtype: str, sk: int, name: str,
-                                             bad: int, index_dtype: Any) -> None:  # fmt: skip
+def test_bad_device_lengths_are_index_errors(cuda: Any, hd: int, dtype: str, sk: int, sq: int,
+                                             name: str, bad: int,
+                                             index_dtype: Any) -> None:  # fmt: skip
     """A device-held kv_len outside [0, seq] or kv_start outside [0, seq] (bad = 1 means
-    seq + 1) is read by the decode kernel, recorded in the error word and raised at the next
-    sync as an IndexError naming the op and this line; the next good call is unaffected."""
+    seq + 1) is read by the decode kernel (or the composed path's check), recorded in the
+    error word and raised at the next sync as an IndexError naming the op and this line; the
+    next good call is unaffected."""
     from pygpukit.backends.cuda.kernels import attention
 
     rng = np.random.default_rng(hd + sk)
-    splits = attention.decode_splits(2, 4, 2, sk, dtype)
-    assert (splits > 1) == (sk > 64)  # both the one-split and the split paths are covered
-    q = rand(rng, (2, 4, 1, hd), dtype)
+    if sq == 1:
+        splits = attention.decode_splits(2, 4, 2, sk, dtype)
+        assert (splits > 1) == (sk > 64)  # both the one-split and the split paths are covered
+    q = rand(rng, (2, 4, sq, hd), dtype)
     k, v = rand(rng, (2, 2, sk, hd), dtype), rand(rng, (2, 2, sk, hd), dtype)
     value = sk + 1 if bad == 1 else bad
     good_len, good_start = sk - 7, np.array([0, 3])

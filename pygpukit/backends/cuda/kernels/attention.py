@@ -1,4 +1,4 @@
-"""Launchers for attention_prefill.cuh and attention_decode.cuh."""
+"""Launchers for attention_prefill.cuh, attention_decode.cuh and attention_lengths.cuh."""
 
 from __future__ import annotations
 
@@ -357,3 +357,30 @@ def decode(
         reduce_fn.launch(
             (heads, batch), (_R_THREADS,), (workspace, ml, o, heads, splits, *ost), 0, stream
         )
+
+
+# Every integer dtype a length may have, by its C type (int16 has no template storage type).
+_LENGTH_CTYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short",
+                  "int32": "int", "int64": "long long"}  # fmt: skip
+LENGTH_DTYPES = tuple(_LENGTH_CTYPES)
+
+
+def length_ctype(dtype: str) -> str:
+    """The C type of a length of this integer dtype in attention_lengths.cuh."""
+    return _LENGTH_CTYPES[dtype]
+
+
+def check_lengths(
+    values: int, n: int, stride: int, extent: int, dtype: str, *, err: int, tag: int,
+    stream: Any = None,
+) -> None:  # fmt: skip
+    """Report (through the error word at err) any of the n device integers at values
+    (element stride `stride`) outside [0, extent]: a kv_len or kv_start the unfused
+    attention path would otherwise clamp."""
+    loader.check_dtype(dtype, LENGTH_DTYPES, "attention lengths")
+    if n <= 0:
+        return
+    defines = {"PGK_IDX": length_ctype(dtype), "PGK_ERR_INDEX": ERR_INDEX}
+    fn = loader.get_kernel("attention_lengths", "pgk_attention_check_lengths", defines)
+    fn.launch((1,), (min(256, cdiv(n, 32) * 32),), (values, n, stride, extent, err, tag), 0,
+              stream)  # fmt: skip

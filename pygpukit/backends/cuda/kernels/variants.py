@@ -6,7 +6,7 @@ that stops compiling in any dtype fails CI rather than on a user's first call.
 
 from __future__ import annotations
 
-from . import gemv, loader
+from . import attention, gemv, loader
 
 Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
 
@@ -76,6 +76,9 @@ def all_variants() -> list[Variant]:
                 dec["PGK_MP"] = mp  # splits in flight in the last block's merge
                 names = ("pgk_attn_decode_split", "pgk_attn_decode_reduce", "pgk_attn_decode_mma")
                 out.append(("attention_decode", names, dec))
+    for idx in attention.LENGTH_DTYPES:
+        defines = {"PGK_IDX": attention.length_ctype(idx), "PGK_ERR_INDEX": 1}
+        out.append(("attention_lengths", ("pgk_attention_check_lengths",), defines))
     for dt in loader.HALF_DTYPES:
         # Append mode (sdpa_append): each rope layout, tables in the element type or float.
         for d, g in ((64, 8), (128, 16)):
