@@ -95,8 +95,32 @@ __all__ = [
 ]
 
 
+# (locations of the nodes a cached schedule was built from, of the nodes that ran it last):
+# a cached schedule carries its first build's source lines, so an error in a later run
+# that reused it from other lines is reported at the lines of that run (runtime.realize).
+_LAST_RUN: list[tuple[Sequence[object], Sequence[object]] | None] = [None]
+
+
+def note_run(built: Sequence[object], now: Sequence[object]) -> None:
+    """Record the source locations of the latest realize (`now`, by node) beside those the
+    schedule it reused was built from (`built`): describe_inputs reports the former."""
+    _LAST_RUN[0] = (built, now)
+
+
+def _rebound(loc: object) -> object:
+    run = _LAST_RUN[0]
+    if run is None or loc is None or run[0] is run[1]:
+        return loc
+    try:
+        i = list(run[0]).index(loc)  # only when an error is being described
+    except ValueError:
+        return loc
+    return run[1][i] or loc
+
+
 def describe_inputs(inputs: Sequence[tuple[tuple[int, ...], object]], loc: object) -> str:
     """`(inputs: f32[2,3], i64[4])` and the user's line, for error messages."""
+    loc = _rebound(loc)
     types = ", ".join(f"{getattr(d, 'short', d)}{list(s)}" for s, d in inputs)
     where = f"\n  at {getattr(loc, 'full', loc)}" if loc else ""
     return f"(inputs: {types}){where}"

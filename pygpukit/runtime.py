@@ -155,12 +155,15 @@ def realize(nodes: list[Node]) -> None:
         stats["schedule_misses"] += 1
         graph, leaves = _graph_of(order, pending)
         schedule = lower(run_pipeline(graph))
+        schedule.info["locs"] = locs = [n.loc for n in order]
         _SCHEDULE_CACHE[key] = schedule
         if len(_SCHEDULE_CACHE) > _CACHE_LIMIT:
             _SCHEDULE_CACHE.popitem(last=False)
+        errors.note_run(locs, locs)
     else:
         stats["schedule_hits"] += 1
         _SCHEDULE_CACHE.move_to_end(key)
+        errors.note_run(schedule.info["locs"], [n.loc for n in order])
     values = backend.run(schedule, [n.realized for n in leaves])
     if settings.debug():
         from .profiling import debug_realize

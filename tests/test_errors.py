@@ -99,6 +99,26 @@ def test_out_of_range_index(eager: bool) -> None:
         check(e, "setitem", "out of bounds")
 
 
+def _plus_one_at(x: gpk.GPUArray, i: gpk.GPUArray) -> gpk.GPUArray:
+    return x[i] + 1  # the line the cached schedule is first built from
+
+
+def test_cached_schedule_errors_name_the_line_of_the_failing_call() -> None:
+    """A lazy schedule is cached by structure; an error in a later run that reused it from
+    another line names that line, not the one the schedule was first built from."""
+    import inspect
+
+    a = gpk.asarray(np.random.default_rng(0).normal(size=5))
+    np.testing.assert_allclose(_plus_one_at(a, gpk.asarray(np.array(1))).to_numpy(),
+                               a.to_numpy()[1] + 1)  # fmt: skip
+    hits = gpk.runtime.stats["schedule_hits"]
+    with pytest.raises(IndexError) as e:
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        (a[gpk.asarray(np.array(7))] + 1).to_numpy()
+    assert gpk.runtime.stats["schedule_hits"] == hits + 1  # the cached schedule was reused
+    assert f"test_errors.py:{line}" in str(e.value), str(e.value)
+
+
 def test_use_after_free() -> None:
     x = arr(4, 4)
     y = x + 1
