@@ -11,7 +11,15 @@ from pygpukit.ir import dtypes
 
 from .config import ModelConfig
 from .files import ModelDir, read_json
-from .generate import GenerationResult, Generator, bucket, check_count
+from .generate import (
+    PREFILL_CHUNK,
+    GenerationResult,
+    Generator,
+    bucket,
+    check_chunk,
+    check_count,
+    prefill_plan,
+)
 from .loader import INDEX, Checkpoint, LoadError, checkpoint_files, load_weights, read_index
 from .model import Transformer
 from .sampling import SamplingParams
@@ -34,7 +42,8 @@ class Model:
             tokenizer,
             path,
         )
-        self._generators: dict[tuple[int, int], Generator] = {}
+        self._generators: dict[tuple[int, int, int], Generator] = {}
+        self.prefill_chunk = PREFILL_CHUNK  # tokens per prefill step (a power of two)
 
     @property
     def dtype(self) -> dtypes.DType:
@@ -47,9 +56,11 @@ class Model:
         return sum(seen.values())
 
     def generator(self, batch: int, max_seq_len: int) -> Generator:
-        key = (batch, max_seq_len)
+        """The Generator for this batch size and cache length (the last one is kept)."""
+        chunk = check_chunk(self.prefill_chunk)
+        key = (batch, max_seq_len, chunk)
         if key not in self._generators:
-            self._generators = {key: Generator(self.transformer, batch, max_seq_len)}
+            self._generators = {key: Generator(self.transformer, batch, max_seq_len, chunk)}
         return self._generators[key]
 
     def encode(self, text: str) -> list[int]:
@@ -77,7 +88,8 @@ class Model:
             check_count("max_seq_len", max_seq_len, 1)
         longest = max(len(p) for p in prompts)
         if max_seq_len is None:
-            need = bucket(longest, 1 << 30) + max_new_tokens
+            need = sum(prefill_plan(longest, check_chunk(self.prefill_chunk), 1 << 30))
+            need += max_new_tokens
             max_seq_len = min(self.config.max_position_embeddings, bucket(need, 1 << 30))
         pad = self.config.pad_token_id
         pad = pad if pad is not None else (self.config.bos_token_id or 0)
