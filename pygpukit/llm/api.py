@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pygpukit import errors
 from pygpukit.ir import dtypes
+from pygpukit.streams import synchronize
 
 from .config import ModelConfig
 from .files import ModelDir, read_json
@@ -20,7 +22,15 @@ from .generate import (
     check_count,
     prefill_plan,
 )
-from .loader import INDEX, Checkpoint, LoadError, checkpoint_files, load_weights, read_index
+from .loader import (
+    INDEX,
+    Checkpoint,
+    LoadError,
+    checkpoint_files,
+    load_weights,
+    read_index,
+    weight_names,
+)
 from .model import Transformer
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -43,6 +53,8 @@ class Model:
             path,
         )
         self._generators: dict[tuple[int, int, int], Generator] = {}
+        # What gpk.llm.load measured: checkpoint bytes read and the seconds it took.
+        self.load_stats: dict[str, float] = {}
         self.prefill_chunk = PREFILL_CHUNK  # tokens per prefill step (a power of two)
 
     @property
@@ -148,11 +160,16 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
                 field="vocab",
             )
     weight_map = read_index(model)
+    t0 = time.perf_counter()
     ckpt = Checkpoint(checkpoint_files(model))
     try:
         if weight_map is not None:
             ckpt.check_index(weight_map, model.path(INDEX))
         weights, used = load_weights(ckpt, cfg, target, progress, config_path)
+        nbytes = sum(ckpt.info(name).nbytes for name, _ in weight_names(cfg))
     finally:
         ckpt.close()
-    return Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)
+    synchronize()  # the last uploads and device casts are asynchronous
+    out = Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)
+    out.load_stats = {"seconds": time.perf_counter() - t0, "bytes": float(nbytes)}
+    return out
