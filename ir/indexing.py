@@ -4,6 +4,7 @@ An index becomes one entry per resulting position:
   ("slice", start, stop, step)  keeps the dim
   ("int", i)                    drops the dim (static integer)
   ("dyn", k)                    drops the dim; the integer is dynamic input k (a 0-d array)
+  ("dslice", k, length)         keeps the dim, `length` long from dynamic input k's value
   ("new",)                      inserts a dim of size 1 (None)
 """
 
@@ -27,6 +28,22 @@ class DynamicIndex:
 
     def __init__(self, k: int) -> None:
         self.k = k
+
+
+class DynamicSlice:
+    """Placeholder for `length` elements from the value of dynamic input `k` (a 0-d array):
+    a slice of static length whose start is read on the device."""
+
+    __slots__ = ("k", "length")
+
+    def __init__(self, k: int, length: int) -> None:
+        self.k, self.length = k, length
+
+
+def dslice_starts(size: int, length: int) -> int:
+    """How many starts a dynamic slice of `length` has in a dim of `size` (0..size-length);
+    a start is wrapped and checked against this count as a dynamic index against a size."""
+    return size - length + 1
 
 
 def normalize_index(shape: Shape, index: Any) -> tuple[IndexSpec, Shape]:
@@ -70,6 +87,13 @@ def normalize_index(shape: Shape, index: Any) -> tuple[IndexSpec, Shape]:
             out.append(len(range(start, stop, step)))
         elif isinstance(i, DynamicIndex):
             spec.append(("dyn", i.k))
+        elif isinstance(i, DynamicSlice):
+            if not 0 <= i.length <= size:
+                raise IndexRuleError(
+                    f"a dynamic slice of length {i.length} does not fit axis {dim} with size {size}"
+                )
+            spec.append(("dslice", i.k, i.length))
+            out.append(i.length)
         elif isinstance(i, int) and not isinstance(i, bool):
             if not -size <= i < size:
                 raise IndexRuleError(f"index {i} is out of bounds for axis {dim} with size {size}")
@@ -89,6 +113,8 @@ def region_shape(shape: Shape, spec: IndexSpec) -> Shape:
     for e in spec:
         if e[0] == "slice":
             out.append(len(range(e[1], e[2], e[3])))
+        elif e[0] == "dslice":
+            out.append(e[2])
     return tuple(out)
 
 
@@ -97,9 +123,19 @@ def check_spec(shape: Shape, spec: IndexSpec) -> Shape:
     if len(dims) != len(shape):
         raise ShapeRuleError(f"index spec {spec} does not fit shape {shape}")
     out = []
-    for e in spec:
+    for e, d in zip(spec, _sizes(shape, spec), strict=True):
         if e[0] == "new":
             out.append(1)
         elif e[0] == "slice":
             out.append(len(range(e[1], e[2], e[3])))
+        elif e[0] == "dslice":
+            if not 0 <= e[2] <= d:
+                raise ShapeRuleError(f"a dynamic slice of length {e[2]} does not fit size {d}")
+            out.append(e[2])
     return tuple(out)
+
+
+def _sizes(shape: Shape, spec: IndexSpec) -> list[int]:
+    """The input size each spec entry indexes (1 for an inserted dim)."""
+    dims = iter(shape)
+    return [1 if e[0] == "new" else next(dims) for e in spec]

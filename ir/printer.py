@@ -33,6 +33,8 @@ def _fmt_index(spec: Any, dyn: list[str]) -> str:
             parts.append(str(e[1]))
         elif e[0] == "dyn":
             parts.append(dyn[e[1]])
+        elif e[0] == "dslice":
+            parts.append(f"{dyn[e[1]]}:{dyn[e[1]]}+{e[2]}")
         else:
             parts.append("None")
     return "[" + ", ".join(parts) + "]"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .indexing import dslice_starts
 from .shapes import contiguous_strides
 
 Strides = tuple[int, ...]
@@ -106,6 +107,10 @@ def index_view(shape: Sequence[int], strides: Sequence[int], spec: Any,
                 offset += start * st
         elif e[0] == "int":
             offset += e[1] * st
+        elif e[0] == "dslice":  # the dim stays; its start is one of size - length + 1
+            out_shape.append(e[2])
+            out_strides.append(st)
+            dyn.append((e[1], dslice_starts(size, e[2]), st))
         else:
             dyn.append((e[1], size, st))
         dim += 1

@@ -15,7 +15,7 @@ import importlib as _importlib
 import typing as _typing
 
 from . import errors, nn, random, settings
-from .array import GPUArray, broadcast_to, expand_dims, matmul, take
+from .array import GPUArray, broadcast_to, dynamic_slice, expand_dims, matmul, take
 from .compile import compile, scalar  # noqa: A004 - gpk.compile shadows the builtin here
 from .creation import (
     arange,

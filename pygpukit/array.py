@@ -578,13 +578,47 @@ def _dtype_arg(op: str, dtype: Any) -> DType:
     return _dtype(dtype, dtypes.float32, op)
 
 
+class DynamicSlice:
+    """An index entry: `length` elements starting at `start`, a 0-d integer GPUArray read
+    on the device (made by dynamic_slice)."""
+
+    __slots__ = ("start", "length")
+
+    def __init__(self, start: GPUArray, length: int) -> None:
+        self.start, self.length = start, length
+
+
+def dynamic_slice(start: ArrayLike, length: int) -> DynamicSlice | slice:
+    """x[..., dynamic_slice(start, length)]: `length` elements from `start`, where start is
+    a 0-d integer GPUArray read on the device, so one compiled graph serves every start (a
+    chunk written into a static cache at a device position). Reads copy, stores write in
+    place. start must lie in [0, size - length] (checked where it is read; a negative start
+    counts the possible starts from the end, as a dynamic index). A Python int start gives
+    the plain slice(start, start + length)."""
+    if not isinstance(length, int | np.integer) or isinstance(length, bool) or length < 0:
+        raise errors.user_error(errors.GPUKitValueError, "dynamic_slice", "length must be an "
+                                f"integer >= 0, got {length!r}")  # fmt: skip
+    if isinstance(start, int | np.integer) and not isinstance(start, bool):
+        return slice(int(start), int(start) + int(length))
+    if not isinstance(start, GPUArray) or start.ndim != 0 or not start.dtype.is_int:
+        what = f"{start.dtype.short}{list(start.shape)}" if isinstance(start, GPUArray) else \
+            type(start).__name__  # fmt: skip
+        raise errors.user_error(errors.IndexError_, "dynamic_slice", "start must be a 0-d "
+                                f"integer GPUArray or an int, got {what}")  # fmt: skip
+    return DynamicSlice(start, int(length))
+
+
 def _dynamic(index: Any) -> tuple[Any, list[Node]]:
-    """Replace 0-d integer arrays in an index by placeholders; return their nodes."""
+    """Replace 0-d integer arrays and dynamic slices in an index by placeholders; return
+    their nodes (the dynamic inputs, in order)."""
     items = index if isinstance(index, tuple) else (index,)
     out: list[Any] = []
     dyn: list[Node] = []
     for i in items:
-        if isinstance(i, GPUArray):
+        if isinstance(i, DynamicSlice):
+            out.append(indexing.DynamicSlice(len(dyn), i.length))
+            dyn.append(i.start._node)
+        elif isinstance(i, GPUArray):
             if i.ndim != 0 or not i.dtype.is_int:
                 raise errors.user_error(errors.IndexError_, "index", "a GPUArray index must be "
                                         f"a 0-d integer array here, got {i.dtype.short}"

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from pygpukit.cli import main
+from pygpukit.llm.tiny import write_tiny_model
 
 
 def test_generate_tiny(capsys):
@@ -20,7 +21,12 @@ def test_generate_tiny(capsys):
     assert rc == 0
     # stdout is the text alone: the prompt, its continuation, a newline.
     assert out.startswith("Alice was") and out.count("\n") == 1 and out.endswith("\n")
-    assert re.search(r"prefill\s+[\d.]+ ms", err)
+    assert re.search(r"prefill\s+[\d.]+ ms \(\d+ tokens, padded to 16 in 1 chunk, batch 1\)", err)
+    load = re.search(r"load\s+([\d.]+) MB in ([\d.]+) s = ([\d.]+) GB/s", err)
+    assert load is not None
+    mb, seconds, gbs = (float(g) for g in load.groups())
+    weights = os.path.getsize(os.path.join(write_tiny_model(), "model.safetensors")) / 1e6
+    assert abs(mb - weights) <= 0.1 and seconds > 0 and gbs >= 0
     assert re.search(r"decode\s+[\d.]+ tok/s per sequence.*\(11 steps", err)
     bandwidth = r"[\d.]+ GB/s (host memcpy|device-to-device copy)"
     assert re.search(r"weights read [\d.]+ GB/s = [\d.]+% of the " + bandwidth, err)

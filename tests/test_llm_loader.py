@@ -203,3 +203,48 @@ def test_sharded_checkpoint_uses_index():
     got = model.transformer.weights["1.wqkv"].to_numpy()
     np.testing.assert_array_equal(got[: q.shape[0]], q)
     np.testing.assert_array_equal(got[q.shape[0] : q.shape[0] + k.shape[0]], k)
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16", "float16"])
+def test_every_weight_as_safetensors_reads_it(dtype):
+    """A sharded checkpoint loaded through the memory maps (fused matrices concatenated and
+    cast on the device) holds, for every weight, what the safetensors library reads,
+    concatenated and cast on the host."""
+    from safetensors.numpy import load_file
+
+    d = os.path.join(os.path.dirname(FIXTURE), "mistral")
+    host: dict[str, np.ndarray] = {}
+    for f in os.listdir(d):
+        if f.endswith(".safetensors"):
+            host.update(load_file(os.path.join(d, f)))
+    model = llm.load(d, dtype=dtype, progress=False)
+    cfg = model.config
+    want_dtype = gpk.ir.dtypes.as_dtype(dtype or host["model.norm.weight"].dtype).np
+    w = model.transformer.weights
+
+    def same(key: str, *names: str) -> None:
+        want = np.concatenate([host[n] for n in names]).astype(want_dtype)
+        assert w[key].dtype.np == want_dtype and w[key].readonly
+        np.testing.assert_array_equal(w[key].to_numpy(), want)
+
+    same("embed", "model.embed_tokens.weight")
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        same(f"{i}.wqkv", *(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
+        same(f"{i}.wo", p + "self_attn.o_proj.weight")
+        same(f"{i}.w_gate_up", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+        same(f"{i}.w_down", p + "mlp.down_proj.weight")
+        same(f"{i}.attn_norm", p + "input_layernorm.weight")
+    same("norm", "model.norm.weight")
+    assert model.load_stats["bytes"] == sum(a.nbytes for a in host.values())
+
+
+def test_prefetch_ranges():
+    """prefetch asks for every tensor's bytes (page-aligned) without changing what is read."""
+    d = os.path.join(os.path.dirname(FIXTURE), "mistral")
+    ck = Checkpoint(sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".safetensors")))
+    before = {n: ck.numpy(n).copy() for n in ck.tensors}
+    ck.prefetch(list(ck.tensors) + ["not a tensor"])
+    for n, a in before.items():
+        np.testing.assert_array_equal(ck.numpy(n), a)
+    ck.close()

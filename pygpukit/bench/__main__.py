@@ -4,8 +4,9 @@ installed), on the same device buffers, in one run.
     python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
 NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, read_floor,
-chain64, linear_gelu, compile_time, dispatch, llm; a GEMM workload alone as
-gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but llm (--llm adds it).
+chain64, linear_gelu, compile_time, dispatch, llm, llm_prefill, llm_long, llm_load; a GEMM
+workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but the
+llm groups (--llm adds llm; the others run when named).
 Prints a table of times and ratios; --json writes every row plus the device, driver, torch
 version and git commit. --json without FILE writes bench/results/<device>-<group>.json when
 NAMES are one result group's (results.RESULT_GROUPS: kernels, compiled, dispatch,
@@ -37,14 +38,15 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "read_floor": read_floor.bench_read_floor,
 }
 COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time", "dispatch")
-GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "llm")
+LLM_EXTRA_GROUPS = ("llm_prefill", "llm_long", "llm_load")  # run only when named
+GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "llm", *LLM_EXTRA_GROUPS)
 
 
 def _parse_only(only: str | None, llm: bool) -> tuple[set[str], list[tuple[int, str]]]:
     """(groups to run, explicit GEMM (size, dtype) workloads)."""
     groups: set[str] = set()
     if not only:
-        groups = set(GROUPS) - ({"llm"} if not llm else set())
+        groups = set(GROUPS) - set(LLM_EXTRA_GROUPS) - ({"llm"} if not llm else set())
         return groups, [(n, t) for n in gemm.SIZES for t in gemm.DTYPES]
     gemms: list[tuple[int, str]] = []
     for item in (s.strip() for s in only.split(",") if s.strip()):
@@ -222,6 +224,24 @@ def main(argv: list[str] | None = None) -> int:
                         sink=sink)  # fmt: skip
 
             _guard(rows, "llm", run_llm)
+        for g in LLM_EXTRA_GROUPS:
+            if g in groups:
+                from . import llm
+
+                def run_extra(g: str = g) -> None:
+                    def sink(r: dict[str, Any]) -> None:
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
+
+                    if g == "llm_prefill":
+                        llm.run_prefill(sink=sink)
+                    elif g == "llm_long":
+                        llm.run_long(sink=sink)
+                    else:
+                        llm.run_load(sink=sink)
+
+                _guard(rows, g, run_extra)
+                torch.cuda.empty_cache()
     finally:
         save()
         _after_group.remove(save)

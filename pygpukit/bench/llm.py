@@ -9,6 +9,15 @@ read, the ceiling for a memory-bound batch-1 decode.
 
     run(batches=(1, 4, 16)) -> list of row dicts      (the `--llm` harness calls this)
     python -m pygpukit.bench.llm [--impl pygpukit,torch_compile,transformers] [--jsonl F]
+
+Issue 23's groups (the harness's llm_prefill, llm_long, llm_load; `--group` here):
+run_prefill: the chunked prefill end to end at batch x prompt 1x128, 1x1024, 1x2048, 4x512
+against gpt-fast's prefill, torch eager and torch.compile. run_long: a Llama-3-8B-shaped
+model with 32k positions, batch-1 decode tok/s at contexts 4k, 16k and 32k against
+torch.compile, with the bytes roofline (weights + the KV cache a step reads, over the
+measured copy bandwidth). run_load: loading a 2.2 GB checkpoint (TinyLlama shape, random
+bf16, written to /tmp by transformers) plus the first token, against transformers, with the
+kernel cache and the page cache warm.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -326,6 +336,323 @@ def roofline_rows(cfg: ModelConfig, batches: Sequence[int]) -> list[dict[str, An
                  note=f"weights {wb / 1e9:.2f} GB / {how}") for b in batches]  # fmt: skip
 
 
+# -- prefill, long-context decode, load + first token (issue 23) ------------------------------
+
+Row = dict[str, Any]
+Sink = Callable[[Row], None]
+PREFILL_SHAPES = ((1, 128), (1, 1024), (1, 2048), (4, 512))  # (batch, prompt tokens)
+LONG_CONTEXTS = (4096, 16384, 32768)
+
+
+def llama3_8b_long_config() -> ModelConfig:
+    """Llama-3-8B's shape with 32k positions (random weights: only the shape matters)."""
+    return ModelConfig(
+        arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
+        rope_theta=500000.0, max_position_embeddings=32768, bos_token_id=1,
+        eos_token_ids=(2,),
+    )  # fmt: skip
+
+
+def kv_bytes(cfg: ModelConfig, context: int, itemsize: int = 2) -> int:
+    """Bytes of keys and values one decode step reads at this context (every layer)."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * context * itemsize
+
+
+def _prompts(cfg: ModelConfig, batch: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, cfg.vocab_size, length).tolist() for _ in range(batch)]
+
+
+def bench_prefill_pygpukit(cfg: ModelConfig, batch: int, length: int, model: Any,
+                           reps: int = 5) -> dict[str, Any]:  # fmt: skip
+    """The chunked prefill end to end (chunks, then the first token read back), best of
+    reps; first_call_s is the first call's (traces, compiles and captures each new chunk
+    shape; kernels come from the kernel cache as found)."""
+    from pygpukit.llm.sampling import SamplingParams
+
+    prompts = _prompts(cfg, batch, length)
+    max_seq = min(cfg.max_position_embeddings, length + 16)
+    t0 = time.perf_counter()
+    res = model.generate_ids(prompts, 1, SamplingParams(), max_seq_len=max_seq,
+                             stop_at_eos=False)  # fmt: skip
+    first = time.perf_counter() - t0
+    best = min(
+        model.generate_ids(
+            prompts, 1, SamplingParams(), max_seq_len=max_seq, stop_at_eos=False
+        ).prefill_s  # fmt: skip
+        for _ in range(reps)
+    )
+    return _prefill_row("pygpukit", cfg, batch, length, best, first_call_s=first,
+                        chunks=res.stats["chunks"])  # fmt: skip
+
+
+def _prefill_row(impl: str, cfg: ModelConfig, batch: int, length: int, seconds: float,
+                 **extra: Any) -> dict[str, Any]:  # fmt: skip
+    row = {"bench": "llm_prefill", "model": model_name(cfg), "dtype": "bfloat16", "impl": impl,
+           "batch": batch, "prompt_len": length, "ms": 1e3 * seconds,
+           "tok_s": batch * length / seconds if seconds > 0 else 0.0}  # fmt: skip
+    row.update(extra)
+    return row
+
+
+def bench_prefill_torch(cfg: ModelConfig, batch: int, length: int, compiled: bool,
+                        reps: int = 5) -> dict[str, Any]:  # fmt: skip
+    """gpt-fast's prefill (the whole prompt in one call, cache of the prompt's length,
+    logits of every position, argmax of the last), eager or torch.compile'd (static
+    shapes, fullgraph), best of reps, the first token read back."""
+    import torch
+
+    model = _gptfast_model(cfg, batch, length)
+
+    def prefill(m: Any, idx: Any, pos: Any) -> Any:
+        return m(idx, pos)[:, -1].argmax(-1)
+
+    fn = torch.compile(prefill, fullgraph=True) if compiled else prefill
+    idx = torch.tensor(_prompts(cfg, batch, length), device="cuda")
+    pos = torch.arange(length, device="cuda")
+    with torch.no_grad():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(model, idx, pos).cpu()
+        first = time.perf_counter() - t0
+        fn(model, idx, pos).cpu()
+        best = float("inf")
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn(model, idx, pos).cpu()
+            best = min(best, time.perf_counter() - t0)
+    del model
+    torch.cuda.empty_cache()
+    impl = "torch_compile" if compiled else "torch_eager"
+    return _prefill_row(
+        impl,
+        cfg,
+        batch,
+        length,
+        best,
+        first_call_s=first,
+        note="gpt-fast-style prefill" + (", fullgraph" if compiled else ""),
+    )
+
+
+def run_prefill(shapes: Sequence[tuple[int, int]] = PREFILL_SHAPES,
+                impls: Sequence[str] = ("pygpukit", "torch_eager", "torch_compile"),
+                cfg: ModelConfig | None = None,
+                sink: Sink | None = None) -> list[Row]:  # fmt: skip
+    """llm_prefill rows: each (batch, prompt) shape for each implementation, with ours'
+    speedup over each torch row."""
+    cfg = cfg or tinyllama_config()
+    rows: list[dict[str, Any]] = []
+    model = random_model(cfg) if "pygpukit" in impls else None
+    for batch, length in shapes:
+        ours = None
+        for impl in impls:
+            try:
+                if impl == "pygpukit":
+                    r = ours = bench_prefill_pygpukit(cfg, batch, length, model)
+                else:
+                    r = bench_prefill_torch(cfg, batch, length, impl == "torch_compile")
+                    if ours is not None:
+                        r["ours_speedup"] = r["ms"] / ours["ms"]
+            except Exception as e:  # one implementation failing must not lose the others
+                traceback.print_exc()
+                r = {"bench": "llm_prefill", "impl": impl, "batch": batch,
+                     "prompt_len": length, "error": repr(e)[:500]}  # fmt: skip
+            rows.append(r)
+            if sink:
+                sink(r)
+    return rows
+
+
+def bench_long_pygpukit(cfg: ModelConfig, context: int, steps: int, model: Any) -> dict[str, Any]:
+    """Batch-1 greedy decode whose positions end at context - 1, after a chunked prefill
+    of the rest of the context (random tokens)."""
+    from pygpukit.llm.sampling import SamplingParams
+
+    prompt = _prompts(cfg, 1, context - steps - 1)
+    kw = dict(max_seq_len=context, stop_at_eos=False)
+    model.generate_ids(prompt, 3, SamplingParams(), **kw)  # traces and captures
+    res = model.generate_ids(prompt, steps + 1, SamplingParams(), **kw)
+    return _long_row("pygpukit", cfg, context, res.decode_steps, res.decode_s,
+                     prefill_s=res.prefill_s,
+                     prefill_tok_s=len(prompt[0]) / res.prefill_s)  # fmt: skip
+
+
+def _long_row(impl: str, cfg: ModelConfig, context: int, steps: int, seconds: float,
+              **extra: Any) -> dict[str, Any]:  # fmt: skip
+    tps = steps / seconds if seconds > 0 else 0.0
+    moved = weight_bytes(cfg) + kv_bytes(cfg, context)
+    row = {"bench": "llm_long", "model": "llama-3-8b-shape-32k", "dtype": "bfloat16",
+           "impl": impl, "batch": 1, "context": context, "steps": steps, "tok_s": tps,
+           "ms_per_step": 1e3 * seconds / max(steps, 1), "bytes_per_step": moved,
+           "gb_s": moved * tps / 1e9}  # fmt: skip
+    row.update(extra)
+    return row
+
+
+def bench_long_torch_compile(cfg: ModelConfig, context: int, steps: int) -> dict[str, Any]:
+    """gpt-fast's decode step (mode=reduce-overhead) at positions context-steps..context-1
+    of a cache of `context` positions; the cache contents do not change the time."""
+    import torch
+
+    model = _gptfast_model(cfg, 1, context)
+
+    def decode_one(m: Any, tok: Any, pos: Any) -> Any:
+        return m(tok, pos)[:, -1].argmax(-1, keepdim=True)
+
+    step = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
+    first = context - steps - 1
+    with torch.no_grad():
+        tok = torch.randint(3, cfg.vocab_size, (1, 1), device="cuda")
+        for i in range(3):
+            tok = step(model, tok, torch.tensor([first - 3 + i], device="cuda")).clone()
+        poss = [torch.tensor([first + i], device="cuda") for i in range(steps)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            tok = step(model, tok, poss[i]).clone()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    del model, step
+    torch.cuda.empty_cache()
+    return _long_row("torch_compile", cfg, context, steps, dt,
+                     note="gpt-fast-style, mode=reduce-overhead, fullgraph")  # fmt: skip
+
+
+def run_long(contexts: Sequence[int] = LONG_CONTEXTS, steps: int = 64,
+             impls: Sequence[str] = ("pygpukit", "torch_compile"),
+             sink: Sink | None = None) -> list[Row]:  # fmt: skip
+    """llm_long rows: the bytes roofline at each context (weights + the KV cache one step
+    reads, over the measured copy bandwidth), then each implementation; pct_of_roofline is
+    the measured tok/s over the roofline's."""
+    cfg = llama3_8b_long_config()
+    bw, how = copy_bandwidth()
+    rows: list[dict[str, Any]] = []
+
+    def emit(r: dict[str, Any]) -> None:
+        rows.append(r)
+        if sink:
+            sink(r)
+
+    roof: dict[int, float] = {}
+    for c in contexts:
+        moved = weight_bytes(cfg) + kv_bytes(cfg, c)
+        r = _long_row("roofline", cfg, c, 1, moved / bw, copy_gb_s=bw / 1e9,
+                      note=f"(weights + KV) {moved / 1e9:.2f} GB / {how}")  # fmt: skip
+        roof[c] = r["tok_s"]
+        emit(r)
+    for impl in impls:
+        model = random_model(cfg) if impl == "pygpukit" else None
+        for c in contexts:
+            try:
+                if impl == "pygpukit":
+                    r = bench_long_pygpukit(cfg, c, steps, model)
+                else:
+                    r = bench_long_torch_compile(cfg, c, steps)
+                r["pct_of_roofline"] = 100 * r["tok_s"] / roof[c]
+            except Exception as e:  # one implementation failing must not lose the others
+                traceback.print_exc()
+                r = {"bench": "llm_long", "impl": impl, "context": c, "error": repr(e)[:500]}
+            emit(r)
+        del model
+    return rows
+
+
+def write_checkpoint(path: str, cfg: ModelConfig | None = None) -> str:
+    """A Hugging Face Llama checkpoint with random bf16 weights (TinyLlama's shape: 2.2 GB),
+    saved by transformers; kept when already there."""
+    import torch
+    import transformers
+
+    cfg = cfg or tinyllama_config()
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(hf_cfg).to(torch.bfloat16)
+    model.save_pretrained(path)
+    del model
+    torch.cuda.empty_cache()
+    return path
+
+
+def run_load(path: str = "/tmp/pygpukit-bench-tinyllama-bf16", reps: int = 3,
+             sink: Sink | None = None) -> list[Row]:  # fmt: skip
+    """llm_load rows: load the checkpoint and produce the first token of a 16-token prompt,
+    ours (gpk.llm.load + generate_ids) against transformers (from_pretrained with
+    device_map="cuda", then generate), best of reps after a warm-up run of each: the
+    kernel cache and the page cache are warm."""
+    import gc
+
+    import torch
+    import transformers
+
+    import pygpukit as gpk
+    from pygpukit import llm
+
+    write_checkpoint(path)
+    prompt = list(range(3, 3 + PROMPT_LEN))
+    nbytes = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+                 if f.endswith(".safetensors"))  # fmt: skip
+
+    def ours() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        m = llm.load(path, progress=False)
+        m.generate_ids([prompt], 1, stop_at_eos=False)
+        dt = time.perf_counter() - t0
+        load_s = m.load_stats["seconds"]
+        for a in {id(w): w for w in m.transformer.weights.values()}.values():
+            a.free()
+        del m
+        gc.collect()
+        gpk.synchronize()
+        return dt, load_s
+
+    def theirs() -> tuple[float, float]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        m = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.bfloat16, device_map="cuda"
+        )
+        torch.cuda.synchronize()
+        load_s = time.perf_counter() - t0
+        idx = torch.tensor([prompt], device="cuda")
+        m.generate(idx, max_new_tokens=1, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        del m
+        gc.collect()
+        torch.cuda.empty_cache()
+        return dt, load_s
+
+    rows: list[dict[str, Any]] = []
+    for impl, fn in (("pygpukit", ours), ("transformers", theirs)):
+        try:
+            fn()  # warm: page cache, kernel cache, imports
+            dt, load_s = min(fn() for _ in range(reps))
+            r = {"bench": "llm_load", "impl": impl, "model": "tinyllama-1.1b-shape",
+                 "dtype": "bfloat16", "checkpoint_gb": nbytes / 1e9, "load_first_token_s": dt,
+                 "load_s": load_s, "load_gb_s": nbytes / 1e9 / load_s,
+                 "note": "kernel cache warm, page cache warm, 16-token prompt"}  # fmt: skip
+        except Exception as e:
+            traceback.print_exc()
+            r = {"bench": "llm_load", "impl": impl, "error": repr(e)[:500]}
+        rows.append(r)
+        if sink:
+            sink(r)
+    if len(rows) == 2 and "error" not in rows[0] and "error" not in rows[1]:
+        rows[0]["vs_transformers"] = rows[0]["load_first_token_s"] / rows[1]["load_first_token_s"]
+    return rows
+
+
 BENCHES: dict[str, Callable[[ModelConfig, int, int], dict[str, Any]]] = {
     "pygpukit": bench_pygpukit,
     "torch_compile": bench_torch_compile,
@@ -380,6 +707,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--model", default="tinyllama", choices=sorted(MODELS))
     ap.add_argument("--jsonl", default=None, help="append each row here as it is measured")
+    ap.add_argument("--group", default="decode", choices=("decode", "prefill", "long", "load"),
+                    help="decode (the default), prefill (llm_prefill), long (llm_long: "
+                         "Llama-3-8B shape at 4k/16k/32k) or load (llm_load: load + first "
+                         "token against transformers)")  # fmt: skip
     a = ap.parse_args(argv)
 
     def sink(r: dict[str, Any]) -> None:
@@ -387,6 +718,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.jsonl:
             with open(a.jsonl, "a") as f:
                 f.write(json.dumps(r) + "\n")
+
+    if a.group != "decode":
+        {"prefill": lambda: run_prefill(sink=sink), "long": lambda: run_long(sink=sink),
+         "load": lambda: run_load(sink=sink)}[a.group]()  # fmt: skip
+        return 0
 
     rows = run([int(b) for b in a.batches.split(",")], a.steps, a.impl.split(","),
                cfg=MODELS[a.model](), sink=sink)  # fmt: skip

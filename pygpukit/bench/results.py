@@ -18,6 +18,9 @@ RESULT_GROUPS: dict[str, frozenset[str]] = {
     "dispatch": frozenset({"dispatch", "compile_time"}),
     "read-floor": frozenset({"read_floor"}),
     "llm": frozenset({"llm"}),
+    "llm-prefill": frozenset({"llm_prefill"}),
+    "llm-long": frozenset({"llm_long"}),
+    "llm-load": frozenset({"llm_load"}),
 }
 # --llm-model -> the result group of its LLM rows.
 LLM_GROUPS = {"tinyllama": "llm", "llama2-7b": "llm-7b"}

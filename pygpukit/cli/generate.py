@@ -106,11 +106,17 @@ def _report(model: Any, res: Any, prompt_len: int, batch: int, copy: tuple[float
     cfg = model.config
     say(f"model        {cfg.arch} {cfg.param_count() / 1e6:.2f}M params, {model.dtype.name}, "
         f"{wbytes / 1e6:.1f} MB of weights, backend {gpk.backend_name()}")  # fmt: skip
+    load = model.load_stats
+    if load.get("seconds"):
+        say(f"load         {load['bytes'] / 1e6:.1f} MB in {load['seconds']:.3f} s = "
+            f"{load['bytes'] / 1e9 / load['seconds']:.2f} GB/s (memory-mapped)")  # fmt: skip
     if res.stats["bucket"] is None:
         say("prefill      not run (--max-new-tokens 0: the prompt alone, as Hugging Face)")
         return
-    say(f"prefill      {res.prefill_s * 1e3:.1f} ms ({prompt_len} tokens, bucket "
-        f"{res.stats['bucket']}, batch {batch})")  # fmt: skip
+    chunks = res.stats["chunks"]
+    say(f"prefill      {res.prefill_s * 1e3:.1f} ms ({prompt_len} tokens, padded to "
+        f"{res.stats['bucket']} in {len(chunks)} chunk{'s' if len(chunks) > 1 else ''}, "
+        f"batch {batch})")  # fmt: skip
     say(f"decode       {tps:.1f} tok/s per sequence, {tps * batch:.1f} tok/s in all "
         f"({res.decode_steps} steps)")  # fmt: skip
     say(f"weights read {gbs:.2f} GB/s = {100 * gbs / (bw / 1e9):.1f}% of the {bw / 1e9:.1f} GB/s "

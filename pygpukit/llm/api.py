@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pygpukit import errors
 from pygpukit.ir import dtypes
+from pygpukit.streams import synchronize
 
 from .config import ModelConfig
 from .files import ModelDir, read_json
-from .generate import GenerationResult, Generator, bucket, check_count
-from .loader import INDEX, Checkpoint, LoadError, checkpoint_files, load_weights, read_index
+from .generate import (
+    PREFILL_CHUNK,
+    GenerationResult,
+    Generator,
+    bucket,
+    check_chunk,
+    check_count,
+    prefill_plan,
+)
+from .loader import (
+    INDEX,
+    Checkpoint,
+    LoadError,
+    checkpoint_files,
+    load_weights,
+    read_index,
+    weight_names,
+)
 from .model import Transformer
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -34,7 +52,10 @@ class Model:
             tokenizer,
             path,
         )
-        self._generators: dict[tuple[int, int], Generator] = {}
+        self._generators: dict[tuple[int, int, int], Generator] = {}
+        # What gpk.llm.load measured: checkpoint bytes read and the seconds it took.
+        self.load_stats: dict[str, float] = {}
+        self.prefill_chunk = PREFILL_CHUNK  # tokens per prefill step (a power of two)
 
     @property
     def dtype(self) -> dtypes.DType:
@@ -47,9 +68,11 @@ class Model:
         return sum(seen.values())
 
     def generator(self, batch: int, max_seq_len: int) -> Generator:
-        key = (batch, max_seq_len)
+        """The Generator for this batch size and cache length (the last one is kept)."""
+        chunk = check_chunk(self.prefill_chunk)
+        key = (batch, max_seq_len, chunk)
         if key not in self._generators:
-            self._generators = {key: Generator(self.transformer, batch, max_seq_len)}
+            self._generators = {key: Generator(self.transformer, batch, max_seq_len, chunk)}
         return self._generators[key]
 
     def encode(self, text: str) -> list[int]:
@@ -77,7 +100,8 @@ class Model:
             check_count("max_seq_len", max_seq_len, 1)
         longest = max(len(p) for p in prompts)
         if max_seq_len is None:
-            need = bucket(longest, 1 << 30) + max_new_tokens
+            need = sum(prefill_plan(longest, check_chunk(self.prefill_chunk), 1 << 30))
+            need += max_new_tokens
             max_seq_len = min(self.config.max_position_embeddings, bucket(need, 1 << 30))
         pad = self.config.pad_token_id
         pad = pad if pad is not None else (self.config.bos_token_id or 0)
@@ -136,11 +160,16 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
                 field="vocab",
             )
     weight_map = read_index(model)
+    t0 = time.perf_counter()
     ckpt = Checkpoint(checkpoint_files(model))
     try:
         if weight_map is not None:
             ckpt.check_index(weight_map, model.path(INDEX))
         weights, used = load_weights(ckpt, cfg, target, progress, config_path)
+        nbytes = sum(ckpt.info(name).nbytes for name, _ in weight_names(cfg))
     finally:
         ckpt.close()
-    return Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)
+    synchronize()  # the last uploads and device casts are asynchronous
+    out = Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)
+    out.load_stats = {"seconds": time.perf_counter() - t0, "bytes": float(nbytes)}
+    return out

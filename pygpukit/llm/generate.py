@@ -1,11 +1,14 @@
-"""Generation with a static KV cache: bucketed prefill, then one-token decode steps.
+"""Generation with a static KV cache: chunked prefill, then one-token decode steps.
 
-The decode step is a pure function of arrays -- the last tokens, the position as a 0-d
-array, the padding offsets, the sampling values and noise -- with the weights and caches
-captured, so gpk.compile traces it once and replays it for every token (on the CUDA and
-the NumPy backend alike).
+Each step is a pure function of arrays -- the tokens, the position as a 0-d array, the
+padding offsets, the sampling values and noise -- with the weights and caches captured, so
+gpk.compile traces it once per shape and replays it (on the CUDA and the NumPy backend
+alike): one decode trace for every token, one prefill trace per chunk length.
 
-Prompts of a batch are left-padded to a power-of-two bucket; the padding is masked out of
+A prompt runs as chunks of `chunk` tokens (prefill_plan), each writing its keys and values
+into the cache at its position and attending to everything cached before it; the last,
+partial chunk is padded to a power of two (>= 16), so padding costs less than one chunk.
+Prompts of a batch are left-padded to the same length; the padding is masked out of
 attention, and because rotary attention depends only on relative positions, a padded row
 computes what it would alone. All rows then share one cache position per step.
 """
@@ -23,10 +26,11 @@ import numpy as np
 import pygpukit as gpk
 from pygpukit.array import GPUArray
 
-from .model import Transformer, decode_mask, left_pad, prefill_mask
+from .model import Transformer, chunk_mask, decode_mask, left_pad
 from .sampling import NoiseSource, SamplingParams, sample_with
 
 MIN_BUCKET = 16
+PREFILL_CHUNK = 512  # tokens per prefill step: long prompts run as several
 LOOKAHEAD = 1  # decode steps queued beyond the one whose tokens are being read
 
 
@@ -36,6 +40,25 @@ def bucket(n: int, cap: int) -> int:
     while b < n:
         b *= 2
     return min(b, cap)
+
+
+def prefill_plan(n: int, chunk: int, room: int) -> list[int]:
+    """The chunk lengths an n-token prompt is prefilled in: full chunks, then the rest
+    padded to its bucket (at most a chunk), the padded total capped at `room` (the cache
+    positions the prompt may take) when that still holds the prompt."""
+    full = (n - 1) // chunk
+    last = min(bucket(n - full * chunk, chunk), max(room - full * chunk, n - full * chunk))
+    return [chunk] * full + [last]
+
+
+def check_chunk(chunk: object) -> int:
+    """A prefill chunk length: a power of two >= MIN_BUCKET, else GPUKitValueError."""
+    if not isinstance(chunk, int | np.integer) or isinstance(chunk, bool) or chunk < MIN_BUCKET \
+            or chunk & (chunk - 1):  # fmt: skip
+        raise gpk.errors.GPUKitValueError(
+            f"generate: the prefill chunk must be a power of two >= {MIN_BUCKET}, got {chunk!r}"
+        )
+    return int(chunk)
 
 
 def check_count(name: str, value: object, least: int) -> None:
@@ -63,11 +86,15 @@ class GenerationResult:
 
 
 class Generator:
-    """Runs prefill and decode for a static batch size and cache length."""
+    """Runs prefill and decode for a static batch size and cache length; prompts are
+    prefilled in chunks of `chunk` tokens (a power of two)."""
 
-    def __init__(self, model: Transformer, batch: int, max_seq_len: int) -> None:
+    def __init__(
+        self, model: Transformer, batch: int, max_seq_len: int, chunk: int = PREFILL_CHUNK
+    ) -> None:
         self.model = model
         self.batch, self.max_seq_len = batch, max_seq_len
+        self.chunk = check_chunk(chunk)
         model.setup_cache(batch, max_seq_len)
         self._prefill = gpk.compile(self._prefill_fn)
         self._decode = gpk.compile(self._decode_fn)
@@ -78,6 +105,7 @@ class Generator:
     def _prefill_fn(
         self,
         tokens: GPUArray,
+        pos: GPUArray,
         start: GPUArray,
         temperature: GPUArray,
         top_p: GPUArray,
@@ -88,7 +116,8 @@ class Generator:
         use_top_p: bool,
     ) -> GPUArray:
         window = self.model.config.sliding_window
-        logits = self.model(tokens, prefill_mask(start, tokens.shape[1], window))
+        mask = chunk_mask(start, pos, tokens.shape[1], self.max_seq_len, window)
+        logits = self.model(tokens, mask, pos)
         u = noise[noise_idx]
         return sample_with(logits, greedy, top_k, use_top_p, temperature, top_p, u)
 
@@ -139,11 +168,13 @@ class Generator:
                 [[] for _ in prompts], [len(p) for p in prompts], 0.0, 0.0, 0, self.batch,
                 {"bucket": None},
             )  # fmt: skip
-        length = bucket(max(len(p) for p in prompts), self.max_seq_len)
-        if length < max(len(p) for p in prompts) or length + max_new_tokens - 1 > self.max_seq_len:
+        longest = max(len(p) for p in prompts)
+        plan = prefill_plan(longest, self.chunk, self.max_seq_len - max_new_tokens + 1)
+        length = sum(plan)
+        if length + max_new_tokens - 1 > self.max_seq_len:
             raise gpk.errors.GPUKitValueError(
-                f"generate: a prompt of {max(len(p) for p in prompts)} tokens (bucket {length}) "
-                f"plus {max_new_tokens} new tokens does not fit max_seq_len {self.max_seq_len}"
+                f"generate: a prompt of {longest} tokens (padded to {length}) plus "
+                f"{max_new_tokens} new tokens does not fit max_seq_len {self.max_seq_len}"
             )
         ids, start_np = left_pad([list(p) for p in prompts], length, pad_id)
         vocab = self.model.config.vocab_size
@@ -166,7 +197,15 @@ class Generator:
                 done[:] |= np.isin(toks, eos)
 
         t0 = time.perf_counter()
-        tok = self._prefill(gpk.from_numpy(ids), start, temperature, top_p, *noise.next(), *statics)
+        # Every chunk samples (one graph per chunk length); only the last one's token is
+        # kept, so all take the first token's noise.
+        first_noise = noise.next()
+        at = 0
+        for n in plan:
+            chunk = gpk.from_numpy(ids[:, at : at + n])
+            tok = self._prefill(chunk, gpk.scalar(at), start, temperature, top_p, *first_noise,
+                                *statics)  # fmt: skip
+            at += n
         emit(0, tok.to_numpy())
         t1 = time.perf_counter()
         steps = 0
@@ -197,5 +236,5 @@ class Generator:
             t2 - t1,
             steps,
             self.batch,
-            {"bucket": length},
+            {"bucket": length, "chunks": plan},
         )

@@ -4,11 +4,19 @@ The safetensors format is an 8-byte little-endian header length, a JSON header n
 tensor's dtype, shape and byte range, then the raw data. The header is parsed here so that
 every inconsistency is reported with the tensor and the file; the data is memory-mapped and
 copied tensor by tensor to the backend, so a checkpoint never sits in host memory twice.
+
+Loading runs at storage speed: each tensor goes from the page cache straight into the
+backend's pinned staging buffers (chunked asynchronous copies, the host memcpy of one
+chunk overlapping the DMA of the last), with no host concatenation or cast -- fused
+matrices are concatenated and dtypes converted on the device -- while the kernel reads the
+next tensors ahead (madvise WILLNEED, one request per tensor, so the shards of a sharded
+checkpoint are read in parallel with the uploads and with each other).
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import re
 import struct
@@ -24,6 +32,7 @@ from pygpukit.array import GPUArray
 from pygpukit.creation import from_numpy
 from pygpukit.errors import LoadError
 from pygpukit.ir import dtypes
+from pygpukit.ops import concatenate, realize
 from pygpukit.progress import ProgressBar
 
 from .config import ModelConfig
@@ -42,6 +51,7 @@ SAFETENSORS_DTYPES: dict[str, np.dtype[Any]] = {
 }
 WEIGHT_DTYPES = ("F64", "F32", "F16", "BF16")  # what a model's weights may be stored as
 MAX_HEADER = 100 << 20  # the reference implementation's limit
+READ_AHEAD = 64 << 20  # bytes of upcoming tensors the kernel is asked to read ahead
 INDEX = "model.safetensors.index.json"
 
 
@@ -194,7 +204,7 @@ class Checkpoint:
         self.files = list(files)
         self.tensors: dict[str, TensorInfo] = {}
         self._open: dict[str, IO[bytes]] = {}
-        self._maps: dict[str, np.memmap[Any, Any]] = {}
+        self._maps: dict[str, mmap.mmap] = {}
         try:
             for path in self.files:
                 f = self._open[path] = open_regular(path)
@@ -246,16 +256,37 @@ class Checkpoint:
             )
         if t.nbytes == 0:
             return np.zeros(t.shape, t.dtype)
-        mm = self._maps.get(t.file)
-        if mm is None:
-            f = self._open.get(t.file) or open_regular(t.file)
-            self._open[t.file] = f
-            mm = self._maps[t.file] = np.memmap(f, dtype=np.uint8, mode="r")
+        mm = self._map(t.file)
         return np.frombuffer(mm, dtype=t.dtype, count=math.prod(t.shape), offset=t.offset).reshape(
             t.shape
         )
 
+    def _map(self, path: str) -> mmap.mmap:
+        mm = self._maps.get(path)
+        if mm is None:
+            f = self._open.get(path) or open_regular(path)
+            self._open[path] = f
+            mm = self._maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mm
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Ask the kernel to start reading these tensors' bytes (asynchronously; a no-op
+        where madvise is missing), so they are in memory when they are copied."""
+        if not hasattr(mmap, "MADV_WILLNEED"):
+            return
+        for name in names:
+            t = self.tensors.get(name)
+            if t is None or t.nbytes == 0:
+                continue
+            begin = t.offset - t.offset % mmap.PAGESIZE
+            try:
+                self._map(t.file).madvise(mmap.MADV_WILLNEED, begin, t.offset + t.nbytes - begin)
+            except OSError:
+                return  # advice only: reading works without it
+
     def close(self) -> None:
+        # Dropped, not closed: arrays made by numpy() may still view a map; it is unmapped
+        # when the last of them goes.
         self._maps.clear()
         for f in self._open.values():
             f.close()
@@ -345,9 +376,17 @@ def check_checkpoint(ckpt: Checkpoint, cfg: ModelConfig, source: str = "config.j
             )
 
 
-def _upload(a: np.ndarray, dtype: dtypes.DType) -> GPUArray:
-    host = a if a.dtype == dtype.np else a.astype(dtype.np)
-    arr = from_numpy(np.ascontiguousarray(host))
+def _upload(parts: list[np.ndarray], dtype: dtypes.DType) -> GPUArray:
+    """The parts (memory-mapped, as stored) concatenated along axis 0 and cast to dtype, on
+    the device: the host copies each byte once, into the pinned staging buffers."""
+    pieces = [from_numpy(np.ascontiguousarray(p)) for p in parts]
+    arr = pieces[0] if len(pieces) == 1 else concatenate(pieces)
+    if arr.dtype != dtype:
+        arr = arr.astype(dtype)
+    if len(pieces) > 1 or arr is not pieces[0]:
+        realize(arr)
+        for p in pieces:
+            p.free()
     arr.readonly = True
     return arr
 
@@ -370,8 +409,10 @@ def load_weights(
         raise LoadError(f"weights must load as a float dtype, got {target}")
     bar = ProgressBar(sum(ckpt.info(n).nbytes for n in needed), progress)
     out: dict[str, GPUArray] = {}
+    ahead = _read_ahead(ckpt, list(needed))
 
     def get(name: str) -> np.ndarray:
+        ahead(name)
         a = ckpt.numpy(name, needed[name])
         bar.update(a.nbytes)
         return a
@@ -379,7 +420,7 @@ def load_weights(
     def put(key: str, *names: str) -> None:
         parts = [get(n) for n in names]
         try:
-            out[key] = _upload(parts[0] if len(parts) == 1 else np.concatenate(parts), target)
+            out[key] = _upload(parts, target)
         except errors.GPUKitError as e:
             raise type(e)(f"load {', '.join(names)}: {e}") from None
 
@@ -411,3 +452,23 @@ def load_weights(
     finally:
         bar.finish()
     return out, target
+
+
+def _read_ahead(ckpt: Checkpoint, order: list[str]) -> Any:
+    """A hook called before each tensor is read: it keeps READ_AHEAD bytes of the tensors
+    after it (in `order`) requested from the kernel."""
+    sizes = [ckpt.info(n).nbytes for n in order]
+    where = {n: i for i, n in enumerate(order)}
+    done = [0]  # tensors requested so far
+
+    def hook(name: str) -> None:
+        i = where.get(name, 0)
+        budget, j = READ_AHEAD, max(done[0], i)
+        while j < len(order) and (budget > 0 or j == i):
+            budget -= sizes[j]
+            j += 1
+        if j > done[0]:
+            ckpt.prefetch(order[max(done[0], i) : j])
+            done[0] = j
+
+    return hook

@@ -7,12 +7,23 @@ SwiGLU). Nothing here calls a kernel.
 
 Shapes: B batch, T new tokens, S cache length, H/KV query/key-value heads, D head_dim.
 The KV cache is static: [B, KV, S, D] per layer, written at a position given as a 0-d
-integer array, so one decode step is one graph whatever the position.
+integer array, so one decode step is one graph whatever the position, and one prefill
+chunk of T tokens (written at [pos, pos + T)) is one graph whatever the chunk's position.
+
+A chunk's attention (chunk_mask) is not written out: its left-padding queries see no key at
+all, which a written-out softmax turns into NaN (and NaN in the cache leaks into real rows
+through 0 * NaN), while sdpa defines such a row as zeros. The unchunked prefill mask lets a
+padding query see itself instead, and that is not what sdpa's kv_start computes, so no
+pass could map one onto the other exactly. The chunk step therefore calls
+gpk.nn.scaled_dot_product_attention with the bounds it knows (causal, kv_len = pos + T,
+kv_start = the padding offsets). A sliding-window model keeps the written-out form with a
+[B, 1, 1, T, S] mask (padding queries see themselves) until sdpa takes a window.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,6 +58,11 @@ class RotaryEmbedding:
         """Positions 0..length-1 (a prefill)."""
         return self.cos[:length], self.sin[:length]
 
+    def chunk(self, pos: GPUArray, length: int) -> tuple[GPUArray, GPUArray]:
+        """Positions pos..pos+length-1 (a prefill chunk; pos is read on the device)."""
+        rows = gpk.dynamic_slice(pos, length)
+        return self.cos[rows], self.sin[rows]
+
     def at(self, pos: GPUArray) -> tuple[GPUArray, GPUArray]:
         """The one position `pos` (a 0-d integer array, read on the device)."""
         half = self.cos.shape[1]
@@ -65,28 +81,52 @@ class KVCache:
         """Store the new k/v [B, KV, T, D]; return the keys/values attention should see.
 
         pos None: a prefill of T tokens from position 0, which attends to itself only.
-        Otherwise one token at position `pos`, which attends to the whole cache (masked).
+        Otherwise T tokens at positions pos..pos+T-1 (a chunk, or one decode token, the
+        form the kv-append fusion recognises), which attend to the whole cache (masked).
         """
+        t = k.shape[2]
         if pos is None:
-            t = k.shape[2]
             self.k[:, :, :t] = k
             self.v[:, :, :t] = v
             return k, v
-        self.k[:, :, pos] = k[:, :, 0]
-        self.v[:, :, pos] = v[:, :, 0]
+        if t == 1:
+            self.k[:, :, pos] = k[:, :, 0]
+            self.v[:, :, pos] = v[:, :, 0]
+        else:
+            rows = gpk.dynamic_slice(pos, t)
+            self.k[:, :, rows] = k
+            self.v[:, :, rows] = v
         return self.k, self.v
 
     def arrays(self) -> list[GPUArray]:
         return [self.k, self.v]
 
 
-def attention(q: GPUArray, k: GPUArray, v: GPUArray, mask: GPUArray) -> GPUArray:
+@dataclass(frozen=True)
+class CacheBounds:
+    """What the T queries of a prefill chunk at positions pos..pos+T-1 see of the cache:
+    keys kv_start[b]..kv_len-1 (kv_len = pos + T), causally, so query i sees keys up to
+    pos + i; a query that sees no key (left padding) gives zeros. sdpa's own masks."""
+
+    kv_len: GPUArray  # 0-d integer
+    kv_start: GPUArray  # [B] integers
+
+
+Mask = GPUArray | CacheBounds
+
+
+def attention(q: GPUArray, k: GPUArray, v: GPUArray, mask: Mask) -> GPUArray:
     """softmax(q k^T / sqrt(D), masked) v with grouped-query heads.
 
     The G = H / KV query heads sharing a key/value head are folded into the row axis, so
     k and v are read once per group rather than repeated. mask [B, 1, 1, T, S] is True
     where a query may see a key. Scores and softmax are float32, as HF's eager attention.
+    CacheBounds (a prefill chunk, see the module docstring) goes to sdpa as it is.
     """
+    if isinstance(mask, CacheBounds):
+        return gpk.nn.scaled_dot_product_attention(
+            q, k, v, is_causal=True, kv_len=mask.kv_len, kv_start=mask.kv_start
+        )
     b, h, t, d = q.shape
     kv, s = k.shape[1], k.shape[2]
     g = h // kv
@@ -107,7 +147,7 @@ class Attention:
         self.cache: KVCache | None = None
 
     def __call__(
-        self, x: GPUArray, cos: GPUArray, sin: GPUArray, mask: GPUArray, pos: GPUArray | None
+        self, x: GPUArray, cos: GPUArray, sin: GPUArray, mask: Mask, pos: GPUArray | None
     ) -> GPUArray:
         assert self.cache is not None, "Transformer.setup_cache() first"
         b, t, _ = x.shape
@@ -146,7 +186,7 @@ class Block:
         self.mlp = MLP(cfg, w, i)
 
     def __call__(
-        self, x: GPUArray, cos: GPUArray, sin: GPUArray, mask: GPUArray, pos: GPUArray | None
+        self, x: GPUArray, cos: GPUArray, sin: GPUArray, mask: Mask, pos: GPUArray | None
     ) -> GPUArray:
         h = x + self.attn(self.attn_norm(x), cos, sin, mask, pos)
         return h + self.mlp(self.mlp_norm(h))
@@ -182,13 +222,17 @@ class Transformer:
         return [a for layer in self.layers if layer.attn.cache for a in layer.attn.cache.arrays()]
 
     def __call__(
-        self, tokens: GPUArray, mask: GPUArray, pos: GPUArray | None = None, last_only: bool = True
+        self, tokens: GPUArray, mask: Mask, pos: GPUArray | None = None, last_only: bool = True
     ) -> GPUArray:
-        """Logits (float32) for tokens [B, T]: a prefill from position 0 (pos None) or one
-        decode token at `pos`. last_only keeps just the last position's logits [B, V]."""
+        """Logits (float32) for tokens [B, T]: a prefill from position 0 (pos None), or T
+        tokens at positions pos..pos+T-1 (a prefill chunk, mask from chunk_mask; T == 1 is
+        a decode step, mask from decode_mask). last_only keeps the last position's [B, V]."""
         assert self.rope is not None, "setup_cache() first"
         t = tokens.shape[1]
-        cos, sin = self.rope.span(t) if pos is None else self.rope.at(pos)
+        if pos is None:
+            cos, sin = self.rope.span(t)
+        else:
+            cos, sin = self.rope.at(pos) if t == 1 else self.rope.chunk(pos, t)
         x = gpk.take(self.embed, tokens, axis=0)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, pos)
@@ -212,6 +256,22 @@ def prefill_mask(start: GPUArray, length: int, window: int | None = None) -> GPU
     if window is not None and window < length:
         ok = ok & (j > i - window)
     return ok.reshape(-1, 1, 1, length, length)
+
+
+def chunk_mask(
+    start: GPUArray, pos: GPUArray, length: int, max_seq_len: int, window: int | None = None
+) -> Mask:
+    """What a prefill chunk of `length` queries at positions pos.. sees of the cache:
+    causal, from start[b] on. CacheBounds for sdpa; with a sliding window narrower than
+    the cache, the written-out [B, 1, 1, T, S] mask, where a padding query sees itself
+    (as in prefill_mask) and query i sees keys j > pos + i - window only."""
+    if window is None or window >= max_seq_len:
+        return CacheBounds(pos + length, start)
+    i = gpk.arange(length).reshape(length, 1) + pos
+    j = gpk.arange(max_seq_len).reshape(1, max_seq_len)
+    st = start.reshape(-1, 1, 1)
+    ok = (j <= i) & (j > i - window) & ((j >= st) | (j == i))
+    return ok.reshape(-1, 1, 1, length, max_seq_len)
 
 
 def decode_mask(

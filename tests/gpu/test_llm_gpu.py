@@ -101,3 +101,66 @@ def test_greedy_tokens_f32(wide_llama):
             assert row[tok] >= top[1] - tol, (path, i, tok, int(row.argmax()), top[1] - row[tok])
             decisive += bool(top[1] - top[0] > tol)
     assert decisive >= 0.9 * 32 * len(_paths(wide_llama))
+
+
+@pytest.fixture(scope="module")
+def long_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random Llama with 2048 positions (hidden 256, 2 layers, GQA 8/2), for long prompts."""
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(
+        vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
+        initializer_range=0.05, tie_word_embeddings=False,
+    )  # fmt: skip
+    path = str(tmp_path_factory.mktemp("long_llama"))
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def gpk_chunked_logits(model: llm.Model, prompts: list[np.ndarray], chunk: int) -> np.ndarray:
+    """Logits [B, L, V] of the left-padded prompts prefilled chunk by chunk (as generate)."""
+    import pygpukit as gpk
+    from pygpukit.llm.generate import prefill_plan
+    from pygpukit.llm.model import chunk_mask, left_pad
+
+    t = model.transformer
+    plan = prefill_plan(max(len(p) for p in prompts), chunk, 1 << 30)
+    max_seq = 1 << int(np.ceil(np.log2(sum(plan))))
+    t.setup_cache(len(prompts), max_seq)
+    ids, start_np = left_pad([p.tolist() for p in prompts], sum(plan), 0)
+    start = gpk.from_numpy(start_np)
+
+    def step(tokens: gpk.GPUArray, pos: gpk.GPUArray) -> gpk.GPUArray:
+        mask = chunk_mask(start, pos, tokens.shape[1], max_seq, model.config.sliding_window)
+        return t(tokens, mask, pos, last_only=False)
+
+    fn = gpk.compile(step)
+    outs, at = [], 0
+    for n in plan:
+        outs.append(fn(gpk.from_numpy(ids[:, at : at + n]), gpk.scalar(at)).to_numpy())
+        at += n
+    return np.concatenate(outs, axis=1)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 1000])
+def test_chunked_prefill_logits(long_llama, n):
+    """Chunks of 256 against transformers' logits at every real position, f32 and bf16."""
+    path = long_llama
+    seq = np.random.default_rng(n).integers(3, 1024, n).astype(np.int64)
+    for dtype, tol in (("float32", 1e-4), ("bfloat16", 2e-2)):
+        ours = gpk_chunked_logits(llm.load(path, dtype=dtype, progress=False), [seq], 256)
+        ref = hf_logits(hf_model(path, getattr(torch, dtype)), seq)
+        assert rel_err(ours[0, ours.shape[1] - n :], ref) < tol, (n, dtype)
+
+
+def test_chunked_prefill_batch_and_archs(wide_llama):
+    """Each fixture architecture, a batch of 40- and 7-token prompts in chunks of 16: each
+    row's real positions against transformers run on that row alone."""
+    rng = np.random.default_rng(2)
+    for path in _paths(wide_llama):
+        prompts = [rng.integers(3, 256, n).astype(np.int64) for n in (40, 7)]
+        ours = gpk_chunked_logits(llm.load(path, progress=False), prompts, 16)
+        hf = hf_model(path, torch.float32)
+        for b, p in enumerate(prompts):
+            got = ours[b, ours.shape[1] - len(p) :]
+            assert rel_err(got, hf_logits(hf, p)) < 1e-4, (path, b)

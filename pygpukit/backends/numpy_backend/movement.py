@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from pygpukit.ir import DType
+from pygpukit.ir.indexing import dslice_starts
 
 
 def index_tuple(spec: Any, dyn: list[int]) -> tuple[Any, ...]:
@@ -23,21 +24,26 @@ def index_tuple(spec: Any, dyn: list[int]) -> tuple[Any, ...]:
             out.append(e[1])
         elif e[0] == "dyn":
             out.append(dyn[e[1]])
+        elif e[0] == "dslice":
+            out.append(slice(dyn[e[1]], dyn[e[1]] + e[2]))
         else:
             out.append(None)
     return tuple(out)
 
 
 def check_dynamic(spec: Any, shape: tuple[int, ...], dyn: list[int]) -> list[int]:
-    """Dynamic indices wrap like NumPy's and must lie in range."""
+    """Dynamic indices wrap like NumPy's and must lie in range; a dynamic slice's start is
+    an index into its size - length + 1 possible starts (as on the GPU)."""
     dims = [e for e in spec if e[0] != "new"]
     fixed = list(dyn)
     for d, e in zip(shape, dims, strict=True):
-        if e[0] == "dyn":
+        if e[0] in ("dyn", "dslice"):
             v = dyn[e[1]]
-            if not -d <= v < d:
-                raise IndexError(f"index {v} is out of bounds for axis with size {d}")
-            fixed[e[1]] = v % d
+            n = d if e[0] == "dyn" else dslice_starts(d, e[2])
+            if not -n <= v < n:
+                what = "index" if e[0] == "dyn" else f"dynamic slice start (length {e[2]})"
+                raise IndexError(f"{what} {v} is out of bounds for axis with size {d}")
+            fixed[e[1]] = v % n
     return fixed
 
 
