@@ -35,10 +35,33 @@ def gelu(x: ArrayLike, approximate: str = "none") -> GPUArray:
 
 
 def silu(x: ArrayLike) -> GPUArray:
+    """SiLU (swish): `x * sigmoid(x)`, elementwise.
+
+    Args:
+        x: A float array.
+
+    Returns:
+        A new array of x's dtype.
+
+    Raises:
+        DTypeError: `x` is not a float array.
+    """
     return unary("silu", x)
 
 
 def swiglu(gate: ArrayLike, up: ArrayLike) -> GPUArray:
+    """SwiGLU: `silu(gate) * up`, one fused kernel (the gated MLP of Llama-style models).
+
+    Args:
+        gate: The gate projection.
+        up: The up projection, of the same shape.
+
+    Returns:
+        A new array.
+
+    Raises:
+        ShapeError: The shapes differ.
+    """
     g, u = _arr(gate), _arr(up)
     return GPUArray(runtime.record("swiglu", (g._node, u._node)))
 
@@ -51,11 +74,37 @@ def _axis(op: str, x: GPUArray, axis: int) -> int:
 
 
 def softmax(x: ArrayLike, axis: int = -1) -> GPUArray:
+    """Softmax along `axis`: `exp(x - max) / sum(exp(x - max))`, one fused kernel.
+
+    Args:
+        x: A float array.
+        axis: The axis to normalise (negative counts from the end).
+
+    Returns:
+        A new array of x's shape and dtype.
+
+    Raises:
+        AxisError: The axis is out of range.
+        DTypeError: `x` is not a float array.
+    """
     xa = _arr(x)
     return GPUArray(runtime.record("softmax", (xa._node,), {"axis": _axis("softmax", xa, axis)}))
 
 
 def log_softmax(x: ArrayLike, axis: int = -1) -> GPUArray:
+    """Log of the softmax along `axis`, computed stably (`x - max - log(sum(exp(x - max)))`).
+
+    Args:
+        x: A float array.
+        axis: The axis to normalise (negative counts from the end).
+
+    Returns:
+        A new array of x's shape and dtype.
+
+    Raises:
+        AxisError: The axis is out of range.
+        DTypeError: `x` is not a float array.
+    """
     xa = _arr(x)
     ax = _axis("log_softmax", xa, axis)
     return GPUArray(runtime.record("log_softmax", (xa._node,), {"axis": ax}))
@@ -69,6 +118,20 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> GPUArray:
 
 
 def layer_norm(x: ArrayLike, weight: ArrayLike, bias: ArrayLike, eps: float = 1e-5) -> GPUArray:
+    """Layer normalisation over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias`.
+
+    Args:
+        x: A float array [..., n].
+        weight: The gain [n] (cast to x's dtype).
+        bias: The shift [n] (cast to x's dtype).
+        eps: Added to the variance.
+
+    Returns:
+        A new array of x's shape and dtype.
+
+    Raises:
+        ShapeError: `weight` or `bias` does not match the last axis.
+    """
     xa = _arr(x)
     ins = (xa._node, _like(weight, xa)._node, _like(bias, xa)._node)
     return GPUArray(runtime.record("layer_norm", ins, {"eps": float(eps)}))

@@ -88,6 +88,7 @@ class Reservation(NamedTuple):
 
     @property
     def total(self) -> int:
+        """Arena, input and output bytes together: what the scheduler reserves for a call."""
         return self.arena_bytes + self.input_bytes + self.output_bytes
 
 
@@ -347,6 +348,15 @@ class CompiledFunction:
         )
 
     def reservation_bytes(self, *args: Any, **kwargs: Any) -> int:
+        """The total bytes a call with these arguments needs (`reservation(...).total`).
+
+        Args:
+            *args: The call's positional arguments.
+            **kwargs: The call's keyword arguments.
+
+        Returns:
+            Arena, input and output bytes together.
+        """
         return self.reservation(*args, **kwargs).total
 
     def call_in(self, arena: Storage, *args: Any, **kwargs: Any) -> Any:

@@ -38,6 +38,7 @@ class Model:
 
     @property
     def dtype(self) -> dtypes.DType:
+        """The float dtype of the model's weights and activations."""
         return self.transformer.dtype
 
     @property
@@ -47,12 +48,33 @@ class Model:
         return sum(seen.values())
 
     def generator(self, batch: int, max_seq_len: int) -> Generator:
+        """The `Generator` for a static batch size and KV-cache length (one is kept:
+        asking for another shape replaces it).
+
+        Args:
+            batch: Rows generated together.
+            max_seq_len: The KV cache's length (prompt bucket plus new tokens must fit).
+
+        Returns:
+            The generator.
+        """
         key = (batch, max_seq_len)
         if key not in self._generators:
             self._generators = {key: Generator(self.transformer, batch, max_seq_len)}
         return self._generators[key]
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (with the BOS token the model expects).
+
+        Args:
+            text: The text.
+
+        Returns:
+            The ids.
+
+        Raises:
+            GPUKitError: The model has no tokenizer.json.
+        """
         if self.tokenizer is None:
             raise errors.GPUKitError(f"{self.path}: this model has no tokenizer.json")
         return self.tokenizer.encode(text)
