@@ -466,7 +466,11 @@ def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
 
 
 def realize(*xs: GPUArray) -> None:
-    """Run everything pending under these arrays in one go (one graph, fused together)."""
+    """Run everything pending under these arrays in one go: one graph, fused together.
+
+    Args:
+        *xs: The arrays to compute (lazy mode); realized ones cost nothing.
+    """
     runtime.realize([x._node for x in xs])
 
 

@@ -673,8 +673,18 @@ def compile(fn: Any = None, *, static_outputs: bool = False,  # noqa: A001
 
 
 def scalar(value: int | float, dtype: Any = None) -> Any:
-    """A device scalar (a 0-d array): compiled kernels read it from memory, so changing
-    it does not re-trace."""
+    """A device scalar: a 0-d array that compiled kernels read from memory.
+
+    Use it for values that change on every call (a decode position): a new value is new data,
+    not a new signature, so nothing is traced again.
+
+    Args:
+        value: The value.
+        dtype: The dtype; by default int64 for an int, float32 for a float.
+
+    Returns:
+        A new 0-d array.
+    """
     from pygpukit.creation import asarray
 
     if dtype is None:
