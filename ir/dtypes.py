@@ -23,14 +23,17 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
+        """The NumPy dtype of this dtype (`ml_dtypes.bfloat16` for bfloat16)."""
         return _NP[self.name]
 
     @property
     def is_float(self) -> bool:
+        """Whether this is a floating-point dtype."""
         return self.kind == "f"
 
     @property
     def is_int(self) -> bool:
+        """Whether this is a signed or unsigned integer dtype (bool is not)."""
         return self.kind in "iu"
 
     def __repr__(self) -> str:

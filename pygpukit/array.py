@@ -188,26 +188,32 @@ class GPUArray:
     # -- properties ----------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
+        """The size of each dimension, as a tuple of ints (known without running anything)."""
         return self._node.shape
 
     @property
     def dtype(self) -> DType:
+        """The element type, a `gpk.DType` (`gpk.float32`, `gpk.bfloat16`, ...)."""
         return self._node.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self._node.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements (the product of the shape; 1 for a 0-d array)."""
         return math.prod(self._node.shape)
 
     @property
     def nbytes(self) -> int:
+        """The bytes the elements take: `size * itemsize`."""
         return self.size * self.dtype.itemsize
 
     @property
     def itemsize(self) -> int:
+        """The bytes one element takes."""
         return self.dtype.itemsize
 
     @property
@@ -219,14 +225,21 @@ class GPUArray:
 
     @property
     def T(self) -> GPUArray:
+        """The array with its axes reversed (`transpose()`): a view."""
         return self.transpose()
 
     @property
     def node(self) -> Node:
+        """The IR node of the array's current value (`pygpukit.ir.Node`).
+
+        A write (`x[i] = v`) records a new node and moves the array to it, so a node's value never
+        changes under a reader. For graph tools and tests; user code rarely needs it.
+        """
         return self._node
 
     @property
     def is_realized(self) -> bool:
+        """Whether the current value has been computed (a lazy array becomes realized when run)."""
         return self._node.realized is not None
 
     def __len__(self) -> int:
@@ -237,6 +250,11 @@ class GPUArray:
 
     # -- running ---------------------------------------------------------------------------
     def realize(self) -> GPUArray:
+        """Run the pending work under this array now (lazy mode), through the passes.
+
+        Returns:
+            The array itself, realized.
+        """
         runtime.realize([self._node])
         return self
 
@@ -251,6 +269,16 @@ class GPUArray:
         return value
 
     def to_numpy(self) -> np.ndarray:
+        """Copy the array to the host as a NumPy array (`get` is the same, CuPy's name).
+
+        Runs the pending work under the array first. bfloat16 comes back as `ml_dtypes.bfloat16`.
+
+        Returns:
+            A new NumPy array of the same shape and dtype.
+
+        Raises:
+            FreedArrayError: The array was freed (`free()`).
+        """
         return get_backend().to_numpy(self._live_value("to_numpy"))
 
     get = to_numpy  # CuPy's name
@@ -276,6 +304,11 @@ class GPUArray:
         return self.to_numpy().reshape(()).item()
 
     def tolist(self) -> Any:
+        """The elements as nested Python lists (a Python scalar for a 0-d array).
+
+        Returns:
+            `self.to_numpy().tolist()`.
+        """
         return self.to_numpy().tolist()
 
     def __bool__(self) -> bool:
@@ -406,6 +439,17 @@ class GPUArray:
 
     # -- methods -------------------------------------------------------------------------
     def astype(self, dtype: Any) -> GPUArray:
+        """The array converted to `dtype` (see `gpk.astype`).
+
+        Args:
+            dtype: A dtype: `gpk.float16`, a name ("bf16"), a NumPy dtype or a Python type.
+
+        Returns:
+            A new array, never a view (as NumPy's `astype`), even for the same dtype.
+
+        Raises:
+            DTypeError: The dtype is not supported.
+        """
         d = _dtype_arg("astype", dtype)
         if d == self.dtype:
             return GPUArray(self._node)  # a new array (NumPy copies): writes stay its own
@@ -421,6 +465,18 @@ class GPUArray:
         return GPUArray(self.reshape(-1)._node)
 
     def transpose(self, *axes: Any) -> GPUArray:
+        """The array with its axes permuted (`permute` is the same).
+
+        Args:
+            *axes: A permutation of the axes, as separate ints or one sequence; none reverses
+                them.
+
+        Returns:
+            A view: writes through it change this array.
+
+        Raises:
+            ShapeError: The axes are not a permutation of this array's axes.
+        """
         if len(axes) == 1 and isinstance(axes[0], Sequence):
             axes = tuple(axes[0])
         if not axes:
@@ -434,18 +490,52 @@ class GPUArray:
     permute = transpose
 
     def swapaxes(self, a: int, b: int) -> GPUArray:
+        """The array with axes `a` and `b` exchanged.
+
+        Args:
+            a: One axis (negative counts from the end).
+            b: The other axis.
+
+        Returns:
+            A view.
+
+        Raises:
+            AxisError: An axis out of range.
+        """
         perm = list(range(self.ndim))
         i, j = _axes("swapaxes", (a, b), self)
         perm[i], perm[j] = perm[j], perm[i]
         return self.transpose(perm)
 
     def expand(self, *shape: Any) -> GPUArray:
+        """The array broadcast to `shape` (torch's `expand`; see `gpk.broadcast_to`).
+
+        Args:
+            *shape: The new shape, as separate ints or one sequence; -1 keeps that dimension.
+
+        Returns:
+            A read-only view: writing into it raises a ValueError, as NumPy's.
+
+        Raises:
+            ShapeError: The array does not broadcast to `shape`.
+        """
         new = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], Sequence) else shape
         pad = len(new) - self.ndim
         full = tuple(self.shape[i - pad] if d == -1 and i >= pad else d for i, d in enumerate(new))
         return broadcast_to(self, full)
 
     def squeeze(self, axis: int | Sequence[int] | None = None) -> GPUArray:
+        """The array without axes of size 1.
+
+        Args:
+            axis: The axis or axes to remove, or None for every axis of size 1.
+
+        Returns:
+            A view.
+
+        Raises:
+            ShapeError: A named axis does not have size 1.
+        """
         if axis is None:
             drop = tuple(i for i, d in enumerate(self.shape) if d == 1)
         else:
@@ -458,24 +548,107 @@ class GPUArray:
         return self.reshape(tuple(d for i, d in enumerate(self.shape) if i not in drop))
 
     def unsqueeze(self, axis: int) -> GPUArray:
+        """The array with a new axis of size 1 at `axis` (torch's name; `gpk.expand_dims`).
+
+        Args:
+            axis: Where the new axis goes in the result (negative counts from the end).
+
+        Returns:
+            A view with one more dimension.
+
+        Raises:
+            AxisError: The axis is out of range.
+        """
         return expand_dims(self, axis)
 
     def sum(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        """Sum over `axis` (see `gpk.sum`).
+
+        Args:
+            axis: None (every element), an axis, or a tuple of axes; negative axes count from
+                the end.
+            keepdims: Keep the reduced axes with size 1.
+
+        Returns:
+            A new array (integers and bools sum in int64).
+
+        Raises:
+            AxisError: An axis out of range or repeated.
+        """
         return reduce("sum", self, axis, keepdims)
 
     def mean(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        """Arithmetic mean over `axis` (see `gpk.mean`).
+
+        Args:
+            axis: None (every element), an axis, or a tuple of axes; negative axes count from
+                the end.
+            keepdims: Keep the reduced axes with size 1.
+
+        Returns:
+            A new array (float64 for integer inputs).
+
+        Raises:
+            AxisError: An axis out of range or repeated.
+        """
         return reduce("mean", self, axis, keepdims)
 
     def max(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        """Maximum over `axis` (see `gpk.max`).
+
+        Args:
+            axis: None (every element), an axis, or a tuple of axes; negative axes count from
+                the end.
+            keepdims: Keep the reduced axes with size 1.
+
+        Returns:
+            A new array.
+
+        Raises:
+            AxisError: An axis out of range or repeated.
+        """
         return reduce("max", self, axis, keepdims)
 
     def min(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        """Minimum over `axis` (see `gpk.min`).
+
+        Args:
+            axis: None (every element), an axis, or a tuple of axes; negative axes count from
+                the end.
+            keepdims: Keep the reduced axes with size 1.
+
+        Returns:
+            A new array.
+
+        Raises:
+            AxisError: An axis out of range or repeated.
+        """
         return reduce("min", self, axis, keepdims)
 
     def argmax(self, axis: int | None = None, keepdims: bool = False) -> GPUArray:
+        """Index of the maximum along `axis` (see `gpk.argmax`).
+
+        Args:
+            axis: An axis, or None for the index into the flattened array.
+            keepdims: Keep the reduced axis with size 1.
+
+        Returns:
+            A new int64 array.
+
+        Raises:
+            AxisError: The axis is out of range.
+        """
         return reduce("argmax", self, axis, keepdims)
 
     def copy(self) -> GPUArray:
+        """A new array with the same contents and its own memory (never a view).
+
+        Recorded lazily like any op: realize it (`y.copy().realize()`) before the memory it
+        copies changes, e.g. a static output of a compiled function before the next call.
+
+        Returns:
+            The copy.
+        """
         return _copy(self)
 
     # -- indexing ------------------------------------------------------------------------
@@ -720,6 +893,22 @@ def expand_dims(x: GPUArray, axis: int) -> GPUArray:
 
 
 def take(x: ArrayLike, indices: ArrayLike, axis: int | None = None) -> GPUArray:
+    """Elements of `x` at integer `indices` along `axis`, as NumPy's `take` (a gather).
+
+    Args:
+        x: The array.
+        indices: An integer array (or list) of positions; negative ones count from the end.
+            Its shape replaces the `axis` dimension in the result.
+        axis: The axis to index, or None to index the flattened array.
+
+    Returns:
+        A new array (a copy, as NumPy's).
+
+    Raises:
+        DTypeError: `indices` is not an integer array.
+        AxisError: The axis is out of range.
+        IndexError: An index out of range (`gpk.IndexError`; found when run).
+    """
     xa = x if isinstance(x, GPUArray) else _operand(x, "take")
     if axis is None:
         xa, axis = xa.reshape(-1), 0

@@ -55,7 +55,21 @@ def _dtype(dtype: Any, default: DType, op: str = "dtype") -> DType:
 
 
 def full(shape: int | Sequence[int], fill_value: Any, dtype: Any = None) -> GPUArray:
-    """An array of shape filled with fill_value (NumPy 2's checks of the value)."""
+    """An array of `shape` filled with `fill_value`, as NumPy's `full`.
+
+    Args:
+        shape: The shape: an int for 1-D, or a sequence of ints.
+        fill_value: The value: a Python or NumPy scalar.
+        dtype: The dtype; by default the value's (int64 for an int, bool for a bool, float32
+            for a float).
+
+    Returns:
+        A new array (recorded lazily: a constant the passes can fold).
+
+    Raises:
+        ShapeError: A negative dimension.
+        OverflowError: The value does not fit the dtype (NumPy 2's checks).
+    """
     return _full("full", shape, fill_value, dtype)
 
 
@@ -82,27 +96,79 @@ def _full(op: str, shape: Any, fill_value: Any, dtype: Any) -> GPUArray:
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
-    """An array of zeros (float32 by default)."""
+    """An array of zeros, as NumPy's `zeros`.
+
+    Args:
+        shape: The shape: an int for 1-D, or a sequence of ints.
+        dtype: The dtype (default float32, as in torch and JAX).
+
+    Returns:
+        A new array.
+
+    Raises:
+        ShapeError: A negative dimension.
+        DTypeError: An unsupported dtype.
+    """
     return _full("zeros", shape, 0, _dtype(dtype, DEFAULT_FLOAT, "zeros"))
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
-    """An array of ones (float32 by default)."""
+    """An array of ones, as NumPy's `ones`.
+
+    Args:
+        shape: The shape: an int for 1-D, or a sequence of ints.
+        dtype: The dtype (default float32).
+
+    Returns:
+        A new array.
+
+    Raises:
+        ShapeError: A negative dimension.
+        DTypeError: An unsupported dtype.
+    """
     return _full("ones", shape, 1, _dtype(dtype, DEFAULT_FLOAT, "ones"))
 
 
 def zeros_like(x: GPUArray, dtype: Any = None) -> GPUArray:
-    """Zeros of x's shape and (by default) dtype."""
+    """Zeros of x's shape and (by default) dtype.
+
+    Args:
+        x: The array whose shape (and dtype) to take.
+        dtype: Another dtype, or None for x's.
+
+    Returns:
+        A new array.
+    """
     return _full("zeros_like", x.shape, 0, _dtype(dtype, x.dtype, "zeros_like"))
 
 
 def ones_like(x: GPUArray, dtype: Any = None) -> GPUArray:
-    """Ones of x's shape and (by default) dtype."""
+    """Ones of x's shape and (by default) dtype.
+
+    Args:
+        x: The array whose shape (and dtype) to take.
+        dtype: Another dtype, or None for x's.
+
+    Returns:
+        A new array.
+    """
     return _full("ones_like", x.shape, 1, _dtype(dtype, x.dtype, "ones_like"))
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
-    """Uninitialised memory straight from the pool."""
+    """An array of uninitialised memory, straight from the pool.
+
+    Args:
+        shape: The shape: an int for 1-D, or a sequence of ints.
+        dtype: The dtype (default float32).
+
+    Returns:
+        A new, realized array whose contents are whatever the block held
+        (`PYGPUKIT_POISON=1` fills new CUDA memory with 0xFF bytes, to catch reads of it).
+
+    Raises:
+        ShapeError: A negative dimension.
+    """
     d = _dtype(dtype, DEFAULT_FLOAT, "empty")
     s = _shape(shape, "empty", d.itemsize)
     backend = get_backend()
@@ -110,7 +176,22 @@ def empty(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
 
 
 def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = None) -> GPUArray:
-    """Evenly spaced values in [start, stop), as NumPy's arange."""
+    """Evenly spaced values in [start, stop), as NumPy's `arange`.
+
+    Args:
+        start: The first value; with `stop` None, the end (and the start is 0).
+        stop: The end (excluded).
+        step: The spacing (not zero).
+        dtype: The dtype; by default int64 when all three are ints, else float32.
+
+    Returns:
+        A new 1-D array of `ceil((stop - start) / step)` elements (none if negative).
+
+    Raises:
+        DTypeError: A bound that is not a number.
+        ValueError: A bound that is not finite.
+        ZeroDivisionError: `step` is zero.
+    """
     if stop is None:
         start, stop = 0, start
     for v in (start, stop, step):
@@ -135,7 +216,18 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any 
 
 
 def from_numpy(array: np.ndarray) -> GPUArray:
-    """Copy a NumPy array to the backend (dtype kept; float64 stays float64)."""
+    """Copy a NumPy array to the backend.
+
+    Args:
+        array: The NumPy array (or NumPy scalar); its dtype is kept (float64 stays float64,
+            unlike `asarray` of a Python float).
+
+    Returns:
+        A new, realized array.
+
+    Raises:
+        DTypeError: Not a NumPy array, or a dtype PyGPUkit does not support.
+    """
     if isinstance(array, np.generic):
         array = np.asarray(array)
     if not isinstance(array, np.ndarray):
@@ -149,8 +241,20 @@ def from_numpy(array: np.ndarray) -> GPUArray:
 
 
 def asarray(x: Any, dtype: Any = None) -> GPUArray:
-    """x as a GPUArray: GPUArrays as they are, DLPack producers zero-copy, else a copy of
-    np.asarray(x) (Python floats become float32)."""
+    """`x` as a GPUArray, as NumPy's `asarray`.
+
+    Args:
+        x: A GPUArray (returned as it is), a DLPack producer (a torch or CuPy tensor:
+            imported without a copy), or anything `np.asarray` takes (copied; Python floats
+            become float32, NumPy arrays keep their dtype).
+        dtype: Convert to this dtype.
+
+    Returns:
+        The array.
+
+    Raises:
+        DTypeError: `x` cannot become an array, or its dtype is not supported.
+    """
     return to_array(x, dtype, "asarray")
 
 

@@ -204,9 +204,28 @@ class Kernel:
 
 def jit(source: str, name: str | None = None, options: tuple[str, ...] = (), *,
         func: str | None = None) -> Kernel:  # fmt: skip
-    """Compile kernel `name` (or `func=`, the original project's spelling) from CUDA C
-    `source` (NVRTC, cached on disk) into a launchable kernel. On the NumPy backend the
-    kernel is parsed, and each call checks its arguments and then raises CUDAError."""
+    """Compile a CUDA C kernel from source into a launchable `Kernel`.
+
+    The kernel must be `extern "C"`; its parameter list is parsed from the source, and each
+    call converts and checks its arguments against it. Compiled with NVRTC for the current
+    GPU and cached on disk (the key covers the source, options, architecture and the headers
+    it includes). On the NumPy backend the source is only parsed: each call checks its
+    arguments, then raises CUDAError.
+
+    Args:
+        source: The CUDA C source.
+        name: The kernel's name.
+        options: NVRTC options, such as ("-I/path", "-DTILE=64").
+        func: The kernel's name, the original project's spelling (give name or func).
+
+    Returns:
+        The kernel: call it as `k(*args)` (a 1-D launch over the first array argument),
+        `k(grid, block, *args)`, or with `grid=`, `block=`, `shared_mem=`, `stream=`.
+
+    Raises:
+        CompileError: No name given, two different names, or NVRTC rejected the source.
+        DTypeError: A pointer parameter whose element type cannot be checked.
+    """
     if name is not None and func is not None and name != func:
         raise CompileError(f"jit: give the kernel's name once (name={name!r}, func={func!r})")
     kernel = name if name is not None else func

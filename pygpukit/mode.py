@@ -13,15 +13,28 @@ _eager: contextvars.ContextVar[bool | None] = contextvars.ContextVar("pygpukit_e
 
 
 def is_eager() -> bool:
-    """Whether ops run at once here: the innermost gpk.eager() block, else the setting
-    (gpk.set_eager / PYGPUKIT_EAGER)."""
+    """Whether ops run at once here.
+
+    Returns:
+        The innermost `gpk.eager()` block's choice, else the process setting
+        (`gpk.set_eager` / `PYGPUKIT_EAGER`).
+    """
     enabled = _eager.get()
     return settings.eager() if enabled is None else enabled
 
 
 @contextlib.contextmanager
 def eager(enabled: bool = True) -> Iterator[None]:
-    """Run every op at once (no fusion) inside this block: for debugging."""
+    """Run every op at once inside the block (no fusion), or record lazily with False.
+
+    Blocks nest (the innermost wins) and are per thread and per asyncio task.
+
+    Args:
+        enabled: True for eager, False for lazy inside the block.
+
+    Yields:
+        Nothing; the mode holds until the block ends.
+    """
     token = _eager.set(enabled)
     try:
         yield

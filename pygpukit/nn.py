@@ -24,7 +24,19 @@ def _like(p: ArrayLike, x: GPUArray) -> GPUArray:
 
 
 def gelu(x: ArrayLike, approximate: str = "none") -> GPUArray:
-    """GELU; approximate='tanh' is the tanh formula, 'none' the exact erf one (torch's names)."""
+    """GELU, elementwise, with torch's names for the two forms.
+
+    Args:
+        x: A float array.
+        approximate: "none" for the exact form `x * Phi(x)` (with erf), "tanh" for the tanh
+            approximation.
+
+    Returns:
+        A new array of x's dtype.
+
+    Raises:
+        ValueError: `approximate` is neither "none" nor "tanh".
+    """
     if approximate not in ("none", "tanh"):
         raise errors.user_error(
             errors.GPUKitValueError,
@@ -35,10 +47,33 @@ def gelu(x: ArrayLike, approximate: str = "none") -> GPUArray:
 
 
 def silu(x: ArrayLike) -> GPUArray:
+    """SiLU (swish): `x * sigmoid(x)`, elementwise.
+
+    Args:
+        x: A float array.
+
+    Returns:
+        A new array of x's dtype.
+
+    Raises:
+        DTypeError: `x` is not a float array.
+    """
     return unary("silu", x)
 
 
 def swiglu(gate: ArrayLike, up: ArrayLike) -> GPUArray:
+    """SwiGLU: `silu(gate) * up`, one fused kernel (the gated MLP of Llama-style models).
+
+    Args:
+        gate: The gate projection.
+        up: The up projection, of the same shape.
+
+    Returns:
+        A new array.
+
+    Raises:
+        ShapeError: The shapes differ.
+    """
     g, u = _arr(gate), _arr(up)
     return GPUArray(runtime.record("swiglu", (g._node, u._node)))
 
@@ -51,34 +86,98 @@ def _axis(op: str, x: GPUArray, axis: int) -> int:
 
 
 def softmax(x: ArrayLike, axis: int = -1) -> GPUArray:
+    """Softmax along `axis`: `exp(x - max) / sum(exp(x - max))`, one fused kernel.
+
+    Args:
+        x: A float array.
+        axis: The axis to normalise (negative counts from the end).
+
+    Returns:
+        A new array of x's shape and dtype.
+
+    Raises:
+        AxisError: The axis is out of range.
+        DTypeError: `x` is not a float array.
+    """
     xa = _arr(x)
     return GPUArray(runtime.record("softmax", (xa._node,), {"axis": _axis("softmax", xa, axis)}))
 
 
 def log_softmax(x: ArrayLike, axis: int = -1) -> GPUArray:
+    """Log of the softmax along `axis`, computed stably (`x - max - log(sum(exp(x - max)))`).
+
+    Args:
+        x: A float array.
+        axis: The axis to normalise (negative counts from the end).
+
+    Returns:
+        A new array of x's shape and dtype.
+
+    Raises:
+        AxisError: The axis is out of range.
+        DTypeError: `x` is not a float array.
+    """
     xa = _arr(x)
     ax = _axis("log_softmax", xa, axis)
     return GPUArray(runtime.record("log_softmax", (xa._node,), {"axis": ax}))
 
 
 def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> GPUArray:
-    """x * rsqrt(mean(x^2, -1) + eps) * weight, accumulated in float32."""
+    """RMS normalisation over the last axis: `x * rsqrt(mean(x**2, -1) + eps) * weight`.
+
+    Accumulated in float32 whatever x's dtype; one fused kernel.
+
+    Args:
+        x: A float array [..., n].
+        weight: The gain [n] (cast to x's dtype).
+        eps: Added to the mean square.
+
+    Returns:
+        A new array of x's shape and dtype.
+
+    Raises:
+        ShapeError: `weight` does not match the last axis.
+    """
     xa = _arr(x)
     return GPUArray(runtime.record("rms_norm", (xa._node, _like(weight, xa)._node),
                                    {"eps": float(eps)}))  # fmt: skip
 
 
 def layer_norm(x: ArrayLike, weight: ArrayLike, bias: ArrayLike, eps: float = 1e-5) -> GPUArray:
+    """Layer normalisation over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias`.
+
+    Args:
+        x: A float array [..., n].
+        weight: The gain [n] (cast to x's dtype).
+        bias: The shift [n] (cast to x's dtype).
+        eps: Added to the variance.
+
+    Returns:
+        A new array of x's shape and dtype.
+
+    Raises:
+        ShapeError: `weight` or `bias` does not match the last axis.
+    """
     xa = _arr(x)
     ins = (xa._node, _like(weight, xa)._node, _like(bias, xa)._node)
     return GPUArray(runtime.record("layer_norm", ins, {"eps": float(eps)}))
 
 
 def rope(x: ArrayLike, cos: ArrayLike, sin: ArrayLike, interleaved: bool = False) -> GPUArray:
-    """Rotary embedding of x [..., seq, head_dim] with cos/sin tables [seq, head_dim/2].
+    """Rotary position embedding of `x` [..., seq, head_dim].
 
-    interleaved=False rotates the two halves (GPT-NeoX, Llama in HF); True rotates
-    adjacent pairs (GPT-J, the original Llama).
+    Args:
+        x: The queries or keys [..., seq, head_dim].
+        cos: The cosine table [seq, head_dim / 2] (cast to x's dtype).
+        sin: The sine table [seq, head_dim / 2].
+        interleaved: False rotates the two halves of each head (GPT-NeoX, Llama in Hugging
+            Face); True rotates adjacent pairs (GPT-J, the original Llama).
+
+    Returns:
+        A new array of x's shape and dtype.
+
+    Raises:
+        ShapeError: The tables do not match x's sequence length or half its head size.
     """
     xa = _arr(x)
     layout = "interleaved" if interleaved else "half"
@@ -95,17 +194,34 @@ def scaled_dot_product_attention(
     kv_len: ArrayLike | None = None,
     kv_start: ArrayLike | None = None,
 ) -> GPUArray:
-    """softmax(q k^T * scale [+ masks]) v over [..., heads, seq, dim].
+    """Attention: `softmax(q @ k.T * scale [+ masks]) @ v` over [..., heads, seq, dim].
 
-    GQA: k and v may have fewer heads, dividing q's. For a static KV cache, `kv_len` (a 0-d
-    integer array, read on the device) masks the unfilled tail, and `kv_start` ([batch]
-    integers) masks left padding. The causal mask is aligned so the last query sits at key
-    kv_len - 1 (the bottom right when the cache is full), so a decode query sees the cache.
-    A query that sees no key gets zeros; masked keys never reach the result, while NaN or
-    inf in a visible element (or a NaN scale) propagates as in a float64 reference.
-    `scale=None` is 1/sqrt(dim); any float, 0.0 included, is used as given. kv_len must lie
-    in [0, seq] and kv_start in [0, seq] (checked here for host values, on the device for
-    device arrays).
+    GQA: k and v may have fewer heads than q, dividing them. The causal mask is aligned so
+    the last query sits at key kv_len - 1 (the bottom right when the cache is full), so a
+    decode query sees the whole cache. A query that sees no key gets zeros; masked keys never
+    reach the result, while NaN or inf in a visible element (or a NaN scale) propagates, as
+    in a float64 reference.
+
+    Args:
+        q: The queries [..., heads, seq_q, dim].
+        k: The keys [..., kv_heads, seq, dim] (cast to q's dtype).
+        v: The values [..., kv_heads, seq, dim].
+        is_causal: Mask keys after each query's position.
+        scale: The logits' scale; None is 1/sqrt(dim), and any float, 0.0 included, is used
+            as given.
+        kv_len: For a static KV cache, a 0-d integer array (read on the device) masking the
+            unfilled tail: keys at kv_len and after are absent. In [0, seq].
+        kv_start: Per batch row, integers masking left padding: keys before it are absent.
+            In [0, seq].
+
+    Returns:
+        A new array [..., heads, seq_q, dim] of q's dtype.
+
+    Raises:
+        ShapeError: Shapes that do not fit (heads not divisible, dims that differ).
+        DTypeError: A scale that is not a number.
+        ValueError: A host kv_len or kv_start outside [0, seq] (device values are checked
+            where they are read).
     """
     op = "scaled_dot_product_attention"
     if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
@@ -150,7 +266,21 @@ def _check_lengths(op: str, name: str, value: ArrayLike, seq: int) -> None:
 
 def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None,
            activation: str = "none") -> GPUArray:  # fmt: skip
-    """x @ weight.T (+ bias) (+ activation in none|gelu_tanh|gelu_erf|silu), one fused GEMM."""
+    """`x @ weight.T (+ bias) (+ activation)`: one fused GEMM with its epilogue.
+
+    Args:
+        x: The input [..., in].
+        weight: The weight [out, in], as torch's `Linear` stores it (cast to x's dtype).
+        bias: The bias [out], or None.
+        activation: "none", "gelu_tanh", "gelu_erf" or "silu", applied in the epilogue.
+
+    Returns:
+        A new array [..., out] of x's dtype.
+
+    Raises:
+        ValueError: An unknown activation.
+        ShapeError: The inner dimensions differ, or the bias does not match.
+    """
     if activation not in ("none", "gelu_tanh", "gelu_erf", "silu"):
         raise errors.user_error(
             errors.GPUKitValueError, "linear", f"unknown activation {activation!r}"

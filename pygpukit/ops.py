@@ -195,12 +195,38 @@ def bitwise_xor(a: ArrayLike, b: ArrayLike) -> GPUArray:
 
 
 def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> GPUArray:
+    """Elementwise choice: `x` where `condition` is true, else `y`, as NumPy's `where`.
+
+    Args:
+        condition: An array of any dtype (nonzero is true).
+        x: Values where the condition holds (an array or a Python scalar).
+        y: Values elsewhere; `x` and `y` promote to one dtype (Python scalars are weak).
+
+    Returns:
+        A new array of the broadcast shape of the three arguments.
+
+    Raises:
+        ShapeError: The shapes do not broadcast.
+    """
     c = _node_of(condition, None, "where")
     nx, ny = _pair(x, y, "where")
     return GPUArray(runtime.record("where", (c, nx, ny)))
 
 
 def clip(x: ArrayLike, a_min: ArrayLike | None, a_max: ArrayLike | None) -> GPUArray:
+    """Limit the values of `x` to [a_min, a_max], as NumPy's `clip`.
+
+    Args:
+        x: The array.
+        a_min: The lower bound (a number or an array that broadcasts), or None for none.
+        a_max: The upper bound, or None for none.
+
+    Returns:
+        A new array: `minimum(maximum(x, a_min), a_max)`.
+
+    Raises:
+        DTypeError: A bound that is not a number or an array (a string).
+    """
     out = _arr(x)
     for bound in (a_min, a_max):
         if isinstance(bound, str):
@@ -214,30 +240,124 @@ def clip(x: ArrayLike, a_min: ArrayLike | None, a_max: ArrayLike | None) -> GPUA
 
 
 def sum(x: ArrayLike, axis: Any = None, keepdims: bool = False) -> GPUArray:  # noqa: A001
+    """Sum over `axis`, as NumPy's `np.sum`.
+
+    Args:
+        x: The array (or anything `gpk.asarray` takes).
+        axis: None (every element), an axis, or a tuple of axes; negative axes count from
+            the end.
+        keepdims: Keep the reduced axes with size 1, so the result broadcasts against `x`.
+
+    Returns:
+        A new array: integer and bool inputs sum in int64, as NumPy.
+
+    Raises:
+        AxisError: An axis out of range or repeated (a ValueError and an IndexError).
+    """
     return reduce("sum", x, axis, keepdims)
 
 
 def mean(x: ArrayLike, axis: Any = None, keepdims: bool = False) -> GPUArray:
+    """Arithmetic mean over `axis`, as NumPy's `np.mean`.
+
+    Args:
+        x: The array (or anything `gpk.asarray` takes).
+        axis: None (every element), an axis, or a tuple of axes; negative axes count from
+            the end.
+        keepdims: Keep the reduced axes with size 1, so the result broadcasts against `x`.
+
+    Returns:
+        A new array: float64 for integer inputs, else the input's dtype.
+
+    Raises:
+        AxisError: An axis out of range or repeated (a ValueError and an IndexError).
+    """
     return reduce("mean", x, axis, keepdims)
 
 
 def max(x: ArrayLike, axis: Any = None, keepdims: bool = False) -> GPUArray:  # noqa: A001
+    """Maximum over `axis`, as NumPy's `np.max`.
+
+    Args:
+        x: The array (or anything `gpk.asarray` takes).
+        axis: None (every element), an axis, or a tuple of axes; negative axes count from
+            the end.
+        keepdims: Keep the reduced axes with size 1, so the result broadcasts against `x`.
+
+    Returns:
+        A new array of the input's dtype.
+
+    Raises:
+        AxisError: An axis out of range or repeated (a ValueError and an IndexError).
+    """
     return reduce("max", x, axis, keepdims)
 
 
 def min(x: ArrayLike, axis: Any = None, keepdims: bool = False) -> GPUArray:  # noqa: A001
+    """Minimum over `axis`, as NumPy's `np.min`.
+
+    Args:
+        x: The array (or anything `gpk.asarray` takes).
+        axis: None (every element), an axis, or a tuple of axes; negative axes count from
+            the end.
+        keepdims: Keep the reduced axes with size 1, so the result broadcasts against `x`.
+
+    Returns:
+        A new array of the input's dtype.
+
+    Raises:
+        AxisError: An axis out of range or repeated (a ValueError and an IndexError).
+    """
     return reduce("min", x, axis, keepdims)
 
 
 def argmax(x: ArrayLike, axis: int | None = None, keepdims: bool = False) -> GPUArray:
+    """Index of the maximum along `axis`, as NumPy's `argmax` (the first one on ties).
+
+    Args:
+        x: The array.
+        axis: An axis, or None for the index into the flattened array.
+        keepdims: Keep the reduced axis with size 1.
+
+    Returns:
+        A new int64 array.
+
+    Raises:
+        AxisError: The axis is out of range.
+    """
     return reduce("argmax", x, axis, keepdims)
 
 
 def reshape(x: ArrayLike, shape: Sequence[int]) -> GPUArray:
+    """`x` with a new shape and the same elements, as NumPy's `reshape`.
+
+    Args:
+        x: The array.
+        shape: The new shape; one dimension may be -1 (inferred).
+
+    Returns:
+        A view of `x` when NumPy's would be one (writes through it change `x`), else a new
+        array.
+
+    Raises:
+        ShapeError: The sizes differ, or more than one -1.
+    """
     return _arr(x).reshape(tuple(shape))
 
 
 def transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> GPUArray:
+    """`x` with its axes permuted, as NumPy's `transpose` (`gpk.permute` is the same).
+
+    Args:
+        x: The array.
+        axes: A permutation of the axes, or None to reverse them.
+
+    Returns:
+        A view of `x`.
+
+    Raises:
+        ShapeError: `axes` is not a permutation of x's axes.
+    """
     return _arr(x).transpose(*(() if axes is None else (tuple(axes),)))
 
 
@@ -245,18 +365,68 @@ permute = transpose
 
 
 def swapaxes(x: ArrayLike, a: int, b: int) -> GPUArray:
+    """`x` with axes `a` and `b` exchanged, as NumPy's `swapaxes`.
+
+    Args:
+        x: The array.
+        a: One axis (negative counts from the end).
+        b: The other axis.
+
+    Returns:
+        A view of `x`.
+
+    Raises:
+        AxisError: An axis out of range.
+    """
     return _arr(x).swapaxes(a, b)
 
 
 def squeeze(x: ArrayLike, axis: int | Sequence[int] | None = None) -> GPUArray:
+    """`x` without axes of size 1, as NumPy's `squeeze`.
+
+    Args:
+        x: The array.
+        axis: The axis or axes to remove, or None for every axis of size 1.
+
+    Returns:
+        A view of `x`.
+
+    Raises:
+        ShapeError: A named axis does not have size 1.
+    """
     return _arr(x).squeeze(axis)
 
 
 def astype(x: ArrayLike, dtype: Any) -> GPUArray:
+    """`x` converted to `dtype`, as NumPy's `astype`.
+
+    Args:
+        x: The array.
+        dtype: A dtype: `gpk.float16`, a name ("bf16", "int32"), a NumPy dtype or a Python
+            type.
+
+    Returns:
+        A new array (never a view, even for the same dtype).
+
+    Raises:
+        DTypeError: The dtype is not supported.
+    """
     return _arr(x).astype(dtype)
 
 
 def concatenate(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
+    """Join arrays along an existing axis, as NumPy's `concatenate`.
+
+    Args:
+        arrays: The arrays; equal shapes except along `axis`. Their dtypes promote to one.
+        axis: The axis to join along (negative counts from the end).
+
+    Returns:
+        A new array.
+
+    Raises:
+        ShapeError: No arrays, 0-d arrays, or shapes that differ off `axis`.
+    """
     xs = [_arr(a) for a in arrays]
     if not xs:
         raise errors.user_error(errors.ShapeError, "concatenate", "need at least one array")
@@ -269,6 +439,18 @@ def concatenate(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
 
 
 def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
+    """Join arrays of one shape along a new axis, as NumPy's `stack`.
+
+    Args:
+        arrays: The arrays, all of the same shape.
+        axis: Where the new axis goes in the result.
+
+    Returns:
+        A new array with one more dimension.
+
+    Raises:
+        ShapeError: No arrays, or arrays of different shapes.
+    """
     xs = [_arr(a) for a in arrays]
     if not xs:
         raise errors.user_error(errors.ShapeError, "stack", "need at least one array")
@@ -284,7 +466,11 @@ def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
 
 
 def realize(*xs: GPUArray) -> None:
-    """Run everything pending under these arrays in one go (one graph, fused together)."""
+    """Run everything pending under these arrays in one go: one graph, fused together.
+
+    Args:
+        *xs: The arrays to compute (lazy mode); realized ones cost nothing.
+    """
     runtime.realize([x._node for x in xs])
 
 

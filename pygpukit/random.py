@@ -26,6 +26,22 @@ def _gen(seed_: int | None) -> np.random.Generator:
 
 def normal(shape: int | Sequence[int], mean: float = 0.0, std: float = 1.0, dtype: Any = None,
            seed: int | None = None) -> GPUArray:  # fmt: skip
+    """Normally distributed random numbers.
+
+    Args:
+        shape: The shape (an int for 1-D).
+        mean: The distribution's mean.
+        std: Its standard deviation.
+        dtype: A float dtype (default float32).
+        seed: Draw from a generator seeded with this (reproducible), else from the module's
+            generator (`gpk.random.seed`).
+
+    Returns:
+        A new array, drawn on the host (PCG64) and copied to the backend.
+
+    Raises:
+        ShapeError: A negative dimension.
+    """
     d = _dtype(dtype, DEFAULT_FLOAT, "normal")
     a = _gen(seed).normal(mean, std, size=_shape(shape, "normal", d.itemsize))
     return from_numpy(a.astype(d.np))
@@ -33,6 +49,22 @@ def normal(shape: int | Sequence[int], mean: float = 0.0, std: float = 1.0, dtyp
 
 def uniform(shape: int | Sequence[int], low: float = 0.0, high: float = 1.0, dtype: Any = None,
             seed: int | None = None) -> GPUArray:  # fmt: skip
+    """Uniformly distributed random numbers in [low, high).
+
+    Args:
+        shape: The shape (an int for 1-D).
+        low: The lower bound (included).
+        high: The upper bound (excluded).
+        dtype: A float dtype (default float32).
+        seed: Draw from a generator seeded with this (reproducible), else from the module's
+            generator (`gpk.random.seed`).
+
+    Returns:
+        A new array, drawn on the host (PCG64) and copied to the backend.
+
+    Raises:
+        ShapeError: A negative dimension.
+    """
     d = _dtype(dtype, DEFAULT_FLOAT, "uniform")
     a = _gen(seed).uniform(low, high, size=_shape(shape, "uniform", d.itemsize))
     return from_numpy(a.astype(d.np))
@@ -40,6 +72,22 @@ def uniform(shape: int | Sequence[int], low: float = 0.0, high: float = 1.0, dty
 
 def randint(low: int, high: int, shape: int | Sequence[int], dtype: Any = None,
             seed: int | None = None) -> GPUArray:  # fmt: skip
+    """Random integers in [low, high).
+
+    Args:
+        low: The lowest value (included).
+        high: One above the highest value.
+        shape: The shape (an int for 1-D).
+        dtype: An integer dtype (default int64).
+        seed: Draw from a generator seeded with this (reproducible), else from the module's
+            generator (`gpk.random.seed`).
+
+    Returns:
+        A new array, drawn on the host (PCG64) and copied to the backend.
+
+    Raises:
+        DTypeError: `dtype` is not an integer dtype.
+    """
     d = _dtype(dtype, _dtype("int64", DEFAULT_FLOAT), "randint")
     if not d.is_int:
         raise errors.user_error(errors.DTypeError, "randint", f"dtype must be an integer "

@@ -24,16 +24,24 @@ class Stream:
 
     @property
     def handle(self) -> int:
+        """The raw `CUstream` handle, as an int (for interop with other CUDA libraries)."""
         return int(self._s.handle)
 
     @property
     def native(self) -> Any:
+        """The underlying `pygpukit._native.Stream` (what `gpk.jit` kernels launch on)."""
         return self._s
 
     def synchronize(self) -> None:
+        """Wait until all work queued on this stream has finished."""
         self._s.synchronize()
 
     def query(self) -> bool:
+        """Whether all work queued on this stream has finished, without waiting.
+
+        Returns:
+            True when the stream is idle.
+        """
         return bool(self._s.query())
 
     def __int__(self) -> int:
@@ -50,13 +58,27 @@ class Event:
         self._e = _native_cuda().Event(timing)
 
     def record(self, stream: Stream | None = None) -> Event:
+        """Record the event on `stream` (None: the legacy default stream the backend uses).
+
+        Args:
+            stream: The stream, or None.
+
+        Returns:
+            The event itself, so `e = gpk.Event().record()` works.
+        """
         self._e.record(None if stream is None else stream.native)
         return self
 
     def synchronize(self) -> None:
+        """Wait until the work before the recorded event has finished."""
         self._e.synchronize()
 
     def query(self) -> bool:
+        """Whether the work before the recorded event has finished, without waiting.
+
+        Returns:
+            True when it has.
+        """
         return bool(self._e.query())
 
     def elapsed_time(self, end: Event) -> float:

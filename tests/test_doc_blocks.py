@@ -1,5 +1,7 @@
 """Every ```python block of the README and docs/ runs as written: the blocks of one file
-share a namespace, in order, as a reader pastes them into one session."""
+share a namespace, in order, as a reader pastes them into one session. They run on the CPU
+backend; a block that needs a GPU or a model checkpoint is fenced ```py instead (shown and
+highlighted as Python, not run)."""
 
 from __future__ import annotations
 

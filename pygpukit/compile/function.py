@@ -88,6 +88,7 @@ class Reservation(NamedTuple):
 
     @property
     def total(self) -> int:
+        """Arena, input and output bytes together: what the scheduler reserves for a call."""
         return self.arena_bytes + self.input_bytes + self.output_bytes
 
 
@@ -347,6 +348,15 @@ class CompiledFunction:
         )
 
     def reservation_bytes(self, *args: Any, **kwargs: Any) -> int:
+        """The total bytes a call with these arguments needs (`reservation(...).total`).
+
+        Args:
+            *args: The call's positional arguments.
+            **kwargs: The call's keyword arguments.
+
+        Returns:
+            Arena, input and output bytes together.
+        """
         return self.reservation(*args, **kwargs).total
 
     def call_in(self, arena: Storage, *args: Any, **kwargs: Any) -> Any:
@@ -643,19 +653,32 @@ def compile(fn: Any = None, *, static_outputs: bool = False,  # noqa: A001
     (ints, floats, strings, tuples), the identity of persistent arrays the function reads
     from closures, globals or objects (referenced, not copied), and the values of the
     Python scalars reachable there (a changed global float or attribute is a miss, never a
-    stale result). Captured host NumPy arrays are refused: pass them as arguments. A freed
-    argument or captured array raises FreedArrayError before anything runs. Use
+    stale result). Captured host NumPy arrays are refused: pass them as arguments. Use
     gpk.scalar(i) or a 0-d array for values that change every call. `fn.stats()` reports
     hits, misses with their reasons and evictions (fast_hits: hits the last call's guard
-    served without re-walking the captures). The cache keeps `cache_size` signatures
-    (default settings.compile_cache_size(), 64), least recently used evicted first with
-    their buffers and captured graphs. Called while another compiled function is traced,
-    the function is traced into that graph (inlined).
-    Results are fresh arrays; static_outputs=True returns views into the graph's buffers,
-    valid until the next call. A graph of a few kernels reads its arguments and writes
-    its results in place (no copies; one capture per set of addresses, which recur as
-    the pool hands blocks back); a bigger one does so for large arrays only and copies
-    small ones (token ids, device scalars) into its slots, keeping one capture.
+    served without re-walking the captures). Called while another compiled function is
+    traced, the function is traced into that graph (inlined). A graph of a few kernels reads
+    its arguments and writes its results in place (no copies; one capture per set of
+    addresses, which recur as the pool hands blocks back); a bigger one does so for large
+    arrays only and copies small ones (token ids, device scalars) into its slots, keeping one
+    capture. Usable as `@gpk.compile` or `@gpk.compile(cache_size=8)`.
+
+    Args:
+        fn: The function of arrays; None when used as `@gpk.compile(...)` with options.
+        static_outputs: Return views into the graph's buffers instead of fresh arrays, valid
+            until the next call (reading one later raises StaleOutputError).
+        cache_size: Signatures kept, least recently used evicted first with their buffers
+            and captured graphs; None: settings.compile_cache_size() (PYGPUKIT_COMPILE_CACHE_SIZE,
+            default 64).
+
+    Returns:
+        A CompiledFunction (or, without `fn`, a decorator making one). Calling it raises
+        TraceError for what tracing cannot record (a traced value needed in Python, a
+        captured host array, a returned object that is not an array or a scalar) and
+        FreedArrayError for a freed argument or captured array, before anything runs.
+
+    Raises:
+        ValueError: `cache_size` is not an int >= 1.
     """
     if fn is None:
         return functools.partial(compile, static_outputs=static_outputs, cache_size=cache_size)
@@ -663,8 +686,18 @@ def compile(fn: Any = None, *, static_outputs: bool = False,  # noqa: A001
 
 
 def scalar(value: int | float, dtype: Any = None) -> Any:
-    """A device scalar (a 0-d array): compiled kernels read it from memory, so changing
-    it does not re-trace."""
+    """A device scalar: a 0-d array that compiled kernels read from memory.
+
+    Use it for values that change on every call (a decode position): a new value is new data,
+    not a new signature, so nothing is traced again.
+
+    Args:
+        value: The value.
+        dtype: The dtype; by default int64 for an int, float32 for a float.
+
+    Returns:
+        A new 0-d array.
+    """
     from pygpukit.creation import asarray
 
     if dtype is None:

@@ -59,6 +59,7 @@ class Model:
 
     @property
     def dtype(self) -> dtypes.DType:
+        """The float dtype of the model's weights and activations."""
         return self.transformer.dtype
 
     @property
@@ -68,7 +69,16 @@ class Model:
         return sum(seen.values())
 
     def generator(self, batch: int, max_seq_len: int) -> Generator:
-        """The Generator for this batch size and cache length (the last one is kept)."""
+        """The `Generator` for a static batch size and KV-cache length (one is kept:
+        asking for another shape replaces it).
+
+        Args:
+            batch: Rows generated together.
+            max_seq_len: The KV cache's length (the padded prompt plus new tokens must fit).
+
+        Returns:
+            The generator (its prompts run in chunks of `prefill_chunk` tokens).
+        """
         chunk = check_chunk(self.prefill_chunk)
         key = (batch, max_seq_len, chunk)
         if key not in self._generators:
@@ -76,6 +86,17 @@ class Model:
         return self._generators[key]
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (with the BOS token the model expects).
+
+        Args:
+            text: The text.
+
+        Returns:
+            The ids.
+
+        Raises:
+            GPUKitError: The model has no tokenizer.json.
+        """
         if self.tokenizer is None:
             raise errors.GPUKitError(f"{self.path}: this model has no tokenizer.json")
         return self.tokenizer.encode(text)
@@ -91,7 +112,24 @@ class Model:
     ) -> GenerationResult:
         """Generate for a static batch of token-id prompts (one row each).
 
-        max_new_tokens 0 returns no new tokens (as Hugging Face's generate).
+        Args:
+            prompts: One list of token ids per row.
+            max_new_tokens: The most tokens to add per row; 0 returns no new tokens and runs
+                nothing (as Hugging Face's generate).
+            params: The sampling parameters (default greedy).
+            max_seq_len: The KV cache's length; by default the longest prompt's bucket plus
+                max_new_tokens, rounded up to a power of two and capped at the model's
+                max_position_embeddings.
+            stop_at_eos: Stop a row at the model's EOS ids (rows are cut after it).
+            on_tokens: Called as on_tokens(step, ids) with each new token of every row as it
+                arrives (ids: a NumPy array of the batch's tokens).
+
+        Returns:
+            The GenerationResult: new tokens per row, prompt lengths, timings, decode steps.
+
+        Raises:
+            ValueError: No prompts, an empty prompt, a bad count, or prompts and new tokens that
+                do not fit max_seq_len.
         """
         if len(prompts) == 0:
             raise errors.GPUKitValueError("generate: no prompts (the batch must be >= 1)")
@@ -118,7 +156,23 @@ class Model:
         top_p: float = 1.0,
         seed: int | None = None,
     ) -> str | list[str]:
-        """Text in, text out (a list for a list of prompts, generated as one batch)."""
+        """Text in, text out: generate a continuation of each prompt.
+
+        Args:
+            prompt: A string, or a list of strings generated as one batch.
+            max_new_tokens: The most tokens to add (generation stops earlier at EOS).
+            temperature: 0 is greedy; otherwise the logits are divided by it.
+            top_k: Keep the k most likely tokens (0: off).
+            top_p: Keep the smallest set of tokens reaching this probability (1: off).
+            seed: Seed the sampling noise (reproducible), or None.
+
+        Returns:
+            The generated text without the prompt: a string, or a list for a list of prompts.
+
+        Raises:
+            GPUKitError: The model has no tokenizer.json.
+            ValueError: A sampling value out of range, or prompts too long for the model.
+        """
         texts = [prompt] if isinstance(prompt, str) else list(prompt)
         params = SamplingParams(temperature, top_k, top_p, seed)
         res = self.generate_ids([self.encode(t) for t in texts], max_new_tokens, params)
@@ -130,12 +184,23 @@ class Model:
 def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None = None) -> Model:
     """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
 
-    dtype None keeps the checkpoint's float type; "bfloat16"/"float32"/... casts on load.
-    Weights come back read-only. progress None draws a bar on a terminal once loading
-    takes more than a moment (pygpukit.progress); True always, False never.
     Only regular files inside the directory are read, and the config, the index, every
-    header and the tokenizer are checked before any memory is allocated: a malformed
-    checkpoint raises a LoadError naming the file and the field.
+    header and the tokenizer are checked before any memory is allocated.
+
+    Args:
+        path: The model directory.
+        dtype: None keeps the checkpoint's float type; "bfloat16", "float32", ... cast on
+            load.
+        progress: None draws a progress line on a terminal once loading takes more than a
+            moment (pygpukit.progress); True always, False never.
+
+    Returns:
+        The Model, its weights read-only.
+
+    Raises:
+        LoadError: A malformed or missing file (a ValueError and an OSError), naming the file
+            and the field.
+        DTypeError: An unsupported `dtype`.
     """
     model = ModelDir(path)
     config_path = model.path("config.json")

@@ -107,6 +107,7 @@ class ModelConfig:
 
     @property
     def rope_type(self) -> str:
+        """The RoPE scaling type from config.json's `rope_scaling` ("default" when none)."""
         return str(self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")))
 
     @classmethod
@@ -213,6 +214,11 @@ class ModelConfig:
         return d
 
     def param_count(self) -> int:
+        """The number of parameters the config describes (the LM head counted unless tied).
+
+        Returns:
+            The count.
+        """
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h

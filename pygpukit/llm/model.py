@@ -219,6 +219,12 @@ class Transformer:
         self.batch, self.max_seq_len = batch, max_seq_len
 
     def cache_arrays(self) -> list[GPUArray]:
+        """The KV-cache arrays of every layer (after `setup_cache`): the arrays the compiled
+        prefill and decode steps capture and write.
+
+        Returns:
+            A new list of the arrays.
+        """
         return [a for layer in self.layers if layer.attn.cache for a in layer.attn.cache.arrays()]
 
     def __call__(

@@ -51,6 +51,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Whether sampling is greedy (temperature 0: the argmax of each row)."""
         return self.temperature == 0
 
 

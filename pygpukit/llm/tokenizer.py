@@ -51,9 +51,20 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The number of tokens in the vocabulary (added tokens included)."""
         return int(self._tok.get_vocab_size())
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`.
+
+        Args:
+            text: The text.
+            add_special_tokens: Add the special tokens the tokenizer's post-processor adds (and
+                the BOS token when the model has one and the tokenizer adds none).
+
+        Returns:
+            The ids.
+        """
         ids = list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
         # A tokenizer without a post-processor adds no BOS; the model may expect one.
         if add_special_tokens and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
@@ -62,8 +73,25 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text of token ids.
+
+        Args:
+            ids: The ids.
+            skip_special_tokens: Leave special tokens (BOS, EOS) out of the text.
+
+        Returns:
+            The text.
+        """
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def token_to_id(self, token: str) -> int | None:
+        """The id of a token string, or None when it is not in the vocabulary.
+
+        Args:
+            token: The token, as the vocabulary spells it.
+
+        Returns:
+            The id, or None.
+        """
         i = self._tok.token_to_id(token)
         return None if i is None else int(i)

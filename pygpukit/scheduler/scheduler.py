@@ -157,14 +157,37 @@ class Scheduler:
                tenant: str | None = None, sim_ms: float | None = None,
                kwargs: dict[str, Any] | None = None, memory: int | str | None = None,
                policy: str | None = None) -> Task:  # fmt: skip
-        """Submit one call `fn(*args, **kwargs)` of a @gpk.compile function. Its reservation
-        (the planned arena plus inputs and outputs) is admitted now, queued until memory
-        frees, or refused: AdmissionRejected with `.reason`. bandwidth: the tenant's share
-        of its partition's GPU time; deadline: seconds from now (earlier first among equal
-        QoS and priority); tenant: whose share it draws on (default the function's name).
-        memory: reserve this much instead of the plan's need (bytes or "512MB"; not less
-        than the need); policy: another name for qos ("guaranteed", "burstable",
-        "best_effort")."""
+        """Submit one call `fn(*args, **kwargs)` of a @gpk.compile function.
+
+        Its reservation (the planned arena plus inputs and outputs) is admitted now (the arena
+        is allocated from the pool), queued until memory frees, or refused.
+
+        Args:
+            fn: The compiled function (not one with static_outputs=True).
+            *args: Its positional arguments.
+            qos: "guaranteed" (admitted now or rejected; goes first), "burstable" or
+                "best_effort" (held while Guaranteed work waits, runs or is expected).
+            bandwidth: The tenant's share of its partition's GPU time, 0 to 1.
+            partition: The partition whose memory quota and share the task draws on.
+            priority: Higher first among tasks of the same QoS.
+            deadline: Seconds from now; earlier first among equal QoS and priority.
+            tenant: Whose share the task draws on (default: the function's name).
+            sim_ms: The task's cost in simulated time (default: its traffic at sim_gbps).
+            kwargs: The function's keyword arguments.
+            memory: Reserve this much instead of the plan's need: bytes or a string ("512MB"
+                SI, "1.5GiB" binary); not less than the need.
+            policy: Another name for qos (give one of the two).
+
+        Returns:
+            The Task: a future of the call's result.
+
+        Raises:
+            AdmissionRejected: The task can never be admitted as asked, or (Guaranteed) not
+                now; `.reason` says why.
+            DTypeError: `fn` is not a compiled function.
+            ValueError: A bad qos, share, memory or cost, or static_outputs=True.
+            SchedulerError: The scheduler is closed.
+        """
         where = "Scheduler.submit"
         if policy is not None:
             if qos != "burstable":

@@ -48,6 +48,20 @@ class Task:
         return self._state
 
     def result(self, timeout: float | None = None) -> Any:
+        """Wait for the task and return what the function returned.
+
+        Args:
+            timeout: Seconds to wait at most, or None for no limit.
+
+        Returns:
+            The compiled function's result.
+
+        Raises:
+            OutOfMemoryError: The task's arena could not be allocated.
+            concurrent.futures.CancelledError: The task was cancelled.
+            TimeoutError: `timeout` passed first.
+            Exception: Whatever the function raised.
+        """
         wait = self._wait_gpu
         if wait is not None and timeout is None and not self._future.done():
             try:
@@ -57,9 +71,22 @@ class Task:
         return self._future.result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait for the task and return the exception it raised, or None.
+
+        Args:
+            timeout: Seconds to wait at most, or None for no limit.
+
+        Returns:
+            The exception, or None when the task succeeded.
+        """
         return self._future.exception(timeout)
 
     def done(self) -> bool:
+        """Whether the task has ended (done, failed or cancelled), without waiting.
+
+        Returns:
+            True once it has ended.
+        """
         return self._future.done()
 
     def cancel(self) -> bool:
@@ -68,6 +95,14 @@ class Task:
         return self._sched._cancel(self)
 
     def stats(self) -> dict[str, Any]:
+        """The task's figures: id, tenant, qos, partition, state, reservation and arena
+        bytes, whether it holds its arena, stream priority, submit/start/finish times, queueing
+        delay, latency and GPU time (milliseconds on the scheduler's clock; None until known).
+
+        Returns:
+            A new dict.
+        """
+
         def since(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else b - a
 
