@@ -12,8 +12,18 @@ from pygpukit.ir import dtypes
 from .config import ModelConfig
 from .files import ModelDir, read_json
 from .generate import GenerationResult, Generator, bucket, check_count
-from .loader import INDEX, Checkpoint, LoadError, checkpoint_files, load_weights, read_index
+from .loader import (
+    INDEX,
+    Checkpoint,
+    LinearSource,
+    LoadError,
+    checkpoint_files,
+    load_weights,
+    read_index,
+)
 from .model import Transformer
+from .quant_checkpoint import PrequantizedLinears, read_quant_config
+from .quantize import DEFAULT_GROUP, QuantizeOnLoad, check_quantize
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -103,20 +113,44 @@ class Model:
         return outs[0] if isinstance(prompt, str) else outs
 
 
-def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None = None) -> Model:
+def load(
+    path: str | os.PathLike[str],
+    dtype: Any = None,
+    progress: bool | None = None,
+    quantize: str | None = None,
+    quantize_group: int = DEFAULT_GROUP,
+) -> Model:
     """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
 
     dtype None keeps the checkpoint's float type; "bfloat16"/"float32"/... casts on load.
     Weights come back read-only. progress None draws a bar on a terminal once loading
     takes more than a moment (pygpukit.progress); True always, False never.
+    quantize "int8" | "fp8" | "int4" quantizes a float checkpoint's linear weights as they
+    stream in (pygpukit.llm.quantize; int4 symmetric, groups of quantize_group along K).
+    A checkpoint with a quantization_config in config.json (fp8, compressed-tensors fp8 or
+    int8, AWQ, GPTQ) loads quantized as it is (pygpukit.llm.quant_checkpoint).
     Only regular files inside the directory are read, and the config, the index, every
     header and the tokenizer are checked before any memory is allocated: a malformed
     checkpoint raises a LoadError naming the file and the field.
     """
+    if quantize is not None:
+        check_quantize(quantize, quantize_group)
     model = ModelDir(path)
     config_path = model.path("config.json")
     with model.open("config.json") as f:
-        cfg = ModelConfig.from_dict(read_json(f, config_path, "the model config"), config_path)
+        raw = read_json(f, config_path, "the model config")
+    cfg = ModelConfig.from_dict(raw, config_path)
+    qc = read_quant_config(raw, config_path)
+    linears: LinearSource | None = None
+    if qc is not None and quantize is not None:
+        raise errors.GPUKitValueError(
+            f"load: quantize={quantize!r}, but {config_path} says the checkpoint is already "
+            f"quantized ({qc.method}); load it without quantize="
+        )
+    if qc is not None:
+        linears = PrequantizedLinears(qc)
+    elif quantize is not None:
+        linears = QuantizeOnLoad(quantize, quantize_group)
     target = None
     if dtype is not None:
         try:
@@ -140,7 +174,7 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
     try:
         if weight_map is not None:
             ckpt.check_index(weight_map, model.path(INDEX))
-        weights, used = load_weights(ckpt, cfg, target, progress, config_path)
+        weights, used = load_weights(ckpt, cfg, target, progress, config_path, linears)
     finally:
         ckpt.close()
     return Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)
