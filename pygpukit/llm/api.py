@@ -8,6 +8,7 @@ from typing import Any
 
 from pygpukit import errors
 from pygpukit.ir import dtypes
+from pygpukit.quant import QuantizedWeight
 
 from .config import ModelConfig
 from .files import ModelDir, read_json
@@ -55,6 +56,13 @@ class Model:
         """Bytes of distinct weight arrays (a tied LM head counted once)."""
         seen = {id(a): a.nbytes for a in self.transformer.weights.values()}
         return sum(seen.values())
+
+    @property
+    def quantization(self) -> str:
+        """The quantized weights' formats ("int8", "int4 g128 asym", ...), "" for none."""
+        specs = {w.spec.label for w in self.transformer.weights.values()
+                 if isinstance(w, QuantizedWeight)}  # fmt: skip
+        return ", ".join(sorted(specs))
 
     def generator(self, batch: int, max_seq_len: int) -> Generator:
         key = (batch, max_seq_len)
