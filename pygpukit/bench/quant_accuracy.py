@@ -142,8 +142,7 @@ def run(
     else:
 
         def make(fmt: str | None) -> Any:
-            quant = {} if fmt is None else {"quantize": fmt, "quantize_group": group}
-            return llm.load(model, dtype=dtype, progress=False, **quant)
+            return llm.load(model, dtype=dtype, progress=False, quantize=fmt, quantize_group=group)
 
     rows: list[dict[str, Any]] = []
     float_model = make(None)
