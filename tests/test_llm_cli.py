@@ -107,3 +107,25 @@ def test_generate_tiny_without_tokenizers_names_the_extra(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pygpukit")
     assert 'pip install "pygpukit[llm]"' in lines[0]
+
+
+@pytest.mark.parametrize("flags, label", [(["--quantize", "int8"], "int8"),
+                                          (["--quantize", "fp8"], "fp8 b128"),
+                                          (["--quantize", "int4", "--quant-group", "4"],
+                                           "int4 g4")])  # fmt: skip
+def test_generate_tiny_quantized(capsys, flags, label):
+    argv = ["generate", "--model", "tiny", "--max-new-tokens", "5", "--ignore-eos", *flags]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"float32 (linears {label})" in err
+    assert re.search(r"decode\s+[\d.]+ tok/s per sequence.*\(4 steps", err)
+
+
+def test_generate_quantize_bad_values(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--model", "tiny", "--quantize", "int3"])
+    assert info.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
+    # The tiny model's K=64 is no multiple of the group 128: one line naming both, exit 1.
+    assert main(["generate", "--model", "tiny", "--quantize", "int4"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "group 128 does not divide K=64" in err

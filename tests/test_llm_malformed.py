@@ -194,6 +194,52 @@ def _tokenizer_too_big(d: str) -> None:
 
 Q0 = "model.layers.0.self_attn.q_proj.weight"
 EMB = "model.embed_tokens.weight"
+QW0 = "model.layers.0.self_attn.q_proj.qweight"
+SI0 = "model.layers.0.self_attn.q_proj.weight_scale_inv"
+G_IDX = "model.layers.1.mlp.up_proj.g_idx"
+# The quantized fixtures: the llama fixture written in a format (tests/quant_fixtures.py).
+QUANTIZED = {
+    "awq": ("awq", {"group": 32}),
+    "gptq": ("gptq", {"group": 32}),
+    "fp8": ("fp8", {"block": 32}),
+    "ct-fp8": ("ct-fp8", {"strategy": "channel"}),
+}
+
+
+def quant(
+    edit_fn: Callable[[dict[str, Any]], Any] | None = None, **changes: Any
+) -> Callable[[str], None]:
+    """Edit config.json's quantization_config (fields, or a function of it)."""
+
+    def edit(d: str) -> None:
+        cfg = _json(d, CONFIG)
+        q = cfg["quantization_config"]
+        q.update(changes)
+        if edit_fn is not None:
+            out = edit_fn(q)
+            cfg["quantization_config"] = q if out is None else out
+        _put(d, CONFIG, json.dumps(cfg))
+
+    return edit
+
+
+def _ct_weights(q: dict[str, Any], **changes: Any) -> None:
+    q["config_groups"]["group_0"]["weights"].update(changes)
+
+
+def _act_order(d: str) -> None:
+    """Rewrite the weights with one g_idx permuted (an act-order checkpoint)."""
+    import numpy as np
+    from quant_fixtures import write_safetensors
+
+    from pygpukit.llm.loader import Checkpoint
+
+    path = os.path.join(d, WEIGHTS)
+    ck = Checkpoint([path])
+    tensors = {n: np.array(ck.numpy(n)) for n in ck.tensors}
+    ck.close()
+    tensors[G_IDX] = np.random.default_rng(0).permutation(tensors[G_IDX])
+    write_safetensors(path, tensors)
 
 
 @dataclass
@@ -327,6 +373,45 @@ CASES = [
          "cannot read the tokenizer"),
     Case("tokenizer-bigger-vocab", "llama", _tokenizer_too_big, TOKENIZER, "vocab",
          "vocab_size 256"),
+    # quantized checkpoints (QUANTIZED: the llama fixture written in each format)
+    Case("quant-config-list", "awq", quant(lambda q: [1]), CONFIG, "quantization_config",
+         "must be an object"),
+    Case("quant-method-unknown", "awq", quant(quant_method="bitsandbytes"), CONFIG,
+         "quantization_config.quant_method", "bitsandbytes"),
+    Case("awq-bits-8", "awq", quant(bits=8), CONFIG, "quantization_config.bits", "4-bit"),
+    Case("gptq-bits-3", "gptq", quant(bits=3), CONFIG, "quantization_config.bits", "4-bit"),
+    Case("awq-group-not-dividing", "awq", quant(group_size=48), CONFIG,
+         "quantization_config.group_size", "48 does not divide K=64"),
+    Case("gptq-group-zero", "gptq", quant(group_size=0), CONFIG,
+         "quantization_config.group_size"),
+    Case("awq-version-gemv", "awq", quant(version="gemv"), CONFIG,
+         "quantization_config.version", "GEMM"),
+    Case("gptq-format-marlin", "gptq", quant(checkpoint_format="marlin"), CONFIG,
+         "quantization_config.checkpoint_format", "marlin"),
+    Case("gptq-act-order", "gptq", _act_order, WEIGHTS, f"tensor '{G_IDX}'",
+         "act-order"),
+    Case("awq-qweight-shape", "awq", header(lambda h: _set(h, QW0, "shape", [8, 64])),
+         WEIGHTS, f"tensor '{QW0}'", "needs [64, 8]"),
+    Case("awq-qzeros-dtype", "awq",
+         header(lambda h: _set(h, QW0.replace("qweight", "qzeros"), "dtype", "F32")), WEIGHTS,
+         "qzeros'", "needs I32"),
+    Case("gptq-scales-missing", "gptq",
+         header(lambda h: h.pop(QW0.replace("qweight", "scales")) and None), WEIGHTS,
+         "scales'", "missing"),
+    Case("fp8-block-not-square", "fp8", quant(weight_block_size=[32, 64]), CONFIG,
+         "quantization_config.weight_block_size", "square"),
+    Case("fp8-scale-missing", "fp8", header(lambda h: h.pop(SI0) and None), WEIGHTS,
+         f"tensor '{SI0}'", "missing"),
+    Case("fp8-scale-shape", "fp8", header(lambda h: _set(h, SI0, "shape", [1, 4])), WEIGHTS,
+         f"tensor '{SI0}'", "needs [2, 2]"),
+    Case("fp8-weight-as-int8", "fp8", header(lambda h: _set(h, Q0, "dtype", "I8")), WEIGHTS,
+         f"tensor '{Q0}'", "dtype I8"),
+    Case("ct-format-packed", "ct-fp8", quant(format="pack-quantized"), CONFIG,
+         "quantization_config.format", "pack-quantized"),
+    Case("ct-strategy-group", "ct-fp8", quant(lambda q: _ct_weights(q, strategy="group")),
+         CONFIG, "quantization_config.config_groups.group_0.weights.strategy", "group"),
+    Case("ct-4-bit", "ct-fp8", quant(lambda q: _ct_weights(q, num_bits=4)), CONFIG,
+         "quantization_config.config_groups.group_0.weights.type", "4 bits"),
 ]  # fmt: skip
 
 
@@ -345,7 +430,13 @@ def test_enough_cases():
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_malformed_checkpoint(tmp_path, case: Case):
     d = str(tmp_path / "model")
-    shutil.copytree(os.path.join(FIXTURES, case.fixture), d)
+    if case.fixture in QUANTIZED:
+        from quant_fixtures import make_quantized
+
+        method, opt = QUANTIZED[case.fixture]
+        make_quantized(os.path.join(FIXTURES, "llama"), d, method, **opt)
+    else:
+        shutil.copytree(os.path.join(FIXTURES, case.fixture), d)
     llm.load(d, progress=False)  # the copy itself is fine
     case.breaks(d)
     before = gpk.pool_stats()

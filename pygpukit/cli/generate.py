@@ -8,6 +8,8 @@ from typing import Any
 
 from pygpukit import settings
 
+from .quantize_args import add_quantize_arguments, quantize_options
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -26,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1, help="static batch (the prompt repeated)")
     p.add_argument("--dtype", default=None, help="cast weights on load (e.g. bfloat16)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
+    add_quantize_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             from pygpukit.llm.tiny import write_tiny_model
 
             path = write_tiny_model()
-        model = llm.load(path, dtype=args.dtype)
+        model = llm.load(path, dtype=args.dtype, **quantize_options(args))
         if model.tokenizer is None:
             raise gpk.GPUKitError(f"{path}: no tokenizer.json, so no text prompt")
         ids = model.encode(args.prompt)
@@ -104,8 +107,9 @@ def _report(model: Any, res: Any, prompt_len: int, batch: int, copy: tuple[float
         print(line, file=sys.stderr)
 
     cfg = model.config
-    say(f"model        {cfg.arch} {cfg.param_count() / 1e6:.2f}M params, {model.dtype.name}, "
-        f"{wbytes / 1e6:.1f} MB of weights, backend {gpk.backend_name()}")  # fmt: skip
+    quant = f" (linears {model.quantization})" if model.quantization else ""
+    say(f"model        {cfg.arch} {cfg.param_count() / 1e6:.2f}M params, {model.dtype.name}"
+        f"{quant}, {wbytes / 1e6:.1f} MB of weights, backend {gpk.backend_name()}")  # fmt: skip
     load = model.load_stats
     if load.get("seconds"):
         say(f"load         {load['bytes'] / 1e6:.1f} MB in {load['seconds']:.3f} s = "

@@ -12,10 +12,11 @@ from .api import Model, load
 from .config import ConfigError, ModelConfig
 from .generate import GenerationResult, Generator
 from .model import Transformer
+from .quantize import quantize_model
 from .sampling import SamplingParams, sample
 from .tokenizer import Tokenizer
 
 __all__ = [
     "ConfigError", "GenerationResult", "Generator", "LoadError", "Model", "ModelConfig",
-    "SamplingParams", "Tokenizer", "Transformer", "load", "sample",
+    "SamplingParams", "Tokenizer", "Transformer", "load", "quantize_model", "sample",
 ]  # fmt: skip

@@ -9,6 +9,7 @@ from typing import Any
 
 from pygpukit import errors
 from pygpukit.ir import dtypes
+from pygpukit.quant import QuantizedWeight
 from pygpukit.streams import synchronize
 
 from .config import ModelConfig
@@ -25,13 +26,15 @@ from .generate import (
 from .loader import (
     INDEX,
     Checkpoint,
+    LinearSource,
     LoadError,
     checkpoint_files,
     load_weights,
     read_index,
-    weight_names,
 )
 from .model import Transformer
+from .quant_checkpoint import PrequantizedLinears, read_quant_config
+from .quantize import DEFAULT_GROUP, QuantizeOnLoad, check_quantize
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -67,6 +70,13 @@ class Model:
         """Bytes of distinct weight arrays (a tied LM head counted once)."""
         seen = {id(a): a.nbytes for a in self.transformer.weights.values()}
         return sum(seen.values())
+
+    @property
+    def quantization(self) -> str:
+        """The quantized weights' formats ("int8", "int4 g128 asym", ...), "" for none."""
+        specs = {w.spec.label for w in self.transformer.weights.values()
+                 if isinstance(w, QuantizedWeight)}  # fmt: skip
+        return ", ".join(sorted(specs))
 
     def generator(self, batch: int, max_seq_len: int) -> Generator:
         """The `Generator` for a static batch size and KV-cache length (one is kept:
@@ -181,7 +191,13 @@ class Model:
         return outs[0] if isinstance(prompt, str) else outs
 
 
-def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None = None) -> Model:
+def load(
+    path: str | os.PathLike[str],
+    dtype: Any = None,
+    progress: bool | None = None,
+    quantize: str | None = None,
+    quantize_group: int = DEFAULT_GROUP,
+) -> Model:
     """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
 
     Only regular files inside the directory are read, and the config, the index, every
@@ -193,6 +209,11 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
             load.
         progress: None draws a progress line on a terminal once loading takes more than a
             moment (pygpukit.progress); True always, False never.
+        quantize: "int8", "fp8" or "int4" quantizes a float checkpoint's linear weights as
+            they stream in (pygpukit.llm.quantize; int4 symmetric). A checkpoint whose
+            config.json has a quantization_config (fp8, compressed-tensors fp8 or int8, AWQ,
+            GPTQ) loads quantized as it is (pygpukit.llm.quant_checkpoint).
+        quantize_group: The int4 group size along K.
 
     Returns:
         The Model, its weights read-only.
@@ -202,10 +223,24 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
             and the field.
         DTypeError: An unsupported `dtype`.
     """
+    if quantize is not None:
+        check_quantize(quantize, quantize_group)
     model = ModelDir(path)
     config_path = model.path("config.json")
     with model.open("config.json") as f:
-        cfg = ModelConfig.from_dict(read_json(f, config_path, "the model config"), config_path)
+        raw = read_json(f, config_path, "the model config")
+    cfg = ModelConfig.from_dict(raw, config_path)
+    qc = read_quant_config(raw, config_path)
+    linears: LinearSource | None = None
+    if qc is not None and quantize is not None:
+        raise errors.GPUKitValueError(
+            f"load: quantize={quantize!r}, but {config_path} says the checkpoint is already "
+            f"quantized ({qc.method}); load it without quantize="
+        )
+    if qc is not None:
+        linears = PrequantizedLinears(qc)
+    elif quantize is not None:
+        linears = QuantizeOnLoad(quantize, quantize_group)
     target = None
     if dtype is not None:
         try:
@@ -230,8 +265,8 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
     try:
         if weight_map is not None:
             ckpt.check_index(weight_map, model.path(INDEX))
-        weights, used = load_weights(ckpt, cfg, target, progress, config_path)
-        nbytes = sum(ckpt.info(name).nbytes for name, _ in weight_names(cfg))
+        weights, used = load_weights(ckpt, cfg, target, progress, config_path, linears)
+        nbytes = ckpt.loaded_bytes
     finally:
         ckpt.close()
     synchronize()  # the last uploads and device casts are asynchronous

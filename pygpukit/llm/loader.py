@@ -20,9 +20,9 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import ml_dtypes
 import numpy as np
@@ -34,6 +34,7 @@ from pygpukit.errors import LoadError
 from pygpukit.ir import dtypes
 from pygpukit.ops import concatenate, realize
 from pygpukit.progress import ProgressBar
+from pygpukit.quant import QuantizedWeight
 
 from .config import ModelConfig
 from .files import ModelDir, open_regular, parse_json, read_json
@@ -48,8 +49,9 @@ SAFETENSORS_DTYPES: dict[str, np.dtype[Any]] = {
     "I8": np.dtype(np.int8),
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),  # fp8 checkpoints' quantized weights
 }
-WEIGHT_DTYPES = ("F64", "F32", "F16", "BF16")  # what a model's weights may be stored as
+WEIGHT_DTYPES = ("F64", "F32", "F16", "BF16")  # what a model's float weights may be stored as
 MAX_HEADER = 100 << 20  # the reference implementation's limit
 READ_AHEAD = 64 << 20  # bytes of upcoming tensors the kernel is asked to read ahead
 INDEX = "model.safetensors.index.json"
@@ -205,6 +207,7 @@ class Checkpoint:
         self.tensors: dict[str, TensorInfo] = {}
         self._open: dict[str, IO[bytes]] = {}
         self._maps: dict[str, mmap.mmap] = {}
+        self.loaded_bytes = 0  # bytes load_weights read (set there)
         try:
             for path in self.files:
                 f = self._open[path] = open_regular(path)
@@ -346,10 +349,56 @@ def _dim_fields(name: str) -> str:
     return ", ".join(fields)
 
 
-def check_checkpoint(ckpt: Checkpoint, cfg: ModelConfig, source: str = "config.json") -> None:
+# Weights the model applies with gpk.nn.linear (its keys' last part): what may be quantized.
+LINEAR_KEYS = ("wqkv", "wo", "w_gate_up", "w_down", "lm_head")
+# Checkpoint linears loaded as one matrix (concatenated along N), by the name's ending.
+FUSED = (("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+         ("gate_proj.weight", "up_proj.weight"))  # fmt: skip
+
+
+def is_linear_name(name: str) -> bool:
+    """Whether a checkpoint weight name is one of the model's linear weights."""
+    ends = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+            "gate_proj.weight", "up_proj.weight", "down_proj.weight")  # fmt: skip
+    return name == "lm_head.weight" or (name.startswith("model.layers.") and name.endswith(ends))
+
+
+class LinearSource(Protocol):
+    """Where quantized linear weights come from: a pre-quantized checkpoint's own tensors
+    (quant_checkpoint.py) or float tensors quantized as they stream in (quantize.py). Each
+    method takes a Hugging Face weight name ("...q_proj.weight") of logical shape [N, K]."""
+
+    tied_head: bool  # a tied LM head is quantized too (from the embedding's tensor)
+
+    def owns(self, ckpt: Checkpoint, name: str) -> bool:
+        """Whether this source loads the linear weight `name` (else it loads as a float)."""
+        ...
+
+    def check(self, ckpt: Checkpoint, name: str, shape: tuple[int, int], source: str) -> None:
+        """LoadError (naming the file and tensor) unless the tensors behind `name` fit."""
+        ...
+
+    def nbytes(self, ckpt: Checkpoint, name: str) -> int:
+        """The bytes read from the checkpoint for `name` (for the progress bar)."""
+        ...
+
+    def load(
+        self, ckpt: Checkpoint, names: Sequence[str], shapes: Sequence[tuple[int, int]]
+    ) -> QuantizedWeight:
+        """The weights `names` concatenated along N as one QuantizedWeight on the device."""
+        ...
+
+
+def check_checkpoint(
+    ckpt: Checkpoint,
+    cfg: ModelConfig,
+    source: str = "config.json",
+    linears: LinearSource | None = None,
+) -> None:
     """The config against the tensors found, before anything is allocated: the layer count
     (checked first, so a huge num_hidden_layers costs nothing), then every needed tensor's
-    presence, shape and dtype. `source` is the config's path, for the errors."""
+    presence, shape and dtype. `source` is the config's path, for the errors. `linears`
+    checks the linear weights it owns (a quantized checkpoint, or quantize-on-load)."""
     layers = {int(m.group(1)) for n in ckpt.tensors if (m := _LAYER.match(n))}
     if len(layers) != cfg.num_layers or layers != set(range(cfg.num_layers)):
         found = f"layers {sorted(layers)[:8]}{'...' if len(layers) > 8 else ''}"
@@ -359,21 +408,59 @@ def check_checkpoint(ckpt: Checkpoint, cfg: ModelConfig, source: str = "config.j
             file=source,
             field="num_hidden_layers",
         )
+    owned = {n for n, _ in weight_names(cfg) if linears is not None and linears.owns(ckpt, n)}
     for name, shape in weight_names(cfg):
-        t = ckpt.info(name)
-        if t.shape != shape:
-            raise LoadError(
-                f"has shape {list(t.shape)}, but {source} ({_dim_fields(name)}) "
-                f"needs {list(shape)}",
-                file=t.file,
-                field=f"tensor {name!r}",
-            )
-        if t.stored not in WEIGHT_DTYPES:
-            raise LoadError(
-                f"dtype {t.stored}: weights must be one of {', '.join(WEIGHT_DTYPES)}",
-                file=t.file,
-                field=f"tensor {name!r}",
-            )
+        if name in owned:
+            assert linears is not None and len(shape) == 2
+            _check_fused(name, owned, ckpt)
+            linears.check(ckpt, name, (shape[0], shape[1]), source)
+            continue
+        check_float(ckpt, name, shape, source)
+
+
+def check_float(ckpt: Checkpoint, name: str, shape: tuple[int, ...], source: str) -> None:
+    """The float tensor `name` is present, of `shape` and a float dtype."""
+    t = ckpt.info(name)
+    if t.shape != shape:
+        raise LoadError(
+            f"has shape {list(t.shape)}, but {source} ({_dim_fields(name)}) needs {list(shape)}",
+            file=t.file,
+            field=f"tensor {name!r}",
+        )
+    if t.stored not in WEIGHT_DTYPES:
+        raise LoadError(
+            f"dtype {t.stored}: weights must be one of {', '.join(WEIGHT_DTYPES)}",
+            file=t.file,
+            field=f"tensor {name!r}",
+        )
+
+
+def _check_fused(name: str, owned: set[str], ckpt: Checkpoint) -> None:
+    """The parts of one fused matrix are all quantized or all float: one GEMM reads them."""
+    for group in FUSED:
+        part = next((p for p in group if name.endswith(p)), None)
+        if part is not None:
+            stem = name[: -len(part)]
+            float_parts = [stem + p for p in group if stem + p not in owned]
+            if float_parts:
+                t = ckpt.info(float_parts[0])
+                raise LoadError(
+                    f"is stored as a float weight, but {name!r} is quantized; the parts of "
+                    f"{'/'.join(p.split('.')[0] for p in group)} are loaded as one matrix and "
+                    f"must share one format",
+                    file=t.file,
+                    field=f"tensor {float_parts[0]!r}",
+                )
+
+
+def free_weights(weights: dict[str, Any]) -> None:
+    """Free every distinct array of a weight dict (a QuantizedWeight's arrays included)."""
+    arrays: dict[int, GPUArray] = {}
+    for w in weights.values():
+        parts = [w.data, w.scale, w.zero] if isinstance(w, QuantizedWeight) else [w]
+        arrays.update({id(a): a for a in parts if a is not None})
+    for arr in arrays.values():
+        arr.free()
 
 
 def _upload(parts: list[np.ndarray], dtype: dtypes.DType) -> GPUArray:
@@ -397,19 +484,25 @@ def load_weights(
     dtype: dtypes.DType | None,
     progress: bool | None,
     source: str = "config.json",
-) -> tuple[dict[str, GPUArray], dtypes.DType]:
-    """name -> read-only GPUArray. q/k/v and gate/up are concatenated into one matrix each,
-    so a decode step runs one GEMM where the checkpoint has two or three. Everything is
-    checked (check_checkpoint) before the first allocation, and what was uploaded is
-    freed if a copy still fails."""
-    check_checkpoint(ckpt, cfg, source)
+    linears: LinearSource | None = None,
+) -> tuple[dict[str, Any], dtypes.DType]:
+    """name -> read-only GPUArray (or QuantizedWeight, for the linear weights `linears`
+    owns). q/k/v and gate/up are concatenated into one matrix each, so a decode step runs
+    one GEMM where the checkpoint has two or three. Everything is checked
+    (check_checkpoint) before the first allocation, and what was uploaded is freed if a
+    copy still fails."""
+    check_checkpoint(ckpt, cfg, source, linears)
     needed = dict(weight_names(cfg))
+    owned = {n for n in needed if linears is not None and linears.owns(ckpt, n)}
     target = dtype or dtypes.as_dtype(ckpt.info("model.embed_tokens.weight").dtype)
     if not target.is_float:
         raise LoadError(f"weights must load as a float dtype, got {target}")
-    bar = ProgressBar(sum(ckpt.info(n).nbytes for n in needed), progress)
-    out: dict[str, GPUArray] = {}
-    ahead = _read_ahead(ckpt, list(needed))
+    sizes = {n: linears.nbytes(ckpt, n) if linears and n in owned else ckpt.info(n).nbytes
+             for n in needed}  # fmt: skip
+    ckpt.loaded_bytes = sum(sizes.values())  # read from the files, for the load rate
+    bar = ProgressBar(ckpt.loaded_bytes, progress)
+    out: dict[str, Any] = {}
+    ahead = _read_ahead(ckpt, [n for n in needed if n not in owned])
 
     def get(name: str) -> np.ndarray:
         ahead(name)
@@ -418,6 +511,11 @@ def load_weights(
         return a
 
     def put(key: str, *names: str) -> None:
+        if names[0] in owned and linears is not None:
+            shapes = [(needed[n][0], needed[n][1]) for n in names]
+            out[key] = linears.load(ckpt, names, shapes)
+            bar.update(sum(sizes[n] for n in names))
+            return
         parts = [get(n) for n in names]
         try:
             out[key] = _upload(parts, target)
@@ -441,13 +539,15 @@ def load_weights(
             put(f"{i}.w_gate_up", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
             put(f"{i}.w_down", p + "mlp.down_proj.weight")
         put("norm", "model.norm.weight")
-        if cfg.tie_word_embeddings:
+        if cfg.tie_word_embeddings and linears is not None and linears.tied_head:
+            emb = "model.embed_tokens.weight"
+            out["lm_head"] = linears.load(ckpt, [emb], [(needed[emb][0], needed[emb][1])])
+        elif cfg.tie_word_embeddings:
             out["lm_head"] = out["embed"]
         else:
             put("lm_head", "lm_head.weight")
     except BaseException:
-        for arr in {id(a): a for a in out.values()}.values():
-            arr.free()
+        free_weights(out)
         raise
     finally:
         bar.finish()
