@@ -298,8 +298,11 @@ def _linear(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
             sx, dx = _norm("rms_norm")([(sx, dx), parts.prologue], attrs)
         else:
             sx, dx = _swiglu([(sx, dx), parts.prologue], attrs)
-    out = shapes.matmul_shape(sx, (sw[1], sw[0]) if len(sw) == 2 else sw)
-    dtype = dt.result_type(dx, dw)
+    if spec.quant is not None:
+        out, dtype = _quant_linear(spec, parts, sx, dx)
+    else:
+        out = shapes.matmul_shape(sx, (sw[1], sw[0]) if len(sw) == 2 else sw)
+        dtype = dt.result_type(dx, dw)
     if parts.bias is not None:
         shapes.broadcast_shapes(out, parts.bias[0])
     if spec.glu != "none":
@@ -313,6 +316,33 @@ def _linear(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
             raise ShapeRuleError(f"linear: residual {rd.short}{list(rs)} must be the result's "
                                  f"{dtype.short}{list(out)}")  # fmt: skip
     return out, dtype
+
+
+def _quant_linear(spec: LinearSpec, parts: Any, sx: Shape, dx: DType) -> Spec:
+    # x [.., K] against a quantized weight of logical shape [N, K] (ir/quant.py's layouts):
+    # the result takes x's float dtype.
+    q = spec.quant
+    assert q is not None
+    (sw, dw), (ss, ds) = parts.w, parts.scale
+    want = "int8" if q.format == "int8" else "uint8"
+    if not dx.is_float or dx.itemsize > 4:
+        raise DTypeRuleError(f"linear: a {q.label} weight takes float16, bfloat16 or float32 "
+                             f"x, got {dx}")  # fmt: skip
+    if dw.name != want or ds != dt.float32:
+        raise DTypeRuleError(f"linear: a {q.label} weight is {want} data and float32 scales, "
+                             f"got {dw} and {ds}")  # fmt: skip
+    if parts.zero is not None and parts.zero[1] != dt.uint8:
+        raise DTypeRuleError(f"linear: int4 zero points must be uint8, got {parts.zero[1]}")
+    if not sx or len(sw) != 2:
+        raise ShapeRuleError(f"linear: x {list(sx)} and {q.label} data {list(sw)} must be "
+                             f"[.., K] and [N, packed K]")  # fmt: skip
+    n, k = sw[0], sx[-1]
+    try:
+        q.check(n, k, (sw, dw.name), ss, None if parts.zero is None else parts.zero[0])
+    except ShapeRuleError as e:
+        raise ShapeRuleError(f"linear: x {list(sx)} (K={k}) against {q.label} data "
+                             f"{list(sw)}: {e}") from None  # fmt: skip
+    return tuple(sx[:-1]) + (n,), dx
 
 
 def _swiglu(ins: list[Spec], attrs: dict[str, Any]) -> Spec:

@@ -7,6 +7,7 @@ from typing import Any
 from .expr import to_source
 from .graph import Graph
 from .node import Node
+from .quant import QuantSpec
 
 
 def _fmt_attr(v: Any) -> str:
@@ -52,12 +53,16 @@ def format_node(n: Node, names: dict[int, str]) -> str:
             body = f"{red}({body}, axes={n.attrs['axes']}, keepdims={n.attrs['keepdims']})"
         return _with_notes(n, f"  {names[n.id]}: {_type(n)} = {n.op}[{body}]")
     args = [names[i.id] for i in n.inputs]
-    args += [f"{k}={_fmt_attr(v)}" for k, v in sorted(n.attrs.items()) if k not in ("shape",)]
+    args += [f"{k}={_fmt_attr(v)}" for k, v in sorted(n.attrs.items())
+             if k not in ("shape", "quant")]  # fmt: skip
+    op = n.op
+    if n.attrs.get("quant"):  # a quantized linear names its weight format: linear[int4 g128]
+        op = f"{op}[{QuantSpec.of_attr(n.attrs['quant']).label}]"
     if n.op in ("full", "input", "arange") and "shape" in n.attrs:
         pass
     elif "shape" in n.attrs:
         args.append(f"shape={_fmt_attr(n.attrs['shape'])}")
-    return _with_notes(n, f"  {names[n.id]}: {_type(n)} = {n.op}({', '.join(args)})")
+    return _with_notes(n, f"  {names[n.id]}: {_type(n)} = {op}({', '.join(args)})")
 
 
 def _with_notes(n: Node, line: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -46,6 +47,29 @@ class QuantSpec:
             raise ShapeRuleError("quantized weight: int4 needs a positive group size")
         if self.has_zero and self.format != "int4":
             raise ShapeRuleError(f"quantized weight: {self.format} has no zero points")
+
+    @property
+    def attr(self) -> tuple[str, int, int, bool]:
+        """The spec as a hashable node attr (a quantized linear's `quant`)."""
+        return (self.format, self.group, self.block, self.has_zero)
+
+    @classmethod
+    def of_attr(cls, attr: Sequence[Any]) -> QuantSpec:
+        """The spec a node attr made by `attr` stands for."""
+        fmt, group, block, has_zero = attr
+        return cls(str(fmt), int(group), int(block), bool(has_zero))
+
+    @property
+    def label(self) -> str:
+        """A short name for printed graphs: int8, fp8, fp8 b128, int4 g128, int4 g128 asym."""
+        if self.format == "int4":
+            return f"int4 g{self.group}" + (" asym" if self.has_zero else "")
+        return f"fp8 b{self.block}" if self.block else self.format
+
+    @property
+    def n_arrays(self) -> int:
+        """The weight's arrays in a linear node: data, scale and (asymmetric int4) zero."""
+        return 3 if self.has_zero else 2
 
     def data_shape(self, n: int, k: int) -> tuple[int, ...]:
         """The packed data's shape for a logical [n, k] weight."""

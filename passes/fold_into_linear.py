@@ -22,15 +22,16 @@ from .patterns import Matcher, operands
 from .rewrite import users
 
 
-def _parts(n: Node) -> tuple[Node, Node, Node | None, Node | None, dict[str, Any]]:
-    """(x, w, bias, residual, attrs) of a linear node without a prologue."""
+def _parts(n: Node) -> tuple[Node, tuple[Node, ...], Node | None, Node | None, dict[str, Any]]:
+    """(x, the weight's inputs, bias, residual, attrs) of a linear node without a prologue
+    (a quantized weight is its data, scale and zero points)."""
     p = LinearSpec.of(n.attrs, len(n.inputs)).split(n.inputs)
-    return p.x, p.w, p.bias, p.residual, dict(n.attrs)
+    return p.x, p.weight, p.bias, p.residual, dict(n.attrs)
 
 
-def _build(x: Node, w: Node, bias: Node | None, res: Node | None, pro: Node | None,
-           attrs: dict[str, Any], loc: Any) -> Node:  # fmt: skip
-    ins = [x, w] + [b for b in (bias, res, pro) if b is not None]
+def _build(x: Node, w: tuple[Node, ...], bias: Node | None, res: Node | None,
+           pro: Node | None, attrs: dict[str, Any], loc: Any) -> Node:  # fmt: skip
+    ins = [x, *w] + [b for b in (bias, res, pro) if b is not None]
     attrs = dict(attrs, has_bias=bias is not None, has_residual=res is not None)
     return Node.make("linear", tuple(ins), attrs, loc)
 
@@ -70,7 +71,7 @@ def fold_into_linear(graph: Graph) -> Graph:
             x, pro, attrs, xs = with_prologue(lin)
             _, w, bias, _, _ = _parts(lin)
             fused = _build(x, w, bias, r, pro, attrs, lin.loc)
-            m.matched(n, fused, xs + [w, r] + ([bias] if bias is not None else []))
+            m.matched(n, fused, xs + [*w, r] + ([bias] if bias is not None else []))
             folded.add(lin.id)
             break
     for n in graph.nodes:
@@ -82,5 +83,5 @@ def fold_into_linear(graph: Graph) -> Graph:
         _, w, bias, res, _ = _parts(n)
         fused = _build(x, w, bias, res, pro, attrs, n.loc)
         extra = [b for b in (bias, res) if b is not None]
-        m.matched(n, fused, xs + [w] + extra)
+        m.matched(n, fused, xs + [*w] + extra)
     return m.finish()

@@ -12,6 +12,7 @@ from pygpukit.ir import shapes, user_location
 from . import runtime
 from .array import ArrayLike, GPUArray, unary
 from .creation import asarray
+from .quant import QuantizedWeight
 
 
 def _arr(x: ArrayLike) -> GPUArray:
@@ -148,18 +149,25 @@ def _check_lengths(op: str, name: str, value: ArrayLike, seq: int) -> None:
         )
 
 
-def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None,
+def linear(x: ArrayLike, weight: ArrayLike | QuantizedWeight, bias: ArrayLike | None = None,
            activation: str = "none") -> GPUArray:  # fmt: skip
-    """x @ weight.T (+ bias) (+ activation in none|gelu_tanh|gelu_erf|silu), one fused GEMM."""
+    """x @ weight.T (+ bias) (+ activation in none|gelu_tanh|gelu_erf|silu), one fused GEMM.
+    `weight` may be a QuantizedWeight (pygpukit.quant): the node then reads its packed
+    arrays and stands for x @ dequantize(weight).T, in x's dtype."""
     if activation not in ("none", "gelu_tanh", "gelu_erf", "silu"):
         raise errors.user_error(
             errors.GPUKitValueError, "linear", f"unknown activation {activation!r}"
         )
     xa = _arr(x)
-    ins = [xa._node, _like(weight, xa)._node]
+    attrs: dict[str, Any] = {"activation": activation, "has_bias": bias is not None}
+    if isinstance(weight, QuantizedWeight):
+        ws = [a._node for a in (weight.data, weight.scale, weight.zero) if a is not None]
+        attrs["quant"] = weight.spec.attr
+    else:
+        ws = [_like(weight, xa)._node]
+    ins = [xa._node, *ws]
     if bias is not None:
         ins.append(_like(bias, xa)._node)
-    attrs = {"activation": activation, "has_bias": bias is not None}
     return GPUArray(runtime.record("linear", tuple(ins), attrs))
 
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from pygpukit import errors
 from pygpukit.ir.quant import FP8_BLOCK, INT4_SYMMETRIC_ZERO, QuantSpec, dequantize, pack_int4
+from pygpukit.ir.shapes import ShapeRuleError
 
 from .array import GPUArray
 from .creation import from_numpy
@@ -34,7 +36,11 @@ class QuantizedWeight:
     def __post_init__(self) -> None:
         n, k = self.shape
         zero = None if self.zero is None else self.zero.shape
-        self.spec.check(n, k, (self.data.shape, self.data.dtype.name), self.scale.shape, zero)
+        try:
+            self.spec.check(n, k, (self.data.shape, self.data.dtype.name), self.scale.shape,
+                            zero)  # fmt: skip
+        except ShapeRuleError as e:
+            raise errors.user_error(errors.ShapeError, "QuantizedWeight", str(e)) from None
 
     @property
     def nbytes(self) -> int:
@@ -106,8 +112,17 @@ def quantize(
     """A QuantizedWeight of the float weight w [N, K] (quantized on the host). `block`
     applies to fp8 (0 for one per-tensor scale); `group` and `symmetric` to int4."""
     host = w.to_numpy() if isinstance(w, GPUArray) else np.asarray(w)
-    spec, data, scale, zero = quantize_host(host.astype(np.float64), format, group, symmetric,
-                                            block if format == "fp8" else 0)  # fmt: skip
+    if host.ndim != 2:
+        shape = list(host.shape)
+        raise errors.user_error(errors.ShapeError, "quantize", f"w must be 2-D [N, K], got {shape}")
+    try:
+        fp8_block = block if format == "fp8" else 0
+        spec, data, scale, zero = quantize_host(host.astype(np.float64), format, group,
+                                                symmetric, fp8_block)  # fmt: skip
+    except ShapeRuleError as e:
+        raise errors.user_error(errors.ShapeError, "quantize", str(e)) from None
+    except ValueError as e:
+        raise errors.user_error(errors.GPUKitValueError, "quantize", str(e)) from None
     return QuantizedWeight(
         spec, (host.shape[0], host.shape[1]), from_numpy(data), from_numpy(scale),
         None if zero is None else from_numpy(zero),

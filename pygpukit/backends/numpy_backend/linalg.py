@@ -9,6 +9,7 @@ import numpy as np
 from pygpukit.ir import DType
 from pygpukit.ir.dtypes import as_dtype, result_type
 from pygpukit.ir.linear import LinearSpec
+from pygpukit.ir.quant import dequantize
 from pygpukit.ir.reference import gelu, sigmoid
 
 from . import nn
@@ -42,7 +43,13 @@ def linear(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.nda
             x = nn.rms_norm(x, p.prologue, attrs, as_dtype(x.dtype))
         else:
             x = nn.swiglu(x, p.prologue, result_type(as_dtype(x.dtype), as_dtype(p.prologue.dtype)))
-    y = np.matmul(up(x.astype(dtype.np, copy=False)), up(w.astype(dtype.np, copy=False)).T)
+    if spec.quant is not None:
+        # The weight it stands for (ir/quant.py's reference), in float32 as the kernels
+        # multiply: not rounded to x's dtype first.
+        wf = dequantize(spec.quant, w, p.scale, p.zero, x.shape[-1]).astype(np.float32)
+    else:
+        wf = up(w.astype(dtype.np, copy=False))
+    y = np.matmul(up(x.astype(dtype.np, copy=False)), wf.T)
     if p.bias is not None:
         y = y + up(p.bias)
     y = activation(y, spec.activation)
