@@ -332,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 }
 
 // The weight it stands for, [N, K] in x's dtype (rounded once), for the prefill GEMM.
-// One thread per 8 consecutive elements of a row (K % 8 == 0): one 16-byte store.
+// One thread per 8 consecutive elements of a row (K % 8 == 0); float32 as well.
 extern "C" __global__ void __launch_bounds__(256)
     pgk_dequant(const unsigned char* __restrict__ w, const float* __restrict__ scale,
                 const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n, int k,
@@ -378,5 +378,11 @@ extern "C" __global__ void __launch_bounds__(256)
   pgk_t o[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) o[e] = pgk_from_float<pgk_t>(v[e] * s);
-  *reinterpret_cast<uint4*>(out + (long long)row * k + col) = *reinterpret_cast<const uint4*>(o);
+  pgk_t* dst = out + (long long)row * k + col;
+  if constexpr (sizeof(pgk_t) == 2) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(o);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dst[e] = o[e];
+  }
 }

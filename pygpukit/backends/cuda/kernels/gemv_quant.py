@@ -23,6 +23,7 @@ MAX_SLAB = 8
 # The persistent grid under early loads (w_early): as the bf16 GEMV (gemv.EARLY_BLOCKS_PER_SM).
 EARLY_BLOCKS_PER_SM = gemv.EARLY_BLOCKS_PER_SM
 DEQUANT_THREADS = 256
+DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def words_per_lane(spec: QuantSpec) -> int:
@@ -136,8 +137,26 @@ def gemv_quant(
     fn.launch(
         (grid_x, 1),
         (gw * 32,),
-        (x, w, scale, zero, bias, y, m, n, k, xs, row_bytes, ys, scale_ld(spec, k), residual,
-         pro, rs, eps, int(w_early)),
+        (
+            x,
+            w,
+            scale,
+            zero,
+            bias,
+            y,
+            m,
+            n,
+            k,
+            xs,
+            row_bytes,
+            ys,
+            scale_ld(spec, k),
+            residual,
+            pro,
+            rs,
+            eps,
+            int(w_early),
+        ),
         0,
         stream,
     )
@@ -146,7 +165,7 @@ def gemv_quant(
 def dequantize(w: int, scale: int, out: int, spec: QuantSpec, n: int, k: int, dtype: str, *,
                scale_numel: int, zero: int = 0, stream: Any = None) -> None:  # fmt: skip
     """out [n, k] (dtype, dense) = the weight W's arrays stand for, rounded once."""
-    loader.check_dtype(dtype, loader.HALF_DTYPES, "dequantize")
+    loader.check_dtype(dtype, DEQUANT_DTYPES, "dequantize")
     positive("dequantize", n=n, k=k)
     if k % 8:
         raise ShapeError(f"dequantize: K={k} must be a multiple of 8")
