@@ -2,9 +2,10 @@
 current device, and launches them with the argument format their signatures declare.
 
 A template is compiled from: the `#define`s the launcher asks for, then the family file
-with common.cuh (and any other template it includes) inlined in place of its `#include`. Inlining (rather than an include path)
-puts every byte that reaches NVRTC into the source, so the toolchain's disk cache, keyed
-by the source text, can never serve a stale CUBIN after common.cuh changes.
+with common.cuh (and any other template it includes) inlined in place of its `#include`.
+Inlining (rather than an include path) puts every byte that reaches NVRTC into the source,
+so the toolchain's disk cache, keyed by the source text, can never serve a stale CUBIN
+after common.cuh changes.
 
 Compiled Modules and their Functions are cached per (family, defines, arch); launch
 formats per (family, kernel), parsed from the template's `extern "C"` signature.
