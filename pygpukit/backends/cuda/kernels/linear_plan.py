@@ -434,6 +434,7 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     assert q is not None
     p = spec.split(ins)
     dtype, shape = step.dtype, step.shape
+    assert p.scale is not None
     n = p.w.shape[0]
     k = ins[0].shape[-1]
     wshape = (n, k)
@@ -446,9 +447,9 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     n_w = spec.n_weight
 
     def dequantized(v: Sequence[DeviceValue]) -> DeviceValue:
-        with ctx.scratch_only():
-            wv = ctx.alloc(wshape, dtype, "dequantized weight")
+        wv = ctx.alloc(wshape, dtype, "dequantized weight")
         vp = spec.split(v)
+        assert vp.scale is not None
         gemv_quant.dequantize(vp.w.ptr, vp.scale.ptr, wv.ptr, q, n, k, dtype.name,
                               scale_numel=scale_numel, zero=vp.zero.ptr if vp.zero else 0,
                               stream=ctx.stream)  # fmt: skip
@@ -472,6 +473,7 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
     q = spec.quant
     assert q is not None
     p = spec.split(ins)
+    assert p.scale is not None
     dtype, shape = step.dtype, step.shape
     if dtype.name not in loader.HALF_DTYPES or spec.prologue == "swiglu":
         return None
@@ -501,6 +503,7 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue | None:
         vp = spec.split(v)
+        assert vp.scale is not None
         ptrs = (vp.x.ptr, vp.w.ptr) + ((vp.prologue.ptr,) if vp.prologue is not None else ())
         if any(a % 16 for a in ptrs):
             return None
