@@ -18,6 +18,7 @@ from pygpukit.backends.cuda.kernels import (
     embedding,
     gemm_mma,
     gemv,
+    gemv_quant,
     layer_norm,
     loader,
     matmul_simple,
@@ -26,6 +27,7 @@ from pygpukit.backends.cuda.kernels import (
     softmax,
 )
 from pygpukit.errors import CompileError
+from pygpukit.ir.quant import QuantSpec
 
 pytest.importorskip("nvidia")
 
@@ -59,6 +61,24 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
         lambda: gemv.gemv(
             A, B, C, 64, 128, "float16", prologue="rms_norm", pro=D, eps=1e-6, residual=E, glu=True
         ),  # fmt: skip
+    ),
+    (
+        ("pgk_gemv_quant",),
+        lambda: gemv_quant.gemv_quant(
+            A, B, C, D, QuantSpec("int4", group=128, has_zero=True), 64, 256, "bfloat16",
+            scale_numel=128, zero=E, m=3, prologue="rms_norm", pro=F, eps=1e-6, residual=G,
+            glu=True, w_early=True,
+        ),  # fmt: skip
+    ),
+    (
+        ("pgk_gemv_quant",),
+        lambda: gemv_quant.gemv_quant(A, B, C, D, QuantSpec("fp8"), 64, 128, "float16",
+                                      scale_numel=1, bias=E, activation="silu"),  # fmt: skip
+    ),
+    (
+        ("pgk_dequant",),
+        lambda: gemv_quant.dequantize(A, B, C, QuantSpec("fp8", block=128), 200, 256,
+                                      "bfloat16", scale_numel=4),  # fmt: skip
     ),
     (
         ("pgk_attention_prefill",),

@@ -3,7 +3,7 @@ installed), on the same device buffers, in one run.
 
     python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
-NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, read_floor,
+NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, read_floor, quant,
 chain64, linear_gelu, compile_time, dispatch, llm, llm_prefill, llm_long, llm_load; a GEMM
 workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but the
 llm groups (--llm adds llm; the others run when named).
@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import compiled, gemm, kernels, read_floor, results
+from . import compiled, gemm, kernels, quant, read_floor, results
 
 KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = {
     "rms_norm": kernels.bench_rms_norm,
@@ -36,6 +36,7 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "gemv": kernels.bench_gemv,
     "decode": kernels.bench_decode,
     "read_floor": read_floor.bench_read_floor,
+    "quant": quant.bench_quant,
 }
 COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time", "dispatch")
 LLM_EXTRA_GROUPS = ("llm_prefill", "llm_long", "llm_load")  # run only when named

@@ -44,6 +44,7 @@ def linear(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.nda
         else:
             x = nn.swiglu(x, p.prologue, result_type(as_dtype(x.dtype), as_dtype(p.prologue.dtype)))
     if spec.quant is not None:
+        assert p.scale is not None
         # The weight it stands for (ir/quant.py's reference), in float32 as the kernels
         # multiply: not rounded to x's dtype first.
         wf = dequantize(spec.quant, w, p.scale, p.zero, x.shape[-1]).astype(np.float32)

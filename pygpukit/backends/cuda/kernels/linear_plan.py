@@ -21,7 +21,7 @@ from ..cublaslt import LT_DTYPES, GemmLaunch, lt_launcher, lt_operand
 from ..layout import broadcast_strides, collapse, reshape_strides
 from ..materialize import contiguous_as
 from ..value import DeviceValue
-from . import activation_plan, gemm_mma, gemv, loader, matmul_simple, rms_norm_plan
+from . import activation_plan, gemm_mma, gemv, gemv_quant, loader, matmul_simple, rms_norm_plan
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 _ACT_EXPR = {"gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none"), "silu": ("silu",)}
@@ -110,6 +110,8 @@ def plan_matmul(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
 def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
     """act(prologue(x) @ w.T + bias) + residual (see ir/linear.py)."""
     spec = LinearSpec.of(step.attrs, len(ins))
+    if spec.quant is not None:
+        return _linear_quant(ctx, step, ins, tag, spec)
     if spec.glu != "none":
         return _linear_gated(ctx, step, ins, tag, spec)
     if spec.has_residual or spec.prologue != "none":
@@ -418,6 +420,113 @@ def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         return out
 
     return run
+
+
+# -- quantized weights (ir/quant.py's layouts) ---------------------------------------------
+def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
+                  spec: LinearSpec) -> Run:  # fmt: skip
+    """A few rows of bf16/f16 x: the quantized GEMV, dequantizing in registers, with the
+    RMSNorm prologue, bias, activation, SwiGLU and residual fused as the bf16 GEMV fuses
+    them. Otherwise (prefill, a SwiGLU prologue, layouts it does not take, unaligned
+    pointers at run time): the weight dequantized into a scratch weight of x's dtype, then
+    the float linear with the same flags on it."""
+    q = spec.quant
+    assert q is not None
+    p = spec.split(ins)
+    dtype, shape = step.dtype, step.shape
+    assert p.scale is not None
+    n = p.w.shape[0]
+    k = ins[0].shape[-1]
+    wshape = (n, k)
+    w_plan = DeviceValue(p.w.storage, wshape, contiguous(wshape), 0, dtype)
+    rest = [v for v in (p.bias, p.residual, p.prologue) if v is not None]
+    attrs = {key: v for key, v in step.attrs.items() if key != "quant"}
+    float_step = Step("linear", attrs, (), -1, shape, dtype, step.loc)
+    after = plan_linear(ctx, float_step, [p.x, w_plan, *rest], tag)
+    scale_numel = numel(p.scale.shape)
+    n_w = spec.n_weight
+
+    def dequantized(v: Sequence[DeviceValue]) -> DeviceValue:
+        wv = ctx.alloc(wshape, dtype, "dequantized weight")
+        vp = spec.split(v)
+        assert vp.scale is not None
+        gemv_quant.dequantize(vp.w.ptr, vp.scale.ptr, wv.ptr, q, n, k, dtype.name,
+                              scale_numel=scale_numel, zero=vp.zero.ptr if vp.zero else 0,
+                              stream=ctx.stream)  # fmt: skip
+        return after([v[0], wv, *v[1 + n_w :]])
+
+    fused = _gemv_quant(ctx, step, ins, spec)
+    if fused is None:
+        return dequantized
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        y = fused(v)
+        return y if y is not None else dequantized(v)
+
+    return run
+
+
+def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: LinearSpec
+                ) -> Callable[[Sequence[DeviceValue]], DeviceValue | None] | None:  # fmt: skip
+    """The quantized GEMV's run (None at run time for pointers it cannot take), or None
+    where its rules do not hold."""
+    q = spec.quant
+    assert q is not None
+    p = spec.split(ins)
+    assert p.scale is not None
+    dtype, shape = step.dtype, step.shape
+    if dtype.name not in loader.HALF_DTYPES or spec.prologue == "swiglu":
+        return None
+    if any(v.dtype != dtype for v in (p.x, p.bias, p.residual, p.prologue) if v is not None):
+        return None
+    xr = _rows_view(p.x)
+    rr = _rows_view(p.residual) if p.residual is not None else None
+    if xr is None or (p.residual is not None and rr is None):
+        return None
+    (m, k), n = xr.shape, p.w.shape[0]
+    if not 1 <= m <= gemv_quant.QUANT_ROWS or not gemv_quant.supported(q, k):
+        return None
+    if k > 1 and xr.strides[1] != 1 or (m > 1 and xr.strides[0] % 8):
+        return None
+    if any(not contiguous_view(v) for v in p.weight):
+        return None
+    if p.prologue is not None and (p.prologue.shape != (k,) or p.prologue.strides != (1,)):
+        return None
+    if p.bias is not None and (p.bias.shape != (n,) or (n > 1 and p.bias.strides != (1,))):
+        return None
+    if rr is not None and rr.strides[1] != 1:
+        return None
+    xs, rs = xr.strides[0], rr.strides[0] if rr is not None else 0
+    scale_numel = numel(p.scale.shape)
+    glu = spec.glu == "swiglu"
+    settled = all(getattr(v.storage, "readonly", False) for v in p.weight)
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue | None:
+        vp = spec.split(v)
+        assert vp.scale is not None
+        ptrs = (vp.x.ptr, vp.w.ptr) + ((vp.prologue.ptr,) if vp.prologue is not None else ())
+        if any(a % 16 for a in ptrs):
+            return None
+        y = ctx.alloc_out(shape, dtype, "linear")
+        if numel(shape):
+            gemv_quant.gemv_quant(
+                vp.x.ptr, vp.w.ptr, vp.scale.ptr, y.ptr, q, n, k, dtype.name,
+                scale_numel=scale_numel, zero=vp.zero.ptr if vp.zero is not None else 0, m=m,
+                bias=vp.bias.ptr if vp.bias is not None else 0, activation=spec.activation,
+                x_stride=xs, prologue=spec.prologue,
+                pro=vp.prologue.ptr if vp.prologue is not None else 0, eps=spec.eps,
+                residual=vp.residual.ptr if vp.residual is not None else 0,
+                residual_stride=rs, glu=glu, w_early=settled and capturing(ctx),
+                stream=ctx.stream,
+            )  # fmt: skip
+        return y
+
+    return run
+
+
+def contiguous_view(v: DeviceValue) -> bool:
+    """Whether v is dense, row-major (a quantized weight's arrays as the kernels read them)."""
+    return v.strides == contiguous(v.shape) or numel(v.shape) <= 1
 
 
 PLANNERS = {"matmul": plan_matmul, "linear": plan_linear}

@@ -1,10 +1,11 @@
 """Loads the NVRTC kernel templates (the *.cuh files beside this module) as CUBIN for the
 current device, and launches them with the argument format their signatures declare.
 
-A template is compiled from: the `#define`s the launcher asks for, then common.cuh inlined
-in place of its `#include`, then the family file. Inlining (rather than an include path)
-puts every byte that reaches NVRTC into the source, so the toolchain's disk cache, keyed
-by the source text, can never serve a stale CUBIN after common.cuh changes.
+A template is compiled from: the `#define`s the launcher asks for, then the family file
+with common.cuh (and any other template it includes) inlined in place of its `#include`.
+Inlining (rather than an include path) puts every byte that reaches NVRTC into the source,
+so the toolchain's disk cache, keyed by the source text, can never serve a stale CUBIN
+after common.cuh changes.
 
 Compiled Modules and their Functions are cached per (family, defines, arch); launch
 formats per (family, kernel), parsed from the template's `extern "C"` signature.
@@ -13,6 +14,7 @@ formats per (family, kernel), parsed from the template's `extern "C"` signature.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,10 +101,27 @@ def _read(name: str) -> str:
     return (kernel_dir() / name).read_text(encoding="ascii")
 
 
+_INCLUDE = re.compile(r'^#include "(\w+\.cuh)"[ \t]*$', re.MULTILINE)
+
+
+def _inline(text: str, seen: set[str]) -> str:
+    """text with each `#include "x.cuh"` of a template replaced by that file, once (a
+    family that builds on another's helpers, as gemv_quant on gemv, includes it)."""
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        return _inline(_read(name), seen)
+
+    return _INCLUDE.sub(one, text)
+
+
 def kernel_source(family: str, defines: Mapping[str, object]) -> str:
     """The exact source NVRTC compiles for a family with these defines."""
     lines = [f"#define {k} {v}" for k, v in sorted(defines.items())]
-    body = _read(f"{family}.cuh").replace('#include "common.cuh"', _read("common.cuh"))
+    body = _inline(_read(f"{family}.cuh"), {f"{family}.cuh"})
     return "\n".join(lines) + "\n" + body
 
 

@@ -6,7 +6,9 @@ that stops compiling in any dtype fails CI rather than on a user's first call.
 
 from __future__ import annotations
 
-from . import attention, gemv, loader
+from pygpukit.ir.quant import QuantSpec
+
+from . import attention, gemv, gemv_quant, loader
 
 Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
 
@@ -114,6 +116,7 @@ def all_variants() -> list[Variant]:
         for gw, nt, u, st in gemv_sweep():
             mma = _t(dt, PGK_GW=gw, PGK_NT=nt, PGK_U=u, PGK_ACT=0, PGK_PRO=0, PGK_GSTAGES=st)
             out.append(("gemv", ("pgk_gemv_mma",), mma))
+    out += quant_variants()
     for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"):
         out.append(("matmul_simple", ("pgk_matmul",), _t(dt)))
     for dt in floats + ("int8", "uint8", "int32", "int64"):
@@ -126,4 +129,38 @@ def all_variants() -> list[Variant]:
                     {"PGK_T": loader.ctype(dt), "PGK_IDX": loader.ctype(idx), "PGK_VEC": vec},
                 )
             )
+    return out
+
+
+# Every format and scale form of ir/quant.py (fp8 per-tensor and per-row scales differ by
+# PGK_QTENSOR alone).
+QUANT_SPECS = (
+    (QuantSpec("int8"), 64),
+    (QuantSpec("fp8"), 1),
+    (QuantSpec("fp8"), 64),
+    (QuantSpec("fp8", block=128), 4),
+    (QuantSpec("int4", group=128), 64),
+    (QuantSpec("int4", group=128, has_zero=True), 64),
+    (QuantSpec("int4", group=64), 64),
+    (QuantSpec("int4", group=64, has_zero=True), 64),
+)
+
+
+def quant_variants() -> list[Variant]:
+    """gemv_quant: each format in both dtypes plain and with the decode step's fusions
+    (RMSNorm prologue, SwiGLU epilogue, SiLU), each slab depth, and the dequantize kernel."""
+    out: list[Variant] = []
+    gw, nt = gemv_quant.CONFIG
+    for spec, numel in QUANT_SPECS:
+        for dt in loader.HALF_DTYPES:
+            base = {**gemv_quant.defines(spec, dt, numel), "PGK_GW": gw, "PGK_NT": nt}
+            fused = [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 0, 3)] if dt == "bfloat16" else [
+                (0, 0, 0)]  # fmt: skip
+            for pro, glu, act in fused:
+                deep = (pro, glu, act) == (0, 0, 0) and spec.format != "fp8"
+                for u in (1, 2, 4, 8) if deep and dt == "bfloat16" else (4,):
+                    d = {**base, "PGK_U": u, "PGK_PRO": pro, "PGK_GLU": glu, "PGK_ACT": act}
+                    out.append(("gemv_quant", ("pgk_gemv_quant",), d))
+        for dt in gemv_quant.DEQUANT_DTYPES:
+            out.append(("gemv_quant", ("pgk_dequant",), gemv_quant.defines(spec, dt, numel)))
     return out

@@ -1,0 +1,388 @@
+// Weight-only quantized GEMV for decode: y[m, n] = act(sum_k x[m, k] * W[n, k] + bias[n])
+// (+ residual), for up to 8 rows m of bf16/f16 x, with W in one of ir/quant.py's layouts:
+//   PGK_QFMT 0 int8 [N, K] (scale per row), 1 fp8 e4m3 [N, K] (scale per tensor, per row or
+//   per 128 x 128 block), 2 int4 [N, K/2] (low nibble first; scale and, PGK_QZERO, uint8
+//   zero point per group of PGK_QGROUP along K; symmetric: zero 8).
+//
+// The tensor-core GEMV of gemv.cuh (pgk_gemv_mma, its helpers are reused) with W
+// dequantized in registers: each lane loads PGK_QLW 32-bit words of a row of W per chunk
+// (16 or 8 bytes), turns them into exact bf16/f16 values (the integers, the e4m3 values;
+// no scale applied: a scale rounded to 2-byte precision would cost 1e-3 of accuracy) and
+// feeds them to mma.sync m16n8k16 as the B fragment; x is the A fragment (rows 8-15 zero).
+// Each lane's elements are consecutive in memory, and x is read in the same permutation
+// of K, so the dot products are unchanged (see gemv.cuh). Scales apply in fp32: per row in
+// the epilogue; per group or block (PGK_QSK) to each chunk's partial sums, a chunk never
+// spanning two groups (host: chunk width divides the group).
+//
+// Early loads and the persistent grid as in gemv.cuh: with w_early (read-only weights in
+// a captured graph) the first slab of W, its scales and zero points are loaded before the
+// predecessor wait, and a grid narrower than the tile count walks the tiles. The RMSNorm
+// prologue, bias, activation, SwiGLU epilogue and residual are gemv.cuh's.
+//
+// pgk_dequant_bf16 / pgk_dequant_f16: the prefill path's dequantization into a scratch
+// weight [N, K] of x's dtype (then the bf16 GEMM runs on it).
+#ifndef PGK_VEC
+#define PGK_VEC 8  // gemv.cuh's scalar kernel, compiled alongside
+#endif
+#include "gemv.cuh"
+
+#ifndef PGK_QFMT
+#define PGK_QFMT 0
+#endif
+#ifndef PGK_QSK
+#define PGK_QSK 0  // 1: the scale varies along K (fp8 blocks, int4 groups)
+#endif
+#ifndef PGK_QTENSOR
+#define PGK_QTENSOR 0  // fp8 with one scale for the whole tensor
+#endif
+#ifndef PGK_QGROUP
+#define PGK_QGROUP 128  // K elements per scale when PGK_QSK (fp8: the block size)
+#endif
+#ifndef PGK_QZERO
+#define PGK_QZERO 0
+#endif
+#ifndef PGK_QLW
+#define PGK_QLW 4  // 32-bit words of W per lane per chunk: 4 (16 bytes) or 2 (int4 group 64)
+#endif
+
+// Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
+#define PGK_QEPW (PGK_QFMT == 2 ? 8 : 4)
+#define PGK_QEPL (PGK_QEPW * PGK_QLW)
+#define PGK_QCW (4 * PGK_QEPL)
+
+using pgk_qpair = typename pgk_gpick<pgk_gsame<pgk_t, __nv_bfloat16>::value, __nv_bfloat162,
+                                     __half2>::type;
+
+PGK_DEVICE unsigned pgk_qbits(pgk_qpair p) { return *reinterpret_cast<unsigned*>(&p); }
+PGK_DEVICE pgk_qpair pgk_qof(unsigned u) { return *reinterpret_cast<pgk_qpair*>(&u); }
+
+// Two exact f16 values as the pair type of x (bf16 holds every value we make exactly).
+PGK_DEVICE unsigned pgk_qfrom_h2(unsigned h) {
+  if constexpr (pgk_gsame<pgk_t, __nv_bfloat16>::value) {
+    const float2 f = __half22float2(*reinterpret_cast<__half2*>(&h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<const unsigned*>(&b);
+  } else {
+    return h;
+  }
+}
+
+// Bytes 2j, 2j + 1 of w as two values (low byte in the low half), j = 0 or 1.
+PGK_DEVICE unsigned pgk_qint8_pair(unsigned w, int j) {
+  // (b + 128) under the f16 exponent of 1024 is 1024 + b + 128 exactly; minus 1152 is b.
+  const unsigned biased = __byte_perm(w ^ 0x80808080u, 0x64646464u, j ? 0x4342 : 0x4140);
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased),
+                            __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
+  return pgk_qfrom_h2(*reinterpret_cast<const unsigned*>(&h));
+}
+
+PGK_DEVICE unsigned pgk_qfp8_pair(unsigned w, int j) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned h;  // byte 2j to the low half, 2j + 1 to the high half, exactly
+  const unsigned short b = (unsigned short)(w >> (16 * j));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(b));
+#else
+  const unsigned t = __byte_perm(w, 0u, j ? 0x4342 : 0x4140);  // byte 2j | byte 2j+1 << 16
+  // e4m3 (bias 7) moved into f16's field (bias 15) is the value / 2^8, subnormals
+  // included; times 2^8 is exact. (NaN, 0x7F, is not a weight.)
+  unsigned h = ((t & 0x00800080u) << 8) | ((t & 0x007F007Fu) << 7);
+  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h),
+                            __halves2half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
+  h = *reinterpret_cast<const unsigned*>(&v);
+#endif
+  return pgk_qfrom_h2(h);
+}
+
+// Nibbles i and i + 4 of w minus the zero point, i = 0 .. 3: q - z exactly, the nibble
+// set under a magic exponent (bf16 128 + q, f16 1024 + q) less the same for z.
+PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair) {
+  constexpr unsigned magic =
+      pgk_gsame<pgk_t, __nv_bfloat16>::value ? 0x43004300u : 0x64006400u;
+  const unsigned q = ((w >> (4 * i)) & 0x000F000Fu) | magic;
+  return pgk_qbits(__hsub2(pgk_qof(q), pgk_qof(zpair)));
+}
+
+PGK_DEVICE unsigned pgk_qzero_pair(int z) {
+  const unsigned magic = pgk_gsame<pgk_t, __nv_bfloat16>::value ? 0x4300u : 0x6400u;
+  const unsigned h = magic | (unsigned)z;
+  return h | (h << 16);
+}
+
+// The B fragment of MMA step s (4 elements of this lane's chunk) from its words.
+PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, unsigned& b0,
+                          unsigned& b1) {
+#if PGK_QFMT == 2
+  // Word s / 2 holds elements 8j .. 8j + 7; step 2j takes pairs (0,4), (1,5), 2j+1 (2,6), (3,7).
+  const int i = (s & 1) * 2;
+  b0 = pgk_qint4_pair(wv[s >> 1], i, zpair);
+  b1 = pgk_qint4_pair(wv[s >> 1], i + 1, zpair);
+#elif PGK_QFMT == 1
+  (void)zpair;
+  b0 = pgk_qfp8_pair(wv[s], 0);
+  b1 = pgk_qfp8_pair(wv[s], 1);
+#else
+  (void)zpair;
+  b0 = pgk_qint8_pair(wv[s], 0);
+  b1 = pgk_qint8_pair(wv[s], 1);
+#endif
+}
+
+// The A fragment's x pairs of step s from this lane's x (8 elements per uint4), in the
+// order pgk_qfrag pairs W's elements.
+PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& a0, unsigned& a2) {
+#if PGK_QFMT == 2
+  const uint4 v = xv[s >> 1];
+  if (s & 1) {
+    a0 = __byte_perm(v.y, v.w, 0x5410);
+    a2 = __byte_perm(v.y, v.w, 0x7632);
+  } else {
+    a0 = __byte_perm(v.x, v.z, 0x5410);
+    a2 = __byte_perm(v.x, v.z, 0x7632);
+  }
+#else
+  const uint4 v = xv[s >> 1];
+  a0 = (s & 1) ? v.z : v.x;
+  a2 = (s & 1) ? v.w : v.y;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
+    pgk_gemv_quant(const pgk_t* __restrict__ x, const unsigned char* __restrict__ w,
+                   const float* __restrict__ scale, const unsigned char* __restrict__ zero,
+                   const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
+                   long long x_stride, long long w_stride, long long y_stride, int scale_ld,
+                   const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
+                   long long res_stride, float eps, int w_early) {
+  constexpr int U = PGK_U, NT = PGK_NT, LW = PGK_QLW, EPL = PGK_QEPL, CW = PGK_QCW;
+  constexpr int STEPS = EPL / 4;  // MMA steps per chunk
+  constexpr int XV = EPL / 8;     // uint4s of x per lane per chunk
+  __shared__ float red[PGK_GW][8][8 * NT + 1];
+#if PGK_PRO == 1
+  __shared__ float sumsq[PGK_GW][8];
+#endif
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int qr = lane >> 2, qc = lane & 3;
+  const int tiles = PGK_GLU ? (n / 2 + 4 * NT - 1) / (4 * NT) : (n + 8 * NT - 1) / (8 * NT);
+  const int my_tiles = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+  const int nch = (k + CW - 1) / CW;  // chunks of CW columns, split over the warps
+  const int c_lo = (int)((long long)nch * warp / PGK_GW);
+  const int c_hi = (int)((long long)nch * (warp + 1) / PGK_GW);
+  const bool xin = qr < m;
+
+  // One slab: U chunks of NT tiles' rows (W row qr of each n8 tile for the B fragment;
+  // with PGK_QSK the scales of rows 2qc, 2qc + 1, the C fragment's columns).
+  unsigned wv[U][NT][LW];
+  float sc[U][NT][2];
+  unsigned zp[U][NT];
+  auto load = [&](int tile, int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u;
+      const int col = c * CW + qc * EPL;
+      const bool in = c < c_hi && col < k;
+      const int grp = col / PGK_QGROUP;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int row = pgk_grow(n, t * 8 + qr, tile);
+        const bool rin = in && row >= 0;
+        const long long byte = PGK_QFMT == 2 ? col / 2 : col;  // int4: two a byte
+        const unsigned char* p = w + (rin ? (long long)row * w_stride + byte : 0);
+        if constexpr (LW == 4) {
+          const uint4 v = rin ? __ldcs(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+          wv[u][t][0] = v.x;
+          wv[u][t][1] = v.y;
+          wv[u][t][2 % LW] = v.z;
+          wv[u][t][3 % LW] = v.w;
+        } else {
+          const uint2 v = rin ? __ldcs(reinterpret_cast<const uint2*>(p)) : make_uint2(0, 0);
+          wv[u][t][0] = v.x;
+          wv[u][t][1] = v.y;
+        }
+        zp[u][t] = pgk_qzero_pair(8);
+#if PGK_QZERO == 1
+        if (rin) zp[u][t] = pgk_qzero_pair(__ldg(zero + (long long)row * scale_ld + grp));
+#endif
+        sc[u][t][0] = sc[u][t][1] = 0.0f;
+#if PGK_QSK == 1
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int srow = pgk_grow(n, t * 8 + 2 * qc + e, tile);
+          if (c < c_hi && srow >= 0) {
+            const long long at = PGK_QFMT == 1
+                                     ? (long long)(srow / PGK_QGROUP) * scale_ld + grp
+                                     : (long long)srow * scale_ld + grp;
+            sc[u][t][e] = __ldg(scale + at);
+          }
+        }
+#endif
+        (void)grp;
+      }
+    }
+  };
+
+  const int first_tile = (int)blockIdx.x;
+  bool have = false;
+  if (w_early && my_tiles > 0 && c_lo < c_hi) {  // settled weights: load before the wait
+    load(first_tile, c_lo);
+    have = true;
+  }
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+  (void)zero;
+
+  const pgk_t* xr = x + (long long)(xin ? qr : 0) * x_stride;
+  float acc[NT][4];
+  float ss[4], ss_hi[4];
+  for (int ti = 0; ti < my_tiles; ++ti) {
+    const int tile = first_tile + ti * (int)gridDim.x;
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
+    for (int c0 = c_lo; c0 < c_hi; c0 += U) {
+      if (!have) load(tile, c0);
+      have = false;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u;
+        const int col = c * CW + qc * EPL;
+        const bool in = c < c_hi && col < k;
+        uint4 xv[XV];
+#pragma unroll
+        for (int j = 0; j < XV; ++j) {
+          xv[j] = pgk_gload_x(xr + col + 8 * j, in && xin);
+          if (PGK_PRO == 1) {
+            uint4 upper = make_uint4(0u, 0u, 0u, 0u);
+            const uint4 gv = pgk_gload_x(pro + col + 8 * j, in);
+            pgk_gprologue(xv[j], upper, gv, false, ss, ss_hi);
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+#if PGK_QSK == 1
+          float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          float* d = part;
+#else
+          float* d = acc[t];
+#endif
+#pragma unroll
+          for (int s = 0; s < STEPS; ++s) {
+            unsigned a0, a2, b0, b1;
+            pgk_qxfrag(xv, s, a0, a2);
+            pgk_qfrag(wv[u][t], s, zp[u][t], b0, b1);
+            pgk_gmma(d, a0, 0u, a2, 0u, b0, b1);
+          }
+#if PGK_QSK == 1
+          acc[t][0] += part[0] * sc[u][t][0];
+          acc[t][1] += part[1] * sc[u][t][1];
+#endif
+        }
+      }
+    }
+
+    // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) red[warp][qr][t * 8 + 2 * qc + e] = acc[t][e];
+#if PGK_PRO == 1
+    if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
+#endif
+    __syncthreads();
+    constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;
+    for (int i = threadIdx.x; i < 8 * OUT; i += PGK_GW * 32) {
+      const int r = i / OUT, cn = i % OUT;
+      const int row = pgk_grow(n, cn, tile);
+      if (r >= m || row < 0) continue;
+      float rs = 1.0f;
+#if PGK_PRO == 1
+      float q = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) q += sumsq[g][r];
+      rs = rsqrtf(q / (float)k + eps);
+#endif
+      float s = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
+      s *= rs;
+#if PGK_QSK == 0
+      s *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + row);
+#endif
+      if (bias) s += pgk_to_float(bias[row]);
+#if PGK_GLU == 1
+      float up = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) up += red[g][r][cn + OUT];
+      up *= rs;
+#if PGK_QSK == 0
+      up *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + n / 2 + row);
+#endif
+      if (bias) up += pgk_to_float(bias[n / 2 + row]);
+      s = s / (1.0f + __expf(-s)) * up;
+#else
+      s = pgk_epilogue_act(s);
+#endif
+      if (res) s += pgk_to_float(res[(long long)r * res_stride + row]);
+      y[(long long)r * y_stride + row] = pgk_from_float<pgk_t>(s);
+    }
+    __syncthreads();
+  }
+}
+
+// The weight it stands for, [N, K] in x's dtype (rounded once), for the prefill GEMM.
+// One thread per 8 consecutive elements of a row (K % 8 == 0); float32 as well.
+extern "C" __global__ void __launch_bounds__(256)
+    pgk_dequant(const unsigned char* __restrict__ w, const float* __restrict__ scale,
+                const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n, int k,
+                long long w_stride, int scale_ld) {
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int per_row = k / 8;
+  if (i >= (long long)n * per_row) return;
+  const int row = (int)(i / per_row), col = (int)(i % per_row) * 8;
+  const int grp = col / PGK_QGROUP;
+  (void)grp;
+  float s;
+#if PGK_QSK == 1
+  s = PGK_QFMT == 1 ? scale[(long long)(row / PGK_QGROUP) * scale_ld + grp]
+                    : scale[(long long)row * scale_ld + grp];
+#else
+  s = PGK_QTENSOR ? scale[0] : scale[row];
+#endif
+  float v[8];
+#if PGK_QFMT == 2
+  const unsigned word = *reinterpret_cast<const unsigned*>(w + (long long)row * w_stride + col / 2);
+  const int z = PGK_QZERO ? (int)zero[(long long)row * scale_ld + grp] : 8;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = (float)((int)((word >> (4 * e)) & 0xFu) - z);
+#else
+  const uint2 b = *reinterpret_cast<const uint2*>(w + (long long)row * w_stride + col);
+  const unsigned words[2] = {b.x, b.y};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const unsigned byte = (words[e >> 2] >> (8 * (e & 3))) & 0xFFu;
+#if PGK_QFMT == 1
+    // e4m3fn: s eeee mmm, bias 7; e == 0 is subnormal (m / 8 * 2^-6).
+    const int ex = (byte >> 3) & 0xF, mant = byte & 7;
+    const float mag = ex ? ldexpf(1.0f + mant / 8.0f, ex - 7) : ldexpf(mant / 8.0f, -6);
+    v[e] = (byte & 0x80) ? -mag : mag;
+#else
+    v[e] = (float)(signed char)byte;
+#endif
+  }
+  (void)zero;
+#endif
+  pgk_t o[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = pgk_from_float<pgk_t>(v[e] * s);
+  pgk_t* dst = out + (long long)row * k + col;
+  if constexpr (sizeof(pgk_t) == 2) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(o);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dst[e] = o[e];
+  }
+}

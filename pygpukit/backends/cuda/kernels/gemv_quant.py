@@ -1,0 +1,176 @@
+"""Launcher for gemv_quant.cuh: y = act(p(x) @ dequantize(W)^T + bias) + residual for up to
+QUANT_ROWS rows of bf16/f16 x, W in one of ir/quant.py's layouts; and the dequantization
+of W into a scratch weight for the prefill GEMM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pygpukit.errors import ShapeError
+from pygpukit.ir.quant import FP8_BLOCK, QuantSpec
+
+from .. import toolchain
+from . import gemv, loader
+from ._common import cdiv, int32_range, positive, pow2_at_least
+
+# Rows of x one launch takes: the lower half of the mma tile (its upper half is zero).
+QUANT_ROWS = 8
+FORMATS = {"int8": 0, "fp8": 1, "int4": 2}
+# (warps splitting K, n8 tiles per warp). A slab is U chunks of each warp's range, U the
+# power of two covering the range up to MAX_SLAB (fewer loads in flight past it).
+CONFIG = (4, 1)
+MAX_SLAB = 8
+# The persistent grid under early loads (w_early): as the bf16 GEMV (gemv.EARLY_BLOCKS_PER_SM).
+EARLY_BLOCKS_PER_SM = gemv.EARLY_BLOCKS_PER_SM
+DEQUANT_THREADS = 256
+DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def words_per_lane(spec: QuantSpec) -> int:
+    """32-bit words of W a lane loads per chunk: 16 bytes, or 8 for int4 groups of 64 (a
+    chunk must not span two groups)."""
+    return 2 if spec.format == "int4" and spec.group < 128 else 4
+
+
+def chunk_cols(spec: QuantSpec) -> int:
+    """K columns of one chunk (four lanes' loads of one row)."""
+    per_word = 8 if spec.format == "int4" else 4
+    return 4 * per_word * words_per_lane(spec)
+
+
+def supported(spec: QuantSpec, k: int) -> bool:
+    """Whether the GEMV takes this weight: the chunk divides the group (int4, groups of 64
+    or any multiple of 128) and whole 16-byte runs of each row (8-bit formats: K % 16 == 0)."""
+    if spec.format == "int4":
+        return spec.group % chunk_cols(spec) == 0 and k % spec.group == 0
+    return k % 16 == 0 and (not spec.block or spec.block % chunk_cols(spec) == 0)
+
+
+def defines(spec: QuantSpec, dtype: str, scale_numel: int) -> dict[str, object]:
+    """The format's macros of gemv_quant.cuh."""
+    return {
+        **loader.type_defines(dtype),
+        "PGK_QFMT": FORMATS[spec.format],
+        "PGK_QSK": int(spec.format == "int4" or bool(spec.block)),
+        "PGK_QTENSOR": int(spec.format == "fp8" and not spec.block and scale_numel == 1),
+        "PGK_QGROUP": spec.group if spec.format == "int4" else (spec.block or FP8_BLOCK),
+        "PGK_QZERO": int(spec.has_zero),
+        "PGK_QLW": words_per_lane(spec),
+    }
+
+
+def scale_ld(spec: QuantSpec, k: int) -> int:
+    """Scales per row of the scale array (groups or blocks along K; 1 otherwise)."""
+    if spec.format == "int4":
+        return k // spec.group
+    return cdiv(k, spec.block) if spec.block else 1
+
+
+def gemv_quant(
+    x: int,
+    w: int,
+    scale: int,
+    y: int,
+    spec: QuantSpec,
+    n: int,
+    k: int,
+    dtype: str,
+    *,
+    scale_numel: int,
+    zero: int = 0,
+    m: int = 1,
+    bias: int = 0,
+    activation: str = "none",
+    x_stride: int | None = None,
+    y_stride: int | None = None,
+    config: tuple[int, int] | None = None,
+    slab: int | None = None,
+    prologue: str = "none",
+    pro: int = 0,
+    eps: float = 0.0,
+    residual: int = 0,
+    residual_stride: int | None = None,
+    glu: bool = False,
+    blocks_per_sm: int | None = None,
+    w_early: bool = False,
+    stream: Any = None,
+) -> None:
+    """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
+    W's data [n, packed k] dense at `w`, its float32 scales at `scale` (scale_numel of
+    them), int4 zero points at `zero`. bf16/f16 x with 16-byte aligned rows; prologue,
+    glu, blocks_per_sm and w_early as gemv.gemv. config: (warps, n8 tiles per warp);
+    slab: chunks per warp per step (a power of two; default from K)."""
+    loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
+    positive("gemv_quant", n=n, k=k, m=m)
+    int32_range("gemv_quant", n=n, k=k, m=m)
+    if activation not in gemv.ACTS or prologue not in gemv.PROLOGUES:
+        raise ShapeError(f"gemv_quant: unknown activation {activation!r} or prologue "
+                         f"{prologue!r}")  # fmt: skip
+    if m > QUANT_ROWS:
+        raise ShapeError(f"gemv_quant: m={m} rows (the GEMV takes up to {QUANT_ROWS})")
+    if not supported(spec, k):
+        raise ShapeError(f"gemv_quant: a {spec.label} weight with K={k} (chunks of "
+                         f"{chunk_cols(spec)} columns must fit its groups and rows)")  # fmt: skip
+    if glu and (n % 2 or activation != "none"):
+        raise ShapeError(f"gemv_quant: the SwiGLU epilogue needs an even N (got {n}) and no "
+                         f"activation (got {activation!r})")  # fmt: skip
+    xs = k if x_stride is None else x_stride
+    n_out = n // 2 if glu else n
+    ys = n_out if y_stride is None else y_stride
+    rs = n_out if residual_stride is None else residual_stride
+    ptrs = (x, w) + ((pro,) if prologue != "none" else ())
+    if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
+        raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
+    gw, nt = config or CONFIG
+    nch = cdiv(k, chunk_cols(spec))
+    u = slab or min(MAX_SLAB, pow2_at_least(cdiv(nch, gw)))
+    d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
+         "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
+         "PGK_GLU": int(glu)}  # fmt: skip
+    fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
+    tiles = gemv.mma_tiles(n, nt, glu)
+    per_sm = blocks_per_sm
+    if per_sm is None:
+        per_sm = EARLY_BLOCKS_PER_SM if w_early else 0
+    grid_x = min(tiles, per_sm * toolchain.sm_count()) if per_sm else tiles
+    row_bytes = k // 2 if spec.format == "int4" else k
+    fn.launch(
+        (grid_x, 1),
+        (gw * 32,),
+        (
+            x,
+            w,
+            scale,
+            zero,
+            bias,
+            y,
+            m,
+            n,
+            k,
+            xs,
+            row_bytes,
+            ys,
+            scale_ld(spec, k),
+            residual,
+            pro,
+            rs,
+            eps,
+            int(w_early),
+        ),
+        0,
+        stream,
+    )
+
+
+def dequantize(w: int, scale: int, out: int, spec: QuantSpec, n: int, k: int, dtype: str, *,
+               scale_numel: int, zero: int = 0, stream: Any = None) -> None:  # fmt: skip
+    """out [n, k] (dtype, dense) = the weight W's arrays stand for, rounded once."""
+    loader.check_dtype(dtype, DEQUANT_DTYPES, "dequantize")
+    positive("dequantize", n=n, k=k)
+    if k % 8:
+        raise ShapeError(f"dequantize: K={k} must be a multiple of 8")
+    fn = loader.get_kernel("gemv_quant", "pgk_dequant", defines(spec, dtype, scale_numel))
+    total = n * (k // 8)
+    row_bytes = k // 2 if spec.format == "int4" else k
+    fn.launch((cdiv(total, DEQUANT_THREADS),), (DEQUANT_THREADS,),
+              (w, scale, zero, out, n, k, row_bytes, scale_ld(spec, k)), 0, stream)  # fmt: skip
