@@ -9,9 +9,12 @@ from typing import Any
 from pygpukit import errors
 from pygpukit.ir import dtypes
 
+from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .files import ModelDir, read_json
 from .generate import GenerationResult, Generator, bucket, check_count
+from .generation_config import GenerationConfig, merge_eos
+from .hub import resolve_model
 from .loader import INDEX, Checkpoint, LoadError, checkpoint_files, load_weights, read_index
 from .model import Transformer
 from .sampling import SamplingParams
@@ -27,6 +30,8 @@ class Model:
         transformer: Transformer,
         tokenizer: Tokenizer | None,
         path: str = "",
+        generation_config: GenerationConfig | None = None,
+        chat_template: ChatTemplate | None = None,
     ) -> None:
         self.config, self.transformer, self.tokenizer, self.path = (
             config,
@@ -34,7 +39,30 @@ class Model:
             tokenizer,
             path,
         )
+        self.generation_config = generation_config or GenerationConfig()
+        self.chat_template = chat_template
         self._generators: dict[tuple[int, int], Generator] = {}
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """config.json's EOS ids and generation_config.json's (a chat model's end of turn)."""
+        return merge_eos(self.config.eos_token_ids, self.generation_config.eos_token_ids)
+
+    def default_sampling(self) -> SamplingParams:
+        """generation_config.json's sampling defaults (greedy when it has none)."""
+        return self.generation_config.sampling()
+
+    def chat_ids(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of `messages` in the model's chat template (as HF apply_chat_template)."""
+        if self.chat_template is None:
+            raise errors.GPUKitValueError(
+                f"{self.path}: this model has no chat template "
+                "(tokenizer_config.json has no chat_template)"
+            )
+        if self.tokenizer is None:
+            raise errors.GPUKitError(f"{self.path}: this model has no tokenizer.json")
+        text = self.chat_template.render(messages, add_generation_prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     @property
     def dtype(self) -> dtypes.DType:
@@ -82,7 +110,7 @@ class Model:
         pad = self.config.pad_token_id
         pad = pad if pad is not None else (self.config.bos_token_id or 0)
         gen = self.generator(len(prompts), max_seq_len)
-        eos = self.config.eos_token_ids if stop_at_eos else ()
+        eos = self.eos_token_ids if stop_at_eos else ()
         return gen.generate(prompts, max_new_tokens, params, eos, on_tokens, pad_id=pad)
 
     def generate(
@@ -104,7 +132,11 @@ class Model:
 
 
 def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None = None) -> Model:
-    """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
+    """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json,
+    and when present generation_config.json and tokenizer_config.json's chat template.
+
+    `path` may also be a Hugging Face repo id ("TinyLlama/TinyLlama-1.1B-Chat-v1.0"): it is
+    found in the local Hugging Face cache, else downloaded (llm.hub.resolve_model).
 
     dtype None keeps the checkpoint's float type; "bfloat16"/"float32"/... casts on load.
     Weights come back read-only. progress None draws a bar on a terminal once loading
@@ -113,6 +145,8 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
     header and the tokenizer are checked before any memory is allocated: a malformed
     checkpoint raises a LoadError naming the file and the field.
     """
+    if isinstance(path, str):
+        path = resolve_model(path)
     model = ModelDir(path)
     config_path = model.path("config.json")
     with model.open("config.json") as f:
@@ -135,6 +169,7 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
                 file=tok_path,
                 field="vocab",
             )
+    gen_cfg, template = _generation_config(model, cfg), _chat_template(model)
     weight_map = read_index(model)
     ckpt = Checkpoint(checkpoint_files(model))
     try:
@@ -143,4 +178,33 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
         weights, used = load_weights(ckpt, cfg, target, progress, config_path)
     finally:
         ckpt.close()
-    return Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)
+    return Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given, gen_cfg, template)
+
+
+def _generation_config(model: ModelDir, cfg: ModelConfig) -> GenerationConfig | None:
+    if not model.has("generation_config.json"):
+        return None
+    path = model.path("generation_config.json")
+    with model.open("generation_config.json") as f:
+        doc = read_json(f, path, "the generation config")
+    return GenerationConfig.from_dict(doc, path, cfg.vocab_size)
+
+
+def _chat_template(model: ModelDir) -> ChatTemplate | None:
+    if not model.has("tokenizer_config.json") and not model.has("chat_template.jinja"):
+        return None
+    cfg: Any = {}
+    path = model.path("tokenizer_config.json")
+    if model.has("tokenizer_config.json"):
+        with model.open("tokenizer_config.json") as f:
+            cfg = read_json(f, path, "the tokenizer config")
+    jinja = None
+    if model.has("chat_template.jinja"):
+        with model.open("chat_template.jinja") as f:
+            raw = f.read()
+        try:
+            jinja = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = model.path("chat_template.jinja")
+            raise LoadError(f"not UTF-8 (byte {e.start})", file=where) from None
+    return ChatTemplate.from_tokenizer_config(cfg, path, jinja)
