@@ -284,6 +284,51 @@ def _sdpa_append(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return _sdpa([(sq, dq), (skc, dkc), (svc, dvc), *extra], attrs)
 
 
+def _paged_sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # Attention over a paged KV cache (pygpukit/llm/paged.py):
+    #   q [B, H, T, D]; k_pool, v_pool [num_blocks, KV, block, D];
+    #   block_table [B, max_blocks] int: row b's position p lives in block block_table[b, p //
+    #   block] at slot p % block; seq_lens [B] int: row b's keys are positions 0..seq_lens[b]-1.
+    # Query t of row b sits at position seq_lens[b] - T + t and sees the keys at or before it
+    # (causal); a query at a negative position (front padding, or a padded row with
+    # seq_lens 0) sees none and gets zeros. attrs: scale (None: 1/sqrt(D)).
+    (sq, dq), (sk, dk), (sv, dv), (sb, db), (sl, dl) = ins
+    _float_only("paged_sdpa", dq)
+    if len(sq) != 4:
+        raise ShapeRuleError(f"paged_sdpa: q {sq} must be [batch, heads, seq, dim]")
+    b, h, _, d = sq
+    if len(sk) != 4 or sk[3] != d or sv != sk:
+        raise ShapeRuleError(f"paged_sdpa: pools {sk}, {sv} must both be "
+                             f"[num_blocks, kv_heads, block, {d}]")  # fmt: skip
+    if h % sk[1]:
+        raise ShapeRuleError(f"paged_sdpa: {h} query heads not a multiple of {sk[1]} kv heads")
+    if len({dq, dk, dv}) != 1:
+        raise DTypeRuleError(f"paged_sdpa: q and the pools must share one dtype, got "
+                             f"{dq}, {dk}, {dv}")  # fmt: skip
+    if len(sb) != 2 or sb[0] != b or not db.is_int:
+        raise ShapeRuleError(f"paged_sdpa: block_table {db}{list(sb)} must be [{b}, max_blocks] "
+                             "integers")  # fmt: skip
+    if sl != (b,) or not dl.is_int:
+        raise ShapeRuleError(f"paged_sdpa: seq_lens {dl}{list(sl)} must be [{b}] integers")
+    return sq, dq
+
+
+def _paged_write(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # pool [num_blocks, KV, block, D] with new rows stored: pool[s // block, :, s % block] =
+    # new[t] for each slot s = slots[t] >= 0 (a negative slot stores nothing: padding).
+    # new [T, KV, D] (cast to the pool's dtype), slots [T] int. A scatter, as setitem.
+    (sp, dp), (sn, _), (ss, ds) = ins
+    if len(sp) != 4:
+        raise ShapeRuleError(f"paged_write: pool {list(sp)} must be [num_blocks, kv_heads, "
+                             "block, dim]")  # fmt: skip
+    if len(sn) != 3 or sn[1:] != (sp[1], sp[3]):
+        raise ShapeRuleError(f"paged_write: new rows {list(sn)} must be [T, {sp[1]}, {sp[3]}] "
+                             f"for a pool {list(sp)}")  # fmt: skip
+    if ss != sn[:1] or not ds.is_int:
+        raise ShapeRuleError(f"paged_write: slots {ds}{list(ss)} must be [{sn[0]}] integers")
+    return sp, dp
+
+
 def _after(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     # after(x, dep): x once dep's node has run (dep wrote into x's memory); a view of x.
     return ins[0]
@@ -372,6 +417,8 @@ _register("layer_norm", "fused", _norm("layer_norm"), 3)
 _register("rope", "fused", _rope, 3)
 _register("sdpa", "fused", _sdpa, None)
 _register("sdpa_append", "fused", _sdpa_append, None)
+_register("paged_sdpa", "fused", _paged_sdpa, 5)
+_register("paged_write", "scatter", _paged_write, 3)
 _register("after", "movement", _after, 2)
 _register("linear", "fused", _linear, None)
 _register("swiglu", "fused", _swiglu, 2)

@@ -25,6 +25,8 @@ from .lower import Schedule
 ALIGN = 256  # bytes; the alignment cuBLASLt and vectorised kernels want
 
 _VIEWS = ("reshape", "permute", "expand", "index", "after")
+# Scatters: a copy of ins[0] with some elements stored; in place when ins[0] dies there.
+STORES = ("setitem", "paged_write")
 
 
 @dataclass
@@ -113,7 +115,7 @@ def plan_memory(
     wb_targets = {v: e for v, e in writeback}
     inplace: set[int] = set()
     for k, st in enumerate(steps):
-        if st.op != "setitem" or st.ins[0] in alias:
+        if st.op not in STORES or st.ins[0] in alias:
             continue
         base = st.ins[0]
         own = base not in external and base not in inputs and base not in schedule.output_slots

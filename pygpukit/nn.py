@@ -305,3 +305,44 @@ __all__ = [
     "gelu", "layer_norm", "linear", "log_softmax", "rms_norm", "rope",
     "scaled_dot_product_attention", "silu", "softmax", "swiglu",
 ]  # fmt: skip
+
+
+def paged_attention(
+    q: ArrayLike,
+    k_pool: ArrayLike,
+    v_pool: ArrayLike,
+    block_table: ArrayLike,
+    seq_lens: ArrayLike,
+    scale: float | None = None,
+) -> GPUArray:
+    """Causal attention over a paged KV cache (the `paged_sdpa` op).
+
+    q [B, H, T, D]; k_pool/v_pool [num_blocks, KV, block, D]; block_table [B, max_blocks]
+    integers (row b's position p is in block block_table[b, p // block], slot p % block);
+    seq_lens [B] integers (row b has keys 0..seq_lens[b]-1, this step's included). Query t
+    of row b sits at position seq_lens[b] - T + t and sees the keys up to it; a query at a
+    negative position (padding) gets zeros. All are device arrays, so one graph serves any
+    mix of sequences. `scale` None is 1/sqrt(D).
+    """
+    op = "paged_attention"
+    if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
+        raise errors.DTypeError(f"{op}: scale must be a float or None, got {scale!r}{_where()}")
+    qa = _arr(q)
+    ins = (qa._node, _arr(k_pool)._node, _arr(v_pool)._node, _arr(block_table)._node,
+           _arr(seq_lens)._node)  # fmt: skip
+    attrs = {"scale": None if scale is None else float(scale)}
+    return GPUArray(runtime.record("paged_sdpa", ins, attrs, op))
+
+
+def paged_write(pool: GPUArray, new: ArrayLike, slots: ArrayLike) -> None:
+    """Store new [T, KV, D] into pool [num_blocks, KV, block, D] at slots [T] (slot s is
+    block s // block, offset s % block; a negative slot stores nothing), in place: `pool`
+    holds the new rows afterwards, as after a slice assignment (the `paged_write` op)."""
+    from .array import _assign, _check_writable
+
+    if not isinstance(pool, GPUArray):
+        raise errors.DTypeError(f"paged_write: pool must be a GPUArray, got "
+                                f"{type(pool).__name__}{_where()}")  # fmt: skip
+    _check_writable(pool)
+    ins = (pool._node, _like(new, pool)._node, _arr(slots)._node)
+    _assign(pool, runtime.record("paged_write", ins, {}, "paged_write"))

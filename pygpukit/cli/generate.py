@@ -18,12 +18,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Stream generated text, then report prefill time, decode speed and the "
         "weight bandwidth against the measured copy bandwidth.",
     )
-    p.add_argument("--model", required=True, help="a Hugging Face model directory, or 'tiny'")
-    p.add_argument("--prompt", default="Alice was", help="the prompt text")
+    p.add_argument("--model", required=True,
+                   help="a Hugging Face model directory, a repo id (from the local cache, else "
+                   "downloaded), or 'tiny'")  # fmt: skip
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default=None, help="the prompt text (default 'Alice was')")
+    prompt.add_argument("--prompt-ids", default=None, metavar="IDS",
+                        help="the prompt as token ids, '1,2,3' or '1 2 3' (no tokenizer needed; "
+                        "without one the new ids are printed)")  # fmt: skip
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt as one user message in the model's chat template",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0: off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 is greedy (default: generation_config.json's, else greedy)",
+    )
+    p.add_argument("--top-k", type=int, default=None, help="0: off (default: the model's)")
+    p.add_argument("--top-p", type=float, default=None, help="1: off (default: the model's)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--batch", type=int, default=1, help="static batch (the prompt repeated)")
     p.add_argument("--dtype", default=None, help="cast weights on load (e.g. bfloat16)")
@@ -46,47 +62,106 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         # Checked before the model loads: a bad flag should not cost a load.
-        params = llm.SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        llm.SamplingParams(args.temperature or 0.0, args.top_k or 0,
+                           1.0 if args.top_p is None else args.top_p, args.seed)  # fmt: skip
+        given_ids = None if args.prompt_ids is None else parse_ids(args.prompt_ids)
+        if args.chat and given_ids is not None:
+            raise gpk.errors.GPUKitValueError("--chat takes a text --prompt, not --prompt-ids")
         if args.batch < 1:
             raise gpk.errors.GPUKitValueError(f"--batch must be >= 1, got {args.batch}")
         if args.max_new_tokens < 0:
             raise gpk.errors.GPUKitValueError(
                 f"--max-new-tokens must be >= 0, got {args.max_new_tokens}"
             )
-        path = args.model
-        if path == "tiny":
-            from pygpukit.llm.tiny import write_tiny_model
-
-            path = write_tiny_model()
-        model = llm.load(path, dtype=args.dtype, **quantize_options(args))
-        if model.tokenizer is None:
-            raise gpk.GPUKitError(f"{path}: no tokenizer.json, so no text prompt")
-        ids = model.encode(args.prompt)
+        model = llm.load(resolve_model(args.model), dtype=args.dtype, **quantize_options(args))
+        params = _sampling(model, args)
         tokenizer = model.tokenizer
+        text_prompt = "Alice was" if args.prompt is None else args.prompt
+        if given_ids is not None:
+            ids = given_ids
+            _check_ids(ids, model.config.vocab_size)
+            shown = tokenizer.decode(ids) if tokenizer is not None else " ".join(map(str, ids))
+        elif tokenizer is None:
+            raise gpk.GPUKitError(f"{args.model}: no tokenizer.json, so no text prompt "
+                                  "(give --prompt-ids)")  # fmt: skip
+        elif args.chat:
+            ids = model.chat_ids([{"role": "user", "content": text_prompt}])
+            shown = tokenizer.decode(ids, skip_special_tokens=False)
+        else:
+            ids = model.encode(text_prompt)
+            shown = text_prompt
         shown_ids: list[int] = []
         shown_text = [""]
 
         def stream(step: int, toks: Any) -> None:
-            # Decode the whole row each time: byte-level pieces only form text together.
             shown_ids.append(int(toks[0]))
+            if tokenizer is None:
+                sys.stdout.write(f" {int(toks[0])}")
+                sys.stdout.flush()
+                return
+            # Decode the whole row each time: byte-level pieces only form text together.
             text = tokenizer.decode(shown_ids)
             if text.startswith(shown_text[0]):
                 sys.stdout.write(text[len(shown_text[0]) :])
                 sys.stdout.flush()
                 shown_text[0] = text
 
-        sys.stdout.write(args.prompt)
+        sys.stdout.write(shown)
         res = model.generate_ids([ids] * args.batch, args.max_new_tokens, params,
                                  stop_at_eos=not args.ignore_eos, on_tokens=stream)  # fmt: skip
         sys.stdout.write("\n")
         for b in range(1, args.batch):
-            print(f"[{b}] {args.prompt}{tokenizer.decode(res.tokens[b])}")
+            rest = (tokenizer.decode(res.tokens[b]) if tokenizer is not None
+                    else "".join(f" {t}" for t in res.tokens[b]))  # fmt: skip
+            print(f"[{b}] {shown}{rest}")
         sys.stdout.flush()
     except gpk.GPUKitError as e:
         print(f"pygpukit generate: {_one_line(e)}", file=sys.stderr)
         return 1
     _report(model, res, len(ids), args.batch, copy_bandwidth())
     return 0
+
+
+def parse_ids(text: str) -> list[int]:
+    """'1,2,3' or '1 2 3' -> [1, 2, 3]; anything else is a GPUKitValueError naming it."""
+    from pygpukit import errors
+
+    parts = [p for p in text.replace(",", " ").split() if p]
+    if not parts:
+        raise errors.GPUKitValueError("--prompt-ids: no token ids given")
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise errors.GPUKitValueError(f"--prompt-ids: expected integers separated by commas or "
+                                      f"spaces, got {text!r:.80}") from None  # fmt: skip
+    return ids
+
+
+def _check_ids(ids: list[int], vocab: int) -> None:
+    from pygpukit import errors
+
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise errors.IndexError_(f"--prompt-ids: token id {bad[0]} is outside the model's "
+                                 f"vocabulary [0, {vocab})")  # fmt: skip
+
+
+def _sampling(model: Any, args: argparse.Namespace) -> Any:
+    """The flags given, the model's generation_config.json defaults for the rest."""
+    from pygpukit import llm
+
+    base = model.default_sampling()
+    temperature = base.temperature if args.temperature is None else args.temperature
+    top_k = base.top_k if args.top_k is None else args.top_k
+    top_p = base.top_p if args.top_p is None else args.top_p
+    return llm.SamplingParams(temperature, top_k, top_p, args.seed)
+
+
+def resolve_model(name: str) -> str:
+    """--model: a directory, `tiny` (the CPU backend unless a GPU is asked for), a repo id."""
+    from pygpukit.llm.hub import resolve_model as resolve
+
+    return resolve(name)
 
 
 def _one_line(e: Exception) -> str:

@@ -12,6 +12,7 @@ from pygpukit.ir import dtypes
 from pygpukit.quant import QuantizedWeight
 from pygpukit.streams import synchronize
 
+from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .files import ModelDir, read_json
 from .generate import (
@@ -23,6 +24,8 @@ from .generate import (
     check_count,
     prefill_plan,
 )
+from .generation_config import GenerationConfig, merge_eos
+from .hub import resolve_model
 from .loader import (
     INDEX,
     Checkpoint,
@@ -48,6 +51,8 @@ class Model:
         transformer: Transformer,
         tokenizer: Tokenizer | None,
         path: str = "",
+        generation_config: GenerationConfig | None = None,
+        chat_template: ChatTemplate | None = None,
     ) -> None:
         self.config, self.transformer, self.tokenizer, self.path = (
             config,
@@ -55,10 +60,33 @@ class Model:
             tokenizer,
             path,
         )
+        self.generation_config = generation_config or GenerationConfig()
+        self.chat_template = chat_template
         self._generators: dict[tuple[int, int, int], Generator] = {}
         # What gpk.llm.load measured: checkpoint bytes read and the seconds it took.
         self.load_stats: dict[str, float] = {}
         self.prefill_chunk = PREFILL_CHUNK  # tokens per prefill step (a power of two)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """config.json's EOS ids and generation_config.json's (a chat model's end of turn)."""
+        return merge_eos(self.config.eos_token_ids, self.generation_config.eos_token_ids)
+
+    def default_sampling(self) -> SamplingParams:
+        """generation_config.json's sampling defaults (greedy when it has none)."""
+        return self.generation_config.sampling()
+
+    def chat_ids(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of `messages` in the model's chat template (as HF apply_chat_template)."""
+        if self.chat_template is None:
+            raise errors.GPUKitValueError(
+                f"{self.path}: this model has no chat template "
+                "(tokenizer_config.json has no chat_template)"
+            )
+        if self.tokenizer is None:
+            raise errors.GPUKitError(f"{self.path}: this model has no tokenizer.json")
+        text = self.chat_template.render(messages, add_generation_prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     @property
     def dtype(self) -> dtypes.DType:
@@ -154,7 +182,7 @@ class Model:
         pad = self.config.pad_token_id
         pad = pad if pad is not None else (self.config.bos_token_id or 0)
         gen = self.generator(len(prompts), max_seq_len)
-        eos = self.config.eos_token_ids if stop_at_eos else ()
+        eos = self.eos_token_ids if stop_at_eos else ()
         return gen.generate(prompts, max_new_tokens, params, eos, on_tokens, pad_id=pad)
 
     def generate(
@@ -198,13 +226,17 @@ def load(
     quantize: str | None = None,
     quantize_group: int = DEFAULT_GROUP,
 ) -> Model:
-    """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
+    """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json,
+    and when present generation_config.json and tokenizer_config.json's chat template.
+
+    `path` may also be a Hugging Face repo id ("TinyLlama/TinyLlama-1.1B-Chat-v1.0"): it is
+    found in the local Hugging Face cache, else downloaded (llm.hub.resolve_model).
 
     Only regular files inside the directory are read, and the config, the index, every
     header and the tokenizer are checked before any memory is allocated.
 
     Args:
-        path: The model directory.
+        path: The model directory, or a Hugging Face repo id.
         dtype: None keeps the checkpoint's float type; "bfloat16", "float32", ... cast on
             load.
         progress: None draws a progress line on a terminal once loading takes more than a
@@ -225,6 +257,8 @@ def load(
     """
     if quantize is not None:
         check_quantize(quantize, quantize_group)
+    if isinstance(path, str):
+        path = resolve_model(path)
     model = ModelDir(path)
     config_path = model.path("config.json")
     with model.open("config.json") as f:
@@ -259,6 +293,7 @@ def load(
                 file=tok_path,
                 field="vocab",
             )
+    gen_cfg, template = _generation_config(model, cfg), _chat_template(model)
     weight_map = read_index(model)
     t0 = time.perf_counter()
     ckpt = Checkpoint(checkpoint_files(model))
@@ -270,6 +305,35 @@ def load(
     finally:
         ckpt.close()
     synchronize()  # the last uploads and device casts are asynchronous
-    out = Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)
+    out = Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given, gen_cfg, template)
     out.load_stats = {"seconds": time.perf_counter() - t0, "bytes": float(nbytes)}
     return out
+
+
+def _generation_config(model: ModelDir, cfg: ModelConfig) -> GenerationConfig | None:
+    if not model.has("generation_config.json"):
+        return None
+    path = model.path("generation_config.json")
+    with model.open("generation_config.json") as f:
+        doc = read_json(f, path, "the generation config")
+    return GenerationConfig.from_dict(doc, path, cfg.vocab_size)
+
+
+def _chat_template(model: ModelDir) -> ChatTemplate | None:
+    if not model.has("tokenizer_config.json") and not model.has("chat_template.jinja"):
+        return None
+    cfg: Any = {}
+    path = model.path("tokenizer_config.json")
+    if model.has("tokenizer_config.json"):
+        with model.open("tokenizer_config.json") as f:
+            cfg = read_json(f, path, "the tokenizer config")
+    jinja = None
+    if model.has("chat_template.jinja"):
+        with model.open("chat_template.jinja") as f:
+            raw = f.read()
+        try:
+            jinja = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = model.path("chat_template.jinja")
+            raise LoadError(f"not UTF-8 (byte {e.start})", file=where) from None
+    return ChatTemplate.from_tokenizer_config(cfg, path, jinja)

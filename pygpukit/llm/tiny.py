@@ -40,6 +40,16 @@ to get out again.
 """
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
+# Zephyr's template (TinyLlama-Chat's), so `pygpukit chat --model tiny` runs a real one.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
+    "{{ '<|user|>\\n' + message['content'] + eos_token }}\n"
+    "{% elif message['role'] == 'system' %}\n{{ '<|system|>\\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'assistant' %}\n"
+    "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n"
+    "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
+    "{% endfor %}"
+)
 VOCAB = 384
 SEED = 0
 
@@ -105,7 +115,8 @@ def random_weights(cfg: ModelConfig, seed: int = SEED) -> dict[str, np.ndarray]:
 
 
 def write_tiny_model(path: str | None = None) -> str:
-    """Write config.json, model.safetensors and tokenizer.json; return the directory."""
+    """Write config.json, model.safetensors, tokenizer.json, tokenizer_config.json (with a
+    chat template) and generation_config.json; return the directory."""
     from safetensors.numpy import save_file
 
     path = path or os.path.join(tempfile.gettempdir(), f"pygpukit-tiny-llama-{os.getuid()}")
@@ -116,4 +127,10 @@ def write_tiny_model(path: str | None = None) -> str:
     save_file(random_weights(cfg), os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg.to_dict(), f, indent=1)
+    tok_cfg = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+               "chat_template": CHAT_TEMPLATE}  # fmt: skip
+    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tok_cfg, f, indent=1)
+    with open(os.path.join(path, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, f, indent=1)
     return path

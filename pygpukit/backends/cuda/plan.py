@@ -17,6 +17,7 @@ from .kernels import (
     attention_plan,
     layer_norm_plan,
     linear_plan,
+    paged_plan,
     rms_norm_plan,
     rope_plan,
     softmax_plan,
@@ -27,8 +28,8 @@ Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 Planner = Callable[[Context, Step, Sequence[DeviceValue], int], Run]
 
 # The fused kernel families: each plan module declares the IR ops it plans (PLANNERS).
-FAMILY_PLANS = (activation_plan, attention_plan, layer_norm_plan, linear_plan, rms_norm_plan,
-                rope_plan, softmax_plan)  # fmt: skip
+FAMILY_PLANS = (activation_plan, attention_plan, layer_norm_plan, linear_plan, paged_plan,
+                rms_norm_plan, rope_plan, softmax_plan)  # fmt: skip
 
 PLANNERS: dict[str, Planner] = {
     **{op: ops_elementwise.plan_expr for op in ops_elementwise.ELEMENTWISE_OPS},

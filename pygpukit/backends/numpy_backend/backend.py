@@ -17,7 +17,7 @@ from pygpukit.memory import Storage, enable_eviction, pin_all, pinned, unpin_all
 from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
-from . import fused, linalg, movement, nn, reduce
+from . import fused, linalg, movement, nn, paged, reduce
 from .planned import PlannedHooks
 
 VIEW_OPS = ("reshape", "permute", "expand", "index", "after")
@@ -80,6 +80,10 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
         return movement.take(ins[0], ins[1], a)
     if op == "setitem":
         return movement.setitem(ins, a)
+    if op == "paged_write":
+        return paged.paged_write(ins)
+    if op == "paged_sdpa":
+        return paged.paged_sdpa(ins, a, d)
     if op == "matmul":
         return linalg.matmul(ins[0], ins[1], d)
     if op == "linear":
@@ -172,7 +176,10 @@ class NumpyBackend(PlannedHooks, Backend):
             arrays = [v.array for v in ins]
             try:
                 if inplace:
-                    movement.setitem_into(arrays, step.attrs)
+                    if step.op == "paged_write":
+                        paged.paged_write_into(arrays)
+                    else:
+                        movement.setitem_into(arrays, step.attrs)
                     return out
                 result = _run_step(step, arrays)
                 if out is None:

@@ -1,0 +1,290 @@
+"""The OpenAI-compatible HTTP API over an Engine (starlette; served by uvicorn).
+
+GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streamed as
+server-sent events or not). Each request is tokenized off the event loop, submitted to the
+engine, and its tokens come back through a thread-safe hand-off to an asyncio queue; when
+the client goes away (a stream's send fails or the connection closes) the request is
+cancelled and its KV blocks go back at the engine's next step. Every failure is an OpenAI
+error object with its status: 400 bad request, 404 unknown model, 413 body too large,
+429 queue full, 503 refused by the scheduler, 500 the engine failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pygpukit import errors
+from pygpukit.llm.api import Model
+from pygpukit.llm.chat_template import ChatTemplateError
+
+from . import openai_schema as schema
+from .engine import Engine, Event, Overloaded, Request
+from .text import TextStream
+
+log = logging.getLogger("pygpukit.serve")
+MAX_BODY = 8 << 20  # bytes; a larger request is refused before it is parsed
+
+
+def _starlette() -> Any:
+    try:
+        import starlette.applications  # noqa: F401
+        import starlette.requests  # noqa: F401
+        import starlette.responses  # noqa: F401
+        import starlette.routing  # noqa: F401
+    except ImportError:
+        raise errors.GPUKitError(
+            'the server needs starlette and uvicorn: pip install "pygpukit[serve]"'
+        ) from None
+    import starlette
+
+    return starlette
+
+
+class Api:
+    """The request handlers, bound to one model and its engine."""
+
+    def __init__(self, model: Model, engine: Engine, name: str) -> None:
+        self.model, self.engine, self.name = model, engine, name
+        self.created = int(time.time())
+
+    # -- helpers ------------------------------------------------------------------------
+    def error(self, status: int, message: str, kind: str = "invalid_request_error",
+              param: str | None = None) -> Any:  # fmt: skip
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(schema.error_body(message, kind, param), status_code=status)
+
+    async def body(self, request: Any) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY:
+            raise schema.RequestError(f"the request body is larger than {MAX_BODY} bytes", 413)
+        raw = b""
+        async for part in request.stream():
+            raw += part
+            if len(raw) > MAX_BODY:
+                raise schema.RequestError(f"the request body is larger than {MAX_BODY} bytes",
+                                          413)  # fmt: skip
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise schema.RequestError(f"the request body is not UTF-8 (byte {e.start})") from None
+        try:
+            return json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise schema.RequestError(f"the request body is not valid JSON: {e}") from None
+
+    def prompt_ids(self, req: schema.GenerationRequest) -> list[int]:
+        """Tokenize (runs in a worker thread: a long prompt must not stall the loop)."""
+        tok = self.model.tokenizer
+        if req.messages is not None:
+            try:
+                return self.model.chat_ids(req.messages)
+            except ChatTemplateError as e:
+                raise schema.RequestError(str(e), param="messages") from None
+            except errors.GPUKitError as e:
+                raise schema.RequestError(str(e).splitlines()[0], param="messages") from None
+        if isinstance(req.prompt, list):
+            return req.prompt
+        if tok is None:
+            raise schema.RequestError("this model has no tokenizer: send 'prompt' as token ids",
+                                      param="prompt")  # fmt: skip
+        assert req.prompt is not None
+        return tok.encode(req.prompt)
+
+    # -- routes -------------------------------------------------------------------------
+    async def health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "ok", **self.engine.stats()})
+
+    async def models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        card = {"id": self.name, "object": "model", "created": self.created,
+                "owned_by": "pygpukit", "max_model_len": self.engine.max_model_len}  # fmt: skip
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def completions(self, request: Any) -> Any:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: Any) -> Any:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Any, chat: bool) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        try:
+            req = schema.parse_request(await self.body(request), chat)
+            if req.model is not None and req.model not in (self.name, self.model.path):
+                raise schema.RequestError(f"the model '{req.model}' does not exist (this server "
+                                          f"serves '{self.name}')", 404, "model",
+                                          "not_found_error")  # fmt: skip
+            ids = await asyncio.to_thread(self.prompt_ids, req)
+            max_tokens = req.max_tokens
+            if max_tokens is None:
+                max_tokens = max(1, self.engine.max_model_len - len(ids))
+            try:
+                params = req.sampling(self.model.default_sampling())
+                self.engine.check(ids, max_tokens)
+            except ValueError as e:
+                raise schema.RequestError(str(e).splitlines()[0]) from None
+            stop_ids = frozenset() if req.ignore_eos else self.engine.eos
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue[Event] = asyncio.Queue()
+
+            def sink(ev: Event) -> None:  # the engine thread
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+
+            er = Request(ids, max_tokens, sink, params, stop_ids, req.qos, req.priority,
+                         req.user or "default")  # fmt: skip
+            try:
+                self.engine.submit(er)
+            except Overloaded as e:
+                raise schema.RequestError(str(e), 429, kind="rate_limit_exceeded") from None
+            except ValueError as e:
+                raise schema.RequestError(str(e).splitlines()[0]) from None
+        except schema.RequestError as e:
+            return self.error(e.status, e.message, e.kind, e.param)
+        rid = schema.new_id(chat)
+        text = TextStream(self.model.tokenizer, req.stop) if self.model.tokenizer else None
+        if req.stream:
+            gen = self._stream(chat, rid, er, events, text, len(ids), req.include_usage)
+            return StreamingResponse(gen, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})  # fmt: skip
+        try:
+            out, finish, n = await self._collect(request, er, events, text)
+        except _Failed as e:
+            return self.error(e.status, e.message, e.kind)
+        if out is None:
+            return JSONResponse({}, status_code=499)  # the client is gone
+        body = schema.response(chat, rid, self.name, out, finish, schema.usage(len(ids), n))
+        return JSONResponse(body)
+
+    async def _collect(self, request: Any, er: Request, events: asyncio.Queue[Event],
+                       text: TextStream | None) -> tuple[str | None, str | None, int]:  # fmt: skip
+        """Wait for the whole generation (cancelling it if the client disconnects)."""
+        parts: list[str] = []
+        n = 0
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(events.get(), 0.5)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        self.engine.cancel(er)
+                        return None, None, n
+                    continue
+                if ev.kind == "token":
+                    n += 1
+                    parts.append(text.feed(ev.token) if text else f" {ev.token}")
+                    if text is not None and text.stopped:
+                        self.engine.cancel(er)
+                        return "".join(parts), "stop", n
+                elif ev.kind == "done":
+                    if text is not None:
+                        parts.append(text.flush())
+                    return "".join(parts), _finish(ev), n
+                else:
+                    raise _failure(ev.error)
+        except asyncio.CancelledError:
+            self.engine.cancel(er)
+            raise
+
+    async def _stream(self, chat: bool, rid: str, er: Request, events: asyncio.Queue[Event],
+                      text: TextStream | None, prompt_len: int,
+                      include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
+        n = 0
+        finish: str | None = None
+        first = True
+        try:
+            if chat:  # the role first, as OpenAI does
+                yield _sse(schema.chunk(chat, rid, self.name, "", None, first=True))
+                first = False
+            while finish is None:
+                ev = await events.get()
+                if ev.kind == "token":
+                    n += 1
+                    delta = text.feed(ev.token) if text else f" {ev.token}"
+                    if text is not None and text.stopped:
+                        self.engine.cancel(er)
+                        finish = "stop"
+                    if delta or finish:
+                        yield _sse(schema.chunk(chat, rid, self.name, delta, finish, first))
+                        first = False
+                elif ev.kind == "done":
+                    finish = _finish(ev)
+                    tail = text.flush() if text else ""
+                    yield _sse(schema.chunk(chat, rid, self.name, tail, finish, first))
+                else:
+                    f = _failure(ev.error)
+                    yield _sse(schema.error_body(f.message, f.kind))
+                    finish = "error"
+            if include_usage:
+                use = schema.usage(prompt_len, n)
+                yield _sse(schema.chunk(chat, rid, self.name, None, None, use=use))
+            yield "data: [DONE]\n\n"
+        finally:
+            # Reached on a normal end, and when the client disconnects mid-stream (the
+            # response task is cancelled, or the generator closed): blocks go back now.
+            self.engine.cancel(er)  # a no-op once the request has ended
+
+
+class _Failed(Exception):
+    def __init__(self, status: int, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def _failure(error: BaseException | None) -> _Failed:
+    if isinstance(error, errors.AdmissionRejected):
+        return _Failed(503, str(error), "service_unavailable")
+    log.error("generation failed: %s", error)
+    return _Failed(500, f"generation failed: {type(error).__name__}: {error}", "server_error")
+
+
+def _finish(ev: Event) -> str:
+    return "length" if ev.finish_reason == "length" else "stop"
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def build_app(model: Model, engine: Engine, name: str) -> Any:
+    """The starlette application serving `model` (as `name`) through `engine`."""
+    _starlette()
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    api = Api(model, engine, name)
+
+    async def not_found(request: HttpRequest, exc: Exception) -> Any:
+        status = getattr(exc, "status_code", 404)
+        detail = getattr(exc, "detail", "not found")
+        return JSONResponse(schema.error_body(f"{request.method} {request.url.path}: {detail}",
+                                              "not_found_error" if status == 404 else
+                                              "invalid_request_error"),
+                            status_code=status)  # fmt: skip
+
+    async def server_error(request: HttpRequest, exc: Exception) -> Any:
+        log.exception("unhandled error")
+        return JSONResponse(schema.error_body(f"internal error: {type(exc).__name__}",
+                                              "server_error"), status_code=500)  # fmt: skip
+
+    routes = [
+        Route("/health", api.health, methods=["GET"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found,
+                                                       Exception: server_error})  # fmt: skip
+    app.state.api = api
+    return app

@@ -1,0 +1,483 @@
+"""The continuous-batching engine: many requests share one running batch over a paged KV
+cache.
+
+One engine thread owns the model. Each step it
+  1. takes new requests and cancellations from a thread-safe inbox; a new request is
+     submitted to the project's scheduler core (pygpukit._rust.SchedulerCore) with its KV
+     blocks' bytes as its memory reservation, so admission, queueing when the cache is
+     full, and the order by QoS/priority are the scheduler's decisions;
+  2. starts what the scheduler lets start (up to max_batch sequences), giving each its
+     blocks;
+  3. prefills one chunk of one new prompt (front-padded to a power-of-two bucket);
+  4. runs one decode step for every running sequence (the batch padded to a power-of-two
+     bucket; padded rows have no keys and store nothing), samples and streams the tokens;
+  5. retires finished sequences: their blocks go back to the pool at once and the
+     scheduler's complete() admits what waited for that memory.
+Steps are gpk.compile'd functions, one captured graph per (bucket, sampling statics).
+Events reach the caller through its `sink`, called on the engine thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import pygpukit as gpk
+from pygpukit import errors
+from pygpukit.array import GPUArray
+from pygpukit.llm.api import Model
+from pygpukit.llm.paged import PagedKVCache, paged_forward
+from pygpukit.llm.sampling import SamplingParams
+
+from .blocks import BlockAllocator, blocks_for
+from .sampling import k_rounds, sample_rows
+
+log = logging.getLogger("pygpukit.serve")
+
+QOS = ("guaranteed", "burstable", "best_effort")
+MIN_PREFILL_BUCKET = 16
+
+
+class Overloaded(errors.GPUKitError, RuntimeError):
+    """The engine's wait queue is full: try again later (HTTP 429)."""
+
+
+@dataclass
+class Event:
+    """What a request's sink receives: a token, the end (finish_reason), or an error."""
+
+    kind: str  # "token" | "done" | "error"
+    token: int = -1
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation: prompt ids in, up to max_tokens new ids out through `sink`."""
+
+    prompt: list[int]
+    max_tokens: int
+    sink: Callable[[Event], None]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: frozenset[int] = frozenset()
+    qos: str = "burstable"
+    priority: int = 0
+    tenant: str = "default"
+    id: int = field(default_factory=lambda: next(_ids))
+    # Engine state (engine thread only).
+    task: int = -1
+    blocks: list[int] = field(default_factory=list)
+    prefilled: int = 0
+    generated: list[int] = field(default_factory=list)
+    rng: Any = None
+    ended: bool = False
+
+    def slot(self, pos: int, block_size: int) -> int:
+        return self.blocks[pos // block_size] * block_size + pos % block_size
+
+
+class _Step:
+    """The traced step: forward over the paged cache, then per-row sampling. Its own small
+    object, so the compiled function reaches the model and the cache, not the engine's
+    changing bookkeeping (which gpk.compile would guard on)."""
+
+    def __init__(self, tr: Any, cache: PagedKVCache) -> None:
+        self.tr, self.cache = tr, cache
+
+    def __call__(self, tokens: GPUArray, positions: GPUArray, slots: GPUArray,
+                 table: GPUArray, lens: GPUArray, temperature: GPUArray, top_k: GPUArray,
+                 top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
+                 use_top_p: bool) -> GPUArray:  # fmt: skip
+        logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table, lens)
+        return sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
+
+
+def bucket(n: int, least: int = 1) -> int:
+    """The next power of two >= n (and >= least)."""
+    b = least
+    while b < n:
+        b *= 2
+    return b
+
+
+class Engine:
+    """Continuous batching over a paged KV cache for one loaded Model.
+
+    max_model_len: longest sequence (prompt + new tokens; default the model's
+    max_position_embeddings, capped at 8192 and at a sliding window). kv_blocks or
+    kv_memory (bytes) size the cache (default: 1/4 of free device memory on a GPU, 256 MiB
+    on the CPU, at least one full-length sequence). max_batch: most sequences decoding at
+    once (buckets 1, 2, 4, ... up to it). prefill_chunk: most prompt tokens per prefill
+    step (a power of two). max_queue: most requests waiting to start; more are refused
+    with Overloaded.
+    """
+
+    def __init__(self, model: Model, *, max_model_len: int | None = None,
+                 kv_blocks: int | None = None, kv_memory: int | None = None,
+                 block_size: int = 16, max_batch: int = 256, prefill_chunk: int = 512,
+                 max_queue: int = 1024) -> None:  # fmt: skip
+        cfg = model.config
+        self.model, self.tr = model, model.transformer
+        limit = min(cfg.max_position_embeddings, 8192)
+        if cfg.sliding_window is not None:
+            limit = min(limit, cfg.sliding_window)  # paged attention sees the whole sequence
+        self.max_model_len = min(max_model_len or limit, limit)
+        for name, v in (("block_size", block_size), ("max_batch", max_batch),
+                        ("prefill_chunk", prefill_chunk), ("max_queue", max_queue)):  # fmt: skip
+            if not isinstance(v, int) or v < 1:
+                raise errors.GPUKitValueError(f"Engine: {name} must be an integer >= 1, got {v!r}")
+        if prefill_chunk & (prefill_chunk - 1):
+            raise errors.GPUKitValueError(f"Engine: prefill_chunk must be a power of two, "
+                                          f"got {prefill_chunk}")  # fmt: skip
+        self.block_size, self.max_batch = block_size, max_batch
+        self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
+        self.block_bytes = PagedKVCache.block_bytes(self.tr, block_size)
+        self.max_blocks = blocks_for(self.max_model_len, block_size)
+        if kv_blocks is None:
+            kv_blocks = _default_memory(kv_memory) // self.block_bytes
+        self.num_blocks = max(int(kv_blocks), self.max_blocks)
+        self.cache = PagedKVCache(self.tr, self.num_blocks, block_size, self.max_model_len)
+        self.blocks = BlockAllocator(self.num_blocks)
+        from pygpukit import _rust
+
+        self.core = _rust.SchedulerCore(self.num_blocks * self.block_bytes)
+        self.vocab = cfg.vocab_size
+        self.eos = frozenset(model.eos_token_ids)
+        self._step_obj = _Step(self.tr, self.cache)
+        # One compiled function per (kind, bucket, sampling statics): each traces once,
+        # and its captured graph is replayed for every step of that shape.
+        self._compiled: dict[tuple[Any, ...], Any] = {}
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting = 0  # submitted, not yet started (the bounded queue)
+        self._pending: dict[int, Request] = {}  # scheduler task id -> request not started
+        self._by_id: dict[int, Request] = {}
+        self._prefilling: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._counts = {"submitted": 0, "finished": 0, "cancelled": 0, "rejected": 0,
+                        "failed": 0, "decode_steps": 0, "prefill_chunks": 0,
+                        "tokens": 0}  # fmt: skip
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- the caller's side (any thread) -------------------------------------------------
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="pygpukit-engine",
+                                            daemon=True)  # fmt: skip
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the engine thread; unfinished requests end with an error event."""
+        self._stop = True
+        self._inbox.put(("stop", None))
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def check(self, prompt: Sequence[int], max_tokens: int) -> None:
+        """Raise GPUKitValueError when a request can never run (the HTTP layer's 400)."""
+        if len(prompt) == 0:
+            raise errors.GPUKitValueError("the prompt has no tokens")
+        if max_tokens < 1:
+            raise errors.GPUKitValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if len(prompt) + max_tokens > self.max_model_len:
+            raise errors.GPUKitValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the "
+                f"prompt has {len(prompt)} and max_tokens is {max_tokens}"
+            )
+        bad = [t for t in prompt if not 0 <= t < self.vocab]
+        if bad:
+            raise errors.GPUKitValueError(f"token id {bad[0]} is outside the vocabulary "
+                                          f"[0, {self.vocab})")  # fmt: skip
+
+    def submit(self, req: Request) -> Request:
+        """Queue a request; raises GPUKitValueError (never fits) or Overloaded (queue full)."""
+        self.check(req.prompt, req.max_tokens)
+        if req.qos not in QOS:
+            raise errors.GPUKitValueError(f"qos must be one of {list(QOS)}, got {req.qos!r}")
+        with self._lock:
+            if self._waiting >= self.max_queue:
+                raise Overloaded(f"{self._waiting} requests are waiting (the most is "
+                                 f"{self.max_queue}); try again later")  # fmt: skip
+            self._waiting += 1
+        self._inbox.put(("add", req))
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """End a request early (a client went away, a stop string matched): its blocks go
+        back at the next step boundary. No-op once it has ended."""
+        self._inbox.put(("cancel", req))
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int,
+                 params: SamplingParams | None = None, ignore_eos: bool = False,
+                 timeout: float | None = None) -> list[list[int]]:  # fmt: skip
+        """Submit all prompts at once and wait: the new ids of each (a test and bench helper)."""
+        done = threading.Semaphore(0)
+        outs: list[list[int]] = [[] for _ in prompts]
+        errs: list[BaseException] = []
+
+        def sink_for(i: int) -> Callable[[Event], None]:
+            def sink(ev: Event) -> None:
+                if ev.kind == "token":
+                    outs[i].append(ev.token)
+                else:
+                    if ev.error is not None:
+                        errs.append(ev.error)
+                    done.release()
+
+            return sink
+
+        stop = frozenset() if ignore_eos else self.eos
+        for i, p in enumerate(prompts):
+            self.submit(Request(list(p), max_tokens, sink_for(i), params or SamplingParams(),
+                                stop))  # fmt: skip
+        for _ in prompts:
+            if not done.acquire(timeout=timeout):
+                raise errors.GPUKitError("Engine.generate: timed out")
+        if errs:
+            raise errs[0]
+        return outs
+
+    def stats(self) -> dict[str, Any]:
+        """Blocks used and free, sequences running/prefilling/waiting, counters."""
+        return {
+            "num_blocks": self.num_blocks,
+            "free_blocks": self.blocks.free,
+            "used_blocks": self.blocks.used,
+            "block_size": self.block_size,
+            "running": len(self._running),
+            "prefilling": len(self._prefilling),
+            "waiting": self._waiting,
+            "max_model_len": self.max_model_len,
+            **self._counts,
+        }
+
+    # -- the engine thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop:
+            busy = bool(self._running or self._prefilling or self._pending)
+            try:
+                cmd = self._inbox.get(timeout=None if not busy else 0) if not busy else None
+            except queue.Empty:
+                cmd = None
+            if cmd is not None:
+                self._handle(cmd)
+            self._drain()
+            if self._stop:
+                break
+            self._start_admitted()
+            self._step()
+        for req in list(self._by_id.values()):
+            self._end(req, error=errors.GPUKitError("the engine stopped"))
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(cmd)
+
+    def _now(self) -> float:
+        return time.monotonic() * 1e3
+
+    def _handle(self, cmd: tuple[str, Any]) -> None:
+        kind, req = cmd
+        if kind == "stop":
+            self._stop = True
+        elif kind == "add":
+            self._counts["submitted"] += 1
+            need = blocks_for(len(req.prompt) + req.max_tokens, self.block_size)
+            tid, status, reason, others = self.core.submit(
+                req.tenant, need * self.block_bytes, now=self._now(), qos=req.qos,
+                priority=req.priority)  # fmt: skip
+            if status == "rejected":
+                with self._lock:
+                    self._waiting -= 1
+                self._counts["rejected"] += 1
+                req.ended = True
+                req.sink(Event("error", error=errors.AdmissionRejected(
+                    f"request rejected by the scheduler: {reason}", reason or "")))  # fmt: skip
+                return
+            req.task = tid
+            self._pending[tid] = req
+            self._by_id[req.id] = req
+        elif kind == "cancel" and not req.ended and req.id in self._by_id:
+            self._counts["cancelled"] += 1
+            self._end(req, "cancelled")
+
+    def _start_admitted(self) -> None:
+        """Start what the scheduler lets start, while the batch has room."""
+        while self._pending and len(self._running) + len(self._prefilling) < self.max_batch:
+            picked = self.core.pick_and_start(self._now())
+            if picked is None:
+                return
+            req = self._pending.pop(picked[0])
+            with self._lock:
+                self._waiting -= 1
+            total = len(req.prompt) + req.max_tokens
+            req.blocks = self.blocks.allocate(blocks_for(total, self.block_size))
+            req.rng = np.random.default_rng(req.params.seed)
+            self._prefilling.append(req)
+
+    def _end(self, req: Request, reason: str | None = None,
+             error: BaseException | None = None) -> None:  # fmt: skip
+        """Retire a request: blocks back to the pool, the reservation back to the scheduler."""
+        if req.ended:
+            return
+        req.ended = True
+        self._by_id.pop(req.id, None)
+        if req.task in self._pending:  # never started: withdraw it
+            self._pending.pop(req.task)
+            self.core.cancel(req.task)
+            with self._lock:
+                self._waiting -= 1
+        else:
+            if req in self._running:
+                self._running.remove(req)
+            if req in self._prefilling:
+                self._prefilling.remove(req)
+            self.blocks.release(req.blocks)
+            req.blocks = []
+            if req.task >= 0:
+                (self.core.fail if error else self.core.complete)(req.task, 0.0, self._now())
+        if error is not None:
+            self._counts["failed"] += 1
+            req.sink(Event("error", error=error))
+        else:
+            self._counts["finished"] += 1
+            req.sink(Event("done", finish_reason=reason))
+
+    def _emit(self, req: Request, tok: int) -> None:
+        req.generated.append(tok)
+        self._counts["tokens"] += 1
+        req.sink(Event("token", token=tok))
+        if tok in req.stop_ids:
+            self._end(req, "stop")
+        elif len(req.generated) >= req.max_tokens:
+            self._end(req, "length")
+
+    def _step(self) -> None:
+        if self._prefilling:
+            req = self._prefilling[0]
+            try:
+                self._prefill_chunk(req)
+            except Exception as e:  # a failing request must not take the server down
+                log.exception("prefill failed")
+                self._end(req, error=e)
+        rows = self._running[: self.max_batch]
+        if rows:
+            try:
+                self._decode_step(rows)
+            except Exception as e:
+                log.exception("decode step failed")
+                for r in rows:
+                    self._end(r, error=e)
+
+    def _sampling_inputs(self, rows: Sequence[Request | None], b: int
+                         ) -> tuple[list[GPUArray], tuple[bool, int, bool]]:  # fmt: skip
+        ps = [r.params if r is not None else SamplingParams() for r in rows]
+        sampled = any(not p.greedy for p in ps)
+        k = max((p.top_k for p in ps if not p.greedy and p.top_k < self.vocab), default=0)
+        use_top_p = any(not p.greedy and p.top_p < 1 for p in ps)
+        temp = np.zeros(b, np.float32)
+        top_k = np.zeros(b, np.int64)
+        top_p = np.ones(b, np.float32)
+        width = self.vocab if sampled else 1
+        noise = np.full((b, width), 0.5, np.float32)
+        for i, (r, p) in enumerate(zip(rows, ps, strict=False)):
+            if r is None or p.greedy:
+                continue
+            temp[i], top_p[i] = p.temperature, p.top_p
+            top_k[i] = p.top_k if p.top_k < self.vocab else 0
+            noise[i] = r.rng.random(self.vocab, dtype=np.float32)
+        arrays = [gpk.from_numpy(a) for a in (temp, top_k, top_p, noise)]
+        return arrays, (sampled, k_rounds(k), use_top_p)
+
+    def _compiled_step(self, kind: str, size: int, statics: tuple[Any, ...]) -> Any:
+        key = (kind, size, *statics)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = self._compiled[key] = gpk.compile(self._step_obj.__call__)
+        return fn
+
+    def _table(self, rows: Sequence[Request | None], b: int) -> np.ndarray:
+        table = np.zeros((b, self.max_blocks), np.int32)
+        for i, r in enumerate(rows):
+            if r is not None:
+                table[i, : len(r.blocks)] = r.blocks
+        return table
+
+    def _prefill_chunk(self, req: Request) -> None:
+        start = req.prefilled
+        n = min(self.prefill_chunk, len(req.prompt) - start)
+        t = bucket(n, MIN_PREFILL_BUCKET)
+        pad = t - n
+        tokens = np.zeros((1, t), np.int64)
+        tokens[0, pad:] = req.prompt[start : start + n]
+        positions = np.full((1, t), -1, np.int64)
+        positions[0, pad:] = np.arange(start, start + n)
+        slots = np.full(t, -1, np.int64)
+        slots[pad:] = [req.slot(p, self.block_size) for p in range(start, start + n)]
+        lens = np.array([start + n], np.int32)
+        sampling, statics = self._sampling_inputs([req], 1)
+        ins = [gpk.from_numpy(a) for a in (tokens, positions, slots, self._table([req], 1), lens)]
+        tok = self._compiled_step("prefill", t, statics)(*ins, *sampling, *statics)
+        self._counts["prefill_chunks"] += 1
+        req.prefilled = start + n
+        if req.prefilled < len(req.prompt):
+            return
+        first = int(tok.to_numpy()[0])
+        self._prefilling.popleft()
+        self._running.append(req)
+        self._emit(req, first)
+
+    def _decode_step(self, rows: list[Request]) -> None:
+        b = bucket(len(rows))
+        padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
+        tokens = np.zeros((b, 1), np.int64)
+        positions = np.full((b, 1), -1, np.int64)
+        slots = np.full(b, -1, np.int64)
+        lens = np.zeros(b, np.int32)
+        for i, r in enumerate(rows):
+            p = len(r.prompt) + len(r.generated) - 1  # the last token's position
+            tokens[i, 0], positions[i, 0] = r.generated[-1], p
+            slots[i], lens[i] = r.slot(p, self.block_size), p + 1
+        sampling, statics = self._sampling_inputs(padded, b)
+        ins = [gpk.from_numpy(a) for a in (tokens, positions, slots, self._table(padded, b), lens)]
+        toks = self._compiled_step("decode", b, statics)(*ins, *sampling, *statics).to_numpy()
+        self._counts["decode_steps"] += 1
+        for i, r in enumerate(rows):
+            if not r.ended:
+                self._emit(r, int(toks[i]))
+
+
+def _default_memory(kv_memory: int | None) -> int:
+    if kv_memory is not None:
+        if not isinstance(kv_memory, int) or kv_memory < 1:
+            raise errors.GPUKitValueError(f"kv_memory must be a positive byte count, got "
+                                          f"{kv_memory!r}")  # fmt: skip
+        return kv_memory
+    if gpk.backend_name() == "cuda":
+        from pygpukit import _native
+
+        return int(_native.mem_get_info()[0]) // 4
+    return 256 << 20
+
+
+__all__ = ["Engine", "Event", "Overloaded", "Request", "bucket"]

@@ -1,0 +1,22 @@
+"""The serving load generator end to end on the CPU backend (tiny model, few clients)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+
+def test_load_generator_rows(tmp_path):
+    from pygpukit.bench.serve_load import main
+
+    out = tmp_path / "rows.json"
+    assert main(["--model", "tiny", "--clients", "3", "--max-tokens", "5", "--prompt-min", "8",
+                 "--prompt-max", "30", "--save", str(out)]) == 0  # fmt: skip
+    (row,) = json.loads(out.read_text())
+    assert row["clients"] == 3 and row["output_tokens"] == 15
+    assert row["output_tok_s"] > 0 and row["ttft_p50_ms"] <= row["ttft_p99_ms"]
+    assert row["itl_p50_ms"] <= row["itl_p99_ms"]

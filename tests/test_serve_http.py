@@ -1,0 +1,239 @@
+"""The OpenAI-compatible server driven by the real `openai` client on 127.0.0.1 (CPU
+backend, the tiny model): completions and chat, streamed and not, 32 concurrent streams
+equal to the same prompts generated alone, a client disconnecting mid-stream (its blocks
+return to the pool), malformed and hostile requests answered with errors while the server
+keeps serving."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from pygpukit import llm
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+pytest.importorskip("jinja2")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from pygpukit.llm.tiny import write_tiny_model
+
+    return llm.load(write_tiny_model())
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    from pygpukit.serve import Engine
+    from pygpukit.serve.server import Server
+
+    engine = Engine(model, max_model_len=256, prefill_chunk=64, kv_blocks=600, max_queue=64)
+    s = Server(model, engine, "tiny", port=0).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                         timeout=300)  # fmt: skip
+
+
+def _idle(server, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st = server.engine.stats()
+        if st["used_blocks"] == 0 and st["running"] == 0 and st["waiting"] == 0:
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"the engine did not go idle: {server.engine.stats()}")
+
+
+def test_models_and_health(client, server):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["tiny"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port)
+    conn.request("GET", "/health")
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+
+
+def test_completion_equals_generate(client, model):
+    r = client.completions.create(model="tiny", prompt="Alice was", max_tokens=10,
+                                  temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    ids = model.encode("Alice was")
+    want = model.generate_ids([ids], 10, stop_at_eos=False).tokens[0]
+    assert r.choices[0].text == model.tokenizer.decode(want)
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 10)
+
+
+def test_chat_streamed_equals_not_streamed(client, model):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Alice"}]
+    whole = client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == 12 == whole.usage.completion_tokens
+    ids = model.chat_ids(msgs)
+    assert whole.usage.prompt_tokens == len(ids)
+    want = model.generate_ids([ids], 12, stop_at_eos=False).tokens[0]
+    assert text == model.tokenizer.decode(want)
+
+
+def test_stop_string_cuts_the_text(client, model):
+    base = client.completions.create(
+        model="tiny",
+        prompt="Alice was",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    ).choices[0]
+    stop = base.text[3:6]
+    r = client.completions.create(
+        model="tiny",
+        prompt="Alice was",
+        max_tokens=12,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert r.choices[0].text == base.text[: base.text.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model="tiny", prompt="Alice was", max_tokens=12,
+                                         temperature=0, stop=stop, stream=True,
+                                         extra_body={"ignore_eos": True})  # fmt: skip
+    assert "".join(c.choices[0].text for c in streamed) == r.choices[0].text
+
+
+def test_32_concurrent_streams_equal_alone(client, server, model):
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(3, 300, size=int(rng.integers(4, 90)))]
+               for _ in range(32)]  # fmt: skip
+
+    def stream(p):
+        out = client.completions.create(
+            model="tiny",
+            prompt=p,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        return "".join(c.choices[0].text for c in out)
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        texts = list(pool.map(stream, prompts))
+    alone = [model.tokenizer.decode(server.engine.generate([p], 8, ignore_eos=True)[0])
+             for p in prompts]  # fmt: skip
+    assert texts == alone
+    _idle(server)
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    body = json.dumps({"model": "tiny", "prompt": "Alice was", "max_tokens": 200,
+                       "stream": True, "ignore_eos": True}).encode()  # fmt: skip
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    got = b""
+    while got.count(b"data:") < 3:
+        got += sock.recv(4096)
+    assert server.engine.stats()["used_blocks"] > 0
+    sock.close()
+    st = _idle(server)
+    assert st["cancelled"] >= 1
+
+
+def _post(server, body: bytes, path="/v1/completions", ctype="application/json"):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", path, body=body, headers={"Content-Type": ctype})
+    r = conn.getresponse()
+    return r.status, json.loads(r.read() or b"{}")
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"\xff\xfe{}", 400, "not UTF-8"),
+    (b"[1, 2]", 400, "JSON object"),
+    (json.dumps({"prompt": "x", "max_tokens": "10"}).encode(), 400, "'max_tokens' must be"),
+    (json.dumps({"prompt": "x", "temperature": "hot"}).encode(), 400, "'temperature'"),
+    (json.dumps({"prompt": "x", "temperature": 7}).encode(), 400, "'temperature'"),
+    (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, "'stream'"),
+    (json.dumps({"prompt": 5}).encode(), 400, "'prompt'"),
+    (json.dumps({"prompt": [1, 99999]}).encode(), 400, "outside the vocabulary"),
+    (json.dumps({"prompt": "x", "max_tokens": 10**12}).encode(), 400, "context length"),
+    (json.dumps({"prompt": "x", "stop": [1]}).encode(), 400, "'stop'"),
+    (json.dumps({"prompt": "x", "n": 3}).encode(), 400, "n=1"),
+    (json.dumps({"prompt": "x", "qos": "vip"}).encode(), 400, "'qos'"),
+    (json.dumps({"prompt": "x", "model": "gpt-4"}).encode(), 404, "does not exist"),
+])  # fmt: skip
+def test_bad_requests_get_openai_errors(server, body, status, words):
+    got, obj = _post(server, body)
+    assert got == status, obj
+    assert words in obj["error"]["message"]
+    assert obj["error"]["type"]
+
+
+def test_hostile_requests_and_the_server_keeps_serving(server, client):
+    big = ("Alice was beginning " * 60000).encode()[: 1 << 20]  # a 1 MB prompt
+    got, obj = _post(server, json.dumps({"prompt": big.decode()}).encode())
+    assert got == 400 and "context length" in obj["error"]["message"]
+    got, obj = _post(server, b"x" * (9 << 20))
+    assert got == 413
+    got, obj = _post(server, json.dumps({"messages": [{"role": 3}]}).encode(),
+                     "/v1/chat/completions")  # fmt: skip
+    assert got == 400 and "role" in obj["error"]["message"]
+    got, obj = _post(server, json.dumps({"messages": "hi"}).encode(), "/v1/chat/completions")
+    assert got == 400
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="x", max_tokens=-1)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port)
+    conn.request("GET", "/v1/nothing")
+    assert conn.getresponse().status == 404
+    r = client.completions.create(model="tiny", prompt="Alice", max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens <= 3
+    _idle(server)
+
+
+def test_queue_full_is_429(model):
+    from pygpukit.serve import Engine
+    from pygpukit.serve.server import Server
+
+    engine = Engine(model, max_model_len=256, kv_blocks=16, max_queue=1)
+    s = Server(model, engine, "tiny", port=0).start()
+    try:
+        bodies = [json.dumps({"prompt": "Alice", "max_tokens": 240, "ignore_eos": True,
+                              "stream": True}).encode() for _ in range(3)]  # fmt: skip
+        socks = []
+        for b in bodies[:2]:
+            sk = socket.create_connection(("127.0.0.1", s.port))
+            sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/json\r\nContent-Length: " + str(len(b)).encode() +
+                       b"\r\n\r\n" + b)  # fmt: skip
+            socks.append(sk)
+        end = time.monotonic() + 60
+        while engine.stats()["waiting"] < 1 and time.monotonic() < end:
+            time.sleep(0.01)  # the first runs (all 16 blocks), the second waits for them
+        got, obj = _post(s, bodies[2])
+        assert got == 429 and obj["error"]["type"] == "rate_limit_exceeded"
+        for sk in socks:
+            sk.close()
+        _idle(s)
+    finally:
+        s.stop()
