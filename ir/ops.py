@@ -40,14 +40,16 @@ def _register(name: str, kind: str, infer: Infer, n: int | None, ufunc: Any = No
 # ---- elementwise ops: declared in ir/elementwise.py ---------------------------------------
 
 
-def weak_scalar_dtype(value: Any, other: DType) -> DType:
-    """NEP 50: a Python scalar takes the array's dtype unless it needs a wider kind."""
+def weak_scalar_dtype(value: Any, other: DType, exact: bool = False) -> DType:
+    """NEP 50: a Python scalar takes the array's dtype unless it needs a wider kind; a float
+    with an integer array is the default float (ir/dtypes.py), or float64 when `exact` (a
+    comparison, whose bool result shows no dtype, compares the value as NumPy does)."""
     if isinstance(value, bool):
         return other
     if isinstance(value, int):
         return other if other.kind != "b" else dt.int64
     if isinstance(value, float):
-        return other if other.is_float else dt.float64
+        return other if other.is_float else (dt.float64 if exact else dt.DEFAULT_FLOAT)
     raise DTypeRuleError(f"unsupported scalar {value!r}")
 
 
@@ -80,7 +82,7 @@ def _reduce(kind: str) -> Infer:
             # NumPy sums small ints in the platform int; we have no uint64, so int64 for all.
             rd = dt.int64 if d.kind in "biu" else d
         elif kind == "mean":
-            rd = d if d.is_float else dt.float64
+            rd = d if d.is_float else dt.DEFAULT_FLOAT  # ir/dtypes.py: no float64 from ints
         elif kind == "argmax":
             rd = dt.int64
         else:
