@@ -149,6 +149,29 @@ def _take(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return shape[:ax] + ishape + shape[ax + 1 :], d
 
 
+def _flat_mask(name: str, ins: list[Spec]) -> Shape:
+    ((shape, d),) = ins
+    if d != dt.bool_ or len(shape) != 1:
+        raise DTypeRuleError(f"{name} takes a 1-D bool mask, got {d}{list(shape)}")
+    return shape
+
+
+def _flatnonzero(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # The positions of a 1-D mask's True elements, in order; attrs["count"] is how many
+    # there are (read from the device first: the output's shape depends on the data).
+    n = _flat_mask("flatnonzero", ins)[0]
+    count = attrs["count"]
+    if not 0 <= count <= n:
+        raise ShapeRuleError(f"flatnonzero: count {count} is not within [0, {n}]")
+    return (count,), dt.int64
+
+
+def _mask_rank(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # For each element of a 1-D mask, how many True elements come before it (an exclusive
+    # prefix count): where a True element's value sits among the selected ones.
+    return _flat_mask("mask_rank", ins), dt.int64
+
+
 _register("reshape", "movement", _reshape, 1)
 _register("permute", "movement", _permute, 1)
 _register("expand", "movement", _expand, 1)
@@ -156,6 +179,8 @@ _register("index", "movement", _index, None)
 _register("setitem", "scatter", _setitem, None)
 _register("concat", "movement", _concat, None)
 _register("take", "gather", _take, 2)
+_register("flatnonzero", "gather", _flatnonzero, 1)
+_register("mask_rank", "gather", _mask_rank, 1)
 
 # ---- matmul ---------------------------------------------------------------------------
 

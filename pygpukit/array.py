@@ -487,6 +487,11 @@ class GPUArray:
 
     # -- indexing ------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> GPUArray:
+        from .masking import mask_of, select
+
+        mask = mask_of(index)
+        if mask is not None:
+            return select(self, mask)
         take_axis, take_index = _array_index(index, self)
         if take_index is not None:
             return take(self, take_index, axis=take_axis)
@@ -533,6 +538,11 @@ class GPUArray:
         return (_unpickle, (get_backend().to_numpy(self._live_value("pickle")),))
 
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
+        from .masking import assign, mask_of
+
+        mask = mask_of(index)
+        if mask is not None:
+            return assign(self, mask, value)
         _check_writable(self)
         spec_index, dyn = _dynamic(index)
         try:

@@ -80,6 +80,10 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
         return movement.take(ins[0], ins[1], a)
     if op == "setitem":
         return movement.setitem(ins, a)
+    if op == "flatnonzero":
+        return movement.flatnonzero(ins[0], a)
+    if op == "mask_rank":
+        return movement.mask_rank(ins[0])
     if op == "matmul":
         return linalg.matmul(ins[0], ins[1], d)
     if op == "linear":
