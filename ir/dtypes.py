@@ -26,6 +26,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+NumPyDType = np.dtype  # spelled apart: inside DType, `np` is the property below
+
 
 @dataclass(frozen=True)
 class DType:
@@ -41,7 +43,7 @@ class DType:
         return _NP[self.name]
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> NumPyDType:
         """The NumPy dtype: the attribute np.dtype(x) reads, so np.dtype(a.dtype) works."""
         return _NP[self.name]
 
