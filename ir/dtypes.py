@@ -1,8 +1,21 @@
-"""Data types and NumPy type promotion.
+"""Data types and type promotion: the one place that knows which dtypes exist and how they
+combine (docs/dtypes.md says the same for users).
 
-The one place that knows which dtypes exist and how they combine. bfloat16 on the
-host is ml_dtypes.bfloat16; promotion follows NumPy 2 (NEP 50: Python scalars are
-"weak" and take the array's dtype when they fit its kind).
+A DType compares equal to what NumPy would call the same dtype: `gpk.float32 == np.float32`,
+`== np.dtype("float32")`, `== "float32"` (and our short name "f32"); bfloat16 equals
+ml_dtypes.bfloat16, its host type. Its hash is its NumPy dtype's, so either can look the
+other up in a dict. `np.dtype(a.dtype)` works through the `.dtype` attribute NumPy reads.
+
+Promotion is NumPy 2's (NEP 50: Python scalars are "weak" and take the array's dtype when
+they fit its kind) with one change, the one torch and JAX make: float64 only comes from
+float64. The default float is float32:
+  - an op that makes a float from integer or bool inputs alone (true division, mean, exp,
+    sqrt, sigmoid ...) gives float32: `arange(4) / 2` and `arange(4).mean()` are float32,
+    and so is `exp(int8)` (NumPy: float16);
+  - where NumPy would give float64 and no input is float64 (int64 + float32, an integer
+    array with a Python float), the result is float32;
+  - a float64 array in the inputs gives float64 as in NumPy.
+Comparisons still compare exactly (in NumPy's common dtype); their result is bool.
 """
 
 from __future__ import annotations
@@ -13,9 +26,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+NumPyDType = np.dtype  # spelled apart: inside DType, `np` is the property below
+
 
 @dataclass(frozen=True)
 class DType:
+    """One of the dtypes of ALL; equal to its NumPy dtype and to the names of it."""
+
     name: str
     itemsize: int
     kind: str  # 'f' float, 'i' signed int, 'u' unsigned int, 'b' bool
@@ -25,6 +42,29 @@ class DType:
     def np(self) -> np.dtype:
         """The NumPy dtype of this dtype (`ml_dtypes.bfloat16` for bfloat16)."""
         return _NP[self.name]
+
+    @property
+    def dtype(self) -> NumPyDType:
+        """The NumPy dtype: the attribute np.dtype(x) reads, so np.dtype(a.dtype) works."""
+        return _NP[self.name]
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if isinstance(other, DType):
+            return self.name == other.name
+        if isinstance(other, str):
+            found = _BY_NAME.get(other)
+            if found is not None:
+                return found.name == self.name
+        return _np_equal(self.np, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        # The NumPy dtype's hash: equal objects (a DType and its np.dtype) hash alike.
+        return hash(_NP[self.name])
 
     @property
     def is_float(self) -> bool:
@@ -58,6 +98,7 @@ ALL: tuple[DType, ...] = (
     float64, float32, float16, bfloat16, int8, uint8, int16, int32, int64, bool_,
 )  # fmt: skip
 FLOATS: tuple[DType, ...] = (float64, float32, float16, bfloat16)
+DEFAULT_FLOAT = float32  # what integer inputs to a float op give, as in torch and JAX
 
 _NP: dict[str, np.dtype] = {
     "float64": np.dtype(np.float64),
@@ -75,6 +116,16 @@ _BY_NAME: dict[str, DType] = {d.name: d for d in ALL} | {d.short: d for d in ALL
 _BY_NP: dict[np.dtype, DType] = {v: _BY_NAME[k] for k, v in _NP.items()}
 
 
+def _np_equal(mine: np.dtype, other: object) -> bool:
+    """Whether other is what NumPy takes for this dtype (a scalar type, a dtype, a name)."""
+    if other is None:  # np.dtype(None) is float64: None is no dtype here
+        return False
+    try:
+        return bool(mine == np.dtype(other))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return False
+
+
 class UnsupportedDType(TypeError):
     pass
 
@@ -84,13 +135,32 @@ class DTypeRuleError(TypeError):
 
 
 def resolve_ufunc(ufunc: Any, in_dtypes: list[DType]) -> DType:
-    """The result dtype of NumPy's type resolution for `ufunc` over these input dtypes."""
+    """The result dtype of `ufunc` over these input dtypes: NumPy's type resolution, then
+    the default-float rule (module docstring)."""
+    return default_float_rule(numpy_ufunc_type(ufunc, in_dtypes), in_dtypes)
+
+
+def numpy_ufunc_type(ufunc: Any, in_dtypes: list[DType]) -> DType:
+    """NumPy's own result dtype for `ufunc` over these input dtypes."""
     try:
         res = ufunc.resolve_dtypes(tuple(d.np for d in in_dtypes) + (None,))
     except (TypeError, np.exceptions.DTypePromotionError) as e:
         names = ", ".join(d.name for d in in_dtypes)
         raise DTypeRuleError(f"no {ufunc.__name__} loop for dtypes ({names})") from e
     return as_dtype(res[-1])
+
+
+def default_float_rule(result: DType, in_dtypes: list[DType]) -> DType:
+    """NumPy's result dtype adjusted so float64 only comes from float64: a float made from
+    integer/bool inputs alone is float32 (the default float), and so is a float64 without a
+    float64 input."""
+    if not result.is_float:
+        return result
+    if not any(d.is_float for d in in_dtypes):
+        return DEFAULT_FLOAT
+    if result.name == "float64" and not any(d.name == "float64" for d in in_dtypes):
+        return DEFAULT_FLOAT
+    return result
 
 
 def as_dtype(x: Any) -> DType:
@@ -117,11 +187,20 @@ def as_dtype(x: Any) -> DType:
 
 
 def result_type(*args: DType | int | float | bool) -> DType:
-    """NumPy promotion of array dtypes; Python scalars are weak (NEP 50).
+    """Promotion of array dtypes: NumPy's, Python scalars weak (NEP 50), with the
+    default-float rule (module docstring).
 
     Pairs go through np.add's type resolution rather than np.result_type because
     ml_dtypes registers bfloat16's promotions as ufunc loops only.
     """
+    arrays = [a for a in args if isinstance(a, DType)]
+    return default_float_rule(numpy_result_type(*args), arrays) if arrays else \
+        numpy_result_type(*args)  # fmt: skip
+
+
+def numpy_result_type(*args: DType | int | float | bool) -> DType:
+    """NumPy 2's promotion of array dtypes and weak Python scalars, unadjusted (the
+    common dtype comparisons compare in)."""
     arrays = [a for a in args if isinstance(a, DType)]
     scalars = [a for a in args if not isinstance(a, DType)]
     if not arrays:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DType, as_dtype, result_type
+from .dtypes import DType, as_dtype, numpy_result_type
 from .elementwise import OPS
 from .expr import Expr, dtype_of, split
 
@@ -51,7 +51,7 @@ def evaluate(op: str, arrays: list[np.ndarray], attrs: dict[str, Any], dtype: DT
     modes = decl.operand_modes()
     common = None
     if "common" in modes:
-        common = result_type(*[as_dtype(a.dtype) for a in arrays])
+        common = numpy_result_type(*[as_dtype(a.dtype) for a in arrays])
     kwargs = dict(zip([a.name for a in decl.attrs], decl.attr_values(attrs), strict=True))
     with np.errstate(all="ignore"):
         args = [up(_operand(a, m, common, dtype)) for a, m in zip(arrays, modes, strict=True)]

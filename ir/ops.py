@@ -40,14 +40,16 @@ def _register(name: str, kind: str, infer: Infer, n: int | None, ufunc: Any = No
 # ---- elementwise ops: declared in ir/elementwise.py ---------------------------------------
 
 
-def weak_scalar_dtype(value: Any, other: DType) -> DType:
-    """NEP 50: a Python scalar takes the array's dtype unless it needs a wider kind."""
+def weak_scalar_dtype(value: Any, other: DType, exact: bool = False) -> DType:
+    """NEP 50: a Python scalar takes the array's dtype unless it needs a wider kind; a float
+    with an integer array is the default float (ir/dtypes.py), or float64 when `exact` (a
+    comparison, whose bool result shows no dtype, compares the value as NumPy does)."""
     if isinstance(value, bool):
         return other
     if isinstance(value, int):
         return other if other.kind != "b" else dt.int64
     if isinstance(value, float):
-        return other if other.is_float else dt.float64
+        return other if other.is_float else (dt.float64 if exact else dt.DEFAULT_FLOAT)
     raise DTypeRuleError(f"unsupported scalar {value!r}")
 
 
@@ -80,7 +82,7 @@ def _reduce(kind: str) -> Infer:
             # NumPy sums small ints in the platform int; we have no uint64, so int64 for all.
             rd = dt.int64 if d.kind in "biu" else d
         elif kind == "mean":
-            rd = d if d.is_float else dt.float64
+            rd = d if d.is_float else dt.DEFAULT_FLOAT  # ir/dtypes.py: no float64 from ints
         elif kind == "argmax":
             rd = dt.int64
         else:
@@ -147,6 +149,29 @@ def _take(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return shape[:ax] + ishape + shape[ax + 1 :], d
 
 
+def _flat_mask(name: str, ins: list[Spec]) -> Shape:
+    ((shape, d),) = ins
+    if d != dt.bool_ or len(shape) != 1:
+        raise DTypeRuleError(f"{name} takes a 1-D bool mask, got {d}{list(shape)}")
+    return shape
+
+
+def _flatnonzero(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # The positions of a 1-D mask's True elements, in order; attrs["count"] is how many
+    # there are (read from the device first: the output's shape depends on the data).
+    n = _flat_mask("flatnonzero", ins)[0]
+    count = attrs["count"]
+    if not 0 <= count <= n:
+        raise ShapeRuleError(f"flatnonzero: count {count} is not within [0, {n}]")
+    return (count,), dt.int64
+
+
+def _mask_rank(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # For each element of a 1-D mask, how many True elements come before it (an exclusive
+    # prefix count): where a True element's value sits among the selected ones.
+    return _flat_mask("mask_rank", ins), dt.int64
+
+
 _register("reshape", "movement", _reshape, 1)
 _register("permute", "movement", _permute, 1)
 _register("expand", "movement", _expand, 1)
@@ -154,6 +179,8 @@ _register("index", "movement", _index, None)
 _register("setitem", "scatter", _setitem, None)
 _register("concat", "movement", _concat, None)
 _register("take", "gather", _take, 2)
+_register("flatnonzero", "gather", _flatnonzero, 1)
+_register("mask_rank", "gather", _mask_rank, 1)
 
 # ---- matmul ---------------------------------------------------------------------------
 

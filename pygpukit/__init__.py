@@ -29,6 +29,7 @@ from .creation import (
     zeros,
     zeros_like,
 )
+from .device import Device
 from .errors import (
     AdmissionRejected,
     CompileError,

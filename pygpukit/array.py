@@ -24,8 +24,8 @@ Scalar = int | float | bool
 ArrayLike = Any
 
 
-def _scalar_node(value: Scalar, like: DType) -> Node:
-    d = weak_scalar_dtype(value, like)
+def _scalar_node(value: Scalar, like: DType, op: str = "") -> Node:
+    d = weak_scalar_dtype(value, like, exact=op in _COMPARISONS)
     return runtime.record("full", (), {"shape": (), "dtype": d.name,
                                        "value": scalar_value(value, d)})  # fmt: skip
 
@@ -70,7 +70,7 @@ def _node_of(x: ArrayLike, like: DType | None = None, op: str = "asarray") -> No
     if isinstance(x, GPUArray):
         return x._node
     if isinstance(x, bool | int | float) and like is not None:
-        return _scalar_node(x, like)
+        return _scalar_node(x, like, op)
     if isinstance(x, np.generic):
         x = np.asarray(x)
     from .creation import to_array
@@ -227,6 +227,13 @@ class GPUArray:
     def T(self) -> GPUArray:
         """The array with its axes reversed (`transpose()`): a view."""
         return self.transpose()
+
+    @property
+    def device(self) -> Any:
+        """The gpk.Device the array's memory is on (`<Device cuda:0>`, `<Device cpu>`)."""
+        from .device import current_device
+
+        return current_device()
 
     @property
     def node(self) -> Node:
@@ -653,6 +660,11 @@ class GPUArray:
 
     # -- indexing ------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> GPUArray:
+        from .masking import mask_of, select
+
+        mask = mask_of(index)
+        if mask is not None:
+            return select(self, mask)
         take_axis, take_index = _array_index(index, self)
         if take_index is not None:
             return take(self, take_index, axis=take_axis)
@@ -682,7 +694,28 @@ class GPUArray:
 
         return dlpack_device(self)
 
+    # -- NumPy protocols: functions stay on the device (pygpukit/numpy_dispatch.py) ---------
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        from .numpy_dispatch import array_ufunc
+
+        return array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        from .numpy_dispatch import array_function
+
+        return array_function(func, types, args, kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickling copies the value to the host (a pending array runs first; a freed one
+        raises FreedArrayError) and back to the device on loading; dtype and shape kept."""
+        return (_unpickle, (get_backend().to_numpy(self._live_value("pickle")),))
+
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
+        from .masking import assign, mask_of
+
+        mask = mask_of(index)
+        if mask is not None:
+            return assign(self, mask, value)
         _check_writable(self)
         spec_index, dyn = _dynamic(index)
         try:
@@ -719,6 +752,12 @@ def _store_value(value: ArrayLike, x: GPUArray) -> Node:
             raise _scalar_error("setitem", e, x, value) from None
         return runtime.record("full", (), {"shape": (), "dtype": x.dtype.name, "value": v})
     return _node_of(value, x.dtype, "setitem")
+
+
+def _unpickle(host: np.ndarray) -> GPUArray:
+    from .creation import from_numpy
+
+    return from_numpy(host)
 
 
 def _copy(x: GPUArray) -> GPUArray:

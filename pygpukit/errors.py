@@ -92,6 +92,7 @@ __all__ = [
     "GPUKitValueError",
     "GPUKitZeroDivisionError",
     "AxisError",
+    "UnsupportedFunctionError",
 ]
 
 
@@ -161,6 +162,11 @@ class GPUKitOverflowError(GPUKitError, OverflowError):
 
 class GPUKitZeroDivisionError(GPUKitError, ZeroDivisionError):
     """A zero step or divisor where NumPy raises ZeroDivisionError (arange's step)."""
+
+
+class UnsupportedFunctionError(GPUKitError, TypeError):
+    """A NumPy function (or its argument) PyGPUkit has no device implementation of, called
+    on a GPUArray: raised rather than copying the array to the host behind your back."""
 
 
 class AxisError(ShapeError, IndexError_):

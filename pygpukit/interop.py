@@ -62,7 +62,6 @@ _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 _api.PyCapsule_SetName.restype = ctypes.c_int
 _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 # Exports alive until their deleter runs: address of the DLManagedTensor -> what it holds.
 _exports: dict[int, tuple[Any, ...]] = {}
@@ -78,14 +77,14 @@ def _delete_export(managed: Any) -> None:
 _DELETER = _Deleter(_delete_export)
 
 
-def _capsule_destructor(capsule: int) -> None:
-    # An unconsumed capsule still owns its tensor; a consumed one was renamed.
-    if _api.PyCapsule_IsValid(capsule, b"dltensor"):
-        ptr = _api.PyCapsule_GetPointer(capsule, b"dltensor")
-        _exports.pop(ptr, None)
+def _capsule_destructor() -> int:
+    """The C destructor of our capsules (native/src/dlpack.cpp): it calls the deleter of an
+    unconsumed one. Not a ctypes callback: a consumer may drop the capsule while raising
+    (NumPy has no DLPack code for bfloat16), and Python code run then would lose that
+    exception (NumPy then raised SystemError)."""
+    from pygpukit import _native
 
-
-_CAPSULE_DESTRUCTOR = _CapsuleDestructor(_capsule_destructor)
+    return int(_native.dlpack_capsule_destructor())
 
 
 def _dl_dtype(d: DType) -> DLDataType:
@@ -135,7 +134,7 @@ def to_dlpack(arr: Any, stream: Any = None) -> Any:
     managed.deleter = _DELETER
     addr = ctypes.addressof(managed)
     _exports[addr] = (managed, shape_c, strides_c, value, storage)
-    return _api.PyCapsule_New(addr, b"dltensor", ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p))
+    return _api.PyCapsule_New(addr, b"dltensor", _capsule_destructor())
 
 
 class _Imported:

@@ -139,7 +139,10 @@ ROWS: list[tuple[str, Call, Call | type, str]] = [
     same("index list oob", lambda m, a: a(F)[[0, 5]], "take"),
     same("index list neg oob", lambda m, a: a(F)[:, [-4]], "take"),
     same("index float list", lambda m, a: a(F)[[0.5]], "index"),
-    ("index bool mask", lambda m, a: a(F)[np.array([True, False])], IndexError, "index"),
+    same("index bool mask", lambda m, a: a(F)[np.array([True, False, True])], "index"),
+    same(
+        "setitem bool mask", lambda m, a: _setitem(a(F), np.ones((2, 2), bool), 1.0), "setitem"
+    ),  # fmt: skip
     same("setitem 10", lambda m, a: _setitem(a(F), 10, 1.0), "setitem"),
     same("setitem 1, -4", lambda m, a: _setitem(a(F), (1, -4), 1.0), "setitem"),
     same(

@@ -28,6 +28,18 @@ def broadcast_pair(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(a), tuple(b)
 
 
+def default_float(numpy_result: np.dtype, *ins: np.dtype) -> np.dtype:
+    """docs/dtypes.md: NumPy's result dtype, except that float64 only comes from float64 (a
+    float from integer inputs alone, or a float64 without a float64 input, is float32)."""
+    if numpy_result.kind != "f":
+        return numpy_result
+    if not any(d.kind == "f" or d == gpk.bfloat16 for d in ins):
+        return np.dtype(np.float32)
+    if numpy_result == np.float64 and np.float64 not in ins:
+        return np.dtype(np.float32)
+    return numpy_result
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf, otypes=[np.float64])(x)
 
@@ -62,10 +74,10 @@ def test_unary_float(name: str, dtype: str, shape: tuple[int, ...], seed: int) -
 
 
 @pytest.mark.parametrize("dtype", INTS)
-def test_unary_on_ints_follows_numpy_types(dtype: str) -> None:
+def test_unary_on_ints_gives_the_default_float(dtype: str) -> None:
     x = rand(np.random.default_rng(), (3, 4), dtype, positive=True)
     out = gpk.sqrt(gpk.from_numpy(x)).to_numpy()
-    assert out.dtype == np.sqrt(x).dtype
+    assert out.dtype == np.float32  # docs/dtypes.md: not NumPy's float16/float64
     np.testing.assert_allclose(out.astype(np.float64), np.sqrt(x.astype(np.float64)), rtol=1e-3)
     np.testing.assert_array_equal((-gpk.from_numpy(x)).to_numpy(), -x)
     np.testing.assert_array_equal(abs(gpk.from_numpy(x)).to_numpy(), np.abs(x))
@@ -101,8 +113,9 @@ def test_binary_broadcast_and_promotion(name: str, shapes_, da: str, db: str, se
     a = rand(rng, shapes_[0], da)
     b = rand(rng, shapes_[1], db, positive=name == "div")
     lazy, eager = lazy_and_eager(fn, a, b)
-    # NumPy's own ufunc type resolution is the reference for the result dtype.
-    expected_dtype = ref_fn.resolve_dtypes((a.dtype, b.dtype, None))[-1]
+    # NumPy's own ufunc type resolution, with the default-float rule, is the reference.
+    expected_dtype = default_float(ref_fn.resolve_dtypes((a.dtype, b.dtype, None))[-1],
+                                   a.dtype, b.dtype)  # fmt: skip
     assert lazy.dtype == expected_dtype, (da, db, lazy.dtype, expected_dtype)
     assert lazy.shape == np.broadcast_shapes(a.shape, b.shape)
     # Our small random values are exact in float64, so comparisons agree there too.
@@ -119,7 +132,7 @@ def test_binary_broadcast_and_promotion(name: str, shapes_, da: str, db: str, se
 def test_python_scalars_are_weak(dtype: str, scalar: float) -> None:
     x = rand(np.random.default_rng(), (2, 3), dtype, positive=True)
     if isinstance(scalar, float) and dtype in INTS:
-        want = np.dtype(np.float64)
+        want = np.dtype(np.float32)  # docs/dtypes.md: the default float, not float64
     elif isinstance(scalar, bool):
         want = np_dtype(dtype)
     else:

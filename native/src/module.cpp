@@ -1,6 +1,7 @@
 #include <pybind11/pybind11.h>
 
 #include "cublaslt.h"
+#include "dlpack.h"
 #include "driver_bindings.h"
 #include "errors.h"
 #include "graph.h"
@@ -25,4 +26,5 @@ PYBIND11_MODULE(_native, m) {
   pgk::register_graphs(m);
   pgk::register_kernels(m);
   pgk::register_cublaslt(m);
+  pgk::register_dlpack(m);
 }

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pygpukit.passes import Step
 
 from . import compiler, ew
-from .codegen import gather
+from .codegen import gather, mask
 from .context import Context, cdiv, contiguous, numel
 from .kernels import loader
 from .layout import broadcast_strides, collapse, index_view, reshape_strides
@@ -117,6 +117,27 @@ def plan_take(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
                 ctx.stream,
                 pdl=loader.pdl_enabled(),
             )
+        return out
+
+    return run
+
+
+def plan_mask_scan(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    """flatnonzero (the True positions of a 1-D mask) and mask_rank (the True elements
+    before each element): one block's scan of the mask (codegen/mask.py)."""
+    (m,) = ins
+    mode = "positions" if step.op == "flatnonzero" else "ranks"
+    src = mask.generate(mask.MaskSpec(mode))
+    fn = compiler.function(src)
+    n, stride = m.shape[0], m.strides[0]
+    count = step.attrs.get("count", n)
+    shape = step.shape
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc_out(shape, step.dtype, step.op)
+        if n and count:
+            fn.launch((1,), (mask.THREADS,), src.fmt, (out.ptr, v[0].ptr, n, stride, count),
+                      0, ctx.stream, pdl=loader.pdl_enabled())  # fmt: skip
         return out
 
     return run

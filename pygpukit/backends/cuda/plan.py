@@ -38,6 +38,8 @@ PLANNERS: dict[str, Planner] = {
     **{op: ops_movement.plan_view for op in ops_movement.VIEW_OPS},
     "concat": ops_movement.plan_concat,
     "take": ops_movement.plan_take,
+    "flatnonzero": ops_movement.plan_mask_scan,
+    "mask_rank": ops_movement.plan_mask_scan,
     "setitem": ops_movement.plan_setitem,
     **{op: planner for family in FAMILY_PLANS for op, planner in family.PLANNERS.items()},
 }

@@ -84,6 +84,10 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
         return paged.paged_write(ins)
     if op == "paged_sdpa":
         return paged.paged_sdpa(ins, a, d)
+    if op == "flatnonzero":
+        return movement.flatnonzero(ins[0], a)
+    if op == "mask_rank":
+        return movement.mask_rank(ins[0])
     if op == "matmul":
         return linalg.matmul(ins[0], ins[1], d)
     if op == "linear":

@@ -89,3 +89,15 @@ def setitem_into(ins: list[np.ndarray], attrs: dict[str, Any]) -> None:
     dyn = check_dynamic(attrs["spec"], x.shape, [int(d) for d in dyn_arrays])
     with np.errstate(all="ignore"):
         x[index_tuple(attrs["spec"], dyn)] = v
+
+
+def flatnonzero(mask: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    """The positions of a 1-D mask's True elements; attrs["count"] of them, as the CUDA
+    kernel writes (the count was read from this mask before the op was recorded)."""
+    return np.flatnonzero(mask)[: attrs["count"]].astype(np.int64)
+
+
+def mask_rank(mask: np.ndarray) -> np.ndarray:
+    """How many True elements come before each element of a 1-D mask."""
+    m = mask.astype(np.int64)
+    return np.cumsum(m) - m

@@ -46,7 +46,7 @@ def lower(decl: Elementwise, attrs: dict[str, Any], vals: list[str], kd: list[DT
           r: DType) -> str:  # fmt: skip
     """The C expression of one op over operand codes `vals` (of dtypes kd), result dtype r."""
     modes = decl.operand_modes()
-    common = dtypes.result_type(*kd) if "common" in modes else r
+    common = dtypes.numpy_result_type(*kd) if "common" in modes else r
     subst = {
         name: _operand(v, mode, d, common, r)
         for name, v, mode, d in zip(_OPERAND_NAMES, vals, modes, kd, strict=False)
