@@ -90,7 +90,7 @@ PGK_DIVMOD(float, f)
 PGK_DIVMOD(double, )
 #undef PGK_DIVMOD
 
-// Records the first error// Records the first error of a launch sequence: code, the step's tag, the value, the extent.
+// Records the first error of a launch sequence: code, the step's tag, the value, the extent.
 __device__ __forceinline__ void pgk_error(i64* err, i64 code, i64 tag, i64 value, i64 extent) {
   if (atomicCAS((unsigned long long*)err, 0ULL, (unsigned long long)code) == 0ULL) {
     err[1] = tag;

@@ -6,7 +6,7 @@ that stops compiling in any dtype fails CI rather than on a user's first call.
 
 from __future__ import annotations
 
-from . import gemv, loader
+from . import gemv, loader, scan, sort
 
 Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
 
@@ -113,6 +113,9 @@ def all_variants() -> list[Variant]:
             out.append(("gemv", ("pgk_gemv_mma",), mma))
     for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"):
         out.append(("matmul_simple", ("pgk_matmul",), _t(dt)))
+    for dt in scan.DTYPES:  # every dtype: int64 results for integers and bools
+        out.append(("scan", ("pgk_cumsum", "pgk_cumprod"), scan.scan_defines(dt)))
+        out.append(("sort", ("pgk_sort",), sort.sort_defines(dt)))
     for dt in floats + ("int8", "uint8", "int32", "int64"):
         for idx in ("int32", "int64"):
             vec = 16 // loader.itemsize(dt)
