@@ -124,11 +124,26 @@ def test_elementwise_every_op(arch: str, d: str, layout: str) -> None:
 def test_reductions(arch: str, d: str, layout: str) -> None:
     rng = np.random.default_rng(1)
     x = _arr(rng, (6, 300), d)
-    for op in ("sum", "mean", "max", "min", "argmax"):
+    for op in ("sum", "mean", "max", "min", "argmax", "prod", "any", "all", "argmin"):
         for axis, keep in ((None, False), (0, True), (1, False), ((0, 1), True)):
-            if op == "argmax" and isinstance(axis, tuple):
+            if op in ("argmax", "argmin") and isinstance(axis, tuple):
                 continue
             _plan_all(getattr(x, op)(axis=axis, keepdims=keep), layout)
+
+
+@pytest.mark.parametrize("d", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_numpy_breadth_ops(arch: str, d: str, layout: str) -> None:
+    """// and %, scans, sorts, var/std, dot/einsum, linspace/eye plan and compile."""
+    rng = np.random.default_rng(2)
+    x, y = _arr(rng, (6, 300), d), _arr(rng, (6, 300), d)
+    outs = [gpk.cumsum(x, 1), gpk.cumprod(x, 0), gpk.cumsum(x), x // y, x % y, 3 % x,
+            gpk.sort(x, 0), gpk.argsort(x), *gpk.topk(x, 5), *gpk.topk(x, 2, 0, False),
+            gpk.var(x, 1), gpk.std(x, 0, ddof=1), gpk.dot(x, x.T),
+            gpk.einsum("ij,kj->ki", x, y), gpk.linspace(-1, 2, 7, dtype=x.dtype),
+            gpk.eye(3, 5, 1, dtype=x.dtype)]  # fmt: skip
+    for o in outs:
+        _plan_all(o, layout)
 
 
 @pytest.mark.parametrize("d", ["float32", "float16", "bfloat16", "float64", "int32", "bool"])
