@@ -103,8 +103,10 @@ def _parse(subscripts: str, ndims: Sequence[int]) -> tuple[list[list[str]], list
             head, tail = rhs.split("...")
             out = [*head, *ell, *tail]
         elif n_ell:
-            raise _bad(f"{subscripts!r}: the operands have broadcast dims ('...') but the "
-                       "output does not say where they go")
+            raise _bad(
+                f"{subscripts!r}: the operands have broadcast dims ('...') but the "
+                "output does not say where they go"
+            )
         else:
             out = list(rhs)
         known = {lab for labels in ins for lab in labels}

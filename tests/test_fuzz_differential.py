@@ -1,8 +1,8 @@
 """Differential fuzz: random small programs (elementwise ops with weak scalars, // and % of
-integers, views and writes through them, basic indexing, reductions, scans and sorts; attention with NaN and inf) run lazily,
-eagerly and compiled, against NumPy. Floats are checked against a float64 reference rounded
-to the dtype after each step; ints and bools exactly. Bounded to run in well under a minute
-on two cores."""
+integers, views and writes through them, basic indexing, reductions, scans and sorts;
+attention with NaN and inf) run lazily, eagerly and compiled, against NumPy. Floats are
+checked against a float64 reference rounded to the dtype after each step; ints and bools
+exactly. Bounded to run in well under a minute on two cores."""
 
 from __future__ import annotations
 

@@ -25,14 +25,16 @@ def sort(x: np.ndarray, attrs: dict[str, Any], dtype: DType) -> np.ndarray:
     """Sorted values or their int64 indices along attrs["axis"], the first k of them."""
     ax = attrs["axis"] % x.ndim
     k = attrs.get("k")
+    # Keys in the compute dtype: ml_dtypes' bfloat16 sorts NaN anywhere; float32 is exact.
+    key = up(x)
     if attrs.get("descending"):
         # Descending is the ascending order reversed, except that equal values keep their
         # index order: a stable ascending sort of the reversed row, mapped back.
         n = x.shape[ax]
-        rev = np.flip(x, axis=ax)
+        rev = np.flip(key, axis=ax)
         idx = (n - 1) - np.flip(np.argsort(rev, axis=ax, kind="stable"), axis=ax)
     else:
-        idx = np.argsort(x, axis=ax, kind="stable")
+        idx = np.argsort(key, axis=ax, kind="stable")
     if k is not None:
         idx = np.take(idx, np.arange(k), axis=ax)
     if attrs.get("indices"):

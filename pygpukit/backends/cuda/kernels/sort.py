@@ -69,9 +69,11 @@ def sort(
     if smem > DEFAULT_SMEM:
         optin = loader.max_shared_optin()
         if smem > optin:
-            raise UnsupportedError(f"sort: rows of {cols} {dtype} elements are longer than "
-                                   f"this GPU sorts in one block ({max_cols(dtype, optin)}; "
-                                   f"{smem} bytes of shared memory, {optin} available)")  # fmt: skip
+            longest = max_cols(dtype, optin)
+            raise UnsupportedError(
+                f"sort: rows of {cols} {dtype} elements are longer than this GPU sorts in one "
+                f"block ({longest}: {smem} bytes of shared memory, {optin} available)"
+            )
     fn = loader.get_kernel("sort", "pgk_sort", sort_defines(dtype))
     if smem > DEFAULT_SMEM:
         fn.set_dynamic_smem(smem)
