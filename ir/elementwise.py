@@ -252,10 +252,10 @@ declare(
     api=("floor_divide", "GPUArray.__floordiv__", "GPUArray.__rfloordiv__"),
 )  # fmt: skip
 declare(
-    "mod", "binary", ufunc=np.remainder, reference=np.remainder,
+    "remainder", "binary", ufunc=np.remainder, reference=np.remainder,
     cuda={"f": "pgk_pymod({x}, {y})",
           "iu": "({y} == 0 || {y} == -1 ? 0 : {x} % {y} + (" + _IDIV + " ? {y} : 0))"},
-    api=("mod", "remainder", "GPUArray.__mod__", "GPUArray.__rmod__"),
+    api=("remainder", "mod", "GPUArray.__mod__", "GPUArray.__rmod__"),
 )  # fmt: skip
 declare(
     "maximum", "binary", ufunc=np.maximum, reference=np.maximum,

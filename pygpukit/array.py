@@ -487,10 +487,10 @@ class GPUArray:
         return binary("floor_divide", o, self)
 
     def __mod__(self, o: ArrayLike) -> GPUArray:
-        return binary("mod", self, o)
+        return binary("remainder", self, o)
 
     def __rmod__(self, o: ArrayLike) -> GPUArray:
-        return binary("mod", o, self)
+        return binary("remainder", o, self)
 
     def prod(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
         """See gpk.prod."""

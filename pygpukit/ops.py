@@ -140,13 +140,13 @@ def floor_divide(a: ArrayLike, b: ArrayLike) -> GPUArray:
     return binary("floor_divide", a, b)
 
 
-def mod(a: ArrayLike, b: ArrayLike) -> GPUArray:
+def remainder(a: ArrayLike, b: ArrayLike) -> GPUArray:
     """a % b, elementwise with broadcasting, as NumPy's (Python's): the remainder takes the
     divisor's sign; integers modulo zero give 0, floats NaN."""
-    return binary("mod", a, b)
+    return binary("remainder", a, b)
 
 
-remainder = mod  # NumPy's other name
+mod = remainder  # NumPy's other name (np.mod is np.remainder)
 
 
 def maximum(a: ArrayLike, b: ArrayLike) -> GPUArray:
