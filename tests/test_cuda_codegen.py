@@ -146,6 +146,13 @@ def test_numpy_breadth_ops(arch: str, d: str, layout: str) -> None:
         _plan_all(o, layout)
 
 
+def test_sort_rows_past_one_block_are_unsupported(arch: str) -> None:
+    x = gpk.asarray(np.ones((2, 1 << 15), np.float64))  # 393 KB of keys and positions a row
+    with pytest.raises(gpk.errors.UnsupportedError, match="sort: rows of 32768 float64") as e:
+        _plan_all(gpk.sort(x), "contiguous")
+    assert isinstance(e.value, NotImplementedError) and "16384" in str(e.value)
+
+
 @pytest.mark.parametrize("d", ["float32", "float16", "bfloat16", "float64", "int32", "bool"])
 def test_movement_and_indexing(arch: str, d: str) -> None:
     rng = np.random.default_rng(2)

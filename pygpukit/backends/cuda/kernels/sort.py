@@ -42,6 +42,22 @@ def max_cols(dtype: str, optin: int) -> int:
     return n
 
 
+def check_row(dtype: str, cols: int) -> tuple[int, int]:
+    """(padded length, shared-memory bytes) of a row of cols elements, or UnsupportedError
+    where one block of this GPU cannot hold it."""
+    n_pad = max(2, pow2_at_least(cols))
+    smem = smem_bytes(dtype, n_pad)
+    if smem > DEFAULT_SMEM:
+        optin = loader.max_shared_optin()
+        if smem > optin:
+            longest = max_cols(dtype, optin)
+            raise UnsupportedError(
+                f"sort: rows of {cols} {dtype} elements are longer than this GPU sorts in one "
+                f"block ({longest}: {smem} bytes of shared memory, {optin} available)"
+            )
+    return n_pad, smem
+
+
 def sort(
     x: int,
     values: int,
@@ -64,16 +80,7 @@ def sort(
         raise ShapeError(f"sort: k={k} exceeds the row length {cols}")
     if rows == 0 or k == 0:
         return
-    n_pad = max(2, pow2_at_least(cols))
-    smem = smem_bytes(dtype, n_pad)
-    if smem > DEFAULT_SMEM:
-        optin = loader.max_shared_optin()
-        if smem > optin:
-            longest = max_cols(dtype, optin)
-            raise UnsupportedError(
-                f"sort: rows of {cols} {dtype} elements are longer than this GPU sorts in one "
-                f"block ({longest}: {smem} bytes of shared memory, {optin} available)"
-            )
+    n_pad, smem = check_row(dtype, cols)
     fn = loader.get_kernel("sort", "pgk_sort", sort_defines(dtype))
     if smem > DEFAULT_SMEM:
         fn.set_dynamic_smem(smem)

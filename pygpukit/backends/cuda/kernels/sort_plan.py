@@ -26,6 +26,7 @@ def plan_sort(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     inv = [perm.index(d) for d in range(nd)]
     xp = x.view(tuple(x.shape[p] for p in perm), tuple(x.strides[p] for p in perm), x.offset)
     fix, rows, cols, rs = as_rows(ctx, xp, tag)
+    sort.check_row(x.dtype.name, cols)  # a row too long fails here, before any launch
     k = cols if a.get("k") is None else a["k"]
     oshape = xp.shape[:-1] + (k,)
     out_st = tuple(contiguous(oshape)[i] for i in inv)
