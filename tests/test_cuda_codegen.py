@@ -151,6 +151,12 @@ def test_sort_rows_past_one_block_are_unsupported(arch: str) -> None:
     with pytest.raises(gpk.errors.UnsupportedError, match="sort: rows of 32768 float64") as e:
         _plan_all(gpk.sort(x), "contiguous")
     assert isinstance(e.value, NotImplementedError) and "16384" in str(e.value)
+    # A sampler's top-k (descending, k <= 64, floats) takes the radix select: any length.
+    y = gpk.asarray(np.ones((2, 1 << 15), np.float32))
+    cuda_fakes.LAUNCHES.clear()
+    for part in gpk.topk(y, 50):
+        _plan_all(part, "contiguous")
+    assert {name for name, _, _ in cuda_fakes.LAUNCHES} == {"pgk_topk"}
 
 
 @pytest.mark.parametrize("d", ["float32", "float16", "bfloat16", "float64", "int32", "bool"])

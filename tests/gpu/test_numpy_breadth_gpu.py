@@ -228,7 +228,10 @@ def test_linspace_eye(d: str) -> None:
         endpoint = rest[0] if rest else True
         want = np.linspace(start, stop, num, endpoint, dtype=npd(d) if d != "bfloat16"
                            else np.float64).astype(npd(d))  # fmt: skip
-        for out in modes(lambda: gpk.linspace(start, stop, num, endpoint, d)):
+        def fn(start: Any = start, stop: Any = stop, num: Any = num, e: Any = endpoint) -> Any:
+            return gpk.linspace(start, stop, num, e, d)
+
+        for out in modes(fn):
             if d in FLOATS:  # the float64 multiply-add may fuse into one rounding on CUDA
                 close(out, want, d, 1)
             else:
