@@ -228,6 +228,7 @@ def test_linspace_eye(d: str) -> None:
         endpoint = rest[0] if rest else True
         want = np.linspace(start, stop, num, endpoint, dtype=npd(d) if d != "bfloat16"
                            else np.float64).astype(npd(d))  # fmt: skip
+
         def fn(start: Any = start, stop: Any = stop, num: Any = num, e: Any = endpoint) -> Any:
             return gpk.linspace(start, stop, num, e, d)
 
