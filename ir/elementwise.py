@@ -240,6 +240,23 @@ declare(
     cuda={"f": "pow{f}({x}, {y})", "iu": "pgk_ipow<{ct}>({x}, {y}, {err})"},
     api=("power", "GPUArray.__pow__", "GPUArray.__rpow__"),
 )  # fmt: skip
+# Python's floor division and modulo (the remainder takes the divisor's sign); integers
+# divided by zero give 0 as NumPy's do, INT_MIN // -1 wraps. The float forms follow NumPy's
+# npy_divmod (the prelude's pgk_floordiv / pgk_pymod); the integer forms are plain C, with
+# the divisor 0 and -1 guarded before C's / and % (which trap on those).
+_IDIV = "(({x} % {y} != 0) && (({x} % {y} < 0) != ({y} < 0)))"
+declare(
+    "floor_divide", "binary", ufunc=np.floor_divide, reference=np.floor_divide,
+    cuda={"f": "pgk_floordiv({x}, {y})",
+          "iu": "({y} == 0 ? 0 : {y} == -1 ? -{x} : {x} / {y} - " + _IDIV + ")"},
+    api=("floor_divide", "GPUArray.__floordiv__", "GPUArray.__rfloordiv__"),
+)  # fmt: skip
+declare(
+    "remainder", "binary", ufunc=np.remainder, reference=np.remainder,
+    cuda={"f": "pgk_pymod({x}, {y})",
+          "iu": "({y} == 0 || {y} == -1 ? 0 : {x} % {y} + (" + _IDIV + " ? {y} : 0))"},
+    api=("remainder", "mod", "GPUArray.__mod__", "GPUArray.__rmod__"),
+)  # fmt: skip
 declare(
     "maximum", "binary", ufunc=np.maximum, reference=np.maximum,
     cuda={"fiu": "pgk_max<{ct}>({x}, {y})", "b": "({x} || {y})"}, api=("maximum",),

@@ -24,7 +24,8 @@ Infer = Callable[[list[Spec], dict[str, Any]], Spec]
 @dataclass(frozen=True)
 class OpDef:
     name: str
-    kind: str  # leaf unary binary ternary cast reduce movement matmul gather scatter fused
+    # leaf unary binary ternary cast reduce scan sort movement matmul gather scatter fused
+    kind: str
     infer: Infer
     n_inputs: int | None  # None: variadic
     ufunc: Any = None  # the NumPy ufunc whose type resolution the op follows
@@ -75,16 +76,18 @@ def _reduce(kind: str) -> Infer:
         ((shape, d),) = ins
         axes = attrs["axes"]
         for a in axes:
-            if shape[a] == 0 and kind in ("max", "min", "argmax"):
+            if shape[a] == 0 and kind in ("max", "min", "argmax", "argmin"):
                 raise ShapeRuleError(f"{kind} of an empty axis {a} of shape {shape}")
         out = shapes.reduce_shape(shape, axes, attrs["keepdims"])
-        if kind == "sum":
+        if kind in ("sum", "prod"):
             # NumPy sums small ints in the platform int; we have no uint64, so int64 for all.
             rd = dt.int64 if d.kind in "biu" else d
         elif kind == "mean":
             rd = d if d.is_float else dt.DEFAULT_FLOAT  # ir/dtypes.py: no float64 from ints
-        elif kind == "argmax":
+        elif kind in ("argmax", "argmin"):
             rd = dt.int64
+        elif kind in ("any", "all"):
+            rd = dt.bool_
         else:
             rd = d
         return out, rd
@@ -92,8 +95,41 @@ def _reduce(kind: str) -> Infer:
     return infer
 
 
-for _n in ("sum", "mean", "max", "min", "argmax"):
+REDUCTIONS = ("sum", "mean", "max", "min", "argmax", "prod", "any", "all", "argmin")
+for _n in REDUCTIONS:
     _register(_n, "reduce", _reduce(_n), 1)
+
+# ---- scans and sorts along one axis ------------------------------------------------------
+
+
+def _scan(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # cumsum (kind "add") / cumprod ("mul") along attrs["axis"]; NumPy's dtypes: integers
+    # and bools accumulate in the platform int (int64 here), floats in their own dtype.
+    ((shape, d),) = ins
+    if attrs["kind"] not in ("add", "mul"):
+        raise ShapeRuleError(f"scan: kind must be 'add' or 'mul', got {attrs['kind']!r}")
+    shapes.normalize_axis(attrs["axis"], len(shape))
+    return shape, dt.int64 if d.kind in "biu" else d
+
+
+def _sort(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # Sorted values (or, with indices=True, the int64 positions they came from) along
+    # attrs["axis"], ascending with NaN last or descending with NaN first, ties in index
+    # order (stable); attrs["k"] keeps the first k (top-k), None all of them.
+    ((shape, d),) = ins
+    if not shape:
+        raise ShapeRuleError("sort needs an array of at least one dimension")
+    ax = shapes.normalize_axis(attrs["axis"], len(shape))
+    k = attrs.get("k")
+    n = shape[ax]
+    if k is not None and not 0 <= k <= n:
+        raise ShapeRuleError(f"k={k} is out of range for axis {ax} of size {n} (shape {shape})")
+    out = shape if k is None else shape[:ax] + (k,) + shape[ax + 1 :]
+    return out, dt.int64 if attrs.get("indices") else d
+
+
+_register("scan", "scan", _scan, 1)
+_register("sort", "sort", _sort, 1)
 
 # ---- movement -------------------------------------------------------------------------
 

@@ -40,8 +40,15 @@ def _fold_reduce(n: Node, value: Any) -> Any:
         return None
     if n.op in ("max", "min"):
         return value
-    if n.op == "argmax":
+    if n.op in ("argmax", "argmin"):
         return 0
+    if n.op in ("any", "all"):
+        return bool(value)
+    if n.op == "prod":
+        # A product of ones is one, of integer zeros zero (a float zero's sign would
+        # alternate); other products round or overflow: leave them to the kernel.
+        exact = value == 1 or (value == 0 and not isinstance(value, float))
+        return value if exact else None
     if n.op == "mean":
         return value
     if n.dtype.is_int or n.dtype.kind == "b":

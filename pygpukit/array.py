@@ -658,6 +658,84 @@ class GPUArray:
         """
         return _copy(self)
 
+    # -- NumPy breadth: // and %, more reductions, scans, sorts, dot (the functions live in
+    # pygpukit/ops.py, reductions.py, scans.py, sorting.py and einsum.py) ------------------
+    def __floordiv__(self, o: ArrayLike) -> GPUArray:
+        return binary("floor_divide", self, o)
+
+    def __rfloordiv__(self, o: ArrayLike) -> GPUArray:
+        return binary("floor_divide", o, self)
+
+    def __mod__(self, o: ArrayLike) -> GPUArray:
+        return binary("remainder", self, o)
+
+    def __rmod__(self, o: ArrayLike) -> GPUArray:
+        return binary("remainder", o, self)
+
+    def prod(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        """See gpk.prod."""
+        return reduce("prod", self, axis, keepdims)
+
+    def any(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        """See gpk.any."""
+        return reduce("any", self, axis, keepdims)
+
+    def all(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
+        """See gpk.all."""
+        return reduce("all", self, axis, keepdims)
+
+    def argmin(self, axis: int | None = None, keepdims: bool = False) -> GPUArray:
+        """See gpk.argmin."""
+        return reduce("argmin", self, axis, keepdims)
+
+    def var(self, axis: Any = None, *, ddof: int | float = 0, keepdims: bool = False) -> GPUArray:
+        """See gpk.var."""
+        from .reductions import var
+
+        return var(self, axis, ddof=ddof, keepdims=keepdims)
+
+    def std(self, axis: Any = None, *, ddof: int | float = 0, keepdims: bool = False) -> GPUArray:
+        """See gpk.std."""
+        from .reductions import std
+
+        return std(self, axis, ddof=ddof, keepdims=keepdims)
+
+    def cumsum(self, axis: int | None = None, dtype: Any = None) -> GPUArray:
+        """See gpk.cumsum."""
+        from .scans import cumsum
+
+        return cumsum(self, axis, dtype)
+
+    def cumprod(self, axis: int | None = None, dtype: Any = None) -> GPUArray:
+        """See gpk.cumprod."""
+        from .scans import cumprod
+
+        return cumprod(self, axis, dtype)
+
+    def sort(self, axis: int = -1, kind: str | None = None, order: Any = None, *,
+             stable: bool | None = None) -> None:  # fmt: skip
+        """Sort in place along axis, as ndarray.sort: a write of gpk.sort(self, ...) into
+        this array (so a view's base sees it, and a read-only array refuses it)."""
+        from .sorting import sort
+
+        if axis is None:
+            raise errors.user_error(errors.DTypeError, "sort", "an in-place sort needs an "
+                                    "int axis (axis=None flattens: use gpk.sort)")  # fmt: skip
+        self[...] = sort(self, axis, kind, order, stable=stable)
+
+    def argsort(self, axis: int | None = -1, kind: str | None = None, order: Any = None, *,
+                stable: bool | None = None) -> GPUArray:  # fmt: skip
+        """See gpk.argsort."""
+        from .sorting import argsort
+
+        return argsort(self, axis, kind, order, stable=stable)
+
+    def dot(self, b: ArrayLike) -> GPUArray:
+        """See gpk.dot."""
+        from .einsum import dot
+
+        return dot(self, b)
+
     # -- indexing ------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> GPUArray:
         from .masking import mask_of, select
@@ -878,27 +956,31 @@ def _array_index(index: Any, x: GPUArray) -> tuple[int, Any]:
 # -- functions used by methods (the public op API re-exports them) ---------------------------
 
 
-def reduce(op: str, x: ArrayLike, axis: Any, keepdims: bool) -> GPUArray:
-    x = x if isinstance(x, GPUArray) else _operand(x, op)
+def reduce(op: str, x: ArrayLike, axis: Any, keepdims: bool, name: str | None = None) -> GPUArray:
+    """Record reduction op of x over axis; errors name `name` (the user's function, as var
+    for its mean) or op."""
+    label = name or op
+    x = x if isinstance(x, GPUArray) else _operand(x, label)
     if axis is not None:
-        if op == "argmax" and not isinstance(axis, int | np.integer):
-            raise errors.user_error(errors.DTypeError, op, f"axis must be an int or None, got "
+        if op in ("argmax", "argmin") and not isinstance(axis, int | np.integer):
+            raise errors.user_error(errors.DTypeError, label, f"axis must be an int or None, got "
                                     f"{axis!r}")  # fmt: skip
-        ints = _ints(op, axis)
+        ints = _ints(label, axis)
         if len(set(ints)) != len(ints):
-            raise errors.user_error(errors.ShapeError, op, f"duplicate value in 'axis' {ints}")
+            raise errors.user_error(errors.ShapeError, label, f"duplicate value in 'axis' {ints}")
         if x.ndim == 0 and isinstance(axis, int | np.integer) and ints[0] in (0, -1) \
                 and op != "mean":  # fmt: skip
             ints = ()  # NumPy takes an int axis 0 (or -1) of a 0-d array as no axis
         if x.ndim == 0 and ints:
-            raise errors.user_error(errors.AxisError, op, f"axis {ints[0]} is out of bounds "
+            raise errors.user_error(errors.AxisError, label, f"axis {ints[0]} is out of bounds "
                                     "for an array of dimension 0")  # fmt: skip
         axis = ints[0] if isinstance(axis, int | np.integer) and ints else ints
     try:
         axes = shapes.normalize_axes(axis, x.ndim)
     except shapes.AxisRuleError as e:
-        raise errors.op_error(op, e, [(x.shape, x.dtype)], user_location()) from None
-    return GPUArray(runtime.record(op, (x._node,), {"axes": axes, "keepdims": bool(keepdims)}))
+        raise errors.op_error(label, e, [(x.shape, x.dtype)], user_location()) from None
+    return GPUArray(runtime.record(op, (x._node,), {"axes": axes, "keepdims": bool(keepdims)},
+                                   label))  # fmt: skip
 
 
 def matmul(a: ArrayLike, b: ArrayLike) -> GPUArray:

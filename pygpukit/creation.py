@@ -282,3 +282,58 @@ def to_array(x: Any, dtype: Any, op: str) -> GPUArray:
 
 
 array = asarray
+
+
+def _number(op: str, name: str, v: Any) -> float:
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise errors.user_error(errors.DTypeError, op, f"{name} must be a number, got {v!r}")
+    return v
+
+
+def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True,
+             dtype: Any = None) -> GPUArray:  # fmt: skip
+    """num evenly spaced values from start to stop (stop itself with endpoint=True), as
+    np.linspace: computed in float64 (start + i * step, the last one exactly stop) and
+    rounded once to dtype (float32 by default; integer dtypes take the floor)."""
+    lo, hi = _number("linspace", "start", start), _number("linspace", "stop", stop)
+    try:
+        n = operator.index(num)
+    except TypeError:
+        raise errors.user_error(errors.DTypeError, "linspace", f"num must be an int, got "
+                                f"{num!r}") from None  # fmt: skip
+    if n < 0:
+        raise errors.user_error(errors.GPUKitValueError, "linspace", f"number of samples, "
+                                f"{n}, must be non-negative")  # fmt: skip
+    d = _dtype(dtype, DEFAULT_FLOAT, "linspace")
+    div = n - 1 if endpoint else n
+    delta = float(hi) - float(lo)
+    i = arange(0, n, dtype=dtypes.float64)
+    if div > 0:
+        step = delta / div
+        y = i * step + float(lo) if step != 0 else (i / float(div)) * delta + float(lo)
+    else:
+        y = i * delta + float(lo)
+    if endpoint and n > 1:
+        y[-1] = float(hi)
+    if d.is_int:
+        from .ops import floor_divide
+
+        y = floor_divide(y, 1.0)  # NumPy floors before an integer cast
+    return y.astype(d)
+
+
+def eye(N: int, M: int | None = None, k: int = 0, dtype: Any = None) -> GPUArray:  # noqa: N803
+    """An N x M array (M defaults to N) with ones on diagonal k (0: the main one, > 0
+    above it, < 0 below) and zeros elsewhere, as np.eye; float32 by default."""
+    n, m = _shape((N, N if M is None else M), "eye")
+    try:
+        kk = operator.index(k)
+    except TypeError:
+        raise errors.user_error(errors.DTypeError, "eye", f"k must be an int, got "
+                                f"{k!r}") from None  # fmt: skip
+    d = _dtype(dtype, DEFAULT_FLOAT, "eye")
+    rows = arange(n).reshape(n, 1)
+    cols = arange(m).reshape(1, m)
+    return (cols - rows == kk).astype(d)

@@ -92,6 +92,7 @@ __all__ = [
     "GPUKitValueError",
     "GPUKitZeroDivisionError",
     "AxisError",
+    "UnsupportedError",
     "UnsupportedFunctionError",
 ]
 
@@ -185,3 +186,8 @@ def user_error(cls: type[GPUKitError], op: str, message: str) -> GPUKitError:
 class SchedulerError(GPUKitError, RuntimeError):
     """The scheduler is closed, or stopped on an error its dispatcher cannot recover from
     (the tasks it still held fail with this)."""
+
+
+class UnsupportedError(GPUKitError, NotImplementedError):
+    """A valid request this version does not implement (an einsum diagonal, a CUDA sort
+    row past the kernel's length); the message says what is missing."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,11 @@ from .array import (
     take,
     unary,
 )
-from .creation import to_array
+from .creation import eye, linspace, to_array
+from .einsum import dot, einsum
+from .reductions import all, any, argmin, prod, std, var  # noqa: A004 - NumPy's names
+from .scans import cumprod, cumsum
+from .sorting import argsort, sort, topk
 
 
 def _arr(x: ArrayLike) -> GPUArray:
@@ -127,6 +132,21 @@ def divide(a: ArrayLike, b: ArrayLike) -> GPUArray:
 def power(a: ArrayLike, b: ArrayLike) -> GPUArray:
     """a ** b, elementwise with broadcasting."""
     return binary("pow", a, b)
+
+
+def floor_divide(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a // b, elementwise with broadcasting, as NumPy's: the floor of the quotient;
+    integers divided by zero give 0, floats inf or NaN."""
+    return binary("floor_divide", a, b)
+
+
+def remainder(a: ArrayLike, b: ArrayLike) -> GPUArray:
+    """a % b, elementwise with broadcasting, as NumPy's (Python's): the remainder takes the
+    divisor's sign; integers modulo zero give 0, floats NaN."""
+    return binary("remainder", a, b)
+
+
+mod = remainder  # NumPy's other name (np.mod is np.remainder)
 
 
 def maximum(a: ArrayLike, b: ArrayLike) -> GPUArray:
@@ -430,7 +450,7 @@ def concatenate(arrays: Sequence[ArrayLike], axis: int = 0) -> GPUArray:
     xs = [_arr(a) for a in arrays]
     if not xs:
         raise errors.user_error(errors.ShapeError, "concatenate", "need at least one array")
-    if any(x.ndim == 0 for x in xs):
+    if builtins.any(x.ndim == 0 for x in xs):
         raise errors.user_error(errors.ShapeError, "concatenate", "zero-dimensional arrays "
                                 "cannot be concatenated")  # fmt: skip
     ax = _axes("concatenate", (axis,), xs[0])[0]
@@ -475,11 +495,13 @@ def realize(*xs: GPUArray) -> None:
 
 
 __all__ = [
-    "abs", "add", "argmax", "astype", "bitwise_and", "bitwise_invert", "bitwise_or",
-    "bitwise_xor", "broadcast_to", "clip", "concatenate", "cos", "divide", "equal", "erf", "exp",
-    "expand_dims", "greater", "greater_equal", "invert", "less", "less_equal", "log",
-    "logical_and", "logical_not", "logical_or", "matmul", "max", "maximum", "mean", "min",
-    "minimum", "multiply", "negative", "not_equal", "permute", "power", "realize", "reshape",
-    "rsqrt", "sigmoid", "sin", "softplus", "sqrt", "squeeze", "stack", "subtract", "sum",
-    "swapaxes", "take", "tanh", "transpose", "where",
+    "abs", "add", "all", "any", "argmax", "argmin", "argsort", "astype", "bitwise_and",
+    "bitwise_invert", "bitwise_or", "bitwise_xor", "broadcast_to", "clip", "concatenate", "cos",
+    "cumprod", "cumsum", "divide", "dot", "einsum", "equal", "erf", "exp", "expand_dims", "eye",
+    "floor_divide", "greater", "greater_equal", "invert", "less", "less_equal", "linspace",
+    "log", "logical_and", "logical_not", "logical_or", "matmul", "max", "maximum", "mean",
+    "min", "minimum", "mod", "multiply", "negative", "not_equal", "permute", "power", "prod",
+    "realize", "remainder", "reshape", "rsqrt", "sigmoid", "sin", "softplus", "sort", "sqrt",
+    "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "take", "tanh", "topk",
+    "transpose", "var", "where",
 ]  # fmt: skip

@@ -124,11 +124,39 @@ def test_elementwise_every_op(arch: str, d: str, layout: str) -> None:
 def test_reductions(arch: str, d: str, layout: str) -> None:
     rng = np.random.default_rng(1)
     x = _arr(rng, (6, 300), d)
-    for op in ("sum", "mean", "max", "min", "argmax"):
+    for op in ("sum", "mean", "max", "min", "argmax", "prod", "any", "all", "argmin"):
         for axis, keep in ((None, False), (0, True), (1, False), ((0, 1), True)):
-            if op == "argmax" and isinstance(axis, tuple):
+            if op in ("argmax", "argmin") and isinstance(axis, tuple):
                 continue
             _plan_all(getattr(x, op)(axis=axis, keepdims=keep), layout)
+
+
+@pytest.mark.parametrize("d", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_numpy_breadth_ops(arch: str, d: str, layout: str) -> None:
+    """// and %, scans, sorts, var/std, dot/einsum, linspace/eye plan and compile."""
+    rng = np.random.default_rng(2)
+    x, y = _arr(rng, (6, 300), d), _arr(rng, (6, 300), d)
+    outs = [gpk.cumsum(x, 1), gpk.cumprod(x, 0), gpk.cumsum(x), x // y, x % y, 3 % x,
+            gpk.sort(x, 0), gpk.argsort(x), *gpk.topk(x, 5), *gpk.topk(x, 2, 0, False),
+            gpk.var(x, 1), gpk.std(x, 0, ddof=1), gpk.dot(x, x.T),
+            gpk.einsum("ij,kj->ki", x, y), gpk.linspace(-1, 2, 7, dtype=x.dtype),
+            gpk.eye(3, 5, 1, dtype=x.dtype)]  # fmt: skip
+    for o in outs:
+        _plan_all(o, layout)
+
+
+def test_sort_rows_past_one_block_are_unsupported(arch: str) -> None:
+    x = gpk.asarray(np.ones((2, 1 << 15), np.float64))  # 393 KB of keys and positions a row
+    with pytest.raises(gpk.errors.UnsupportedError, match="sort: rows of 32768 float64") as e:
+        _plan_all(gpk.sort(x), "contiguous")
+    assert isinstance(e.value, NotImplementedError) and "16384" in str(e.value)
+    # A sampler's top-k (descending, k <= 64, floats) takes the radix select: any length.
+    y = gpk.asarray(np.ones((2, 1 << 15), np.float32))
+    cuda_fakes.LAUNCHES.clear()
+    for part in gpk.topk(y, 50):
+        _plan_all(part, "contiguous")
+    assert {name for name, _, _ in cuda_fakes.LAUNCHES} == {"pgk_topk"}
 
 
 @pytest.mark.parametrize("d", ["float32", "float16", "bfloat16", "float64", "int32", "bool"])

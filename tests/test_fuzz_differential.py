@@ -1,8 +1,8 @@
-"""Differential fuzz: random small programs (elementwise ops with weak scalars, views and
-writes through them, basic indexing, reductions; attention with NaN and inf) run lazily,
-eagerly and compiled, against NumPy. Floats are checked against a float64 reference rounded
-to the dtype after each step; ints and bools exactly. Bounded to run in well under a minute
-on two cores."""
+"""Differential fuzz: random small programs (elementwise ops with weak scalars, // and % of
+integers, views and writes through them, basic indexing, reductions, scans and sorts;
+attention with NaN and inf) run lazily, eagerly and compiled, against NumPy. Floats are
+checked against a float64 reference rounded to the dtype after each step; ints and bools
+exactly. Bounded to run in well under a minute on two cores."""
 
 from __future__ import annotations
 
@@ -53,7 +53,10 @@ def programs(draw: st.DrawFn) -> tuple[str, tuple[int, ...], list[tuple[str, Any
         kind = draw(st.sampled_from(["scalar", "self", "view_write", "transpose_write",
                                      "reshape_write", "index_then_back", "unary"]))  # fmt: skip
         if kind == "scalar":
-            op = draw(st.sampled_from(["add", "mul", "max"]))
+            # // and % of integers only: a float quotient near an integer floors either way
+            # between the float64 reference and the dtype.
+            int_ops = ["floordiv", "mod"] if dtype in ("int8", "int32") else []
+            op = draw(st.sampled_from(["add", "mul", "max", *int_ops]))
             steps.append((kind, (op, draw(st.integers(-3, 3)))))
         elif kind == "self":
             steps.append((kind, draw(st.sampled_from(["add", "mul", "max"]))))
@@ -67,12 +70,16 @@ def programs(draw: st.DrawFn) -> tuple[str, tuple[int, ...], list[tuple[str, Any
             steps.append((kind, _slices(draw, shape)))
         else:
             steps.append((kind, draw(st.sampled_from(["neg", "abs"]))))
-    final = draw(st.sampled_from(["none", "sum", "max", "min", "sum_axis0"]))
+    final = draw(st.sampled_from(["none", "sum", "max", "min", "sum_axis0", "argmin", "any",
+                                  "all", "cumsum_axis0", "sort_axis0"]))  # fmt: skip
     return dtype, shape, steps, final
 
 
 def _binary(op: str, a: Any, b: Any, xp: Any) -> Any:
-    return {"add": xp.add, "mul": xp.multiply, "max": xp.maximum}[op](a, b)
+    fns = {"add": xp.add, "mul": xp.multiply, "max": xp.maximum, "floordiv": xp.floor_divide,
+           "mod": xp.mod}  # fmt: skip
+    with np.errstate(all="ignore"):  # NumPy's int // 0 is 0 with a warning
+        return fns[op](a, b)
 
 
 def _is_bool(x: Any) -> bool:
@@ -116,6 +123,14 @@ def apply(x: Any, steps: list[tuple[str, Any]], final: str, xp: Any, fix: Any) -
         return x.min()
     if final == "sum_axis0":
         return x.sum(axis=0)
+    if final == "argmin":
+        return x.argmin()
+    if final in ("any", "all"):
+        return getattr(x, final)()
+    if final == "cumsum_axis0":
+        return xp.cumsum(x, axis=0)
+    if final == "sort_axis0":
+        return xp.sort(x, axis=0)
     return x * 1 if not _is_bool(x) else x | False
 
 

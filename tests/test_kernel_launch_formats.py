@@ -24,7 +24,9 @@ from pygpukit.backends.cuda.kernels import (
     matmul_simple,
     rms_norm,
     rope,
+    scan,
     softmax,
+    sort,
 )
 from pygpukit.errors import CompileError
 from pygpukit.ir.quant import QuantSpec
@@ -51,6 +53,10 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
     (("pgk_rope",), lambda: rope.rope(A, B, C, D, 1, 2, 8, 64, "bfloat16", pos_offset=E)),
     (("pgk_argmax",), lambda: argmax_topk.argmax(A, B, 4, 100, "float32")),
     (("pgk_topk",), lambda: argmax_topk.topk(A, B, C, 4, 100, 5, "float32")),
+    (("pgk_cumsum",), lambda: scan.scan(A, B, 4, 100, "bfloat16")),
+    (("pgk_cumprod",), lambda: scan.scan(A, B, 4, 1000, "int8", kind="mul", x_row_stride=1024)),
+    (("pgk_sort",), lambda: sort.sort(A, B, 0, 4, 100, 100, "float32")),
+    (("pgk_sort",), lambda: sort.sort(A, 0, B, 4, 4096, 7, "int64", descending=True)),
     (("pgk_embedding",), lambda: embedding.embedding(A, B, C, 4, 64, 100, "float16")),
     (("pgk_gemm_mma",), lambda: gemm_mma.gemm(A, B, C, 32, 32, 64, "bfloat16", bias=D)),
     (("pgk_matmul",), lambda: matmul_simple.matmul(A, B, C, 8, 8, 8, "int32")),

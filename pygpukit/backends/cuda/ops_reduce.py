@@ -1,9 +1,10 @@
-"""Planner for sum/mean/max/min/argmax and fused_reduce steps."""
+"""Planner for the reductions (ir.ops.REDUCTIONS) and fused_reduce steps."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pygpukit.ir.ops import REDUCTIONS
 from pygpukit.passes import Step
 
 from . import compiler
@@ -67,7 +68,7 @@ def plan_reduce(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     return run
 
 
-REDUCE_OPS = {"sum", "mean", "max", "min", "argmax", "fused_reduce"}
+REDUCE_OPS = {*REDUCTIONS, "fused_reduce"}
 
 
 def _argmax_rows(ctx: Context, step: Step, ins: Sequence[DeviceValue]) -> Run | None:

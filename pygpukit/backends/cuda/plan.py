@@ -20,7 +20,9 @@ from .kernels import (
     paged_plan,
     rms_norm_plan,
     rope_plan,
+    scan_plan,
     softmax_plan,
+    sort_plan,
 )
 from .value import DeviceValue
 
@@ -29,7 +31,7 @@ Planner = Callable[[Context, Step, Sequence[DeviceValue], int], Run]
 
 # The fused kernel families: each plan module declares the IR ops it plans (PLANNERS).
 FAMILY_PLANS = (activation_plan, attention_plan, layer_norm_plan, linear_plan, paged_plan,
-                rms_norm_plan, rope_plan, softmax_plan)  # fmt: skip
+                rms_norm_plan, rope_plan, scan_plan, softmax_plan, sort_plan)  # fmt: skip
 
 PLANNERS: dict[str, Planner] = {
     **{op: ops_elementwise.plan_expr for op in ops_elementwise.ELEMENTWISE_OPS},

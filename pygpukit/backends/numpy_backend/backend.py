@@ -13,11 +13,12 @@ from pygpukit.errors import OutOfMemoryError, op_error
 from pygpukit.ir import DType, dtypes
 from pygpukit.ir.elementwise import OPS as ELEMENTWISE
 from pygpukit.ir.evaluate import evaluate
+from pygpukit.ir.ops import REDUCTIONS
 from pygpukit.memory import Storage, enable_eviction, pin_all, pinned, unpin_all
 from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
-from . import fused, linalg, movement, nn, paged, reduce
+from . import fused, linalg, movement, nn, paged, reduce, scan_sort
 from .planned import PlannedHooks
 
 VIEW_OPS = ("reshape", "permute", "expand", "index", "after")
@@ -72,8 +73,12 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
     op, a, d = step.op, step.attrs, step.dtype
     if op in ELEMENTWISE:
         return evaluate(op, ins, a, d)
-    if op in ("sum", "mean", "max", "min", "argmax"):
+    if op in REDUCTIONS:
         return reduce.reduce(op, ins[0], a, d)
+    if op == "scan":
+        return scan_sort.scan(ins[0], a, d)
+    if op == "sort":
+        return scan_sort.sort(ins[0], a, d)
     if op in VIEW_OPS or op == "concat":
         return movement.movement(op, ins, a, d)
     if op == "take":

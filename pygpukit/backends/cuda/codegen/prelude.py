@@ -52,6 +52,44 @@ __device__ __forceinline__ double pgk_gelu_erf(double x) {
   return 0.5 * x * (1.0 + erf(x / 1.4142135623730951));
 }
 
+// Python's floor division and modulo of floats, as NumPy's npy_divmod computes them: the
+// quotient snapped to the nearest integer of (a - fmod(a, b)) / b, the remainder with the
+// divisor's sign; b == 0 gives a / b and fmod's NaN.
+#define PGK_DIVMOD(T, SUF)                                                              \
+  __device__ __forceinline__ T pgk_divmod(T a, T b, T* modulus) {                       \
+    T mod = fmod##SUF(a, b);                                                            \
+    if (!b) { *modulus = mod; return a / b; }                                           \
+    T div = (a - mod) / b;                                                              \
+    if (mod) {                                                                          \
+      if ((b < 0) != (mod < 0)) { mod += b; div -= (T)1; }                              \
+    } else {                                                                            \
+      mod = copysign##SUF((T)0, b);                                                     \
+    }                                                                                   \
+    T floordiv;                                                                         \
+    if (div) {                                                                          \
+      floordiv = floor##SUF(div);                                                       \
+      if (div - floordiv > (T)0.5) floordiv += (T)1;                                    \
+    } else {                                                                            \
+      floordiv = copysign##SUF((T)0, a / b);                                            \
+    }                                                                                   \
+    *modulus = mod;                                                                     \
+    return floordiv;                                                                    \
+  }                                                                                     \
+  __device__ __forceinline__ T pgk_floordiv(T a, T b) {                                 \
+    if (!b) return a / b;                                                               \
+    T m;                                                                                \
+    return pgk_divmod(a, b, &m);                                                        \
+  }                                                                                     \
+  __device__ __forceinline__ T pgk_pymod(T a, T b) {                                    \
+    if (!b) return fmod##SUF(a, b);                                                     \
+    T m;                                                                                \
+    pgk_divmod(a, b, &m);                                                               \
+    return m;                                                                           \
+  }
+PGK_DIVMOD(float, f)
+PGK_DIVMOD(double, )
+#undef PGK_DIVMOD
+
 // Records the first error of a launch sequence: code, the step's tag, the value, the extent.
 __device__ __forceinline__ void pgk_error(i64* err, i64 code, i64 tag, i64 value, i64 extent) {
   if (atomicCAS((unsigned long long*)err, 0ULL, (unsigned long long)code) == 0ULL) {

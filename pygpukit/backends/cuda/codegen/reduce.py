@@ -1,10 +1,12 @@
-"""Reduction kernels: sum, mean, max, min, argmax of an expression over any axes.
+"""Reduction kernels: sum, mean, prod, max, min, argmax, argmin, any, all of an expression
+over any axes.
 
 The iteration space is split into kept dims (one output each) and reduced dims. 'block'
 gives one block per output with a warp-shuffle tree (long contiguous rows); 'thread' gives
 one thread per output walking its row (short rows, or rows strided in memory, where
 neighbouring threads then read neighbouring addresses). Accumulation: float for
-f32/f16/bf16, double for f64 and for the mean of integers, int64 for integer sums.
+f32/f16/bf16, double for f64 and for the mean of integers, int64 for integer sums and
+products, a 0/1 int for any/all.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ BLOCK = 256
 class ReduceSpec:
     expr: Expr
     in_dtypes: tuple[DType, ...]
-    op: str  # sum mean max min argmax
+    op: str  # sum mean prod max min argmax argmin any all
     out_dtype: DType
     rank_out: int
     rank_red: int
@@ -36,13 +38,15 @@ class ReduceSpec:
 
 def acc_dtype(spec: ReduceSpec) -> DType:
     e = dtype_of(spec.expr, list(spec.in_dtypes))
-    if spec.op in ("sum", "mean"):
+    if spec.op in ("any", "all"):
+        return dtypes.bool_
+    if spec.op in ("sum", "mean", "prod"):
         if spec.out_dtype.is_int:
             return dtypes.int64
         if spec.out_dtype == dtypes.float64 or e == dtypes.float64 or not e.is_float:
             return dtypes.float64
         return dtypes.float32
-    if spec.op == "argmax":
+    if spec.op in ("argmax", "argmin"):
         return dtypes.float64 if e == dtypes.float64 else (e if not e.is_float else dtypes.float32)
     return spec.out_dtype
 
@@ -54,8 +58,10 @@ def _acc_ctype(d: DType) -> str:
 
 def _init(spec: ReduceSpec, acc: DType) -> str:
     c = _acc_ctype(acc)
-    if spec.op in ("sum", "mean"):
+    if spec.op in ("sum", "mean", "any"):
         return f"({c})0"
+    if spec.op in ("prod", "all"):
+        return f"({c})1"
     low = spec.op in ("max", "argmax")
     if acc.is_float:
         inf = "__int_as_float(0x7f800000)"
@@ -107,14 +113,18 @@ def _element(spec: ReduceSpec, acc: DType) -> list[str]:
     e = dtype_of(spec.expr, list(spec.in_dtypes))
     lines += code.lines
     c = _acc_ctype(acc)
-    if spec.op in ("sum", "mean"):
-        lines.append(f"a += ({c})({ct.to_compute(v, e, acc) if e.name != 'bool' else v});")
+    if spec.op in ("sum", "mean", "prod"):
+        sym = "*" if spec.op == "prod" else "+"
+        lines.append(f"a {sym}= ({c})({ct.to_compute(v, e, acc) if e.name != 'bool' else v});")
+    elif spec.op in ("any", "all"):
+        sym = "|" if spec.op == "any" else "&"
+        lines.append(f"a {sym}= (int)(({v}) != 0);")  # NaN is nonzero, as in NumPy
     elif spec.op in ("max", "min"):
         # Rounded to the result dtype first, as the reference compares stored values.
         rv = ct.round_through(v, e, spec.out_dtype)
         lines.append(f"a = pgk_{spec.op}<{c}>(a, ({c})({rv}));")
     else:
-        lines.append(f"pgk_argmax_fold(a, ai, ({c})({v}), r);")
+        lines.append(f"pgk_{spec.op}_fold(a, ai, ({c})({v}), r);")
     return lines
 
 
@@ -126,19 +136,31 @@ template <class T> __device__ __forceinline__ void pgk_argmax_fold(T& a, i64& ai
   else take = b > a || (b == a && bi < ai);
   if (take) { a = b; ai = bi; }
 }
+// NumPy's argmin: the first NaN, else the first smallest.
+template <class T> __device__ __forceinline__ void pgk_argmin_fold(T& a, i64& ai, T b, i64 bi) {
+  const bool an = a != a, bn = b != b;
+  bool take;
+  if (an || bn) take = an && bn ? bi < ai : bn;
+  else take = b < a || (b == a && bi < ai);
+  if (take) { a = b; ai = bi; }
+}
 """
 
 
 def _combine(spec: ReduceSpec, c: str, other: str, other_i: str) -> str:
     if spec.op in ("sum", "mean"):
         return f"a += {other};"
+    if spec.op == "prod":
+        return f"a *= {other};"
+    if spec.op in ("any", "all"):
+        return f"a {'|' if spec.op == 'any' else '&'}= {other};"
     if spec.op in ("max", "min"):
         return f"a = pgk_{spec.op}<{c}>(a, {other});"
-    return f"pgk_argmax_fold(a, ai, {other}, {other_i});"
+    return f"pgk_{spec.op}_fold(a, ai, {other}, {other_i});"
 
 
 def _finish(spec: ReduceSpec, acc: DType) -> str:
-    if spec.op == "argmax":
+    if spec.op in ("argmax", "argmin"):
         return "out[o] = ai == 0x7fffffffffffffffLL ? 0 : ai;"
     val = "a"
     if spec.op == "mean":

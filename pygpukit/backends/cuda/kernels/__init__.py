@@ -15,6 +15,8 @@
     attention_plan   sdpa, sdpa_append       attention (attention_prefill, attention_decode),
                                              matmul_simple and softmax for the composed path
     linear_plan      matmul, linear          gemv, gemm_mma, matmul_simple, cuBLASLt
+    scan_plan        scan                    scan (cumsum, cumprod)
+    sort_plan        sort                    sort (sort, argsort, topk)
 
 argmax_topk and embedding have launchers only (ops_reduce plans argmax). loader.py finds,
 compiles and caches the templates; variants.py lists every variant a launcher can ask

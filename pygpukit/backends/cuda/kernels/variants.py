@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pygpukit.ir.quant import QuantSpec
 
-from . import attention, gemv, gemv_quant, loader
+from . import attention, gemv, gemv_quant, loader, scan, sort
 
 Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
 
@@ -119,6 +119,9 @@ def all_variants() -> list[Variant]:
     out += quant_variants()
     for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"):
         out.append(("matmul_simple", ("pgk_matmul",), _t(dt)))
+    for dt in scan.DTYPES:  # every dtype: int64 results for integers and bools
+        out.append(("scan", ("pgk_cumsum", "pgk_cumprod"), scan.scan_defines(dt)))
+        out.append(("sort", ("pgk_sort",), sort.sort_defines(dt)))
     for dt in floats + ("int8", "uint8", "int32", "int64"):
         for idx in ("int32", "int64"):
             vec = 16 // loader.itemsize(dt)
