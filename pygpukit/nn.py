@@ -94,6 +94,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     kv_len: ArrayLike | None = None,
     kv_start: ArrayLike | None = None,
+    window: int | None = None,
 ) -> GPUArray:
     """softmax(q k^T * scale [+ masks]) v over [..., heads, seq, dim].
 
@@ -105,7 +106,8 @@ def scaled_dot_product_attention(
     inf in a visible element (or a NaN scale) propagates as in a float64 reference.
     `scale=None` is 1/sqrt(dim); any float, 0.0 included, is used as given. kv_len must lie
     in [0, seq] and kv_start in [0, seq] (checked here for host values, on the device for
-    device arrays).
+    device arrays). `window` (an int >= 1) is a sliding window (Mistral's rule): the query at
+    key-aligned position p = i + kv_len - seq_q sees only keys j > p - window.
     """
     op = "scaled_dot_product_attention"
     if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
@@ -116,6 +118,13 @@ def scaled_dot_product_attention(
         "causal": bool(is_causal),
         "scale": None if scale is None else float(scale),
     }
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int | np.integer):
+            raise errors.DTypeError(f"{op}: window must be an int or None, got {window!r}"
+                                    f"{_where()}")  # fmt: skip
+        if window < 1:
+            raise errors.GPUKitValueError(f"{op}: window must be >= 1, got {window}{_where()}")
+        attrs["window"] = int(window)
     ka = _like(k, qa)
     ins: tuple[Any, ...] = (qa._node, ka._node, _like(v, qa)._node)
     seq = ka.shape[-2] if ka.ndim >= 2 else 0
