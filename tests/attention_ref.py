@@ -1,7 +1,8 @@
 """A float64 reference of gpk.nn.scaled_dot_product_attention: masked keys (past kv_len,
-before kv_start, causal, outside the sliding window) are absent, so what they hold never reaches the result; NaN or inf
-in a visible element propagates as plain float64 arithmetic gives it; a query that sees no
-key gets zeros. The scale is rounded to float32, as the kernels take it."""
+before kv_start, causal, outside the sliding window) are absent, so what they hold never
+reaches the result; NaN or inf in a visible element propagates as plain float64 arithmetic
+gives it; a query that sees no key gets zeros. The scale is rounded to float32, as the
+kernels take it."""
 
 from __future__ import annotations
 

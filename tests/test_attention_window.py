@@ -40,8 +40,9 @@ def _run(compiled: bool, q: np.ndarray, k: np.ndarray, v: np.ndarray, **kw: Any)
     (9, 6, 2, True, None, None),         # more queries than keys: empty rows give zeros
     (3, 8, 100, True, None, None),       # wider than the sequence: hides nothing
 ])  # fmt: skip
-def test_window_matches_reference(compiled: bool, sq: int, sk: int, window: int, causal: bool,
-                                  kv_len: int | None, kv_start: list[int] | None) -> None:  # fmt: skip
+def test_window_matches_reference(compiled: bool, sq: int, sk: int, window: int,
+                                  causal: bool, kv_len: int | None,
+                                  kv_start: list[int] | None) -> None:  # fmt: skip
     rng = np.random.default_rng(sq * 100 + sk + window)
     q = rand(rng, (2, 4, sq, 8), "float32")
     k, v = rand(rng, (2, 2, sk, 8), "float32"), rand(rng, (2, 2, sk, 8), "float32")

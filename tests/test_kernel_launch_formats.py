@@ -67,9 +67,21 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
     (
         ("pgk_attention_prefill",),
         lambda: attention.prefill(
-            A, B, C, D, 2, 4, 2, 16, 16, 128, "float32", causal=True,
-            masks=attention.Masks(kv_len=E, kv_start=F, kv_start_dtype="int64", window=5,
-                                  err=G, tag=3),
+            A,
+            B,
+            C,
+            D,
+            2,
+            4,
+            2,
+            16,
+            16,
+            128,
+            "float32",
+            causal=True,
+            masks=attention.Masks(
+                kv_len=E, kv_start=F, kv_start_dtype="int64", window=5, err=G, tag=3
+            ),
         ),  # fmt: skip
     ),
     (
@@ -79,9 +91,21 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
     (
         ("pgk_attention_flash",),
         lambda: attention.flash(
-            A, B, C, D, 2, 4, 2, 16, 40, 128, "float16", causal=True,
-            masks=attention.Masks(kv_len=E, kv_len_dtype="int64", kv_start=F, window=7,
-                                  err=G, tag=1),
+            A,
+            B,
+            C,
+            D,
+            2,
+            4,
+            2,
+            16,
+            40,
+            128,
+            "float16",
+            causal=True,
+            masks=attention.Masks(
+                kv_len=E, kv_len_dtype="int64", kv_start=F, window=7, err=G, tag=1
+            ),
         ),  # fmt: skip
     ),
     (

@@ -3,7 +3,7 @@ installed), on the same device buffers, in one run.
 
     python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
-NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, read_floor,
+NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, sdpa, read_floor,
 chain64, linear_gelu, compile_time, dispatch, llm; a GEMM workload alone as
 gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but llm (--llm adds it).
 Prints a table of times and ratios; --json writes every row plus the device, driver, torch
@@ -34,6 +34,7 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "softmax": kernels.bench_softmax,
     "gemv": kernels.bench_gemv,
     "decode": kernels.bench_decode,
+    "sdpa": kernels.bench_sdpa,
     "read_floor": read_floor.bench_read_floor,
 }
 COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time", "dispatch")

@@ -58,9 +58,10 @@ def rope(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
 
 def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
     """Attention as the float64 reference defines it: masked keys (past kv_len, before
-    kv_start, causal, outside the sliding window) are absent, so what they hold never reaches the result; NaN or inf in a
-    visible q, k or v element, or a NaN scale, propagates; a query that sees no key gets
-    zeros. Bad lengths raise (kv_len in [0, seq], kv_start in [0, seq])."""
+    kv_start, causal, outside the sliding window) are absent, so what they hold never
+    reaches the result; NaN or inf in a visible q, k or v element, or a NaN scale,
+    propagates; a query that sees no key gets zeros. Bad lengths raise (kv_len in [0, seq],
+    kv_start in [0, seq])."""
     q, k, v = (up(i) for i in ins[:3])
     extra = list(ins[3:])
     sk = k.shape[-2]

@@ -148,9 +148,9 @@ def prefill(
     default contiguous; scale defaults to 1/sqrt(D).
     """
     op = "attention_prefill"
+    given = (q_strides, k_strides, v_strides, o_strides)
     sc, (qs, ks, vs, os_) = _prefill_common(op, batch, heads, kv_heads, seq_q, seq_k,
-                                            head_dim, dtype, scale,
-                                            (q_strides, k_strides, v_strides, o_strides))  # fmt: skip
+                                            head_dim, dtype, scale, given)  # fmt: skip
     mask_args = masks.args(op, seq_q, seq_k)
     if batch * heads == 0 or seq_q == 0:
         return
@@ -163,14 +163,9 @@ def prefill(
     aq = _P_WARPS * _P_ROWS
     smem = 4 * (aq * d + _P_KEYS * (d + 1) + _P_KEYS * d)
     fn.set_dynamic_smem(smem)
-    fn.launch(
-        (cdiv(seq_q, aq), batch * heads),
-        (_P_WARPS * 32,),
-        (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *mask_args, *qs, *ks, *vs,
-         *os_, masks.err, masks.tag),  # fmt: skip
-        smem,
-        stream,
-    )
+    args = (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *mask_args, *qs, *ks,
+            *vs, *os_, masks.err, masks.tag)  # fmt: skip
+    fn.launch((cdiv(seq_q, aq), batch * heads), (_P_WARPS * 32,), args, smem, stream)
 
 
 # attention_flash.cuh: (warps, m16 row tiles a warp) per block, by head dim; the small-grid
@@ -234,9 +229,9 @@ def flash(
     (flash_fits). geometry: (warps, m16 row tiles a warp), default flash_geometry(...)."""
     op = "attention_flash"
     loader.check_dtype(dtype, FLASH_DTYPES, op)
+    given = (q_strides, k_strides, v_strides, o_strides)
     sc, (qs, ks, vs, os_) = _prefill_common(op, batch, heads, kv_heads, seq_q, seq_k,
-                                            head_dim, dtype, scale,
-                                            (q_strides, k_strides, v_strides, o_strides))  # fmt: skip
+                                            head_dim, dtype, scale, given)  # fmt: skip
     if not flash_fits((q, k, v), (qs, ks, vs), o, os_):
         raise ShapeError(f"{op}: q, k, v need 16-byte aligned rows and o 4-byte aligned ones")
     mask_args = masks.args(op, seq_q, seq_k)
@@ -250,14 +245,9 @@ def flash(
     fn = loader.get_kernel("attention_flash", "pgk_attention_flash", defines)
     smem = flash_smem(head_dim)
     fn.set_dynamic_smem(smem)
-    fn.launch(
-        (cdiv(seq_q, 16 * fw * fr), batch * heads),
-        (fw * 32,),
-        (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *mask_args, *qs, *ks, *vs,
-         *os_, masks.err, masks.tag),  # fmt: skip
-        smem,
-        stream,
-    )
+    args = (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *mask_args, *qs, *ks,
+            *vs, *os_, masks.err, masks.tag)  # fmt: skip
+    fn.launch((cdiv(seq_q, 16 * fw * fr), batch * heads), (fw * 32,), args, smem, stream)
 
 
 def decode_group(heads: int, kv_heads: int) -> int:

@@ -69,8 +69,11 @@ def all_variants() -> list[Variant]:
         out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=1, PGK_WARPS=8, PGK_ACT=0)))
         for d in (64, 128):
             out.append(
-                ("attention_prefill", ("pgk_attention_prefill",),
-                 _t(dt, PGK_D=d, PGK_ROWS=8, PGK_ERR_INDEX=1))
+                (
+                    "attention_prefill",
+                    ("pgk_attention_prefill",),
+                    _t(dt, PGK_D=d, PGK_ROWS=8, PGK_ERR_INDEX=1),
+                )
             )
             for g, stages, mp in ((1, 2, 16), (8, 4, 8), (16, 3, 4), (4, 1, 2)):
                 dec = _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_MSTAGES=min(stages, 3))
