@@ -534,7 +534,7 @@ def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
         name = f"prefill attn B{b} H{h}/KV{kvh} T{t} D{d} causal bf16"
         r = ref(qs[0].float(), ks[0].float(), vs[0].float())
         flops = 4 * b * h * t * t * d / 2  # causal: half the score matrix
-        geoms = sorted({attention.FLASH_GEOMETRY[d], attention.FLASH_SMALL, (4, 2), (8, 1)})
+        geoms = attention.FLASH_SWEEP
         for g in geoms:
             os_[0].fill_(float("nan"))
             ours(0, geometry=g)

@@ -85,12 +85,12 @@ def test_flash_matches_reference(c: dict[str, Any]) -> None:
     kw = {n: c[n] for n in ("causal", "kv_len", "kv_start", "window")}
     out = _attend(q, k, v, **kw)
     _close(out, sdpa_ref(q, k, v, **kw), c["dtype"])
-    assert _flash_used()
+    if c["sq"] > 1 or c["window"]:  # one query row without a window: the decode kernel
+        assert _flash_used()
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("geometry", sorted({*attention.FLASH_GEOMETRY.values(),
-                                             attention.FLASH_SMALL}))  # fmt: skip
+@pytest.mark.parametrize("geometry", attention.FLASH_SWEEP)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_every_geometry(d: int, geometry: tuple[int, int], dtype: str) -> None:
     """Each (warps, row tiles) the launcher can pick, straight through attention.flash on
