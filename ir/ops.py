@@ -288,8 +288,14 @@ def _sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     # Optional inputs after q, k, v (flagged in attrs so the arity is explicit):
     #   kv_len   0-d int: keys at or past it are masked (a static cache filled up to kv_len)
     #   kv_start [batch] int: keys before it are masked (left padding of batched prompts)
+    # attrs["window"] (optional int >= 1, a sliding window): query i sees only keys
+    # j > i + kv_len - seq_q - window (Mistral's rule at the causal alignment).
     (sq, dq), (sk, _), (sv, _), *extra = ins
     _float_only("scaled_dot_product_attention", dq)
+    window = attrs.get("window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):  # fmt: skip
+        raise ShapeRuleError(f"sdpa: window must be a positive int or None, got {window!r}")
     want = int(bool(attrs.get("kv_len"))) + int(bool(attrs.get("kv_start")))
     if len(extra) != want:
         raise ShapeRuleError(f"sdpa takes {3 + want} inputs with these flags, got {len(ins)}")

@@ -194,6 +194,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     kv_len: ArrayLike | None = None,
     kv_start: ArrayLike | None = None,
+    window: int | None = None,
 ) -> GPUArray:
     """Attention: `softmax(q @ k.T * scale [+ masks]) @ v` over [..., heads, seq, dim].
 
@@ -201,7 +202,8 @@ def scaled_dot_product_attention(
     the last query sits at key kv_len - 1 (the bottom right when the cache is full), so a
     decode query sees the whole cache. A query that sees no key gets zeros; masked keys never
     reach the result, while NaN or inf in a visible element (or a NaN scale) propagates, as
-    in a float64 reference.
+    in a float64 reference. `window` is a sliding window (Mistral's rule): the query at
+    key-aligned position p = i + kv_len - seq_q sees only keys j > p - window.
 
     Args:
         q: The queries [..., heads, seq_q, dim].
@@ -214,6 +216,7 @@ def scaled_dot_product_attention(
             unfilled tail: keys at kv_len and after are absent. In [0, seq].
         kv_start: Per batch row, integers masking left padding: keys before it are absent.
             In [0, seq].
+        window: None, or an int >= 1: each query sees only its last `window` keys.
 
     Returns:
         A new array [..., heads, seq_q, dim] of q's dtype.
@@ -233,6 +236,13 @@ def scaled_dot_product_attention(
         "causal": bool(is_causal),
         "scale": None if scale is None else float(scale),
     }
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int | np.integer):
+            raise errors.DTypeError(f"{op}: window must be an int or None, got {window!r}"
+                                    f"{_where()}")  # fmt: skip
+        if window < 1:
+            raise errors.GPUKitValueError(f"{op}: window must be >= 1, got {window}{_where()}")
+        attrs["window"] = int(window)
     ka = _like(k, qa)
     ins: tuple[Any, ...] = (qa._node, ka._node, _like(v, qa)._node)
     seq = ka.shape[-2] if ka.ndim >= 2 else 0

@@ -1,7 +1,8 @@
 """A float64 reference of gpk.nn.scaled_dot_product_attention: masked keys (past kv_len,
-before kv_start, causal) are absent, so what they hold never reaches the result; NaN or inf
-in a visible element propagates as plain float64 arithmetic gives it; a query that sees no
-key gets zeros. The scale is rounded to float32, as the kernels take it."""
+before kv_start, causal, outside the sliding window) are absent, so what they hold never
+reaches the result; NaN or inf in a visible element propagates as plain float64 arithmetic
+gives it; a query that sees no key gets zeros. The scale is rounded to float32, as the
+kernels take it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 
 
 def sdpa_ref(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-             kv_len: Any = None, kv_start: Any = None) -> np.ndarray:  # fmt: skip
+             kv_len: Any = None, kv_start: Any = None,
+             window: int | None = None) -> np.ndarray:  # fmt: skip
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     g = q.shape[-3] // k.shape[-3]
     k, v = np.repeat(k, g, -3), np.repeat(v, g, -3)
@@ -25,6 +27,8 @@ def sdpa_ref(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None =
     mask = np.broadcast_to(key[None, :] >= n, (sq, sk))
     if causal:
         mask = mask | (key[None, :] > np.arange(sq)[:, None] + n - sq)
+    if window is not None:  # query i at key position i + n - sq sees keys j > pos - window
+        mask = mask | (key[None, :] <= np.arange(sq)[:, None] + n - sq - window)
     if kv_start is not None:
         st = np.asarray(kv_start).reshape((-1,) + (1,) * (s.ndim - 1))
         mask = mask | (key < st)

@@ -91,6 +91,50 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
         lambda: attention.prefill(A, B, C, D, 1, 4, 2, 16, 16, 64, "float16"),
     ),
     (
+        ("pgk_attention_prefill",),
+        lambda: attention.prefill(
+            A,
+            B,
+            C,
+            D,
+            2,
+            4,
+            2,
+            16,
+            16,
+            128,
+            "float32",
+            causal=True,
+            masks=attention.Masks(
+                kv_len=E, kv_start=F, kv_start_dtype="int64", window=5, err=G, tag=3
+            ),
+        ),  # fmt: skip
+    ),
+    (
+        ("pgk_attention_flash",),
+        lambda: attention.flash(A, B, C, D, 1, 32, 4, 2048, 2048, 64, "bfloat16"),
+    ),
+    (
+        ("pgk_attention_flash",),
+        lambda: attention.flash(
+            A,
+            B,
+            C,
+            D,
+            2,
+            4,
+            2,
+            16,
+            40,
+            128,
+            "float16",
+            causal=True,
+            masks=attention.Masks(
+                kv_len=E, kv_len_dtype="int64", kv_start=F, window=7, err=G, tag=1
+            ),
+        ),  # fmt: skip
+    ),
+    (
         ("pgk_attn_decode_mma", "pgk_attn_decode_reduce"),
         lambda: attention.decode(A, B, C, D, E, F, 1, 8, 2, 256, 128, "bfloat16", splits=2),
     ),

@@ -3,9 +3,9 @@ installed), on the same device buffers, in one run.
 
     python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
-NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, read_floor, quant,
-chain64, linear_gelu, compile_time, dispatch, llm, llm_prefill, llm_long, llm_load; a GEMM
-workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but the
+NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, sdpa, read_floor,
+quant, chain64, linear_gelu, compile_time, dispatch, llm, llm_prefill, llm_long, llm_load; a
+GEMM workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but the
 llm groups (--llm adds llm; the others run when named).
 Prints a table of times and ratios; --json writes every row plus the device, driver, torch
 version and git commit. --json without FILE writes bench/results/<device>-<group>.json when
@@ -35,6 +35,7 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "softmax": kernels.bench_softmax,
     "gemv": kernels.bench_gemv,
     "decode": kernels.bench_decode,
+    "sdpa": kernels.bench_sdpa,
     "read_floor": read_floor.bench_read_floor,
     "quant": quant.bench_quant,
 }

@@ -485,6 +485,77 @@ def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
         _copy_at(rows, kv_bytes, copy_gbs)
 
 
+# Prefill attention (issue #23's targets): (batch, heads, kv heads, tokens, head dim), causal.
+PREFILL_SHAPES = ((1, 32, 4, 2048, 64), (4, 32, 4, 512, 64), (1, 32, 4, 2048, 128))
+
+
+def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
+    """Causal bf16 prefill attention: attention.flash (the tensor-core kernel, each block
+    geometry swept) against torch SDPA's flash backend and its default choice, same data."""
+    torch = _torch()
+    f = torch.nn.functional
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for b, h, kvh, t, d in PREFILL_SHAPES:
+        mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+        nbytes = 2 * (2 * b * h * t * d + 2 * b * kvh * t * d)
+        sets = _sets_for(nbytes)
+        qs = [mk(b, h, t, d) for _ in range(sets)]
+        ks = [mk(b, kvh, t, d) for _ in range(sets)]
+        vs = [mk(b, kvh, t, d) for _ in range(sets)]
+        os_ = [torch.empty(b, h, t, d, device="cuda", dtype=torch.bfloat16) for _ in qs]
+
+        def ours(i: int, geometry: tuple[int, int] | None = None, b: int = b, h: int = h,
+                 kvh: int = kvh, t: int = t, d: int = d, qs: Any = qs, ks: Any = ks,
+                 vs: Any = vs, os_: Any = os_) -> None:  # fmt: skip
+            attention.flash(qs[i].data_ptr(), ks[i].data_ptr(), vs[i].data_ptr(),
+                            os_[i].data_ptr(), b, h, kvh, t, t, d, "bfloat16", causal=True,
+                            geometry=geometry, stream=_stream())  # fmt: skip
+
+        def ref(q: Any, k: Any, v: Any) -> Any:
+            return f.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+        def flash_ref(q: Any, k: Any, v: Any) -> Any:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return f.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+        peer, peer_sets = flash_ref, (qs, ks, vs)
+        try:
+            flash_ref(qs[0], ks[0], vs[0])
+        except RuntimeError:  # no GQA in this torch's flash backend: repeat the kv heads
+            grp = h // kvh
+            peer_sets = (qs, [x.repeat_interleave(grp, dim=1) for x in ks],
+                         [x.repeat_interleave(grp, dim=1) for x in vs])  # fmt: skip
+
+            def peer(q: Any, k: Any, v: Any) -> Any:
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return f.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        name = f"prefill attn B{b} H{h}/KV{kvh} T{t} D{d} causal bf16"
+        r = ref(qs[0].float(), ks[0].float(), vs[0].float())
+        flops = 4 * b * h * t * t * d / 2  # causal: half the score matrix
+        geoms = attention.FLASH_SWEEP
+        for g in geoms:
+            os_[0].fill_(float("nan"))
+            ours(0, geometry=g)
+            torch.cuda.synchronize()
+            _close(os_[0], r, f"{name} geometry={g}")
+            _timed_row(rows, f"{name} geometry={g}", functools.partial(ours, geometry=g), sets)
+            rows[-1]["TFLOP/s"] = round(flops / (rows[-1]["us"] * 1e-6) / 1e12, 1)
+        os_[0].fill_(float("nan"))
+        ours(0)
+        torch.cuda.synchronize()
+        _close(os_[0], r, name)
+        _close(peer(*(x[0] for x in peer_sets)), r, f"{name} torch flash backend")
+        _row(rows, name, nbytes, copy_gbs, ours, _rot(peer, *peer_sets),
+             _rot(ref, qs, ks, vs), sets)  # fmt: skip
+        # torch_eager_us: the flash backend; torch_compile_us: SDPA's default choice (eager).
+        rows[-1]["peers"] = "eager=torch SDPA flash backend, compile=torch SDPA default"
+        rows[-1]["TFLOP/s"] = round(flops / (rows[-1]["us"] * 1e-6) / 1e12, 1)
+        print(json.dumps(rows[-1]), flush=True)
+        del qs, ks, vs, os_, peer_sets
+
+
 def _copy_at(rows: list[dict[str, Any]], nbytes: int, copy_gbs: float) -> None:
     """torch's device copy moving `nbytes` (read + write), rotating sets as the workload
     did: the ceiling at that size, where launch and ramp-up weigh on a few microseconds."""
@@ -509,7 +580,7 @@ def _copy_at(rows: list[dict[str, Any]], nbytes: int, copy_gbs: float) -> None:
 SWEEP_THREADS = (512, 128)
 # Tensor-core decode: (blocks per SM the split count aims at, cp.async stages per warp).
 DECODE_SWEEP = ((1, 2), (1, 3), (2, 1), (3, 1))
-WORKLOADS = [bench_rms_norm, bench_rope, bench_softmax, bench_gemv, bench_decode]
+WORKLOADS = [bench_rms_norm, bench_rope, bench_softmax, bench_gemv, bench_decode, bench_sdpa]
 
 
 def run(json_rows: list[dict[str, Any]], use_compile: bool = True) -> None:

@@ -58,9 +58,10 @@ def rope(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
 
 def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
     """Attention as the float64 reference defines it: masked keys (past kv_len, before
-    kv_start, causal) are absent, so what they hold never reaches the result; NaN or inf in a
-    visible q, k or v element, or a NaN scale, propagates; a query that sees no key gets
-    zeros. Bad lengths raise (kv_len in [0, seq], kv_start in [0, seq])."""
+    kv_start, causal, outside the sliding window) are absent, so what they hold never
+    reaches the result; NaN or inf in a visible q, k or v element, or a NaN scale,
+    propagates; a query that sees no key gets zeros. Bad lengths raise (kv_len in [0, seq],
+    kv_start in [0, seq])."""
     q, k, v = (up(i) for i in ins[:3])
     extra = list(ins[3:])
     sk = k.shape[-2]
@@ -89,6 +90,10 @@ def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
     if attrs.get("causal"):
         # Bottom-right aligned at kv_len, so a decode query (sq=1) sees the filled cache.
         mask = mask | (key > (np.arange(sq)[:, None] + (kv_len - sq)))
+    window = attrs.get("window")
+    if window is not None:
+        # Sliding window at the causal alignment: key j is hidden once j <= pos - window.
+        mask = mask | (key <= (np.arange(sq)[:, None] + (kv_len - sq - window)))
     if kv_start is not None:
         starts = kv_start.reshape((-1,) + (1,) * (s.ndim - 1))
         mask = mask | (np.arange(sk) < starts)

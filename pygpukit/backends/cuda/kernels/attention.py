@@ -1,4 +1,5 @@
-"""Launchers for attention_prefill.cuh, attention_decode.cuh and attention_lengths.cuh."""
+"""Launchers for attention_prefill.cuh, attention_flash.cuh, attention_decode.cuh and
+attention_lengths.cuh."""
 
 from __future__ import annotations
 
@@ -60,6 +61,61 @@ def _check(op: str, dtype: str, heads: int, kv_heads: int, head_dim: int) -> Non
         raise ShapeError(f"{op}: kv_heads={kv_heads} must divide heads={heads}")
 
 
+@dataclass(frozen=True)
+class Masks:
+    """Prefill attention's masks beyond causal: kv_len (device pointer to a 0-d int32 /
+    int64, 0 = none: keys at or past it hidden, the causal diagonal aligned so the last
+    query sits at key kv_len - 1), kv_start (device pointer to [B] int32 / int64 first
+    visible keys, element stride kv_start_stride, 0 = none), window (> 0: query i sees only
+    keys j > i + kv_len - seq_q - window; 0 = none), and the error word and tag a kv_len or
+    kv_start outside [0, seq_k] is reported with (err 0: not reported, only clamped)."""
+
+    kv_len: int = 0
+    kv_len_dtype: str = "int32"
+    kv_start: int = 0
+    kv_start_stride: int = 1
+    kv_start_dtype: str = "int32"
+    window: int = 0
+    err: int = 0
+    tag: int = 0
+
+    def args(self, op: str, seq_q: int, seq_k: int) -> tuple[Any, ...]:
+        """(window, kv_len, kv_start, kvs_stride, kv_wide) as the kernels take them."""
+        for name, dt in (("kv_len", self.kv_len_dtype), ("kv_start", self.kv_start_dtype)):
+            if dt not in ("int32", "int64"):
+                raise ShapeError(f"{op}: {name} must be int32 or int64, got {dt}")
+        if self.window < 0:
+            raise ShapeError(f"{op}: window must be positive (0 = none), got {self.window}")
+        # A window wider than any query-key distance hides nothing; keep it an int32.
+        window = min(self.window, seq_q + seq_k + 1)
+        wide = int(self.kv_len_dtype == "int64") | 2 * int(self.kv_start_dtype == "int64")
+        return (window, self.kv_len, self.kv_start, self.kv_start_stride, wide)
+
+
+NO_MASKS = Masks()
+
+
+def _prefill_common(op: str, batch: int, heads: int, kv_heads: int, seq_q: int, seq_k: int,
+                    head_dim: int, dtype: str, scale: float | None,
+                    strides: tuple[tuple[int, int, int] | None, ...]
+                    ) -> tuple[float, tuple[tuple[int, int, int], ...]]:  # fmt: skip
+    _check(op, dtype, heads, kv_heads, head_dim)
+    positive(op, batch=batch, seq_q=seq_q, seq_k=seq_k)
+    if batch * heads > 65535:
+        raise ShapeError(f"{op}: batch * heads exceeds 65535")
+    if max(seq_q, seq_k) >= 2**30:
+        raise ShapeError(f"{op}: seq_q={seq_q} / seq_k={seq_k} exceed the int32 range")
+    d = head_dim
+    qs, ks, vs, os_ = strides
+    full = (
+        qs or (heads * seq_q * d, seq_q * d, d),
+        ks or (kv_heads * seq_k * d, seq_k * d, d),
+        vs or (kv_heads * seq_k * d, seq_k * d, d),
+        os_ or (heads * seq_q * d, seq_q * d, d),
+    )
+    return (float(scale) if scale is not None else d**-0.5), full
+
+
 def prefill(
     q: int,
     k: int,
@@ -75,41 +131,125 @@ def prefill(
     *,
     scale: float | None = None,
     causal: bool = True,
+    masks: Masks = NO_MASKS,
     q_strides: tuple[int, int, int] | None = None,
     k_strides: tuple[int, int, int] | None = None,
     v_strides: tuple[int, int, int] | None = None,
     o_strides: tuple[int, int, int] | None = None,
     stream: Any = None,
 ) -> None:
-    """O = softmax(scale Q K^T, causal mask aligned bottom-right) V.
+    """O = softmax(scale Q K^T, causal mask aligned bottom-right, `masks`) V on CUDA cores
+    (attention_prefill.cuh; every dtype, the path float32 takes).
 
     Q, O [B, H, Sq, D]; K, V [B, KVH, Sk, D]; strides (batch, head, seq) in elements,
     default contiguous; scale defaults to 1/sqrt(D).
     """
-    _check("attention_prefill", dtype, heads, kv_heads, head_dim)
-    positive("attention_prefill", batch=batch, seq_q=seq_q, seq_k=seq_k)
-    d = head_dim
-    qs = q_strides or (heads * seq_q * d, seq_q * d, d)
-    ks = k_strides or (kv_heads * seq_k * d, seq_k * d, d)
-    vs = v_strides or (kv_heads * seq_k * d, seq_k * d, d)
-    os_ = o_strides or (heads * seq_q * d, seq_q * d, d)
-    sc = float(scale) if scale is not None else d**-0.5
-    if batch * heads > 65535:
-        raise ShapeError("attention_prefill: batch * heads exceeds 65535")
-    if batch == 0 or seq_q == 0:
+    op = "attention_prefill"
+    given = (q_strides, k_strides, v_strides, o_strides)
+    sc, (qs, ks, vs, os_) = _prefill_common(op, batch, heads, kv_heads, seq_q, seq_k,
+                                            head_dim, dtype, scale, given)  # fmt: skip
+    mask_args = masks.args(op, seq_q, seq_k)
+    if batch * heads == 0 or seq_q == 0:
         return
-    defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_ROWS": _P_ROWS}
+    d = head_dim
+    from ..codegen.prelude import ERR_INDEX
+
+    defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_ROWS": _P_ROWS,
+               "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
     fn = loader.get_kernel("attention_prefill", "pgk_attention_prefill", defines)
     aq = _P_WARPS * _P_ROWS
     smem = 4 * (aq * d + _P_KEYS * (d + 1) + _P_KEYS * d)
     fn.set_dynamic_smem(smem)
-    fn.launch(
-        (cdiv(seq_q, aq), batch * heads),
-        (_P_WARPS * 32,),
-        (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *qs, *ks, *vs, *os_),
-        smem,
-        stream,
-    )
+    args = (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *mask_args, *qs, *ks,
+            *vs, *os_, masks.err, masks.tag)  # fmt: skip
+    fn.launch((cdiv(seq_q, aq), batch * heads), (_P_WARPS * 32,), args, smem, stream)
+
+
+# attention_flash.cuh: (warps, m16 row tiles a warp) per block, by head dim; the small-grid
+# geometry (64 rows a block) where 128-row blocks would leave SMs idle. Measured on an H200
+# (causal bf16, B1 H32/KV4 T2048 and B4 T512): 4 warps of one row tile (64 rows, fewer
+# registers, 2-3 blocks an SM) beat 128-row blocks at both head dims: D64 157 us vs 205
+# (4 x 2) and 227 (8 x 1); T512 51 vs 70 and 80; D128 249 vs 519 (4 x 2) and 300 (8 x 1).
+FLASH_DTYPES = ("float16", "bfloat16")
+FLASH_GEOMETRY = {64: (4, 1), 128: (4, 1)}
+FLASH_SMALL = (4, 1)
+# The others the benchmark sweeps (and the compile checks cover).
+FLASH_SWEEP = ((4, 1), (4, 2), (8, 1))
+_F_KEYS = 64
+
+
+def flash_geometry(batch: int, heads: int, seq_q: int, head_dim: int) -> tuple[int, int]:
+    """(PGK_FW, PGK_FR) for a launch: 128 query rows a block, or 64 when the 128-row grid
+    would not give every SM a block."""
+    fw, fr = FLASH_GEOMETRY[head_dim]
+    if batch * heads * cdiv(seq_q, 16 * fw * fr) < toolchain.sm_count():
+        return FLASH_SMALL
+    return fw, fr
+
+
+def flash_smem(head_dim: int) -> int:
+    """Dynamic shared memory of attention_flash.cuh: two stages of a K and a V tile of 64
+    rows padded by 16 bytes."""
+    return 2 * 2 * _F_KEYS * (head_dim + 8) * 2
+
+
+def flash_fits(ptrs: tuple[int, ...], strides: tuple[tuple[int, int, int], ...], o: int,
+               o_strides: tuple[int, int, int]) -> bool:  # fmt: skip
+    """Whether attention_flash.cuh takes these operands: q, k, v rows 16-byte aligned (a
+    cp.async moves 8 elements), o rows 4-byte aligned (pairs are stored)."""
+    return (
+        all(p % 16 == 0 for p in ptrs) and all(x % 8 == 0 for st in strides for x in st)
+        and o % 4 == 0 and all(x % 2 == 0 for x in o_strides)
+    )  # fmt: skip
+
+
+def flash(
+    q: int,
+    k: int,
+    v: int,
+    o: int,
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    seq_q: int,
+    seq_k: int,
+    head_dim: int,
+    dtype: str,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    masks: Masks = NO_MASKS,
+    q_strides: tuple[int, int, int] | None = None,
+    k_strides: tuple[int, int, int] | None = None,
+    v_strides: tuple[int, int, int] | None = None,
+    o_strides: tuple[int, int, int] | None = None,
+    geometry: tuple[int, int] | None = None,
+    stream: Any = None,
+) -> None:
+    """prefill() on tensor cores (attention_flash.cuh, bf16 / f16): the same operands,
+    masks and results. q, k, v need 16-byte aligned rows, o 4-byte aligned ones
+    (flash_fits). geometry: (warps, m16 row tiles a warp), default flash_geometry(...)."""
+    op = "attention_flash"
+    loader.check_dtype(dtype, FLASH_DTYPES, op)
+    given = (q_strides, k_strides, v_strides, o_strides)
+    sc, (qs, ks, vs, os_) = _prefill_common(op, batch, heads, kv_heads, seq_q, seq_k,
+                                            head_dim, dtype, scale, given)  # fmt: skip
+    if not flash_fits((q, k, v), (qs, ks, vs), o, os_):
+        raise ShapeError(f"{op}: q, k, v need 16-byte aligned rows and o 4-byte aligned ones")
+    mask_args = masks.args(op, seq_q, seq_k)
+    if batch * heads == 0 or seq_q == 0:
+        return
+    fw, fr = geometry or flash_geometry(batch, heads, seq_q, head_dim)
+    from ..codegen.prelude import ERR_INDEX
+
+    defines = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_FW": fw, "PGK_FR": fr,
+               "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+    fn = loader.get_kernel("attention_flash", "pgk_attention_flash", defines)
+    smem = flash_smem(head_dim)
+    fn.set_dynamic_smem(smem)
+    args = (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *mask_args, *qs, *ks,
+            *vs, *os_, masks.err, masks.tag)  # fmt: skip
+    fn.launch((cdiv(seq_q, 16 * fw * fr), batch * heads), (fw * 32,), args, smem, stream)
 
 
 def decode_group(heads: int, kv_heads: int) -> int:

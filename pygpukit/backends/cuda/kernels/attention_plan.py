@@ -28,38 +28,96 @@ Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 
 def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
     q, k, v = ins[:3]
-    dtype, shape = step.dtype, step.shape
+    d = q.shape[-1]
     causal, scale = bool(step.attrs.get("causal")), step.attrs.get("scale")
-    sq, d = q.shape[-2], q.shape[-1]
-    sk, h, kvh = k.shape[-2], q.shape[-3], k.shape[-3]
     # The reference multiplies by the scale rounded to float32, as the kernels do.
     sc = float(np.float32(1.0 / math.sqrt(d) if scale is None else scale))
-    if sq == 1:
+    if q.shape[-2] == 1:
         dec = _plan_decode(ctx, step, ins, tag, sc, causal)
         if dec is not None:
             return dec
-    lay = [heads_layout(t) for t in (q, k, v)]
-    masks = bool(step.attrs.get("kv_len")) or bool(step.attrs.get("kv_start"))
-    fits = (
-        not masks and (sq <= sk or not causal) and
-        dtype.name in attention.DTYPES and d in attention.HEAD_DIMS and v.shape[-1] == d
-        and all(x is not None for x in lay) and len(q.shape) <= 4
-        and k.dtype == v.dtype == dtype and numel(shape)
-    )  # fmt: skip
-    if fits:
-        (bq, _, qs), (_, _, ks), (_, _, vs) = lay  # type: ignore[misc]
-        os_ = (h * sq * d, sq * d, d)
-
-        def run(vals: Sequence[DeviceValue]) -> DeviceValue:
-            o = ctx.alloc_out(shape, dtype, "sdpa")
-            attention.prefill(vals[0].ptr, vals[1].ptr, vals[2].ptr, o.ptr, bq, h, kvh, sq, sk,
-                              d, dtype.name, scale=sc, causal=causal, q_strides=qs,
-                              k_strides=ks, v_strides=vs, o_strides=os_,
-                              stream=ctx.stream)  # fmt: skip
-            return o
-
-        return run
+    pre = _plan_prefill(ctx, step, ins, tag, sc, causal)
+    if pre is not None:
+        return pre
     return _sdpa_composed(ctx, step, ins, tag, sc, causal)
+
+
+def _mask_inputs(step: Step, ins: Sequence[DeviceValue], batch: int, n_dims: int
+                 ) -> tuple[int, int, int, str, str] | None:  # fmt: skip
+    """(index of kv_len in ins or -1, of kv_start or -1, kv_start's element stride, their
+    dtypes) where the kernels can read them (int32 / int64; kv_start one per batch row of
+    a 4-d q, or one for all), else None."""
+    extra = list(ins[3:])
+    n_len = n_start = -1
+    kvs_stride, len_dt, start_dt = 1, "int32", "int32"
+    if step.attrs.get("kv_len"):
+        kl = extra.pop(0)
+        if kl.dtype.name not in _INDEX_DTYPES or kl.size != 1:
+            return None
+        n_len, len_dt = 3, kl.dtype.name
+    if step.attrs.get("kv_start"):
+        st = extra.pop(0)
+        if (
+            st.dtype.name not in _INDEX_DTYPES or n_dims != 4 or len(st.shape) != 1
+            or st.shape[0] not in (1, batch)
+        ):  # fmt: skip
+            return None
+        n_start = 4 if n_len >= 0 else 3
+        kvs_stride, start_dt = (st.strides[0] if st.shape[0] > 1 else 0), st.dtype.name
+    return n_len, n_start, kvs_stride, len_dt, start_dt
+
+
+def _plan_prefill(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, sc: float,
+                  causal: bool) -> Run | None:  # fmt: skip
+    """The fused prefill kernels, with kv_len / kv_start read on the device and the
+    sliding window: attention_flash.cuh (tensor cores) for bf16 / f16 with 16-byte aligned
+    rows, attention_prefill.cuh (CUDA cores) for float32 and unaligned views; None where
+    neither takes the layout."""
+    q, k, v = ins[:3]
+    dtype, shape = step.dtype, step.shape
+    sq, d = q.shape[-2], q.shape[-1]
+    sk, h, kvh = k.shape[-2], q.shape[-3], k.shape[-3]
+    lay = [heads_layout(t) for t in (q, k, v)]
+    if (
+        dtype.name not in attention.DTYPES or d not in attention.HEAD_DIMS
+        or v.shape[-1] != d or any(x is None for x in lay) or len(q.shape) > 4
+        or k.dtype != dtype or v.dtype != dtype or not numel(shape) or h % kvh
+    ):  # fmt: skip
+        return None
+    (bq, _, qs), (bk, _, ks), (bv, _, vs) = lay  # type: ignore[misc]
+    if bk not in (1, bq) or bv != bk:
+        return None
+    if bk == 1:  # one k / v shared by every batch row
+        ks, vs = (0,) + ks[1:], (0,) + vs[1:]
+    if bq == 1:  # the stride of a size-1 dim is arbitrary: keep it out of alignment checks
+        qs = (0,) + qs[1:]
+    found = _mask_inputs(step, ins, bq, len(q.shape))
+    if found is None:
+        return None
+    n_len, n_start, kvs_stride, len_dt, start_dt = found
+    window = int(step.attrs.get("window") or 0)
+    os_ = (h * sq * d, sq * d, d)
+    flash = dtype.name in attention.FLASH_DTYPES and attention.flash_fits(
+        (0, 0, 0), (qs, ks, vs), 0, os_
+    )
+
+    def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+        o = ctx.alloc_out(shape, dtype, "sdpa")
+        masks = attention.Masks(
+            kv_len=vals[n_len].ptr if n_len >= 0 else 0, kv_len_dtype=len_dt,
+            kv_start=vals[n_start].ptr if n_start >= 0 else 0, kv_start_stride=kvs_stride,
+            kv_start_dtype=start_dt, window=window, err=ctx.err_addr, tag=tag,
+        )  # fmt: skip
+        ptrs = (vals[0].ptr, vals[1].ptr, vals[2].ptr)
+        # A view at an odd element offset takes the CUDA-core kernel (any alignment).
+        use_flash = flash and attention.flash_fits(ptrs, (qs, ks, vs), o.ptr, os_)
+        launch = attention.flash if use_flash else attention.prefill
+        launch(*ptrs, o.ptr, bq, h, kvh, sq, sk, d, dtype.name, scale=sc, causal=causal,
+               masks=masks, q_strides=qs, k_strides=ks, v_strides=vs, o_strides=os_,
+               stream=ctx.stream)  # fmt: skip
+        return o
+
+    return run
 
 
 _INDEX_DTYPES = ("int32", "int64")
@@ -76,6 +134,8 @@ def _plan_decode(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
     q, k, v = ins[:3]
     dtype, shape = step.dtype, step.shape
     d = q.shape[-1]
+    if step.attrs.get("window"):  # the decode kernels have no sliding window
+        return None
     if (
         dtype.name not in attention.DTYPES or k.dtype != dtype or v.dtype != dtype
         or d not in attention.HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d
@@ -310,6 +370,12 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         # Bottom-right aligned at kv_len: key j is masked for query i when j > i + kv_len - sq.
         limit = ("add", ("cast", "int64", rows), ("sub", kv_len, ("const", sq, "int64")))
         mask = ("logical_or", mask, ("gt", cols, limit))
+    window = step.attrs.get("window")
+    if window:
+        # Sliding window at the same alignment: key j is masked once j <= i + kv_len - sq - w.
+        edge = ("add", ("cast", "int64", rows),
+                ("sub", kv_len, ("const", sq + int(window), "int64")))  # fmt: skip
+        mask = ("logical_or", mask, ("le", cols, edge))
     start_view = None
     if step.attrs.get("kv_start"):
         ks = extra.pop(0)

@@ -5,12 +5,17 @@
 // h / (heads / kv_heads). Causal masking is aligned to the bottom right (query i sees keys
 // j <= i + seq_k - seq_q), which is plain causal for seq_q == seq_k and the right mask for
 // a chunk of new tokens appended to a cache.
+// kv_len / kv_start (device ints), the causal and the sliding-window masks follow the
+// flash kernel's rules (pgk_attn_bounds / pgk_attn_rows in common.cuh). A key hidden from a
+// row never reaches it: keys outside [kv_start, kv_len) load as zeros, and in P.V a key
+// hidden by the per-row masks is skipped (a ballot of the visible keys), not multiplied by
+// a zero probability (0 * NaN would leak a NaN or inf in its V row).
 // Online softmax: scores never reach global memory. PGK_D (64 or 128) is compile-time.
 // Block = 4 warps x PGK_ROWS query rows; K and V tiles of 32 keys go through shared memory
 // as fp32 (K padded by one column so a lane-per-key read is conflict-free). In the score
 // step a lane owns one key; in the P.V step a lane owns D/32 output columns and receives
-// each probability by a shuffle. A CUDA-core kernel: correct for every dtype, not the
-// tensor-core speed of a tuned FlashAttention.
+// each probability by a shuffle. A CUDA-core kernel for float32 (bf16 / f16 go to the
+// tensor-core attention_flash.cuh).
 #include "common.cuh"
 
 #ifndef PGK_D
@@ -23,6 +28,9 @@
 #define PGK_AQ (PGK_AW * PGK_ROWS)   // query rows per block
 #define PGK_AK 32                    // keys per tile
 #define PGK_DL (PGK_D / 32)          // output columns per lane
+#ifndef PGK_ERR_INDEX
+#define PGK_ERR_INDEX 1
+#endif
 
 PGK_DEVICE float pgk_exp2f(float x) { return exp2f(x); }
 
@@ -31,9 +39,12 @@ extern "C" __global__ void __launch_bounds__(PGK_AW * 32)
     pgk_attention_prefill(const pgk_t* __restrict__ q, const pgk_t* __restrict__ k,
                           const pgk_t* __restrict__ v, pgk_t* __restrict__ o, int n_heads,
                           int n_kv_heads, int seq_q, int seq_k, float scale, int causal,
+                          int window, const int* __restrict__ kv_len,
+                          const int* __restrict__ kv_start, long long kvs_stride, int kv_wide,
                           long long q_sb, long long q_sh, long long q_ss, long long k_sb,
                           long long k_sh, long long k_ss, long long v_sb, long long v_sh,
-                          long long v_ss, long long o_sb, long long o_sh, long long o_ss) {
+                          long long v_ss, long long o_sb, long long o_sh, long long o_ss,
+                          long long* __restrict__ err, long long tag) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   extern __shared__ __align__(16) float smem[];
@@ -65,16 +76,27 @@ extern "C" __global__ void __launch_bounds__(PGK_AW * 32)
 #pragma unroll
     for (int c = 0; c < PGK_DL; ++c) acc[r][c] = 0.0f;
   }
-  const int shift = seq_k - seq_q;  // causal offset of query 0
+  int len, start;
+  pgk_attn_bounds(kv_len, kv_start, kvs_stride, kv_wide, b, seq_k,
+                  threadIdx.x == 0 && blockIdx.x == 0 && h == 0 ? err : nullptr, tag,
+                  PGK_ERR_INDEX, len, start);
   const int last_q = min(q0 + PGK_AQ, seq_q) - 1;
-  const int k_end = causal ? min(seq_k, last_q + shift + 1) : seq_k;
+  int k_begin, k_end, lo_last, hi_last;
+  pgk_attn_rows(q0, seq_q, len, start, causal, window, k_begin, k_end);
+  pgk_attn_rows(last_q, seq_q, len, start, causal, window, lo_last, hi_last);
+  k_end = max(hi_last, k_begin);
+  k_begin = k_begin / PGK_AK * PGK_AK;
   const int my_q0 = q0 + warp * PGK_ROWS;
+  int row_lo[PGK_ROWS], row_hi[PGK_ROWS];
+#pragma unroll
+  for (int r = 0; r < PGK_ROWS; ++r)
+    pgk_attn_rows(my_q0 + r, seq_q, len, start, causal, window, row_lo[r], row_hi[r]);
 
-  for (int kt = 0; kt < k_end; kt += PGK_AK) {
+  for (int kt = k_begin; kt < k_end; kt += PGK_AK) {
     __syncthreads();  // previous tile fully consumed (and q written on the first pass)
     for (int e = threadIdx.x; e < PGK_AK * PGK_D; e += blockDim.x) {
       const int j = e / PGK_D, d = e % PGK_D;
-      const bool in = kt + j < seq_k;
+      const bool in = kt + j >= start && kt + j < len;
       ks[j * (PGK_D + 1) + d] = in ? pgk_to_float(k[(kt + j) * k_ss + d]) : 0.0f;
       vs[j * PGK_D + d] = in ? pgk_to_float(v[(kt + j) * v_ss + d]) : 0.0f;
     }
@@ -97,8 +119,8 @@ extern "C" __global__ void __launch_bounds__(PGK_AW * 32)
     const int j = kt + lane;
 #pragma unroll
     for (int r = 0; r < PGK_ROWS; ++r) {
-      const int qi = my_q0 + r;
-      const bool ok = j < seq_k && (!causal || j <= qi + shift);
+      const bool ok = j >= row_lo[r] && j < row_hi[r];
+      const unsigned vis = __ballot_sync(0xffffffffu, ok);
       const float sc = ok ? s[r] : -PGK_INF;
       const float tmax = pgk_warp_max(sc);
       const float mn = max(m[r], tmax);
@@ -115,6 +137,7 @@ extern "C" __global__ void __launch_bounds__(PGK_AW * 32)
 #pragma unroll 8
       for (int jj = 0; jj < PGK_AK; ++jj) {
         const float pj = __shfl_sync(0xffffffffu, p, jj);
+        if (!((vis >> jj) & 1u)) continue;  // hidden from this row: selected out
         const float* vr = vs + jj * PGK_D + lane * PGK_DL;
         if constexpr (PGK_DL == 4) {
           const float4 vv = *reinterpret_cast<const float4*>(vr);

@@ -265,3 +265,40 @@ PGK_DEVICE void pgk_cp_async_commit() { asm volatile("cp.async.commit_group;\n" 
 template <int N> PGK_DEVICE void pgk_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+
+// ------------------------------------------------------- attention key ranges (prefill)
+// Batch row b's live keys [start, len): len = *kv_len (null: seq_k), start =
+// kv_start[b * kvs_stride] (null: 0); kv_wide bit 0 / bit 1 say kv_len / kv_start are
+// int64 (else int32). A value outside [0, seq_k] is recorded in the error word when err
+// is given (the caller passes it to one thread) as `code` with the value and seq_k, and
+// clamped, so the kernel still touches only the keys it has.
+PGK_DEVICE void pgk_attn_bounds(const int* kv_len, const int* kv_start, long long kvs_stride,
+                                int kv_wide, int b, int seq_k, long long* err, long long tag,
+                                long long code, int& len, int& start) {
+  long long l_raw = seq_k, s_raw = 0;
+  if (kv_len)
+    l_raw = (kv_wide & 1) ? __ldcg(reinterpret_cast<const long long*>(kv_len)) : __ldcg(kv_len);
+  if (kv_start)
+    s_raw = (kv_wide & 2) ? __ldcg(reinterpret_cast<const long long*>(kv_start) + b * kvs_stride)
+                          : __ldcg(kv_start + b * kvs_stride);
+  const bool l_bad = l_raw < 0 || l_raw > seq_k, s_bad = s_raw < 0 || s_raw > seq_k;
+  if (err && (l_bad || s_bad) &&
+      atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, (unsigned long long)code) ==
+          0ull) {
+    err[1] = tag;
+    err[2] = l_bad ? l_raw : s_raw;
+    err[3] = seq_k;
+  }
+  len = (int)min(max(l_raw, 0ll), (long long)seq_k);
+  start = (int)min(max(s_raw, 0ll), (long long)seq_k);
+}
+
+// Query row i's visible keys [lo, hi) (empty when lo >= hi): its key-aligned position is
+// pos = i + len - seq_q (the last query sits at key len - 1); causal hides keys after pos,
+// a window w > 0 hides keys at or before pos - w (Mistral's sliding window).
+PGK_DEVICE void pgk_attn_rows(int i, int seq_q, int len, int start, int causal, int window,
+                              int& lo, int& hi) {
+  const int pos = i + len - seq_q;
+  hi = causal ? min(len, pos + 1) : len;
+  lo = window > 0 ? max(start, pos - window + 1) : start;
+}

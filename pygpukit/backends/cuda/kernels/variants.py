@@ -71,7 +71,11 @@ def all_variants() -> list[Variant]:
         out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=1, PGK_WARPS=8, PGK_ACT=0)))
         for d in (64, 128):
             out.append(
-                ("attention_prefill", ("pgk_attention_prefill",), _t(dt, PGK_D=d, PGK_ROWS=8))
+                (
+                    "attention_prefill",
+                    ("pgk_attention_prefill",),
+                    _t(dt, PGK_D=d, PGK_ROWS=8, PGK_ERR_INDEX=1),
+                )
             )
             for g, stages, mp in ((1, 2, 16), (8, 4, 8), (16, 3, 4), (4, 1, 2)):
                 dec = _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_MSTAGES=min(stages, 3))
@@ -82,6 +86,11 @@ def all_variants() -> list[Variant]:
         defines = {"PGK_IDX": attention.length_ctype(idx), "PGK_ERR_INDEX": 1}
         out.append(("attention_lengths", ("pgk_attention_check_lengths",), defines))
     for dt in loader.HALF_DTYPES:
+        # The tensor-core prefill kernel: each head dim's geometry and the small-grid one.
+        for d in (64, 128):
+            for fw, fr in attention.FLASH_SWEEP:
+                flash = _t(dt, PGK_D=d, PGK_FW=fw, PGK_FR=fr, PGK_ERR_INDEX=1)
+                out.append(("attention_flash", ("pgk_attention_flash",), flash))
         # Append mode (sdpa_append): each rope layout, tables in the element type or float.
         for d, g in ((64, 8), (128, 16)):
             for rope, cs in ((0, dt), (1, dt), (1, "float32"), (2, "float32")):

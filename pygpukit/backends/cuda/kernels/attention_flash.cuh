@@ -1,0 +1,364 @@
+// Tensor-core flash attention for prefill (bf16 / fp16, SM 8.0+):
+//   O = softmax(scale Q K^T + masks) V, online softmax in fp32, scores never in global memory.
+//
+// Q, O: [batch, heads, seq_q, D]; K, V: [batch, kv_heads, seq_k, D]; every operand has its
+// own batch/head/seq strides in elements (D contiguous, rows 16-byte aligned: the launcher
+// checks). GQA: query head h reads kv head h / (heads / kv_heads).
+// Masks (pgk_attn_rows in common.cuh, the NumPy backend's rules): kv_len L (device int,
+// null = seq_k) hides keys >= L; kv_start[b * kvs_stride] (device ints, null = 0) hides
+// keys before it (kv_wide bit 0 / bit 1: kv_len / kv_start are int64, else int32);
+// causal hides keys j > i + L - seq_q (bottom-right aligned at L); window w > 0 hides keys
+// j <= i + L - seq_q - w. Bad L / kv_start are reported through the error word (err, tag)
+// and clamped. A query that sees no key gets zeros.
+//
+// Block: PGK_FW warps, each owning PGK_FR m16 row tiles (16 * PGK_FR query rows), so
+// PGK_FM = 16 * PGK_FW * PGK_FR rows a block; keys in tiles of 64. Q lives in registers
+// (A fragments by ldmatrix); K and V tiles stream through two shared-memory stages by
+// cp.async (the next tile lands while this one is used), rows padded by 16 bytes so the
+// ldmatrix phases are conflict-free. S = Q K^T and O += P V by mma.sync m16n8k16 with fp32
+// accumulators (V through ldmatrix.trans). Tiles every row of the block sees whole skip
+// the mask; tiles no row sees are never loaded (causal: the block's key range ends at its
+// last row's diagonal). Query blocks run last-first, so the longest causal blocks start
+// first.
+//
+// Masked keys never reach the result: keys outside [kv_start, L) are zero-filled by
+// cp.async (a static cache's unwritten tail may hold NaN), and in a tile that hides a key
+// from some rows only (the causal diagonal, the window's edge) a V row holding NaN or inf
+// would still give 0 * NaN in the tensor-core P V, so such a tile (rare: the block checks
+// its V) takes a scalar P V that selects the visible keys instead of multiplying.
+#include "common.cuh"
+
+#ifndef PGK_D
+#define PGK_D 128
+#endif
+#ifndef PGK_FW
+#define PGK_FW 4  // warps per block
+#endif
+#ifndef PGK_FR
+#define PGK_FR 1  // m16 row tiles per warp
+#endif
+#ifndef PGK_ERR_INDEX
+#define PGK_ERR_INDEX 1
+#endif
+#define PGK_FM (16 * PGK_FW * PGK_FR)  // query rows per block
+#define PGK_FN 64                      // keys per tile
+#define PGK_FLD (PGK_D + 8)            // shared-memory row, elements (16-byte pad)
+#define PGK_FKS (PGK_D / 16)           // k steps of Q K^T
+#define PGK_FDN (PGK_D / 8)            // n tiles of O
+#define PGK_FSTAGE (2 * PGK_FN * PGK_FLD)  // one stage: K tile then V tile
+#define PGK_FT (PGK_FW * 32)               // threads per block
+
+static_assert(sizeof(pgk_t) == 2, "attention_flash takes bf16 or f16");
+static_assert(PGK_D % 16 == 0, "head_dim must be a multiple of 16");
+static_assert(PGK_FM <= 2 * PGK_FN, "the Q tile is staged in one K/V stage");
+static_assert(PGK_FN * (PGK_D / 8) % PGK_FT == 0, "whole 16-byte chunks a thread");
+
+template <typename A, typename B> struct pgk_fsame { static constexpr bool value = false; };
+template <typename A> struct pgk_fsame<A, A> { static constexpr bool value = true; };
+
+PGK_DEVICE void pgk_fldm_x4(unsigned* r, const void* smem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+PGK_DEVICE void pgk_fldm_x4_t(unsigned* r, const void* smem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+PGK_DEVICE void pgk_fmma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  if constexpr (pgk_fsame<pgk_t, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+// Two fp32 values as one register of two pgk_t (lo in the low half).
+PGK_DEVICE unsigned pgk_fpack(float lo, float hi) {
+  pgk_t h[2];
+  pgk_from_acc2(lo, hi, h);
+  return *reinterpret_cast<unsigned*>(h);
+}
+// 2^x in one instruction (x = -inf gives 0, NaN stays NaN).
+PGK_DEVICE float pgk_fexp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// Whether either 16-bit element of w is NaN or inf (exponent bits all set).
+PGK_DEVICE bool pgk_fnonfinite2(unsigned w) {
+  constexpr unsigned e = pgk_fsame<pgk_t, __nv_bfloat16>::value ? 0x7F80u : 0x7C00u;
+  return (w & e) == e || ((w >> 16) & e) == e;
+}
+
+extern "C" __global__ void __launch_bounds__(PGK_FT)
+    pgk_attention_flash(const pgk_t* __restrict__ q, const pgk_t* __restrict__ k,
+                        const pgk_t* __restrict__ v, pgk_t* __restrict__ o, int n_heads,
+                        int n_kv_heads, int seq_q, int seq_k, float scale, int causal,
+                        int window, const int* __restrict__ kv_len,
+                        const int* __restrict__ kv_start, long long kvs_stride, int kv_wide,
+                        long long q_sb,
+                        long long q_sh, long long q_ss, long long k_sb, long long k_sh,
+                        long long k_ss, long long v_sb, long long v_sh, long long v_ss,
+                        long long o_sb, long long o_sh, long long o_ss,
+                        long long* __restrict__ err, long long tag) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
+  extern __shared__ __align__(16) unsigned char pgk_fsmem[];
+  pgk_t* smem = reinterpret_cast<pgk_t*>(pgk_fsmem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int qblock = gridDim.x - 1 - blockIdx.x;
+  const int bh = blockIdx.y;
+  const int b = bh / n_heads, h = bh % n_heads;
+  const int kvh = h / (n_heads / n_kv_heads);
+  const int q0 = qblock * PGK_FM;
+  q += b * q_sb + h * q_sh;
+  o += b * o_sb + h * o_sh;
+  k += b * k_sb + kvh * k_sh;
+  v += b * v_sb + kvh * v_sh;
+
+  int len, start;
+  pgk_attn_bounds(kv_len, kv_start, kvs_stride, kv_wide, b, seq_k,
+                  tid == 0 && blockIdx.x == 0 && h == 0 ? err : nullptr, tag, PGK_ERR_INDEX,
+                  len, start);
+  // The block's key range: the first row's lower end to the last row's upper end (both
+  // grow with the row).
+  const int last = min(q0 + PGK_FM, seq_q) - 1;
+  int lo_first, hi_first, lo_last, hi_last;
+  pgk_attn_rows(q0, seq_q, len, start, causal, window, lo_first, hi_first);
+  pgk_attn_rows(last, seq_q, len, start, causal, window, lo_last, hi_last);
+  const int t_begin = lo_first / PGK_FN;
+  const int t_end = hi_last > lo_first ? (hi_last + PGK_FN - 1) / PGK_FN : t_begin;
+  const bool per_row = causal || window > 0;  // masks that differ between rows
+
+  // This thread's rows: fragment rows lane/4 and lane/4 + 8 of each of its m tiles.
+  int row_lo[PGK_FR][2], row_hi[PGK_FR][2];
+#pragma unroll
+  for (int f = 0; f < PGK_FR; ++f)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+      pgk_attn_rows(q0 + (warp * PGK_FR + f) * 16 + (lane >> 2) + hr * 8, seq_q, len, start,
+                    causal, window, row_lo[f][hr], row_hi[f][hr]);
+
+  // K and V rows outside [start, len) are zero-filled: never read, and a zero V row
+  // contributes nothing however its probability is formed.
+  auto load_kv = [&](int t, int stage) {
+    pgk_t* ks = smem + stage * PGK_FSTAGE;
+    pgk_t* vs = ks + PGK_FN * PGK_FLD;
+#pragma unroll
+    for (int it = 0; it < PGK_FN * (PGK_D / 8) / PGK_FT; ++it) {
+      const int e = tid + it * PGK_FT, r = e / (PGK_D / 8), c = (e % (PGK_D / 8)) * 8;
+      const int j = t * PGK_FN + r;
+      const bool in = j >= start && j < len;
+      pgk_cp_async16(ks + r * PGK_FLD + c, in ? k + j * k_ss + c : k, in);
+      pgk_cp_async16(vs + r * PGK_FLD + c, in ? v + j * v_ss + c : v, in);
+    }
+  };
+
+  float acc[PGK_FR][PGK_FDN][4];
+  float m[PGK_FR][2], l[PGK_FR][2];
+#pragma unroll
+  for (int f = 0; f < PGK_FR; ++f) {
+#pragma unroll
+    for (int n = 0; n < PGK_FDN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[f][n][e] = 0.0f;
+    m[f][0] = m[f][1] = -PGK_INF;
+    l[f][0] = l[f][1] = 0.0f;
+  }
+  // Scores go through exp2: fold log2(e) into the scale.
+  const float qscale = scale * 1.4426950408889634f;
+
+  if (t_begin < t_end) {
+    // Q is staged in the second K/V stage (free until the second tile is loaded).
+    pgk_t* qs = smem + PGK_FSTAGE;
+#pragma unroll
+    for (int it = 0; it < PGK_FM * (PGK_D / 8) / PGK_FT; ++it) {
+      const int e = tid + it * PGK_FT, r = e / (PGK_D / 8), c = (e % (PGK_D / 8)) * 8;
+      const bool in = q0 + r < seq_q;
+      pgk_cp_async16(qs + r * PGK_FLD + c, in ? q + (q0 + r) * q_ss + c : q, in);
+    }
+    load_kv(t_begin, 0);
+    pgk_cp_async_commit();
+    pgk_cp_async_wait<0>();
+    __syncthreads();
+  }
+  unsigned qf[PGK_FR][PGK_FKS][4];
+  if (t_begin < t_end) {
+#pragma unroll
+    for (int f = 0; f < PGK_FR; ++f)
+#pragma unroll
+      for (int kk = 0; kk < PGK_FKS; ++kk) {
+        const int r = (warp * PGK_FR + f) * 16 + (lane & 15);
+        pgk_fldm_x4(qf[f][kk], smem + PGK_FSTAGE + r * PGK_FLD + kk * 16 + (lane >> 4) * 8);
+      }
+    __syncthreads();  // Q read out before the second tile overwrites it
+  }
+
+  for (int t = t_begin; t < t_end; ++t) {
+    const int stage = (t - t_begin) & 1;
+    if (t + 1 < t_end) load_kv(t + 1, stage ^ 1);
+    pgk_cp_async_commit();  // an empty group on the last tile keeps the count uniform
+    pgk_cp_async_wait<1>();
+    __syncthreads();
+    const pgk_t* ks = smem + stage * PGK_FSTAGE;
+    const pgk_t* vs = ks + PGK_FN * PGK_FLD;
+    const int j0 = t * PGK_FN;
+    // Every row of the block sees every key of the tile: no mask.
+    const bool whole = j0 >= lo_last && j0 + PGK_FN <= hi_first;
+
+    float s[PGK_FR][PGK_FN / 8][4];
+#pragma unroll
+    for (int f = 0; f < PGK_FR; ++f)
+#pragma unroll
+      for (int n = 0; n < PGK_FN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[f][n][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < PGK_FKS; ++kk)
+#pragma unroll
+      for (int n = 0; n < PGK_FN / 8; n += 2) {
+        unsigned kb[4];
+        const int r = n * 8 + (lane & 7) + (lane >> 4) * 8;
+        pgk_fldm_x4(kb, ks + r * PGK_FLD + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int f = 0; f < PGK_FR; ++f) {
+          pgk_fmma(s[f][n], qf[f][kk], kb[0], kb[1]);
+          pgk_fmma(s[f][n + 1], qf[f][kk], kb[2], kb[3]);
+        }
+      }
+
+    // Online softmax, two rows a thread per m tile; a row's 64 scores lie in one quad.
+#pragma unroll
+    for (int f = 0; f < PGK_FR; ++f) {
+      float mx[2] = {m[f][0], m[f][1]};
+#pragma unroll
+      for (int n = 0; n < PGK_FN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hr = e >> 1, j = j0 + n * 8 + (lane & 3) * 2 + (e & 1);
+          const bool ok = whole || (j >= row_lo[f][hr] && j < row_hi[f][hr]);
+          s[f][n][e] = ok ? s[f][n][e] * qscale : -PGK_INF;
+          mx[hr] = fmaxf(mx[hr], s[f][n][e]);  // skips NaN: a NaN score stays NaN as p
+        }
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+        // A row that has seen no visible key keeps max -inf: subtract 0 instead, so its
+        // masked scores give exp2(-inf) = 0 rather than NaN.
+        const float base = mx[hr] == -PGK_INF ? 0.0f : mx[hr];
+        const float alpha = pgk_fexp2(m[f][hr] - base);
+        m[f][hr] = mx[hr];
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < PGK_FN / 8; ++n)
+#pragma unroll
+          for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+            s[f][n][e] = pgk_fexp2(s[f][n][e] - base);
+            sum += s[f][n][e];
+          }
+        l[f][hr] = l[f][hr] * alpha + sum;  // this thread's part; the quad sums at the end
+#pragma unroll
+        for (int n = 0; n < PGK_FDN; ++n) {
+          acc[f][n][2 * hr] *= alpha;
+          acc[f][n][2 * hr + 1] *= alpha;
+        }
+      }
+    }
+
+    // A tile that hides keys from some rows only, with a NaN / inf in its V: the scalar
+    // P V below. The condition is the block's, so the barrier is uniform.
+    bool scalar_pv = false;
+    if (!whole && per_row) {
+      bool bad = false;
+      constexpr int words = PGK_FN * PGK_D / 2;
+      for (int e = tid; e < words; e += PGK_FT) {
+        const int r = e / (PGK_D / 2), c = (e % (PGK_D / 2)) * 2;
+        bad |= pgk_fnonfinite2(*reinterpret_cast<const unsigned*>(vs + r * PGK_FLD + c));
+      }
+      scalar_pv = __syncthreads_or(bad);
+    }
+    if (!scalar_pv) {
+#pragma unroll
+      for (int kk = 0; kk < PGK_FN / 16; ++kk) {
+        unsigned pa[PGK_FR][4];
+#pragma unroll
+        for (int f = 0; f < PGK_FR; ++f) {
+          pa[f][0] = pgk_fpack(s[f][2 * kk][0], s[f][2 * kk][1]);
+          pa[f][1] = pgk_fpack(s[f][2 * kk][2], s[f][2 * kk][3]);
+          pa[f][2] = pgk_fpack(s[f][2 * kk + 1][0], s[f][2 * kk + 1][1]);
+          pa[f][3] = pgk_fpack(s[f][2 * kk + 1][2], s[f][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < PGK_FDN; n += 2) {
+          unsigned vb[4];
+          const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          pgk_fldm_x4_t(vb, vs + r * PGK_FLD + n * 8 + (lane >> 4) * 8);
+#pragma unroll
+          for (int f = 0; f < PGK_FR; ++f) {
+            pgk_fmma(acc[f][n], pa[f], vb[0], vb[1]);
+            pgk_fmma(acc[f][n + 1], pa[f], vb[2], vb[3]);
+          }
+        }
+      }
+    } else {
+      // Each key's probability comes from the quad lane that holds it (key n * 8 + 2 * c +
+      // e of the tile sits in lane c of the quad, register n, element e); a hidden key is
+      // skipped (selected out), never multiplied.
+#pragma unroll
+      for (int f = 0; f < PGK_FR; ++f)
+#pragma unroll
+        for (int n = 0; n < PGK_FN / 8; ++n)
+#pragma unroll 1
+          for (int c = 0; c < 4; ++c)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int jj = n * 8 + 2 * c + e, j = j0 + jj;
+              const pgk_t* vr = vs + jj * PGK_FLD + (lane & 3) * 2;
+#pragma unroll
+              for (int hr = 0; hr < 2; ++hr) {
+                const float p = __shfl_sync(0xffffffffu, s[f][n][2 * hr + e], (lane & ~3) | c);
+                if (j >= row_lo[f][hr] && j < row_hi[f][hr]) {
+#pragma unroll
+                  for (int dn = 0; dn < PGK_FDN; ++dn) {
+                    acc[f][dn][2 * hr] += p * pgk_to_float(vr[dn * 8]);
+                    acc[f][dn][2 * hr + 1] += p * pgk_to_float(vr[dn * 8 + 1]);
+                  }
+                }
+              }
+            }
+    }
+    __syncthreads();  // the next iteration's cp.async overwrites the stage just read
+  }
+
+#pragma unroll
+  for (int f = 0; f < PGK_FR; ++f)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float sum = l[f][hr];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int i = q0 + (warp * PGK_FR + f) * 16 + (lane >> 2) + hr * 8;
+      if (i >= seq_q) continue;
+      // No visible key: zeros. A NaN sum (NaN or inf in what the row sees) stays NaN.
+      const float inv = 1.0f / sum;
+      pgk_t* orow = o + i * o_ss + (lane & 3) * 2;
+#pragma unroll
+      for (int n = 0; n < PGK_FDN; ++n) {
+        const float a0 = sum == 0.0f ? 0.0f : acc[f][n][2 * hr] * inv;
+        const float a1 = sum == 0.0f ? 0.0f : acc[f][n][2 * hr + 1] * inv;
+        pgk_from_acc2(a0, a1, orow + n * 8);
+      }
+    }
+}
