@@ -106,10 +106,12 @@ class KVCache:
 class CacheBounds:
     """What the T queries of a prefill chunk at positions pos..pos+T-1 see of the cache:
     keys kv_start[b]..kv_len-1 (kv_len = pos + T), causally, so query i sees keys up to
-    pos + i; a query that sees no key (left padding) gives zeros. sdpa's own masks."""
+    pos + i, and with a sliding window only its last `window` keys; a query that sees no
+    key (left padding) gives zeros. sdpa's own masks."""
 
     kv_len: GPUArray  # 0-d integer
     kv_start: GPUArray  # [B] integers
+    window: int | None = None
 
 
 Mask = GPUArray | CacheBounds
@@ -125,7 +127,13 @@ def attention(q: GPUArray, k: GPUArray, v: GPUArray, mask: Mask) -> GPUArray:
     """
     if isinstance(mask, CacheBounds):
         return gpk.nn.scaled_dot_product_attention(
-            q, k, v, is_causal=True, kv_len=mask.kv_len, kv_start=mask.kv_start
+            q,
+            k,
+            v,
+            is_causal=True,
+            kv_len=mask.kv_len,
+            kv_start=mask.kv_start,
+            window=mask.window,
         )
     b, h, t, d = q.shape
     kv, s = k.shape[1], k.shape[2]
@@ -268,16 +276,10 @@ def chunk_mask(
     start: GPUArray, pos: GPUArray, length: int, max_seq_len: int, window: int | None = None
 ) -> Mask:
     """What a prefill chunk of `length` queries at positions pos.. sees of the cache:
-    causal, from start[b] on. CacheBounds for sdpa; with a sliding window narrower than
-    the cache, the written-out [B, 1, 1, T, S] mask, where a padding query sees itself
-    (as in prefill_mask) and query i sees keys j > pos + i - window only."""
-    if window is None or window >= max_seq_len:
-        return CacheBounds(pos + length, start)
-    i = gpk.arange(length).reshape(length, 1) + pos
-    j = gpk.arange(max_seq_len).reshape(1, max_seq_len)
-    st = start.reshape(-1, 1, 1)
-    ok = (j <= i) & (j > i - window) & ((j >= st) | (j == i))
-    return ok.reshape(-1, 1, 1, length, max_seq_len)
+    causal, from start[b] on, and with a sliding window narrower than the cache, query i
+    sees keys j > pos + i - window only (Mistral's rule): CacheBounds, sdpa's own masks."""
+    return CacheBounds(pos + length, start, window if window is not None and
+                       window < max_seq_len else None)  # fmt: skip
 
 
 def decode_mask(
