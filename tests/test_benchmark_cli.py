@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import pygpukit as gpk
 from pygpukit import benchmark
 
 
@@ -17,7 +18,8 @@ def test_quick_save_compare_markdown(tmp_path, monkeypatch, capsys) -> None:
     saved = tmp_path / "base.json"
     assert benchmark.main(["--quick", "--save", str(saved)]) == 0
     first = json.loads(saved.read_text())
-    assert first["backend"] == "cpu" and first["quick"] is True
+    # (the backend of this process: PYGPUKIT_BACKEND counts only before the first array)
+    assert first["backend"] == gpk.backend_name() and first["quick"] is True
     names = {"matmul", "elementwise", "reduction", "compiled_block"}
     assert set(first["median_ms"]) == names and all(v > 0 for v in first["median_ms"].values())
     capsys.readouterr()
@@ -47,7 +49,8 @@ def test_compare_refuses_other_runs(tmp_path, monkeypatch) -> None:
     with pytest.raises(SystemExit):
         benchmark.main(["--fail-on-regression"])
     other = tmp_path / "full.json"
-    other.write_text(json.dumps({"format": benchmark.FORMAT, "backend": "cpu", "quick": False,
+    other.write_text(json.dumps({"format": benchmark.FORMAT, "backend": gpk.backend_name(),
+                                 "quick": False,
                                  "median_ms": {"matmul": 1.0}}))  # fmt: skip
     with pytest.raises(SystemExit, match="quick=False"):
         benchmark.main(["--quick", "--compare", str(other)])
