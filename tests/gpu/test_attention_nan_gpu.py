@@ -83,13 +83,13 @@ _LENGTH_CASES = [(*c, 1) for c in _DECODE_CASES] + [(40, "float32", 11, 5), (40,
 @pytest.mark.parametrize(("name", "bad"), [("kv_len", -1), ("kv_len", 1), ("kv_start", 1),
                                            ("kv_start", -1)])  # fmt: skip
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_bad_device_lengths_are_index_errors(cuda: Any, hd: int, dtype: str, sk: int, sq: int,
+def test_bad_device_lengths_are_value_errors(cuda: Any, hd: int, dtype: str, sk: int, sq: int,
                                              name: str, bad: int,
                                              index_dtype: Any) -> None:  # fmt: skip
     """A device-held kv_len outside [0, seq] or kv_start outside [0, seq] (bad = 1 means
     seq + 1) is read by the decode kernel (or the composed path's check), recorded in the
-    error word and raised at the next sync as an IndexError naming the op and this line; the
-    next good call is unaffected."""
+    error word and raised at the next sync as a ValueError (as the host check raises) naming
+    the op, the length and this line; the next good call is unaffected."""
     from pygpukit.backends.cuda.kernels import attention
 
     rng = np.random.default_rng(hd + sk)
@@ -108,10 +108,11 @@ def test_bad_device_lengths_are_index_errors(cuda: Any, hd: int, dtype: str, sk:
         return sdpa(qd, kd, vd, kv_len=gpk.asarray(np.array(n, index_dtype)),
                     kv_start=gpk.asarray(np.asarray(st, index_dtype)))  # fmt: skip
 
-    with pytest.raises(gpk.IndexError) as e:
+    with pytest.raises(gpk.errors.GPUKitValueError) as e:
         call(lens["kv_len"], lens["kv_start"]).to_numpy()
     msg = str(e.value)
-    assert "sdpa" in msg and f"index {value} " in msg and "test_attention_nan_gpu.py" in msg
+    assert isinstance(e.value, ValueError) and f"sdpa: {name} {value} is outside" in msg
+    assert "test_attention_nan_gpu.py" in msg
     out = call(good_len, good_start).to_numpy()
     ref = sdpa_ref(q, k, v, kv_len=good_len, kv_start=good_start)
     f = 10 if dtype == "bfloat16" else 50  # as test_cuda_ops' decode tests

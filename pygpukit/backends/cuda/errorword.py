@@ -11,7 +11,7 @@ import numpy as np
 from pygpukit import _native
 from pygpukit.errors import GPUKitValueError, IndexError_, describe_inputs
 
-from .codegen.prelude import ERR_INDEX, ERR_NEG_POW
+from .codegen.prelude import ERR_INDEX, ERR_KV_LEN, ERR_KV_START, ERR_NEG_POW
 
 WORDS = 4  # code, tag, value, extent
 
@@ -42,6 +42,11 @@ class ErrorWord:
         if code == ERR_INDEX:
             raise IndexError_(
                 f"{op}: index {value} is out of bounds for axis with size {extent} {where}"
+            )
+        if code in (ERR_KV_LEN, ERR_KV_START):  # a ValueError, as the host check raises
+            name = "kv_len" if code == ERR_KV_LEN else "kv_start"
+            raise GPUKitValueError(
+                f"{op}: {name} {value} is outside [0, {extent}] (the key length) {where}"
             )
         if code == ERR_NEG_POW:
             raise GPUKitValueError(

@@ -5,6 +5,10 @@ from __future__ import annotations
 # Error codes written to the device error word (see backends/cuda/errorword.py).
 ERR_INDEX = 1
 ERR_NEG_POW = 2
+# A key length attention reads from the device outside [0, seq]: kv_len, kv_start (the
+# attention kernels write the kv_len code, or that code + 1 for kv_start).
+ERR_KV_LEN = 3
+ERR_KV_START = 4
 
 PRELUDE = r"""
 #include <cuda_fp16.h>

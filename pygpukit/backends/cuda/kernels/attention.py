@@ -9,7 +9,7 @@ from typing import Any
 from pygpukit.errors import ShapeError
 
 from .. import toolchain
-from ..codegen.prelude import ERR_INDEX
+from ..codegen.prelude import ERR_INDEX, ERR_KV_LEN, ERR_KV_START
 from . import loader
 from ._common import cdiv, positive
 
@@ -152,10 +152,9 @@ def prefill(
     if batch * heads == 0 or seq_q == 0:
         return
     d = head_dim
-    from ..codegen.prelude import ERR_INDEX
-
+    # (the kernel's only error: a bad length, reported as kv_len's code or kv_start's)
     defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_ROWS": _P_ROWS,
-               "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+               "PGK_ERR_INDEX": ERR_KV_LEN}  # fmt: skip
     fn = loader.get_kernel("attention_prefill", "pgk_attention_prefill", defines)
     aq = _P_WARPS * _P_ROWS
     smem = 4 * (aq * d + _P_KEYS * (d + 1) + _P_KEYS * d)
@@ -240,10 +239,9 @@ def flash(
     if batch * heads == 0 or seq_q == 0:
         return
     fw, fr = geometry or flash_geometry(batch, heads, seq_q, head_dim)
-    from ..codegen.prelude import ERR_INDEX
-
+    # (the kernel's only error: a bad length, reported as kv_len's code or kv_start's)
     defines = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_FW": fw, "PGK_FR": fr,
-               "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+               "PGK_ERR_INDEX": ERR_KV_LEN}  # fmt: skip
     fn = loader.get_kernel("attention_flash", "pgk_attention_flash", defines)
     smem = flash_smem(head_dim)
     fn.set_dynamic_smem(smem)
@@ -480,7 +478,7 @@ def decode(
         defines = {**loader.type_defines(dtype), "PGK_D": d, "PGK_G": g, "PGK_STAGES": st}
         name, threads = "pgk_attn_decode_split", _D_THREADS
         args += (err, tag)
-    defines["PGK_ERR_INDEX"] = ERR_INDEX
+    defines["PGK_ERR_INDEX"], defines["PGK_ERR_KV_LEN"] = ERR_INDEX, ERR_KV_LEN
     depth = _merge_depth(g, d, threads, smem)
     defines["PGK_MP"] = depth
     if splits > 1 and counters:
@@ -512,15 +510,16 @@ def length_ctype(dtype: str) -> str:
 
 def check_lengths(
     values: int, n: int, stride: int, extent: int, dtype: str, *, err: int, tag: int,
-    stream: Any = None,
+    start: bool = False, stream: Any = None,
 ) -> None:  # fmt: skip
     """Report (through the error word at err) any of the n device integers at values
     (element stride `stride`) outside [0, extent]: a kv_len or kv_start the unfused
-    attention path would otherwise clamp."""
+    attention path would otherwise clamp; `start`: they are kv_start values, not kv_len."""
     loader.check_dtype(dtype, LENGTH_DTYPES, "attention lengths")
     if n <= 0:
         return
-    defines = {"PGK_IDX": length_ctype(dtype), "PGK_ERR_INDEX": ERR_INDEX}
+    defines = {"PGK_IDX": length_ctype(dtype)}
     fn = loader.get_kernel("attention_lengths", "pgk_attention_check_lengths", defines)
-    fn.launch((1,), (min(256, cdiv(n, 32) * 32),), (values, n, stride, extent, err, tag), 0,
-              stream)  # fmt: skip
+    code = ERR_KV_START if start else ERR_KV_LEN
+    fn.launch((1,), (min(256, cdiv(n, 32) * 32),), (values, n, stride, extent, err, tag, code),
+              0, stream)  # fmt: skip

@@ -30,6 +30,9 @@
 #ifndef PGK_ERR_INDEX
 #define PGK_ERR_INDEX 1  // the error word's code for a bad index (codegen/prelude.py)
 #endif
+#ifndef PGK_ERR_KV_LEN
+#define PGK_ERR_KV_LEN 3  // a bad kv_len; kv_start's code is one more (codegen/prelude.py)
+#endif
 
 #ifndef PGK_DEC_PF
 #define PGK_DEC_PF 256  // positions prefetched before the wait (one split)
@@ -77,7 +80,8 @@ PGK_DEVICE void pgk_dec_check(int len_raw, int start_raw, int max_seq, long long
   if (threadIdx.x || blockIdx.x || blockIdx.y || !err) return;
   const bool len_bad = len_raw < 0 || len_raw > max_seq;
   if ((len_bad || start_raw < 0 || start_raw > max_seq) &&
-      atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, PGK_ERR_INDEX) == 0ull) {
+      atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull,
+                len_bad ? PGK_ERR_KV_LEN : PGK_ERR_KV_LEN + 1) == 0ull) {
     err[1] = tag;
     err[2] = len_bad ? len_raw : start_raw;
     err[3] = max_seq;

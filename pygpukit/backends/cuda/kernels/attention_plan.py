@@ -418,9 +418,10 @@ def _sdpa_composed(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
     dims = list(batch)
 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
-        for x in vals[3 : 3 + n_extra]:  # kv_len / kv_start: reported if outside [0, sk]
+        for i, x in enumerate(vals[3 : 3 + n_extra]):  # reported if outside [0, sk]
+            is_start = i == n_extra - 1 and bool(step.attrs.get("kv_start"))
             attention.check_lengths(x.ptr, numel(x.shape), x.strides[0] if x.shape else 0, sk,
-                                    x.dtype.name, err=ctx.err_addr, tag=tag,
+                                    x.dtype.name, err=ctx.err_addr, tag=tag, start=is_start,
                                     stream=ctx.stream)  # fmt: skip
         qa, ka, va = fq(vals[0]), fk(vals[1]), fv(vals[2])
         s = ctx.alloc(sshape, acc, "sdpa")

@@ -282,9 +282,10 @@ PGK_DEVICE void pgk_attn_bounds(const int* kv_len, const int* kv_start, long lon
     s_raw = (kv_wide & 2) ? __ldcg(reinterpret_cast<const long long*>(kv_start) + b * kvs_stride)
                           : __ldcg(kv_start + b * kvs_stride);
   const bool l_bad = l_raw < 0 || l_raw > seq_k, s_bad = s_raw < 0 || s_raw > seq_k;
+  // code is the kv_len code; kv_start's is code + 1 (codegen/prelude.py: ERR_KV_*)
   if (err && (l_bad || s_bad) &&
-      atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, (unsigned long long)code) ==
-          0ull) {
+      atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull,
+                (unsigned long long)(l_bad ? code : code + 1)) == 0ull) {
     err[1] = tag;
     err[2] = l_bad ? l_raw : s_raw;
     err[3] = seq_k;
