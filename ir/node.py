@@ -8,9 +8,13 @@ from typing import Any
 from . import ops
 from .dtypes import DType
 from .shapes import Shape
-from .source import SourceLoc
+from .source import SourceLoc, Where, resolve
 
 _ids = itertools.count()
+# Attribute values that are hashable and canonical as they are (no float inside).
+_PLAIN = frozenset({int, str, bool, type(None)})
+# Attribute values freeze() leaves as they are.
+_ATOMS = _PLAIN | {float}
 
 
 def freeze(value: Any) -> Any:
@@ -22,16 +26,45 @@ def freeze(value: Any) -> Any:
     return value
 
 
+def canon(v: Any) -> Any:
+    """A frozen attr value with floats by repr, so 0.0 and -0.0 (and NaNs) are told apart
+    in keys: equal canonical values mean equal attributes."""
+    # Module level, not a closure: a recursive closure is a reference cycle, and one made
+    # per node left the garbage collector running every few lazy realizes.
+    if isinstance(v, float):
+        return ("f", repr(v))
+    if isinstance(v, tuple):
+        return tuple(canon(x) for x in v)
+    return v
+
+
+def canonical_items(attrs: dict[str, Any]) -> tuple[Any, ...]:
+    """Frozen attrs as sorted (name, canon(value)) pairs: the attrs' part of every key."""
+    out = []
+    for k in sorted(attrs):
+        v = attrs[k]
+        t = type(v)
+        if t in _PLAIN:
+            out.append((k, v))
+        elif t is float:
+            out.append((k, ("f", repr(v))))
+        else:
+            out.append((k, canon(v)))
+    return tuple(out)
+
+
 class Node:
     """op(inputs; attrs) -> dtype[shape], recorded at `loc`.
 
     `realized` is opaque to the IR: the front end stores the backend value there once
     the node has been computed, and from then on treats the node as a leaf.
     `origin` says, for fused nodes, which pass made them and from which ops.
+    `loc` is kept as captured (a code object and line, see source.user_frame) and made a
+    SourceLoc the first time something reads it.
     """
 
-    __slots__ = ("id", "op", "inputs", "attrs", "shape", "dtype", "loc", "origin", "realized",
-                 "__weakref__")  # fmt: skip
+    __slots__ = ("id", "op", "inputs", "attrs", "shape", "dtype", "where", "origin",
+                 "realized", "_canon", "__weakref__")  # fmt: skip
 
     def __init__(
         self,
@@ -40,7 +73,7 @@ class Node:
         attrs: dict[str, Any],
         shape: Shape,
         dtype: DType,
-        loc: SourceLoc | None = None,
+        loc: Where = None,
         origin: str = "",
         *,
         frozen: bool = False,
@@ -52,9 +85,10 @@ class Node:
         self.attrs = attrs if frozen else {k: freeze(v) for k, v in attrs.items()}
         self.shape = shape
         self.dtype = dtype
-        self.loc = loc
+        self.where = loc
         self.origin = origin
         self.realized: Any = None
+        self._canon: tuple[Any, ...] | None = None
 
     @classmethod
     def make(
@@ -62,13 +96,39 @@ class Node:
         op: str,
         inputs: tuple[Node, ...],
         attrs: dict[str, Any] | None = None,
-        loc: SourceLoc | None = None,
+        loc: Where = None,
         origin: str = "",
     ) -> Node:
         """Create a node, inferring shape and dtype from the op's rule."""
-        attrs = {k: freeze(v) for k, v in (attrs or {}).items()}
-        shape, dtype = ops.infer(op, [(i.shape, i.dtype) for i in inputs], attrs)
-        return cls(op, inputs, attrs, tuple(shape), dtype, loc, origin, frozen=True)
+        if attrs:
+            attrs = {k: v if type(v) in _ATOMS else freeze(v) for k, v in attrs.items()}
+            items = canonical_items(attrs)
+        else:
+            attrs, items = {}, ()
+        shape, dtype = ops.infer(op, [(i.shape, i.dtype) for i in inputs], attrs, items)
+        node = cls(op, inputs, attrs, tuple(shape), dtype, loc, origin, frozen=True)
+        node._canon = items
+        return node
+
+    @property
+    def loc(self) -> SourceLoc | None:
+        """Where the node was recorded in the user's code (None where unknown)."""
+        where = self.where
+        if where is None or type(where) is SourceLoc:
+            return where
+        loc = self.where = resolve(where)
+        return loc
+
+    @loc.setter
+    def loc(self, value: Where) -> None:
+        self.where = value
+
+    def canonical_attrs(self) -> tuple[Any, ...]:
+        """attr_key with floats by repr (see canon()); computed once per node."""
+        items = self._canon
+        if items is None:
+            items = self._canon = canonical_items(self.attrs)
+        return items
 
     @property
     def kind(self) -> str:

@@ -495,14 +495,15 @@ _register("fused_elementwise", "fused", _fused_elementwise, None)
 _register("fused_reduce", "fused", _fused_reduce, None)
 
 
-def infer(op: str, ins: list[Spec], attrs: dict[str, Any]) -> Spec:
-    """Shape and dtype of op(ins; attrs). Memoised: recording an op is a hot path."""
+def infer(op: str, ins: list[Spec], attrs: dict[str, Any],
+          attr_key: tuple[Any, ...] | None = None) -> Spec:  # fmt: skip
+    """Shape and dtype of op(ins; attrs). Memoised: recording an op is a hot path.
+    `attr_key`: the attrs as a hashable key when the caller has one (Node.make does)."""
     try:
-        key = (op, tuple(ins), tuple(sorted(attrs.items())))
-        hash(key)
+        key = (op, tuple(ins), tuple(sorted(attrs.items())) if attr_key is None else attr_key)
+        hit = _INFER_CACHE.get(key)
     except TypeError:
         return _infer(op, ins, attrs)
-    hit = _INFER_CACHE.get(key)
     if hit is None:
         hit = _infer(op, ins, attrs)
         if len(_INFER_CACHE) > 65536:

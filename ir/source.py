@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import CodeType
 
 # Library code whose frames user_location() steps past. The IR knows only its own
 # directory; the layers above register theirs (register_library), since the IR imports
@@ -28,12 +28,23 @@ def register_library(trees: Iterable[str] = (), flat: Iterable[str] = (),
     _TREES += tuple(os.path.abspath(d) + os.sep for d in trees)
     _FLAT += tuple(os.path.abspath(d) + os.sep for d in flat)
     _USER_LEVEL |= frozenset(user_level)
-    _is_internal.cache_clear()
+    _INTERNAL.clear()
 
 
-@functools.lru_cache(maxsize=4096)
+# filename -> whether it is library code. A plain dict read inline by user_frame(): the
+# walk runs for every frame of every recorded op, and a dict lookup on the (hash-cached)
+# filename string is the cheapest test there is.
+_INTERNAL: dict[str, bool] = {}
+
+
 def _is_internal(filename: str) -> bool:
-    # Cached: this runs for every frame of every recorded op.
+    known = _INTERNAL.get(filename)
+    if known is None:
+        known = _INTERNAL[filename] = _classify(filename)
+    return known
+
+
+def _classify(filename: str) -> bool:
     if filename.startswith("<frozen") or filename.startswith(_TREES):
         return True
     for d in _FLAT:
@@ -56,12 +67,36 @@ class SourceLoc:
         return f"{self.file}:{self.line}"
 
 
-def user_location() -> SourceLoc | None:
-    """The innermost stack frame outside PyGPUkit: the line the user wrote."""
+# A captured location not yet made into a SourceLoc: the code object and line number of
+# the user's frame (cheap to take at every recorded op; most are never printed).
+Frame = tuple[CodeType, int]
+Where = SourceLoc | Frame | None
+
+
+def user_frame() -> Frame | None:
+    """The innermost stack frame outside PyGPUkit as (code, line): what recording keeps;
+    resolve() turns it into a SourceLoc when an error, a dump or a profile needs one."""
     f = sys._getframe(1)
+    known = _INTERNAL
     while f is not None:
-        fn = f.f_code.co_filename
-        if not _is_internal(fn):
-            return SourceLoc(fn, f.f_lineno, f.f_code.co_name)
+        code = f.f_code
+        internal = known.get(code.co_filename)
+        if internal is None:
+            internal = _is_internal(code.co_filename)
+        if not internal:
+            return (code, f.f_lineno)
         f = f.f_back  # type: ignore[assignment]
     return None
+
+
+def resolve(where: Where) -> SourceLoc | None:
+    """The SourceLoc of a captured location (a SourceLoc or None as it is)."""
+    if where is None or type(where) is SourceLoc:
+        return where
+    code, line = where  # type: ignore[misc]
+    return SourceLoc(code.co_filename, line, code.co_name)
+
+
+def user_location() -> SourceLoc | None:
+    """The innermost stack frame outside PyGPUkit: the line the user wrote."""
+    return resolve(user_frame())

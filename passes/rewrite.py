@@ -120,16 +120,6 @@ def numel(n: Node) -> int:
     return math.prod(n.shape)
 
 
-def _canon(v: Any) -> Any:
-    # Module level, not a closure: a recursive closure is a reference cycle, and one made
-    # per node left the garbage collector running every few lazy realizes.
-    if isinstance(v, float):
-        return ("f", repr(v))
-    if isinstance(v, tuple):
-        return tuple(_canon(x) for x in v)
-    return v
-
-
 def canonical_attrs(n: Node) -> tuple[Any, ...]:
     """attr_key with floats by repr, so 0.0 and -0.0 (and NaNs) are told apart."""
-    return tuple((k, _canon(v)) for k, v in n.attr_key())
+    return n.canonical_attrs()

@@ -105,7 +105,8 @@ _LAST_RUN: list[tuple[Sequence[object], Sequence[object]] | None] = [None]
 
 def note_run(built: Sequence[object], now: Sequence[object]) -> None:
     """Record the source locations of the latest realize (`now`, by node) beside those the
-    schedule it reused was built from (`built`): describe_inputs reports the former."""
+    schedule it reused was built from (`built`): describe_inputs reports the former.
+    `now` may hold captured locations (ir.source.Where), resolved only when reported."""
     _LAST_RUN[0] = (built, now)
 
 
@@ -117,7 +118,9 @@ def _rebound(loc: object) -> object:
         i = list(run[0]).index(loc)  # only when an error is being described
     except ValueError:
         return loc
-    return run[1][i] or loc
+    from pygpukit.ir.source import resolve
+
+    return resolve(run[1][i]) or loc  # type: ignore[arg-type]
 
 
 def describe_inputs(inputs: Sequence[tuple[tuple[int, ...], object]], loc: object) -> str:

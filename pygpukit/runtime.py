@@ -17,9 +17,8 @@ from pygpukit.ir.dtypes import UnsupportedDType
 from pygpukit.ir.indexing import IndexRuleError
 from pygpukit.ir.ops import DTypeRuleError
 from pygpukit.ir.shapes import ShapeRuleError
-from pygpukit.ir.source import register_library
+from pygpukit.ir.source import register_library, resolve, user_frame
 from pygpukit.passes import Schedule, lower, run_pipeline
-from pygpukit.passes.rewrite import canonical_attrs
 
 from . import settings
 from .backends import get_backend
@@ -44,11 +43,13 @@ def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = Non
            name: str | None = None) -> Node:  # fmt: skip
     """One node of op, checked now; an error names `name` (the user's function, where it
     differs from the IR op: broadcast_to records expand), the inputs and the user's line."""
-    loc = user_location()
+    where = user_frame()  # made a SourceLoc only when something prints it
     try:
-        node = Node.make(op, inputs, attrs, loc)
+        node = Node.make(op, inputs, attrs, where)
     except (ShapeRuleError, DTypeRuleError, UnsupportedDType, IndexRuleError) as e:
-        raise errors.op_error(name or op, e, [(i.shape, i.dtype) for i in inputs], loc) from None
+        raise errors.op_error(
+            name or op, e, [(i.shape, i.dtype) for i in inputs], resolve(where)
+        ) from None
     if is_eager():
         realize([node])
     return node
@@ -56,7 +57,7 @@ def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = Non
 
 def leaf(value: Any, shape: tuple[int, ...], dtype: Any) -> Node:
     """A node for data that already exists on the backend."""
-    node = Node("input", (), {"shape": shape, "dtype": dtype.name}, shape, dtype, user_location())
+    node = Node("input", (), {"shape": shape, "dtype": dtype.name}, shape, dtype, user_frame())
     node.realized = value
     return node
 
@@ -120,21 +121,16 @@ def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
     """What a cached schedule depends on: the graph's structure and the passes it went
     through (a pass skipped since must not be served from the cache)."""
     index = {n.id: k for k, n in enumerate(order)}
+    layout_key = backend.layout_key
     rows: list[tuple[Any, ...]] = []
+    add = rows.append
     for n in order:
         if n.realized is not None:
-            rows.append(("input", n.shape, n.dtype.name, backend.layout_key(n.realized)))
+            add(("input", n.shape, n.dtype.name, layout_key(n.realized)))
         else:
-            rows.append(
-                (
-                    n.op,
-                    n.shape,
-                    n.dtype.name,
-                    canonical_attrs(n),
-                    tuple(index[i.id] for i in n.inputs),
-                )
-            )
-    pending_idx = tuple(index[p.id] for p in pending)
+            ins = tuple([index[i.id] for i in n.inputs])
+            add((n.op, n.shape, n.dtype.name, n.canonical_attrs(), ins))
+    pending_idx = tuple([index[p.id] for p in pending])
     return (backend.name, settings.skip_passes(), tuple(rows), pending_idx)
 
 
@@ -163,7 +159,8 @@ def realize(nodes: list[Node]) -> None:
     else:
         stats["schedule_hits"] += 1
         _SCHEDULE_CACHE.move_to_end(key)
-        errors.note_run(schedule.info["locs"], [n.loc for n in order])
+        # The nodes' captured locations, resolved only if an error describes this run.
+        errors.note_run(schedule.info["locs"], [n.where for n in order])
     values = backend.run(schedule, [n.realized for n in leaves])
     if settings.debug():
         from .profiling import debug_realize

@@ -42,3 +42,39 @@ def test_networkx_export() -> None:
     nxg = g.to_networkx()
     assert nxg.number_of_nodes() == len(g.nodes)
     assert {d["op"] for _, d in nxg.nodes(data=True)} == {"input", "rms_norm", "exp", "sum"}
+
+
+def test_recorded_location_is_resolved_when_read() -> None:
+    """Recording keeps the user's frame cheaply; reading .loc gives this file and line."""
+    import numpy as np
+
+    import pygpukit as gpk
+
+    a = gpk.asarray(np.random.default_rng(0).random(4, dtype=np.float32))
+    y = a + 1.5
+    line = __import__("inspect").currentframe().f_lineno - 1
+    node = y._node
+    assert isinstance(node.where, tuple)  # (code, line): no SourceLoc made yet
+    loc = node.loc
+    assert loc is not None and loc.file == __file__ and loc.line == line
+    assert loc.func == "test_recorded_location_is_resolved_when_read"
+    assert node.where is loc  # resolved once, kept
+    np.testing.assert_allclose(y.to_numpy(), a.to_numpy().astype(np.float64) + 1.5, rtol=1e-6)
+
+
+def test_canonical_attrs_tell_signed_zeros_apart() -> None:
+    """Keys see 0.0 and -0.0 as different values (they compare and hash equal) and a NaN
+    as equal to itself; the cached form is what a fresh computation gives."""
+    from pygpukit.ir.node import canonical_items
+
+    def full(v: float) -> Node:
+        return Node.make("full", (), {"shape": [2], "dtype": "float32", "value": v})
+
+    pos, neg = full(0.0), full(-0.0)
+    assert pos.canonical_attrs() != neg.canonical_attrs()
+    assert full(float("nan")).canonical_attrs() == full(float("nan")).canonical_attrs()
+    assert pos.attrs["shape"] == (2,)
+    for n in (pos, neg):
+        assert n.canonical_attrs() == canonical_items(n.attrs)
+        built = Node(n.op, (), n.attrs, n.shape, n.dtype, frozen=True)
+        assert built.canonical_attrs() == n.canonical_attrs()
