@@ -179,3 +179,8 @@ def user_error(cls: type[GPUKitError], op: str, message: str) -> GPUKitError:
 class SchedulerError(GPUKitError, RuntimeError):
     """The scheduler is closed, or stopped on an error its dispatcher cannot recover from
     (the tasks it still held fail with this)."""
+
+
+class DistributedError(GPUKitError, RuntimeError):
+    """A communicator that is missing, mismatched between ranks or broken (a rank failed,
+    NCCL returned an error), or a launch that cannot start its ranks."""
