@@ -15,7 +15,7 @@ from pygpukit import __version__
 
 from .console import debug_requested, log_level, logging_to_stderr, run_command
 
-SUBCOMMANDS = ["demo", "info", "cache", "graph", "generate"]
+SUBCOMMANDS = ["demo", "info", "cache", "graph", "generate", "launch"]
 
 
 def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
