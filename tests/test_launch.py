@@ -39,7 +39,8 @@ def test_bad_arguments(capsys: pytest.CaptureFixture[str], monkeypatch, tmp_path
 def test_ranks_get_torchrun_variables(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(launcher, "gpus_available", lambda: (4, ""))
     script = tmp_path / "rank.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, os, sys
         keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT", "PYGPUKIT_RENDEZVOUS_FILE", "NCCL_NVLS_ENABLE"]
@@ -47,7 +48,8 @@ def test_ranks_get_torchrun_variables(monkeypatch, tmp_path) -> None:
         out["argv"] = sys.argv[1:]
         with open(os.path.join(os.path.dirname(__file__), f"out{out['RANK']}.json"), "w") as f:
             json.dump(out, f)
-    """))
+    """)
+    )
     assert main(["launch", "-n", "3", str(script), "--tp", "3", "-x"]) == 0
     outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(3)]
     for r, o in enumerate(outs):
@@ -62,8 +64,8 @@ def test_ranks_get_torchrun_variables(monkeypatch, tmp_path) -> None:
 def test_a_failing_rank_stops_the_others(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(launcher, "gpus_available", lambda: (2, ""))
     script = tmp_path / "fail.py"
-    script.write_text("import os, sys, time\n"
-                      "sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(600)\n")  # fmt: skip
+    body = "sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(600)"
+    script.write_text(f"import os, sys, time\n{body}\n")
     t0 = time.monotonic()
     assert launcher.launch(2, str(script), []) == 3
     assert time.monotonic() - t0 < 60  # rank 0 was stopped, not waited for
