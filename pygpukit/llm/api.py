@@ -32,6 +32,7 @@ from .loader import (
     weight_names,
 )
 from .model import Transformer
+from .parallel import parallelize, rank_config, sharder
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -127,7 +128,8 @@ class Model:
         return outs[0] if isinstance(prompt, str) else outs
 
 
-def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None = None) -> Model:
+def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None = None,
+         tensor_parallel: int | None = None) -> Model:  # fmt: skip
     """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
 
     dtype None keeps the checkpoint's float type; "bfloat16"/"float32"/... casts on load.
@@ -136,6 +138,8 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
     Only regular files inside the directory are read, and the config, the index, every
     header and the tokenizer are checked before any memory is allocated: a malformed
     checkpoint raises a LoadError naming the file and the field.
+    tensor_parallel=N: this process is one of N ranks of gpk.distributed (init(), or
+    simulate()) and reads only its shard of each weight (llm/parallel.py).
     """
     model = ModelDir(path)
     config_path = model.path("config.json")
@@ -159,17 +163,37 @@ def load(path: str | os.PathLike[str], dtype: Any = None, progress: bool | None 
                 file=tok_path,
                 field="vocab",
             )
+    tp, tp_rank = _tensor_parallel(tensor_parallel)
+    rank_cfg = rank_config(cfg, tp)
     weight_map = read_index(model)
     t0 = time.perf_counter()
     ckpt = Checkpoint(checkpoint_files(model))
     try:
         if weight_map is not None:
             ckpt.check_index(weight_map, model.path(INDEX))
-        weights, used = load_weights(ckpt, cfg, target, progress, config_path)
+        weights, used = load_weights(ckpt, cfg, target, progress, config_path,
+                                     sharder(tp_rank, tp) if tp > 1 else None)  # fmt: skip
         nbytes = sum(ckpt.info(name).nbytes for name, _ in weight_names(cfg))
     finally:
         ckpt.close()
     synchronize()  # the last uploads and device casts are asynchronous
-    out = Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given)
+    transformer = parallelize(Transformer(rank_cfg, weights, used), tp)
+    out = Model(cfg, transformer, tokenizer, model.given)
     out.load_stats = {"seconds": time.perf_counter() - t0, "bytes": float(nbytes)}
     return out
+
+
+def _tensor_parallel(size: int | None) -> tuple[int, int]:
+    """(ranks, this rank) for load(tensor_parallel=size): the communicator must span them."""
+    if size is None or size == 1:
+        return 1, 0
+    from pygpukit import distributed
+
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise errors.GPUKitValueError(f"load: tensor_parallel must be an integer >= 1, got "
+                                      f"{size!r}")  # fmt: skip
+    comm = distributed.comm.current("load(tensor_parallel=...)")
+    if comm.world_size != size:
+        raise errors.DistributedError(f"load: tensor_parallel={size}, but the communicator has "
+                                      f"{comm.world_size} ranks")  # fmt: skip
+    return size, comm.rank

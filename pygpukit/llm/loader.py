@@ -20,7 +20,7 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -397,11 +397,13 @@ def load_weights(
     dtype: dtypes.DType | None,
     progress: bool | None,
     source: str = "config.json",
+    shard: Callable[[str, np.ndarray], np.ndarray] | None = None,
 ) -> tuple[dict[str, GPUArray], dtypes.DType]:
     """name -> read-only GPUArray. q/k/v and gate/up are concatenated into one matrix each,
     so a decode step runs one GEMM where the checkpoint has two or three. Everything is
     checked (check_checkpoint) before the first allocation, and what was uploaded is
-    freed if a copy still fails."""
+    freed if a copy still fails. shard(name, tensor) gives the part this rank keeps (a
+    view of the memory map, so only its bytes are read; llm/parallel.py)."""
     check_checkpoint(ckpt, cfg, source)
     needed = dict(weight_names(cfg))
     target = dtype or dtypes.as_dtype(ckpt.info("model.embed_tokens.weight").dtype)
@@ -415,6 +417,8 @@ def load_weights(
         ahead(name)
         a = ckpt.numpy(name, needed[name])
         bar.update(a.nbytes)
+        if shard is not None:
+            a = shard(name, a)
         return a
 
     def put(key: str, *names: str) -> None:
