@@ -4,6 +4,7 @@ torchrun-style environment each rank gets, and stopping the others when one rank
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 import time
 
@@ -78,3 +79,27 @@ def test_rendezvous_through_a_file(tmp_path, monkeypatch) -> None:
     uid = bytes(range(128))
     assert rendezvous.exchange_unique_id(0, 2, lambda: uid) == uid
     assert rendezvous.exchange_unique_id(1, 2, lambda: b"unused") == uid
+
+
+def test_launch_runs_a_module(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(launcher, "gpus_available", lambda: (2, ""))
+    (tmp_path / "rankmod.py").write_text(
+        "import os, sys\nopen(os.path.join(sys.argv[1], 'm' + os.environ['RANK']), 'w').close()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert main(["launch", "-n", "2", "-m", "rankmod", str(tmp_path)]) == 0
+    assert (tmp_path / "m0").exists() and (tmp_path / "m1").exists()
+
+
+def test_generate_tp_outside_launch_is_one_line(capsys, monkeypatch) -> None:
+    assert main(["generate", "--model", "tiny", "--tp", "2", "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    launched = "`pygpukit launch -n 2 -m pygpukit generate ... --tp 2`"
+    assert err[-1] == (f"pygpukit generate: --tp 2 runs as 2 processes: start it with "
+                       f"{launched} (this process is one of 1)")  # fmt: skip
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["generate", "--model", "tiny", "--tp", "2", "--max-new-tokens", "2"]) == 1
+    assert "needs one GPU each" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny", "--tp", "0"]) == 1
+    assert "--tp must be >= 1, got 0" in capsys.readouterr().err

@@ -14,7 +14,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "gpk.distributed.init() takes GPU LOCAL_RANK and joins the NCCL communicator.",
     )
     p.add_argument("-n", "--nproc", type=int, required=True, help="processes (GPUs)")
-    p.add_argument("script", help="the Python script each rank runs")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="script is a module, run as `python -m script` (e.g. -m pygpukit "
+                   "generate ... --tp N)")  # fmt: skip
+    p.add_argument("script", help="the Python script (or with -m, module) each rank runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     p.set_defaults(func=run)
 
@@ -23,4 +26,4 @@ def run(args: argparse.Namespace) -> int:
     """Launch and wait; the exit status is the first failed rank's."""
     from pygpukit.distributed.launch import launch
 
-    return launch(args.nproc, args.script, args.args)
+    return launch(args.nproc, args.script, args.args, module=args.module)

@@ -67,17 +67,18 @@ def rank_environment(rank: int, nproc: int, port: int, rendezvous: str) -> dict[
     }
 
 
-def launch(nproc: int, script: str, args: Sequence[str]) -> int:
-    """Run `python script args...` as nproc ranks; the exit status of the first rank that
-    failed (0 when all succeeded)."""
+def launch(nproc: int, script: str, args: Sequence[str], module: bool = False) -> int:
+    """Run `python script args...` (module: `python -m script args...`) as nproc ranks;
+    the exit status of the first rank that failed (0 when all succeeded)."""
     check_world(nproc)
-    if not os.path.isfile(script):
+    if not module and not os.path.isfile(script):
         raise DistributedError(f"launch: no such script {script!r}")
+    command = [sys.executable, *(["-m"] if module else []), script, *args]
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="pygpukit-launch-") as tmp:
         rendezvous = os.path.join(tmp, "nccl-id")
         procs = [
-            subprocess.Popen([sys.executable, script, *args],
+            subprocess.Popen(command,
                              env={**os.environ, **rank_environment(r, nproc, port, rendezvous)})
             for r in range(nproc)
         ]  # fmt: skip
