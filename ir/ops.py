@@ -25,6 +25,7 @@ Infer = Callable[[list[Spec], dict[str, Any]], Spec]
 class OpDef:
     name: str
     # leaf unary binary ternary cast reduce scan sort movement matmul gather scatter fused
+    # collective
     kind: str
     infer: Infer
     n_inputs: int | None  # None: variadic
@@ -229,6 +230,80 @@ def _matmul(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
 
 
 _register("matmul", "matmul", _matmul, 2)
+
+# ---- collectives (across the ranks of a communicator) -----------------------------------
+# attrs["world_size"] is recorded with the node (a shape rule needs it); the communicator
+# itself is found at run time. A collective is a node of its own: no pass fuses into or
+# across it, and its result is a normal value for memory planning.
+
+REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
+# What NCCL reduces: bool and int16 have no NCCL type (they may be gathered or broadcast).
+_REDUCIBLE = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+
+
+def _world(name: str, attrs: dict[str, Any]) -> int:
+    n = attrs.get("world_size")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ShapeRuleError(f"{name}: world_size must be an integer >= 1, got {n!r}")
+    return n
+
+
+def _reducible(name: str, op: Any, d: DType) -> None:
+    if op not in REDUCE_OPS:
+        raise ShapeRuleError(f"{name}: op must be one of {REDUCE_OPS}, got {op!r}")
+    if d.name not in _REDUCIBLE or (op == "avg" and not d.is_float):
+        raise DTypeRuleError(f"{name}: cannot reduce {d} with op {op!r} (NCCL reduces "
+                             f"{', '.join(_REDUCIBLE)}; avg floats only)")  # fmt: skip
+
+
+def _collective_axis(name: str, shape: Shape, attrs: dict[str, Any]) -> int:
+    ax = attrs.get("axis")
+    if isinstance(ax, bool) or not isinstance(ax, int) or not 0 <= ax < len(shape):
+        raise ShapeRuleError(f"{name}: axis {ax!r} out of range for shape {shape}")
+    return ax
+
+
+def _all_reduce(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    ((shape, d),) = ins
+    _world("all_reduce", attrs)
+    _reducible("all_reduce", attrs.get("op"), d)
+    return shape, d
+
+
+def _all_gather(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # Every rank's x concatenated along axis, in rank order.
+    ((shape, d),) = ins
+    n = _world("all_gather", attrs)
+    ax = _collective_axis("all_gather", shape, attrs)
+    return shape[:ax] + (shape[ax] * n,) + shape[ax + 1 :], d
+
+
+def _reduce_scatter(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # The reduction over ranks of x, split along axis into world_size parts: rank r's part r.
+    ((shape, d),) = ins
+    n = _world("reduce_scatter", attrs)
+    _reducible("reduce_scatter", attrs.get("op"), d)
+    ax = _collective_axis("reduce_scatter", shape, attrs)
+    if shape[ax] % n:
+        raise ShapeRuleError(f"reduce_scatter: axis {ax} of shape {shape} does not split into "
+                             f"{n} equal parts")  # fmt: skip
+    return shape[:ax] + (shape[ax] // n,) + shape[ax + 1 :], d
+
+
+def _broadcast(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # Rank root's x on every rank.
+    ((shape, d),) = ins
+    n = _world("broadcast", attrs)
+    root = attrs.get("root")
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
+        raise ShapeRuleError(f"broadcast: root {root!r} is not a rank of a world of {n}")
+    return shape, d
+
+
+_register("all_reduce", "collective", _all_reduce, 1)
+_register("all_gather", "collective", _all_gather, 1)
+_register("reduce_scatter", "collective", _reduce_scatter, 1)
+_register("broadcast", "collective", _broadcast, 1)
 
 # ---- fused ops (map to tuned kernels) -------------------------------------------------
 

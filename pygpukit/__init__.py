@@ -63,7 +63,7 @@ from .settings import (
 from .streams import Event, Stream, synchronize
 
 if _typing.TYPE_CHECKING:
-    from . import llm
+    from . import distributed, llm
     from .device_query import (
         get_nvrtc_path,
         get_sm_version,
@@ -79,6 +79,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Scheduler": ("pygpukit.scheduler", "Scheduler"),
     "Task": ("pygpukit.scheduler", "Task"),
     "llm": ("pygpukit.llm", None),
+    "distributed": ("pygpukit.distributed", None),
     # The original project's device queries.
     "is_cuda_available": ("pygpukit.device_query", "is_cuda_available"),
     "is_nvrtc_available": ("pygpukit.device_query", "is_nvrtc_available"),

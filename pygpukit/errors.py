@@ -194,3 +194,8 @@ class SchedulerError(GPUKitError, RuntimeError):
 class UnsupportedError(GPUKitError, NotImplementedError):
     """A valid request this version does not implement (an einsum diagonal, a CUDA sort
     row past the kernel's length); the message says what is missing."""
+
+
+class DistributedError(GPUKitError, RuntimeError):
+    """A communicator that is missing, mismatched between ranks or broken (a rank failed,
+    NCCL returned an error), or a launch that cannot start its ranks."""

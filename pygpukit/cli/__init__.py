@@ -15,7 +15,7 @@ from pygpukit import __version__
 
 from .console import debug_requested, log_level, logging_to_stderr, run_command
 
-SUBCOMMANDS = ["demo", "info", "cache", "graph", "generate", "serve", "chat"]
+SUBCOMMANDS = ["demo", "info", "cache", "graph", "generate", "serve", "chat", "launch"]
 
 
 def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:

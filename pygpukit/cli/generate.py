@@ -45,6 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, help="cast weights on load (e.g. bfloat16)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     add_quantize_arguments(p)
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor parallel ranks: run under `pygpukit launch -n TP`")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -73,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
             raise gpk.errors.GPUKitValueError(
                 f"--max-new-tokens must be >= 0, got {args.max_new_tokens}"
             )
-        model = llm.load(resolve_model(args.model), dtype=args.dtype, **quantize_options(args))
+        rank = _tensor_parallel(args.tp)
+        model = llm.load(resolve_model(args.model), dtype=args.dtype, tensor_parallel=args.tp,
+                         **quantize_options(args))  # fmt: skip
         params = _sampling(model, args)
         tokenizer = model.tokenizer
         text_prompt = "Alice was" if args.prompt is None else args.prompt
@@ -106,9 +110,14 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
                 shown_text[0] = text
 
-        sys.stdout.write(shown)
+        if rank:  # every rank generates the same tokens; rank 0 shows them
+            stream = _silent
+        else:
+            sys.stdout.write(shown)
         res = model.generate_ids([ids] * args.batch, args.max_new_tokens, params,
                                  stop_at_eos=not args.ignore_eos, on_tokens=stream)  # fmt: skip
+        if rank:
+            return 0
         sys.stdout.write("\n")
         for b in range(1, args.batch):
             rest = (tokenizer.decode(res.tokens[b]) if tokenizer is not None
@@ -162,6 +171,30 @@ def resolve_model(name: str) -> str:
     from pygpukit.llm.hub import resolve_model as resolve
 
     return resolve(name)
+
+
+def _tensor_parallel(tp: int) -> int:
+    """This process's rank: --tp N joins the communicator `pygpukit launch -n N` set up."""
+    import pygpukit as gpk
+
+    if tp < 1:
+        raise gpk.errors.GPUKitValueError(f"--tp must be >= 1, got {tp}")
+    if tp == 1:
+        return 0
+    from pygpukit import distributed
+
+    distributed.init()
+    if distributed.world_size() != tp:
+        distributed.destroy()
+        raise gpk.errors.DistributedError(f"--tp {tp} runs as {tp} processes: start it with "
+                                          f"`pygpukit launch -n {tp} -m pygpukit generate "
+                                          f"... --tp {tp}` (this process is one of "
+                                          f"{distributed.world_size()})")  # fmt: skip
+    return distributed.rank()
+
+
+def _silent(step: int, toks: Any) -> None:
+    """A rank other than 0 streams nothing."""
 
 
 def _one_line(e: Exception) -> str:

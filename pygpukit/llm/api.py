@@ -38,6 +38,7 @@ from .loader import (
 from .model import Transformer
 from .quant_checkpoint import PrequantizedLinears, read_quant_config
 from .quantize import DEFAULT_GROUP, QuantizeOnLoad, check_quantize
+from .parallel import parallelize, rank_config, sharder
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -225,6 +226,7 @@ def load(
     progress: bool | None = None,
     quantize: str | None = None,
     quantize_group: int = DEFAULT_GROUP,
+    tensor_parallel: int | None = None,
 ) -> Model:
     """Load a Hugging Face model directory: config.json, *.safetensors, tokenizer.json,
     and when present generation_config.json and tokenizer_config.json's chat template.
@@ -246,6 +248,8 @@ def load(
             config.json has a quantization_config (fp8, compressed-tensors fp8 or int8, AWQ,
             GPTQ) loads quantized as it is (pygpukit.llm.quant_checkpoint).
         quantize_group: The int4 group size along K.
+        tensor_parallel: N: this process is one of N ranks of gpk.distributed (init(), or
+            simulate()) and reads only its shard of each weight (llm/parallel.py).
 
     Returns:
         The Model, its weights read-only.
@@ -294,18 +298,26 @@ def load(
                 field="vocab",
             )
     gen_cfg, template = _generation_config(model, cfg), _chat_template(model)
+    tp, tp_rank = _tensor_parallel(tensor_parallel)
+    if tp > 1 and linears is not None:
+        raise errors.GPUKitValueError(
+            "load: tensor_parallel with quantized weights is not supported yet"
+        )
+    rank_cfg = rank_config(cfg, tp)
     weight_map = read_index(model)
     t0 = time.perf_counter()
     ckpt = Checkpoint(checkpoint_files(model))
     try:
         if weight_map is not None:
             ckpt.check_index(weight_map, model.path(INDEX))
-        weights, used = load_weights(ckpt, cfg, target, progress, config_path, linears)
+        weights, used = load_weights(ckpt, cfg, target, progress, config_path, linears,
+                                     sharder(tp_rank, tp) if tp > 1 else None)  # fmt: skip
         nbytes = ckpt.loaded_bytes
     finally:
         ckpt.close()
     synchronize()  # the last uploads and device casts are asynchronous
-    out = Model(cfg, Transformer(cfg, weights, used), tokenizer, model.given, gen_cfg, template)
+    transformer = parallelize(Transformer(rank_cfg, weights, used), tp)
+    out = Model(cfg, transformer, tokenizer, model.given, gen_cfg, template)
     out.load_stats = {"seconds": time.perf_counter() - t0, "bytes": float(nbytes)}
     return out
 
@@ -337,3 +349,19 @@ def _chat_template(model: ModelDir) -> ChatTemplate | None:
             where = model.path("chat_template.jinja")
             raise LoadError(f"not UTF-8 (byte {e.start})", file=where) from None
     return ChatTemplate.from_tokenizer_config(cfg, path, jinja)
+
+
+def _tensor_parallel(size: int | None) -> tuple[int, int]:
+    """(ranks, this rank) for load(tensor_parallel=size): the communicator must span them."""
+    if size is None or size == 1:
+        return 1, 0
+    from pygpukit import distributed
+
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise errors.GPUKitValueError(f"load: tensor_parallel must be an integer >= 1, got "
+                                      f"{size!r}")  # fmt: skip
+    comm = distributed.comm.current("load(tensor_parallel=...)")
+    if comm.world_size != size:
+        raise errors.DistributedError(f"load: tensor_parallel={size}, but the communicator has "
+                                      f"{comm.world_size} ranks")  # fmt: skip
+    return size, comm.rank

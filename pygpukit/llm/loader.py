@@ -20,7 +20,7 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
@@ -485,12 +485,14 @@ def load_weights(
     progress: bool | None,
     source: str = "config.json",
     linears: LinearSource | None = None,
+    shard: Callable[[str, np.ndarray], np.ndarray] | None = None,
 ) -> tuple[dict[str, Any], dtypes.DType]:
     """name -> read-only GPUArray (or QuantizedWeight, for the linear weights `linears`
     owns). q/k/v and gate/up are concatenated into one matrix each, so a decode step runs
     one GEMM where the checkpoint has two or three. Everything is checked
     (check_checkpoint) before the first allocation, and what was uploaded is freed if a
-    copy still fails."""
+    copy still fails. shard(name, tensor) gives the part this rank keeps (a view of the
+    memory map, so only its bytes are read; llm/parallel.py)."""
     check_checkpoint(ckpt, cfg, source, linears)
     needed = dict(weight_names(cfg))
     owned = {n for n in needed if linears is not None and linears.owns(ckpt, n)}
@@ -508,6 +510,8 @@ def load_weights(
         ahead(name)
         a = ckpt.numpy(name, needed[name])
         bar.update(a.nbytes)
+        if shard is not None:
+            a = shard(name, a)
         return a
 
     def put(key: str, *names: str) -> None:

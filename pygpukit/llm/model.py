@@ -23,6 +23,7 @@ kv_start = the padding offsets). A sliding-window model keeps the written-out fo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,6 +146,12 @@ def attention(q: GPUArray, k: GPUArray, v: GPUArray, mask: Mask) -> GPUArray:
     return (p @ v).reshape(b, h, t, d)
 
 
+def _unreduced(x: GPUArray) -> GPUArray:
+    """A row-parallel linear's output as it is: one rank holds the whole sum (llm/parallel.py
+    makes it an all_reduce over the ranks)."""
+    return x
+
+
 class Attention:
     def __init__(self, cfg: ModelConfig, w: dict[str, GPUArray], i: int) -> None:
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -153,6 +160,7 @@ class Attention:
         self.q_norm = RMSNorm(w[f"{i}.q_norm"], cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(w[f"{i}.k_norm"], cfg.rms_norm_eps) if cfg.qk_norm else None
         self.cache: KVCache | None = None
+        self.reduce: Callable[[GPUArray], GPUArray] = _unreduced  # tensor parallel: all_reduce
 
     def __call__(
         self, x: GPUArray, cos: GPUArray, sin: GPUArray, mask: Mask, pos: GPUArray | None
@@ -170,7 +178,7 @@ class Attention:
         k = gpk.nn.rope(k.swapaxes(1, 2), cos, sin)
         keys, values = self.cache.write(k, v.swapaxes(1, 2), pos)
         y = attention(q, keys, values, mask)
-        return gpk.nn.linear(y.swapaxes(1, 2).reshape(b, t, hq), self.wo)
+        return self.reduce(gpk.nn.linear(y.swapaxes(1, 2).reshape(b, t, hq), self.wo))
 
 
 class MLP:
@@ -179,11 +187,12 @@ class MLP:
     def __init__(self, cfg: ModelConfig, w: dict[str, GPUArray], i: int) -> None:
         self.inter = cfg.intermediate_size
         self.w_gate_up, self.w_down = w[f"{i}.w_gate_up"], w[f"{i}.w_down"]
+        self.reduce: Callable[[GPUArray], GPUArray] = _unreduced  # tensor parallel: all_reduce
 
     def __call__(self, x: GPUArray) -> GPUArray:
         gu = gpk.nn.linear(x, self.w_gate_up)
         gate, up = gu[:, :, : self.inter], gu[:, :, self.inter :]
-        return gpk.nn.linear(gpk.nn.silu(gate) * up, self.w_down)
+        return self.reduce(gpk.nn.linear(gpk.nn.silu(gate) * up, self.w_down))
 
 
 class Block:

@@ -10,7 +10,7 @@ from typing import Any
 from pygpukit.errors import GPUKitError, op_error
 from pygpukit.passes import Schedule, Step
 
-from . import ops_elementwise, ops_movement, ops_reduce
+from . import ops_collective, ops_elementwise, ops_movement, ops_reduce
 from .context import Context
 from .kernels import (
     activation_plan,
@@ -43,6 +43,7 @@ PLANNERS: dict[str, Planner] = {
     "flatnonzero": ops_movement.plan_mask_scan,
     "mask_rank": ops_movement.plan_mask_scan,
     "setitem": ops_movement.plan_setitem,
+    **ops_collective.PLANNERS,
     **{op: planner for family in FAMILY_PLANS for op, planner in family.PLANNERS.items()},
 }
 

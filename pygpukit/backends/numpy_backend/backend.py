@@ -19,6 +19,7 @@ from pygpukit.passes import Schedule, Step
 
 from ..base import Backend
 from . import fused, linalg, movement, nn, paged, reduce, scan_sort
+from .collective import COLLECTIVE_OPS, collective
 from .planned import PlannedHooks
 
 VIEW_OPS = ("reshape", "permute", "expand", "index", "after")
@@ -115,6 +116,8 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
         return fused.fused_elementwise(ins, a, d)
     if op == "fused_reduce":
         return fused.fused_reduce(ins, a, d)
+    if op in COLLECTIVE_OPS:
+        return collective(op, ins[0], a)
     if op == "full":
         return np.full(step.shape, a["value"], dtype=d.np)
     if op == "arange":
