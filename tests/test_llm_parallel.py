@@ -5,6 +5,7 @@ tokens."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import replace
@@ -130,8 +131,8 @@ def test_tensor_parallel_gives_the_tp1_result(model_dir: str, tp: int) -> None:
 def test_errors() -> None:
     path = os.path.join(FIXTURES, "llama")  # 2 KV heads
     with pytest.raises(ConfigError, match="num_key_value_heads: 2 does not split over"):
-        dist.simulate(4, llm.load, path, None, False, 4)
+        dist.simulate(4, functools.partial(llm.load, progress=False, tensor_parallel=4), path)
     with pytest.raises(gpk.errors.DistributedError, match="no communicator"):
         llm.load(path, progress=False, tensor_parallel=2)
     with pytest.raises(gpk.errors.DistributedError, match="communicator has 2 ranks"):
-        dist.simulate(2, llm.load, path, None, False, 4)
+        dist.simulate(2, functools.partial(llm.load, progress=False, tensor_parallel=4), path)

@@ -36,9 +36,9 @@ from .loader import (
     read_index,
 )
 from .model import Transformer
+from .parallel import parallelize, rank_config, sharder
 from .quant_checkpoint import PrequantizedLinears, read_quant_config
 from .quantize import DEFAULT_GROUP, QuantizeOnLoad, check_quantize
-from .parallel import parallelize, rank_config, sharder
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
