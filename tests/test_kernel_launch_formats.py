@@ -71,20 +71,46 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
     (
         ("pgk_gemv_quant",),
         lambda: gemv_quant.gemv_quant(
-            A, B, C, D, QuantSpec("int4", group=128, has_zero=True), 64, 256, "bfloat16",
-            scale_numel=128, zero=E, m=3, prologue="rms_norm", pro=F, eps=1e-6, residual=G,
-            glu=True, w_early=True,
+            A,
+            B,
+            C,
+            D,
+            QuantSpec("int4", group=128, has_zero=True),
+            64,
+            256,
+            "bfloat16",
+            scale_numel=128,
+            zero=E,
+            m=3,
+            prologue="rms_norm",
+            pro=F,
+            eps=1e-6,
+            residual=G,
+            glu=True,
+            w_early=True,
         ),  # fmt: skip
     ),
     (
         ("pgk_gemv_quant",),
-        lambda: gemv_quant.gemv_quant(A, B, C, D, QuantSpec("fp8"), 64, 128, "float16",
-                                      scale_numel=1, bias=E, activation="silu"),  # fmt: skip
+        lambda: gemv_quant.gemv_quant(
+            A,
+            B,
+            C,
+            D,
+            QuantSpec("fp8"),
+            64,
+            128,
+            "float16",
+            scale_numel=1,
+            bias=E,
+            activation="silu",
+        ),  # fmt: skip
     ),
     (
         ("pgk_dequant",),
-        lambda: gemv_quant.dequantize(A, B, C, QuantSpec("fp8", block=128), 200, 256,
-                                      "bfloat16", scale_numel=4),  # fmt: skip
+        lambda: gemv_quant.dequantize(
+            A, B, C, QuantSpec("fp8", block=128), 200, 256, "bfloat16", scale_numel=4
+        ),  # fmt: skip
     ),
     (
         ("pgk_attention_prefill",),
