@@ -216,6 +216,10 @@ def test_fused_nn_and_matmul(arch: str, d: str) -> None:
             kv_start=gpk.asarray(np.array([0, 2], np.int32)),
         ),
         gpk.nn.scaled_dot_product_attention(x[..., :40], k[..., :40], k[..., :40]),
+        # head dim 40 with masks: zero-padded to 64 for the fused kernels
+        gpk.nn.scaled_dot_product_attention(
+            x[..., :40], k[..., :40], k[..., :40], is_causal=True, window=3
+        ),  # fmt: skip
         gpk.nn.linear(x, lw, lb, activation="gelu_tanh"),
         gpk.nn.linear(x, lw),
         x @ x.swapaxes(-1, -2),

@@ -37,9 +37,60 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
         if dec is not None:
             return dec
     pre = _plan_prefill(ctx, step, ins, tag, sc, causal)
+    if pre is None:
+        pre = _plan_padded(ctx, step, ins, tag, sc, causal)
     if pre is not None:
         return pre
     return _sdpa_composed(ctx, step, ins, tag, sc, causal)
+
+
+def _plan_padded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, sc: float,
+                 causal: bool) -> Run | None:  # fmt: skip
+    """A head dim the fused kernels lack (below 128): q, k and v copied into zero-padded
+    buffers of the next one (64 or 128), the fused prefill run on them, the output's first
+    columns kept. Zero columns add nothing to a score and give zero output columns, and the
+    kernels' masking rules hold (a key hidden from a query never reaches it, NaN included,
+    which the composed path's P @ V cannot promise). The scale stays the given head dim's."""
+    q, k, v = ins[:3]
+    d, dtype = q.shape[-1], step.dtype
+    if (
+        d in attention.HEAD_DIMS or d > max(attention.HEAD_DIMS) or v.shape[-1] != d
+        or len(q.shape) != 4 or dtype.name not in attention.DTYPES
+        or k.dtype != dtype or v.dtype != dtype or not numel(step.shape)
+    ):  # fmt: skip
+        return None
+    dp = min(h for h in attention.HEAD_DIMS if h > d)
+    pads = []
+    for t in (q, k, v):
+        pshape = t.shape[:-1] + (dp,)
+        pst = contiguous(pshape)
+        zero = ew.make(ctx, ("const", 0.0, dtype.name), [], pshape, pst, dtype, 256, tag=tag)
+        copy = ew.make(ctx, ("in", 0), [t], t.shape, pst, dtype, 256, tag=tag)
+        pads.append((pshape, zero, copy))
+    planned = [DeviceValue(t.storage, p, contiguous(p), 0, dtype)
+               for t, (p, _, _) in zip(ins[:3], pads, strict=True)]  # fmt: skip
+    oshape = step.shape[:-1] + (dp,)
+    inner = _plan_prefill(ctx, replace(step, shape=oshape), [*planned, *ins[3:]], tag, sc, causal)
+    if inner is None:
+        return None
+    o_view = DeviceValue(q.storage, step.shape, contiguous(oshape), 0, dtype)
+    take = ew.make(ctx, ("in", 0), [o_view], step.shape, contiguous(step.shape), dtype, 256,
+                   tag=tag)  # fmt: skip
+
+    def run(vals: Sequence[DeviceValue]) -> DeviceValue:
+        bufs = []
+        with ctx.scratch_only():
+            for t, (pshape, zero, copy) in zip(vals[:3], pads, strict=True):
+                b = ctx.alloc(pshape, dtype, "sdpa")
+                zero(b.ptr, [])
+                copy(b.ptr, [t.ptr])
+                bufs.append(b)
+            o = inner([*bufs, *vals[3:]])
+        out = ctx.alloc_out(step.shape, dtype, "sdpa")
+        take(out.ptr, [o.ptr])
+        return out
+
+    return run
 
 
 def _mask_inputs(step: Step, ins: Sequence[DeviceValue], batch: int, n_dims: int
