@@ -22,6 +22,8 @@ CONFIG = (4, 1)
 MAX_SLAB = 8
 # The persistent grid under early loads (w_early): as the bf16 GEMV (gemv.EARLY_BLOCKS_PER_SM).
 EARLY_BLOCKS_PER_SM = gemv.EARLY_BLOCKS_PER_SM
+# The next slab's loads in flight while the current one is multiplied (gemv_quant.cuh).
+PIPE = True
 DEQUANT_THREADS = 256
 DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -93,13 +95,15 @@ def gemv_quant(
     glu: bool = False,
     blocks_per_sm: int | None = None,
     w_early: bool = False,
+    pipe: bool = PIPE,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
     W's data [n, packed k] dense at `w`, its float32 scales at `scale` (scale_numel of
     them), int4 zero points at `zero`. bf16/f16 x with 16-byte aligned rows; prologue,
     glu, blocks_per_sm and w_early as gemv.gemv. config: (warps, n8 tiles per warp);
-    slab: chunks per warp per step (a power of two; default from K)."""
+    slab: chunks per warp per step (a power of two; default from K); pipe: the next slab's
+    loads in flight while the current one is multiplied (PGK_QPIPE)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -126,7 +130,7 @@ def gemv_quant(
     u = slab or min(MAX_SLAB, pow2_at_least(cdiv(nch, gw)))
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
-         "PGK_GLU": int(glu)}  # fmt: skip
+         "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe)}  # fmt: skip
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
     tiles = gemv.mma_tiles(n, nt, glu)
     per_sm = blocks_per_sm
