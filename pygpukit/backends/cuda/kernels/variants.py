@@ -154,8 +154,8 @@ def quant_variants() -> list[Variant]:
     (RMSNorm prologue, SwiGLU epilogue, SiLU), each slab depth, pipelined or not, and the
     dequantize kernel."""
     out: list[Variant] = []
-    gw, nt = gemv_quant.CONFIG
     for spec, numel in QUANT_SPECS:
+        gw, nt, pipe = gemv_quant.FORMAT_CONFIG[spec.format]
         for dt in loader.HALF_DTYPES:
             base = {**gemv_quant.defines(spec, dt, numel), "PGK_GW": gw, "PGK_NT": nt}
             fused = [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 0, 3)] if dt == "bfloat16" else [
@@ -164,10 +164,11 @@ def quant_variants() -> list[Variant]:
                 deep = (pro, glu, act) == (0, 0, 0) and spec.format != "fp8"
                 for u in (1, 2, 4, 8) if deep and dt == "bfloat16" else (4,):
                     d = {**base, "PGK_U": u, "PGK_PRO": pro, "PGK_GLU": glu, "PGK_ACT": act,
-                         "PGK_QPIPE": int(gemv_quant.PIPE)}  # fmt: skip
+                         "PGK_QPIPE": int(pipe)}  # fmt: skip
                     out.append(("gemv_quant", ("pgk_gemv_quant",), d))
-                    if deep and u == 4:  # the single-buffered loop, kept for sweeps
-                        out.append(("gemv_quant", ("pgk_gemv_quant",), {**d, "PGK_QPIPE": 0}))
+                    if deep and u == 4:  # the other loop, for sweeps
+                        out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                    {**d, "PGK_QPIPE": 1 - int(pipe)}))  # fmt: skip
         for dt in gemv_quant.DEQUANT_DTYPES:
             out.append(("gemv_quant", ("pgk_dequant",), gemv_quant.defines(spec, dt, numel)))
     return out
