@@ -50,7 +50,8 @@ def test_every_result_file_has_a_stable_name_and_a_readme_line() -> None:
      ("dispatch,compile_time", "tinyllama", "dispatch"),
      ("copy,read_floor", "tinyllama", "read-floor"),
      ("copy,llm", "tinyllama", "llm"),
-     ("copy,llm", "llama2-7b", "llm-7b")],
+     ("copy,llm", "llama2-7b", "llm-7b"),
+     ("copy,quant,quant_llm", "tinyllama", "quant")],
 )  # fmt: skip
 def test_result_group_of_a_run(only: str, model: str, group: str) -> None:
     assert results.result_group(set(only.split(",")), model) == group

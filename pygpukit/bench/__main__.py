@@ -4,9 +4,9 @@ installed), on the same device buffers, in one run.
     python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
 NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, sdpa, read_floor,
-quant, chain64, linear_gelu, compile_time, dispatch, llm, llm_prefill, llm_long, llm_load; a
-GEMM workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default: everything but the
-llm groups (--llm adds llm; the others run when named).
+quant, quant_llm, chain64, linear_gelu, compile_time, dispatch, llm, llm_prefill, llm_long,
+llm_load; a GEMM workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default:
+everything but the llm groups and quant_llm (--llm adds llm; the others run when named).
 Prints a table of times and ratios; --json writes every row plus the device, driver, torch
 version and git commit. --json without FILE writes bench/results/<device>-<group>.json when
 NAMES are one result group's (results.RESULT_GROUPS: kernels, compiled, dispatch,
@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import compiled, gemm, kernels, quant, read_floor, results
+from . import compiled, gemm, kernels, quant, quant_llm, read_floor, results
 
 KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = {
     "rms_norm": kernels.bench_rms_norm,
@@ -38,9 +38,11 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "sdpa": kernels.bench_sdpa,
     "read_floor": read_floor.bench_read_floor,
     "quant": quant.bench_quant,
+    "quant_llm": quant_llm.bench_quant_llm,
 }
 COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time", "dispatch")
 LLM_EXTRA_GROUPS = ("llm_prefill", "llm_long", "llm_load")  # run only when named
+HEAVY_GROUPS = (*LLM_EXTRA_GROUPS, "quant_llm")  # not in a run without --only
 GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "llm", *LLM_EXTRA_GROUPS)
 
 
@@ -48,7 +50,7 @@ def _parse_only(only: str | None, llm: bool) -> tuple[set[str], list[tuple[int, 
     """(groups to run, explicit GEMM (size, dtype) workloads)."""
     groups: set[str] = set()
     if not only:
-        groups = set(GROUPS) - set(LLM_EXTRA_GROUPS) - ({"llm"} if not llm else set())
+        groups = set(GROUPS) - set(HEAVY_GROUPS) - ({"llm"} if not llm else set())
         return groups, [(n, t) for n in gemm.SIZES for t in gemm.DTYPES]
     gemms: list[tuple[int, str]] = []
     for item in (s.strip() for s in only.split(",") if s.strip()):

@@ -240,11 +240,17 @@ def _gptfast_model(cfg: ModelConfig, batch: int, max_seq: int) -> Any:
     return model.to(torch.bfloat16).eval()
 
 
-def bench_torch_compile(cfg: ModelConfig, batch: int, steps: int) -> dict[str, Any]:
+def bench_torch_compile(
+    cfg: ModelConfig, batch: int, steps: int, transform: Callable[[Any], Any] | None = None
+) -> dict[str, Any]:
+    """gpt-fast-style decode under torch.compile; `transform` rewrites the model first (the
+    quant bench's weight-only quantized linears)."""
     import torch
 
     max_seq = 1 << math.ceil(math.log2(PROMPT_LEN + steps + 1))
     model = _gptfast_model(cfg, batch, max_seq)
+    if transform is not None:
+        model = transform(model)
 
     def decode_one(m: Any, tok: Any, pos: Any) -> Any:
         return m(tok, pos)[:, -1].argmax(-1, keepdim=True)

@@ -21,6 +21,7 @@ RESULT_GROUPS: dict[str, frozenset[str]] = {
     "llm-prefill": frozenset({"llm_prefill"}),
     "llm-long": frozenset({"llm_long"}),
     "llm-load": frozenset({"llm_load"}),
+    "quant": frozenset({"quant", "quant_llm"}),
 }
 # --llm-model -> the result group of its LLM rows.
 LLM_GROUPS = {"tinyllama": "llm", "llama2-7b": "llm-7b"}

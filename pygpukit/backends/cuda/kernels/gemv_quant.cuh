@@ -16,7 +16,11 @@
 //
 // Early loads and the persistent grid as in gemv.cuh: with w_early (read-only weights in
 // a captured graph) the first slab of W, its scales and zero points are loaded before the
-// predecessor wait, and a grid narrower than the tile count walks the tiles. The RMSNorm
+// predecessor wait, and a grid narrower than the tile count walks the tiles. Each warp
+// walks its stages (slabs of its K range, tile after tile) with the next stage's loads in
+// flight while it multiplies the current one (PGK_QPIPE), and each chunk accumulates on
+// its own: H200, single-buffered with one MMA chain per slab, int4 [22016 x 4096] read
+// 1.08 TB/s and int8 as long (load latency, then MMA latency, per slab). The RMSNorm
 // prologue, bias, activation, SwiGLU epilogue and residual are gemv.cuh's.
 //
 // pgk_dequant_bf16 / pgk_dequant_f16: the prefill path's dequantization into a scratch
@@ -40,6 +44,9 @@
 #endif
 #ifndef PGK_QZERO
 #define PGK_QZERO 0
+#endif
+#ifndef PGK_QPIPE
+#define PGK_QPIPE 1  // 1: the next slab of W is loaded before the current one is multiplied
 #endif
 #ifndef PGK_QLW
 #define PGK_QLW 4  // 32-bit words of W per lane per chunk: 4 (16 bytes) or 2 (int4 group 64)
@@ -170,11 +177,18 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const bool xin = qr < m;
 
   // One slab: U chunks of NT tiles' rows (W row qr of each n8 tile for the B fragment;
-  // with PGK_QSK the scales of rows 2qc, 2qc + 1, the C fragment's columns).
-  unsigned wv[U][NT][LW];
-  float sc[U][NT][2];
-  unsigned zp[U][NT];
-  auto load = [&](int tile, int c0) {
+  // with PGK_QSK the scales of rows 2qc, 2qc + 1, the C fragment's columns). Stage s of
+  // this warp is slab s % n_st of its tile s / n_st; every warp has the same n_st (the
+  // epilogue's barrier is inside the loop), chunks past its range read nothing.
+  const int n_st = ((nch + PGK_GW - 1) / PGK_GW + U - 1) / U;
+  const int total = my_tiles * n_st;
+  const int first_tile = (int)blockIdx.x;
+  using wregs = unsigned[U][NT][LW];
+  using sregs = float[U][NT][2];
+  using zregs = unsigned[U][NT];
+  auto load = [&](int st, wregs& wv, sregs& sc, zregs& zp) {
+    const int tile = first_tile + (st / n_st) * (int)gridDim.x;
+    const int c0 = c_lo + (st % n_st) * U;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u;
@@ -220,67 +234,93 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     }
   };
 
-  const int first_tile = (int)blockIdx.x;
+  unsigned wv[U][NT][LW];
+  float sc[U][NT][2];
+  unsigned zp[U][NT];
   bool have = false;
-  if (w_early && my_tiles > 0 && c_lo < c_hi) {  // settled weights: load before the wait
-    load(first_tile, c_lo);
+  if (w_early && total > 0) {  // settled weights: load before the wait
+    load(0, wv, sc, zp);
     have = true;
   }
   pgk_pdl_wait();
   pgk_pdl_trigger();
   (void)zero;
+  if (!have && total > 0) load(0, wv, sc, zp);
 
   const pgk_t* xr = x + (long long)(xin ? qr : 0) * x_stride;
   float acc[NT][4];
   float ss[4], ss_hi[4];
-  for (int ti = 0; ti < my_tiles; ++ti) {
-    const int tile = first_tile + ti * (int)gridDim.x;
+  for (int st = 0; st < total; ++st) {
+    const int j = st % n_st;
+    const int tile = first_tile + (st / n_st) * (int)gridDim.x;
+    const int c0 = c_lo + j * U;
+    if (j == 0) {
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+      for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
-    for (int c0 = c_lo; c0 < c_hi; c0 += U) {
-      if (!have) load(tile, c0);
-      have = false;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int c = c0 + u;
-        const int col = c * CW + qc * EPL;
-        const bool in = c < c_hi && col < k;
-        uint4 xv[XV];
-#pragma unroll
-        for (int j = 0; j < XV; ++j) {
-          xv[j] = pgk_gload_x(xr + col + 8 * j, in && xin);
-          if (PGK_PRO == 1) {
-            uint4 upper = make_uint4(0u, 0u, 0u, 0u);
-            const uint4 gv = pgk_gload_x(pro + col + 8 * j, in);
-            pgk_gprologue(xv[j], upper, gv, false, ss, ss_hi);
-          }
-        }
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-#if PGK_QSK == 1
-          float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          float* d = part;
-#else
-          float* d = acc[t];
+      for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
+    }
+#if PGK_QPIPE == 1
+    // The next slab's loads go out before this one's multiplies: each lane keeps a slab
+    // in flight while it computes (one register set only left the memory idle then).
+    unsigned wn[U][NT][LW];
+    float scn[U][NT][2];
+    unsigned zpn[U][NT];
+    if (st + 1 < total) load(st + 1, wn, scn, zpn);
 #endif
 #pragma unroll
-          for (int s = 0; s < STEPS; ++s) {
-            unsigned a0, a2, b0, b1;
-            pgk_qxfrag(xv, s, a0, a2);
-            pgk_qfrag(wv[u][t], s, zp[u][t], b0, b1);
-            pgk_gmma(d, a0, 0u, a2, 0u, b0, b1);
-          }
-#if PGK_QSK == 1
-          acc[t][0] += part[0] * sc[u][t][0];
-          acc[t][1] += part[1] * sc[u][t][1];
-#endif
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u;
+      const int col = c * CW + qc * EPL;
+      const bool in = c < c_hi && col < k;
+      uint4 xv[XV];
+#pragma unroll
+      for (int jx = 0; jx < XV; ++jx) {
+        xv[jx] = pgk_gload_x(xr + col + 8 * jx, in && xin);
+        if (PGK_PRO == 1) {
+          uint4 upper = make_uint4(0u, 0u, 0u, 0u);
+          const uint4 gv = pgk_gload_x(pro + col + 8 * jx, in);
+          pgk_gprologue(xv[jx], upper, gv, false, ss, ss_hi);
         }
       }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        // A chunk's own accumulator: the chunks' MMA chains are independent (one chain
+        // through the whole slab serialized the tensor-core latency).
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s) {
+          unsigned a0, a2, b0, b1;
+          pgk_qxfrag(xv, s, a0, a2);
+          pgk_qfrag(wv[u][t], s, zp[u][t], b0, b1);
+          pgk_gmma(part, a0, 0u, a2, 0u, b0, b1);
+        }
+#if PGK_QSK == 1
+        acc[t][0] += part[0] * sc[u][t][0];
+        acc[t][1] += part[1] * sc[u][t][1];
+#else
+        acc[t][0] += part[0];
+        acc[t][1] += part[1];
+#endif
+      }
     }
+#if PGK_QPIPE == 1
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int e = 0; e < LW; ++e) wv[u][t][e] = wn[u][t][e];
+        sc[u][t][0] = scn[u][t][0];
+        sc[u][t][1] = scn[u][t][1];
+        zp[u][t] = zpn[u][t];
+      }
+#else
+    if (st + 1 < total) load(st + 1, wv, sc, zp);
+#endif
+    if (j != n_st - 1) continue;
 
     // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
 #pragma unroll

@@ -16,12 +16,20 @@ from ._common import cdiv, int32_range, positive, pow2_at_least
 # Rows of x one launch takes: the lower half of the mma tile (its upper half is zero).
 QUANT_ROWS = 8
 FORMATS = {"int8": 0, "fp8": 1, "int4": 2}
-# (warps splitting K, n8 tiles per warp). A slab is U chunks of each warp's range, U the
-# power of two covering the range up to MAX_SLAB (fewer loads in flight past it).
-CONFIG = (4, 1)
+# A slab is U chunks of each warp's range, U the power of two covering the range up to
+# MAX_SLAB (fewer loads in flight past it).
 MAX_SLAB = 8
-# The persistent grid under early loads (w_early): as the bf16 GEMV (gemv.EARLY_BLOCKS_PER_SM).
-EARLY_BLOCKS_PER_SM = gemv.EARLY_BLOCKS_PER_SM
+# Per format: (warps, n8 tiles per warp, the next slab's loads in flight while the current
+# one is multiplied). H200, batch 1, w_early, summed us over the 7 bench shapes
+# (scripts/quant_sweep.py at 4aac5d5, in git history): int8 (4, 2) pipelined 111.6 against
+# 121.3 for (4, 1) single-buffered; int4 g128 (4, 2) pipelined 93.2 against 101.7; fp8 b128
+# (4, 1) single-buffered 123.2 against 130-147 pipelined (its e4m3 -> bf16 conversion
+# leaves fewer registers for a second slab).
+FORMAT_CONFIG = {"int8": (4, 2, True), "fp8": (4, 1, False), "int4": (4, 2, True)}
+# The persistent grid under early loads (w_early): one block per tile. The bf16 GEMV's two
+# blocks per SM (gemv.EARLY_BLOCKS_PER_SM) left this kernel latency-bound: int8
+# [22016 x 4096] 55.3 us against 34.4, int4 g128 [11264 x 2048] 14.7 against 9.3.
+EARLY_BLOCKS_PER_SM = 0
 DEQUANT_THREADS = 256
 DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -93,13 +101,16 @@ def gemv_quant(
     glu: bool = False,
     blocks_per_sm: int | None = None,
     w_early: bool = False,
+    pipe: bool | None = None,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
     W's data [n, packed k] dense at `w`, its float32 scales at `scale` (scale_numel of
     them), int4 zero points at `zero`. bf16/f16 x with 16-byte aligned rows; prologue,
     glu, blocks_per_sm and w_early as gemv.gemv. config: (warps, n8 tiles per warp);
-    slab: chunks per warp per step (a power of two; default from K)."""
+    slab: chunks per warp per step (a power of two; default from K); pipe: the next slab's
+    loads in flight while the current one is multiplied (PGK_QPIPE). config and pipe
+    default to the format's FORMAT_CONFIG."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -121,12 +132,14 @@ def gemv_quant(
     ptrs = (x, w) + ((pro,) if prologue != "none" else ())
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
-    gw, nt = config or CONFIG
+    fgw, fnt, fpipe = FORMAT_CONFIG[spec.format]
+    gw, nt = config or (fgw, fnt)
+    pipe = fpipe if pipe is None else pipe
     nch = cdiv(k, chunk_cols(spec))
     u = slab or min(MAX_SLAB, pow2_at_least(cdiv(nch, gw)))
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
-         "PGK_GLU": int(glu)}  # fmt: skip
+         "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe)}  # fmt: skip
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
     tiles = gemv.mma_tiles(n, nt, glu)
     per_sm = blocks_per_sm

@@ -160,10 +160,11 @@ QUANT_SPECS = (
 
 def quant_variants() -> list[Variant]:
     """gemv_quant: each format in both dtypes plain and with the decode step's fusions
-    (RMSNorm prologue, SwiGLU epilogue, SiLU), each slab depth, and the dequantize kernel."""
+    (RMSNorm prologue, SwiGLU epilogue, SiLU), each slab depth, pipelined or not, and the
+    dequantize kernel."""
     out: list[Variant] = []
-    gw, nt = gemv_quant.CONFIG
     for spec, numel in QUANT_SPECS:
+        gw, nt, pipe = gemv_quant.FORMAT_CONFIG[spec.format]
         for dt in loader.HALF_DTYPES:
             base = {**gemv_quant.defines(spec, dt, numel), "PGK_GW": gw, "PGK_NT": nt}
             fused = [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 0, 3)] if dt == "bfloat16" else [
@@ -171,8 +172,12 @@ def quant_variants() -> list[Variant]:
             for pro, glu, act in fused:
                 deep = (pro, glu, act) == (0, 0, 0) and spec.format != "fp8"
                 for u in (1, 2, 4, 8) if deep and dt == "bfloat16" else (4,):
-                    d = {**base, "PGK_U": u, "PGK_PRO": pro, "PGK_GLU": glu, "PGK_ACT": act}
+                    d = {**base, "PGK_U": u, "PGK_PRO": pro, "PGK_GLU": glu, "PGK_ACT": act,
+                         "PGK_QPIPE": int(pipe)}  # fmt: skip
                     out.append(("gemv_quant", ("pgk_gemv_quant",), d))
+                    if deep and u == 4:  # the other loop, for sweeps
+                        out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                    {**d, "PGK_QPIPE": 1 - int(pipe)}))  # fmt: skip
         for dt in gemv_quant.DEQUANT_DTYPES:
             out.append(("gemv_quant", ("pgk_dequant",), gemv_quant.defines(spec, dt, numel)))
     return out
