@@ -113,6 +113,20 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
         ),  # fmt: skip
     ),
     (
+        ("pgk_dequant_each",),
+        lambda: gemv_quant.dequantize(
+            A,
+            B,
+            C,
+            QuantSpec("int4", group=4, has_zero=True),
+            20,
+            172,
+            "float16",
+            scale_numel=20 * 43,
+            zero=D,
+        ),  # fmt: skip
+    ),
+    (
         ("pgk_attention_prefill",),
         lambda: attention.prefill(A, B, C, D, 1, 4, 2, 16, 16, 64, "float16"),
     ),

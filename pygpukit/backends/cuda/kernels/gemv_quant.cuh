@@ -371,6 +371,45 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   }
 }
 
+// pgk_dequant for any K and group (K % 8 != 0, int4 groups under 8: rows unaligned for
+// the vector loads, or a group boundary inside 8 elements): one thread per element.
+extern "C" __global__ void __launch_bounds__(256)
+    pgk_dequant_each(const unsigned char* __restrict__ w, const float* __restrict__ scale,
+                     const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n,
+                     int k, long long w_stride, int scale_ld) {
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (long long)n * k) return;
+  const int row = (int)(i / k), col = (int)(i % k);
+  const int grp = col / PGK_QGROUP;
+  (void)grp;
+  float s;
+#if PGK_QSK == 1
+  s = PGK_QFMT == 1 ? scale[(long long)(row / PGK_QGROUP) * scale_ld + grp]
+                    : scale[(long long)row * scale_ld + grp];
+#else
+  s = PGK_QTENSOR ? scale[0] : scale[row];
+#endif
+  float v;
+#if PGK_QFMT == 2
+  const unsigned byte = w[(long long)row * w_stride + col / 2];
+  const int z = PGK_QZERO ? (int)zero[(long long)row * scale_ld + grp] : 8;
+  v = (float)((int)((byte >> (4 * (col & 1))) & 0xFu) - z);
+#else
+  const unsigned byte = w[(long long)row * w_stride + col];
+#if PGK_QFMT == 1
+  const int ex = (byte >> 3) & 0xF, mant = byte & 7;  // e4m3fn, as pgk_dequant
+  const float mag = ex ? ldexpf(1.0f + mant / 8.0f, ex - 7) : ldexpf(mant / 8.0f, -6);
+  v = (byte & 0x80) ? -mag : mag;
+#else
+  v = (float)(signed char)byte;
+#endif
+  (void)zero;
+#endif
+  out[i] = pgk_from_float<pgk_t>(v * s);
+}
+
 // The weight it stands for, [N, K] in x's dtype (rounded once), for the prefill GEMM.
 // One thread per 8 consecutive elements of a row (K % 8 == 0); float32 as well.
 extern "C" __global__ void __launch_bounds__(256)

@@ -180,10 +180,12 @@ def dequantize(w: int, scale: int, out: int, spec: QuantSpec, n: int, k: int, dt
     """out [n, k] (dtype, dense) = the weight W's arrays stand for, rounded once."""
     loader.check_dtype(dtype, DEQUANT_DTYPES, "dequantize")
     positive("dequantize", n=n, k=k)
-    if k % 8:
-        raise ShapeError(f"dequantize: K={k} must be a multiple of 8")
-    fn = loader.get_kernel("gemv_quant", "pgk_dequant", defines(spec, dtype, scale_numel))
-    total = n * (k // 8)
     row_bytes = k // 2 if spec.format == "int4" else k
+    # 8 elements a thread needs rows aligned for its vector loads and no group edge inside
+    # them; otherwise one element a thread.
+    each = k % 8 != 0 or (spec.format == "int4" and spec.group % 8 != 0)
+    name = "pgk_dequant_each" if each else "pgk_dequant"
+    fn = loader.get_kernel("gemv_quant", name, defines(spec, dtype, scale_numel))
+    total = n * k if each else n * (k // 8)
     fn.launch((cdiv(total, DEQUANT_THREADS),), (DEQUANT_THREADS,),
               (w, scale, zero, out, n, k, row_bytes, scale_ld(spec, k)), 0, stream)  # fmt: skip

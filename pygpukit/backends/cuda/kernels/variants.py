@@ -179,5 +179,11 @@ def quant_variants() -> list[Variant]:
                         out.append(("gemv_quant", ("pgk_gemv_quant",),
                                     {**d, "PGK_QPIPE": 1 - int(pipe)}))  # fmt: skip
         for dt in gemv_quant.DEQUANT_DTYPES:
-            out.append(("gemv_quant", ("pgk_dequant",), gemv_quant.defines(spec, dt, numel)))
+            out.append(
+                (
+                    "gemv_quant",
+                    ("pgk_dequant", "pgk_dequant_each"),
+                    gemv_quant.defines(spec, dt, numel),
+                )
+            )
     return out
