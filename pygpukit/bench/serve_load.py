@@ -227,14 +227,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-max", type=int, default=512)
     p.add_argument("--kv-memory", type=int, default=None, help="bytes for the KV cache")
     p.add_argument("--peer", action="store_true", help="also time transformers generate_batch")
-    p.add_argument("--procs", type=int, default=None,
-                   help="client processes (default min(8, clients); 0: in this process)")
-    p.add_argument("--step-times", action="store_true",
-                   help="first time the decode step alone at batch 1, 16 and 64")
+    p.add_argument(
+        "--procs",
+        type=int,
+        default=None,
+        help="client processes (default min(8, clients); 0: in this process)",
+    )
+    p.add_argument(
+        "--step-times",
+        action="store_true",
+        help="first time the decode step alone at batch 1, 16 and 64",
+    )
     p.add_argument("--save", default=None, help="write the rows as JSON here")
     a = p.parse_args(argv)
-    rows = run(a.model, a.clients, a.max_tokens, a.prompt_min, a.prompt_max, a.peer, a.kv_memory,
-               a.procs, a.step_times)
+    rows = run(
+        a.model,
+        a.clients,
+        a.max_tokens,
+        a.prompt_min,
+        a.prompt_max,
+        a.peer,
+        a.kv_memory,
+        a.procs,
+        a.step_times,
+    )
     if a.save:
         with open(a.save, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
