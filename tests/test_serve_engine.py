@@ -124,6 +124,28 @@ def test_prefill_batches_several_prompts(model):
         e.close()
 
 
+def test_warmup_traces_every_greedy_shape(model):
+    """After warmup a greedy run compiles nothing new, stores nothing, and its tokens are
+    the static path's."""
+    e = Engine(model, max_model_len=128, prefill_chunk=32, prefill_tokens=64, max_batch=4,
+               kv_blocks=64)  # fmt: skip
+    n = e.warmup(60)
+    # decode 1, 2, 4; prefill t 16 (rows 1, 2, 4) and t 32 (rows 1, 2)
+    assert n == len(e._compiled) == 8
+    assert e.stats()["used_blocks"] == 0
+    e.start()
+    try:
+        prompts = _prompts(5, seed=9, low=5, high=60)
+        out = e.generate(prompts, 4, ignore_eos=True, timeout=300)
+        assert len(e._compiled) == 8
+        static = [model.generate_ids([p], 4, stop_at_eos=False).tokens[0] for p in prompts]
+        assert out == static
+        with pytest.raises(gpk.errors.GPUKitError):
+            e.warmup()
+    finally:
+        e.close()
+
+
 def test_seeded_sampling_is_per_request(engine):
     p = _prompts(2, seed=3)
     sp = llm.SamplingParams(0.9, 20, 0.9, seed=11)

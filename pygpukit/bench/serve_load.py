@@ -185,6 +185,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         sizes = [b for b in (1, 16, 64) if b <= engine.max_batch]
         # 20 timed steps and 3 warm-ups (the 8 spare positions) after the context
         rows += step_times(engine, sizes, max(1, min(512, engine.max_model_len - 28)))
+    engine.warmup(hi)  # every step shape traced before the first request
     server = Server(model, engine, "bench", port=0).start()
     if procs is None:
         procs = min(8, max(clients))

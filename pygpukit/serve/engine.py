@@ -276,6 +276,29 @@ class Engine:
             **self._counts,
         }
 
+    def warmup(self, max_prompt: int | None = None) -> int:
+        """Trace and capture every greedy step shape a serving run can meet (each decode
+        batch bucket up to max_batch; each prefill rows x chunk bucket within the prefill
+        budget, chunks up to max_prompt tokens) before serving, so no request waits for a
+        compile. Runs all-padding inputs: nothing is stored. Call before start(); returns
+        the compiled steps."""
+        if self._thread is not None:
+            raise errors.GPUKitError("Engine.warmup: call it before start()")
+        longest = min(self.prefill_chunk, max_prompt or self.max_model_len)
+        sizes = [("decode", b, 1) for b in _buckets(1, self.max_batch)]
+        for t in _buckets(MIN_PREFILL_BUCKET, bucket(longest, MIN_PREFILL_BUCKET)):
+            sizes += [("prefill", (r, t), r) for r in _buckets(1, self.max_batch)
+                      if r == 1 or r * t <= self.prefill_tokens]  # fmt: skip
+        for kind, size, rows in sizes:
+            t = 1 if kind == "decode" else size[1]
+            sampling, statics = self._sampling_inputs([None] * rows, rows)
+            ins = [gpk.from_numpy(a) for a in (
+                np.zeros((rows, t), np.int64), np.full((rows, t), -1, np.int64),
+                np.full(rows * t, -1, np.int64), self._table([None] * rows, rows),
+                np.zeros(rows, np.int32))]  # fmt: skip
+            self._compiled_step(kind, size, statics)(*ins, *sampling, *statics).to_numpy()
+        return len(sizes)
+
     # -- the engine thread --------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
@@ -512,6 +535,14 @@ class Engine:
         for i, r in enumerate(rows):
             if not r.ended:
                 self._emit(r, int(toks[i]))
+
+
+def _buckets(least: int, most: int) -> list[int]:
+    """least, 2 * least, ... up to bucket(most, least)."""
+    out = [least]
+    while out[-1] < most:
+        out.append(out[-1] * 2)
+    return out
 
 
 def _default_memory(kv_memory: int | None) -> int:
