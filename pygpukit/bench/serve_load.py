@@ -239,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="first time the decode step alone at batch 1, 16 and 64",
     )
-    p.add_argument("--save", default=None, help="write the rows as JSON here")
+    p.add_argument(
+        "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"
+    )
     a = p.parse_args(argv)
     rows = run(
         a.model,
@@ -253,8 +255,15 @@ def main(argv: list[str] | None = None) -> int:
         a.step_times,
     )
     if a.save:
+        import pygpukit as gpk
+
+        from .timing import git_commit
+
+        meta = {"git_commit": git_commit(), "backend": gpk.backend_name(),
+                "command": "python -m pygpukit.bench.serve_load " + " ".join(
+                    argv if argv is not None else sys.argv[1:])}  # fmt: skip
         with open(a.save, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0
 
 
