@@ -14,7 +14,8 @@ from pygpukit.bench.__main__ import GROUPS, main
 ROOT = Path(__file__).resolve().parents[1]
 # Result groups written by other tools than `python -m pygpukit.bench`.
 OTHER_GROUPS = {"scheduler": "bench/scheduler_experiment.py",
-                "graphs-profile": "scripts/graph_profile.py"}  # fmt: skip
+                "graphs-profile": "scripts/graph_profile.py",
+                "serve": "pygpukit/bench/serve_load.py"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -64,3 +64,51 @@ def test_paged_steps_plan(arch, monkeypatch):
     assert "paged_sdpa" in ops and ops.count("paged_write") == 2
     names = [name for name, _, _ in cuda_fakes.LAUNCHES]
     assert any("paged_sdpa" in n for n in names) and any("paged_write" in n for n in names)
+
+
+def _plan_attention(q, kp, vp, table, lens):
+    out = gpk.nn.paged_attention(q, kp, vp, table, lens)
+    order = toposort([out.node], is_leaf=lambda n: n.realized is not None)
+    graph, leaves = runtime._graph_of(order, [out.node])
+    sched = lower(run_pipeline(graph))
+    ctx = cuda_fakes.FakeCtx()
+    env: list = [None] * sched.n_slots
+    for s, n in zip(sched.input_slots, leaves, strict=True):
+        st = cuda_fakes.FakeStorage(max(1, int(np.prod(n.shape))) * n.dtype.itemsize)
+        env[s] = DeviceValue(st, n.shape, contiguous(n.shape), 0, n.dtype)  # type: ignore[arg-type]
+    cuda_fakes.LAUNCHES.clear()
+    for step in sched.steps:
+        ins = [env[i] for i in step.ins]
+        env[step.out] = plan_step(ctx, step, ins)(ins)  # type: ignore[arg-type]
+        assert env[step.out].shape == step.shape
+    return [(name, grid) for name, grid, _ in cuda_fakes.LAUNCHES]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("b, t, kind", [(1, 1, "split"), (64, 1, "one"), (2, 16, "prefill")])
+def test_paged_sdpa_plans_the_split_kernel(arch, b, t, kind, monkeypatch):
+    """int32 tables and lengths with head size 64 take paged_decode.cuh: one query per row
+    splits the keys (and merges), many queries run one split each; int64 lengths keep the
+    simple kernel."""
+    cuda_fakes.install(monkeypatch, arch)
+    rng = np.random.default_rng(1)
+    bf = "bfloat16"
+    kp = gpk.asarray(rng.standard_normal((40, 4, 16, 64)).astype(np.float32)).astype(bf)
+    vp = gpk.asarray(rng.standard_normal((40, 4, 16, 64)).astype(np.float32)).astype(bf)
+    q = gpk.asarray(rng.standard_normal((b, 32, t, 64)).astype(np.float32)).astype(bf)
+    table = rng.integers(0, 40, size=(b, 32)).astype(np.int32)
+    lens = rng.integers(t, 32 * 16, size=b).astype(np.int32)
+    launches = _plan_attention(q, kp, vp, table, lens)
+    split = [grid for name, grid in launches if name == "pgk_paged_decode"]
+    assert len(split) == 1
+    splits, heads, rows = split[0]
+    assert heads == 4 and rows == b * t  # one block row per kv head (its 8 query heads)
+    merged = any(name == "pgk_attn_decode_reduce" for name, _ in launches)
+    if kind == "split":
+        assert splits == min(-(-132 // 4), 32 * 16 // 64)  # SMs once, one tile each at most
+        assert merged
+    else:
+        assert splits == 1 and not merged
+    launches = _plan_attention(q, kp, vp, table, lens.astype(np.int64))
+    assert not any(name == "pgk_paged_decode" for name, _ in launches)
+    assert any("paged_sdpa" in name for name, _ in launches)

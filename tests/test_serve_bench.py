@@ -16,7 +16,27 @@ def test_load_generator_rows(tmp_path):
     out = tmp_path / "rows.json"
     assert main(["--model", "tiny", "--clients", "3", "--max-tokens", "5", "--prompt-min", "8",
                  "--prompt-max", "30", "--save", str(out)]) == 0  # fmt: skip
-    (row,) = json.loads(out.read_text())
+    data = json.loads(out.read_text())
+    assert "serve_load" in data["meta"]["command"]
+    (row,) = data["rows"]
     assert row["clients"] == 3 and row["output_tokens"] == 15
     assert row["output_tok_s"] > 0 and row["ttft_p50_ms"] <= row["ttft_p99_ms"]
     assert row["itl_p50_ms"] <= row["itl_p99_ms"]
+
+
+def test_load_generator_client_processes_and_step_times(tmp_path):
+    """Clients in worker processes (their stamps on the shared monotonic clock) and the
+    decode step timed alone first."""
+    from pygpukit.bench.serve_load import main
+
+    out = tmp_path / "rows.json"
+    assert main(["--model", "tiny", "--clients", "3", "--max-tokens", "4", "--prompt-min", "8",
+                 "--prompt-max", "30", "--procs", "2", "--step-times", "--save",
+                 str(out)]) == 0  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    steps = [r for r in rows if r["impl"] == "pygpukit serve decode step"]
+    assert [r["batch"] for r in steps] == [1]  # the engine's max_batch is the 3 clients
+    assert all(r["step_ms"] > 0 for r in steps)
+    (row,) = [r for r in rows if r["impl"] == "pygpukit serve"]
+    assert row["client_procs"] == 2 and row["output_tokens"] == 12
+    assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and row["wall_s"] > 0

@@ -105,6 +105,47 @@ def test_batched_greedy_equals_alone_and_the_static_path(model, engine):
     assert engine.stats()["used_blocks"] == 0  # every block back in the pool
 
 
+def test_prefill_batches_several_prompts(model):
+    """Prompts queued together prefill as one batch (fewer prefill steps than prompts, the
+    padded tokens within prefill_tokens), chunked prompts included, and each row's tokens
+    are what it makes alone on the static path."""
+    e = Engine(model, max_model_len=256, prefill_chunk=32, prefill_tokens=128,
+               kv_blocks=200).start()  # fmt: skip
+    try:
+        prompts = _prompts(10, seed=7, low=5, high=90)
+        before = e.stats()["prefill_chunks"]
+        batched = e.generate(prompts, 6, ignore_eos=True, timeout=300)
+        chunks = e.stats()["prefill_chunks"] - before
+        assert chunks < sum(-(-len(p) // 32) for p in prompts)
+        static = [model.generate_ids([p], 6, stop_at_eos=False).tokens[0] for p in prompts]
+        assert batched == static
+        assert e.stats()["used_blocks"] == 0
+    finally:
+        e.close()
+
+
+def test_warmup_traces_every_greedy_shape(model):
+    """After warmup a greedy run compiles nothing new, stores nothing, and its tokens are
+    the static path's."""
+    e = Engine(model, max_model_len=128, prefill_chunk=32, prefill_tokens=64, max_batch=4,
+               kv_blocks=64)  # fmt: skip
+    n = e.warmup(60)
+    # decode 1, 2, 4; prefill t 16 (rows 1, 2, 4) and t 32 (rows 1, 2)
+    assert n == len(e._compiled) == 8
+    assert e.stats()["used_blocks"] == 0
+    e.start()
+    try:
+        prompts = _prompts(5, seed=9, low=5, high=60)
+        out = e.generate(prompts, 4, ignore_eos=True, timeout=300)
+        assert len(e._compiled) == 8
+        static = [model.generate_ids([p], 4, stop_at_eos=False).tokens[0] for p in prompts]
+        assert out == static
+        with pytest.raises(gpk.errors.GPUKitError):
+            e.warmup()
+    finally:
+        e.close()
+
+
 def test_seeded_sampling_is_per_request(engine):
     p = _prompts(2, seed=3)
     sp = llm.SamplingParams(0.9, 20, 0.9, seed=11)

@@ -6,8 +6,14 @@
 Each client sends one completion request with a random 128-512 token prompt (token ids)
 and asks for 128 tokens (EOS ignored), streaming, through the real `openai` client against
 a server on 127.0.0.1 with random weights. Reported: total output tok/s, p50/p99 time to
-first token, p50/p99 inter-token latency. `--peer` also times transformers' continuous
-batching (`generate_batch`) on the same prompts, where transformers and torch are installed.
+first token, p50/p99 inter-token latency (between stream chunks: a stream that falls
+behind sends its queued tokens in one chunk). The clients run in --procs worker processes
+(default: up to 8), so parsing their streams does not take the server's interpreter lock,
+as a real load generator on another host would not; --procs 0 runs them in this process.
+`--step-times` first times the engine's decode step alone (inputs, the captured graph,
+the tokens read back) at batch 1, 16 and 64 with 512-token contexts. `--peer` also times
+transformers' continuous batching (`generate_batch`) on the same prompts, where
+transformers and torch are installed.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import sys
 import time
 from collections.abc import Sequence
@@ -49,26 +56,82 @@ async def _client(client: Any, prompt: list[int], max_tokens: int) -> dict[str, 
     return {"start": t0, "stamps": stamps, "tokens": n}
 
 
-async def _round(url: str, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+async def _clients(url: str, prompts: list[list[int]], max_tokens: int,
+                   go: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
     import openai
 
-    client = openai.AsyncOpenAI(
-        base_url=url + "/v1",
-        api_key="none",
-        max_retries=0,
-        timeout=3600,
-    )
-    t0 = time.perf_counter()
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                timeout=3600)  # fmt: skip
+    await asyncio.sleep(max(0.0, go - time.perf_counter()))  # every process starts together
     res = await asyncio.gather(*(_client(client, p, max_tokens) for p in prompts))
-    wall = time.perf_counter() - t0
     await client.close()
+    return list(res)
+
+
+def _worker(url: str, prompts: list[list[int]], max_tokens: int,
+            go: float) -> list[dict[str, Any]]:  # fmt: skip
+    """One client process's share (perf_counter is the system-wide monotonic clock)."""
+    return asyncio.run(_clients(url, prompts, max_tokens, go))
+
+
+def _warm_worker(_: int) -> int:
+    import openai  # noqa: F401  (imported once before the timed round)
+
+    return 0
+
+
+def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) -> dict[str, Any]:
+    procs = min(procs, len(prompts))
+    if procs <= 0:
+        t0 = time.perf_counter()
+        res = asyncio.run(_clients(url, prompts, max_tokens))
+    else:
+        with multiprocessing.get_context("spawn").Pool(procs) as pool:
+            pool.map(_warm_worker, range(procs), chunksize=1)
+            t0 = time.perf_counter() + 0.5
+            shares = [(url, prompts[i::procs], max_tokens, t0) for i in range(procs)]
+            res = [r for part in pool.starmap(_worker, shares, chunksize=1) for r in part]
+    wall = max(r["stamps"][-1] if r["stamps"] else t0 for r in res) - t0
     ttft = [r["stamps"][0] - r["start"] for r in res if r["stamps"]]
     itl = [b - a for r in res for a, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
     tokens = sum(r["tokens"] for r in res)
     return {"clients": len(prompts), "output_tokens": tokens, "wall_s": wall,
             "output_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * _pct(ttft, 50),
             "ttft_p99_ms": 1e3 * _pct(ttft, 99), "itl_p50_ms": 1e3 * _pct(itl, 50),
-            "itl_p99_ms": 1e3 * _pct(itl, 99)}  # fmt: skip
+            "itl_p99_ms": 1e3 * _pct(itl, 99), "client_procs": procs}  # fmt: skip
+
+
+def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20
+               ) -> list[dict[str, Any]]:  # fmt: skip
+    """The engine's decode step alone (not started: this thread drives it) at each batch
+    size, every row at `context` keys: ms per step, median of `steps` after 3 warm-ups."""
+    from pygpukit.serve.engine import Request
+
+    rows_out = []
+    rng = np.random.default_rng(0)
+    for b in sizes:
+        reqs = []
+        for _ in range(b):
+            r = Request([int(t) for t in rng.integers(3, engine.vocab, size=context)],
+                        steps + 8, lambda ev: None)  # fmt: skip
+            r.blocks = engine.blocks.allocate(-(-(context + steps + 8) // engine.block_size))
+            r.prefilled = context
+            r.generated = [int(rng.integers(3, engine.vocab))]
+            reqs.append(r)
+        times = []
+        for i in range(steps + 3):
+            t0 = time.perf_counter()
+            engine._decode_step(reqs)
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        for r in reqs:
+            engine.blocks.release(r.blocks)
+        row = {"impl": "pygpukit serve decode step", "batch": b, "context": context,
+               "step_ms": 1e3 * float(np.median(times)),
+               "step_ms_min": 1e3 * float(np.min(times))}  # fmt: skip
+        rows_out.append(row)
+        print(json.dumps(row), flush=True)
+    return rows_out
 
 
 def transformers_peer(cfg: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
@@ -99,7 +162,8 @@ def transformers_peer(cfg: Any, prompts: list[list[int]], max_tokens: int) -> di
 
 
 def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: int,
-        peer: bool, kv_memory: int | None) -> list[dict[str, Any]]:  # fmt: skip
+        peer: bool, kv_memory: int | None, procs: int | None = None,
+        steps: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     from pygpukit import llm
     from pygpukit.serve import Engine
     from pygpukit.serve.server import Server
@@ -116,15 +180,22 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
     engine = Engine(model, max_model_len=min(cfg.max_position_embeddings, hi + max_tokens),
                     max_batch=max(clients), kv_memory=kv_memory,
                     max_queue=max(clients) + 8)  # fmt: skip
-    server = Server(model, engine, "bench", port=0).start()
     rows = []
+    if steps:
+        sizes = [b for b in (1, 16, 64) if b <= engine.max_batch]
+        # 20 timed steps and 3 warm-ups (the 8 spare positions) after the context
+        rows += step_times(engine, sizes, max(1, min(512, engine.max_model_len - 28)))
+    engine.warmup(hi)  # every step shape traced before the first request
+    server = Server(model, engine, "bench", port=0).start()
+    if procs is None:
+        procs = min(8, max(clients))
     try:
         warm = _prompts(min(4, max(clients)), cfg.vocab_size, lo, hi, 99)
-        asyncio.run(_round(server.url, warm, 4))  # traces the step graphs
+        _round(server.url, warm, 4)  # traces the step graphs
         for n in clients:
             prompts = _prompts(n, cfg.vocab_size, lo, hi, n)
-            row = {"impl": "pygpukit serve", **asyncio.run(_round(server.url, prompts,
-                                                                   max_tokens))}  # fmt: skip
+            row = {"impl": "pygpukit serve", **_round(server.url, prompts, max_tokens,
+                                                      procs)}  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
             if peer:
@@ -157,12 +228,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-max", type=int, default=512)
     p.add_argument("--kv-memory", type=int, default=None, help="bytes for the KV cache")
     p.add_argument("--peer", action="store_true", help="also time transformers generate_batch")
-    p.add_argument("--save", default=None, help="write the rows as JSON here")
+    p.add_argument(
+        "--procs",
+        type=int,
+        default=None,
+        help="client processes (default min(8, clients); 0: in this process)",
+    )
+    p.add_argument(
+        "--step-times",
+        action="store_true",
+        help="first time the decode step alone at batch 1, 16 and 64",
+    )
+    p.add_argument(
+        "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"
+    )
     a = p.parse_args(argv)
-    rows = run(a.model, a.clients, a.max_tokens, a.prompt_min, a.prompt_max, a.peer, a.kv_memory)
+    rows = run(
+        a.model,
+        a.clients,
+        a.max_tokens,
+        a.prompt_min,
+        a.prompt_max,
+        a.peer,
+        a.kv_memory,
+        a.procs,
+        a.step_times,
+    )
     if a.save:
+        import pygpukit as gpk
+
+        from .timing import git_commit
+
+        meta = {"git_commit": git_commit(), "backend": gpk.backend_name(),
+                "command": "python -m pygpukit.bench.serve_load " + " ".join(
+                    argv if argv is not None else sys.argv[1:])}  # fmt: skip
         with open(a.save, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -2,7 +2,9 @@
 
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streamed as
 server-sent events or not). Each request is tokenized off the event loop, submitted to the
-engine, and its tokens come back through a thread-safe hand-off to an asyncio queue; when
+engine, and its tokens come back through a thread-safe hand-off to an asyncio queue (one
+loop wake-up for all the events an engine step makes, not one per token; a stream that
+falls behind sends the tokens it has in one chunk); when
 the client goes away (a stream's send fails or the connection closes) the request is
 cancelled and its KV blocks go back at the engine's next step. Every failure is an OpenAI
 error object with its status: 400 bad request, 404 unknown model, 413 body too large,
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -45,12 +48,45 @@ def _starlette() -> Any:
     return starlette
 
 
+class _Relay:
+    """Moves engine events onto one event loop's queues in batches: the engine thread
+    appends, and only the first event since the loop last emptied the list schedules a
+    delivery, so a decode step's tokens for every stream cost one wake-up."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[Event], Event]] = []
+
+    def put(self, queue: asyncio.Queue[Event], ev: Event) -> None:
+        """Queue ev for `queue` (any thread)."""
+        with self._lock:
+            self._pending.append((queue, ev))
+            if len(self._pending) > 1:
+                return  # a delivery is already scheduled
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, []
+        for queue, ev in items:
+            queue.put_nowait(ev)
+
+
 class Api:
     """The request handlers, bound to one model and its engine."""
 
     def __init__(self, model: Model, engine: Engine, name: str) -> None:
         self.model, self.engine, self.name = model, engine, name
         self.created = int(time.time())
+        self._relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
+
+    def relay(self, loop: asyncio.AbstractEventLoop) -> _Relay:
+        """The event relay of this loop (the server's loop; tests may run several)."""
+        r = self._relays.get(loop)
+        if r is None:
+            r = self._relays[loop] = _Relay(loop)
+        return r
 
     # -- helpers ------------------------------------------------------------------------
     def error(self, status: int, message: str, kind: str = "invalid_request_error",
@@ -134,11 +170,11 @@ class Api:
             except ValueError as e:
                 raise schema.RequestError(str(e).splitlines()[0]) from None
             stop_ids = frozenset() if req.ignore_eos else self.engine.eos
-            loop = asyncio.get_running_loop()
+            relay = self.relay(asyncio.get_running_loop())
             events: asyncio.Queue[Event] = asyncio.Queue()
 
             def sink(ev: Event) -> None:  # the engine thread
-                loop.call_soon_threadsafe(events.put_nowait, ev)
+                relay.put(events, ev)
 
             er = Request(ids, max_tokens, sink, params, stop_ids, req.qos, req.priority,
                          req.user or "default")  # fmt: skip
@@ -206,22 +242,34 @@ class Api:
                 yield _sse(schema.chunk(chat, rid, self.name, "", None, first=True))
                 first = False
             while finish is None:
-                ev = await events.get()
-                if ev.kind == "token":
-                    n += 1
-                    delta = text.feed(ev.token) if text else f" {ev.token}"
-                    if text is not None and text.stopped:
-                        self.engine.cancel(er)
-                        finish = "stop"
-                    if delta or finish:
-                        yield _sse(schema.chunk(chat, rid, self.name, delta, finish, first))
-                        first = False
-                elif ev.kind == "done":
-                    finish = _finish(ev)
-                    tail = text.flush() if text else ""
-                    yield _sse(schema.chunk(chat, rid, self.name, tail, finish, first))
-                else:
-                    f = _failure(ev.error)
+                # Everything queued goes out as one chunk: a stream that fell behind
+                # catches up in one send instead of one per token.
+                evs = [await events.get()]
+                while not events.empty():
+                    evs.append(events.get_nowait())
+                parts: list[str] = []
+                error: BaseException | None = None
+                for ev in evs:
+                    if ev.kind == "token":
+                        n += 1
+                        parts.append(text.feed(ev.token) if text else f" {ev.token}")
+                        if text is not None and text.stopped:
+                            self.engine.cancel(er)
+                            finish = "stop"
+                            break
+                    elif ev.kind == "done":
+                        finish = _finish(ev)
+                        parts.append(text.flush() if text else "")
+                        break
+                    else:
+                        error = ev.error or errors.GPUKitError("the generation failed")
+                        break
+                delta = "".join(parts)
+                if delta or finish:
+                    yield _sse(schema.chunk(chat, rid, self.name, delta, finish, first))
+                    first = False
+                if error is not None:
+                    f = _failure(error)
                     yield _sse(schema.error_body(f.message, f.kind))
                     finish = "error"
             if include_usage:

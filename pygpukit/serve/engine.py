@@ -8,7 +8,9 @@ One engine thread owns the model. Each step it
      full, and the order by QoS/priority are the scheduler's decisions;
   2. starts what the scheduler lets start (up to max_batch sequences), giving each its
      blocks;
-  3. prefills one chunk of one new prompt (front-padded to a power-of-two bucket);
+  3. prefills the next chunk of as many new prompts as the prefill budget takes, as one
+     batch (each row front-padded to the longest chunk's power-of-two bucket, the rows
+     padded to a power of two);
   4. runs one decode step for every running sequence (the batch padded to a power-of-two
      bucket; padded rows have no keys and store nothing), samples and streams the tokens;
   5. retires finished sequences: their blocks go back to the pool at once and the
@@ -121,22 +123,26 @@ class Engine:
     kv_memory (bytes) size the cache (default: 1/4 of free device memory on a GPU, 256 MiB
     on the CPU, at least one full-length sequence). max_batch: most sequences decoding at
     once (buckets 1, 2, 4, ... up to it). prefill_chunk: most prompt tokens per prefill
-    step (a power of two). max_queue: most requests waiting to start; more are refused
-    with Overloaded.
+    step (a power of two). prefill_tokens: most padded prompt tokens (rows x chunk bucket)
+    one prefill step takes from several prompts (default 4 * prefill_chunk). max_queue:
+    most requests waiting to start; more are refused with Overloaded.
     """
 
     def __init__(self, model: Model, *, max_model_len: int | None = None,
                  kv_blocks: int | None = None, kv_memory: int | None = None,
                  block_size: int = 16, max_batch: int = 256, prefill_chunk: int = 512,
-                 max_queue: int = 1024) -> None:  # fmt: skip
+                 max_queue: int = 1024, prefill_tokens: int | None = None) -> None:  # fmt: skip
         cfg = model.config
         self.model, self.tr = model, model.transformer
         limit = min(cfg.max_position_embeddings, 8192)
         if cfg.sliding_window is not None:
             limit = min(limit, cfg.sliding_window)  # paged attention sees the whole sequence
         self.max_model_len = min(max_model_len or limit, limit)
+        if prefill_tokens is None:
+            prefill_tokens = 4 * prefill_chunk if isinstance(prefill_chunk, int) else 0
         for name, v in (("block_size", block_size), ("max_batch", max_batch),
-                        ("prefill_chunk", prefill_chunk), ("max_queue", max_queue)):  # fmt: skip
+                        ("prefill_chunk", prefill_chunk), ("max_queue", max_queue),
+                        ("prefill_tokens", prefill_tokens)):  # fmt: skip
             if not isinstance(v, int) or v < 1:
                 raise errors.GPUKitValueError(f"Engine: {name} must be an integer >= 1, got {v!r}")
         if prefill_chunk & (prefill_chunk - 1):
@@ -144,6 +150,7 @@ class Engine:
                                           f"got {prefill_chunk}")  # fmt: skip
         self.block_size, self.max_batch = block_size, max_batch
         self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
+        self.prefill_tokens = prefill_tokens
         self.block_bytes = PagedKVCache.block_bytes(self.tr, block_size)
         self.max_blocks = blocks_for(self.max_model_len, block_size)
         if kv_blocks is None:
@@ -160,6 +167,8 @@ class Engine:
         # One compiled function per (kind, bucket, sampling statics): each traces once,
         # and its captured graph is replayed for every step of that shape.
         self._compiled: dict[tuple[Any, ...], Any] = {}
+        # All-greedy batches' sampling inputs never change: uploaded once per batch size.
+        self._greedy_inputs: dict[int, list[GPUArray]] = {}
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0  # submitted, not yet started (the bounded queue)
@@ -266,6 +275,29 @@ class Engine:
             "max_model_len": self.max_model_len,
             **self._counts,
         }
+
+    def warmup(self, max_prompt: int | None = None) -> int:
+        """Trace and capture every greedy step shape a serving run can meet (each decode
+        batch bucket up to max_batch; each prefill rows x chunk bucket within the prefill
+        budget, chunks up to max_prompt tokens) before serving, so no request waits for a
+        compile. Runs all-padding inputs: nothing is stored. Call before start(); returns
+        the compiled steps."""
+        if self._thread is not None:
+            raise errors.GPUKitError("Engine.warmup: call it before start()")
+        longest = min(self.prefill_chunk, max_prompt or self.max_model_len)
+        sizes = [("decode", b, 1) for b in _buckets(1, self.max_batch)]
+        for t in _buckets(MIN_PREFILL_BUCKET, bucket(longest, MIN_PREFILL_BUCKET)):
+            sizes += [("prefill", (r, t), r) for r in _buckets(1, self.max_batch)
+                      if r == 1 or r * t <= self.prefill_tokens]  # fmt: skip
+        for kind, size, rows in sizes:
+            t = 1 if kind == "decode" else size[1]
+            sampling, statics = self._sampling_inputs([None] * rows, rows)
+            ins = [gpk.from_numpy(a) for a in (
+                np.zeros((rows, t), np.int64), np.full((rows, t), -1, np.int64),
+                np.full(rows * t, -1, np.int64), self._table([None] * rows, rows),
+                np.zeros(rows, np.int32))]  # fmt: skip
+            self._compiled_step(kind, size, statics)(*ins, *sampling, *statics).to_numpy()
+        return len(sizes)
 
     # -- the engine thread --------------------------------------------------------------
     def _loop(self) -> None:
@@ -374,12 +406,13 @@ class Engine:
 
     def _step(self) -> None:
         if self._prefilling:
-            req = self._prefilling[0]
+            reqs = self._prefill_rows()
             try:
-                self._prefill_chunk(req)
+                self._prefill_chunk(reqs)
             except Exception as e:  # a failing request must not take the server down
                 log.exception("prefill failed")
-                self._end(req, error=e)
+                for r in reqs:
+                    self._end(r, error=e)
         rows = self._running[: self.max_batch]
         if rows:
             try:
@@ -393,6 +426,14 @@ class Engine:
                          ) -> tuple[list[GPUArray], tuple[bool, int, bool]]:  # fmt: skip
         ps = [r.params if r is not None else SamplingParams() for r in rows]
         sampled = any(not p.greedy for p in ps)
+        if not sampled:
+            cached = self._greedy_inputs.get(b)
+            if cached is None:
+                cached = self._greedy_inputs[b] = [
+                    gpk.from_numpy(a) for a in (np.zeros(b, np.float32), np.zeros(b, np.int64),
+                                                np.ones(b, np.float32),
+                                                np.full((b, 1), 0.5, np.float32))]  # fmt: skip
+            return cached, (False, 0, False)
         k = max((p.top_k for p in ps if not p.greedy and p.top_k < self.vocab), default=0)
         use_top_p = any(not p.greedy and p.top_p < 1 for p in ps)
         temp = np.zeros(b, np.float32)
@@ -409,7 +450,7 @@ class Engine:
         arrays = [gpk.from_numpy(a) for a in (temp, top_k, top_p, noise)]
         return arrays, (sampled, k_rounds(k), use_top_p)
 
-    def _compiled_step(self, kind: str, size: int, statics: tuple[Any, ...]) -> Any:
+    def _compiled_step(self, kind: str, size: Any, statics: tuple[Any, ...]) -> Any:
         key = (kind, size, *statics)
         fn = self._compiled.get(key)
         if fn is None:
@@ -423,29 +464,58 @@ class Engine:
                 table[i, : len(r.blocks)] = r.blocks
         return table
 
-    def _prefill_chunk(self, req: Request) -> None:
-        start = req.prefilled
-        n = min(self.prefill_chunk, len(req.prompt) - start)
-        t = bucket(n, MIN_PREFILL_BUCKET)
-        pad = t - n
-        tokens = np.zeros((1, t), np.int64)
-        tokens[0, pad:] = req.prompt[start : start + n]
-        positions = np.full((1, t), -1, np.int64)
-        positions[0, pad:] = np.arange(start, start + n)
-        slots = np.full(t, -1, np.int64)
-        slots[pad:] = [req.slot(p, self.block_size) for p in range(start, start + n)]
-        lens = np.array([start + n], np.int32)
-        sampling, statics = self._sampling_inputs([req], 1)
-        ins = [gpk.from_numpy(a) for a in (tokens, positions, slots, self._table([req], 1), lens)]
-        tok = self._compiled_step("prefill", t, statics)(*ins, *sampling, *statics)
+    def _prefill_rows(self) -> list[Request]:
+        """The prompts the next prefill step takes: from the front of the queue, while the
+        padded tokens (rows bucket x chunk bucket) stay within prefill_tokens."""
+        picked: list[Request] = []
+        t = 0
+        for req in self._prefilling:
+            n = min(self.prefill_chunk, len(req.prompt) - req.prefilled)
+            tt = max(t, bucket(n, MIN_PREFILL_BUCKET))
+            if picked and bucket(len(picked) + 1) * tt > self.prefill_tokens:
+                break
+            picked.append(req)
+            t = tt
+        return picked
+
+    def _prefill_chunk(self, reqs: list[Request]) -> None:
+        """The next chunk of each of reqs' prompts, as one batch; a prompt that is done
+        moves to the running batch with its first token."""
+        ns = [min(self.prefill_chunk, len(r.prompt) - r.prefilled) for r in reqs]
+        t = bucket(max(ns), MIN_PREFILL_BUCKET)
+        rows = bucket(len(reqs))
+        tokens = np.zeros((rows, t), np.int64)
+        positions = np.full((rows, t), -1, np.int64)
+        slots = np.full((rows, t), -1, np.int64)
+        lens = np.zeros(rows, np.int32)
+        for i, (req, n) in enumerate(zip(reqs, ns, strict=True)):
+            start, pad = req.prefilled, t - n
+            tokens[i, pad:] = req.prompt[start : start + n]
+            pos = np.arange(start, start + n)
+            positions[i, pad:] = pos
+            blocks = np.asarray(req.blocks, np.int64)
+            slots[i, pad:] = blocks[pos // self.block_size] * self.block_size \
+                + pos % self.block_size  # fmt: skip
+            lens[i] = start + n
+        padded: list[Request | None] = [*reqs, *([None] * (rows - len(reqs)))]
+        sampling, statics = self._sampling_inputs(padded, rows)
+        ins = [gpk.from_numpy(a) for a in (tokens, positions, slots.reshape(-1),
+                                            self._table(padded, rows), lens)]  # fmt: skip
+        tok = self._compiled_step("prefill", (rows, t), statics)(*ins, *sampling, *statics)
         self._counts["prefill_chunks"] += 1
-        req.prefilled = start + n
-        if req.prefilled < len(req.prompt):
+        done = []
+        for req, n in zip(reqs, ns, strict=True):
+            req.prefilled += n
+            if req.prefilled == len(req.prompt):
+                done.append(req)
+        if not done:
             return
-        first = int(tok.to_numpy()[0])
-        self._prefilling.popleft()
-        self._running.append(req)
-        self._emit(req, first)
+        first = tok.to_numpy()
+        for i, req in enumerate(reqs):
+            if req in done:
+                self._prefilling.remove(req)
+                self._running.append(req)
+                self._emit(req, int(first[i]))
 
     def _decode_step(self, rows: list[Request]) -> None:
         b = bucket(len(rows))
@@ -465,6 +535,14 @@ class Engine:
         for i, r in enumerate(rows):
             if not r.ended:
                 self._emit(r, int(toks[i]))
+
+
+def _buckets(least: int, most: int) -> list[int]:
+    """least, 2 * least, ... up to bucket(most, least)."""
+    out = [least]
+    while out[-1] < most:
+        out.append(out[-1] * 2)
+    return out
 
 
 def _default_memory(kv_memory: int | None) -> int:

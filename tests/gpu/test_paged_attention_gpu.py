@@ -51,6 +51,39 @@ def test_paged_attention_gpu(dtype, tol, t):
     np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("d, h, kv, t", [(64, 32, 4, 1), (128, 16, 2, 1), (64, 8, 8, 3)])
+def test_paged_attention_split_kernel_gpu(dtype, tol, d, h, kv, t):
+    """Long contexts through scattered blocks: one query per row splits the keys over many
+    blocks and merges them (paged_decode.cuh); int64 lengths take the simple kernel and
+    agree."""
+    rng = np.random.default_rng(6)
+    nb, bs, m, b = 300, 16, 48, 4
+    kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    q = rng.standard_normal((b, h, t, d)).astype(np.float32)
+    table = rng.permutation(nb)[: b * m].reshape(b, m).astype(np.int32)
+    lens = np.array([m * bs, 700, 65, t], np.int32)
+    kg = gpk.asarray(kp).astype(dtype)
+    vg = gpk.asarray(vp).astype(dtype)
+    qg = gpk.asarray(q).astype(dtype)
+    got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
+    ref = _ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
+               vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
+    np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
+    simple = gpk.nn.paged_attention(qg, kg, vg, table, lens.astype(np.int64))
+    np.testing.assert_allclose(simple.astype("float32").to_numpy(), ref, atol=tol, rtol=tol)
+
+
+def test_paged_attention_bad_block_id_gpu():
+    """A block id outside the pool is an IndexError, not a read outside it."""
+    kp = gpk.asarray(np.ones((4, 2, 16, 64), np.float32))
+    q = gpk.asarray(np.ones((1, 4, 1, 64), np.float32))
+    table = np.array([[0, 9]], np.int32)
+    with pytest.raises(IndexError):
+        gpk.nn.paged_attention(q, kp, kp, table, np.array([20], np.int32)).to_numpy()
+
+
 def test_paged_write_gpu():
     rng = np.random.default_rng(4)
     pool_np = rng.standard_normal((6, 2, 4, 8)).astype(np.float32)

@@ -1,6 +1,8 @@
-"""Plans the paged KV-cache ops (codegen/paged.py): paged_write stores rows at block
-slots of a pool (in the pool's own memory when the memory plan lets the store happen in
-place, else into a copy, as setitem), paged_sdpa attends through per-row block tables."""
+"""Plans the paged KV-cache ops: paged_write (codegen/paged.py) stores rows at block slots
+of a pool (in the pool's own memory when the memory plan lets the store happen in place,
+else into a copy, as setitem); paged_sdpa attends through per-row block tables, on the
+split-K kernel (paged_decode.cuh) where its rules hold, else on codegen/paged.py's simple
+one (int64 tables or lengths, other head sizes)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,14 @@ import math
 from collections.abc import Callable, Sequence
 
 from pygpukit import errors
+from pygpukit.ir import dtypes
 from pygpukit.passes import Step
 
 from .. import compiler, ew
 from ..codegen import paged
 from ..context import Context, cdiv, contiguous
 from ..value import DeviceValue
-from . import loader
+from . import loader, paged_decode
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 COPY = ("in", 0)
@@ -55,14 +58,17 @@ def plan_paged_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: i
             raise errors.GPUKitValueError(f"paged_sdpa: {name} must be contiguous, got strides "
                                           f"{p.strides}")  # fmt: skip
     m = table.shape[1]
+    scale = step.attrs.get("scale")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    fast = _plan_split(ctx, step, ins, tag, scale)
+    if fast is not None:
+        return fast
     smem = m * bs * 4
     if smem > MAX_SMEM:
         raise errors.GPUKitValueError(f"paged_sdpa: {m} blocks of {bs} keys need {smem} bytes "
                                       f"of shared memory (at most {MAX_SMEM})")  # fmt: skip
     src = paged.attend_kernel(paged.AttendSpec(dtype, table.dtype, lens.dtype))
     fn = compiler.function(src)
-    scale = step.attrs.get("scale")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     tail = (h, t, d, kv, bs, n_blocks, m, *q.strides, *table.strides, lens.strides[0], scale,
             ctx.err_addr, tag)  # fmt: skip
     grid = (b * h * t,)
@@ -73,6 +79,41 @@ def plan_paged_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: i
             fn.launch(grid, (paged.THREADS,), src.fmt,
                       (out.ptr, v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, *tail), smem,
                       ctx.stream, pdl=loader.pdl_enabled())  # fmt: skip
+        return out
+
+    return run
+
+
+def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
+                scale: float) -> Run | None:  # fmt: skip
+    """paged_sdpa on paged_decode.cuh, or None where its rules do not hold: float pools
+    of head size 64 or 128, int32 tables and lengths, q rows contiguous in D."""
+    q, kp, vp, table, lens = ins
+    b, h, t, d = q.shape
+    n_blocks, kv, bs, _ = kp.shape
+    dt = step.dtype.name
+    if (
+        not paged_decode.supports(dt, d, h, kv, b, t) or kp.dtype != step.dtype
+        or vp.dtype != step.dtype or table.dtype != dtypes.int32 or lens.dtype != dtypes.int32
+        or q.strides[3] != 1 or t * b == 0
+    ):  # fmt: skip
+        return None
+    m = table.shape[1]
+    splits = paged_decode.splits_for(b, h, kv, t, m * bs, ctx.sm_count)
+    ws = paged_decode.workspace_floats(b, h, splits, d)
+    q_strides = (q.strides[0], q.strides[1], q.strides[2])
+    shape, dtype = step.shape, step.dtype
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        out = ctx.alloc_out(shape, dtype, "paged_sdpa")
+        work = ctx.alloc((ws,), dtypes.float32, "paged_sdpa") if ws else None
+        paged_decode.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,
+                            work.ptr if work is not None else 0, rows=b, heads=h, kv_heads=kv,
+                            n_q=t, head_dim=d, block_size=bs, n_blocks=n_blocks, max_blocks=m,
+                            dtype=dt, splits=splits, scale=scale, q_strides=q_strides,
+                            table_strides=(table.strides[0], table.strides[1]),
+                            lens_stride=lens.strides[0], err=ctx.err_addr, tag=tag,
+                            stream=ctx.stream)  # fmt: skip
         return out
 
     return run

@@ -82,6 +82,9 @@ def all_variants() -> list[Variant]:
                 dec["PGK_MP"] = mp  # splits in flight in the last block's merge
                 names = ("pgk_attn_decode_split", "pgk_attn_decode_reduce", "pgk_attn_decode_mma")
                 out.append(("attention_decode", names, dec))
+            for g, stages in ((1, 2), (8, 4), (16, 3)):
+                pd = _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_ERR_INDEX=1)
+                out.append(("paged_decode", ("pgk_paged_decode",), pd))
     for idx in attention.LENGTH_DTYPES:
         defines = {"PGK_IDX": attention.length_ctype(idx), "PGK_ERR_INDEX": 1}
         out.append(("attention_lengths", ("pgk_attention_check_lengths",), defines))
