@@ -211,11 +211,17 @@ def test_hostile_requests_and_the_server_keeps_serving(server, client):
     _idle(server)
 
 
-def test_queue_full_is_429(model):
+def test_queue_full_is_429(model, monkeypatch):
+    import threading
+
     from pygpukit.serve import Engine
     from pygpukit.serve.server import Server
 
     engine = Engine(model, max_model_len=256, kv_blocks=16, max_queue=1)
+    # The engine holds its first decode step until the end, so the first request cannot
+    # finish (and free its blocks) before the second is queued, however fast the machine.
+    gate, real = threading.Event(), engine._decode_step
+    monkeypatch.setattr(engine, "_decode_step", lambda rows: (gate.wait(60), real(rows))[1])
     s = Server(model, engine, "tiny", port=0).start()
     try:
         bodies = [json.dumps({"prompt": "Alice", "max_tokens": 240, "ignore_eos": True,
@@ -232,8 +238,10 @@ def test_queue_full_is_429(model):
             time.sleep(0.01)  # the first runs (all 16 blocks), the second waits for them
         got, obj = _post(s, bodies[2])
         assert got == 429 and obj["error"]["type"] == "rate_limit_exceeded"
+        gate.set()
         for sk in socks:
             sk.close()
         _idle(s)
     finally:
+        gate.set()
         s.stop()
