@@ -18,6 +18,10 @@ from pygpukit.ir.shapes import ShapeRuleError
 
 F32 = dtypes.float32
 
+# Simulated ranks are threads on the NumPy backend; a GPU runs one process per rank
+# (tests/gpu/test_distributed_nccl.py).
+pytestmark = pytest.mark.skipif(gpk.backend_name() != "cpu", reason="simulated ranks: CPU backend")
+
 
 def test_shape_rules() -> None:
     x = ((3, 4, 6), F32)
@@ -190,3 +194,14 @@ def test_init_on_cpu() -> None:
     assert not dist.is_initialized()
     with pytest.raises(gpk.errors.DistributedError, match="needs one GPU each"):
         dist.init(rank=0, world_size=2)
+
+
+def test_nccl_unique_id_keeps_every_byte() -> None:
+    """The id is 128 raw bytes, NULs included (a c_char field cut it at the first NUL)."""
+    from pygpukit.distributed.nccl import UNIQUE_ID_BYTES, UniqueId
+
+    raw = bytes(np.random.default_rng(3).integers(0, 256, UNIQUE_ID_BYTES, dtype=np.uint8))
+    raw = raw[:5] + b"\0" + raw[6:]
+    uid = UniqueId()
+    uid.internal[:] = list(raw)
+    assert bytes(bytearray(uid.internal)) == raw

@@ -25,6 +25,10 @@ from pygpukit.llm.tiny import random_weights
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "llm")
 
+# Simulated ranks are threads on the NumPy backend; a GPU runs one process per rank
+# (tests/gpu/test_distributed_nccl.py).
+pytestmark = pytest.mark.skipif(gpk.backend_name() != "cpu", reason="simulated ranks: CPU backend")
+
 
 def _config(arch: str) -> ModelConfig:
     """8 query heads and 4 KV heads, so TP=4 splits every part; each architecture's flags."""

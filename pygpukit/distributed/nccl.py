@@ -27,7 +27,8 @@ NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 
 
 class UniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
+    # Bytes, not c_char: a c_char array reads back as a string cut at its first NUL.
+    _fields_ = [("internal", ctypes.c_ubyte * UNIQUE_ID_BYTES)]
 
 
 _lib: list[Any] = []  # [CDLL] once loaded
@@ -103,7 +104,7 @@ def new_unique_id() -> bytes:
     """ncclGetUniqueId: the 128 bytes rank 0 hands to every rank."""
     uid = UniqueId()
     _check(load_nccl().ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
-    return bytes(uid.internal)
+    return bytes(bytearray(uid.internal))
 
 
 def _stream_handle(stream: Any) -> int:
@@ -124,7 +125,7 @@ class NcclCommunicator(Communicator):
 
         get_backend()  # the CUDA context is current before NCCL looks for it
         uid = UniqueId()
-        uid.internal = unique_id
+        uid.internal[:] = list(unique_id)
         comm = ctypes.c_void_p()
         _check(lib.ncclCommInitRank(ctypes.byref(comm), world_size, uid, rank),
                f"ncclCommInitRank (rank {rank} of {world_size})")  # fmt: skip

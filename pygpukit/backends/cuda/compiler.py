@@ -18,6 +18,10 @@ _lock = threading.Lock()
 _functions: dict[tuple[str, str], Any] = {}
 _modules: list[Any] = []  # Functions need their Module alive
 stats = {"compiled": 0, "hits": 0}
+# Generated kernels round every multiply and add as NumPy does: contracting a * b + c
+# into one fma rounds once, which moved linspace's start + step * i below an integer
+# (truncated to the wrong int) and off the float64 reference by an ulp elsewhere.
+GENERATED_OPTIONS = ("-std=c++17", "--fmad=false")
 
 
 def function(src: KernelSource, arch: str | None = None) -> Any:
@@ -30,7 +34,8 @@ def function(src: KernelSource, arch: str | None = None) -> Any:
     with _lock:
         fn = _functions.get(key)
         if fn is None:
-            mod = _native.Module(compile_kernel(src.text, arch, ("-std=c++17",), src.name + ".cu"))
+            cubin = compile_kernel(src.text, arch, GENERATED_OPTIONS, src.name + ".cu")
+            mod = _native.Module(cubin)
             fn = mod.get_function(src.name)
             _modules.append(mod)
             _functions[key] = fn

@@ -159,8 +159,10 @@ extern "C" __global__ void __launch_bounds__(PGK_AW * 32)
     const int qi = my_q0 + r;
     if (qi >= seq_q) break;
     // A row with no visible key (seq_q > seq_k under the causal mask) writes zeros; a NaN
-    // sum (a NaN or inf in what the row sees) stays NaN.
-    const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+    // sum (a NaN or inf in what the row sees) stays NaN, and so does a row whose visible
+    // scores are all -inf (the reference's exp(-inf - -inf) is NaN).
+    const bool sees = row_hi[r] > row_lo[r];
+    const float inv = !sees ? 0.0f : (m[r] == -PGK_INF ? __int_as_float(0x7fc00000) : 1.0f / l[r]);
 #pragma unroll
     for (int c = 0; c < PGK_DL; ++c)
       o[qi * o_ss + lane * PGK_DL + c] = pgk_from_float<pgk_t>(acc[r][c] * inv);
