@@ -129,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                         "group's file in bench/results/)")  # fmt: skip
     p.add_argument("--llm", action="store_true", help="add the LLM decode rows")
     p.add_argument("--only", help="comma-separated names (see the module docstring)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="without torch: the small sizes of PyGPUkit's own workloads",
+    )
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--no-cupy", action="store_true", help="skip CuPy")
     p.add_argument("--llm-batches", default="1,4,16")
@@ -147,12 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
     except ImportError:
-        # Every group times on torch's CUDA events and checks against torch: without it
-        # nothing here can run, on any device.
-        print('pygpukit.bench needs torch (its timing and reference peers): pip install '
-              '"pygpukit[bench]"; python -m pygpukit.benchmark --quick runs without it',
+        # Every group here times on torch's CUDA events and checks against torch; without
+        # it, PyGPUkit's own workloads (pygpukit.benchmark) run alone: our rows, no peers.
+        print('pygpukit.bench: torch is not installed, so no peers (torch eager, '
+              'torch.compile, CuPy): pip install "pygpukit[bench]" for them. Running '
+              "PyGPUkit's own workloads alone (python -m pygpukit.benchmark).",
               file=sys.stderr)  # fmt: skip
-        return 2
+        from pygpukit import benchmark
+
+        own = ["--quick"] if args.quick else []
+        if args.json not in (None, _RESULT_FILE):
+            own += ["--save", args.json]
+        return benchmark.main(own)
     if not torch.cuda.is_available():
         print("pygpukit.bench needs a CUDA device (torch.cuda.is_available() is False)")
         return 2
