@@ -539,8 +539,10 @@ def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
             os_[0].fill_(float("nan"))
             ours(0, geometry=g)
             torch.cuda.synchronize()
-            _close(os_[0], r, f"{name} geometry={g}")
-            _timed_row(rows, f"{name} geometry={g}", functools.partial(ours, geometry=g), sets)
+            _close(os_[0], r, f"{name} geometry={tuple(g)}")
+            _timed_row(
+                rows, f"{name} geometry={tuple(g)}", functools.partial(ours, geometry=g), sets
+            )
             rows[-1]["TFLOP/s"] = round(flops / (rows[-1]["us"] * 1e-6) / 1e12, 1)
         os_[0].fill_(float("nan"))
         ours(0)

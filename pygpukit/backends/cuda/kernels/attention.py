@@ -191,7 +191,9 @@ FLASH_DTYPES = ("float16", "bfloat16")
 FLASH_GEOMETRY = {64: FlashGeometry(4, 1), 128: FlashGeometry(4, 1)}
 FLASH_SMALL = FlashGeometry(4, 1)
 # The others the benchmark sweeps (and the compile checks cover).
-FLASH_SWEEP = (FlashGeometry(4, 1), FlashGeometry(4, 2), FlashGeometry(8, 1))
+FLASH_SWEEP = (FlashGeometry(4, 1), FlashGeometry(4, 1, min_blocks=4), FlashGeometry(4, 2),
+               FlashGeometry(4, 2, q_regs=0), FlashGeometry(8, 1, q_regs=0, min_blocks=2),
+               FlashGeometry(4, 2, keys=32, q_regs=0))  # fmt: skip
 
 
 def flash_geometry(batch: int, heads: int, seq_q: int, head_dim: int) -> FlashGeometry:

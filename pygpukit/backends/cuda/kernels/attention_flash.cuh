@@ -78,7 +78,6 @@ static_assert(PGK_FT % PGK_FCR == 0 && PGK_FN % PGK_FRS == 0 && PGK_FM % PGK_FRS
 
 template <typename A, typename B> struct pgk_fsame { static constexpr bool value = false; };
 template <typename A> struct pgk_fsame<A, A> { static constexpr bool value = true; };
-template <bool B> struct pgk_fbool { static constexpr bool value = B; };
 
 PGK_DEVICE void pgk_fldm_x4(unsigned* r, const void* smem) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -239,9 +238,10 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
   }
 
   // One key tile: S = Q K^T, online softmax, O += P V. kMasked: the tile hides keys from
-  // some rows (per-row bounds, the V NaN check); else every row sees every key.
-  auto tile = [&](int t, auto masked_tag) {
-    constexpr bool kMasked = decltype(masked_tag)::value;
+  // some rows (per-row bounds, the V NaN check); else every row sees every key. Called
+  // with a constant at two sites, each inlined copy folds its branches (a generic lambda
+  // would say so in the type, but older NVRTC takes it for a host function).
+  auto tile = [&](int t, const bool kMasked) {
     const int stage = (t - t_begin) % PGK_FSTAGES;
     const pgk_t* ks = kv_smem + stage * PGK_FSTAGE;
     const pgk_t* vs = ks + PGK_FN * PGK_FLD;
@@ -287,14 +287,14 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         int lo = 0, hi = 0;
-        if constexpr (kMasked)
+        if (kMasked)
           pgk_attn_rows(row0 + f * 16 + hr * 8, seq_q, len, start, causal, window, lo, hi);
 #pragma unroll
         for (int n = 0; n < PGK_FN / 8; ++n)
 #pragma unroll
           for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
             float x = s[f][n][e] * qscale;
-            if constexpr (kMasked) {
+            if (kMasked) {
               const int j = j0 + n * 8 + (lane & 3) * 2 + (e & 1);
               x = j >= lo && j < hi ? x : -PGK_INF;
             }
@@ -331,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
     // A tile that hides keys from some rows only, with a NaN / inf in its V: the scalar
     // P V below. The condition is the block's, so the barrier is uniform.
     bool scalar_pv = false;
-    if constexpr (kMasked) {
+    if (kMasked) {
       if (per_row) {
         bool bad = false;
         constexpr int words = PGK_FN * PGK_D / 2;
@@ -365,7 +365,7 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
           }
         }
       }
-    } else if constexpr (kMasked) {
+    } else {
       // Each key's probability comes from the quad lane that holds it (key n * 8 + 2 * c +
       // e of the tile sits in lane c of the quad, register n, element e); a hidden key is
       // skipped (selected out), never multiplied.
@@ -411,9 +411,9 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
     const int j0 = t * PGK_FN;
     // Every row of the block sees every key of the tile: no mask.
     if (j0 >= lo_last && j0 + PGK_FN <= hi_first)
-      tile(t, pgk_fbool<false>{});
+      tile(t, false);
     else
-      tile(t, pgk_fbool<true>{});
+      tile(t, true);
   }
 
 #pragma unroll
