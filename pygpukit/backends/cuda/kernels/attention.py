@@ -185,10 +185,12 @@ class FlashGeometry(NamedTuple):
 
 
 # attention_flash.cuh: the geometry by head dim, and the small-grid one (64 rows a block)
-# where the default grid would not give every SM a block. Measured on an H200: see
-# docs/kernels.md.
+# where the default grid would not give every SM a block. Measured on an H200 (causal
+# bf16, bench/results/h200-sdpa.json and docs/kernels.md): D64 B1 H32 T2048 4 x 2 with Q in
+# registers 72.8 us against 4 x 1 77.9; D128 4 x 2 over 32-key tiles with Q in shared
+# memory 136.4 us against 4 x 1 140.9 (4 x 2 with Q in registers spills: 185.7).
 FLASH_DTYPES = ("float16", "bfloat16")
-FLASH_GEOMETRY = {64: FlashGeometry(4, 1), 128: FlashGeometry(4, 1)}
+FLASH_GEOMETRY = {64: FlashGeometry(4, 2), 128: FlashGeometry(4, 2, keys=32, q_regs=0)}
 FLASH_SMALL = FlashGeometry(4, 1)
 # The others the benchmark sweeps (and the compile checks cover).
 FLASH_SWEEP = (FlashGeometry(4, 1), FlashGeometry(4, 1, min_blocks=4), FlashGeometry(4, 2),
