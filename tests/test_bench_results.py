@@ -50,6 +50,7 @@ def test_every_result_file_has_a_stable_name_and_a_readme_line() -> None:
      ("chain64,linear_gelu,compile_time,dispatch", "tinyllama", "compiled"),
      ("dispatch,compile_time", "tinyllama", "dispatch"),
      ("copy,read_floor", "tinyllama", "read-floor"),
+     ("copy,sdpa", "tinyllama", "sdpa"),
      ("copy,llm", "tinyllama", "llm"),
      ("copy,llm", "llama2-7b", "llm-7b"),
      ("copy,quant,quant_llm", "tinyllama", "quant")],

@@ -10,7 +10,7 @@ everything but the llm groups and quant_llm (--llm adds llm; the others run when
 Prints a table of times and ratios; --json writes every row plus the device, driver, torch
 version and git commit. --json without FILE writes bench/results/<device>-<group>.json when
 NAMES are one result group's (results.RESULT_GROUPS: kernels, compiled, dispatch,
-read-floor, llm, llm-7b), overwriting the last run of that group:
+read-floor, sdpa, llm, llm-7b), overwriting the last run of that group:
 
     python -m pygpukit.bench --only gemm,copy,rms_norm,rope,softmax,gemv,decode --json
 """

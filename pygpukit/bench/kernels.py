@@ -505,7 +505,7 @@ def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
         vs = [mk(b, kvh, t, d) for _ in range(sets)]
         os_ = [torch.empty(b, h, t, d, device="cuda", dtype=torch.bfloat16) for _ in qs]
 
-        def ours(i: int, geometry: tuple[int, int] | None = None, b: int = b, h: int = h,
+        def ours(i: int, geometry: tuple[int, ...] | None = None, b: int = b, h: int = h,
                  kvh: int = kvh, t: int = t, d: int = d, qs: Any = qs, ks: Any = ks,
                  vs: Any = vs, os_: Any = os_) -> None:  # fmt: skip
             attention.flash(qs[i].data_ptr(), ks[i].data_ptr(), vs[i].data_ptr(),
@@ -539,8 +539,10 @@ def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
             os_[0].fill_(float("nan"))
             ours(0, geometry=g)
             torch.cuda.synchronize()
-            _close(os_[0], r, f"{name} geometry={g}")
-            _timed_row(rows, f"{name} geometry={g}", functools.partial(ours, geometry=g), sets)
+            _close(os_[0], r, f"{name} geometry={tuple(g)}")
+            _timed_row(
+                rows, f"{name} geometry={tuple(g)}", functools.partial(ours, geometry=g), sets
+            )
             rows[-1]["TFLOP/s"] = round(flops / (rows[-1]["us"] * 1e-6) / 1e12, 1)
         os_[0].fill_(float("nan"))
         ours(0)

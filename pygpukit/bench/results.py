@@ -17,6 +17,7 @@ RESULT_GROUPS: dict[str, frozenset[str]] = {
     "compiled": frozenset({"chain64", "linear_gelu", "compile_time", "dispatch"}),
     "dispatch": frozenset({"dispatch", "compile_time"}),
     "read-floor": frozenset({"read_floor"}),
+    "sdpa": frozenset({"sdpa"}),
     "llm": frozenset({"llm"}),
     "llm-prefill": frozenset({"llm_prefill"}),
     "llm-long": frozenset({"llm_long"}),

@@ -4,7 +4,7 @@ attention_lengths.cuh."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pygpukit.errors import ShapeError
 
@@ -164,32 +164,64 @@ def prefill(
     fn.launch((cdiv(seq_q, aq), batch * heads), (_P_WARPS * 32,), args, smem, stream)
 
 
-# attention_flash.cuh: (warps, m16 row tiles a warp) per block, by head dim; the small-grid
-# geometry (64 rows a block) where 128-row blocks would leave SMs idle. Measured on an H200
-# (causal bf16, B1 H32/KV4 T2048 and B4 T512): 4 warps of one row tile (64 rows, fewer
-# registers, 2-3 blocks an SM) beat 128-row blocks at both head dims: D64 157 us vs 205
-# (4 x 2) and 227 (8 x 1); T512 51 vs 70 and 80; D128 249 vs 519 (4 x 2) and 300 (8 x 1).
+class FlashGeometry(NamedTuple):
+    """attention_flash.cuh's block shape: warps (PGK_FW), m16 row tiles a warp (PGK_FR),
+    keys a tile (PGK_FN), cp.async stages (PGK_FSTAGES), Q fragments in registers (1) or
+    re-read from shared memory (0) (PGK_FQR), and the blocks an SM the register
+    allocation leaves room for (PGK_FMINB, __launch_bounds__)."""
+
+    warps: int
+    row_tiles: int
+    keys: int = 64
+    stages: int = 2
+    q_regs: int = 1
+    min_blocks: int = 1
+
+    @property
+    def rows(self) -> int:
+        """Query rows a block."""
+        return 16 * self.warps * self.row_tiles
+
+
+# attention_flash.cuh: the geometry by head dim, and the small-grid one (64 rows a block)
+# where the default grid would not give every SM a block. Measured on an H200 (causal
+# bf16, bench/results/h200-sdpa.json and docs/kernels.md): D64 B1 H32 T2048 4 x 2 with Q in
+# registers 72.8 us against 4 x 1 77.9; D128 4 x 2 over 32-key tiles with Q in shared
+# memory 136.4 us against 4 x 1 140.9 (4 x 2 with Q in registers spills: 185.7).
 FLASH_DTYPES = ("float16", "bfloat16")
-FLASH_GEOMETRY = {64: (4, 1), 128: (4, 1)}
-FLASH_SMALL = (4, 1)
+FLASH_GEOMETRY = {64: FlashGeometry(4, 2), 128: FlashGeometry(4, 2, keys=32, q_regs=0)}
+FLASH_SMALL = FlashGeometry(4, 1)
 # The others the benchmark sweeps (and the compile checks cover).
-FLASH_SWEEP = ((4, 1), (4, 2), (8, 1))
-_F_KEYS = 64
+FLASH_SWEEP = (FlashGeometry(4, 1), FlashGeometry(4, 1, min_blocks=4), FlashGeometry(4, 2),
+               FlashGeometry(4, 2, q_regs=0), FlashGeometry(8, 1, q_regs=0, min_blocks=2),
+               FlashGeometry(4, 2, keys=32, q_regs=0))  # fmt: skip
 
 
-def flash_geometry(batch: int, heads: int, seq_q: int, head_dim: int) -> tuple[int, int]:
-    """(PGK_FW, PGK_FR) for a launch: 128 query rows a block, or 64 when the 128-row grid
+def flash_geometry(batch: int, heads: int, seq_q: int, head_dim: int) -> FlashGeometry:
+    """The block geometry for a launch: FLASH_GEOMETRY's, or FLASH_SMALL when that grid
     would not give every SM a block."""
-    fw, fr = FLASH_GEOMETRY[head_dim]
-    if batch * heads * cdiv(seq_q, 16 * fw * fr) < toolchain.sm_count():
+    geo = FLASH_GEOMETRY[head_dim]
+    if batch * heads * cdiv(seq_q, geo.rows) < toolchain.sm_count():
         return FLASH_SMALL
-    return fw, fr
+    return geo
 
 
-def flash_smem(head_dim: int) -> int:
-    """Dynamic shared memory of attention_flash.cuh: two stages of a K and a V tile of 64
-    rows padded by 16 bytes."""
-    return 2 * 2 * _F_KEYS * (head_dim + 8) * 2
+def flash_smem(head_dim: int, geometry: FlashGeometry) -> int:
+    """Dynamic shared memory of attention_flash.cuh: the stages of a K and a V tile, rows
+    padded by 16 bytes, plus the resident Q tile when Q is not kept in registers."""
+    row = (head_dim + 8) * 2
+    q_tile = 0 if geometry.q_regs else geometry.rows * row
+    return geometry.stages * 2 * geometry.keys * row + q_tile
+
+
+def flash_defines(dtype: str, head_dim: int, geometry: FlashGeometry) -> dict[str, Any]:
+    """The template defines of one attention_flash.cuh variant."""
+    g = geometry
+    return {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_FW": g.warps,
+            "PGK_FR": g.row_tiles, "PGK_FN": g.keys, "PGK_FSTAGES": g.stages,
+            "PGK_FQR": g.q_regs, "PGK_FMINB": g.min_blocks,
+            # the kernel's only error: a bad length, as kv_len's code or kv_start's
+            "PGK_ERR_INDEX": ERR_KV_LEN}  # fmt: skip
 
 
 def flash_fits(ptrs: tuple[int, ...], strides: tuple[tuple[int, int, int], ...], o: int,
@@ -222,12 +254,13 @@ def flash(
     k_strides: tuple[int, int, int] | None = None,
     v_strides: tuple[int, int, int] | None = None,
     o_strides: tuple[int, int, int] | None = None,
-    geometry: tuple[int, int] | None = None,
+    geometry: tuple[int, ...] | None = None,
     stream: Any = None,
 ) -> None:
     """prefill() on tensor cores (attention_flash.cuh, bf16 / f16): the same operands,
     masks and results. q, k, v need 16-byte aligned rows, o 4-byte aligned ones
-    (flash_fits). geometry: (warps, m16 row tiles a warp), default flash_geometry(...)."""
+    (flash_fits). geometry: a FlashGeometry (or its leading fields as a tuple), default
+    flash_geometry(...)."""
     op = "attention_flash"
     loader.check_dtype(dtype, FLASH_DTYPES, op)
     given = (q_strides, k_strides, v_strides, o_strides)
@@ -238,16 +271,21 @@ def flash(
     mask_args = masks.args(op, seq_q, seq_k)
     if batch * heads == 0 or seq_q == 0:
         return
-    fw, fr = geometry or flash_geometry(batch, heads, seq_q, head_dim)
-    # (the kernel's only error: a bad length, reported as kv_len's code or kv_start's)
-    defines = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_FW": fw, "PGK_FR": fr,
-               "PGK_ERR_INDEX": ERR_KV_LEN}  # fmt: skip
-    fn = loader.get_kernel("attention_flash", "pgk_attention_flash", defines)
-    smem = flash_smem(head_dim)
+    geo = FlashGeometry(*geometry) if geometry else flash_geometry(batch, heads, seq_q, head_dim)
+    q_blocks = cdiv(seq_q, geo.rows)
+    if q_blocks * batch * heads >= 2**31:
+        raise ShapeError(f"{op}: {q_blocks * batch * heads} blocks exceed the grid")
+    smem = flash_smem(head_dim, geo)
+    if smem > loader.max_shared_optin():
+        raise ShapeError(f"{op}: geometry {tuple(geo)} needs {smem} bytes of shared memory, "
+                         f"the device has {loader.max_shared_optin()}")  # fmt: skip
+    fn = loader.get_kernel("attention_flash", "pgk_attention_flash",
+                           flash_defines(dtype, head_dim, geo))  # fmt: skip
     fn.set_dynamic_smem(smem)
     args = (q, k, v, o, heads, kv_heads, seq_q, seq_k, sc, int(causal), *mask_args, *qs, *ks,
             *vs, *os_, masks.err, masks.tag)  # fmt: skip
-    fn.launch((cdiv(seq_q, 16 * fw * fr), batch * heads), (fw * 32,), args, smem, stream)
+    # 1-D grid, heads fastest (the kernel derives the query block and the head).
+    fn.launch((q_blocks * batch * heads,), (geo.warps * 32,), args, smem, stream)
 
 
 def decode_group(heads: int, kv_heads: int) -> int:

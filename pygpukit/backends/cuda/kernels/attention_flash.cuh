@@ -12,14 +12,20 @@
 // and clamped. A query that sees no key gets zeros.
 //
 // Block: PGK_FW warps, each owning PGK_FR m16 row tiles (16 * PGK_FR query rows), so
-// PGK_FM = 16 * PGK_FW * PGK_FR rows a block; keys in tiles of 64. Q lives in registers
-// (A fragments by ldmatrix); K and V tiles stream through two shared-memory stages by
-// cp.async (the next tile lands while this one is used), rows padded by 16 bytes so the
-// ldmatrix phases are conflict-free. S = Q K^T and O += P V by mma.sync m16n8k16 with fp32
-// accumulators (V through ldmatrix.trans). Tiles every row of the block sees whole skip
-// the mask; tiles no row sees are never loaded (causal: the block's key range ends at its
-// last row's diagonal). Query blocks run last-first, so the longest causal blocks start
-// first.
+// PGK_FM = 16 * PGK_FW * PGK_FR rows a block; keys in tiles of PGK_FN. K and V tiles
+// stream through PGK_FSTAGES shared-memory stages by cp.async (tile t + stages - 1 is
+// fetched while tile t is used; one barrier a tile), rows padded by 16 bytes so the
+// ldmatrix phases are conflict-free. Q's A fragments live in registers (PGK_FQR 1, read
+// once) or are re-read from a shared-memory Q tile each key tile (PGK_FQR 0: fewer
+// registers, which lets a warp own two row tiles at head dim 128). S = Q K^T and O += P V
+// by mma.sync m16n8k16 with fp32 accumulators (V through ldmatrix.trans, P converted to A
+// fragments in registers). Tiles every row of the block sees whole take a tile body with
+// no mask at all; the masked body (causal diagonal, window edge, kv_len / kv_start edges)
+// is a separate instantiation, so the common case carries none of its work. Tiles no row
+// sees are never loaded (causal: the block's key range ends at its last row's diagonal).
+// The grid is 1-D, heads fastest: every head's last (longest causal) query block starts
+// before any head's shorter ones, and the query heads of one kv head run side by side,
+// sharing its K / V tiles in L2.
 //
 // Masked keys never reach the result: keys outside [kv_start, L) are zero-filled by
 // cp.async (a static cache's unwritten tail may hold NaN), and in a tile that hides a key
@@ -37,21 +43,38 @@
 #ifndef PGK_FR
 #define PGK_FR 1  // m16 row tiles per warp
 #endif
+#ifndef PGK_FN
+#define PGK_FN 64  // keys per tile
+#endif
+#ifndef PGK_FSTAGES
+#define PGK_FSTAGES 2  // cp.async K / V stages
+#endif
+#ifndef PGK_FQR
+#define PGK_FQR 1  // 1: Q fragments in registers; 0: re-read from shared memory
+#endif
+#ifndef PGK_FMINB
+#define PGK_FMINB 1  // blocks an SM the register allocation leaves room for
+#endif
 #ifndef PGK_ERR_INDEX
 #define PGK_ERR_INDEX 1
 #endif
 #define PGK_FM (16 * PGK_FW * PGK_FR)  // query rows per block
-#define PGK_FN 64                      // keys per tile
 #define PGK_FLD (PGK_D + 8)            // shared-memory row, elements (16-byte pad)
 #define PGK_FKS (PGK_D / 16)           // k steps of Q K^T
 #define PGK_FDN (PGK_D / 8)            // n tiles of O
 #define PGK_FSTAGE (2 * PGK_FN * PGK_FLD)  // one stage: K tile then V tile
+#define PGK_FQ (PGK_FQR ? 0 : PGK_FM * PGK_FLD)  // the resident Q tile (PGK_FQR 0)
 #define PGK_FT (PGK_FW * 32)               // threads per block
+#define PGK_FCR (PGK_D / 8)                // 16-byte chunks a row
+#define PGK_FRS (PGK_FT / PGK_FCR)         // rows one pass of the block copies
 
 static_assert(sizeof(pgk_t) == 2, "attention_flash takes bf16 or f16");
 static_assert(PGK_D % 16 == 0, "head_dim must be a multiple of 16");
-static_assert(PGK_FM <= 2 * PGK_FN, "the Q tile is staged in one K/V stage");
-static_assert(PGK_FN * (PGK_D / 8) % PGK_FT == 0, "whole 16-byte chunks a thread");
+static_assert(PGK_FN % 16 == 0, "keys per tile must be a multiple of 16");
+static_assert(PGK_FSTAGES >= 2, "at least two stages");
+static_assert(!PGK_FQR || PGK_FM <= 2 * PGK_FN, "the Q tile is staged in one K/V stage");
+static_assert(PGK_FT % PGK_FCR == 0 && PGK_FN % PGK_FRS == 0 && PGK_FM % PGK_FRS == 0,
+              "whole rows a pass, whole passes a tile");
 
 template <typename A, typename B> struct pgk_fsame { static constexpr bool value = false; };
 template <typename A> struct pgk_fsame<A, A> { static constexpr bool value = true; };
@@ -101,7 +124,7 @@ PGK_DEVICE bool pgk_fnonfinite2(unsigned w) {
   return (w & e) == e || ((w >> 16) & e) == e;
 }
 
-extern "C" __global__ void __launch_bounds__(PGK_FT)
+extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
     pgk_attention_flash(const pgk_t* __restrict__ q, const pgk_t* __restrict__ k,
                         const pgk_t* __restrict__ v, pgk_t* __restrict__ o, int n_heads,
                         int n_kv_heads, int seq_q, int seq_k, float scale, int causal,
@@ -116,9 +139,13 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
   pgk_pdl_trigger();
   extern __shared__ __align__(16) unsigned char pgk_fsmem[];
   pgk_t* smem = reinterpret_cast<pgk_t*>(pgk_fsmem);
+  pgk_t* kv_smem = smem + PGK_FQ;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int qblock = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y;
+  // Heads fastest, query blocks last-first (see the header).
+  const int n_q_blocks = (seq_q + PGK_FM - 1) / PGK_FM;
+  const int bh_all = (int)(gridDim.x / n_q_blocks);  // batch * heads
+  const int bh = (int)(blockIdx.x % bh_all);
+  const int qblock = n_q_blocks - 1 - (int)(blockIdx.x / bh_all);
   const int b = bh / n_heads, h = bh % n_heads;
   const int kvh = h / (n_heads / n_kv_heads);
   const int q0 = qblock * PGK_FM;
@@ -129,8 +156,8 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
 
   int len, start;
   pgk_attn_bounds(kv_len, kv_start, kvs_stride, kv_wide, b, seq_k,
-                  tid == 0 && blockIdx.x == 0 && h == 0 ? err : nullptr, tag, PGK_ERR_INDEX,
-                  len, start);
+                  tid == 0 && (int)blockIdx.x < bh_all && h == 0 ? err : nullptr, tag,
+                  PGK_ERR_INDEX, len, start);  // one block a batch row reports
   // The block's key range: the first row's lower end to the last row's upper end (both
   // grow with the row).
   const int last = min(q0 + PGK_FM, seq_q) - 1;
@@ -140,28 +167,28 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
   const int t_begin = lo_first / PGK_FN;
   const int t_end = hi_last > lo_first ? (hi_last + PGK_FN - 1) / PGK_FN : t_begin;
   const bool per_row = causal || window > 0;  // masks that differ between rows
-
-  // This thread's rows: fragment rows lane/4 and lane/4 + 8 of each of its m tiles.
-  int row_lo[PGK_FR][2], row_hi[PGK_FR][2];
-#pragma unroll
-  for (int f = 0; f < PGK_FR; ++f)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-      pgk_attn_rows(q0 + (warp * PGK_FR + f) * 16 + (lane >> 2) + hr * 8, seq_q, len, start,
-                    causal, window, row_lo[f][hr], row_hi[f][hr]);
+  // This thread's first row (fragment row lane / 4 of its first m tile).
+  const int row0 = q0 + warp * PGK_FR * 16 + (lane >> 2);
 
   // K and V rows outside [start, len) are zero-filled: never read, and a zero V row
-  // contributes nothing however its probability is formed.
+  // contributes nothing however its probability is formed. Tiles past t_end: nothing.
+  // Thread tid copies 16-byte chunk tid % PGK_FCR of rows tid / PGK_FCR + i * PGK_FRS:
+  // one row pointer a tensor, stepped, so few registers hold addresses.
+  const int ld_r = tid / PGK_FCR, ld_c = (tid % PGK_FCR) * 8;
   auto load_kv = [&](int t, int stage) {
-    pgk_t* ks = smem + stage * PGK_FSTAGE;
-    pgk_t* vs = ks + PGK_FN * PGK_FLD;
+    if (t >= t_end) return;
+    pgk_t* ks = kv_smem + stage * PGK_FSTAGE + ld_r * PGK_FLD + ld_c;
+    int j = t * PGK_FN + ld_r;
+    const pgk_t* kp = k + j * k_ss + ld_c;
+    const pgk_t* vp = v + j * v_ss + ld_c;
 #pragma unroll
-    for (int it = 0; it < PGK_FN * (PGK_D / 8) / PGK_FT; ++it) {
-      const int e = tid + it * PGK_FT, r = e / (PGK_D / 8), c = (e % (PGK_D / 8)) * 8;
-      const int j = t * PGK_FN + r;
+    for (int it = 0; it < PGK_FN / PGK_FRS; ++it) {
       const bool in = j >= start && j < len;
-      pgk_cp_async16(ks + r * PGK_FLD + c, in ? k + j * k_ss + c : k, in);
-      pgk_cp_async16(vs + r * PGK_FLD + c, in ? v + j * v_ss + c : v, in);
+      pgk_cp_async16(ks + it * PGK_FRS * PGK_FLD, in ? kp : k, in);
+      pgk_cp_async16(ks + (PGK_FN + it * PGK_FRS) * PGK_FLD, in ? vp : v, in);
+      kp += PGK_FRS * k_ss;
+      vp += PGK_FRS * v_ss;
+      j += PGK_FRS;
     }
   };
 
@@ -179,43 +206,46 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
   // Scores go through exp2: fold log2(e) into the scale.
   const float qscale = scale * 1.4426950408889634f;
 
+  // Q: the resident tile (PGK_FQR 0) or staged in the last K/V stage, which the first
+  // iteration's prefetch overwrites only after the barrier that follows the read-out.
+  pgk_t* qs = PGK_FQR ? kv_smem + (PGK_FSTAGES - 1) * PGK_FSTAGE : smem;
+  unsigned qf[PGK_FQR ? PGK_FR : 1][PGK_FQR ? PGK_FKS : 1][4];
   if (t_begin < t_end) {
-    // Q is staged in the second K/V stage (free until the second tile is loaded).
-    pgk_t* qs = smem + PGK_FSTAGE;
 #pragma unroll
     for (int it = 0; it < PGK_FM * (PGK_D / 8) / PGK_FT; ++it) {
       const int e = tid + it * PGK_FT, r = e / (PGK_D / 8), c = (e % (PGK_D / 8)) * 8;
       const bool in = q0 + r < seq_q;
       pgk_cp_async16(qs + r * PGK_FLD + c, in ? q + (q0 + r) * q_ss + c : q, in);
     }
-    load_kv(t_begin, 0);
-    pgk_cp_async_commit();
-    pgk_cp_async_wait<0>();
-    __syncthreads();
-  }
-  unsigned qf[PGK_FR][PGK_FKS][4];
-  if (t_begin < t_end) {
+    // Prologue: tiles t_begin .. t_begin + stages - 2, one commit group each (Q with the
+    // first), some possibly empty, so the count in the loop stays uniform.
 #pragma unroll
-    for (int f = 0; f < PGK_FR; ++f)
+    for (int s = 0; s < PGK_FSTAGES - 1; ++s) {
+      load_kv(t_begin + s, s);
+      pgk_cp_async_commit();
+    }
+    if constexpr (PGK_FQR) {
+      pgk_cp_async_wait<PGK_FSTAGES - 2>();
+      __syncthreads();
 #pragma unroll
-      for (int kk = 0; kk < PGK_FKS; ++kk) {
-        const int r = (warp * PGK_FR + f) * 16 + (lane & 15);
-        pgk_fldm_x4(qf[f][kk], smem + PGK_FSTAGE + r * PGK_FLD + kk * 16 + (lane >> 4) * 8);
-      }
-    __syncthreads();  // Q read out before the second tile overwrites it
+      for (int f = 0; f < PGK_FR; ++f)
+#pragma unroll
+        for (int kk = 0; kk < PGK_FKS; ++kk) {
+          const int r = (warp * PGK_FR + f) * 16 + (lane & 15);
+          pgk_fldm_x4(qf[f][kk], qs + r * PGK_FLD + kk * 16 + (lane >> 4) * 8);
+        }
+    }
   }
 
-  for (int t = t_begin; t < t_end; ++t) {
-    const int stage = (t - t_begin) & 1;
-    if (t + 1 < t_end) load_kv(t + 1, stage ^ 1);
-    pgk_cp_async_commit();  // an empty group on the last tile keeps the count uniform
-    pgk_cp_async_wait<1>();
-    __syncthreads();
-    const pgk_t* ks = smem + stage * PGK_FSTAGE;
+  // One key tile: S = Q K^T, online softmax, O += P V. kMasked: the tile hides keys from
+  // some rows (per-row bounds, the V NaN check); else every row sees every key. Called
+  // with a constant at two sites, each inlined copy folds its branches (a generic lambda
+  // would say so in the type, but older NVRTC takes it for a host function).
+  auto tile = [&](int t, const bool kMasked) {
+    const int stage = (t - t_begin) % PGK_FSTAGES;
+    const pgk_t* ks = kv_smem + stage * PGK_FSTAGE;
     const pgk_t* vs = ks + PGK_FN * PGK_FLD;
     const int j0 = t * PGK_FN;
-    // Every row of the block sees every key of the tile: no mask.
-    const bool whole = j0 >= lo_last && j0 + PGK_FN <= hi_first;
 
     float s[PGK_FR][PGK_FN / 8][4];
 #pragma unroll
@@ -225,7 +255,18 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[f][n][e] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < PGK_FKS; ++kk)
+    for (int kk = 0; kk < PGK_FKS; ++kk) {
+      unsigned qa[PGK_FR][4];
+#pragma unroll
+      for (int f = 0; f < PGK_FR; ++f) {
+        if constexpr (PGK_FQR) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) qa[f][x] = qf[PGK_FQR ? f : 0][PGK_FQR ? kk : 0][x];
+        } else {
+          const int r = (warp * PGK_FR + f) * 16 + (lane & 15);
+          pgk_fldm_x4(qa[f], qs + r * PGK_FLD + kk * 16 + (lane >> 4) * 8);
+        }
+      }
 #pragma unroll
       for (int n = 0; n < PGK_FN / 8; n += 2) {
         unsigned kb[4];
@@ -233,24 +274,34 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
         pgk_fldm_x4(kb, ks + r * PGK_FLD + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int f = 0; f < PGK_FR; ++f) {
-          pgk_fmma(s[f][n], qf[f][kk], kb[0], kb[1]);
-          pgk_fmma(s[f][n + 1], qf[f][kk], kb[2], kb[3]);
+          pgk_fmma(s[f][n], qa[f], kb[0], kb[1]);
+          pgk_fmma(s[f][n + 1], qa[f], kb[2], kb[3]);
         }
       }
+    }
 
-    // Online softmax, two rows a thread per m tile; a row's 64 scores lie in one quad.
+    // Online softmax, two rows a thread per m tile; a row's scores lie in one quad.
 #pragma unroll
     for (int f = 0; f < PGK_FR; ++f) {
       float mx[2] = {m[f][0], m[f][1]};
 #pragma unroll
-      for (int n = 0; n < PGK_FN / 8; ++n)
+      for (int hr = 0; hr < 2; ++hr) {
+        int lo = 0, hi = 0;
+        if (kMasked)
+          pgk_attn_rows(row0 + f * 16 + hr * 8, seq_q, len, start, causal, window, lo, hi);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hr = e >> 1, j = j0 + n * 8 + (lane & 3) * 2 + (e & 1);
-          const bool ok = whole || (j >= row_lo[f][hr] && j < row_hi[f][hr]);
-          s[f][n][e] = ok ? s[f][n][e] * qscale : -PGK_INF;
-          mx[hr] = fmaxf(mx[hr], s[f][n][e]);  // skips NaN: a NaN score stays NaN as p
-        }
+        for (int n = 0; n < PGK_FN / 8; ++n)
+#pragma unroll
+          for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+            float x = s[f][n][e] * qscale;
+            if (kMasked) {
+              const int j = j0 + n * 8 + (lane & 3) * 2 + (e & 1);
+              x = j >= lo && j < hi ? x : -PGK_INF;
+            }
+            s[f][n][e] = x;
+            mx[hr] = fmaxf(mx[hr], x);  // skips NaN: a NaN score stays NaN as p
+          }
+      }
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
@@ -280,14 +331,16 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
     // A tile that hides keys from some rows only, with a NaN / inf in its V: the scalar
     // P V below. The condition is the block's, so the barrier is uniform.
     bool scalar_pv = false;
-    if (!whole && per_row) {
-      bool bad = false;
-      constexpr int words = PGK_FN * PGK_D / 2;
-      for (int e = tid; e < words; e += PGK_FT) {
-        const int r = e / (PGK_D / 2), c = (e % (PGK_D / 2)) * 2;
-        bad |= pgk_fnonfinite2(*reinterpret_cast<const unsigned*>(vs + r * PGK_FLD + c));
+    if (kMasked) {
+      if (per_row) {
+        bool bad = false;
+        constexpr int words = PGK_FN * PGK_D / 2;
+        for (int e = tid; e < words; e += PGK_FT) {
+          const int r = e / (PGK_D / 2), c = (e % (PGK_D / 2)) * 2;
+          bad |= pgk_fnonfinite2(*reinterpret_cast<const unsigned*>(vs + r * PGK_FLD + c));
+        }
+        scalar_pv = __syncthreads_or(bad);
       }
-      scalar_pv = __syncthreads_or(bad);
     }
     if (!scalar_pv) {
 #pragma unroll
@@ -317,7 +370,12 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
       // e of the tile sits in lane c of the quad, register n, element e); a hidden key is
       // skipped (selected out), never multiplied.
 #pragma unroll
-      for (int f = 0; f < PGK_FR; ++f)
+      for (int f = 0; f < PGK_FR; ++f) {
+        int lo[2], hi[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+          pgk_attn_rows(row0 + f * 16 + hr * 8, seq_q, len, start, causal, window, lo[hr],
+                        hi[hr]);
 #pragma unroll
         for (int n = 0; n < PGK_FN / 8; ++n)
 #pragma unroll 1
@@ -329,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
 #pragma unroll
               for (int hr = 0; hr < 2; ++hr) {
                 const float p = __shfl_sync(0xffffffffu, s[f][n][2 * hr + e], (lane & ~3) | c);
-                if (j >= row_lo[f][hr] && j < row_hi[f][hr]) {
+                if (j >= lo[hr] && j < hi[hr]) {
 #pragma unroll
                   for (int dn = 0; dn < PGK_FDN; ++dn) {
                     acc[f][dn][2 * hr] += p * pgk_to_float(vr[dn * 8]);
@@ -338,8 +396,24 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
                 }
               }
             }
+      }
     }
-    __syncthreads();  // the next iteration's cp.async overwrites the stage just read
+  };
+
+  for (int t = t_begin; t < t_end; ++t) {
+    // Tile t has landed (the groups after it: the stages - 2 tiles fetched ahead), and
+    // every thread is done with the stage read in the last iteration (or with Q), which
+    // the prefetch below then overwrites.
+    pgk_cp_async_wait<PGK_FSTAGES - 2>();
+    __syncthreads();
+    load_kv(t + PGK_FSTAGES - 1, (t - t_begin + PGK_FSTAGES - 1) % PGK_FSTAGES);
+    pgk_cp_async_commit();  // possibly empty: keeps the group count uniform
+    const int j0 = t * PGK_FN;
+    // Every row of the block sees every key of the tile: no mask.
+    if (j0 >= lo_last && j0 + PGK_FN <= hi_first)
+      tile(t, false);
+    else
+      tile(t, true);
   }
 
 #pragma unroll
@@ -349,7 +423,7 @@ extern "C" __global__ void __launch_bounds__(PGK_FT)
       float sum = l[f][hr];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int i = q0 + (warp * PGK_FR + f) * 16 + (lane >> 2) + hr * 8;
+      const int i = row0 + f * 16 + hr * 8;
       if (i >= seq_q) continue;
       // No visible key: zeros. A NaN sum (NaN or inf in what the row sees) stays NaN.
       const float inv = 1.0f / sum;

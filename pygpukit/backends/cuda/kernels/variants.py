@@ -91,8 +91,8 @@ def all_variants() -> list[Variant]:
     for dt in loader.HALF_DTYPES:
         # The tensor-core prefill kernel: each head dim's geometry and the small-grid one.
         for d in (64, 128):
-            for fw, fr in attention.FLASH_SWEEP:
-                flash = _t(dt, PGK_D=d, PGK_FW=fw, PGK_FR=fr, PGK_ERR_INDEX=1)
+            for geo in attention.FLASH_SWEEP:
+                flash = attention.flash_defines(dt, d, geo)
                 out.append(("attention_flash", ("pgk_attention_flash",), flash))
         # Append mode (sdpa_append): each rope layout, tables in the element type or float.
         for d, g in ((64, 8), (128, 16)):
