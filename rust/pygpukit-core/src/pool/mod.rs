@@ -2,12 +2,13 @@
 //! blocks, served best-fit from segregated free lists, coalesced on free,
 //! bounded by an optional quota.
 //!
-//! Eviction (phase 2) will hook in where `grow` fails: blocks are found by
-//! address in their arena, so a per-block pin/evictable state can be added
-//! to `arena::Block` without changing how blocks are carved or merged.
+//! Eviction (`eviction`) sits on top: when an allocation fails it moves the
+//! least recently used unpinned tracked blocks to the host through a
+//! `Copier` and retries; the pool itself never knows a block was tracked.
 
 mod arena;
 mod error;
+mod eviction;
 mod free_list;
 mod size_class;
 mod source;
@@ -16,6 +17,7 @@ mod stats;
 use std::collections::BTreeMap;
 
 pub use error::{OutOfMemory, PoolError};
+pub use eviction::{Copier, EvictError, EvictionStats, Evictor, Forgotten, Handle};
 pub use size_class::{block_size, GRANULE, LARGE_ARENA_ROUND};
 pub use source::{ArenaSource, HostArenaSource};
 pub use stats::PoolStats;
