@@ -122,8 +122,8 @@ class PlannedProgram:
         # and no value dies (the arena's slots live as long as the program).
         self._steps: list[RunStep] = [(st, k in self.plan.inplace, ()) for k, st in self.kernels]
         self._layout(len(schedule.graph.outputs) if n_user is None else n_user)
-        registry = memory._registries.get(id(getattr(backend, "pool", None)))
-        self._lru_stats = registry.stats if registry is not None else None
+        pool = getattr(backend, "pool", None)
+        self._evicting_pool = pool if getattr(pool, "evicts", False) else None
 
     def _layout(self, n_user: int) -> None:
         """Which slots a call may bind to caller memory, and the views derived from them."""
@@ -296,8 +296,8 @@ class PlannedProgram:
             not same_externals and self._bound != tuple(id(v) for v in externals)
         ):
             self.bind(externals)
-        stats = self._lru_stats
-        evictions = stats["evictions"] if stats is not None else 0
+        evicting = self._evicting_pool
+        evictions = evicting.evictions if evicting is not None else 0
         news: list[Any] = []
         places: list[Any] = [self._bind_token]  # a capture's key: the addresses it holds
         if fresh and bind_outputs and self.bind_outputs:
@@ -310,7 +310,7 @@ class PlannedProgram:
                 places.append(place)
         n_out = len(news)
         self._bind_args(args, places)
-        if stats is not None and stats["evictions"] != evictions:
+        if evicting is not None and evicting.evictions != evictions:
             # A block moved while addresses were read: read them again with all pinned.
             places = self._bind_pinned(args, news, places[: 1 + n_out])
         key = tuple(places)

@@ -1,123 +1,40 @@
 """Storage: one block of pool memory, host or device, owned by the Rust pool.
 
-LRU eviction: a backend that registers its pool (`enable_eviction`) makes its storages
-evictable. Under memory pressure (a pool allocation that fails) the least recently used
-storages that nothing pins are copied to host numpy arrays and their blocks freed; the
-allocation is retried. Any later use reads `storage.addr`, which restores the block first,
-so the device address of a storage can change across an eviction: code that keeps an
-address beyond one use (captured CUDA graphs, exported pointers) pins the storage.
+LRU eviction lives in the Rust pool (rust/pygpukit-core/src/pool/eviction.rs): a backend that
+registers its copy callables (`enable_eviction`) makes its pool's storages evictable. Under
+memory pressure (a pool allocation that fails) the pool itself copies the least recently used
+storages that nothing pins to host arrays (copy_out), frees their blocks and retries. A
+Storage of such a pool holds the pool's handle for it: any later use reads `storage.addr`,
+which asks the pool, and the pool restores the block first (copy_in). So the device address
+of a storage can change across an eviction: code that keeps an address beyond one use
+(captured CUDA graphs, exported pointers) pins the storage.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from pygpukit.errors import OutOfMemoryError
-
 CopyOut = Callable[[int, int], np.ndarray]
 CopyIn = Callable[[np.ndarray, int], None]
-
-
-class _Lru:
-    """The evictable storages of one pool, least recently used first."""
-
-    def __init__(self, pool: Any, copy_out: CopyOut, copy_in: CopyIn) -> None:
-        self.pool = pool
-        self.copy_out = copy_out
-        self.copy_in = copy_in
-        # id(storage) -> weakref: the registry must not keep arrays alive.
-        self.order: OrderedDict[int, weakref.ref[Storage]] = OrderedDict()
-        # Re-entrant: releasing a storage from a GC pass inside an eviction takes it again.
-        self.lock = threading.RLock()
-        self.stats = {"evictions": 0, "evicted_bytes": 0, "restores": 0, "restored_bytes": 0}
-
-    def alloc(self, nbytes: int) -> int:
-        """A pool block; on OOM, evicts LRU unpinned storages until the allocation fits."""
-        try:
-            return int(self.pool.alloc(nbytes))
-        except OutOfMemoryError as first:
-            err = first
-        with self.lock:
-            quota = self.pool.quota_bytes
-            if quota is not None:
-                in_use = int(self.pool.stats()["in_use_bytes"])
-                evictable = sum(s.nbytes for s in self._victims(1 << 62))
-                if nbytes > quota - in_use + evictable:
-                    raise err  # cannot fit even if everything moved out: disturb nothing
-            while True:
-                victims = self._victims(nbytes)
-                if not victims:
-                    raise err
-                for s in victims:
-                    self._evict(s)
-                try:
-                    return int(self.pool.alloc(nbytes))
-                except OutOfMemoryError as again:  # fragmentation: free blocks not adjacent
-                    err = again
-
-    def _victims(self, nbytes: int) -> list[Storage]:
-        out: list[Storage] = []
-        got = 0
-        for ref in list(self.order.values()):  # a snapshot: GC may release storages meanwhile
-            s = ref()
-            if s is None or s.pins or s.freed or s.host is not None:
-                continue
-            out.append(s)
-            got += s.nbytes
-            if got >= nbytes:
-                break
-        return out
-
-    def _evict(self, s: Storage) -> None:
-        s.host = self.copy_out(s._addr, s.nbytes)
-        self.pool.free(s._addr)
-        s.gen += 1
-        self.order.pop(id(s), None)
-        self.stats["evictions"] += 1
-        self.stats["evicted_bytes"] += s.nbytes
-
-    def restore(self, s: Storage) -> None:
-        with self.lock:
-            host = s.host
-            if host is None or s.freed:
-                return
-            addr = self.alloc(s.nbytes)  # s is out of `order`, so it cannot evict itself
-            self.copy_in(host, addr)
-            s._addr = addr
-            s.host = None
-            s.gen += 1
-            self.order[id(s)] = weakref.ref(s)
-            self.stats["restores"] += 1
-            self.stats["restored_bytes"] += s.nbytes
-
-    def resident_bytes(self) -> int:
-        return sum(s.nbytes for r in list(self.order.values()) if (s := r()) is not None)
-
-
-_registries: dict[int, _Lru] = {}
 
 
 def enable_eviction(pool: Any, copy_out: CopyOut, copy_in: CopyIn) -> None:
     """Make storages of `pool` allocated from now on evictable; copy_out(addr, nbytes)
     returns a host copy of a block, copy_in(host, addr) writes one back."""
-    _registries[id(pool)] = _Lru(pool, copy_out, copy_in)
+    pool.enable_eviction(copy_out, copy_in)
 
 
 def eviction_stats(pool: Any) -> dict[str, int]:
-    """Evictions and restores so far, and the storages evicted now (count and bytes)."""
-    lru = _registries.get(id(pool))
-    if lru is None:
-        return {}
-    out = dict(lru.stats)
-    out["tracked"] = len(lru.order)
-    return out
+    """Evictions and restores so far (count and bytes), the evictable storages resident now
+    (`tracked`, `resident_bytes`) and those evicted now (`evicted_now`, `evicted_now_bytes`);
+    empty for a pool that does not evict."""
+    stats = getattr(pool, "eviction_stats", None)
+    got = stats() if stats is not None else None
+    return {} if got is None else dict(got)
 
 
 # Explicit releases so far (release(), the only way memory still referenced is freed):
@@ -129,12 +46,13 @@ RELEASES = [0]
 class Storage:
     """A pool block. Freed when the last value using it dies, or at once by `release()`."""
 
-    __slots__ = ("_addr", "nbytes", "pool", "freed", "host", "pins", "gen", "_lru",
-                 "readonly", "__weakref__")  # fmt: skip
-    host: np.ndarray | None  # the host copy while evicted
-    pins: int
-    gen: int  # bumped when the block moves (evicted, restored)
-    _lru: _Lru | None
+    __slots__ = ("_addr", "nbytes", "pool", "freed", "_h", "_pins", "gen", "readonly",
+                 "__weakref__")  # fmt: skip
+    # The pool's handle of an evictable storage (the pool keeps its address, pins and host
+    # copy); None for one that never moves.
+    _h: int | None
+    _pins: int  # pins of a storage that never moves
+    gen: int  # bumped when a read of `addr` finds that the block moved
     # Set with GPUArray.readonly: no kernel writes the block, so a kernel may read it before
     # its predecessor on the stream has finished (gemv.gemv's w_early).
     readonly: bool
@@ -142,37 +60,36 @@ class Storage:
     def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
         # Subclasses that bypass __init__ (external memory, static views) get the defaults.
         self = object.__new__(cls)
-        self._lru = None
-        self.host = None
-        self.pins = 0
+        self._h = None
+        self._pins = 0
         self.gen = 0
         self.readonly = False
         return self
 
     def __init__(self, pool: Any, nbytes: int) -> None:
+        addr, h = pool.alloc_storage(nbytes)  # evicts others when it does not fit
         self.pool = pool
         self.nbytes = nbytes
         self.freed = False
-        lru = _registries.get(id(pool))
-        if lru is None:
-            self._addr: int = pool.alloc(nbytes)
-        else:
-            self._addr = lru.alloc(nbytes)
-            self._lru = lru
-            lru.order[id(self)] = weakref.ref(self)
+        self._addr: int = addr
+        self._h = h
 
     @property
     def addr(self) -> int:
         """The block's address now; restores an evicted block and marks it used."""
-        lru = self._lru
-        if lru is not None:
-            if self.host is not None:
-                lru.restore(self)
-            try:
-                lru.order.move_to_end(id(self))
-            except KeyError:  # released (or evicted) by another thread meanwhile
-                pass
-        return self._addr
+        h = self._h
+        if h is None:
+            return self._addr
+        try:
+            addr: int = self.pool.touch(h)
+        except ValueError:
+            if self.freed:  # released by another thread meanwhile
+                return self._addr
+            raise
+        if addr != self._addr:
+            self._addr = addr
+            self.gen += 1
+        return addr
 
     @addr.setter
     def addr(self, value: int) -> None:
@@ -180,64 +97,62 @@ class Storage:
 
     @property
     def evicted(self) -> bool:
-        return self.host is not None
+        """Whether the block is held on the host now (its next use restores it)."""
+        h = self._h
+        return h is not None and bool(self.pool.is_evicted(h))
+
+    @property
+    def pins(self) -> int:
+        """How many pin() calls are not yet matched by unpin()."""
+        h = self._h
+        return self._pins if h is None else int(self.pool.pins(h))
 
     def pin(self) -> None:
         """Keep the block resident at a fixed address until the matching unpin()."""
-        lru = self._lru
-        if lru is None:
-            self.pins += 1
+        h = self._h
+        if h is None:
+            self._pins += 1
             return
-        with lru.lock:
-            if self.host is not None:
-                lru.restore(self)
-            self.pins += 1
+        addr = self.pool.pin(h)
+        if addr != self._addr:
+            self._addr = addr
+            self.gen += 1
 
     def unpin(self) -> None:
-        lru = self._lru
-        if lru is None:
-            self.pins -= 1
-            return
-        with lru.lock:
-            self.pins -= 1
+        """Release one pin(); the block may be evicted again once none is left."""
+        h = self._h
+        if h is None:
+            self._pins -= 1
+        else:
+            self.pool.unpin(h)
 
     def release(self) -> None:
+        """Free the block now (the storage must not be read again)."""
         RELEASES[0] += 1
-        lru = self._lru
-        if lru is None:
-            self._release()
-            return
-        with lru.lock:  # not in the middle of another thread's eviction of this block
-            self._release()
+        self._release()
 
     def _release(self) -> None:
         if not self.freed:
             self.freed = True
-            lru = self._lru
-            if lru is not None:
-                lru.order.pop(id(self), None)
-            if self.host is not None:
-                self.host = None  # the block went back at eviction
-            else:
+            h = self._h
+            if h is None:
                 self.pool.free(self._addr)
+            else:
+                self._h = None
+                self.pool.forget(h)  # frees the block, or drops the host copy
 
     def __del__(self) -> None:
-        # No lock: nothing else references this storage, and a GC pass may run inside a
-        # pool callable while another thread holds the registry lock.
+        # The pool defers what a GC pass inside one of its own callables releases.
         try:
-            lru = self._lru
-            if lru is None:
+            h = self._h
+            if h is None:
                 if type(self) is Storage:
                     self._release()  # not release(): nothing can read it, no check is due
                 else:
                     self.release()  # subclasses (external memory, static views) free their way
             elif not self.freed:  # _release() inline: compiled calls free a block per call
                 self.freed = True
-                lru.order.pop(id(self), None)
-                if self.host is None:
-                    self.pool.free(self._addr)
-                else:
-                    self.host = None
+                self.pool.forget(h)
         except Exception:  # interpreter shutdown: the pool may already be gone
             pass
 
@@ -248,19 +163,10 @@ _new = object.__new__
 def block(pool: Any, nbytes: int) -> Storage:
     """Storage(pool, nbytes) without the generic constructor's calls: a compiled function
     allocates its fresh outputs here on every call."""
+    addr, h = pool.alloc_storage(nbytes)  # evicts others when it does not fit
     s: Storage = _new(Storage)
-    s.pool, s.nbytes, s.freed, s.host, s.pins, s.gen, s._lru = pool, nbytes, False, None, 0, 0, None
+    s.pool, s.nbytes, s.freed, s._addr, s._h, s._pins, s.gen = pool, nbytes, False, addr, h, 0, 0
     s.readonly = False
-    lru = _registries.get(id(pool))
-    if lru is None:
-        s._addr = pool.alloc(nbytes)
-        return s
-    try:
-        s._addr = pool.alloc(nbytes)
-    except OutOfMemoryError:
-        s._addr = lru.alloc(nbytes)  # evicts until it fits, or raises
-    s._lru = lru
-    lru.order[id(s)] = weakref.ref(s)
     return s
 
 

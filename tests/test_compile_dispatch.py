@@ -5,6 +5,7 @@ notice every rebinding a rescan would), and arguments and outputs bound by addre
 from __future__ import annotations
 
 import gc
+import types
 
 import numpy as np
 import pytest
@@ -263,9 +264,11 @@ def test_a_block_moved_while_binding_rereads_addresses_pinned(rng, monkeypatch):
     backend = prog.backend
     real = backend.place
     pins = []
+    moves = types.SimpleNamespace(evictions=0)  # the pool's eviction count, as the program reads it
+    monkeypatch.setattr(prog, "_evicting_pool", moves)
 
     def place(v, shape, dtype):  # as if reading an address had evicted another block
-        prog._lru_stats["evictions"] += 1
+        moves.evictions += 1
         pins.append(backend.storage(v).pins)
         return real(v, shape, dtype)
 

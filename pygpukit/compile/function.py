@@ -48,7 +48,7 @@ class _StaticSlot(Storage):
         # Made on every call: the slots are set here, not through Storage's generic
         # constructor and its defaults.
         s = _new(cls)
-        s._lru, s.host, s.pins, s.gen = None, None, 0, 0
+        s._h, s._pins, s.gen = None, 0, 0
         s.pool, s.nbytes, s._addr = base.pool, base.nbytes, base.addr
         s._fn, s._gen, s._evicted, s._what = fn, fn._calls, fn._evictions, what
         return s

@@ -306,6 +306,11 @@ impl<H> Evictor<H> {
         })
     }
 
+    /// The size the entry was allocated for.
+    pub fn bytes(&self, h: Handle) -> Option<u64> {
+        self.entries.get(&h).map(|e| e.bytes)
+    }
+
     pub fn pins(&self, h: Handle) -> Option<u32> {
         self.entries.get(&h).map(|e| e.pins)
     }
