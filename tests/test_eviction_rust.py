@@ -161,7 +161,8 @@ def test_storages_freed_by_gc_inside_a_copy_callable_are_deferred():
     block, big = 782 * 256, 1563 * 256  # SIZE and 2 * SIZE rounded to the granule
     assert pool.stats()["in_use_bytes"] == (st["tracked"] - 1) * block + big
     np.testing.assert_array_equal(_read(fresh), data)
-    del fresh, fresh2, keep, holder, rest
+    holder.clear()
+    del fresh, fresh2, keep, rest
     gc.collect()
     assert pool.stats()["live_blocks"] == 0
     assert eviction_stats(pool)["tracked"] == eviction_stats(pool)["evicted_now"] == 0
@@ -202,7 +203,7 @@ def test_a_raising_copy_callable_propagates_and_leaves_the_pool_usable():
     assert first.evicted
     fail["in"] = True
     with pytest.raises(CopyFailed, match="copy_in"):
-        first.addr
+        _ = first.addr
     assert first.evicted  # its fresh block went back to the pool
     _check_counts(pool, storages + more)
     fail["in"] = False

@@ -258,7 +258,11 @@ impl PyPool {
         &self,
         py: Python<'_>,
         requested: impl FnOnce(&State) -> u64,
-        f: impl FnOnce(&mut Evictor<Py<PyAny>>, &mut Pool<Source>, &mut PyCopier<'_, '_>) -> EvictResult<R>,
+        f: impl FnOnce(
+            &mut Evictor<Py<PyAny>>,
+            &mut Pool<Source>,
+            &mut PyCopier<'_, '_>,
+        ) -> EvictResult<R>,
     ) -> PyResult<R> {
         self.with(py, |st| {
             let n = requested(st);
@@ -337,7 +341,12 @@ impl PyPool {
     /// Makes the storages allocated from now on (`alloc_storage`) evictable:
     /// `copy_out(addr, nbytes)` returns a host copy of a block, `copy_in(host,
     /// addr)` writes one back. Called again, it replaces the callables.
-    fn enable_eviction(&self, py: Python<'_>, copy_out: Py<PyAny>, copy_in: Py<PyAny>) -> PyResult<()> {
+    fn enable_eviction(
+        &self,
+        py: Python<'_>,
+        copy_out: Py<PyAny>,
+        copy_in: Py<PyAny>,
+    ) -> PyResult<()> {
         self.with(py, |st| match &mut st.eviction {
             Some(ev) => {
                 ev.copy_out = copy_out;
@@ -367,7 +376,11 @@ impl PyPool {
             let res = match &st.eviction {
                 Some(_) => evicting(py, st, |lru, pool, c| lru.alloc_tracked(pool, c, n))
                     .map(|(h, addr)| (addr, Some(h))),
-                None => st.pool.alloc(n).map(|a| (a, None)).map_err(EvictError::Pool),
+                None => st
+                    .pool
+                    .alloc(n)
+                    .map(|a| (a, None))
+                    .map_err(EvictError::Pool),
             };
             Self::finish(py, &mut st.pool, res, n)
         })?
@@ -376,13 +389,21 @@ impl PyPool {
     /// The tracked storage's address now: restored first if it was evicted
     /// (which may evict others); marks it the most recently used.
     fn touch(&self, py: Python<'_>, handle: Handle) -> PyResult<u64> {
-        self.evict_call(py, |st| Self::bytes_of(st, handle), |lru, pool, c| lru.touch(pool, c, handle))
+        self.evict_call(
+            py,
+            |st| Self::bytes_of(st, handle),
+            |lru, pool, c| lru.touch(pool, c, handle),
+        )
     }
 
     /// Keeps the tracked storage resident at a fixed address until the
     /// matching unpin(); returns that address.
     fn pin(&self, py: Python<'_>, handle: Handle) -> PyResult<u64> {
-        self.evict_call(py, |st| Self::bytes_of(st, handle), |lru, pool, c| lru.pin(pool, c, handle))
+        self.evict_call(
+            py,
+            |st| Self::bytes_of(st, handle),
+            |lru, pool, c| lru.pin(pool, c, handle),
+        )
     }
 
     /// Releases one pin(); deferred when called from inside a callable.
@@ -413,7 +434,9 @@ impl PyPool {
             let ev = st.eviction.as_ref().ok_or_else(no_eviction)?;
             match ev.lru.addr(handle) {
                 Some(addr) => Ok(addr.is_none()),
-                None => Err(PyValueError::new_err(format!("storage handle {handle} is not tracked"))),
+                None => Err(PyValueError::new_err(format!(
+                    "storage handle {handle} is not tracked"
+                ))),
             }
         })?
     }
@@ -422,9 +445,9 @@ impl PyPool {
     fn pins(&self, py: Python<'_>, handle: Handle) -> PyResult<u32> {
         self.with(py, |st| {
             let ev = st.eviction.as_ref().ok_or_else(no_eviction)?;
-            ev.lru
-                .pins(handle)
-                .ok_or_else(|| PyValueError::new_err(format!("storage handle {handle} is not tracked")))
+            ev.lru.pins(handle).ok_or_else(|| {
+                PyValueError::new_err(format!("storage handle {handle} is not tracked"))
+            })
         })?
     }
 
@@ -432,7 +455,11 @@ impl PyPool {
     /// compares it around reading addresses to see whether a block moved.
     #[getter]
     fn evictions(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with(py, |st| st.eviction.as_ref().map_or(0, |ev| ev.lru.stats().evictions))
+        self.with(py, |st| {
+            st.eviction
+                .as_ref()
+                .map_or(0, |ev| ev.lru.stats().evictions)
+        })
     }
 
     /// Eviction counters and what is resident and evicted now; None on a
@@ -468,7 +495,8 @@ impl PyPool {
     /// (base, size, used_bytes) of every arena, by address.
     fn arenas(&self, py: Python<'_>) -> PyResult<Vec<(u64, u64, u64)>> {
         self.with(py, |st| {
-            st.pool.arenas()
+            st.pool
+                .arenas()
                 .into_iter()
                 .map(|a| (a.base, a.size, a.used_bytes))
                 .collect()
