@@ -3,6 +3,7 @@
 //! out-of-memory, calling the copy callables from here, and keeps their host
 //! copies as the Python objects they return.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use pygpukit_core::pool::{
@@ -74,6 +75,8 @@ pub struct PyPool {
     owner: Owner,
     /// Calls made from inside a callable on the thread holding the lock.
     deferred: Mutex<Vec<Deferred>>,
+    /// Whether `deferred` may hold something: every call checks, few find any.
+    pending: AtomicBool,
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &PoolStats) -> PyResult<Bound<'py, PyDict>> {
@@ -169,6 +172,7 @@ impl PyPool {
         match self.deferred.lock() {
             Ok(mut d) => {
                 d.push(op);
+                self.pending.store(true, Ordering::Release);
                 true
             }
             Err(_) => false,
@@ -176,6 +180,10 @@ impl PyPool {
     }
 
     fn apply_deferred(&self, py: Python<'_>, st: &mut State, dropped: &mut Vec<Py<PyAny>>) {
+        // Only this thread (the lock holder) pushes while the lock is held.
+        if !self.pending.swap(false, Ordering::Acquire) {
+            return;
+        }
         let pending = match self.deferred.lock() {
             Ok(mut d) => std::mem::take(&mut *d),
             Err(_) => return,
@@ -309,6 +317,7 @@ impl PyPool {
             }),
             owner: Owner::default(),
             deferred: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
         })
     }
 

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::size_class::block_size;
 use super::source::ArenaSource;
@@ -60,6 +61,28 @@ impl<E> From<PoolError> for EvictError<E> {
     }
 }
 
+/// Handles are sequential integers: one multiply by an odd constant spreads
+/// them over the table; SipHash's resistance to chosen keys buys nothing here
+/// and costs as much as the rest of a touch().
+#[derive(Default)]
+struct HandleHasher(u64);
+
+impl Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0.rotate_left(8) ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 enum Place<H> {
     Resident { addr: u64, last_use: u64 },
     Evicted(H),
@@ -97,7 +120,7 @@ pub enum Forgotten<H> {
 }
 
 pub struct Evictor<H> {
-    entries: HashMap<Handle, Entry<H>>,
+    entries: HashMap<Handle, Entry<H>, BuildHasherDefault<HandleHasher>>,
     /// Resident entries by last use, oldest first; pinned ones included (and
     /// skipped when choosing victims), so a pin never reorders anything.
     order: BTreeMap<u64, Handle>,
@@ -109,7 +132,7 @@ pub struct Evictor<H> {
 impl<H> Default for Evictor<H> {
     fn default() -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             order: BTreeMap::new(),
             clock: 0,
             next_handle: 1,
@@ -225,13 +248,17 @@ impl<H> Evictor<H> {
         S: ArenaSource,
         C: Copier<Host = H>,
     {
-        let now = self.tick();
+        let clock = self.clock;
         let entry = self
             .entries
             .get_mut(&h)
             .ok_or(EvictError::UnknownHandle(h))?;
         match &mut entry.place {
+            // Already the most recently used (a storage read again and again).
+            Place::Resident { addr, last_use } if *last_use == clock => Ok(*addr),
             Place::Resident { addr, last_use } => {
+                let now = clock + 1;
+                self.clock = now;
                 self.order.remove(last_use);
                 *last_use = now;
                 self.order.insert(now, h);
