@@ -8,6 +8,8 @@ __version__: str
 class Pool:
     arena_bytes: int
     quota_bytes: int | None
+    evicts: bool  # enable_eviction() was called
+    evictions: int
     def __init__(
         self,
         arena_bytes: int = ...,
@@ -21,8 +23,6 @@ class Pool:
     def stats(self) -> dict[str, Any]: ...
     def release_cached(self) -> int: ...
     def arenas(self) -> list[tuple[int, int, int]]: ...
-    evicts: bool
-    evictions: int
     def enable_eviction(
         self, copy_out: Callable[[int, int], Any], copy_in: Callable[[Any, int], None]
     ) -> None: ...
