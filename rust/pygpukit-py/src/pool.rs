@@ -113,7 +113,9 @@ fn no_eviction() -> PyErr {
     PyValueError::new_err("this pool does not evict: call enable_eviction() first")
 }
 
-/// Runs `f` on the evictor with the pool and a copier over the callables.
+/// Runs `f` on the evictor with the pool and a copier over the callables. On
+/// a pool that does not evict it fails with a ValueError, carried as the
+/// Python error to raise (as a copy callable's own error is).
 fn evicting<R>(
     py: Python<'_>,
     st: &mut State,
