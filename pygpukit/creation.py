@@ -168,7 +168,8 @@ def zeros_like(x: GPUArray, dtype: Any = None, device: Any = None) -> GPUArray:
     Returns:
         A new array.
     """
-    return _full("zeros_like", x.shape, 0, _dtype(dtype, x.dtype, "zeros_like"), _like_device(x, device))
+    d = _dtype(dtype, x.dtype, "zeros_like")
+    return _full("zeros_like", x.shape, 0, d, _like_device(x, device))
 
 
 def ones_like(x: GPUArray, dtype: Any = None, device: Any = None) -> GPUArray:
@@ -182,7 +183,8 @@ def ones_like(x: GPUArray, dtype: Any = None, device: Any = None) -> GPUArray:
     Returns:
         A new array.
     """
-    return _full("ones_like", x.shape, 1, _dtype(dtype, x.dtype, "ones_like"), _like_device(x, device))
+    d = _dtype(dtype, x.dtype, "ones_like")
+    return _full("ones_like", x.shape, 1, d, _like_device(x, device))
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None, device: Any = None) -> GPUArray:

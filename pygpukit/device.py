@@ -139,8 +139,9 @@ def resolve(device: Any, op: str) -> int:
     if ordinal >= n:
         hint = " (PYGPUKIT_CPU_DEVICES sets how many the CPU backend simulates)" \
             if running == "cpu" else ""  # fmt: skip
+        many = "s" * (n != 1)
         raise errors.user_error(errors.GPUKitValueError, op, f"device {ordinal} does not exist: "
-                                f"the {running} backend has {n} device{'s' * (n != 1)}{hint}")  # fmt: skip
+                                f"the {running} backend has {n} device{many}{hint}")  # fmt: skip
     return ordinal
 
 

@@ -366,7 +366,8 @@ def git_commit() -> str | None:
 
 __all__ = [
     "BACKENDS", "DEFAULT_CACHE_MAX_BYTES", "DEFAULT_COMPILE_CACHE_SIZE", "backend", "cache_dir",
-    "cache_max_bytes", "compile_cache_size", "cpu_device_memory", "cpu_devices", "cublaslt", "debug", "eager", "git_commit",
+    "cache_max_bytes", "compile_cache_size", "cpu_device_memory", "cpu_devices", "cublaslt",
+    "debug", "eager", "git_commit",
     "kernel_dir", "pdl", "poison", "prefer_backend", "set_backend", "set_cache_dir",
     "set_cache_max_bytes", "set_compile_cache_size", "set_debug", "set_eager", "set_pdl",
     "set_skip_passes", "skip_passes", "skip_passes_source",
