@@ -95,10 +95,14 @@ def current_ordinal() -> int:
 def backend_for(ordinal: int) -> Backend:
     """Device `ordinal`'s backend, made on first use (CUDA: with that device selected, so
     its pool, streams and modules are that device's)."""
+    prim = primary()
+    if ordinal == prim.ordinal:
+        from pygpukit import backends
+
+        return backends._backend or prim  # get_backend's own (a test may swap it)
     b = _backends.get(ordinal)
     if b is not None:
         return b
-    prim = primary()
     with _lock:
         b = _backends.get(ordinal)
         if b is None:
