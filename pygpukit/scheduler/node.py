@@ -105,8 +105,9 @@ class NodeScheduler:
                                     f"devices, got {device_list!r}")  # fmt: skip
         ordinals = [resolve(d, where) for d in device_list]
         if not ordinals or len(set(ordinals)) != len(ordinals):
+            got = list(device_list)
             raise errors.user_error(errors.GPUKitValueError, where, f"devices must name at "
-                                    f"least one device, each once; got {list(device_list)!r}")  # fmt: skip
+                                    f"least one device, each once; got {got!r}")  # fmt: skip
         per = self._memory_per_device(memory, device_list, ordinals)
         self.schedulers: dict[int, DeviceScheduler] = {}
         try:
@@ -126,8 +127,9 @@ class NodeScheduler:
             return {o: by.get(o) for o in ordinals}
         if isinstance(memory, list | tuple):
             if len(memory) != len(ordinals):
+                n, m = len(memory), len(ordinals)
                 raise errors.user_error(errors.GPUKitValueError, "Scheduler", f"memory lists "
-                                        f"{len(memory)} sizes for {len(ordinals)} devices")  # fmt: skip
+                                        f"{n} sizes for {m} devices")  # fmt: skip
             return dict(zip(ordinals, memory, strict=True))
         return {o: memory for o in ordinals}
 
@@ -180,17 +182,21 @@ class NodeScheduler:
         pool = fitting or list(rooms)
         return max(pool, key=lambda o: rooms[o])  # max keeps the first of equals
 
-    def stats(self, task_id: int | Task | None = None) -> dict[str, Any]:
+    def stats(self, task_id: Task | tuple[Any, int] | None = None) -> dict[str, Any]:
         """Per device, the device's Scheduler.stats (`"devices"`: name -> stats), and the
         node's totals of memory, reservations, queue and running tasks. With a task (or
-        its id and device as `(device, id)`): that task's stats."""
+        `(device, task id)`: ids are per device): that task's stats."""
         if isinstance(task_id, Task):
             return task_id.stats()
         if task_id is not None:
             from pygpukit.device import resolve
 
-            dev, tid = task_id  # type: ignore[misc]
-            return self.schedulers[resolve(dev, "Scheduler.stats")].stats(tid)
+            if not isinstance(task_id, tuple) or len(task_id) != 2:
+                raise errors.user_error(errors.GPUKitValueError, "Scheduler.stats", "a task "
+                                        "of several devices is named by the Task or "
+                                        f"(device, id), got {task_id!r}")  # fmt: skip
+            ordinal = resolve(task_id[0], "Scheduler.stats")
+            return self.schedulers[ordinal].stats(task_id[1])
         per = {str(s.stats()["device"]): s.stats() for s in self.schedulers.values()}
         out: dict[str, Any] = {"devices": per}
         for key in ("capacity_bytes", "reserved_bytes", "queue_length", "running"):
