@@ -59,20 +59,26 @@ def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = Non
 
 def _place(node: Node, op: str, where: Any) -> None:
     """Put a new node on its inputs' device (a node without inputs: the current one);
-    inputs on two devices raise DeviceMismatchError naming them and the user's line."""
+    inputs on two devices raise DeviceMismatchError naming them and the user's line. A
+    pending 0-d constant (a Python scalar operand) goes with any device, as it is folded
+    into the graph of whatever reads it."""
     ins = node.inputs
     if not ins:
         devices.tag(node, devices.current_ordinal())
         return
-    first = devices.ordinal_of(ins[0])
-    for k, i in enumerate(ins[1:], 1):
-        o = devices.ordinal_of(i)
+    placed = [(k, devices.ordinal_of(i)) for k, i in enumerate(ins)
+              if i.shape or i.op != "full" or i.realized is not None]  # fmt: skip
+    if not placed:
+        devices.tag(node, devices.ordinal_of(ins[0]))
+        return
+    first_k, first = placed[0]
+    for k, o in placed[1:]:
         if o != first:
             from .device import device_of
 
             raise errors.DeviceMismatchError(
-                f"{op}: input 0 is on {device_of(first)} but input {k} is on {device_of(o)}; "
-                f"copy one with x.to(device) first "
+                f"{op}: input {first_k} is on {device_of(first)} but input {k} is on "
+                f"{device_of(o)}; copy one with x.to(device) first "
                 f"{errors.describe_inputs([(i.shape, i.dtype) for i in ins], resolve(where))}"
             )
     devices.tag(node, first)

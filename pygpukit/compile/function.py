@@ -275,6 +275,10 @@ class CompiledFunction:
         from pygpukit.passes import lower, run_pipeline
 
         sig = self._signature(tree, arrays, captured, values)
+        if devices.ACTIVE[0]:  # a plan is one device's: a call on another misses
+            from pygpukit.device import current_device
+
+            sig["device"] = str(current_device())
         if self._last_key is None:
             reason = "first call"
         else:
