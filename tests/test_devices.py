@@ -283,7 +283,8 @@ def test_scheduler_submit_on_a_device_and_by_arguments(three: None) -> None:
         t = s.submit(scale, gpk.from_numpy(xh, device=2), sim_ms=0.5)  # follows its argument
         r = t.result(10)
         assert r.device == gpk.Device("cpu:2")
-        np.testing.assert_allclose(r.to_numpy(), xh.astype(np.float64) * 3 - 1, rtol=1e-6, atol=1e-6)
+        want = xh.astype(np.float64) * 3 - 1
+        np.testing.assert_allclose(r.to_numpy(), want, rtol=1e-6, atol=1e-6)
         assert s.stats((2, t.id))["state"] == "done"
         assert s.stats()["devices"]["cpu:2"]["completed"] == 1
         with pytest.raises(gpk.DeviceMismatchError, match="runs on cpu:1"):
