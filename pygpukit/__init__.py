@@ -29,11 +29,12 @@ from .creation import (
     zeros,
     zeros_like,
 )
-from .device import Device
+from .device import Device, copy_to, current_device, device_count
 from .errors import (
     AdmissionRejected,
     CompileError,
     CUDAError,
+    DeviceMismatchError,
     DTypeError,
     FreedArrayError,
     GPUKitError,

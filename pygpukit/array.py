@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import operator
@@ -18,7 +19,7 @@ from pygpukit.ir.elementwise import canonical
 from pygpukit.ir.ops import weak_scalar_dtype
 
 from . import runtime
-from .backends import get_backend
+from .backends import devices, get_backend
 
 Scalar = int | float | bool
 ArrayLike = Any
@@ -230,10 +231,36 @@ class GPUArray:
 
     @property
     def device(self) -> Any:
-        """The gpk.Device the array's memory is on (`<Device cuda:0>`, `<Device cpu>`)."""
-        from .device import current_device
+        """The gpk.Device the array's memory is on (`<Device cuda:0>`, `<Device cpu>`);
+        a pending array's is where it will be computed."""
+        from .device import device_of
 
-        return current_device()
+        return device_of(devices.ordinal_of(self._node))
+
+    def to(self, device: Any) -> GPUArray:
+        """A copy of the array on `device` (an int, 'cuda:1', a gpk.Device); the array
+        itself when it is there already. Between GPUs that can reach each other the copy
+        goes peer to peer, else through host memory; a pending array runs first.
+
+        Raises:
+            ValueError: No such device.
+            FreedArrayError: The array was freed.
+        """
+        from .device import resolve
+        from .device_copy import copy_between
+
+        target = resolve(device, "to")
+        source = devices.ordinal_of(self._node)
+        if target == source:
+            return self
+        return copy_between(self, source, target)
+
+    def _own_device(self) -> Any:
+        """A block in which the array's device is current (its backend's copies and
+        waits then run in the right context)."""
+        if not devices.ACTIVE[0]:
+            return contextlib.nullcontext()
+        return devices.using(devices.ordinal_of(self._node))
 
     @property
     def node(self) -> Node:
@@ -286,7 +313,9 @@ class GPUArray:
         Raises:
             FreedArrayError: The array was freed (`free()`).
         """
-        return get_backend().to_numpy(self._live_value("to_numpy"))
+        value = self._live_value("to_numpy")
+        with self._own_device():
+            return get_backend().to_numpy(value)
 
     get = to_numpy  # CuPy's name
 
@@ -294,7 +323,9 @@ class GPUArray:
         """Start copying to host memory and return at once; `.result()` waits for this copy
         alone (work queued afterwards keeps running) and gives the NumPy array, `.done()`
         polls. Like torch's `.to("cpu", non_blocking=True)` followed by an event wait."""
-        return get_backend().to_numpy_async(self._live_value("to_numpy_async"))
+        value = self._live_value("to_numpy_async")
+        with self._own_device():
+            return get_backend().to_numpy_async(value)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         a = self.to_numpy()
@@ -339,8 +370,9 @@ class GPUArray:
         A pending array is never computed: anything recorded from it raises when realised."""
         node = self._node
         if node.realized is None:
-            backend = get_backend()
-            node.realized = backend.empty((0,), self.dtype)  # type: ignore[attr-defined]
+            with self._own_device():
+                backend = get_backend()
+                node.realized = backend.empty((0,), self.dtype)  # type: ignore[attr-defined]
             node.inputs = ()  # its pending graph is dropped, not run
         get_backend().storage(node.realized).release()
 
@@ -786,7 +818,9 @@ class GPUArray:
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickling copies the value to the host (a pending array runs first; a freed one
         raises FreedArrayError) and back to the device on loading; dtype and shape kept."""
-        return (_unpickle, (get_backend().to_numpy(self._live_value("pickle")),))
+        value = self._live_value("pickle")
+        with self._own_device():
+            return (_unpickle, (get_backend().to_numpy(value),))
 
     def __setitem__(self, index: Any, value: ArrayLike) -> None:
         from .masking import assign, mask_of

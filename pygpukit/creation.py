@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from pygpukit.ir.dtypes import DType
 
 from . import runtime
 from .array import GPUArray, scalar_value
-from .backends import get_backend
+from .backends import devices, get_backend
 
 DEFAULT_FLOAT = dtypes.float32  # like torch and JAX; from_numpy keeps float64 as float64
 
@@ -43,6 +44,26 @@ def _shape(shape: Any, op: str = "shape", itemsize: int = 1) -> tuple[int, ...]:
     return dims
 
 
+@contextmanager
+def on_device(device: Any, op: str) -> Iterator[None]:
+    """The block runs on `device` (an int, 'cuda:1', a gpk.Device; None: the current one):
+    what it creates lives there."""
+    if device is None:
+        yield
+        return
+    from .device import resolve
+
+    with devices.using(resolve(device, op)):
+        yield
+
+
+def _like_device(x: Any, device: Any) -> Any:
+    """A *_like function's device: the one asked for, else x's."""
+    if device is not None or not devices.ACTIVE[0] or not isinstance(x, GPUArray):
+        return device
+    return x.device
+
+
 def _dtype(dtype: Any, default: DType, op: str = "dtype") -> DType:
     if dtype is None:
         return default
@@ -54,7 +75,8 @@ def _dtype(dtype: Any, default: DType, op: str = "dtype") -> DType:
         raise errors.user_error(errors.DTypeError, op, f"not a dtype: {dtype!r} ({e})") from None
 
 
-def full(shape: int | Sequence[int], fill_value: Any, dtype: Any = None) -> GPUArray:
+def full(shape: int | Sequence[int], fill_value: Any, dtype: Any = None,
+         device: Any = None) -> GPUArray:  # fmt: skip
     """An array of `shape` filled with `fill_value`, as NumPy's `full`.
 
     Args:
@@ -62,6 +84,8 @@ def full(shape: int | Sequence[int], fill_value: Any, dtype: Any = None) -> GPUA
         fill_value: The value: a Python or NumPy scalar.
         dtype: The dtype; by default the value's (int64 for an int, bool for a bool, float32
             for a float).
+        device: Where the array lives (an int, 'cuda:1' or a gpk.Device); default the
+            current device.
 
     Returns:
         A new array (recorded lazily: a constant the passes can fold).
@@ -70,10 +94,10 @@ def full(shape: int | Sequence[int], fill_value: Any, dtype: Any = None) -> GPUA
         ShapeError: A negative dimension.
         OverflowError: The value does not fit the dtype (NumPy 2's checks).
     """
-    return _full("full", shape, fill_value, dtype)
+    return _full("full", shape, fill_value, dtype, device)
 
 
-def _full(op: str, shape: Any, fill_value: Any, dtype: Any) -> GPUArray:
+def _full(op: str, shape: Any, fill_value: Any, dtype: Any, device: Any = None) -> GPUArray:
     if isinstance(fill_value, np.generic):
         fill_value = fill_value.item()
     default = dtypes.scalar_dtype(fill_value) if isinstance(fill_value, int | float | bool) \
@@ -92,15 +116,18 @@ def _full(op: str, shape: Any, fill_value: Any, dtype: Any) -> GPUArray:
             errors.GPUKitOverflowError if isinstance(e, OverflowError) else errors.GPUKitValueError
         )
         raise errors.user_error(cls, op, str(e)) from None
-    return GPUArray(runtime.record("full", (), {"shape": dims, "dtype": d.name, "value": value}))
+    with on_device(device, op):
+        return GPUArray(runtime.record("full", (), {"shape": dims, "dtype": d.name,
+                                                    "value": value}))  # fmt: skip
 
 
-def zeros(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
+def zeros(shape: int | Sequence[int], dtype: Any = None, device: Any = None) -> GPUArray:
     """An array of zeros, as NumPy's `zeros`.
 
     Args:
         shape: The shape: an int for 1-D, or a sequence of ints.
         dtype: The dtype (default float32, as in torch and JAX).
+        device: Where the array lives; default the current device.
 
     Returns:
         A new array.
@@ -109,15 +136,16 @@ def zeros(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
         ShapeError: A negative dimension.
         DTypeError: An unsupported dtype.
     """
-    return _full("zeros", shape, 0, _dtype(dtype, DEFAULT_FLOAT, "zeros"))
+    return _full("zeros", shape, 0, _dtype(dtype, DEFAULT_FLOAT, "zeros"), device)
 
 
-def ones(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
+def ones(shape: int | Sequence[int], dtype: Any = None, device: Any = None) -> GPUArray:
     """An array of ones, as NumPy's `ones`.
 
     Args:
         shape: The shape: an int for 1-D, or a sequence of ints.
         dtype: The dtype (default float32).
+        device: Where the array lives; default the current device.
 
     Returns:
         A new array.
@@ -126,41 +154,46 @@ def ones(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
         ShapeError: A negative dimension.
         DTypeError: An unsupported dtype.
     """
-    return _full("ones", shape, 1, _dtype(dtype, DEFAULT_FLOAT, "ones"))
+    return _full("ones", shape, 1, _dtype(dtype, DEFAULT_FLOAT, "ones"), device)
 
 
-def zeros_like(x: GPUArray, dtype: Any = None) -> GPUArray:
+def zeros_like(x: GPUArray, dtype: Any = None, device: Any = None) -> GPUArray:
     """Zeros of x's shape and (by default) dtype.
 
     Args:
         x: The array whose shape (and dtype) to take.
         dtype: Another dtype, or None for x's.
+        device: Another device, or None for x's.
 
     Returns:
         A new array.
     """
-    return _full("zeros_like", x.shape, 0, _dtype(dtype, x.dtype, "zeros_like"))
+    d = _dtype(dtype, x.dtype, "zeros_like")
+    return _full("zeros_like", x.shape, 0, d, _like_device(x, device))
 
 
-def ones_like(x: GPUArray, dtype: Any = None) -> GPUArray:
+def ones_like(x: GPUArray, dtype: Any = None, device: Any = None) -> GPUArray:
     """Ones of x's shape and (by default) dtype.
 
     Args:
         x: The array whose shape (and dtype) to take.
         dtype: Another dtype, or None for x's.
+        device: Another device, or None for x's.
 
     Returns:
         A new array.
     """
-    return _full("ones_like", x.shape, 1, _dtype(dtype, x.dtype, "ones_like"))
+    d = _dtype(dtype, x.dtype, "ones_like")
+    return _full("ones_like", x.shape, 1, d, _like_device(x, device))
 
 
-def empty(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
+def empty(shape: int | Sequence[int], dtype: Any = None, device: Any = None) -> GPUArray:
     """An array of uninitialised memory, straight from the pool.
 
     Args:
         shape: The shape: an int for 1-D, or a sequence of ints.
         dtype: The dtype (default float32).
+        device: Where the array lives; default the current device.
 
     Returns:
         A new, realized array whose contents are whatever the block held
@@ -171,11 +204,13 @@ def empty(shape: int | Sequence[int], dtype: Any = None) -> GPUArray:
     """
     d = _dtype(dtype, DEFAULT_FLOAT, "empty")
     s = _shape(shape, "empty", d.itemsize)
-    backend = get_backend()
-    return GPUArray(runtime.leaf(backend.empty(s, d), s, d))  # type: ignore[attr-defined]
+    with on_device(device, "empty"):
+        backend = get_backend()
+        return GPUArray(runtime.leaf(backend.empty(s, d), s, d))  # type: ignore[attr-defined]
 
 
-def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = None) -> GPUArray:
+def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = None,
+           device: Any = None) -> GPUArray:  # fmt: skip
     """Evenly spaced values in [start, stop), as NumPy's `arange`.
 
     Args:
@@ -183,6 +218,7 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any 
         stop: The end (excluded).
         step: The spacing (not zero).
         dtype: The dtype; by default int64 when all three are ints, else float32.
+        device: Where the array lives; default the current device.
 
     Returns:
         A new 1-D array of `ceil((stop - start) / step)` elements (none if negative).
@@ -210,17 +246,19 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any 
     n = max(0, math.ceil((stop - start) / step))
     all_int = all(isinstance(v, int) for v in (start, stop, step))
     d = _dtype(dtype, dtypes.int64 if all_int else DEFAULT_FLOAT, "arange")
-    return GPUArray(runtime.record("arange", (), {"shape": _shape((n,), "arange", d.itemsize),
-                                                  "dtype": d.name, "start": start,
-                                                  "step": step}))  # fmt: skip
+    dims = _shape((n,), "arange", d.itemsize)
+    with on_device(device, "arange"):
+        return GPUArray(runtime.record("arange", (), {"shape": dims, "dtype": d.name,
+                                                      "start": start, "step": step}))  # fmt: skip
 
 
-def from_numpy(array: np.ndarray) -> GPUArray:
+def from_numpy(array: np.ndarray, device: Any = None) -> GPUArray:
     """Copy a NumPy array to the backend.
 
     Args:
         array: The NumPy array (or NumPy scalar); its dtype is kept (float64 stays float64,
             unlike `asarray` of a Python float).
+        device: Where the array lives; default the current device.
 
     Returns:
         A new, realized array.
@@ -236,11 +274,12 @@ def from_numpy(array: np.ndarray) -> GPUArray:
         )
     d = _dtype(array.dtype, DEFAULT_FLOAT, "from_numpy")
     # np.ascontiguousarray would turn a 0-d array into 1-d
-    value = get_backend().from_numpy(array if array.flags.c_contiguous else array.copy(order="C"))
-    return GPUArray(runtime.leaf(value, tuple(array.shape), d))
+    host = array if array.flags.c_contiguous else array.copy(order="C")
+    with on_device(device, "from_numpy"):
+        return GPUArray(runtime.leaf(get_backend().from_numpy(host), tuple(array.shape), d))
 
 
-def asarray(x: Any, dtype: Any = None) -> GPUArray:
+def asarray(x: Any, dtype: Any = None, device: Any = None) -> GPUArray:
     """`x` as a GPUArray, as NumPy's `asarray`.
 
     Args:
@@ -248,6 +287,8 @@ def asarray(x: Any, dtype: Any = None) -> GPUArray:
             imported without a copy), or anything `np.asarray` takes (copied; Python floats
             become float32, NumPy arrays keep their dtype).
         dtype: Convert to this dtype.
+        device: Where the array lives (a GPUArray elsewhere is copied there); default the
+            current device (a GPUArray stays where it is).
 
     Returns:
         The array.
@@ -255,7 +296,12 @@ def asarray(x: Any, dtype: Any = None) -> GPUArray:
     Raises:
         DTypeError: `x` cannot become an array, or its dtype is not supported.
     """
-    return to_array(x, dtype, "asarray")
+    if device is None:
+        return to_array(x, dtype, "asarray")
+    if isinstance(x, GPUArray):
+        return to_array(x.to(device), dtype, "asarray")
+    with on_device(device, "asarray"):
+        return to_array(x, dtype, "asarray")
 
 
 def to_array(x: Any, dtype: Any, op: str) -> GPUArray:
@@ -293,10 +339,16 @@ def _number(op: str, name: str, v: Any) -> float:
 
 
 def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True,
-             dtype: Any = None) -> GPUArray:  # fmt: skip
+             dtype: Any = None, device: Any = None) -> GPUArray:  # fmt: skip
     """num evenly spaced values from start to stop (stop itself with endpoint=True), as
     np.linspace: computed in float64 (start + i * step, the last one exactly stop) and
-    rounded once to dtype (float32 by default; integer dtypes take the floor)."""
+    rounded once to dtype (float32 by default; integer dtypes take the floor); on
+    `device` (default the current one)."""
+    with on_device(device, "linspace"):
+        return _linspace(start, stop, num, endpoint, dtype)
+
+
+def _linspace(start: float, stop: float, num: int, endpoint: bool, dtype: Any) -> GPUArray:
     lo, hi = _number("linspace", "start", start), _number("linspace", "stop", stop)
     try:
         n = operator.index(num)
@@ -324,9 +376,16 @@ def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True,
     return y.astype(d)
 
 
-def eye(N: int, M: int | None = None, k: int = 0, dtype: Any = None) -> GPUArray:  # noqa: N803
+def eye(N: int, M: int | None = None, k: int = 0, dtype: Any = None,  # noqa: N803
+        device: Any = None) -> GPUArray:  # fmt: skip
     """An N x M array (M defaults to N) with ones on diagonal k (0: the main one, > 0
-    above it, < 0 below) and zeros elsewhere, as np.eye; float32 by default."""
+    above it, < 0 below) and zeros elsewhere, as np.eye; float32 by default; on `device`
+    (default the current one)."""
+    with on_device(device, "eye"):
+        return _eye(N, M, k, dtype)
+
+
+def _eye(N: int, M: int | None, k: int, dtype: Any) -> GPUArray:  # noqa: N803
     n, m = _shape((N, N if M is None else M), "eye")
     try:
         kk = operator.index(k)

@@ -94,6 +94,7 @@ __all__ = [
     "AxisError",
     "UnsupportedError",
     "UnsupportedFunctionError",
+    "DeviceMismatchError",
 ]
 
 
@@ -194,6 +195,10 @@ class SchedulerError(GPUKitError, RuntimeError):
 class UnsupportedError(GPUKitError, NotImplementedError):
     """A valid request this version does not implement (an einsum diagonal, a CUDA sort
     row past the kernel's length); the message says what is missing."""
+
+
+class DeviceMismatchError(GPUKitError, ValueError):
+    """An op given arrays on two devices (copy one over first with `x.to(device)`)."""
 
 
 class DistributedError(GPUKitError, RuntimeError):

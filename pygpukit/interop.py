@@ -94,19 +94,23 @@ def _dl_dtype(d: DType) -> DLDataType:
 
 
 def _backend_value(arr: Any) -> tuple[Any, Any]:
-    from pygpukit.backends import get_backend
+    from pygpukit.backends import devices
 
     arr.realize()
-    return get_backend(), arr.node.realized
+    return devices.backend_of(arr.node), arr.node.realized
+
+
+def _synchronized(arr: Any, backend: Any) -> None:
+    """The array's device has finished its queued work (waited on in its own context)."""
+    with arr._own_device():
+        backend.synchronize()
 
 
 def dlpack_device(arr: Any) -> tuple[int, int]:
     from pygpukit.backends import get_backend
 
     if get_backend().name == "cuda":
-        from pygpukit import _native
-
-        return KDL_CUDA, int(_native.get_device())
+        return KDL_CUDA, int(arr.device.id)
     return KDL_CPU, 0
 
 
@@ -114,7 +118,7 @@ def to_dlpack(arr: Any, stream: Any = None) -> Any:
     """A 'dltensor' capsule over the array's memory (no copy)."""
     backend, value = _backend_value(arr)
     # Consumers may read on any stream: our queued work must have finished.
-    backend.synchronize()
+    _synchronized(arr, backend)
     storage = backend.storage(value)
     storage.pin()  # the consumer holds the address until its deleter runs: never evicted
     shape = tuple(arr.shape)
@@ -190,7 +194,7 @@ def from_dlpack(obj: Any) -> Any:
         if hasattr(obj, "__cuda_array_interface__") and backend.name == "cuda":
             return from_cuda_array_interface(obj)
         raise DTypeError(f"from_dlpack: {type(obj).__name__} has no __dlpack__")
-    dev_type, _ = obj.__dlpack_device__()
+    dev_type, dev_id = obj.__dlpack_device__()
     if dev_type != KDL_CUDA or backend.name != "cuda":
         host = obj.cpu() if dev_type == KDL_CUDA and hasattr(obj, "cpu") else obj
         if dev_type == KDL_CUDA and hasattr(obj, "get"):
@@ -208,7 +212,10 @@ def from_dlpack(obj: Any) -> Any:
     else:
         strides = tuple(int(s) for s in _contig(shape))
     owner = _Imported(ptr, obj)
-    return _wrap_device(int(t.data or 0) + int(t.byte_offset), shape, strides, d, owner)
+    from pygpukit.backends import devices
+
+    with devices.using(int(dev_id)):  # the array lives on the producer's GPU
+        return _wrap_device(int(t.data or 0) + int(t.byte_offset), shape, strides, d, owner)
 
 
 def _contig(shape: tuple[int, ...]) -> list[int]:
@@ -232,7 +239,7 @@ def cuda_array_interface(arr: Any) -> dict[str, Any]:
     if arr.dtype.name not in _TYPESTR:
         raise AttributeError(f"__cuda_array_interface__ has no typestr for {arr.dtype}")
     backend, value = _backend_value(arr)
-    backend.synchronize()
+    _synchronized(arr, backend)
     storage = backend.storage(value)
     if storage not in _cai_pinned:  # the address escapes with no end of use: never evicted
         storage.pin()

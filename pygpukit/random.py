@@ -25,7 +25,7 @@ def _gen(seed_: int | None) -> np.random.Generator:
 
 
 def normal(shape: int | Sequence[int], mean: float = 0.0, std: float = 1.0, dtype: Any = None,
-           seed: int | None = None) -> GPUArray:  # fmt: skip
+           seed: int | None = None, device: Any = None) -> GPUArray:  # fmt: skip
     """Normally distributed random numbers.
 
     Args:
@@ -35,6 +35,7 @@ def normal(shape: int | Sequence[int], mean: float = 0.0, std: float = 1.0, dtyp
         dtype: A float dtype (default float32).
         seed: Draw from a generator seeded with this (reproducible), else from the module's
             generator (`gpk.random.seed`).
+        device: Where the array lives; default the current device.
 
     Returns:
         A new array, drawn on the host (PCG64) and copied to the backend.
@@ -44,11 +45,11 @@ def normal(shape: int | Sequence[int], mean: float = 0.0, std: float = 1.0, dtyp
     """
     d = _dtype(dtype, DEFAULT_FLOAT, "normal")
     a = _gen(seed).normal(mean, std, size=_shape(shape, "normal", d.itemsize))
-    return from_numpy(a.astype(d.np))
+    return from_numpy(a.astype(d.np), device)
 
 
 def uniform(shape: int | Sequence[int], low: float = 0.0, high: float = 1.0, dtype: Any = None,
-            seed: int | None = None) -> GPUArray:  # fmt: skip
+            seed: int | None = None, device: Any = None) -> GPUArray:  # fmt: skip
     """Uniformly distributed random numbers in [low, high).
 
     Args:
@@ -58,6 +59,7 @@ def uniform(shape: int | Sequence[int], low: float = 0.0, high: float = 1.0, dty
         dtype: A float dtype (default float32).
         seed: Draw from a generator seeded with this (reproducible), else from the module's
             generator (`gpk.random.seed`).
+        device: Where the array lives; default the current device.
 
     Returns:
         A new array, drawn on the host (PCG64) and copied to the backend.
@@ -67,11 +69,11 @@ def uniform(shape: int | Sequence[int], low: float = 0.0, high: float = 1.0, dty
     """
     d = _dtype(dtype, DEFAULT_FLOAT, "uniform")
     a = _gen(seed).uniform(low, high, size=_shape(shape, "uniform", d.itemsize))
-    return from_numpy(a.astype(d.np))
+    return from_numpy(a.astype(d.np), device)
 
 
 def randint(low: int, high: int, shape: int | Sequence[int], dtype: Any = None,
-            seed: int | None = None) -> GPUArray:  # fmt: skip
+            seed: int | None = None, device: Any = None) -> GPUArray:  # fmt: skip
     """Random integers in [low, high).
 
     Args:
@@ -81,6 +83,7 @@ def randint(low: int, high: int, shape: int | Sequence[int], dtype: Any = None,
         dtype: An integer dtype (default int64).
         seed: Draw from a generator seeded with this (reproducible), else from the module's
             generator (`gpk.random.seed`).
+        device: Where the array lives; default the current device.
 
     Returns:
         A new array, drawn on the host (PCG64) and copied to the backend.
@@ -93,4 +96,4 @@ def randint(low: int, high: int, shape: int | Sequence[int], dtype: Any = None,
         raise errors.user_error(errors.DTypeError, "randint", f"dtype must be an integer "
                                 f"dtype, got {d.name}")  # fmt: skip
     size = _shape(shape, "randint", d.itemsize)
-    return from_numpy(_gen(seed).integers(low, high, size=size).astype(d.np))
+    return from_numpy(_gen(seed).integers(low, high, size=size).astype(d.np), device)

@@ -21,7 +21,7 @@ from pygpukit.ir.source import register_library, resolve, user_frame
 from pygpukit.passes import Schedule, lower, run_pipeline
 
 from . import settings
-from .backends import get_backend
+from .backends import devices, get_backend
 from .mode import is_eager
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -50,15 +50,46 @@ def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = Non
         raise errors.op_error(
             name or op, e, [(i.shape, i.dtype) for i in inputs], resolve(where)
         ) from None
+    if devices.ACTIVE[0]:
+        _place(node, name or op, where)
     if is_eager():
         realize([node])
     return node
+
+
+def _place(node: Node, op: str, where: Any) -> None:
+    """Put a new node on its inputs' device (a node without inputs: the current one);
+    inputs on two devices raise DeviceMismatchError naming them and the user's line. A
+    pending 0-d constant (a Python scalar operand) goes with any device, as it is folded
+    into the graph of whatever reads it."""
+    ins = node.inputs
+    if not ins:
+        devices.tag(node, devices.current_ordinal())
+        return
+    placed = [(k, devices.ordinal_of(i)) for k, i in enumerate(ins)
+              if i.shape or i.op != "full" or i.realized is not None]  # fmt: skip
+    if not placed:
+        devices.tag(node, devices.ordinal_of(ins[0]))
+        return
+    first_k, first = placed[0]
+    for k, o in placed[1:]:
+        if o != first:
+            from .device import device_of
+
+            raise errors.DeviceMismatchError(
+                f"{op}: input {first_k} is on {device_of(first)} but input {k} is on "
+                f"{device_of(o)}; copy one with x.to(device) first "
+                f"{errors.describe_inputs([(i.shape, i.dtype) for i in ins], resolve(where))}"
+            )
+    devices.tag(node, first)
 
 
 def leaf(value: Any, shape: tuple[int, ...], dtype: Any) -> Node:
     """A node for data that already exists on the backend."""
     node = Node("input", (), {"shape": shape, "dtype": dtype.name}, shape, dtype, user_frame())
     node.realized = value
+    if devices.ACTIVE[0]:
+        devices.tag(node, devices.current_ordinal())
     return node
 
 
@@ -131,13 +162,32 @@ def structure_key(order: list[Node], pending: list[Node], backend: Any) -> Any:
             ins = tuple([index[i.id] for i in n.inputs])
             add((n.op, n.shape, n.dtype.name, n.canonical_attrs(), ins))
     pending_idx = tuple([index[p.id] for p in pending])
-    return (backend.name, settings.skip_passes(), tuple(rows), pending_idx)
+    # The ordinal too: a schedule carries launch plans made for one device's kernels.
+    return (backend.name, backend.ordinal, settings.skip_passes(), tuple(rows), pending_idx)
 
 
 def realize(nodes: list[Node]) -> None:
     pending = list({id(n): n for n in nodes if n.realized is None}.values())
     if not pending:
         return
+    if devices.ACTIVE[0]:
+        _realize_by_device(pending)
+        return
+    _realize(pending)
+
+
+def _realize_by_device(pending: list[Node]) -> None:
+    """Each device's pending nodes run on that device's backend (record keeps a graph on
+    one device, so a node's whole pending graph goes with it)."""
+    by_device: dict[int, list[Node]] = {}
+    for n in pending:
+        by_device.setdefault(devices.ordinal_of(n), []).append(n)
+    for ordinal, nodes in by_device.items():
+        with devices.using(ordinal):
+            _realize(nodes)
+
+
+def _realize(pending: list[Node]) -> None:
     backend = get_backend()
     stats["realize_calls"] += 1
     order = toposort(pending, is_leaf=_is_leaf)

@@ -14,6 +14,8 @@ this process, its default and what it does. This module is the only reader of th
 | PYGPUKIT_CUBLASLT           | (environment only)         | 1         | 0: no cuBLASLt (6)        |
 | PYGPUKIT_POISON             | (environment only)         | 0         | fill new CUDA memory (7)  |
 | PYGPUKIT_KERNEL_DIR         | (environment only)         | (8)       | kernel template directory |
+| PYGPUKIT_CPU_DEVICES        | (environment only)         | 1         | simulated devices (11)    |
+| PYGPUKIT_CPU_DEVICE_MEMORY  | (environment only)         | (none)    | each one's quota (11)     |
 | PGK_GIT_COMMIT              | (environment only)         | git       | commit in bench results   |
 | PYGPUKIT_RUST_PREBUILT      | CMake -D (build time)      | (none)    | prebuilt _rust (9)        |
 
@@ -34,6 +36,10 @@ this process, its default and what it does. This module is the only reader of th
 10. Signatures (traces) a @gpk.compile function keeps, least recently used evicted first
    with their buffers and captured graphs; `gpk.compile(fn, cache_size=n)` sets one
    function's. Read when a function's cache fills.
+11. The CPU backend's devices (`gpk.Device("cpu:1")`, `gpk.device_count()`), each with
+   its own pool, and that pool's quota in bytes (none: unbounded): multi-device code,
+   its mixing errors, copies and per-device admission run without a GPU. Read when a
+   device is first counted or used.
 
 Flags take 1/0 (also true/false, yes/no, on/off); an empty variable is the default.
 Values are read from the environment when they are used, so a change to os.environ made
@@ -65,6 +71,8 @@ CUBLASLT = "PYGPUKIT_CUBLASLT"
 POISON = "PYGPUKIT_POISON"
 KERNEL_DIR = "PYGPUKIT_KERNEL_DIR"
 GIT_COMMIT = "PGK_GIT_COMMIT"
+CPU_DEVICES = "PYGPUKIT_CPU_DEVICES"
+CPU_DEVICE_MEMORY = "PYGPUKIT_CPU_DEVICE_MEMORY"
 
 DEFAULT_CACHE_MAX_BYTES = 256 << 20
 DEFAULT_COMPILE_CACHE_SIZE = 64
@@ -330,6 +338,27 @@ def set_compile_cache_size(n: int | None) -> None:
     _set(COMPILE_CACHE_SIZE, n)
 
 
+def cpu_devices() -> int:
+    """How many devices the CPU backend simulates (PYGPUKIT_CPU_DEVICES, default 1)."""
+    raw = _raw(CPU_DEVICES)
+    if not raw:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingError(f"{CPU_DEVICES}={raw!r}: expected a number of devices (1 or more)")
+    return int(raw)
+
+
+def cpu_device_memory() -> int | None:
+    """The pool quota of each simulated CPU device in bytes (PYGPUKIT_CPU_DEVICE_MEMORY),
+    or None: unbounded."""
+    raw = _raw(CPU_DEVICE_MEMORY)
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingError(f"{CPU_DEVICE_MEMORY}={raw!r}: expected a number of bytes (1 or more)")
+    return int(raw)
+
+
 def git_commit() -> str | None:
     """The commit bench results record when the tree has no .git (PGK_GIT_COMMIT), or None."""
     return _raw(GIT_COMMIT) or None
@@ -337,7 +366,8 @@ def git_commit() -> str | None:
 
 __all__ = [
     "BACKENDS", "DEFAULT_CACHE_MAX_BYTES", "DEFAULT_COMPILE_CACHE_SIZE", "backend", "cache_dir",
-    "cache_max_bytes", "compile_cache_size", "cublaslt", "debug", "eager", "git_commit",
+    "cache_max_bytes", "compile_cache_size", "cpu_device_memory", "cpu_devices", "cublaslt",
+    "debug", "eager", "git_commit",
     "kernel_dir", "pdl", "poison", "prefer_backend", "set_backend", "set_cache_dir",
     "set_cache_max_bytes", "set_compile_cache_size", "set_debug", "set_eager", "set_pdl",
     "set_skip_passes", "skip_passes", "skip_passes_source",

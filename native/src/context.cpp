@@ -12,6 +12,18 @@ namespace {
 
 std::mutex g_mu;
 int g_device = 0;
+// A thread inside a gpk.Device block works on that device while others keep theirs (the
+// driver's current context is per thread too); -1: the process's device.
+thread_local int t_device = -1;
+
+void check_ordinal(const char* what, int ordinal) {
+  int count = device_count();
+  if (ordinal < 0 || ordinal >= count) {
+    throw CudaError(what, cu::kErrorInvalidValue,
+                    "device " + std::to_string(ordinal) + " out of range (" +
+                        std::to_string(count) + " devices)");
+  }
+}
 
 // Leaked on purpose: objects still alive at interpreter exit hold their own shared_ptr, and
 // a static destructor here would race the driver's own teardown for no benefit.
@@ -54,26 +66,22 @@ int device_count() {
   return count;
 }
 
+std::shared_ptr<Context> context_at(int ordinal) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& v = contexts();
+  if (v.size() <= static_cast<size_t>(ordinal)) v.resize(ordinal + 1);
+  if (!v[ordinal]) v[ordinal] = std::make_shared<Context>(ordinal);
+  return v[ordinal];
+}
+
 std::shared_ptr<Context> current_context() {
-  std::shared_ptr<Context> ctx;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto& v = contexts();
-    if (v.size() <= static_cast<size_t>(g_device)) v.resize(g_device + 1);
-    if (!v[g_device]) v[g_device] = std::make_shared<Context>(g_device);
-    ctx = v[g_device];
-  }
+  std::shared_ptr<Context> ctx = context_at(get_device());
   ctx->make_current();
   return ctx;
 }
 
 void set_device(int ordinal) {
-  int count = device_count();
-  if (ordinal < 0 || ordinal >= count) {
-    throw CudaError("set_device", cu::kErrorInvalidValue,
-                    "device " + std::to_string(ordinal) + " out of range (" +
-                        std::to_string(count) + " devices)");
-  }
+  check_ordinal("set_device", ordinal);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_device = ordinal;
@@ -81,7 +89,14 @@ void set_device(int ordinal) {
   current_context();
 }
 
+void use_device(int ordinal) {
+  if (ordinal != -1) check_ordinal("use_device", ordinal);
+  t_device = ordinal;
+  current_context();
+}
+
 int get_device() {
+  if (t_device >= 0) return t_device;
   std::lock_guard<std::mutex> lock(g_mu);
   return g_device;
 }

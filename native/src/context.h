@@ -1,5 +1,5 @@
-// Primary context per device (retained once, released when the last user lets go) and
-// the process-wide selected device.
+// Primary context per device (retained once, released when the last user lets go), the
+// process-wide selected device and a thread's own choice over it (use_device).
 #pragma once
 
 #include <memory>
@@ -39,7 +39,14 @@ class Context {
 // The selected device's context, retained on first use and made current on this thread.
 std::shared_ptr<Context> current_context();
 
+// Device `ordinal`'s context, retained on first use; not made current.
+std::shared_ptr<Context> context_at(int ordinal);
+
+// The process's device (every thread that has not chosen its own).
 void set_device(int ordinal);
+// This thread's device (gpk.Device blocks); -1 goes back to the process's.
+void use_device(int ordinal);
+// The device this thread uses: its own choice, else the process's.
 int get_device();
 int device_count();
 

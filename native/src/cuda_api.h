@@ -28,6 +28,7 @@ constexpr CUresult kErrorOutOfMemory = 2;
 constexpr CUresult kErrorDeinitialized = 4;
 constexpr CUresult kErrorNoDevice = 100;
 constexpr CUresult kErrorNotReady = 600;
+constexpr CUresult kErrorPeerAccessAlreadyEnabled = 704;
 
 constexpr int kAttrMaxThreadsPerBlock = 1;
 constexpr int kAttrWarpSize = 10;
@@ -113,6 +114,9 @@ constexpr int kApiVersion = 12000;
   X(cuMemcpyHtoDAsync, (CUdeviceptr, const void*, size_t, CUstream))                         \
   X(cuMemcpyDtoHAsync, (void*, CUdeviceptr, size_t, CUstream))                               \
   X(cuMemcpyDtoDAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                         \
+  X(cuMemcpyPeerAsync, (CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream))    \
+  X(cuDeviceCanAccessPeer, (int*, CUdevice, CUdevice))                                       \
+  X(cuCtxEnablePeerAccess, (CUcontext, unsigned int))                                        \
   X(cuStreamCreateWithPriority, (CUstream*, unsigned int, int))                              \
   X(cuStreamDestroy, (CUstream))                                                             \
   X(cuStreamSynchronize, (CUstream))                                                         \

@@ -6,15 +6,23 @@ import logging
 
 from pygpukit import settings
 
+from . import devices
 from .base import Backend
 
-_backend: Backend | None = None
+_backend: Backend | None = None  # the primary device's (see devices.py)
 
 
 def get_backend() -> Backend:
+    """The backend of this thread's current device: the primary device's unless a
+    `with gpk.Device(i):` block (or an array's own device) says otherwise."""
     global _backend
     if _backend is None:
         _backend = _choose()
+        devices.register_primary(_backend)
+    if devices.ACTIVE[0]:
+        o = devices.current.ordinal
+        if o is not None and o != _backend.ordinal:
+            return devices.backend_for(o)
     return _backend
 
 
@@ -42,15 +50,19 @@ def _choose() -> Backend:
             logging.getLogger(__name__).warning(
                 "no usable CUDA GPU (%s); running on the NumPy backend", reason
             )
-        return NumpyBackend()
+        return NumpyBackend(quota_bytes=settings.cpu_device_memory())
     if reason:
         from pygpukit.errors import CUDAError
 
         raise CUDAError(f"the cuda backend was asked for ({settings.BACKEND} or gpk.set_backend), "
                         f"but CUDA is not usable: {reason}")  # fmt: skip
+    from pygpukit import _native
+
     from .cuda.backend import CudaBackend
 
-    return CudaBackend()
+    backend = CudaBackend()
+    backend.ordinal = int(_native.get_device())  # the device the process selected
+    return backend
 
 
 def _cuda_status() -> tuple[bool, str]:

@@ -136,6 +136,7 @@ class ReadyTransfer:
 
 class Backend(PlannedBackend, ABC):
     name: str
+    ordinal: int = 0  # the device this backend's memory and work are on
 
     @abstractmethod
     def from_numpy(self, array: np.ndarray) -> Any:

@@ -16,6 +16,7 @@ import numpy as np
 
 from pygpukit import errors, memory, settings
 from pygpukit.array import GPUArray, realize_arrays
+from pygpukit.backends import devices
 from pygpukit.ir import Node, SourceLoc
 from pygpukit.memory import Storage
 
@@ -155,8 +156,10 @@ class CompiledFunction:
             raise self._host_array(*values.host_arrays[0])
         from pygpukit.backends import get_backend
 
+        backend = get_backend()
         key = (
-            get_backend().name,  # a plan built for one backend never runs on another
+            backend.name,  # a plan built for one backend never runs on another
+            backend.ordinal,  # nor one built for one device on another
             tree,
             tuple((a.shape, a.dtype.name) for _, a in arrays),
             tuple(id(a) for _, a in captured),
@@ -272,6 +275,10 @@ class CompiledFunction:
         from pygpukit.passes import lower, run_pipeline
 
         sig = self._signature(tree, arrays, captured, values)
+        if devices.ACTIVE[0]:  # a plan is one device's: a call on another misses
+            from pygpukit.device import current_device
+
+            sig["device"] = str(current_device())
         if self._last_key is None:
             reason = "first call"
         else:
@@ -374,6 +381,8 @@ class CompiledFunction:
         is being traced, the call is traced into its graph (inlined)."""
         if TRACING and get_ident() in TRACING:
             return self.__wrapped_fn__(*args, **kwargs)
+        if devices.ACTIVE[0]:
+            return self._call_on_device(args, kwargs, arena)
         fast = self._fast
         if fast is not None:
             values = fast.match(args, kwargs)
@@ -386,6 +395,24 @@ class CompiledFunction:
                     return fast.results(fast.call(values, fast.externals, True, True))
                 return self._run(fast.entry, values, fast.externals, True, arena)
         return self._call_slow(args, kwargs, arena)
+
+    def _call_on_device(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
+        """With several devices in use, a call runs on its array arguments' device (the
+        current one when it has none), through the full path: the fast guard matches
+        shapes and identities, not devices."""
+        arrays: list[tuple[str, Any]] = []
+        flatten_call(args, kwargs, arrays, [])
+        on = {devices.ordinal_of(a._node): p for p, a in arrays if isinstance(a, GPUArray)}
+        if len(on) > 1:
+            from pygpukit.device import device_of
+
+            where = ", ".join(f"{p} on {device_of(o)}" for o, p in on.items())
+            raise errors.user_error(errors.DeviceMismatchError, self.__name__,
+                                    f"arguments on different devices: {where}; copy them to "
+                                    "one with x.to(device) first")  # fmt: skip
+        ordinal = next(iter(on)) if on else devices.current_ordinal()
+        with devices.using(ordinal):
+            return self._call_slow(args, kwargs, arena)
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
         self._fast = None

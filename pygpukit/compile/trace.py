@@ -8,6 +8,7 @@ from threading import get_ident
 from typing import Any
 
 from pygpukit import errors
+from pygpukit.backends import devices
 from pygpukit.ir import Graph, Node, toposort
 
 from .pytree import TreeDef, flatten, flatten_call
@@ -30,7 +31,10 @@ class Traced:
 
 def _placeholder(shape: tuple[int, ...], dtype: Any, k: int) -> Node:
     attrs = {"shape": shape, "dtype": dtype.name, "idx": k}
-    return Node("input", (), attrs, shape, dtype, None)
+    node = Node("input", (), attrs, shape, dtype, None)
+    if devices.ACTIVE[0]:
+        devices.tag(node, devices.current_ordinal())  # the device the call runs on
+    return node
 
 
 def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[Any],

@@ -71,12 +71,16 @@ def init(rank: int | None = None, world_size: int | None = None) -> Communicator
 
         comm = SimulatedCommunicator(_Meeting(1), 0)
     else:
-        _select_gpu(_env_int("LOCAL_RANK", None))
+        local_rank = _env_int("LOCAL_RANK", None)
+        _select_gpu(local_rank)
+        from pygpukit.device import Device
+
         from .nccl import NcclCommunicator, new_unique_id
 
         uid = new_unique_id() if world_size == 1 else exchange_unique_id(rank, world_size,
                                                                          new_unique_id)  # fmt: skip
-        comm = NcclCommunicator(rank, world_size, uid)
+        device = None if local_rank is None else Device(local_rank)  # rank -> its GPU
+        comm = NcclCommunicator(rank, world_size, uid, device)
     bind_process(comm)
     return comm
 

@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 from typing import Any
 
+from pygpukit.backends import devices
 from pygpukit.errors import DistributedError
 
 from .comm import Communicator, nccl_environment
@@ -112,25 +113,33 @@ def _stream_handle(stream: Any) -> int:
 
 
 class NcclCommunicator(Communicator):
-    """Rank `rank` of `world_size` processes, one GPU each (the current device)."""
+    """Rank `rank` of `world_size` processes, one GPU each: `device` (a gpk.Device or
+    ordinal; default the current device), whose arrays its collectives take."""
 
     backend = "cuda"
 
-    def __init__(self, rank: int, world_size: int, unique_id: bytes) -> None:
+    def __init__(self, rank: int, world_size: int, unique_id: bytes,
+                 device: Any = None) -> None:  # fmt: skip
         if len(unique_id) != UNIQUE_ID_BYTES:
             raise DistributedError(f"an NCCL unique id is {UNIQUE_ID_BYTES} bytes, got "
                                    f"{len(unique_id)}")  # fmt: skip
         lib = load_nccl()
         from pygpukit.backends import get_backend
+        from pygpukit.device import device_of, resolve
 
-        get_backend()  # the CUDA context is current before NCCL looks for it
+        ordinal = devices.current_ordinal() if device is None else resolve(device, "nccl")
         uid = UniqueId()
         uid.internal[:] = list(unique_id)
         comm = ctypes.c_void_p()
-        _check(lib.ncclCommInitRank(ctypes.byref(comm), world_size, uid, rank),
-               f"ncclCommInitRank (rank {rank} of {world_size})")  # fmt: skip
+        # NCCL binds the communicator to the CUDA context current when it is made.
+        with devices.using(ordinal):
+            get_backend()
+            _check(lib.ncclCommInitRank(ctypes.byref(comm), world_size, uid, rank),
+                   f"ncclCommInitRank (rank {rank} of {world_size})")  # fmt: skip
         self._lib, self._comm = lib, comm
         self.rank, self.world_size = rank, world_size
+        self.ordinal = ordinal
+        self.device = device_of(ordinal)
 
     @property
     def handle(self) -> int:
@@ -142,6 +151,12 @@ class NcclCommunicator(Communicator):
         elements of `dtype` sent from `send` (per rank), results written to `recv`."""
         if self._comm.value is None:
             raise DistributedError(f"{op} on rank {self.rank}: the communicator was closed")
+        if devices.ACTIVE[0] and devices.current_ordinal() != self.ordinal:
+            from pygpukit.device import device_of
+
+            raise DistributedError(f"{op} on rank {self.rank}: the arrays are on "
+                                   f"{device_of(devices.current_ordinal())}, the communicator "
+                                   f"on {self.device}")  # fmt: skip
         kind = NCCL_DTYPES.get(dtype)
         nbytes_per = 1
         if kind is None:  # bool/int16: moved as bytes (the IR refuses to reduce them)

@@ -61,17 +61,37 @@ class Scheduler:
     guard_ms: margin the core keeps between a BestEffort launch's expected end and the next
     expected Guaranteed arrival; min_idle_ms: least silence after which a Guaranteed
     tenant counts as idle (BestEffort then runs freely), however short its usual gaps.
+    devices: schedule across these devices (`[0, 1]`, default the current one): one
+    scheduler per device, each admitting against its own memory, under one view
+    (submit(..., device=i) or placement on the device with room; stats() per device);
+    see pygpukit/scheduler/node.py.
 
     A task the core lets start at submission is launched on the submitting thread (no
     hand-off to the dispatcher); the CUDA device's completer thread ends it, so a solo
     result costs one thread hand-off.
     """
 
+    def __new__(cls, *args: Any, devices: Any = None, **kwargs: Any) -> Any:
+        """`devices=[...]` (or a `with gpk.Device(i):` block naming a device other than the
+        process's) makes a scheduler per device under one view (scheduler/node.py)."""
+        if cls is Scheduler:
+            from pygpukit.backends import devices as placement
+
+            if devices is None and placement.ACTIVE[0] \
+                    and placement.current_ordinal() != placement.primary_ordinal():  # fmt: skip
+                devices = [placement.current_ordinal()]
+            if devices is not None:
+                from .node import scheduler_for
+
+                return scheduler_for(devices, args, kwargs)
+        return super().__new__(cls)
+
     def __init__(self, memory: int | None = None,
                  partitions: dict[str, dict[str, Any]] | None = None, *,
                  burst_ms: float = 50.0, simulate: bool | None = None,
                  sim_gbps: float = DEFAULT_SIM_GBPS, max_inflight: int = 1,
-                 guard_ms: float = 0.25, min_idle_ms: float = 5.0) -> None:  # fmt: skip
+                 guard_ms: float = 0.25, min_idle_ms: float = 5.0,
+                 devices: Any = None) -> None:  # fmt: skip
         from pygpukit import _rust
         from pygpukit.backends import get_backend
 

@@ -10,12 +10,15 @@ import threading
 from typing import Any
 
 from pygpukit import _native
+from pygpukit.backends.devices import current
 
 from .codegen import KernelSource
 from .toolchain import compile_kernel, device_arch
 
 _lock = threading.Lock()
-_functions: dict[tuple[str, str], Any] = {}
+# Keyed by the thread's device too (None: the primary one): a module is loaded into one
+# device's context, and its functions launch only there.
+_functions: dict[tuple[str, str, int | None], Any] = {}
 _modules: list[Any] = []  # Functions need their Module alive
 stats = {"compiled": 0, "hits": 0}
 # Generated kernels round every multiply and add as NumPy does: contracting a * b + c
@@ -26,7 +29,7 @@ GENERATED_OPTIONS = ("-std=c++17", "--fmad=false")
 
 def function(src: KernelSource, arch: str | None = None) -> Any:
     arch = arch or device_arch()
-    key = (src.text, arch)
+    key = (src.text, arch, current.ordinal)
     fn = _functions.get(key)
     if fn is not None:
         stats["hits"] += 1

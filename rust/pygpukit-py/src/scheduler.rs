@@ -209,6 +209,12 @@ impl PySchedulerCore {
         })
     }
 
+    /// The largest reservation in `partition` admitted now without overtaking
+    /// queued tasks (None: no such partition): how much room this device has.
+    fn headroom(&self, py: Python<'_>, partition: &str) -> PyResult<Option<u64>> {
+        self.with(py, |s| s.headroom(partition))
+    }
+
     /// Whether pacing lets the admitted task start now (counts a throttle if not).
     fn may_start(&self, py: Python<'_>, task_id: TaskId, now: f64) -> PyResult<bool> {
         self.with(py, |s| s.may_start(task_id, now))?

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pygpukit import settings
+from pygpukit.backends.devices import current
 from pygpukit.errors import CompileError, DTypeError
 from pygpukit.ir import dtypes
 
@@ -159,7 +160,9 @@ def max_shared_optin() -> int:
 
 
 _lock = threading.Lock()
-_modules: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
+# Keyed by the thread's device too (None: the primary one): a module lives in one
+# device's context.
+_modules: dict[tuple[str, tuple[tuple[str, str], ...], str, int | None], Any] = {}
 _functions: dict[tuple[Any, ...], Any] = {}
 
 
@@ -172,12 +175,13 @@ def get_function(
 
         arch = toolchain.device_arch()
     dkey = tuple(sorted((k, str(v)) for k, v in defines.items()))
-    fkey = (family, dkey, arch, name)
+    device = current.ordinal
+    fkey = (family, dkey, arch, name, device)
     fn = _functions.get(fkey)
     if fn is not None:
         return fn
     with _lock:
-        mkey = (family, dkey, arch)
+        mkey = (family, dkey, arch, device)
         mod = _modules.get(mkey)
         if mod is None:
             import pygpukit._native as _native

@@ -8,6 +8,7 @@ mod dispatch;
 mod error;
 mod pacing;
 mod partition;
+mod placement;
 mod report;
 mod reservations;
 mod stats;
