@@ -5,6 +5,7 @@ highlighted as Python, not run)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -26,10 +27,21 @@ def test_the_readme_has_blocks() -> None:
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_blocks_run_as_written(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pygpukit.backends import devices
+
+    # A page may set environment variables (docs/devices.md asks for two simulated
+    # devices) or use a second device: neither may leak into the tests after it.
+    env, active = dict(os.environ), devices.ACTIVE[0]
     namespace: dict[str, object] = {"__name__": f"doc_{path.stem}"}
-    for k, code in enumerate(blocks(path)):
-        try:
-            exec(compile(code, f"{path.name} block {k}", "exec"), namespace)  # noqa: S102
-        except Exception as e:  # name the block that failed
-            raise AssertionError(f"{path.name} block {k} failed: {e!r}\n{code}") from e
+    try:
+        for k, code in enumerate(blocks(path)):
+            try:
+                exec(compile(code, f"{path.name} block {k}", "exec"), namespace)  # noqa: S102
+            except Exception as e:  # name the block that failed
+                raise AssertionError(f"{path.name} block {k} failed: {e!r}\n{code}") from e
+    finally:
+        namespace.clear()
+        os.environ.clear()
+        os.environ.update(env)
+        devices.ACTIVE[0] = active
     capsys.readouterr()
