@@ -50,7 +50,11 @@ fn non_negative(what: &str, v: i128) -> PyResult<u64> {
 }
 
 impl PyPool {
-    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool<Source>) -> R) -> PyResult<R> {
+    pub(crate) fn with<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Pool<Source>) -> R,
+    ) -> PyResult<R> {
         self.owner.check("Pool")?;
         let mut guard = self
             .inner
