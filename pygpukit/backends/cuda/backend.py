@@ -44,9 +44,9 @@ class CudaBackend(CudaPlannedHooks, Backend):
         self._err = ErrorWord(err)
         self._exec_plans: dict[Any, Any] = {}  # a compiled program's: (id(step), layouts)
         self.pinned_buffers = PinnedBuffers()  # for to_numpy_async
-        # Cached schedules replayed by the Rust controller; off when outputs must be poisoned
-        # (the general path's alloc() fills them).
-        self.native: NativeDispatch | None = None if self.poison else NativeDispatch(self)
+        # Cached schedules replayed by the Rust controller (None: off); not used while new
+        # outputs must be poisoned (the general path's alloc() fills them).
+        self.native: NativeDispatch | None = NativeDispatch(self)
 
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: DType, what: str,
@@ -127,7 +127,7 @@ class CudaBackend(CudaPlannedHooks, Backend):
         """Backend.run: through the dispatch controller when the schedule's launches for
         these input layouts are recorded (or recordable now), else run_schedule."""
         native = self.native
-        if native is not None:
+        if native is not None and not self.poison:
             out = native.run(schedule, inputs)
             if out is not None:
                 return out
