@@ -182,3 +182,12 @@ def test_the_rust_dispatcher_checks_plans_and_calls() -> None:
     assert d.fake_log()[0][6] == [0x1004, (1 << 64) - 1]
     assert not d.run(2, [], [], 0, pool)
     assert d.stats()["misses"] == 1
+
+
+def test_no_general_runs_records_the_first(fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    nd, backend = fake
+    monkeypatch.setattr(dispatch, "_GENERAL_RUNS", 0)
+    sched = Schedule([_step("add", (0, 1), 2, 0.5)], 3, [0, 1], [2], None)  # type: ignore[arg-type]
+    a, b = _inputs(backend.pool, 2)
+    assert nd.run(sched, [a, b]) is not None and nd.stats["recorded"] == 1
+    assert nd.run(sched, [a, b]) is not None and nd.stats["native_runs"] == 1

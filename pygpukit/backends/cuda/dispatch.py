@@ -104,8 +104,10 @@ class NativeDispatch:
             if out is None:
                 del plans[lk]  # evicted from the controller, or no room: record again later
             return out
-        if got is None or (got >= 0 and got < _GENERAL_RUNS):
-            plans[lk] = (got or 0) + 1
+        if got is None:
+            got = 0
+        if 0 <= got < _GENERAL_RUNS:
+            plans[lk] = got + 1
             return None
         if got == _NOT_CACHEABLE or len({id(v.storage) for v in inputs}) < len(inputs):
             return None  # inputs sharing a block (x + x): record another call of this layout
