@@ -1,4 +1,5 @@
 # Type stub of the C++ extension (native/src). Keep in sync with the pybind11 bindings.
+from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
 
 _StreamArg: TypeAlias = "Stream | int | None"
@@ -150,6 +151,10 @@ class Function:
     @property
     def max_dynamic_shared_memory(self) -> int: ...
     def set_max_dynamic_shared_memory(self, bytes: int) -> None: ...
+    @property
+    def handle(self) -> int: ...
+    @property
+    def context_handle(self) -> int: ...
     def launch(
         self,
         grid: int | tuple[int, ...],
@@ -160,6 +165,10 @@ class Function:
         stream: _StreamArg = None,
         pdl: bool = False,
     ) -> None: ...
+
+# the launch C ABI for the Rust dispatch controller, and its plan recorder
+def launch_capi() -> Any: ...
+def set_launch_recorder(recorder: Callable[..., None] | None) -> None: ...
 
 # cuBLASLt (loaded at run time; see pygpukit.backends.cuda.toolchain.load_cublaslt)
 def cublaslt_load(candidates: list[str]) -> str: ...

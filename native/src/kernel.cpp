@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "capi_launch.h"
 #include "driver.h"
 #include "errors.h"
 #include "stream.h"
@@ -208,9 +209,24 @@ void register_kernels(py::module_& m) {
       .def_property_readonly("max_dynamic_shared_memory", attr(cu::kFuncMaxDynamicSharedSizeBytes))
       .def("set_max_dynamic_shared_memory", &Function::set_max_dynamic_shared_memory,
            py::arg("bytes"))
-      .def("launch", &Function::launch, py::arg("grid"), py::arg("block"), py::arg("fmt"),
-           py::arg("args"), py::arg("shared_mem") = 0, py::arg("stream") = py::none(),
-           py::arg("pdl") = false,
+      .def_property_readonly(
+          "handle", [](const Function& f) { return reinterpret_cast<uintptr_t>(f.handle()); })
+      .def_property_readonly(
+          "context_handle",
+          [](const Function& f) { return reinterpret_cast<uintptr_t>(f.context_handle()); })
+      .def(
+          "launch",
+          [](py::object self, py::handle grid, py::handle block, const std::string& fmt,
+             py::handle args, unsigned shared_mem, py::handle stream, bool pdl) {
+            self.cast<const Function&>().launch(grid, block, fmt, args, shared_mem, stream, pdl);
+            if (PyObject* rec = launch_recorder()) {
+              // Held: the recorder may unset itself (and drop its last reference) inside.
+              py::object hold = py::reinterpret_borrow<py::object>(rec);
+              hold(self, grid, block, fmt, args, shared_mem, pdl);
+            }
+          },
+          py::arg("grid"), py::arg("block"), py::arg("fmt"), py::arg("args"),
+          py::arg("shared_mem") = 0, py::arg("stream") = py::none(), py::arg("pdl") = false,
            "fmt: one char per kernel parameter: P pointer, i int32, I uint32, q int64, "
            "f float32, d float64. pdl: programmatic dependent launch (SM 9.0+; the kernel "
            "waits on the previous one with griddepcontrol.wait).");

@@ -32,6 +32,10 @@ class Function {
   Function(std::shared_ptr<Module> module, const std::string& name);
 
   const std::string& name() const { return name_; }
+  // The raw CUfunction and CUcontext, for the launch C ABI (capi_launch.h); valid while this
+  // Function (which keeps its module loaded) lives.
+  CUfunction handle() const { return func_; }
+  CUcontext context_handle() const { return module_->context()->handle(); }
   int attribute(int attr) const;
   void set_max_dynamic_shared_memory(int bytes) const;
   // Packs `args` per `fmt` (P i I q f d) and calls cuLaunchKernel. TypeError names the kernel.

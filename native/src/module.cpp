@@ -1,5 +1,6 @@
 #include <pybind11/pybind11.h>
 
+#include "capi_launch.h"
 #include "cublaslt.h"
 #include "dlpack.h"
 #include "driver_bindings.h"
@@ -25,6 +26,7 @@ PYBIND11_MODULE(_native, m) {
   pgk::register_streams(m);
   pgk::register_graphs(m);
   pgk::register_kernels(m);
+  pgk::register_launch_capi(m);
   pgk::register_cublaslt(m);
   pgk::register_dlpack(m);
 }

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from pygpukit import _native, settings
+from pygpukit.executor import run_schedule
 from pygpukit.ir import DType, dtypes
 from pygpukit.memory import Storage, enable_eviction, pinned
 from pygpukit.passes import Schedule
@@ -18,6 +19,7 @@ from pygpukit.passes import Schedule
 from ..base import Backend
 from . import device_pool, ew, toolchain
 from .context import Launch, StepContext, contiguous
+from .dispatch import NativeDispatch
 from .errorword import WORDS, ErrorWord
 from .host_transfer import HostTransfer, PinnedBuffers
 from .layout import is_contiguous
@@ -42,6 +44,9 @@ class CudaBackend(CudaPlannedHooks, Backend):
         self._err = ErrorWord(err)
         self._exec_plans: dict[Any, Any] = {}  # a compiled program's: (id(step), layouts)
         self.pinned_buffers = PinnedBuffers()  # for to_numpy_async
+        # Cached schedules replayed by the Rust controller (None: off); not used while new
+        # outputs must be poisoned (the general path's alloc() fills them).
+        self.native: NativeDispatch | None = NativeDispatch(self)
 
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: DType, what: str,
@@ -118,6 +123,16 @@ class CudaBackend(CudaPlannedHooks, Backend):
         self._err.check()
 
     # -- execution ------------------------------------------------------------------------
+    def run(self, schedule: Schedule, inputs: Sequence[Any]) -> list[Any]:
+        """Backend.run: through the dispatch controller when the schedule's launches for
+        these input layouts are recorded (or recordable now), else run_schedule."""
+        native = self.native
+        if native is not None and not self.poison:
+            out = native.run(schedule, inputs)
+            if out is not None:
+                return out
+        return run_schedule(self, schedule, inputs)
+
     def new_launch(self, schedule: Schedule, inputs: Sequence[DeviceValue]) -> Launch:
         """Launches on the current stream; each step of `schedule` is planned once for its
         inputs' layouts (cached with the schedule)."""

@@ -1,4 +1,5 @@
-//! Pure-Rust runtime core of PyGPUkit: memory pool and scheduler.
+//! Pure-Rust runtime core of PyGPUkit: memory pool, scheduler and dispatch controller.
+pub mod dispatch;
 pub mod pool;
 pub mod scheduler;
 

@@ -1,6 +1,7 @@
 use pyo3::prelude::*;
 
 mod arena_source;
+mod dispatch;
 mod errors;
 mod pool;
 mod reentry;
@@ -11,5 +12,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", pygpukit_core::version())?;
     m.add_class::<pool::PyPool>()?;
     m.add_class::<scheduler::PySchedulerCore>()?;
+    m.add_class::<dispatch::PyDispatcher>()?;
+    m.add_function(wrap_pyfunction!(dispatch::register_launch_capi, m)?)?;
     Ok(())
 }

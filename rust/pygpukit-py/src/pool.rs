@@ -48,8 +48,8 @@ struct Eviction {
 }
 
 /// Everything the pool's lock guards.
-struct State {
-    pool: Pool<Source>,
+pub(crate) struct State {
+    pub(crate) pool: Pool<Source>,
     eviction: Option<Eviction>,
 }
 
@@ -146,7 +146,7 @@ impl PyPool {
             .unwrap_or(0)
     }
 
-    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> R) -> PyResult<R> {
+    pub(crate) fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> R) -> PyResult<R> {
         self.owner.check("Pool")?;
         // Host copies of storages released meanwhile: dropped once the lock is
         // let go, since a Python destructor may call back into the pool.

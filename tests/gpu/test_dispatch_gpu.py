@@ -1,0 +1,171 @@
+"""The Rust dispatch controller on the device: eager ops and cached lazy realizes replayed
+from recorded launch plans give what the general path and float64 NumPy give, over ops,
+dtypes, shapes and strided views; the plan cache stays bounded; errors keep naming the op
+and the user's line; plans interleave with compiled graphs and to_numpy."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pygpukit as gpk
+import pygpukit.backends as backends
+from pygpukit import _rust
+from pygpukit.backends.cuda import dispatch
+
+pytestmark = pytest.mark.gpu
+
+SEED = int(os.environ.get("PGK_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
+print(f"test_dispatch_gpu seed {SEED}")
+CALLS = 4  # general, recorded, then native twice
+
+
+@pytest.fixture(autouse=True)
+def cuda() -> Iterator[Any]:
+    b = backends.get_backend()
+    if b.name != "cuda":
+        pytest.skip("the CUDA backend is not active")
+    saved = b.poison
+    b.poison = False  # the controller is bypassed while outputs are poisoned
+    yield b
+    b.synchronize()
+    b.poison = saved
+
+
+def _rng(name: str) -> np.random.Generator:
+    return np.random.default_rng([SEED, zlib.crc32(name.encode())])
+
+
+def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    if dtype.startswith("int"):
+        return rng.integers(-50, 50, shape).astype(dtype)
+    return (rng.standard_normal(shape) + 0.1).astype(dtype)
+
+
+CASES: list[tuple[str, Callable[..., Any], Callable[..., Any], int]] = [
+    ("add_scalar", lambda x: x + 1, lambda x: x + 1, 1),
+    ("mul_add", lambda x, y: x * y + 0.5, lambda x, y: x * y + 0.5, 2),
+    ("sub_neg", lambda x, y: -(x - y), lambda x, y: -(x - y), 2),
+    ("exp_tanh", lambda x: gpk.tanh(gpk.exp(x * 0.1)), lambda x: np.tanh(np.exp(x * 0.1)), 1),
+    ("where", lambda x, y: gpk.where(x > y, x, y), lambda x, y: np.where(x > y, x, y), 2),
+    ("sum_axis", lambda x: gpk.sum(x, axis=-1), lambda x: np.sum(x, axis=-1), 1),
+    ("max_all", lambda x: gpk.max(x), lambda x: np.max(x), 1),
+    ("cast", lambda x: x.astype(gpk.float64) * 2, lambda x: x.astype(np.float64) * 2, 1),
+]
+LAYOUTS = {
+    "contig": lambda a: a,
+    "strided": lambda a: a[..., ::2],
+    "transposed": lambda a: a.T,
+}
+
+
+def _ints_ok(name: str) -> bool:
+    return name not in ("exp_tanh",)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_native_results_match_float64_numpy(cuda: Any, case: Any, dtype: str, layout: str,
+                                            mode: str) -> None:  # fmt: skip
+    name, fn, ref_fn, arity = case
+    if dtype == "int32" and not _ints_ok(name):
+        pytest.skip("float-only op")
+    rng = _rng(f"{name}-{dtype}-{layout}-{mode}")
+    before = dict(cuda.native.stats)
+    view = LAYOUTS[layout]
+    for _ in range(CALLS):  # fresh inputs each call: the plan reads this call's pointers
+        hosts = [_random(rng, (6, 16), dtype) for _ in range(arity)]
+        args = [view(gpk.from_numpy(h)) for h in hosts]
+        ref = np.asarray(ref_fn(*[view(h.astype(np.float64)) for h in hosts]))
+        if mode == "eager":
+            with gpk.eager():
+                out = fn(*args)
+        else:
+            out = fn(*args)
+        got = out.to_numpy()
+        assert got.shape == ref.shape
+        tol = 1e-5 if got.dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol)
+    assert cuda.native.stats["native_runs"] > before["native_runs"], cuda.native.stats
+
+
+def test_eager_and_lazy_agree_through_the_native_path(cuda: Any) -> None:
+    rng = _rng("agree")
+    for _ in range(CALLS):
+        h = _random(rng, (1024,), "float32")
+        x = gpk.from_numpy(h)
+        lazy = x
+        for _ in range(16):
+            lazy = lazy * 1.0001 + 0.5
+        with gpk.eager():
+            eager = x
+            for _ in range(16):
+                eager = eager * 1.0001 + 0.5
+        a, b = lazy.to_numpy(), eager.to_numpy()
+        ref = h.astype(np.float64)
+        for _ in range(16):
+            ref = ref * 1.0001 + 0.5
+        np.testing.assert_allclose(a, ref, rtol=1e-5)
+        np.testing.assert_allclose(b, ref, rtol=1e-5)
+
+
+def test_ten_thousand_shapes_keep_the_plan_cache_bounded(
+    cuda: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctrl = _rust.Dispatcher(capacity=256)
+    monkeypatch.setattr(cuda.native, "ctrl", ctrl)
+    monkeypatch.setattr(dispatch, "_GENERAL_RUNS", 0)  # record on the first run
+    x = gpk.from_numpy(np.arange(10_000 + 1, dtype=np.float32))
+    for n in range(1, 10_001):
+        y = (x[:n] * 2.0).realize()
+    st = ctrl.stats()
+    assert st["plans"] <= 256 and st["evicted"] >= 10_000 - 256 - 10, st
+    assert len(ctrl) <= 256
+    np.testing.assert_array_equal(y.to_numpy(), np.arange(10_000, dtype=np.float32) * 2)
+
+
+def test_device_errors_still_name_the_op_and_the_line(cuda: Any) -> None:
+    base = gpk.from_numpy(np.array([2, 3, 4], np.int32))
+    for k in range(CALLS):
+        e = gpk.from_numpy(np.array([1, -1 if k == CALLS - 1 else 2, 0], np.int32))
+        with gpk.eager():
+            out = base**e  # the line the error names
+        if k < CALLS - 1:
+            np.testing.assert_array_equal(out.to_numpy(), np.array([2, 9, 1]))
+    assert cuda.native.stats["native_runs"] > 0
+    with pytest.raises(gpk.GPUKitError, match="negative integer powers") as info:
+        cuda.synchronize()
+    assert "test_dispatch_gpu.py" in str(info.value)
+
+
+def test_freed_inputs_are_still_refused(cuda: Any) -> None:
+    for _ in range(CALLS):
+        x = gpk.from_numpy(np.ones(8, np.float32))
+        with gpk.eager():
+            (x + 1).to_numpy()
+    x.free()
+    with pytest.raises(gpk.FreedArrayError), gpk.eager():
+        x + 1
+
+
+def test_plans_interleave_with_compiled_graphs_and_to_numpy(cuda: Any) -> None:
+    rng = _rng("interleave")
+    f = gpk.compile(lambda a: gpk.tanh(a) * 2.0)
+    for _ in range(CALLS + 2):
+        h = _random(rng, (256,), "float32")
+        x = gpk.from_numpy(h)
+        with gpk.eager():
+            y = x * 3.0 - 1.0
+        z = f(y)
+        w = (z + y).realize()
+        ref = np.tanh(h * 3.0 - 1.0) * 2.0 + (h * 3.0 - 1.0)
+        np.testing.assert_allclose(w.to_numpy(), ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(y.to_numpy(), h * 3.0 - 1.0, rtol=1e-6)
+    assert cuda.native.stats["native_runs"] > 0
