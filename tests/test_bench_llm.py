@@ -24,11 +24,11 @@ def _host_weight(cfg, name: str, seed: int = 0) -> np.ndarray:
 
 
 def test_random_model_tiles_on_the_device_as_np_resize():
-    # embed and lm_head: 10.24M values (two whole blocks and a part), the MLP matrices
-    # under one block (a copied slice of it).
-    cfg = dataclasses.replace(bench_llm.tinyllama_config(), num_layers=1, vocab_size=40000,
-                              hidden_size=256, intermediate_size=1000, num_heads=4,
-                              num_kv_heads=2)  # fmt: skip
+    # embed and lm_head: exactly one block (4194304 values); the MLP matrices two blocks
+    # and a part; q/k/v under one block (a copied slice of it).
+    cfg = dataclasses.replace(bench_llm.tinyllama_config(), num_layers=1, vocab_size=8192,
+                              hidden_size=512, intermediate_size=20000, num_heads=4,
+                              num_kv_heads=2, head_dim=128)  # fmt: skip
     w = bench_llm.random_model(cfg, "float32").transformer.weights
     p = "model.layers.0."
     want = {
