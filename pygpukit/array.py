@@ -1032,7 +1032,7 @@ def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> GPUArray:
                                 f"shape must be non-negative, got {new}")  # fmt: skip
     if new == xa.shape:
         out = GPUArray(xa._node)
-        out._link = _ViewLink(xa, "expand", {"shape": new}, xa._node, ())
+        out._link = _ViewLink(xa, "expand", {"shape": new}, xa._node, _layout(xa))
         return out
     return _view_of(xa, "expand", {"shape": new}, "broadcast_to")
 

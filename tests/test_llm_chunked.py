@@ -16,7 +16,7 @@ from llm_ref import Reference, _rope
 import pygpukit as gpk
 from pygpukit import llm
 from pygpukit.llm.config import inv_freq
-from pygpukit.llm.generate import PREFILL_CHUNK, prefill_plan
+from pygpukit.llm.generate import PREFILL_TOKENS, prefill_chunk_for, prefill_plan
 from pygpukit.llm.model import CacheBounds, chunk_mask, left_pad
 from pygpukit.llm.tiny import random_weights
 
@@ -110,6 +110,27 @@ def test_prefill_plan():
     assert prefill_plan(40, 512, 30) == [40]  # does not fit: generate reports it
 
 
+def test_default_chunk_holds_the_token_budget():
+    """The default chunk: PREFILL_TOKENS over the batch, a power of two, at least 16."""
+    assert PREFILL_TOKENS == 2048
+    assert [prefill_chunk_for(b) for b in (1, 2, 3, 4, 5, 16, 128, 129, 4096)] == [
+        2048, 1024, 512, 512, 256, 128, 16, 16, 16]  # fmt: skip
+
+
+def test_default_chunk_runs_a_long_prompt_in_one_step(pair):
+    """With no prefill_chunk set, a 1500-token prompt is one chunk of 2048 at batch 1 and
+    chunks of 512 at batch 4 (the same 2048-token budget); the greedy tokens match the
+    float64 reference."""
+    model, ref = pair
+    assert model.prefill_chunk is None
+    prompt = _prompt(1500, 21)
+    res = model.generate_ids([prompt], 1, max_seq_len=1536, stop_at_eos=False)
+    assert res.stats["chunks"] == [1536]  # its bucket, 2048, capped by the cache
+    assert res.tokens == [[int(np.argmax(ref.forward(prompt)[0][-1]))]]
+    res = model.generate_ids([prompt[:600]] * 4, 1, max_seq_len=1024, stop_at_eos=False)
+    assert res.stats["chunks"] == [512, 128]
+
+
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 1000])
 def test_chunked_logits_match_reference(pair, n):
     model, ref = pair
@@ -131,7 +152,7 @@ def test_prompt_fills_the_cache(pair):
     try:
         res = model.generate_ids([prompt], 1, max_seq_len=512, stop_at_eos=False)
     finally:
-        model.prefill_chunk = PREFILL_CHUNK
+        model.prefill_chunk = None
     assert res.stats["chunks"] == [CHUNK, CHUNK]
     assert res.tokens == [[int(np.argmax(ref.forward(prompt)[0][-1]))]]
 
@@ -153,7 +174,7 @@ def test_greedy_chunked_equals_one_chunk(pair):
         try:
             res = model.generate_ids([prompt], 6, max_seq_len=1024, stop_at_eos=False)
         finally:
-            model.prefill_chunk = PREFILL_CHUNK
+            model.prefill_chunk = None
         # One chunk: its bucket (1024) capped where the 5 decode steps still fit.
         assert res.stats["chunks"] == ([CHUNK] * 2 + [128] if chunk == CHUNK else [1019])
         tokens.append(res.tokens[0])
@@ -202,4 +223,4 @@ def test_bad_chunk(pair):
                 model.generate_ids([[5, 6]], 1)
             assert isinstance(e.value, ValueError)
         finally:
-            model.prefill_chunk = PREFILL_CHUNK
+            model.prefill_chunk = None

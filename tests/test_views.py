@@ -35,6 +35,26 @@ def test_reshape_transpose_expand(shape, seed: int, dtype: str, data) -> None:
         np.testing.assert_array_equal(eager, ref(x))
 
 
+@pytest.mark.parametrize("base", ["root", "transposed"])
+def test_broadcast_to_its_own_shape_then_reshape(base: str) -> None:
+    """broadcast_to onto the array's own shape is a view with the array's layout: reshaping
+    it (here a transposed view, which must copy, and a root, which stays a view) gives
+    NumPy's values instead of failing on the view's layout."""
+    x = rand(np.random.default_rng(3), (3, 4), "float32")
+
+    def fn(a):
+        a = a.T if base == "transposed" else a
+        return gpk.broadcast_to(a, a.shape).reshape(-1)
+
+    def ref(a):
+        a = a.T if base == "transposed" else a
+        return np.broadcast_to(a, a.shape).reshape(-1)
+
+    lazy, eager = lazy_and_eager(fn, x)
+    np.testing.assert_array_equal(lazy, ref(x))
+    np.testing.assert_array_equal(eager, ref(x))
+
+
 def _slice(draw: st.DrawFn, n: int) -> slice:
     start = draw(st.one_of(st.none(), st.integers(-n - 2, n + 2)))
     stop = draw(st.one_of(st.none(), st.integers(-n - 2, n + 2)))

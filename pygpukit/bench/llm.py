@@ -91,7 +91,9 @@ def _row(impl: str, cfg: ModelConfig, batch: int, steps: int, seconds: float,
 
 
 def random_model(cfg: ModelConfig, dtype: str = "bfloat16", seed: int = 0) -> Any:
-    """A gpk.llm.Model with random weights, uploaded tensor by tensor (no checkpoint)."""
+    """A gpk.llm.Model with random weights made on the device (no checkpoint): a block of
+    normals is drawn on the host once per fan-in and tiled into every tensor on the device,
+    so a Llama-3-8B shape (16 GB) costs 8 MB of uploads, not 16 GB of host work."""
     from pygpukit.ir.dtypes import as_dtype
 
     import pygpukit as gpk
@@ -101,25 +103,32 @@ def random_model(cfg: ModelConfig, dtype: str = "bfloat16", seed: int = 0) -> An
 
     d = as_dtype(dtype)
     rng = np.random.default_rng(seed)
-    # One random block tiled over every tensor, scaled once per fan-in and converted once:
-    # drawing (and converting) 7e9 normals would take longer than the benchmark, and the
-    # values only need to be finite and O(1/sqrt(fan_in)). Tensors are made one at a time,
-    # so the host never holds more than one layer.
+    # One random block tiled over every tensor (what np.resize would give), scaled once per
+    # fan-in and converted once: the values only need to be finite and O(1/sqrt(fan_in)).
     pool = rng.standard_normal(1 << 22).astype(np.float32)
-    scaled: dict[int, np.ndarray] = {}
+    blocks: dict[int, Any] = {}
     shapes = dict(weight_names(cfg))
 
-    def host(name: str) -> np.ndarray:
+    def device(name: str) -> Any:
         shape = shapes[name]
         if name.endswith("norm.weight"):
-            return np.ones(shape, d.np)
+            return gpk.ones(shape, d)
         fan_in = shape[-1]
-        if fan_in not in scaled:
-            scaled[fan_in] = (pool * np.float32(1 / math.sqrt(fan_in))).astype(d.np)
-        return np.resize(scaled[fan_in], math.prod(shape)).reshape(shape)
+        if fan_in not in blocks:
+            blocks[fan_in] = gpk.from_numpy((pool * np.float32(1 / math.sqrt(fan_in))).astype(d.np))
+        block = blocks[fan_in]
+        whole, rest = divmod(math.prod(shape), pool.size)
+        parts = [gpk.broadcast_to(block.reshape(1, -1), (whole, pool.size)).reshape(-1)]
+        parts = (parts if whole else []) + ([block[:rest]] if rest else [])
+        if len(parts) > 1:
+            return gpk.concatenate(parts).reshape(shape)
+        # A slice or a one-row broadcast is a view of the block: copied, so no two weights
+        # share memory.
+        return parts[0].copy().reshape(shape) if whole <= 1 else parts[0].reshape(shape)
 
     def up(*names: str) -> Any:
-        arr = gpk.from_numpy(np.concatenate([host(n) for n in names]))
+        parts = [device(n) for n in names]
+        arr = (gpk.concatenate(parts) if len(parts) > 1 else parts[0]).realize()
         arr.readonly = True
         return arr
 
@@ -235,8 +244,14 @@ def _gptfast_model(cfg: ModelConfig, batch: int, max_seq: int) -> Any:
                 x = layer(x, cos, sin, mask, input_pos)
             return self.output(self.norm(x))
 
-    with torch.device("cuda"):
-        model = Transformer()
+    # Made in bf16 directly: a Llama-3-8B shape in float32 first would take 32 GB more.
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = Transformer()
+    finally:
+        torch.set_default_dtype(default)
     return model.to(torch.bfloat16).eval()
 
 
@@ -414,6 +429,10 @@ def bench_prefill_torch(cfg: ModelConfig, batch: int, length: int, compiled: boo
     def prefill(m: Any, idx: Any, pos: Any) -> Any:
         return m(idx, pos)[:, -1].argmax(-1)
 
+    if compiled:
+        # A fresh dynamo per shape: otherwise the second shape's recompile marks the changed
+        # sizes dynamic (automatic dynamic shapes) and the peer depends on the shape order.
+        torch._dynamo.reset()
     fn = torch.compile(prefill, fullgraph=True) if compiled else prefill
     idx = torch.tensor(_prompts(cfg, batch, length), device="cuda")
     pos = torch.arange(length, device="cuda")
@@ -439,7 +458,7 @@ def bench_prefill_torch(cfg: ModelConfig, batch: int, length: int, compiled: boo
         length,
         best,
         first_call_s=first,
-        note="gpt-fast-style prefill" + (", fullgraph" if compiled else ""),
+        note="gpt-fast-style prefill" + (", fullgraph, static shapes" if compiled else ""),
     )
 
 
@@ -447,21 +466,21 @@ def run_prefill(shapes: Sequence[tuple[int, int]] = PREFILL_SHAPES,
                 impls: Sequence[str] = ("pygpukit", "torch_eager", "torch_compile"),
                 cfg: ModelConfig | None = None,
                 sink: Sink | None = None) -> list[Row]:  # fmt: skip
-    """llm_prefill rows: each (batch, prompt) shape for each implementation, with ours'
-    speedup over each torch row."""
+    """llm_prefill rows: each implementation at each (batch, prompt) shape, ours first (a
+    run cut short keeps ours at every shape), with ours' speedup over each torch row."""
     cfg = cfg or tinyllama_config()
     rows: list[dict[str, Any]] = []
     model = random_model(cfg) if "pygpukit" in impls else None
-    for batch, length in shapes:
-        ours = None
-        for impl in impls:
+    ours: dict[tuple[int, int], dict[str, Any]] = {}
+    for impl in sorted(impls, key=lambda i: i != "pygpukit"):
+        for batch, length in shapes:
             try:
                 if impl == "pygpukit":
-                    r = ours = bench_prefill_pygpukit(cfg, batch, length, model)
+                    r = ours[batch, length] = bench_prefill_pygpukit(cfg, batch, length, model)
                 else:
                     r = bench_prefill_torch(cfg, batch, length, impl == "torch_compile")
-                    if ours is not None:
-                        r["ours_speedup"] = r["ms"] / ours["ms"]
+                    if (batch, length) in ours:
+                        r["ours_speedup"] = r["ms"] / ours[batch, length]["ms"]
             except Exception as e:  # one implementation failing must not lose the others
                 traceback.print_exc()
                 r = {"bench": "llm_prefill", "impl": impl, "batch": batch,
@@ -508,12 +527,16 @@ def bench_long_torch_compile(cfg: ModelConfig, context: int, steps: int) -> dict
     def decode_one(m: Any, tok: Any, pos: Any) -> Any:
         return m(tok, pos)[:, -1].argmax(-1, keepdim=True)
 
+    torch._dynamo.reset()  # static shapes at every context (no automatic dynamic cache)
+    t_c = time.perf_counter()
     step = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
     first = context - steps - 1
     with torch.no_grad():
         tok = torch.randint(3, cfg.vocab_size, (1, 1), device="cuda")
         for i in range(3):
             tok = step(model, tok, torch.tensor([first - 3 + i], device="cuda")).clone()
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t_c
         poss = [torch.tensor([first + i], device="cuda") for i in range(steps)]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -523,16 +546,23 @@ def bench_long_torch_compile(cfg: ModelConfig, context: int, steps: int) -> dict
         dt = time.perf_counter() - t0
     del model, step
     torch.cuda.empty_cache()
-    return _long_row("torch_compile", cfg, context, steps, dt,
-                     note="gpt-fast-style, mode=reduce-overhead, fullgraph")  # fmt: skip
+    return _long_row("torch_compile", cfg, context, steps, dt, compile_s=compile_s,
+                     note="gpt-fast-style, mode=reduce-overhead, fullgraph, cache of "
+                          "`context` positions")  # fmt: skip
+
+
+LONG_PEER_BUDGET_S = 60.0  # torch.compile's seconds (compile + capture + timing), all contexts
 
 
 def run_long(contexts: Sequence[int] = LONG_CONTEXTS, steps: int = 64,
              impls: Sequence[str] = ("pygpukit", "torch_compile"),
-             sink: Sink | None = None) -> list[Row]:  # fmt: skip
+             sink: Sink | None = None,
+             peer_budget_s: float = LONG_PEER_BUDGET_S) -> list[Row]:  # fmt: skip
     """llm_long rows: the bytes roofline at each context (weights + the KV cache one step
     reads, over the measured copy bandwidth), then each implementation; pct_of_roofline is
-    the measured tok/s over the roofline's."""
+    the measured tok/s over the roofline's. The torch.compile peer compiles a model per
+    context; once its next context would overrun peer_budget_s (judged by the last one's
+    cost), the remaining contexts get a row that says the peer was skipped."""
     cfg = llama3_8b_long_config()
     bw, how = copy_bandwidth()
     rows: list[dict[str, Any]] = []
@@ -551,7 +581,15 @@ def run_long(contexts: Sequence[int] = LONG_CONTEXTS, steps: int = 64,
         emit(r)
     for impl in impls:
         model = random_model(cfg) if impl == "pygpukit" else None
+        spent = last = 0.0
         for c in contexts:
+            if impl != "pygpukit" and spent + last > peer_budget_s:
+                emit({"bench": "llm_long", "impl": impl, "context": c,
+                      "skipped": f"the peer's time budget ({peer_budget_s:.0f} s) would be "
+                                 f"overrun: {spent:.0f} s spent, {last:.0f} s for the last "
+                                 "context"})  # fmt: skip
+                continue
+            t0 = time.perf_counter()
             try:
                 if impl == "pygpukit":
                     r = bench_long_pygpukit(cfg, c, steps, model)
@@ -561,6 +599,9 @@ def run_long(contexts: Sequence[int] = LONG_CONTEXTS, steps: int = 64,
             except Exception as e:  # one implementation failing must not lose the others
                 traceback.print_exc()
                 r = {"bench": "llm_long", "impl": impl, "context": c, "error": repr(e)[:500]}
+            last = time.perf_counter() - t0
+            spent += last
+            r["wall_s"] = last
             emit(r)
         del model
     return rows

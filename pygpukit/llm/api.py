@@ -16,12 +16,12 @@ from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .files import ModelDir, read_json
 from .generate import (
-    PREFILL_CHUNK,
     GenerationResult,
     Generator,
     bucket,
     check_chunk,
     check_count,
+    prefill_chunk_for,
     prefill_plan,
 )
 from .generation_config import GenerationConfig, merge_eos
@@ -66,7 +66,8 @@ class Model:
         self._generators: dict[tuple[int, int, int], Generator] = {}
         # What gpk.llm.load measured: checkpoint bytes read and the seconds it took.
         self.load_stats: dict[str, float] = {}
-        self.prefill_chunk = PREFILL_CHUNK  # tokens per prefill step (a power of two)
+        # Tokens per row per prefill step (a power of two); None: prefill_chunk_for(batch).
+        self.prefill_chunk: int | None = None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -116,13 +117,20 @@ class Model:
             max_seq_len: The KV cache's length (the padded prompt plus new tokens must fit).
 
         Returns:
-            The generator (its prompts run in chunks of `prefill_chunk` tokens).
+            The generator (its prompts run in chunks of `prefill_chunk` tokens, by default
+            prefill_chunk_for(batch): 2048 tokens over the batch).
         """
-        chunk = check_chunk(self.prefill_chunk)
+        chunk = self._chunk(batch)
         key = (batch, max_seq_len, chunk)
         if key not in self._generators:
             self._generators = {key: Generator(self.transformer, batch, max_seq_len, chunk)}
         return self._generators[key]
+
+    def _chunk(self, batch: int) -> int:
+        """The prefill chunk for this batch: prefill_chunk, else the batch's default."""
+        if self.prefill_chunk is None:
+            return prefill_chunk_for(batch)
+        return check_chunk(self.prefill_chunk)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (with the BOS token the model expects).
@@ -177,7 +185,7 @@ class Model:
             check_count("max_seq_len", max_seq_len, 1)
         longest = max(len(p) for p in prompts)
         if max_seq_len is None:
-            need = sum(prefill_plan(longest, check_chunk(self.prefill_chunk), 1 << 30))
+            need = sum(prefill_plan(longest, self._chunk(len(prompts)), 1 << 30))
             need += max_new_tokens
             max_seq_len = min(self.config.max_position_embeddings, bucket(need, 1 << 30))
         pad = self.config.pad_token_id

@@ -8,6 +8,9 @@ alike): one decode trace for every token, one prefill trace per chunk length.
 A prompt runs as chunks of `chunk` tokens (prefill_plan), each writing its keys and values
 into the cache at its position and attending to everything cached before it; the last,
 partial chunk is padded to a power of two (>= 16), so padding costs less than one chunk.
+By default a chunk holds PREFILL_TOKENS tokens over the batch (prefill_chunk_for): GEMMs of
+M = batch * chunk rows fill the GPU once M reaches about 2048, while a chunk's activations
+stay a few of its [M, intermediate] tensors, whatever the prompt's length.
 Prompts of a batch are left-padded to the same length; the padding is masked out of
 attention, and because rotary attention depends only on relative positions, a padded row
 computes what it would alone. All rows then share one cache position per step.
@@ -30,7 +33,7 @@ from .model import Transformer, chunk_mask, decode_mask, left_pad
 from .sampling import NoiseSource, SamplingParams, sample_with
 
 MIN_BUCKET = 16
-PREFILL_CHUNK = 512  # tokens per prefill step: long prompts run as several
+PREFILL_TOKENS = 2048  # prompt tokens (over the batch) per prefill step by default
 LOOKAHEAD = 1  # decode steps queued beyond the one whose tokens are being read
 
 
@@ -49,6 +52,15 @@ def prefill_plan(n: int, chunk: int, room: int) -> list[int]:
     full = (n - 1) // chunk
     last = min(bucket(n - full * chunk, chunk), max(room - full * chunk, n - full * chunk))
     return [chunk] * full + [last]
+
+
+def prefill_chunk_for(batch: int, tokens: int = PREFILL_TOKENS) -> int:
+    """The default prefill chunk of a batch: the largest power of two whose chunk of every
+    row together holds at most `tokens` tokens, and at least MIN_BUCKET."""
+    chunk = MIN_BUCKET
+    while chunk * 2 * batch <= tokens:
+        chunk *= 2
+    return chunk
 
 
 def check_chunk(chunk: object) -> int:
@@ -87,14 +99,14 @@ class GenerationResult:
 
 class Generator:
     """Runs prefill and decode for a static batch size and cache length; prompts are
-    prefilled in chunks of `chunk` tokens (a power of two)."""
+    prefilled in chunks of `chunk` tokens (a power of two; None: prefill_chunk_for(batch))."""
 
     def __init__(
-        self, model: Transformer, batch: int, max_seq_len: int, chunk: int = PREFILL_CHUNK
+        self, model: Transformer, batch: int, max_seq_len: int, chunk: int | None = None
     ) -> None:
         self.model = model
         self.batch, self.max_seq_len = batch, max_seq_len
-        self.chunk = check_chunk(chunk)
+        self.chunk = prefill_chunk_for(batch) if chunk is None else check_chunk(chunk)
         model.setup_cache(batch, max_seq_len)
         self._prefill = gpk.compile(self._prefill_fn)
         self._decode = gpk.compile(self._decode_fn)
