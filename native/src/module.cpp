@@ -1,5 +1,6 @@
 #include <pybind11/pybind11.h>
 
+#include "capi_copy.h"
 #include "cublaslt.h"
 #include "dlpack.h"
 #include "driver_bindings.h"
@@ -27,4 +28,5 @@ PYBIND11_MODULE(_native, m) {
   pgk::register_kernels(m);
   pgk::register_cublaslt(m);
   pgk::register_dlpack(m);
+  pgk::register_copy_capi(m);
 }

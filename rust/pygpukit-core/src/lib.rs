@@ -1,6 +1,7 @@
-//! Pure-Rust runtime core of PyGPUkit: memory pool and scheduler.
+//! Pure-Rust runtime core of PyGPUkit: memory pool, scheduler and transfer engine.
 pub mod pool;
 pub mod scheduler;
+pub mod transfer;
 
 pub fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
