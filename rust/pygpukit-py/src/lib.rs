@@ -5,11 +5,16 @@ mod errors;
 mod pool;
 mod reentry;
 mod scheduler;
+mod transfer;
 
 #[pymodule]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", pygpukit_core::version())?;
     m.add_class::<pool::PyPool>()?;
     m.add_class::<scheduler::PySchedulerCore>()?;
+    m.add_class::<transfer::PyTransferEngine>()?;
+    m.add_class::<transfer::PyTransfer>()?;
+    m.add_function(wrap_pyfunction!(transfer::register_copy_capi, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::copy_capi_registered, m)?)?;
     Ok(())
 }

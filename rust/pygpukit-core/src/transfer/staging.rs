@@ -18,6 +18,9 @@ pub struct Chunk {
     pub pending: bool,
 }
 
+// SAFETY: the buffer is plain host memory owned by the engine, used under its lock.
+unsafe impl Send for Chunk {}
+
 impl Chunk {
     fn new<D: CopyDevice + ?Sized>(dev: &D, nbytes: usize) -> DeviceResult<Self> {
         let ptr = dev.host_alloc(nbytes)?;

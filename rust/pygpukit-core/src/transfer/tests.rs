@@ -56,6 +56,13 @@ fn download(dev: u64, dst: &mut [u8], deferred: bool) -> Copy {
 }
 
 #[test]
+fn engine_and_transfers_cross_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Engine<FakeDevice>>();
+    shareable::<Transfer<FakeDevice>>();
+}
+
+#[test]
 fn staged_round_trip_of_many_sizes() {
     let dev = FakeDevice::new();
     let eng = engine(&dev);
