@@ -234,9 +234,21 @@ def from_numpy(array: np.ndarray) -> GPUArray:
         raise errors.user_error(
             errors.DTypeError, "from_numpy", f"expected a numpy.ndarray, got {type(array).__name__}"
         )
+    return _upload(array, bulk=False)
+
+
+def load_numpy(array: np.ndarray) -> GPUArray:
+    """from_numpy for bulk loads (checkpoint weights): where the backend has copy
+    priorities (CUDA) they queue behind urgent copies such as a decode step's uploads."""
+    return _upload(array, bulk=True)
+
+
+def _upload(array: np.ndarray, bulk: bool) -> GPUArray:
     d = _dtype(array.dtype, DEFAULT_FLOAT, "from_numpy")
     # np.ascontiguousarray would turn a 0-d array into 1-d
-    value = get_backend().from_numpy(array if array.flags.c_contiguous else array.copy(order="C"))
+    host = array if array.flags.c_contiguous else array.copy(order="C")
+    b = get_backend()
+    value = b.from_numpy_bulk(host) if bulk else b.from_numpy(host)
     return GPUArray(runtime.leaf(value, tuple(array.shape), d))
 
 
