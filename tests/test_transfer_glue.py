@@ -12,7 +12,6 @@ from pygpukit import _native, _rust
 from pygpukit.errors import CUDAError
 
 
-
 def test_copy_capi_is_a_named_capsule_registered_by_the_cuda_backend() -> None:
     import pygpukit.backends.cuda.transfers  # noqa: F401  (registers at import)
 
