@@ -261,16 +261,22 @@ impl PyTransferEngine {
         chunks: Option<usize>,
         copy_threads: Option<usize>,
     ) -> PyResult<Self> {
-        let api = API.lock().unwrap_or_else(|e| e.into_inner()).ok_or_else(|| {
-            PyRuntimeError::new_err(
-                "TransferEngine: no copy C ABI registered (call \
+        let api = API
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ok_or_else(|| {
+                PyRuntimeError::new_err(
+                    "TransferEngine: no copy C ABI registered (call \
                  register_copy_capi(_native.copy_capi()) first)",
-            )
-        })?;
+                )
+            })?;
         let mut config = Config::default();
         if let Some(v) = chunk_bytes {
             if v == 0 {
-                return Err(errors::value_error(py, "chunk_bytes must be positive".into()));
+                return Err(errors::value_error(
+                    py,
+                    "chunk_bytes must be positive".into(),
+                ));
             }
             config.chunk_bytes = v;
         }
@@ -291,6 +297,7 @@ impl PyTransferEngine {
     /// on `stream` and before the work queued on it later. `keep` (the source's owner) lives
     /// until the copy has run. A pageable source may be reused on return.
     #[pyo3(signature = (dst, src, nbytes, keep, priority="normal", stream=0))]
+    #[allow(clippy::too_many_arguments)]
     fn htod(
         &self,
         py: Python<'_>,

@@ -366,7 +366,11 @@ impl<D: CopyDevice> Inner<D> {
         let id = job_id(job);
         st.held.retain(|h| h.job != id);
         if let Ok(e) = self.take_event(st) {
-            if self.dev.event_record(e, self.stream(job.copy.direction)).is_ok() {
+            if self
+                .dev
+                .event_record(e, self.stream(job.copy.direction))
+                .is_ok()
+            {
                 let _ = self.dev.event_synchronize(e);
             }
             st.events.push(e);
@@ -400,8 +404,7 @@ impl<D: CopyDevice> Inner<D> {
                 r?;
             }
             job.pinned = c.nbytes > 0 && dev.host_is_pinned(c.host as *const u8);
-            if c.direction == Direction::DeviceToHost && c.deferred && !job.pinned && c.nbytes > 0
-            {
+            if c.direction == Direction::DeviceToHost && c.deferred && !job.pinned && c.nbytes > 0 {
                 let (buf, class) = st.pinned.take(dev, c.nbytes)?;
                 lock(&job.shared.progress).deferred = Some(Deferred {
                     buf,

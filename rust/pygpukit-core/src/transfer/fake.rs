@@ -12,11 +12,29 @@ use super::device::{CopyDevice, DeviceError, DeviceResult, EventId, StreamId};
 pub const POISON: u8 = 0xEE;
 
 enum Op {
-    HtoD { dst: u64, src: usize, n: usize },
-    DtoH { dst: usize, src: u64, n: usize },
-    Wait { stream: StreamId, pos: u64 },
-    Read { addr: u64, n: usize, out: Arc<Mutex<Vec<u8>>> },
-    Write { addr: u64, data: Vec<u8> },
+    HtoD {
+        dst: u64,
+        src: usize,
+        n: usize,
+    },
+    DtoH {
+        dst: usize,
+        src: u64,
+        n: usize,
+    },
+    Wait {
+        stream: StreamId,
+        pos: u64,
+    },
+    Read {
+        addr: u64,
+        n: usize,
+        out: Arc<Mutex<Vec<u8>>>,
+    },
+    Write {
+        addr: u64,
+        data: Vec<u8>,
+    },
 }
 
 #[derive(Default)]
@@ -60,7 +78,10 @@ impl State {
             .next_back()
             .expect("fake device: address below every allocation");
         let off = (addr - base) as usize;
-        assert!(off + n <= mem.len(), "fake device: copy past the allocation");
+        assert!(
+            off + n <= mem.len(),
+            "fake device: copy past the allocation"
+        );
         &mut mem[off..off + n]
     }
 
@@ -262,7 +283,10 @@ impl CopyDevice for FakeDevice {
 
     unsafe fn host_free(&self, ptr: *mut u8) {
         let mut st = self.state.lock().unwrap();
-        let mut buf = st.host.remove(&(ptr as usize)).expect("fake: free of unknown pointer");
+        let mut buf = st
+            .host
+            .remove(&(ptr as usize))
+            .expect("fake: free of unknown pointer");
         buf.fill(POISON);
         st.freed.push(buf);
     }
@@ -334,6 +358,12 @@ impl CopyDevice for FakeDevice {
 impl FakeDevice {
     /// 1 when `ptr` is a live host allocation, else 0.
     pub fn live_host_allocations_containing(&self, ptr: *mut u8) -> usize {
-        usize::from(self.state.lock().unwrap().host.contains_key(&(ptr as usize)))
+        usize::from(
+            self.state
+                .lock()
+                .unwrap()
+                .host
+                .contains_key(&(ptr as usize)),
+        )
     }
 }

@@ -259,15 +259,20 @@ struct Req {
 }
 
 fn req() -> impl Strategy<Value = Req> {
-    (any::<bool>(), 0usize..300, 0u8..3, any::<bool>(), any::<bool>()).prop_map(
-        |(upload, n, p, pinned, deferred)| Req {
+    (
+        any::<bool>(),
+        0usize..300,
+        0u8..3,
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(upload, n, p, pinned, deferred)| Req {
             upload,
             n,
             priority: [Priority::Low, Priority::Normal, Priority::High][p as usize],
             pinned,
             deferred,
-        },
-    )
+        })
 }
 
 proptest! {
