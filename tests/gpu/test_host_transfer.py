@@ -68,10 +68,13 @@ def test_kernel_error_surfaces_at_result() -> None:
 
 
 def test_pinned_buffers_are_reused() -> None:
+    """50 transfers reuse the engine's cached pinned buffers: the cache may still grow by
+    the two buffers one transfer holds at once (whether the data copy is reaped before the
+    error word's copy takes a buffer depends on timing), never by a buffer per transfer."""
     engine = transfers.engine()
     x = gpk.asarray(np.arange(16, dtype=np.int64))
     x.to_numpy_async().result()
     before = engine.stats()["pinned_bytes"]
     for _ in range(50):
         np.testing.assert_array_equal(x.to_numpy_async().result(), np.arange(16))
-    assert engine.stats()["pinned_bytes"] == before
+    assert 0 <= engine.stats()["pinned_bytes"] - before <= 2 * 256
