@@ -105,3 +105,44 @@ class Dispatcher:
         self,
     ) -> list[tuple[int, list[int], list[int], int, bool, int, list[int]]]: ...
     def fake_fail_launch(self, n: int) -> None: ...
+
+def register_copy_capi(capsule: Any) -> None: ...
+def copy_capi_registered() -> bool: ...
+
+class Transfer:
+    @property
+    def nbytes(self) -> int: ...
+    def done(self) -> bool: ...
+    def wait(self) -> None: ...
+
+class TransferEngine:
+    def __init__(
+        self,
+        chunk_bytes: int | None = ...,
+        chunks: int | None = ...,
+        copy_threads: int | None = ...,
+    ) -> None: ...
+    def htod(
+        self,
+        dst: int,
+        src: int,
+        nbytes: int,
+        keep: Any,
+        priority: str = ...,
+        stream: int = ...,
+    ) -> Transfer: ...
+    def dtoh(
+        self,
+        dst: int,
+        src: int,
+        nbytes: int,
+        keep: Any,
+        priority: str = ...,
+        stream: int = ...,
+        deferred: bool = ...,
+    ) -> Transfer: ...
+    @property
+    def h2d_stream(self) -> int: ...
+    @property
+    def d2h_stream(self) -> int: ...
+    def stats(self) -> dict[str, int]: ...

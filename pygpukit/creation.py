@@ -272,11 +272,23 @@ def from_numpy(array: np.ndarray, device: Any = None) -> GPUArray:
         raise errors.user_error(
             errors.DTypeError, "from_numpy", f"expected a numpy.ndarray, got {type(array).__name__}"
         )
+    return _upload(array, bulk=False, device=device)
+
+
+def load_numpy(array: np.ndarray, device: Any = None) -> GPUArray:
+    """from_numpy for bulk loads (checkpoint weights): where the backend has copy
+    priorities (CUDA) they queue behind urgent copies such as a decode step's uploads."""
+    return _upload(array, bulk=True, device=device)
+
+
+def _upload(array: np.ndarray, bulk: bool, device: Any) -> GPUArray:
     d = _dtype(array.dtype, DEFAULT_FLOAT, "from_numpy")
     # np.ascontiguousarray would turn a 0-d array into 1-d
     host = array if array.flags.c_contiguous else array.copy(order="C")
     with on_device(device, "from_numpy"):
-        return GPUArray(runtime.leaf(get_backend().from_numpy(host), tuple(array.shape), d))
+        b = get_backend()
+        value = b.from_numpy_bulk(host) if bulk else b.from_numpy(host)
+        return GPUArray(runtime.leaf(value, tuple(array.shape), d))
 
 
 def asarray(x: Any, dtype: Any = None, device: Any = None) -> GPUArray:

@@ -53,7 +53,8 @@ def test_every_result_file_has_a_stable_name_and_a_readme_line() -> None:
      ("copy,sdpa", "tinyllama", "sdpa"),
      ("copy,llm", "tinyllama", "llm"),
      ("copy,llm", "llama2-7b", "llm-7b"),
-     ("copy,quant,quant_llm", "tinyllama", "quant")],
+     ("copy,quant,quant_llm", "tinyllama", "quant"),
+     ("transfer", "tinyllama", "transfer")],
 )  # fmt: skip
 def test_result_group_of_a_run(only: str, model: str, group: str) -> None:
     assert results.result_group(set(only.split(",")), model) == group

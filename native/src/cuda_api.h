@@ -124,6 +124,7 @@ constexpr int kApiVersion = 12000;
   X(cuStreamBeginCapture, (CUstream, int))                                                   \
   X(cuStreamEndCapture, (CUstream, CUgraph*))                                                \
   X(cuStreamIsCapturing, (CUstream, int*))                                                   \
+  X(cuStreamWaitEvent, (CUstream, CUevent, unsigned int))                                    \
   X(cuEventCreate, (CUevent*, unsigned int))                                                 \
   X(cuEventDestroy, (CUevent))                                                               \
   X(cuEventRecord, (CUevent, CUstream))                                                      \

@@ -1,6 +1,7 @@
 #include <pybind11/pybind11.h>
 
 #include "capi_launch.h"
+#include "capi_copy.h"
 #include "cublaslt.h"
 #include "dlpack.h"
 #include "driver_bindings.h"
@@ -29,4 +30,5 @@ PYBIND11_MODULE(_native, m) {
   pgk::register_launch_capi(m);
   pgk::register_cublaslt(m);
   pgk::register_dlpack(m);
+  pgk::register_copy_capi(m);
 }

@@ -142,6 +142,11 @@ class Backend(PlannedBackend, ABC):
     def from_numpy(self, array: np.ndarray) -> Any:
         """A backend value holding a copy of `array`."""
 
+    def from_numpy_bulk(self, array: np.ndarray) -> Any:
+        """As from_numpy, for bulk copies (model loading) that a backend with copy
+        priorities queues behind urgent ones."""
+        return self.from_numpy(array)
+
     @abstractmethod
     def to_numpy(self, value: Any) -> np.ndarray:
         """A fresh host copy of the value."""

@@ -4,13 +4,13 @@ installed), on the same device buffers, in one run.
     python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
 NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, sdpa, read_floor,
-quant, quant_llm, chain64, linear_gelu, compile_time, dispatch, llm, llm_prefill, llm_long,
-llm_load; a GEMM workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default:
+quant, quant_llm, chain64, linear_gelu, compile_time, dispatch, transfer, llm, llm_prefill,
+llm_long, llm_load; a GEMM workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default:
 everything but the llm groups and quant_llm (--llm adds llm; the others run when named).
 Prints a table of times and ratios; --json writes every row plus the device, driver, torch
 version and git commit. --json without FILE writes bench/results/<device>-<group>.json when
 NAMES are one result group's (results.RESULT_GROUPS: kernels, compiled, dispatch,
-read-floor, sdpa, llm, llm-7b), overwriting the last run of that group:
+read-floor, sdpa, transfer, llm, llm-7b), overwriting the last run of that group:
 
     python -m pygpukit.bench --only gemm,copy,rms_norm,rope,softmax,gemv,decode --json
 """
@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import compiled, gemm, kernels, quant, quant_llm, read_floor, results
+from . import compiled, gemm, kernels, quant, quant_llm, read_floor, results, transfer
 
 KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = {
     "rms_norm": kernels.bench_rms_norm,
@@ -43,7 +43,7 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
 COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time", "dispatch")
 LLM_EXTRA_GROUPS = ("llm_prefill", "llm_long", "llm_load")  # run only when named
 HEAVY_GROUPS = (*LLM_EXTRA_GROUPS, "quant_llm")  # not in a run without --only
-GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "llm", *LLM_EXTRA_GROUPS)
+GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "transfer", "llm", *LLM_EXTRA_GROUPS)
 
 
 def _parse_only(only: str | None, llm: bool) -> tuple[set[str], list[tuple[int, str]]]:
@@ -110,6 +110,9 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     if any(r.get("bench") == "compiled" for r in rows):
         print("\n== @gpk.compile vs peers")
         print(compiled.format_rows(rows))
+    if any(r.get("bench") == "transfer" for r in rows):
+        print("\n== transfers of 256 MB: ours (transfer engine) vs torch; host clock")
+        print(transfer.format_rows(rows))
     lrows = [r for r in rows if r.get("bench") == "llm_decode"]
     if lrows:
         from . import llm
@@ -226,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             _guard(rows, "compile_time", lambda: compiled.bench_compile_time(rows))
         if "dispatch" in groups:
             _guard(rows, "dispatch", lambda: compiled.bench_dispatch(rows))
+        if "transfer" in groups:
+            _guard(rows, "transfer", lambda: transfer.bench_transfer(rows))
         if "llm" in groups:
             from . import llm
 

@@ -23,6 +23,7 @@ RESULT_GROUPS: dict[str, frozenset[str]] = {
     "llm-long": frozenset({"llm_long"}),
     "llm-load": frozenset({"llm_load"}),
     "quant": frozenset({"quant", "quant_llm"}),
+    "transfer": frozenset({"transfer"}),
 }
 # --llm-model -> the result group of its LLM rows.
 LLM_GROUPS = {"tinyllama": "llm", "llama2-7b": "llm-7b"}

@@ -29,7 +29,7 @@ import numpy as np
 
 from pygpukit import errors
 from pygpukit.array import GPUArray
-from pygpukit.creation import from_numpy
+from pygpukit.creation import load_numpy
 from pygpukit.errors import LoadError
 from pygpukit.ir import dtypes
 from pygpukit.ops import concatenate, realize
@@ -465,8 +465,9 @@ def free_weights(weights: dict[str, Any]) -> None:
 
 def _upload(parts: list[np.ndarray], dtype: dtypes.DType) -> GPUArray:
     """The parts (memory-mapped, as stored) concatenated along axis 0 and cast to dtype, on
-    the device: the host copies each byte once, into the pinned staging buffers."""
-    pieces = [from_numpy(np.ascontiguousarray(p)) for p in parts]
+    the device: the host copies each byte once, into the transfer engine's pinned staging
+    chunks, at low priority (a running decode loop's uploads go first)."""
+    pieces = [load_numpy(np.ascontiguousarray(p)) for p in parts]
     arr = pieces[0] if len(pieces) == 1 else concatenate(pieces)
     if arr.dtype != dtype:
         arr = arr.astype(dtype)

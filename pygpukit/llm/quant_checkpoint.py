@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from pygpukit.creation import from_numpy
+from pygpukit.creation import load_numpy
 from pygpukit.errors import LoadError
 from pygpukit.ir.quant import INT4_SYMMETRIC_ZERO, QuantSpec, dequantize, pack_int4
 from pygpukit.quant import QuantizedWeight, quantize_host
@@ -382,8 +382,8 @@ class PrequantizedLinears:
         spec, data, scale, zero = concat_parts(parts, [n for n, _ in shapes], k)
         n = sum(s[0] for s in shapes)
         # np.copy, not ascontiguousarray: that makes a per-tensor scale [] into [1].
-        arrays = [from_numpy(np.copy(a, order="C")) for a in (data, scale)]
-        zarr = None if zero is None else from_numpy(np.copy(zero, order="C"))
+        arrays = [load_numpy(np.copy(a, order="C")) for a in (data, scale)]
+        zarr = None if zero is None else load_numpy(np.copy(zero, order="C"))
         try:
             w = QuantizedWeight(spec, (n, k), arrays[0], arrays[1], zarr)
         except BaseException:

@@ -17,17 +17,20 @@ from pygpukit.memory import Storage, enable_eviction, pinned
 from pygpukit.passes import Schedule
 
 from ..base import Backend
-from . import device_pool, ew, toolchain
+from . import device_pool, ew, toolchain, transfers
 from .context import Launch, StepContext, contiguous
 from .dispatch import NativeDispatch
 from .errorword import WORDS, ErrorWord
-from .host_transfer import HostTransfer, PinnedBuffers
+from .host_transfer import HostTransfer
 from .layout import is_contiguous
 from .plan import plan_for
 from .planned import CudaPlannedHooks
 from .value import DeviceValue
 
 POISON_BYTE = 0xFF  # NaN in every float dtype, -1 in every integer one
+# Uploads up to this size (a decode step's positions, token ids, sampling parameters) go
+# at high priority: the step waits for them, while bulk copies can wait a chunk.
+SMALL_UPLOAD_BYTES = 4096
 
 
 class CudaBackend(CudaPlannedHooks, Backend):
@@ -43,7 +46,6 @@ class CudaBackend(CudaPlannedHooks, Backend):
         err.pin()  # kernels are planned with its address: it never moves
         self._err = ErrorWord(err)
         self._exec_plans: dict[Any, Any] = {}  # a compiled program's: (id(step), layouts)
-        self.pinned_buffers = PinnedBuffers()  # for to_numpy_async
         # Cached schedules replayed by the Rust controller (None: off); not used while new
         # outputs must be poisoned (the general path's alloc() fills them).
         self.native: NativeDispatch | None = NativeDispatch(self)
@@ -65,13 +67,22 @@ class CudaBackend(CudaPlannedHooks, Backend):
     def empty(self, shape: tuple[int, ...], dtype: DType) -> DeviceValue:
         return self.alloc(tuple(shape), dtype, "empty")
 
-    def from_numpy(self, array: np.ndarray) -> DeviceValue:
+    def from_numpy(self, array: np.ndarray, priority: str | None = None) -> DeviceValue:
+        """A device copy of `array`, uploaded by the transfer engine: ordered before the
+        work queued on the backend's stream from now on, without waiting for the DMA.
+        Priority: high up to SMALL_UPLOAD_BYTES, else normal, unless given."""
         d = dtypes.as_dtype(array.dtype)
         v = self.alloc(tuple(array.shape), d, "from_numpy")
         if array.size:
             raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            _native.memcpy_htod_async(v.ptr, raw, self.stream)
+            if priority is None:
+                priority = "high" if raw.nbytes <= SMALL_UPLOAD_BYTES else "normal"
+            transfers.upload(v.ptr, raw, self.stream, priority)
         return v
+
+    def from_numpy_bulk(self, array: np.ndarray) -> DeviceValue:
+        """from_numpy at low priority (model loading): urgent copies go first."""
+        return self.from_numpy(array, "low")
 
     def to_numpy(self, value: DeviceValue) -> np.ndarray:
         src = value
@@ -79,7 +90,7 @@ class CudaBackend(CudaPlannedHooks, Backend):
             src = self._copy_contiguous(value)
         out = np.empty(value.size * value.dtype.itemsize, np.uint8)
         if value.size:
-            _native.memcpy_dtoh_async(out, src.ptr, self.stream)
+            transfers.download(out, src.ptr, self.stream).wait()
         self.synchronize()
         return out.view(value.dtype.np).reshape(value.shape)
 

@@ -10,6 +10,8 @@ from pygpukit import _native
 from pygpukit.errors import CUDAError, OutOfMemoryError
 from pygpukit.memory import Storage, block
 
+from . import transfers
+
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
@@ -30,16 +32,18 @@ def _free_arena(addr: int, nbytes: int) -> None:
 
 
 def copy_out(addr: int, nbytes: int) -> np.ndarray:
-    """A host copy of a block being evicted; synchronous on the legacy stream, so it is
-    ordered after the backend's queued kernels (storages in use by a running graph on
-    another stream are pinned and never evicted)."""
+    """A host copy of a block being evicted, through the transfer engine at low priority,
+    after the work queued on the legacy stream (storages in use by a running graph on
+    another stream are pinned and never evicted); returns once the host holds it."""
     host = np.empty(max(nbytes, 1), np.uint8)
-    _native.memcpy_dtoh(host, addr, None, nbytes)
+    transfers.download(host[:nbytes], addr, None, "low")
     return host
 
 
 def copy_in(host: np.ndarray, addr: int) -> None:
-    _native.memcpy_htod(addr, host, None, host.nbytes)
+    """Writes an evicted block back, at low priority; returns once it has landed, so work
+    on any stream may read it."""
+    transfers.upload(addr, host, None, "low").wait()
 
 
 def make_pool(arena_bytes: int, quota_bytes: int | None) -> Any:

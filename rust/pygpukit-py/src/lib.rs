@@ -6,6 +6,7 @@ mod errors;
 mod pool;
 mod reentry;
 mod scheduler;
+mod transfer;
 
 #[pymodule]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -14,5 +15,9 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scheduler::PySchedulerCore>()?;
     m.add_class::<dispatch::PyDispatcher>()?;
     m.add_function(wrap_pyfunction!(dispatch::register_launch_capi, m)?)?;
+    m.add_class::<transfer::PyTransferEngine>()?;
+    m.add_class::<transfer::PyTransfer>()?;
+    m.add_function(wrap_pyfunction!(transfer::register_copy_capi, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::copy_capi_registered, m)?)?;
     Ok(())
 }

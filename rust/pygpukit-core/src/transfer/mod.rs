@@ -1,0 +1,18 @@
+//! Host/device transfers: a priority queue of copy requests issued chunk by chunk on one
+//! upload and one download stream, a pinned staging pool, and handles that keep their
+//! host memory alive until the copy has run. Written against the CopyDevice trait: the
+//! binding implements it with the native module's C ABI, the tests with a fake device.
+
+mod device;
+mod engine;
+mod queue;
+mod staging;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+pub use device::{CopyDevice, DeviceError, DeviceResult, EventId, StreamId};
+pub use engine::{Config, Copy, Direction, Engine, Keep, Stats, Transfer};
+pub use queue::Priority;

@@ -1,0 +1,76 @@
+"""The transfer engine's Python glue without a GPU: the copy C ABI reaches the Rust
+extension as a capsule, and a missing driver is a clean CUDAError, not a crash. The
+engine itself is tested by cargo (fake device) and tests/gpu/test_transfer_gpu.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pygpukit as gpk
+from pygpukit import _native, _rust
+from pygpukit.errors import CUDAError
+
+
+def test_copy_capi_is_a_named_capsule_registered_by_the_cuda_backend() -> None:
+    import pygpukit.backends.cuda.transfers  # noqa: F401  (registers at import)
+
+    capsule = _native.copy_capi()
+    assert type(capsule).__name__ == "PyCapsule"
+    assert "pygpukit._native.copy_capi" in repr(capsule)
+    assert _rust.copy_capi_registered()
+    _rust.register_copy_capi(capsule)  # the same table again: accepted
+    assert _rust.copy_capi_registered()
+
+
+@pytest.mark.parametrize("bad", [object(), 3, b"capsule"])
+def test_register_rejects_what_is_not_the_copy_capsule(bad: object) -> None:
+    with pytest.raises(TypeError, match="copy_capi"):
+        _rust.register_copy_capi(bad)
+
+
+@pytest.mark.skipif(_native.driver_available(), reason="checks the no-driver path")
+def test_engine_without_a_driver_raises_cuda_error_with_the_drivers_reason() -> None:
+    import pygpukit.backends.cuda.transfers as transfers
+
+    with pytest.raises(CUDAError) as e:
+        _rust.TransferEngine()
+    assert _native.driver_unavailable_reason().split(":")[0] in str(e.value)
+    assert e.value.code == -1  # type: ignore[attr-defined]
+    with pytest.raises(CUDAError):
+        transfers.engine()
+
+
+def test_stream_ids() -> None:
+    from pygpukit.backends.cuda.transfers import stream_id
+
+    class FakeStream:
+        handle = 0x7F00
+
+    assert stream_id(None) == 0
+    assert stream_id(12345) == 12345
+    assert stream_id(FakeStream()) == 0x7F00
+
+
+def test_upload_and_download_refuse_non_contiguous_arrays() -> None:
+    from pygpukit.backends.cuda import transfers
+
+    a = np.random.default_rng().standard_normal((4, 6))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        transfers.upload(1 << 20, a[:, ::2], None)
+    ro = np.random.default_rng().standard_normal(8)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        transfers.download(ro, 1 << 20, None)
+
+
+def test_load_numpy_matches_from_numpy() -> None:
+    """The loader's low-priority path gives the same array (NumPy backend: plain copies)."""
+    from pygpukit.creation import load_numpy
+
+    rng = np.random.default_rng()
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_array_equal(load_numpy(a).to_numpy(), a)
+    t = np.asfortranarray(rng.standard_normal((3, 4)))
+    np.testing.assert_array_equal(load_numpy(t).to_numpy(), t)
+    assert load_numpy(a).dtype == gpk.from_numpy(a).dtype
