@@ -134,6 +134,15 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20
     return rows_out
 
 
+def _engine_split(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The engine thread's time in a round by phase (ms), and its steps."""
+    out: dict[str, Any] = {f"engine_{k}_ms": after["time_ms"][k] - before["time_ms"][k]
+                           for k in after["time_ms"]}  # fmt: skip
+    for k in ("decode_steps", "prefill_chunks"):
+        out[k] = after[k] - before[k]
+    return out
+
+
 def transformers_peer(cfg: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
     """transformers' continuous batching (generate_batch) on the same prompts."""
     import torch
@@ -194,8 +203,10 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         _round(server.url, warm, 4)  # traces the step graphs
         for n in clients:
             prompts = _prompts(n, cfg.vocab_size, lo, hi, n)
+            before = engine.stats()
             row = {"impl": "pygpukit serve", **_round(server.url, prompts, max_tokens,
                                                       procs)}  # fmt: skip
+            row.update(_engine_split(before, engine.stats()))
             rows.append(row)
             print(json.dumps(row), flush=True)
             if peer:

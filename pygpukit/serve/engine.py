@@ -179,6 +179,10 @@ class Engine:
         self._counts = {"submitted": 0, "finished": 0, "cancelled": 0, "rejected": 0,
                         "failed": 0, "decode_steps": 0, "prefill_chunks": 0,
                         "tokens": 0}  # fmt: skip
+        # Where the engine thread's time goes (ms): prefill steps (inputs, the step, its
+        # first tokens read back), decode steps split into launch (inputs and the call),
+        # wait (reading the tokens back: the device's time shows here) and emit (the sinks).
+        self._times = {"prefill": 0.0, "decode_launch": 0.0, "decode_wait": 0.0, "emit": 0.0}
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -263,7 +267,8 @@ class Engine:
         return outs
 
     def stats(self) -> dict[str, Any]:
-        """Blocks used and free, sequences running/prefilling/waiting, counters."""
+        """Blocks used and free, sequences running/prefilling/waiting, counters, and the
+        engine thread's time so far by phase (time_ms)."""
         return {
             "num_blocks": self.num_blocks,
             "free_blocks": self.blocks.free,
@@ -274,6 +279,7 @@ class Engine:
             "waiting": self._waiting,
             "max_model_len": self.max_model_len,
             **self._counts,
+            "time_ms": dict(self._times),
         }
 
     def warmup(self, max_prompt: int | None = None) -> int:
@@ -407,12 +413,14 @@ class Engine:
     def _step(self) -> None:
         if self._prefilling:
             reqs = self._prefill_rows()
+            t0 = time.perf_counter()
             try:
                 self._prefill_chunk(reqs)
             except Exception as e:  # a failing request must not take the server down
                 log.exception("prefill failed")
                 for r in reqs:
                     self._end(r, error=e)
+            self._times["prefill"] += (time.perf_counter() - t0) * 1e3
         rows = self._running[: self.max_batch]
         if rows:
             try:
@@ -518,6 +526,7 @@ class Engine:
                 self._emit(req, int(first[i]))
 
     def _decode_step(self, rows: list[Request]) -> None:
+        t0 = time.perf_counter()
         b = bucket(len(rows))
         padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
         tokens = np.zeros((b, 1), np.int64)
@@ -530,11 +539,18 @@ class Engine:
             slots[i], lens[i] = r.slot(p, self.block_size), p + 1
         sampling, statics = self._sampling_inputs(padded, b)
         ins = [gpk.from_numpy(a) for a in (tokens, positions, slots, self._table(padded, b), lens)]
-        toks = self._compiled_step("decode", b, statics)(*ins, *sampling, *statics).to_numpy()
+        out = self._compiled_step("decode", b, statics)(*ins, *sampling, *statics)
+        t1 = time.perf_counter()
+        toks = out.to_numpy()
+        t2 = time.perf_counter()
         self._counts["decode_steps"] += 1
         for i, r in enumerate(rows):
             if not r.ended:
                 self._emit(r, int(toks[i]))
+        t3 = time.perf_counter()
+        self._times["decode_launch"] += (t1 - t0) * 1e3
+        self._times["decode_wait"] += (t2 - t1) * 1e3
+        self._times["emit"] += (t3 - t2) * 1e3
 
 
 def _buckets(least: int, most: int) -> list[int]:
