@@ -103,9 +103,11 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) 
 
 def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20
                ) -> list[dict[str, Any]]:  # fmt: skip
-    """The engine's decode step alone (not started: this thread drives it) at each batch
-    size, every row at `context` keys: ms per step, median of `steps` after 3 warm-ups."""
-    from pygpukit.serve.engine import Request
+    """The engine's decode steps alone (not started: this thread drives them) at each
+    batch size, every row at `context` keys, launched as the engine does (one step in
+    flight while the one before is read back): ms per step, median of `steps` after 3
+    warm-ups."""
+    from pygpukit.serve.engine import LOOKAHEAD, Request
 
     rows_out = []
     rng = np.random.default_rng(0)
@@ -115,17 +117,21 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20
             r = Request([int(t) for t in rng.integers(3, engine.vocab, size=context)],
                         steps + 8, lambda ev: None)  # fmt: skip
             r.blocks = engine.blocks.allocate(-(-(context + steps + 8) // engine.block_size))
-            r.prefilled = context
-            r.generated = [int(rng.integers(3, engine.vocab))]
+            r.prefilled, r.scheduled, r.tok_slot = context, 1, engine._tok_free.pop()
             reqs.append(r)
         times = []
         for i in range(steps + 3):
             t0 = time.perf_counter()
             engine._decode_step(reqs)
+            while len(engine._inflight) > LOOKAHEAD:
+                engine._retire()
             if i >= 3:
                 times.append(time.perf_counter() - t0)
+        while engine._inflight:
+            engine._retire()
         for r in reqs:
             engine.blocks.release(r.blocks)
+            engine._tok_free.append(r.tok_slot)
         row = {"impl": "pygpukit serve decode step", "batch": b, "context": context,
                "step_ms": 1e3 * float(np.median(times)),
                "step_ms_min": 1e3 * float(np.min(times))}  # fmt: skip
