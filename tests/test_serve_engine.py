@@ -140,6 +140,10 @@ def test_warmup_traces_every_greedy_shape(model):
         prompts = _prompts(5, seed=9, low=5, high=60)
         out = e.generate(prompts, 4, ignore_eos=True, timeout=300)
         assert len(e._compiled) == 8
+        # Each step was traced once, at warmup, with the shapes serving gives it (a decode
+        # bucket traced with one row re-traced at its first real step: a stall of a whole
+        # trace and capture in the middle of serving).
+        assert [fn.stats()["misses"] for fn in e._compiled.values()] == [1] * 8
         static = [model.generate_ids([p], 4, stop_at_eos=False).tokens[0] for p in prompts]
         assert out == static
         with pytest.raises(gpk.errors.GPUKitError):

@@ -331,7 +331,7 @@ class Engine:
         if self._thread is not None:
             raise errors.GPUKitError("Engine.warmup: call it before start()")
         longest = min(self.prefill_chunk, max_prompt or self.max_model_len)
-        sizes: list[tuple[str, Any, int]] = [("decode", b, 1) for b in _buckets(1, self.max_batch)]
+        sizes: list[tuple[str, Any, int]] = [("decode", b, b) for b in _buckets(1, self.max_batch)]
         for t in _buckets(MIN_PREFILL_BUCKET, bucket(longest, MIN_PREFILL_BUCKET)):
             sizes += [("prefill", (r, t), r) for r in _buckets(1, self.max_batch)
                       if r == 1 or r * t <= self.prefill_tokens]  # fmt: skip
