@@ -245,3 +245,22 @@ def test_queue_full_is_429(model, monkeypatch):
     finally:
         gate.set()
         s.stop()
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_stream_chunk_lines_are_the_chunk_objects(chat):
+    """StreamChunks' pre-serialised lines parse to exactly chunk()'s objects (quotes,
+    newlines, non-ASCII text, a finish reason, chat's first delta with its role)."""
+    from pygpukit.serve import openai_schema as schema
+
+    rng = np.random.default_rng(3)
+    alphabet = list('ab "\\\n\t{}\u00e9\u4e2d\U0001f600')
+    lines = schema.StreamChunks(chat, "cmpl-x", "m\u00e9")
+    for finish, first in ((None, True), (None, False), ("stop", False), ("length", False)):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(0, 12))))
+        line = lines.sse(text, finish, first)
+        assert line.startswith("data: ") and line.endswith("\n\n")
+        got = json.loads(line[len("data: ") :])
+        want = schema.chunk(chat, "cmpl-x", "m\u00e9", text, finish, first)
+        assert abs(got.pop("created") - want.pop("created")) <= 5
+        assert got == want

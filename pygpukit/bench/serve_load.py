@@ -103,9 +103,11 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) 
 
 def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20
                ) -> list[dict[str, Any]]:  # fmt: skip
-    """The engine's decode step alone (not started: this thread drives it) at each batch
-    size, every row at `context` keys: ms per step, median of `steps` after 3 warm-ups."""
-    from pygpukit.serve.engine import Request
+    """The engine's decode steps alone (not started: this thread drives them) at each
+    batch size, every row at `context` keys, launched as the engine does (one step in
+    flight while the one before is read back): ms per step, median of `steps` after 3
+    warm-ups."""
+    from pygpukit.serve.engine import LOOKAHEAD, Request
 
     rows_out = []
     rng = np.random.default_rng(0)
@@ -115,23 +117,36 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20
             r = Request([int(t) for t in rng.integers(3, engine.vocab, size=context)],
                         steps + 8, lambda ev: None)  # fmt: skip
             r.blocks = engine.blocks.allocate(-(-(context + steps + 8) // engine.block_size))
-            r.prefilled = context
-            r.generated = [int(rng.integers(3, engine.vocab))]
+            r.prefilled, r.scheduled, r.tok_slot = context, 1, engine._tok_free.pop()
             reqs.append(r)
         times = []
         for i in range(steps + 3):
             t0 = time.perf_counter()
             engine._decode_step(reqs)
+            while len(engine._inflight) > LOOKAHEAD:
+                engine._retire()
             if i >= 3:
                 times.append(time.perf_counter() - t0)
+        while engine._inflight:
+            engine._retire()
         for r in reqs:
             engine.blocks.release(r.blocks)
+            engine._tok_free.append(r.tok_slot)
         row = {"impl": "pygpukit serve decode step", "batch": b, "context": context,
                "step_ms": 1e3 * float(np.median(times)),
                "step_ms_min": 1e3 * float(np.min(times))}  # fmt: skip
         rows_out.append(row)
         print(json.dumps(row), flush=True)
     return rows_out
+
+
+def _engine_split(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The engine thread's time in a round by phase (ms), and its steps."""
+    out: dict[str, Any] = {f"engine_{k}_ms": after["time_ms"][k] - before["time_ms"][k]
+                           for k in after["time_ms"]}  # fmt: skip
+    for k in ("decode_steps", "prefill_chunks"):
+        out[k] = after[k] - before[k]
+    return out
 
 
 def transformers_peer(cfg: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
@@ -194,8 +209,10 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         _round(server.url, warm, 4)  # traces the step graphs
         for n in clients:
             prompts = _prompts(n, cfg.vocab_size, lo, hi, n)
+            before = engine.stats()
             row = {"impl": "pygpukit serve", **_round(server.url, prompts, max_tokens,
                                                       procs)}  # fmt: skip
+            row.update(_engine_split(before, engine.stats()))
             rows.append(row)
             print(json.dumps(row), flush=True)
             if peer:

@@ -237,9 +237,10 @@ class Api:
         n = 0
         finish: str | None = None
         first = True
+        chunks = schema.StreamChunks(chat, rid, self.name)
         try:
             if chat:  # the role first, as OpenAI does
-                yield _sse(schema.chunk(chat, rid, self.name, "", None, first=True))
+                yield chunks.sse("", None, first=True)
                 first = False
             while finish is None:
                 # Everything queued goes out as one chunk: a stream that fell behind
@@ -266,7 +267,7 @@ class Api:
                         break
                 delta = "".join(parts)
                 if delta or finish:
-                    yield _sse(schema.chunk(chat, rid, self.name, delta, finish, first))
+                    yield chunks.sse(delta, finish, first)
                     first = False
                 if error is not None:
                     f = _failure(error)

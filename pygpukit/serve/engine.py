@@ -8,14 +8,21 @@ One engine thread owns the model. Each step it
      full, and the order by QoS/priority are the scheduler's decisions;
   2. starts what the scheduler lets start (up to max_batch sequences), giving each its
      blocks;
-  3. prefills the next chunk of as many new prompts as the prefill budget takes, as one
-     batch (each row front-padded to the longest chunk's power-of-two bucket, the rows
-     padded to a power of two);
-  4. runs one decode step for every running sequence (the batch padded to a power-of-two
-     bucket; padded rows have no keys and store nothing), samples and streams the tokens;
+  3. launches one step: while prompts wait, the next chunk of as many of them as the
+     prefill budget takes, as one batch (each row front-padded to the longest chunk's
+     power-of-two bucket, the rows padded to a power of two); else one decode step for
+     every running sequence (the batch padded to a power-of-two bucket; padded rows have
+     no keys and store nothing);
+  4. reads back the step before it and streams its tokens, while this one runs;
   5. retires finished sequences: their blocks go back to the pool at once and the
      scheduler's complete() admits what waited for that memory.
 Steps are gpk.compile'd functions, one captured graph per (bucket, sampling statics).
+Each running sequence has a slot in a device array of last tokens: a step reads its
+rows' tokens there and writes the sampled ones back, so a step needs nothing read back
+from the one before and runs one step ahead of the host (the host knows how many tokens
+each sequence has, not which, until they are read back). Prompts waiting go first
+(prefill before decode), so a burst of requests decodes as one full batch; a request
+arriving later stalls the running streams for its prefill steps.
 Events reach the caller through its `sink`, called on the engine thread.
 """
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -47,6 +55,11 @@ log = logging.getLogger("pygpukit.serve")
 
 QOS = ("guaranteed", "burstable", "best_effort")
 MIN_PREFILL_BUCKET = 16
+LOOKAHEAD = 1  # steps launched before the oldest one's tokens are read back
+# The engine thread waits for the GPU without the interpreter lock and must get it back
+# at once, or the GPU idles while another thread (the HTTP loop) runs Python: CPython
+# makes a waiting thread wait up to the switch interval (5 ms by default).
+SWITCH_INTERVAL_S = 0.0005
 
 
 class Overloaded(errors.GPUKitError, RuntimeError):
@@ -83,6 +96,8 @@ class Request:
     task: int = -1
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0
+    scheduled: int = 0  # new tokens whose steps were launched (read back or not)
+    tok_slot: int = -1  # the row of the last-token array it owns while it runs
     generated: list[int] = field(default_factory=list)
     rng: Any = None
     ended: bool = False
@@ -92,19 +107,37 @@ class Request:
 
 
 class _Step:
-    """The traced step: forward over the paged cache, then per-row sampling. Its own small
-    object, so the compiled function reaches the model and the cache, not the engine's
-    changing bookkeeping (which gpk.compile would guard on)."""
+    """The traced steps: forward over the paged cache, per-row sampling, the sampled
+    tokens stored in the last-token array `last` ([slots, 1, 1, 1] int64, written with
+    paged_write: row r's token at tok_slots[r], nothing where it is negative). Its own
+    small object, so the compiled functions reach the model, the cache and `last`, not
+    the engine's changing bookkeeping (which gpk.compile would guard on)."""
 
-    def __init__(self, tr: Any, cache: PagedKVCache) -> None:
+    def __init__(self, tr: Any, cache: PagedKVCache, slots: int) -> None:
         self.tr, self.cache = tr, cache
+        self.last = gpk.zeros((slots, 1, 1, 1), gpk.int64).realize()
 
-    def __call__(self, tokens: GPUArray, positions: GPUArray, slots: GPUArray,
-                 table: GPUArray, lens: GPUArray, temperature: GPUArray, top_k: GPUArray,
-                 top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
-                 use_top_p: bool) -> GPUArray:  # fmt: skip
+    def prefill(self, tokens: GPUArray, positions: GPUArray, slots: GPUArray, table: GPUArray,
+                lens: GPUArray, tok_slots: GPUArray, temperature: GPUArray, top_k: GPUArray,
+                top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
+                use_top_p: bool) -> GPUArray:  # fmt: skip
+        """A chunk of prompts [R, T]; the token after each row's chunk."""
         logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table, lens)
-        return sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
+        tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
+        gpk.nn.paged_write(self.last, tok.reshape(-1, 1, 1), tok_slots)
+        return tok
+
+    def decode(self, tok_slots: GPUArray, positions: GPUArray, slots: GPUArray,
+               table: GPUArray, lens: GPUArray, temperature: GPUArray, top_k: GPUArray,
+               top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
+               use_top_p: bool) -> GPUArray:  # fmt: skip
+        """One new token for each row, fed by its last token (padded rows: slot -1)."""
+        b = tok_slots.shape[0]
+        tokens = gpk.take(self.last.reshape(-1), gpk.maximum(tok_slots, 0)).reshape(b, 1)
+        logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table, lens)
+        tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
+        gpk.nn.paged_write(self.last, tok.reshape(b, 1, 1), tok_slots)
+        return tok
 
 
 def bucket(n: int, least: int = 1) -> int:
@@ -163,7 +196,11 @@ class Engine:
         self.core = _rust.SchedulerCore(self.num_blocks * self.block_bytes)
         self.vocab = cfg.vocab_size
         self.eos = frozenset(model.eos_token_ids)
-        self._step_obj = _Step(self.tr, self.cache)
+        self._step_obj = _Step(self.tr, self.cache, max_batch)
+        self._tok_free = list(range(max_batch - 1, -1, -1))  # free rows of _step_obj.last
+        # Launched steps whose tokens are not read back yet, oldest first: (the rows in
+        # order, None where a row takes no token, the transfer of the step's tokens).
+        self._inflight: deque[tuple[list[Request | None], Any]] = deque()
         # One compiled function per (kind, bucket, sampling statics): each traces once,
         # and its captured graph is replayed for every step of that shape.
         self._compiled: dict[tuple[Any, ...], Any] = {}
@@ -179,12 +216,19 @@ class Engine:
         self._counts = {"submitted": 0, "finished": 0, "cancelled": 0, "rejected": 0,
                         "failed": 0, "decode_steps": 0, "prefill_chunks": 0,
                         "tokens": 0}  # fmt: skip
+        # Where the engine thread's time goes (ms): launching prefill and decode steps
+        # (their inputs and the call), waiting for a step's tokens (the device's time
+        # beyond the host's shows here) and emitting them (the sinks).
+        self._times = {"prefill_launch": 0.0, "decode_launch": 0.0, "wait": 0.0, "emit": 0.0}
         self._stop = False
         self._thread: threading.Thread | None = None
 
     # -- the caller's side (any thread) -------------------------------------------------
     def start(self) -> Engine:
+        """Start the engine thread (and lower the interpreter's switch interval to
+        SWITCH_INTERVAL_S, for the whole process: see there)."""
         if self._thread is None:
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             self._thread = threading.Thread(target=self._loop, name="pygpukit-engine",
                                             daemon=True)  # fmt: skip
             self._thread.start()
@@ -263,7 +307,8 @@ class Engine:
         return outs
 
     def stats(self) -> dict[str, Any]:
-        """Blocks used and free, sequences running/prefilling/waiting, counters."""
+        """Blocks used and free, sequences running/prefilling/waiting, counters, and the
+        engine thread's time so far by phase (time_ms)."""
         return {
             "num_blocks": self.num_blocks,
             "free_blocks": self.blocks.free,
@@ -274,6 +319,7 @@ class Engine:
             "waiting": self._waiting,
             "max_model_len": self.max_model_len,
             **self._counts,
+            "time_ms": dict(self._times),
         }
 
     def warmup(self, max_prompt: int | None = None) -> int:
@@ -285,24 +331,26 @@ class Engine:
         if self._thread is not None:
             raise errors.GPUKitError("Engine.warmup: call it before start()")
         longest = min(self.prefill_chunk, max_prompt or self.max_model_len)
-        sizes = [("decode", b, 1) for b in _buckets(1, self.max_batch)]
+        sizes: list[tuple[str, Any, int]] = [("decode", b, b) for b in _buckets(1, self.max_batch)]
         for t in _buckets(MIN_PREFILL_BUCKET, bucket(longest, MIN_PREFILL_BUCKET)):
             sizes += [("prefill", (r, t), r) for r in _buckets(1, self.max_batch)
                       if r == 1 or r * t <= self.prefill_tokens]  # fmt: skip
         for kind, size, rows in sizes:
             t = 1 if kind == "decode" else size[1]
             sampling, statics = self._sampling_inputs([None] * rows, rows)
+            none = np.full(rows, -1, np.int64)  # no row stores a token
+            head = [np.zeros((rows, t), np.int64)] if kind == "prefill" else [none]
             ins = [gpk.from_numpy(a) for a in (
-                np.zeros((rows, t), np.int64), np.full((rows, t), -1, np.int64),
-                np.full(rows * t, -1, np.int64), self._table([None] * rows, rows),
-                np.zeros(rows, np.int32))]  # fmt: skip
+                *head, np.full((rows, t), -1, np.int64), np.full(rows * t, -1, np.int64),
+                self._table([None] * rows, rows), np.zeros(rows, np.int32),
+                *([none] if kind == "prefill" else []))]  # fmt: skip
             self._compiled_step(kind, size, statics)(*ins, *sampling, *statics).to_numpy()
         return len(sizes)
 
     # -- the engine thread --------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
-            busy = bool(self._running or self._prefilling or self._pending)
+            busy = bool(self._running or self._prefilling or self._pending or self._inflight)
             try:
                 cmd = self._inbox.get(timeout=None if not busy else 0) if not busy else None
             except queue.Empty:
@@ -313,7 +361,13 @@ class Engine:
             if self._stop:
                 break
             self._start_admitted()
-            self._step()
+            launched = self._step()
+            # One step stays in flight while the next is launched; with nothing launched,
+            # everything is read back (the loop then waits for requests).
+            while len(self._inflight) > (LOOKAHEAD if launched else 0):
+                self._retire()
+        while self._inflight:
+            self._retire()
         for req in list(self._by_id.values()):
             self._end(req, error=errors.GPUKitError("the engine stopped"))
 
@@ -355,7 +409,7 @@ class Engine:
 
     def _start_admitted(self) -> None:
         """Start what the scheduler lets start, while the batch has room."""
-        while self._pending and len(self._running) + len(self._prefilling) < self.max_batch:
+        while self._pending and self._tok_free:
             picked = self.core.pick_and_start(self._now())
             if picked is None:
                 return
@@ -365,6 +419,7 @@ class Engine:
             total = len(req.prompt) + req.max_tokens
             req.blocks = self.blocks.allocate(blocks_for(total, self.block_size))
             req.rng = np.random.default_rng(req.params.seed)
+            req.tok_slot = self._tok_free.pop()
             self._prefilling.append(req)
 
     def _end(self, req: Request, reason: str | None = None,
@@ -384,8 +439,13 @@ class Engine:
                 self._running.remove(req)
             if req in self._prefilling:
                 self._prefilling.remove(req)
+            # Steps still in flight may store into these blocks and this token slot: they
+            # run before anything launched later on the stream, so a new owner's writes win.
             self.blocks.release(req.blocks)
             req.blocks = []
+            if req.tok_slot >= 0:
+                self._tok_free.append(req.tok_slot)
+                req.tok_slot = -1
             if req.task >= 0:
                 (self.core.fail if error else self.core.complete)(req.task, 0.0, self._now())
         if error is not None:
@@ -404,23 +464,50 @@ class Engine:
         elif len(req.generated) >= req.max_tokens:
             self._end(req, "length")
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """Launch the next step (prompts waiting first); whether one was launched."""
         if self._prefilling:
             reqs = self._prefill_rows()
+            t0 = time.perf_counter()
             try:
                 self._prefill_chunk(reqs)
             except Exception as e:  # a failing request must not take the server down
                 log.exception("prefill failed")
                 for r in reqs:
                     self._end(r, error=e)
-        rows = self._running[: self.max_batch]
-        if rows:
-            try:
-                self._decode_step(rows)
-            except Exception as e:
-                log.exception("decode step failed")
-                for r in rows:
+            self._times["prefill_launch"] += (time.perf_counter() - t0) * 1e3
+            return True
+        rows = [r for r in self._running if r.scheduled < r.max_tokens][: self.max_batch]
+        if not rows:
+            return False
+        t0 = time.perf_counter()
+        try:
+            self._decode_step(rows)
+        except Exception as e:
+            log.exception("decode step failed")
+            for r in rows:
+                self._end(r, error=e)
+        self._times["decode_launch"] += (time.perf_counter() - t0) * 1e3
+        return True
+
+    def _retire(self) -> None:
+        """Read back the oldest step in flight and stream its tokens."""
+        rows, transfer = self._inflight.popleft()
+        t0 = time.perf_counter()
+        try:
+            toks = transfer.result()
+        except Exception as e:
+            log.exception("a step failed")
+            for r in rows:
+                if r is not None:
                     self._end(r, error=e)
+            return
+        t1 = time.perf_counter()
+        for i, r in enumerate(rows):
+            if r is not None and not r.ended:
+                self._emit(r, int(toks[i]))
+        self._times["wait"] += (t1 - t0) * 1e3
+        self._times["emit"] += (time.perf_counter() - t1) * 1e3
 
     def _sampling_inputs(self, rows: Sequence[Request | None], b: int
                          ) -> tuple[list[GPUArray], tuple[bool, int, bool]]:  # fmt: skip
@@ -454,7 +541,8 @@ class Engine:
         key = (kind, size, *statics)
         fn = self._compiled.get(key)
         if fn is None:
-            fn = self._compiled[key] = gpk.compile(self._step_obj.__call__)
+            step = self._step_obj.prefill if kind == "prefill" else self._step_obj.decode
+            fn = self._compiled[key] = gpk.compile(step)
         return fn
 
     def _table(self, rows: Sequence[Request | None], b: int) -> np.ndarray:
@@ -479,8 +567,9 @@ class Engine:
         return picked
 
     def _prefill_chunk(self, reqs: list[Request]) -> None:
-        """The next chunk of each of reqs' prompts, as one batch; a prompt that is done
-        moves to the running batch with its first token."""
+        """Launch the next chunk of each of reqs' prompts, as one batch; a prompt that is
+        done moves to the running batch (its first token is stored on the device, and
+        streamed once read back)."""
         ns = [min(self.prefill_chunk, len(r.prompt) - r.prefilled) for r in reqs]
         t = bucket(max(ns), MIN_PREFILL_BUCKET)
         rows = bucket(len(reqs))
@@ -488,6 +577,7 @@ class Engine:
         positions = np.full((rows, t), -1, np.int64)
         slots = np.full((rows, t), -1, np.int64)
         lens = np.zeros(rows, np.int32)
+        tok_slots = np.full(rows, -1, np.int64)
         for i, (req, n) in enumerate(zip(reqs, ns, strict=True)):
             start, pad = req.prefilled, t - n
             tokens[i, pad:] = req.prompt[start : start + n]
@@ -497,44 +587,46 @@ class Engine:
             slots[i, pad:] = blocks[pos // self.block_size] * self.block_size \
                 + pos % self.block_size  # fmt: skip
             lens[i] = start + n
+            if start + n == len(req.prompt):
+                tok_slots[i] = req.tok_slot
         padded: list[Request | None] = [*reqs, *([None] * (rows - len(reqs)))]
         sampling, statics = self._sampling_inputs(padded, rows)
-        ins = [gpk.from_numpy(a) for a in (tokens, positions, slots.reshape(-1),
-                                            self._table(padded, rows), lens)]  # fmt: skip
+        table = self._table(padded, rows)
+        ins = [gpk.from_numpy(a)
+               for a in (tokens, positions, slots.reshape(-1), table, lens, tok_slots)]  # fmt: skip
         tok = self._compiled_step("prefill", (rows, t), statics)(*ins, *sampling, *statics)
         self._counts["prefill_chunks"] += 1
-        done = []
+        takers: list[Request | None] = []
         for req, n in zip(reqs, ns, strict=True):
             req.prefilled += n
-            if req.prefilled == len(req.prompt):
-                done.append(req)
-        if not done:
-            return
-        first = tok.to_numpy()
-        for i, req in enumerate(reqs):
-            if req in done:
+            done = req.prefilled == len(req.prompt)
+            takers.append(req if done else None)
+            if done:
+                req.scheduled = 1
                 self._prefilling.remove(req)
                 self._running.append(req)
-                self._emit(req, int(first[i]))
+        if any(r is not None for r in takers):
+            self._inflight.append((takers, tok.to_numpy_async()))
 
     def _decode_step(self, rows: list[Request]) -> None:
+        """Launch one decode step for rows (each has a token left to make)."""
         b = bucket(len(rows))
         padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
-        tokens = np.zeros((b, 1), np.int64)
+        tok_slots = np.full(b, -1, np.int64)
         positions = np.full((b, 1), -1, np.int64)
         slots = np.full(b, -1, np.int64)
         lens = np.zeros(b, np.int32)
         for i, r in enumerate(rows):
-            p = len(r.prompt) + len(r.generated) - 1  # the last token's position
-            tokens[i, 0], positions[i, 0] = r.generated[-1], p
+            p = len(r.prompt) + r.scheduled - 1  # the last token's position
+            tok_slots[i], positions[i, 0] = r.tok_slot, p
             slots[i], lens[i] = r.slot(p, self.block_size), p + 1
+            r.scheduled += 1
         sampling, statics = self._sampling_inputs(padded, b)
-        ins = [gpk.from_numpy(a) for a in (tokens, positions, slots, self._table(padded, b), lens)]
-        toks = self._compiled_step("decode", b, statics)(*ins, *sampling, *statics).to_numpy()
+        ins = [gpk.from_numpy(a)
+               for a in (tok_slots, positions, slots, self._table(padded, b), lens)]  # fmt: skip
+        out = self._compiled_step("decode", b, statics)(*ins, *sampling, *statics)
         self._counts["decode_steps"] += 1
-        for i, r in enumerate(rows):
-            if not r.ended:
-                self._emit(r, int(toks[i]))
+        self._inflight.append((list(rows), out.to_numpy_async()))
 
 
 def _buckets(least: int, most: int) -> list[int]:

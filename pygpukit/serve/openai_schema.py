@@ -9,6 +9,7 @@ generation_config.json default (greedy when it has none), as vLLM does.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -256,3 +257,27 @@ def chunk(chat: bool, rid: str, model: str, text: str | None, finish: str | None
     if use is not None:
         out["usage"] = use
     return out
+
+
+class StreamChunks:
+    """One stream's text chunks as server-sent event lines. Every chunk of a stream has
+    the same id, object, created and model, so that part is serialised once and a chunk
+    costs one json.dumps of its text: the HTTP loop writes one per stream per decode
+    step. The JSON is chunk()'s."""
+
+    def __init__(self, chat: bool, rid: str, model: str) -> None:
+        self.chat = chat
+        head = chunk(chat, rid, model, None, None)
+        del head["choices"]
+        self._head = json.dumps(head, ensure_ascii=False)[:-1] + ', "choices": [{"index": 0, '
+
+    def sse(self, text: str, finish: str | None, first: bool = False) -> str:
+        """The event line of chunk(chat, rid, model, text, finish, first)."""
+        t = json.dumps(text, ensure_ascii=False)
+        f = "null" if finish is None else json.dumps(finish)
+        if self.chat:
+            role = ', "role": "assistant"' if first else ""
+            body = f'"delta": {{"content": {t}{role}}}, "logprobs": null, "finish_reason": {f}'
+        else:
+            body = f'"text": {t}, "logprobs": null, "finish_reason": {f}'
+        return f"data: {self._head}{body}}}]}}\n\n"

@@ -229,56 +229,31 @@ PGK_DEVICE void pgk_dec_zero(pgk_t* o, long long o_sh) {
     o[(e / PGK_D) * o_sh + e % PGK_D] = pgk_from_float<pgk_t>(0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(PGK_DT)
-    pgk_attn_decode_split(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kc,
-                          const pgk_t* __restrict__ vc, const int* __restrict__ ctx_len,
-                          float* __restrict__ o_part, float* __restrict__ ml_part,
-                          int n_heads, int group, float scale, long long q_sb,
-                          long long q_sh, long long k_sb, long long k_sh, long long k_ss,
-                          long long v_sb, long long v_sh, long long v_ss,
-                          const int* __restrict__ kv_start, long long kvs_stride,
-                          int max_seq, pgk_t* __restrict__ o, long long o_sb, long long o_sh,
-                          unsigned* __restrict__ counters, long long* __restrict__ err,
-                          long long tag) {
-  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
-  pgk_pdl_trigger();
+// The split kernels' body (pgk_attn_decode_split here, pgk_paged_decode in
+// paged_decode.cuh): one block's keys [start, end) of one kv head against its PGK_G query
+// heads. q: head h0's row (heads q_sh apart); kc / vc: the kv head's cache, a key's rows
+// found by `rows` (the only difference between the contiguous and the paged cache); o:
+// head h0's output row (heads o_sh apart), or with several splits the partials at `part`.
+// Called by every thread of the block with start < end.
+template <typename Rows>
+PGK_DEVICE void pgk_dec_split_body(const pgk_t* __restrict__ q, long long q_sh,
+                                   const pgk_t* __restrict__ kc, const pgk_t* __restrict__ vc,
+                                   Rows rows, int start, int end, float scale,
+                                   float* __restrict__ o_part, float* __restrict__ ml_part,
+                                   long long part, int splits, pgk_t* __restrict__ o,
+                                   long long o_sh) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* qs = reinterpret_cast<float*>(smem_raw);
   float* S = qs + PGK_G * PGK_D;
   float* alpha_s = S + PGK_G * PGK_TK;
   pgk_t* stages = reinterpret_cast<pgk_t*>(
       smem_raw + ((PGK_G * PGK_D + PGK_G * PGK_TK + PGK_G) * 4 + 15) / 16 * 16);
-
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int split = blockIdx.x, splits = gridDim.x;
-  // grid.y = kv heads x (group / PGK_G): a group larger than PGK_G (multi-query
-  // attention) is served in PGK_G-head slices, each reading the kv head once.
-  const int n_sub = group / PGK_G;
-  const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
-  const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
-  const long long part = ((long long)b * n_heads + h0) * splits + split;  // head h0's slot
-  const long long head0 = ((long long)b * n_heads + h0) * splits;         // its split 0
-  o += b * o_sb + h0 * o_sh;
-  unsigned* counter = counters + b * gridDim.y + blockIdx.y;
-
-  int start, end;
-  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_TK, start, end,
-                err, tag);
-  if (start >= end) {
-    if (splits == 1) return pgk_dec_zero(o, o_sh);
-    for (int g = tid; g < PGK_G; g += PGK_DT) {
-      ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
-      ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
-    }
-    if (counters && pgk_dec_arrive(counter, splits))
-      pgk_dec_merge<PGK_DT>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
-                            smem_raw);
-    return;
-  }
   const int n_tiles = (end - start + PGK_TK - 1) / PGK_TK;
-  kc += b * k_sb + kvh * k_sh;
-  vc += b * v_sb + kvh * v_sh;
 
+  // A key's K and V rows (element offsets from kc / vc) come from rows(key, c, k_off,
+  // v_off); false: the key reads as zeros (c: the 16-byte chunk asking, so a caller that
+  // reports a bad key does it once a row).
   auto issue = [&](int t) {
     pgk_t* ks = stages + (t % PGK_STAGES) * PGK_STAGE_ELEMS;
     pgk_t* vs = ks + PGK_TK * PGK_KLD;
@@ -286,10 +261,10 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
     constexpr int CH = PGK_D / PGK_VEC;  // 16-byte chunks per row
     for (int e = tid; e < PGK_TK * CH; e += PGK_DT) {
       const int j = e / CH, c = (e % CH) * PGK_VEC;
-      const bool in = key0 + j < end;
-      const long long key = in ? key0 + j : start;
-      pgk_cp_async16(ks + j * PGK_KLD + c, kc + key * k_ss + c, in);
-      pgk_cp_async16(vs + j * PGK_D + c, vc + key * v_ss + c, in);
+      long long k_off = 0, v_off = 0;
+      const bool in = key0 + j < end && rows(key0 + j, c, k_off, v_off);
+      pgk_cp_async16(ks + j * PGK_KLD + c, kc + k_off + c, in);
+      pgk_cp_async16(vs + j * PGK_D + c, vc + v_off + c, in);
     }
   };
 #pragma unroll
@@ -302,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   const float qscale = scale * 1.4426950408889634f;
   for (int e = tid; e < PGK_G * PGK_D; e += PGK_DT) {
     const int g = e / PGK_D, d = e % PGK_D;
-    qs[e] = pgk_to_float(q[b * q_sb + (h0 + g) * q_sh + d]) * qscale;
+    qs[e] = pgk_to_float(q[g * q_sh + d]) * qscale;
   }
 
   float m_r[PGK_HPW], l_r[PGK_HPW];
@@ -434,6 +409,57 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
     else
       o_part[(part + (long long)g * splits) * PGK_D + d] = sum;
   }
+}
+
+extern "C" __global__ void __launch_bounds__(PGK_DT)
+    pgk_attn_decode_split(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kc,
+                          const pgk_t* __restrict__ vc, const int* __restrict__ ctx_len,
+                          float* __restrict__ o_part, float* __restrict__ ml_part,
+                          int n_heads, int group, float scale, long long q_sb,
+                          long long q_sh, long long k_sb, long long k_sh, long long k_ss,
+                          long long v_sb, long long v_sh, long long v_ss,
+                          const int* __restrict__ kv_start, long long kvs_stride,
+                          int max_seq, pgk_t* __restrict__ o, long long o_sb, long long o_sh,
+                          unsigned* __restrict__ counters, long long* __restrict__ err,
+                          long long tag) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int tid = threadIdx.x;
+  const int split = blockIdx.x, splits = gridDim.x;
+  // grid.y = kv heads x (group / PGK_G): a group larger than PGK_G (multi-query
+  // attention) is served in PGK_G-head slices, each reading the kv head once.
+  const int n_sub = group / PGK_G;
+  const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
+  const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
+  const long long part = ((long long)b * n_heads + h0) * splits + split;  // head h0's slot
+  const long long head0 = ((long long)b * n_heads + h0) * splits;         // its split 0
+  o += b * o_sb + h0 * o_sh;
+  unsigned* counter = counters + b * gridDim.y + blockIdx.y;
+
+  int start, end;
+  pgk_dec_range(ctx_len, kv_start, kvs_stride, max_seq, b, split, splits, PGK_TK, start, end,
+                err, tag);
+  if (start >= end) {
+    if (splits == 1) return pgk_dec_zero(o, o_sh);
+    for (int g = tid; g < PGK_G; g += PGK_DT) {
+      ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
+      ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
+    }
+    if (counters && pgk_dec_arrive(counter, splits))
+      pgk_dec_merge<PGK_DT>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
+                            smem_raw);
+    return;
+  }
+  kc += b * k_sb + kvh * k_sh;
+  vc += b * v_sb + kvh * v_sh;
+  auto rows = [=](int key, int, long long& k_off, long long& v_off) {
+    k_off = key * k_ss;
+    v_off = key * v_ss;
+    return true;
+  };
+  pgk_dec_split_body(q + b * q_sb + h0 * q_sh, q_sh, kc, vc, rows, start, end, scale, o_part,
+                     ml_part, part, splits, o, o_sh);
   if (counters && splits > 1 && pgk_dec_arrive(counter, splits))
     pgk_dec_merge<PGK_DT>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
                           smem_raw);
