@@ -34,7 +34,8 @@ GEOMETRIES = [(4, 2, 4, 3, 0, True), (4, 2, 2, 4, 1, True), (8, 1, 4, 2, 1, Fals
 
 
 def _ptr(a: gpk.GPUArray) -> int:
-    return int(a.__cuda_array_interface__["data"][0])
+    a.realize()
+    return int(a.node.realized.ptr)
 
 
 def _err(out: np.ndarray, ref: np.ndarray) -> float:

@@ -32,10 +32,14 @@ FORMAT_CONFIG = {"int8": (4, 2, True), "fp8": (4, 1, False), "int4": (4, 2, True
 EARLY_BLOCKS_PER_SM = 0
 # The staged path (W through shared memory, PGK_QSTAGES > 0), per format: (warps, n8 tiles
 # per warp, chunks per stage, stages per warp), and its persistent grid under early loads.
-# The register path held one slab per lane in flight, 50-68% of copy bandwidth at the
-# Llama-2-7B shapes on an H200 (int8 55%, fp8 68%, int4 34%: bench/results/h200-quant.json
-# at 3bc2948, in git history).
-STAGED_CONFIG = {"int8": (4, 2, 4, 3), "fp8": (4, 2, 4, 3), "int4": (4, 2, 4, 3)}
+# The register path held one slab per lane in flight: 50-68% of copy bandwidth at the
+# Llama-2-7B shapes on an H200 (bench/results/h200-quant.json at 3bc2948, in git history).
+# H200, batch 1, w_early, us summed over the 7 bench shapes (a sweep of 17 geometries at
+# 22cdab5): int8 (8, 2, 4, 2) on two blocks per SM 102.4 (best 100.9, registers 111.9),
+# fp8 86.1 (registers 111.0), fp8 b128 87.0 (123.1); int4 g128 (8, 2, 2, 4) 71.1 (93.4),
+# asym 79.2 (116.3). Deeper stages and more blocks per SM measured no better: what is left
+# is the dequantizing instruction stream per warp, not bytes in flight.
+STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
 STAGED_EARLY_BLOCKS_PER_SM = 2
 DEQUANT_THREADS = 256
 DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
