@@ -2,7 +2,8 @@
 TinyLlama-1.1B and Llama-2-7B, against the copy bandwidth for the bytes it reads (weight
 data, scales, zero points, x and y), beside torch's bf16 F.linear and gpt-fast-style
 weight-only baselines under torch.compile (int8: F.linear(x, w.to(x.dtype)) * scales;
-int4: dequantize, then matmul), on the same device in the same run."""
+int4: dequantize, then matmul), on the same device in the same run. Weights are random,
+quantized on the device (quant_torch)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,10 @@ import functools
 import json
 from typing import Any
 
-import numpy as np
-
 from pygpukit.backends.cuda.kernels import gemv_quant
 from pygpukit.ir.quant import QuantSpec
-from pygpukit.quant import quantize_host
 
+from . import quant_torch
 from .kernels import _close, _compiled, _sets_for, _stream, _torch, time_graph
 
 # (K, N): TinyLlama QKV, o, gate/up, down; Llama-2-7B QKV, gate/up, down.
@@ -27,28 +26,20 @@ FORMATS: tuple[tuple[str, dict[str, Any]], ...] = (
 )  # fmt: skip
 
 
-def _tensors(torch: Any, w: np.ndarray, fmt: str, kw: dict[str, Any]
-             ) -> tuple[QuantSpec, list[Any]]:  # fmt: skip
-    g = kw.get("group", 128)
-    spec, data, scale, zero = quantize_host(w, fmt, g, kw.get("symmetric", True),
-                                            kw.get("block", 0))  # fmt: skip
-    arrs = [data, scale] + ([zero] if zero is not None else [])
-    return spec, [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in arrs]
-
-
 def bench_quant(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
     torch = _torch()
     f = torch.nn.functional
-    rng = np.random.default_rng(0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
     for k, n in SHAPES:
-        w = rng.standard_normal((n, k)).astype(np.float32)
-        wb = torch.from_numpy(w).cuda().to(torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", generator=gen)
+        wb = w.to(torch.bfloat16)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
         base = time_graph(functools.partial(_call, f.linear, x, wb), 1)
         _emit(rows, f"bf16 F.linear 1x{k} @ [{n}x{k}]^T", base, n * k * 2, copy_gbs)
         for fmt, kw in FORMATS:
-            spec, ts = _tensors(torch, w, fmt, kw)
+            g, sym = kw.get("group", 128), kw.get("symmetric", True)
+            spec, ts = quant_torch.quantize(torch, w, fmt, g, sym, kw.get("block", 0))
             nbytes = sum(t.numel() * t.element_size() for t in ts) + 2 * (k + n)
             sets = _sets_for(nbytes)
             copies = [ts] + [[t.clone() for t in ts] for _ in range(sets - 1)]
@@ -64,11 +55,7 @@ def bench_quant(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) 
 
             ours(0)
             torch.cuda.synchronize()
-            from pygpukit.ir.quant import dequantize
-
-            zero = ts[2].cpu().numpy() if len(ts) > 2 else None
-            ref = dequantize(spec, ts[0].cpu().numpy(), ts[1].cpu().numpy(), zero, k)
-            want = x.double() @ torch.from_numpy(ref).cuda().T
+            want = x.double() @ quant_torch.dequantize(torch, spec, ts, k).T
             _close(y, want, f"gemv_quant {spec.label}", tol=1e-2)
             name = f"gemv_quant {spec.label} 1x{k} @ [{n}x{k}]^T"
             t_ours = time_graph(ours, sets)
@@ -82,6 +69,8 @@ def bench_quant(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) 
                 except Exception as exc:  # torch.compile may fail on odd setups
                     row["torch_compile_error"] = f"{type(exc).__name__}: {exc}"[:200]
             print(json.dumps(row), flush=True)
+            del copies
+        del w, wb
 
 
 def _call(fn: Any, *args: Any) -> None:

@@ -1,6 +1,7 @@
 """The `quant_llm` group: batch-1 decode of TinyLlama-1.1B and Llama-2-7B shapes (random
 bf16 weights) with every linear weight bf16, int8, fp8 (block 128) or int4 (group 128),
-quantized by `pygpukit.llm.quantize.quantize_model` and run by the LLM bench's decode
+quantized on the device (quant_torch, quantize_model's formats and read-only weights)
+and run by the LLM bench's decode
 (`generate_ids`: the compiled, captured decode step), beside gpt-fast-style weight-only
 int8 / int4 torch models under torch.compile (gpt-fast's quantize.py forms: int8
 F.linear(x, w.to(x.dtype)) * scales; int4 dequantize, then matmul) in the same run; and
@@ -18,9 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from pygpukit.llm.config import ModelConfig
-
-from . import llm
+from . import llm, quant_torch
 
 FORMATS = ("bf16", "int8", "fp8", "int4")
 STEPS = 64
@@ -28,15 +27,30 @@ PREFILL_LEN = 1024
 INT4_GROUP = 128
 
 
-def _quantized_model(cfg: ModelConfig, fmt: str) -> tuple[Any, float]:
-    """A random bf16 model with its linears quantized by quantize_model (seconds taken)."""
-    from pygpukit.llm.quantize import quantize_model
+def _quantized_model(base: Any, fmt: str) -> Any:
+    """The random bf16 model `base` with every linear weight (wqkv, wo, w_gate_up, w_down,
+    lm_head) quantized on the device (quant_torch; int4 group INT4_GROUP, fp8 blocks of
+    128), read-only as quantize_model leaves them; the float weights stay with `base`
+    (the 7B shape's host quantization took minutes a format)."""
+    import torch
 
-    model = llm.random_model(cfg)
-    t0 = time.perf_counter()
-    if fmt != "bf16":
-        quantize_model(model.transformer, fmt, INT4_GROUP)
-    return model, time.perf_counter() - t0
+    import pygpukit as gpk
+    from pygpukit.llm.loader import LINEAR_KEYS
+    from pygpukit.llm.model import Transformer
+    from pygpukit.quant import QuantizedWeight
+
+    t = base.transformer
+    w: dict[str, Any] = dict(t.weights)
+    for key in [k for k in w if k.split(".")[-1] in LINEAR_KEYS]:
+        tw = torch.from_dlpack(w[key])
+        spec, arrs = quant_torch.quantize(torch, tw, fmt, INT4_GROUP)
+        ga = [gpk.from_dlpack(a) for a in arrs]
+        for a in ga:
+            a.readonly = True
+        w[key] = QuantizedWeight(spec, (tw.shape[0], tw.shape[1]), ga[0], ga[1],
+                                 ga[2] if len(ga) > 2 else None)  # fmt: skip
+    torch.cuda.synchronize()
+    return type(base)(base.config, Transformer(base.config, w, t.dtype), None, "random")
 
 
 def _gptfast_quantizer(fmt: str) -> Callable[[Any], Any]:
@@ -100,11 +114,14 @@ def bench_quant_llm(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bo
     for name in names:
         cfg = llm.MODELS[name]()
         base: dict[str, float] = {}
+        bf16 = llm.random_model(cfg)
         for fmt in FORMATS:
             try:
-                model, q_s = _quantized_model(cfg, fmt)
+                t0 = time.perf_counter()
+                model = bf16 if fmt == "bf16" else _quantized_model(bf16, fmt)
+                q_s = time.perf_counter() - t0 if fmt != "bf16" else 0.0
                 r = llm.bench_pygpukit(cfg, 1, STEPS, model)
-                r.update(impl=f"pygpukit {fmt}", weights=fmt, quantize_s=round(q_s, 1))
+                r.update(impl=f"pygpukit {fmt}", weights=fmt, quantize_s=round(q_s, 2))
                 base.setdefault(f"tok_{fmt}", r["tok_s"])
                 if fmt != "bf16" and "tok_bf16" in base:
                     r["x_vs_bf16"] = round(r["tok_s"] / base["tok_bf16"], 2)
@@ -121,6 +138,8 @@ def bench_quant_llm(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bo
                 emit({"bench": "llm_decode", "model": llm.model_name(cfg),
                       "impl": f"pygpukit {fmt}", "error": repr(e)[:500]})  # fmt: skip
             torch.cuda.empty_cache()
+        del bf16
+        torch.cuda.empty_cache()
         if not use_compile:
             continue
         for fmt in ("bf16", "int8", "int4"):

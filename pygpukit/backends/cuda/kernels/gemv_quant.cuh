@@ -51,6 +51,9 @@
 #ifndef PGK_QLW
 #define PGK_QLW 4  // 32-bit words of W per lane per chunk: 4 (16 bytes) or 2 (int4 group 64)
 #endif
+#ifndef PGK_QSTAGES
+#define PGK_QSTAGES 0  // > 0: W through shared memory in this many stages per warp
+#endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
 #define PGK_QEPW (PGK_QFMT == 2 ? 8 : 4)
@@ -153,6 +156,46 @@ PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& a0, unsigned& a2) {
 #endif
 }
 
+// One chunk (U of them per slab) against the NT n8 tiles: x's fragments xv (the lane's
+// EPL elements), W's words of tile t from wget(t, words), its zero-point pair from
+// zget(t) and, with PGK_QSK, the scales of the C fragment's two columns from sget(t, e).
+// (A function template, not a generic lambda: see pgk_gmma_slab.)
+template <int NT, typename WGet, typename ZGet, typename SGet>
+PGK_DEVICE void pgk_qchunk(float (&acc)[NT][4], const uint4 (&xv)[PGK_QEPL / 8], WGet wget,
+                           ZGet zget, SGet sget) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    unsigned wv[PGK_QLW];
+    wget(t, wv);
+    const unsigned zp = zget(t);
+    // A chunk's own accumulator: the chunks' MMA chains are independent (one chain
+    // through the whole slab serialized the tensor-core latency).
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < PGK_QEPL / 4; ++s) {
+      unsigned a0, a2, b0, b1;
+      pgk_qxfrag(xv, s, a0, a2);
+      pgk_qfrag(wv, s, zp, b0, b1);
+      pgk_gmma(part, a0, 0u, a2, 0u, b0, b1);
+    }
+#if PGK_QSK == 1
+    acc[t][0] += part[0] * sget(t, 0);
+    acc[t][1] += part[1] * sget(t, 1);
+#else
+    (void)sget;
+    acc[t][0] += part[0];
+    acc[t][1] += part[1];
+#endif
+  }
+}
+
+// 4-byte cp.async (the per-group and per-block scales of a stage); src-size 0 zero-fills.
+PGK_DEVICE void pgk_qcp_async4(void* smem, const void* gmem, bool pred) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  const int n = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+
 extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_quant(const pgk_t* __restrict__ x, const unsigned char* __restrict__ w,
                    const float* __restrict__ scale, const unsigned char* __restrict__ zero,
@@ -161,7 +204,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
                    const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
                    long long res_stride, float eps, int w_early) {
   constexpr int U = PGK_U, NT = PGK_NT, LW = PGK_QLW, EPL = PGK_QEPL, CW = PGK_QCW;
-  constexpr int STEPS = EPL / 4;  // MMA steps per chunk
   constexpr int XV = EPL / 8;     // uint4s of x per lane per chunk
   __shared__ float red[PGK_GW][8][8 * NT + 1];
 #if PGK_PRO == 1
@@ -175,14 +217,242 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const int c_lo = (int)((long long)nch * warp / PGK_GW);
   const int c_hi = (int)((long long)nch * (warp + 1) / PGK_GW);
   const bool xin = qr < m;
-
-  // One slab: U chunks of NT tiles' rows (W row qr of each n8 tile for the B fragment;
-  // with PGK_QSK the scales of rows 2qc, 2qc + 1, the C fragment's columns). Stage s of
-  // this warp is slab s % n_st of its tile s / n_st; every warp has the same n_st (the
-  // epilogue's barrier is inside the loop), chunks past its range read nothing.
+  // Every warp has the same slab count per tile (the epilogue's barrier is per tile);
+  // chunks past a warp's range read nothing.
   const int n_st = ((nch + PGK_GW - 1) / PGK_GW + U - 1) / U;
   const int total = my_tiles * n_st;
   const int first_tile = (int)blockIdx.x;
+
+  float acc[NT][4];
+  float ss[4], ss_hi[4];
+  auto zero_acc = [&]() {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
+  };
+
+  // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
+  auto epilogue = [&](int tile) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) red[warp][qr][t * 8 + 2 * qc + e] = acc[t][e];
+#if PGK_PRO == 1
+    if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
+#endif
+    __syncthreads();
+    constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;
+    for (int i = threadIdx.x; i < 8 * OUT; i += PGK_GW * 32) {
+      const int r = i / OUT, cn = i % OUT;
+      const int row = pgk_grow(n, cn, tile);
+      if (r >= m || row < 0) continue;
+      float rs = 1.0f;
+#if PGK_PRO == 1
+      float q = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) q += sumsq[g][r];
+      rs = rsqrtf(q / (float)k + eps);
+#endif
+      float s = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
+      s *= rs;
+#if PGK_QSK == 0
+      s *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + row);
+#endif
+      if (bias) s += pgk_to_float(bias[row]);
+#if PGK_GLU == 1
+      float up = 0.0f;
+#pragma unroll
+      for (int g = 0; g < PGK_GW; ++g) up += red[g][r][cn + OUT];
+      up *= rs;
+#if PGK_QSK == 0
+      up *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + n / 2 + row);
+#endif
+      if (bias) up += pgk_to_float(bias[n / 2 + row]);
+      s = s / (1.0f + __expf(-s)) * up;
+#else
+      s = pgk_epilogue_act(s);
+#endif
+      if (res) s += pgk_to_float(res[(long long)r * res_stride + row]);
+      y[(long long)r * y_stride + row] = pgk_from_float<pgk_t>(s);
+    }
+    __syncthreads();  // red is rewritten by the next tile
+  };
+
+#if PGK_QSTAGES > 0
+  // W through shared memory in PGK_QSTAGES stages per warp (cp.async, 16 bytes a lane per
+  // chunk, whole 64-byte runs of a row): the next stages' bytes stay in flight while the
+  // current one is dequantized and multiplied, and every load of a stage is issued at one
+  // point. A stage is U chunks of 8 * NT rows (odd rows' 64-byte halves swapped,
+  // pgk_gswz, so the fragment reads of rows qr and qr + 1 land in distinct banks), with
+  // PGK_QSK the rows' scales of each chunk (4-byte cp.async) and with PGK_QZERO each
+  // lane's own zero points (plain loads, stored to shared memory one step later, when
+  // they have arrived with the stage's other bytes). The warp's range of x (m rows) and
+  // of the prologue's gain is loaded once into shared memory after the wait. With
+  // w_early the first stages load before the predecessor wait (read-only weights in a
+  // captured graph); the stage sequence runs on across the block's tiles.
+  static_assert(LW == 4, "staged chunks are 16 bytes a lane");
+  constexpr int NS = PGK_QSTAGES, SROWS = 8 * NT;
+  constexpr int CPR = 4 * U;       // 16-byte pieces per slab row (4 lanes per chunk)
+  constexpr int SLDB = 16 * CPR;   // bytes of a slab row
+  static_assert(SLDB % 128 == 0, "a slab row spans whole 128-byte lines (U >= 2)");
+  constexpr int WST = SROWS * SLDB;                   // W bytes of a stage
+  constexpr int SST = PGK_QSK ? 4 * SROWS * U : 0;    // scale bytes of a stage
+  constexpr int ZST = PGK_QZERO ? 32 * NT * U : 0;    // zero-point bytes of a stage
+  constexpr int STB = (WST + SST + ZST + 15) / 16 * 16;
+  extern __shared__ __align__(16) unsigned char pgk_qsm[];
+  unsigned char* wsm = pgk_qsm + warp * (NS * STB);
+  const int xld = nch * CW + 8;  // x and gain rows: all of K, padded (rows in other banks)
+  pgk_t* xsm = reinterpret_cast<pgk_t*>(pgk_qsm + PGK_GW * NS * STB);
+  const pgk_t* gsm = xsm + m * xld;  // the gain row (RMSNorm prologue)
+  unsigned zpend[NT][U];  // zero points loaded for stage zslot, not yet in shared memory
+  int zslot = -1;
+  (void)zpend;
+  auto zflush = [&]() {
+#if PGK_QZERO == 1
+    if (zslot >= 0) {
+      unsigned char* zs = wsm + zslot * STB + WST + SST + lane * NT * U;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int u = 0; u < U; ++u) zs[t * U + u] = (unsigned char)zpend[t][u];
+    }
+#endif
+    zslot = -1;
+  };
+  auto issue = [&](int st) {
+    const int tile = first_tile + (st / n_st) * (int)gridDim.x;
+    const int c0 = c_lo + (st % n_st) * U;
+    unsigned char* base = wsm + (st % NS) * STB;
+#pragma unroll
+    for (int i = 0; i < NT * U; ++i) {
+      const int p = i * 32 + lane;
+      const int r = p / CPR, pc = p % CPR;
+      const int c = c0 + pc / 4;
+      const int col = c * CW + (pc % 4) * EPL;
+      const int row = pgk_grow(n, r, tile);
+      const bool in = row >= 0 && c < c_hi && col < k;
+      const long long byte = PGK_QFMT == 2 ? col / 2 : col;  // int4: two a byte
+      pgk_cp_async16(base + r * SLDB + pgk_gswz(r, pc) * 16,
+                     in ? w + (long long)row * w_stride + byte : w, in);
+    }
+#if PGK_QSK == 1
+    float* scs = reinterpret_cast<float*>(base + WST);
+    for (int p = lane; p < SROWS * U; p += 32) {
+      const int r = p / U, c = c0 + p % U;
+      const int row = pgk_grow(n, r, tile), col = c * CW;
+      const bool in = row >= 0 && c < c_hi && col < k;
+      const int grp = col / PGK_QGROUP;
+      const long long at = PGK_QFMT == 1 ? (long long)(row / PGK_QGROUP) * scale_ld + grp
+                                         : (long long)row * scale_ld + grp;
+      pgk_qcp_async4(scs + p, in ? scale + at : scale, in);
+    }
+#endif
+#if PGK_QZERO == 1
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int row = pgk_grow(n, t * 8 + qr, tile);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u, col = c * CW;
+        const bool in = row >= 0 && c < c_hi && col < k;
+        zpend[t][u] = in ? __ldg(zero + (long long)row * scale_ld + col / PGK_QGROUP) : 8u;
+      }
+    }
+    zslot = st % NS;
+#endif
+  };
+  const int pre = NS - 1 < total ? NS - 1 : total;  // stages issued before the loop
+  auto first_stages = [&]() {
+    for (int st = 0; st < NS - 1; ++st) {
+      zflush();
+      if (st < pre) issue(st);
+      pgk_cp_async_commit();
+    }
+  };
+  if (w_early) first_stages();
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+  (void)zero;
+  {  // this warp's columns of x and the gain, as one group
+    const int pieces = (c_hi - c_lo) * (CW / 8), rows = m + (PGK_PRO == 1 ? 1 : 0);
+    for (int p = lane; p < rows * pieces; p += 32) {
+      const int r = p / pieces, col = c_lo * CW + (p % pieces) * 8;
+      const bool is_x = r < m;
+      const bool in = col < k;
+      const pgk_t* src = is_x ? x + (long long)r * x_stride + col : pro + col;
+      pgk_cp_async16(xsm + r * xld + col, in ? src : x, in);
+    }
+    pgk_cp_async_commit();
+  }
+  if (!w_early) first_stages();
+  const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+  const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
+  int st = 0;
+  for (int ti = 0; ti < my_tiles; ++ti) {
+    zero_acc();
+    for (int j = 0; j < n_st; ++j, ++st) {
+      zflush();
+      if (st + NS - 1 < total) issue(st + NS - 1);
+      pgk_cp_async_commit();
+      // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
+      // per step: stage st has at most NS - 1 groups after it; with w_early the first
+      // step also needs x, which has one.
+      if (w_early && st == 0) {
+        pgk_cp_async_wait<1>();
+      } else {
+        pgk_cp_async_wait<NS - 1>();
+      }
+      __syncwarp();
+      const unsigned char* base = wsm + (st % NS) * STB;
+      const float* scs = reinterpret_cast<const float*>(base + WST);
+      const unsigned char* zs = base + WST + SST + lane * NT * U;
+      (void)scs;
+      (void)zs;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        // Past the warp's range shared memory holds no x (W there is zero-filled).
+        const int c = c_lo + j * U + u, col = c * CW + qc * EPL;
+        const bool cin = c < c_hi;
+        uint4 xv[XV];
+#pragma unroll
+        for (int jx = 0; jx < XV; ++jx) {
+          xv[jx] = xin && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col + 8 * jx)
+                              : zero4;
+          if (PGK_PRO == 1) {
+            uint4 upper = zero4;
+            const uint4 gv = cin ? *reinterpret_cast<const uint4*>(gsm + col + 8 * jx) : zero4;
+            pgk_gprologue(xv[jx], upper, gv, false, ss, ss_hi);
+          }
+        }
+        pgk_qchunk<NT>(
+            acc, xv,
+            [&](int t, unsigned (&wv)[LW]) {
+              const uint4 v = *reinterpret_cast<const uint4*>(base + (t * 8 + qr) * SLDB +
+                                                              ((u * 4 + qc) ^ sw) * 16);
+              wv[0] = v.x;
+              wv[1] = v.y;
+              wv[2] = v.z;
+              wv[3] = v.w;
+            },
+            [&](int t) { return pgk_qzero_pair(PGK_QZERO ? (int)zs[t * U + u] : 8); },
+            [&](int t, int e) { return scs[(t * 8 + 2 * qc + e) * U + u]; });
+      }
+      __syncwarp();  // this stage is refilled by a later step's issue
+    }
+    epilogue(first_tile + ti * (int)gridDim.x);
+  }
+  pgk_cp_async_wait<0>();
+#else
+  // Fragments straight from global memory into registers: the path for rows of x that do
+  // not fit in shared memory beside the stages, and for 8-byte chunks (int4 groups of 64).
+  // One slab: U chunks of NT tiles' rows (W row qr of each n8 tile for the B fragment;
+  // with PGK_QSK the scales of rows 2qc, 2qc + 1, the C fragment's columns). Stage s of
+  // this warp is slab s % n_st of its tile s / n_st.
   using wregs = unsigned[U][NT][LW];
   using sregs = float[U][NT][2];
   using zregs = unsigned[U][NT];
@@ -248,20 +518,10 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   if (!have && total > 0) load(0, wv, sc, zp);
 
   const pgk_t* xr = x + (long long)(xin ? qr : 0) * x_stride;
-  float acc[NT][4];
-  float ss[4], ss_hi[4];
   for (int st = 0; st < total; ++st) {
     const int j = st % n_st;
-    const int tile = first_tile + (st / n_st) * (int)gridDim.x;
     const int c0 = c_lo + j * U;
-    if (j == 0) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
-    }
+    if (j == 0) zero_acc();
 #if PGK_QPIPE == 1
     // The next slab's loads go out before this one's multiplies: each lane keeps a slab
     // in flight while it computes (one register set only left the memory idle then).
@@ -285,26 +545,13 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
           pgk_gprologue(xv[jx], upper, gv, false, ss, ss_hi);
         }
       }
+      pgk_qchunk<NT>(
+          acc, xv,
+          [&](int t, unsigned (&o)[LW]) {
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        // A chunk's own accumulator: the chunks' MMA chains are independent (one chain
-        // through the whole slab serialized the tensor-core latency).
-        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s = 0; s < STEPS; ++s) {
-          unsigned a0, a2, b0, b1;
-          pgk_qxfrag(xv, s, a0, a2);
-          pgk_qfrag(wv[u][t], s, zp[u][t], b0, b1);
-          pgk_gmma(part, a0, 0u, a2, 0u, b0, b1);
-        }
-#if PGK_QSK == 1
-        acc[t][0] += part[0] * sc[u][t][0];
-        acc[t][1] += part[1] * sc[u][t][1];
-#else
-        acc[t][0] += part[0];
-        acc[t][1] += part[1];
-#endif
-      }
+            for (int e = 0; e < LW; ++e) o[e] = wv[u][t][e];
+          },
+          [&](int t) { return zp[u][t]; }, [&](int t, int e) { return sc[u][t][e]; });
     }
 #if PGK_QPIPE == 1
 #pragma unroll
@@ -320,55 +567,9 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #else
     if (st + 1 < total) load(st + 1, wv, sc, zp);
 #endif
-    if (j != n_st - 1) continue;
-
-    // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) red[warp][qr][t * 8 + 2 * qc + e] = acc[t][e];
-#if PGK_PRO == 1
-    if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
-#endif
-    __syncthreads();
-    constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;
-    for (int i = threadIdx.x; i < 8 * OUT; i += PGK_GW * 32) {
-      const int r = i / OUT, cn = i % OUT;
-      const int row = pgk_grow(n, cn, tile);
-      if (r >= m || row < 0) continue;
-      float rs = 1.0f;
-#if PGK_PRO == 1
-      float q = 0.0f;
-#pragma unroll
-      for (int g = 0; g < PGK_GW; ++g) q += sumsq[g][r];
-      rs = rsqrtf(q / (float)k + eps);
-#endif
-      float s = 0.0f;
-#pragma unroll
-      for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
-      s *= rs;
-#if PGK_QSK == 0
-      s *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + row);
-#endif
-      if (bias) s += pgk_to_float(bias[row]);
-#if PGK_GLU == 1
-      float up = 0.0f;
-#pragma unroll
-      for (int g = 0; g < PGK_GW; ++g) up += red[g][r][cn + OUT];
-      up *= rs;
-#if PGK_QSK == 0
-      up *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + n / 2 + row);
-#endif
-      if (bias) up += pgk_to_float(bias[n / 2 + row]);
-      s = s / (1.0f + __expf(-s)) * up;
-#else
-      s = pgk_epilogue_act(s);
-#endif
-      if (res) s += pgk_to_float(res[(long long)r * res_stride + row]);
-      y[(long long)r * y_stride + row] = pgk_from_float<pgk_t>(s);
-    }
-    __syncthreads();
+    if (j == n_st - 1) epilogue(first_tile + (st / n_st) * (int)gridDim.x);
   }
+#endif
 }
 
 // pgk_dequant for any K and group (K % 8 != 0, int4 groups under 8: rows unaligned for

@@ -19,17 +19,28 @@ FORMATS = {"int8": 0, "fp8": 1, "int4": 2}
 # A slab is U chunks of each warp's range, U the power of two covering the range up to
 # MAX_SLAB (fewer loads in flight past it).
 MAX_SLAB = 8
-# Per format: (warps, n8 tiles per warp, the next slab's loads in flight while the current
-# one is multiplied). H200, batch 1, w_early, summed us over the 7 bench shapes
-# (scripts/quant_sweep.py at 4aac5d5, in git history): int8 (4, 2) pipelined 111.6 against
-# 121.3 for (4, 1) single-buffered; int4 g128 (4, 2) pipelined 93.2 against 101.7; fp8 b128
-# (4, 1) single-buffered 123.2 against 130-147 pipelined (its e4m3 -> bf16 conversion
-# leaves fewer registers for a second slab).
+# The register path (PGK_QSTAGES 0: rows of x that do not fit in shared memory beside the
+# stages, int4 groups of 64). Per format: (warps, n8 tiles per warp, the next slab's loads
+# in flight while the current one is multiplied). H200, batch 1, w_early, summed us over
+# the 7 bench shapes (scripts/quant_sweep.py at 4aac5d5, in git history): int8 (4, 2)
+# pipelined 111.6 against 121.3 for (4, 1) single-buffered; int4 g128 (4, 2) pipelined
+# 93.2 against 101.7; fp8 b128 (4, 1) single-buffered 123.2 against 130-147 pipelined.
 FORMAT_CONFIG = {"int8": (4, 2, True), "fp8": (4, 1, False), "int4": (4, 2, True)}
-# The persistent grid under early loads (w_early): one block per tile. The bf16 GEMV's two
-# blocks per SM (gemv.EARLY_BLOCKS_PER_SM) left this kernel latency-bound: int8
-# [22016 x 4096] 55.3 us against 34.4, int4 g128 [11264 x 2048] 14.7 against 9.3.
+# Its persistent grid under early loads (w_early): one block per tile. The bf16 GEMV's two
+# blocks per SM (gemv.EARLY_BLOCKS_PER_SM) left it latency-bound: int8 [22016 x 4096]
+# 55.3 us against 34.4, int4 g128 [11264 x 2048] 14.7 against 9.3.
 EARLY_BLOCKS_PER_SM = 0
+# The staged path (W through shared memory, PGK_QSTAGES > 0), per format: (warps, n8 tiles
+# per warp, chunks per stage, stages per warp), and its persistent grid under early loads.
+# The register path held one slab per lane in flight: 50-68% of copy bandwidth at the
+# Llama-2-7B shapes on an H200 (bench/results/h200-quant.json at 3bc2948, in git history).
+# H200, batch 1, w_early, us summed over the 7 bench shapes (a sweep of 17 geometries at
+# 22cdab5): int8 (8, 2, 4, 2) on two blocks per SM 102.4 (best 100.9, registers 111.9),
+# fp8 86.1 (registers 111.0), fp8 b128 87.0 (123.1); int4 g128 (8, 2, 2, 4) 71.1 (93.4),
+# asym 79.2 (116.3). Deeper stages and more blocks per SM measured no better: what is left
+# is the dequantizing instruction stream per warp, not bytes in flight.
+STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
+STAGED_EARLY_BLOCKS_PER_SM = 2
 DEQUANT_THREADS = 256
 DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -74,6 +85,29 @@ def scale_ld(spec: QuantSpec, k: int) -> int:
     return cdiv(k, spec.block) if spec.block else 1
 
 
+def stage_bytes(spec: QuantSpec, nt: int, u: int) -> int:
+    """Shared memory of one warp's stage: 8 * nt rows of u 64-byte chunks of W, with
+    grouped scales the rows' scale of each chunk, with zero points each lane's own."""
+    grouped = spec.format == "int4" or bool(spec.block)
+    b = 8 * nt * 64 * u + (4 * 8 * nt * u if grouped else 0) + (32 * nt * u if spec.has_zero else 0)
+    return cdiv(b, 16) * 16
+
+
+def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int,
+                prologue: str = "none") -> int:  # fmt: skip
+    """Dynamic shared memory of the staged kernel: each warp's stages, then m rows of x
+    and (RMSNorm prologue) the gain row, each all of K (in whole chunks) plus 8."""
+    gw, nt, u, stages = config
+    rows = m + (1 if prologue == "rms_norm" else 0)
+    return gw * stages * stage_bytes(spec, nt, u) + rows * (cdiv(k, chunk_cols(spec)) *
+                                                            chunk_cols(spec) + 8) * 2  # fmt: skip
+
+
+def static_smem(gw: int, nt: int) -> int:
+    """The kernel's static shared memory: the warps' partial sums and sums of squares."""
+    return gw * 8 * (8 * nt + 1) * 4 + gw * 8 * 4
+
+
 def gemv_quant(
     x: int,
     w: int,
@@ -102,15 +136,19 @@ def gemv_quant(
     blocks_per_sm: int | None = None,
     w_early: bool = False,
     pipe: bool | None = None,
+    stages: int | None = None,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
     W's data [n, packed k] dense at `w`, its float32 scales at `scale` (scale_numel of
     them), int4 zero points at `zero`. bf16/f16 x with 16-byte aligned rows; prologue,
-    glu, blocks_per_sm and w_early as gemv.gemv. config: (warps, n8 tiles per warp);
-    slab: chunks per warp per step (a power of two; default from K); pipe: the next slab's
-    loads in flight while the current one is multiplied (PGK_QPIPE). config and pipe
-    default to the format's FORMAT_CONFIG."""
+    glu, blocks_per_sm and w_early as gemv.gemv. stages: W's stages per warp through
+    shared memory (None: the format's STAGED_CONFIG where the kernel takes the weight and
+    x fits beside the stages, else 0; 0: fragments straight into registers). config:
+    (warps, n8 tiles per warp); slab: chunks per warp per stage (staged: default from
+    STAGED_CONFIG; a power of two >= 2) or per step (registers: default from K); pipe
+    (registers): the next slab's loads in flight while the current one is multiplied
+    (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -132,19 +170,38 @@ def gemv_quant(
     ptrs = (x, w) + ((pro,) if prologue != "none" else ())
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
-    fgw, fnt, fpipe = FORMAT_CONFIG[spec.format]
-    gw, nt = config or (fgw, fnt)
-    pipe = fpipe if pipe is None else pipe
-    nch = cdiv(k, chunk_cols(spec))
-    u = slab or min(MAX_SLAB, pow2_at_least(cdiv(nch, gw)))
+    sgw, snt, su, sns = STAGED_CONFIG[spec.format]
+    if stages is None:
+        cfg = (*(config or (sgw, snt)), slab or su, sns)
+        fits = staged_smem(spec, cfg, k, m, prologue) + static_smem(cfg[0], cfg[1])
+        stages = sns if words_per_lane(spec) == 4 and fits <= loader.max_shared_optin() else 0
+    smem = 0
+    if stages:
+        gw, nt = config or (sgw, snt)
+        u = slab or su
+        if words_per_lane(spec) != 4 or u < 2 or u & (u - 1):
+            raise ShapeError(f"gemv_quant: {stages} stages of {u} chunks for a {spec.label} "
+                             f"weight (staging takes 16-byte chunks, 2+ a stage)")  # fmt: skip
+        smem = staged_smem(spec, (gw, nt, u, stages), k, m, prologue)
+        if smem + static_smem(gw, nt) > loader.max_shared_optin():
+            raise ShapeError(f"gemv_quant: {stages} stages of ({gw}, {nt}, {u}) with {m} rows "
+                             f"of K={k} need {smem} bytes of shared memory")  # fmt: skip
+        pipe = False
+    else:
+        fgw, fnt, fpipe = FORMAT_CONFIG[spec.format]
+        gw, nt = config or (fgw, fnt)
+        pipe = fpipe if pipe is None else pipe
+        nch = cdiv(k, chunk_cols(spec))
+        u = slab or min(MAX_SLAB, pow2_at_least(cdiv(nch, gw)))
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
-         "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe)}  # fmt: skip
+         "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
+    fn.set_dynamic_smem(smem)
     tiles = gemv.mma_tiles(n, nt, glu)
     per_sm = blocks_per_sm
     if per_sm is None:
-        per_sm = EARLY_BLOCKS_PER_SM if w_early else 0
+        per_sm = (STAGED_EARLY_BLOCKS_PER_SM if stages else EARLY_BLOCKS_PER_SM) if w_early else 0
     grid_x = min(tiles, per_sm * toolchain.sm_count()) if per_sm else tiles
     row_bytes = k // 2 if spec.format == "int4" else k
     fn.launch(
@@ -170,7 +227,7 @@ def gemv_quant(
             eps,
             int(w_early),
         ),
-        0,
+        smem,
         stream,
     )
 

@@ -163,24 +163,30 @@ QUANT_SPECS = (
 
 def quant_variants() -> list[Variant]:
     """gemv_quant: each format in both dtypes plain and with the decode step's fusions
-    (RMSNorm prologue, SwiGLU epilogue, SiLU), each slab depth, pipelined or not, and the
-    dequantize kernel."""
+    (RMSNorm prologue, SwiGLU epilogue, SiLU), on the register path and (16-byte chunks)
+    the staged one, its other slab and stage depths for sweeps, and the dequantize
+    kernel."""
     out: list[Variant] = []
     for spec, numel in QUANT_SPECS:
         gw, nt, pipe = gemv_quant.FORMAT_CONFIG[spec.format]
+        sgw, snt, su, sns = gemv_quant.STAGED_CONFIG[spec.format]
+        staged = gemv_quant.words_per_lane(spec) == 4
         for dt in loader.HALF_DTYPES:
-            base = {**gemv_quant.defines(spec, dt, numel), "PGK_GW": gw, "PGK_NT": nt}
+            base = gemv_quant.defines(spec, dt, numel)
             fused = [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 0, 3)] if dt == "bfloat16" else [
                 (0, 0, 0)]  # fmt: skip
             for pro, glu, act in fused:
-                deep = (pro, glu, act) == (0, 0, 0) and spec.format != "fp8"
-                for u in (1, 2, 4, 8) if deep and dt == "bfloat16" else (4,):
-                    d = {**base, "PGK_U": u, "PGK_PRO": pro, "PGK_GLU": glu, "PGK_ACT": act,
-                         "PGK_QPIPE": int(pipe)}  # fmt: skip
-                    out.append(("gemv_quant", ("pgk_gemv_quant",), d))
-                    if deep and u == 4:  # the other loop, for sweeps
-                        out.append(("gemv_quant", ("pgk_gemv_quant",),
-                                    {**d, "PGK_QPIPE": 1 - int(pipe)}))  # fmt: skip
+                f = {"PGK_PRO": pro, "PGK_GLU": glu, "PGK_ACT": act}
+                out.append(("gemv_quant", ("pgk_gemv_quant",),
+                            {**base, **f, "PGK_GW": gw, "PGK_NT": nt, "PGK_U": 4,
+                             "PGK_QPIPE": int(pipe), "PGK_QSTAGES": 0}))  # fmt: skip
+                if not staged:
+                    continue
+                deep = (pro, glu, act) == (0, 0, 0) and dt == "bfloat16"
+                for u, ns in ((su, sns), (2, 4), (8, 2)) if deep else ((su, sns),):
+                    out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": u,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": ns}))  # fmt: skip
         for dt in gemv_quant.DEQUANT_DTYPES:
             out.append(
                 (
