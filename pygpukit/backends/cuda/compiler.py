@@ -11,6 +11,7 @@ from typing import Any
 
 from pygpukit import _native
 
+from . import compile_ahead
 from .codegen import KernelSource
 from .toolchain import compile_kernel, device_arch
 
@@ -31,13 +32,36 @@ def function(src: KernelSource, arch: str | None = None) -> Any:
     if fn is not None:
         stats["hits"] += 1
         return fn
+    if compile_ahead.is_collecting():
+        compile_ahead.ask(_request(src, arch, key))
+        return compile_ahead.DEFERRED
     with _lock:
         fn = _functions.get(key)
         if fn is None:
-            cubin = compile_kernel(src.text, arch, GENERATED_OPTIONS, src.name + ".cu")
-            mod = _native.Module(cubin)
-            fn = mod.get_function(src.name)
-            _modules.append(mod)
-            _functions[key] = fn
-            stats["compiled"] += 1
+            fn = _load(src, key, compile_kernel(src.text, arch, GENERATED_OPTIONS, src.name + ".cu"))
     return fn
+
+
+def _load(src: KernelSource, key: tuple[str, str], cubin: bytes) -> Any:
+    """The kernel of `cubin`, kept for key (the first one loaded wins); _lock held."""
+    fn = _functions.get(key)
+    if fn is None:
+        mod = _native.Module(cubin)
+        fn = mod.get_function(src.name)
+        _modules.append(mod)
+        _functions[key] = fn
+        stats["compiled"] += 1
+    return fn
+
+
+def _request(src: KernelSource, arch: str, key: tuple[str, str]) -> compile_ahead.Request:
+    """A compile of a generated kernel for compile_ahead."""
+
+    def install(cubin: bytes) -> None:
+        with _lock:
+            _load(src, key, cubin)
+
+    return compile_ahead.Request(("generated", key), f"{src.name} (generated) for {arch}",
+                                 lambda: compile_kernel(src.text, arch, GENERATED_OPTIONS,
+                                                        src.name + ".cu"),
+                                 install)  # fmt: skip
