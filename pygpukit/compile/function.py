@@ -8,7 +8,7 @@ import math
 import operator
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from threading import get_ident
 from typing import Any, NamedTuple
 
@@ -101,8 +101,9 @@ class _Entry:
     traced: Traced
     program: Any  # executor.PlannedProgram
     signature: dict[str, str]
-    trace_ms: float
+    trace_ms: float  # trace, passes and planning: what the miss cost before running
     outputs: _Outputs
+    phases_ms: dict[str, float] = field(default_factory=dict)  # trace_ms split up
 
 
 class CompiledFunction:
@@ -246,6 +247,7 @@ class CompiledFunction:
                 {
                     "signature": dict(e.signature),
                     "trace_ms": e.trace_ms,
+                    "phases_ms": dict(e.phases_ms),
                     "arena_bytes": e.program.plan.arena_bytes,
                     "naive_bytes": e.program.plan.naive_bytes,
                     "kernels": len(e.program.kernels),
@@ -289,7 +291,9 @@ class CompiledFunction:
         traced = trace(self.__wrapped_fn__, args, kwargs, [a for _, a in arrays], tree, captured,
                        self.__name__)  # fmt: skip
         self._check_host_items(traced, values.host_items)
+        t1 = time.perf_counter()
         schedule = lower(run_pipeline(traced.graph))
+        t2 = time.perf_counter()
         n_args = len(arrays)
         ins = schedule.input_slots
         external = ins[n_args:]
@@ -298,8 +302,11 @@ class CompiledFunction:
         writeback = [(outs[n_user + j], external[p])
                      for j, p in enumerate(traced.writeback_persistent)]  # fmt: skip
         program = PlannedProgram(schedule, get_backend(), external, writeback, n_user)
-        entry = _Entry(traced, program, sig, (time.perf_counter() - t0) * 1e3,
-                       _Outputs(traced, program, self._where))  # fmt: skip
+        t3 = time.perf_counter()
+        entry = _Entry(traced, program, sig, (t3 - t0) * 1e3,
+                       _Outputs(traced, program, self._where),
+                       {"trace": (t1 - t0) * 1e3, "passes": (t2 - t1) * 1e3,
+                        "plan": (t3 - t2) * 1e3})  # fmt: skip
         self._cache[key] = entry
         self._evict(stacklevel + 1)
         return entry

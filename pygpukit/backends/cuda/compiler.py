@@ -38,7 +38,8 @@ def function(src: KernelSource, arch: str | None = None) -> Any:
     with _lock:
         fn = _functions.get(key)
         if fn is None:
-            fn = _load(src, key, compile_kernel(src.text, arch, GENERATED_OPTIONS, src.name + ".cu"))
+            cubin = compile_kernel(src.text, arch, GENERATED_OPTIONS, src.name + ".cu")
+            fn = _load(src, key, cubin)
     return fn
 
 

@@ -159,8 +159,9 @@ def max_shared_optin() -> int:
     return int(toolchain.device_info()["max_shared_per_block_optin"])
 
 
+ModuleKey = tuple[str, tuple[tuple[str, str], ...], str]  # (family, defines, arch)
 _lock = threading.Lock()
-_modules: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
+_modules: dict[ModuleKey, Any] = {}
 _functions: dict[tuple[Any, ...], Any] = {}
 
 
@@ -190,7 +191,7 @@ def get_function(
     return fn
 
 
-def _load(mkey: tuple[str, tuple[tuple[str, str], ...], str], cubin: bytes) -> Any:
+def _load(mkey: ModuleKey, cubin: bytes) -> Any:
     """The module of `cubin`, kept for mkey (the first one loaded wins)."""
     import pygpukit._native as _native
 
@@ -201,7 +202,7 @@ def _load(mkey: tuple[str, tuple[tuple[str, str], ...], str], cubin: bytes) -> A
 
 
 def _request(family: str, defines: Mapping[str, object], arch: str,
-             mkey: tuple[str, tuple[tuple[str, str], ...], str]) -> compile_ahead.Request:  # fmt: skip
+             mkey: ModuleKey) -> compile_ahead.Request:  # fmt: skip
     """A compile of this family's module for compile_ahead (the source is read now: a
     setting read on the pool's threads could see another value)."""
     source = kernel_source(family, defines)
