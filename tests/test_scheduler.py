@@ -73,6 +73,26 @@ def test_results_match_direct_calls_and_reservation(backend):
         assert st["simulated"] and st["now_ms"] == pytest.approx(7.5)
 
 
+def test_reservation_of_a_guard_hit_is_the_entrys_own(backend):
+    """reservation() of a call that passes the last call's guard is answered from the
+    entry; new shapes get their own, and both equal a fresh function's figures."""
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    fresh, _ = _fns()
+    small = [gpk.asarray(a) for a in _data(rng)]
+    big = [gpk.asarray(a) for a in _data(rng, m=24, k=40, n=8)]
+    mlp(*small)  # sets the guard
+    first = mlp.reservation(*small)
+    again = mlp.reservation(*[gpk.asarray(a.to_numpy()) for a in small])  # other arrays
+    assert again is first and first == fresh.reservation(*small)
+    other = mlp.reservation(*big)
+    assert other == fresh.reservation(*big) and other.input_bytes == (24 * 40 + 40 * 8) * 4
+    assert other.output_bytes == 24 * 8 * 4 and other != first
+    mlp(*big)
+    assert mlp.reservation(*big) is other
+    np.testing.assert_allclose(mlp(*small).to_numpy(), fresh(*small).to_numpy(), rtol=1e-6)
+
+
 def test_cost_model_from_bytes_moved(backend):
     rng = np.random.default_rng()
     mlp, _ = _fns()
