@@ -362,7 +362,7 @@ def main() -> None:
         res["solo_paced"] = gpu_sched(w, n, False, period_ms=PERIOD_MS)
         res["contended_paced_sched"] = gpu_sched(w, n, True, period_ms=PERIOD_MS)
         # Each step waits behind the whole GEMM backlog (seconds): a few show it.
-        res["contended_direct"] = gpu_direct(w, 20, True)
+        res["contended_direct"] = gpu_direct(w, 5 if args.quick else 20, True)
         res["shares_70_30"] = gpu_shares(w, 3.0 if args.quick else 10.0)
         res["p99_ratio_paced"] = (res["contended_paced_sched"]["p99_ms"]
                                   / res["solo_paced"]["p99_ms"])  # fmt: skip
