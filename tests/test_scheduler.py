@@ -435,15 +435,18 @@ def _fake_cuda(dev, waiter_ended):
         def elapsed_time(self, end: FakeEvent) -> float:
             return (end.t - self.t) * 1e3
 
+        def query(self) -> bool:  # fired: the fake launch ran at once
+            return True
+
     import types
 
     dev._native = types.SimpleNamespace(Stream=_FakeStream, Event=FakeEvent)
     real_launch = dev.launch
 
-    def launch(task, priority, high, run, now):
+    def launch(task, priority, high, run, now, on_caller=False):
         local.task = task
         try:
-            real_launch(task, priority, high, run, now)
+            real_launch(task, priority, high, run, now, on_caller)
         finally:
             local.task = None
         flag(launched, task.id).set()
@@ -507,4 +510,69 @@ def test_cuda_device_path_ends_and_starts_tasks_from_completer_threads(backend, 
     finally:
         sched.close(timeout=60)
     assert not sched._thread.is_alive(), "close() waited for the dispatcher's idle timeout"
+    _reserved_zero(sched, backend, 1 << 62)
+
+
+def test_cuda_on_caller_guaranteed_launch_is_ended_without_a_completer(backend, monkeypatch):
+    """A Guaranteed task launched at submission is watched by no completer thread: its
+    waiter ends it (result, done) or, when nobody waits, the next submit or the dispatcher
+    does once it is SWEEP_MS old. The completer still ends the BestEffort ones."""
+    from pygpukit.scheduler import device as device_mod
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    monkeypatch.setattr(device_mod, "SWEEP_MS", 0.0)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK)
+    _fake_cuda(dev, {})
+    ends = {"completer": 0, "waiter": 0, "collect": 0}
+
+    def counted(who, fn):
+        def end(d):
+            ends[who] += 1
+            fn(d)
+
+        return end
+
+    real_collect = dev.collect
+
+    def collect():
+        out = real_collect()
+        ends["collect"] += len(out)
+        return out
+
+    dev.on_done = counted("completer", sched._on_done)
+    dev.on_done_waiter = counted("waiter", sched._on_done_waiter)
+    dev.collect = collect
+    sched._device = dev
+    try:
+        g = sched.submit(mlp, x, w, qos="guaranteed", tenant="g")
+        assert g.state == "running" and dev.unreported()
+        np.testing.assert_allclose(g.result().to_numpy(), want, rtol=1e-6)
+        assert ends == {"completer": 0, "waiter": 1, "collect": 0}
+        g = sched.submit(mlp, x, w, qos="guaranteed", tenant="g")
+        assert g.done() and ends["waiter"] == 2  # done() ends a launch that has ended
+        np.testing.assert_allclose(g.result(0).to_numpy(), want, rtol=1e-6)
+        unwaited = [sched.submit(mlp, x, w, qos="guaranteed", tenant="g") for _ in range(3)]
+        # Nobody waits on them: each later submit, then the dispatcher, ends them.
+        for _ in range(600):
+            if all(t._future.done() for t in unwaited):
+                break
+            time.sleep(0.05)
+        assert [t.state for t in unwaited] == ["done"] * 3 and ends["collect"] == 3
+        for t in unwaited:
+            np.testing.assert_allclose(t.result(0).to_numpy(), want, rtol=1e-6)
+        be = sched.submit(mlp, x, w, qos="best_effort", tenant="be")
+        np.testing.assert_allclose(be.result(60).to_numpy(), want, rtol=1e-6)
+        assert ends["completer"] == 1 and not dev.unreported()
+        st = sched.stats()
+        assert st["completed"] == 6 and st["reserved_bytes"] == 0
+    finally:
+        sched.close(timeout=60)
+    assert not sched._thread.is_alive()
     _reserved_zero(sched, backend, 1 << 62)
