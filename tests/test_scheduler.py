@@ -401,14 +401,15 @@ class _FakeStream:
         self.priority = priority
 
 
-def _fake_cuda(dev, waiter_ended):
+def _fake_cuda(dev, waiter_ended, fired=None):
     """Fake Stream and Event classes for `dev`, and a launch wrapper. Each event knows the
     task it was recorded for. The end event of a Guaranteed launch holds its stream's
     completer thread until the thread waiting in result() has ended the task
     (waiter_ended[task.id]), so who ends what is decided, not raced: the waiter ends every
     Guaranteed step, the completer every BestEffort task (whose results are awaited with a
-    timeout, which never waits on the event itself). Returns the launch wrapper's map of
-    task id -> threading.Event set once the task is launched."""
+    timeout, which never waits on the event itself). fired(task): whether a task's events
+    have fired when queried (default: always). Returns the launch wrapper's map of task id
+    -> threading.Event set once the task is launched."""
     import threading
 
     local = threading.local()
@@ -435,8 +436,8 @@ def _fake_cuda(dev, waiter_ended):
         def elapsed_time(self, end: FakeEvent) -> float:
             return (end.t - self.t) * 1e3
 
-        def query(self) -> bool:  # fired: the fake launch ran at once
-            return True
+        def query(self) -> bool:  # fired: the fake launch ran at once, unless held
+            return fired is None or self.task is None or fired(self.task)
 
     import types
 
@@ -529,7 +530,8 @@ def test_cuda_on_caller_guaranteed_launch_is_ended_without_a_completer(backend, 
     monkeypatch.setattr(device_mod, "SWEEP_MS", 0.0)
     sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
     dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK)
-    _fake_cuda(dev, {})
+    held: set[int] = set()  # tasks whose GPU work has not ended yet
+    _fake_cuda(dev, {}, lambda task: task.id not in held)
     ends = {"completer": 0, "waiter": 0, "collect": 0}
 
     def counted(who, fn):
@@ -567,11 +569,27 @@ def test_cuda_on_caller_guaranteed_launch_is_ended_without_a_completer(backend, 
         assert [t.state for t in unwaited] == ["done"] * 3 and ends["collect"] == 3
         for t in unwaited:
             np.testing.assert_allclose(t.result(0).to_numpy(), want, rtol=1e-6)
+        # Those still on the GPU are kept (nothing ends them early), and ended once fired.
+        slow = []
+        for _ in range(2):
+            slow.append(sched.submit(mlp, x, w, qos="guaranteed", tenant="g"))
+            held.add(slow[-1].id)
+        fast = sched.submit(mlp, x, w, qos="guaranteed", tenant="g")  # sweeps: both kept
+        assert [t.state for t in slow] == ["running"] * 2 and dev.unreported()
+        assert not slow[0].done() and fast.result(60) is not None
+        kept = [e[2][0] for e in dev._unwatched]
+        assert len(set(map(id, kept))) == len(kept)  # each kept once
+        assert [t for t in kept if not t.done()] == slow  # in launch order
+        with pytest.raises(concurrent.futures.TimeoutError):
+            slow[1].result(0.01)
+        held.clear()
+        for t in slow:
+            np.testing.assert_allclose(t.result(60).to_numpy(), want, rtol=1e-6)
         be = sched.submit(mlp, x, w, qos="best_effort", tenant="be")
         np.testing.assert_allclose(be.result(60).to_numpy(), want, rtol=1e-6)
         assert ends["completer"] == 1 and not dev.unreported()
         st = sched.stats()
-        assert st["completed"] == 6 and st["reserved_bytes"] == 0
+        assert st["completed"] == 9 and st["reserved_bytes"] == 0
     finally:
         sched.close(timeout=60)
     assert not sched._thread.is_alive()

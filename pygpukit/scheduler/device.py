@@ -259,9 +259,9 @@ class CudaDevice(Device):
         if not self._unwatched:
             return out
         old = time.perf_counter() - SWEEP_MS / 1e3
-        keep: deque[tuple[float, queue.Queue[Any], tuple[Any, ...]]] = deque()
-        with self._lock:
-            items, self._unwatched = self._unwatched, keep
+        keep: list[tuple[float, queue.Queue[Any], tuple[Any, ...]]] = []
+        with self._lock:  # launches made meanwhile go to the new deque, after these
+            items, self._unwatched = self._unwatched, deque()
         for entry in items:
             t, _, (task, start, end, result, _) = entry
             if getattr(task, "_end_claimed", False):
