@@ -138,3 +138,12 @@ def test_not_collecting_compiles_now(nvrtc: None) -> None:
             assert compile_ahead.ask(req)
         assert compile_ahead.is_collecting() and not outer and list(inner) == [("t", 0)]
     assert compile_ahead.compile_all([]).kernels == 0
+
+
+def test_dry_run_only_where_nvrtc_may_run() -> None:
+    """The dry run is skipped once the disk cache has served this process's kernels and
+    NVRTC compiled none; a fresh process, or one that compiled, runs it."""
+    assert compile_ahead.worth_a_dry_run({"disk_hits": 0, "compiles": 0})
+    assert compile_ahead.worth_a_dry_run({"disk_hits": 5, "compiles": 1})
+    assert compile_ahead.worth_a_dry_run({"disk_hits": 0, "compiles": 3})
+    assert not compile_ahead.worth_a_dry_run({"disk_hits": 12, "compiles": 0, "memory_hits": 4})

@@ -1,7 +1,8 @@
 """A compiled function's first call compiles its kernels ahead, in parallel
 (backends/cuda/compile_ahead.py): the dry run finds every kernel the real run needs, so
 nothing compiles outside the parallel compile; results match float64 NumPy; the phase
-times are reported; a second function of the same graph finds everything in memory."""
+times are reported; a second function of the same graph finds everything in memory; with
+only disk hits counted so far, the dry run is skipped."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import pygpukit as gpk
+from pygpukit import _native
 from pygpukit.backends.cuda import compile_ahead, compiler
 from pygpukit.backends.cuda.kernels import loader
 
@@ -36,8 +38,10 @@ def _ref(x: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("PYGPUKIT_CACHE_DIR", str(tmp_path / "kernels"))  # an empty disk cache
+    _native.kernel_cache_reset_stats()  # counts from here: no disk hits yet, so it runs dry
     where: list[tuple[str, bool]] = []  # (kernel, compiled inside compile_all)
     inside = threading.Event()
+    sources: list[tuple[Any, ...]] = []  # generated kernels compiled
     real_all, real_gen, real_tpl = (compile_ahead.compile_all, compiler.compile_kernel,
                                     loader.compile_source)  # fmt: skip
 
@@ -50,6 +54,7 @@ def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -
 
     def gen(source: str, arch: str, options: Any = (), name: str = "kernel.cu") -> bytes:
         where.append((name, inside.is_set()))
+        sources.append((source, arch, options, name))
         return real_gen(source, arch, options, name)
 
     def tpl(source: str, arch: str, options: tuple[str, ...] = ()) -> bytes:
@@ -82,6 +87,17 @@ def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -
     a2, _ = f2(x, g)
     np.testing.assert_allclose(a2.to_numpy(), ra, rtol=2e-5, atol=2e-6)
     assert where == [] and f2.stats()["entries"][0]["replay"]["first_call"]["kernels"] == 0
+    # A process whose kernels have all come from the disk cache so far: no dry run.
+    _native.kernel_cache_clear_memory()
+    _native.kernel_cache_reset_stats()
+    real_gen(*sources[0])  # from the disk cache written above
+    assert _native.kernel_cache_stats()["disk_hits"] == 1
+    f4 = gpk.compile(lambda x, g: gpk.exp(x * 0.40625) * g)
+    np.testing.assert_allclose(
+        f4(x, g).to_numpy(), np.exp(x_np.astype(np.float64) * 0.40625) * g_np, rtol=2e-5
+    )
+    first = f4.stats()["entries"][0]["replay"]["first_call"]
+    assert first["skipped"] == 1 and "kernels" not in first and first["first_run_ms"] > 0
     # Later calls replay the captured graph.
     for _ in range(3):
         a, b = f(x, g)

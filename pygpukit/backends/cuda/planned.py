@@ -85,7 +85,11 @@ class CudaReplay:
         """Runs the steps once dry, recorded on a capture stream of their own into a graph
         that is dropped (nothing executes), collecting the kernels they would compile;
         then compiles those in parallel (compile_ahead). A dry run that fails stops
-        early: the real run compiles the rest, and meets the failure itself."""
+        early: the real run compiles the rest, and meets the failure itself. Skipped
+        where the disk cache has served every kernel so far (worth_a_dry_run)."""
+        if not compile_ahead.worth_a_dry_run(_native.kernel_cache_stats()):
+            self.first_call = {"dry_run_ms": 0.0, "skipped": 1}
+            return
         t0 = time.perf_counter()
         stream = _native.Stream(0, True)
         launch = Launch(stream, keep=[], plans={})  # its own plans: they hold stand-ins
