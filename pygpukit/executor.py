@@ -257,13 +257,13 @@ class PlannedProgram:
 
     def replay_info(self) -> dict[str, Any]:
         """What the backend's replayable reports (CUDA: whether a graph was captured, its
-        node count, graph launches, eager runs, the fallback reason), with the captures
-        kept, the captures made for new argument addresses and whether arguments are
-        bound or copied; {} before the first call."""
+        node count, graph launches, eager runs, the fallback reason, where the first call's
+        time went), with the captures kept, the captures made for new argument addresses
+        and whether arguments are bound or copied; {} before the first call."""
         r = self._replay
         if r is None:
             return {}
-        keys = ("captured", "num_nodes", "replays", "eager_runs", "fallback")
+        keys = ("captured", "num_nodes", "replays", "eager_runs", "fallback", "first_call")
         out = {k: getattr(r, k) for k in keys if hasattr(r, k)}
         out.update(captures=len(self._captures), bind_misses=dict(self.bind_misses),
                    bind_args=self.bind_args, bind_outputs=self.bind_outputs)  # fmt: skip

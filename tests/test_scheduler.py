@@ -73,6 +73,26 @@ def test_results_match_direct_calls_and_reservation(backend):
         assert st["simulated"] and st["now_ms"] == pytest.approx(7.5)
 
 
+def test_reservation_of_a_guard_hit_is_the_entrys_own(backend):
+    """reservation() of a call that passes the last call's guard is answered from the
+    entry; new shapes get their own, and both equal a fresh function's figures."""
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    fresh, _ = _fns()
+    small = [gpk.asarray(a) for a in _data(rng)]
+    big = [gpk.asarray(a) for a in _data(rng, m=24, k=40, n=8)]
+    mlp(*small)  # sets the guard
+    first = mlp.reservation(*small)
+    again = mlp.reservation(*[gpk.asarray(a.to_numpy()) for a in small])  # other arrays
+    assert again is first and first == fresh.reservation(*small)
+    other = mlp.reservation(*big)
+    assert other == fresh.reservation(*big) and other.input_bytes == (24 * 40 + 40 * 8) * 4
+    assert other.output_bytes == 24 * 8 * 4 and other != first
+    mlp(*big)
+    assert mlp.reservation(*big) is other
+    np.testing.assert_allclose(mlp(*small).to_numpy(), fresh(*small).to_numpy(), rtol=1e-6)
+
+
 def test_cost_model_from_bytes_moved(backend):
     rng = np.random.default_rng()
     mlp, _ = _fns()
@@ -381,14 +401,15 @@ class _FakeStream:
         self.priority = priority
 
 
-def _fake_cuda(dev, waiter_ended):
+def _fake_cuda(dev, waiter_ended, fired=None):
     """Fake Stream and Event classes for `dev`, and a launch wrapper. Each event knows the
     task it was recorded for. The end event of a Guaranteed launch holds its stream's
     completer thread until the thread waiting in result() has ended the task
     (waiter_ended[task.id]), so who ends what is decided, not raced: the waiter ends every
     Guaranteed step, the completer every BestEffort task (whose results are awaited with a
-    timeout, which never waits on the event itself). Returns the launch wrapper's map of
-    task id -> threading.Event set once the task is launched."""
+    timeout, which never waits on the event itself). fired(task): whether a task's events
+    have fired when queried (default: always). Returns the launch wrapper's map of task id
+    -> threading.Event set once the task is launched."""
     import threading
 
     local = threading.local()
@@ -415,15 +436,18 @@ def _fake_cuda(dev, waiter_ended):
         def elapsed_time(self, end: FakeEvent) -> float:
             return (end.t - self.t) * 1e3
 
+        def query(self) -> bool:  # fired: the fake launch ran at once, unless held
+            return fired is None or self.task is None or fired(self.task)
+
     import types
 
     dev._native = types.SimpleNamespace(Stream=_FakeStream, Event=FakeEvent)
     real_launch = dev.launch
 
-    def launch(task, priority, high, run, now):
+    def launch(task, priority, high, run, now, on_caller=False):
         local.task = task
         try:
-            real_launch(task, priority, high, run, now)
+            real_launch(task, priority, high, run, now, on_caller)
         finally:
             local.task = None
         flag(launched, task.id).set()
@@ -487,4 +511,86 @@ def test_cuda_device_path_ends_and_starts_tasks_from_completer_threads(backend, 
     finally:
         sched.close(timeout=60)
     assert not sched._thread.is_alive(), "close() waited for the dispatcher's idle timeout"
+    _reserved_zero(sched, backend, 1 << 62)
+
+
+def test_cuda_on_caller_guaranteed_launch_is_ended_without_a_completer(backend, monkeypatch):
+    """A Guaranteed task launched at submission is watched by no completer thread: its
+    waiter ends it (result, done) or, when nobody waits, the next submit or the dispatcher
+    does once it is SWEEP_MS old. The completer still ends the BestEffort ones."""
+    from pygpukit.scheduler import device as device_mod
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    monkeypatch.setattr(device_mod, "SWEEP_MS", 0.0)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK)
+    held: set[int] = set()  # tasks whose GPU work has not ended yet
+    _fake_cuda(dev, {}, lambda task: task.id not in held)
+    ends = {"completer": 0, "waiter": 0, "collect": 0}
+
+    def counted(who, fn):
+        def end(d):
+            ends[who] += 1
+            fn(d)
+
+        return end
+
+    real_collect = dev.collect
+
+    def collect():
+        out = real_collect()
+        ends["collect"] += len(out)
+        return out
+
+    dev.on_done = counted("completer", sched._on_done)
+    dev.on_done_waiter = counted("waiter", sched._on_done_waiter)
+    dev.collect = collect
+    sched._device = dev
+    try:
+        g = sched.submit(mlp, x, w, qos="guaranteed", tenant="g")
+        assert g.state == "running" and dev.unreported()
+        np.testing.assert_allclose(g.result().to_numpy(), want, rtol=1e-6)
+        assert ends == {"completer": 0, "waiter": 1, "collect": 0}
+        g = sched.submit(mlp, x, w, qos="guaranteed", tenant="g")
+        assert g.done() and ends["waiter"] == 2  # done() ends a launch that has ended
+        np.testing.assert_allclose(g.result(0).to_numpy(), want, rtol=1e-6)
+        unwaited = [sched.submit(mlp, x, w, qos="guaranteed", tenant="g") for _ in range(3)]
+        # Nobody waits on them: each later submit, then the dispatcher, ends them.
+        for _ in range(600):
+            if all(t._future.done() for t in unwaited):
+                break
+            time.sleep(0.05)
+        assert [t.state for t in unwaited] == ["done"] * 3 and ends["collect"] == 3
+        for t in unwaited:
+            np.testing.assert_allclose(t.result(0).to_numpy(), want, rtol=1e-6)
+        # Those still on the GPU are kept (nothing ends them early), and ended once fired.
+        slow = []
+        for _ in range(2):
+            slow.append(sched.submit(mlp, x, w, qos="guaranteed", tenant="g"))
+            held.add(slow[-1].id)
+        fast = sched.submit(mlp, x, w, qos="guaranteed", tenant="g")  # sweeps: both kept
+        assert [t.state for t in slow] == ["running"] * 2 and dev.unreported()
+        assert not slow[0].done() and fast.result(60) is not None
+        kept = [e[2][0] for e in dev._unwatched]
+        assert len(set(map(id, kept))) == len(kept)  # each kept once
+        assert [t for t in kept if not t.done()] == slow  # in launch order
+        with pytest.raises(concurrent.futures.TimeoutError):
+            slow[1].result(0.01)
+        held.clear()
+        for t in slow:
+            np.testing.assert_allclose(t.result(60).to_numpy(), want, rtol=1e-6)
+        be = sched.submit(mlp, x, w, qos="best_effort", tenant="be")
+        np.testing.assert_allclose(be.result(60).to_numpy(), want, rtol=1e-6)
+        assert ends["completer"] == 1 and not dev.unreported()
+        st = sched.stats()
+        assert st["completed"] == 9 and st["reserved_bytes"] == 0
+    finally:
+        sched.close(timeout=60)
+    assert not sched._thread.is_alive()
     _reserved_zero(sched, backend, 1 << 62)

@@ -8,7 +8,7 @@ import math
 import operator
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from threading import get_ident
 from typing import Any, NamedTuple
 
@@ -102,8 +102,10 @@ class _Entry:
     traced: Traced
     program: Any  # executor.PlannedProgram
     signature: dict[str, str]
-    trace_ms: float
+    trace_ms: float  # trace, passes and planning: what the miss cost before running
     outputs: _Outputs
+    phases_ms: dict[str, float] = field(default_factory=dict)  # trace_ms split up
+    reservation: Reservation | None = None  # set by the first reservation() that hits it
 
 
 class CompiledFunction:
@@ -249,6 +251,7 @@ class CompiledFunction:
                 {
                     "signature": dict(e.signature),
                     "trace_ms": e.trace_ms,
+                    "phases_ms": dict(e.phases_ms),
                     "arena_bytes": e.program.plan.arena_bytes,
                     "naive_bytes": e.program.plan.naive_bytes,
                     "kernels": len(e.program.kernels),
@@ -296,7 +299,9 @@ class CompiledFunction:
         traced = trace(self.__wrapped_fn__, args, kwargs, [a for _, a in arrays], tree, captured,
                        self.__name__)  # fmt: skip
         self._check_host_items(traced, values.host_items)
+        t1 = time.perf_counter()
         schedule = lower(run_pipeline(traced.graph))
+        t2 = time.perf_counter()
         n_args = len(arrays)
         ins = schedule.input_slots
         external = ins[n_args:]
@@ -305,8 +310,11 @@ class CompiledFunction:
         writeback = [(outs[n_user + j], external[p])
                      for j, p in enumerate(traced.writeback_persistent)]  # fmt: skip
         program = PlannedProgram(schedule, get_backend(), external, writeback, n_user)
-        entry = _Entry(traced, program, sig, (time.perf_counter() - t0) * 1e3,
-                       _Outputs(traced, program, self._where))  # fmt: skip
+        t3 = time.perf_counter()
+        entry = _Entry(traced, program, sig, (t3 - t0) * 1e3,
+                       _Outputs(traced, program, self._where),
+                       {"trace": (t1 - t0) * 1e3, "passes": (t2 - t1) * 1e3,
+                        "plan": (t3 - t2) * 1e3})  # fmt: skip
         self._cache[key] = entry
         self._evict(stacklevel + 1)
         return entry
@@ -332,7 +340,13 @@ class CompiledFunction:
 
     def reservation(self, *args: Any, **kwargs: Any) -> Reservation:
         """The memory a call with these arguments needs, known before it runs (a cache miss
-        traces and plans the graph here, and the call then hits)."""
+        traces and plans the graph here, and the call then hits). Arguments that pass the
+        last call's guard cost that check alone: each entry keeps its reservation (a
+        scheduler asks on every submit)."""
+        fast = self._fast
+        if fast is not None and fast.entry.reservation is not None:
+            if fast.match(args, kwargs) is not None:
+                return fast.entry.reservation
         key, tree, arrays, captured, values = self._key(args, kwargs)
         realize_arrays([a for _, a in arrays + captured])  # views share their bases' memory
         entry = self._cache.get(key)
@@ -347,12 +361,14 @@ class CompiledFunction:
         traffic = sum(_nbytes(st.shape, st.dtype)
                       + sum(_nbytes(nodes[i].shape, nodes[i].dtype) for i in st.ins)
                       for _, st in prog.kernels)  # fmt: skip
-        return Reservation(
+        # The key fixes every argument's shape and dtype: the same for each call it hits.
+        entry.reservation = Reservation(
             prog.plan.arena_bytes,
             sum(_nbytes(a.shape, a.dtype) for _, a in arrays),
             0 if self.static_outputs else sum(_nbytes(n.shape, n.dtype) for n in outs),
             traffic,
         )
+        return entry.reservation
 
     def reservation_bytes(self, *args: Any, **kwargs: Any) -> int:
         """The total bytes a call with these arguments needs (`reservation(...).total`).

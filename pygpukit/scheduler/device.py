@@ -22,6 +22,24 @@ from dataclasses import dataclass
 from typing import Any
 
 EPS_MS = 1e-9
+# Real time: age at which the dispatcher ends an on-caller launch nobody waits on (it
+# looks this often while there are any: rarely enough not to take the GIL from the
+# latency-critical thread each step).
+SWEEP_MS = 10.0
+
+
+def _poll(event: Any, timeout: float) -> bool:
+    """Whether `event` fires within `timeout` seconds: queried, with sleeps growing from
+    20 us to 0.5 ms between (a native wait has no timeout)."""
+    deadline = time.perf_counter() + timeout
+    nap = 2e-5
+    while not event.query():
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return False
+        time.sleep(min(nap, left))
+        nap = min(nap * 2, 5e-4)
+    return True
 
 
 @dataclass
@@ -41,12 +59,23 @@ class Device:
     async_done = False
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
-               now: float) -> None:  # fmt: skip
+               now: float, on_caller: bool = False) -> None:  # fmt: skip
+        """Run `run` for the task on the device. on_caller: launched on the submitting
+        thread at submission (a device may leave the end to the waiter then)."""
         raise NotImplementedError
 
     def collect(self) -> list[Done]:
         """Launches that have ended and were not reported through on_done."""
         return []
+
+    def unreported(self) -> bool:
+        """Whether launches wait for collect() to report their ends (the dispatcher then
+        looks again within SWEEP_MS)."""
+        return False
+
+    def flush(self) -> None:
+        """Hand launches waiting for collect() to the device's own threads (the dispatcher
+        is stopping)."""
 
     def next_completion(self) -> float | None:
         """Simulated devices: when the next launch ends if nothing else is launched."""
@@ -74,7 +103,7 @@ class SimDevice(Device):
         self.done: list[Done] = []
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
-               now: float) -> None:  # fmt: skip
+               now: float, on_caller: bool = False) -> None:  # fmt: skip
         self.advance_to(now)
         result, error = _call(run)
         cost = 0.0 if error is not None else float(task.sim_ms)
@@ -120,7 +149,7 @@ class HostDevice(Device):
         self.on_done = on_done
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
-               now: float) -> None:  # fmt: skip
+               now: float, on_caller: bool = False) -> None:  # fmt: skip
         t0 = time.perf_counter()
         result, error = _call(run)
         self.on_done(Done(task, (time.perf_counter() - t0) * 1e3, result, error, None))
@@ -131,7 +160,12 @@ class CudaDevice(Device):
     stream the backend and eviction copies use); one completer thread per stream waits on
     each launch's end event without the GIL and ends the task itself (`on_done`). A thread
     waiting in Task.result() waits on the end event itself and ends the task if it gets
-    there first (`on_done_waiter`): no thread hand-off between the GPU and the waiter."""
+    there first (`on_done_waiter`): no thread hand-off between the GPU and the waiter.
+
+    A launch made on the submitting thread at submission (on_caller) is not handed to a
+    completer at all: waking one per task costs the submitting thread the GIL at its next
+    native call. Its end is reported by whoever waits on the task (result, exception,
+    done), or else by the dispatcher's collect() once it is SWEEP_MS old."""
 
     async_done = True
 
@@ -149,6 +183,8 @@ class CudaDevice(Device):
         self.queues: dict[int, queue.Queue[Any]] = {}
         self.threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        # On-caller launches no completer watches: (launched at, queue, item).
+        self._unwatched: deque[tuple[float, queue.Queue[Any], tuple[Any, ...]]] = deque()
 
     def _stream(self, priority: int) -> tuple[Any, queue.Queue[Any]]:
         with self._lock:
@@ -173,7 +209,7 @@ class CudaDevice(Device):
             return True
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
-               now: float) -> None:  # fmt: skip
+               now: float, on_caller: bool = False) -> None:  # fmt: skip
         stream, q = self._stream(priority)
         # Fresh events per launch (not reused): a waiter may still synchronize on them
         # after the completer is done with the task.
@@ -190,16 +226,67 @@ class CudaDevice(Device):
                 end.record(stream)
             finally:
                 b.stream = old
+        item = (task, start, end, result, error)
         if error is None:
 
-            def wait() -> None:
-                end.synchronize()
+            def wait(timeout: float | None = None) -> None:
+                if timeout is None:
+                    end.synchronize()
+                elif not on_caller or not _poll(end, timeout):
+                    return  # a completer ends it: its waiter waits on the future
                 if self._claim(task):
                     ms = float(start.elapsed_time(end))
                     self.on_done_waiter(Done(task, ms, result, None, None))
 
             task._wait_gpu = wait
-        q.put((task, start, end, result, error))
+            if on_caller:
+                with self._lock:
+                    self._unwatched.append((time.perf_counter(), q, item))
+                return
+        q.put(item)
+
+    def unreported(self) -> bool:
+        with self._lock:  # those their waiters ended go first
+            w = self._unwatched
+            while w and getattr(w[0][2][0], "_end_claimed", False):
+                w.popleft()
+            return bool(w)
+
+    def collect(self) -> list[Done]:
+        """Ends of on-caller launches nobody has waited for, once SWEEP_MS old (a waiter
+        usually comes first; the dispatcher only covers tasks nobody waits on)."""
+        out: list[Done] = []
+        if not self._unwatched:
+            return out
+        old = time.perf_counter() - SWEEP_MS / 1e3
+        keep: list[tuple[float, queue.Queue[Any], tuple[Any, ...]]] = []
+        with self._lock:  # launches made meanwhile go to the new deque, after these
+            items, self._unwatched = self._unwatched, deque()
+        for entry in items:
+            t, _, (task, start, end, result, _) = entry
+            if getattr(task, "_end_claimed", False):
+                continue
+            try:
+                ready = t <= old and end.query()
+                ms = float(start.elapsed_time(end)) if ready else 0.0
+            except Exception as e:  # a kernel fault: the task fails, its time unknown
+                if self._claim(task):
+                    out.append(Done(task, 0.0, None, e, None))
+                continue
+            if not ready:
+                keep.append(entry)
+            elif self._claim(task):
+                out.append(Done(task, ms, result, None, None))
+        if keep:
+            with self._lock:
+                self._unwatched.extendleft(reversed(keep))
+        return out
+
+    def flush(self) -> None:
+        with self._lock:
+            items, self._unwatched = self._unwatched, deque()
+        for _, q, item in items:
+            q.put(item)
 
     def _complete(self, q: queue.Queue[Any]) -> None:
         while True:
@@ -216,6 +303,7 @@ class CudaDevice(Device):
                 self.on_done(Done(task, ms, result, error, None))
 
     def close(self) -> None:
+        self.flush()
         for q in self.queues.values():
             q.put(None)
         for t in self.threads:

@@ -69,9 +69,9 @@ class DeviceScheduler(Scheduler):
         with devices.using(self.ordinal):
             super()._admit_locked(ids, now)
 
-    def _launch(self, task: Task, now: float) -> None:
+    def _launch(self, task: Task, now: float, on_caller: bool = False) -> None:
         with devices.using(self.ordinal):
-            super()._launch(task, now)
+            super()._launch(task, now, on_caller)
 
     def headroom(self, partition: str = "default") -> int:
         """The largest reservation in `partition` this device's core admits now without

@@ -18,7 +18,7 @@ from pygpukit.memory import eviction_stats
 
 from . import args as check
 from .clock import Clock, SimClock, WallClock
-from .device import CudaDevice, Device, Done, HostDevice, SimDevice
+from .device import SWEEP_MS, CudaDevice, Device, Done, HostDevice, SimDevice
 from .task import Task
 
 # Tracing and running compiled functions touch process-wide state (the runtime's
@@ -67,8 +67,11 @@ class Scheduler:
     see pygpukit/scheduler/node.py.
 
     A task the core lets start at submission is launched on the submitting thread (no
-    hand-off to the dispatcher); the CUDA device's completer thread ends it, so a solo
-    result costs one thread hand-off.
+    hand-off to the dispatcher). On a high-priority lane (Guaranteed, or a "high"
+    partition) no completer thread watches it either: the thread waiting in result()
+    waits on its end event and ends it, so a solo submit-to-result involves no other
+    thread; a task nobody waits on is ended by the next submit or by the dispatcher once
+    it is SWEEP_MS old. Other lanes keep the completer, which starts what waits behind.
     """
 
     def __new__(cls, *args: Any, devices: Any = None, **kwargs: Any) -> Any:
@@ -247,6 +250,8 @@ class Scheduler:
         tenant = str(tenant or getattr(fn, "__name__", "tenant"))
         with self._locked():
             self._check_open_locked()
+            if self._device.unreported():  # ends of earlier launches nobody waited on
+                self._collect_locked()
             now = self._clock.now()
             deadline_ms = None if deadline is None else now + deadline * 1e3
             held = res.total if reserve is None else reserve
@@ -267,7 +272,9 @@ class Scheduler:
             ready = [] if self.simulated else self._start_ready_locked(now)
             self._kick_locked(now)
         for t in ready:
-            self._launch(t, now)
+            # A high-lane task's end is left to its waiter (no completer hand-off); other
+            # lanes keep the completer, whose prompt end starts the work queued behind.
+            self._launch(t, now, on_caller=t._high)
         return task
 
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
@@ -451,8 +458,10 @@ class Scheduler:
     def _next_event_locked(self, now: float) -> float | None:
         """The earliest time something can change without a new submission: a launch
         ending, a timer, or a held-back tenant back within its share (from the core)."""
+        sweep = now + SWEEP_MS if self._device.unreported() else None
         times = [t for t in (self._device.next_completion(), self._clock.next_timer(),
-                             self._core.next_wakeup(now) if self._has_waiting_locked() else None)
+                             self._core.next_wakeup(now) if self._has_waiting_locked() else None,
+                             sweep)
                  if t is not None]  # fmt: skip
         return min(times) if times else None
 
@@ -505,6 +514,7 @@ class Scheduler:
         thread ends it, and its arena stays held until then)."""
         err = errors.SchedulerError(f"the scheduler stopped: {type(cause).__name__}: {cause}")
         err.__cause__ = cause
+        self._device.flush()  # the device's threads end what no one else will now
         with self._locked():
             self._stopped = err
             for task in list(self._tasks.values()):
@@ -559,7 +569,10 @@ class Scheduler:
                 fruitless = False
             self._launch(task, now)
 
-    def _launch(self, task: Task, now: float) -> None:
+    def _launch(self, task: Task, now: float, on_caller: bool = False) -> None:
+        """Launch a started task (the one place a launch leaves the scheduler: a dispatch
+        controller can take it over here). on_caller: on the submitting thread, at
+        submission."""
         fn, args, kwargs, arena = task.fn, task.args, task.kwargs, task.arena
 
         def run() -> Any:
@@ -567,7 +580,7 @@ class Scheduler:
                 return fn.call_in(arena, *args, **kwargs)
 
         assert task.stream_priority is not None
-        self._device.launch(task, task.stream_priority, task._high, run, now)
+        self._device.launch(task, task.stream_priority, task._high, run, now, on_caller)
 
     # -- inspecting and closing -----------------------------------------------------------
     def stats(self, task_id: int | Task | None = None) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,8 @@ class Task:
         self._state = "queued"
         self._high = False
         # Set by a device whose launches a waiting thread can wait on directly (CUDA: the
-        # end event); it ends the task if it is first.
-        self._wait_gpu: Callable[[], None] | None = None
+        # end event, for at most the timeout given); it ends the task if it is first.
+        self._wait_gpu: Callable[[float | None], None] | None = None
         self._sched = sched
         self._future: Future[Any] = Future()
 
@@ -62,13 +63,20 @@ class Task:
             TimeoutError: `timeout` passed first.
             Exception: Whatever the function raised.
         """
+        return self._future.result(self._wait_for_gpu(timeout))
+
+    def _wait_for_gpu(self, timeout: float | None) -> float | None:
+        """Wait on the launch's end directly where the device allows (and end the task if
+        this thread gets there first); returns what is left of the timeout."""
         wait = self._wait_gpu
-        if wait is not None and timeout is None and not self._future.done():
-            try:
-                wait()
-            except Exception:  # a kernel fault: the completer thread reports it
-                pass
-        return self._future.result(timeout)
+        if wait is None or self._future.done():
+            return timeout
+        t0 = time.perf_counter()
+        try:
+            wait(timeout)
+        except Exception:  # a kernel fault: the device's thread or collect() reports it
+            pass
+        return None if timeout is None else max(0.0, timeout - (time.perf_counter() - t0))
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait for the task and return the exception it raised, or None.
@@ -79,7 +87,7 @@ class Task:
         Returns:
             The exception, or None when the task succeeded.
         """
-        return self._future.exception(timeout)
+        return self._future.exception(self._wait_for_gpu(timeout))
 
     def done(self) -> bool:
         """Whether the task has ended (done, failed or cancelled), without waiting.
@@ -87,6 +95,8 @@ class Task:
         Returns:
             True once it has ended.
         """
+        if not self._future.done() and self._wait_gpu is not None:
+            self._wait_for_gpu(0.0)  # a launch that has ended is ended here
         return self._future.done()
 
     def cancel(self) -> bool:

@@ -12,19 +12,21 @@ from typing import Any
 from pygpukit import _native
 from pygpukit.backends.devices import current
 
+from . import compile_ahead
 from .codegen import KernelSource
 from .toolchain import compile_kernel, device_arch
 
 _lock = threading.Lock()
 # Keyed by the thread's device too (None: the primary one): a module is loaded into one
 # device's context, and its functions launch only there.
-_functions: dict[tuple[str, str, int | None], Any] = {}
+_functions: dict[GenKey, Any] = {}
 _modules: list[Any] = []  # Functions need their Module alive
 stats = {"compiled": 0, "hits": 0}
 # Generated kernels round every multiply and add as NumPy does: contracting a * b + c
 # into one fma rounds once, which moved linspace's start + step * i below an integer
 # (truncated to the wrong int) and off the float64 reference by an ulp elsewhere.
 GENERATED_OPTIONS = ("-std=c++17", "--fmad=false")
+GenKey = tuple[str, str, int | None]  # (source, arch, device)
 
 
 def function(src: KernelSource, arch: str | None = None) -> Any:
@@ -34,13 +36,37 @@ def function(src: KernelSource, arch: str | None = None) -> Any:
     if fn is not None:
         stats["hits"] += 1
         return fn
+    if compile_ahead.is_collecting():
+        compile_ahead.ask(_request(src, arch, key))
+        return compile_ahead.DEFERRED
     with _lock:
         fn = _functions.get(key)
         if fn is None:
             cubin = compile_kernel(src.text, arch, GENERATED_OPTIONS, src.name + ".cu")
-            mod = _native.Module(cubin)
-            fn = mod.get_function(src.name)
-            _modules.append(mod)
-            _functions[key] = fn
-            stats["compiled"] += 1
+            fn = _load(src, key, cubin)
     return fn
+
+
+def _load(src: KernelSource, key: GenKey, cubin: bytes) -> Any:
+    """The kernel of `cubin`, kept for key (the first one loaded wins); _lock held."""
+    fn = _functions.get(key)
+    if fn is None:
+        mod = _native.Module(cubin)
+        fn = mod.get_function(src.name)
+        _modules.append(mod)
+        _functions[key] = fn
+        stats["compiled"] += 1
+    return fn
+
+
+def _request(src: KernelSource, arch: str, key: GenKey) -> compile_ahead.Request:
+    """A compile of a generated kernel for compile_ahead."""
+
+    def install(cubin: bytes) -> None:
+        with _lock:
+            _load(src, key, cubin)
+
+    return compile_ahead.Request(("generated", key), f"{src.name} (generated) for {arch}",
+                                 lambda: compile_kernel(src.text, arch, GENERATED_OPTIONS,
+                                                        src.name + ".cu"),
+                                 install)  # fmt: skip

@@ -12,17 +12,18 @@ and to_numpy that read its results, with no events in between.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 from pygpukit import _native
-from pygpukit.errors import OutOfMemoryError
+from pygpukit.errors import CompileError, OutOfMemoryError
 from pygpukit.ir import DType
 from pygpukit.memory import Storage, block, pin_all, unpin_all
 from pygpukit.passes import Step
 
-from . import device_pool, ew
+from . import compile_ahead, device_pool, ew
 from .context import Launch, StepContext, contiguous
 from .layout import is_contiguous
 from .plan import plan_step
@@ -49,6 +50,9 @@ class CudaReplay:
         self.replays = 0  # graph launches
         self.eager_runs = 0  # run() called from Python (the first call, or the fallback)
         self.fallback: str | None = None  # why the launches are re-issued, if they are
+        # Where the first call's time went (ms): the dry run, the parallel compile and
+        # module loads (compile_ahead), the first (eager) run, the capture.
+        self.first_call: dict[str, float] = {}
         # Whether replay() runs the steps from Python, reading the executor's values list
         # (before the capture, or after it failed), rather than launching the graph.
         self.reads_values = True
@@ -63,10 +67,49 @@ class CudaReplay:
             self._exec.launch(b.stream)
             self.replays += 1
             return
+        first = self.eager_runs == 0
+        if first:
+            self._compile_ahead()
+        t0 = time.perf_counter()
         self._run(Launch(b.stream))
         self.eager_runs += 1
+        if first:
+            self.first_call["first_run_ms"] = (time.perf_counter() - t0) * 1e3
         if self.fallback is None:
+            t0 = time.perf_counter()
             self._capture()
+            if first:
+                self.first_call["capture_ms"] = (time.perf_counter() - t0) * 1e3
+
+    def _compile_ahead(self) -> None:
+        """Runs the steps once dry, recorded on a capture stream of their own into a graph
+        that is dropped (nothing executes), collecting the kernels they would compile;
+        then compiles those in parallel (compile_ahead). A dry run that fails stops
+        early: the real run compiles the rest, and meets the failure itself. Skipped
+        where the disk cache has served every kernel so far (worth_a_dry_run)."""
+        if not compile_ahead.worth_a_dry_run(_native.kernel_cache_stats()):
+            self.first_call = {"dry_run_ms": 0.0, "skipped": 1}
+            return
+        t0 = time.perf_counter()
+        stream = _native.Stream(0, True)
+        launch = Launch(stream, keep=[], plans={})  # its own plans: they hold stand-ins
+        with compile_ahead.collecting() as requests:
+            try:
+                stream.begin_capture("relaxed")
+                try:
+                    self._run(launch)
+                finally:
+                    stream.end_capture()
+            except Exception:  # noqa: BLE001 - the real run reports it
+                pass
+        dry_ms = (time.perf_counter() - t0) * 1e3
+        try:
+            report = compile_ahead.compile_all(list(requests.values()))
+        except CompileError:
+            # The rest are installed; the real run compiles the failed kernel again and
+            # reports it with its op and the user's line.
+            report = compile_ahead.Report(kernels=len(requests))
+        self.first_call = {"dry_run_ms": dry_ms, **report.as_dict()}
 
     def _capture(self) -> None:
         # The launches go to a capture stream of its own (handed to every launch through

@@ -25,6 +25,7 @@ from pygpukit.backends.devices import current
 from pygpukit.errors import CompileError, DTypeError
 from pygpukit.ir import dtypes
 
+from .. import compile_ahead
 from ..codegen.cdtypes import STORAGE
 from ..signature import launch_format
 
@@ -159,10 +160,11 @@ def max_shared_optin() -> int:
     return int(toolchain.device_info()["max_shared_per_block_optin"])
 
 
+# (family, defines, arch, device): a module lives in one device's context (None: the
+# primary device).
+ModuleKey = tuple[str, tuple[tuple[str, str], ...], str, int | None]
 _lock = threading.Lock()
-# Keyed by the thread's device too (None: the primary one): a module lives in one
-# device's context.
-_modules: dict[tuple[str, tuple[tuple[str, str], ...], str, int | None], Any] = {}
+_modules: dict[ModuleKey, Any] = {}
 _functions: dict[tuple[Any, ...], Any] = {}
 
 
@@ -180,17 +182,43 @@ def get_function(
     fn = _functions.get(fkey)
     if fn is not None:
         return fn
+    mkey = (family, dkey, arch, device)
+    if compile_ahead.is_collecting() and mkey not in _modules:
+        compile_ahead.ask(_request(family, defines, arch, mkey))
+        return compile_ahead.DEFERRED
     with _lock:
-        mkey = (family, dkey, arch, device)
         mod = _modules.get(mkey)
         if mod is None:
-            import pygpukit._native as _native
-
-            mod = _native.Module(compile_family(family, defines, arch))
-            _modules[mkey] = mod
+            mod = _load(mkey, compile_family(family, defines, arch))
         fn = mod.get_function(name)
         _functions[fkey] = fn
     return fn
+
+
+def _load(mkey: ModuleKey, cubin: bytes) -> Any:
+    """The module of `cubin`, kept for mkey (the first one loaded wins)."""
+    import pygpukit._native as _native
+
+    mod = _modules.get(mkey)
+    if mod is None:
+        mod = _modules[mkey] = _native.Module(cubin)
+    return mod
+
+
+def _request(family: str, defines: Mapping[str, object], arch: str,
+             mkey: ModuleKey) -> compile_ahead.Request:  # fmt: skip
+    """A compile of this family's module for compile_ahead (the source is read now: a
+    setting read on the pool's threads could see another value)."""
+    source = kernel_source(family, defines)
+    shown = ", ".join(f"{k}={v}" for k, v in mkey[1])
+
+    def install(cubin: bytes) -> None:
+        with _lock:
+            _load(mkey, cubin)
+
+    return compile_ahead.Request(("template", mkey), f"{family} ({shown}) for {arch}",
+                                 lambda: compile_source(source, arch, ("-std=c++17",)),
+                                 install)  # fmt: skip
 
 
 def set_dynamic_smem(fn: Any, nbytes: int) -> None:

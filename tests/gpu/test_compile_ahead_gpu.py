@@ -1,0 +1,105 @@
+"""A compiled function's first call compiles its kernels ahead, in parallel
+(backends/cuda/compile_ahead.py): the dry run finds every kernel the real run needs, so
+nothing compiles outside the parallel compile; results match float64 NumPy; the phase
+times are reported; a second function of the same graph finds everything in memory; with
+only disk hits counted so far, the dry run is skipped."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pygpukit as gpk
+from pygpukit import _native
+from pygpukit.backends.cuda import compile_ahead, compiler
+from pygpukit.backends.cuda.kernels import loader
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
+
+
+def _graph(x: Any, g: Any) -> Any:
+    # Generated elementwise and reduce kernels (new sources: new constants) and templates.
+    h = gpk.tanh(x * 0.8125 + 0.3125) * gpk.exp(x * -0.1875)
+    n = gpk.nn.rms_norm(h, g, eps=1e-5)
+    return gpk.nn.softmax(n * 1.5, axis=-1), (h * h).sum(axis=0)
+
+
+def _ref(x: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = x.astype(np.float64)
+    h = np.tanh(x * 0.8125 + 0.3125) * np.exp(x * -0.1875)
+    n = h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-5) * g.astype(np.float64)
+    s = n * 1.5
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True), (h * h).sum(axis=0)
+
+
+def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PYGPUKIT_CACHE_DIR", str(tmp_path / "kernels"))  # an empty disk cache
+    _native.kernel_cache_reset_stats()  # counts from here: no disk hits yet, so it runs dry
+    where: list[tuple[str, bool]] = []  # (kernel, compiled inside compile_all)
+    inside = threading.Event()
+    sources: list[tuple[Any, ...]] = []  # generated kernels compiled
+    real_all, real_gen, real_tpl = (compile_ahead.compile_all, compiler.compile_kernel,
+                                    loader.compile_source)  # fmt: skip
+
+    def compile_all(requests: list[compile_ahead.Request], workers: int | None = None) -> Any:
+        inside.set()
+        try:
+            return real_all(requests, workers)
+        finally:
+            inside.clear()
+
+    def gen(source: str, arch: str, options: Any = (), name: str = "kernel.cu") -> bytes:
+        where.append((name, inside.is_set()))
+        sources.append((source, arch, options, name))
+        return real_gen(source, arch, options, name)
+
+    def tpl(source: str, arch: str, options: tuple[str, ...] = ()) -> bytes:
+        where.append((source.splitlines()[0], inside.is_set()))
+        return real_tpl(source, arch, options)
+
+    monkeypatch.setattr(compile_ahead, "compile_all", compile_all)
+    monkeypatch.setattr(compiler, "compile_kernel", gen)
+    monkeypatch.setattr(loader, "compile_source", tpl)
+    rng = np.random.default_rng(18)
+    x_np = rng.uniform(-2, 2, (24, 136)).astype(np.float32)
+    g_np = rng.uniform(0.5, 1.5, 136).astype(np.float32)
+    x, g = gpk.from_numpy(x_np), gpk.from_numpy(g_np)
+    f = gpk.compile(_graph)
+    a, b = f(x, g)
+    ra, rb = _ref(x_np, g_np)
+    np.testing.assert_allclose(a.to_numpy(), ra, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(b.to_numpy(), rb, rtol=2e-5, atol=2e-5 * float(np.abs(rb).max()))
+    assert where, "the graph's new generated kernels were compiled"
+    assert all(ok for _, ok in where), f"compiled outside the parallel compile: {where}"
+    first = f.stats()["entries"][0]["replay"]["first_call"]
+    assert first["kernels"] == len(where)
+    for key in ("dry_run_ms", "compile_wall_ms", "compile_sum_ms", "load_ms", "first_run_ms",
+                "capture_ms"):  # fmt: skip
+        assert first[key] >= 0.0, first
+    assert set(f.stats()["entries"][0]["phases_ms"]) == {"trace", "passes", "plan"}
+    # The same graph traced again (another function): every kernel is in memory.
+    where.clear()
+    f2 = gpk.compile(_graph)
+    a2, _ = f2(x, g)
+    np.testing.assert_allclose(a2.to_numpy(), ra, rtol=2e-5, atol=2e-6)
+    assert where == [] and f2.stats()["entries"][0]["replay"]["first_call"]["kernels"] == 0
+    # A process whose kernels have all come from the disk cache so far: no dry run.
+    _native.kernel_cache_clear_memory()
+    _native.kernel_cache_reset_stats()
+    real_gen(*sources[0])  # from the disk cache written above
+    assert _native.kernel_cache_stats()["disk_hits"] == 1
+    f4 = gpk.compile(lambda x, g: gpk.exp(x * 0.40625) * g)
+    np.testing.assert_allclose(
+        f4(x, g).to_numpy(), np.exp(x_np.astype(np.float64) * 0.40625) * g_np, rtol=2e-5
+    )
+    first = f4.stats()["entries"][0]["replay"]["first_call"]
+    assert first["skipped"] == 1 and "kernels" not in first and first["first_run_ms"] > 0
+    # Later calls replay the captured graph.
+    for _ in range(3):
+        a, b = f(x, g)
+    np.testing.assert_allclose(a.to_numpy(), ra, rtol=2e-5, atol=2e-6)
+    assert f.stats()["entries"][0]["replay"]["captured"]

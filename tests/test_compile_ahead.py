@@ -1,0 +1,150 @@
+"""Compiling kernels ahead, in parallel (backends/cuda/compile_ahead.py): the compile sites
+ask rather than compile while collecting, the parallel compile builds exactly what was
+asked for, and a failed compile names its kernel and carries its NVRTC log. NVRTC runs
+here (no GPU needed); loading a module needs a GPU, so the installs are recorded."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+
+from pygpukit.errors import CompileError
+
+toolchain = pytest.importorskip("pygpukit.backends.cuda.toolchain")
+from pygpukit import _native  # noqa: E402
+from pygpukit.backends.cuda import compile_ahead, compiler  # noqa: E402
+from pygpukit.backends.cuda.codegen import fill, mask  # noqa: E402
+from pygpukit.backends.cuda.kernels import loader, variants  # noqa: E402
+from pygpukit.ir import dtypes  # noqa: E402
+
+ARCH = "sm_80"
+
+
+@pytest.fixture
+def nvrtc(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """NVRTC loaded, and an empty kernel cache: every compile runs NVRTC."""
+    try:
+        toolchain.load_nvrtc()
+    except Exception as exc:  # no NVRTC in this environment: nothing to compile with
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    monkeypatch.setenv("PYGPUKIT_CACHE_DIR", str(tmp_path / "kernels"))
+    _native.kernel_cache_clear_memory()
+    _native.kernel_cache_reset_stats()
+    yield
+    _native.kernel_cache_clear_memory()
+
+
+def _recorded(requests: list[compile_ahead.Request],
+              into: dict[str, bytes]) -> list[compile_ahead.Request]:  # fmt: skip
+    """The requests with installs that keep the CUBIN by name (loading needs a GPU)."""
+
+    def keep(name: str) -> object:
+        return lambda cubin: into.__setitem__(name, cubin)
+
+    return [dataclasses.replace(r, install=keep(r.name)) for r in requests]
+
+
+def test_templates_asked_not_compiled_then_compiled_in_parallel(nvrtc: None) -> None:
+    picked = [v for v in variants.all_variants() if v[0] in ("rms_norm", "rope", "activation")]
+    picked = picked[:3] + picked[-3:]
+    modules_before = dict(loader._modules)
+    with compile_ahead.collecting() as asked:
+        for family, names, defines in picked:
+            for name in names:  # a module's kernels share one request
+                assert loader.get_function(family, name, defines, ARCH) is compile_ahead.DEFERRED
+        # The same module asked again: still one request.
+        family, names, defines = picked[0]
+        loader.get_kernel(family, names[0], defines, ARCH).fn.launch((1,), (1,), "", ())
+    assert loader._modules == modules_before, "collecting must not compile or load"
+    assert not compile_ahead.is_collecting()
+    want = {(fam, tuple(sorted((k, str(v)) for k, v in d.items())), ARCH, None)
+            for fam, _, d in picked}  # fmt: skip  (None: the primary device)
+    assert {key[1] for key in asked} == want
+    got: dict[str, bytes] = {}
+    rep = compile_ahead.compile_all(_recorded(list(asked.values()), got), workers=4)
+    assert rep.kernels == len(want) == len(got) and rep.workers == 4
+    assert _native.kernel_cache_stats()["compiles"] == len(want)  # NVRTC ran for each
+    by_name = {r.name: r for r in asked.values()}
+    for name, cubin in got.items():
+        fam, dkey, _, _ = by_name[name].key[1]
+        assert cubin[:4] == b"\x7fELF"
+        # The same bytes as the one-at-a-time path (now a memory-cache hit of the same key).
+        assert cubin == loader.compile_family(fam, dict(dkey), ARCH)
+        for _, names, d in picked:
+            if tuple(sorted((k, str(v)) for k, v in d.items())) == dkey:
+                assert all(n.encode() in cubin for n in names)
+
+
+def test_generated_kernels_asked_then_compiled(nvrtc: None) -> None:
+    srcs = [fill.generate(fill.ArangeSpec(dtypes.float32, False)),
+            fill.generate(fill.ArangeSpec(dtypes.int32, True)),
+            mask.generate(mask.MaskSpec("ranks"))]  # fmt: skip
+    with compile_ahead.collecting() as asked:
+        for src in srcs + srcs[:1]:
+            assert compiler.function(src, ARCH) is compile_ahead.DEFERRED
+    assert all((s.text, ARCH, None) not in compiler._functions for s in srcs)
+    assert [r.key for r in asked.values()] == [("generated", (s.text, ARCH, None)) for s in srcs]
+    got: dict[str, bytes] = {}
+    rep = compile_ahead.compile_all(_recorded(list(asked.values()), got))
+    assert rep.kernels == 3 and len(got) == 3
+    for src in srcs:
+        (cubin,) = [c for n, c in got.items() if n.startswith(src.name)]
+        assert src.name.encode() in cubin
+
+
+def test_compiles_run_concurrently() -> None:
+    """Two compiles that can only finish together (a barrier both must reach): they run
+    on two threads at once."""
+    barrier = threading.Barrier(2, timeout=60)
+    got: dict[str, bytes] = {}
+
+    def compile_one() -> bytes:
+        barrier.wait()
+        return threading.current_thread().name.encode()
+
+    reqs = [compile_ahead.Request(("t", k), f"k{k}", compile_one, lambda c: None) for k in range(2)]
+    rep = compile_ahead.compile_all(_recorded(reqs, got), workers=2)
+    assert rep.workers == 2
+    assert got["k0"] != got["k1"] and all(c.startswith(b"pygpukit-nvrtc") for c in got.values())
+
+
+def test_a_failed_compile_names_its_kernel_and_log(nvrtc: None) -> None:
+    good = [v for v in variants.all_variants() if v[0] == "softmax"][:2]
+    with compile_ahead.collecting() as asked:
+        for family, names, defines in good:
+            loader.get_function(family, names[0], defines, ARCH)
+    bad_src = 'extern "C" __global__ void pgk_broken(float* y) { y[0] = undefined_name; }\n'
+    bad = compile_ahead.Request(("t", "bad"), "pgk_broken (a test kernel)",
+                                lambda: toolchain.compile_kernel(bad_src, ARCH, [], "broken.cu"),
+                                lambda c: None)  # fmt: skip
+    reqs = list(asked.values())
+    got: dict[str, bytes] = {}
+    with pytest.raises(CompileError) as info:
+        compile_ahead.compile_all(_recorded([reqs[0], bad, reqs[1]], got), workers=3)
+    msg = str(info.value)
+    assert "1 of 3 kernels" in msg
+    assert "pgk_broken (a test kernel)" in msg
+    assert "undefined_name" in msg and "error" in msg  # the NVRTC log and the source line
+    assert set(got) == {r.name for r in reqs}, "the kernels that compiled are installed"
+
+
+def test_not_collecting_compiles_now(nvrtc: None) -> None:
+    """Outside collecting() a compile site's request is refused: it compiles itself."""
+    req = compile_ahead.Request(("t", 0), "k", lambda: b"", lambda c: None)
+    assert compile_ahead.ask(req) is False
+    with compile_ahead.collecting() as outer:
+        with compile_ahead.collecting() as inner:
+            assert compile_ahead.ask(req)
+        assert compile_ahead.is_collecting() and not outer and list(inner) == [("t", 0)]
+    assert compile_ahead.compile_all([]).kernels == 0
+
+
+def test_dry_run_only_where_nvrtc_may_run() -> None:
+    """The dry run is skipped once the disk cache has served this process's kernels and
+    NVRTC compiled none; a fresh process, or one that compiled, runs it."""
+    assert compile_ahead.worth_a_dry_run({"disk_hits": 0, "compiles": 0})
+    assert compile_ahead.worth_a_dry_run({"disk_hits": 5, "compiles": 1})
+    assert compile_ahead.worth_a_dry_run({"disk_hits": 0, "compiles": 3})
+    assert not compile_ahead.worth_a_dry_run({"disk_hits": 12, "compiles": 0, "memory_hits": 4})
