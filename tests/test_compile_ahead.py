@@ -59,8 +59,10 @@ def test_templates_asked_not_compiled_then_compiled_in_parallel(nvrtc: None) -> 
         loader.get_kernel(family, names[0], defines, ARCH).fn.launch((1,), (1,), "", ())
     assert loader._modules == modules_before, "collecting must not compile or load"
     assert not compile_ahead.is_collecting()
-    want = {(fam, tuple(sorted((k, str(v)) for k, v in d.items())), ARCH, None)
-            for fam, _, d in picked}  # fmt: skip  (None: the primary device)
+    # Module keys end with the device (None: the primary one).
+    want = {
+        (fam, tuple(sorted((k, str(v)) for k, v in d.items())), ARCH, None) for fam, _, d in picked
+    }
     assert {key[1] for key in asked} == want
     got: dict[str, bytes] = {}
     rep = compile_ahead.compile_all(_recorded(list(asked.values()), got), workers=4)
