@@ -13,16 +13,16 @@ import numpy as np
 
 from pygpukit import errors
 from pygpukit.ir import Node, dtypes, indexing, shapes, user_location
-from pygpukit.ir.node import canonical_items, freeze
 from pygpukit.ir import strides as strides_mod
 from pygpukit.ir.dtypes import DType
 from pygpukit.ir.elementwise import canonical
+from pygpukit.ir.node import canonical_items, freeze
 from pygpukit.ir.ops import weak_scalar_dtype
 from pygpukit.ir.source import user_frame
 
 from . import eager_ops, pending, runtime, settings
-from .mode import is_eager
 from .backends import devices, get_backend
+from .mode import is_eager
 
 Scalar = int | float | bool
 ArrayLike = Any

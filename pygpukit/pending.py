@@ -9,10 +9,11 @@ key and collects the leaves, with no Python per node.
 A node's summary is [kid, leaves, trail, epoch, size, used]:
 - kid: an int standing for the structure of the pending subgraph under the node, as a tree
   (op, canonical attrs, and per input its kid and where its leaves sit among the node's;
-  a leaf's kid is its shape and dtype). Structures are interned: equal kids mean equal structure. Two pending nodes
-  of one structure are the same function of the same leaves (the ops are pure; collectives
-  and `after`, whose order or count matters, are never summarised), so a schedule made for
-  a graph that shared a pending node serves one that recomputes it and back.
+  a leaf's kid is its shape and dtype). Structures are interned: equal kids mean equal
+  structure. Two pending nodes of one structure are the same function of the same leaves
+  (the ops are pure; collectives and `after`, whose order or count matters, are never
+  summarised), so a schedule made for a graph that shared a pending node serves one that
+  recomputes it and back.
 - leaves: the distinct realised nodes it reads, in first-use order (left to right).
 - trail: (where, input trails...), the captured source locations in that tree's pre-order,
   resolved only when an error names a line of the run (errors.note_run).
@@ -79,15 +80,10 @@ def summarise(node: Node) -> None:
     for i in node.inputs:
         s = i.sub
         if i.realized is not None:
-            if not leaves:
-                pos, leaves = 0, (i,)
-            else:
-                for pos, seen in enumerate(leaves):
-                    if seen is i:
-                        break
-                else:
-                    pos = len(leaves)
-                    leaves += (i,)
+            pos = _find(leaves, i)
+            if pos < 0:
+                pos = len(leaves)
+                leaves += (i,)
             parts.append((leaf_kid(i) if s is None else s, pos))
             trails.append((i.where,))
             size += 1
@@ -119,17 +115,23 @@ def drop(node: Node) -> None:
         EPOCH[0] += 1
 
 
-def _merge(leaves: tuple[Node, ...],
-           theirs: tuple[Node, ...]) -> tuple[tuple[int, ...] | None, tuple[Node, ...]]:  # fmt: skip
+def _find(leaves: Sequence[Node], node: Node) -> int:
+    """Where node is among leaves (by identity: nodes compare by it), or -1."""
+    for pos, seen in enumerate(leaves):
+        if seen is node:
+            return pos
+    return -1
+
+
+def _merge(leaves: tuple[Node, ...], theirs: tuple[Node, ...]
+           ) -> tuple[tuple[int, ...] | None, tuple[Node, ...]]:  # fmt: skip
     """Where each of an input's leaves sits in the node's (None: at its own index) and the
     node's leaves with the input's new ones appended."""
     merged = list(leaves)
     at: list[int] = []
     for leaf in theirs:
-        for pos, seen in enumerate(merged):
-            if seen is leaf:
-                break
-        else:
+        pos = _find(merged, leaf)
+        if pos < 0:
             pos = len(merged)
             merged.append(leaf)
         at.append(pos)
