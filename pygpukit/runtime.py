@@ -38,7 +38,6 @@ register_library(
 )  # fmt: skip
 
 
-
 class ScheduleCache(OrderedDict[Any, Any]):
     """An LRU of schedules; clearing one clears the caches registered with it (schedules
     found by other keys: a test that clears the structure cache after changing the pipeline
