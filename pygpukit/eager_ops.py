@@ -78,9 +78,9 @@ def run(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[],
     where = user_frame()
     errors.note_run(entry.built, [where if k < 0 else nodes[k].where  # type: ignore[union-attr]
                                   for k in entry.lines])  # fmt: skip
-    (value,) = backend.run(entry.schedule, ins)
     runtime.stats["realize_calls"] += 1
     runtime.stats["schedule_hits"] += 1
+    (value,) = backend.run(entry.schedule, ins)
     runtime.EAGER_CACHE.move_to_end(key)
     out = Node.known(entry.op, (), entry.attrs, entry.items, entry.shape, entry.dtype, where)
     out.realized = value
