@@ -188,8 +188,8 @@ UNARY = [("exp", gpk.exp, np.exp, "float32"), ("log", gpk.log, np.log, "float16"
 
 @pytest.mark.parametrize(("name", "fn", "ref_fn", "dtype"), UNARY, ids=[u[0] for u in UNARY])
 @pytest.mark.parametrize("view", ["", "T"])
-def test_eager_unary_fast_path(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator,
-                               name: str, fn: Any, ref_fn: Any, dtype: str, view: str) -> None:  # fmt: skip
+def test_eager_unary_fast_path(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, name: str,
+                               fn: Any, ref_fn: Any, dtype: str, view: str) -> None:  # fmt: skip
     spec = A((4, 6), dtype, view)
     with gpk.eager():
         fn(_device(_host(rng, spec, True), spec))
