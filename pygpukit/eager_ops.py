@@ -81,7 +81,10 @@ def run(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[],
     runtime.stats["realize_calls"] += 1
     runtime.stats["schedule_hits"] += 1
     (value,) = backend.run(entry.schedule, ins)
-    runtime.EAGER_CACHE.move_to_end(key)
+    try:
+        runtime.EAGER_CACHE.move_to_end(key)
+    except KeyError:  # another thread evicted it meanwhile
+        pass
     out = Node.known(entry.op, (), entry.attrs, entry.items, entry.shape, entry.dtype, where)
     out.realized = value
     return out

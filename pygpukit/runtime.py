@@ -229,7 +229,10 @@ def _realize(pending: list[Node]) -> None:
                      tuple([layout_key(n.realized) for n in sub[1]]))  # fmt: skip
             hit = _KNOWN.get(known)
             if hit is not None and _run_known(root, sub[1], sub[2], hit, backend):
-                _KNOWN.move_to_end(known)
+                try:
+                    _KNOWN.move_to_end(known)
+                except KeyError:  # another thread evicted it meanwhile
+                    pass
                 return
     order = toposort(pending, is_leaf=_is_leaf)
     _check_traced(order)
