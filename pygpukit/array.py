@@ -122,6 +122,8 @@ def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
                 return _with_scalar(op, a, b, False)
             if type(b) is GPUArray and type(a) in _SCALAR_TYPES:
                 return _with_scalar(op, b, a, True)
+            if type(a) is GPUArray and type(b) is GPUArray:
+                return _two_arrays(op, a, b)
         elif not settings.debug():
             node = _eager_binary(op, a, b)
             if node is not None:
@@ -172,6 +174,32 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
         kid = kids[xpart] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
     n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
              epoch, size, False]  # fmt: skip
+    return GPUArray(n)
+
+
+# (op, dtypes, shapes) -> the op node's op, canonical attrs, shape and dtype, from the first
+# record of two arrays of these.
+_PAIR_OPS: dict[Any, tuple[str, tuple[Any, ...], tuple[int, ...], DType]] = {}
+
+
+def _two_arrays(op: str, a: GPUArray, b: GPUArray) -> GPUArray:
+    """Lazy op(a, b) of two arrays: the node from what the first record of these dtypes and
+    shapes found (Node.known), else _binary, which raises what it raises."""
+    na = a._raw if a._link is None else a._node
+    nb = b._raw if b._link is None else b._node
+    key = (op, na.dtype.name, nb.dtype.name, na.shape, nb.shape)
+    spec = _PAIR_OPS.get(key)
+    if spec is None:
+        out = _binary(op, a, b)
+        n = out._raw
+        if len(n.inputs) == 2 and n.inputs[0] is na and n.inputs[1] is nb and not n.attrs:
+            if len(_PAIR_OPS) >= _SCALAR_OPS_LIMIT:
+                _PAIR_OPS.clear()
+            _PAIR_OPS[key] = (n.op, n.canonical_attrs(), n.shape, n.dtype)
+        return out
+    nop, items, shape, dtype = spec
+    n = Node.known(nop, (na, nb), {}, items, shape, dtype, user_frame())
+    pending.summarise(n)
     return GPUArray(n)
 
 
