@@ -11,6 +11,7 @@ from .shapes import Shape
 from .source import SourceLoc, Where, resolve
 
 _ids = itertools.count()
+_new = object.__new__
 # Attribute values that are hashable and canonical as they are (no float inside).
 _PLAIN = frozenset({int, str, bool, type(None)})
 # Attribute values freeze() leaves as they are.
@@ -61,10 +62,13 @@ class Node:
     `origin` says, for fused nodes, which pass made them and from which ops.
     `loc` is kept as captured (a code object and line, see source.user_frame) and made a
     SourceLoc the first time something reads it.
+    `sub`, like `realized`, is the front end's: a summary of the pending subgraph under the
+    node (its structure key, leaves and locations), made when it is recorded, so a realize
+    of a structure seen before need not walk the graph.
     """
 
     __slots__ = ("id", "op", "inputs", "attrs", "shape", "dtype", "where", "origin",
-                 "realized", "_canon", "__weakref__")  # fmt: skip
+                 "realized", "_canon", "sub", "__weakref__")  # fmt: skip
 
     def __init__(
         self,
@@ -89,6 +93,7 @@ class Node:
         self.origin = origin
         self.realized: Any = None
         self._canon: tuple[Any, ...] | None = None
+        self.sub: Any = None
 
     @classmethod
     def make(
@@ -108,6 +113,34 @@ class Node:
         shape, dtype = ops.infer(op, [(i.shape, i.dtype) for i in inputs], attrs, items)
         node = cls(op, inputs, attrs, tuple(shape), dtype, loc, origin, frozen=True)
         node._canon = items
+        return node
+
+    @classmethod
+    def known(
+        cls,
+        op: str,
+        inputs: tuple[Node, ...],
+        attrs: dict[str, Any],
+        items: tuple[Any, ...],
+        shape: Shape,
+        dtype: DType,
+        loc: Where,
+    ) -> Node:
+        """A node whose shape and dtype the caller already has from an earlier make() of the
+        same op, input specs and attrs (frozen, with `items` their canonical_items): the
+        recording fast paths, which skip the rule lookup."""
+        node = _new(cls)
+        node.id = next(_ids)
+        node.op = op
+        node.inputs = inputs
+        node.attrs = attrs
+        node.shape = shape
+        node.dtype = dtype
+        node.where = loc
+        node.origin = ""
+        node.realized = None
+        node._canon = items
+        node.sub = None
         return node
 
     @property

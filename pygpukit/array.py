@@ -16,10 +16,13 @@ from pygpukit.ir import Node, dtypes, indexing, shapes, user_location
 from pygpukit.ir import strides as strides_mod
 from pygpukit.ir.dtypes import DType
 from pygpukit.ir.elementwise import canonical
+from pygpukit.ir.node import canonical_items, freeze
 from pygpukit.ir.ops import weak_scalar_dtype
+from pygpukit.ir.source import user_frame
 
-from . import runtime
+from . import eager_ops, pending, runtime, settings
 from .backends import devices, get_backend
+from .mode import is_eager
 
 Scalar = int | float | bool
 ArrayLike = Any
@@ -111,7 +114,141 @@ def from_node(node: Node) -> GPUArray:
 
 
 def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
-    """Record elementwise op(a, b); Python scalars are weak (NEP 50)."""
+    """Record elementwise op(a, b); Python scalars are weak (NEP 50). Eager: a call whose
+    key was seen runs its cached schedule (eager_ops.py)."""
+    if not devices.ACTIVE[0]:
+        if not is_eager():
+            if type(a) is GPUArray and type(b) in _SCALAR_TYPES:
+                return _with_scalar(op, a, b, False)
+            if type(b) is GPUArray and type(a) in _SCALAR_TYPES:
+                return _with_scalar(op, b, a, True)
+            if type(a) is GPUArray and type(b) is GPUArray:
+                return _two_arrays(op, a, b)
+        elif not settings.debug():
+            node = _eager_binary(op, a, b)
+            if node is not None:
+                return GPUArray(node)
+    return _binary(op, a, b)
+
+
+_SCALAR_TYPES = frozenset({int, float, bool})
+# (op, array dtype, scalar key, scalar first) -> what recording that op made the first
+# time: the `full` node's attrs and dtype, the op node's, and the kids of both (pending.py).
+_SCALAR_OPS: dict[Any, Any] = {}
+_SCALAR_OPS_LIMIT = 4096
+
+
+def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
+    """Lazy op(x, value) (op(value, x) when `first`): the `full` node of the scalar and the
+    op's node made from what the first such record found (Node.known: no dtype rules, no
+    attr freezing), with the summary pending.summarise would give. A first record takes
+    _binary, which raises what it raises."""
+    node = x._raw if x._link is None else x._node
+    t = type(value)
+    spec = _SCALAR_OPS.get((op, node.dtype.name, t, value if t is not float or (value and
+                            value == value) else repr(value), first))  # fmt: skip
+    if spec is None:
+        return _learn_scalar_op(op, x, value, first, node)
+    fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
+    where = user_frame()
+    const = Node.known("full", (), fattrs, fitems, (), fdtype, where)
+    n = Node.known(nop, (const, node) if first else (node, const), {}, nitems, node.shape,
+                   ndtype, where)  # fmt: skip
+    epoch = pending.EPOCH[0]
+    if node.realized is not None:
+        xpart: tuple[int, Any] = (pending.leaf_kid(node), 0)
+        leaves: tuple[Node, ...] = (node,)
+        trail = (node.where,)
+        size = 3
+    else:
+        sub = node.sub
+        if sub is None or sub[3] != epoch:
+            return GPUArray(n)
+        sub[5] = True
+        xpart, leaves, trail, size = (sub[0], None), sub[1], sub[2], sub[4] + 2
+    kid = kids.get(xpart)
+    if kid is None:
+        if len(kids) > _SCALAR_OPS_LIMIT:
+            kids.clear()
+        parts = (fkid, None), xpart
+        kid = kids[xpart] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
+    n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
+             epoch, size, False]  # fmt: skip
+    return GPUArray(n)
+
+
+# (op, dtypes, shapes) -> the op node's op, canonical attrs, shape and dtype, from the first
+# record of two arrays of these.
+_PAIR_OPS: dict[Any, tuple[str, tuple[Any, ...], tuple[int, ...], DType]] = {}
+
+
+def _two_arrays(op: str, a: GPUArray, b: GPUArray) -> GPUArray:
+    """Lazy op(a, b) of two arrays: the node from what the first record of these dtypes and
+    shapes found (Node.known), else _binary, which raises what it raises."""
+    na = a._raw if a._link is None else a._node
+    nb = b._raw if b._link is None else b._node
+    key = (op, na.dtype.name, nb.dtype.name, na.shape, nb.shape)
+    spec = _PAIR_OPS.get(key)
+    if spec is None:
+        out = _binary(op, a, b)
+        n = out._raw
+        if len(n.inputs) == 2 and n.inputs[0] is na and n.inputs[1] is nb and not n.attrs:
+            if len(_PAIR_OPS) >= _SCALAR_OPS_LIMIT:
+                _PAIR_OPS.clear()
+            _PAIR_OPS[key] = (n.op, n.canonical_attrs(), n.shape, n.dtype)
+        return out
+    nop, items, shape, dtype = spec
+    n = Node.known(nop, (na, nb), {}, items, shape, dtype, user_frame())
+    pending.summarise(n)
+    return GPUArray(n)
+
+
+def _learn_scalar_op(op: str, x: GPUArray, value: Scalar, first: bool, node: Node) -> GPUArray:
+    out = _binary(op, value, x) if first else _binary(op, x, value)
+    n = out._raw
+    if n.op == "full" or len(n.inputs) != 2 or n.attrs or n.shape != node.shape:
+        return out
+    const, other = n.inputs if first else n.inputs[::-1]
+    if other is not node or const.op != "full" or const.inputs or const.shape:
+        return out
+    if len(_SCALAR_OPS) >= _SCALAR_OPS_LIMIT:
+        _SCALAR_OPS.clear()
+    t = type(value)
+    fkid = pending.kid_of(("full", const.canonical_attrs()))
+    _SCALAR_OPS[(op, node.dtype.name, t, eager_ops.scalar_key(value)[1], first)] = (
+        const.attrs, const.canonical_attrs(), const.dtype, fkid, n.op, n.canonical_attrs(),
+        n.dtype, {})  # fmt: skip
+    return out
+
+
+def _eager_binary(op: str, a: ArrayLike, b: ArrayLike) -> Node | None:
+    """eager_ops.run for op(a, b); None where no key applies (an operand neither a
+    realised array nor a Python scalar)."""
+    backend = get_backend()
+    na = nb = None
+    if isinstance(a, GPUArray):
+        na = a._raw if a._link is None else a._node
+        va = na.realized
+        if va is None:
+            return None
+        ka = (na.shape, na.dtype.name, backend.layout_key(va))
+    else:
+        ka = eager_ops.scalar_key(a)
+    if isinstance(b, GPUArray):
+        nb = b._raw if b._link is None else b._node
+        vb = nb.realized
+        if vb is None:
+            return None
+        kb = (nb.shape, nb.dtype.name, backend.layout_key(vb))
+    else:
+        kb = eager_ops.scalar_key(b)
+    if ka is None or kb is None or (na is None and nb is None):
+        return None
+    key = (op, ka, kb, na is nb, backend, settings.skip_passes())
+    return eager_ops.run(key, (na, nb), lambda: _binary(op, a, b), backend)
+
+
+def _binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     try:
         na, nb = _pair(a, b, op)
     except (OverflowError, ValueError) as e:
@@ -124,7 +261,22 @@ def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
 
 
 def unary(op: str, x: ArrayLike, **attrs: Any) -> GPUArray:
-    """Record elementwise op(x; attrs)."""
+    """Record elementwise op(x; attrs). Eager: a call whose key was seen runs its cached
+    schedule (eager_ops.py)."""
+    if (not devices.ACTIVE[0] and isinstance(x, GPUArray) and is_eager()
+            and not settings.debug()):  # fmt: skip
+        n = x._raw if x._link is None else x._node
+        value = n.realized
+        if value is not None:
+            backend = get_backend()
+            items = canonical_items({k: freeze(v) for k, v in attrs.items()}) if attrs else ()
+            key = (op, items, n.shape, n.dtype.name, backend.layout_key(value), backend,
+                   settings.skip_passes())  # fmt: skip
+            return GPUArray(eager_ops.run(key, (n,), lambda: _unary(op, x, attrs), backend))
+    return _unary(op, x, attrs)
+
+
+def _unary(op: str, x: ArrayLike, attrs: dict[str, Any]) -> GPUArray:
     n = _node_of(x, None, op)
     return GPUArray(runtime.record(canonical(op, [n.dtype]), (n,), attrs))
 
@@ -374,6 +526,7 @@ class GPUArray:
                 backend = get_backend()
                 node.realized = backend.empty((0,), self.dtype)  # type: ignore[attr-defined]
             node.inputs = ()  # its pending graph is dropped, not run
+            pending.drop(node)
         get_backend().storage(node.realized).release()
 
     def __repr__(self) -> str:

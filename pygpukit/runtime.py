@@ -2,7 +2,9 @@
 
 record(): one user call -> one Node, shape/dtype checked at once, with the user's line.
 realize(): the pending subgraph under some nodes -> passes -> Schedule -> backend.
-Schedules are cached by graph structure, so a Python loop does not re-run the passes.
+Schedules are cached by graph structure, so a Python loop does not re-run the passes; a
+realize of one node whose recorded summary (pending.py) was seen before finds its schedule
+without walking the graph.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pygpukit.ir.ops import DTypeRuleError
 from pygpukit.ir.shapes import ShapeRuleError
 from pygpukit.ir.source import register_library, resolve, user_frame
 from pygpukit.passes import Schedule, lower, run_pipeline
+from pygpukit.pending import EPOCH, Trail, drop, summarise, tree_nodes
 
 from . import settings
 from .backends import devices, get_backend
@@ -34,9 +37,33 @@ register_library(
     flat=[_PKG_DIR], user_level=["demo.py"],
 )  # fmt: skip
 
-_SCHEDULE_CACHE: OrderedDict[Any, Schedule] = OrderedDict()
+
+class ScheduleCache(OrderedDict[Any, Any]):
+    """An LRU of schedules; clearing one clears the caches registered with it (schedules
+    found by other keys: a test that clears the structure cache after changing the pipeline
+    must not be served an old schedule by another route)."""
+
+    def __init__(self, *linked: ScheduleCache) -> None:
+        super().__init__()
+        self.linked = linked
+
+    def clear(self) -> None:
+        super().clear()
+        for cache in self.linked:
+            cache.clear()
+
+
 _CACHE_LIMIT = 2048
+# Summary key (kid, backend, passes skipped, leaf layouts) -> (schedule, which leaf each
+# schedule input is, build-time locations in trail order).
+_KNOWN = ScheduleCache()
+# Eager ops by their operands' layouts (eager.py); cleared with the others.
+EAGER_CACHE = ScheduleCache()
+_SCHEDULE_CACHE = ScheduleCache(_KNOWN, EAGER_CACHE)
 stats = {"realize_calls": 0, "schedule_hits": 0, "schedule_misses": 0}
+# While a list: each realize appends (schedule, order, leaves, pending) (eager.py learns
+# what today's path ran from it).
+CAPTURE: list[list[tuple[Any, ...]] | None] = [None]
 
 
 def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = None,
@@ -54,6 +81,8 @@ def record(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any] | None = Non
         _place(node, name or op, where)
     if is_eager():
         realize([node])
+    else:
+        summarise(node)
     return node
 
 
@@ -190,6 +219,21 @@ def _realize_by_device(pending: list[Node]) -> None:
 def _realize(pending: list[Node]) -> None:
     backend = get_backend()
     stats["realize_calls"] += 1
+    known = None
+    if len(pending) == 1:
+        root = pending[0]
+        sub = root.sub
+        if sub is not None and sub[3] == EPOCH[0]:
+            layout_key = backend.layout_key
+            known = (sub[0], backend.name, backend.ordinal, settings.skip_passes(),
+                     tuple([layout_key(n.realized) for n in sub[1]]))  # fmt: skip
+            hit = _KNOWN.get(known)
+            if hit is not None and _run_known(root, sub[1], sub[2], hit, backend):
+                try:
+                    _KNOWN.move_to_end(known)
+                except KeyError:  # another thread evicted it meanwhile
+                    pass
+                return
     order = toposort(pending, is_leaf=_is_leaf)
     _check_traced(order)
     if memory.RELEASES[0]:  # no array was ever freed explicitly: nothing to find
@@ -211,6 +255,11 @@ def _realize(pending: list[Node]) -> None:
         _SCHEDULE_CACHE.move_to_end(key)
         # The nodes' captured locations, resolved only if an error describes this run.
         errors.note_run(schedule.info["locs"], [n.where for n in order])
+    if known is not None:
+        _remember(known, pending[0], schedule, order, leaves)
+    capture = CAPTURE[0]
+    if capture is not None:
+        capture.append((schedule, order, leaves, pending))
     values = backend.run(schedule, [n.realized for n in leaves])
     if settings.debug():
         from .profiling import debug_realize
@@ -219,3 +268,38 @@ def _realize(pending: list[Node]) -> None:
     for n, v in zip(pending, values, strict=True):
         n.realized = v
         n.inputs = ()
+        drop(n)
+
+
+def _remember(key: Any, root: Node, schedule: Schedule, order: list[Node],
+              leaves: list[Node]) -> None:  # fmt: skip
+    """File the schedule under root's summary key: which of the summary's leaves each
+    schedule input is, and the schedule's build-time locations in trail order."""
+    mine = {id(n): k for k, n in enumerate(root.sub[1])}
+    which = [mine.get(id(n), -1) for n in leaves]
+    if -1 in which or len(which) != len(mine):
+        return  # the summary disagrees with the walk: leave this graph to the walk
+    at = {n.id: k for k, n in enumerate(order)}
+    built = schedule.info["locs"]
+    _KNOWN[key] = (schedule, which, [built[at[n.id]] for n in tree_nodes(root)])
+    if len(_KNOWN) > _CACHE_LIMIT:
+        _KNOWN.popitem(last=False)
+
+
+def _run_known(root: Node, leaves: tuple[Node, ...], trail: Any, hit: Any, backend: Any) -> bool:
+    """Run a summary-key hit (no graph walk): False leaves it to the walk (a freed leaf,
+    which the walk reports)."""
+    schedule, which, built = hit
+    if memory.RELEASES[0] and any(backend.storage(n.realized).freed for n in leaves):
+        return False
+    stats["schedule_hits"] += 1
+    errors.note_run(built, Trail(trail))
+    values = [leaves[k].realized for k in which]
+    (root.realized,) = backend.run(schedule, values)
+    if settings.debug():
+        from .profiling import debug_realize
+
+        debug_realize(schedule, values)
+    root.inputs = ()
+    drop(root)
+    return True

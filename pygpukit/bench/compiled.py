@@ -286,6 +286,7 @@ def bench_eager_dispatch(rows: list[dict[str, Any]], reps: int = 9) -> None:
     import torch
 
     import pygpukit as gpk
+    from pygpukit import runtime
     from pygpukit.backends import get_backend
 
     backend: Any = get_backend()
@@ -322,6 +323,10 @@ def bench_eager_dispatch(rows: list[dict[str, Any]], reps: int = 9) -> None:
             err = float(np.abs(fn().to_numpy() - ref).max())
             if err > 1e-3:
                 raise AssertionError(f"dispatch: {name} differs from float64 by {err}")
+    realizes = runtime.stats["realize_calls"]
+    eager_op()  # a key seen: one run of its cached schedule, no recording (eager_ops.py)
+    if runtime.stats["realize_calls"] - realizes != 1 or not runtime.EAGER_CACHE:
+        raise AssertionError("dispatch: the eager op missed the eager fast path")
     runs0 = native.stats["native_runs"] if native is not None else 0
     groups: dict[str, dict[str, Callable[[], Any]]] = {
         "dispatch: one eager op x + 1, x f32[1024]": {

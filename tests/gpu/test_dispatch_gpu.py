@@ -145,6 +145,28 @@ def test_device_errors_still_name_the_op_and_the_line(cuda: Any) -> None:
     assert "test_dispatch_gpu.py" in str(info.value)
 
 
+def test_eager_fast_path_keeps_each_scalar_its_own_constant(cuda: Any) -> None:
+    """Eager x * s over four scalars in turn, fresh strided x each call: each (op, layout,
+    scalar) key runs its cached schedule (eager_ops.py) with its own device constant, and
+    the later calls go through the controller."""
+    from pygpukit import runtime
+
+    runtime._SCHEDULE_CACHE.clear()  # and the eager cache
+    rng = _rng("eager-scalars")
+    before = cuda.native.stats["native_runs"]
+    scalars = (0.5, -2.0, 3, True)
+    for k in range(len(scalars) * CALLS):
+        s = scalars[k % len(scalars)]
+        h = _random(rng, (6, 16), "float32")
+        with gpk.eager():
+            x = gpk.from_numpy(h)[..., ::2]
+            out = x * s
+        ref = h[..., ::2].astype(np.float64) * float(s)
+        np.testing.assert_allclose(out.to_numpy().astype(np.float64), ref, rtol=1e-6, atol=1e-6)
+    assert len(runtime.EAGER_CACHE) == len(scalars)
+    assert cuda.native.stats["native_runs"] > before
+
+
 def test_freed_inputs_are_still_refused(cuda: Any) -> None:
     for _ in range(CALLS):
         x = gpk.from_numpy(np.ones(8, np.float32))

@@ -1,0 +1,128 @@
+"""Eager elementwise ops without recording: a call seen before runs its cached schedule.
+
+An eager `x + 1` on today's path records a `full` node for the scalar and realizes it, then
+records the add and realizes a graph of three nodes (toposort, structure key, schedule
+cache): two realizes for one op. Here a call is keyed by what today's path would decide
+from: the op, its attributes, each operand's shape, dtype and layout (a realised array)
+or type and value (a Python scalar: NEP 50 gives it the other operand's dtype, and the
+value is a constant of the graph; kernels take it baked in), which operands are the same
+array, the backend and the passes skipped. The first call of a key takes today's path with
+its realizes captured (runtime.CAPTURE) and, when the last one read only the operands and
+scalar constants made by this call, keeps that realize's schedule, the constants' values
+(so a later call feeds the same schedule the same inputs) and which line each schedule
+location came from. A later call of the key is one backend.run (on CUDA one
+`Dispatcher.run`) and a realised node with the op's attributes and the user's line: what a
+realised op node of today's path is. Errors are today's: a first call raises as it always
+did (nothing is kept), and the key holds every shape and dtype, so a call that would fail
+differently is a new key. A run error names the line of the call that ran (errors.note_run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pygpukit import errors, memory
+from pygpukit.ir import Node
+from pygpukit.ir import node as node_mod
+from pygpukit.ir.source import user_frame
+
+from . import runtime
+
+LIMIT = 1024  # keys kept (LRU); each holds a schedule and its scalar constants
+
+
+class EagerOp:
+    """A learnt eager call: the schedule and where each of its inputs comes from."""
+
+    __slots__ = ("schedule", "sources", "op", "attrs", "items", "shape", "dtype", "built",
+                 "lines")  # fmt: skip
+
+    def __init__(self, schedule: Any, sources: list[Any], result: Node, lines: list[int]) -> None:
+        self.schedule = schedule
+        # Per schedule input: an int k, operand k's value; else the constant's value itself.
+        self.sources = sources
+        self.op = result.op
+        self.attrs = result.attrs
+        self.items = result.canonical_attrs()
+        self.shape = result.shape
+        self.dtype = result.dtype
+        self.built = schedule.info["locs"]
+        # Per built location: operand k's line (k >= 0), else the call's own (-1).
+        self.lines = lines
+
+
+def scalar_key(x: Any) -> Any:
+    """A Python scalar's part of a key (None: not a Python scalar). Floats by repr where
+    equality would merge what must differ (0.0 and -0.0, NaN)."""
+    t = type(x)
+    if t is float:
+        return (float, x) if x and x == x else (float, repr(x))
+    if t is int or t is bool:
+        return (t, x)
+    return None
+
+
+def run(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[], Any],
+        backend: Any) -> Node:  # fmt: skip
+    """The realised node of an eager call keyed `key` over operand nodes `nodes` (None for
+    a scalar): the cached schedule's run, or that of `call()` (today's path, returning a
+    GPUArray), learnt from."""
+    entry = runtime.EAGER_CACHE.get(key)
+    if entry is None:
+        return _learn(key, nodes, call, backend)
+    ins = [nodes[s].realized if type(s) is int else s for s in entry.sources]  # type: ignore[union-attr]
+    if memory.RELEASES[0] and any(backend.storage(v).freed for v in ins):
+        del runtime.EAGER_CACHE[key]  # today's path names the freed operand
+        return call()._raw  # type: ignore[no-any-return]
+    where = user_frame()
+    errors.note_run(entry.built, [where if k < 0 else nodes[k].where  # type: ignore[union-attr]
+                                  for k in entry.lines])  # fmt: skip
+    runtime.stats["realize_calls"] += 1
+    runtime.stats["schedule_hits"] += 1
+    (value,) = backend.run(entry.schedule, ins)
+    try:
+        runtime.EAGER_CACHE.move_to_end(key)
+    except KeyError:  # another thread evicted it meanwhile
+        pass
+    out = Node.known(entry.op, (), entry.attrs, entry.items, entry.shape, entry.dtype, where)
+    out.realized = value
+    return out
+
+
+def _learn(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[], Any],
+           backend: Any) -> Node:  # fmt: skip
+    first = next(node_mod._ids)  # nodes made by this call have larger ids
+    outer = runtime.CAPTURE[0]
+    runs: list[tuple[Any, ...]] = []
+    runtime.CAPTURE[0] = runs
+    try:
+        result = call()
+    finally:
+        runtime.CAPTURE[0] = outer
+    if outer is not None:
+        outer.extend(runs)
+    node: Node = result._raw
+    if not runs:
+        return node
+    schedule, order, leaves, pending = runs[-1]
+    if len(pending) != 1 or pending[0] is not node or node.realized is None:
+        return node
+    sources: list[Any] = []
+    for leaf in leaves:
+        k = next((k for k, n in enumerate(nodes) if n is leaf), -1)
+        if k >= 0:
+            sources.append(k)
+        elif leaf.op == "full" and leaf.id > first:
+            sources.append(leaf.realized)  # a scalar made a constant by this call
+        else:
+            return node
+    out_storage = backend.storage(node.realized)
+    if any(type(s) is not int and backend.storage(s) is out_storage for s in sources):
+        return node  # the result is a constant's memory: each call must own its own
+    lines = [next((k for k, n in enumerate(nodes) if n is m), -1) for m in order]
+    cache = runtime.EAGER_CACHE
+    cache[key] = EagerOp(schedule, sources, node, lines)
+    if len(cache) > LIMIT:
+        cache.popitem(last=False)
+    return node
