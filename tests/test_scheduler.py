@@ -49,7 +49,9 @@ def _reserved_zero(sched, backend, in_use_before):
     st = sched.stats()
     assert st["reserved_bytes"] == 0 and st["arena_bytes_held"] == 0
     assert st["queue_length"] == 0 and not st["tasks"]
-    assert backend.pool_stats()["in_use_bytes"] <= in_use_before
+    # The last ended task's arena may be kept for the next admission (none once closed).
+    assert st["arena_bytes_spare"] == 0 or not sched._closed
+    assert backend.pool_stats()["in_use_bytes"] <= in_use_before + st["arena_bytes_spare"]
 
 
 def test_results_match_direct_calls_and_reservation(backend):
