@@ -617,8 +617,7 @@ class _CoreSpy:
         return call
 
 
-def test_submit_in_the_spare_arena_is_admitted_and_started_in_one_core_call(backend,
-                                                                            monkeypatch):  # fmt: skip
+def test_a_step_in_the_spare_arena_is_admitted_and_started_in_one_core_call(backend, monkeypatch):
     """A Guaranteed step submitted after the last one ended runs in that step's arena (the
     spare: the same pool block, nothing allocated) and is admitted and started by one core
     call, on the CUDA path (fake events) with its end events reused. A call of another
@@ -644,7 +643,7 @@ def test_submit_in_the_spare_arena_is_admitted_and_started_in_one_core_call(back
     spy = sched._core = _CoreSpy(sched._core)
     try:
         arenas, events = [], []
-        for k in range(6):
+        for _ in range(6):
             t = sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g")
             assert t.state == "running"  # launched on this thread at submission
             arenas.append(t.arena)

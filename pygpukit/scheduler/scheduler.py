@@ -271,8 +271,10 @@ class Scheduler:
             start = (self._spare_bytes == res.arena_bytes and not self.simulated
                      and not self._paused
                      and (high or self._inflight_low < self.max_inflight))  # fmt: skip
-            tid, status, reason, others, prio = self._core.submit_start(
-                tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start)
+            core = self._core
+            tid, status, reason, others, prio = core.submit_start(
+                tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start
+            )
             if status == "rejected":
                 self._counts["rejected"] += 1
                 self._admit_locked(others, now)
