@@ -123,7 +123,13 @@ fn stats_dict<'py>(py: Python<'py>, s: &SchedStats) -> PyResult<Bound<'py, PyDic
 }
 
 type SubmitResult = (TaskId, &'static str, Option<String>, Vec<TaskId>);
-type SubmitStartResult = (TaskId, &'static str, Option<String>, Vec<TaskId>, Option<i32>);
+type SubmitStartResult = (
+    TaskId,
+    &'static str,
+    Option<String>,
+    Vec<TaskId>,
+    Option<i32>,
+);
 
 #[allow(clippy::too_many_arguments)]
 fn task_spec(

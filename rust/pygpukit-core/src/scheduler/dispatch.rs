@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::task::Task;
-use super::{check_time, Admission, Pace, Qos, SchedError, Scheduler, Submitted, TaskId, TaskSpec, TaskState};
+use super::{
+    check_time, Admission, Pace, Qos, SchedError, Scheduler, Submitted, TaskId, TaskSpec, TaskState,
+};
 
 /// Waiting tasks counted by what they mean for another tenant's task.
 #[derive(Clone, Copy, Default)]
