@@ -62,6 +62,18 @@ class SchedulerCore:
         bandwidth_share: float = ...,
         deadline_ms: float | None = ...,
     ) -> tuple[int, str, str | None, list[int]]: ...
+    def submit_start(
+        self,
+        tenant: str,
+        reservation_bytes: int,
+        now: float,
+        qos: str,
+        priority: int,
+        partition: str,
+        bandwidth_share: float,
+        deadline_ms: float | None,
+        start: bool,
+    ) -> tuple[int, str, str | None, list[int], int | None]: ...
     def headroom(self, partition: str) -> int | None: ...
     def may_start(self, task_id: int, now: float) -> bool: ...
     def next_start_time(self, task_id: int, now: float) -> float | None: ...

@@ -16,6 +16,8 @@ U64_END = 2**64
 
 
 def _integer(where: str, name: str, value: object) -> int:
+    if type(value) is int:  # the usual case, without the ABC check (every submit)
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise DTypeError(f"{where}: {name} must be an int, got {type(value).__name__} {value!r}")
     return int(value)
@@ -51,10 +53,13 @@ def real(where: str, name: str, value: object, low: float, high: float = math.in
          *, open_low: bool = False) -> float:  # fmt: skip
     """A finite real number in [low, high] ((low, high] when open_low). Infinite and NaN
     values are refused: a time or cost that is not finite stops every clock it reaches."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) is float or type(value) is int:  # the usual case, without the ABC check
+        v = float(value)
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise DTypeError(f"{where}: {name} must be a number, got {type(value).__name__} "
                          f"{value!r}")  # fmt: skip
-    v = float(value)
+    else:
+        v = float(value)
     bad_low = v <= low if open_low else v < low
     if not math.isfinite(v) or bad_low or v > high:
         span = ""

@@ -181,12 +181,20 @@ class CudaDevice(Device):
         self.exec_lock = exec_lock
         self.streams: dict[int, Any] = {}
         self.queues: dict[int, queue.Queue[Any]] = {}
+        self._lanes: dict[int, tuple[Any, queue.Queue[Any]]] = {}  # priority -> both
+        # Event pairs of on-caller launches whose ends were claimed, for the next launches:
+        # creating (and later destroying) two CUDA events per submit is host time on the
+        # submit-to-result path. A pair is put back only after its elapsed time is read.
+        self._spare_events: list[tuple[Any, Any]] = []
         self.threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         # On-caller launches no completer watches: (launched at, queue, item).
         self._unwatched: deque[tuple[float, queue.Queue[Any], tuple[Any, ...]]] = deque()
 
     def _stream(self, priority: int) -> tuple[Any, queue.Queue[Any]]:
+        lane = self._lanes.get(priority)  # made once per priority: no lock once there
+        if lane is not None:
+            return lane
         with self._lock:
             s = self.streams.get(priority)
             if s is None:
@@ -197,7 +205,8 @@ class CudaDevice(Device):
                                      name=f"pygpukit-sched-stream{priority}")  # fmt: skip
                 t.start()
                 self.threads.append(t)
-            return s, self.queues[priority]
+            lane = self._lanes[priority] = (s, self.queues[priority])
+            return lane
 
     def _claim(self, task: Any) -> bool:
         """Whether this caller is the one to end the task (the completer and a waiter
@@ -211,9 +220,17 @@ class CudaDevice(Device):
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float, on_caller: bool = False) -> None:  # fmt: skip
         stream, q = self._stream(priority)
-        # Fresh events per launch (not reused): a waiter may still synchronize on them
-        # after the completer is done with the task.
-        start, end = self._native.Event(True), self._native.Event(True)
+        # Events of a completer-watched launch are fresh (a waiter may still synchronize
+        # on them after the completer is done with the task); an on-caller launch takes a
+        # pair another on-caller task's end has given back (a second waiter of that task
+        # still on it would only wait for this launch too, then find the task ended).
+        pair = None
+        if on_caller:
+            try:
+                pair = self._spare_events.pop()
+            except IndexError:  # none given back yet (or another thread took the last)
+                pass
+        start, end = pair or (self._native.Event(True), self._native.Event(True))
         b = self.backend
         # Launches from the dispatcher and from submitting threads: the stream swap must
         # not interleave with another call's.
@@ -236,6 +253,8 @@ class CudaDevice(Device):
                     return  # a completer ends it: its waiter waits on the future
                 if self._claim(task):
                     ms = float(start.elapsed_time(end))
+                    if on_caller:
+                        self._spare_events.append((start, end))
                     self.on_done_waiter(Done(task, ms, result, None, None))
 
             task._wait_gpu = wait
@@ -277,6 +296,7 @@ class CudaDevice(Device):
                 keep.append(entry)
             elif self._claim(task):
                 out.append(Done(task, ms, result, None, None))
+                self._spare_events.append((start, end))
         if keep:
             with self._lock:
                 self._unwatched.extendleft(reversed(keep))

@@ -31,6 +31,12 @@ _PARTITION_KEYS = {"memory", "bandwidth", "priority"}
 FRUITLESS_WAIT_MS = 2.0  # real time: least wait after a timed wake-up that started nothing
 IDLE_WAIT_MS = 500.0  # real time: the dispatcher's sleep when nothing is planned (a backstop)
 DEFAULT_SIM_GBPS = 1000.0  # nominal bandwidth of the simulated GPU's cost model
+# An ended task's arena up to this size is kept (not given back to the pool) for the next
+# admission asking for the same bytes: the compiled program then finds the very block it
+# ran in and skips re-binding its values to a new one (half of a submit's cost on the CPU),
+# and the submission can be admitted and started in one core call. The cap bounds what
+# allocations outside the scheduler can lose to it between two tasks.
+SPARE_ARENA_MAX = 64 << 20
 
 
 def _stream_priorities(cuda: bool) -> dict[str, int]:
@@ -67,7 +73,8 @@ class Scheduler:
     see pygpukit/scheduler/node.py.
 
     A task the core lets start at submission is launched on the submitting thread (no
-    hand-off to the dispatcher). On a high-priority lane (Guaranteed, or a "high"
+    hand-off to the dispatcher); when the last ended task's arena fits it (SPARE_ARENA_MAX),
+    admission and start are one core call. On a high-priority lane (Guaranteed, or a "high"
     partition) no completer thread watches it either: the thread waiting in result()
     waits on its end event and ends it, so a solo submit-to-result involves no other
     thread; a task nobody waits on is ended by the next submit or by the dispatcher once
@@ -161,16 +168,17 @@ class Scheduler:
         self.max_inflight = max_inflight
         self._inflight_low = 0  # started, not yet ended, tasks not on a high-priority stream
         self._deadline = -math.inf  # when the waiting dispatcher plans to wake (real time)
-        self._pending: deque[Callable[[], Any]] = deque()  # future completions, see _locked
+        self._pending: deque[Task] = deque()  # ended tasks whose futures are to complete
         self._tasks: dict[int, Task] = {}
-        self._ended: OrderedDict[int, dict[str, Any]] = OrderedDict()  # id -> final stats
-        self._waiting: dict[str, dict[int, None]] = {}  # tenant -> admitted task ids, in order
+        self._ended: OrderedDict[int, tuple[Any, ...]] = OrderedDict()  # id -> Task._record()
+        self._waiting: dict[int, None] = {}  # admitted task ids, not started yet
+        self._spare: Any = None  # the last ended task's arena, kept (see SPARE_ARENA_MAX)
+        self._spare_bytes = -1  # the arena bytes it was allocated for
         self._paused = 0
         self._closed = False
         self._stopped: errors.SchedulerError | None = None  # set if the dispatcher died
         self._counts = {"launched": 0, "completed": 0, "failed": 0, "cancelled": 0,
                         "rejected": 0, "arena_oom": 0, "timer_errors": 0}  # fmt: skip
-        self._gpu_ms: dict[str, float] = {}
         self._thread = threading.Thread(target=self._loop, name="pygpukit-scheduler", daemon=True)
         self._thread.start()
 
@@ -248,29 +256,49 @@ class Scheduler:
                                           f"bytes at sim_gbps={self._sim_bytes_per_ms / 1e6} "
                                           "is not finite")  # fmt: skip
         tenant = str(tenant or getattr(fn, "__name__", "tenant"))
-        with self._locked():
-            self._check_open_locked()
+        high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
+        with self._cond:
+            if self._stopped is not None or self._closed:
+                self._check_open_locked()
             if self._device.unreported():  # ends of earlier launches nobody waited on
                 self._collect_locked()
             now = self._clock.now()
             deadline_ms = None if deadline is None else now + deadline * 1e3
             held = res.total if reserve is None else reserve
-            tid, status, reason, others = self._core.submit(
-                tenant, held, now=now, qos=qos, priority=priority, partition=partition,
-                bandwidth_share=bandwidth, deadline_ms=deadline_ms)  # fmt: skip
+            # The core may start it at once when its arena is to hand (the spare: nothing
+            # to allocate, so nothing can fail between admission and start) and a launch
+            # may go on the device now (real time; simulated time is the dispatcher's).
+            start = (self._spare_bytes == res.arena_bytes and not self.simulated
+                     and not self._paused
+                     and (high or self._inflight_low < self.max_inflight))  # fmt: skip
+            core = self._core
+            tid, status, reason, others, prio = core.submit_start(
+                tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start
+            )
             if status == "rejected":
                 self._counts["rejected"] += 1
                 self._admit_locked(others, now)
                 raise errors.AdmissionRejected(f"{tenant}: task rejected: {reason}", reason or "")
             task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now)
-            task.reserved_bytes = res.total if reserve is None else reserve
-            task._high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
+            task.reserved_bytes = held
+            task._high = high
             self._tasks[tid] = task
-            self._admit_locked(([tid] if status == "admitted" else []) + list(others), now)
-            # Real time: start what the core allows right here rather than wake the
-            # dispatcher (two thread hand-offs). Simulated time belongs to the dispatcher.
-            ready = [] if self.simulated else self._start_ready_locked(now)
-            self._kick_locked(now)
+            if prio is not None:  # admitted and started by the core: it runs in the spare
+                task.arena, self._spare, self._spare_bytes = self._spare, None, -1
+                task.admitted_ms = now
+                self._started_locked(task, prio, now)
+                ready = [task]
+                if self._waiting:  # what else may start now, as _start_ready_locked would
+                    ready += self._start_ready_locked(now)
+                    self._kick_locked(now)
+            else:
+                self._admit_locked(([tid] if status == "admitted" else []) + others, now)
+                # Real time: start what the core allows right here rather than wake the
+                # dispatcher (two thread hand-offs). Simulated time is the dispatcher's.
+                ready = [] if self.simulated else self._start_ready_locked(now)
+                self._kick_locked(now)
+        if self._pending:
+            self._deliver()
         for t in ready:
             # A high-lane task's end is left to its waiter (no completer hand-off); other
             # lanes keep the completer, whose prompt end starts the work queued behind.
@@ -313,14 +341,16 @@ class Scheduler:
         """The core admitted these tasks: allocate each one's arena from the pool (which
         may evict idle arrays); a task whose arena cannot be had fails and gives its
         reservation back, possibly admitting others."""
-        work = list(ids)
+        if not ids:
+            return
+        work = deque(ids)
         while work:
-            tid = work.pop(0)
+            tid = work.popleft()
             task = self._tasks.get(tid)
             if task is None or task._state != "queued":
                 continue
             try:
-                task.arena = self._backend.alloc_arena(task.reservation.arena_bytes)
+                task.arena = self._take_arena(task.reservation.arena_bytes)
             except errors.OutOfMemoryError as e:
                 self._counts["arena_oom"] += 1
                 work.extend(self._core.cancel(tid))
@@ -328,30 +358,55 @@ class Scheduler:
                 continue
             task._state = "admitted"
             task.admitted_ms = now
-            self._waiting.setdefault(task.tenant, {})[tid] = None
+            self._waiting[tid] = None
+
+    def _take_arena(self, nbytes: int) -> Any:
+        """An arena of `nbytes`: the spare if it was allocated for as many, else a new one
+        from the pool (the spare goes back first: the pool may need its memory)."""
+        spare = self._spare
+        if spare is not None:
+            self._spare = None
+            if self._spare_bytes == nbytes:
+                self._spare_bytes = -1
+                return spare
+            self._spare_bytes = -1
+            spare.release()
+        return self._backend.alloc_arena(nbytes)
+
+    def _keep_arena(self, arena: Any, nbytes: int) -> None:
+        """An ended task's arena: kept as the spare (replacing the last) when small enough
+        and the scheduler still admits work, else given back to the pool."""
+        if nbytes > SPARE_ARENA_MAX or self._closed or self._stopped is not None:
+            arena.release()
+            return
+        old = self._spare
+        self._spare, self._spare_bytes = arena, nbytes
+        if old is not None:
+            old.release()
+
+    def _release_spare_locked(self) -> None:
+        spare, self._spare, self._spare_bytes = self._spare, None, -1
+        if spare is not None:
+            spare.release()
 
     def _end_locked(self, task: Task, state: str, result: Any = None,
                     error: BaseException | None = None) -> None:  # fmt: skip
-        if task.arena is not None:
-            task.arena.release()
+        arena = task.arena
+        if arena is not None:
             task.arena = None
-        self._tasks.pop(task.id, None)
-        w = self._waiting.get(task.tenant)
-        if w is not None:
-            w.pop(task.id, None)
+            self._keep_arena(arena, task.reservation.arena_bytes)
+        del self._tasks[task.id]
+        self._waiting.pop(task.id, None)
         task._state = state
-        task.finished_ms = self._clock.now() if task.finished_ms is None else task.finished_ms
+        if task.finished_ms is None:
+            task.finished_ms = self._clock.now()
         task.fn, task.args, task.kwargs = None, (), {}  # the inputs may be freed now
-        self._ended[task.id] = task.stats()
-        while len(self._ended) > ENDED_KEPT:
-            self._ended.popitem(last=False)
-        fut = task._future
-        if state == "cancelled":
-            self._pending.append(lambda: (fut.cancel(), fut.set_running_or_notify_cancel()))
-        elif error is not None:
-            self._pending.append(lambda: fut.set_exception(error))
-        else:
-            self._pending.append(lambda: fut.set_result(result))
+        ended = self._ended
+        ended[task.id] = task._record()
+        if len(ended) > ENDED_KEPT:
+            ended.popitem(last=False)
+        task._outcome = error if error is not None else result
+        self._pending.append(task)
         if self._closed and not self._tasks:
             self._cond.notify_all()  # close() waits for the dispatcher to see this
 
@@ -365,12 +420,22 @@ class Scheduler:
         self._deliver()
 
     def _deliver(self) -> None:
+        """Completes the futures of the tasks ended under the lock (see _locked)."""
+        pending = self._pending
         while True:
             try:
-                complete = self._pending.popleft()
+                task = pending.popleft()
             except IndexError:
                 return
-            complete()
+            fut, outcome = task._future, task._outcome
+            task._outcome = None
+            if task._state == "cancelled":
+                fut.cancel()
+                fut.set_running_or_notify_cancel()
+            elif task._state == "done":
+                fut.set_result(outcome)
+            else:
+                fut.set_exception(outcome)
 
     def _cancel(self, task: Task) -> bool:
         with self._locked():
@@ -385,7 +450,7 @@ class Scheduler:
 
     # -- dispatching ----------------------------------------------------------------------
     def _has_waiting_locked(self) -> bool:
-        return any(self._waiting.values())
+        return bool(self._waiting)
 
     def _start_ready_locked(self, now: float) -> list[Task]:
         """Starts (in the core) every task that may start now; the caller launches them
@@ -429,13 +494,18 @@ class Scheduler:
         """A launch ended, seen by the thread waiting for its result: that thread only
         ends it; what the end frees is launched by the dispatcher, woken only if
         something can start (so the waiter returns at once)."""
-        with self._locked():
+        with self._cond:
             self._finish_locked(d)
-            now = self._clock.now()
-            if self._has_waiting_locked() and self._core.pick_next(now) is not None:
-                self._cond.notify_all()
-            else:
-                self._kick_locked(now)
+            if self._waiting:
+                now = self._clock.now()
+                if self._core.pick_next(now) is not None:
+                    self._cond.notify_all()
+                else:
+                    self._kick_locked(now)
+            elif self.simulated or self._closed:
+                self._cond.notify_all()  # as _kick_locked does
+        if self._pending:
+            self._deliver()
 
     def _collect_locked(self) -> None:
         for d in self._device.collect():
@@ -451,7 +521,6 @@ class Scheduler:
         ok = d.error is None
         others = (self._core.complete if ok else self._core.fail)(task.id, d.gpu_ms, now)
         self._counts["completed" if ok else "failed"] += 1
-        self._gpu_ms[task.tenant] = self._gpu_ms.get(task.tenant, 0.0) + d.gpu_ms
         self._end_locked(task, "done" if ok else "failed", d.result, d.error)
         self._admit_locked(others, now)
 
@@ -480,15 +549,19 @@ class Scheduler:
                 return None
             tid, task = best, self._tasks[best]
             prio = self._core.start(tid, now)
+        del self._waiting[tid]
+        self._started_locked(task, prio, now)
+        return task
+
+    def _started_locked(self, task: Task, prio: int, now: float) -> None:
+        """The core started the task (prio: its partition's stream priority)."""
         if not task._high:
             self._inflight_low += 1
         # Guaranteed launches take the highest stream priority whatever their partition.
         task.stream_priority = self._prio["high"] if task.qos == "guaranteed" else prio
         task._state = "running"
         task.started_ms = now
-        self._waiting[task.tenant].pop(tid, None)
         self._counts["launched"] += 1
-        return task
 
     def _run_timers(self) -> bool:
         with self._cond:
@@ -517,6 +590,7 @@ class Scheduler:
         self._device.flush()  # the device's threads end what no one else will now
         with self._locked():
             self._stopped = err
+            self._release_spare_locked()
             for task in list(self._tasks.values()):
                 running = task._state == "running"
                 if running and not self.simulated:
@@ -597,6 +671,8 @@ class Scheduler:
             st["launches"] = dict(self._counts)
             st["arena_bytes_held"] = sum(t.reservation.arena_bytes for t in self._tasks.values()
                                          if t.arena is not None)  # fmt: skip
+            # The last ended task's arena, kept for the next admission of its size.
+            st["arena_bytes_spare"] = 0 if self._spare is None else self._spare.nbytes
             st["task_states"] = {tid: t._state for tid, t in self._tasks.items()}
         st["eviction"] = eviction_stats(self._backend.pool)
         st["pool"] = self._backend.pool_stats()
@@ -614,7 +690,7 @@ class Scheduler:
             raise errors.GPUKitValueError(f"Scheduler.stats: no task {tid} (ids of this "
                                           f"scheduler's last {ENDED_KEPT} ended tasks are "
                                           "kept)")  # fmt: skip
-        return dict(ended)
+        return Task._stats_of(ended)
 
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop after the submitted tasks end (cancel=True withdraws those not running)."""
@@ -626,6 +702,7 @@ class Scheduler:
                         self._counts["cancelled"] += 1
                         self._end_locked(task, "cancelled")
             self._closed = True
+            self._release_spare_locked()  # tasks ending from now on give theirs back
             self._cond.notify_all()
         self._thread.join(timeout)
         self._device.close()

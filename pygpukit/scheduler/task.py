@@ -18,6 +18,13 @@ class Task:
     (without holding the GIL) and returns what the function returned, or raises what it
     raised (OutOfMemoryError if its arena could not be allocated, CancelledError)."""
 
+    # Slots: a Task is made on every submit, and its fields are set on the hot path.
+    __slots__ = ("id", "fn", "args", "kwargs", "tenant", "qos", "partition", "reservation",
+                 "reserved_bytes", "sim_ms", "submitted_ms", "admitted_ms", "started_ms",
+                 "finished_ms", "gpu_ms", "stream_priority", "arena", "_state", "_high",
+                 "_wait_gpu", "_end_claimed", "_outcome", "_sched", "_future",
+                 "__weakref__")  # fmt: skip
+
     def __init__(self, sched: Scheduler, task_id: int, fn: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any], tenant: str, qos: str, partition: str,
                  reservation: Reservation, sim_ms: float, submitted_ms: float) -> None:  # fmt: skip
@@ -39,6 +46,8 @@ class Task:
         # Set by a device whose launches a waiting thread can wait on directly (CUDA: the
         # end event, for at most the timeout given); it ends the task if it is first.
         self._wait_gpu: Callable[[float | None], None] | None = None
+        self._end_claimed = False  # set by the device thread or waiter that ends it
+        self._outcome: Any = None  # result or exception, until the future has it
         self._sched = sched
         self._future: Future[Any] = Future()
 
@@ -113,25 +122,41 @@ class Task:
             A new dict.
         """
 
+        return self._stats_of(self._record())
+
+    def _record(self) -> tuple[Any, ...]:
+        """The figures stats() reports, as a tuple (what the scheduler keeps of an ended
+        task: the dict is built only when asked for)."""
+        return (self.id, self.tenant, self.qos, self.partition, self._state,
+                self.reserved_bytes, self.reservation.arena_bytes, self.arena is not None,
+                self.stream_priority, self.submitted_ms, self.started_ms, self.finished_ms,
+                self.gpu_ms)  # fmt: skip
+
+    @staticmethod
+    def _stats_of(record: tuple[Any, ...]) -> dict[str, Any]:
+        """stats() of a _record()."""
+
         def since(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else b - a
 
+        (tid, tenant, qos, partition, state, reserved, arena_bytes, holds, prio, submitted,
+         started, finished, gpu) = record  # fmt: skip
         return {
-            "id": self.id,
-            "tenant": self.tenant,
-            "qos": self.qos,
-            "partition": self.partition,
-            "state": self._state,
-            "reservation_bytes": self.reserved_bytes,
-            "arena_bytes": self.reservation.arena_bytes,
-            "holds_arena": self.arena is not None,
-            "stream_priority": self.stream_priority,
-            "submitted_ms": self.submitted_ms,
-            "started_ms": self.started_ms,
-            "finished_ms": self.finished_ms,
-            "queue_ms": since(self.submitted_ms, self.started_ms),
-            "latency_ms": since(self.submitted_ms, self.finished_ms),
-            "gpu_ms": self.gpu_ms,
+            "id": tid,
+            "tenant": tenant,
+            "qos": qos,
+            "partition": partition,
+            "state": state,
+            "reservation_bytes": reserved,
+            "arena_bytes": arena_bytes,
+            "holds_arena": holds,
+            "stream_priority": prio,
+            "submitted_ms": submitted,
+            "started_ms": started,
+            "finished_ms": finished,
+            "queue_ms": since(submitted, started),
+            "latency_ms": since(submitted, finished),
+            "gpu_ms": gpu,
         }
 
     def __repr__(self) -> str:

@@ -565,3 +565,68 @@ fn a_pause_in_a_closed_loop_is_not_idleness() {
     assert!(waits[2..].iter().all(|&w| w == 0.0), "{waits:?}");
     assert!(bes.len() <= 2, "{bes:?}");
 }
+
+/// submit_and_start is submit followed by pick_and_start when that picks the
+/// new task: the same decisions, counts and stream priority; otherwise it only
+/// submits and the caller picks as usual.
+#[test]
+fn submit_and_start_is_submit_then_pick_and_start_of_the_new_task() {
+    let mut fused = Scheduler::new(100 * MIB, 20.0).unwrap();
+    let mut split = Scheduler::new(100 * MIB, 20.0).unwrap();
+    for s in [&mut fused, &mut split] {
+        s.add_partition(Partition {
+            name: "hi".into(),
+            memory_quota_bytes: 50 * MIB,
+            bandwidth_share: 0.5,
+            stream_priority: -3,
+        })
+        .unwrap();
+    }
+    let mut g = share(spec("g", 10 * MIB, Qos::Guaranteed), 0.3);
+    g.partition = "hi".into();
+    let be = spec("be", 10 * MIB, Qos::BestEffort);
+    let big = spec("big", 200 * MIB, Qos::Burstable);
+    let mut now = 0.0;
+    let mut running: Vec<TaskId> = Vec::new();
+    for (k, sp) in [g.clone(), be.clone(), g.clone(), big, be.clone(), g.clone()]
+        .into_iter()
+        .enumerate()
+    {
+        let (r, prio) = fused.submit_and_start(sp.clone(), now, k != 3).unwrap();
+        let r2 = split.submit(sp, now).unwrap();
+        assert_eq!(r, r2);
+        let want = if k != 3 && r2.admission == Admission::Admitted {
+            match split.pick_next(now).unwrap() {
+                Some(id) if id == r2.id => split.pick_and_start(now).unwrap().map(|x| x.1),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        assert_eq!(prio, want, "submission {k}");
+        if prio.is_some() {
+            running.push(r.id);
+            assert_eq!(fused.state(r.id), Ok(TaskState::Running));
+        }
+        // The Guaranteed one runs first; best effort is held behind it.
+        if k == 1 {
+            assert_eq!(prio, None);
+            assert_eq!(fused.state(r.id), Ok(TaskState::Admitted));
+        }
+        if k == 0 {
+            assert_eq!(prio, Some(-3));
+        }
+        now += 0.5;
+        if k % 2 == 1 {
+            let id = running.remove(0);
+            assert_eq!(
+                fused.complete(id, 0.4, now).unwrap(),
+                split.complete(id, 0.4, now).unwrap()
+            );
+        }
+    }
+    let (a, b) = (fused.stats(Some(now)), split.stats(Some(now)));
+    assert_eq!(a.counts, b.counts);
+    assert_eq!(a.tasks.len(), b.tasks.len());
+    assert_eq!(fused.queue_order(), split.queue_order());
+}

@@ -123,6 +123,49 @@ fn stats_dict<'py>(py: Python<'py>, s: &SchedStats) -> PyResult<Bound<'py, PyDic
 }
 
 type SubmitResult = (TaskId, &'static str, Option<String>, Vec<TaskId>);
+type SubmitStartResult = (
+    TaskId,
+    &'static str,
+    Option<String>,
+    Vec<TaskId>,
+    Option<i32>,
+);
+
+#[allow(clippy::too_many_arguments)]
+fn task_spec(
+    py: Python<'_>,
+    tenant: String,
+    reservation_bytes: i128,
+    qos: &str,
+    priority: i128,
+    partition: &str,
+    bandwidth_share: f64,
+    deadline_ms: Option<f64>,
+) -> PyResult<TaskSpec> {
+    let qos = Qos::parse(qos).ok_or_else(|| {
+        errors::value_error(
+            py,
+            format!("qos must be 'guaranteed', 'burstable' or 'best_effort', got {qos:?}"),
+        )
+    })?;
+    Ok(TaskSpec {
+        tenant,
+        reservation_bytes: bytes_arg(py, "reservation_bytes", reservation_bytes)?,
+        qos,
+        priority: int32_arg(py, "priority", priority)?,
+        partition: partition.to_string(),
+        bandwidth_share,
+        deadline_ms,
+    })
+}
+
+fn admission_of(a: Admission) -> (&'static str, Option<String>) {
+    match a {
+        Admission::Admitted => ("admitted", None),
+        Admission::Queued => ("queued", None),
+        Admission::Rejected(reason) => ("rejected", Some(reason)),
+    }
+}
 
 #[pymethods]
 impl PySchedulerCore {
@@ -184,29 +227,57 @@ impl PySchedulerCore {
         bandwidth_share: f64,
         deadline_ms: Option<f64>,
     ) -> PyResult<SubmitResult> {
-        let qos = Qos::parse(qos).ok_or_else(|| {
-            errors::value_error(
-                py,
-                format!("qos must be 'guaranteed', 'burstable' or 'best_effort', got {qos:?}"),
-            )
-        })?;
-        let spec = TaskSpec {
+        let spec = task_spec(
+            py,
             tenant,
-            reservation_bytes: bytes_arg(py, "reservation_bytes", reservation_bytes)?,
+            reservation_bytes,
             qos,
-            priority: int32_arg(py, "priority", priority)?,
-            partition: partition.to_string(),
+            priority,
+            partition,
             bandwidth_share,
             deadline_ms,
-        };
+        )?;
         let r = self
             .with(py, |s| s.submit(spec, now))?
             .map_err(|e| to_py(py, e))?;
-        Ok(match r.admission {
-            Admission::Admitted => (r.id, "admitted", None, r.also_admitted),
-            Admission::Queued => (r.id, "queued", None, r.also_admitted),
-            Admission::Rejected(reason) => (r.id, "rejected", Some(reason), r.also_admitted),
-        })
+        let (status, reason) = admission_of(r.admission);
+        Ok((r.id, status, reason, r.also_admitted))
+    }
+
+    /// `submit` and, when `start` (the caller may launch now) and pacing picks
+    /// this task, its start, in one call (positional arguments: this is the
+    /// scheduler's per-submission path). Returns (task_id, status, reason or
+    /// None, ids of other queued tasks this submission let in, the stream
+    /// priority of the started task or None when it did not start here).
+    #[allow(clippy::too_many_arguments)]
+    fn submit_start(
+        &self,
+        py: Python<'_>,
+        tenant: String,
+        reservation_bytes: i128,
+        now: f64,
+        qos: &str,
+        priority: i128,
+        partition: &str,
+        bandwidth_share: f64,
+        deadline_ms: Option<f64>,
+        start: bool,
+    ) -> PyResult<SubmitStartResult> {
+        let spec = task_spec(
+            py,
+            tenant,
+            reservation_bytes,
+            qos,
+            priority,
+            partition,
+            bandwidth_share,
+            deadline_ms,
+        )?;
+        let (r, prio) = self
+            .with(py, |s| s.submit_and_start(spec, now, start))?
+            .map_err(|e| to_py(py, e))?;
+        let (status, reason) = admission_of(r.admission);
+        Ok((r.id, status, reason, r.also_admitted, prio))
     }
 
     /// The largest reservation in `partition` admitted now without overtaking

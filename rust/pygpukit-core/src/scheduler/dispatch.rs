@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::task::Task;
-use super::{check_time, Pace, Qos, SchedError, Scheduler, TaskId, TaskState};
+use super::{
+    check_time, Admission, Pace, Qos, SchedError, Scheduler, Submitted, TaskId, TaskSpec, TaskState,
+};
 
 /// Waiting tasks counted by what they mean for another tenant's task.
 #[derive(Clone, Copy, Default)]
@@ -272,5 +274,30 @@ impl Scheduler {
         let prio = self.start(id, now)?;
         self.next_wakeup(now)?;
         Ok(Some((id, prio)))
+    }
+
+    /// Submits a task and, when `start` (the caller may launch now) and the
+    /// task is the one `pick_and_start` would start, starts it in the same
+    /// step: the common case of a submission that runs at once costs one call.
+    /// Returns the submission and the stream priority of the started task;
+    /// None when it did not start here (queued, rejected, admitted others
+    /// with it, or pacing picks another task or none: the caller then picks
+    /// as usual).
+    pub fn submit_and_start(
+        &mut self,
+        spec: TaskSpec,
+        now: f64,
+        start: bool,
+    ) -> Result<(Submitted, Option<i32>), SchedError> {
+        let s = self.submit(spec, now)?;
+        if !start || s.admission != Admission::Admitted || !s.also_admitted.is_empty() {
+            return Ok((s, None));
+        }
+        if self.pick_next(now)? != Some(s.id) {
+            return Ok((s, None));
+        }
+        let prio = self.start(s.id, now)?;
+        self.next_wakeup(now)?;
+        Ok((s, Some(prio)))
     }
 }
