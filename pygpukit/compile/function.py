@@ -49,6 +49,9 @@ class _StaticSlot(Storage):
         # Made on every call: the slots are set here, not through Storage's generic
         # constructor and its defaults.
         s = _new(cls)
+        # A static output goes stale at the next call without being released: the freed
+        # checks that only run once something was released (memory.RELEASES) must run.
+        _RELEASES[0] += 1
         s._h, s._pins, s.gen = None, 0, 0
         s.pool, s.nbytes, s._addr = base.pool, base.nbytes, base.addr
         s._fn, s._gen, s._evicted, s._what = fn, fn._calls, fn._evictions, what
