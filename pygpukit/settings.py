@@ -48,9 +48,10 @@ this process, its default and what it does. This module is the only reader of th
 Flags take 1/0 (also true/false, yes/no, on/off); an empty variable is the default.
 Values are read from the environment when they are used, so a change to os.environ made
 before that point takes effect; the four consulted for every op or realize (EAGER, DEBUG,
-SKIP_PASSES, VALIDATE_PASSES) are read at their first use and kept (`settings.reload()` reads them again). A
-`set_*` call overrides the environment for this process and `set_*(None)` hands the setting
-back to it. A value a setting cannot take raises SettingError (a ValueError) naming the variable.
+SKIP_PASSES, VALIDATE_PASSES) are read at their first use and kept (`settings.reload()`
+reads them again). A `set_*` call overrides the environment for this process and
+`set_*(None)` hands the setting back to it. A value a setting cannot take raises
+SettingError (a ValueError) naming the variable.
 """
 
 from __future__ import annotations
@@ -217,9 +218,10 @@ def set_debug(enabled: bool | None) -> None:
 def validate_passes() -> bool:
     """Whether the pass pipeline checks the graph after every pass
     (PYGPUKIT_VALIDATE_PASSES; by default on exactly when debug() is)."""
-    kept = _kept_value(VALIDATE_PASSES,
-                       lambda: _flag(VALIDATE_PASSES, False) if _raw(VALIDATE_PASSES) else None)
-    return debug() if kept is None else bool(kept)  # fmt: skip
+    kept = _kept_value(
+        VALIDATE_PASSES, lambda: _flag(VALIDATE_PASSES, False) if _raw(VALIDATE_PASSES) else None
+    )
+    return debug() if kept is None else bool(kept)
 
 
 def skip_passes() -> frozenset[str]:
