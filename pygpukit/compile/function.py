@@ -6,6 +6,7 @@ import functools
 import gc
 import math
 import operator
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -30,6 +31,23 @@ from .trace import TRACING, Traced, trace
 # only the graph, its schedule and the constants made while tracing.
 _SHARED: dict[Any, _Template] = {}
 SHARED_KEPT = 16
+_SHARED_LOCK = threading.Lock()  # ranks of a tensor-parallel model trace in threads
+
+
+def _shared_get(key: Any) -> _Template | None:
+    with _SHARED_LOCK:
+        template = _SHARED.pop(key, None)
+        if template is not None:
+            _SHARED[key] = template  # the most recently used last
+        return template
+
+
+def _shared_put(key: Any, template: _Template) -> None:
+    with _SHARED_LOCK:
+        _SHARED[key] = template
+        while len(_SHARED) > SHARED_KEPT:
+            _SHARED.pop(next(iter(_SHARED)))
+
 
 _WARN_AFTER = 3  # misses (after the first trace) before the one-time warning
 _RELEASES = memory.RELEASES  # [explicit releases so far]: a freed check when it moved
@@ -337,9 +355,8 @@ class CompiledFunction:
             )
         t0 = time.perf_counter()
         skey = self._shared_key(tree, arrays, captured, values, sig)
-        template = _SHARED.pop(skey, None) if skey is not None else None
+        template = _shared_get(skey) if skey is not None else None
         if template is not None:
-            _SHARED[skey] = template  # the most recently used last
             traced, schedule = template.traced(captured), template.schedule
             self._shared_hits += 1
             t1 = t2 = time.perf_counter()
@@ -351,13 +368,11 @@ class CompiledFunction:
             schedule = lower(run_pipeline(traced.graph))
             t2 = time.perf_counter()
             if skey is not None:
-                _SHARED[skey] = _Template(
+                _shared_put(skey, _Template(
                     traced.graph, traced.out_tree, traced.n_outputs, traced.constants,
                     traced.writeback_persistent, traced.writeback_args,
                     traced.persistent_index, schedule,
-                    {"trace": (t1 - t0) * 1e3, "passes": (t2 - t1) * 1e3})  # fmt: skip
-                while len(_SHARED) > SHARED_KEPT:
-                    _SHARED.pop(next(iter(_SHARED)))
+                    {"trace": (t1 - t0) * 1e3, "passes": (t2 - t1) * 1e3}))  # fmt: skip
         n_args = len(arrays)
         ins = schedule.input_slots
         external = ins[n_args:]
