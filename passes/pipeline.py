@@ -1,4 +1,6 @@
-"""The pass pipeline: a list of named Graph -> Graph functions, validated after each."""
+"""The pass pipeline: a list of named Graph -> Graph functions, each graph validated after
+each pass where settings.validate_passes() says so (debug runs and the test suite): a
+validation costs about a third of the pipeline's time, and the passes keep graphs valid."""
 
 from __future__ import annotations
 
@@ -77,13 +79,16 @@ def default_passes() -> list[Pass]:
     return [p for p in PIPELINE if p.__name__ not in skip]
 
 
-def run_pipeline(graph: Graph, passes: list[Pass] | None = None, validate: bool = True,
+def run_pipeline(graph: Graph, passes: list[Pass] | None = None, validate: bool | None = None,
                  on_pass: Callable[[str, Graph], None] | None = None) -> Graph:  # fmt: skip
     """Run passes in order (default_passes() unless given); record per-pass time and node
     counts in graph.provenance.
 
     `on_pass(name, graph)` sees the graph after each pass (for `pygpukit graph dump`).
+    validate: check the graph after each pass; None: settings.validate_passes().
     """
+    if validate is None:
+        validate = settings.validate_passes()
     for p in default_passes() if passes is None else passes:
         before = len(graph.nodes)
         t0 = time.perf_counter()

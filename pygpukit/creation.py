@@ -281,6 +281,22 @@ def load_numpy(array: np.ndarray, device: Any = None) -> GPUArray:
     return _upload(array, bulk=True, device=device)
 
 
+def load_numpy_rows(parts: Sequence[np.ndarray], device: Any = None) -> GPUArray:
+    """load_numpy of the parts (one dtype, the same trailing shape) concatenated along
+    axis 0, with no host concatenation: each part is copied once, into its rows of the
+    new array (a fused weight from its checkpoint tensors)."""
+    first = parts[0]
+    d = _dtype(first.dtype, DEFAULT_FLOAT, "load_numpy_rows")
+    if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.ndim == 0
+           for p in parts):  # fmt: skip
+        raise errors.user_error(errors.ShapeError, "load_numpy_rows", "parts must share a "
+                                f"dtype and their trailing shape, got "
+                                f"{[f'{p.dtype}{list(p.shape)}' for p in parts]}")  # fmt: skip
+    shape = (sum(p.shape[0] for p in parts), *first.shape[1:])
+    with on_device(device, "load_numpy_rows"):
+        return GPUArray(runtime.leaf(get_backend().from_numpy_rows(parts), shape, d))
+
+
 def _upload(array: np.ndarray, bulk: bool, device: Any) -> GPUArray:
     d = _dtype(array.dtype, DEFAULT_FLOAT, "from_numpy")
     # np.ascontiguousarray would turn a 0-d array into 1-d

@@ -7,6 +7,7 @@ this process, its default and what it does. This module is the only reader of th
 | PYGPUKIT_EAGER              | gpk.set_eager              | 0         | run each op at once (2)   |
 | PYGPUKIT_DEBUG              | gpk.set_debug              | 0         | profile lazy realizes (3) |
 | PYGPUKIT_SKIP_PASSES        | gpk.set_skip_passes        | (none)    | passes left out           |
+| PYGPUKIT_VALIDATE_PASSES    | (environment only)         | (12)      | check graphs after passes |
 | PYGPUKIT_PDL                | gpk.set_pdl                | 1         | PDL launches, SM 9.0+ (4) |
 | PYGPUKIT_CACHE_DIR          | gpk.set_cache_dir          | (5)       | kernel cache directory    |
 | PYGPUKIT_CACHE_MAX_BYTES    | gpk.set_cache_max_bytes    | 268435456 | its size bound (LRU)      |
@@ -40,13 +41,17 @@ this process, its default and what it does. This module is the only reader of th
    its own pool, and that pool's quota in bytes (none: unbounded): multi-device code,
    its mixing errors, copies and per-device admission run without a GPU. Read when a
    device is first counted or used.
+12. Whether the pass pipeline validates the graph after every pass (about a third of its
+   time): on when PYGPUKIT_DEBUG is, else off; the test suite turns it on. Read at the
+   first pipeline run and kept, as DEBUG.
 
 Flags take 1/0 (also true/false, yes/no, on/off); an empty variable is the default.
 Values are read from the environment when they are used, so a change to os.environ made
-before that point takes effect; the three consulted for every op or realize (EAGER, DEBUG,
-SKIP_PASSES) are read at their first use and kept (`settings.reload()` reads them again). A
-`set_*` call overrides the environment for this process and `set_*(None)` hands the setting
-back to it. A value a setting cannot take raises SettingError (a ValueError) naming the variable.
+before that point takes effect; the four consulted for every op or realize (EAGER, DEBUG,
+SKIP_PASSES, VALIDATE_PASSES) are read at their first use and kept (`settings.reload()`
+reads them again). A `set_*` call overrides the environment for this process and
+`set_*(None)` hands the setting back to it. A value a setting cannot take raises
+SettingError (a ValueError) naming the variable.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ BACKEND = "PYGPUKIT_BACKEND"
 EAGER = "PYGPUKIT_EAGER"
 DEBUG = "PYGPUKIT_DEBUG"
 SKIP_PASSES = "PYGPUKIT_SKIP_PASSES"
+VALIDATE_PASSES = "PYGPUKIT_VALIDATE_PASSES"
 PDL = "PYGPUKIT_PDL"
 CACHE_DIR = "PYGPUKIT_CACHE_DIR"
 CACHE_MAX_BYTES = "PYGPUKIT_CACHE_MAX_BYTES"
@@ -164,8 +170,9 @@ def _active_backend() -> str | None:
 # -- execution --------------------------------------------------------------------------
 
 
-# Settings consulted on every recorded op or realize (EAGER, DEBUG, SKIP_PASSES): their
-# environment value is read once, at first use, and kept here; reload() reads them again.
+# Settings consulted on every recorded op or realize (EAGER, DEBUG, SKIP_PASSES,
+# VALIDATE_PASSES): their environment value is read once, at first use, and kept here;
+# reload() reads them again.
 _kept: dict[str, object] = {}
 
 
@@ -179,7 +186,8 @@ def _kept_value(name: str, read: Callable[[], object]) -> object:
 
 def reload() -> None:
     """Read the environment again for the settings kept from their first read
-    (PYGPUKIT_EAGER, PYGPUKIT_DEBUG, PYGPUKIT_SKIP_PASSES): after this process changed
+    (PYGPUKIT_EAGER, PYGPUKIT_DEBUG, PYGPUKIT_SKIP_PASSES, PYGPUKIT_VALIDATE_PASSES): after
+    this process changed
     os.environ."""
     _kept.clear()
 
@@ -205,6 +213,15 @@ def debug() -> bool:
 def set_debug(enabled: bool | None) -> None:
     """Print the profile table of every lazy realize (True). None: PYGPUKIT_DEBUG again."""
     _set(DEBUG, _check_flag("set_debug", enabled))
+
+
+def validate_passes() -> bool:
+    """Whether the pass pipeline checks the graph after every pass
+    (PYGPUKIT_VALIDATE_PASSES; by default on exactly when debug() is)."""
+    kept = _kept_value(
+        VALIDATE_PASSES, lambda: _flag(VALIDATE_PASSES, False) if _raw(VALIDATE_PASSES) else None
+    )
+    return debug() if kept is None else bool(kept)
 
 
 def skip_passes() -> frozenset[str]:
@@ -370,5 +387,5 @@ __all__ = [
     "debug", "eager", "git_commit",
     "kernel_dir", "pdl", "poison", "prefer_backend", "set_backend", "set_cache_dir",
     "set_cache_max_bytes", "set_compile_cache_size", "set_debug", "set_eager", "set_pdl",
-    "set_skip_passes", "skip_passes", "skip_passes_source",
+    "set_skip_passes", "skip_passes", "skip_passes_source", "validate_passes",
 ]  # fmt: skip

@@ -8,6 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
+# Every pass's output graph is validated in the tests (off by default for speed: a third
+# of the pipeline's time); a test that sets the variable itself still wins.
+os.environ.setdefault("PYGPUKIT_VALIDATE_PASSES", "1")
+
 
 @functools.cache
 def gpu_available() -> bool:

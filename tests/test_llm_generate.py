@@ -92,3 +92,33 @@ def test_bad_seed(seed):
     with pytest.raises(gpk.GPUKitError, match="seed must be None or an integer >= 0") as e:
         llm.SamplingParams(0.7, seed=seed)
     assert isinstance(e.value, ValueError)
+
+
+def test_model_loaded_again_reuses_the_steps_traces(ref, monkeypatch):
+    """A second load of the same checkpoint gives the same tokens and logits; its prefill
+    and decode steps reuse the first model's traces and passes, bound to its own weights
+    (the first model's weights freed, the second still generates the reference)."""
+    from pygpukit.compile import function
+
+    monkeypatch.setattr(function, "_SHARED", {})
+    prompt = ref["prompt_a"].tolist()
+    first = llm.load(FIXTURE, progress=False)
+    second = llm.load(FIXTURE, progress=False)
+    got = [m.generate_ids([prompt], 6, stop_at_eos=False).tokens[0] for m in (first, second)]
+    assert got[0] == got[1] == ref["greedy_a"][:6].tolist()
+    gens = [next(iter(m._generators.values())) for m in (first, second)]
+    for step in ("_prefill", "_decode"):
+        s1, s2 = (getattr(g, step).stats() for g in gens)
+        assert s1["shared_hits"] == 0 and s2["shared_hits"] == 1, step
+        assert [e["shared"] for e in s2["entries"]] == [True], step
+    ids = gpk.asarray(np.array([prompt]))
+    logits = []
+    for m, g in zip((first, second), gens, strict=True):  # the caches the steps set up
+        start = gpk.asarray(np.zeros(1, np.int64))
+        mask = llm.model.chunk_mask(start, gpk.scalar(0), len(prompt), g.max_seq_len)
+        logits.append(m.transformer(ids, mask, gpk.scalar(0)).to_numpy())
+    np.testing.assert_array_equal(logits[0], logits[1])
+    for w in {id(w): w for w in first.transformer.weights.values()}.values():
+        w.free()
+    again = second.generate_ids([prompt], 6, stop_at_eos=False).tokens[0]
+    assert again == ref["greedy_a"][:6].tolist()

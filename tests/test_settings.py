@@ -21,7 +21,8 @@ from pygpukit.errors import GPUKitError, SettingError
 ROOT = Path(__file__).resolve().parents[1]
 VARS = [settings.BACKEND, settings.EAGER, settings.DEBUG, settings.SKIP_PASSES, settings.PDL,
         settings.CACHE_DIR, settings.CACHE_MAX_BYTES, settings.CUBLASLT, settings.POISON,
-        settings.KERNEL_DIR, settings.GIT_COMMIT, settings.COMPILE_CACHE_SIZE]  # fmt: skip
+        settings.KERNEL_DIR, settings.GIT_COMMIT, settings.COMPILE_CACHE_SIZE,
+        settings.VALIDATE_PASSES]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -147,6 +148,37 @@ def test_skip_passes_leaves_a_pass_out(
     assert settings.skip_passes() == {"fuse_elementwise"}
     np.testing.assert_allclose(run(), ref, rtol=1e-5)
     assert [op for op in _last_schedule_ops() if op != "full"] == ["mul", "add", "exp"]
+
+
+def test_validate_passes_follows_debug_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pygpukit.ir import Graph, GraphError, Node
+    from pygpukit.ir import dtypes as dt
+    from pygpukit.passes.pipeline import run_pipeline
+
+    x = Node("input", (), {"shape": (3,), "dtype": "float32", "idx": 0}, (3,), dt.float32, None)
+    y = Node("exp", (x,), {}, (3,), dt.float32, None)
+    graph = Graph([x], [y])
+
+    def bad_pass(g: Graph) -> Graph:  # gives its node a shape the op rule disagrees with
+        z = Node("exp", (x,), {}, (4,), dt.float32, None)
+        return Graph([x], [z])
+
+    assert not settings.validate_passes()  # neither set nor debugging: not validated
+    assert run_pipeline(graph, [bad_pass]).outputs[0].shape == (4,)
+    gpk.set_debug(True)
+    assert settings.validate_passes()
+    with pytest.raises(GraphError, match="op rule gives"):
+        run_pipeline(graph, [bad_pass])
+    gpk.set_debug(None)
+    monkeypatch.setenv(settings.VALIDATE_PASSES, "yes")
+    settings.reload()
+    assert settings.validate_passes()
+    with pytest.raises(GraphError, match="op rule gives"):
+        run_pipeline(graph, [bad_pass])
+    monkeypatch.setenv(settings.VALIDATE_PASSES, "maybe")
+    settings.reload()
+    with pytest.raises(SettingError, match="PYGPUKIT_VALIDATE_PASSES"):
+        settings.validate_passes()
 
 
 def test_skip_passes_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,3 +74,25 @@ def test_load_numpy_matches_from_numpy() -> None:
     t = np.asfortranarray(rng.standard_normal((3, 4)))
     np.testing.assert_array_equal(load_numpy(t).to_numpy(), t)
     assert load_numpy(a).dtype == gpk.from_numpy(a).dtype
+
+
+def test_load_numpy_rows_lands_each_part_in_its_rows() -> None:
+    """A fused weight's parts (views of a memory map, a strided slice among them) uploaded
+    into one array equal their float64 concatenation; parts that cannot be rows of one
+    array are a ShapeError naming them."""
+    import ml_dtypes
+
+    from pygpukit.creation import load_numpy_rows
+
+    rng = np.random.default_rng()
+    big = rng.standard_normal((9, 12))
+    parts = [big[:4, :6], big[4:5, :6], big[5:, 6:]]  # the last two: rows of other tensors
+    for dt in (np.float32, ml_dtypes.bfloat16):
+        got = load_numpy_rows([p.astype(dt) for p in parts])
+        want = np.concatenate(parts).astype(dt).astype(np.float64)
+        assert got.shape == (9, 6) and got.dtype.np == np.dtype(dt)
+        np.testing.assert_array_equal(got.to_numpy().astype(np.float64), want)
+    with pytest.raises(gpk.ShapeError, match=r"load_numpy_rows.*float32\[2, 3\].*float32\[2, 4\]"):
+        load_numpy_rows([np.ones((2, 3), np.float32), np.ones((2, 4), np.float32)])
+    with pytest.raises(gpk.ShapeError, match="share a dtype"):
+        load_numpy_rows([np.ones((2, 3), np.float32), np.ones((2, 3), np.float16)])

@@ -147,6 +147,13 @@ class Backend(PlannedBackend, ABC):
         priorities queues behind urgent ones."""
         return self.from_numpy(array)
 
+    def from_numpy_rows(self, parts: Sequence[np.ndarray]) -> Any:
+        """A backend value holding the parts (one dtype, the same trailing shape)
+        concatenated along axis 0, each copied into its rows of one new block, as a bulk
+        copy (model loading: a fused weight from its checkpoint tensors). This default
+        concatenates on the host."""
+        return self.from_numpy_bulk(np.concatenate(parts))
+
     @abstractmethod
     def to_numpy(self, value: Any) -> np.ndarray:
         """A fresh host copy of the value."""

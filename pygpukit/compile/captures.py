@@ -46,6 +46,10 @@ class Values:
         self.scalars: list[tuple[str, Any]] = []
         self.host_arrays: list[tuple[str, np.ndarray]] = []  # named by the code: refused
         self.host_items: list[tuple[str, np.ndarray]] = []  # inside containers: compared
+        # The class of every object walked and the code of every function, by path: with
+        # the arrays' shapes and the scalars, what a trace shared across instances is
+        # keyed on (CompiledFunction's share).
+        self.kinds: list[tuple[str, Any]] = []
 
     def key(self) -> tuple[tuple[str, str], ...]:
         """The scalars for a cache key: by type and spelling (0.0 == -0.0, nan != nan)."""
@@ -70,6 +74,7 @@ def scan(fn: Any, objects: list[tuple[str, Any]], watch: Watch | None = None,
     seen: set[int] = set()
     read = watch.containers if watch is not None else []
     scalars = values.scalars if values is not None else None
+    kinds: list[tuple[str, Any]] = values.kinds if values is not None else []
     # (path, the attribute it is the value of, the array, whether a container's item)
     hosts: list[tuple[str, str | None, np.ndarray, bool]] = []
     names_read: set[str] = set()
@@ -100,6 +105,7 @@ def scan(fn: Any, objects: list[tuple[str, Any]], watch: Watch | None = None,
             for k, v in list(obj.items()):
                 visit(v, f"{path}[{k!r}]", depth + 1, item=True)
         elif isinstance(obj, types.FunctionType):
+            kinds.append((path, obj.__code__))
             visit_function(obj, depth + 1)
         elif isinstance(obj, types.MethodType):
             visit(obj.__self__, "self", depth + 1)
@@ -107,6 +113,7 @@ def scan(fn: Any, objects: list[tuple[str, Any]], watch: Watch | None = None,
         elif hasattr(obj, "__wrapped_fn__"):
             visit(obj.__wrapped_fn__, path, depth + 1)
         elif hasattr(obj, "__dict__"):
+            kinds.append((path, type(obj)))
             d = vars(obj)
             read.append(d)
             for k, v in list(d.items()):

@@ -6,6 +6,7 @@ import functools
 import gc
 import math
 import operator
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +24,30 @@ from pygpukit.memory import Storage
 from .captures import Values, Watch, scan
 from .pytree import TreeDef, describe, flatten_call, is_array, unflatten
 from .trace import TRACING, Traced, trace
+
+# Traced and passed programs shared across CompiledFunctions made with the same `share`
+# key (a model loaded twice, a second Generator): structure key -> _Template, least
+# recently used first. A template holds no captured array (weights bind per function),
+# only the graph, its schedule and the constants made while tracing.
+_SHARED: dict[Any, _Template] = {}
+SHARED_KEPT = 16
+_SHARED_LOCK = threading.Lock()  # ranks of a tensor-parallel model trace in threads
+
+
+def _shared_get(key: Any) -> _Template | None:
+    with _SHARED_LOCK:
+        template = _SHARED.pop(key, None)
+        if template is not None:
+            _SHARED[key] = template  # the most recently used last
+        return template
+
+
+def _shared_put(key: Any, template: _Template) -> None:
+    with _SHARED_LOCK:
+        _SHARED[key] = template
+        while len(_SHARED) > SHARED_KEPT:
+            _SHARED.pop(next(iter(_SHARED)))
+
 
 _WARN_AFTER = 3  # misses (after the first trace) before the one-time warning
 _RELEASES = memory.RELEASES  # [explicit releases so far]: a freed check when it moved
@@ -101,6 +126,28 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
 
 
 @dataclass
+class _Template:
+    """What a trace, the passes and lowering made of one structure, any instance's."""
+
+    graph: Any  # the traced Graph
+    out_tree: TreeDef
+    n_outputs: int
+    constants: list[Any]
+    writeback_persistent: list[int]
+    writeback_args: list[int]
+    persistent_index: list[int]  # into the captured arrays, view bases appended
+    schedule: Any
+    phases_ms: dict[str, float]  # what making it cost (trace, passes)
+
+    def traced(self, captured: list[tuple[str, Any]]) -> Traced:
+        """The trace as if made with these captured arrays (same structure)."""
+        return Traced(self.graph, self.out_tree, self.n_outputs,
+                      [captured[i][1] for i in self.persistent_index], self.constants,
+                      self.writeback_persistent, self.writeback_args,
+                      self.persistent_index)  # fmt: skip
+
+
+@dataclass
 class _Entry:
     traced: Traced
     program: Any  # executor.PlannedProgram
@@ -109,21 +156,30 @@ class _Entry:
     outputs: _Outputs
     phases_ms: dict[str, float] = field(default_factory=dict)  # trace_ms split up
     reservation: Reservation | None = None  # set by the first reservation() that hits it
+    shared: bool = False  # traced and passed by another function of the same share key
 
 
 class CompiledFunction:
     """The callable @gpk.compile returns; see gpk.compile."""
 
-    def __init__(
-        self, fn: Any, static_outputs: bool = False, cache_size: int | None = None
-    ) -> None:
+    def __init__(self, fn: Any, static_outputs: bool = False, cache_size: int | None = None,
+                 share: Any = None) -> None:  # fmt: skip
         if cache_size is not None and (
             isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1
         ):
             raise errors.GPUKitValueError(
                 f"gpk.compile: cache_size must be an int >= 1 (entries kept), got {cache_size!r}"
             )
+        if share is not None:
+            try:
+                hash(share)
+            except TypeError:
+                raise errors.GPUKitValueError(
+                    f"gpk.compile: share must be hashable, got {type(share).__name__}"
+                ) from None
         self.__wrapped_fn__ = fn
+        self.share = share
+        self._shared_hits = 0  # entries made from another function's trace
         self.static_outputs = static_outputs
         self.cache_size = cache_size  # None: settings.compile_cache_size() when it fills
         self.__name__ = getattr(fn, "__name__", "compiled")
@@ -250,11 +306,13 @@ class CompiledFunction:
             "misses": self._misses,
             "reasons": list(self._reasons),
             "evictions": self._evictions,
+            "shared_hits": self._shared_hits,
             "entries": [
                 {
                     "signature": dict(e.signature),
                     "trace_ms": e.trace_ms,
                     "phases_ms": dict(e.phases_ms),
+                    "shared": e.shared,
                     "arena_bytes": e.program.plan.arena_bytes,
                     "naive_bytes": e.program.plan.naive_bytes,
                     "kernels": len(e.program.kernels),
@@ -299,12 +357,25 @@ class CompiledFunction:
                 stacklevel=stacklevel,
             )
         t0 = time.perf_counter()
-        traced = trace(self.__wrapped_fn__, args, kwargs, [a for _, a in arrays], tree, captured,
-                       self.__name__)  # fmt: skip
-        self._check_host_items(traced, values.host_items)
-        t1 = time.perf_counter()
-        schedule = lower(run_pipeline(traced.graph))
-        t2 = time.perf_counter()
+        skey = self._shared_key(tree, arrays, captured, values, sig)
+        template = _shared_get(skey) if skey is not None else None
+        if template is not None:
+            traced, schedule = template.traced(captured), template.schedule
+            self._shared_hits += 1
+            t1 = t2 = time.perf_counter()
+        else:
+            traced = trace(self.__wrapped_fn__, args, kwargs, [a for _, a in arrays], tree,
+                           captured, self.__name__)  # fmt: skip
+            self._check_host_items(traced, values.host_items)
+            t1 = time.perf_counter()
+            schedule = lower(run_pipeline(traced.graph))
+            t2 = time.perf_counter()
+            if skey is not None:
+                _shared_put(skey, _Template(
+                    traced.graph, traced.out_tree, traced.n_outputs, traced.constants,
+                    traced.writeback_persistent, traced.writeback_args,
+                    traced.persistent_index, schedule,
+                    {"trace": (t1 - t0) * 1e3, "passes": (t2 - t1) * 1e3}))  # fmt: skip
         n_args = len(arrays)
         ins = schedule.input_slots
         external = ins[n_args:]
@@ -317,10 +388,32 @@ class CompiledFunction:
         entry = _Entry(traced, program, sig, (t3 - t0) * 1e3,
                        _Outputs(traced, program, self._where),
                        {"trace": (t1 - t0) * 1e3, "passes": (t2 - t1) * 1e3,
-                        "plan": (t3 - t2) * 1e3})  # fmt: skip
+                        "plan": (t3 - t2) * 1e3}, shared=template is not None)  # fmt: skip
         self._cache[key] = entry
         self._evict(stacklevel + 1)
         return entry
+
+    def _shared_key(self, tree: TreeDef, arrays: list[tuple[str, Any]],
+                    captured: list[tuple[str, Any]], values: Values,
+                    sig: dict[str, str]) -> Any:  # fmt: skip
+        """The key another function made with the same `share` finds this call's trace
+        under, or None where a trace cannot be shared: the share key, the backend and
+        device, the arguments' structure, shapes and dtypes, and what the walk of the
+        captures found by path -- each object's class and function's code, each array's
+        shape and dtype, each scalar's value. Calls with opaque object arguments, captured
+        views (their offsets shape the graph) or host arrays in containers (their contents
+        may be constants) are traced for themselves."""
+        if self.share is None or values.host_items or _has_objects(tree):
+            return None
+        if any(a.base is not None for _, a in captured):
+            return None
+        from pygpukit.backends import get_backend
+
+        backend = get_backend()
+        return (self.share, backend.name, backend.ordinal, sig.get("device"), tree,
+                tuple((p, a.shape, a.dtype.name) for p, a in arrays),
+                tuple((p, a.shape, a.dtype.name) for p, a in captured),
+                values.key(), tuple(values.kinds))  # fmt: skip
 
     def _evict(self, stacklevel: int) -> None:
         """Drop the least recently used entries beyond the cache size; their arenas and
@@ -682,6 +775,13 @@ class _Guard:
         return arrays
 
 
+def _has_objects(tree: TreeDef) -> bool:
+    """Whether a call's structure holds an opaque object (keyed by its identity)."""
+    if tree[0] == "obj":
+        return True
+    return any(isinstance(t, tuple) and t and _has_objects(t) for t in tree[1:])
+
+
 def _definition(fn: Any) -> SourceLoc | None:
     """Where fn is defined: the location of the arrays a compiled call returns."""
     code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None),
@@ -692,7 +792,7 @@ def _definition(fn: Any) -> SourceLoc | None:
 
 
 def compile(fn: Any = None, *, static_outputs: bool = False,  # noqa: A001
-            cache_size: int | None = None) -> Any:  # fmt: skip
+            cache_size: int | None = None, share: Any = None) -> Any:  # fmt: skip
     """Trace `fn` once per signature into one graph, fuse and plan it, and replay it.
 
     The cache key is the arguments' structure, shapes, dtypes and static Python values
@@ -716,6 +816,13 @@ def compile(fn: Any = None, *, static_outputs: bool = False,  # noqa: A001
         cache_size: Signatures kept, least recently used evicted first with their buffers
             and captured graphs; None: settings.compile_cache_size() (PYGPUKIT_COMPILE_CACHE_SIZE,
             default 64).
+        share: A hashable naming what `fn` computes (its code and the meaning of what it
+            captures), to share traces across the compiled functions made with the same
+            key: a miss whose arguments and captures have the same structure (by path: each
+            object's class, function's code, array's shape and dtype, scalar's value) as a
+            call another one traced reuses that trace and its passes (a model loaded again
+            binds its own weights; `stats()["shared_hits"]` counts them). Each function
+            still plans and captures its own program. None: nothing shared.
 
     Returns:
         A CompiledFunction (or, without `fn`, a decorator making one). Calling it raises
@@ -727,8 +834,10 @@ def compile(fn: Any = None, *, static_outputs: bool = False,  # noqa: A001
         ValueError: `cache_size` is not an int >= 1.
     """
     if fn is None:
-        return functools.partial(compile, static_outputs=static_outputs, cache_size=cache_size)
-    return CompiledFunction(fn, static_outputs=static_outputs, cache_size=cache_size)
+        return functools.partial(compile, static_outputs=static_outputs, cache_size=cache_size,
+                                 share=share)  # fmt: skip
+    return CompiledFunction(fn, static_outputs=static_outputs, cache_size=cache_size,
+                            share=share)  # fmt: skip
 
 
 def scalar(value: int | float, dtype: Any = None) -> Any:

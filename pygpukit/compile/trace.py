@@ -27,6 +27,9 @@ class Traced:
     constants: list[Any]  # values created while tracing (held by the compiled entry)
     writeback_persistent: list[int] = field(default_factory=list)  # index into persistent
     writeback_args: list[int] = field(default_factory=list)  # index into array arguments
+    # Each persistent array's index in the captured arrays (their view bases appended):
+    # another instance's captures of the same structure bind in the same order.
+    persistent_index: list[int] = field(default_factory=list)
 
 
 def _placeholder(shape: tuple[int, ...], dtype: Any, k: int) -> Node:
@@ -128,7 +131,7 @@ def trace(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[A
     graph.writeback = {len(out_nodes) + j: persistent_idx[i] for j, i in enumerate(wb_p)}
     graph.validate()
     return Traced(graph, out_tree, len(out_nodes), persistent, constants,
-                  [order_p.index(i) for i in wb_p], wb_a)  # fmt: skip
+                  [order_p.index(i) for i in wb_p], wb_a, order_p)  # fmt: skip
 
 
 def _with_view_bases(captured: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -35,6 +35,9 @@ from .sampling import NoiseSource, SamplingParams, sample_with
 MIN_BUCKET = 16
 PREFILL_TOKENS = 2048  # prompt tokens (over the batch) per prefill step by default
 LOOKAHEAD = 1  # decode steps queued beyond the one whose tokens are being read
+# gpk.compile share keys of the two steps (see Generator.__init__).
+SHARE_PREFILL = ("pygpukit.llm.Generator", "prefill")
+SHARE_DECODE = ("pygpukit.llm.Generator", "decode")
 
 
 def bucket(n: int, cap: int) -> int:
@@ -108,8 +111,10 @@ class Generator:
         self.batch, self.max_seq_len = batch, max_seq_len
         self.chunk = prefill_chunk_for(batch) if chunk is None else check_chunk(chunk)
         model.setup_cache(batch, max_seq_len)
-        self._prefill = gpk.compile(self._prefill_fn)
-        self._decode = gpk.compile(self._decode_fn)
+        # Shared: a Generator over another model of the same structure (the same model
+        # loaded again) reuses these steps' traces and passes, binding its own weights.
+        self._prefill = gpk.compile(self._prefill_fn, share=SHARE_PREFILL)
+        self._decode = gpk.compile(self._decode_fn, share=SHARE_DECODE)
 
     # -- the traced functions ------------------------------------------------------------
     # Graph-shaping choices (greedy, top_k, use_top_p) are plain Python values, part of a

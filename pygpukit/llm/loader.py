@@ -7,8 +7,9 @@ copied tensor by tensor to the backend, so a checkpoint never sits in host memor
 
 Loading runs at storage speed: each tensor goes from the page cache straight into the
 backend's pinned staging buffers (chunked asynchronous copies, the host memcpy of one
-chunk overlapping the DMA of the last), with no host concatenation or cast -- fused
-matrices are concatenated and dtypes converted on the device -- while the kernel reads the
+chunk overlapping the DMA of the last; nothing waits for a copy), with no host
+concatenation or cast -- the parts of a fused matrix are uploaded into their rows of it,
+and dtypes are converted on the device -- while the kernel reads the
 next tensors ahead (madvise WILLNEED, one request per tensor, so the shards of a sharded
 checkpoint are read in parallel with the uploads and with each other).
 """
@@ -29,7 +30,7 @@ import numpy as np
 
 from pygpukit import errors
 from pygpukit.array import GPUArray
-from pygpukit.creation import load_numpy
+from pygpukit.creation import load_numpy, load_numpy_rows
 from pygpukit.errors import LoadError
 from pygpukit.ir import dtypes
 from pygpukit.ops import concatenate, realize
@@ -464,14 +465,20 @@ def free_weights(weights: dict[str, Any]) -> None:
 
 
 def _upload(parts: list[np.ndarray], dtype: dtypes.DType) -> GPUArray:
-    """The parts (memory-mapped, as stored) concatenated along axis 0 and cast to dtype, on
-    the device: the host copies each byte once, into the transfer engine's pinned staging
-    chunks, at low priority (a running decode loop's uploads go first)."""
-    pieces = [load_numpy(np.ascontiguousarray(p)) for p in parts]
-    arr = pieces[0] if len(pieces) == 1 else concatenate(pieces)
+    """The parts (memory-mapped, as stored) concatenated along axis 0 and cast to dtype:
+    the host copies each byte once, into the transfer engine's pinned staging chunks, at
+    low priority (a running decode loop's uploads go first), and nothing waits for the
+    copies. Parts of one dtype land in their rows of one new array (no concatenation);
+    a cast, or parts of mixed dtypes, run on the device."""
+    if all(p.dtype == parts[0].dtype for p in parts):
+        arr = load_numpy_rows(parts) if len(parts) > 1 else load_numpy(parts[0])
+        pieces = [arr]
+    else:
+        pieces = [load_numpy(np.ascontiguousarray(p)) for p in parts]
+        arr = concatenate(pieces)
     if arr.dtype != dtype:
         arr = arr.astype(dtype)
-    if len(pieces) > 1 or arr is not pieces[0]:
+    if arr is not pieces[0]:
         realize(arr)
         for p in pieces:
             p.free()

@@ -84,6 +84,20 @@ class CudaBackend(CudaPlannedHooks, Backend):
         """from_numpy at low priority (model loading): urgent copies go first."""
         return self.from_numpy(array, "low")
 
+    def from_numpy_rows(self, parts: Sequence[np.ndarray]) -> DeviceValue:
+        """The parts concatenated along axis 0 in one new block: each part uploaded into
+        its rows at low priority (no device concatenation, no wait)."""
+        rows = sum(p.shape[0] for p in parts)
+        v = self.alloc((rows, *parts[0].shape[1:]), dtypes.as_dtype(parts[0].dtype),
+                       "from_numpy")  # fmt: skip
+        at = v.ptr
+        for p in parts:
+            if p.size:
+                raw = np.ascontiguousarray(p).reshape(-1).view(np.uint8)
+                transfers.upload(at, raw, self.stream, "low")
+            at += p.nbytes
+        return v
+
     def to_numpy(self, value: DeviceValue) -> np.ndarray:
         src = value
         if not is_contiguous(value.shape, value.strides):

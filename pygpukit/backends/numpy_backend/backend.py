@@ -144,6 +144,16 @@ class NumpyBackend(PlannedHooks, Backend):
         v.array[...] = array
         return v
 
+    def from_numpy_rows(self, parts: Sequence[np.ndarray]) -> HostValue:
+        """The parts concatenated along axis 0: each copied once, into its rows."""
+        rows = sum(p.shape[0] for p in parts)
+        v = self.empty((rows, *parts[0].shape[1:]), dtypes.as_dtype(parts[0].dtype))
+        at = 0
+        for p in parts:
+            v.array[at : at + p.shape[0]] = p
+            at += p.shape[0]
+        return v
+
     def to_numpy(self, value: HostValue) -> np.ndarray:
         with pinned((value.storage,)):
             return np.array(value.array, copy=True)
