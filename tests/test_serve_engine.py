@@ -387,3 +387,36 @@ def test_step_tokens_must_leave_room_for_prefill(model):
         Engine(model, max_model_len=64, max_batch=8, step_tokens=20, kv_blocks=8)
     e = Engine(model, max_model_len=64, max_batch=8, prefill_chunk=32, kv_blocks=8)
     assert e.step_tokens == 128  # 4 * prefill_chunk
+
+
+def test_step_hooks_run_once_per_step_after_its_events(model):
+    """A step hook runs on the engine thread after each step's events: four streams
+    decoding together see their tokens in groups (one token per stream per group), so a
+    sink that only queues (the HTTP relay) hands a whole step on at once."""
+    e = Engine(model, max_model_len=128, prefill_chunk=32, kv_blocks=64, max_batch=4)
+    groups: list[list[int]] = [[]]
+    e.add_step_hook(lambda: groups.append([]) if groups[-1] else None)
+    prompts = _prompts(4, seed=31, low=8, high=30)
+    done = threading.Semaphore(0)
+
+    def sink_for(i):
+        def sink(ev):
+            if ev.kind == "token":
+                groups[-1].append(i)
+            else:
+                done.release()
+
+        return sink
+
+    for i, p in enumerate(prompts):
+        e.submit(Request(p, 10, sink_for(i)))
+    e.start()
+    try:
+        for _ in prompts:
+            assert done.acquire(timeout=300)
+    finally:
+        e.close()
+    full = [g for g in groups if g]
+    assert sum(map(len, full)) == 40
+    assert all(len(set(g)) == len(g) for g in full)  # one token per stream per step
+    assert len(full) <= e.stats()["steps"] + 1 < 40

@@ -27,7 +27,8 @@ arriving mid-stream delays the others by at most one budget's prefill per token 
 of its whole prefill. Decode and prefill are two launches, not one mixed batch: the
 prefill graph front-pads each row to the chunk bucket, so a decode row inside it would
 cost a whole chunk's compute.
-Events reach the caller through its `sink`, called on the engine thread.
+Events reach the caller through its `sink`, called on the engine thread; hooks added
+with add_step_hook run there once per step, after its events.
 """
 
 from __future__ import annotations
@@ -238,6 +239,7 @@ class Engine:
         # (their inputs and the call), waiting for a step's tokens (the device's time
         # beyond the host's shows here) and emitting them (the sinks).
         self._times = {"prefill_launch": 0.0, "decode_launch": 0.0, "wait": 0.0, "emit": 0.0}
+        self._step_hooks: list[Callable[[], None]] = []
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -259,6 +261,12 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def add_step_hook(self, hook: Callable[[], None]) -> None:
+        """Call hook() on the engine thread at the end of every engine step, after the
+        step's events went to their sinks: a sink that only queues events (the HTTP
+        layer's) hands them on in one batch there instead of one wake-up per token."""
+        self._step_hooks.append(hook)
 
     def check(self, prompt: Sequence[int], max_tokens: int) -> None:
         """Raise GPUKitValueError when a request can never run (the HTTP layer's 400)."""
@@ -387,10 +395,19 @@ class Engine:
             # launched, everything is read back (the loop then waits for requests).
             while len(self._inflight) > (LOOKAHEAD if launched else 0):
                 self._retire()
+            self._run_step_hooks()
         while self._inflight:
             self._retire()
         for req in list(self._by_id.values()):
             self._end(req, error=errors.GPUKitError("the engine stopped"))
+        self._run_step_hooks()
+
+    def _run_step_hooks(self) -> None:
+        for hook in self._step_hooks:
+            try:
+                hook()
+            except Exception:  # a listener's bug must not stop the engine
+                log.exception("a step hook failed")
 
     def _drain(self) -> None:
         while True:
