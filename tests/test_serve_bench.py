@@ -15,13 +15,14 @@ def test_load_generator_rows(tmp_path):
 
     out = tmp_path / "rows.json"
     assert main(["--model", "tiny", "--clients", "3", "--max-tokens", "5", "--prompt-min", "8",
-                 "--prompt-max", "30", "--save", str(out)]) == 0  # fmt: skip
+                 "--prompt-max", "30", "--step-tokens", "64", "--save", str(out)]) == 0  # fmt: skip
     data = json.loads(out.read_text())
     assert "serve_load" in data["meta"]["command"]
     (row,) = data["rows"]
     assert row["clients"] == 3 and row["output_tokens"] == 15
     assert row["output_tok_s"] > 0 and row["ttft_p50_ms"] <= row["ttft_p99_ms"]
     assert row["itl_p50_ms"] <= row["itl_p99_ms"]
+    assert row["step_tokens"] == 64 and row["steps"] >= row["decode_steps"] >= 4
 
 
 def test_load_generator_client_processes_and_step_times(tmp_path):

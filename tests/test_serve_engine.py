@@ -109,9 +109,9 @@ def test_batched_greedy_equals_alone_and_the_static_path(model, engine):
 
 def test_prefill_batches_several_prompts(model):
     """Prompts queued together prefill as one batch (fewer prefill steps than prompts, the
-    padded tokens within prefill_tokens), chunked prompts included, and each row's tokens
+    padded tokens within step_tokens), chunked prompts included, and each row's tokens
     are what it makes alone on the static path."""
-    e = Engine(model, max_model_len=256, prefill_chunk=32, prefill_tokens=128,
+    e = Engine(model, max_model_len=256, prefill_chunk=32, step_tokens=128, max_batch=16,
                kv_blocks=200).start()  # fmt: skip
     try:
         prompts = _prompts(10, seed=7, low=5, high=90)
@@ -129,7 +129,7 @@ def test_prefill_batches_several_prompts(model):
 def test_warmup_traces_every_greedy_shape(model):
     """After warmup a greedy run compiles nothing new, stores nothing, and its tokens are
     the static path's."""
-    e = Engine(model, max_model_len=128, prefill_chunk=32, prefill_tokens=64, max_batch=4,
+    e = Engine(model, max_model_len=128, prefill_chunk=32, step_tokens=64, max_batch=4,
                kv_blocks=64)  # fmt: skip
     n = e.warmup(60)
     # decode 1, 2, 4; prefill t 16 (rows 1, 2, 4) and t 32 (rows 1, 2)
@@ -312,3 +312,111 @@ def test_freed_token_slot_and_blocks_reused_while_a_step_is_in_flight(model):
         assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
     finally:
         e.close()
+
+
+def test_running_streams_decode_between_a_long_prompts_chunks(model):
+    """A long prompt arriving while two streams decode is prefilled one chunk per engine
+    step (the budget leaves room for one 32-token chunk beside the decode rows), and the
+    running streams get a token in every one of those steps instead of waiting for the
+    whole prefill; every stream's tokens are still the static path's."""
+    e = Engine(model, max_model_len=256, prefill_chunk=32, step_tokens=64, max_batch=4,
+               kv_blocks=64)  # fmt: skip
+    short = _prompts(2, seed=21, low=10, high=20)
+    long = _prompts(1, seed=22, low=200, high=201)[0]
+    want_short = [model.generate_ids([p], 40, stop_at_eos=False).tokens[0] for p in short]
+    want_long = model.generate_ids([long], 4, stop_at_eos=False).tokens[0]
+    chunks_at: list[list[int]] = [[], [], []]  # the engine's prefill launches at each token
+    outs: list[list[int]] = [[], [], []]
+    submitted_at: list[int] = []
+    done = threading.Semaphore(0)
+
+    def sink_for(i):
+        def sink(ev):  # the engine thread: its counters are consistent here
+            if ev.kind != "token":
+                done.release()
+                return
+            outs[i].append(ev.token)
+            chunks_at[i].append(e._counts["prefill_chunks"])
+            if i == 0 and len(outs[0]) == 3:  # the long prompt arrives mid-stream
+                submitted_at.append(e._counts["prefill_chunks"])
+                e.submit(Request(long, 4, sink_for(2)))
+
+        return sink
+
+    e.submit(Request(short[0], 40, sink_for(0)))
+    e.submit(Request(short[1], 40, sink_for(1)))
+    e.start()
+    try:
+        for _ in range(3):
+            assert done.acquire(timeout=300)
+        assert outs == [*want_short, want_long]
+        c0, c1 = submitted_at[0], chunks_at[2][0]
+        assert c1 - c0 == -(-len(long) // 32)  # only the long prompt prefilled after c0
+        for i in (0, 1):
+            # a token read back after each of the long prompt's chunk launches
+            assert set(range(c0 + 1, c1 + 1)) <= set(chunks_at[i])
+        st = e.stats()
+        assert st["max_step_tokens"] <= 64 and st["mixed_steps"] >= c1 - c0
+    finally:
+        e.close()
+
+
+def test_step_token_budget_is_respected(model):
+    """A burst of prompts longer than the budget lets through: no engine step computes
+    more than step_tokens (decode rows bucket + padded prefill tokens), the prompts are
+    cut to fit (prefill_chunk is larger than the budget), every prompt token is prefilled
+    once, and the tokens are the static path's."""
+    e = Engine(model, max_model_len=256, prefill_chunk=64, step_tokens=40, max_batch=8,
+               kv_blocks=200).start()  # fmt: skip
+    try:
+        prompts = _prompts(12, seed=23, low=5, high=90)
+        out = e.generate(prompts, 7, ignore_eos=True, timeout=300)
+        st = e.stats()
+        assert 0 < st["max_step_tokens"] <= 40
+        assert st["prefill_tokens"] == sum(map(len, prompts))
+        assert st["mixed_steps"] > 0 and st["steps"] >= st["decode_steps"]
+        static = [model.generate_ids([p], 7, stop_at_eos=False).tokens[0] for p in prompts]
+        assert out == static
+        assert st["used_blocks"] == 0
+    finally:
+        e.close()
+
+
+def test_step_tokens_must_leave_room_for_prefill(model):
+    with pytest.raises(ValueError, match=r"step_tokens must be an integer >= 24 .*got 20"):
+        Engine(model, max_model_len=64, max_batch=8, step_tokens=20, kv_blocks=8)
+    e = Engine(model, max_model_len=64, max_batch=8, prefill_chunk=32, kv_blocks=8)
+    assert e.step_tokens == 128  # 4 * prefill_chunk
+
+
+def test_step_hooks_run_once_per_step_after_its_events(model):
+    """A step hook runs on the engine thread after each step's events: four streams
+    decoding together see their tokens in groups (one token per stream per group), so a
+    sink that only queues (the HTTP relay) hands a whole step on at once."""
+    e = Engine(model, max_model_len=128, prefill_chunk=32, kv_blocks=64, max_batch=4)
+    groups: list[list[int]] = [[]]
+    e.add_step_hook(lambda: groups.append([]) if groups[-1] else None)
+    prompts = _prompts(4, seed=31, low=8, high=30)
+    done = threading.Semaphore(0)
+
+    def sink_for(i):
+        def sink(ev):
+            if ev.kind == "token":
+                groups[-1].append(i)
+            else:
+                done.release()
+
+        return sink
+
+    for i, p in enumerate(prompts):
+        e.submit(Request(p, 10, sink_for(i)))
+    e.start()
+    try:
+        for _ in prompts:
+            assert done.acquire(timeout=300)
+    finally:
+        e.close()
+    full = [g for g in groups if g]
+    assert sum(map(len, full)) == 40
+    assert all(len(set(g)) == len(g) for g in full)  # one token per stream per step
+    assert len(full) <= e.stats()["steps"] + 1 < 40

@@ -234,8 +234,14 @@ def test_queue_full_is_429(model, monkeypatch):
                        b"\r\n\r\n" + b)  # fmt: skip
             socks.append(sk)
         end = time.monotonic() + 60
-        while engine.stats()["waiting"] < 1 and time.monotonic() < end:
-            time.sleep(0.01)  # the first runs (all 16 blocks), the second waits for them
+        # The first runs (all 16 blocks), the second waits for them ("waiting" alone is
+        # also 1 while the first is queued, before the engine starts it and the second
+        # arrives: then the third would be queued, not refused).
+        while time.monotonic() < end:
+            st = engine.stats()
+            if st["waiting"] >= 1 and st["used_blocks"] == 16:
+                break
+            time.sleep(0.01)
         got, obj = _post(s, bodies[2])
         assert got == 429 and obj["error"]["type"] == "rate_limit_exceeded"
         gate.set()

@@ -10,6 +10,7 @@ first token, p50/p99 inter-token latency (between stream chunks: a stream that f
 behind sends its queued tokens in one chunk). The clients run in --procs worker processes
 (default: up to 8), so parsing their streams does not take the server's interpreter lock,
 as a real load generator on another host would not; --procs 0 runs them in this process.
+`--step-tokens` sets the engine's token budget per step (decode rows + prefill chunks).
 `--step-times` first times the engine's decode step alone (inputs, the captured graph,
 the tokens read back) at batch 1, 16 and 64 with 512-token contexts. `--peer` also times
 transformers' continuous batching (`generate_batch`) on the same prompts, where
@@ -122,7 +123,7 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20
         times = []
         for i in range(steps + 3):
             t0 = time.perf_counter()
-            engine._decode_step(reqs)
+            engine._inflight.append([engine._decode_step(reqs)])
             while len(engine._inflight) > LOOKAHEAD:
                 engine._retire()
             if i >= 3:
@@ -144,8 +145,9 @@ def _engine_split(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
     """The engine thread's time in a round by phase (ms), and its steps."""
     out: dict[str, Any] = {f"engine_{k}_ms": after["time_ms"][k] - before["time_ms"][k]
                            for k in after["time_ms"]}  # fmt: skip
-    for k in ("decode_steps", "prefill_chunks"):
+    for k in ("steps", "decode_steps", "prefill_chunks", "mixed_steps"):
         out[k] = after[k] - before[k]
+    out["step_tokens"] = after["step_tokens"]
     return out
 
 
@@ -178,7 +180,7 @@ def transformers_peer(cfg: Any, prompts: list[list[int]], max_tokens: int) -> di
 
 def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: int,
         peer: bool, kv_memory: int | None, procs: int | None = None,
-        steps: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+        steps: bool = False, step_tokens: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
     from pygpukit import llm
     from pygpukit.serve import Engine
     from pygpukit.serve.server import Server
@@ -194,7 +196,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
     cfg = model.config
     engine = Engine(model, max_model_len=min(cfg.max_position_embeddings, hi + max_tokens),
                     max_batch=max(clients), kv_memory=kv_memory,
-                    max_queue=max(clients) + 8)  # fmt: skip
+                    max_queue=max(clients) + 8, step_tokens=step_tokens)  # fmt: skip
     rows = []
     if steps:
         sizes = [b for b in (1, 16, 64) if b <= engine.max_batch]
@@ -257,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         help="first time the decode step alone at batch 1, 16 and 64",
     )
     p.add_argument(
+        "--step-tokens",
+        type=int,
+        default=None,
+        help="the engine's token budget per step (default: Engine's, 2048)",
+    )
+    p.add_argument(
         "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"
     )
     a = p.parse_args(argv)
@@ -270,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         a.kv_memory,
         a.procs,
         a.step_times,
+        a.step_tokens,
     )
     if a.save:
         import pygpukit as gpk

@@ -32,7 +32,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=1024,
                    help="most requests waiting; more get 429")  # fmt: skip
     p.add_argument("--prefill-chunk", type=int, default=512,
-                   help="most prompt tokens per prefill step (a power of two)")  # fmt: skip
+                   help="most tokens of one prompt per step (a power of two)")  # fmt: skip
+    p.add_argument("--step-tokens", type=int, default=None,
+                   help="token budget of one engine step: decode rows + prefill chunks "
+                   "(default max(4 x prefill chunk, max batch + prefill chunk))")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -52,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         model = llm.load(args.model, dtype=args.dtype)
         engine = Engine(model, max_model_len=args.max_model_len, kv_memory=kv,
                         block_size=args.block_size, max_batch=args.max_batch,
-                        prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)  # fmt: skip
+                        prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
+                        step_tokens=args.step_tokens)  # fmt: skip
         name = args.served_model_name or args.model
         server = Server(model, engine, name, args.host, args.port, "info")
     except gpk.GPUKitError as e:

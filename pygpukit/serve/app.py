@@ -3,8 +3,8 @@
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streamed as
 server-sent events or not). Each request is tokenized off the event loop, submitted to the
 engine, and its tokens come back through a thread-safe hand-off to an asyncio queue (one
-loop wake-up for all the events an engine step makes, not one per token; a stream that
-falls behind sends the tokens it has in one chunk); when
+loop wake-up for all the events an engine step makes, scheduled once at the step's end,
+not one per token; a stream that falls behind sends the tokens it has in one chunk); when
 the client goes away (a stream's send fails or the connection closes) the request is
 cancelled and its KV blocks go back at the engine's next step. Every failure is an OpenAI
 error object with its status: 400 bad request, 404 unknown model, 413 body too large,
@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -50,26 +50,39 @@ def _starlette() -> Any:
 
 class _Relay:
     """Moves engine events onto one event loop's queues in batches: the engine thread
-    appends, and only the first event since the loop last emptied the list schedules a
-    delivery, so a decode step's tokens for every stream cost one wake-up."""
+    appends events as it emits them, and once per engine step (Engine.add_step_hook)
+    schedules one delivery of all of them, so a step's tokens for every stream cost one
+    loop wake-up and no lock per token.
+
+    Lock-free under the GIL: deque appends and pops are atomic, `_scheduled` is only set
+    by the engine thread and cleared by the loop before it drains, so an event appended
+    after a drain began is either drained too or finds the flag clear and schedules the
+    next delivery."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._lock = threading.Lock()
-        self._pending: list[tuple[asyncio.Queue[Event], Event]] = []
+        self._pending: deque[tuple[asyncio.Queue[Event], Event]] = deque()
+        self._scheduled = False
 
     def put(self, queue: asyncio.Queue[Event], ev: Event) -> None:
-        """Queue ev for `queue` (any thread)."""
-        with self._lock:
-            self._pending.append((queue, ev))
-            if len(self._pending) > 1:
-                return  # a delivery is already scheduled
-        self.loop.call_soon_threadsafe(self._deliver)
+        """Queue ev for `queue` (the engine thread); delivered at the step's flush()."""
+        self._pending.append((queue, ev))
+
+    def flush(self) -> None:
+        """Schedule one delivery of what was put since the last (the engine thread, at the
+        end of each engine step); a no-op when nothing waits or a delivery is due."""
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop closed (the server stopped): nobody listens
+                self._pending.clear()
 
     def _deliver(self) -> None:
-        with self._lock:
-            items, self._pending = self._pending, []
-        for queue, ev in items:
+        self._scheduled = False
+        pending = self._pending
+        while pending:
+            queue, ev = pending.popleft()
             queue.put_nowait(ev)
 
 
@@ -86,6 +99,7 @@ class Api:
         r = self._relays.get(loop)
         if r is None:
             r = self._relays[loop] = _Relay(loop)
+            self.engine.add_step_hook(r.flush)
         return r
 
     # -- helpers ------------------------------------------------------------------------

@@ -1,18 +1,19 @@
 """The continuous-batching engine: many requests share one running batch over a paged KV
 cache.
 
-One engine thread owns the model. Each step it
+One engine thread owns the model. Each engine step it
   1. takes new requests and cancellations from a thread-safe inbox; a new request is
      submitted to the project's scheduler core (pygpukit._rust.SchedulerCore) with its KV
      blocks' bytes as its memory reservation, so admission, queueing when the cache is
      full, and the order by QoS/priority are the scheduler's decisions;
   2. starts what the scheduler lets start (up to max_batch sequences), giving each its
      blocks;
-  3. launches one step: while prompts wait, the next chunk of as many of them as the
-     prefill budget takes, as one batch (each row front-padded to the longest chunk's
-     power-of-two bucket, the rows padded to a power of two); else one decode step for
-     every running sequence (the batch padded to a power-of-two bucket; padded rows have
-     no keys and store nothing);
+  3. launches the step under its token budget (step_tokens): one decode launch for every
+     running sequence (the batch padded to a power-of-two bucket; padded rows have no
+     keys and store nothing), then, with what the budget has left, one prefill launch of
+     the next chunks of the prompts waiting, oldest first (each row front-padded to the
+     longest chunk's power-of-two bucket, the rows padded to a power of two; a prompt is
+     split over as many steps as it needs);
   4. reads back the step before it and streams its tokens, while this one runs;
   5. retires finished sequences: their blocks go back to the pool at once and the
      scheduler's complete() admits what waited for that memory.
@@ -20,10 +21,14 @@ Steps are gpk.compile'd functions, one captured graph per (bucket, sampling stat
 Each running sequence has a slot in a device array of last tokens: a step reads its
 rows' tokens there and writes the sampled ones back, so a step needs nothing read back
 from the one before and runs one step ahead of the host (the host knows how many tokens
-each sequence has, not which, until they are read back). Prompts waiting go first
-(prefill before decode), so a burst of requests decodes as one full batch; a request
-arriving later stalls the running streams for its prefill steps.
-Events reach the caller through its `sink`, called on the engine thread.
+each sequence has, not which, until they are read back). A running stream gets a token
+every engine step, and a step's prefill share is bounded by the budget, so a prompt
+arriving mid-stream delays the others by at most one budget's prefill per token instead
+of its whole prefill. Decode and prefill are two launches, not one mixed batch: the
+prefill graph front-pads each row to the chunk bucket, so a decode row inside it would
+cost a whole chunk's compute.
+Events reach the caller through its `sink`, called on the engine thread; hooks added
+with add_step_hook run there once per step, after its events.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ log = logging.getLogger("pygpukit.serve")
 
 QOS = ("guaranteed", "burstable", "best_effort")
 MIN_PREFILL_BUCKET = 16
-LOOKAHEAD = 1  # steps launched before the oldest one's tokens are read back
+LOOKAHEAD = 1  # engine steps launched before the oldest one's tokens are read back
 # The engine thread waits for the GPU without the interpreter lock and must get it back
 # at once, or the GPU idles while another thread (the HTTP loop) runs Python: CPython
 # makes a waiting thread wait up to the switch interval (5 ms by default).
@@ -104,6 +109,9 @@ class Request:
 
     def slot(self, pos: int, block_size: int) -> int:
         return self.blocks[pos // block_size] * block_size + pos % block_size
+
+
+Launch = tuple[list["Request | None"], Any]  # a launch's rows and its tokens' transfer
 
 
 class _Step:
@@ -155,35 +163,44 @@ class Engine:
     max_position_embeddings, capped at 8192 and at a sliding window). kv_blocks or
     kv_memory (bytes) size the cache (default: 1/4 of free device memory on a GPU, 256 MiB
     on the CPU, at least one full-length sequence). max_batch: most sequences decoding at
-    once (buckets 1, 2, 4, ... up to it). prefill_chunk: most prompt tokens per prefill
-    step (a power of two). prefill_tokens: most padded prompt tokens (rows x chunk bucket)
-    one prefill step takes from several prompts (default 4 * prefill_chunk). max_queue:
-    most requests waiting to start; more are refused with Overloaded.
+    once (buckets 1, 2, 4, ... up to it). prefill_chunk: most tokens of one prompt per
+    step (a power of two). step_tokens: the token budget of one engine step, the tokens
+    its launches compute: the decode batch's rows (its bucket) plus the prefill chunks'
+    padded tokens (rows bucket x chunk bucket); default max(4 * prefill_chunk, the
+    max_batch bucket + prefill_chunk), 2048 with the other defaults. It must leave room
+    for a MIN_PREFILL_BUCKET chunk beside a full decode batch, so prompts always progress.
+    max_queue: most requests waiting to start; more are refused with Overloaded.
     """
 
     def __init__(self, model: Model, *, max_model_len: int | None = None,
                  kv_blocks: int | None = None, kv_memory: int | None = None,
                  block_size: int = 16, max_batch: int = 256, prefill_chunk: int = 512,
-                 max_queue: int = 1024, prefill_tokens: int | None = None) -> None:  # fmt: skip
+                 max_queue: int = 1024, step_tokens: int | None = None) -> None:  # fmt: skip
         cfg = model.config
         self.model, self.tr = model, model.transformer
         limit = min(cfg.max_position_embeddings, 8192)
         if cfg.sliding_window is not None:
             limit = min(limit, cfg.sliding_window)  # paged attention sees the whole sequence
         self.max_model_len = min(max_model_len or limit, limit)
-        if prefill_tokens is None:
-            prefill_tokens = 4 * prefill_chunk if isinstance(prefill_chunk, int) else 0
         for name, v in (("block_size", block_size), ("max_batch", max_batch),
-                        ("prefill_chunk", prefill_chunk), ("max_queue", max_queue),
-                        ("prefill_tokens", prefill_tokens)):  # fmt: skip
+                        ("prefill_chunk", prefill_chunk), ("max_queue", max_queue)):  # fmt: skip
             if not isinstance(v, int) or v < 1:
                 raise errors.GPUKitValueError(f"Engine: {name} must be an integer >= 1, got {v!r}")
         if prefill_chunk & (prefill_chunk - 1):
             raise errors.GPUKitValueError(f"Engine: prefill_chunk must be a power of two, "
                                           f"got {prefill_chunk}")  # fmt: skip
+        least = bucket(max_batch) + MIN_PREFILL_BUCKET
+        if step_tokens is None:
+            step_tokens = max(4 * prefill_chunk, bucket(max_batch) + prefill_chunk)
+        if not isinstance(step_tokens, int) or step_tokens < least:
+            raise errors.GPUKitValueError(
+                f"Engine: step_tokens must be an integer >= {least} (a full decode batch of "
+                f"max_batch {max_batch}, bucket {bucket(max_batch)}, and a "
+                f"{MIN_PREFILL_BUCKET}-token prefill chunk), got {step_tokens!r}"
+            )
         self.block_size, self.max_batch = block_size, max_batch
         self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
-        self.prefill_tokens = prefill_tokens
+        self.step_tokens = step_tokens
         self.block_bytes = PagedKVCache.block_bytes(self.tr, block_size)
         self.max_blocks = blocks_for(self.max_model_len, block_size)
         if kv_blocks is None:
@@ -198,9 +215,10 @@ class Engine:
         self.eos = frozenset(model.eos_token_ids)
         self._step_obj = _Step(self.tr, self.cache, max_batch)
         self._tok_free = list(range(max_batch - 1, -1, -1))  # free rows of _step_obj.last
-        # Launched steps whose tokens are not read back yet, oldest first: (the rows in
-        # order, None where a row takes no token, the transfer of the step's tokens).
-        self._inflight: deque[tuple[list[Request | None], Any]] = deque()
+        # Engine steps whose tokens are not read back yet, oldest first: each step's
+        # launches in order, as (the rows, None where a row takes no token, the transfer
+        # of the launch's tokens).
+        self._inflight: deque[list[Launch]] = deque()
         # One compiled function per (kind, bucket, sampling statics): each traces once,
         # and its captured graph is replayed for every step of that shape.
         self._compiled: dict[tuple[Any, ...], Any] = {}
@@ -214,12 +232,14 @@ class Engine:
         self._prefilling: deque[Request] = deque()
         self._running: list[Request] = []
         self._counts = {"submitted": 0, "finished": 0, "cancelled": 0, "rejected": 0,
-                        "failed": 0, "decode_steps": 0, "prefill_chunks": 0,
+                        "failed": 0, "steps": 0, "decode_steps": 0, "prefill_chunks": 0,
+                        "mixed_steps": 0, "prefill_tokens": 0, "max_step_tokens": 0,
                         "tokens": 0}  # fmt: skip
         # Where the engine thread's time goes (ms): launching prefill and decode steps
         # (their inputs and the call), waiting for a step's tokens (the device's time
         # beyond the host's shows here) and emitting them (the sinks).
         self._times = {"prefill_launch": 0.0, "decode_launch": 0.0, "wait": 0.0, "emit": 0.0}
+        self._step_hooks: list[Callable[[], None]] = []
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -241,6 +261,12 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def add_step_hook(self, hook: Callable[[], None]) -> None:
+        """Call hook() on the engine thread at the end of every engine step, after the
+        step's events went to their sinks: a sink that only queues events (the HTTP
+        layer's) hands them on in one batch there instead of one wake-up per token."""
+        self._step_hooks.append(hook)
 
     def check(self, prompt: Sequence[int], max_tokens: int) -> None:
         """Raise GPUKitValueError when a request can never run (the HTTP layer's 400)."""
@@ -307,8 +333,10 @@ class Engine:
         return outs
 
     def stats(self) -> dict[str, Any]:
-        """Blocks used and free, sequences running/prefilling/waiting, counters, and the
-        engine thread's time so far by phase (time_ms)."""
+        """Blocks used and free, sequences running/prefilling/waiting, the step budget
+        (step_tokens), counters (engine steps, decode and prefill launches, steps that
+        launched both, prompt tokens prefilled, the most tokens one step computed), and
+        the engine thread's time so far by phase (time_ms)."""
         return {
             "num_blocks": self.num_blocks,
             "free_blocks": self.blocks.free,
@@ -318,13 +346,14 @@ class Engine:
             "prefilling": len(self._prefilling),
             "waiting": self._waiting,
             "max_model_len": self.max_model_len,
+            "step_tokens": self.step_tokens,
             **self._counts,
             "time_ms": dict(self._times),
         }
 
     def warmup(self, max_prompt: int | None = None) -> int:
         """Trace and capture every greedy step shape a serving run can meet (each decode
-        batch bucket up to max_batch; each prefill rows x chunk bucket within the prefill
+        batch bucket up to max_batch; each prefill rows x chunk bucket within the step
         budget, chunks up to max_prompt tokens) before serving, so no request waits for a
         compile. Runs all-padding inputs: nothing is stored. Call before start(); returns
         the compiled steps."""
@@ -334,7 +363,7 @@ class Engine:
         sizes: list[tuple[str, Any, int]] = [("decode", b, b) for b in _buckets(1, self.max_batch)]
         for t in _buckets(MIN_PREFILL_BUCKET, bucket(longest, MIN_PREFILL_BUCKET)):
             sizes += [("prefill", (r, t), r) for r in _buckets(1, self.max_batch)
-                      if r == 1 or r * t <= self.prefill_tokens]  # fmt: skip
+                      if r * t <= self.step_tokens]  # fmt: skip
         for kind, size, rows in sizes:
             t = 1 if kind == "decode" else size[1]
             sampling, statics = self._sampling_inputs([None] * rows, rows)
@@ -362,14 +391,23 @@ class Engine:
                 break
             self._start_admitted()
             launched = self._step()
-            # One step stays in flight while the next is launched; with nothing launched,
-            # everything is read back (the loop then waits for requests).
+            # One engine step stays in flight while the next is launched; with nothing
+            # launched, everything is read back (the loop then waits for requests).
             while len(self._inflight) > (LOOKAHEAD if launched else 0):
                 self._retire()
+            self._run_step_hooks()
         while self._inflight:
             self._retire()
         for req in list(self._by_id.values()):
             self._end(req, error=errors.GPUKitError("the engine stopped"))
+        self._run_step_hooks()
+
+    def _run_step_hooks(self) -> None:
+        for hook in self._step_hooks:
+            try:
+                hook()
+            except Exception:  # a listener's bug must not stop the engine
+                log.exception("a step hook failed")
 
     def _drain(self) -> None:
         while True:
@@ -465,49 +503,63 @@ class Engine:
             self._end(req, "length")
 
     def _step(self) -> bool:
-        """Launch the next step (prompts waiting first); whether one was launched."""
-        if self._prefilling:
-            reqs = self._prefill_rows()
+        """Launch the next engine step: a decode launch for the running sequences, then a
+        prefill launch for the prompts waiting with what the token budget has left;
+        whether anything was launched."""
+        launches: list[Launch] = []
+        used = 0
+        rows = [r for r in self._running if r.scheduled < r.max_tokens][: self.max_batch]
+        if rows:
             t0 = time.perf_counter()
             try:
-                self._prefill_chunk(reqs)
+                launches.append(self._decode_step(rows))
             except Exception as e:  # a failing request must not take the server down
-                log.exception("prefill failed")
-                for r in reqs:
+                log.exception("decode step failed")
+                for r in rows:
                     self._end(r, error=e)
+            used = bucket(len(rows))
+            self._times["decode_launch"] += (time.perf_counter() - t0) * 1e3
+        if self._prefilling:
+            chunks = self._prefill_rows(self.step_tokens - used)
+            t0 = time.perf_counter()
+            try:
+                launch, padded = self._prefill_chunk(chunks)
+                used += padded
+                if launch is not None:
+                    launches.append(launch)
+            except Exception as e:
+                log.exception("prefill failed")
+                for r, _ in chunks:
+                    self._end(r, error=e)
+            if rows:
+                self._counts["mixed_steps"] += 1
             self._times["prefill_launch"] += (time.perf_counter() - t0) * 1e3
-            return True
-        rows = [r for r in self._running if r.scheduled < r.max_tokens][: self.max_batch]
-        if not rows:
+        if not used:
             return False
-        t0 = time.perf_counter()
-        try:
-            self._decode_step(rows)
-        except Exception as e:
-            log.exception("decode step failed")
-            for r in rows:
-                self._end(r, error=e)
-        self._times["decode_launch"] += (time.perf_counter() - t0) * 1e3
+        self._counts["steps"] += 1
+        self._counts["max_step_tokens"] = max(self._counts["max_step_tokens"], used)
+        if launches:
+            self._inflight.append(launches)
         return True
 
     def _retire(self) -> None:
-        """Read back the oldest step in flight and stream its tokens."""
-        rows, transfer = self._inflight.popleft()
-        t0 = time.perf_counter()
-        try:
-            toks = transfer.result()
-        except Exception as e:
-            log.exception("a step failed")
-            for r in rows:
-                if r is not None:
-                    self._end(r, error=e)
-            return
-        t1 = time.perf_counter()
-        for i, r in enumerate(rows):
-            if r is not None and not r.ended:
-                self._emit(r, int(toks[i]))
-        self._times["wait"] += (t1 - t0) * 1e3
-        self._times["emit"] += (time.perf_counter() - t1) * 1e3
+        """Read back the oldest engine step in flight and stream its tokens."""
+        for rows, transfer in self._inflight.popleft():
+            t0 = time.perf_counter()
+            try:
+                toks = transfer.result()
+            except Exception as e:
+                log.exception("a step failed")
+                for r in rows:
+                    if r is not None:
+                        self._end(r, error=e)
+                continue
+            t1 = time.perf_counter()
+            for r, tok in zip(rows, toks.tolist(), strict=False):
+                if r is not None and not r.ended:
+                    self._emit(r, tok)
+            self._times["wait"] += (t1 - t0) * 1e3
+            self._times["emit"] += (time.perf_counter() - t1) * 1e3
 
     def _sampling_inputs(self, rows: Sequence[Request | None], b: int
                          ) -> tuple[list[GPUArray], tuple[bool, int, bool]]:  # fmt: skip
@@ -552,25 +604,35 @@ class Engine:
                 table[i, : len(r.blocks)] = r.blocks
         return table
 
-    def _prefill_rows(self) -> list[Request]:
-        """The prompts the next prefill step takes: from the front of the queue, while the
-        padded tokens (rows bucket x chunk bucket) stay within prefill_tokens."""
-        picked: list[Request] = []
+    def _prefill_rows(self, budget: int) -> list[tuple[Request, int]]:
+        """The prompts the next prefill launch takes and each one's chunk, oldest first,
+        while the padded tokens (rows bucket x chunk bucket) stay within budget: the
+        oldest prompt's chunk is cut to the budget (a power of two >= MIN_PREFILL_BUCKET,
+        which the step budget always leaves), a later one's to the chunk bucket so far."""
+        picked: list[tuple[Request, int]] = []
+        cap = MIN_PREFILL_BUCKET
+        while cap * 2 <= budget:
+            cap *= 2
         t = 0
         for req in self._prefilling:
-            n = min(self.prefill_chunk, len(req.prompt) - req.prefilled)
+            n = min(self.prefill_chunk, len(req.prompt) - req.prefilled, cap)
             tt = max(t, bucket(n, MIN_PREFILL_BUCKET))
-            if picked and bucket(len(picked) + 1) * tt > self.prefill_tokens:
-                break
-            picked.append(req)
+            rows = bucket(len(picked) + 1)
+            if picked and rows * tt > budget:
+                n, tt = min(n, t), t
+                if rows * tt > budget:
+                    break
+            picked.append((req, n))
             t = tt
         return picked
 
-    def _prefill_chunk(self, reqs: list[Request]) -> None:
-        """Launch the next chunk of each of reqs' prompts, as one batch; a prompt that is
-        done moves to the running batch (its first token is stored on the device, and
-        streamed once read back)."""
-        ns = [min(self.prefill_chunk, len(r.prompt) - r.prefilled) for r in reqs]
+    def _prefill_chunk(self, chunks: list[tuple[Request, int]]) -> tuple[Launch | None, int]:
+        """Launch the given chunk of each prompt, as one batch; a prompt that is done
+        moves to the running batch (its first token is stored on the device, and streamed
+        once read back). Returns the launch when a row takes a token, and the padded
+        tokens the launch computes."""
+        reqs = [r for r, _ in chunks]
+        ns = [n for _, n in chunks]
         t = bucket(max(ns), MIN_PREFILL_BUCKET)
         rows = bucket(len(reqs))
         tokens = np.zeros((rows, t), np.int64)
@@ -578,7 +640,7 @@ class Engine:
         slots = np.full((rows, t), -1, np.int64)
         lens = np.zeros(rows, np.int32)
         tok_slots = np.full(rows, -1, np.int64)
-        for i, (req, n) in enumerate(zip(reqs, ns, strict=True)):
+        for i, (req, n) in enumerate(chunks):
             start, pad = req.prefilled, t - n
             tokens[i, pad:] = req.prompt[start : start + n]
             pos = np.arange(start, start + n)
@@ -596,8 +658,9 @@ class Engine:
                for a in (tokens, positions, slots.reshape(-1), table, lens, tok_slots)]  # fmt: skip
         tok = self._compiled_step("prefill", (rows, t), statics)(*ins, *sampling, *statics)
         self._counts["prefill_chunks"] += 1
+        self._counts["prefill_tokens"] += sum(ns)
         takers: list[Request | None] = []
-        for req, n in zip(reqs, ns, strict=True):
+        for req, n in chunks:
             req.prefilled += n
             done = req.prefilled == len(req.prompt)
             takers.append(req if done else None)
@@ -606,9 +669,10 @@ class Engine:
                 self._prefilling.remove(req)
                 self._running.append(req)
         if any(r is not None for r in takers):
-            self._inflight.append((takers, tok.to_numpy_async()))
+            return (takers, tok.to_numpy_async()), rows * t
+        return None, rows * t
 
-    def _decode_step(self, rows: list[Request]) -> None:
+    def _decode_step(self, rows: list[Request]) -> Launch:
         """Launch one decode step for rows (each has a token left to make)."""
         b = bucket(len(rows))
         padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
@@ -626,7 +690,7 @@ class Engine:
                for a in (tok_slots, positions, slots, self._table(padded, b), lens)]  # fmt: skip
         out = self._compiled_step("decode", b, statics)(*ins, *sampling, *statics)
         self._counts["decode_steps"] += 1
-        self._inflight.append((list(rows), out.to_numpy_async()))
+        return list(rows), out.to_numpy_async()
 
 
 def _buckets(least: int, most: int) -> list[int]:
