@@ -120,3 +120,61 @@ def test_templates_ship_beside_the_loader(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("PYGPUKIT_KERNEL_DIR", str(tmp_path))
     with pytest.raises(CompileError, match="no common.cuh in"):
         loader.kernel_dir()
+
+
+def _sections(elf: bytes) -> dict[str, bytes]:
+    """The ELF64 sections of a CUBIN by name (NOBITS ones left out)."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", elf, 0x28)[0]
+    entsize, count, names_at = struct.unpack_from("<HHH", elf, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * entsize) for i in range(count)]
+    strings = heads[names_at][4]
+
+    def name(off: int) -> str:
+        return elf[strings + off : elf.index(b"\0", strings + off)].decode()
+
+    return {name(h[0]): elf[h[4] : h[4] + h[5]] for h in heads if h[1] != 8}
+
+
+def _first_variant_of_each_kernel() -> list[tuple[str, str, dict[str, object]]]:
+    """(family, kernel, defines) for the first variant naming each kernel of a template
+    that guards its kernels (loader.module_defines)."""
+    seen: dict[tuple[str, str], dict[str, object]] = {}
+    for family, names, defines in VARIANTS:
+        for name in names:
+            if "PGK_ONLY" in loader.module_defines(family, name, defines):
+                seen.setdefault((family, name), defines)
+    return [(f, n, d) for (f, n), d in seen.items()]
+
+
+ONE_KERNEL = _first_variant_of_each_kernel()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", ONE_KERNEL, ids=[f"{f}-{n}" for f, n, _ in ONE_KERNEL])
+def test_module_holds_the_kernel_asked_for(case: tuple[str, str, dict[str, object]],
+                                           arch: str) -> None:  # fmt: skip
+    """A guarded template's module (the loader's, for one kernel) holds that kernel alone,
+    compiled to the same code as in the module of every kernel of the family."""
+    from pygpukit.backends.cuda import signature
+
+    _nvrtc_or_skip()
+    family, name, defines = case
+    declared = signature.kernel_names(loader.kernel_source(family, defines))
+    assert len(declared) > 1 and name in declared
+    full = _sections(loader.compile_family(family, defines, arch))
+    alone = _sections(loader.compile_family(family, loader.module_defines(family, name, defines),
+                                            arch))  # fmt: skip
+    assert {s[6:] for s in alone if s.startswith(".text.")} == {name}
+    for sec in (f".text.{name}", f".nv.shared.{name}", f".nv.constant0.{name}"):
+        assert alone.get(sec) == full.get(sec), f"{family}: {name}'s {sec} differs"
+
+
+def test_unguarded_template_module_keeps_its_defines() -> None:
+    """A template without kernel guards compiles every kernel in one module, whichever the
+    launcher asks for (activation's four share one)."""
+    d = loader.type_defines("float16")
+    assert loader.module_defines("activation", "pgk_silu", d) == d
+    assert loader.module_defines("rms_norm", "pgk_rms_norm_add", d) == {
+        **d, "PGK_ONLY": 1, "PGK_ONLY_pgk_rms_norm_add": 1}  # fmt: skip

@@ -14,7 +14,7 @@ from pygpukit.backends.devices import current
 
 from . import compile_ahead
 from .codegen import KernelSource
-from .toolchain import compile_kernel, device_arch
+from .toolchain import compile_kernel, device_arch, lean_options
 
 _lock = threading.Lock()
 # Keyed by the thread's device too (None: the primary one): a module is loaded into one
@@ -27,6 +27,11 @@ stats = {"compiled": 0, "hits": 0}
 # (truncated to the wrong int) and off the float64 reference by an ulp elsewhere.
 GENERATED_OPTIONS = ("-std=c++17", "--fmad=false")
 GenKey = tuple[str, str, int | None]  # (source, arch, device)
+
+
+def generated_options() -> tuple[str, ...]:
+    """The NVRTC options every generated kernel compiles with."""
+    return (*GENERATED_OPTIONS, *lean_options())
 
 
 def function(src: KernelSource, arch: str | None = None) -> Any:
@@ -42,7 +47,7 @@ def function(src: KernelSource, arch: str | None = None) -> Any:
     with _lock:
         fn = _functions.get(key)
         if fn is None:
-            cubin = compile_kernel(src.text, arch, GENERATED_OPTIONS, src.name + ".cu")
+            cubin = compile_kernel(src.text, arch, generated_options(), src.name + ".cu")
             fn = _load(src, key, cubin)
     return fn
 
@@ -62,11 +67,13 @@ def _load(src: KernelSource, key: GenKey, cubin: bytes) -> Any:
 def _request(src: KernelSource, arch: str, key: GenKey) -> compile_ahead.Request:
     """A compile of a generated kernel for compile_ahead."""
 
+    options = generated_options()
+
     def install(cubin: bytes) -> None:
         with _lock:
             _load(src, key, cubin)
 
     return compile_ahead.Request(("generated", key), f"{src.name} (generated) for {arch}",
-                                 lambda: compile_kernel(src.text, arch, GENERATED_OPTIONS,
+                                 lambda: compile_kernel(src.text, arch, options,
                                                         src.name + ".cu"),
                                  install)  # fmt: skip

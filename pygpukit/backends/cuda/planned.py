@@ -92,12 +92,19 @@ class CudaReplay:
             return
         t0 = time.perf_counter()
         stream = _native.Stream(0, True)
-        launch = Launch(stream, keep=[], plans={})  # its own plans: they hold stand-ins
+        # Twice, as the first call runs: planned and launched as the eager first run (not
+        # captured), then launched on those plans as the capture. A launcher may pick its
+        # kernel by whether it is captured (the decode GEMVs take other geometries when
+        # they may read the weights early), so one pass misses the other's kernels. Its
+        # own plans: they hold stand-ins.
+        eager = Launch(stream, keep=None, plans={})
+        captured = Launch(stream, keep=[], plans=eager.plans)
         with compile_ahead.collecting() as requests:
             try:
                 stream.begin_capture("relaxed")
                 try:
-                    self._run(launch)
+                    self._run(eager)
+                    self._run(captured)
                 finally:
                     stream.end_capture()
             except Exception:  # noqa: BLE001 - the real run reports it

@@ -116,6 +116,15 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def lean_options() -> tuple[str, ...]:
+    """NVRTC options for PyGPUkit's own kernels (templates and generated ones) that make
+    them compile faster without changing their code: `--minimal` (NVRTC 12.4+) leaves out
+    the texture, device-runtime and runtime-API declarations, which none of them use (the
+    SASS of every template variant is the same with it; a user's kernel, pygpukit.jit,
+    may use them, so it never gets it)."""
+    return ("--minimal",) if nvrtc_version() >= (12, 4) else ()
+
+
 @functools.lru_cache(maxsize=8)
 def device_info(device: int | None = None) -> dict[str, Any]:
     """The driver's properties of a device (default: the current one), read once: they do
@@ -229,6 +238,7 @@ __all__ = [
     "device_info",
     "include_dirs",
     "load_cublaslt",
+    "lean_options",
     "load_nvrtc",
     "nvidia_wheel_dirs",
     "nvrtc_candidates",

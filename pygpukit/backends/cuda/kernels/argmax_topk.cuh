@@ -25,6 +25,7 @@ PGK_DEVICE bool pgk_better(float a, long long ia, float b, long long ib) {
   return ka > kb || (ka == kb && ia < ib);
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_argmax)
 extern "C" __global__ void pgk_argmax(const pgk_t* __restrict__ x,
                                       long long* __restrict__ out_idx, int cols,
                                       long long row_stride) {
@@ -83,6 +84,7 @@ extern "C" __global__ void pgk_argmax(const pgk_t* __restrict__ x,
     out_idx[blockIdx.x] = bi;
   }
 }
+#endif
 
 // Exclusive block-wide prefix count of a per-thread flag; also returns the block total.
 PGK_DEVICE int pgk_block_prefix(bool flag, int* warp_counts, int* total) {
@@ -105,6 +107,7 @@ PGK_DEVICE int pgk_block_prefix(bool flag, int* warp_counts, int* total) {
 
 // Launch with PGK_TOPK_THREADS threads (a multiple of 32). Outputs are sorted by value,
 // descending (torch.topk(sorted=True)).
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_topk)
 extern "C" __global__ void __launch_bounds__(PGK_TOPK_THREADS)
     pgk_topk(const pgk_t* __restrict__ x, pgk_t* __restrict__ out_val,
              long long* __restrict__ out_idx, int cols, int k, long long row_stride) {
@@ -187,3 +190,4 @@ extern "C" __global__ void __launch_bounds__(PGK_TOPK_THREADS)
     out_idx[(long long)blockIdx.x * k + rank] = i;
   }
 }
+#endif

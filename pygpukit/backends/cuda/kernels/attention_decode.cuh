@@ -411,6 +411,7 @@ PGK_DEVICE void pgk_dec_split_body(const pgk_t* __restrict__ q, long long q_sh,
   }
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_attn_decode_split)
 extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_attn_decode_split(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kc,
                           const pgk_t* __restrict__ vc, const int* __restrict__ ctx_len,
@@ -464,6 +465,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_dec_merge<PGK_DT>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
                           smem_raw);
 }
+#endif
 
 // The merge as its own kernel (the split kernels launched without counters), grid (H, B),
 // PGK_RT threads: the alternative to the last block's merge, spread over H blocks instead of
@@ -478,6 +480,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 #define PGK_MAXSPLITS 256
 #define PGK_RT 256
 #define PGK_RUNROLL 8
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_attn_decode_reduce)
 extern "C" __global__ void __launch_bounds__(PGK_RT)
     pgk_attn_decode_reduce(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                            pgk_t* __restrict__ o, int n_heads, int splits, long long o_sb,
@@ -542,6 +545,7 @@ extern "C" __global__ void __launch_bounds__(PGK_RT)
     o[b * o_sb + h * o_sh + t] = pgk_from_float<pgk_t>(l == 0.0f ? 0.0f : tot / l);
   }
 }
+#endif
 
 // ------------------------------------------------------------------------------------------
 // Tensor-core variant for bf16/f16 (pgk_attn_decode_mma): same workspace and merges.
@@ -655,6 +659,7 @@ PGK_DEVICE void pgk_rope_pair(pgk_t x0, pgk_t x1, pgk_dcs c, pgk_dcs s, float& r
 #endif
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_attn_decode_mma)
 extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     pgk_attn_decode_mma(const pgk_t* __restrict__ q, const pgk_t* kc, const pgk_t* vc,
                         const int* __restrict__ ctx_len, float* __restrict__ o_part,
@@ -1079,3 +1084,4 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     pgk_dec_merge<PGK_MW * 32>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
                                smem_raw);
 }
+#endif

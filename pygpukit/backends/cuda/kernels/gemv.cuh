@@ -67,6 +67,7 @@
 #define PGK_PF 2  // slabs of W each warp pulls into L2 before waiting on its predecessor
 #endif
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_gemv)
 extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
     pgk_gemv(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
              const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int n, int k,
@@ -107,6 +108,7 @@ extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
     y[(long long)blockIdx.y * y_stride + row] = pgk_from_acc<pgk_t>(pgk_epilogue_act(acc));
   }
 }
+#endif
 
 // ------------------------------------------------------------------------------------------
 // Tensor-core variant. grid (ceil(N / (8 * PGK_NT)), ceil(M / 16)), PGK_GW * 32 threads.
@@ -214,6 +216,7 @@ PGK_DEVICE int pgk_grow(int n, int r, int tile) {
 // w_early). (Padding instead measured the same or slower on an H200.)
 PGK_DEVICE int pgk_gswz(int r, int piece) { return piece ^ ((r & 1) << 2); }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_gemv_mma)
 extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_mma(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
@@ -489,3 +492,4 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   (void)xb;
 #endif
 }
+#endif

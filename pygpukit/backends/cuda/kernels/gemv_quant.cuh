@@ -196,6 +196,7 @@ PGK_DEVICE void pgk_qcp_async4(void* smem, const void* gmem, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_gemv_quant)
 extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_quant(const pgk_t* __restrict__ x, const unsigned char* __restrict__ w,
                    const float* __restrict__ scale, const unsigned char* __restrict__ zero,
@@ -571,9 +572,11 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   }
 #endif
 }
+#endif
 
 // pgk_dequant for any K and group (K % 8 != 0, int4 groups under 8: rows unaligned for
 // the vector loads, or a group boundary inside 8 elements): one thread per element.
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_dequant_each)
 extern "C" __global__ void __launch_bounds__(256)
     pgk_dequant_each(const unsigned char* __restrict__ w, const float* __restrict__ scale,
                      const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n,
@@ -610,9 +613,11 @@ extern "C" __global__ void __launch_bounds__(256)
 #endif
   out[i] = pgk_from_float<pgk_t>(v * s);
 }
+#endif
 
 // The weight it stands for, [N, K] in x's dtype (rounded once), for the prefill GEMM.
 // One thread per 8 consecutive elements of a row (K % 8 == 0); float32 as well.
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_dequant)
 extern "C" __global__ void __launch_bounds__(256)
     pgk_dequant(const unsigned char* __restrict__ w, const float* __restrict__ scale,
                 const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n, int k,
@@ -666,3 +671,4 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int e = 0; e < 8; ++e) dst[e] = o[e];
   }
 }
+#endif

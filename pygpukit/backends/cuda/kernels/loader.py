@@ -7,8 +7,10 @@ Inlining (rather than an include path) puts every byte that reaches NVRTC into t
 so the toolchain's disk cache, keyed by the source text, can never serve a stale CUBIN
 after common.cuh changes.
 
-Compiled Modules and their Functions are cached per (family, defines, arch); launch
-formats per (family, kernel), parsed from the template's `extern "C"` signature.
+Compiled Modules are cached per (family, defines, kernel set, arch), where a template
+guards its kernels so that a module holds only the one launched (module_defines); their
+Functions per (family, defines, kernel, arch); launch formats per (family, kernel), parsed
+from the template's `extern "C"` signature.
 """
 
 from __future__ import annotations
@@ -134,8 +136,30 @@ def compile_source(source: str, arch: str, options: tuple[str, ...] = ()) -> byt
     return compile_kernel(source, arch, list(options), "pgk_kernel.cu")
 
 
+def template_options() -> tuple[str, ...]:
+    """The NVRTC options every template compiles with."""
+    from .. import toolchain
+
+    return ("-std=c++17", *toolchain.lean_options())
+
+
 def compile_family(family: str, defines: Mapping[str, object], arch: str) -> bytes:
-    return compile_source(kernel_source(family, defines), arch, ("-std=c++17",))
+    """CUBIN of a family's template with `defines` (every kernel it declares, unless the
+    defines name the ones to keep: module_defines)."""
+    return compile_source(kernel_source(family, defines), arch, template_options())
+
+
+def module_defines(family: str, name: str, defines: Mapping[str, object]) -> dict[str, object]:
+    """The defines a module for kernel `name` of `family` is compiled with: `defines`, and
+    where the template guards its kernels (`#if !defined(PGK_ONLY) ||
+    defined(PGK_ONLY_<kernel>)`), PGK_ONLY and PGK_ONLY_<name>, so NVRTC compiles that
+    kernel alone: each kernel of a family costs about as much to compile as its own
+    module, and a step launches one (the decode attention's module, three kernels, took
+    1.4 s). Kernels of one family asked for with the same defines are then separate
+    modules, compiled in parallel."""
+    if f"defined(PGK_ONLY_{name})" not in _read(f"{family}.cuh"):
+        return dict(defines)
+    return {**defines, "PGK_ONLY": 1, f"PGK_ONLY_{name}": 1}
 
 
 def pdl_enabled() -> bool:
@@ -160,8 +184,8 @@ def max_shared_optin() -> int:
     return int(toolchain.device_info()["max_shared_per_block_optin"])
 
 
-# (family, defines, arch, device): a module lives in one device's context (None: the
-# primary device).
+# (family, defines with the kernel set (module_defines), arch, device): a module lives in
+# one device's context (None: the primary device).
 ModuleKey = tuple[str, tuple[tuple[str, str], ...], str, int | None]
 _lock = threading.Lock()
 _modules: dict[ModuleKey, Any] = {}
@@ -182,7 +206,9 @@ def get_function(
     fn = _functions.get(fkey)
     if fn is not None:
         return fn
-    mkey = (family, dkey, arch, device)
+    defines = module_defines(family, name, defines)
+    # One module per (family, defines, kernel set): the kernel set is in the defines.
+    mkey = (family, tuple(sorted((k, str(v)) for k, v in defines.items())), arch, device)
     if compile_ahead.is_collecting() and mkey not in _modules:
         compile_ahead.ask(_request(family, defines, arch, mkey))
         return compile_ahead.DEFERRED
@@ -210,6 +236,7 @@ def _request(family: str, defines: Mapping[str, object], arch: str,
     """A compile of this family's module for compile_ahead (the source is read now: a
     setting read on the pool's threads could see another value)."""
     source = kernel_source(family, defines)
+    options = template_options()
     shown = ", ".join(f"{k}={v}" for k, v in mkey[1])
 
     def install(cubin: bytes) -> None:
@@ -217,7 +244,7 @@ def _request(family: str, defines: Mapping[str, object], arch: str,
             _load(mkey, cubin)
 
     return compile_ahead.Request(("template", mkey), f"{family} ({shown}) for {arch}",
-                                 lambda: compile_source(source, arch, ("-std=c++17",)),
+                                 lambda: compile_source(source, arch, options),
                                  install)  # fmt: skip
 
 

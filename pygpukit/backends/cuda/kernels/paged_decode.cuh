@@ -25,6 +25,7 @@ PGK_DEVICE void pgk_paged_report(long long* err, long long tag, long long value,
   }
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode)
 extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_paged_decode(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
                      const pgk_t* __restrict__ vp, const int* __restrict__ table,
@@ -86,3 +87,4 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   pgk_dec_split_body(q + h0 * q_sh, q_sh, kp, vp, rows, start, end, scale, o_part, ml_part,
                      part, splits, o, o_sh);
 }
+#endif

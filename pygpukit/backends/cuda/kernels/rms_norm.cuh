@@ -120,6 +120,7 @@ PGK_DEVICE void pgk_rms_norm_row(const pgk_t* __restrict__ x, const pgk_t* __res
 #endif
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_rms_norm)
 extern "C" __global__ void __launch_bounds__(512, pgk_rms_min_blocks)
     pgk_rms_norm(const pgk_t* __restrict__ x, const pgk_t* __restrict__ res,
                  const pgk_w* __restrict__ w, pgk_t* __restrict__ y, pgk_t* __restrict__ h_out,
@@ -132,8 +133,10 @@ extern "C" __global__ void __launch_bounds__(512, pgk_rms_min_blocks)
   (void)res_stride;
   (void)h_stride;
 }
+#endif
 
 // The same with x + res first (res non-null; h_out may be null).
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_rms_norm_add)
 extern "C" __global__ void __launch_bounds__(512, pgk_rms_min_blocks)
     pgk_rms_norm_add(const pgk_t* __restrict__ x, const pgk_t* __restrict__ res,
                      const pgk_w* __restrict__ w, pgk_t* __restrict__ y,
@@ -145,3 +148,4 @@ extern "C" __global__ void __launch_bounds__(512, pgk_rms_min_blocks)
   pgk_rms_norm_row<true>(x + r * x_stride, res + r * res_stride, w, y + r * y_stride,
                          h_out ? h_out + r * h_stride : h_out, cols, eps);
 }
+#endif

@@ -77,6 +77,7 @@ PGK_DEVICE void pgk_scan_row(const pgk_t* __restrict__ x, pgk_out_t* __restrict_
   }
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_cumsum)
 extern "C" __global__ void __launch_bounds__(PGK_SCAN_THREADS)
     pgk_cumsum(const pgk_t* __restrict__ x, pgk_out_t* __restrict__ y, int cols,
                long long x_row_stride, long long y_row_stride) {
@@ -85,7 +86,9 @@ extern "C" __global__ void __launch_bounds__(PGK_SCAN_THREADS)
   const long long r = blockIdx.x;
   pgk_scan_row<false>(x + r * x_row_stride, y + r * y_row_stride, cols);
 }
+#endif
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_cumprod)
 extern "C" __global__ void __launch_bounds__(PGK_SCAN_THREADS)
     pgk_cumprod(const pgk_t* __restrict__ x, pgk_out_t* __restrict__ y, int cols,
                 long long x_row_stride, long long y_row_stride) {
@@ -94,3 +97,4 @@ extern "C" __global__ void __launch_bounds__(PGK_SCAN_THREADS)
   const long long r = blockIdx.x;
   pgk_scan_row<true>(x + r * x_row_stride, y + r * y_row_stride, cols);
 }
+#endif

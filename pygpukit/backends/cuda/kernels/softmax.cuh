@@ -135,6 +135,7 @@ PGK_DEVICE void pgk_softmax_row(const pgk_t* __restrict__ x, pgk_t* __restrict__
 #endif
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_softmax)
 extern "C" __global__ void __launch_bounds__(512, pgk_softmax_min_blocks)
     pgk_softmax(const pgk_t* __restrict__ x, pgk_t* __restrict__ y, int cols,
                 long long x_row_stride, long long y_row_stride) {
@@ -143,7 +144,9 @@ extern "C" __global__ void __launch_bounds__(512, pgk_softmax_min_blocks)
   const long long r = blockIdx.x;
   pgk_softmax_row<false>(x + r * x_row_stride, y + r * y_row_stride, cols);
 }
+#endif
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_log_softmax)
 extern "C" __global__ void __launch_bounds__(512, pgk_softmax_min_blocks)
     pgk_log_softmax(const pgk_t* __restrict__ x, pgk_t* __restrict__ y, int cols,
                     long long x_row_stride, long long y_row_stride) {
@@ -152,3 +155,4 @@ extern "C" __global__ void __launch_bounds__(512, pgk_softmax_min_blocks)
   const long long r = blockIdx.x;
   pgk_softmax_row<true>(x + r * x_row_stride, y + r * y_row_stride, cols);
 }
+#endif

@@ -1,0 +1,57 @@
+"""The compile-ahead dry run collects every kernel of a TinyLlama-shaped decode step and
+prefill chunk: their first calls, run through the CUDA backend's CudaReplay with the device
+faked and NVRTC real (tests/fake_replay.py), compile nothing outside the parallel compile,
+on sm_80 and sm_90. (The decode GEMVs take other geometries, so other modules, when
+captured than in the eager first run: a dry run of one kind missed the other's.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+toolchain = pytest.importorskip("pygpukit.backends.cuda.toolchain")
+import fake_replay  # noqa: E402
+
+from pygpukit import _native  # noqa: E402
+from pygpukit.bench import llm as bench_llm  # noqa: E402
+from pygpukit.llm.sampling import SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def steps() -> dict[str, Any]:
+    """The prefill and decode programs of a one-layer TinyLlama-shaped model (every layer
+    plans alike), traced and run once on the NumPy backend."""
+    cfg = dataclasses.replace(bench_llm.tinyllama_config(), num_layers=1)
+    model = bench_llm.random_model(cfg, seed=23)
+    model.generate_ids([list(range(3, 23))], 3, SamplingParams(), max_seq_len=64,
+                       stop_at_eos=False)  # fmt: skip
+    (gen,) = model._generators.values()
+    return {name: next(iter(f._cache.values())).program
+            for name, f in (("prefill", gen._prefill), ("decode", gen._decode))}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("which", ["decode", "prefill"])
+def test_first_call_compiles_only_ahead(steps: dict[str, Any], which: str, arch: str,
+                                        tmp_path: Any, monkeypatch: Any) -> None:  # fmt: skip
+    try:
+        toolchain.load_nvrtc()
+    except Exception as exc:  # no NVRTC in this environment: nothing to compile with
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    monkeypatch.setenv("PYGPUKIT_CACHE_DIR", str(tmp_path / "kernels"))  # empty: NVRTC runs
+    _native.kernel_cache_clear_memory()
+    _native.kernel_cache_reset_stats()
+    try:
+        with fake_replay.fake_device(monkeypatch, arch) as record:
+            fake_replay.first_call(steps[which], record)
+    finally:
+        _native.kernel_cache_clear_memory()
+    replay = record.replay
+    assert replay is not None and replay.fallback is None and replay.captured
+    assert record.compiled, "the first call compiled its kernels"
+    assert record.late == [], f"compiled after the parallel compile: {record.late}"
+    first = replay.first_call
+    assert first["kernels"] == len(record.compiled) == len(set(record.asked))
+    assert _native.kernel_cache_stats()["compiles"] == first["kernels"]  # NVRTC ran for each
