@@ -22,7 +22,12 @@ from pygpukit.ir.source import user_frame
 
 from . import eager_ops, pending, runtime, settings
 from .backends import devices, get_backend
+from .mode import _eager as _eager_mode
 from .mode import is_eager
+from .pending import EPOCH
+
+_known = Node.known  # bound once: the recording fast paths make two nodes an op
+_eager_now = _eager_mode.get
 
 Scalar = int | float | bool
 ArrayLike = Any
@@ -117,7 +122,10 @@ def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     """Record elementwise op(a, b); Python scalars are weak (NEP 50). Eager: a call whose
     key was seen runs its cached schedule (eager_ops.py)."""
     if not devices.ACTIVE[0]:
-        if not is_eager():
+        eager = _eager_now()  # is_eager(), inline: this runs for every operator
+        if eager is None:
+            eager = settings.eager()
+        if not eager:
             if type(a) is GPUArray and type(b) in _SCALAR_TYPES:
                 return _with_scalar(op, a, b, False)
             if type(b) is GPUArray and type(a) in _SCALAR_TYPES:
@@ -150,13 +158,13 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
     if spec is None:
         return _learn_scalar_op(op, x, value, first, node)
     fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
-    where = user_frame()
-    const = Node.known("full", (), fattrs, fitems, (), fdtype, where)
-    n = Node.known(nop, (const, node) if first else (node, const), {}, nitems, node.shape,
-                   ndtype, where)  # fmt: skip
-    epoch = pending.EPOCH[0]
+    where = user_frame(2)  # this function's and binary()'s frames are the library's
+    const = _known("full", (), fattrs, fitems, (), fdtype, where)
+    n = _known(nop, (const, node) if first else (node, const), {}, nitems, node.shape, ndtype,
+               where)  # fmt: skip
+    epoch = EPOCH[0]
     if node.realized is not None:
-        xpart: tuple[int, Any] = (pending.leaf_kid(node), 0)
+        xkey = -pending.leaf_kid(node)  # kids are positive: a leaf's key is its kid negated
         leaves: tuple[Node, ...] = (node,)
         trail = (node.where,)
         size = 3
@@ -165,13 +173,17 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
         if sub is None or sub[3] != epoch:
             return GPUArray(n)
         sub[5] = True
-        xpart, leaves, trail, size = (sub[0], None), sub[1], sub[2], sub[4] + 2
-    kid = kids.get(xpart)
+        xkey = sub[0]
+        leaves = sub[1]
+        trail = sub[2]
+        size = sub[4] + 2
+    kid = kids.get(xkey)
     if kid is None:
         if len(kids) > _SCALAR_OPS_LIMIT:
             kids.clear()
+        xpart = (-xkey, 0) if xkey < 0 else (xkey, None)
         parts = (fkid, None), xpart
-        kid = kids[xpart] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
+        kid = kids[xkey] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
     n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
              epoch, size, False]  # fmt: skip
     return GPUArray(n)

@@ -211,14 +211,20 @@ class EagerReplay:
         evicting = native._evicting_pool
         evictions = evicting.evictions if evicting is not None else 0
         nbytes = self.nbytes
-        bufs = [block(pool, nbytes)] if nbytes >= 0 else [block(pool, n) for n in self.buf_bytes]
+        if nbytes >= 0:
+            buf = block(pool, nbytes)
+            bufs = [buf]
+            addrs = [buf._addr]
+        else:
+            bufs = [block(pool, n) for n in self.buf_bytes]
+            addrs = [b._addr for b in bufs]
         if evicting is not None and evicting.evictions != evictions:
             native.stats["fallbacks"] += 1  # an input may have moved: read it all again
             return None
         stream = backend.stream
         try:
-            ran = native.ctrl.run(self.key, ptrs, [b._addr for b in bufs],
-                                  0 if stream is None else stream.handle, pool)  # fmt: skip
+            ran = native.ctrl.run(self.key, ptrs, addrs, 0 if stream is None else stream.handle,
+                                  pool)  # fmt: skip
         except MemoryError:  # a temporary did not fit: the general path evicts
             native.stats["fallbacks"] += 1
             return None
