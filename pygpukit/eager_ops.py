@@ -33,6 +33,7 @@ from pygpukit.ir.source import user_frame
 from . import runtime
 
 LIMIT = 1024  # keys kept (LRU); each holds a schedule and its scalar constants
+_known = Node.known  # bound once: every hit makes its realised node with it
 
 
 class EagerOp:
@@ -70,19 +71,17 @@ def scalar_key(x: Any) -> Any:
     return None
 
 
-def run(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[], Any],
-        backend: Any) -> Node:  # fmt: skip
-    """The realised node of an eager call keyed `key` over operand nodes `nodes` (None for
-    a scalar): the cached schedule's run, or that of `call()` (today's path, returning a
-    GPUArray), learnt from."""
-    entry = runtime.EAGER_CACHE.get(key)
-    if entry is None:
-        return _learn(key, nodes, call, backend)
+def hit(entry: EagerOp, key: tuple[Any, ...], nodes: tuple[Node | None, ...],
+        backend: Any) -> Node | None:  # fmt: skip
+    """The realised node of an eager call keyed `key`, found in runtime.EAGER_CACHE as
+    `entry`, over operand nodes `nodes` (None for a scalar): the cached schedule's run.
+    None: an operand was freed, so the key is dropped and the caller takes learn(), whose
+    today's path names it."""
     ins = [nodes[s].realized if type(s) is int else s for s in entry.sources]  # type: ignore[union-attr]
     if memory.RELEASES[0] and any(backend.storage(v).freed for v in ins):
-        del runtime.EAGER_CACHE[key]  # today's path names the freed operand
-        return call()._raw  # type: ignore[no-any-return]
-    where = user_frame()
+        del runtime.EAGER_CACHE[key]
+        return None
+    where = user_frame(2)  # this frame and its caller's (the array layer): the library's
     errors.note_run(entry.built, [where if k < 0 else nodes[k].where  # type: ignore[union-attr]
                                   for k in entry.lines])  # fmt: skip
     stats = runtime.stats
@@ -102,13 +101,16 @@ def run(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[],
         runtime.EAGER_CACHE.move_to_end(key)
     except KeyError:  # another thread evicted it meanwhile
         pass
-    out = Node.known(entry.op, (), entry.attrs, entry.items, entry.shape, entry.dtype, where)
+    out = _known(entry.op, (), entry.attrs, entry.items, entry.shape, entry.dtype, where)
     out.realized = value
     return out
 
 
-def _learn(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[], Any],
+def learn(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[], Any],
            backend: Any) -> Node:  # fmt: skip
+    """The realised node of `call()` (today's path, returning a GPUArray) for a key not in
+    the cache (or whose operand was freed), kept under `key` when its last realize read only
+    the operands `nodes` and the scalar constants this call made."""
     first = next(node_mod._ids)  # nodes made by this call have larger ids
     outer = runtime.CAPTURE[0]
     runs: list[tuple[Any, ...]] = []
