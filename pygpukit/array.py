@@ -27,6 +27,9 @@ from .mode import is_eager
 from .pending import EPOCH
 
 _known = Node.known  # bound once: the recording fast paths make two nodes an op
+# The attrs of the op nodes those paths make (none): one dict, as a `full` node's attrs are
+# one per scalar; node attrs are never changed in place.
+_NO_ATTRS: dict[str, Any] = {}
 _eager_now = _eager_mode.get
 
 Scalar = int | float | bool
@@ -160,8 +163,8 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
     fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
     where = user_frame(2)  # this function's and binary()'s frames are the library's
     const = _known("full", (), fattrs, fitems, (), fdtype, where)
-    n = _known(nop, (const, node) if first else (node, const), {}, nitems, node.shape, ndtype,
-               where)  # fmt: skip
+    n = _known(nop, (const, node) if first else (node, const), _NO_ATTRS, nitems, node.shape,
+               ndtype, where)  # fmt: skip
     epoch = EPOCH[0]
     if node.realized is not None:
         xkey = -pending.leaf_kid(node)  # kids are positive: a leaf's key is its kid negated
@@ -210,7 +213,7 @@ def _two_arrays(op: str, a: GPUArray, b: GPUArray) -> GPUArray:
             _PAIR_OPS[key] = (n.op, n.canonical_attrs(), n.shape, n.dtype)
         return out
     nop, items, shape, dtype = spec
-    n = Node.known(nop, (na, nb), {}, items, shape, dtype, user_frame())
+    n = _known(nop, (na, nb), _NO_ATTRS, items, shape, dtype, user_frame(2))  # binary's caller
     pending.summarise(n)
     return GPUArray(n)
 
