@@ -73,10 +73,11 @@ Frame = tuple[CodeType, int]
 Where = SourceLoc | Frame | None
 
 
-def user_frame() -> Frame | None:
+def user_frame(skip: int = 0) -> Frame | None:
     """The innermost stack frame outside PyGPUkit as (code, line): what recording keeps;
-    resolve() turns it into a SourceLoc when an error, a dump or a profile needs one."""
-    f = sys._getframe(1)
+    resolve() turns it into a SourceLoc when an error, a dump or a profile needs one.
+    skip: frames above the caller's known to be the library's (not looked at)."""
+    f = sys._getframe(1 + skip)
     known = _INTERNAL
     while f is not None:
         code = f.f_code

@@ -22,7 +22,15 @@ from pygpukit.ir.source import user_frame
 
 from . import eager_ops, pending, runtime, settings
 from .backends import devices, get_backend
+from .mode import _eager as _eager_mode
 from .mode import is_eager
+from .pending import EPOCH
+
+_known = Node.known  # bound once: the recording fast paths make two nodes an op
+# The attrs of the op nodes those paths make (none): one dict, as a `full` node's attrs are
+# one per scalar; node attrs are never changed in place.
+_NO_ATTRS: dict[str, Any] = {}
+_eager_now = _eager_mode.get
 
 Scalar = int | float | bool
 ArrayLike = Any
@@ -117,7 +125,10 @@ def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     """Record elementwise op(a, b); Python scalars are weak (NEP 50). Eager: a call whose
     key was seen runs its cached schedule (eager_ops.py)."""
     if not devices.ACTIVE[0]:
-        if not is_eager():
+        eager = _eager_now()  # is_eager(), inline: this runs for every operator
+        if eager is None:
+            eager = settings.eager()
+        if not eager:
             if type(a) is GPUArray and type(b) in _SCALAR_TYPES:
                 return _with_scalar(op, a, b, False)
             if type(b) is GPUArray and type(a) in _SCALAR_TYPES:
@@ -150,13 +161,13 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
     if spec is None:
         return _learn_scalar_op(op, x, value, first, node)
     fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
-    where = user_frame()
-    const = Node.known("full", (), fattrs, fitems, (), fdtype, where)
-    n = Node.known(nop, (const, node) if first else (node, const), {}, nitems, node.shape,
-                   ndtype, where)  # fmt: skip
-    epoch = pending.EPOCH[0]
+    where = user_frame(2)  # this function's and binary()'s frames are the library's
+    const = _known("full", (), fattrs, fitems, (), fdtype, where)
+    n = _known(nop, (const, node) if first else (node, const), _NO_ATTRS, nitems, node.shape,
+               ndtype, where)  # fmt: skip
+    epoch = EPOCH[0]
     if node.realized is not None:
-        xpart: tuple[int, Any] = (pending.leaf_kid(node), 0)
+        xkey = -pending.leaf_kid(node)  # kids are positive: a leaf's key is its kid negated
         leaves: tuple[Node, ...] = (node,)
         trail = (node.where,)
         size = 3
@@ -165,13 +176,17 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
         if sub is None or sub[3] != epoch:
             return GPUArray(n)
         sub[5] = True
-        xpart, leaves, trail, size = (sub[0], None), sub[1], sub[2], sub[4] + 2
-    kid = kids.get(xpart)
+        xkey = sub[0]
+        leaves = sub[1]
+        trail = sub[2]
+        size = sub[4] + 2
+    kid = kids.get(xkey)
     if kid is None:
         if len(kids) > _SCALAR_OPS_LIMIT:
             kids.clear()
+        xpart = (-xkey, 0) if xkey < 0 else (xkey, None)
         parts = (fkid, None), xpart
-        kid = kids[xpart] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
+        kid = kids[xkey] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
     n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
              epoch, size, False]  # fmt: skip
     return GPUArray(n)
@@ -198,7 +213,7 @@ def _two_arrays(op: str, a: GPUArray, b: GPUArray) -> GPUArray:
             _PAIR_OPS[key] = (n.op, n.canonical_attrs(), n.shape, n.dtype)
         return out
     nop, items, shape, dtype = spec
-    n = Node.known(nop, (na, nb), {}, items, shape, dtype, user_frame())
+    n = _known(nop, (na, nb), _NO_ATTRS, items, shape, dtype, user_frame(2))  # binary's caller
     pending.summarise(n)
     return GPUArray(n)
 
@@ -222,8 +237,8 @@ def _learn_scalar_op(op: str, x: GPUArray, value: Scalar, first: bool, node: Nod
 
 
 def _eager_binary(op: str, a: ArrayLike, b: ArrayLike) -> Node | None:
-    """eager_ops.run for op(a, b); None where no key applies (an operand neither a
-    realised array nor a Python scalar)."""
+    """The eager fast path (eager_ops.py) for op(a, b); None where no key applies (an
+    operand neither a realised array nor a Python scalar)."""
     backend = get_backend()
     na = nb = None
     if isinstance(a, GPUArray):
@@ -245,7 +260,12 @@ def _eager_binary(op: str, a: ArrayLike, b: ArrayLike) -> Node | None:
     if ka is None or kb is None or (na is None and nb is None):
         return None
     key = (op, ka, kb, na is nb, backend, settings.skip_passes())
-    return eager_ops.run(key, (na, nb), lambda: _binary(op, a, b), backend)
+    entry = runtime.EAGER_CACHE.get(key)
+    if entry is not None:  # a hit makes no closure for today's path
+        node = eager_ops.hit(entry, key, (na, nb), backend)
+        if node is not None:
+            return node
+    return eager_ops.learn(key, (na, nb), lambda: _binary(op, a, b), backend)
 
 
 def _binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
@@ -272,7 +292,12 @@ def unary(op: str, x: ArrayLike, **attrs: Any) -> GPUArray:
             items = canonical_items({k: freeze(v) for k, v in attrs.items()}) if attrs else ()
             key = (op, items, n.shape, n.dtype.name, backend.layout_key(value), backend,
                    settings.skip_passes())  # fmt: skip
-            return GPUArray(eager_ops.run(key, (n,), lambda: _unary(op, x, attrs), backend))
+            entry = runtime.EAGER_CACHE.get(key)
+            if entry is not None:  # a hit makes no closure for today's path
+                node = eager_ops.hit(entry, key, (n,), backend)
+                if node is not None:
+                    return GPUArray(node)
+            return GPUArray(eager_ops.learn(key, (n,), lambda: _unary(op, x, attrs), backend))
     return _unary(op, x, attrs)
 
 

@@ -10,9 +10,12 @@ array, the backend and the passes skipped. The first call of a key takes today's
 its realizes captured (runtime.CAPTURE) and, when the last one read only the operands and
 scalar constants made by this call, keeps that realize's schedule, the constants' values
 (so a later call feeds the same schedule the same inputs) and which line each schedule
-location came from. A later call of the key is one backend.run (on CUDA one
-`Dispatcher.run`) and a realised node with the op's attributes and the user's line: what a
-realised op node of today's path is. Errors are today's: a first call raises as it always
+location came from. A later call of the key is one backend.run and a realised node with
+the op's attributes and the user's line: what a realised op node of today's path is. Once
+the backend has a replay of the schedule for the key's layouts (backend.eager_replay: on
+CUDA the controller's recorded plan, dispatch.EagerReplay) the key keeps it, and a call is
+that replay alone: the output block(s) and one `Dispatcher.run`, with no schedule lookup by
+layouts on the way. Errors are today's: a first call raises as it always
 did (nothing is kept), and the key holds every shape and dtype, so a call that would fail
 differently is a new key. A run error names the line of the call that ran (errors.note_run).
 """
@@ -30,13 +33,14 @@ from pygpukit.ir.source import user_frame
 from . import runtime
 
 LIMIT = 1024  # keys kept (LRU); each holds a schedule and its scalar constants
+_known = Node.known  # bound once: every hit makes its realised node with it
 
 
 class EagerOp:
     """A learnt eager call: the schedule and where each of its inputs comes from."""
 
     __slots__ = ("schedule", "sources", "op", "attrs", "items", "shape", "dtype", "built",
-                 "lines")  # fmt: skip
+                 "lines", "replay")  # fmt: skip
 
     def __init__(self, schedule: Any, sources: list[Any], result: Node, lines: list[int]) -> None:
         self.schedule = schedule
@@ -50,6 +54,10 @@ class EagerOp:
         self.built = schedule.info["locs"]
         # Per built location: operand k's line (k >= 0), else the call's own (-1).
         self.lines = lines
+        # backend.eager_replay's answer: a callable run of the schedule over these layouts
+        # (on CUDA the controller's plan: one Dispatcher.run), None to ask again after the
+        # next backend.run, False never (no replay for this backend or schedule).
+        self.replay: Any = None
 
 
 def scalar_key(x: Any) -> Any:
@@ -63,35 +71,46 @@ def scalar_key(x: Any) -> Any:
     return None
 
 
-def run(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[], Any],
-        backend: Any) -> Node:  # fmt: skip
-    """The realised node of an eager call keyed `key` over operand nodes `nodes` (None for
-    a scalar): the cached schedule's run, or that of `call()` (today's path, returning a
-    GPUArray), learnt from."""
-    entry = runtime.EAGER_CACHE.get(key)
-    if entry is None:
-        return _learn(key, nodes, call, backend)
+def hit(entry: EagerOp, key: tuple[Any, ...], nodes: tuple[Node | None, ...],
+        backend: Any) -> Node | None:  # fmt: skip
+    """The realised node of an eager call keyed `key`, found in runtime.EAGER_CACHE as
+    `entry`, over operand nodes `nodes` (None for a scalar): the cached schedule's run.
+    None: an operand was freed, so the key is dropped and the caller takes learn(), whose
+    today's path names it."""
     ins = [nodes[s].realized if type(s) is int else s for s in entry.sources]  # type: ignore[union-attr]
     if memory.RELEASES[0] and any(backend.storage(v).freed for v in ins):
-        del runtime.EAGER_CACHE[key]  # today's path names the freed operand
-        return call()._raw  # type: ignore[no-any-return]
-    where = user_frame()
+        del runtime.EAGER_CACHE[key]
+        return None
+    where = user_frame(2)  # this frame and its caller's (the array layer): the library's
     errors.note_run(entry.built, [where if k < 0 else nodes[k].where  # type: ignore[union-attr]
                                   for k in entry.lines])  # fmt: skip
-    runtime.stats["realize_calls"] += 1
-    runtime.stats["schedule_hits"] += 1
-    (value,) = backend.run(entry.schedule, ins)
+    stats = runtime.stats
+    stats["realize_calls"] += 1
+    stats["schedule_hits"] += 1
+    replay = entry.replay
+    if replay:
+        value = replay(ins)
+        if value is None:  # not this time (the controller off, a plan dropped, ...)
+            entry.replay = None
+            (value,) = backend.run(entry.schedule, ins)
+    else:
+        (value,) = backend.run(entry.schedule, ins)
+        if replay is None:
+            entry.replay = backend.eager_replay(entry.schedule, ins)
     try:
         runtime.EAGER_CACHE.move_to_end(key)
     except KeyError:  # another thread evicted it meanwhile
         pass
-    out = Node.known(entry.op, (), entry.attrs, entry.items, entry.shape, entry.dtype, where)
+    out = _known(entry.op, (), entry.attrs, entry.items, entry.shape, entry.dtype, where)
     out.realized = value
     return out
 
 
-def _learn(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[], Any],
+def learn(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[], Any],
            backend: Any) -> Node:  # fmt: skip
+    """The realised node of `call()` (today's path, returning a GPUArray) for a key not in
+    the cache (or whose operand was freed), kept under `key` when its last realize read only
+    the operands `nodes` and the scalar constants this call made."""
     first = next(node_mod._ids)  # nodes made by this call have larger ids
     outer = runtime.CAPTURE[0]
     runs: list[tuple[Any, ...]] = []

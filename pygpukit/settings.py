@@ -195,7 +195,12 @@ def reload() -> None:
 def eager() -> bool:
     """Whether ops run at once where no `gpk.eager()` block says otherwise (PYGPUKIT_EAGER,
     read at the first op; gpk.set_eager changes it later)."""
-    return bool(_kept_value(EAGER, lambda: _flag(EAGER, False)))
+    if EAGER in _overrides:  # read on every recorded op: no helper call, no closure
+        return bool(_overrides[EAGER])
+    kept = _kept.get(EAGER)
+    if kept is None:
+        kept = _kept[EAGER] = _flag(EAGER, False)
+    return bool(kept)
 
 
 def set_eager(enabled: bool | None) -> None:
@@ -207,7 +212,12 @@ def set_eager(enabled: bool | None) -> None:
 def debug() -> bool:
     """Whether every lazy realize prints its profile table on stderr (PYGPUKIT_DEBUG, read
     at the first realize; gpk.set_debug changes it later)."""
-    return bool(_kept_value(DEBUG, lambda: _flag(DEBUG, False)))
+    if DEBUG in _overrides:  # read on every eager op: no helper call, no closure
+        return bool(_overrides[DEBUG])
+    kept = _kept.get(DEBUG)
+    if kept is None:
+        kept = _kept[DEBUG] = _flag(DEBUG, False)
+    return bool(kept)
 
 
 def set_debug(enabled: bool | None) -> None:
@@ -227,10 +237,22 @@ def validate_passes() -> bool:
 def skip_passes() -> frozenset[str]:
     """The pass names left out of the pipeline (PYGPUKIT_SKIP_PASSES, comma-separated).
     Unknown names are the pipeline's to reject: it knows the passes."""
-    names = _kept_value(
-        SKIP_PASSES, lambda: tuple(s.strip() for s in _raw(SKIP_PASSES).split(",") if s.strip())
-    )
-    return frozenset(cast(tuple[str, ...], names))
+    names = _overrides.get(SKIP_PASSES)
+    if names is None:
+        names = _kept.get(SKIP_PASSES)
+        if names is None:
+            raw = _raw(SKIP_PASSES).split(",")
+            names = _kept[SKIP_PASSES] = tuple(s.strip() for s in raw if s.strip())
+    # Part of every eager key and realize key: one frozenset per distinct tuple of names.
+    frozen = _FROZEN.get(names)
+    if frozen is None:
+        if len(_FROZEN) > 64:
+            _FROZEN.clear()
+        frozen = _FROZEN[names] = frozenset(cast(tuple[str, ...], names))
+    return frozen
+
+
+_FROZEN: dict[object, frozenset[str]] = {}
 
 
 def set_skip_passes(names: Iterable[str] | None) -> None:

@@ -191,3 +191,55 @@ def test_no_general_runs_records_the_first(fake: Any, monkeypatch: pytest.Monkey
     a, b = _inputs(backend.pool, 2)
     assert nd.run(sched, [a, b]) is not None and nd.stats["recorded"] == 1
     assert nd.run(sched, [a, b]) is not None and nd.stats["native_runs"] == 1
+
+
+def test_an_eager_replay_runs_the_plan_of_its_layouts(fake: Any) -> None:
+    """dispatch.EagerReplay, what an eager op's hits call on CUDA (eager_ops.py): the plan
+    recorded for the layouts, replayed with one Dispatcher.run over new pointers."""
+    nd, backend = fake
+    backend.native, backend.poison = nd, False
+    sched = Schedule([_step("add", (0, 1), 2, 0.5)], 3, [0, 1], [2], None)  # type: ignore[arg-type]
+    a, b = _inputs(backend.pool, 2)
+    assert nd.eager_replay(sched, [a, b]) is None  # never run: nothing yet
+    nd.run(sched, [a, b])
+    assert nd.eager_replay(sched, [a, b]) is None  # planned, not recorded yet
+    nd.run(sched, [a, b])
+    replay = nd.eager_replay(sched, [a, b])
+    assert isinstance(replay, dispatch.EagerReplay)
+    c, d = _inputs(backend.pool, 2)
+    res = replay([c, d])
+    assert isinstance(res, DeviceValue) and nd.stats["native_runs"] == 1
+    assert (res.shape, res.strides, res.offset, res.dtype) == ((8,), (1,), 0, F32)
+    assert res.storage not in (c.storage, d.storage) and res.storage.nbytes == 32
+    (launch,) = nd.ctrl.fake_log()
+    assert launch[6][:3] == [res.ptr, c.ptr, d.ptr]
+    assert launch[6][5:] == [backend.err_addr, 5]
+    backend.poison = True  # outputs must be poisoned: the general path's alloc does it
+    assert replay([c, d]) is None
+    backend.poison, backend.native = False, None  # the controller switched off
+    assert replay([c, d]) is None
+    backend.native = nd
+    assert replay([d, c]) is not None and nd.ctrl.fake_log()[-1][6][1:3] == [d.ptr, c.ptr]
+    for k in range(8):  # eight other plans push this one out of a controller of 8
+        other = Schedule([_step("add", (0, 1), 2, float(k))], 3, [0, 1], [2], None)  # type: ignore[arg-type]
+        nd.run(other, [a, b])
+        nd.run(other, [a, b])
+    assert replay([c, d]) is None and nd.stats["native_runs"] == 2
+
+
+def test_an_eager_replay_is_refused_where_no_plan_can_be(fake: Any) -> None:
+    nd, backend = fake
+    (a,) = _inputs(backend.pool, 1)
+    mm = Schedule([_step("matmul", (0,), 1, 1.0)], 2, [0], [1], None)  # type: ignore[arg-type]
+    nd.run(mm, [a])
+    assert nd.eager_replay(mm, [a]) is False  # outside RECORDABLE_OPS
+    two = Schedule([_step("neg", (0,), 1, 1.0), _step("neg", (0,), 2, 2.0)], 3, [0], [1, 2],
+                   None)  # type: ignore[arg-type]  # fmt: skip
+    for _ in range(3):
+        nd.run(two, [a])
+    assert nd.eager_replay(two, [a]) is False  # an eager op has one output
+    backend.foreign = 0xABC000
+    ws = Schedule([_step("neg", (0,), 1, 3.0)], 2, [0], [1], None)  # type: ignore[arg-type]
+    for _ in range(3):
+        nd.run(ws, [a])
+    assert nd.stats["not_cacheable"] == 1 and nd.eager_replay(ws, [a]) is False

@@ -314,6 +314,77 @@ def test_eager_cache_is_bounded() -> None:
     assert len(runtime.EAGER_CACHE) == eager_ops.LIMIT
 
 
+class _Replays:
+    """backend.eager_replay for the NumPy backend, as the CUDA backend answers it: None
+    until `ready`, then a replay running the schedule (counted) that declines (None) while
+    `declining`; the CUDA replay itself is tested in test_dispatch_controller.py."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.asked = 0
+        self.ran = 0
+        self.ready = False
+        self.declining = False
+
+    def __call__(self, schedule: Any, inputs: Any) -> Any:
+        self.asked += 1
+        if not self.ready:
+            return None
+
+        def replay(ins: Any) -> Any:
+            if self.declining:
+                return None
+            self.ran += 1
+            (value,) = self.backend.run(schedule, ins)
+            return value
+
+        return replay
+
+
+def test_eager_hits_take_the_backends_replay(monkeypatch: pytest.MonkeyPatch,
+                                             rng: np.random.Generator) -> None:  # fmt: skip
+    """A hit asks backend.eager_replay after each backend.run until it has a replay, then
+    calls that alone; a replay that declines sends the hit to backend.run and is asked for
+    again."""
+    backend = gpk.backends.get_backend()
+    replays = _Replays(backend)
+    monkeypatch.setattr(backend, "eager_replay", replays, raising=False)
+    runs: list[int] = []
+    run = backend.run
+    monkeypatch.setattr(backend, "run", lambda s, ins: runs.append(1) or run(s, ins))
+    h = rng.standard_normal(12).astype(np.float32)
+    ref = to64(h) * 1.5 - 0.25
+    with gpk.eager():
+        x = gpk.from_numpy(h)
+        x * 1.5  # learnt: today's path (two realizes: the scalar, then the op)
+        assert replays.asked == 0
+        runs.clear()
+        for _ in range(2):  # hits with no replay yet: backend.run, then ask
+            x * 1.5
+        assert (replays.asked, replays.ran, len(runs)) == (2, 0, 2)
+        replays.ready = True
+        x * 1.5
+        assert (replays.asked, replays.ran, len(runs)) == (3, 0, 3)
+        y = x * 1.5
+        assert (replays.asked, replays.ran, len(runs)) == (3, 1, 4)  # the replay's own run
+        np.testing.assert_allclose(to64((y - 0.25).to_numpy()), ref, rtol=1e-6)
+        runs.clear()
+        replays.declining = True
+        z = x * 1.5  # declined: backend.run; the replay is dropped
+        assert (replays.asked, replays.ran, len(runs)) == (3, 1, 1) and z.shape == (12,)
+        replays.declining = False
+        x * 1.5  # backend.run, then asked again
+        assert (replays.asked, replays.ran, len(runs)) == (4, 1, 2)
+        z = x * 1.5
+        assert (replays.asked, replays.ran, len(runs)) == (4, 2, 3)
+        np.testing.assert_allclose(to64((z - 0.25).to_numpy()), ref, rtol=1e-6)
+        asked, ran = replays.asked, replays.ran
+        for _ in range(3):  # x + x: a schedule of one input, so replayed like any other
+            twice = x + x
+        assert (replays.asked, replays.ran) == (asked + 1, ran + 1)
+        np.testing.assert_allclose(to64(twice.to_numpy()), to64(h) * 2, rtol=1e-6)
+
+
 # ---- lazy: realizes found by the recorded summary -------------------------------------------
 
 

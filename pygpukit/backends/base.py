@@ -43,6 +43,13 @@ class PlannedBackend(Protocol):
 
     pool: Any
 
+    def eager_replay(self, schedule: Schedule, inputs: Sequence[Any]) -> Any:
+        """What an eager op's hits may call instead of run(schedule, inputs) for inputs of
+        these layouts (eager_ops.py): a callable taking the inputs and returning the one
+        output value, or None to take run() this time; None while there is none yet, False
+        when there never will be (here: no backend-side replay)."""
+        return False
+
     @abstractmethod
     def storage(self, value: Any) -> Storage:
         """The pool block behind a value (several views may share one)."""

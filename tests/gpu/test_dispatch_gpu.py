@@ -167,6 +167,44 @@ def test_eager_fast_path_keeps_each_scalar_its_own_constant(cuda: Any) -> None:
     assert cuda.native.stats["native_runs"] > before
 
 
+def test_an_eager_hit_is_one_controller_run(cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once recorded, an eager op's hit runs its EagerReplay: one Dispatcher.run, neither
+    CudaBackend.run nor the per-layout plan lookup; switched off, it takes the general path."""
+    from pygpukit import runtime
+
+    runtime._SCHEDULE_CACHE.clear()  # and the eager cache
+    rng = _rng("eager-replay")
+    h = _random(rng, (5, 40), "float32")
+    x = gpk.from_numpy(h)[:, 1::3]
+    ref = h[:, 1::3].astype(np.float64) * 0.75
+    with gpk.eager():
+        for _ in range(CALLS):
+            x * 0.75
+    (entry,) = runtime.EAGER_CACHE.values()
+    assert isinstance(entry.replay, dispatch.EagerReplay)
+
+    def refused(*args: Any) -> Any:
+        raise AssertionError("an eager hit left the replay")
+
+    before = cuda.native.stats["native_runs"]
+    with monkeypatch.context() as m:
+        m.setattr(cuda, "run", refused)
+        m.setattr(cuda.native, "run", refused)
+        with gpk.eager():
+            out = x * 0.75
+    assert cuda.native.stats["native_runs"] == before + 1
+    np.testing.assert_allclose(out.to_numpy().astype(np.float64), ref, rtol=1e-6)
+    native = cuda.native
+    cuda.native = None
+    try:
+        with gpk.eager():
+            off = x * 0.75
+    finally:
+        cuda.native = native
+    assert native.stats["native_runs"] == before + 1
+    np.testing.assert_allclose(off.to_numpy().astype(np.float64), ref, rtol=1e-6)
+
+
 def test_freed_inputs_are_still_refused(cuda: Any) -> None:
     for _ in range(CALLS):
         x = gpk.from_numpy(np.ones(8, np.float32))

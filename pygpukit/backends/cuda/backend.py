@@ -158,6 +158,15 @@ class CudaBackend(CudaPlannedHooks, Backend):
                 return out
         return run_schedule(self, schedule, inputs)
 
+    def eager_replay(self, schedule: Schedule, inputs: Sequence[Any]) -> Any:
+        """Backend.eager_replay: the controller's recorded plan of the schedule for these
+        inputs' layouts (dispatch.EagerReplay); None while there is none, or while the
+        controller is off or bypassed."""
+        native = self.native
+        if native is None or self.poison:
+            return None
+        return native.eager_replay(schedule, inputs)
+
     def new_launch(self, schedule: Schedule, inputs: Sequence[DeviceValue]) -> Launch:
         """Launches on the current stream; each step of `schedule` is planned once for its
         inputs' layouts (cached with the schedule)."""

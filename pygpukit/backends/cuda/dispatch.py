@@ -9,7 +9,8 @@ pointer argument becomes "input i + offset" or "buffer j + offset", every other 
 constant bytes. Buffers that an output views are allocated here (they become the arrays'
 storages); the others are temporaries the controller takes from the pool and frees after
 their last reader. From then on a run costs one output allocation per output buffer and one
-`Dispatcher.run`. A call whose inputs share a block (x + x) is not recorded: which input a
+`Dispatcher.run`; an eager op's key keeps its plan as an EagerReplay, so its hits skip
+even the lookup by layouts. A call whose inputs share a block (x + x) is not recorded: which input a
 pointer means would be ambiguous. What a plan cannot express stays on the general path for
 that layout: a pointer to anything but the inputs, the steps' results and the error word (a
 workspace, a plan-time table), or an op outside RECORDABLE_OPS (those may launch through
@@ -113,6 +114,22 @@ class NativeDispatch:
             return None  # inputs sharing a block (x + x): record another call of this layout
         return self._record(schedule, inputs, ptrs, plans, lk)
 
+    def eager_replay(self, schedule: Schedule, inputs: Sequence[DeviceValue]
+                     ) -> EagerReplay | bool | None:  # fmt: skip
+        """The recorded plan of this schedule for these inputs' layouts, bound for an eager
+        op's hits (eager_ops.py): None while there is none yet, False when there never will
+        be (an op outside RECORDABLE_OPS, a layout that cannot be a plan, more than one
+        output)."""
+        plans = schedule.info.get("native_plans")
+        if plans is False or len(schedule.output_slots) != 1:
+            return False
+        if plans is None:
+            return None
+        got = plans.get(tuple([(v.strides, v.ptr & 15) for v in inputs]))
+        if type(got) is NativePlan:
+            return EagerReplay(self, got)
+        return False if got == _NOT_CACHEABLE else None
+
     def _replay(self, plan: NativePlan, inputs: Sequence[DeviceValue],
                 ptrs: list[int]) -> list[Any] | None:  # fmt: skip
         backend = self.backend
@@ -164,6 +181,63 @@ class NativeDispatch:
         plans[lk] = NativePlan(key, buf_bytes, out_specs)
         self.stats["recorded"] += 1
         return outs
+
+
+class EagerReplay:
+    """One plan of an eager op's cached schedule, for that op's hits: the eager key holds
+    its operands' layouts, so a hit goes to the plan without looking it up by layouts again
+    (no schedule, no layout tuple), allocates the output buffer(s) and makes one
+    `Dispatcher.run`. A call returns the op's value, or None to take backend.run this time
+    (the controller off or bypassed, an allocation that evicted, a temporary that did not
+    fit, a plan the controller dropped: the caller then asks eager_replay again)."""
+
+    __slots__ = ("native", "key", "buf_bytes", "nbytes", "out")
+
+    def __init__(self, native: NativeDispatch, plan: NativePlan) -> None:
+        self.native = native
+        self.key = plan.key
+        self.buf_bytes = plan.buf_bytes
+        # The common plan: one output buffer, which the op's value is (-1: otherwise).
+        self.nbytes = plan.buf_bytes[0] if len(plan.buf_bytes) == 1 else -1
+        (self.out,) = plan.outs
+
+    def __call__(self, inputs: Sequence[DeviceValue]) -> DeviceValue | None:
+        native = self.native
+        backend = native.backend
+        if backend.native is not native or backend.poison:
+            return None
+        ptrs = [v.ptr for v in inputs]
+        pool = backend.pool
+        evicting = native._evicting_pool
+        evictions = evicting.evictions if evicting is not None else 0
+        nbytes = self.nbytes
+        if nbytes >= 0:
+            buf = block(pool, nbytes)
+            bufs = [buf]
+            addrs = [buf._addr]
+        else:
+            bufs = [block(pool, n) for n in self.buf_bytes]
+            addrs = [b._addr for b in bufs]
+        if evicting is not None and evicting.evictions != evictions:
+            native.stats["fallbacks"] += 1  # an input may have moved: read it all again
+            return None
+        stream = backend.stream
+        try:
+            ran = native.ctrl.run(self.key, ptrs, addrs, 0 if stream is None else stream.handle,
+                                  pool)  # fmt: skip
+        except MemoryError:  # a temporary did not fit: the general path evicts
+            native.stats["fallbacks"] += 1
+            return None
+        except RuntimeError as e:
+            raise CUDAError(str(e)) from None
+        if not ran:
+            return None
+        native.stats["native_runs"] += 1
+        j, shape, strides, off, dtype = self.out
+        if j >= 0:
+            return DeviceValue(bufs[j], shape, strides, off, dtype)
+        v = inputs[-1 - j]
+        return DeviceValue(v.storage, shape, strides, v.offset + off, dtype)
 
 
 class _Recording:
