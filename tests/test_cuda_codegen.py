@@ -373,3 +373,25 @@ def test_rms_norm_residual_plans(arch: str, d: str) -> None:
             names = [n for n, *_ in cuda_fakes.LAUNCHES]
             assert names.count("pgk_rms_norm_add") == 2, (layout, names)  # planned run + slot run
             assert "pgk_rms_norm" not in names
+
+
+def test_zero_and_negative_zero_constants_get_their_own_kernels() -> None:
+    """0.0 == -0.0, so specs differing only in the constant's sign compare equal: the
+    kernel made for one was handed out for the other (x * 0.0 gave x * -0.0 on the GPU)."""
+    f32 = dtypes.float32
+    texts = []
+    for zero in (-0.0, 0.0, -0.0):
+        expr = ("mul", ("in", 0), ("const", zero, "float32"))
+        texts.append(
+            elementwise.generate(
+                elementwise.EwSpec(expr, (f32,), f32, ("contig",), "contig", 1)
+            ).text
+        )
+    assert texts[0] == texts[2] != texts[1]
+    reds = []
+    for zero in (-0.0, 0.0):
+        expr = ("add", ("in", 0), ("const", zero, "float32"))
+        reds.append(
+            reduce.generate(reduce.ReduceSpec(expr, (f32,), "sum", f32, 1, 1, "block")).text
+        )
+    assert reds[0] != reds[1]

@@ -231,7 +231,8 @@ def test_scalar_values_are_in_the_key(rng: np.random.Generator) -> None:
             with np.errstate(invalid="ignore"):  # inf * 0
                 ref = h * np.float32(v)
             np.testing.assert_array_equal(out, ref)
-            np.testing.assert_array_equal(np.signbit(out), np.signbit(ref))
+            num = ~np.isnan(ref)  # a NaN's sign is not specified (x86 makes -nan, CUDA nan)
+            np.testing.assert_array_equal(np.signbit(out[num]), np.signbit(ref[num]))
 
 
 # ---- errors --------------------------------------------------------------------------------
@@ -282,7 +283,7 @@ def test_run_error_of_a_cached_call_names_its_own_line(rng: np.random.Generator)
         hits = runtime.stats["schedule_hits"]
         with pytest.raises(ValueError) as e:
             line = _line() + 1
-            x**n
+            (x**n).to_numpy()  # a device reports at the next sync: make it this line's
         assert runtime.stats["schedule_hits"] == hits + 1  # the cached schedule ran
     assert isinstance(e.value, gpk.GPUKitError) and "pow" in str(e.value)
     assert f"{HERE}:{line}" in str(e.value), str(e.value)

@@ -159,8 +159,15 @@ def _itemsize(d: DType) -> int:
     return 1 if d.name == "bool" else d.itemsize
 
 
-@functools.lru_cache(maxsize=4096)
 def generate(spec: EwSpec) -> KernelSource:
+    """The kernel of `spec`, made once per spec."""
+    # Keyed by the spec's repr too: specs compare equal across 0.0 and -0.0 constants
+    # (tuples compare floats by value), whose kernels differ.
+    return _generate(spec, repr(spec))
+
+
+@functools.lru_cache(maxsize=4096)
+def _generate(spec: EwSpec, text: str) -> KernelSource:
     decl, fmt = params(spec)
     name = _name(spec)
     uses_err = bool(spec.dyn) or uses_error_word(spec.expr, list(spec.in_dtypes))

@@ -169,8 +169,14 @@ def _finish(spec: ReduceSpec, acc: DType) -> str:
     return f"out[o] = {ct.to_storage(val, src, spec.out_dtype)};"
 
 
-@functools.lru_cache(maxsize=2048)
 def generate(spec: ReduceSpec) -> KernelSource:
+    """The kernel of `spec`, made once per spec."""
+    # Keyed by the spec's repr too: specs compare equal across 0.0 and -0.0 constants.
+    return _generate(spec, repr(spec))
+
+
+@functools.lru_cache(maxsize=2048)
+def _generate(spec: ReduceSpec, text: str) -> KernelSource:
     acc = acc_dtype(spec)
     c = _acc_ctype(acc)
     decl, fmt = params(spec)
