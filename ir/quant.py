@@ -122,7 +122,8 @@ def unpack_int4(data: np.ndarray) -> np.ndarray:
 def pack_int4(q: np.ndarray) -> np.ndarray:
     """Values in [0, 15] as [N, K] (K even) -> uint8 [N, K/2] (low nibble first)."""
     q = np.asarray(q, np.uint8)
-    return (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    packed: np.ndarray = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return packed
 
 
 def dequantize(
@@ -131,17 +132,22 @@ def dequantize(
     """The float64 [N, K] weight these arrays stand for (the reference every kernel meets)."""
     scale = np.asarray(scale, np.float64)
     n = data.shape[0]
+    w: np.ndarray
     if spec.format == "int8":
-        return data.astype(np.float64) * scale[:, None]
+        w = data.astype(np.float64) * scale[:, None]
+        return w
     if spec.format == "fp8":
         w = data.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
         if spec.block:
             b = spec.block
             full = np.repeat(np.repeat(scale, b, axis=0), b, axis=1)[:n, :k]
-            return w * full
-        return w * (scale[:, None] if scale.ndim == 1 else scale)
+            w = w * full
+            return w
+        w = w * (scale[:, None] if scale.ndim == 1 else scale)
+        return w
     q = unpack_int4(data).astype(np.float64)
     z = (np.asarray(zero, np.float64) if zero is not None
          else np.full(scale.shape, INT4_SYMMETRIC_ZERO, np.float64))  # fmt: skip
     g = spec.group
-    return (q - np.repeat(z, g, axis=1)) * np.repeat(scale, g, axis=1)
+    w = (q - np.repeat(z, g, axis=1)) * np.repeat(scale, g, axis=1)
+    return w

@@ -136,9 +136,8 @@ def op_error(
     op: str, exc: Exception, inputs: Sequence[tuple[tuple[int, ...], object]], loc: object
 ) -> Exception:
     """The gpk error for a failing op: names the op, its input types and the user's line."""
-    from pygpukit.ir.dtypes import UnsupportedDType
+    from pygpukit.ir.dtypes import DTypeRuleError, UnsupportedDType
     from pygpukit.ir.indexing import IndexRuleError
-    from pygpukit.ir.ops import DTypeRuleError
     from pygpukit.ir.shapes import AxisRuleError, ShapeRuleError
 
     msg = f"{op}: {exc} {describe_inputs(inputs, loc)}"

@@ -15,9 +15,8 @@ from typing import Any
 
 from pygpukit import errors, memory, passes
 from pygpukit.ir import Graph, Node, toposort, user_location
-from pygpukit.ir.dtypes import UnsupportedDType
+from pygpukit.ir.dtypes import DTypeRuleError, UnsupportedDType
 from pygpukit.ir.indexing import IndexRuleError
-from pygpukit.ir.ops import DTypeRuleError
 from pygpukit.ir.shapes import ShapeRuleError
 from pygpukit.ir.source import register_library, resolve, user_frame
 from pygpukit.passes import Schedule, lower, run_pipeline

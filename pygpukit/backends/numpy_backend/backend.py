@@ -66,7 +66,7 @@ def host_view(storage: Storage, offset: int, shape: tuple[int, ...], dtype: DTyp
     nbytes = math.prod(shape) * dtype.itemsize
     raw = (ctypes.c_char * max(nbytes, 1)).from_address(storage.addr + offset)
     raw._storage = storage  # type: ignore[attr-defined]  # numpy views keep the block alive
-    flat = np.frombuffer(raw, dtype=dtype.np, count=math.prod(shape))
+    flat = np.frombuffer(raw, dtype=dtype.np, count=math.prod(shape))  # type: ignore[call-overload]
     return flat.reshape(shape)
 
 
