@@ -420,3 +420,29 @@ def test_step_hooks_run_once_per_step_after_its_events(model):
     assert sum(map(len, full)) == 40
     assert all(len(set(g)) == len(g) for g in full)  # one token per stream per step
     assert len(full) <= e.stats()["steps"] + 1 < 40
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_a_quantized_model_serves_what_it_generates(fmt):
+    """`serve --quantize`: the engine over a model quantized on load gives, greedily, the
+    static path's tokens of that same quantized model."""
+    from pygpukit.llm.tiny import write_tiny_model
+
+    qmodel = llm.load(write_tiny_model(), quantize=fmt, quantize_group=4)  # divides K=172
+    prompts = _prompts(3, seed=7)
+    e = Engine(qmodel, max_model_len=256, prefill_chunk=32, kv_blocks=64).start()
+    try:
+        served = e.generate(prompts, 6, ignore_eos=True, timeout=300)
+    finally:
+        e.close()
+    static = [qmodel.generate_ids([p], 6, stop_at_eos=False).tokens[0] for p in prompts]
+    assert served == static
+
+
+def test_serve_takes_the_quantize_flags():
+    from pygpukit.cli import build_parser
+    from pygpukit.cli.quantize_args import quantize_options
+
+    args = build_parser().parse_args(["serve", "tiny", "--quantize", "int4", "--quant-group", "4"])
+    assert quantize_options(args) == {"quantize": "int4", "quantize_group": 4}
+    assert quantize_options(build_parser().parse_args(["serve", "tiny"])) == {}

@@ -7,6 +7,8 @@ import sys
 
 from pygpukit import settings
 
+from .quantize_args import add_quantize_arguments, quantize_options
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -21,6 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients ask for")
     p.add_argument("--dtype", default=None, help="cast weights on load (e.g. bfloat16)")
+    add_quantize_arguments(p)
     p.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens")
     p.add_argument(
         "--kv-memory",
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         kv = None if args.kv_memory is None else memory_size("serve", "--kv-memory",
                                                                args.kv_memory)  # fmt: skip
-        model = llm.load(args.model, dtype=args.dtype)
+        model = llm.load(args.model, dtype=args.dtype, **quantize_options(args))
         engine = Engine(model, max_model_len=args.max_model_len, kv_memory=kv,
                         block_size=args.block_size, max_batch=args.max_batch,
                         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
