@@ -446,3 +446,14 @@ def test_serve_takes_the_quantize_flags():
     args = build_parser().parse_args(["serve", "tiny", "--quantize", "int4", "--quant-group", "4"])
     assert quantize_options(args) == {"quantize": "int4", "quantize_group": 4}
     assert quantize_options(build_parser().parse_args(["serve", "tiny"])) == {}
+
+
+def test_the_switch_interval_comes_back_when_the_last_engine_closes(model):
+    before = sys.getswitchinterval()
+    a = Engine(model, max_model_len=64, prefill_chunk=16, kv_blocks=8).start()
+    b = Engine(model, max_model_len=64, prefill_chunk=16, kv_blocks=8).start()
+    assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
+    a.close()
+    assert sys.getswitchinterval() <= SWITCH_INTERVAL_S  # b still runs
+    b.close()
+    assert sys.getswitchinterval() == before

@@ -156,6 +156,27 @@ def bucket(n: int, least: int = 1) -> int:
     return b
 
 
+# The process's switch interval before the first running engine lowered it, and how many
+# engines run: the last one to close puts it back.
+_switch = {"saved": 0.0, "engines": 0}
+_switch_lock = threading.Lock()
+
+
+def _lower_switch_interval() -> None:
+    with _switch_lock:
+        if _switch["engines"] == 0:
+            _switch["saved"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch["saved"], SWITCH_INTERVAL_S))
+        _switch["engines"] += 1
+
+
+def _restore_switch_interval() -> None:
+    with _switch_lock:
+        _switch["engines"] -= 1
+        if _switch["engines"] == 0:
+            sys.setswitchinterval(_switch["saved"])
+
+
 class Engine:
     """Continuous batching over a paged KV cache for one loaded Model.
 
@@ -246,9 +267,9 @@ class Engine:
     # -- the caller's side (any thread) -------------------------------------------------
     def start(self) -> Engine:
         """Start the engine thread (and lower the interpreter's switch interval to
-        SWITCH_INTERVAL_S, for the whole process: see there)."""
+        SWITCH_INTERVAL_S, for the whole process until close(): see there)."""
         if self._thread is None:
-            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+            _lower_switch_interval()
             self._thread = threading.Thread(target=self._loop, name="pygpukit-engine",
                                             daemon=True)  # fmt: skip
             self._thread.start()
@@ -261,6 +282,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+            _restore_switch_interval()
 
     def add_step_hook(self, hook: Callable[[], None]) -> None:
         """Call hook() on the engine thread at the end of every engine step, after the
