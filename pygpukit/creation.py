@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -295,6 +295,33 @@ def load_numpy_rows(parts: Sequence[np.ndarray], device: Any = None) -> GPUArray
     shape = (sum(p.shape[0] for p in parts), *first.shape[1:])
     with on_device(device, "load_numpy_rows"):
         return GPUArray(runtime.leaf(get_backend().from_numpy_rows(parts), shape, d))
+
+
+def load_numpy_groups(groups: Sequence[Sequence[np.ndarray]], device: Any = None,
+                      progress: Callable[[int], None] | None = None) -> list[GPUArray]:  # fmt: skip
+    """load_numpy_rows of each group (one part: load_numpy), as one bulk load: where the
+    backend can (CUDA), the host copies of every group run on several threads at once.
+    progress(nbytes) counts the bytes copied; the arrays may be closed on return (a
+    checkpoint's memory maps)."""
+    host: list[list[np.ndarray]] = []
+    dts = []
+    for parts in groups:
+        first = parts[0]
+        dts.append(_dtype(first.dtype, DEFAULT_FLOAT, "load_numpy_groups"))
+        if len(parts) > 1 and any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:]
+                                  or p.ndim == 0 for p in parts):  # fmt: skip
+            raise errors.user_error(errors.ShapeError, "load_numpy_groups", "a group's parts "
+                                    f"must share a dtype and their trailing shape, got "
+                                    f"{[f'{p.dtype}{list(p.shape)}' for p in parts]}")  # fmt: skip
+        host.append(list(parts))
+    with on_device(device, "load_numpy_groups"):
+        values = get_backend().from_numpy_groups(host, progress)
+    out = []
+    for parts, d, value in zip(host, dts, values, strict=True):
+        rows = sum(p.shape[0] for p in parts) if len(parts) > 1 else None
+        shape = tuple(parts[0].shape) if rows is None else (rows, *parts[0].shape[1:])
+        out.append(GPUArray(runtime.leaf(value, shape, d)))
+    return out
 
 
 def _upload(array: np.ndarray, bulk: bool, device: Any) -> GPUArray:

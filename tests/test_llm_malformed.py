@@ -499,14 +499,16 @@ def test_load_error_is_both_builtins(tmp_path):
     assert issubclass(llm.ConfigError, LoadError) and llm.LoadError is LoadError
 
 
-def test_failed_upload_frees_what_it_uploaded(tmp_path, monkeypatch):
-    """A copy that fails half way (after every check passed) frees the weights already on
-    the device."""
+@pytest.mark.parametrize("dtype", [None, "float16"])
+def test_failed_upload_frees_what_it_uploaded(tmp_path, monkeypatch, dtype):
+    """A step that fails half way through the weights (after every check passed and the
+    bulk upload ran: the fifth weight's cast) frees every weight already on the device,
+    cast or not, and names the failing weight's tensors."""
     from pygpukit.llm import loader
 
     d = str(tmp_path / "model")
     shutil.copytree(os.path.join(FIXTURES, "llama"), d)
-    real = loader._upload
+    real = loader._as_weight
     calls = [0]
 
     def failing(a: Any, dtype: Any) -> Any:
@@ -515,10 +517,10 @@ def test_failed_upload_frees_what_it_uploaded(tmp_path, monkeypatch):
             raise gpk.errors.OutOfMemoryError("simulated: the device is full")
         return real(a, dtype)
 
-    monkeypatch.setattr(loader, "_upload", failing)
+    monkeypatch.setattr(loader, "_as_weight", failing)
     before = gpk.pool_stats()
-    with pytest.raises(gpk.errors.OutOfMemoryError, match="simulated"):
-        llm.load(d, progress=False)
+    with pytest.raises(gpk.errors.OutOfMemoryError, match=r"load model\.layers\.0\..*simulated"):
+        llm.load(d, dtype=dtype, progress=False)
     after = gpk.pool_stats()
     assert after["alloc_count"] > before["alloc_count"]  # four uploads happened
     assert after["in_use_bytes"] == before["in_use_bytes"]

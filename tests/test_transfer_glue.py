@@ -96,3 +96,30 @@ def test_load_numpy_rows_lands_each_part_in_its_rows() -> None:
         load_numpy_rows([np.ones((2, 3), np.float32), np.ones((2, 4), np.float32)])
     with pytest.raises(gpk.ShapeError, match="share a dtype"):
         load_numpy_rows([np.ones((2, 3), np.float32), np.ones((2, 3), np.float16)])
+
+
+def test_load_numpy_groups_lands_each_group_in_one_array() -> None:
+    """A bulk load's groups (one part, several parts of one fused weight, a strided view,
+    an empty part) equal their float64 concatenation; the progress callback counts every
+    byte; parts that cannot be rows of one array are a ShapeError naming them."""
+    import ml_dtypes
+
+    from pygpukit.creation import load_numpy_groups
+
+    rng = np.random.default_rng()
+    big = rng.standard_normal((9, 12))
+    groups = [[big[:4, :6]], [big[:2], big[2:3], big[3:, :][:0], big[5:]], [big[::2, ::3]],
+              [big[0]]]  # fmt: skip
+    for dt in (np.float32, ml_dtypes.bfloat16):
+        cast = [[p.astype(dt) for p in g] for g in groups]
+        seen: list[int] = []
+        got = load_numpy_groups(cast, progress=seen.append)
+        assert sum(seen) == sum(p.nbytes for g in cast for p in g)
+        for g, arr in zip(cast, got, strict=True):
+            want = np.concatenate(g) if len(g) > 1 else g[0]
+            assert arr.shape == want.shape and arr.dtype.np == np.dtype(dt)
+            np.testing.assert_array_equal(arr.to_numpy().astype(np.float64),
+                                          want.astype(np.float64))  # fmt: skip
+    bad = r"load_numpy_groups.*float32\[2, 3\].*float32\[2, 4\]"
+    with pytest.raises(gpk.ShapeError, match=bad):
+        load_numpy_groups([[np.ones((2, 3), np.float32), np.ones((2, 4), np.float32)]])

@@ -161,6 +161,19 @@ class Backend(PlannedBackend, ABC):
         concatenates on the host."""
         return self.from_numpy_bulk(np.concatenate(parts))
 
+    def from_numpy_groups(self, groups: Sequence[Sequence[np.ndarray]],
+                          progress: Callable[[int], None] | None = None) -> list[Any]:  # fmt: skip
+        """from_numpy_rows of each group (a one-part group: from_numpy_bulk), as one bulk
+        load that a backend may copy on several threads at once (model loading);
+        progress(nbytes) counts the bytes copied. The sources may be closed on return.
+        This default copies the groups one by one."""
+        out = []
+        for g in groups:
+            out.append(self.from_numpy_rows(g) if len(g) > 1 else self.from_numpy_bulk(g[0]))
+            if progress is not None:
+                progress(sum(p.nbytes for p in g))
+        return out
+
     @abstractmethod
     def to_numpy(self, value: Any) -> np.ndarray:
         """A fresh host copy of the value."""

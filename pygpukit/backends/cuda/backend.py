@@ -5,7 +5,7 @@ stream, and the device error word is checked whenever the backend synchronises."
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,10 @@ POISON_BYTE = 0xFF  # NaN in every float dtype, -1 in every integer one
 # Uploads up to this size (a decode step's positions, token ids, sampling parameters) go
 # at high priority: the step waits for them, while bulk copies can wait a chunk.
 SMALL_UPLOAD_BYTES = 4096
+Progress = Callable[[int], None]  # called with the bytes copied since the last call
+# Bulk loads (from_numpy_groups) of at least this many bytes are staged on several threads
+# (transfers.upload_staged); below it the pinned buffers would cost more than they save.
+STAGED_UPLOAD_BYTES = 64 << 20
 
 
 class CudaBackend(CudaPlannedHooks, Backend):
@@ -97,6 +101,32 @@ class CudaBackend(CudaPlannedHooks, Backend):
                 transfers.upload(at, raw, self.stream, "low")
             at += p.nbytes
         return v
+
+    def from_numpy_groups(self, groups: Sequence[Sequence[np.ndarray]],
+                          progress: Progress | None = None) -> list[DeviceValue]:  # fmt: skip
+        """Each group's parts concatenated along axis 0 in one new block; all the copies
+        staged on several threads at once (transfers.upload_staged) once they reach
+        STAGED_UPLOAD_BYTES, else queued one by one at low priority. Returns once the
+        host sources have been read: they may be closed."""
+        values, jobs = [], []
+        for parts in groups:
+            rows = sum(p.shape[0] for p in parts) if parts[0].ndim else 1
+            shape = (rows, *parts[0].shape[1:]) if parts[0].ndim else ()
+            v = self.alloc(shape, dtypes.as_dtype(parts[0].dtype), "from_numpy")
+            values.append(v)
+            at = v.ptr
+            for p in parts:
+                if p.size:
+                    jobs.append((at, np.ascontiguousarray(p).reshape(-1).view(np.uint8)))
+                at += p.nbytes
+        if sum(raw.nbytes for _, raw in jobs) >= STAGED_UPLOAD_BYTES:
+            transfers.upload_staged(jobs, self.stream, progress)
+            return values
+        for at, raw in jobs:
+            transfers.upload(at, raw, self.stream, "low")
+            if progress is not None:
+                progress(raw.nbytes)
+        return values
 
     def to_numpy(self, value: DeviceValue) -> np.ndarray:
         src = value
