@@ -12,9 +12,9 @@ run() returns once every piece's DMA has run: the sources (a memory-mapped check
 may be closed and the buffers serve the next call. The buffers are kept for reuse; one
 Stager serves one call at a time.
 
-On the H200 host, staging a 2.2 GB checkpoint from a warm page cache into its own pinned
-buffers ran at 8.4 GB/s on one thread and 45 GB/s on eight (8 MiB pieces); docs/design.md
-has the load's figures.
+On the H200 host, copying a 2.2 GB checkpoint from a warm page cache into pinned memory
+ran at 8.4 GB/s on one thread and 45 GB/s on eight; the whole load through the Stager at
+35 GB/s on eight workers (docs/design.md has the figures).
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-PIECE_BYTES = 8 << 20  # bytes per staged copy and per pinned buffer
+# Bytes per staged copy and per pinned buffer. 8 workers x 2 x 4 MiB = 64 MiB pinned, as
+# much as the engine's own staging ring: on the H200 host 4 MiB pieces loaded as fast as
+# 8 MiB (35.3 against 34.4 GB/s) and 16 MiB slower (27.1), while allocating the pinned
+# buffers is the main cost of the first bulk load in a process.
+PIECE_BYTES = 4 << 20
 THREADS = min(8, os.cpu_count() or 1)
 CHUNKS = 2  # pinned buffers per worker: one copied into while the other's DMA runs
 
