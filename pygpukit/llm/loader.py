@@ -494,8 +494,8 @@ def _upload_staged(ckpt: Checkpoint, staged: list[tuple[str, tuple[str, ...], li
                    dtype: dtypes.DType, bar: ProgressBar) -> dict[str, GPUArray]:  # fmt: skip
     """key -> weight for the (key, tensor names, parts) groups, all uploaded as one bulk
     load (creation.load_numpy_groups: on CUDA, staged on several threads at once) while a
-    thread asks the kernel to read the tensors ahead (madvise costs a few ns a page even
-    when the page cache holds the file: it runs beside the copies, not before them). What
+    thread asks the kernel to read the tensors ahead (madvise costs about 15 ns a page, 8 ms
+    for 2.2 GB, even when the page cache holds the file: it runs beside the copies). What
     was uploaded is freed if a later step fails."""
     names = [n for _, group, _ in staged for n in group]
     ahead = threading.Thread(target=ckpt.prefetch, args=(names,), name="pygpukit-read-ahead",

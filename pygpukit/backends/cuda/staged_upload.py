@@ -29,8 +29,8 @@ import numpy as np
 
 # Bytes per staged copy and per pinned buffer. 8 workers x 2 x 4 MiB = 64 MiB pinned, as
 # much as the engine's own staging ring: on the H200 host 4 MiB pieces loaded as fast as
-# 8 MiB (35.3 against 34.4 GB/s) and 16 MiB slower (27.1), while allocating the pinned
-# buffers is the main cost of the first bulk load in a process.
+# 8 MiB (35.3 against 34.4 GB/s) and 16 MiB slower (27.1), and the first bulk load of a
+# process pays for allocating the pinned buffers.
 PIECE_BYTES = 4 << 20
 THREADS = min(8, os.cpu_count() or 1)
 CHUNKS = 2  # pinned buffers per worker: one copied into while the other's DMA runs
