@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import numpy as np
+
 from pygpukit.ir import Graph, Node
 from pygpukit.ir.elementwise import OPS as ELEMENTWISE
 from pygpukit.ir.evaluate import evaluate

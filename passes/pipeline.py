@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pygpukit.ir import Graph
-
 from pygpukit import settings
 from pygpukit.errors import SettingError
+from pygpukit.ir import Graph
 
 from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination

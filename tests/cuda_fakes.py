@@ -12,13 +12,12 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from pygpukit.ir import DType
-
 from pygpukit.backends.cuda import compiler, toolchain
 from pygpukit.backends.cuda.context import contiguous
 from pygpukit.backends.cuda.kernels import loader
 from pygpukit.backends.cuda.toolchain import compile_kernel
 from pygpukit.backends.cuda.value import DeviceValue
+from pygpukit.ir import DType
 
 _addr = itertools.count(1)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from pygpukit.ir import Graph
-from pygpukit.passes.pipeline import PIPELINE, run_pipeline
 
 import pygpukit as gpk
 from pygpukit import runtime
+from pygpukit.ir import Graph
+from pygpukit.passes.pipeline import PIPELINE, run_pipeline
 
 
 def arr(rng: np.random.Generator, *shape: int, dtype: str = "float32", lo: float = -2.0,

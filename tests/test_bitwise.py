@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from helpers import lazy_and_eager, rand
 from passes_util import record
-from pygpukit.passes.fold import constant_folding
 
 import pygpukit as gpk
+from pygpukit.passes.fold import constant_folding
 
 INTS = ["int8", "uint8", "int16", "int32", "int64", "bool"]
 BINARY = {

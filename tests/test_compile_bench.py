@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pygpukit.passes.pipeline import run_pipeline
 
 import pygpukit as gpk
+from pygpukit.passes.pipeline import run_pipeline
 
 pytest.importorskip("pytest_benchmark")
 
@@ -184,10 +184,9 @@ def test_bench_trace_and_passes_decode_22_layers(benchmark):
     runs them on a cache miss (argument flattening and the capture scan done beforehand)."""
     from collections import Counter
 
-    from pygpukit.passes import lower
-
     from pygpukit import runtime
     from pygpukit.compile.trace import trace
+    from pygpukit.passes import lower
 
     gen, args = _decode_step_22_layers()
     dec = gen._decode

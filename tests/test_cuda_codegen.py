@@ -10,8 +10,6 @@ from __future__ import annotations
 import cuda_fakes
 import numpy as np
 import pytest
-from pygpukit.ir import dtypes, toposort
-from pygpukit.passes import lower, run_pipeline
 
 import pygpukit as gpk
 from pygpukit import runtime
@@ -19,6 +17,8 @@ from pygpukit.backends.cuda.codegen import elementwise, reduce
 from pygpukit.backends.cuda.context import contiguous
 from pygpukit.backends.cuda.plan import plan_step
 from pygpukit.backends.cuda.value import DeviceValue
+from pygpukit.ir import dtypes, toposort
+from pygpukit.passes import lower, run_pipeline
 
 pytest.importorskip("nvidia")
 ARCHS = ["sm_80", "sm_90"]

@@ -10,14 +10,14 @@ from typing import Any
 import cuda_fakes
 import numpy as np
 import pytest
-from pygpukit.ir import toposort
-from pygpukit.passes import lower, run_pipeline
 
 import pygpukit as gpk
 from pygpukit import runtime
 from pygpukit.backends.cuda.context import Launch, StepContext, capturing, contiguous
 from pygpukit.backends.cuda.plan import plan_step
 from pygpukit.backends.cuda.value import DeviceValue
+from pygpukit.ir import toposort
+from pygpukit.passes import lower, run_pipeline
 
 pytest.importorskip("nvidia")
 

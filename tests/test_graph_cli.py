@@ -175,11 +175,10 @@ def test_time_calls_host_timer():
 def test_profile_pieces_on_cpu(model, capsys):
     """What `graph profile` runs after its CUDA check, on the NumPy backend: the kernel
     table, the replay profile (no capture here: no replay time) and both output formats."""
-    from pygpukit.passes import lower, run_pipeline
-
     import pygpukit as gpk
     from pygpukit.backends import get_backend
     from pygpukit.cli import graph as cli
+    from pygpukit.passes import lower, run_pipeline
     from pygpukit.profiling import profile as run_profile
     from pygpukit.profiling import replay_profile
 

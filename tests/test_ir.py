@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pygpukit.ir import Graph, GraphError, Node, dtypes
 
 

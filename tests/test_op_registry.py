@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+import pygpukit as gpk
 from pygpukit.ir import DType, dtypes
 from pygpukit.ir.elementwise import OPS, Elementwise
 from pygpukit.ir.evaluate import evaluate
-
-import pygpukit as gpk
 
 FLOAT_TRY = (dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16)
 INT_TRY = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.bool_)

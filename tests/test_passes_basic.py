@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from passes_util import arr, close, f64, ops, record, run_lazy, run_unfused
+
+import pygpukit as gpk
 from pygpukit.passes.cse import common_subexpression_elimination
 from pygpukit.passes.dce import dead_code_elimination
 from pygpukit.passes.fold import constant_folding
 from pygpukit.passes.pipeline import PIPELINE, pass_named, run_pipeline
 from pygpukit.passes.simplify import algebraic_simplification, exact_cast
-
-import pygpukit as gpk
 
 
 @pytest.fixture

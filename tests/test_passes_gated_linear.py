@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from passes_util import arr, close, f64, fused, ops, report, run_lazy
+
+import pygpukit as gpk
 from pygpukit.ir import dtypes
 from pygpukit.ir import ops as irops
 from pygpukit.ir.shapes import ShapeRuleError
-
-import pygpukit as gpk
 
 
 def _silu64(x: np.ndarray) -> np.ndarray:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from kv_step import DecodeStep, StepCase
 from passes_util import close, report
-from pygpukit.passes.pipeline import run_pipeline
 
 import pygpukit as gpk
 from pygpukit import settings
+from pygpukit.passes.pipeline import run_pipeline
 
 
 @pytest.fixture

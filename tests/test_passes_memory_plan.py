@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 from passes_util import arr, close, f64, record
-from pygpukit.passes import lower
-from pygpukit.passes.memory_plan import plan_memory
 
 import pygpukit as gpk
 from pygpukit.backends import get_backend
 from pygpukit.executor import PlannedProgram
+from pygpukit.passes import lower
+from pygpukit.passes.memory_plan import plan_memory
 
 
 def _lifetimes(schedule, plan):

@@ -94,10 +94,9 @@ def random_model(cfg: ModelConfig, dtype: str = "bfloat16", seed: int = 0) -> An
     """A gpk.llm.Model with random weights made on the device (no checkpoint): a block of
     normals is drawn on the host once per fan-in and tiled into every tensor on the device,
     so a Llama-3-8B shape (16 GB) costs 8 MB of uploads, not 16 GB of host work."""
-    from pygpukit.ir.dtypes import as_dtype
-
     import pygpukit as gpk
     from pygpukit import llm
+    from pygpukit.ir.dtypes import as_dtype
     from pygpukit.llm.loader import weight_names
     from pygpukit.llm.model import Transformer
 
