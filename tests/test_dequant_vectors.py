@@ -14,17 +14,17 @@ A = 1 << 24  # a 16-byte aligned address
 @pytest.mark.parametrize(
     ("spec", "k", "dtype", "w", "out", "want"),
     [
-        (QuantSpec("int8"), 4096, "bfloat16", A, A, 16),
-        (QuantSpec("int8"), 4096, "float32", A, A, 16),
-        (QuantSpec("int8"), 1000, "bfloat16", A, A, 8),  # K % 16 == 8
+        (QuantSpec("int8"), 4096, "bfloat16", A, A, 8),  # 16 bytes out
+        (QuantSpec("int8"), 4096, "float32", A, A, 4),  # 16 bytes out
+        (QuantSpec("int8"), 1000, "bfloat16", A, A, 8),
         (QuantSpec("fp8"), 516, "float16", A, A, 4),  # K % 8 == 4
         (QuantSpec("fp8"), 77, "bfloat16", A, A, 0),  # odd K
-        (QuantSpec("fp8", block=128), 4096, "bfloat16", A + 8, A, 8),  # W off the grid
+        (QuantSpec("fp8", block=128), 4096, "bfloat16", A + 4, A, 4),  # W off the grid
         (QuantSpec("int8"), 4096, "bfloat16", A, A + 8, 4),  # out 8-byte aligned
         (QuantSpec("int8"), 4096, "bfloat16", A, A + 4, 0),
-        (QuantSpec("int4", group=128), 4096, "bfloat16", A, A, 16),  # 32 elements
-        (QuantSpec("int4", group=16, has_zero=True), 4096, "bfloat16", A, A, 8),
-        (QuantSpec("int4", group=8), 4096, "float32", A, A, 4),
+        (QuantSpec("int4", group=128), 4096, "bfloat16", A, A, 4),  # 8 elements
+        (QuantSpec("int4", group=128), 4096, "float32", A, A, 4),  # 32 bytes out: narrowest
+        (QuantSpec("int4", group=8, has_zero=True), 4096, "float16", A, A, 4),
         (QuantSpec("int4", group=4), 4096, "bfloat16", A, A, 0),  # group under 8
     ],
 )

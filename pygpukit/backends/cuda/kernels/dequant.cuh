@@ -21,9 +21,12 @@
 // rounding to nearest, is the exact product rounded once (fp32 holds more than 2 bits past
 // either format's precision). float32 output is the plain product (rounded once).
 //
-// pgk_dequant: PGK_DQB bytes of W a vector (16, 8 or 4: the host picks the widest its
-// rows, pointers and groups allow), PGK_DQU vectors a thread, all loaded before any is
-// converted; consecutive threads take consecutive vectors. pgk_dequant_each: one element a
+// pgk_dequant: PGK_DQB bytes of W a vector (8 or 4: the host picks the widest whose
+// output is at most 16 bytes and that its rows, pointers and groups allow), PGK_DQU
+// vectors a thread, all loaded before any is converted; consecutive threads take
+// consecutive vectors, so a warp's loads and its 16-byte stores are each contiguous.
+// H200, 7B shapes: 16-byte loads of W (bf16 stores of 32 or 64 bytes a thread, a warp's
+// stores strided) ran int8 at 2.8-3.4 TB/s and int4 at 1.6-1.8 against 4.2 for a copy. pgk_dequant_each: one element a
 // thread for any K and group (the fallback).
 #include "common.cuh"
 
@@ -43,10 +46,10 @@
 #define PGK_QZERO 0
 #endif
 #ifndef PGK_DQB
-#define PGK_DQB 16  // bytes of W per vector: 16, 8 or 4
+#define PGK_DQB 8  // bytes of W per vector: 8 or 4
 #endif
 #ifndef PGK_DQU
-#define PGK_DQU 2  // vectors per thread
+#define PGK_DQU 4  // vectors per thread
 #endif
 
 // Elements of one vector.
@@ -128,13 +131,7 @@ struct pgk_dq_vec {
 
 PGK_DEVICE pgk_dq_vec pgk_dq_load(const unsigned char* __restrict__ p) {
   pgk_dq_vec v;
-#if PGK_DQB == 16
-  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-  v.w[0] = u.x;
-  v.w[1] = u.y;
-  v.w[2] = u.z;
-  v.w[3] = u.w;
-#elif PGK_DQB == 8
+#if PGK_DQB == 8
   const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
   v.w[0] = u.x;
   v.w[1] = u.y;

@@ -12,12 +12,19 @@ from . import gemv_quant, loader
 from ._common import cdiv, int32_range, positive
 
 THREADS = 256
-# Vectors of W a thread loads before it converts any: two 16-byte loads in flight a thread
-# (32 KiB an SM at full occupancy) cover an H200's DRAM latency at copy bandwidth.
-VECTORS_PER_THREAD = 2
+# Bytes of W a thread loads before it converts any: 32 in flight a thread (32 KiB an SM at
+# full occupancy) cover an H200's DRAM latency at copy bandwidth.
+BYTES_IN_FLIGHT = 32
 DTYPES = ("float32", "float16", "bfloat16")
 # Bytes of W one vector load takes, widest first.
-VECTOR_BYTES = (16, 8, 4)
+VECTOR_BYTES = (8, 4)
+# Bytes of output one vector may make: a warp's stores then cover one contiguous run.
+MAX_STORE = 16
+
+
+def vectors_per_thread(b: int) -> int:
+    """Vectors of b bytes a thread loads at once (BYTES_IN_FLIGHT)."""
+    return BYTES_IN_FLIGHT // b
 
 
 def defines(spec: QuantSpec, dtype: str, scale_numel: int) -> dict[str, object]:
@@ -32,13 +39,22 @@ def defines(spec: QuantSpec, dtype: str, scale_numel: int) -> dict[str, object]:
     }
 
 
+def widths(spec: QuantSpec, dtype: str) -> tuple[int, ...]:
+    """The vector widths (bytes of W) the launcher may pick for this format and dtype:
+    those whose output fits MAX_STORE, else the narrowest."""
+    per = (2 if spec.format == "int4" else 1) * loader.itemsize(dtype)
+    fit = tuple(b for b in VECTOR_BYTES if b * per <= MAX_STORE)
+    return fit or VECTOR_BYTES[-1:]
+
+
 def vector_bytes(spec: QuantSpec, k: int, dtype: str, w: int, out: int) -> int:
     """The widest vector of W (bytes) the vector kernel can take for this weight at these
-    addresses, or 0 (then one element a thread): its elements must divide K and the
-    group or block, and W's rows and out's rows must stay aligned to the loads and stores."""
+    addresses, or 0 (then one element a thread): its output at most MAX_STORE bytes where
+    a narrower one exists, its elements dividing K and the group or block, and W's rows
+    and out's rows aligned to the loads and stores."""
     per_byte = 2 if spec.format == "int4" else 1
     grouped = spec.group if spec.format == "int4" else spec.block
-    for b in VECTOR_BYTES:
+    for b in widths(spec, dtype):
         e = b * per_byte
         store = min(16, e * loader.itemsize(dtype))
         if k % e or (grouped and grouped % e) or w % b or out % store:
@@ -64,9 +80,9 @@ def dequantize(w: int, scale: int, out: int, spec: QuantSpec, n: int, k: int, dt
         per_vector = b * (2 if spec.format == "int4" else 1)
         vectors = n * (k // per_vector)
         int32_range("dequantize", vectors=vectors)
-        fn = loader.get_kernel("dequant", "pgk_dequant",
-                               {**d, "PGK_DQB": b, "PGK_DQU": VECTORS_PER_THREAD})  # fmt: skip
-        blocks = cdiv(vectors, THREADS * VECTORS_PER_THREAD)
+        u = vectors_per_thread(b)
+        fn = loader.get_kernel("dequant", "pgk_dequant", {**d, "PGK_DQB": b, "PGK_DQU": u})
+        blocks = cdiv(vectors, THREADS * u)
     else:
         fn = loader.get_kernel("dequant", "pgk_dequant_each", d)
         blocks = cdiv(n * k, THREADS)

@@ -190,8 +190,7 @@ def quant_variants() -> list[Variant]:
         for dt in dequant.DTYPES:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
-            # The narrower vectors differ from the 16-byte one in the load alone.
-            u = dequant.VECTORS_PER_THREAD
-            for b in dequant.VECTOR_BYTES if dt == "bfloat16" else dequant.VECTOR_BYTES[:1]:
+            for b in dequant.widths(spec, dt):
+                u = dequant.vectors_per_thread(b)
                 out.append(("dequant", ("pgk_dequant",), {**d, "PGK_DQB": b, "PGK_DQU": u}))
     return out
