@@ -113,6 +113,8 @@ def _arrays(rng: np.random.Generator, spec: QuantSpec, form: str, n: int, k: int
     q = rng.integers(0, 16, (n, k)).astype(np.uint8)
     ng = k // spec.group
     zero = rng.integers(0, 16, (n, ng)).astype(np.uint8) if spec.has_zero else None
+    z = int(zero[0, 0]) if zero is not None else 8
+    q[0, 0] = z + 3 if z + 3 < 16 else z - 3  # a magnitude of 3 under the first scale
     return pack_int4(q), rng.uniform(1e-3, 1e-1, (n, ng)).astype(np.float32), zero
 
 
