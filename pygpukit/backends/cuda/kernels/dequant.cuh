@@ -7,9 +7,9 @@
 //   PGK_QGROUP along K; symmetric: zero 8). The macros are gemv_quant.py's `defines`.
 //
 // Bandwidth, not conversions: the kernel reads 1 (int4: 1/2) byte and writes 2 an element,
-// so at copy speed an H200 must make about 5 elements per clock per SM; I2F, ldexpf and
-// a conversion per element go through the 16-per-clock conversion pipe and measured well
-// under copy speed. So every step is an exact bit trick on the ALU and FMA pipes:
+// so at copy speed an H200 must make about 5 elements per clock per SM. The e4m3 decode
+// through ldexpf ran at half of copy speed (2.0-2.1 TB/s at the 7B shapes), so every step
+// is an exact bit trick on the ALU and FMA pipes:
 //   int8: the byte, offset to unsigned, under the float 2^23 (0x4B000000, one __byte_perm)
 //         minus 2^23 + 128 is the integer (one FADD, exact);
 //   int4: the nibble under 2^23 minus 2^23 + zero, likewise;
@@ -26,8 +26,8 @@
 // vectors a thread, all loaded before any is converted; consecutive threads take
 // consecutive vectors, so a warp's loads and its 16-byte stores are each contiguous.
 // H200, 7B shapes: 16-byte loads of W (bf16 stores of 32 or 64 bytes a thread, a warp's
-// stores strided) ran int8 at 2.8-3.4 TB/s and int4 at 1.6-1.8 against 4.2 for a copy. pgk_dequant_each: one element a
-// thread for any K and group (the fallback).
+// stores strided) ran int8 at 2.8-3.4 TB/s and int4 at 1.6-1.8 against 4.2 for a copy.
+// pgk_dequant_each: one element a thread for any K and group (the fallback).
 #include "common.cuh"
 
 #ifndef PGK_QFMT

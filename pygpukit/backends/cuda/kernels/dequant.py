@@ -12,8 +12,10 @@ from . import gemv_quant, loader
 from ._common import cdiv, int32_range, positive
 
 THREADS = 256
-# Bytes of W a thread loads before it converts any: 32 in flight a thread (32 KiB an SM at
-# full occupancy) cover an H200's DRAM latency at copy bandwidth.
+# Bytes of W a thread loads before it converts any (4 or 8 vectors). H200, 7B shapes: int8
+# 3.4-3.7 TB/s, int4 g128 3.3-3.7, asymmetric 2.9-3.1 (51 registers: 5 blocks an SM); the
+# previous kernel's one 8-element vector a thread ran int8 at 3.7-3.8 and asymmetric int4
+# at 3.4-3.5, so fewer vectors a thread is the next thing to measure.
 BYTES_IN_FLIGHT = 32
 DTYPES = ("float32", "float16", "bfloat16")
 # Bytes of W one vector load takes, widest first.
