@@ -107,7 +107,8 @@ template <> struct pgk_dq_out<float> {
 };
 template <> struct pgk_dq_out<__nv_bfloat16> {
   static PGK_DEVICE void put(__nv_bfloat16* o, float a, float b, float s) {
-    *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(pgk_dq_odd(a, s), pgk_dq_odd(b, s));
+    *reinterpret_cast<__nv_bfloat162*>(o) =
+        __floats2bfloat162_rn(pgk_dq_odd(a, s), pgk_dq_odd(b, s));
   }
 };
 template <> struct pgk_dq_out<__half> {
