@@ -15,6 +15,7 @@ from pygpukit.backends.cuda.kernels import (
     activation,
     argmax_topk,
     attention,
+    dequant,
     embedding,
     gemm_mma,
     gemv,
@@ -108,13 +109,13 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
     ),
     (
         ("pgk_dequant",),
-        lambda: gemv_quant.dequantize(
+        lambda: dequant.dequantize(
             A, B, C, QuantSpec("fp8", block=128), 200, 256, "bfloat16", scale_numel=4
         ),  # fmt: skip
     ),
     (
         ("pgk_dequant_each",),
-        lambda: gemv_quant.dequantize(
+        lambda: dequant.dequantize(
             A,
             B,
             C,

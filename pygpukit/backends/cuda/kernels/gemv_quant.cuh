@@ -22,9 +22,6 @@
 // its own: H200, single-buffered with one MMA chain per slab, int4 [22016 x 4096] read
 // 1.08 TB/s and int8 as long (load latency, then MMA latency, per slab). The RMSNorm
 // prologue, bias, activation, SwiGLU epilogue and residual are gemv.cuh's.
-//
-// pgk_dequant_bf16 / pgk_dequant_f16: the prefill path's dequantization into a scratch
-// weight [N, K] of x's dtype (then the bf16 GEMM runs on it).
 #ifndef PGK_VEC
 #define PGK_VEC 8  // gemv.cuh's scalar kernel, compiled alongside
 #endif
@@ -571,104 +568,5 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if (j == n_st - 1) epilogue(first_tile + (st / n_st) * (int)gridDim.x);
   }
 #endif
-}
-#endif
-
-// pgk_dequant for any K and group (K % 8 != 0, int4 groups under 8: rows unaligned for
-// the vector loads, or a group boundary inside 8 elements): one thread per element.
-#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_dequant_each)
-extern "C" __global__ void __launch_bounds__(256)
-    pgk_dequant_each(const unsigned char* __restrict__ w, const float* __restrict__ scale,
-                     const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n,
-                     int k, long long w_stride, int scale_ld) {
-  pgk_pdl_wait();
-  pgk_pdl_trigger();
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (long long)n * k) return;
-  const int row = (int)(i / k), col = (int)(i % k);
-  const int grp = col / PGK_QGROUP;
-  (void)grp;
-  float s;
-#if PGK_QSK == 1
-  s = PGK_QFMT == 1 ? scale[(long long)(row / PGK_QGROUP) * scale_ld + grp]
-                    : scale[(long long)row * scale_ld + grp];
-#else
-  s = PGK_QTENSOR ? scale[0] : scale[row];
-#endif
-  float v;
-#if PGK_QFMT == 2
-  const unsigned byte = w[(long long)row * w_stride + col / 2];
-  const int z = PGK_QZERO ? (int)zero[(long long)row * scale_ld + grp] : 8;
-  v = (float)((int)((byte >> (4 * (col & 1))) & 0xFu) - z);
-#else
-  const unsigned byte = w[(long long)row * w_stride + col];
-#if PGK_QFMT == 1
-  const int ex = (byte >> 3) & 0xF, mant = byte & 7;  // e4m3fn, as pgk_dequant
-  const float mag = ex ? ldexpf(1.0f + mant / 8.0f, ex - 7) : ldexpf(mant / 8.0f, -6);
-  v = (byte & 0x80) ? -mag : mag;
-#else
-  v = (float)(signed char)byte;
-#endif
-  (void)zero;
-#endif
-  out[i] = pgk_from_float<pgk_t>(v * s);
-}
-#endif
-
-// The weight it stands for, [N, K] in x's dtype (rounded once), for the prefill GEMM.
-// One thread per 8 consecutive elements of a row (K % 8 == 0); float32 as well.
-#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_dequant)
-extern "C" __global__ void __launch_bounds__(256)
-    pgk_dequant(const unsigned char* __restrict__ w, const float* __restrict__ scale,
-                const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n, int k,
-                long long w_stride, int scale_ld) {
-  pgk_pdl_wait();
-  pgk_pdl_trigger();
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const int per_row = k / 8;
-  if (i >= (long long)n * per_row) return;
-  const int row = (int)(i / per_row), col = (int)(i % per_row) * 8;
-  const int grp = col / PGK_QGROUP;
-  (void)grp;
-  float s;
-#if PGK_QSK == 1
-  s = PGK_QFMT == 1 ? scale[(long long)(row / PGK_QGROUP) * scale_ld + grp]
-                    : scale[(long long)row * scale_ld + grp];
-#else
-  s = PGK_QTENSOR ? scale[0] : scale[row];
-#endif
-  float v[8];
-#if PGK_QFMT == 2
-  const unsigned word = *reinterpret_cast<const unsigned*>(w + (long long)row * w_stride + col / 2);
-  const int z = PGK_QZERO ? (int)zero[(long long)row * scale_ld + grp] : 8;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = (float)((int)((word >> (4 * e)) & 0xFu) - z);
-#else
-  const uint2 b = *reinterpret_cast<const uint2*>(w + (long long)row * w_stride + col);
-  const unsigned words[2] = {b.x, b.y};
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const unsigned byte = (words[e >> 2] >> (8 * (e & 3))) & 0xFFu;
-#if PGK_QFMT == 1
-    // e4m3fn: s eeee mmm, bias 7; e == 0 is subnormal (m / 8 * 2^-6).
-    const int ex = (byte >> 3) & 0xF, mant = byte & 7;
-    const float mag = ex ? ldexpf(1.0f + mant / 8.0f, ex - 7) : ldexpf(mant / 8.0f, -6);
-    v[e] = (byte & 0x80) ? -mag : mag;
-#else
-    v[e] = (float)(signed char)byte;
-#endif
-  }
-  (void)zero;
-#endif
-  pgk_t o[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) o[e] = pgk_from_float<pgk_t>(v[e] * s);
-  pgk_t* dst = out + (long long)row * k + col;
-  if constexpr (sizeof(pgk_t) == 2) {
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(o);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) dst[e] = o[e];
-  }
 }
 #endif

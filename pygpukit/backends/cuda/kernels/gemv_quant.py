@@ -1,6 +1,6 @@
 """Launcher for gemv_quant.cuh: y = act(p(x) @ dequantize(W)^T + bias) + residual for up to
-QUANT_ROWS rows of bf16/f16 x, W in one of ir/quant.py's layouts; and the dequantization
-of W into a scratch weight for the prefill GEMM."""
+QUANT_ROWS rows of bf16/f16 x, W in one of ir/quant.py's layouts (the prefill path's
+dequantization into a scratch weight is dequant.py)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,6 @@ EARLY_BLOCKS_PER_SM = 0
 # is the dequantizing instruction stream per warp, not bytes in flight.
 STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
 STAGED_EARLY_BLOCKS_PER_SM = 2
-DEQUANT_THREADS = 256
-DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def words_per_lane(spec: QuantSpec) -> int:
@@ -230,19 +228,3 @@ def gemv_quant(
         smem,
         stream,
     )
-
-
-def dequantize(w: int, scale: int, out: int, spec: QuantSpec, n: int, k: int, dtype: str, *,
-               scale_numel: int, zero: int = 0, stream: Any = None) -> None:  # fmt: skip
-    """out [n, k] (dtype, dense) = the weight W's arrays stand for, rounded once."""
-    loader.check_dtype(dtype, DEQUANT_DTYPES, "dequantize")
-    positive("dequantize", n=n, k=k)
-    row_bytes = k // 2 if spec.format == "int4" else k
-    # 8 elements a thread needs rows aligned for its vector loads and no group edge inside
-    # them; otherwise one element a thread.
-    each = k % 8 != 0 or (spec.format == "int4" and spec.group % 8 != 0)
-    name = "pgk_dequant_each" if each else "pgk_dequant"
-    fn = loader.get_kernel("gemv_quant", name, defines(spec, dtype, scale_numel))
-    total = n * k if each else n * (k // 8)
-    fn.launch((cdiv(total, DEQUANT_THREADS),), (DEQUANT_THREADS,),
-              (w, scale, zero, out, n, k, row_bytes, scale_ld(spec, k)), 0, stream)  # fmt: skip

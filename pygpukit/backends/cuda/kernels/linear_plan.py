@@ -21,7 +21,16 @@ from ..cublaslt import LT_DTYPES, GemmLaunch, lt_launcher, lt_operand
 from ..layout import broadcast_strides, collapse, reshape_strides
 from ..materialize import contiguous_as
 from ..value import DeviceValue
-from . import activation_plan, gemm_mma, gemv, gemv_quant, loader, matmul_simple, rms_norm_plan
+from . import (
+    activation_plan,
+    dequant,
+    gemm_mma,
+    gemv,
+    gemv_quant,
+    loader,
+    matmul_simple,
+    rms_norm_plan,
+)
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 _ACT_EXPR = {"gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none"), "silu": ("silu",)}
@@ -450,9 +459,9 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         wv = ctx.alloc(wshape, dtype, "dequantized weight")
         vp = spec.split(v)
         assert vp.scale is not None
-        gemv_quant.dequantize(vp.w.ptr, vp.scale.ptr, wv.ptr, q, n, k, dtype.name,
-                              scale_numel=scale_numel, zero=vp.zero.ptr if vp.zero else 0,
-                              stream=ctx.stream)  # fmt: skip
+        dequant.dequantize(vp.w.ptr, vp.scale.ptr, wv.ptr, q, n, k, dtype.name,
+                           scale_numel=scale_numel, zero=vp.zero.ptr if vp.zero else 0,
+                           stream=ctx.stream)  # fmt: skip
         return after([v[0], wv, *v[1 + n_w :]])
 
     fused = _gemv_quant(ctx, step, ins, spec)

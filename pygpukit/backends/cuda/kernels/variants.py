@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pygpukit.ir.quant import QuantSpec
 
-from . import attention, gemv, gemv_quant, loader, scan, sort
+from . import attention, dequant, gemv, gemv_quant, loader, scan, sort
 
 Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
 
@@ -165,7 +165,7 @@ def quant_variants() -> list[Variant]:
     """gemv_quant: each format in both dtypes plain and with the decode step's fusions
     (RMSNorm prologue, SwiGLU epilogue, SiLU), on the register path and (16-byte chunks)
     the staged one, its other slab and stage depths for sweeps, and the dequantize
-    kernel."""
+    kernels (each vector width)."""
     out: list[Variant] = []
     for spec, numel in QUANT_SPECS:
         gw, nt, pipe = gemv_quant.FORMAT_CONFIG[spec.format]
@@ -187,12 +187,10 @@ def quant_variants() -> list[Variant]:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": u,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": ns}))  # fmt: skip
-        for dt in gemv_quant.DEQUANT_DTYPES:
-            out.append(
-                (
-                    "gemv_quant",
-                    ("pgk_dequant", "pgk_dequant_each"),
-                    gemv_quant.defines(spec, dt, numel),
-                )
-            )
+        for dt in dequant.DTYPES:
+            d = dequant.defines(spec, dt, numel)
+            out.append(("dequant", ("pgk_dequant_each",), d))
+            for b in dequant.widths(spec, dt):
+                u = dequant.vectors_per_thread(b)
+                out.append(("dequant", ("pgk_dequant",), {**d, "PGK_DQB": b, "PGK_DQU": u}))
     return out

@@ -1,0 +1,92 @@
+"""Launcher for dequant.cuh: a quantized weight (ir/quant.py's layouts) dequantized into a
+dense [N, K] of float32, f16 or bf16, each element rounded once; the prefill GEMM's
+scratch weight."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pygpukit.ir.quant import FP8_BLOCK, QuantSpec
+
+from . import gemv_quant, loader
+from ._common import cdiv, int32_range, positive
+
+THREADS = 256
+# Bytes of W a thread loads before it converts any (4 or 8 vectors). H200, 7B shapes: int8
+# 3.4-3.7 TB/s, int4 g128 3.3-3.7, asymmetric 2.9-3.1 (51 registers: 5 blocks an SM); the
+# previous kernel's one 8-element vector a thread ran int8 at 3.7-3.8 and asymmetric int4
+# at 3.4-3.5, so fewer vectors a thread is the next thing to measure.
+BYTES_IN_FLIGHT = 32
+DTYPES = ("float32", "float16", "bfloat16")
+# Bytes of W one vector load takes, widest first.
+VECTOR_BYTES = (8, 4)
+# Bytes of output one vector may make: a warp's stores then cover one contiguous run.
+MAX_STORE = 16
+
+
+def vectors_per_thread(b: int) -> int:
+    """Vectors of b bytes a thread loads at once (BYTES_IN_FLIGHT)."""
+    return BYTES_IN_FLIGHT // b
+
+
+def defines(spec: QuantSpec, dtype: str, scale_numel: int) -> dict[str, object]:
+    """The format's macros of dequant.cuh."""
+    return {
+        **loader.type_defines(dtype),
+        "PGK_QFMT": gemv_quant.FORMATS[spec.format],
+        "PGK_QSK": int(spec.format == "int4" or bool(spec.block)),
+        "PGK_QTENSOR": int(spec.format == "fp8" and not spec.block and scale_numel == 1),
+        "PGK_QGROUP": spec.group if spec.format == "int4" else (spec.block or FP8_BLOCK),
+        "PGK_QZERO": int(spec.has_zero),
+    }
+
+
+def widths(spec: QuantSpec, dtype: str) -> tuple[int, ...]:
+    """The vector widths (bytes of W) the launcher may pick for this format and dtype:
+    those whose output fits MAX_STORE, else the narrowest."""
+    per = (2 if spec.format == "int4" else 1) * loader.itemsize(dtype)
+    fit = tuple(b for b in VECTOR_BYTES if b * per <= MAX_STORE)
+    return fit or VECTOR_BYTES[-1:]
+
+
+def vector_bytes(spec: QuantSpec, k: int, dtype: str, w: int, out: int) -> int:
+    """The widest vector of W (bytes) the vector kernel can take for this weight at these
+    addresses, or 0 (then one element a thread): its output at most MAX_STORE bytes where
+    a narrower one exists, its elements dividing K and the group or block, and W's rows
+    and out's rows aligned to the loads and stores."""
+    per_byte = 2 if spec.format == "int4" else 1
+    grouped = spec.group if spec.format == "int4" else spec.block
+    for b in widths(spec, dtype):
+        e = b * per_byte
+        store = min(16, e * loader.itemsize(dtype))
+        if k % e or (grouped and grouped % e) or w % b or out % store:
+            continue
+        return b
+    return 0
+
+
+def dequantize(w: int, scale: int, out: int, spec: QuantSpec, n: int, k: int, dtype: str, *,
+               scale_numel: int, zero: int = 0, stream: Any = None) -> None:  # fmt: skip
+    """out [n, k] (dtype, dense) = the weight W's arrays stand for (data at w, float32
+    scales at scale, scale_numel of them; int4 zero points at zero), rounded once."""
+    loader.check_dtype(dtype, DTYPES, "dequantize")
+    positive("dequantize", n=n, k=k)
+    int32_range("dequantize", n=n, k=k)
+    if n == 0 or k == 0:
+        return
+    row_bytes = k // 2 if spec.format == "int4" else k
+    b = vector_bytes(spec, k, dtype, w, out)
+    scale_ld = gemv_quant.scale_ld(spec, k)
+    d = defines(spec, dtype, scale_numel)
+    if b:
+        per_vector = b * (2 if spec.format == "int4" else 1)
+        vectors = n * (k // per_vector)
+        int32_range("dequantize", vectors=vectors)
+        u = vectors_per_thread(b)
+        fn = loader.get_kernel("dequant", "pgk_dequant", {**d, "PGK_DQB": b, "PGK_DQU": u})
+        blocks = cdiv(vectors, THREADS * u)
+    else:
+        fn = loader.get_kernel("dequant", "pgk_dequant_each", d)
+        blocks = cdiv(n * k, THREADS)
+    fn.launch((blocks,), (THREADS,), (w, scale, zero, out, n, k, row_bytes, scale_ld), 0,
+              stream)  # fmt: skip
