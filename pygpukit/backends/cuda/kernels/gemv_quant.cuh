@@ -367,21 +367,39 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #endif
     zslot = -1;
   };
+  // Stages are issued in order (0, 1, 2, ...): stage is_j of tile is_tile is next. A
+  // lane's pieces of a stage are one column of rows i * RSTEP + lrow (CPR divides 32), so
+  // the row pointers are set once a tile, and a stage adds its column: the per-stage
+  // address arithmetic of every piece had been about a third of the loop's instructions.
+  constexpr int RSTEP = 32 / CPR;
+  static_assert(32 % CPR == 0, "a stage row is at most 32 pieces (U <= 8)");
+  const int lrow = lane / CPR, lpc = lane % CPR;
+  const int lcol = (lpc / 4) * CW + (lpc % 4) * EPL;  // the lane's column in a stage
+  int is_j = 0, is_tile = first_tile;
+  const unsigned char* wrow[NT * U];  // the tile's rows, nullptr past N
   auto issue = [&](int st) {
-    const int tile = first_tile + (st / n_st) * (int)gridDim.x;
-    const int c0 = c_lo + (st % n_st) * U;
+    const int tile = is_tile;
+    const int c0 = c_lo + is_j * U;
+    if (is_j == 0) {
+#pragma unroll
+      for (int i = 0; i < NT * U; ++i) {
+        const int row = pgk_grow(n, i * RSTEP + lrow, tile);
+        wrow[i] = row >= 0 ? w + (long long)row * w_stride : nullptr;
+      }
+    }
+    if (++is_j == n_st) {
+      is_j = 0;
+      is_tile += (int)gridDim.x;
+    }
     unsigned char* base = wsm + (st % NS) * STB;
+    const int col = c0 * CW + lcol;
+    const bool cin = c0 + lpc / 4 < c_hi && col < k;
+    const int byte = PGK_QFMT == 2 ? col / 2 : col;  // int4: two a byte
 #pragma unroll
     for (int i = 0; i < NT * U; ++i) {
-      const int p = i * 32 + lane;
-      const int r = p / CPR, pc = p % CPR;
-      const int c = c0 + pc / 4;
-      const int col = c * CW + (pc % 4) * EPL;
-      const int row = pgk_grow(n, r, tile);
-      const bool in = row >= 0 && c < c_hi && col < k;
-      const long long byte = PGK_QFMT == 2 ? col / 2 : col;  // int4: two a byte
-      pgk_cp_async16(base + r * SLDB + pgk_gswz(r, pc) * 16,
-                     in ? w + (long long)row * w_stride + byte : w, in);
+      const int r = i * RSTEP + lrow;
+      const bool in = cin && wrow[i] != nullptr;
+      pgk_cp_async16(base + r * SLDB + pgk_gswz(r, lpc) * 16, in ? wrow[i] + byte : w, in);
     }
 #if PGK_QSK == 1
     float* scs = reinterpret_cast<float*>(base + WST);
