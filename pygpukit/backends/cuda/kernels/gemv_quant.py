@@ -41,6 +41,11 @@ EARLY_BLOCKS_PER_SM = 0
 # is the dequantizing instruction stream per warp, not bytes in flight.
 STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
 STAGED_EARLY_BLOCKS_PER_SM = 2
+# Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
+# reserves 1 KiB of shared memory per block.
+REG_UNIT = 256
+SM_REGS = 65536
+BLOCK_SMEM_RESERVED = 1024
 DEQUANT_THREADS = 256
 DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -106,6 +111,16 @@ def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: i
 def static_smem(gw: int, nt: int) -> int:
     """The kernel's static shared memory: the warps' partial sums and sums of squares."""
     return gw * 8 * (8 * nt + 1) * 4 + gw * 8 * 4
+
+
+def resident_blocks(num_regs: int, static_bytes: int, threads: int, smem: int,
+                    smem_per_sm: int) -> int:  # fmt: skip
+    """Blocks of a kernel one SM holds at once, by its shared memory (dynamic smem plus
+    static_bytes, and the per-block reserve) and its registers (num_regs a thread)."""
+    by_smem = smem_per_sm // (smem + static_bytes + BLOCK_SMEM_RESERVED)
+    per_warp = cdiv(num_regs * 32, REG_UNIT) * REG_UNIT
+    by_regs = SM_REGS // (cdiv(threads, 32) * per_warp) if num_regs else by_smem
+    return min(by_smem, by_regs)
 
 
 def gemv_quant(
@@ -202,6 +217,12 @@ def gemv_quant(
     per_sm = blocks_per_sm
     if per_sm is None:
         per_sm = (STAGED_EARLY_BLOCKS_PER_SM if stages else EARLY_BLOCKS_PER_SM) if w_early else 0
+        if per_sm and stages:
+            # A persistent block that is not resident runs in a second wave: its tiles wait
+            # for a whole block's worth of others (K = 11008 leaves room for fewer blocks).
+            fit = resident_blocks(fn.fn.num_regs, fn.fn.shared_bytes, gw * 32, smem,
+                                  toolchain.device_info()["max_shared_per_sm"])  # fmt: skip
+            per_sm = max(1, min(per_sm, fit))
     grid_x = min(tiles, per_sm * toolchain.sm_count()) if per_sm else tiles
     row_bytes = k // 2 if spec.format == "int4" else k
     fn.launch(
