@@ -37,10 +37,15 @@ EARLY_BLOCKS_PER_SM = 0
 # H200, batch 1, w_early, us summed over the 7 bench shapes (a sweep of 17 geometries at
 # 22cdab5): int8 (8, 2, 4, 2) on two blocks per SM 102.4 (best 100.9, registers 111.9),
 # fp8 86.1 (registers 111.0), fp8 b128 87.0 (123.1); int4 g128 (8, 2, 2, 4) 71.1 (93.4),
-# asym 79.2 (116.3). Deeper stages and more blocks per SM measured no better: what is left
-# is the dequantizing instruction stream per warp, not bytes in flight.
+# asym 79.2 (116.3). With W as the MMA's A operand and no conversion instructions (H200,
+# a sweep of 6 geometries at c8adc08) these stay the best summed over the shapes: int8
+# 86.2 us, fp8 84.8, fp8 b128 85.4, int4 g128 58.5, asym 66.5 (the register path 110.0,
+# 110.4, 108.1, 69.8, 79.4). Blocks per SM: as many as fit up to three (resident_blocks):
+# three took [11264 x 2048] from 12.3 to 9.2 us (int8) and 11.7 to 8.8 (fp8) and changed
+# no other bench shape by more than 1% (at 9599d14); int8 and fp8 at K = 4096 miss a third
+# block by about 1.5 KiB of shared memory (the static partial sums are sized for 8 rows).
 STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
-STAGED_EARLY_BLOCKS_PER_SM = 2
+STAGED_EARLY_BLOCKS_PER_SM = 3
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
 # reserves 1 KiB of shared memory per block.
 REG_UNIT = 256
