@@ -34,6 +34,10 @@ class FakeFunction:
         assert cubin, name
         self.name = name
         self.launches: list[tuple[Any, ...]] = []
+        # The driver's attributes of the loaded kernel: unknown here (0: launchers size
+        # their grids by shared memory alone).
+        self.num_regs = 0
+        self.shared_bytes = 0
 
     def launch(self, grid: Any, block: Any, fmt: str, args: tuple[Any, ...], shared_mem: int = 0,
                stream: Any = None, pdl: bool = False) -> None:  # fmt: skip
@@ -99,5 +103,5 @@ def install(monkeypatch: Any, arch: str) -> None:
     monkeypatch.setattr(compiler, "function", function)
     monkeypatch.setattr(loader, "get_function", get_function)
     info = {"sm_count": 132, "compute_capability": (int(arch[3]), int(arch[4:])),
-            "max_shared_per_block_optin": 227 * 1024}  # fmt: skip
+            "max_shared_per_block_optin": 227 * 1024, "max_shared_per_sm": 228 * 1024}  # fmt: skip
     monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)

@@ -99,3 +99,41 @@ def test_decode_step_fusions_captured(fmt, kw):
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) <= 2e-2
     lazy = step(*args).to_numpy().astype(np.float64)
     assert np.linalg.norm(out - lazy) / np.linalg.norm(lazy) <= 1e-2
+
+
+def _raw_weight(rng: np.random.Generator, n: int, k: int, fmt: str) -> QuantizedWeight:
+    """Codes no quantizer of ours makes, built by hand: int8 over all 256 values (-128
+    included); fp8 e4m3 with exponent field 0 or 1 only (every subnormal, the smallest
+    normals), so a dequantization that flushed subnormals would be off by about half."""
+    if fmt == "int8":
+        data = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    else:
+        data = (rng.integers(0, 2, (n, k)) << 7 | rng.integers(0, 2, (n, k)) << 3
+                | rng.integers(0, 8, (n, k))).astype(np.uint8)  # fmt: skip
+    scale = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    return QuantizedWeight(QuantSpec(fmt), (n, k), gpk.from_numpy(data), gpk.from_numpy(scale))
+
+
+@pytest.mark.parametrize("stages", [None, 0], ids=["staged", "registers"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("m", [1, 8])
+def test_every_code_is_exact(fmt, dtype, m, stages):
+    """The GEMV's exact dequantization (integer and FP32 tricks, no conversions) on codes
+    the random-normal tests rarely or never reach, both the staged and the register path."""
+    from pygpukit.backends.cuda.kernels import gemv_quant
+
+    rng = np.random.default_rng()
+    n, k = 203, 1040  # a partial last tile and a lane-partial last chunk
+    q = _raw_weight(rng, n, k, fmt)
+    x = rng.uniform(-1, 1, (m, k)).astype(DTYPES[dtype])
+    xd = gpk.from_numpy(x).realize()
+    y = gpk.zeros((m, n), getattr(gpk, dtype)).realize()
+    for a in (xd, q.data, q.scale, y):
+        a.realize()
+    ptr = [int(a.node.realized.ptr) for a in (xd, q.data, q.scale, y)]
+    gemv_quant.gemv_quant(ptr[0], ptr[1], ptr[2], ptr[3], q.spec, n, k, dtype,
+                          scale_numel=n, m=m, stages=stages)  # fmt: skip
+    gpk.synchronize()
+    ref = x.astype(np.float64) @ q.dequantize().T
+    assert _err(y.to_numpy(), ref, dtype) <= 1e-3

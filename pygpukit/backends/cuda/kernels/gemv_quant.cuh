@@ -4,15 +4,17 @@
 //   per 128 x 128 block), 2 int4 [N, K/2] (low nibble first; scale and, PGK_QZERO, uint8
 //   zero point per group of PGK_QGROUP along K; symmetric: zero 8).
 //
-// The tensor-core GEMV of gemv.cuh (pgk_gemv_mma, its helpers are reused) with W
-// dequantized in registers: each lane loads PGK_QLW 32-bit words of a row of W per chunk
-// (16 or 8 bytes), turns them into exact bf16/f16 values (the integers, the e4m3 values;
-// no scale applied: a scale rounded to 2-byte precision would cost 1e-3 of accuracy) and
-// feeds them to mma.sync m16n8k16 as the B fragment; x is the A fragment (rows 8-15 zero).
-// Each lane's elements are consecutive in memory, and x is read in the same permutation
-// of K, so the dot products are unchanged (see gemv.cuh). Scales apply in fp32: per row in
-// the epilogue; per group or block (PGK_QSK) to each chunk's partial sums, a chunk never
-// spanning two groups (host: chunk width divides the group).
+// The tensor-core GEMV of gemv.cuh (its helpers are reused) with W dequantized in
+// registers: each lane loads PGK_QLW 32-bit words of a row of W per chunk (16 or 8 bytes)
+// and turns them into exact bf16/f16 values (the integers, the e4m3 values; no scale
+// applied: a scale rounded to 2-byte precision would cost 1e-3 of accuracy) with integer
+// and FP32 arithmetic only (no conversion instructions; see pgk_qint8_pairs). W is
+// mma.sync m16n8k16's A operand (two n8 tiles of rows, 256 weights an MMA) and x its B
+// operand (n = the rows of x). Each lane's elements are consecutive in memory, and x is
+// read in the same permutation of K, so the dot products are unchanged (see gemv.cuh).
+// Scales apply in fp32: per row in the epilogue; per group or block (PGK_QSK) to each
+// chunk's partial sums, a chunk never spanning two groups (host: chunk width divides the
+// group).
 //
 // Early loads and the persistent grid as in gemv.cuh: with w_early (read-only weights in
 // a captured graph) the first slab of W, its scales and zero points are loaded before the
@@ -63,50 +65,69 @@ using pgk_qpair = typename pgk_gpick<pgk_gsame<pgk_t, __nv_bfloat16>::value, __n
 PGK_DEVICE unsigned pgk_qbits(pgk_qpair p) { return *reinterpret_cast<unsigned*>(&p); }
 PGK_DEVICE pgk_qpair pgk_qof(unsigned u) { return *reinterpret_cast<pgk_qpair*>(&u); }
 
-// Two exact f16 values as the pair type of x (bf16 holds every value we make exactly).
-PGK_DEVICE unsigned pgk_qfrom_h2(unsigned h) {
+// Dequantizing W never touches the conversion pipe (F2F / I2F / F2FP: 16 lanes a clock
+// per SM on sm_90, against 64 for shifts, LOP3 and PRMT and 128 for FP32 adds): with bf16
+// x each pair of int8 weights through f16 -> f32 -> bf16 cost 1.5 conversions a weight,
+// which capped the GEMV at about 10.7 weights per clock per SM (the ~60% of copy bandwidth
+// int8 measured on an H200). Every value below is built exactly with integer and
+// floating-point arithmetic instead.
+
+// Bytes (0, 1) and (2, 3) of an int8 word as two pairs of x's type (low byte low).
+PGK_DEVICE void pgk_qint8_pairs(unsigned w, unsigned& lo, unsigned& hi) {
+  const unsigned u = w ^ 0x80808080u;  // each byte b + 128
   if constexpr (pgk_gsame<pgk_t, __nv_bfloat16>::value) {
-    const float2 f = __half22float2(*reinterpret_cast<__half2*>(&h));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-    return *reinterpret_cast<const unsigned*>(&b);
+    // b + 128 as the low byte of the fp32 2^23 + b + 128: minus 2^23 + 128 is b exactly,
+    // and b (8 significant bits at most) is exact in the fp32's upper half, a bf16.
+    unsigned f[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      f[j] = __float_as_uint(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650 + j)) -
+                             8388736.0f);
+    lo = __byte_perm(f[0], f[1], 0x7632);
+    hi = __byte_perm(f[2], f[3], 0x7632);
   } else {
-    return h;
+    // b + 128 under the f16 exponent of 1024 is 1024 + b + 128 exactly; minus 1152 is b.
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+    const unsigned l = __byte_perm(u, 0x64646464u, 0x4140);
+    const unsigned h = __byte_perm(u, 0x64646464u, 0x4342);
+    const __half2 vl = __hsub2(*reinterpret_cast<const __half2*>(&l), bias);
+    const __half2 vh = __hsub2(*reinterpret_cast<const __half2*>(&h), bias);
+    lo = *reinterpret_cast<const unsigned*>(&vl);
+    hi = *reinterpret_cast<const unsigned*>(&vh);
   }
 }
 
-// Bytes 2j, 2j + 1 of w as two values (low byte in the low half), j = 0 or 1.
-PGK_DEVICE unsigned pgk_qint8_pair(unsigned w, int j) {
-  // (b + 128) under the f16 exponent of 1024 is 1024 + b + 128 exactly; minus 1152 is b.
-  const unsigned biased = __byte_perm(w ^ 0x80808080u, 0x64646464u, j ? 0x4342 : 0x4140);
-  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased),
-                            __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
-  return pgk_qfrom_h2(*reinterpret_cast<const unsigned*>(&h));
-}
-
+// Bytes 2j, 2j + 1 of an fp8 e4m3 word as a pair of x's type (j = 0, 1). With the bytes
+// in the upper byte of each half the sign is in place; the exponent and mantissa (7 bits)
+// shifted into x's type's field (bf16: right by 4, f16: by 1) are the value / 2^120
+// (bf16) or / 2^8 (f16), subnormals included (exponent 0 is a subnormal there too), and
+// the multiply by that power of two is exact. (NaN, 0x7F, is not a weight.)
 PGK_DEVICE unsigned pgk_qfp8_pair(unsigned w, int j) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  unsigned h;  // byte 2j to the low half, 2j + 1 to the high half, exactly
-  const unsigned short b = (unsigned short)(w >> (16 * j));
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(b));
-#else
-  const unsigned t = __byte_perm(w, 0u, j ? 0x4342 : 0x4140);  // byte 2j | byte 2j+1 << 16
-  // e4m3 (bias 7) moved into f16's field (bias 15) is the value / 2^8, subnormals
-  // included; times 2^8 is exact. (NaN, 0x7F, is not a weight.)
-  unsigned h = ((t & 0x00800080u) << 8) | ((t & 0x007F007Fu) << 7);
-  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h),
-                            __halves2half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
-  h = *reinterpret_cast<const unsigned*>(&v);
-#endif
-  return pgk_qfrom_h2(h);
+  constexpr bool bf = pgk_gsame<pgk_t, __nv_bfloat16>::value;
+  constexpr int shift = bf ? 4 : 1;
+  constexpr unsigned field = (0x7F00u >> shift) * 0x10001u;
+  constexpr unsigned short pow2 = bf ? 0x7B80 : 0x5C00;  // 2^120, 2^8
+  const unsigned u = __byte_perm(w, 0u, j ? 0x3424 : 0x1404);
+  const unsigned v = (u & 0x80008000u) | ((u >> shift) & field);
+  const pgk_qpair p = pgk_qof(pow2 | ((unsigned)pow2 << 16));
+  return pgk_qbits(__hmul2(pgk_qof(v), p));
 }
 
 // Nibbles i and i + 4 of w minus the zero point, i = 0 .. 3: q - z exactly, the nibble
-// set under a magic exponent (bf16 128 + q, f16 1024 + q) less the same for z.
-PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair) {
-  constexpr unsigned magic =
-      pgk_gsame<pgk_t, __nv_bfloat16>::value ? 0x43004300u : 0x64006400u;
+// set under a magic exponent (bf16 128 + q, f16 1024 + q, pgk_qmagic) less the same for z.
+PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair, unsigned magic) {
   const unsigned q = ((w >> (4 * i)) & 0x000F000Fu) | magic;
   return pgk_qbits(__hsub2(pgk_qof(q), pgk_qof(zpair)));
+}
+
+// The int4 magic pair held in a register: the mask and the magic of pgk_qint4_pair are two
+// constants and LOP3 takes one immediate; with both known ptxas rematerialized the other
+// before every use (a move for each pair of weights). n >= 0, so n >> 31 is 0, but only
+// at run time.
+PGK_DEVICE unsigned pgk_qmagic(int n) {
+  constexpr unsigned magic =
+      pgk_gsame<pgk_t, __nv_bfloat16>::value ? 0x43004300u : 0x64006400u;
+  return magic | (unsigned)(n >> 31);
 }
 
 PGK_DEVICE unsigned pgk_qzero_pair(int z) {
@@ -115,73 +136,93 @@ PGK_DEVICE unsigned pgk_qzero_pair(int z) {
   return h | (h << 16);
 }
 
-// The B fragment of MMA step s (4 elements of this lane's chunk) from its words.
-PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, unsigned& b0,
-                          unsigned& b1) {
+// Step s's pairs of this lane's row of W (4 elements of its chunk): lo at k 2qc, 2qc + 1
+// and hi at 2qc + 8, 2qc + 9 of the MMA's K, from the row's words.
+PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, unsigned magic,
+                          unsigned& lo, unsigned& hi) {
 #if PGK_QFMT == 2
   // Word s / 2 holds elements 8j .. 8j + 7; step 2j takes pairs (0,4), (1,5), 2j+1 (2,6), (3,7).
   const int i = (s & 1) * 2;
-  b0 = pgk_qint4_pair(wv[s >> 1], i, zpair);
-  b1 = pgk_qint4_pair(wv[s >> 1], i + 1, zpair);
+  lo = pgk_qint4_pair(wv[s >> 1], i, zpair, magic);
+  hi = pgk_qint4_pair(wv[s >> 1], i + 1, zpair, magic);
 #elif PGK_QFMT == 1
   (void)zpair;
-  b0 = pgk_qfp8_pair(wv[s], 0);
-  b1 = pgk_qfp8_pair(wv[s], 1);
+  (void)magic;
+  lo = pgk_qfp8_pair(wv[s], 0);
+  hi = pgk_qfp8_pair(wv[s], 1);
 #else
   (void)zpair;
-  b0 = pgk_qint8_pair(wv[s], 0);
-  b1 = pgk_qint8_pair(wv[s], 1);
+  (void)magic;
+  pgk_qint8_pairs(wv[s], lo, hi);
 #endif
 }
 
-// The A fragment's x pairs of step s from this lane's x (8 elements per uint4), in the
+// The B fragment's x pairs of step s from this lane's x (8 elements per uint4), in the
 // order pgk_qfrag pairs W's elements.
-PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& a0, unsigned& a2) {
+PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& b0, unsigned& b1) {
 #if PGK_QFMT == 2
   const uint4 v = xv[s >> 1];
   if (s & 1) {
-    a0 = __byte_perm(v.y, v.w, 0x5410);
-    a2 = __byte_perm(v.y, v.w, 0x7632);
+    b0 = __byte_perm(v.y, v.w, 0x5410);
+    b1 = __byte_perm(v.y, v.w, 0x7632);
   } else {
-    a0 = __byte_perm(v.x, v.z, 0x5410);
-    a2 = __byte_perm(v.x, v.z, 0x7632);
+    b0 = __byte_perm(v.x, v.z, 0x5410);
+    b1 = __byte_perm(v.x, v.z, 0x7632);
   }
 #else
   const uint4 v = xv[s >> 1];
-  a0 = (s & 1) ? v.z : v.x;
-  a2 = (s & 1) ? v.w : v.y;
+  b0 = (s & 1) ? v.z : v.x;
+  b1 = (s & 1) ? v.w : v.y;
 #endif
 }
 
 // One chunk (U of them per slab) against the NT n8 tiles: x's fragments xv (the lane's
 // EPL elements), W's words of tile t from wget(t, words), its zero-point pair from
-// zget(t) and, with PGK_QSK, the scales of the C fragment's two columns from sget(t, e).
+// zget(t) and, with PGK_QSK, the scale of the lane's row of tile t from sget(t).
+// W is the MMA's A operand: tiles t and t + 1 are its rows 0-7 and 8-15 (m16 x k16, 256
+// weights an MMA), x the B operand (k16 x n8, its columns the rows of x). With W as B
+// (n8 x k16, x in A's rows 0-7, rows 8-15 zero) every weight cost twice the tensor work
+// and the zero rows a register move each. C's rows are then W's rows: acc[t][e] is the
+// lane's row qr of tile t against x's row 2qc + e.
 // (A function template, not a generic lambda: see pgk_gmma_slab.)
 template <int NT, typename WGet, typename ZGet, typename SGet>
-PGK_DEVICE void pgk_qchunk(float (&acc)[NT][4], const uint4 (&xv)[PGK_QEPL / 8], WGet wget,
-                           ZGet zget, SGet sget) {
+PGK_DEVICE void pgk_qchunk(float (&acc)[NT][2], const uint4 (&xv)[PGK_QEPL / 8], WGet wget,
+                           ZGet zget, SGet sget, unsigned magic) {
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    unsigned wv[PGK_QLW];
-    wget(t, wv);
-    const unsigned zp = zget(t);
+  for (int t = 0; t < NT; t += 2) {
+    const bool pair = t + 1 < NT;  // an odd NT's last tile leaves A's rows 8-15 zero
+    unsigned w0[PGK_QLW], w1[PGK_QLW];
+    wget(t, w0);
+    if (pair) wget(t + 1, w1);
+    const unsigned z0 = zget(t), z1 = pair ? zget(t + 1) : 0u;
     // A chunk's own accumulator: the chunks' MMA chains are independent (one chain
     // through the whole slab serialized the tensor-core latency).
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int s = 0; s < PGK_QEPL / 4; ++s) {
-      unsigned a0, a2, b0, b1;
-      pgk_qxfrag(xv, s, a0, a2);
-      pgk_qfrag(wv, s, zp, b0, b1);
-      pgk_gmma(part, a0, 0u, a2, 0u, b0, b1);
+      unsigned a0, a1 = 0u, a2, a3 = 0u, b0, b1;
+      pgk_qxfrag(xv, s, b0, b1);
+      pgk_qfrag(w0, s, z0, magic, a0, a2);
+      if (pair) pgk_qfrag(w1, s, z1, magic, a1, a3);
+      pgk_gmma(part, a0, a1, a2, a3, b0, b1);
     }
 #if PGK_QSK == 1
-    acc[t][0] += part[0] * sget(t, 0);
-    acc[t][1] += part[1] * sget(t, 1);
+    const float s0 = sget(t);
+    acc[t][0] += part[0] * s0;
+    acc[t][1] += part[1] * s0;
+    if (pair) {
+      const float s1 = sget(t + 1);
+      acc[t + 1][0] += part[2] * s1;
+      acc[t + 1][1] += part[3] * s1;
+    }
 #else
     (void)sget;
     acc[t][0] += part[0];
     acc[t][1] += part[1];
+    if (pair) {
+      acc[t + 1][0] += part[2];
+      acc[t + 1][1] += part[3];
+    }
 #endif
   }
 }
@@ -215,19 +256,20 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const int c_lo = (int)((long long)nch * warp / PGK_GW);
   const int c_hi = (int)((long long)nch * (warp + 1) / PGK_GW);
   const bool xin = qr < m;
+  const unsigned qmagic = pgk_qmagic(n);
   // Every warp has the same slab count per tile (the epilogue's barrier is per tile);
   // chunks past a warp's range read nothing.
   const int n_st = ((nch + PGK_GW - 1) / PGK_GW + U - 1) / U;
   const int total = my_tiles * n_st;
   const int first_tile = (int)blockIdx.x;
 
-  float acc[NT][4];
+  float acc[NT][2];
   float ss[4], ss_hi[4];
   auto zero_acc = [&]() {
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+      for (int e = 0; e < 2; ++e) acc[t][e] = 0.0f;
 #pragma unroll
     for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
   };
@@ -237,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) red[warp][qr][t * 8 + 2 * qc + e] = acc[t][e];
+      for (int e = 0; e < 2; ++e) red[warp][2 * qc + e][t * 8 + qr] = acc[t][e];
 #if PGK_PRO == 1
     if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
 #endif
@@ -322,21 +364,39 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #endif
     zslot = -1;
   };
+  // Stages are issued in order (0, 1, 2, ...): stage is_j of tile is_tile is next. A
+  // lane's pieces of a stage are one column of rows i * RSTEP + lrow (CPR divides 32), so
+  // the row pointers are set once a tile, and a stage adds its column: the per-stage
+  // address arithmetic of every piece had been about a third of the loop's instructions.
+  constexpr int RSTEP = 32 / CPR;
+  static_assert(32 % CPR == 0, "a stage row is at most 32 pieces (U <= 8)");
+  const int lrow = lane / CPR, lpc = lane % CPR;
+  const int lcol = (lpc / 4) * CW + (lpc % 4) * EPL;  // the lane's column in a stage
+  int is_j = 0, is_tile = first_tile;
+  const unsigned char* wrow[NT * U];  // the tile's rows, nullptr past N
   auto issue = [&](int st) {
-    const int tile = first_tile + (st / n_st) * (int)gridDim.x;
-    const int c0 = c_lo + (st % n_st) * U;
+    const int tile = is_tile;
+    const int c0 = c_lo + is_j * U;
+    if (is_j == 0) {
+#pragma unroll
+      for (int i = 0; i < NT * U; ++i) {
+        const int row = pgk_grow(n, i * RSTEP + lrow, tile);
+        wrow[i] = row >= 0 ? w + (long long)row * w_stride : nullptr;
+      }
+    }
+    if (++is_j == n_st) {
+      is_j = 0;
+      is_tile += (int)gridDim.x;
+    }
     unsigned char* base = wsm + (st % NS) * STB;
+    const int col = c0 * CW + lcol;
+    const bool cin = c0 + lpc / 4 < c_hi && col < k;
+    const int byte = PGK_QFMT == 2 ? col / 2 : col;  // int4: two a byte
 #pragma unroll
     for (int i = 0; i < NT * U; ++i) {
-      const int p = i * 32 + lane;
-      const int r = p / CPR, pc = p % CPR;
-      const int c = c0 + pc / 4;
-      const int col = c * CW + (pc % 4) * EPL;
-      const int row = pgk_grow(n, r, tile);
-      const bool in = row >= 0 && c < c_hi && col < k;
-      const long long byte = PGK_QFMT == 2 ? col / 2 : col;  // int4: two a byte
-      pgk_cp_async16(base + r * SLDB + pgk_gswz(r, pc) * 16,
-                     in ? w + (long long)row * w_stride + byte : w, in);
+      const int r = i * RSTEP + lrow;
+      const bool in = cin && wrow[i] != nullptr;
+      pgk_cp_async16(base + r * SLDB + pgk_gswz(r, lpc) * 16, in ? wrow[i] + byte : w, in);
     }
 #if PGK_QSK == 1
     float* scs = reinterpret_cast<float*>(base + WST);
@@ -438,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
               wv[3] = v.w;
             },
             [&](int t) { return pgk_qzero_pair(PGK_QZERO ? (int)zs[t * U + u] : 8); },
-            [&](int t, int e) { return scs[(t * 8 + 2 * qc + e) * U + u]; });
+            [&](int t) { return scs[(t * 8 + qr) * U + u]; }, qmagic);
       }
       __syncwarp();  // this stage is refilled by a later step's issue
     }
@@ -452,7 +512,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   // with PGK_QSK the scales of rows 2qc, 2qc + 1, the C fragment's columns). Stage s of
   // this warp is slab s % n_st of its tile s / n_st.
   using wregs = unsigned[U][NT][LW];
-  using sregs = float[U][NT][2];
+  using sregs = float[U][NT];
   using zregs = unsigned[U][NT];
   auto load = [&](int st, wregs& wv, sregs& sc, zregs& zp) {
     const int tile = first_tile + (st / n_st) * (int)gridDim.x;
@@ -484,17 +544,15 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #if PGK_QZERO == 1
         if (rin) zp[u][t] = pgk_qzero_pair(__ldg(zero + (long long)row * scale_ld + grp));
 #endif
-        sc[u][t][0] = sc[u][t][1] = 0.0f;
+        sc[u][t] = 0.0f;
 #if PGK_QSK == 1
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int srow = pgk_grow(n, t * 8 + 2 * qc + e, tile);
-          if (c < c_hi && srow >= 0) {
-            const long long at = PGK_QFMT == 1
-                                     ? (long long)(srow / PGK_QGROUP) * scale_ld + grp
-                                     : (long long)srow * scale_ld + grp;
-            sc[u][t][e] = __ldg(scale + at);
-          }
+        // The row's scale for the whole chunk (all four lanes of the row multiply their
+        // sum by it), so past K too: the chunk's group, not the lane's column's.
+        if (c < c_hi && row >= 0) {
+          const int cg = c * CW / PGK_QGROUP;
+          const long long at = PGK_QFMT == 1 ? (long long)(row / PGK_QGROUP) * scale_ld + cg
+                                             : (long long)row * scale_ld + cg;
+          sc[u][t] = __ldg(scale + at);
         }
 #endif
         (void)grp;
@@ -503,7 +561,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   };
 
   unsigned wv[U][NT][LW];
-  float sc[U][NT][2];
+  float sc[U][NT];
   unsigned zp[U][NT];
   bool have = false;
   if (w_early && total > 0) {  // settled weights: load before the wait
@@ -524,7 +582,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     // The next slab's loads go out before this one's multiplies: each lane keeps a slab
     // in flight while it computes (one register set only left the memory idle then).
     unsigned wn[U][NT][LW];
-    float scn[U][NT][2];
+    float scn[U][NT];
     unsigned zpn[U][NT];
     if (st + 1 < total) load(st + 1, wn, scn, zpn);
 #endif
@@ -549,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #pragma unroll
             for (int e = 0; e < LW; ++e) o[e] = wv[u][t][e];
           },
-          [&](int t) { return zp[u][t]; }, [&](int t, int e) { return sc[u][t][e]; });
+          [&](int t) { return zp[u][t]; }, [&](int t) { return sc[u][t]; }, qmagic);
     }
 #if PGK_QPIPE == 1
 #pragma unroll
@@ -558,8 +616,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       for (int t = 0; t < NT; ++t) {
 #pragma unroll
         for (int e = 0; e < LW; ++e) wv[u][t][e] = wn[u][t][e];
-        sc[u][t][0] = scn[u][t][0];
-        sc[u][t][1] = scn[u][t][1];
+        sc[u][t] = scn[u][t];
         zp[u][t] = zpn[u][t];
       }
 #else

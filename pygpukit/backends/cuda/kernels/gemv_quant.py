@@ -37,10 +37,20 @@ EARLY_BLOCKS_PER_SM = 0
 # H200, batch 1, w_early, us summed over the 7 bench shapes (a sweep of 17 geometries at
 # 22cdab5): int8 (8, 2, 4, 2) on two blocks per SM 102.4 (best 100.9, registers 111.9),
 # fp8 86.1 (registers 111.0), fp8 b128 87.0 (123.1); int4 g128 (8, 2, 2, 4) 71.1 (93.4),
-# asym 79.2 (116.3). Deeper stages and more blocks per SM measured no better: what is left
-# is the dequantizing instruction stream per warp, not bytes in flight.
+# asym 79.2 (116.3). With W as the MMA's A operand and no conversion instructions (H200,
+# a sweep of 6 geometries at c8adc08) these stay the best summed over the shapes: int8
+# 86.2 us, fp8 84.8, fp8 b128 85.4, int4 g128 58.5, asym 66.5 (the register path 110.0,
+# 110.4, 108.1, 69.8, 79.4). Blocks per SM: as many as fit up to three (resident_blocks):
+# three took [11264 x 2048] from 12.3 to 9.2 us (int8) and 11.7 to 8.8 (fp8) and changed
+# no other bench shape by more than 1% (at 9599d14); int8 and fp8 at K = 4096 miss a third
+# block by about 1.5 KiB of shared memory (the static partial sums are sized for 8 rows).
 STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
-STAGED_EARLY_BLOCKS_PER_SM = 2
+STAGED_EARLY_BLOCKS_PER_SM = 3
+# Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
+# reserves 1 KiB of shared memory per block.
+REG_UNIT = 256
+SM_REGS = 65536
+BLOCK_SMEM_RESERVED = 1024
 
 
 def words_per_lane(spec: QuantSpec) -> int:
@@ -104,6 +114,16 @@ def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: i
 def static_smem(gw: int, nt: int) -> int:
     """The kernel's static shared memory: the warps' partial sums and sums of squares."""
     return gw * 8 * (8 * nt + 1) * 4 + gw * 8 * 4
+
+
+def resident_blocks(num_regs: int, static_bytes: int, threads: int, smem: int,
+                    smem_per_sm: int) -> int:  # fmt: skip
+    """Blocks of a kernel one SM holds at once, by its shared memory (dynamic smem plus
+    static_bytes, and the per-block reserve) and its registers (num_regs a thread)."""
+    by_smem = smem_per_sm // (smem + static_bytes + BLOCK_SMEM_RESERVED)
+    per_warp = cdiv(num_regs * 32, REG_UNIT) * REG_UNIT
+    by_regs = SM_REGS // (cdiv(threads, 32) * per_warp) if num_regs else by_smem
+    return min(by_smem, by_regs)
 
 
 def gemv_quant(
@@ -200,6 +220,12 @@ def gemv_quant(
     per_sm = blocks_per_sm
     if per_sm is None:
         per_sm = (STAGED_EARLY_BLOCKS_PER_SM if stages else EARLY_BLOCKS_PER_SM) if w_early else 0
+        if per_sm and stages:
+            # A persistent block that is not resident runs in a second wave: its tiles wait
+            # for a whole block's worth of others (K = 11008 leaves room for fewer blocks).
+            fit = resident_blocks(fn.fn.num_regs, fn.fn.shared_bytes, gw * 32, smem,
+                                  toolchain.device_info()["max_shared_per_sm"])  # fmt: skip
+            per_sm = max(1, min(per_sm, fit))
     grid_x = min(tiles, per_sm * toolchain.sm_count()) if per_sm else tiles
     row_bytes = k // 2 if spec.format == "int4" else k
     fn.launch(

@@ -1,0 +1,27 @@
+"""gemv_quant's persistent grid: how many blocks of the staged kernel one SM holds, from
+its shared memory and registers (no GPU needed: the launcher's arithmetic on the numbers
+the driver reports)."""
+
+from __future__ import annotations
+
+import pytest
+
+gemv_quant = pytest.importorskip("pygpukit.backends.cuda.kernels.gemv_quant")
+
+H200_SMEM_PER_SM = 228 * 1024  # sm_90: 228 KiB per SM, 1 KiB of it reserved per block
+
+
+def test_shared_memory_bounds_the_blocks():
+    # int8 (8 warps, 2 stages of 4 KiB) and one row of x of K = 4096: 73.7 KiB a block.
+    smem = 8 * 2 * 4096 + (4096 + 8) * 2
+    assert gemv_quant.resident_blocks(64, 1600, 256, smem, H200_SMEM_PER_SM) == 3
+    # K = 11008: x takes 21.5 KiB more, two blocks fit, not three (3 * 88.3 > 228).
+    smem = 8 * 2 * 4096 + (11008 + 8) * 2
+    assert gemv_quant.resident_blocks(64, 1600, 256, smem, H200_SMEM_PER_SM) == 2
+
+
+def test_registers_bound_the_blocks():
+    # 128 registers a thread: 4096 a warp, 32 Ki a block of 8 warps, two of 64 Ki.
+    assert gemv_quant.resident_blocks(128, 0, 256, 1024, H200_SMEM_PER_SM) == 2
+    # 72 registers round up to 2304 a warp (units of 256): 65536 // (8 * 2304) = 3.
+    assert gemv_quant.resident_blocks(72, 0, 256, 1024, H200_SMEM_PER_SM) == 3
