@@ -199,6 +199,7 @@ def cublaslt_plan_key(
     align: int = 16,
     workspace_bytes: int = 0,
     device: int = 0,
+    ldc: int = 0,
 ) -> str: ...
 def cublaslt_plan(
     m: int,
@@ -219,6 +220,7 @@ def cublaslt_plan(
     tf32: bool = False,
     align: int = 16,
     workspace_bytes: int = 0,
+    ldc: int = 0,
 ) -> LtMatmul: ...
 def cublaslt_cache_stats() -> dict[str, int]: ...
 def cublaslt_cache_clear() -> None: ...
@@ -237,4 +239,5 @@ class LtMatmul:
         workspace: int = 0,
         workspace_bytes: int = 0,
         stream: _StreamArg = None,
+        c: int = 0,
     ) -> None: ...

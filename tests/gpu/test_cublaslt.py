@@ -134,6 +134,32 @@ def test_linear_epilogues(rng: np.random.Generator, d: str, act: str, with_bias:
     assert rel_err(out, ref) < TOL[d] * 1.5
 
 
+@pytest.mark.parametrize("d", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("act", ["none", "gelu_tanh"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_residual_epilogue(rng: np.random.Generator, d: str, act: str,
+                                  with_bias: bool) -> None:  # fmt: skip
+    """A compiled linear + residual (folded into one linear step): the residual is added by
+    the GEMM (C, beta = 1; here a view with padded rows) when there is no activation, else
+    after it by an add kernel; both against float64."""
+    k, n = 192, 80
+    x = rand(rng, (2, 48, k), d)
+    w = rand(rng, (n, k), d, 1 / math.sqrt(k))
+    b = rand(rng, (n,), d, 0.5)
+    wide = rand(rng, (2, 48, n + 16), d)
+    pre = f64(x) @ f64(w).T + (f64(b) if with_bias else 0)
+    ref = (gelu_tanh(pre) if act == "gelu_tanh" else pre) + f64(wide)[..., :n]
+
+    @gpk.compile
+    def f(x: gpk.GPUArray, w: gpk.GPUArray, b: gpk.GPUArray, wide: gpk.GPUArray) -> gpk.GPUArray:
+        y = gpk.nn.linear(x, w, b if with_bias else None, activation=act)
+        return y + wide[:, :, :n]
+
+    for _ in range(2):  # the planned first call, then the replay
+        out = f(gpk.from_numpy(x), gpk.from_numpy(w), gpk.from_numpy(b), gpk.from_numpy(wide))
+        assert rel_err(out, ref) < TOL[d] * 1.5
+
+
 def test_gelu_epilogue_is_tanh_form(rng: np.random.Generator) -> None:
     """float32 is precise enough to tell the tanh GELU from the erf one."""
     x, w, b = rand(rng, (64, 128), "float32"), rand(rng, (80, 128), "float32", 0.2), None

@@ -18,7 +18,7 @@ from . import toolchain
 from .context import Context
 from .value import DeviceValue
 
-GemmLaunch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
+GemmLaunch = Callable[..., None]  # (a_ptr, b_ptr, d_ptr[, bias_ptr][, c=residual_ptr])
 
 LT_DTYPES = ("float32", "float16", "bfloat16")
 # One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
@@ -97,10 +97,12 @@ def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int]
 
 def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
                 b_op: tuple[bool, int], batch: int = 1, stride_a: int = 0, stride_b: int = 0,
-                epilogue: str = "none", ptrs: Sequence[int] = ()) -> GemmLaunch | None:  # fmt: skip
-    """launch(a, b, d[, bias]) through a cached cuBLASLt plan, or None when cuBLASLt is
-    absent or has no algorithm for the problem. D is contiguous [batch, m, n]. float32
-    follows set_tf32 at run time (one plan per mode)."""
+                epilogue: str = "none", ptrs: Sequence[int] = (), ldc: int = 0
+                ) -> GemmLaunch | None:  # fmt: skip
+    """launch(a, b, d[, bias][, c=...]) through a cached cuBLASLt plan, or None when cuBLASLt
+    is absent or has no algorithm for the problem. D is contiguous [batch, m, n]. ldc > 0:
+    the plan adds C [m, n] of that row stride (beta = 1; one matrix, epilogue none or bias),
+    passed as c=. float32 follows set_tf32 at run time (one plan per mode)."""
     if dtype not in LT_DTYPES or cublaslt_unavailable_reason():
         return None
     (ta, lda), (tb, ldb) = a_op, b_op
@@ -110,7 +112,7 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     ws, ws_bytes = _workspace(ctx)
     kw = dict(lda=lda, ldb=ldb, ldd=n, trans_a=ta, trans_b=tb, batch=batch, stride_a=stride_a,
               stride_b=stride_b, stride_d=m * n, epilogue=epilogue, align=align,
-              workspace_bytes=ws_bytes)  # fmt: skip
+              workspace_bytes=ws_bytes, ldc=ldc)  # fmt: skip
 
     def plan(tf32: bool) -> Any:
         return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
@@ -123,8 +125,8 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
         return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
     ws_ptr = ws.ptr if ws is not None else 0
 
-    def lt(pa: int, pb: int, pc: int, pbias: int = 0) -> None:
+    def lt(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0) -> None:
         p = plans[_tf32[0] and dtype == "float32"]
-        p.run(pa, pb, pc, pbias, ws_ptr, ws_bytes, ctx.stream)
+        p.run(pa, pb, pd, pbias, ws_ptr, ws_bytes, ctx.stream, c)
 
     return lt
