@@ -230,6 +230,22 @@ class LtMatmul:
     def key(self) -> str: ...
     @property
     def workspace_needed(self) -> int: ...
+    @property
+    def candidates(self) -> int: ...
+    @property
+    def chosen(self) -> int: ...
+    def tune(
+        self,
+        a: int,
+        b: int,
+        d: int,
+        bias: int = 0,
+        c: int = 0,
+        workspace: int = 0,
+        workspace_bytes: int = 0,
+        stream: _StreamArg = None,
+        reps: int = 3,
+    ) -> int: ...
     def run(
         self,
         a: int,

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "context.h"
+#include "driver.h"
 #include "dynlib.h"
 #include "errors.h"
 #include "stream.h"
@@ -325,24 +326,100 @@ class LtPlan {
       check_lt(a.cublasLtMatmulPreferenceSetAttribute(rawp, attr, &al, sizeof(al)),
                "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
     }
-    LtHeuristic result{};
+    // The heuristic's best few: the first serves until tune() times them on the problem.
+    LtHeuristic results[kCandidates] = {};
     int found = 0;
     check_lt(a.cublasLtMatmulAlgoGetHeuristic(handle_, desc_.get(), lt_a_.get(), lt_b_.get(),
-                                              c_layout(), lt_d_.get(), rawp, 1, &result, &found),
+                                              c_layout(), lt_d_.get(), rawp, kCandidates,
+                                              results, &found),
              "cublasLtMatmulAlgoGetHeuristic");
-    if (found < 1 || result.state != kLtSuccess) {
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == kLtSuccess) candidates_.push_back(results[i]);
+    }
+    if (candidates_.empty()) {
       throw CudaError("cublasLtMatmulAlgoGetHeuristic", kLtNotSupported,
                       "cublasLtMatmulAlgoGetHeuristic found no algorithm for " + key.str());
     }
-    algo_ = result.algo;
-    workspace_needed_ = result.workspace_size;
+    algo_ = candidates_[0].algo;
+    workspace_needed_ = candidates_[0].workspace_size;
   }
 
   const LtPlanKey& key() const { return key_; }
   size_t workspace_needed() const { return workspace_needed_; }
+  int candidates() const { return static_cast<int>(candidates_.size()); }
+  int chosen() const { return chosen_; }
+
+  // Times each candidate on these operands (one warm-up launch, then `reps` between two
+  // events on `stream`, waiting for them) and keeps the fastest for every later run: the
+  // heuristic's first pick is not always the fastest kernel for the shape. Returns the
+  // chosen candidate's index (0: the heuristic's), or -1 without timing anything while
+  // `stream` is being captured (a dry run's stand-in pointers, or a graph being recorded:
+  // nothing may execute or wait there). D is overwritten; C and the bias are only read.
+  int tune(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c, uint64_t workspace,
+           uint64_t workspace_bytes, CUstream stream, int reps) {
+    check_pointers(a, b, d, bias, c);
+    ctx_->make_current();
+    const cu::DriverApi& drv = driver();
+    int capture_status = 0;
+    check_cu(drv.cuStreamIsCapturing(stream, &capture_status), "cuStreamIsCapturing");
+    if (capture_status != 0) return -1;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (chosen_ >= 0) return chosen_;
+    if (candidates_.size() > 1 && reps > 0) {
+      CUevent start = nullptr, stop = nullptr;
+      check_cu(drv.cuEventCreate(&start, cu::kEventDefault), "cuEventCreate");
+      if (drv.cuEventCreate(&stop, cu::kEventDefault) != cu::kSuccess) {
+        drv.cuEventDestroy(start);
+        throw CudaError("cuEventCreate", -1, "cuEventCreate failed while tuning a GEMM");
+      }
+      float best = -1.0f;
+      int best_i = 0;
+      for (size_t i = 0; i < candidates_.size(); ++i) {
+        const LtHeuristic& h = candidates_[i];
+        if (h.workspace_size > 0 && (!workspace || workspace_bytes < h.workspace_size)) continue;
+        auto once = [&]() {
+          return launch(h.algo, h.workspace_size, a, b, d, bias, c, workspace, workspace_bytes,
+                        stream);
+        };
+        bool ok = once();  // warm-up
+        check_cu(drv.cuEventRecord(start, stream), "cuEventRecord");
+        for (int r = 0; ok && r < reps; ++r) ok = once();
+        check_cu(drv.cuEventRecord(stop, stream), "cuEventRecord");
+        check_cu(drv.cuEventSynchronize(stop), "cuEventSynchronize");
+        float ms = 0.0f;
+        check_cu(drv.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+        if (ok && (best < 0.0f || ms < best)) best = ms, best_i = static_cast<int>(i);
+      }
+      drv.cuEventDestroy(start);
+      drv.cuEventDestroy(stop);
+      algo_ = candidates_[best_i].algo;
+      workspace_needed_ = candidates_[best_i].workspace_size;
+      chosen_ = best_i;
+    } else {
+      chosen_ = 0;
+    }
+    return chosen_;
+  }
 
   void run(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,
            uint64_t workspace_bytes, CUstream stream, uint64_t c = 0) {
+    check_pointers(a, b, d, bias, c);
+    if (workspace_needed_ > 0 && (!workspace || workspace_bytes < workspace_needed_)) {
+      throw py::value_error("cublasLt matmul: needs a workspace of " +
+                            std::to_string(workspace_needed_) + " bytes, got " +
+                            std::to_string(workspace ? workspace_bytes : 0));
+    }
+    ctx_->make_current();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!launch(algo_, workspace_needed_, a, b, d, bias, c, workspace, workspace_bytes, stream)) {
+      check_lt(last_status_, "cublasLtMatmul");
+    }
+  }
+
+ private:
+  static constexpr int kCandidates = 8;
+
+  void check_pointers(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c) const {
     const bool has_bias = epilogue_has_bias(key_.epilogue);
     const bool has_c = key_.ldc > 0;
     if (!a || !b || !d || (has_bias && !bias) || (has_c && !c)) {
@@ -356,29 +433,28 @@ class LtPlan {
       throw py::value_error("cublasLt matmul: a pointer is less aligned than the plan's " +
                             std::to_string(key_.align) + " bytes");
     }
-    if (workspace_needed_ > 0 && (!workspace || workspace_bytes < workspace_needed_)) {
-      throw py::value_error("cublasLt matmul: needs a workspace of " +
-                            std::to_string(workspace_needed_) + " bytes, got " +
-                            std::to_string(workspace ? workspace_bytes : 0));
-    }
+  }
+
+  // One cublasLtMatmul with `algo` (the caller holds mu_: the bias pointer is a descriptor
+  // attribute). False, with last_status_ set, where cuBLASLt refused it.
+  bool launch(const LtAlgo& algo, size_t ws_needed, uint64_t a, uint64_t b, uint64_t d,
+              uint64_t bias, uint64_t c, uint64_t workspace, uint64_t workspace_bytes,
+              CUstream stream) {
     const LtApi& api_ = api();
-    ctx_->make_current();
+    const bool has_c = key_.ldc > 0;
     const float alpha = 1.0f, beta = has_c ? 1.0f : 0.0f;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (has_bias) {
+    if (epilogue_has_bias(key_.epilogue)) {
       const void* p = reinterpret_cast<const void*>(bias);
       set_desc(kDescBiasPointer, &p, sizeof(p), "BIAS_POINTER");
     }
     auto ptr = [](uint64_t v) { return reinterpret_cast<void*>(v); };
-    check_lt(api_.cublasLtMatmul(handle_, desc_.get(), &alpha, ptr(b), lt_a_.get(), ptr(a),
-                                 lt_b_.get(), &beta, ptr(has_c ? c : d), c_layout(), ptr(d),
-                                 lt_d_.get(),
-                                 &algo_, workspace_needed_ ? ptr(workspace) : nullptr,
-                                 workspace_needed_ ? workspace_bytes : 0, stream),
-             "cublasLtMatmul");
+    last_status_ = api_.cublasLtMatmul(handle_, desc_.get(), &alpha, ptr(b), lt_a_.get(), ptr(a),
+                                       lt_b_.get(), &beta, ptr(has_c ? c : d), c_layout(), ptr(d),
+                                       lt_d_.get(), &algo, ws_needed ? ptr(workspace) : nullptr,
+                                       ws_needed ? workspace_bytes : 0, stream);
+    return last_status_ == kLtSuccess;
   }
 
- private:
   LtLayout c_layout() const { return key_.ldc > 0 ? lt_c_.get() : lt_d_.get(); }
 
   void set_desc(int attr, const void* value, size_t size, const char* what) {
@@ -393,6 +469,9 @@ class LtPlan {
   Layout lt_a_, lt_b_, lt_c_, lt_d_;
   LtAlgo algo_{};
   size_t workspace_needed_ = 0;
+  std::vector<LtHeuristic> candidates_;
+  int chosen_ = -1;  // the tuned candidate; -1 until tune() ran
+  cublasStatus last_status_ = kLtSuccess;
   std::mutex mu_;
 };
 
@@ -438,6 +517,25 @@ void register_cublaslt(py::module_& m) {
   py::class_<LtPlan, std::shared_ptr<LtPlan>>(m, "LtMatmul")
       .def_property_readonly("key", [](const LtPlan& p) { return p.key().str(); })
       .def_property_readonly("workspace_needed", &LtPlan::workspace_needed)
+      .def_property_readonly("candidates", &LtPlan::candidates,
+                             "How many algorithms the heuristic offered (tune() times them).")
+      .def_property_readonly("chosen", &LtPlan::chosen,
+                             "The tuned candidate's index (0: the heuristic's first); -1 "
+                             "until tune() ran.")
+      .def(
+          "tune",
+          [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c,
+             uint64_t workspace, uint64_t workspace_bytes, py::handle stream, int reps) {
+            CUstream s = stream_handle(stream);
+            py::gil_scoped_release release;
+            return p.tune(a, b, d, bias, c, workspace, workspace_bytes, s, reps);
+          },
+          py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias") = 0, py::arg("c") = 0,
+          py::arg("workspace") = 0, py::arg("workspace_bytes") = 0,
+          py::arg("stream") = py::none(), py::arg("reps") = 3,
+          "Time the heuristic's candidates on these operands (D is overwritten) and keep the "
+          "fastest; waits for `stream`. Returns the chosen index, or -1 (nothing run) while "
+          "`stream` is being captured. Once chosen, later calls return it at once.")
       .def(
           "run",
           [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,

@@ -215,6 +215,44 @@ def test_plan_cache_and_single_workspace(rng: np.random.Generator, cuda: Any) ->
     assert rel_err(dd, f64(a) @ f64(b)) < TOL["float16"]
 
 
+def test_tune_keeps_the_fastest_candidate(rng: np.random.Generator, cuda: Any) -> None:
+    """tune() times the heuristic's candidates on the operands and keeps one (a later run
+    uses it and is still right; a second tune returns the same choice at once); on a
+    stream being captured it runs nothing and returns -1; with residual C (ldc)."""
+    m, k, n = 256, 128, 96
+    a, b, c = (
+        rand(rng, (m, k), "float16"),
+        rand(rng, (k, n), "float16"),
+        rand(rng, (m, n), "float16"),
+    )
+    full = cublaslt.WORKSPACE_SIZES[0]
+    ws, ws_bytes = cublaslt._workspace(cuda)
+    assert ws is not None and ws_bytes == full
+    p = _native.cublaslt_plan(m, n, k, "float16", lda=k, ldb=n, ldd=n, ldc=n,
+                              workspace_bytes=full)  # fmt: skip
+    assert p.candidates >= 1 and " C96 " in p.key
+    da, db, dc = (gpk.from_numpy(x) for x in (a, b, c))
+    dd = gpk.from_numpy(np.full((m, n), np.nan, NP["float16"]))
+    pa, pb, pc, pd = (v.__cuda_array_interface__["data"][0] for v in (da, db, dc, dd))
+    stream = _native.Stream(0, True)
+    stream.begin_capture("relaxed")
+    try:
+        assert p.tune(pa, pb, pd, 0, pc, ws.ptr, full, stream) == -1
+    finally:
+        stream.end_capture()
+    assert p.chosen == -1
+    with pytest.raises(ValueError, match="pass c"):
+        p.run(pa, pb, pd, 0, ws.ptr, full, None)
+    chosen = p.tune(pa, pb, pd, 0, pc, ws.ptr, full, None)
+    assert 0 <= chosen < p.candidates and p.chosen == chosen
+    assert p.tune(pa, pb, pd, 0, pc, ws.ptr, full, None) == chosen
+    dd2 = gpk.from_numpy(np.full((m, n), np.nan, NP["float16"]))
+    p.run(pa, pb, dd2.__cuda_array_interface__["data"][0], 0, ws.ptr, full, None, pc)
+    cuda.synchronize()
+    ref = f64(a) @ f64(b) + f64(c)
+    assert rel_err(dd2, ref) < TOL["float16"] and rel_err(dd, ref) < TOL["float16"]
+
+
 def test_fallback_to_nvrtc_gemm(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
                                 ) -> None:  # fmt: skip
     """Without cuBLASLt the mma.sync / simple kernels serve, with the same results."""

@@ -188,7 +188,8 @@ def _linear_lt(ctx: Context, x: DeviceValue, wt: DeviceValue, bias: DeviceValue 
     epi = {(False, False): "none", (True, False): "bias", (False, True): "gelu",
            (True, True): "gelu_bias"}[(use_bias, use_act)]  # fmt: skip
     ptrs = [x.ptr, wt.ptr] + ([bias.ptr] if use_bias and bias is not None else [])
-    launch = lt_launcher(ctx, x.dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs)
+    launch = lt_launcher(ctx, x.dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs,
+                         tune=True)  # fmt: skip
     if launch is None:
         return None, False, False
     return launch, use_bias, use_act
@@ -358,7 +359,8 @@ def _linear_lt_residual(ctx: Context, step: Step, ins: Sequence[DeviceValue],
         return None
     ptrs = [x.ptr, w.ptr, res.ptr] + ([bias.ptr] if bias is not None else [])
     epi = "none" if bias is None else "bias"
-    launch = lt_launcher(ctx, dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs, ldc=ldc)
+    launch = lt_launcher(ctx, dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs, ldc=ldc,
+                         tune=True)  # fmt: skip
     if launch is None:
         return None
     res_at, has_bias = spec.residual_at, bias is not None
