@@ -331,7 +331,7 @@ def _linear_lt_residual(ctx: Context, step: Step, ins: Sequence[DeviceValue],
     reading both back (prefill's attention-out and MLP-down projections). None where its
     rules do not hold: a prologue or an activation (cuBLASLt adds C before the activation,
     the residual comes after it), mixed dtypes, x or the residual not foldable into
-    [M, K] / [M, N] matrices of unit column stride."""
+    [M, K] / [M, N] matrices of unit column stride, or at most 16 rows (decode batches)."""
     if spec.activation != "none" or spec.prologue != "none" or not spec.has_residual:
         return None
     x, w, res = ins[0], ins[1], ins[spec.residual_at]
@@ -347,6 +347,8 @@ def _linear_lt_residual(ctx: Context, step: Step, ins: Sequence[DeviceValue],
     (m, k), n = xr.shape, w.shape[0]
     if k == 0 or w.shape[1] != k or rr.shape != (m, n) or (n > 1 and rr.strides[1] != 1):
         return None
+    if m <= gemv.MMA_ROWS:
+        return None  # a decode step's few rows keep their measured GEMM + add
     ldc = rr.strides[0] if m > 1 else n
     if ldc < n:
         return None
