@@ -199,6 +199,7 @@ def cublaslt_plan_key(
     align: int = 16,
     workspace_bytes: int = 0,
     device: int = 0,
+    ldc: int = 0,
 ) -> str: ...
 def cublaslt_plan(
     m: int,
@@ -219,6 +220,7 @@ def cublaslt_plan(
     tf32: bool = False,
     align: int = 16,
     workspace_bytes: int = 0,
+    ldc: int = 0,
 ) -> LtMatmul: ...
 def cublaslt_cache_stats() -> dict[str, int]: ...
 def cublaslt_cache_clear() -> None: ...
@@ -228,6 +230,22 @@ class LtMatmul:
     def key(self) -> str: ...
     @property
     def workspace_needed(self) -> int: ...
+    @property
+    def candidates(self) -> int: ...
+    @property
+    def chosen(self) -> int: ...
+    def tune(
+        self,
+        a: int,
+        b: int,
+        d: int,
+        bias: int = 0,
+        c: int = 0,
+        workspace: int = 0,
+        workspace_bytes: int = 0,
+        stream: _StreamArg = None,
+        reps: int = 3,
+    ) -> int: ...
     def run(
         self,
         a: int,
@@ -237,4 +255,5 @@ class LtMatmul:
         workspace: int = 0,
         workspace_bytes: int = 0,
         stream: _StreamArg = None,
+        c: int = 0,
     ) -> None: ...

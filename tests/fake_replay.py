@@ -92,6 +92,9 @@ class LtPlan:
     def run(self, *args: Any) -> None:
         cuda_fakes.LAUNCHES.append(("cublaslt", (), ()))
 
+    def tune(self, *args: Any) -> int:
+        return -1  # as while captured: nothing timed (the fake device runs nothing)
+
 
 class Backend(CudaPlannedHooks):
     """What CudaPlannedHooks and the planners read of CudaBackend."""

@@ -109,7 +109,7 @@ def test_key_identifies_the_problem() -> None:
         key(epilogue="bias"), key(epilogue="gelu"), key(epilogue="gelu_bias"), key(align=8),
         key(workspace_bytes=1 << 20), key(device=1),
         key(batch=2, stride_a=1024, stride_b=2048, stride_d=512),
-        key(batch=2, stride_a=0, stride_b=2048, stride_d=512),
+        key(batch=2, stride_a=0, stride_b=2048, stride_d=512), key(ldc=32), key(ldc=48),
     ]  # fmt: skip
     assert len(set(variants + [base])) == len(variants) + 1
     # Batch strides of a single matrix do not matter: equal problems share one plan.
@@ -132,6 +132,10 @@ def test_key_identifies_the_problem() -> None:
         (dict(batch=2, stride_d=100), "overlap"),
         (dict(batch=2, stride_a=-1, stride_d=512), ">= 0"),
         (dict(m=1 << 31), "int32"),
+        (dict(ldc=31), "ldc"),
+        (dict(ldc=-1), "ldc"),
+        (dict(ldc=32, batch=2, stride_d=512), "single matrix"),
+        (dict(ldc=32, epilogue="gelu_bias"), "none or bias"),
     ],
 )
 def test_key_rejects_bad_problems(kw: dict[str, object], match: str) -> None:

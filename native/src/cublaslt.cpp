@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "context.h"
+#include "driver.h"
 #include "dynlib.h"
 #include "errors.h"
 #include "stream.h"
@@ -179,17 +180,17 @@ std::string LtPlanKey::str() const {
   std::ostringstream s;
   s << "dev" << device << " " << dtype_name(dtype) << (tf32 ? "/tf32" : "") << " m" << m << " n"
     << n << " k" << k << " A" << (trans_a ? "t" : "n") << lda << " B" << (trans_b ? "t" : "n")
-    << ldb << " D" << ldd << " batch" << batch << " strides(" << stride_a << "," << stride_b << ","
-    << stride_d << ") " << kEpilogueNames[epilogue] << " align" << align << " ws"
-    << workspace_bytes;
+    << ldb << " D" << ldd << (ldc > 0 ? " C" + std::to_string(ldc) : std::string()) << " batch"
+    << batch << " strides(" << stride_a << "," << stride_b << "," << stride_d << ") "
+    << kEpilogueNames[epilogue] << " align" << align << " ws" << workspace_bytes;
   return s.str();
 }
 
 bool LtPlanKey::operator<(const LtPlanKey& o) const {
   auto t = [](const LtPlanKey& x) {
     return std::make_tuple(x.device, x.dtype, x.tf32, x.trans_a, x.trans_b, x.m, x.n, x.k, x.lda,
-                           x.ldb, x.ldd, x.batch, x.stride_a, x.stride_b, x.stride_d, x.epilogue,
-                           x.align, x.workspace_bytes);
+                           x.ldb, x.ldd, x.ldc, x.batch, x.stride_a, x.stride_b, x.stride_d,
+                           x.epilogue, x.align, x.workspace_bytes);
   };
   return t(*this) < t(o);
 }
@@ -198,7 +199,7 @@ LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype,
                       int64_t ldb, int64_t ldd, bool trans_a, bool trans_b, int64_t batch,
                       int64_t stride_a, int64_t stride_b, int64_t stride_d,
                       const std::string& epilogue, bool tf32, int64_t align,
-                      int64_t workspace_bytes, int device) {
+                      int64_t workspace_bytes, int device, int64_t ldc) {
   LtPlanKey key;
   key.device = device;
   key.dtype = dtype_code(dtype);
@@ -211,7 +212,9 @@ LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype,
   if (lda < (trans_a ? m : k)) bad("lda " + std::to_string(lda) + " is below the row length");
   if (ldb < (trans_b ? k : n)) bad("ldb " + std::to_string(ldb) + " is below the row length");
   if (ldd < n) bad("ldd " + std::to_string(ldd) + " is below n");
+  if (ldc < 0 || (ldc > 0 && ldc < n)) bad("ldc " + std::to_string(ldc) + " is below n");
   if (batch < 1) bad("batch must be positive");
+  if (ldc > 0 && batch > 1) bad("an added C (ldc > 0) takes a single matrix, not a batch");
   if (stride_a < 0 || stride_b < 0 || stride_d < 0) bad("batch strides must be >= 0");
   if (batch > 1 && stride_d < (m - 1) * ldd + n) bad("batches of D would overlap");
   if (align < itemsize(key.dtype) || align > 256 || (align & (align - 1)) != 0) {
@@ -223,10 +226,13 @@ LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype,
     if (epilogue == kEpilogueNames[i]) key.epilogue = i;
   }
   if (key.epilogue < 0) bad("epilogue must be none, bias, gelu or gelu_bias, got " + epilogue);
+  // cuBLASLt adds C before the activation; a residual comes after it.
+  if (ldc > 0 && key.epilogue >= 2) bad("an added C (ldc > 0) takes the none or bias epilogue");
   key.trans_a = trans_a;
   key.trans_b = trans_b;
   key.m = m, key.n = n, key.k = k;
   key.lda = lda, key.ldb = ldb, key.ldd = ldd;
+  key.ldc = ldc;
   key.batch = batch;
   // A stride is meaningless for a single matrix: normalised so equal problems share a plan.
   key.stride_a = batch > 1 ? stride_a : 0;
@@ -305,6 +311,9 @@ class LtPlan {
     lt_b_ = key.trans_a ? make_layout(t, key.m, key.k, key.lda, key.batch, key.stride_a)
                         : make_layout(t, key.k, key.m, key.lda, key.batch, key.stride_a);
     lt_d_ = make_layout(t, key.n, key.m, key.ldd, key.batch, key.stride_d);
+    // C (the added residual) has D's type and shape, its own row stride; without one, C is
+    // D's layout (beta = 0 never reads it).
+    if (key.ldc > 0) lt_c_ = make_layout(t, key.n, key.m, key.ldc, 1, 0);
 
     LtPref rawp = nullptr;
     check_lt(a.cublasLtMatmulPreferenceCreate(&rawp), "cublasLtMatmulPreferenceCreate");
@@ -317,56 +326,137 @@ class LtPlan {
       check_lt(a.cublasLtMatmulPreferenceSetAttribute(rawp, attr, &al, sizeof(al)),
                "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
     }
-    LtHeuristic result{};
+    // The heuristic's best few: the first serves until tune() times them on the problem.
+    LtHeuristic results[kCandidates] = {};
     int found = 0;
     check_lt(a.cublasLtMatmulAlgoGetHeuristic(handle_, desc_.get(), lt_a_.get(), lt_b_.get(),
-                                              lt_d_.get(), lt_d_.get(), rawp, 1, &result, &found),
+                                              c_layout(), lt_d_.get(), rawp, kCandidates,
+                                              results, &found),
              "cublasLtMatmulAlgoGetHeuristic");
-    if (found < 1 || result.state != kLtSuccess) {
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == kLtSuccess) candidates_.push_back(results[i]);
+    }
+    if (candidates_.empty()) {
       throw CudaError("cublasLtMatmulAlgoGetHeuristic", kLtNotSupported,
                       "cublasLtMatmulAlgoGetHeuristic found no algorithm for " + key.str());
     }
-    algo_ = result.algo;
-    workspace_needed_ = result.workspace_size;
+    algo_ = candidates_[0].algo;
+    workspace_needed_ = candidates_[0].workspace_size;
   }
 
   const LtPlanKey& key() const { return key_; }
   size_t workspace_needed() const { return workspace_needed_; }
+  int candidates() const { return static_cast<int>(candidates_.size()); }
+  int chosen() const { return chosen_; }
+
+  // Times each candidate on these operands (one warm-up launch, then `reps` between two
+  // events on `stream`, waiting for them) and keeps the fastest for every later run: the
+  // heuristic's first pick is not always the fastest kernel for the shape. Returns the
+  // chosen candidate's index (0: the heuristic's), or -1 without timing anything while
+  // `stream` is being captured (a dry run's stand-in pointers, or a graph being recorded:
+  // nothing may execute or wait there). D is overwritten; C and the bias are only read.
+  int tune(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c, uint64_t workspace,
+           uint64_t workspace_bytes, CUstream stream, int reps) {
+    check_pointers(a, b, d, bias, c);
+    ctx_->make_current();
+    const cu::DriverApi& drv = driver();
+    int capture_status = 0;
+    check_cu(drv.cuStreamIsCapturing(stream, &capture_status), "cuStreamIsCapturing");
+    if (capture_status != 0) return -1;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (chosen_ >= 0) return chosen_;
+    if (candidates_.size() > 1 && reps > 0) {
+      CUevent start = nullptr, stop = nullptr;
+      check_cu(drv.cuEventCreate(&start, cu::kEventDefault), "cuEventCreate");
+      if (drv.cuEventCreate(&stop, cu::kEventDefault) != cu::kSuccess) {
+        drv.cuEventDestroy(start);
+        throw CudaError("cuEventCreate", -1, "cuEventCreate failed while tuning a GEMM");
+      }
+      float best = -1.0f;
+      int best_i = 0;
+      for (size_t i = 0; i < candidates_.size(); ++i) {
+        const LtHeuristic& h = candidates_[i];
+        if (h.workspace_size > 0 && (!workspace || workspace_bytes < h.workspace_size)) continue;
+        auto once = [&]() {
+          return launch(h.algo, h.workspace_size, a, b, d, bias, c, workspace, workspace_bytes,
+                        stream);
+        };
+        bool ok = once();  // warm-up
+        check_cu(drv.cuEventRecord(start, stream), "cuEventRecord");
+        for (int r = 0; ok && r < reps; ++r) ok = once();
+        check_cu(drv.cuEventRecord(stop, stream), "cuEventRecord");
+        check_cu(drv.cuEventSynchronize(stop), "cuEventSynchronize");
+        float ms = 0.0f;
+        check_cu(drv.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+        if (ok && (best < 0.0f || ms < best)) best = ms, best_i = static_cast<int>(i);
+      }
+      drv.cuEventDestroy(start);
+      drv.cuEventDestroy(stop);
+      algo_ = candidates_[best_i].algo;
+      workspace_needed_ = candidates_[best_i].workspace_size;
+      chosen_ = best_i;
+    } else {
+      chosen_ = 0;
+    }
+    return chosen_;
+  }
 
   void run(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,
-           uint64_t workspace_bytes, CUstream stream) {
-    const bool has_bias = epilogue_has_bias(key_.epilogue);
-    if (!a || !b || !d || (has_bias && !bias)) {
-      throw py::value_error("cublasLt matmul: null pointer" +
-                            std::string(has_bias && !bias ? " (the epilogue needs a bias)" : ""));
-    }
-    if (!aligned(a, key_.align) || !aligned(b, key_.align) || !aligned(d, key_.align) ||
-        (has_bias && !aligned(bias, key_.align))) {
-      throw py::value_error("cublasLt matmul: a pointer is less aligned than the plan's " +
-                            std::to_string(key_.align) + " bytes");
-    }
+           uint64_t workspace_bytes, CUstream stream, uint64_t c = 0) {
+    check_pointers(a, b, d, bias, c);
     if (workspace_needed_ > 0 && (!workspace || workspace_bytes < workspace_needed_)) {
       throw py::value_error("cublasLt matmul: needs a workspace of " +
                             std::to_string(workspace_needed_) + " bytes, got " +
                             std::to_string(workspace ? workspace_bytes : 0));
     }
-    const LtApi& api_ = api();
     ctx_->make_current();
-    const float alpha = 1.0f, beta = 0.0f;
     std::lock_guard<std::mutex> lock(mu_);
-    if (has_bias) {
+    if (!launch(algo_, workspace_needed_, a, b, d, bias, c, workspace, workspace_bytes, stream)) {
+      check_lt(last_status_, "cublasLtMatmul");
+    }
+  }
+
+ private:
+  static constexpr int kCandidates = 8;
+
+  void check_pointers(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c) const {
+    const bool has_bias = epilogue_has_bias(key_.epilogue);
+    const bool has_c = key_.ldc > 0;
+    if (!a || !b || !d || (has_bias && !bias) || (has_c && !c)) {
+      throw py::value_error(
+          "cublasLt matmul: null pointer" +
+          std::string(has_bias && !bias ? " (the epilogue needs a bias)"
+                                        : has_c && !c ? " (the plan adds a C: pass c)" : ""));
+    }
+    if (!aligned(a, key_.align) || !aligned(b, key_.align) || !aligned(d, key_.align) ||
+        (has_bias && !aligned(bias, key_.align)) || (has_c && !aligned(c, key_.align))) {
+      throw py::value_error("cublasLt matmul: a pointer is less aligned than the plan's " +
+                            std::to_string(key_.align) + " bytes");
+    }
+  }
+
+  // One cublasLtMatmul with `algo` (the caller holds mu_: the bias pointer is a descriptor
+  // attribute). False, with last_status_ set, where cuBLASLt refused it.
+  bool launch(const LtAlgo& algo, size_t ws_needed, uint64_t a, uint64_t b, uint64_t d,
+              uint64_t bias, uint64_t c, uint64_t workspace, uint64_t workspace_bytes,
+              CUstream stream) {
+    const LtApi& api_ = api();
+    const bool has_c = key_.ldc > 0;
+    const float alpha = 1.0f, beta = has_c ? 1.0f : 0.0f;
+    if (epilogue_has_bias(key_.epilogue)) {
       const void* p = reinterpret_cast<const void*>(bias);
       set_desc(kDescBiasPointer, &p, sizeof(p), "BIAS_POINTER");
     }
     auto ptr = [](uint64_t v) { return reinterpret_cast<void*>(v); };
-    check_lt(api_.cublasLtMatmul(handle_, desc_.get(), &alpha, ptr(b), lt_a_.get(), ptr(a),
-                                 lt_b_.get(), &beta, ptr(d), lt_d_.get(), ptr(d), lt_d_.get(),
-                                 &algo_, workspace_needed_ ? ptr(workspace) : nullptr,
-                                 workspace_needed_ ? workspace_bytes : 0, stream),
-             "cublasLtMatmul");
+    last_status_ = api_.cublasLtMatmul(handle_, desc_.get(), &alpha, ptr(b), lt_a_.get(), ptr(a),
+                                       lt_b_.get(), &beta, ptr(has_c ? c : d), c_layout(), ptr(d),
+                                       lt_d_.get(), &algo, ws_needed ? ptr(workspace) : nullptr,
+                                       ws_needed ? workspace_bytes : 0, stream);
+    return last_status_ == kLtSuccess;
   }
 
- private:
+  LtLayout c_layout() const { return key_.ldc > 0 ? lt_c_.get() : lt_d_.get(); }
+
   void set_desc(int attr, const void* value, size_t size, const char* what) {
     cublasStatus s = api().cublasLtMatmulDescSetAttribute(desc_.get(), attr, value, size);
     check_lt(s, (std::string("cublasLtMatmulDescSetAttribute(") + what + ")").c_str());
@@ -376,9 +466,12 @@ class LtPlan {
   std::shared_ptr<Context> ctx_;
   LtHandle handle_ = nullptr;
   Desc desc_;
-  Layout lt_a_, lt_b_, lt_d_;
+  Layout lt_a_, lt_b_, lt_c_, lt_d_;
   LtAlgo algo_{};
   size_t workspace_needed_ = 0;
+  std::vector<LtHeuristic> candidates_;
+  int chosen_ = -1;  // the tuned candidate; -1 until tune() ran
+  cublasStatus last_status_ = kLtSuccess;
   std::mutex mu_;
 };
 
@@ -424,24 +517,44 @@ void register_cublaslt(py::module_& m) {
   py::class_<LtPlan, std::shared_ptr<LtPlan>>(m, "LtMatmul")
       .def_property_readonly("key", [](const LtPlan& p) { return p.key().str(); })
       .def_property_readonly("workspace_needed", &LtPlan::workspace_needed)
+      .def_property_readonly("candidates", &LtPlan::candidates,
+                             "How many algorithms the heuristic offered (tune() times them).")
+      .def_property_readonly("chosen", &LtPlan::chosen,
+                             "The tuned candidate's index (0: the heuristic's first); -1 "
+                             "until tune() ran.")
+      .def(
+          "tune",
+          [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c,
+             uint64_t workspace, uint64_t workspace_bytes, py::handle stream, int reps) {
+            CUstream s = stream_handle(stream);
+            py::gil_scoped_release release;
+            return p.tune(a, b, d, bias, c, workspace, workspace_bytes, s, reps);
+          },
+          py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias") = 0, py::arg("c") = 0,
+          py::arg("workspace") = 0, py::arg("workspace_bytes") = 0,
+          py::arg("stream") = py::none(), py::arg("reps") = 3,
+          "Time the heuristic's candidates on these operands (D is overwritten) and keep the "
+          "fastest; waits for `stream`. Returns the chosen index, or -1 (nothing run) while "
+          "`stream` is being captured. Once chosen, later calls return it at once.")
       .def(
           "run",
           [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,
-             uint64_t workspace_bytes, py::handle stream) {
-            p.run(a, b, d, bias, workspace, workspace_bytes, stream_handle(stream));
+             uint64_t workspace_bytes, py::handle stream, uint64_t c) {
+            p.run(a, b, d, bias, workspace, workspace_bytes, stream_handle(stream), c);
           },
           py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias") = 0, py::arg("workspace") = 0,
-          py::arg("workspace_bytes") = 0, py::arg("stream") = py::none(),
-          "D = epilogue(op(A) @ op(B) + bias) on `stream` (asynchronous).");
+          py::arg("workspace_bytes") = 0, py::arg("stream") = py::none(), py::arg("c") = 0,
+          "D = epilogue(op(A) @ op(B) + bias) (+ C when the plan has ldc) on `stream` "
+          "(asynchronous).");
 
   m.def(
       "cublaslt_plan_key",
       [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, int64_t lda, int64_t ldb,
          int64_t ldd, bool trans_a, bool trans_b, int64_t batch, int64_t stride_a, int64_t stride_b,
          int64_t stride_d, const std::string& epilogue, bool tf32, int64_t align,
-         int64_t workspace_bytes, int device) {
+         int64_t workspace_bytes, int device, int64_t ldc) {
         return make_lt_key(m_, n, k, dtype, lda, ldb, ldd, trans_a, trans_b, batch, stride_a,
-                           stride_b, stride_d, epilogue, tf32, align, workspace_bytes, device)
+                           stride_b, stride_d, epilogue, tf32, align, workspace_bytes, device, ldc)
             .str();
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::kw_only(), py::arg("lda"),
@@ -449,25 +562,27 @@ void register_cublaslt(py::module_& m) {
       py::arg("batch") = 1, py::arg("stride_a") = 0, py::arg("stride_b") = 0,
       py::arg("stride_d") = 0, py::arg("epilogue") = "none", py::arg("tf32") = false,
       py::arg("align") = 16, py::arg("workspace_bytes") = 0, py::arg("device") = 0,
+      py::arg("ldc") = 0,
       "The plan-cache key of a problem (validates it; needs no library or device).");
   m.def(
       "cublaslt_plan",
       [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, int64_t lda, int64_t ldb,
          int64_t ldd, bool trans_a, bool trans_b, int64_t batch, int64_t stride_a, int64_t stride_b,
          int64_t stride_d, const std::string& epilogue, bool tf32, int64_t align,
-         int64_t workspace_bytes) {
+         int64_t workspace_bytes, int64_t ldc) {
         api();  // not loaded: CUDAError before any validation that needs the device
         LtPlanKey key =
             make_lt_key(m_, n, k, dtype, lda, ldb, ldd, trans_a, trans_b, batch, stride_a, stride_b,
-                        stride_d, epilogue, tf32, align, workspace_bytes, get_device());
+                        stride_d, epilogue, tf32, align, workspace_bytes, get_device(), ldc);
         return get_plan(key);
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::kw_only(), py::arg("lda"),
       py::arg("ldb"), py::arg("ldd"), py::arg("trans_a") = false, py::arg("trans_b") = false,
       py::arg("batch") = 1, py::arg("stride_a") = 0, py::arg("stride_b") = 0,
       py::arg("stride_d") = 0, py::arg("epilogue") = "none", py::arg("tf32") = false,
-      py::arg("align") = 16, py::arg("workspace_bytes") = 0,
-      "The cached plan of a row-major GEMM on the current device (heuristic on first use).");
+      py::arg("align") = 16, py::arg("workspace_bytes") = 0, py::arg("ldc") = 0,
+      "The cached plan of a row-major GEMM on the current device (heuristic on first use); "
+      "ldc > 0 adds a C of that row stride (beta = 1).");
   m.def("cublaslt_cache_stats", []() {
     PlanCache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);

@@ -1,5 +1,5 @@
 // cuBLASLt loaded at run time (no cublasLt.h at build time: the few types and entry points
-// used are declared in cublaslt.cpp). Row-major GEMMs D = epilogue(op(A) @ op(B) + bias)
+// used are declared in cublaslt.cpp). Row-major GEMMs D = epilogue(op(A) @ op(B) + bias) (+ C)
 // for f32, tf32, f16 and bf16 with fp32 accumulation, batched with strides. Matmul
 // descriptors, layouts and the chosen algorithm are cached per problem (LtPlanKey).
 #pragma once
@@ -14,7 +14,10 @@ namespace pgk {
 
 // One GEMM problem in row-major terms: A is [M, K] (stored as [K, M] when trans_a), B is
 // [K, N] (stored as [N, K] when trans_b), D is [M, N] with row stride ldd. Strides and
-// leading dimensions are in elements; a batch stride of 0 broadcasts that operand.
+// leading dimensions are in elements; a batch stride of 0 broadcasts that operand. ldc > 0
+// adds C [M, N] (row stride ldc, D's dtype; a linear's residual) with beta = 1: cuBLASLt
+// adds it before the epilogue's activation, so only the none and bias epilogues take one
+// (single matrices only).
 struct LtPlanKey {
   int device = 0;
   int dtype = 0;  // cudaDataType of A, B, D (and bias)
@@ -23,6 +26,7 @@ struct LtPlanKey {
   bool trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldd = 0;
+  int64_t ldc = 0;  // 0: no C (beta = 0)
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_d = 0;
   int epilogue = 0;    // index into kEpilogueNames
@@ -38,7 +42,7 @@ LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype,
                       int64_t ldb, int64_t ldd, bool trans_a, bool trans_b, int64_t batch,
                       int64_t stride_a, int64_t stride_b, int64_t stride_d,
                       const std::string& epilogue, bool tf32, int64_t align,
-                      int64_t workspace_bytes, int device);
+                      int64_t workspace_bytes, int device, int64_t ldc = 0);
 
 std::string cublaslt_load(const std::vector<std::string>& candidates);
 bool cublaslt_loaded();

@@ -134,6 +134,32 @@ def test_linear_epilogues(rng: np.random.Generator, d: str, act: str, with_bias:
     assert rel_err(out, ref) < TOL[d] * 1.5
 
 
+@pytest.mark.parametrize("d", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("act", ["none", "gelu_tanh"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_residual_epilogue(rng: np.random.Generator, d: str, act: str,
+                                  with_bias: bool) -> None:  # fmt: skip
+    """A compiled linear + residual (folded into one linear step): the residual is added by
+    the GEMM (C, beta = 1; here a view with padded rows) when there is no activation, else
+    after it by an add kernel; both against float64."""
+    k, n = 192, 80
+    x = rand(rng, (2, 48, k), d)
+    w = rand(rng, (n, k), d, 1 / math.sqrt(k))
+    b = rand(rng, (n,), d, 0.5)
+    wide = rand(rng, (2, 48, n + 16), d)
+    pre = f64(x) @ f64(w).T + (f64(b) if with_bias else 0)
+    ref = (gelu_tanh(pre) if act == "gelu_tanh" else pre) + f64(wide)[..., :n]
+
+    @gpk.compile
+    def f(x: gpk.GPUArray, w: gpk.GPUArray, b: gpk.GPUArray, wide: gpk.GPUArray) -> gpk.GPUArray:
+        y = gpk.nn.linear(x, w, b if with_bias else None, activation=act)
+        return y + wide[:, :, :n]
+
+    for _ in range(2):  # the planned first call, then the replay
+        out = f(gpk.from_numpy(x), gpk.from_numpy(w), gpk.from_numpy(b), gpk.from_numpy(wide))
+        assert rel_err(out, ref) < TOL[d] * 1.5
+
+
 def test_gelu_epilogue_is_tanh_form(rng: np.random.Generator) -> None:
     """float32 is precise enough to tell the tanh GELU from the erf one."""
     x, w, b = rand(rng, (64, 128), "float32"), rand(rng, (80, 128), "float32", 0.2), None
@@ -187,6 +213,47 @@ def test_plan_cache_and_single_workspace(rng: np.random.Generator, cuda: Any) ->
     p1.run(pa, pb, pd, 0, ws.ptr, full, None)
     cuda.synchronize()
     assert rel_err(dd, f64(a) @ f64(b)) < TOL["float16"]
+
+
+def test_tune_keeps_the_fastest_candidate(rng: np.random.Generator, cuda: Any) -> None:
+    """tune() times the heuristic's candidates on the operands and keeps one (a later run
+    uses it and is still right; a second tune returns the same choice at once); on a
+    stream being captured it runs nothing and returns -1; with residual C (ldc)."""
+    m, k, n = 256, 128, 96
+    a, b, c = (
+        rand(rng, (m, k), "float16"),
+        rand(rng, (k, n), "float16"),
+        rand(rng, (m, n), "float16"),
+    )
+    full = cublaslt.WORKSPACE_SIZES[0]
+    gpk.from_numpy(a) @ gpk.from_numpy(b)  # a GEMM through the backend makes its workspace
+    got = cublaslt._workspaces.get(cuda)
+    assert got is not None
+    ws, ws_bytes = got
+    assert ws is not None and ws_bytes == full
+    p = _native.cublaslt_plan(m, n, k, "float16", lda=k, ldb=n, ldd=n, ldc=n,
+                              workspace_bytes=full)  # fmt: skip
+    assert p.candidates >= 1 and " C96 " in p.key
+    da, db, dc = (gpk.from_numpy(x) for x in (a, b, c))
+    dd = gpk.from_numpy(np.full((m, n), np.nan, NP["float16"]))
+    pa, pb, pc, pd = (v.__cuda_array_interface__["data"][0] for v in (da, db, dc, dd))
+    stream = _native.Stream(0, True)
+    stream.begin_capture("relaxed")
+    try:
+        assert p.tune(pa, pb, pd, 0, pc, ws.ptr, full, stream) == -1
+    finally:
+        stream.end_capture()
+    assert p.chosen == -1
+    with pytest.raises(ValueError, match="pass c"):
+        p.run(pa, pb, pd, 0, ws.ptr, full, None)
+    chosen = p.tune(pa, pb, pd, 0, pc, ws.ptr, full, None)
+    assert 0 <= chosen < p.candidates and p.chosen == chosen
+    assert p.tune(pa, pb, pd, 0, pc, ws.ptr, full, None) == chosen
+    dd2 = gpk.from_numpy(np.full((m, n), np.nan, NP["float16"]))
+    p.run(pa, pb, dd2.__cuda_array_interface__["data"][0], 0, ws.ptr, full, None, pc)
+    cuda.synchronize()
+    ref = f64(a) @ f64(b) + f64(c)
+    assert rel_err(dd2, ref) < TOL["float16"] and rel_err(dd, ref) < TOL["float16"]
 
 
 def test_fallback_to_nvrtc_gemm(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch

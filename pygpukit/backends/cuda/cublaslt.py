@@ -18,9 +18,14 @@ from . import toolchain
 from .context import Context
 from .value import DeviceValue
 
-GemmLaunch = Callable[..., None]  # (a_ptr, b_ptr, c_ptr[, bias_ptr])
+GemmLaunch = Callable[..., None]  # (a_ptr, b_ptr, d_ptr[, bias_ptr][, c=residual_ptr])
 
 LT_DTYPES = ("float32", "float16", "bfloat16")
+# GEMMs of at least this many rows (a prefill's, not a decode step's) in f16/bf16 are timed
+# on their first run over the heuristic's few best algorithms (LtMatmul.tune), the fastest
+# kept: the heuristic's first pick was not always the fastest for the prefill shapes.
+TUNE_MIN_ROWS = 128
+TUNE_REPS = 3
 # One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
 # quota (cuBLASLt still has algorithms with a small or no workspace).
 WORKSPACE_SIZES = (32 << 20, 4 << 20, 0)
@@ -95,12 +100,26 @@ def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int]
     return None
 
 
+def _tuned(plan: Any, a: int, b: int, d: int, bias: int, c: int, ws_ptr: int, ws_bytes: int,
+           stream: Any) -> bool:  # fmt: skip
+    """Whether the plan's algorithm is settled: tuned now or before, or tuning failed (the
+    heuristic's pick stays). False while the stream is captured (tried again next run)."""
+    try:
+        return bool(plan.tune(a, b, d, bias, c, ws_ptr, ws_bytes, stream, TUNE_REPS) >= 0)
+    except (CUDAError, ValueError, TypeError):
+        return True
+
+
 def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
                 b_op: tuple[bool, int], batch: int = 1, stride_a: int = 0, stride_b: int = 0,
-                epilogue: str = "none", ptrs: Sequence[int] = ()) -> GemmLaunch | None:  # fmt: skip
-    """launch(a, b, d[, bias]) through a cached cuBLASLt plan, or None when cuBLASLt is
-    absent or has no algorithm for the problem. D is contiguous [batch, m, n]. float32
-    follows set_tf32 at run time (one plan per mode)."""
+                epilogue: str = "none", ptrs: Sequence[int] = (), ldc: int = 0,
+                tune: bool = False) -> GemmLaunch | None:  # fmt: skip
+    """launch(a, b, d[, bias][, c=...]) through a cached cuBLASLt plan, or None when cuBLASLt
+    is absent or has no algorithm for the problem. D is contiguous [batch, m, n]. ldc > 0:
+    the plan adds C [m, n] of that row stride (beta = 1; one matrix, epilogue none or bias),
+    passed as c=. float32 follows set_tf32 at run time (one plan per mode). tune: a single
+    f16/bf16 GEMM of TUNE_MIN_ROWS rows or more times the plan's candidate algorithms on its
+    first run outside a capture (on that run's operands) and keeps the fastest."""
     if dtype not in LT_DTYPES or cublaslt_unavailable_reason():
         return None
     (ta, lda), (tb, ldb) = a_op, b_op
@@ -110,7 +129,7 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     ws, ws_bytes = _workspace(ctx)
     kw = dict(lda=lda, ldb=ldb, ldd=n, trans_a=ta, trans_b=tb, batch=batch, stride_a=stride_a,
               stride_b=stride_b, stride_d=m * n, epilogue=epilogue, align=align,
-              workspace_bytes=ws_bytes)  # fmt: skip
+              workspace_bytes=ws_bytes, ldc=ldc)  # fmt: skip
 
     def plan(tf32: bool) -> Any:
         return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
@@ -122,9 +141,12 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     except (CUDAError, ValueError):
         return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
     ws_ptr = ws.ptr if ws is not None else 0
+    untuned = [tune and dtype != "float32" and batch == 1 and m >= TUNE_MIN_ROWS]
 
-    def lt(pa: int, pb: int, pc: int, pbias: int = 0) -> None:
+    def lt(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0) -> None:
         p = plans[_tf32[0] and dtype == "float32"]
-        p.run(pa, pb, pc, pbias, ws_ptr, ws_bytes, ctx.stream)
+        if untuned[0]:
+            untuned[0] = not _tuned(p, pa, pb, pd, pbias, c, ws_ptr, ws_bytes, ctx.stream)
+        p.run(pa, pb, pd, pbias, ws_ptr, ws_bytes, ctx.stream, c)
 
     return lt

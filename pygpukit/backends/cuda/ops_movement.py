@@ -38,7 +38,10 @@ def plan_view(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
         cst = contiguous(shape)
 
         def run_copy(v: Sequence[DeviceValue]) -> DeviceValue:
-            out = ctx.alloc_out(v[0].shape, v[0].dtype, "reshape")
+            # The step's slot has the reshaped shape (same bytes, contiguous): asked for by
+            # the input's shape, alloc_out would hand out scratch and the executor would
+            # copy it into the slot afterwards.
+            out = ctx.alloc_out(shape, v[0].dtype, "reshape")
             launch(out.ptr, [v[0].ptr])
             return out.view(shape, cst, out.offset)
 

@@ -197,7 +197,8 @@ def _linear_lt(ctx: Context, x: DeviceValue, wt: DeviceValue, bias: DeviceValue 
     epi = {(False, False): "none", (True, False): "bias", (False, True): "gelu",
            (True, True): "gelu_bias"}[(use_bias, use_act)]  # fmt: skip
     ptrs = [x.ptr, wt.ptr] + ([bias.ptr] if use_bias and bias is not None else [])
-    launch = lt_launcher(ctx, x.dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs)
+    launch = lt_launcher(ctx, x.dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs,
+                         tune=True)  # fmt: skip
     if launch is None:
         return None, False, False
     return launch, use_bias, use_act
@@ -310,6 +311,9 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
             return after([xv, v[1], *v[2 : res_at + spec.has_residual]])
 
         return run_pro
+    lt_res = _linear_lt_residual(ctx, step, ins, spec)
+    if lt_res is not None:
+        return lt_res
     base_ins = [x, w] + ([ins[2]] if spec.has_bias else [])
     base_attrs = {"activation": spec.activation, "has_bias": spec.has_bias}
     base = plan_linear(ctx, Step("linear", base_attrs, (), -1, shape, dtype, step.loc),
@@ -325,6 +329,57 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         if numel(shape):
             add(out.ptr, [y.ptr, v[res_at].ptr])
         return out
+
+    return run
+
+
+def _linear_lt_residual(ctx: Context, step: Step, ins: Sequence[DeviceValue],
+                        spec: LinearSpec) -> Run | None:  # fmt: skip
+    """x @ w.T (+ bias) + residual as one cuBLASLt GEMM that adds the residual in its
+    epilogue (C = residual, beta = 1) instead of a GEMM into scratch and an add kernel
+    reading both back (prefill's attention-out and MLP-down projections). None where its
+    rules do not hold: a prologue or an activation (cuBLASLt adds C before the activation,
+    the residual comes after it), mixed dtypes, x or the residual not foldable into
+    [M, K] / [M, N] matrices of unit column stride, or at most 16 rows (decode batches)."""
+    if spec.activation != "none" or spec.prologue != "none" or not spec.has_residual:
+        return None
+    x, w, res = ins[0], ins[1], ins[spec.residual_at]
+    dtype, shape = step.dtype, step.shape
+    bias = ins[2] if spec.has_bias else None
+    if dtype.name not in LT_DTYPES or any(
+        v.dtype != dtype for v in (x, w, res, *([bias] if bias is not None else []))
+    ):
+        return None
+    xr, rr = _rows_view(x), _rows_view(res)
+    if xr is None or rr is None or len(w.shape) != 2 or not numel(shape):
+        return None
+    (m, k), n = xr.shape, w.shape[0]
+    if k == 0 or w.shape[1] != k or rr.shape != (m, n) or (n > 1 and rr.strides[1] != 1):
+        return None
+    if m <= gemv.MMA_ROWS:
+        return None  # a decode step's few rows keep their measured GEMM + add
+    ldc = rr.strides[0] if m > 1 else n
+    if ldc < n:
+        return None
+    wt = w.view((k, n), (w.strides[1], w.strides[0]), w.offset)
+    a_op = lt_operand(m, k, xr.strides[0], xr.strides[1])
+    b_op = lt_operand(k, n, wt.strides[0], wt.strides[1])
+    if a_op is None or b_op is None:
+        return None
+    if bias is not None and not (bias.shape == (n,) and (n == 1 or bias.strides == (1,))):
+        return None
+    ptrs = [x.ptr, w.ptr, res.ptr] + ([bias.ptr] if bias is not None else [])
+    epi = "none" if bias is None else "bias"
+    launch = lt_launcher(ctx, dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs, ldc=ldc,
+                         tune=True)  # fmt: skip
+    if launch is None:
+        return None
+    res_at, has_bias = spec.residual_at, bias is not None
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        y = ctx.alloc_out(shape, dtype, "linear")
+        launch(v[0].ptr, v[1].ptr, y.ptr, v[2].ptr if has_bias else 0, c=v[res_at].ptr)
+        return y
 
     return run
 
