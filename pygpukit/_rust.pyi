@@ -133,6 +133,9 @@ class TransferEngine:
         chunk_bytes: int | None = ...,
         chunks: int | None = ...,
         copy_threads: int | None = ...,
+        bulk_threads: int | None = ...,
+        bulk_piece_bytes: int | None = ...,
+        bulk_buffers: int | None = ...,
     ) -> None: ...
     def htod(
         self,
@@ -152,6 +155,13 @@ class TransferEngine:
         priority: str = ...,
         stream: int = ...,
         deferred: bool = ...,
+    ) -> Transfer: ...
+    def htod_bulk(
+        self,
+        jobs: list[tuple[int, int, int]],
+        keep: Any,
+        stream: int = ...,
+        progress: Callable[[int], object] | None = ...,
     ) -> Transfer: ...
     @property
     def h2d_stream(self) -> int: ...

@@ -62,6 +62,16 @@ def test_upload_and_download_refuse_non_contiguous_arrays() -> None:
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="writable"):
         transfers.download(ro, 1 << 20, None)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        transfers.upload_staged([(1 << 20, a[:2].copy()), (1 << 21, a[:, ::2])], None)
+
+
+@pytest.mark.parametrize("arg", ["chunk_bytes", "bulk_piece_bytes"])
+def test_engine_refuses_empty_pieces(arg: str) -> None:
+    import pygpukit.backends.cuda.transfers  # noqa: F401  (registers the copy C ABI)
+
+    with pytest.raises(ValueError, match=f"{arg} must be positive"):
+        _rust.TransferEngine(**{arg: 0})
 
 
 def test_load_numpy_matches_from_numpy() -> None:

@@ -1,7 +1,9 @@
-"""The model loader's staged bulk upload on a real GPU (transfers.upload_staged through
-pinned buffers on several threads): every weight of a sharded checkpoint, fused parts and
-device casts included, equals the safetensors library's host assembly; sources closed as
-soon as the upload returns leave the device data intact; concurrent loads take turns."""
+"""The model loader's staged bulk upload on a real GPU (transfers.upload_staged, the
+transfer engine's htod_bulk through pinned buffers on several threads): every weight of a
+sharded checkpoint, fused parts and device casts included, equals the safetensors
+library's host assembly; sources closed as soon as the upload returns leave the device
+data intact; concurrent loads take turns; a progress callback's error comes out after the
+copies landed."""
 
 from __future__ import annotations
 
@@ -23,14 +25,16 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "llm")
 
 @pytest.fixture
 def stager(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A Stager of small pieces (not a multiple of any element size: pieces split
-    elements), and every bulk load staged however small."""
-    from pygpukit.backends.cuda import backend, staged_upload, transfers
+    """A transfer engine whose bulk uploads cut small pieces (not a multiple of any
+    element size: pieces split elements) on four threads, and every bulk load staged
+    however small."""
+    from pygpukit import _native, _rust
+    from pygpukit.backends.cuda import backend, transfers
 
-    st = staged_upload.Stager(transfers._host_buffer, threads=4, piece_bytes=4096 + 7)
-    monkeypatch.setattr(transfers, "_stager", st)
+    eng = _rust.TransferEngine(bulk_threads=4, bulk_piece_bytes=4096 + 7)
+    monkeypatch.setattr(transfers, "_engines", {int(_native.get_device()): eng})
     monkeypatch.setattr(backend, "STAGED_UPLOAD_BYTES", 0)
-    return st
+    return eng
 
 
 def _addr(a: gpk.GPUArray) -> int:
@@ -47,7 +51,8 @@ def test_staged_load_equals_host_assembly(stager: Any, dtype: str | None) -> Non
         if f.endswith(".safetensors"):
             host.update(load_file(os.path.join(d, f)))
     model = llm.load(d, dtype=dtype, progress=False)
-    assert stager.pinned_bytes > 0  # the staged path ran
+    stats = stager.stats()
+    assert stats["bulk_bytes"] > 0 and stats["pinned_bytes"] > 0  # the staged path ran
     want_dtype = gpk.ir.dtypes.as_dtype(dtype or host["model.norm.weight"].dtype).np
     w = model.transformer.weights
 
@@ -93,7 +98,8 @@ def test_sources_closed_on_return_leave_the_data(stager: Any, tmp_path: Any) -> 
 
 
 def test_concurrent_bulk_uploads_take_turns(stager: Any) -> None:
-    """Two threads' bulk uploads share the pinned buffers one at a time."""
+    """Two threads' bulk uploads share the pinned buffers one at a time, each reporting
+    its own bytes."""
     from pygpukit.backends.cuda import transfers
 
     rng = np.random.default_rng()
@@ -102,8 +108,14 @@ def test_concurrent_bulk_uploads_take_turns(stager: Any) -> None:
     for d in dsts:
         d.realize()
 
+    reported = [0, 0]
+
     def upload(k: int) -> None:
-        transfers.upload_staged([(_addr(dsts[i]), srcs[i]) for i in (k, k + 2)], None)
+        def progress(n: int) -> None:
+            reported[k] += n
+
+        transfers.upload_staged([(_addr(dsts[i]), srcs[i]) for i in (k, k + 2)], None,
+                                progress)  # fmt: skip
 
     ts = [threading.Thread(target=upload, args=(k,)) for k in range(2)]
     for t in ts:
@@ -112,3 +124,25 @@ def test_concurrent_bulk_uploads_take_turns(stager: Any) -> None:
         t.join()
     for a, d in zip(srcs, dsts, strict=True):
         np.testing.assert_array_equal(d.to_numpy(), a)
+    assert reported == [srcs[0].nbytes + srcs[2].nbytes, srcs[1].nbytes + srcs[3].nbytes]
+
+
+def test_a_progress_error_is_raised_once_the_upload_has_run(stager: Any) -> None:
+    """An exception of the progress callback (a cancelled progress bar) comes out of the
+    upload after its copies have landed, and the engine goes on."""
+    from pygpukit.backends.cuda import transfers
+
+    rng = np.random.default_rng()
+    src = rng.standard_normal(50_000).astype(np.float32)
+    dst = gpk.empty((src.size,), "float32")
+    dst.realize()
+
+    def progress(n: int) -> None:
+        raise KeyboardInterrupt("stop")
+
+    with pytest.raises(KeyboardInterrupt, match="stop"):
+        transfers.upload_staged([(_addr(dst), src)], None, progress)
+    np.testing.assert_array_equal(dst.to_numpy(), src)
+    again = rng.standard_normal(50_000).astype(np.float32)
+    transfers.upload_staged([(_addr(dst), again)], None)
+    np.testing.assert_array_equal(dst.to_numpy(), again)

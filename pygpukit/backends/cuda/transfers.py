@@ -8,8 +8,9 @@ until the copy has run. Pageable arrays are staged through the engine's pinned c
 page-locked memory (a HostBuffer, torch's pinned tensors) is copied by DMA directly.
 
 Priorities: "high" for a decode step's small uploads, "normal" for user copies, "low" for
-model loading and eviction. Model loading stages its pageable sources on several threads
-at once (upload_staged): one thread's host memcpy is far slower than the DMA it feeds.
+model loading and eviction. Model loading goes through the engine's bulk upload
+(upload_staged, `TransferEngine.htod_bulk`), which stages its pageable sources on several
+threads at once: one thread's host memcpy is far slower than the DMA it feeds.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from typing import Any
 import numpy as np
 
 from pygpukit import _native, _rust
-
-from . import staged_upload
 
 _rust.register_copy_capi(_native.copy_capi())
 
@@ -76,34 +75,17 @@ def download(out: np.ndarray, src: int, stream: Any, priority: str = "normal",
                          deferred)  # fmt: skip
 
 
-_stager: Any = None
-
-
-def _host_buffer(nbytes: int) -> Any:
-    return _native.HostBuffer(nbytes)
-
-
-def stager() -> Any:
-    """The process's Stager for bulk uploads (its pinned buffers, portable across devices,
-    are allocated on first use and kept)."""
-    global _stager
-    if _stager is None:
-        with _lock:
-            if _stager is None:
-                _stager = staged_upload.Stager(_host_buffer)
-    return _stager
-
-
 def upload_staged(jobs: Sequence[tuple[int, np.ndarray]], stream: Any,
                   progress: Callable[[int], None] | None = None) -> None:  # fmt: skip
-    """Copies each C-contiguous array of `jobs` to its device address (model loading),
-    staged through pinned buffers on several threads at once (staged_upload), each
-    piece's DMA queued at low priority, after the work queued on `stream` and before the
-    work queued on it later. Returns once every copy has landed: the arrays (views of a
-    memory map) may be closed at once."""
-    eng, sid = engine(), stream_id(stream)
-
-    def issue(dst: int, buf: Any, addr: int, nbytes: int) -> Any:
-        return eng.htod(dst, addr, nbytes, buf, "low", sid)
-
-    stager().run(jobs, issue, progress)
+    """Copies each C-contiguous array of `jobs` to its device address (model loading)
+    through the engine's bulk upload: staged through pinned buffers on several threads at
+    once, after the work queued on `stream` and before the work queued on it later.
+    progress(nbytes) is called on this thread as pieces are issued. Returns once every
+    copy has landed: the arrays (views of a memory map) may be closed at once."""
+    raw = []
+    for dst, array in jobs:
+        if not array.flags.c_contiguous:
+            raise ValueError("upload_staged needs C-contiguous arrays")
+        raw.append((dst, _address(array), array.nbytes))
+    keep = [array for _, array in jobs]
+    engine().htod_bulk(raw, keep, stream_id(stream), progress).wait()

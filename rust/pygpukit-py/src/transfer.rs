@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::{Arc, Mutex};
 
 use pygpukit_core::transfer::{
-    Config, Copy, CopyDevice, DeviceError, DeviceResult, Direction, Engine, EventId, Keep,
+    BulkJob, Config, Copy, CopyDevice, DeviceError, DeviceResult, Direction, Engine, EventId, Keep,
     Priority, StreamId, Transfer,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
@@ -252,14 +252,20 @@ pub struct PyTransfer {
 impl PyTransferEngine {
     /// Creates the upload and download streams on the current device (the copy C ABI must
     /// be registered first). chunk_bytes/chunks size the staging pool; copy_threads is the
-    /// number of threads for the host memcpy of one staged chunk.
+    /// number of threads for the host memcpy of one staged chunk; bulk_threads,
+    /// bulk_piece_bytes and bulk_buffers (per thread) size htod_bulk's staging.
     #[new]
-    #[pyo3(signature = (chunk_bytes=None, chunks=None, copy_threads=None))]
+    #[pyo3(signature = (chunk_bytes=None, chunks=None, copy_threads=None, bulk_threads=None,
+                        bulk_piece_bytes=None, bulk_buffers=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         chunk_bytes: Option<usize>,
         chunks: Option<usize>,
         copy_threads: Option<usize>,
+        bulk_threads: Option<usize>,
+        bulk_piece_bytes: Option<usize>,
+        bulk_buffers: Option<usize>,
     ) -> PyResult<Self> {
         let api = API
             .lock()
@@ -285,6 +291,21 @@ impl PyTransferEngine {
         }
         if let Some(v) = copy_threads {
             config.copy_threads = v.max(1);
+        }
+        if let Some(v) = bulk_piece_bytes {
+            if v == 0 {
+                return Err(errors::value_error(
+                    py,
+                    "bulk_piece_bytes must be positive".into(),
+                ));
+            }
+            config.bulk_piece_bytes = v;
+        }
+        if let Some(v) = bulk_threads {
+            config.bulk_threads = v.max(1);
+        }
+        if let Some(v) = bulk_buffers {
+            config.bulk_buffers = v.max(1);
         }
         let dev = Arc::new(CApiDevice { api });
         let engine = py
@@ -351,6 +372,58 @@ impl PyTransferEngine {
         self.submit(py, copy, keep)
     }
 
+    /// Uploads every (device address, host address, nbytes) job (model loading), staged
+    /// through the engine's bulk buffers on several threads at once, after the work queued
+    /// on `stream` and before the work queued on it later. `keep` (the sources' owner)
+    /// lives until every DMA has run. `progress(nbytes)`, if given, is called on this
+    /// thread as pieces are issued; an exception it raises is raised once the upload has
+    /// run. Returns once every piece is issued (pageable sources may then be reused), with
+    /// a Transfer done once every DMA has run. The GIL is released meanwhile.
+    #[pyo3(signature = (jobs, keep, stream=0, progress=None))]
+    fn htod_bulk(
+        &self,
+        py: Python<'_>,
+        jobs: Vec<(u64, usize, usize)>,
+        keep: Py<PyAny>,
+        stream: u64,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<PyTransfer> {
+        let jobs: Vec<BulkJob> = jobs
+            .into_iter()
+            .map(|(device, host, nbytes)| BulkJob {
+                device,
+                host,
+                nbytes,
+            })
+            .collect();
+        let nbytes = jobs.iter().map(|j| j.nbytes).sum();
+        let keep: Keep = Box::new(keep);
+        let mut raised: Option<PyErr> = None;
+        let mut report = |n: usize| {
+            if let (Some(cb), None) = (&progress, &raised) {
+                Python::attach(|py| {
+                    if let Err(e) = cb.call1(py, (n,)) {
+                        raised = Some(e);
+                    }
+                });
+            }
+        };
+        // SAFETY: the host ranges belong to `keep` (the caller's arrays), which the engine
+        // holds until every DMA has run.
+        let inner = py
+            .detach(|| unsafe {
+                self.engine
+                    .htod_bulk(&jobs, Some(stream), Some(stream), Some(keep), &mut report)
+            })
+            .map_err(|e| cuda_error(py, e))?;
+        if let Some(e) = raised {
+            // The caller may close the sources once this raises.
+            py.detach(|| inner.wait()).map_err(|e| cuda_error(py, e))?;
+            return Err(e);
+        }
+        Ok(PyTransfer { inner, nbytes })
+    }
+
     /// The upload stream's handle (an int usable as a stream by _native).
     #[getter]
     fn h2d_stream(&self) -> u64 {
@@ -364,7 +437,8 @@ impl PyTransferEngine {
     }
 
     /// Counters: copies, bytes, chunks, staged_bytes, direct_bytes, slot_copies, in_flight,
-    /// pinned_bytes, and the configuration (chunk_bytes, chunks, copy_threads).
+    /// bulk_bytes, pinned_bytes, and the configuration (chunk_bytes, chunks, copy_threads,
+    /// bulk_threads, bulk_piece_bytes, bulk_buffers).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.engine.stats();
         let c = self.engine.config();
@@ -376,10 +450,14 @@ impl PyTransferEngine {
         d.set_item("direct_bytes", s.direct_bytes)?;
         d.set_item("slot_copies", s.slot_copies)?;
         d.set_item("in_flight", s.in_flight)?;
+        d.set_item("bulk_bytes", s.bulk_bytes)?;
         d.set_item("pinned_bytes", s.pinned_bytes)?;
         d.set_item("chunk_bytes", c.chunk_bytes)?;
         d.set_item("chunks_per_direction", c.chunks)?;
         d.set_item("copy_threads", c.copy_threads)?;
+        d.set_item("bulk_threads", c.bulk_threads)?;
+        d.set_item("bulk_piece_bytes", c.bulk_piece_bytes)?;
+        d.set_item("bulk_buffers", c.bulk_buffers)?;
         Ok(d)
     }
 }

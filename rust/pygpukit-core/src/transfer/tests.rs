@@ -16,6 +16,9 @@ fn small_config() -> Config {
         slots: 3,
         copy_threads: 2,
         pinned_cache_bytes: 1024,
+        bulk_threads: 2,
+        bulk_piece_bytes: 32,
+        bulk_buffers: 2,
     }
 }
 
