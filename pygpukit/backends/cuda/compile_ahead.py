@@ -52,11 +52,13 @@ class Report:
     compile_sum_ms: float = 0.0
     load_ms: float = 0.0
     names: list[str] = field(default_factory=list)
+    # Each kernel's compile, slowest first: the first is the compile wall's critical path.
+    per_kernel_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"kernels": self.kernels, "workers": self.workers,
                 "compile_wall_ms": self.compile_wall_ms, "compile_sum_ms": self.compile_sum_ms,
-                "load_ms": self.load_ms}  # fmt: skip
+                "load_ms": self.load_ms, "per_kernel_ms": dict(self.per_kernel_ms)}  # fmt: skip
 
 
 class _Collecting(threading.local):
@@ -158,6 +160,8 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
             results = list(pool.map(_timed, requests))
     rep.compile_wall_ms = (time.perf_counter() - t0) * 1e3
     failed: list[str] = []
+    for req, (_, _, ms) in sorted(zip(requests, results, strict=True), key=lambda r: -r[1][2]):
+        rep.per_kernel_ms[req.name] = round(ms, 2)
     for req, (cubin, error, ms) in zip(requests, results, strict=True):
         rep.compile_sum_ms += ms
         if error is not None or cubin is None:
