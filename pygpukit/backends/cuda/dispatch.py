@@ -178,9 +178,10 @@ class EagerReplay:
     """One plan of an eager op's cached schedule, for that op's hits: the eager key holds
     its operands' layouts, so a hit goes to the plan without looking it up by layouts again
     (no schedule, no layout tuple), and makes one `Dispatcher.run_alloc` (which touches the
-    inputs, allocates the output buffer(s) and runs, in one crossing). A call returns the op's value, or None to take backend.run this time
-    (the controller off or bypassed, an eviction meanwhile, a temporary that did not fit, a
-    plan the controller dropped: the caller then asks eager_replay again)."""
+    inputs, allocates the output buffer(s) and runs, in one crossing). A call returns the
+    op's value, or None to take backend.run this time (the controller off or bypassed, an
+    eviction meanwhile, a temporary that did not fit, a plan the controller dropped: the
+    caller then asks eager_replay again)."""
 
     __slots__ = ("native", "key", "buf_bytes", "out")
 
