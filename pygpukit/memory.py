@@ -164,6 +164,12 @@ def block(pool: Any, nbytes: int) -> Storage:
     """Storage(pool, nbytes) without the generic constructor's calls: a compiled function
     allocates its fresh outputs here on every call."""
     addr, h = pool.alloc_storage(nbytes)  # evicts others when it does not fit
+    return adopt(pool, nbytes, addr, h)
+
+
+def adopt(pool: Any, nbytes: int, addr: int, h: int | None) -> Storage:
+    """The Storage of a block `pool.alloc_storage(nbytes)` returned as (addr, h), made
+    elsewhere (the dispatch controller allocates an eager op's output in its own call)."""
     s: Storage = _new(Storage)
     s.pool, s.nbytes, s.freed, s._addr, s._h, s._pins, s.gen = pool, nbytes, False, addr, h, 0, 0
     s.readonly = False

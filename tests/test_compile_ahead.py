@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+from typing import Any
 
 import pytest
 
@@ -115,6 +117,29 @@ def test_compiles_run_concurrently() -> None:
     rep = compile_ahead.compile_all(_recorded(reqs, got), workers=2)
     assert rep.workers == 2
     assert got["k0"] != got["k1"] and all(c.startswith(b"pygpukit-nvrtc") for c in got.values())
+
+
+def test_report_times_each_kernel_slowest_first() -> None:
+    """The report names each kernel's compile time, the slowest (the compile wall's
+    critical path) first; their sum is compile_sum_ms."""
+    got: dict[str, bytes] = {}
+
+    def compile_for(seconds: float) -> Any:
+        def run() -> bytes:
+            time.sleep(seconds)
+            return b"cubin"
+
+        return run
+
+    delays = {"fast": 0.01, "slow": 0.12, "mid": 0.05}
+    reqs = [compile_ahead.Request(("t", n), n, compile_for(d), lambda c: None)
+            for n, d in delays.items()]  # fmt: skip
+    rep = compile_ahead.compile_all(_recorded(reqs, got), workers=3)
+    assert list(rep.per_kernel_ms) == ["slow", "mid", "fast"]
+    for n, d in delays.items():
+        assert rep.per_kernel_ms[n] >= d * 1e3 * 0.9
+    assert abs(sum(rep.per_kernel_ms.values()) - rep.compile_sum_ms) < 0.1
+    assert rep.as_dict()["per_kernel_ms"] == rep.per_kernel_ms
 
 
 def test_a_failed_compile_names_its_kernel_and_log(nvrtc: None) -> None:

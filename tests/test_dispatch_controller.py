@@ -5,6 +5,8 @@ allocates from a host pool and launches by calling the recorder, as Function.lau
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import struct
 from typing import Any
 
@@ -15,7 +17,7 @@ from pygpukit import _rust
 from pygpukit.backends.cuda import dispatch
 from pygpukit.backends.cuda.value import DeviceValue
 from pygpukit.ir import dtypes
-from pygpukit.memory import block
+from pygpukit.memory import Storage, block, enable_eviction
 from pygpukit.passes import Schedule, Step
 
 F32 = dtypes.float32
@@ -243,3 +245,48 @@ def test_an_eager_replay_is_refused_where_no_plan_can_be(fake: Any) -> None:
     for _ in range(3):
         nd.run(ws, [a])
     assert nd.stats["not_cacheable"] == 1 and nd.eager_replay(ws, [a]) is False
+
+
+def _copy_out(addr: int, nbytes: int) -> bytes:
+    return ctypes.string_at(addr, nbytes)
+
+
+def _copy_in(host: bytes, addr: int) -> None:
+    ctypes.memmove(addr, host, len(host))
+
+
+def test_run_alloc_restores_inputs_and_declines_after_an_eviction(fake: Any) -> None:
+    """Dispatcher.run_alloc, an eager hit's and a cached realize's one call: an evicted
+    input is restored and launched at its address now; the output block is the pool's; an
+    allocation that evicts makes the replay decline, launching nothing and leaving no block
+    allocated. The layout key's alignment (dispatch.align, no pool call) is the address's."""
+    nd, backend = fake
+    pool = _rust.Pool(arena_bytes=1 << 20, quota_bytes=1 << 20)
+    enable_eviction(pool, _copy_out, _copy_in)
+    backend.pool = pool
+    sched = Schedule([_step("add", (0, 1), 2, 0.5)], 3, [0, 1], [2], None)  # type: ignore[arg-type]
+    a, b = _inputs(pool, 2)
+    ctypes.memmove(a.storage.addr, b"pygpukit", 8)
+    nd.run(sched, [a, b])
+    nd.run(sched, [a, b])
+    fillers = []
+    while not a.storage.evicted:  # least recently used first: a goes before b
+        fillers.append(Storage(pool, 64 << 10))
+        b.storage.addr  # noqa: B018 - a read marks b used
+    del fillers
+    gc.collect()
+    out = nd.run(sched, [a, b])
+    assert out is not None and nd.stats["native_runs"] == 1
+    assert not a.storage.evicted and ctypes.string_at(a.storage.addr, 8) == b"pygpukit"
+    (launch,) = nd.ctrl.fake_log()
+    assert launch[6][:3] == [out[0].ptr, a.ptr, b.ptr]
+    for v in (a, b, out[0], DeviceValue(a.storage, (7,), (1,), 1, F32)):
+        assert dispatch.align(v) == v.ptr & 15
+    full = []
+    while pool.stats()["in_use_bytes"] + 64 < 1 << 20:  # the next output must evict
+        full.append(Storage(pool, min(64 << 10, (1 << 20) - pool.stats()["in_use_bytes"] - 64)))
+    before = (pool.stats()["live_blocks"], pool.evictions)
+    assert nd.run(sched, [a, b]) is None and nd.stats["fallbacks"] == 1
+    assert nd.ctrl.fake_log() == []  # nothing launched (the log drains when read)
+    evicted = pool.evictions - before[1]
+    assert evicted > 0 and pool.stats()["live_blocks"] == before[0] - evicted

@@ -178,3 +178,24 @@ def test_unguarded_template_module_keeps_its_defines() -> None:
     assert loader.module_defines("activation", "pgk_silu", d) == d
     assert loader.module_defines("rms_norm", "pgk_rms_norm_add", d) == {
         **d, "PGK_ONLY": 1, "PGK_ONLY_pgk_rms_norm_add": 1}  # fmt: skip
+
+
+def test_family_options_reach_nvrtc_and_keep_the_code() -> None:
+    """A family's own NVRTC options (loader.FAMILY_OPTIONS: the decode attention's ptxas
+    -O2, its cold compile being the first decode call's critical path) are in its modules'
+    compile, and keep the code: every section of the CUBIN but the note that records
+    ptxas's options is byte-identical to the default (-O3) compile's, on sm_80 and sm_90
+    (all 176 compiles of the family were; two kernels here)."""
+    _nvrtc_or_skip()
+    family = "attention_decode"
+    extra = loader.FAMILY_OPTIONS[family]
+    assert loader.template_options(family)[len(loader.template_options()) :] == extra
+    assert not set(extra) & set(loader.template_options("gemv"))
+    fam, names, defines = next(v for v in VARIANTS if v[0] == family)
+    for name, arch in ((names[0], "sm_80"), (names[-1], "sm_90")):
+        mod = loader.module_defines(fam, name, defines)
+        src = loader.kernel_source(fam, mod)
+        own = _sections(loader.compile_family(fam, mod, arch))
+        plain = _sections(loader.compile_source(src, arch, loader.template_options()))
+        assert set(own) == set(plain) and f".text.{name}" in own
+        assert [k for k in own if own[k] != plain[k]] == [".note.nv.tkinfo"]  # the options

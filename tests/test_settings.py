@@ -366,3 +366,34 @@ def test_prefer_backend_when_nothing_was_asked_for() -> None:
     out = _python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["cpu"]
+
+
+def test_eager_blocks_nest_reenter_and_decorate(rng: np.random.Generator) -> None:
+    """gpk.eager() blocks nest (the innermost wins, the outer comes back on exit), one
+    block object entered again inside itself restores each level, and as a decorator each
+    call (recursive ones too) runs in its own block."""
+    a = rng.standard_normal(8).astype(np.float32)
+    x = gpk.asarray(a)
+    outer = gpk.is_eager()
+    block = gpk.eager(True)
+    with block:
+        assert (x + 1.0)._node.realized is not None
+        with gpk.eager(False):
+            assert (x + 1.0)._node.realized is None
+            with block:
+                assert gpk.is_eager()
+            assert not gpk.is_eager()
+        assert gpk.is_eager()
+    assert gpk.is_eager() == outer
+
+    @gpk.eager(True)
+    def depth(n: int) -> list[bool]:
+        inner = depth(n - 1) if n else []
+        with gpk.eager(False):
+            pass
+        return [gpk.is_eager(), *inner]
+
+    with gpk.eager(False):
+        assert depth(3) == [True] * 4
+        assert not gpk.is_eager()
+    np.testing.assert_allclose((x * 2.0).to_numpy(), a.astype(np.float64) * 2.0, rtol=1e-6)

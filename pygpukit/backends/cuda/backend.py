@@ -19,7 +19,7 @@ from pygpukit.passes import Schedule
 from ..base import Backend
 from . import device_pool, ew, toolchain, transfers
 from .context import Launch, StepContext, contiguous
-from .dispatch import NativeDispatch
+from .dispatch import NativeDispatch, align
 from .errorword import WORDS, ErrorWord
 from .host_transfer import HostTransfer
 from .layout import is_contiguous
@@ -159,8 +159,10 @@ class CudaBackend(CudaPlannedHooks, Backend):
         return tuple(s * value.dtype.itemsize for s in value.strides)
 
     def layout_key(self, value: DeviceValue) -> Any:
-        # Plans fold strides in, and vector kernels need 16-byte aligned pointers.
-        return (value.strides, value.ptr % 16)
+        # Plans fold strides in, and vector kernels need 16-byte aligned pointers. align()
+        # reads the address without touching the block (a pool call every op): eviction
+        # moves a block only to another 256-byte aligned one.
+        return (value.strides, align(value))
 
     def pool_stats(self) -> dict[str, Any]:
         return dict(self.pool.stats())

@@ -5,12 +5,14 @@ defines depend on the pointers' alignment, a generated kernel's source on the la
 So before a compiled program's first run, the backend runs it once dry, recorded into a
 CUDA Graph that is thrown away (nothing executes), inside `collecting()`: every kernel
 that is not yet in memory is not compiled but asked for (`ask`), and a stand-in that
-launches nothing (DEFERRED) is handed back, so the dry run reaches every step. Then
-`compile_all` compiles what was asked for on a thread pool (NVRTC compiles one program
-per thread; the native compile and the disk-cache read and write release the GIL) and
-loads each module on the calling thread, into the same in-memory caches the compile
-sites read: the real run finds every kernel there. Only the variants the run asks for
-are compiled.
+launches nothing (DEFERRED) is handed back, so the dry run reaches every step. Each
+request starts compiling on a thread pool as soon as it is asked for (NVRTC compiles one
+program per thread; the native compile and the disk-cache read and write release the
+GIL), so the compiles overlap the rest of the dry run: the decode step asks for its
+slowest kernel (the attention) in its first layer. Then `compile_all` waits for them (and
+compiles any request not started) and loads each module on the calling thread, into the
+same in-memory caches the compile sites read: the real run finds every kernel there. Only
+the variants the run asks for are compiled.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,28 +41,38 @@ class Request:
     name: str
     compile: Callable[[], bytes]
     install: Callable[[bytes], None]
+    # The compile started when it was asked for (ask, inside collecting()): compile_all
+    # waits for it rather than compiling again.
+    started: Future[Compiled] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
 class Report:
-    """What one compile_all did, in milliseconds: wall time of the compiles, their sum
-    (the time one thread would have taken), module loads."""
+    """What one compile_all did, in milliseconds: wall time of the compiles (from the
+    first one's start, which may be inside the dry run, to the last one's end), their sum
+    (the time one thread would have taken), the time compile_all itself waited for them
+    (what the compiles added after the dry run), module loads."""
 
     kernels: int = 0
     workers: int = 0
     compile_wall_ms: float = 0.0
     compile_sum_ms: float = 0.0
+    compile_wait_ms: float = 0.0
     load_ms: float = 0.0
     names: list[str] = field(default_factory=list)
+    # Each kernel's compile, slowest first: the first is the compile wall's critical path.
+    per_kernel_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"kernels": self.kernels, "workers": self.workers,
                 "compile_wall_ms": self.compile_wall_ms, "compile_sum_ms": self.compile_sum_ms,
-                "load_ms": self.load_ms}  # fmt: skip
+                "compile_wait_ms": self.compile_wait_ms, "load_ms": self.load_ms,
+                "per_kernel_ms": dict(self.per_kernel_ms)}  # fmt: skip
 
 
 class _Collecting(threading.local):
     requests: dict[Any, Request] | None = None
+    pool: ThreadPoolExecutor | None = None
 
 
 _state = _Collecting()
@@ -89,26 +101,41 @@ def is_collecting() -> bool:
 
 def ask(request: Request) -> bool:
     """Called by a compile site on an in-memory miss: inside collecting(), records the
-    request (once per key) and returns True (the site hands back DEFERRED); otherwise
-    returns False (compile now)."""
+    request (once per key), starts compiling it on the block's thread pool and returns
+    True (the site hands back DEFERRED); otherwise returns False (compile now)."""
     requests = _state.requests
     if requests is None:
         return False
-    requests.setdefault(request.key, request)
+    if request.key not in requests:
+        requests[request.key] = request
+        pool = _state.pool
+        if pool is not None:
+            request.started = pool.submit(_timed, request)
     return True
 
 
 @contextmanager
-def collecting() -> Iterator[dict[Any, Request]]:
+def collecting(workers: int | None = None) -> Iterator[dict[Any, Request]]:
     """Inside the block this thread's compile sites ask rather than compile; yields the
-    requests (by key), filled as the block runs."""
-    outer = _state.requests
+    requests (by key), filled as the block runs. Each request starts compiling when asked
+    for, on up to `workers` threads (default: the CPU count, at most MAX_WORKERS; 0: none
+    start, compile_all compiles them all); compile_all waits for those."""
+    outer, outer_pool = _state.requests, _state.pool
     requests: dict[Any, Request] = {}
-    _state.requests = requests
+    n = _workers(workers)
+    # Threads start only as requests come: a block that asks for nothing costs none.
+    pool = ThreadPoolExecutor(n, thread_name_prefix="pygpukit-nvrtc") if n else None
+    _state.requests, _state.pool = requests, pool
     try:
         yield requests
     finally:
-        _state.requests = outer
+        _state.requests, _state.pool = outer, outer_pool
+        if pool is not None:
+            pool.shutdown(wait=False)  # the compiles started run on; compile_all waits
+
+
+def _workers(workers: int | None) -> int:
+    return min(MAX_WORKERS, os.cpu_count() or 1) if workers is None else workers
 
 
 def worth_a_dry_run(cache_stats: dict[str, int]) -> bool:
@@ -121,23 +148,29 @@ def worth_a_dry_run(cache_stats: dict[str, int]) -> bool:
     return not (cache_stats.get("disk_hits", 0) > 0 and cache_stats.get("compiles", 0) == 0)
 
 
-def _timed(req: Request) -> tuple[bytes | None, BaseException | None, float]:
+# A compile's CUBIN or error, and its start and end (perf_counter seconds).
+Compiled = tuple[bytes | None, BaseException | None, float, float]
+
+
+def _timed(req: Request) -> Compiled:
     t0 = time.perf_counter()
     try:
-        return req.compile(), None, (time.perf_counter() - t0) * 1e3
+        return req.compile(), None, t0, time.perf_counter()
     except Exception as e:  # reported by compile_all, with the kernel's name
-        return None, e, (time.perf_counter() - t0) * 1e3
+        return None, e, t0, time.perf_counter()
 
 
 def compile_all(requests: list[Request], workers: int | None = None) -> Report:
-    """Compiles the requests concurrently and installs each (in the order given).
+    """Compiles the requests concurrently (waiting for those started when asked for) and
+    installs each (in the order given).
 
     Every compile runs to its end; if any failed, the others are still installed and a
     CompileError names each kernel that failed, with its NVRTC log.
 
     Args:
         requests: What to compile (each once).
-        workers: Threads at most (default: the CPU count, at most MAX_WORKERS).
+        workers: Threads at most for the requests not started yet (default: the CPU
+            count, at most MAX_WORKERS).
 
     Returns:
         The Report of times.
@@ -148,18 +181,24 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
     rep = Report(kernels=len(requests))
     if not requests:
         return rep
-    n = workers or min(MAX_WORKERS, os.cpu_count() or 1)
-    rep.workers = max(1, min(n, len(requests)))
+    rep.workers = max(1, min(_workers(workers) or 1, len(requests)))
     t0 = time.perf_counter()
-    if rep.workers == 1:
-        results = [_timed(r) for r in requests]
-    else:
+    todo = [r for r in requests if r.started is None]
+    done: dict[int, Compiled] = {}
+    if todo and rep.workers == 1:
+        done = {id(r): _timed(r) for r in todo}
+    elif todo:
         with ThreadPoolExecutor(rep.workers, thread_name_prefix="pygpukit-nvrtc") as pool:
-            results = list(pool.map(_timed, requests))
-    rep.compile_wall_ms = (time.perf_counter() - t0) * 1e3
+            done = dict(zip([id(r) for r in todo], pool.map(_timed, todo), strict=True))
+    results = [done[id(r)] if r.started is None else r.started.result() for r in requests]
+    rep.compile_wait_ms = (time.perf_counter() - t0) * 1e3
+    rep.compile_wall_ms = (max(r[3] for r in results) - min(r[2] for r in results)) * 1e3
     failed: list[str] = []
-    for req, (cubin, error, ms) in zip(requests, results, strict=True):
-        rep.compile_sum_ms += ms
+    ms = [(r[3] - r[2]) * 1e3 for r in results]
+    for k in sorted(range(len(requests)), key=lambda k: -ms[k]):
+        rep.per_kernel_ms[requests[k].name] = round(ms[k], 2)
+    for req, (cubin, error, _, _), took in zip(requests, results, ms, strict=True):
+        rep.compile_sum_ms += took
         if error is not None or cubin is None:
             failed.append(f"{req.name}: {error}")
             continue

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pygpukit import _native, _rust
 from pygpukit.errors import CUDAError
-from pygpukit.memory import block
+from pygpukit.memory import adopt
 from pygpukit.passes import Schedule
 
 from .ops_elementwise import ELEMENTWISE_OPS
@@ -97,11 +97,10 @@ class NativeDispatch:
             plans = info["native_plans"] = {}
         elif plans is False:
             return None
-        ptrs = [v.ptr for v in inputs]
-        lk = tuple([(v.strides, p & 15) for v, p in zip(inputs, ptrs, strict=True)])
+        lk = tuple([(v.strides, align(v)) for v in inputs])
         got = plans.get(lk)
         if type(got) is NativePlan:
-            out = self._replay(got, inputs, ptrs)
+            out = self._replay(got, inputs)
             if out is None:
                 del plans[lk]  # evicted from the controller, or no room: record again later
             return out
@@ -112,7 +111,7 @@ class NativeDispatch:
             return None
         if got == _NOT_CACHEABLE or len({id(v.storage) for v in inputs}) < len(inputs):
             return None  # inputs sharing a block (x + x): record another call of this layout
-        return self._record(schedule, inputs, ptrs, plans, lk)
+        return self._record(schedule, inputs, [v.ptr for v in inputs], plans, lk)
 
     def eager_replay(self, schedule: Schedule, inputs: Sequence[DeviceValue]
                      ) -> EagerReplay | bool | None:  # fmt: skip
@@ -125,33 +124,25 @@ class NativeDispatch:
             return False
         if plans is None:
             return None
-        got = plans.get(tuple([(v.strides, v.ptr & 15) for v in inputs]))
+        got = plans.get(tuple([(v.strides, align(v)) for v in inputs]))
         if type(got) is NativePlan:
             return EagerReplay(self, got)
         return False if got == _NOT_CACHEABLE else None
 
-    def _replay(self, plan: NativePlan, inputs: Sequence[DeviceValue],
-                ptrs: list[int]) -> list[Any] | None:  # fmt: skip
+    def _replay(self, plan: NativePlan, inputs: Sequence[DeviceValue]) -> list[Any] | None:
         backend = self.backend
         pool = backend.pool
-        evicting = self._evicting_pool
-        evictions = evicting.evictions if evicting is not None else 0
-        bufs = [block(pool, n) for n in plan.buf_bytes]
-        if evicting is not None and evicting.evictions != evictions:
-            self.stats["fallbacks"] += 1  # an input may have moved: read it all again
-            return None
         stream = backend.stream
         try:
-            ran = self.ctrl.run(plan.key, ptrs, [b._addr for b in bufs],
-                                0 if stream is None else stream.handle, pool)  # fmt: skip
-        except MemoryError:  # a temporary did not fit: the general path evicts
-            self.stats["fallbacks"] += 1
-            return None
+            got = self.ctrl.run_alloc(plan.key, [operand(v) for v in inputs], plan.buf_bytes,
+                                      0 if stream is None else stream.handle, pool)  # fmt: skip
         except RuntimeError as e:
             raise CUDAError(str(e)) from None
-        if not ran:
+        if got is None:  # an eviction, a temporary that did not fit, the plan dropped
+            self.stats["fallbacks"] += 1
             return None
         self.stats["native_runs"] += 1
+        bufs = [adopt(pool, n, addr, h) for n, (addr, h) in zip(plan.buf_bytes, got, strict=True)]
         return [
             DeviceValue(bufs[j], shape, strides, off, dtype) if j >= 0
             else DeviceValue(inputs[-1 - j].storage, shape, strides, inputs[-1 - j].offset + off,
@@ -186,19 +177,18 @@ class NativeDispatch:
 class EagerReplay:
     """One plan of an eager op's cached schedule, for that op's hits: the eager key holds
     its operands' layouts, so a hit goes to the plan without looking it up by layouts again
-    (no schedule, no layout tuple), allocates the output buffer(s) and makes one
-    `Dispatcher.run`. A call returns the op's value, or None to take backend.run this time
-    (the controller off or bypassed, an allocation that evicted, a temporary that did not
-    fit, a plan the controller dropped: the caller then asks eager_replay again)."""
+    (no schedule, no layout tuple), and makes one `Dispatcher.run_alloc` (which touches the
+    inputs, allocates the output buffer(s) and runs, in one crossing). A call returns the
+    op's value, or None to take backend.run this time (the controller off or bypassed, an
+    eviction meanwhile, a temporary that did not fit, a plan the controller dropped: the
+    caller then asks eager_replay again)."""
 
-    __slots__ = ("native", "key", "buf_bytes", "nbytes", "out")
+    __slots__ = ("native", "key", "buf_bytes", "out")
 
     def __init__(self, native: NativeDispatch, plan: NativePlan) -> None:
         self.native = native
         self.key = plan.key
         self.buf_bytes = plan.buf_bytes
-        # The common plan: one output buffer, which the op's value is (-1: otherwise).
-        self.nbytes = plan.buf_bytes[0] if len(plan.buf_bytes) == 1 else -1
         (self.out,) = plan.outs
 
     def __call__(self, inputs: Sequence[DeviceValue]) -> DeviceValue | None:
@@ -206,38 +196,39 @@ class EagerReplay:
         backend = native.backend
         if backend.native is not native or backend.poison:
             return None
-        ptrs = [v.ptr for v in inputs]
         pool = backend.pool
-        evicting = native._evicting_pool
-        evictions = evicting.evictions if evicting is not None else 0
-        nbytes = self.nbytes
-        if nbytes >= 0:
-            buf = block(pool, nbytes)
-            bufs = [buf]
-            addrs = [buf._addr]
-        else:
-            bufs = [block(pool, n) for n in self.buf_bytes]
-            addrs = [b._addr for b in bufs]
-        if evicting is not None and evicting.evictions != evictions:
-            native.stats["fallbacks"] += 1  # an input may have moved: read it all again
-            return None
         stream = backend.stream
         try:
-            ran = native.ctrl.run(self.key, ptrs, addrs, 0 if stream is None else stream.handle,
-                                  pool)  # fmt: skip
-        except MemoryError:  # a temporary did not fit: the general path evicts
-            native.stats["fallbacks"] += 1
-            return None
+            got = native.ctrl.run_alloc(self.key, [operand(v) for v in inputs], self.buf_bytes,
+                                        0 if stream is None else stream.handle, pool)  # fmt: skip
         except RuntimeError as e:
             raise CUDAError(str(e)) from None
-        if not ran:
+        if got is None:  # an eviction, a temporary that did not fit, the plan dropped
+            native.stats["fallbacks"] += 1
             return None
         native.stats["native_runs"] += 1
         j, shape, strides, off, dtype = self.out
-        if j >= 0:
-            return DeviceValue(bufs[j], shape, strides, off, dtype)
+        if j >= 0:  # the one output buffer (buffers are only those an output views)
+            addr, h = got[j]
+            return DeviceValue(adopt(pool, self.buf_bytes[j], addr, h), shape, strides, off, dtype)
         v = inputs[-1 - j]
         return DeviceValue(v.storage, shape, strides, v.offset + off, dtype)
+
+
+def operand(v: DeviceValue) -> tuple[int, int | None]:
+    """An input as Dispatcher.run_alloc takes it: a pool block's (byte offset, handle),
+    which the controller touches for its address now (restoring it if it was evicted),
+    else (address, None)."""
+    s = v.storage
+    h = s._h
+    off = v.offset * v.dtype.itemsize
+    return (off, h) if h is not None else (s._addr + off, None)
+
+
+def align(v: DeviceValue) -> int:
+    """v's address mod 16, without touching its block: a pool block is 256-byte aligned
+    wherever eviction moves it, and any other block never moves."""
+    return (v.storage._addr + v.offset * v.dtype.itemsize) & 15
 
 
 class _Recording:

@@ -52,7 +52,7 @@ class CudaReplay:
         self.fallback: str | None = None  # why the launches are re-issued, if they are
         # Where the first call's time went (ms): the dry run, the parallel compile and
         # module loads (compile_ahead), the first (eager) run, the capture.
-        self.first_call: dict[str, float] = {}
+        self.first_call: dict[str, Any] = {}
         # Whether replay() runs the steps from Python, reading the executor's values list
         # (before the capture, or after it failed), rather than launching the graph.
         self.reads_values = True

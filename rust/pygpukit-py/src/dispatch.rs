@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use pygpukit_core::dispatch::{
     Controller, DispatchError, FakeLauncher, KernelLaunch, LaunchPlan, Launcher, Param, TempAlloc,
 };
+use pygpukit_core::pool::Handle;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
@@ -297,6 +298,9 @@ fn dims(v: &[u32], what: &str) -> PyResult<[u32; 3]> {
     Ok(d)
 }
 
+/// A pool block as `alloc_storage` returns it: (address, handle if tracked).
+type Block = (u64, Option<Handle>);
+
 type LaunchSpec = (
     Py<PyAny>,
     u64,
@@ -408,6 +412,82 @@ impl PyDispatcher {
             return Err(e);
         }
         res.map_err(dispatch_err)
+    }
+
+    /// One call of an eager op or a cached realize: each input is (address,
+    /// None) or (byte offset, storage handle), a handle's block touched (so
+    /// restored if evicted, and marked used) for its address now; a block of
+    /// each of `out_bytes` is allocated from `pool` (as `alloc_storage`); then
+    /// the plan runs. Returns the output blocks as (address, handle), or None
+    /// to take the general path, with nothing left allocated: no plan under
+    /// `key`, an eviction meanwhile (an input read before may have moved), a
+    /// temporary that did not fit. One crossing for what the Python side did
+    /// in five (touches, alloc, the eviction count twice, run).
+    fn run_alloc(
+        &self,
+        py: Python<'_>,
+        key: u64,
+        inputs: Vec<Block>,
+        out_bytes: Vec<u64>,
+        stream: u64,
+        pool: &PyPool,
+    ) -> PyResult<Option<Vec<Block>>> {
+        let launcher = self.launcher()?;
+        let evictions = pool.evictions(py)?;
+        let mut ptrs = Vec::with_capacity(inputs.len());
+        for (a, h) in inputs {
+            ptrs.push(match h {
+                Some(h) => pool.touch(py, h)? + a,
+                None => a,
+            });
+        }
+        let mut outs: Vec<Block> = Vec::with_capacity(out_bytes.len());
+        let release = |outs: &[Block]| -> PyResult<()> {
+            for &(addr, h) in outs {
+                match h {
+                    Some(h) => pool.forget(py, h)?,
+                    None => pool.free(py, i128::from(addr))?,
+                }
+            }
+            Ok(())
+        };
+        for &n in &out_bytes {
+            match pool.alloc_storage(py, i128::from(n)) {
+                Ok(o) => outs.push(o),
+                Err(e) => {
+                    release(&outs)?;
+                    return Err(e);
+                }
+            }
+        }
+        if pool.evictions(py)? != evictions {
+            release(&outs)?;
+            return Ok(None);
+        }
+        let addrs: Vec<u64> = outs.iter().map(|o| o.0).collect();
+        let mut temps = PoolTemps {
+            pool,
+            py,
+            failed: None,
+        };
+        let res = self
+            .lock(py)?
+            .run(&launcher, &mut temps, key, &ptrs, &addrs, stream);
+        if let Some(e) = temps.failed {
+            release(&outs)?;
+            return Err(e);
+        }
+        match res {
+            Ok(true) => Ok(Some(outs)),
+            Ok(false) | Err(DispatchError::OutOfMemory { .. }) => {
+                release(&outs)?;
+                Ok(None)
+            }
+            Err(e) => {
+                release(&outs)?;
+                Err(dispatch_err(e))
+            }
+        }
     }
 
     fn __contains__(&self, py: Python<'_>, key: u64) -> PyResult<bool> {

@@ -340,7 +340,7 @@ impl PyPool {
     /// Frees a block; an address that is not live raises ValueError. Called
     /// from inside one of this pool's own callables, the free is applied
     /// (and checked) when the outer call returns.
-    fn free(&self, py: Python<'_>, addr: i128) -> PyResult<()> {
+    pub(crate) fn free(&self, py: Python<'_>, addr: i128) -> PyResult<()> {
         let addr = non_negative("addr", addr)?;
         if self.defer(Deferred::Free(addr)) {
             return Ok(());
@@ -381,7 +381,11 @@ impl PyPool {
 
     /// `(address, handle)` of a new block of `nbytes`: tracked for eviction
     /// (handle an int) on a pool that evicts, else untracked (handle None).
-    fn alloc_storage(&self, py: Python<'_>, nbytes: i128) -> PyResult<(u64, Option<Handle>)> {
+    pub(crate) fn alloc_storage(
+        &self,
+        py: Python<'_>,
+        nbytes: i128,
+    ) -> PyResult<(u64, Option<Handle>)> {
         let n = non_negative("nbytes", nbytes)?;
         self.with(py, |st| {
             let res = match &st.eviction {
@@ -399,7 +403,7 @@ impl PyPool {
 
     /// The tracked storage's address now: restored first if it was evicted
     /// (which may evict others); marks it the most recently used.
-    fn touch(&self, py: Python<'_>, handle: Handle) -> PyResult<u64> {
+    pub(crate) fn touch(&self, py: Python<'_>, handle: Handle) -> PyResult<u64> {
         self.evict_call(
             py,
             |st| Self::bytes_of(st, handle),
@@ -427,7 +431,7 @@ impl PyPool {
 
     /// Stops tracking a storage: frees its block, or drops its host copy.
     /// Deferred when called from inside a callable (a GC pass).
-    fn forget(&self, py: Python<'_>, handle: Handle) -> PyResult<()> {
+    pub(crate) fn forget(&self, py: Python<'_>, handle: Handle) -> PyResult<()> {
         if self.defer(Deferred::Forget(handle)) {
             return Ok(());
         }
@@ -465,7 +469,7 @@ impl PyPool {
     /// Evictions so far (0 on a pool that does not evict): a compiled call
     /// compares it around reading addresses to see whether a block moved.
     #[getter]
-    fn evictions(&self, py: Python<'_>) -> PyResult<u64> {
+    pub(crate) fn evictions(&self, py: Python<'_>) -> PyResult<u64> {
         self.with(py, |st| {
             st.eviction
                 .as_ref()
