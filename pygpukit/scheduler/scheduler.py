@@ -37,6 +37,7 @@ DEFAULT_SIM_GBPS = 1000.0  # nominal bandwidth of the simulated GPU's cost model
 # and the submission can be admitted and started in one core call. The cap bounds what
 # allocations outside the scheduler can lose to it between two tasks.
 SPARE_ARENA_MAX = 64 << 20
+CHECKED_KEPT = 64  # submit() argument sets kept checked (cleared when full)
 
 
 def _stream_priorities(cuda: bool) -> dict[str, int]:
@@ -156,7 +157,11 @@ class Scheduler:
         self.simulated = (not cuda) if simulate is None else bool(simulate)
         self._sim_bytes_per_ms = sim_gbps * 1e6
         self._clock: Clock = SimClock() if self.simulated else WallClock()
-        self._cond = threading.Condition(threading.RLock())
+        # Entered directly (`with self._mu`) where no wait or notify follows: a Condition's
+        # __enter__ is a Python call on every submit and end.
+        self._mu = threading.RLock()
+        self._cond = threading.Condition(self._mu)
+        self._checked: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see _check_submit
         self._device: Device
         if self.simulated:
             self._device = SimDevice()
@@ -219,45 +224,36 @@ class Scheduler:
             ValueError: A bad qos, share, memory or cost, or static_outputs=True.
             SchedulerError: The scheduler is closed.
         """
-        where = "Scheduler.submit"
-        if policy is not None:
-            if qos != "burstable":
-                raise errors.GPUKitValueError(f"{where}: give qos or policy, not both")
-            qos = policy
-        if not hasattr(fn, "reservation") or not hasattr(fn, "call_in"):
-            raise errors.DTypeError(f"submit takes a @gpk.compile function, got {fn!r}")
-        if getattr(fn, "static_outputs", False):
-            raise errors.GPUKitValueError(
-                f"{fn.__name__}: static_outputs=True results would be views into the task's "
-                "arena, which is freed when the task ends")  # fmt: skip
-        qos = check.text(where, "qos", qos).lower().replace("-", "_")
-        if qos not in _QOS:
-            raise errors.GPUKitValueError(f"{where}: qos must be one of {sorted(_QOS)}, "
-                                          f"got {qos!r}")  # fmt: skip
-        bandwidth = check.real(where, "bandwidth", bandwidth, 0.0, 1.0)
-        partition = check.text(where, "partition", partition)
-        priority = check.int32(where, "priority", priority)
-        if deadline is not None:
-            deadline = check.real(where, "deadline", deadline, -math.inf)
-        if sim_ms is not None:
-            # A cost that is not finite would move the simulated clock past every time.
-            sim_ms = check.real(where, "sim_ms", sim_ms, 0.0)
-        kwargs = dict(kwargs or {})
-        reserve = None if memory is None else check.memory_size(where, "memory", memory)
+        try:
+            # With the numbers' types: True == 1 and hashes alike, but is refused.
+            key = (fn, qos, policy, partition, bandwidth, type(bandwidth), priority,
+                   type(priority), deadline, type(deadline), tenant, type(tenant), sim_ms,
+                   type(sim_ms), memory, type(memory))  # fmt: skip
+            checked = self._checked.get(key)
+        except TypeError:  # an unhashable argument: checked (and refused) below
+            key, checked = None, None
+        if checked is None:
+            checked = self._check_submit(fn, qos, bandwidth, partition, priority, deadline,
+                                         tenant, sim_ms, memory, policy)  # fmt: skip
+            if key is not None:
+                if len(self._checked) >= CHECKED_KEPT:
+                    self._checked.clear()
+                self._checked[key] = checked
+        qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high = checked
+        kwargs = dict(kwargs) if kwargs else {}
         with _EXEC_LOCK:
             res = fn.reservation(*args, **kwargs)
         if reserve is not None and reserve < res.total:
             raise errors.GPUKitValueError(
-                f"{where}: memory={memory!r} ({reserve} bytes) is less than the "
+                f"Scheduler.submit: memory={memory!r} ({reserve} bytes) is less than the "
                 f"{res.total} bytes {getattr(fn, '__name__', 'the function')} needs")  # fmt: skip
         cost = sim_ms if sim_ms is not None else res.traffic_bytes / self._sim_bytes_per_ms
         if not math.isfinite(cost):
-            raise errors.GPUKitValueError(f"{where}: the simulated cost of {res.traffic_bytes} "
-                                          f"bytes at sim_gbps={self._sim_bytes_per_ms / 1e6} "
+            gbps = self._sim_bytes_per_ms / 1e6
+            raise errors.GPUKitValueError(f"Scheduler.submit: the simulated cost of "
+                                          f"{res.traffic_bytes} bytes at sim_gbps={gbps} "
                                           "is not finite")  # fmt: skip
-        tenant = str(tenant or getattr(fn, "__name__", "tenant"))
-        high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
-        with self._cond:
+        with self._mu:
             if self._stopped is not None or self._closed:
                 self._check_open_locked()
             if self._device.unreported():  # ends of earlier launches nobody waited on
@@ -305,11 +301,45 @@ class Scheduler:
             self._launch(t, now, on_caller=t._high)
         return task
 
+    def _check_submit(self, fn: Any, qos: Any, bandwidth: Any, partition: Any, priority: Any,
+                      deadline: Any, tenant: Any, sim_ms: Any, memory: Any,
+                      policy: Any) -> tuple[Any, ...]:  # fmt: skip
+        """submit()'s arguments other than the call's own, checked and normalised; the
+        result depends on them alone, so submit() keeps it for the next submission with
+        the same ones (a closed-loop client passes the same every step)."""
+        where = "Scheduler.submit"
+        if policy is not None:
+            if qos != "burstable":
+                raise errors.GPUKitValueError(f"{where}: give qos or policy, not both")
+            qos = policy
+        if not hasattr(fn, "reservation") or not hasattr(fn, "call_in"):
+            raise errors.DTypeError(f"submit takes a @gpk.compile function, got {fn!r}")
+        if getattr(fn, "static_outputs", False):
+            raise errors.GPUKitValueError(
+                f"{fn.__name__}: static_outputs=True results would be views into the task's "
+                "arena, which is freed when the task ends")  # fmt: skip
+        qos = check.text(where, "qos", qos).lower().replace("-", "_")
+        if qos not in _QOS:
+            raise errors.GPUKitValueError(f"{where}: qos must be one of {sorted(_QOS)}, "
+                                          f"got {qos!r}")  # fmt: skip
+        bandwidth = check.real(where, "bandwidth", bandwidth, 0.0, 1.0)
+        partition = check.text(where, "partition", partition)
+        priority = check.int32(where, "priority", priority)
+        if deadline is not None:
+            deadline = check.real(where, "deadline", deadline, -math.inf)
+        if sim_ms is not None:
+            # A cost that is not finite would move the simulated clock past every time.
+            sim_ms = check.real(where, "sim_ms", sim_ms, 0.0)
+        reserve = None if memory is None else check.memory_size(where, "memory", memory)
+        tenant = str(tenant or getattr(fn, "__name__", "tenant"))
+        high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
+        return qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high
+
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
         """Call fn on the dispatcher thread once the scheduler's clock reaches t_ms (an
         arrival process in simulated time; it may submit)."""
         t_ms = check.real("Scheduler.at", "t_ms", t_ms, -math.inf)
-        with self._cond:
+        with self._mu:
             self._check_open_locked()
             self._clock.call_at(t_ms, fn)
             self._cond.notify_all()
@@ -321,12 +351,12 @@ class Scheduler:
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Nothing starts inside the block: submit a batch, then let pacing order it."""
-        with self._cond:
+        with self._mu:
             self._paused += 1
         try:
             yield
         finally:
-            with self._cond:
+            with self._mu:
                 self._paused -= 1
                 self._cond.notify_all()
 
@@ -415,7 +445,7 @@ class Scheduler:
         """The scheduler's lock; futures ended inside are completed after it is released,
         so a woken waiter (a latency-critical client about to submit again) neither waits
         for the lock nor competes with this thread for the GIL while it still holds it."""
-        with self._cond:
+        with self._mu:
             yield
         self._deliver()
 
@@ -427,15 +457,7 @@ class Scheduler:
                 task = pending.popleft()
             except IndexError:
                 return
-            fut, outcome = task._future, task._outcome
-            task._outcome = None
-            if task._state == "cancelled":
-                fut.cancel()
-                fut.set_running_or_notify_cancel()
-            elif task._state == "done":
-                fut.set_result(outcome)
-            else:
-                fut.set_exception(outcome)
+            task._deliver()
 
     def _cancel(self, task: Task) -> bool:
         with self._locked():
@@ -494,7 +516,7 @@ class Scheduler:
         """A launch ended, seen by the thread waiting for its result: that thread only
         ends it; what the end frees is launched by the dispatcher, woken only if
         something can start (so the waiter returns at once)."""
-        with self._cond:
+        with self._mu:
             self._finish_locked(d)
             if self._waiting:
                 now = self._clock.now()
@@ -564,13 +586,13 @@ class Scheduler:
         self._counts["launched"] += 1
 
     def _run_timers(self) -> bool:
-        with self._cond:
+        with self._mu:
             due = self._clock.due(self._clock.now())
         for fn in due:
             try:
                 fn()
             except Exception:
-                with self._cond:
+                with self._mu:
                     self._counts["timer_errors"] += 1
         return bool(due)
 
@@ -663,7 +685,7 @@ class Scheduler:
         With a task (or its id): that task's stats (Task.stats), also once it has ended."""
         if task_id is not None:
             return self._task_stats(task_id)
-        with self._cond:
+        with self._mu:
             now = self._clock.now()
             st = dict(self._core.stats(now))
             st["now_ms"] = now
@@ -681,7 +703,7 @@ class Scheduler:
     def _task_stats(self, task_id: int | Task) -> dict[str, Any]:
         tid = task_id.id if isinstance(task_id, Task) else check.byte_count(
             "Scheduler.stats", "task_id", task_id)  # fmt: skip
-        with self._cond:
+        with self._mu:
             task = self._tasks.get(tid)
             if task is not None:
                 return task.stats()
