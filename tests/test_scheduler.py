@@ -669,3 +669,40 @@ def test_a_step_in_the_spare_arena_is_admitted_and_started_in_one_core_call(back
     assert sched.stats()["arena_bytes_spare"] == 0
     del t, g
     _reserved_zero(sched, backend, in_use)
+
+
+def test_an_ended_task_and_its_result_are_freed_without_the_garbage_collector(backend, monkeypatch):
+    """The CUDA path (fake events) keeps a wait closure on the task that refers back to
+    it: once the task ends nothing may keep that cycle, or every step leaves garbage for
+    the collector (a pause every few dozen steps of a closed-loop client) and its result's
+    device block lives on until a collection."""
+    import weakref
+
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+    _fake_cuda(dev, {})
+    sched._device = dev
+    gc.disable()
+    try:
+        for qos in ("guaranteed", "best_effort"):
+            refs = []
+            for _ in range(3):
+                t = sched.submit(mlp, x, w, qos=qos, tenant="g")
+                y = t.result(60)
+                np.testing.assert_allclose(y.to_numpy(), want, rtol=1e-6)
+                refs.append((weakref.ref(t), weakref.ref(y)))
+                del t, y
+            # The fake events name the task they were last recorded for, and a
+            # Guaranteed step's pair is reused by the next step: the last may be held.
+            assert all(a() is None and b() is None for a, b in refs[:-1]), qos
+    finally:
+        gc.enable()
+        sched.close(timeout=60)
