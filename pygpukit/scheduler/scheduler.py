@@ -174,6 +174,9 @@ class Scheduler:
         self._inflight_low = 0  # started, not yet ended, tasks not on a high-priority stream
         self._deadline = -math.inf  # when the waiting dispatcher plans to wake (real time)
         self._pending: deque[Task] = deque()  # ended tasks whose futures are to complete
+        # High-lane tasks their waiters ended (result delivered, arena kept as the spare)
+        # that the core has not been told of yet: see _on_done_waiter.
+        self._unbooked: list[Task] = []
         self._tasks: dict[int, Task] = {}
         self._ended: OrderedDict[int, tuple[Any, ...]] = OrderedDict()  # id -> Task._record()
         self._waiting: dict[int, None] = {}  # admitted task ids, not started yet
@@ -268,6 +271,10 @@ class Scheduler:
                      and not self._paused
                      and (high or self._inflight_low < self.max_inflight))  # fmt: skip
             core = self._core
+            # Tasks ended by their waiters are told to the core after this launch (off
+            # the critical path), unless their reservations could stand in its way.
+            if self._unbooked and not (start and self._room_for(partition, held)):
+                self._book_locked(kick=False)
             tid, status, reason, others, prio = core.submit_start(
                 tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start
             )
@@ -299,7 +306,21 @@ class Scheduler:
             # A high-lane task's end is left to its waiter (no completer hand-off); other
             # lanes keep the completer, whose prompt end starts the work queued behind.
             self._launch(t, now, on_caller=t._high)
+        if self._unbooked:  # while the GPU runs this launch
+            with self._mu:
+                self._book_locked(kick=False)
+                more = [] if self.simulated else self._start_ready_locked(now)
+                self._kick_locked(now)
+            if self._pending:
+                self._deliver()
+            for t in more:
+                self._launch(t, now, on_caller=t._high)
         return task
+
+    def _room_for(self, partition: str, nbytes: int) -> bool:
+        """Whether the core admits a reservation of nbytes in partition now."""
+        room = self._core.headroom(partition)
+        return room is not None and room >= nbytes
 
     def _check_submit(self, fn: Any, qos: Any, bandwidth: Any, partition: Any, priority: Any,
                       deadline: Any, tenant: Any, sim_ms: Any, memory: Any,
@@ -420,7 +441,7 @@ class Scheduler:
             spare.release()
 
     def _end_locked(self, task: Task, state: str, result: Any = None,
-                    error: BaseException | None = None) -> None:  # fmt: skip
+                    error: BaseException | None = None, deliver: bool = True) -> None:  # fmt: skip
         arena = task.arena
         if arena is not None:
             task.arena = None
@@ -439,8 +460,9 @@ class Scheduler:
         ended[task.id] = task._record()
         if len(ended) > ENDED_KEPT:
             ended.popitem(last=False)
-        task._outcome = error if error is not None else result
-        self._pending.append(task)
+        if deliver:  # else delivered already (a booked end: _book_locked)
+            task._outcome = error if error is not None else result
+            self._pending.append(task)
         if self._closed and not self._tasks:
             self._cond.notify_all()  # close() waits for the dispatcher to see this
 
@@ -519,25 +541,66 @@ class Scheduler:
     def _on_done_waiter(self, d: Done) -> None:
         """A launch ended, seen by the thread waiting for its result: that thread only
         ends it; what the end frees is launched by the dispatcher, woken only if
-        something can start (so the waiter returns at once)."""
+        something can start (so the waiter returns at once).
+
+        A high-lane task's end with nothing else waiting is only half done here: its
+        result is delivered and its arena kept as the spare for the next step, and the
+        core is told (its reservation, GPU time and stats) by the next submission once
+        that has launched, while the GPU runs it, or by whatever looks at the scheduler
+        first (stats, close, the dispatcher): the closed-loop client's step is back in
+        its hands sooner. With work waiting, the end is told at once (it may free it)."""
+        task = d.task
         with self._mu:
-            self._finish_locked(d)
-            if self._waiting:
-                now = self._clock.now()
-                if self._core.pick_next(now) is not None:
-                    self._cond.notify_all()
-                else:
-                    self._kick_locked(now)
-            elif self.simulated or self._closed:
-                self._cond.notify_all()  # as _kick_locked does
-        if self._pending:
+            if (d.error is None and task._high and not self._waiting and not self._closed
+                    and self._stopped is None and not self.simulated):  # fmt: skip
+                task.gpu_ms = d.gpu_ms
+                task.finished_ms = self._clock.now() if d.at_ms is None else d.at_ms
+                arena = task.arena
+                if arena is not None:
+                    task.arena = None
+                    self._keep_arena(arena, task.reservation.arena_bytes)
+                task._state = "done"
+                task._outcome = d.result
+                task._wait_gpu = None  # see _end_locked
+                self._unbooked.append(task)
+                told = False
+            else:
+                told = True
+                self._finish_locked(d)
+                if self._waiting:
+                    now = self._clock.now()
+                    if self._core.pick_next(now) is not None:
+                        self._cond.notify_all()
+                    else:
+                        self._kick_locked(now)
+                elif self.simulated or self._closed:
+                    self._cond.notify_all()  # as _kick_locked does
+        if not told:
+            task._deliver()
+        elif self._pending:
             self._deliver()
+
+    def _book_locked(self, kick: bool = True) -> None:
+        """Tells the core of the ends _on_done_waiter left to tell (their results are
+        delivered); kick: wake the dispatcher if what they free may start (a caller
+        that starts it itself passes False)."""
+        booked, self._unbooked = self._unbooked, []
+        now = self._clock.now()
+        for task in booked:
+            others = self._core.complete(task.id, task.gpu_ms or 0.0, now)
+            self._counts["completed"] += 1
+            self._end_locked(task, "done", deliver=False)
+            self._admit_locked(others, now)
+        if kick and self._waiting:
+            self._cond.notify_all()
 
     def _collect_locked(self) -> None:
         for d in self._device.collect():
             self._finish_locked(d)
 
     def _finish_locked(self, d: Done) -> None:
+        if self._unbooked:  # the core hears of ends in order
+            self._book_locked(kick=False)
         task = d.task
         if not task._high:
             self._inflight_low -= 1
@@ -615,9 +678,17 @@ class Scheduler:
         err.__cause__ = cause
         self._device.flush()  # the device's threads end what no one else will now
         with self._locked():
+            try:
+                if self._unbooked:  # ended on the GPU and delivered: not failed
+                    self._book_locked(kick=False)
+            except Exception:  # the core may be what failed
+                self._unbooked = []
             self._stopped = err
             self._release_spare_locked()
             for task in list(self._tasks.values()):
+                if task._state == "done":  # delivered; the core could not be told
+                    self._end_locked(task, "done", deliver=False)
+                    continue
                 running = task._state == "running"
                 if running and not self.simulated:
                     continue
@@ -640,6 +711,8 @@ class Scheduler:
                 continue
             with self._locked():
                 self._collect_locked()
+                if self._unbooked:
+                    self._book_locked(kick=False)
                 if self._pending:
                     continue  # complete the futures first: their callbacks may submit
                 if self._closed and not self._tasks:
@@ -690,6 +763,8 @@ class Scheduler:
         if task_id is not None:
             return self._task_stats(task_id)
         with self._mu:
+            if self._unbooked:
+                self._book_locked()
             now = self._clock.now()
             st = dict(self._core.stats(now))
             st["now_ms"] = now
@@ -721,6 +796,8 @@ class Scheduler:
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop after the submitted tasks end (cancel=True withdraws those not running)."""
         with self._locked():
+            if self._unbooked:
+                self._book_locked()
             if cancel:
                 for task in list(self._tasks.values()):
                     if task._state in ("queued", "admitted"):
