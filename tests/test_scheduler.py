@@ -772,3 +772,48 @@ def test_submit_arguments_are_checked_once_per_set_and_reservations_follow_shape
             sched.submit(mlp, *small, qos="guaranteed", priority=True, bandwidth=0.3)
         with pytest.raises(ValueError, match="qos"):
             sched.submit(mlp, *small, qos="urgent")
+
+
+def test_a_submission_launched_at_once_checks_its_arguments_once(backend, monkeypatch):
+    """Reserving and launching a step at submission matches its arguments against the
+    compiled function's guard once (reserve_matched's ticket); a ticket whose guard is
+    no longer the last call's (another call came between) takes the usual full call."""
+    from pygpukit.compile import function as function_mod
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    x2, w2 = (gpk.asarray(a) for a in _data(rng, m=3))
+    want, want2 = mlp(x, w).to_numpy(), mlp(x2, w2).to_numpy()
+    # The hook alone: a stale ticket still runs the call it was made for.
+    mlp(x, w), mlp.reservation(x, w)  # the last call's guard, its reservation known
+    res, ticket = mlp.reserve_matched((x, w), {})
+    assert ticket is not None and res == mlp.reservation(x, w)
+    arena = backend.alloc_arena(res.arena_bytes)
+    mlp(x2, w2)  # another signature: the guard the ticket names is gone
+    got = mlp.call_in_matched(ticket, arena, (x, w), {})
+    np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-6)
+    del got
+    arena.release()
+    matches = []
+    real_match = function_mod._Guard.match
+    monkeypatch.setattr(function_mod._Guard, "match",
+                        lambda g, a, k: matches.append(1) or real_match(g, a, k))  # fmt: skip
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+    _fake_cuda(dev, {})
+    sched._device = dev
+    try:
+        steps = [((x, w), want)] * 3 + [((x2, w2), want2)] * 3
+        for k, (args, ref) in enumerate(steps):
+            n = len(matches)
+            t = sched.submit(mlp, *args, qos="guaranteed", bandwidth=0.3, tenant="g")
+            assert t.state == "running"  # launched at submission
+            np.testing.assert_allclose(t.result().to_numpy(), ref, rtol=1e-6)
+            if k % 3:  # the same arguments as the last step: the guard hits, checked once
+                assert len(matches) - n == 1, k
+    finally:
+        sched.close(timeout=60)

@@ -244,8 +244,12 @@ class Scheduler:
                 self._checked[key] = checked
         qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high = checked
         kwargs = dict(kwargs) if kwargs else {}
+        reserve_matched = getattr(fn, "reserve_matched", None)
         with _EXEC_LOCK:
-            res = fn.reservation(*args, **kwargs)
+            if reserve_matched is not None:  # one check of the arguments for both
+                res, ticket = reserve_matched(args, kwargs)
+            else:
+                res, ticket = fn.reservation(*args, **kwargs), None
         if reserve is not None and reserve < res.total:
             raise errors.GPUKitValueError(
                 f"Scheduler.submit: memory={memory!r} ({reserve} bytes) is less than the "
@@ -287,6 +291,7 @@ class Scheduler:
             task._high = high
             self._tasks[tid] = task
             if prio is not None:  # admitted and started by the core: it runs in the spare
+                task._ticket = ticket  # launched below: its arguments are as checked
                 task.arena, self._spare, self._spare_bytes = self._spare, None, -1
                 task.admitted_ms = now
                 self._started_locked(task, prio, now)
@@ -299,6 +304,8 @@ class Scheduler:
                 # Real time: start what the core allows right here rather than wake the
                 # dispatcher (two thread hand-offs). Simulated time is the dispatcher's.
                 ready = [] if self.simulated else self._start_ready_locked(now)
+                if task._state == "running":  # started here: launched below
+                    task._ticket = ticket
                 self._kick_locked(now)
         if self._pending:
             self._deliver()
@@ -456,6 +463,7 @@ class Scheduler:
         # that only the garbage collector would free, a collection every few dozen
         # steps (a pause of 0.1 ms and more: the p99 of a closed-loop client).
         task._wait_gpu = None
+        task._ticket = None
         ended = self._ended
         ended[task.id] = task._record()
         if len(ended) > ENDED_KEPT:
@@ -747,9 +755,13 @@ class Scheduler:
         controller can take it over here). on_caller: on the submitting thread, at
         submission."""
         fn, args, kwargs, arena = task.fn, task.args, task.kwargs, task.arena
+        # The arguments were checked at submission: a launch made then skips the check.
+        ticket, task._ticket = task._ticket, None
 
         def run() -> Any:
             with _EXEC_LOCK:
+                if on_caller and ticket is not None:
+                    return fn.call_in_matched(ticket, arena, args, kwargs)
                 return fn.call_in(arena, *args, **kwargs)
 
         assert task.stream_priority is not None

@@ -28,7 +28,7 @@ class Task:
     __slots__ = ("id", "fn", "args", "kwargs", "tenant", "qos", "partition", "reservation",
                  "reserved_bytes", "sim_ms", "submitted_ms", "admitted_ms", "started_ms",
                  "finished_ms", "gpu_ms", "stream_priority", "arena", "_state", "_high",
-                 "_wait_gpu", "_end_claimed", "_outcome", "_sched", "_fut", "_final",
+                 "_wait_gpu", "_end_claimed", "_outcome", "_sched", "_fut", "_final", "_ticket",
                  "__weakref__")  # fmt: skip
 
     def __init__(self, sched: Scheduler, task_id: int, fn: Any, args: tuple[Any, ...],
@@ -57,6 +57,9 @@ class Task:
         self._sched = sched
         self._fut: Future[Any] | None = None  # made on demand (see _future)
         self._final = False  # ended and its outcome delivered (result() needs no Future)
+        # The compiled function's check of the arguments at submission, for a launch made
+        # right then (CompiledFunction.reserve_matched); None once launched.
+        self._ticket: Any = None
 
     @property
     def _future(self) -> Future[Any]:
