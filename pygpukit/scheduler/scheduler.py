@@ -179,7 +179,7 @@ class Scheduler:
         self._unbooked: list[Task] = []
         self._tasks: dict[int, Task] = {}
         self._ended: OrderedDict[int, tuple[Any, ...]] = OrderedDict()  # id -> Task._record()
-        self._waiting: dict[int, None] = {}  # admitted task ids, not started yet
+        self._waiting: dict[int, str] = {}  # admitted task ids, not started yet -> qos
         self._spare: Any = None  # the last ended task's arena, kept (see SPARE_ARENA_MAX)
         self._spare_bytes = -1  # the arena bytes it was allocated for
         self._paused = 0
@@ -296,7 +296,10 @@ class Scheduler:
                 task.admitted_ms = now
                 self._started_locked(task, prio, now)
                 ready = [task]
-                if self._waiting:  # what else may start now, as _start_ready_locked would
+                # What else may start now, as _start_ready_locked would. Best effort may
+                # not while a Guaranteed task runs, and this one's end looks again.
+                if self._waiting and (qos != "guaranteed" or any(
+                        q != "best_effort" for q in self._waiting.values())):  # fmt: skip
                     ready += self._start_ready_locked(now)
                     self._kick_locked(now)
             else:
@@ -416,7 +419,7 @@ class Scheduler:
                 continue
             task._state = "admitted"
             task.admitted_ms = now
-            self._waiting[tid] = None
+            self._waiting[tid] = task.qos
 
     def _take_arena(self, nbytes: int) -> Any:
         """An arena of `nbytes`: the spare if it was allocated for as many, else a new one
