@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import math
 import random
 import time
 
@@ -669,3 +670,150 @@ def test_a_step_in_the_spare_arena_is_admitted_and_started_in_one_core_call(back
     assert sched.stats()["arena_bytes_spare"] == 0
     del t, g
     _reserved_zero(sched, backend, in_use)
+
+
+def test_an_ended_task_and_its_result_are_freed_without_the_garbage_collector(backend, monkeypatch):
+    """The CUDA path (fake events) keeps a wait closure on the task that refers back to
+    it: once the task ends nothing may keep that cycle, or every step leaves garbage for
+    the collector (a pause every few dozen steps of a closed-loop client) and its result's
+    device block lives on until a collection."""
+    import weakref
+
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+    _fake_cuda(dev, {})
+    sched._device = dev
+    gc.disable()
+    try:
+        for qos in ("guaranteed", "best_effort"):
+            refs = []
+            for _ in range(3):
+                t = sched.submit(mlp, x, w, qos=qos, tenant="g")
+                y = t.result(60)
+                np.testing.assert_allclose(y.to_numpy(), want, rtol=1e-6)
+                refs.append((weakref.ref(t), weakref.ref(y)))
+                del t, y
+            # The fake events name the task they were last recorded for, and a
+            # Guaranteed step's pair is reused by the next step: the last may be held.
+            assert all(a() is None and b() is None for a, b in refs[:-1]), qos
+    finally:
+        gc.enable()
+        sched.close(timeout=60)
+
+
+def test_a_waiter_ended_step_is_told_to_the_core_after_the_next_launch(backend, monkeypatch):
+    """A Guaranteed step ended by its waiter (CUDA path, fake events) with nothing else
+    waiting has its result at once and its arena kept as the spare; the core hears of
+    the end from the next submission after that one is launched, or from stats(). With
+    memory for one step only, the next step is still admitted (its submission tells the
+    core first), never rejected for the reservation of a step that has ended."""
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    for memory in (64 * MIB, mlp.reservation_bytes(x, w)):
+        sched = gpk.Scheduler(memory=memory, simulate=False)
+        dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+        _fake_cuda(dev, {})
+        sched._device = dev
+        spy = sched._core = _CoreSpy(sched._core)
+        try:
+            for k in range(4):
+                t = sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g")
+                # The last step's end was told once this one was on the device.
+                assert spy.calls.get("complete", 0) == k
+                np.testing.assert_allclose(t.result().to_numpy(), want, rtol=1e-6)
+                assert t.state == "done" and t.arena is None and t.gpu_ms is not None
+                assert spy.calls.get("complete", 0) == k, "told before the next step"
+            st = sched.stats()  # tells the last one
+            assert spy.calls["complete"] == 4 and st["completed"] == 4
+            assert st["reserved_bytes"] == 0 and st["rejected"] == 0 and not st["tasks"]
+            assert t.stats()["state"] == "done" and t.stats()["latency_ms"] is not None
+        finally:
+            sched.close(timeout=60)
+
+
+def test_submit_arguments_are_checked_once_per_set_and_reservations_follow_shapes(backend):
+    """submit() keeps its own arguments checked per distinct set (value and type: a
+    bool priority stays refused after the int 1 was accepted), and each call's
+    reservation follows its arguments' shapes and dtypes (the compiled function's
+    cache), so a step of another shape reserves and returns what that shape needs."""
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    small = [gpk.asarray(a) for a in _data(rng, m=4)]
+    large = [gpk.asarray(a) for a in _data(rng, m=64)]
+    wide = [gpk.asarray(a.astype(np.float64)) for a in _data(rng, m=4)]
+    with gpk.Scheduler(memory=64 * MIB) as sched:
+        sizes = []
+        for args in (small, large, small, wide):
+            t = sched.submit(mlp, *args, qos="guaranteed", priority=1, bandwidth=0.3)
+            x, w = (a.to_numpy().astype(np.float64) for a in args)
+            h = x @ w
+            gelu = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2.0)))
+            np.testing.assert_allclose(t.result(10).to_numpy(), gelu * 2.0, rtol=1e-4,
+                                       atol=1e-5)  # fmt: skip
+            assert t.stats()["reservation_bytes"] == mlp.reservation_bytes(*args)
+            sizes.append(t.stats()["reservation_bytes"])
+        assert sizes[0] == sizes[2] and len({sizes[0], sizes[1], sizes[3]}) == 3
+        assert len(sched._checked) == 1  # one set of submit arguments, checked once
+        with pytest.raises(TypeError, match="priority"):
+            sched.submit(mlp, *small, qos="guaranteed", priority=True, bandwidth=0.3)
+        with pytest.raises(ValueError, match="qos"):
+            sched.submit(mlp, *small, qos="urgent")
+
+
+def test_a_submission_launched_at_once_checks_its_arguments_once(backend, monkeypatch):
+    """Reserving and launching a step at submission matches its arguments against the
+    compiled function's guard once (reserve_matched's ticket); a ticket whose guard is
+    no longer the last call's (another call came between) takes the usual full call."""
+    from pygpukit.compile import function as function_mod
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    x2, w2 = (gpk.asarray(a) for a in _data(rng, m=3))
+    want, want2 = mlp(x, w).to_numpy(), mlp(x2, w2).to_numpy()
+    # The hook alone: a stale ticket still runs the call it was made for.
+    mlp(x, w), mlp.reservation(x, w)  # the last call's guard, its reservation known
+    res, ticket = mlp.reserve_matched((x, w), {})
+    assert ticket is not None and res == mlp.reservation(x, w)
+    arena = backend.alloc_arena(res.arena_bytes)
+    mlp(x2, w2)  # another signature: the guard the ticket names is gone
+    got = mlp.call_in_matched(ticket, arena, (x, w), {})
+    np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-6)
+    del got
+    arena.release()
+    matches = []
+    real_match = function_mod._Guard.match
+    monkeypatch.setattr(function_mod._Guard, "match",
+                        lambda g, a, k: matches.append(1) or real_match(g, a, k))  # fmt: skip
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+    _fake_cuda(dev, {})
+    sched._device = dev
+    try:
+        steps = [((x, w), want)] * 3 + [((x2, w2), want2)] * 3
+        for k, (args, ref) in enumerate(steps):
+            n = len(matches)
+            t = sched.submit(mlp, *args, qos="guaranteed", bandwidth=0.3, tenant="g")
+            assert t.state == "running"  # launched at submission
+            np.testing.assert_allclose(t.result().to_numpy(), ref, rtol=1e-6)
+            if k % 3:  # the same arguments as the last step: the guard hits, checked once
+                assert len(matches) - n == 1, k
+    finally:
+        sched.close(timeout=60)

@@ -478,6 +478,36 @@ class CompiledFunction:
         """
         return self.reservation(*args, **kwargs).total
 
+    def reserve_matched(self, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> tuple[Reservation, Any]:  # fmt: skip
+        """reservation(*args, **kwargs), and a ticket for call_in_matched: the argument
+        values when they hit the last call's guard (else None), so a scheduler that
+        reserves a call and launches it at once checks the arguments once."""
+        fast = self._fast
+        if fast is not None and fast.entry.reservation is not None:
+            values = fast.match(args, kwargs)
+            if values is not None:
+                return fast.entry.reservation, (fast, values)
+        return self.reservation(*args, **kwargs), None
+
+    def call_in_matched(self, ticket: Any, arena: Storage, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any:  # fmt: skip
+        """call_in(arena, *args, **kwargs) for the arguments reserve_matched gave `ticket`
+        for: run without matching them again while that guard is still the last call's;
+        otherwise (another call came between, or none was matched) the usual call."""
+        if (
+            ticket is None
+            or ticket[0] is not self._fast
+            or devices.ACTIVE[0]
+            or (TRACING and get_ident() in TRACING)
+        ):
+            return self._call(args, kwargs, arena)
+        fast, values = ticket
+        if fast.releases != _RELEASES[0]:  # something was freed since the last check
+            fast.check_freed(values)
+        self._fast_hits += 1
+        return self._run(fast.entry, values, fast.externals, True, arena)
+
     def call_in(self, arena: Storage, *args: Any, **kwargs: Any) -> Any:
         """Call with the graph's arena placed in `arena`, a pool block of at least
         `reservation(...).arena_bytes` that the caller owns (the scheduler reserves it at

@@ -217,6 +217,19 @@ class CudaDevice(Device):
             task._end_claimed = True
             return True
 
+    def _claim_unwatched(self, task: Any) -> bool:
+        """_claim for an on-caller launch's waiter; it also drops the launch from the
+        unwatched ones when it is the latest (a closed-loop client's usual case), so the
+        next submission finds nothing to sweep without looking at each."""
+        with self._lock:
+            if task._end_claimed:
+                return False
+            task._end_claimed = True
+            w = self._unwatched
+            if w and w[-1][2][0] is task:
+                w.pop()
+            return True
+
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float, on_caller: bool = False) -> None:  # fmt: skip
         stream, q = self._stream(priority)
@@ -251,7 +264,7 @@ class CudaDevice(Device):
                     end.synchronize()
                 elif not on_caller or not _poll(end, timeout):
                     return  # a completer ends it: its waiter waits on the future
-                if self._claim(task):
+                if self._claim_unwatched(task) if on_caller else self._claim(task):
                     ms = float(start.elapsed_time(end))
                     if on_caller:
                         self._spare_events.append((start, end))
@@ -265,6 +278,8 @@ class CudaDevice(Device):
         q.put(item)
 
     def unreported(self) -> bool:
+        if not self._unwatched:  # read without the lock: a launch racing this is the
+            return False  # caller's own submission's, not one to sweep yet
         with self._lock:  # those their waiters ended go first
             w = self._unwatched
             while w and getattr(w[0][2][0], "_end_claimed", False):

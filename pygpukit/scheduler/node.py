@@ -76,7 +76,9 @@ class DeviceScheduler(Scheduler):
     def headroom(self, partition: str = "default") -> int:
         """The largest reservation in `partition` this device's core admits now without
         overtaking queued tasks (0: none, or no such partition)."""
-        with self._cond:
+        with self._mu:
+            if self._unbooked:  # their reservations are free
+                self._book_locked()
             room = self._core.headroom(partition)
         return 0 if room is None else int(room)
 

@@ -37,6 +37,7 @@ DEFAULT_SIM_GBPS = 1000.0  # nominal bandwidth of the simulated GPU's cost model
 # and the submission can be admitted and started in one core call. The cap bounds what
 # allocations outside the scheduler can lose to it between two tasks.
 SPARE_ARENA_MAX = 64 << 20
+CHECKED_KEPT = 64  # submit() argument sets kept checked (cleared when full)
 
 
 def _stream_priorities(cuda: bool) -> dict[str, int]:
@@ -156,7 +157,11 @@ class Scheduler:
         self.simulated = (not cuda) if simulate is None else bool(simulate)
         self._sim_bytes_per_ms = sim_gbps * 1e6
         self._clock: Clock = SimClock() if self.simulated else WallClock()
-        self._cond = threading.Condition(threading.RLock())
+        # Entered directly (`with self._mu`) where no wait or notify follows: a Condition's
+        # __enter__ is a Python call on every submit and end.
+        self._mu = threading.RLock()
+        self._cond = threading.Condition(self._mu)
+        self._checked: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see _check_submit
         self._device: Device
         if self.simulated:
             self._device = SimDevice()
@@ -169,9 +174,12 @@ class Scheduler:
         self._inflight_low = 0  # started, not yet ended, tasks not on a high-priority stream
         self._deadline = -math.inf  # when the waiting dispatcher plans to wake (real time)
         self._pending: deque[Task] = deque()  # ended tasks whose futures are to complete
+        # High-lane tasks their waiters ended (result delivered, arena kept as the spare)
+        # that the core has not been told of yet: see _on_done_waiter.
+        self._unbooked: list[Task] = []
         self._tasks: dict[int, Task] = {}
         self._ended: OrderedDict[int, tuple[Any, ...]] = OrderedDict()  # id -> Task._record()
-        self._waiting: dict[int, None] = {}  # admitted task ids, not started yet
+        self._waiting: dict[int, str] = {}  # admitted task ids, not started yet -> qos
         self._spare: Any = None  # the last ended task's arena, kept (see SPARE_ARENA_MAX)
         self._spare_bytes = -1  # the arena bytes it was allocated for
         self._paused = 0
@@ -219,6 +227,117 @@ class Scheduler:
             ValueError: A bad qos, share, memory or cost, or static_outputs=True.
             SchedulerError: The scheduler is closed.
         """
+        try:
+            # With the numbers' types: True == 1 and hashes alike, but is refused.
+            key = (fn, qos, policy, partition, bandwidth, type(bandwidth), priority,
+                   type(priority), deadline, type(deadline), tenant, type(tenant), sim_ms,
+                   type(sim_ms), memory, type(memory))  # fmt: skip
+            checked = self._checked.get(key)
+        except TypeError:  # an unhashable argument: checked (and refused) below
+            key, checked = None, None
+        if checked is None:
+            checked = self._check_submit(fn, qos, bandwidth, partition, priority, deadline,
+                                         tenant, sim_ms, memory, policy)  # fmt: skip
+            if key is not None:
+                if len(self._checked) >= CHECKED_KEPT:
+                    self._checked.clear()
+                self._checked[key] = checked
+        qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high = checked
+        kwargs = dict(kwargs) if kwargs else {}
+        reserve_matched = getattr(fn, "reserve_matched", None)
+        with _EXEC_LOCK:
+            if reserve_matched is not None:  # one check of the arguments for both
+                res, ticket = reserve_matched(args, kwargs)
+            else:
+                res, ticket = fn.reservation(*args, **kwargs), None
+        if reserve is not None and reserve < res.total:
+            raise errors.GPUKitValueError(
+                f"Scheduler.submit: memory={memory!r} ({reserve} bytes) is less than the "
+                f"{res.total} bytes {getattr(fn, '__name__', 'the function')} needs")  # fmt: skip
+        cost = sim_ms if sim_ms is not None else res.traffic_bytes / self._sim_bytes_per_ms
+        if not math.isfinite(cost):
+            gbps = self._sim_bytes_per_ms / 1e6
+            raise errors.GPUKitValueError(f"Scheduler.submit: the simulated cost of "
+                                          f"{res.traffic_bytes} bytes at sim_gbps={gbps} "
+                                          "is not finite")  # fmt: skip
+        with self._mu:
+            if self._stopped is not None or self._closed:
+                self._check_open_locked()
+            if self._device.unreported():  # ends of earlier launches nobody waited on
+                self._collect_locked()
+            now = self._clock.now()
+            deadline_ms = None if deadline is None else now + deadline * 1e3
+            held = res.total if reserve is None else reserve
+            # The core may start it at once when its arena is to hand (the spare: nothing
+            # to allocate, so nothing can fail between admission and start) and a launch
+            # may go on the device now (real time; simulated time is the dispatcher's).
+            start = (self._spare_bytes == res.arena_bytes and not self.simulated
+                     and not self._paused
+                     and (high or self._inflight_low < self.max_inflight))  # fmt: skip
+            core = self._core
+            # Tasks ended by their waiters are told to the core after this launch (off
+            # the critical path), unless their reservations could stand in its way.
+            if self._unbooked and not (start and self._room_for(partition, held)):
+                self._book_locked(kick=False)
+            tid, status, reason, others, prio = core.submit_start(
+                tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start
+            )
+            if status == "rejected":
+                self._counts["rejected"] += 1
+                self._admit_locked(others, now)
+                raise errors.AdmissionRejected(f"{tenant}: task rejected: {reason}", reason or "")
+            task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now)
+            task.reserved_bytes = held
+            task._high = high
+            self._tasks[tid] = task
+            if prio is not None:  # admitted and started by the core: it runs in the spare
+                task._ticket = ticket  # launched below: its arguments are as checked
+                task.arena, self._spare, self._spare_bytes = self._spare, None, -1
+                task.admitted_ms = now
+                self._started_locked(task, prio, now)
+                ready = [task]
+                # What else may start now, as _start_ready_locked would. Best effort may
+                # not while a Guaranteed task runs, and this one's end looks again.
+                if self._waiting and (qos != "guaranteed" or any(
+                        q != "best_effort" for q in self._waiting.values())):  # fmt: skip
+                    ready += self._start_ready_locked(now)
+                    self._kick_locked(now)
+            else:
+                self._admit_locked(([tid] if status == "admitted" else []) + others, now)
+                # Real time: start what the core allows right here rather than wake the
+                # dispatcher (two thread hand-offs). Simulated time is the dispatcher's.
+                ready = [] if self.simulated else self._start_ready_locked(now)
+                if task._state == "running":  # started here: launched below
+                    task._ticket = ticket
+                self._kick_locked(now)
+        if self._pending:
+            self._deliver()
+        for t in ready:
+            # A high-lane task's end is left to its waiter (no completer hand-off); other
+            # lanes keep the completer, whose prompt end starts the work queued behind.
+            self._launch(t, now, on_caller=t._high)
+        if self._unbooked:  # while the GPU runs this launch
+            with self._mu:
+                self._book_locked(kick=False)
+                more = [] if self.simulated else self._start_ready_locked(now)
+                self._kick_locked(now)
+            if self._pending:
+                self._deliver()
+            for t in more:
+                self._launch(t, now, on_caller=t._high)
+        return task
+
+    def _room_for(self, partition: str, nbytes: int) -> bool:
+        """Whether the core admits a reservation of nbytes in partition now."""
+        room = self._core.headroom(partition)
+        return room is not None and room >= nbytes
+
+    def _check_submit(self, fn: Any, qos: Any, bandwidth: Any, partition: Any, priority: Any,
+                      deadline: Any, tenant: Any, sim_ms: Any, memory: Any,
+                      policy: Any) -> tuple[Any, ...]:  # fmt: skip
+        """submit()'s arguments other than the call's own, checked and normalised; the
+        result depends on them alone, so submit() keeps it for the next submission with
+        the same ones (a closed-loop client passes the same every step)."""
         where = "Scheduler.submit"
         if policy is not None:
             if qos != "burstable":
@@ -242,74 +361,16 @@ class Scheduler:
         if sim_ms is not None:
             # A cost that is not finite would move the simulated clock past every time.
             sim_ms = check.real(where, "sim_ms", sim_ms, 0.0)
-        kwargs = dict(kwargs or {})
         reserve = None if memory is None else check.memory_size(where, "memory", memory)
-        with _EXEC_LOCK:
-            res = fn.reservation(*args, **kwargs)
-        if reserve is not None and reserve < res.total:
-            raise errors.GPUKitValueError(
-                f"{where}: memory={memory!r} ({reserve} bytes) is less than the "
-                f"{res.total} bytes {getattr(fn, '__name__', 'the function')} needs")  # fmt: skip
-        cost = sim_ms if sim_ms is not None else res.traffic_bytes / self._sim_bytes_per_ms
-        if not math.isfinite(cost):
-            raise errors.GPUKitValueError(f"{where}: the simulated cost of {res.traffic_bytes} "
-                                          f"bytes at sim_gbps={self._sim_bytes_per_ms / 1e6} "
-                                          "is not finite")  # fmt: skip
         tenant = str(tenant or getattr(fn, "__name__", "tenant"))
         high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
-        with self._cond:
-            if self._stopped is not None or self._closed:
-                self._check_open_locked()
-            if self._device.unreported():  # ends of earlier launches nobody waited on
-                self._collect_locked()
-            now = self._clock.now()
-            deadline_ms = None if deadline is None else now + deadline * 1e3
-            held = res.total if reserve is None else reserve
-            # The core may start it at once when its arena is to hand (the spare: nothing
-            # to allocate, so nothing can fail between admission and start) and a launch
-            # may go on the device now (real time; simulated time is the dispatcher's).
-            start = (self._spare_bytes == res.arena_bytes and not self.simulated
-                     and not self._paused
-                     and (high or self._inflight_low < self.max_inflight))  # fmt: skip
-            core = self._core
-            tid, status, reason, others, prio = core.submit_start(
-                tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start
-            )
-            if status == "rejected":
-                self._counts["rejected"] += 1
-                self._admit_locked(others, now)
-                raise errors.AdmissionRejected(f"{tenant}: task rejected: {reason}", reason or "")
-            task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now)
-            task.reserved_bytes = held
-            task._high = high
-            self._tasks[tid] = task
-            if prio is not None:  # admitted and started by the core: it runs in the spare
-                task.arena, self._spare, self._spare_bytes = self._spare, None, -1
-                task.admitted_ms = now
-                self._started_locked(task, prio, now)
-                ready = [task]
-                if self._waiting:  # what else may start now, as _start_ready_locked would
-                    ready += self._start_ready_locked(now)
-                    self._kick_locked(now)
-            else:
-                self._admit_locked(([tid] if status == "admitted" else []) + others, now)
-                # Real time: start what the core allows right here rather than wake the
-                # dispatcher (two thread hand-offs). Simulated time is the dispatcher's.
-                ready = [] if self.simulated else self._start_ready_locked(now)
-                self._kick_locked(now)
-        if self._pending:
-            self._deliver()
-        for t in ready:
-            # A high-lane task's end is left to its waiter (no completer hand-off); other
-            # lanes keep the completer, whose prompt end starts the work queued behind.
-            self._launch(t, now, on_caller=t._high)
-        return task
+        return qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high
 
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
         """Call fn on the dispatcher thread once the scheduler's clock reaches t_ms (an
         arrival process in simulated time; it may submit)."""
         t_ms = check.real("Scheduler.at", "t_ms", t_ms, -math.inf)
-        with self._cond:
+        with self._mu:
             self._check_open_locked()
             self._clock.call_at(t_ms, fn)
             self._cond.notify_all()
@@ -321,12 +382,12 @@ class Scheduler:
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Nothing starts inside the block: submit a batch, then let pacing order it."""
-        with self._cond:
+        with self._mu:
             self._paused += 1
         try:
             yield
         finally:
-            with self._cond:
+            with self._mu:
                 self._paused -= 1
                 self._cond.notify_all()
 
@@ -358,7 +419,7 @@ class Scheduler:
                 continue
             task._state = "admitted"
             task.admitted_ms = now
-            self._waiting[tid] = None
+            self._waiting[tid] = task.qos
 
     def _take_arena(self, nbytes: int) -> Any:
         """An arena of `nbytes`: the spare if it was allocated for as many, else a new one
@@ -390,7 +451,7 @@ class Scheduler:
             spare.release()
 
     def _end_locked(self, task: Task, state: str, result: Any = None,
-                    error: BaseException | None = None) -> None:  # fmt: skip
+                    error: BaseException | None = None, deliver: bool = True) -> None:  # fmt: skip
         arena = task.arena
         if arena is not None:
             task.arena = None
@@ -401,12 +462,18 @@ class Scheduler:
         if task.finished_ms is None:
             task.finished_ms = self._clock.now()
         task.fn, task.args, task.kwargs = None, (), {}  # the inputs may be freed now
+        # The device's wait closure holds the task (and its result): a reference cycle
+        # that only the garbage collector would free, a collection every few dozen
+        # steps (a pause of 0.1 ms and more: the p99 of a closed-loop client).
+        task._wait_gpu = None
+        task._ticket = None
         ended = self._ended
         ended[task.id] = task._record()
         if len(ended) > ENDED_KEPT:
             ended.popitem(last=False)
-        task._outcome = error if error is not None else result
-        self._pending.append(task)
+        if deliver:  # else delivered already (a booked end: _book_locked)
+            task._outcome = error if error is not None else result
+            self._pending.append(task)
         if self._closed and not self._tasks:
             self._cond.notify_all()  # close() waits for the dispatcher to see this
 
@@ -415,7 +482,7 @@ class Scheduler:
         """The scheduler's lock; futures ended inside are completed after it is released,
         so a woken waiter (a latency-critical client about to submit again) neither waits
         for the lock nor competes with this thread for the GIL while it still holds it."""
-        with self._cond:
+        with self._mu:
             yield
         self._deliver()
 
@@ -427,15 +494,7 @@ class Scheduler:
                 task = pending.popleft()
             except IndexError:
                 return
-            fut, outcome = task._future, task._outcome
-            task._outcome = None
-            if task._state == "cancelled":
-                fut.cancel()
-                fut.set_running_or_notify_cancel()
-            elif task._state == "done":
-                fut.set_result(outcome)
-            else:
-                fut.set_exception(outcome)
+            task._deliver()
 
     def _cancel(self, task: Task) -> bool:
         with self._locked():
@@ -493,25 +552,66 @@ class Scheduler:
     def _on_done_waiter(self, d: Done) -> None:
         """A launch ended, seen by the thread waiting for its result: that thread only
         ends it; what the end frees is launched by the dispatcher, woken only if
-        something can start (so the waiter returns at once)."""
-        with self._cond:
-            self._finish_locked(d)
-            if self._waiting:
-                now = self._clock.now()
-                if self._core.pick_next(now) is not None:
-                    self._cond.notify_all()
-                else:
-                    self._kick_locked(now)
-            elif self.simulated or self._closed:
-                self._cond.notify_all()  # as _kick_locked does
-        if self._pending:
+        something can start (so the waiter returns at once).
+
+        A high-lane task's end with nothing else waiting is only half done here: its
+        result is delivered and its arena kept as the spare for the next step, and the
+        core is told (its reservation, GPU time and stats) by the next submission once
+        that has launched, while the GPU runs it, or by whatever looks at the scheduler
+        first (stats, close, the dispatcher): the closed-loop client's step is back in
+        its hands sooner. With work waiting, the end is told at once (it may free it)."""
+        task = d.task
+        with self._mu:
+            if (d.error is None and task._high and not self._waiting and not self._closed
+                    and self._stopped is None and not self.simulated):  # fmt: skip
+                task.gpu_ms = d.gpu_ms
+                task.finished_ms = self._clock.now() if d.at_ms is None else d.at_ms
+                arena = task.arena
+                if arena is not None:
+                    task.arena = None
+                    self._keep_arena(arena, task.reservation.arena_bytes)
+                task._state = "done"
+                task._outcome = d.result
+                task._wait_gpu = None  # see _end_locked
+                self._unbooked.append(task)
+                told = False
+            else:
+                told = True
+                self._finish_locked(d)
+                if self._waiting:
+                    now = self._clock.now()
+                    if self._core.pick_next(now) is not None:
+                        self._cond.notify_all()
+                    else:
+                        self._kick_locked(now)
+                elif self.simulated or self._closed:
+                    self._cond.notify_all()  # as _kick_locked does
+        if not told:
+            task._deliver()
+        elif self._pending:
             self._deliver()
+
+    def _book_locked(self, kick: bool = True) -> None:
+        """Tells the core of the ends _on_done_waiter left to tell (their results are
+        delivered); kick: wake the dispatcher if what they free may start (a caller
+        that starts it itself passes False)."""
+        booked, self._unbooked = self._unbooked, []
+        now = self._clock.now()
+        for task in booked:
+            others = self._core.complete(task.id, task.gpu_ms or 0.0, now)
+            self._counts["completed"] += 1
+            self._end_locked(task, "done", deliver=False)
+            self._admit_locked(others, now)
+        if kick and self._waiting:
+            self._cond.notify_all()
 
     def _collect_locked(self) -> None:
         for d in self._device.collect():
             self._finish_locked(d)
 
     def _finish_locked(self, d: Done) -> None:
+        if self._unbooked:  # the core hears of ends in order
+            self._book_locked(kick=False)
         task = d.task
         if not task._high:
             self._inflight_low -= 1
@@ -564,13 +664,13 @@ class Scheduler:
         self._counts["launched"] += 1
 
     def _run_timers(self) -> bool:
-        with self._cond:
+        with self._mu:
             due = self._clock.due(self._clock.now())
         for fn in due:
             try:
                 fn()
             except Exception:
-                with self._cond:
+                with self._mu:
                     self._counts["timer_errors"] += 1
         return bool(due)
 
@@ -589,9 +689,17 @@ class Scheduler:
         err.__cause__ = cause
         self._device.flush()  # the device's threads end what no one else will now
         with self._locked():
+            try:
+                if self._unbooked:  # ended on the GPU and delivered: not failed
+                    self._book_locked(kick=False)
+            except Exception:  # the core may be what failed
+                self._unbooked = []
             self._stopped = err
             self._release_spare_locked()
             for task in list(self._tasks.values()):
+                if task._state == "done":  # delivered; the core could not be told
+                    self._end_locked(task, "done", deliver=False)
+                    continue
                 running = task._state == "running"
                 if running and not self.simulated:
                     continue
@@ -614,6 +722,8 @@ class Scheduler:
                 continue
             with self._locked():
                 self._collect_locked()
+                if self._unbooked:
+                    self._book_locked(kick=False)
                 if self._pending:
                     continue  # complete the futures first: their callbacks may submit
                 if self._closed and not self._tasks:
@@ -648,9 +758,13 @@ class Scheduler:
         controller can take it over here). on_caller: on the submitting thread, at
         submission."""
         fn, args, kwargs, arena = task.fn, task.args, task.kwargs, task.arena
+        # The arguments were checked at submission: a launch made then skips the check.
+        ticket, task._ticket = task._ticket, None
 
         def run() -> Any:
             with _EXEC_LOCK:
+                if on_caller and ticket is not None:
+                    return fn.call_in_matched(ticket, arena, args, kwargs)
                 return fn.call_in(arena, *args, **kwargs)
 
         assert task.stream_priority is not None
@@ -663,7 +777,9 @@ class Scheduler:
         With a task (or its id): that task's stats (Task.stats), also once it has ended."""
         if task_id is not None:
             return self._task_stats(task_id)
-        with self._cond:
+        with self._mu:
+            if self._unbooked:
+                self._book_locked()
             now = self._clock.now()
             st = dict(self._core.stats(now))
             st["now_ms"] = now
@@ -681,7 +797,7 @@ class Scheduler:
     def _task_stats(self, task_id: int | Task) -> dict[str, Any]:
         tid = task_id.id if isinstance(task_id, Task) else check.byte_count(
             "Scheduler.stats", "task_id", task_id)  # fmt: skip
-        with self._cond:
+        with self._mu:
             task = self._tasks.get(tid)
             if task is not None:
                 return task.stats()
@@ -695,6 +811,8 @@ class Scheduler:
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop after the submitted tasks end (cancel=True withdraws those not running)."""
         with self._locked():
+            if self._unbooked:
+                self._book_locked()
             if cancel:
                 for task in list(self._tasks.values()):
                     if task._state in ("queued", "admitted"):

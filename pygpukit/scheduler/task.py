@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pygpukit.compile import Reservation
 
     from .scheduler import Scheduler
+
+# Guards making a task's Future against ending the task: a Future is made only when
+# someone asks for one (a thread that must block on another thread's end, a callback),
+# not on every submit (its Condition costs more than the scheduler's own bookkeeping).
+_FUTURE_LOCK = threading.Lock()
 
 
 class Task:
@@ -22,7 +28,7 @@ class Task:
     __slots__ = ("id", "fn", "args", "kwargs", "tenant", "qos", "partition", "reservation",
                  "reserved_bytes", "sim_ms", "submitted_ms", "admitted_ms", "started_ms",
                  "finished_ms", "gpu_ms", "stream_priority", "arena", "_state", "_high",
-                 "_wait_gpu", "_end_claimed", "_outcome", "_sched", "_future",
+                 "_wait_gpu", "_end_claimed", "_outcome", "_sched", "_fut", "_final", "_ticket",
                  "__weakref__")  # fmt: skip
 
     def __init__(self, sched: Scheduler, task_id: int, fn: Any, args: tuple[Any, ...],
@@ -47,9 +53,46 @@ class Task:
         # end event, for at most the timeout given); it ends the task if it is first.
         self._wait_gpu: Callable[[float | None], None] | None = None
         self._end_claimed = False  # set by the device thread or waiter that ends it
-        self._outcome: Any = None  # result or exception, until the future has it
+        self._outcome: Any = None  # result or exception (cancelled: None)
         self._sched = sched
-        self._future: Future[Any] = Future()
+        self._fut: Future[Any] | None = None  # made on demand (see _future)
+        self._final = False  # ended and its outcome delivered (result() needs no Future)
+        # The compiled function's check of the arguments at submission, for a launch made
+        # right then (CompiledFunction.reserve_matched); None once launched.
+        self._ticket: Any = None
+
+    @property
+    def _future(self) -> Future[Any]:
+        """The task's concurrent.futures.Future, made on first use (settled at once when
+        the task has already ended)."""
+        fut = self._fut
+        if fut is not None:
+            return fut
+        with _FUTURE_LOCK:
+            if self._fut is None:
+                fut = Future()
+                if self._final:
+                    _settle(fut, self._state, self._outcome)
+                self._fut = fut
+            return self._fut
+
+    def _deliver(self) -> None:
+        """The task has ended (state and outcome set): its result() returns from now on,
+        and its Future, if one was made, is settled (callbacks run here)."""
+        with _FUTURE_LOCK:
+            self._final = True
+            fut = self._fut
+        if fut is not None:
+            _settle(fut, self._state, self._outcome)
+
+    def _outcome_now(self) -> Any:
+        """What result() returns or raises once the task has ended."""
+        state = self._state
+        if state == "done":
+            return self._outcome
+        if state == "cancelled":
+            raise CancelledError()
+        raise self._outcome
 
     @property
     def state(self) -> str:
@@ -72,13 +115,17 @@ class Task:
             TimeoutError: `timeout` passed first.
             Exception: Whatever the function raised.
         """
-        return self._future.result(self._wait_for_gpu(timeout))
+        if not self._final:
+            left = self._wait_for_gpu(timeout)
+            if not self._final:
+                return self._future.result(left)
+        return self._outcome_now()
 
     def _wait_for_gpu(self, timeout: float | None) -> float | None:
         """Wait on the launch's end directly where the device allows (and end the task if
         this thread gets there first); returns what is left of the timeout."""
         wait = self._wait_gpu
-        if wait is None or self._future.done():
+        if wait is None or self._final:
             return timeout
         t0 = time.perf_counter()
         try:
@@ -96,7 +143,12 @@ class Task:
         Returns:
             The exception, or None when the task succeeded.
         """
-        return self._future.exception(self._wait_for_gpu(timeout))
+        left = self._wait_for_gpu(timeout)
+        if not self._final:
+            return self._future.exception(left)
+        if self._state == "cancelled":
+            raise CancelledError()
+        return None if self._state == "done" else self._outcome
 
     def done(self) -> bool:
         """Whether the task has ended (done, failed or cancelled), without waiting.
@@ -104,9 +156,9 @@ class Task:
         Returns:
             True once it has ended.
         """
-        if not self._future.done() and self._wait_gpu is not None:
+        if not self._final and self._wait_gpu is not None:
             self._wait_for_gpu(0.0)  # a launch that has ended is ended here
-        return self._future.done()
+        return self._final
 
     def cancel(self) -> bool:
         """Withdraws a queued or admitted task (its arena goes back to the pool); False
@@ -161,3 +213,14 @@ class Task:
 
     def __repr__(self) -> str:
         return f"<Task {self.id} {self.tenant} {self.qos} {self._state}>"
+
+
+def _settle(fut: Future[Any], state: str, outcome: Any) -> None:
+    """Gives an ended task's outcome to its Future."""
+    if state == "cancelled":
+        fut.cancel()
+        fut.set_running_or_notify_cancel()
+    elif state == "done":
+        fut.set_result(outcome)
+    else:
+        fut.set_exception(outcome)

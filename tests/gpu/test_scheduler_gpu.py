@@ -4,6 +4,7 @@ device round trips. Marked gpu (the directory); skipped without a GPU."""
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -130,3 +131,43 @@ def test_best_effort_waits_for_guaranteed_work_on_the_gpu() -> None:
         st = sched.stats()
         assert st["held_for_guaranteed"] == 3
         assert st["tenants"]["be"]["expected_ms"] > 0
+
+
+def test_closed_loop_guaranteed_steps_end_in_order_and_leave_no_garbage() -> None:
+    """A closed-loop Guaranteed client on the GPU: each step is launched at submission in
+    the last step's arena and ended by its waiter; the core hears of each end after the
+    next launch (all told by stats()), and no step leaves a reference cycle behind (its
+    task is freed with the garbage collector off)."""
+    import weakref
+
+    rng = np.random.default_rng()
+    w_h = _rand(rng, 256, 256)
+    w = gpk.asarray(w_h)
+
+    @gpk.compile
+    def step(x):
+        return gpk.nn.gelu(x @ w) + x
+
+    xs_h = [_rand(rng, 1, 256) for _ in range(3)]
+    xs = [gpk.asarray(h) for h in xs_h]
+    step(xs[0])
+    with gpk.Scheduler(memory=256 * MIB) as sched:
+        refs = []
+        gc.disable()
+        try:
+            for k in range(30):
+                x_h, x = xs_h[k % 3], xs[k % 3]
+                t = sched.submit(step, x, qos="guaranteed", bandwidth=0.3, tenant="g")
+                y = t.result(30)
+                h = x_h.astype(np.float64) @ w_h.astype(np.float64)
+                gelu = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2.0)))
+                np.testing.assert_allclose(y.to_numpy(), gelu + x_h, rtol=2e-3, atol=2e-3)
+                assert t.state == "done" and t.gpu_ms is not None and t.gpu_ms > 0
+                refs.append(weakref.ref(t))
+                del t, y
+            st = sched.stats()  # tells the core of the last end: nothing holds it now
+            assert all(r() is None for r in refs)
+        finally:
+            gc.enable()
+        assert st["completed"] == 30 and st["reserved_bytes"] == 0 and not st["tasks"]
+        assert st["tenants"]["g"]["completed"] == 30 and st["tenants"]["g"]["gpu_time_ms"] > 0

@@ -448,6 +448,45 @@ fn best_effort_is_held_while_guaranteed_work_is_due() {
     assert!(matches!(s.pace(be2, 61.6), Ok(Pace::Wait { .. })));
 }
 
+#[test]
+fn a_wakeup_for_best_effort_held_by_running_guaranteed_work_is_its_idle_time() {
+    let mut s = Scheduler::new(1 << 30, 20.0).unwrap();
+    let be0 = s.submit(spec("be", MIB, Qos::BestEffort), 0.0).unwrap().id;
+    run(&mut s, be0, 0.0, 3.0);
+    // Guaranteed steps every 10 ms: idle 2 gaps after the last arrival.
+    for t in [10.0, 20.0] {
+        let g = s
+            .submit(share(spec("g", MIB, Qos::Guaranteed), 0.3), t)
+            .unwrap()
+            .id;
+        run(&mut s, g, t, 0.2);
+    }
+    let g = s
+        .submit(share(spec("g", MIB, Qos::Guaranteed), 0.3), 30.0)
+        .unwrap()
+        .id;
+    let be = s.submit(spec("be", MIB, Qos::BestEffort), 30.0).unwrap().id;
+    s.start(g, 30.0).unwrap();
+    // While g runs, best effort waits for its end; with no new arrival, a
+    // timed wake-up can find it free no earlier than g's idle time.
+    assert_eq!(s.pace(be, 30.1), Ok(Pace::Wait { until: None }));
+    assert_eq!(s.next_wakeup(30.1), Ok(Some(50.0)));
+    // Each step moves it on (a sleeping dispatcher is not woken earlier).
+    s.complete(g, 0.2, 30.2).unwrap();
+    let g = s
+        .submit(share(spec("g", MIB, Qos::Guaranteed), 0.3), 31.0)
+        .unwrap()
+        .id;
+    s.start(g, 31.0).unwrap();
+    assert_eq!(s.next_wakeup(31.0), Ok(Some(31.0 + 2.0 * 10.0)));
+    // After its end the next arrival is forecast at 32 (the shortest gap),
+    // before be's 3 ms launch would end: held until g is idle at 51.
+    s.complete(g, 0.2, 31.2).unwrap();
+    assert_eq!(s.next_wakeup(31.2), Ok(Some(51.0)));
+    assert_eq!(s.pick_next(51.0), Ok(Some(be)));
+    assert_eq!(s.stats(None).counts.held_for_guaranteed, 1);
+}
+
 /// A GPU that runs one launch at a time and cannot preempt it (a large GEMM
 /// holds every SM to its end). Guaranteed tasks of `g_ms` arrive every
 /// `period` ms until `g_until` (a period of 0: each one as the previous ends,

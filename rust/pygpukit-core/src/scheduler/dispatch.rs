@@ -112,6 +112,16 @@ impl Scheduler {
             .map(|t| Hold::ForGuaranteed(Some(t)))
     }
 
+    /// When the last Guaranteed tenant with a forecast goes idle (None: no
+    /// tenant has shown a rate yet).
+    fn guaranteed_idle_at(&self) -> Option<f64> {
+        self.tenants
+            .values()
+            .filter_map(|t| t.forecast(self.min_idle_ms))
+            .map(|f| f.idle_at_ms)
+            .reduce(f64::max)
+    }
+
     /// Pacing by share. A tenant within its share may start, except that a
     /// waiting Guaranteed tenant within its share goes first. A tenant over
     /// its share only borrows time no one else is entitled to: it waits while
@@ -185,20 +195,32 @@ impl Scheduler {
     /// The earliest time after `now` at which a waiting task could start
     /// without any other event (a bucket refilling, a Guaranteed tenant going
     /// idle); None if only events can. Held tasks are counted as throttled or
-    /// held, once each.
+    /// held, once each. Best effort held while Guaranteed work waits or runs
+    /// counts from the Guaranteed tenants' idle time as forecast now: that
+    /// work ending is an event, but the hold then lapses no earlier than that
+    /// unless the forecast lets it start at once (which the end's caller
+    /// checks). A dispatcher that sleeps until then is not woken at every
+    /// Guaranteed step to learn it.
     pub fn next_wakeup(&mut self, now: f64) -> Result<Option<f64>, SchedError> {
         check_time(now)?;
         let mut wake: Option<f64> = None;
         let mut held = Vec::new();
         {
             let v = self.view(now);
+            let mut idle_at: Option<Option<f64>> = None; // computed once, if needed
             for k in &self.waiting {
                 if let Some(h) = self.hold(&v, &self.tasks[&k.id]) {
                     held.push((k.id, h));
-                    if let Hold::Share(Some(t)) | Hold::ForGuaranteed(Some(t)) = h {
-                        if t > now {
-                            wake = Some(wake.map_or(t, |w: f64| w.min(t)));
+                    let at = match h {
+                        Hold::Share(t) => t,
+                        Hold::ForGuaranteed(Some(t)) => Some(t),
+                        Hold::ForGuaranteed(None) => {
+                            *idle_at.get_or_insert_with(|| self.guaranteed_idle_at())
                         }
+                        Hold::BehindBestEffort => None,
+                    };
+                    if let Some(t) = at.filter(|&t| t > now) {
+                        wake = Some(wake.map_or(t, |w: f64| w.min(t)));
                     }
                 }
             }
