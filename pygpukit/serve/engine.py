@@ -115,36 +115,68 @@ Launch = tuple[list["Request | None"], Any]  # a launch's rows and its tokens' t
 
 
 class _Step:
-    """The traced steps: forward over the paged cache, per-row sampling, the sampled
-    tokens stored in the last-token array `last` ([slots, 1, 1, 1] int64, written with
-    paged_write: row r's token at tok_slots[r], nothing where it is negative). Its own
-    small object, so the compiled functions reach the model, the cache and `last`, not
-    the engine's changing bookkeeping (which gpk.compile would guard on)."""
+    """The traced steps: forward over the paged cache, per-row sampling. Its own small
+    object, so the compiled functions reach the model, the cache and the per-slot state
+    arrays below, not the engine's changing bookkeeping (which gpk.compile would guard on).
 
-    def __init__(self, tr: Any, cache: PagedKVCache, slots: int) -> None:
+    A running sequence's decode state lives on the device, one row per token slot, so a
+    decode step of an unchanged batch uploads nothing: `last` [slots, 1, 1, 1] int64 its
+    last token, `pos` (same shape) that token's position, `tables` [slots, 1, 1,
+    max_blocks] int32 its block table (its blocks are allocated whole when it starts, so
+    the row never changes while it runs). A prefill launch writes a row's table and, when
+    its prompt is done, its first token and position; a decode launch reads them, and
+    writes back the new token and position. The writes are paged_write stores (row r at
+    slot s; nothing where s is negative)."""
+
+    def __init__(self, tr: Any, cache: PagedKVCache, slots: int, max_blocks: int) -> None:
         self.tr, self.cache = tr, cache
+        self.slots, self.max_blocks = slots, max_blocks
         self.last = gpk.zeros((slots, 1, 1, 1), gpk.int64).realize()
+        self.pos = gpk.zeros((slots, 1, 1, 1), gpk.int64).realize()
+        self.tables = gpk.zeros((slots, 1, 1, max_blocks), gpk.int32).realize()
 
-    def prefill(self, tokens: GPUArray, positions: GPUArray, slots: GPUArray, table: GPUArray,
-                lens: GPUArray, tok_slots: GPUArray, temperature: GPUArray, top_k: GPUArray,
+    def prefill(self, packed: GPUArray, temperature: GPUArray, top_k: GPUArray,
                 top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
                 use_top_p: bool) -> GPUArray:  # fmt: skip
-        """A chunk of prompts [R, T]; the token after each row's chunk."""
-        logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table, lens)
+        """A chunk of prompts [R, T], from one upload: packed [R, 3 T + 3 + max_blocks]
+        int64 holds each row's tokens, positions and cache slots (T each), its length
+        after the chunk, the token slot taking its next token (-1 until its prompt is
+        done), its own token slot (-1: a padded row) and its block table. Returns the
+        token after each row's chunk."""
+        r, m = packed.shape[0], self.max_blocks
+        t = (packed.shape[1] - 3 - m) // 3
+        tokens, positions = packed[:, :t], packed[:, t : 2 * t]
+        slots = packed[:, 2 * t : 3 * t].reshape(-1)
+        lens = packed[:, 3 * t]
+        tok_slots, own = packed[:, 3 * t + 1], packed[:, 3 * t + 2]
+        table = packed[:, 3 * t + 3 :].astype(gpk.int32)
+        gpk.nn.paged_write(self.tables, table.reshape(r, 1, m), own)
+        logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table,
+                               lens.astype(gpk.int32))  # fmt: skip
         tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
-        gpk.nn.paged_write(self.last, tok.reshape(-1, 1, 1), tok_slots)
+        gpk.nn.paged_write(self.last, tok.reshape(r, 1, 1), tok_slots)
+        gpk.nn.paged_write(self.pos, lens.reshape(r, 1, 1), tok_slots)
         return tok
 
-    def decode(self, tok_slots: GPUArray, positions: GPUArray, slots: GPUArray,
-               table: GPUArray, lens: GPUArray, temperature: GPUArray, top_k: GPUArray,
+    def decode(self, tok_slots: GPUArray, temperature: GPUArray, top_k: GPUArray,
                top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
                use_top_p: bool) -> GPUArray:  # fmt: skip
-        """One new token for each row, fed by its last token (padded rows: slot -1)."""
-        b = tok_slots.shape[0]
-        tokens = gpk.take(self.last.reshape(-1), gpk.maximum(tok_slots, 0)).reshape(b, 1)
+        """One new token for each row's token slot (padded rows: -1), fed by its last
+        token at the position after it, through its block table."""
+        b, m, bs = tok_slots.shape[0], self.max_blocks, self.cache.block_size
+        live = tok_slots >= 0
+        at = gpk.maximum(tok_slots, 0)
+        tokens = gpk.take(self.last.reshape(-1), at).reshape(b, 1)
+        p = gpk.where(live, gpk.take(self.pos.reshape(-1), at), 0)
+        table = gpk.take(self.tables.reshape(self.slots, m), at, axis=0)
+        block = gpk.take(self.tables.reshape(-1), at * m + p // bs).astype(gpk.int64)
+        slots = gpk.where(live, block * bs + p % bs, -1)
+        positions = gpk.where(live, p, -1).reshape(b, 1)
+        lens = gpk.where(live, p + 1, 0).astype(gpk.int32)
         logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table, lens)
         tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
         gpk.nn.paged_write(self.last, tok.reshape(b, 1, 1), tok_slots)
+        gpk.nn.paged_write(self.pos, (p + 1).reshape(b, 1, 1), tok_slots)
         return tok
 
 
@@ -234,7 +266,7 @@ class Engine:
         self.core = _rust.SchedulerCore(self.num_blocks * self.block_bytes)
         self.vocab = cfg.vocab_size
         self.eos = frozenset(model.eos_token_ids)
-        self._step_obj = _Step(self.tr, self.cache, max_batch)
+        self._step_obj = _Step(self.tr, self.cache, max_batch, self.max_blocks)
         self._tok_free = list(range(max_batch - 1, -1, -1))  # free rows of _step_obj.last
         # Engine steps whose tokens are not read back yet, oldest first: each step's
         # launches in order, as (the rows, None where a row takes no token, the transfer
@@ -245,6 +277,10 @@ class Engine:
         self._compiled: dict[tuple[Any, ...], Any] = {}
         # All-greedy batches' sampling inputs never change: uploaded once per batch size.
         self._greedy_inputs: dict[int, list[GPUArray]] = {}
+        # The last decode step's rows (bucket, token slots) and their token slots on the
+        # device: a step of the same batch uploads nothing.
+        self._decode_key: tuple[int, ...] = ()
+        self._decode_slots: GPUArray | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0  # submitted, not yet started (the bounded queue)
@@ -387,15 +423,13 @@ class Engine:
             sizes += [("prefill", (r, t), r) for r in _buckets(1, self.max_batch)
                       if r * t <= self.step_tokens]  # fmt: skip
         for kind, size, rows in sizes:
-            t = 1 if kind == "decode" else size[1]
             sampling, statics = self._sampling_inputs([None] * rows, rows)
-            none = np.full(rows, -1, np.int64)  # no row stores a token
-            head = [np.zeros((rows, t), np.int64)] if kind == "prefill" else [none]
-            ins = [gpk.from_numpy(a) for a in (
-                *head, np.full((rows, t), -1, np.int64), np.full(rows * t, -1, np.int64),
-                self._table([None] * rows, rows), np.zeros(rows, np.int32),
-                *([none] if kind == "prefill" else []))]  # fmt: skip
-            self._compiled_step(kind, size, statics)(*ins, *sampling, *statics).to_numpy()
+            if kind == "decode":
+                arg = np.full(rows, -1, np.int64)  # padded rows: nothing stored
+            else:
+                arg = self._prefill_packed([], rows, size[1])
+            fn = self._compiled_step(kind, size, statics)
+            fn(gpk.from_numpy(arg), *sampling, *statics).to_numpy()
         return len(sizes)
 
     # -- the engine thread --------------------------------------------------------------
@@ -619,13 +653,6 @@ class Engine:
             fn = self._compiled[key] = gpk.compile(step)
         return fn
 
-    def _table(self, rows: Sequence[Request | None], b: int) -> np.ndarray:
-        table = np.zeros((b, self.max_blocks), np.int32)
-        for i, r in enumerate(rows):
-            if r is not None:
-                table[i, : len(r.blocks)] = r.blocks
-        return table
-
     def _prefill_rows(self, budget: int) -> list[tuple[Request, int]]:
         """The prompts the next prefill launch takes and each one's chunk, oldest first,
         while the padded tokens (rows bucket x chunk bucket) stay within budget: the
@@ -657,28 +684,11 @@ class Engine:
         ns = [n for _, n in chunks]
         t = bucket(max(ns), MIN_PREFILL_BUCKET)
         rows = bucket(len(reqs))
-        tokens = np.zeros((rows, t), np.int64)
-        positions = np.full((rows, t), -1, np.int64)
-        slots = np.full((rows, t), -1, np.int64)
-        lens = np.zeros(rows, np.int32)
-        tok_slots = np.full(rows, -1, np.int64)
-        for i, (req, n) in enumerate(chunks):
-            start, pad = req.prefilled, t - n
-            tokens[i, pad:] = req.prompt[start : start + n]
-            pos = np.arange(start, start + n)
-            positions[i, pad:] = pos
-            blocks = np.asarray(req.blocks, np.int64)
-            slots[i, pad:] = blocks[pos // self.block_size] * self.block_size \
-                + pos % self.block_size  # fmt: skip
-            lens[i] = start + n
-            if start + n == len(req.prompt):
-                tok_slots[i] = req.tok_slot
+        packed = self._prefill_packed(chunks, rows, t)
         padded: list[Request | None] = [*reqs, *([None] * (rows - len(reqs)))]
         sampling, statics = self._sampling_inputs(padded, rows)
-        table = self._table(padded, rows)
-        ins = [gpk.from_numpy(a)
-               for a in (tokens, positions, slots.reshape(-1), table, lens, tok_slots)]  # fmt: skip
-        tok = self._compiled_step("prefill", (rows, t), statics)(*ins, *sampling, *statics)
+        fn = self._compiled_step("prefill", (rows, t), statics)
+        tok = fn(gpk.from_numpy(packed), *sampling, *statics)
         self._counts["prefill_chunks"] += 1
         self._counts["prefill_tokens"] += sum(ns)
         takers: list[Request | None] = []
@@ -694,23 +704,47 @@ class Engine:
             return (takers, tok.to_numpy_async()), rows * t
         return None, rows * t
 
+    def _prefill_packed(self, chunks: list[tuple[Request, int]], rows: int,
+                        t: int) -> np.ndarray:  # fmt: skip
+        """The prefill launch's one upload (see _Step.prefill): per row its chunk's tokens,
+        positions and cache slots, front-padded to t (padding: position and slot -1), its
+        length after the chunk, the token slot taking its next token, its own token slot
+        and its block table; padded rows store nothing."""
+        m = self.max_blocks
+        packed = np.zeros((rows, 3 * t + 3 + m), np.int64)
+        packed[:, t : 3 * t] = -1
+        packed[:, 3 * t + 1 : 3 * t + 3] = -1
+        for i, (req, n) in enumerate(chunks):
+            start, pad = req.prefilled, t - n
+            row = packed[i]
+            row[pad:t] = req.prompt[start : start + n]
+            pos = np.arange(start, start + n)
+            row[t + pad : 2 * t] = pos
+            blocks = np.asarray(req.blocks, np.int64)
+            row[2 * t + pad : 3 * t] = blocks[pos // self.block_size] * self.block_size \
+                + pos % self.block_size  # fmt: skip
+            row[3 * t] = start + n
+            if start + n == len(req.prompt):
+                row[3 * t + 1] = req.tok_slot
+            row[3 * t + 2] = req.tok_slot
+            row[3 * t + 3 : 3 * t + 3 + len(blocks)] = blocks
+        return packed
+
     def _decode_step(self, rows: list[Request]) -> Launch:
-        """Launch one decode step for rows (each has a token left to make)."""
+        """Launch one decode step for rows (each has a token left to make). The rows'
+        positions and block tables are on the device (_Step); the only input is the
+        rows' token slots, uploaded when the batch changed since the last decode step."""
         b = bucket(len(rows))
-        padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
-        tok_slots = np.full(b, -1, np.int64)
-        positions = np.full((b, 1), -1, np.int64)
-        slots = np.full(b, -1, np.int64)
-        lens = np.zeros(b, np.int32)
-        for i, r in enumerate(rows):
-            p = len(r.prompt) + r.scheduled - 1  # the last token's position
-            tok_slots[i], positions[i, 0] = r.tok_slot, p
-            slots[i], lens[i] = r.slot(p, self.block_size), p + 1
+        key = (b, *(r.tok_slot for r in rows))
+        if key != self._decode_key:
+            tok_slots = np.full(b, -1, np.int64)
+            tok_slots[: len(rows)] = key[1:]
+            self._decode_slots, self._decode_key = gpk.from_numpy(tok_slots), key
+        for r in rows:
             r.scheduled += 1
+        padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
         sampling, statics = self._sampling_inputs(padded, b)
-        ins = [gpk.from_numpy(a)
-               for a in (tok_slots, positions, slots, self._table(padded, b), lens)]  # fmt: skip
-        out = self._compiled_step("decode", b, statics)(*ins, *sampling, *statics)
+        out = self._compiled_step("decode", b, statics)(self._decode_slots, *sampling, *statics)
         self._counts["decode_steps"] += 1
         return list(rows), out.to_numpy_async()
 
