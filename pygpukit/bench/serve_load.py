@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-
 # Step token budgets whose mixed steps (the largest batch's decode and a prefill chunk)
 # --step-times measures.
 MIXED_BUDGETS = (256, 512, 1024, 2048)
@@ -191,7 +190,8 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
         reqs = _decode_rows(engine, b, context, steps + 8, rng)
         padded: list[int] = []
 
-        def prefill(launches: list[Any], budget: int = budget) -> None:
+        def prefill(launches: list[Any], budget: int = budget,
+                    padded: list[int] = padded) -> None:  # fmt: skip
             fresh = []
             for _ in range(min(4, len(engine._tok_free))):  # the slots left
                 r = Request([int(t) for t in rng.integers(3, engine.vocab, size=long)], 1,
@@ -271,8 +271,9 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
     if steps:
         sizes = [b for b in (1, 16, 64) if b <= engine.max_batch]
         # 20 timed steps and 3 warm-ups (the 8 spare positions) after the context
-        rows += step_times(engine, sizes, max(1, min(512, engine.max_model_len - 28)),
-                           budgets=MIXED_BUDGETS)
+        rows += step_times(
+            engine, sizes, max(1, min(512, engine.max_model_len - 28)), budgets=MIXED_BUDGETS
+        )
     engine.warmup(hi)  # every step shape traced before the first request
     server = Server(model, engine, "bench", port=0).start()
     if procs is None:
