@@ -126,6 +126,25 @@ def test_prefill_batches_several_prompts(model):
         e.close()
 
 
+def test_a_long_prompt_fills_several_rows_of_one_launch(model):
+    """A prompt longer than prefill_chunk is cut into rows of one launch (each row attends
+    the keys the rows before it store in the same layer), not one chunk per step: 200
+    tokens in 32-token rows take two launches within a 128-token budget (4 rows each),
+    and the tokens are the static path's."""
+    e = Engine(model, max_model_len=256, prefill_chunk=32, step_tokens=128, max_batch=2,
+               kv_blocks=64).start()  # fmt: skip
+    try:
+        (prompt,) = _prompts(1, seed=41, low=200, high=201)
+        out = e.generate([prompt], 5, ignore_eos=True, timeout=300)
+        st = e.stats()
+        assert st["prefill_chunks"] == 2 and st["prefill_tokens"] == 200
+        assert st["max_step_tokens"] == 128
+        assert out == [model.generate_ids([prompt], 5, stop_at_eos=False).tokens[0]]
+        assert st["used_blocks"] == 0
+    finally:
+        e.close()
+
+
 def test_warmup_traces_every_greedy_shape(model):
     """After warmup a greedy run compiles nothing new, stores nothing, and its tokens are
     the static path's."""

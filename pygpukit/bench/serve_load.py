@@ -200,7 +200,7 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
                 r.tok_slot = engine._tok_free.pop()
                 fresh.append(r)
             engine._prefilling.extend(fresh)
-            launch, n = engine._prefill_chunk(engine._prefill_rows(budget - bucket(b)))
+            launch, n = engine._prefill_chunk(*engine._prefill_rows(budget - bucket(b)))
             padded.append(n)
             engine._prefilling.clear()
             _give_back(engine, fresh)  # stream-ordered: the next owner writes after

@@ -11,17 +11,22 @@ One engine thread owns the model. Each engine step it
   3. launches the step under its token budget (step_tokens): one decode launch for every
      running sequence (the batch padded to a power-of-two bucket; padded rows have no
      keys and store nothing), then, with what the budget has left, one prefill launch of
-     the next chunks of the prompts waiting, oldest first (each row front-padded to the
-     longest chunk's power-of-two bucket, the rows padded to a power of two; a prompt is
-     split over as many steps as it needs);
+     the next pieces of the prompts waiting, oldest first: rows of t tokens (a power of
+     two), a long prompt filling several rows (a row attends the keys its prompt's
+     earlier rows store in the same layer), the last piece of a prompt front-padded to t,
+     the rows padded to a power of two; a prompt is split over as many steps as it needs;
   4. reads back the step before it and streams its tokens, while this one runs;
   5. retires finished sequences: their blocks go back to the pool at once and the
      scheduler's complete() admits what waited for that memory.
 Steps are gpk.compile'd functions, one captured graph per (bucket, sampling statics).
-Each running sequence has a slot in a device array of last tokens: a step reads its
-rows' tokens there and writes the sampled ones back, so a step needs nothing read back
-from the one before and runs one step ahead of the host (the host knows how many tokens
-each sequence has, not which, until they are read back). A running stream gets a token
+Each running sequence has a token slot: a row of device arrays holding its last token,
+that token's position and its block table (_Step). A decode step reads its rows' state
+there and writes the new tokens and positions back, so it needs nothing read back from
+the one before and runs one step ahead of the host (the host knows how many tokens each
+sequence has, not which, until they are read back), and a decode step of an unchanged
+batch uploads nothing; a prefill launch is one upload. The engine thread shares the
+interpreter lock with the HTTP loop, which takes it whenever the engine lets go (a wait,
+a large copy): the step's launches let go of it as little as they can. A running stream gets a token
 every engine step, and a step's prefill share is bounded by the budget, so a prompt
 arriving mid-stream delays the others by at most one budget's prefill per token instead
 of its whole prefill. Decode and prefill are two launches, not one mixed batch: the
@@ -60,6 +65,9 @@ log = logging.getLogger("pygpukit.serve")
 
 QOS = ("guaranteed", "burstable", "best_effort")
 MIN_PREFILL_BUCKET = 16
+# Most rows of one prefill launch: rows are pieces of prompts, so a few long rows or many
+# short ones carry the same tokens; more rows only cut the last pieces' padding finer.
+PREFILL_ROWS = 16
 LOOKAHEAD = 1  # engine steps launched before the oldest one's tokens are read back
 # The engine thread waits for the GPU without the interpreter lock and must get it back
 # at once, or the GPU idles while another thread (the HTTP loop) runs Python: CPython
@@ -411,16 +419,16 @@ class Engine:
 
     def warmup(self, max_prompt: int | None = None) -> int:
         """Trace and capture every greedy step shape a serving run can meet (each decode
-        batch bucket up to max_batch; each prefill rows x chunk bucket within the step
-        budget, chunks up to max_prompt tokens) before serving, so no request waits for a
-        compile. Runs all-padding inputs: nothing is stored. Call before start(); returns
-        the compiled steps."""
+        batch bucket up to max_batch; each prefill rows x row length within the step
+        budget, at most PREFILL_ROWS rows, rows up to max_prompt tokens) before serving,
+        so no request waits for a compile. Runs all-padding inputs: nothing is stored.
+        Call before start(); returns the compiled steps."""
         if self._thread is not None:
             raise errors.GPUKitError("Engine.warmup: call it before start()")
         longest = min(self.prefill_chunk, max_prompt or self.max_model_len)
         sizes: list[tuple[str, Any, int]] = [("decode", b, b) for b in _buckets(1, self.max_batch)]
         for t in _buckets(MIN_PREFILL_BUCKET, bucket(longest, MIN_PREFILL_BUCKET)):
-            sizes += [("prefill", (r, t), r) for r in _buckets(1, self.max_batch)
+            sizes += [("prefill", (r, t), r) for r in _buckets(1, PREFILL_ROWS)
                       if r * t <= self.step_tokens]  # fmt: skip
         for kind, size, rows in sizes:
             sampling, statics = self._sampling_inputs([None] * rows, rows)
@@ -576,10 +584,10 @@ class Engine:
             used = bucket(len(rows))
             self._times["decode_launch"] += (time.perf_counter() - t0) * 1e3
         if self._prefilling:
-            chunks = self._prefill_rows(self.step_tokens - used)
+            chunks, t = self._prefill_rows(self.step_tokens - used)
             t0 = time.perf_counter()
             try:
-                launch, padded = self._prefill_chunk(chunks)
+                launch, padded = self._prefill_chunk(chunks, t)
                 used += padded
                 if launch is not None:
                     launches.append(launch)
@@ -653,50 +661,55 @@ class Engine:
             fn = self._compiled[key] = gpk.compile(step)
         return fn
 
-    def _prefill_rows(self, budget: int) -> list[tuple[Request, int]]:
-        """The prompts the next prefill launch takes and each one's chunk, oldest first,
-        while the padded tokens (rows bucket x chunk bucket) stay within budget: the
-        oldest prompt's chunk is cut to the budget (a power of two >= MIN_PREFILL_BUCKET,
-        which the step budget always leaves), a later one's to the chunk bucket so far."""
-        picked: list[tuple[Request, int]] = []
-        cap = MIN_PREFILL_BUCKET
-        while cap * 2 <= budget:
-            cap *= 2
-        t = 0
-        for req in self._prefilling:
-            n = min(self.prefill_chunk, len(req.prompt) - req.prefilled, cap)
-            tt = max(t, bucket(n, MIN_PREFILL_BUCKET))
-            rows = bucket(len(picked) + 1)
-            if picked and rows * tt > budget:
-                n, tt = min(n, t), t
-                if rows * tt > budget:
+    def _prefill_rows(self, budget: int) -> tuple[list[tuple[Request, int]], int]:
+        """The rows of the next prefill launch and their length t: pieces of at most t
+        tokens of the waiting prompts, oldest first, each prompt's pieces in order (a
+        prompt longer than t fills several rows: a row attends the keys its prompt's
+        earlier rows store in the same layer). t is the power of two (MIN_PREFILL_BUCKET
+        to prefill_chunk) that lets the most prompt tokens through within budget padded
+        tokens (rows bucket x t, at most PREFILL_ROWS rows), then the fewest padded, then
+        the fewest rows: the last piece of each prompt is its only padding."""
+        best: tuple[tuple[int, int, int], list[tuple[Request, int]], int] | None = None
+        t = MIN_PREFILL_BUCKET
+        while t <= min(self.prefill_chunk, budget):
+            most = PREFILL_ROWS
+            while most * t > budget:
+                most //= 2
+            pieces: list[tuple[Request, int]] = []
+            for req in self._prefilling:
+                left = len(req.prompt) - req.prefilled
+                while left > 0 and len(pieces) < most:
+                    pieces.append((req, min(t, left)))
+                    left -= t
+                if len(pieces) == most:
                     break
-            picked.append((req, n))
-            t = tt
-        return picked
+            score = (sum(n for _, n in pieces), -bucket(len(pieces)) * t, t)
+            if best is None or score > best[0]:
+                best = (score, pieces, t)
+            t *= 2
+        assert best is not None  # the step budget always leaves a MIN_PREFILL_BUCKET row
+        return best[1], best[2]
 
-    def _prefill_chunk(self, chunks: list[tuple[Request, int]]) -> tuple[Launch | None, int]:
-        """Launch the given chunk of each prompt, as one batch; a prompt that is done
-        moves to the running batch (its first token is stored on the device, and streamed
-        once read back). Returns the launch when a row takes a token, and the padded
-        tokens the launch computes."""
-        reqs = [r for r, _ in chunks]
-        ns = [n for _, n in chunks]
-        t = bucket(max(ns), MIN_PREFILL_BUCKET)
-        rows = bucket(len(reqs))
-        packed = self._prefill_packed(chunks, rows, t)
-        padded: list[Request | None] = [*reqs, *([None] * (rows - len(reqs)))]
-        sampling, statics = self._sampling_inputs(padded, rows)
+    def _prefill_chunk(self, pieces: list[tuple[Request, int]],
+                       t: int) -> tuple[Launch | None, int]:  # fmt: skip
+        """Launch the given rows (see _prefill_rows), as one batch; a prompt that is done
+        moves to the running batch (its first token, sampled in its last row, is stored
+        on the device, and streamed once read back). Returns the launch when a row takes
+        a token, and the padded tokens the launch computes."""
+        rows = bucket(len(pieces))
+        packed = self._prefill_packed(pieces, rows, t)
+        takers: list[Request | None] = [None] * rows
+        for i, (req, n) in enumerate(pieces):
+            req.prefilled += n
+            if req.prefilled == len(req.prompt):
+                takers[i] = req
+        sampling, statics = self._sampling_inputs(takers, rows)
         fn = self._compiled_step("prefill", (rows, t), statics)
         tok = fn(gpk.from_numpy(packed), *sampling, *statics)
         self._counts["prefill_chunks"] += 1
-        self._counts["prefill_tokens"] += sum(ns)
-        takers: list[Request | None] = []
-        for req, n in chunks:
-            req.prefilled += n
-            done = req.prefilled == len(req.prompt)
-            takers.append(req if done else None)
-            if done:
+        self._counts["prefill_tokens"] += sum(n for _, n in pieces)
+        for req in takers:
+            if req is not None:
                 req.scheduled = 1
                 self._prefilling.remove(req)
                 self._running.append(req)
@@ -704,18 +717,22 @@ class Engine:
             return (takers, tok.to_numpy_async()), rows * t
         return None, rows * t
 
-    def _prefill_packed(self, chunks: list[tuple[Request, int]], rows: int,
+    def _prefill_packed(self, pieces: list[tuple[Request, int]], rows: int,
                         t: int) -> np.ndarray:  # fmt: skip
-        """The prefill launch's one upload (see _Step.prefill): per row its chunk's tokens,
+        """The prefill launch's one upload (see _Step.prefill): per row its piece's tokens,
         positions and cache slots, front-padded to t (padding: position and slot -1), its
-        length after the chunk, the token slot taking its next token, its own token slot
-        and its block table; padded rows store nothing."""
+        length after the piece, the token slot taking the token after it (its prompt's
+        last piece only), its own token slot and its block table; padded rows store
+        nothing. A prompt's pieces continue from its prefilled tokens, in order."""
         m = self.max_blocks
         packed = np.zeros((rows, 3 * t + 3 + m), np.int64)
         packed[:, t : 3 * t] = -1
         packed[:, 3 * t + 1 : 3 * t + 3] = -1
-        for i, (req, n) in enumerate(chunks):
-            start, pad = req.prefilled, t - n
+        at: dict[int, int] = {}  # request id -> where its next piece starts
+        for i, (req, n) in enumerate(pieces):
+            start = at.get(req.id, req.prefilled)
+            at[req.id] = start + n
+            pad = t - n
             row = packed[i]
             row[pad:t] = req.prompt[start : start + n]
             pos = np.arange(start, start + n)
