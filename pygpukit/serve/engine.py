@@ -708,11 +708,11 @@ class Engine:
         tok = fn(gpk.from_numpy(packed), *sampling, *statics)
         self._counts["prefill_chunks"] += 1
         self._counts["prefill_tokens"] += sum(n for _, n in pieces)
-        for req in takers:
-            if req is not None:
-                req.scheduled = 1
-                self._prefilling.remove(req)
-                self._running.append(req)
+        for done in takers:
+            if done is not None:
+                done.scheduled = 1
+                self._prefilling.remove(done)
+                self._running.append(done)
         if any(r is not None for r in takers):
             return (takers, tok.to_numpy_async()), rows * t
         return None, rows * t
