@@ -468,11 +468,24 @@ def test_serve_takes_the_quantize_flags():
 
 
 def test_the_switch_interval_comes_back_when_the_last_engine_closes(model):
+    """So do the objects a started engine froze against the garbage collector (its traced
+    graphs and weights: a full collection walking them would stall serving)."""
+    import gc
+
+    from pygpukit.serve import engine as engine_module
+
     before = sys.getswitchinterval()
+    others = engine_module._switch["engines"]  # engines other tests left running
     a = Engine(model, max_model_len=64, prefill_chunk=16, kv_blocks=8).start()
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
     b = Engine(model, max_model_len=64, prefill_chunk=16, kv_blocks=8).start()
     assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
+    assert gc.get_freeze_count() > frozen  # b's own objects too
     a.close()
     assert sys.getswitchinterval() <= SWITCH_INTERVAL_S  # b still runs
+    assert gc.get_freeze_count() > 0
     b.close()
     assert sys.getswitchinterval() == before
+    if others == 0:
+        assert gc.get_freeze_count() == 0

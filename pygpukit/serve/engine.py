@@ -38,6 +38,7 @@ with add_step_hook run there once per step, after its events.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import queue
@@ -196,9 +197,16 @@ def bucket(n: int, least: int = 1) -> int:
     return b
 
 
-# The process's switch interval before the first running engine lowered it, and how many
-# engines run: the last one to close puts it back.
-_switch = {"saved": 0.0, "engines": 0}
+# What the first running engine changed in the process, and how many engines run: the
+# last one to close puts it back. The switch interval: see SWITCH_INTERVAL_S. The garbage
+# collector: a started engine's traced graphs, plans and weights (about a million objects
+# for a 22-layer model; a full collection of a 2-layer one's takes 28 ms on a CI core) live
+# as long as it does, and a full collection that walks them holds the interpreter lock,
+# stalling the engine thread and the HTTP loop together (the H200 run saw every stream's
+# first token of a round late by about 300 ms), so they are frozen (gc.freeze: never
+# walked again) when an engine starts, and unfrozen when the last one closes (unless the
+# process had frozen objects of its own before).
+_switch = {"saved": 0.0, "engines": 0, "unfreeze": False}
 _switch_lock = threading.Lock()
 
 
@@ -207,7 +215,10 @@ def _lower_switch_interval() -> None:
         if _switch["engines"] == 0:
             _switch["saved"] = sys.getswitchinterval()
             sys.setswitchinterval(min(_switch["saved"], SWITCH_INTERVAL_S))
+            _switch["unfreeze"] = gc.get_freeze_count() == 0
         _switch["engines"] += 1
+        gc.collect()
+        gc.freeze()
 
 
 def _restore_switch_interval() -> None:
@@ -215,6 +226,8 @@ def _restore_switch_interval() -> None:
         _switch["engines"] -= 1
         if _switch["engines"] == 0:
             sys.setswitchinterval(_switch["saved"])
+            if _switch["unfreeze"]:
+                gc.unfreeze()
 
 
 class Engine:
@@ -311,7 +324,8 @@ class Engine:
     # -- the caller's side (any thread) -------------------------------------------------
     def start(self) -> Engine:
         """Start the engine thread (and lower the interpreter's switch interval to
-        SWITCH_INTERVAL_S, for the whole process until close(): see there)."""
+        SWITCH_INTERVAL_S and freeze the objects alive now against the garbage
+        collector, for the whole process until the last engine's close(): see there)."""
         if self._thread is None:
             _lower_switch_interval()
             self._thread = threading.Thread(target=self._loop, name="pygpukit-engine",
