@@ -126,6 +126,34 @@ def test_prefill_batches_several_prompts(model):
         e.close()
 
 
+def test_decode_steps_of_an_unchanged_batch_upload_nothing(model, monkeypatch):
+    """The rows' positions and block tables live on the device: a decode step uploads
+    only when its batch changed (the rows' token slots), and a prefill launch is one
+    upload, so two streams decoding 20 tokens upload a handful of arrays, not several
+    per step; their tokens are the static path's."""
+    uploads: list[str] = []
+    real = gpk.from_numpy
+
+    def counted(a, *args, **kwargs):
+        uploads.append(threading.current_thread().name)
+        return real(a, *args, **kwargs)
+
+    e = Engine(model, max_model_len=128, prefill_chunk=32, kv_blocks=64, max_batch=2)
+    e.warmup(30)
+    monkeypatch.setattr(gpk, "from_numpy", counted)
+    e.start()
+    try:
+        prompts = _prompts(2, seed=51, low=10, high=30)
+        out = e.generate(prompts, 20, ignore_eos=True, timeout=300)
+        st = e.stats()
+        assert st["decode_steps"] >= 19
+        # one per prefill launch, one per batch change (1 row, 2 rows, 1 row at the end)
+        assert uploads.count("pygpukit-engine") <= st["prefill_chunks"] + 3
+        assert out == [model.generate_ids([p], 20, stop_at_eos=False).tokens[0] for p in prompts]
+    finally:
+        e.close()
+
+
 def test_a_long_prompt_fills_several_rows_of_one_launch(model):
     """A prompt longer than prefill_chunk is cut into rows of one launch (each row attends
     the keys the rows before it store in the same layer), not one chunk per step: 200
@@ -405,7 +433,7 @@ def test_step_tokens_must_leave_room_for_prefill(model):
     with pytest.raises(ValueError, match=r"step_tokens must be an integer >= 24 .*got 20"):
         Engine(model, max_model_len=64, max_batch=8, step_tokens=20, kv_blocks=8)
     e = Engine(model, max_model_len=64, max_batch=8, prefill_chunk=32, kv_blocks=8)
-    assert e.step_tokens == 128  # 4 * prefill_chunk
+    assert e.step_tokens == 64  # 2 * prefill_chunk
 
 
 def test_step_hooks_run_once_per_step_after_its_events(model):

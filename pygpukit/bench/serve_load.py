@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "--step-tokens",
         type=int,
         default=None,
-        help="the engine's token budget per step (default: Engine's, 2048)",
+        help="the engine's token budget per step (default: Engine's, 1024)",
     )
     p.add_argument(
         "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"
