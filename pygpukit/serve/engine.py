@@ -30,8 +30,8 @@ a large copy): the step's launches let go of it as little as they can. A running
 every engine step, and a step's prefill share is bounded by the budget, so a prompt
 arriving mid-stream delays the others by at most one budget's prefill per token instead
 of its whole prefill. Decode and prefill are two launches, not one mixed batch: the
-prefill graph front-pads each row to the chunk bucket, so a decode row inside it would
-cost a whole chunk's compute.
+prefill graph front-pads each row to its row length, so a decode row inside it would
+cost a whole row's compute.
 Events reach the caller through its `sink`, called on the engine thread; hooks added
 with add_step_hook run there once per step, after its events.
 """
