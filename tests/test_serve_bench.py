@@ -27,17 +27,22 @@ def test_load_generator_rows(tmp_path):
 
 def test_load_generator_client_processes_and_step_times(tmp_path):
     """Clients in worker processes (their stamps on the shared monotonic clock) and the
-    decode step timed alone first."""
+    decode step timed alone first, then mixed with a prefill chunk under each budget
+    whose chunk is shorter than the longest prompt (here: 256 leaves 255 tokens beside
+    the one decode row, a 128-token chunk of a 203-token prompt)."""
     from pygpukit.bench.serve_load import main
 
     out = tmp_path / "rows.json"
     assert main(["--model", "tiny", "--clients", "3", "--max-tokens", "4", "--prompt-min", "8",
-                 "--prompt-max", "30", "--procs", "2", "--step-times", "--save",
+                 "--prompt-max", "200", "--procs", "2", "--step-times", "--save",
                  str(out)]) == 0  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     steps = [r for r in rows if r["impl"] == "pygpukit serve decode step"]
     assert [r["batch"] for r in steps] == [1]  # the engine's max_batch is the 3 clients
     assert all(r["step_ms"] > 0 for r in steps)
+    mixed = [r for r in rows if r["impl"] == "pygpukit serve mixed step"]
+    assert [(r["batch"], r["step_tokens"], r["prefill_tokens"]) for r in mixed] == [(1, 256, 128)]
+    assert mixed[0]["step_ms"] > 0
     (row,) = [r for r in rows if r["impl"] == "pygpukit serve"]
     assert row["client_procs"] == 2 and row["output_tokens"] == 12
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and row["wall_s"] > 0

@@ -126,6 +126,53 @@ def test_prefill_batches_several_prompts(model):
         e.close()
 
 
+def test_decode_steps_of_an_unchanged_batch_upload_nothing(model, monkeypatch):
+    """The rows' positions and block tables live on the device: a decode step uploads
+    only when its batch changed (the rows' token slots), and a prefill launch is one
+    upload, so two streams decoding 20 tokens upload a handful of arrays, not several
+    per step; their tokens are the static path's."""
+    uploads: list[str] = []
+    real = gpk.from_numpy
+
+    def counted(a, *args, **kwargs):
+        uploads.append(threading.current_thread().name)
+        return real(a, *args, **kwargs)
+
+    e = Engine(model, max_model_len=128, prefill_chunk=32, kv_blocks=64, max_batch=2)
+    e.warmup(30)
+    monkeypatch.setattr(gpk, "from_numpy", counted)
+    e.start()
+    try:
+        prompts = _prompts(2, seed=51, low=10, high=30)
+        out = e.generate(prompts, 20, ignore_eos=True, timeout=300)
+        st = e.stats()
+        assert st["decode_steps"] >= 19
+        # one per prefill launch, one per batch change (1 row, 2 rows, 1 row at the end)
+        assert uploads.count("pygpukit-engine") <= st["prefill_chunks"] + 3
+        assert out == [model.generate_ids([p], 20, stop_at_eos=False).tokens[0] for p in prompts]
+    finally:
+        e.close()
+
+
+def test_a_long_prompt_fills_several_rows_of_one_launch(model):
+    """A prompt longer than prefill_chunk is cut into rows of one launch (each row attends
+    the keys the rows before it store in the same layer), not one chunk per step: 200
+    tokens in 32-token rows take two launches within a 128-token budget (4 rows each),
+    and the tokens are the static path's."""
+    e = Engine(model, max_model_len=256, prefill_chunk=32, step_tokens=128, max_batch=2,
+               kv_blocks=64).start()  # fmt: skip
+    try:
+        (prompt,) = _prompts(1, seed=41, low=200, high=201)
+        out = e.generate([prompt], 5, ignore_eos=True, timeout=300)
+        st = e.stats()
+        assert st["prefill_chunks"] == 2 and st["prefill_tokens"] == 200
+        assert st["max_step_tokens"] == 128
+        assert out == [model.generate_ids([prompt], 5, stop_at_eos=False).tokens[0]]
+        assert st["used_blocks"] == 0
+    finally:
+        e.close()
+
+
 def test_warmup_traces_every_greedy_shape(model):
     """After warmup a greedy run compiles nothing new, stores nothing, and its tokens are
     the static path's."""
@@ -386,7 +433,7 @@ def test_step_tokens_must_leave_room_for_prefill(model):
     with pytest.raises(ValueError, match=r"step_tokens must be an integer >= 24 .*got 20"):
         Engine(model, max_model_len=64, max_batch=8, step_tokens=20, kv_blocks=8)
     e = Engine(model, max_model_len=64, max_batch=8, prefill_chunk=32, kv_blocks=8)
-    assert e.step_tokens == 128  # 4 * prefill_chunk
+    assert e.step_tokens == 64  # 2 * prefill_chunk
 
 
 def test_step_hooks_run_once_per_step_after_its_events(model):
@@ -449,11 +496,24 @@ def test_serve_takes_the_quantize_flags():
 
 
 def test_the_switch_interval_comes_back_when_the_last_engine_closes(model):
+    """So do the objects a started engine froze against the garbage collector (its traced
+    graphs and weights: a full collection walking them would stall serving)."""
+    import gc
+
+    from pygpukit.serve import engine as engine_module
+
     before = sys.getswitchinterval()
+    others = engine_module._switch["engines"]  # engines other tests left running
     a = Engine(model, max_model_len=64, prefill_chunk=16, kv_blocks=8).start()
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
     b = Engine(model, max_model_len=64, prefill_chunk=16, kv_blocks=8).start()
     assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
+    assert gc.get_freeze_count() > frozen  # b's own objects too
     a.close()
     assert sys.getswitchinterval() <= SWITCH_INTERVAL_S  # b still runs
+    assert gc.get_freeze_count() > 0
     b.close()
     assert sys.getswitchinterval() == before
+    if others == 0:
+        assert gc.get_freeze_count() == 0

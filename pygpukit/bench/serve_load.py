@@ -30,6 +30,10 @@ from typing import Any
 
 import numpy as np
 
+# Step token budgets whose mixed steps (the largest batch's decode and a prefill chunk)
+# --step-times measures.
+MIXED_BUDGETS = (256, 512, 1024, 2048)
+
 
 def _pct(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if len(xs) else float("nan")
@@ -102,42 +106,108 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) 
             "itl_p99_ms": 1e3 * _pct(itl, 99), "client_procs": procs}  # fmt: skip
 
 
-def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20
-               ) -> list[dict[str, Any]]:  # fmt: skip
+def _decode_rows(engine: Any, b: int, context: int, spare: int,
+                 rng: np.random.Generator) -> list[Any]:  # fmt: skip
+    """b running requests (not started: the caller drives the engine) whose last token
+    is at position `context`, as if their prompts had been prefilled: each one's blocks,
+    token slot, and its device state (block table, position) stored as a prefill would."""
+    import pygpukit as gpk
+    from pygpukit.serve.engine import Request
+
+    reqs = []
+    table = np.zeros((b, engine.max_blocks), np.int32)
+    for i in range(b):
+        r = Request([int(t) for t in rng.integers(3, engine.vocab, size=context)],
+                    spare, lambda ev: None)  # fmt: skip
+        r.blocks = engine.blocks.allocate(-(-(context + spare) // engine.block_size))
+        r.prefilled, r.scheduled, r.tok_slot = context, 1, engine._tok_free.pop()
+        table[i, : len(r.blocks)] = r.blocks
+        reqs.append(r)
+    st = engine._step_obj
+    at = gpk.from_numpy(np.array([r.tok_slot for r in reqs], np.int64))
+    gpk.nn.paged_write(st.tables, gpk.from_numpy(table).reshape(b, 1, -1), at)
+    gpk.nn.paged_write(st.pos, gpk.from_numpy(np.full((b, 1, 1), context, np.int64)), at)
+    return reqs
+
+
+def _give_back(engine: Any, reqs: Sequence[Any]) -> None:
+    for r in reqs:
+        engine.blocks.release(r.blocks)
+        engine._tok_free.append(r.tok_slot)
+
+
+def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
+               budgets: Sequence[int] = ()) -> list[dict[str, Any]]:  # fmt: skip
     """The engine's decode steps alone (not started: this thread drives them) at each
     batch size, every row at `context` keys, launched as the engine does (one step in
     flight while the one before is read back): ms per step, median of `steps` after 3
-    warm-ups."""
-    from pygpukit.serve.engine import LOOKAHEAD, Request
+    warm-ups. Then, for each step token budget in `budgets`, the mixed steps of the
+    largest batch: its decode launch and a prefill launch of fresh prompts' chunks with
+    what the budget leaves (as _step cuts them)."""
+    from pygpukit.serve.engine import LOOKAHEAD, Request, bucket
 
     rows_out = []
     rng = np.random.default_rng(0)
-    for b in sizes:
-        reqs = []
-        for _ in range(b):
-            r = Request([int(t) for t in rng.integers(3, engine.vocab, size=context)],
-                        steps + 8, lambda ev: None)  # fmt: skip
-            r.blocks = engine.blocks.allocate(-(-(context + steps + 8) // engine.block_size))
-            r.prefilled, r.scheduled, r.tok_slot = context, 1, engine._tok_free.pop()
-            reqs.append(r)
+
+    def timed(reqs: list[Any], prefill: Any = None) -> list[float]:
         times = []
         for i in range(steps + 3):
             t0 = time.perf_counter()
-            engine._inflight.append([engine._decode_step(reqs)])
+            launches = [engine._decode_step(reqs)]
+            if prefill is not None:
+                prefill(launches)
+            engine._inflight.append(launches)
             while len(engine._inflight) > LOOKAHEAD:
                 engine._retire()
             if i >= 3:
                 times.append(time.perf_counter() - t0)
         while engine._inflight:
             engine._retire()
-        for r in reqs:
-            engine.blocks.release(r.blocks)
-            engine._tok_free.append(r.tok_slot)
-        row = {"impl": "pygpukit serve decode step", "batch": b, "context": context,
+        return times
+
+    def row(kind: str, b: int, times: list[float], **extra: Any) -> dict[str, Any]:
+        out = {"impl": f"pygpukit serve {kind} step", "batch": b, "context": context, **extra,
                "step_ms": 1e3 * float(np.median(times)),
                "step_ms_min": 1e3 * float(np.min(times))}  # fmt: skip
-        rows_out.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps(out), flush=True)
+        return out
+
+    for b in sizes:
+        reqs = _decode_rows(engine, b, context, steps + 8, rng)
+        rows_out.append(row("decode", b, timed(reqs)))
+        _give_back(engine, reqs)
+    b = max(sizes)
+    # Prompts longer than one chunk: a prefill launch never finishes one, so the rows
+    # that decode stay the same (budgets whose chunk could are left out).
+    long = engine.max_model_len - 1
+    for budget in budgets:
+        cap = 16
+        while cap * 2 <= budget - bucket(b):
+            cap *= 2
+        if (budget < bucket(b) + 16 or long <= min(engine.prefill_chunk, cap)
+                or len(engine._tok_free) <= b):  # fmt: skip
+            continue
+        reqs = _decode_rows(engine, b, context, steps + 8, rng)
+        padded: list[int] = []
+
+        def prefill(launches: list[Any], budget: int = budget,
+                    padded: list[int] = padded) -> None:  # fmt: skip
+            fresh = []
+            for _ in range(min(4, len(engine._tok_free))):  # the slots left
+                r = Request([int(t) for t in rng.integers(3, engine.vocab, size=long)], 1,
+                            lambda ev: None)  # fmt: skip
+                r.blocks = engine.blocks.allocate(-(-(long + 1) // engine.block_size))
+                r.tok_slot = engine._tok_free.pop()
+                fresh.append(r)
+            engine._prefilling.extend(fresh)
+            launch, n = engine._prefill_chunk(*engine._prefill_rows(budget - bucket(b)))
+            padded.append(n)
+            engine._prefilling.clear()
+            _give_back(engine, fresh)  # stream-ordered: the next owner writes after
+
+        times = timed(reqs, prefill)
+        rows_out.append(row("mixed", b, times, step_tokens=budget, prefill_tokens=padded[-1]))
+        _give_back(engine, reqs)
     return rows_out
 
 
@@ -201,7 +271,9 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
     if steps:
         sizes = [b for b in (1, 16, 64) if b <= engine.max_batch]
         # 20 timed steps and 3 warm-ups (the 8 spare positions) after the context
-        rows += step_times(engine, sizes, max(1, min(512, engine.max_model_len - 28)))
+        rows += step_times(
+            engine, sizes, max(1, min(512, engine.max_model_len - 28)), budgets=MIXED_BUDGETS
+        )
     engine.warmup(hi)  # every step shape traced before the first request
     server = Server(model, engine, "bench", port=0).start()
     if procs is None:
@@ -262,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "--step-tokens",
         type=int,
         default=None,
-        help="the engine's token budget per step (default: Engine's, 2048)",
+        help="the engine's token budget per step (default: Engine's, 1024)",
     )
     p.add_argument(
         "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"

@@ -11,28 +11,34 @@ One engine thread owns the model. Each engine step it
   3. launches the step under its token budget (step_tokens): one decode launch for every
      running sequence (the batch padded to a power-of-two bucket; padded rows have no
      keys and store nothing), then, with what the budget has left, one prefill launch of
-     the next chunks of the prompts waiting, oldest first (each row front-padded to the
-     longest chunk's power-of-two bucket, the rows padded to a power of two; a prompt is
-     split over as many steps as it needs);
+     the next pieces of the prompts waiting, oldest first: rows of t tokens (a power of
+     two), a long prompt filling several rows (a row attends the keys its prompt's
+     earlier rows store in the same layer), the last piece of a prompt front-padded to t,
+     the rows padded to a power of two; a prompt is split over as many steps as it needs;
   4. reads back the step before it and streams its tokens, while this one runs;
   5. retires finished sequences: their blocks go back to the pool at once and the
      scheduler's complete() admits what waited for that memory.
 Steps are gpk.compile'd functions, one captured graph per (bucket, sampling statics).
-Each running sequence has a slot in a device array of last tokens: a step reads its
-rows' tokens there and writes the sampled ones back, so a step needs nothing read back
-from the one before and runs one step ahead of the host (the host knows how many tokens
-each sequence has, not which, until they are read back). A running stream gets a token
+Each running sequence has a token slot: a row of device arrays holding its last token,
+that token's position and its block table (_Step). A decode step reads its rows' state
+there and writes the new tokens and positions back, so it needs nothing read back from
+the one before and runs one step ahead of the host (the host knows how many tokens each
+sequence has, not which, until they are read back), and a decode step of an unchanged
+batch uploads nothing; a prefill launch is one upload. The engine thread shares the
+interpreter lock with the HTTP loop, which takes it whenever the engine lets go (a wait,
+a large copy): the step's launches let go of it as little as they can. A running stream gets a token
 every engine step, and a step's prefill share is bounded by the budget, so a prompt
 arriving mid-stream delays the others by at most one budget's prefill per token instead
 of its whole prefill. Decode and prefill are two launches, not one mixed batch: the
-prefill graph front-pads each row to the chunk bucket, so a decode row inside it would
-cost a whole chunk's compute.
+prefill graph front-pads each row to its row length, so a decode row inside it would
+cost a whole row's compute.
 Events reach the caller through its `sink`, called on the engine thread; hooks added
 with add_step_hook run there once per step, after its events.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import queue
@@ -60,6 +66,9 @@ log = logging.getLogger("pygpukit.serve")
 
 QOS = ("guaranteed", "burstable", "best_effort")
 MIN_PREFILL_BUCKET = 16
+# Most rows of one prefill launch: rows are pieces of prompts, so a few long rows or many
+# short ones carry the same tokens; more rows only cut the last pieces' padding finer.
+PREFILL_ROWS = 16
 LOOKAHEAD = 1  # engine steps launched before the oldest one's tokens are read back
 # The engine thread waits for the GPU without the interpreter lock and must get it back
 # at once, or the GPU idles while another thread (the HTTP loop) runs Python: CPython
@@ -115,36 +124,68 @@ Launch = tuple[list["Request | None"], Any]  # a launch's rows and its tokens' t
 
 
 class _Step:
-    """The traced steps: forward over the paged cache, per-row sampling, the sampled
-    tokens stored in the last-token array `last` ([slots, 1, 1, 1] int64, written with
-    paged_write: row r's token at tok_slots[r], nothing where it is negative). Its own
-    small object, so the compiled functions reach the model, the cache and `last`, not
-    the engine's changing bookkeeping (which gpk.compile would guard on)."""
+    """The traced steps: forward over the paged cache, per-row sampling. Its own small
+    object, so the compiled functions reach the model, the cache and the per-slot state
+    arrays below, not the engine's changing bookkeeping (which gpk.compile would guard on).
 
-    def __init__(self, tr: Any, cache: PagedKVCache, slots: int) -> None:
+    A running sequence's decode state lives on the device, one row per token slot, so a
+    decode step of an unchanged batch uploads nothing: `last` [slots, 1, 1, 1] int64 its
+    last token, `pos` (same shape) that token's position, `tables` [slots, 1, 1,
+    max_blocks] int32 its block table (its blocks are allocated whole when it starts, so
+    the row never changes while it runs). A prefill launch writes a row's table and, when
+    its prompt is done, its first token and position; a decode launch reads them, and
+    writes back the new token and position. The writes are paged_write stores (row r at
+    slot s; nothing where s is negative)."""
+
+    def __init__(self, tr: Any, cache: PagedKVCache, slots: int, max_blocks: int) -> None:
         self.tr, self.cache = tr, cache
+        self.slots, self.max_blocks = slots, max_blocks
         self.last = gpk.zeros((slots, 1, 1, 1), gpk.int64).realize()
+        self.pos = gpk.zeros((slots, 1, 1, 1), gpk.int64).realize()
+        self.tables = gpk.zeros((slots, 1, 1, max_blocks), gpk.int32).realize()
 
-    def prefill(self, tokens: GPUArray, positions: GPUArray, slots: GPUArray, table: GPUArray,
-                lens: GPUArray, tok_slots: GPUArray, temperature: GPUArray, top_k: GPUArray,
+    def prefill(self, packed: GPUArray, temperature: GPUArray, top_k: GPUArray,
                 top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
                 use_top_p: bool) -> GPUArray:  # fmt: skip
-        """A chunk of prompts [R, T]; the token after each row's chunk."""
-        logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table, lens)
+        """A chunk of prompts [R, T], from one upload: packed [R, 3 T + 3 + max_blocks]
+        int64 holds each row's tokens, positions and cache slots (T each), its length
+        after the chunk, the token slot taking its next token (-1 until its prompt is
+        done), its own token slot (-1: a padded row) and its block table. Returns the
+        token after each row's chunk."""
+        r, m = packed.shape[0], self.max_blocks
+        t = (packed.shape[1] - 3 - m) // 3
+        tokens, positions = packed[:, :t], packed[:, t : 2 * t]
+        slots = packed[:, 2 * t : 3 * t].reshape(-1)
+        lens = packed[:, 3 * t]
+        tok_slots, own = packed[:, 3 * t + 1], packed[:, 3 * t + 2]
+        table = packed[:, 3 * t + 3 :].astype(gpk.int32)
+        gpk.nn.paged_write(self.tables, table.reshape(r, 1, m), own)
+        logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table,
+                               lens.astype(gpk.int32))  # fmt: skip
         tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
-        gpk.nn.paged_write(self.last, tok.reshape(-1, 1, 1), tok_slots)
+        gpk.nn.paged_write(self.last, tok.reshape(r, 1, 1), tok_slots)
+        gpk.nn.paged_write(self.pos, lens.reshape(r, 1, 1), tok_slots)
         return tok
 
-    def decode(self, tok_slots: GPUArray, positions: GPUArray, slots: GPUArray,
-               table: GPUArray, lens: GPUArray, temperature: GPUArray, top_k: GPUArray,
+    def decode(self, tok_slots: GPUArray, temperature: GPUArray, top_k: GPUArray,
                top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
                use_top_p: bool) -> GPUArray:  # fmt: skip
-        """One new token for each row, fed by its last token (padded rows: slot -1)."""
-        b = tok_slots.shape[0]
-        tokens = gpk.take(self.last.reshape(-1), gpk.maximum(tok_slots, 0)).reshape(b, 1)
+        """One new token for each row's token slot (padded rows: -1), fed by its last
+        token at the position after it, through its block table."""
+        b, m, bs = tok_slots.shape[0], self.max_blocks, self.cache.block_size
+        live = tok_slots >= 0
+        at = gpk.maximum(tok_slots, 0)
+        tokens = gpk.take(self.last.reshape(-1), at).reshape(b, 1)
+        p = gpk.where(live, gpk.take(self.pos.reshape(-1), at), 0)
+        table = gpk.take(self.tables.reshape(self.slots, m), at, axis=0)
+        block = gpk.take(self.tables.reshape(-1), at * m + p // bs).astype(gpk.int64)
+        slots = gpk.where(live, block * bs + p % bs, -1)
+        positions = gpk.where(live, p, -1).reshape(b, 1)
+        lens = gpk.where(live, p + 1, 0).astype(gpk.int32)
         logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table, lens)
         tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
         gpk.nn.paged_write(self.last, tok.reshape(b, 1, 1), tok_slots)
+        gpk.nn.paged_write(self.pos, (p + 1).reshape(b, 1, 1), tok_slots)
         return tok
 
 
@@ -156,9 +197,16 @@ def bucket(n: int, least: int = 1) -> int:
     return b
 
 
-# The process's switch interval before the first running engine lowered it, and how many
-# engines run: the last one to close puts it back.
-_switch = {"saved": 0.0, "engines": 0}
+# What the first running engine changed in the process, and how many engines run: the
+# last one to close puts it back. The switch interval: see SWITCH_INTERVAL_S. The garbage
+# collector: a started engine's traced graphs, plans and weights (about a million objects
+# for a 22-layer model; a full collection of a 2-layer one's takes 28 ms on a CI core) live
+# as long as it does, and a full collection that walks them holds the interpreter lock,
+# stalling the engine thread and the HTTP loop together (the H200 run saw every stream's
+# first token of a round late by about 300 ms), so they are frozen (gc.freeze: never
+# walked again) when an engine starts, and unfrozen when the last one closes (unless the
+# process had frozen objects of its own before).
+_switch = {"saved": 0.0, "engines": 0, "unfreeze": False}
 _switch_lock = threading.Lock()
 
 
@@ -167,7 +215,10 @@ def _lower_switch_interval() -> None:
         if _switch["engines"] == 0:
             _switch["saved"] = sys.getswitchinterval()
             sys.setswitchinterval(min(_switch["saved"], SWITCH_INTERVAL_S))
+            _switch["unfreeze"] = gc.get_freeze_count() == 0
         _switch["engines"] += 1
+        gc.collect()
+        gc.freeze()
 
 
 def _restore_switch_interval() -> None:
@@ -175,6 +226,8 @@ def _restore_switch_interval() -> None:
         _switch["engines"] -= 1
         if _switch["engines"] == 0:
             sys.setswitchinterval(_switch["saved"])
+            if _switch["unfreeze"]:
+                gc.unfreeze()
 
 
 class Engine:
@@ -184,12 +237,15 @@ class Engine:
     max_position_embeddings, capped at 8192 and at a sliding window). kv_blocks or
     kv_memory (bytes) size the cache (default: 1/4 of free device memory on a GPU, 256 MiB
     on the CPU, at least one full-length sequence). max_batch: most sequences decoding at
-    once (buckets 1, 2, 4, ... up to it). prefill_chunk: most tokens of one prompt per
-    step (a power of two). step_tokens: the token budget of one engine step, the tokens
-    its launches compute: the decode batch's rows (its bucket) plus the prefill chunks'
-    padded tokens (rows bucket x chunk bucket); default max(4 * prefill_chunk, the
-    max_batch bucket + prefill_chunk), 2048 with the other defaults. It must leave room
-    for a MIN_PREFILL_BUCKET chunk beside a full decode batch, so prompts always progress.
+    once (buckets 1, 2, 4, ... up to it). prefill_chunk: the longest prefill row (a power
+    of two; a longer prompt fills several rows). step_tokens: the token budget of one
+    engine step, the tokens its launches compute: the decode batch's rows (its bucket)
+    plus the prefill launch's padded tokens (rows bucket x row length); default
+    max(2 * prefill_chunk, the max_batch bucket + prefill_chunk), 1024 with the other
+    defaults (on the H200 run, 64 streams: a step with 64 decode rows and a 512-token
+    prefill takes 7.3 ms, with 1024 12.6 ms; the throughput was the same). It must leave
+    room for a MIN_PREFILL_BUCKET row beside a full decode batch, so prompts always
+    progress.
     max_queue: most requests waiting to start; more are refused with Overloaded.
     """
 
@@ -212,7 +268,7 @@ class Engine:
                                           f"got {prefill_chunk}")  # fmt: skip
         least = bucket(max_batch) + MIN_PREFILL_BUCKET
         if step_tokens is None:
-            step_tokens = max(4 * prefill_chunk, bucket(max_batch) + prefill_chunk)
+            step_tokens = max(2 * prefill_chunk, bucket(max_batch) + prefill_chunk)
         if not isinstance(step_tokens, int) or step_tokens < least:
             raise errors.GPUKitValueError(
                 f"Engine: step_tokens must be an integer >= {least} (a full decode batch of "
@@ -234,7 +290,7 @@ class Engine:
         self.core = _rust.SchedulerCore(self.num_blocks * self.block_bytes)
         self.vocab = cfg.vocab_size
         self.eos = frozenset(model.eos_token_ids)
-        self._step_obj = _Step(self.tr, self.cache, max_batch)
+        self._step_obj = _Step(self.tr, self.cache, max_batch, self.max_blocks)
         self._tok_free = list(range(max_batch - 1, -1, -1))  # free rows of _step_obj.last
         # Engine steps whose tokens are not read back yet, oldest first: each step's
         # launches in order, as (the rows, None where a row takes no token, the transfer
@@ -245,6 +301,10 @@ class Engine:
         self._compiled: dict[tuple[Any, ...], Any] = {}
         # All-greedy batches' sampling inputs never change: uploaded once per batch size.
         self._greedy_inputs: dict[int, list[GPUArray]] = {}
+        # The last decode step's rows (bucket, token slots) and their token slots on the
+        # device: a step of the same batch uploads nothing.
+        self._decode_key: tuple[int, ...] = ()
+        self._decode_slots: GPUArray | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0  # submitted, not yet started (the bounded queue)
@@ -267,7 +327,8 @@ class Engine:
     # -- the caller's side (any thread) -------------------------------------------------
     def start(self) -> Engine:
         """Start the engine thread (and lower the interpreter's switch interval to
-        SWITCH_INTERVAL_S, for the whole process until close(): see there)."""
+        SWITCH_INTERVAL_S and freeze the objects alive now against the garbage
+        collector, for the whole process until the last engine's close(): see there)."""
         if self._thread is None:
             _lower_switch_interval()
             self._thread = threading.Thread(target=self._loop, name="pygpukit-engine",
@@ -375,27 +436,25 @@ class Engine:
 
     def warmup(self, max_prompt: int | None = None) -> int:
         """Trace and capture every greedy step shape a serving run can meet (each decode
-        batch bucket up to max_batch; each prefill rows x chunk bucket within the step
-        budget, chunks up to max_prompt tokens) before serving, so no request waits for a
-        compile. Runs all-padding inputs: nothing is stored. Call before start(); returns
-        the compiled steps."""
+        batch bucket up to max_batch; each prefill rows x row length within the step
+        budget, at most PREFILL_ROWS rows, rows up to max_prompt tokens) before serving,
+        so no request waits for a compile. Runs all-padding inputs: nothing is stored.
+        Call before start(); returns the compiled steps."""
         if self._thread is not None:
             raise errors.GPUKitError("Engine.warmup: call it before start()")
         longest = min(self.prefill_chunk, max_prompt or self.max_model_len)
         sizes: list[tuple[str, Any, int]] = [("decode", b, b) for b in _buckets(1, self.max_batch)]
         for t in _buckets(MIN_PREFILL_BUCKET, bucket(longest, MIN_PREFILL_BUCKET)):
-            sizes += [("prefill", (r, t), r) for r in _buckets(1, self.max_batch)
+            sizes += [("prefill", (r, t), r) for r in _buckets(1, PREFILL_ROWS)
                       if r * t <= self.step_tokens]  # fmt: skip
         for kind, size, rows in sizes:
-            t = 1 if kind == "decode" else size[1]
             sampling, statics = self._sampling_inputs([None] * rows, rows)
-            none = np.full(rows, -1, np.int64)  # no row stores a token
-            head = [np.zeros((rows, t), np.int64)] if kind == "prefill" else [none]
-            ins = [gpk.from_numpy(a) for a in (
-                *head, np.full((rows, t), -1, np.int64), np.full(rows * t, -1, np.int64),
-                self._table([None] * rows, rows), np.zeros(rows, np.int32),
-                *([none] if kind == "prefill" else []))]  # fmt: skip
-            self._compiled_step(kind, size, statics)(*ins, *sampling, *statics).to_numpy()
+            if kind == "decode":
+                arg = np.full(rows, -1, np.int64)  # padded rows: nothing stored
+            else:
+                arg = self._prefill_packed([], rows, size[1])
+            fn = self._compiled_step(kind, size, statics)
+            fn(gpk.from_numpy(arg), *sampling, *statics).to_numpy()
         return len(sizes)
 
     # -- the engine thread --------------------------------------------------------------
@@ -542,10 +601,10 @@ class Engine:
             used = bucket(len(rows))
             self._times["decode_launch"] += (time.perf_counter() - t0) * 1e3
         if self._prefilling:
-            chunks = self._prefill_rows(self.step_tokens - used)
+            chunks, t = self._prefill_rows(self.step_tokens - used)
             t0 = time.perf_counter()
             try:
-                launch, padded = self._prefill_chunk(chunks)
+                launch, padded = self._prefill_chunk(chunks, t)
                 used += padded
                 if launch is not None:
                     launches.append(launch)
@@ -619,98 +678,107 @@ class Engine:
             fn = self._compiled[key] = gpk.compile(step)
         return fn
 
-    def _table(self, rows: Sequence[Request | None], b: int) -> np.ndarray:
-        table = np.zeros((b, self.max_blocks), np.int32)
-        for i, r in enumerate(rows):
-            if r is not None:
-                table[i, : len(r.blocks)] = r.blocks
-        return table
-
-    def _prefill_rows(self, budget: int) -> list[tuple[Request, int]]:
-        """The prompts the next prefill launch takes and each one's chunk, oldest first,
-        while the padded tokens (rows bucket x chunk bucket) stay within budget: the
-        oldest prompt's chunk is cut to the budget (a power of two >= MIN_PREFILL_BUCKET,
-        which the step budget always leaves), a later one's to the chunk bucket so far."""
-        picked: list[tuple[Request, int]] = []
-        cap = MIN_PREFILL_BUCKET
-        while cap * 2 <= budget:
-            cap *= 2
-        t = 0
-        for req in self._prefilling:
-            n = min(self.prefill_chunk, len(req.prompt) - req.prefilled, cap)
-            tt = max(t, bucket(n, MIN_PREFILL_BUCKET))
-            rows = bucket(len(picked) + 1)
-            if picked and rows * tt > budget:
-                n, tt = min(n, t), t
-                if rows * tt > budget:
+    def _prefill_rows(self, budget: int) -> tuple[list[tuple[Request, int]], int]:
+        """The rows of the next prefill launch and their length t: pieces of at most t
+        tokens of the waiting prompts, oldest first, each prompt's pieces in order (a
+        prompt longer than t fills several rows: a row attends the keys its prompt's
+        earlier rows store in the same layer). t is the power of two (MIN_PREFILL_BUCKET
+        to prefill_chunk) that lets the most prompt tokens through within budget padded
+        tokens (rows bucket x t, at most PREFILL_ROWS rows), then the fewest padded, then
+        the fewest rows: the last piece of each prompt is its only padding."""
+        best: tuple[tuple[int, int, int], list[tuple[Request, int]], int] | None = None
+        t = MIN_PREFILL_BUCKET
+        while t <= min(self.prefill_chunk, budget):
+            most = PREFILL_ROWS
+            while most * t > budget:
+                most //= 2
+            pieces: list[tuple[Request, int]] = []
+            for req in self._prefilling:
+                left = len(req.prompt) - req.prefilled
+                while left > 0 and len(pieces) < most:
+                    pieces.append((req, min(t, left)))
+                    left -= t
+                if len(pieces) == most:
                     break
-            picked.append((req, n))
-            t = tt
-        return picked
+            score = (sum(n for _, n in pieces), -bucket(len(pieces)) * t, t)
+            if best is None or score > best[0]:
+                best = (score, pieces, t)
+            t *= 2
+        assert best is not None  # the step budget always leaves a MIN_PREFILL_BUCKET row
+        return best[1], best[2]
 
-    def _prefill_chunk(self, chunks: list[tuple[Request, int]]) -> tuple[Launch | None, int]:
-        """Launch the given chunk of each prompt, as one batch; a prompt that is done
-        moves to the running batch (its first token is stored on the device, and streamed
-        once read back). Returns the launch when a row takes a token, and the padded
-        tokens the launch computes."""
-        reqs = [r for r, _ in chunks]
-        ns = [n for _, n in chunks]
-        t = bucket(max(ns), MIN_PREFILL_BUCKET)
-        rows = bucket(len(reqs))
-        tokens = np.zeros((rows, t), np.int64)
-        positions = np.full((rows, t), -1, np.int64)
-        slots = np.full((rows, t), -1, np.int64)
-        lens = np.zeros(rows, np.int32)
-        tok_slots = np.full(rows, -1, np.int64)
-        for i, (req, n) in enumerate(chunks):
-            start, pad = req.prefilled, t - n
-            tokens[i, pad:] = req.prompt[start : start + n]
-            pos = np.arange(start, start + n)
-            positions[i, pad:] = pos
-            blocks = np.asarray(req.blocks, np.int64)
-            slots[i, pad:] = blocks[pos // self.block_size] * self.block_size \
-                + pos % self.block_size  # fmt: skip
-            lens[i] = start + n
-            if start + n == len(req.prompt):
-                tok_slots[i] = req.tok_slot
-        padded: list[Request | None] = [*reqs, *([None] * (rows - len(reqs)))]
-        sampling, statics = self._sampling_inputs(padded, rows)
-        table = self._table(padded, rows)
-        ins = [gpk.from_numpy(a)
-               for a in (tokens, positions, slots.reshape(-1), table, lens, tok_slots)]  # fmt: skip
-        tok = self._compiled_step("prefill", (rows, t), statics)(*ins, *sampling, *statics)
-        self._counts["prefill_chunks"] += 1
-        self._counts["prefill_tokens"] += sum(ns)
-        takers: list[Request | None] = []
-        for req, n in chunks:
+    def _prefill_chunk(self, pieces: list[tuple[Request, int]],
+                       t: int) -> tuple[Launch | None, int]:  # fmt: skip
+        """Launch the given rows (see _prefill_rows), as one batch; a prompt that is done
+        moves to the running batch (its first token, sampled in its last row, is stored
+        on the device, and streamed once read back). Returns the launch when a row takes
+        a token, and the padded tokens the launch computes."""
+        rows = bucket(len(pieces))
+        packed = self._prefill_packed(pieces, rows, t)
+        takers: list[Request | None] = [None] * rows
+        for i, (req, n) in enumerate(pieces):
             req.prefilled += n
-            done = req.prefilled == len(req.prompt)
-            takers.append(req if done else None)
-            if done:
-                req.scheduled = 1
-                self._prefilling.remove(req)
-                self._running.append(req)
+            if req.prefilled == len(req.prompt):
+                takers[i] = req
+        sampling, statics = self._sampling_inputs(takers, rows)
+        fn = self._compiled_step("prefill", (rows, t), statics)
+        tok = fn(gpk.from_numpy(packed), *sampling, *statics)
+        self._counts["prefill_chunks"] += 1
+        self._counts["prefill_tokens"] += sum(n for _, n in pieces)
+        for done in takers:
+            if done is not None:
+                done.scheduled = 1
+                self._prefilling.remove(done)
+                self._running.append(done)
         if any(r is not None for r in takers):
             return (takers, tok.to_numpy_async()), rows * t
         return None, rows * t
 
+    def _prefill_packed(self, pieces: list[tuple[Request, int]], rows: int,
+                        t: int) -> np.ndarray:  # fmt: skip
+        """The prefill launch's one upload (see _Step.prefill): per row its piece's tokens,
+        positions and cache slots, front-padded to t (padding: position and slot -1), its
+        length after the piece, the token slot taking the token after it (its prompt's
+        last piece only), its own token slot and its block table; padded rows store
+        nothing. A prompt's pieces continue from its prefilled tokens, in order."""
+        m = self.max_blocks
+        packed = np.zeros((rows, 3 * t + 3 + m), np.int64)
+        packed[:, t : 3 * t] = -1
+        packed[:, 3 * t + 1 : 3 * t + 3] = -1
+        at: dict[int, int] = {}  # request id -> where its next piece starts
+        for i, (req, n) in enumerate(pieces):
+            start = at.get(req.id, req.prefilled)
+            at[req.id] = start + n
+            pad = t - n
+            row = packed[i]
+            row[pad:t] = req.prompt[start : start + n]
+            pos = np.arange(start, start + n)
+            row[t + pad : 2 * t] = pos
+            blocks = np.asarray(req.blocks, np.int64)
+            row[2 * t + pad : 3 * t] = blocks[pos // self.block_size] * self.block_size \
+                + pos % self.block_size  # fmt: skip
+            row[3 * t] = start + n
+            if start + n == len(req.prompt):
+                row[3 * t + 1] = req.tok_slot
+            row[3 * t + 2] = req.tok_slot
+            row[3 * t + 3 : 3 * t + 3 + len(blocks)] = blocks
+        return packed
+
     def _decode_step(self, rows: list[Request]) -> Launch:
-        """Launch one decode step for rows (each has a token left to make)."""
+        """Launch one decode step for rows (each has a token left to make). The rows'
+        positions and block tables are on the device (_Step); the only input is the
+        rows' token slots, uploaded when the batch changed since the last decode step."""
         b = bucket(len(rows))
-        padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
-        tok_slots = np.full(b, -1, np.int64)
-        positions = np.full((b, 1), -1, np.int64)
-        slots = np.full(b, -1, np.int64)
-        lens = np.zeros(b, np.int32)
-        for i, r in enumerate(rows):
-            p = len(r.prompt) + r.scheduled - 1  # the last token's position
-            tok_slots[i], positions[i, 0] = r.tok_slot, p
-            slots[i], lens[i] = r.slot(p, self.block_size), p + 1
+        key = (b, *(r.tok_slot for r in rows))
+        if key != self._decode_key:
+            tok_slots = np.full(b, -1, np.int64)
+            tok_slots[: len(rows)] = key[1:]
+            self._decode_slots, self._decode_key = gpk.from_numpy(tok_slots), key
+        for r in rows:
             r.scheduled += 1
+        padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
         sampling, statics = self._sampling_inputs(padded, b)
-        ins = [gpk.from_numpy(a)
-               for a in (tok_slots, positions, slots, self._table(padded, b), lens)]  # fmt: skip
-        out = self._compiled_step("decode", b, statics)(*ins, *sampling, *statics)
+        out = self._compiled_step("decode", b, statics)(self._decode_slots, *sampling, *statics)
         self._counts["decode_steps"] += 1
         return list(rows), out.to_numpy_async()
 

@@ -51,7 +51,12 @@ class HostTransfer:
         if self._result is None:
             try:
                 for c in self._copies:
-                    c.wait()
+                    # done() asks without letting go of the interpreter lock: once the
+                    # data has landed the error word has too, and a wait() that returns
+                    # at once still hands the lock to a busy thread (the HTTP loop) and
+                    # queues for it again (up to the switch interval).
+                    if not c.done():
+                        c.wait()
             finally:
                 self._release()
             if int(self._err[0]):

@@ -462,15 +462,24 @@ impl PyTransferEngine {
     }
 }
 
+/// Copies of at most this many bytes are issued holding the interpreter lock: issuing one
+/// costs microseconds (a staging slot, a few driver calls), while letting go of the lock
+/// hands it to any busy thread (a server's event loop) and queues for it again, up to the
+/// interpreter's switch interval; a serving engine issues several per step.
+const HOLD_LOCK_BYTES: usize = 4096;
+
 impl PyTransferEngine {
     fn submit(&self, py: Python<'_>, copy: Copy, keep: Py<PyAny>) -> PyResult<PyTransfer> {
         let nbytes = copy.nbytes;
         let keep: Keep = Box::new(keep);
         // SAFETY: the host range belongs to `keep` (the caller's array), which the engine
         // holds until the copy has run.
-        let inner = py
-            .detach(|| unsafe { self.engine.submit(copy, Some(keep)) })
-            .map_err(|e| cuda_error(py, e))?;
+        let inner = if nbytes <= HOLD_LOCK_BYTES {
+            unsafe { self.engine.submit(copy, Some(keep)) }
+        } else {
+            py.detach(|| unsafe { self.engine.submit(copy, Some(keep)) })
+        }
+        .map_err(|e| cuda_error(py, e))?;
         Ok(PyTransfer { inner, nbytes })
     }
 }
