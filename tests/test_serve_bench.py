@@ -46,3 +46,20 @@ def test_load_generator_client_processes_and_step_times(tmp_path):
     (row,) = [r for r in rows if r["impl"] == "pygpukit serve"]
     assert row["client_procs"] == 2 and row["output_tokens"] == 12
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and row["wall_s"] > 0
+
+
+def test_mixed_step_timing_leaves_the_engine_as_it_found_it():
+    """The mixed steps' prefill launches can finish a (fake) prompt: it must not stay in the
+    engine's running batch afterwards (it did, and the started engine then spun)."""
+    from pygpukit import llm
+    from pygpukit.bench.serve_load import step_times
+    from pygpukit.llm.tiny import write_tiny_model
+    from pygpukit.serve import Engine
+
+    e = Engine(llm.load(write_tiny_model()), max_model_len=600, prefill_chunk=64,
+               max_batch=8, kv_blocks=400)  # fmt: skip
+    free = len(e._tok_free)
+    rows = step_times(e, [4], 40, steps=2, budgets=(1024,))
+    assert [r["impl"] for r in rows] == ["pygpukit serve decode step", "pygpukit serve mixed step"]
+    assert not e._running and not e._prefilling and not e._inflight
+    assert len(e._tok_free) == free

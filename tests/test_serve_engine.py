@@ -517,3 +517,25 @@ def test_the_switch_interval_comes_back_when_the_last_engine_closes(model):
     assert sys.getswitchinterval() == before
     if others == 0:
         assert gc.get_freeze_count() == 0
+
+
+def test_the_loop_waits_for_a_command_when_nothing_can_be_launched(model):
+    """A running row with no token left to make and nothing in flight (its read-back is
+    done) leaves the engine nothing to launch: the loop then blocks on its inbox instead of
+    spinning (it spun, holding the interpreter lock, after the load generator's mixed-step
+    timing left such rows behind), and a new request still runs."""
+    e = Engine(model, max_model_len=128, prefill_chunk=32, kv_blocks=64, max_batch=4)
+    stuck = Request(_prompts(1, seed=5)[0], 1, lambda ev: None)
+    stuck.scheduled = stuck.max_tokens  # nothing left to schedule, nothing in flight
+    e._running.append(stuck)
+    passes = [0]
+    e.add_step_hook(lambda: passes.__setitem__(0, passes[0] + 1))
+    e.start()
+    try:
+        threading.Event().wait(0.5)
+        assert passes[0] <= 2  # one pass, then the blocked wait (spinning made thousands)
+        (out,) = e.generate(_prompts(1, seed=6), 3)
+        assert len(out) == 3
+    finally:
+        e._running.remove(stuck)
+        e.close()

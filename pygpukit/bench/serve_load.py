@@ -177,8 +177,8 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
         rows_out.append(row("decode", b, timed(reqs)))
         _give_back(engine, reqs)
     b = max(sizes)
-    # Prompts longer than one chunk: a prefill launch never finishes one, so the rows
-    # that decode stay the same (budgets whose chunk could are left out).
+    # Prompts longer than one chunk, so the rows that decode stay the same (budgets whose
+    # chunk could finish one are left out; a launch of several rows still can).
     long = engine.max_model_len - 1
     for budget in budgets:
         cap = 16
@@ -203,6 +203,9 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
             launch, n = engine._prefill_chunk(*engine._prefill_rows(budget - bucket(b)))
             padded.append(n)
             engine._prefilling.clear()
+            # A launch of several rows can finish a prompt, which moves it to the running
+            # batch: these are not the engine's requests.
+            engine._running[:] = [r for r in engine._running if r not in fresh]
             _give_back(engine, fresh)  # stream-ordered: the next owner writes after
 
         times = timed(reqs, prefill)

@@ -459,8 +459,13 @@ class Engine:
 
     # -- the engine thread --------------------------------------------------------------
     def _loop(self) -> None:
+        # idle: the last pass launched nothing and had nothing in flight to read back, so
+        # nothing changes until a command comes (a running row with no token left to
+        # make waits for its read-back, which is in flight; without this the loop spun).
+        idle = False
         while not self._stop:
-            busy = bool(self._running or self._prefilling or self._pending or self._inflight)
+            busy = not idle and bool(self._running or self._prefilling or self._pending
+                                     or self._inflight)  # fmt: skip
             try:
                 cmd = self._inbox.get(timeout=None if not busy else 0) if not busy else None
             except queue.Empty:
@@ -472,6 +477,7 @@ class Engine:
                 break
             self._start_admitted()
             launched = self._step()
+            idle = not launched and not self._inflight
             # One engine step stays in flight while the next is launched; with nothing
             # launched, everything is read back (the loop then waits for requests).
             while len(self._inflight) > (LOOKAHEAD if launched else 0):
