@@ -55,7 +55,9 @@ def test_variant_declares_its_kernels(variant: variants.Variant) -> None:
 
 
 def test_every_family_is_covered() -> None:
-    files = {p.stem for p in loader.kernel_dir().glob("*.cuh")} - {"common"}
+    # A family declares kernels; a header (common.cuh, quant_format.cuh) only helps them.
+    files = {p.stem for p in loader.kernel_dir().glob("*.cuh")
+             if 'extern "C" __global__' in p.read_text()}  # fmt: skip
     assert files == {fam for fam, _, _ in VARIANTS}
 
 

@@ -30,21 +30,7 @@
 // pgk_dequant_each: one element a thread for any K and group (the fallback).
 #include "common.cuh"
 
-#ifndef PGK_QFMT
-#define PGK_QFMT 0
-#endif
-#ifndef PGK_QSK
-#define PGK_QSK 0  // 1: the scale varies along K (fp8 blocks, int4 groups)
-#endif
-#ifndef PGK_QTENSOR
-#define PGK_QTENSOR 0  // fp8 with one scale for the whole tensor
-#endif
-#ifndef PGK_QGROUP
-#define PGK_QGROUP 128  // K elements per scale when PGK_QSK (fp8: the block size)
-#endif
-#ifndef PGK_QZERO
-#define PGK_QZERO 0
-#endif
+#include "quant_format.cuh"
 #ifndef PGK_DQB
 #define PGK_DQB 8  // bytes of W per vector: 8 or 4
 #endif
