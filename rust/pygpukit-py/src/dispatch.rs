@@ -335,6 +335,33 @@ impl PyDispatcher {
             .lock_py_attached(py)
             .map_err(|_| PyRuntimeError::new_err("Dispatcher is poisoned by an earlier panic"))
     }
+
+    /// Runs the plan under `key` with temporaries from `pool`: Err when the launch
+    /// ABI is missing or a temporary's allocation raised; otherwise the controller's
+    /// answer (false: no plan under `key`).
+    fn run_plan(
+        &self,
+        py: Python<'_>,
+        pool: &PyPool,
+        key: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+    ) -> PyResult<Result<bool, DispatchError>> {
+        let launcher = self.launcher()?;
+        let mut temps = PoolTemps {
+            pool,
+            py,
+            failed: None,
+        };
+        let res = self
+            .lock(py)?
+            .run(&launcher, &mut temps, key, inputs, outputs, stream);
+        match temps.failed {
+            Some(e) => Err(e),
+            None => Ok(res),
+        }
+    }
 }
 
 #[pymethods]
@@ -399,19 +426,8 @@ impl PyDispatcher {
         stream: u64,
         pool: &PyPool,
     ) -> PyResult<bool> {
-        let launcher = self.launcher()?;
-        let mut temps = PoolTemps {
-            pool,
-            py,
-            failed: None,
-        };
-        let res = self
-            .lock(py)?
-            .run(&launcher, &mut temps, key, &inputs, &outputs, stream);
-        if let Some(e) = temps.failed {
-            return Err(e);
-        }
-        res.map_err(dispatch_err)
+        self.run_plan(py, pool, key, &inputs, &outputs, stream)?
+            .map_err(dispatch_err)
     }
 
     /// One call of an eager op or a cached realize: each input is (address,
@@ -432,7 +448,7 @@ impl PyDispatcher {
         stream: u64,
         pool: &PyPool,
     ) -> PyResult<Option<Vec<Block>>> {
-        let launcher = self.launcher()?;
+        self.launcher()?; // no launch ABI: fail before touching or allocating anything
         let evictions = pool.evictions(py)?;
         let mut ptrs = Vec::with_capacity(inputs.len());
         for (a, h) in inputs {
@@ -465,18 +481,13 @@ impl PyDispatcher {
             return Ok(None);
         }
         let addrs: Vec<u64> = outs.iter().map(|o| o.0).collect();
-        let mut temps = PoolTemps {
-            pool,
-            py,
-            failed: None,
+        let res = match self.run_plan(py, pool, key, &ptrs, &addrs, stream) {
+            Ok(res) => res,
+            Err(e) => {
+                release(&outs)?;
+                return Err(e);
+            }
         };
-        let res = self
-            .lock(py)?
-            .run(&launcher, &mut temps, key, &ptrs, &addrs, stream);
-        if let Some(e) = temps.failed {
-            release(&outs)?;
-            return Err(e);
-        }
         match res {
             Ok(true) => Ok(Some(outs)),
             Ok(false) | Err(DispatchError::OutOfMemory { .. }) => {
