@@ -227,21 +227,25 @@ def test_queue_full_is_429(model, monkeypatch):
         bodies = [json.dumps({"prompt": "Alice", "max_tokens": 240, "ignore_eos": True,
                               "stream": True}).encode() for _ in range(3)]  # fmt: skip
         socks = []
-        for b in bodies[:2]:
+
+        def until(done):
+            end = time.monotonic() + 60
+            while not done(engine.stats()):
+                assert time.monotonic() < end, engine.stats()
+                time.sleep(0.01)
+
+        # The first runs (all 16 blocks) before the second is sent: sent together, the
+        # second could find the first still queued and be the one refused. The second
+        # then waits for the first's blocks, filling the queue of one.
+        for b, state in zip(bodies[:2], (lambda st: st["used_blocks"] == 16 and
+                                         st["waiting"] == 0,
+                                         lambda st: st["waiting"] >= 1), strict=True):  # fmt: skip
             sk = socket.create_connection(("127.0.0.1", s.port))
             sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                        b"application/json\r\nContent-Length: " + str(len(b)).encode() +
                        b"\r\n\r\n" + b)  # fmt: skip
             socks.append(sk)
-        end = time.monotonic() + 60
-        # The first runs (all 16 blocks), the second waits for them ("waiting" alone is
-        # also 1 while the first is queued, before the engine starts it and the second
-        # arrives: then the third would be queued, not refused).
-        while time.monotonic() < end:
-            st = engine.stats()
-            if st["waiting"] >= 1 and st["used_blocks"] == 16:
-                break
-            time.sleep(0.01)
+            until(state)
         got, obj = _post(s, bodies[2])
         assert got == 429 and obj["error"]["type"] == "rate_limit_exceeded"
         gate.set()
