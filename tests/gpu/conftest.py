@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 import pygpukit.backends as backends
@@ -19,3 +21,12 @@ def cuda() -> Iterator[Any]:
         pytest.skip("the CUDA backend is not active")
     yield b
     b.synchronize()
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """Fresh random inputs per test; the seed is printed and PGK_TEST_SEED replays it."""
+    env = os.environ.get("PGK_TEST_SEED")
+    seed = int(env) if env else int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+    print(f"PGK_TEST_SEED={seed}")
+    return np.random.default_rng(seed)

@@ -7,7 +7,6 @@ rounded to float32 (the double rounding the kernel must not do)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,14 +39,6 @@ CASES = [
 IDS = ["int8", "int8-k1000", "int8-k77", "fp8-tensor", "fp8-row-k516", "fp8-b128",
        "int4-g128", "int4-g128-asym", "int4-g64-asym", "int4-g16-asym", "int4-g8",
        "int4-g4-asym"]  # fmt: skip
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    env = os.environ.get("PGK_TEST_SEED")
-    seed = int(env) if env else int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
-    print(f"PGK_TEST_SEED={seed}")
-    return np.random.default_rng(seed)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ element the kernel forgets to write fails the check.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,14 +44,6 @@ NP = {
 TOL = {"float32": 1e-5, "float64": 1e-12, "float16": 2e-3, "bfloat16": 1e-2}
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 HALFS = ("float32", "float16", "bfloat16")
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    env = os.environ.get("PGK_TEST_SEED")
-    seed = int(env) if env else int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
-    print(f"PGK_TEST_SEED={seed}")
-    return np.random.default_rng(seed)
 
 
 class Dev:

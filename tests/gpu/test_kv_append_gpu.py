@@ -5,7 +5,6 @@ position is an index error that names the op."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -19,13 +18,6 @@ from pygpukit.backends.cuda.kernels import attention
 pytestmark = pytest.mark.gpu
 
 TOL = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 1e-4}
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("PGK_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed)
 
 
 def _close(out: np.ndarray, ref: np.ndarray, dtype: str) -> None:
