@@ -198,6 +198,8 @@ class EagerReplay:
             return None
         pool = backend.pool
         stream = backend.stream
+        # NativeDispatch._replay's call, inlined: this is every eager hit's path, and a
+        # shared helper would cost a frame per op.
         try:
             got = native.ctrl.run_alloc(self.key, [operand(v) for v in inputs], self.buf_bytes,
                                         0 if stream is None else stream.handle, pool)  # fmt: skip
