@@ -1,11 +1,11 @@
 #include "context.h"
 
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "driver.h"
 #include "errors.h"
-#include "staging.h"
 
 namespace pgk {
 namespace {
@@ -41,7 +41,6 @@ Context::Context(int ordinal) : ordinal_(ordinal) {
 }
 
 Context::~Context() {
-  staging_.reset();  // pinned buffers and events belong to this context
   if (const cu::DriverApi* api = driver_if_loaded()) api->cuDevicePrimaryCtxRelease(device_);
 }
 
@@ -50,12 +49,6 @@ void Context::make_current() const {
   CUcontext cur = nullptr;
   if (api.cuCtxGetCurrent(&cur) == cu::kSuccess && cur == ctx_) return;
   check_cu(api.cuCtxSetCurrent(ctx_), "cuCtxSetCurrent");
-}
-
-StagingPool& Context::staging() {
-  std::lock_guard<std::mutex> lock(staging_mu_);
-  if (!staging_) staging_ = std::make_unique<StagingPool>();
-  return *staging_;
 }
 
 int device_count() {

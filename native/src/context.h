@@ -3,13 +3,10 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 
 #include "cuda_api.h"
 
 namespace pgk {
-
-class StagingPool;
 
 class Context {
  public:
@@ -26,14 +23,10 @@ class Context {
   // other libraries on the same thread may have switched the current context.
   void make_current() const;
 
-  StagingPool& staging();
-
  private:
   int ordinal_;
   CUdevice device_ = 0;
   CUcontext ctx_ = nullptr;
-  std::mutex staging_mu_;
-  std::unique_ptr<StagingPool> staging_;
 };
 
 // The selected device's context, retained on first use and made current on this thread.

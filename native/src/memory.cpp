@@ -5,7 +5,6 @@
 #include "context.h"
 #include "driver.h"
 #include "errors.h"
-#include "staging.h"
 #include "stream.h"
 
 namespace py = pybind11;
@@ -52,43 +51,37 @@ void refuse_capture(CUstream s, const char* what) {
   if (stream_is_capturing(s)) {
     throw CudaError(what, cu::kErrorInvalidValue,
                     std::string(what) +
-                        ": copies from pageable host memory cannot be captured into a graph "
-                        "(their staging buffers are reused); copy before capturing or use a "
-                        "HostBuffer");
+                        ": copies from pageable host memory cannot be captured into a graph; "
+                        "copy before capturing or use a HostBuffer");
   }
 }
 
-// Async: returns once the host source may be reused, unless it is pinned (then the caller
-// keeps it alive until the stream reaches the copy).
+// Raw copies for tests and small internal reads (the error word). The product's copies go
+// through the Rust transfer engine (transfers.py), which owns the pinned staging; here a
+// pageable buffer is left to the driver, whose pageable copies return once the source may
+// be reused (host to device) or once the data has landed (device to host). A pinned buffer
+// is copied asynchronously: the caller keeps it alive until the stream reaches the copy.
 void htod(CUdeviceptr dst, py::handle src, const py::object& nbytes, CUstream s, bool sync) {
-  auto ctx = current_context();
+  current_context();
   HostView view(src, false);
   size_t n = copy_size(view.size(), nbytes);
   if (n == 0) return;
   bool pinned = is_pinned(view.data());
   if (!pinned) refuse_capture(s, "memcpy_htod");
   py::gil_scoped_release nogil;
-  if (pinned) {
-    check_cu(driver().cuMemcpyHtoDAsync(dst, view.data(), n, s), "cuMemcpyHtoDAsync");
-  } else {
-    ctx->staging().htod(dst, view.data(), n, s);
-  }
+  check_cu(driver().cuMemcpyHtoDAsync(dst, view.data(), n, s), "cuMemcpyHtoDAsync");
   if (sync) check_cu(driver().cuStreamSynchronize(s), "cuStreamSynchronize");
 }
 
 void dtoh(py::handle dst, CUdeviceptr src, const py::object& nbytes, CUstream s, bool sync) {
-  auto ctx = current_context();
+  current_context();
   HostView view(dst, true);
   size_t n = copy_size(view.size(), nbytes);
   if (n == 0) return;
   bool pinned = is_pinned(view.data());
   if (!pinned) refuse_capture(s, "memcpy_dtoh");
   py::gil_scoped_release nogil;
-  if (pinned) {
-    check_cu(driver().cuMemcpyDtoHAsync(view.data(), src, n, s), "cuMemcpyDtoHAsync");
-  } else {
-    ctx->staging().dtoh(view.data(), src, n, s);
-  }
+  check_cu(driver().cuMemcpyDtoHAsync(view.data(), src, n, s), "cuMemcpyDtoHAsync");
   if (sync) check_cu(driver().cuStreamSynchronize(s), "cuStreamSynchronize");
 }
 
@@ -173,16 +166,6 @@ void register_memory(py::module_& m) {
           py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("stream") = py::none());
   }
 
-  m.def("staging_stats", []() {
-    StagingStats s = staging_stats();
-    py::dict d;
-    d["copies"] = s.copies;
-    d["chunks"] = s.chunks;
-    d["bytes"] = s.bytes;
-    d["buffers"] = s.buffers;
-    d["chunk_bytes"] = StagingPool::kChunkBytes;
-    return d;
-  });
 }
 
 }  // namespace pgk

@@ -1,5 +1,5 @@
-// Device allocations, memset and copies (host copies go through the context's staging pool
-// unless the host memory is already page-locked), plus page-locked host buffers.
+// Device allocations, memset and raw copies (pageable host memory left to the driver; the
+// product's host copies go through the Rust transfer engine), plus page-locked host buffers.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -60,8 +60,8 @@ class Event {
 // another library (torch, cupy). Anything else raises TypeError.
 CUstream stream_handle(pybind11::handle obj);
 
-// True when `stream` is capturing into a graph; copies through host staging buffers must
-// not be captured because the buffers are reused.
+// True when `stream` is capturing into a graph: copies from pageable host memory must not be
+// captured (a replay would read or write memory the caller no longer owns).
 bool stream_is_capturing(CUstream stream);
 
 void register_streams(pybind11::module_& m);

@@ -245,11 +245,10 @@ def test_dynamic_shared_memory_opt_in(module: nv.Module, bufs: Buffers) -> None:
     np.testing.assert_array_equal(download(dy, n), x.reshape(-1, BLOCK)[:, ::-1].ravel())
 
 
-def test_large_copy_round_trips_through_staging(bufs: Buffers) -> None:
-    rng = np.random.default_rng(2)
+def test_large_pageable_copy_round_trips(bufs: Buffers) -> None:
+    rng = np.random.default_rng()
     nbytes = 64 << 20
     data = rng.integers(0, 256, nbytes, dtype=np.uint8)
-    before = nv.staging_stats()
     d = bufs.alloc(nbytes)
     s = nv.Stream()
     nv.memcpy_htod_async(d, data, s)
@@ -258,10 +257,6 @@ def test_large_copy_round_trips_through_staging(bufs: Buffers) -> None:
     back = np.zeros(nbytes, np.uint8)
     nv.memcpy_dtoh_async(back, d, s)
     np.testing.assert_array_equal(back, data_copy)
-    after = nv.staging_stats()
-    chunks = 2 * (nbytes // after["chunk_bytes"])
-    assert after["chunks"] - before["chunks"] == chunks
-    assert after["buffers"] <= 8
 
     half = nbytes // 2
     d2 = bufs.alloc(half)
@@ -271,35 +266,15 @@ def test_large_copy_round_trips_through_staging(bufs: Buffers) -> None:
     np.testing.assert_array_equal(tail, data_copy[half:])
 
 
-def test_small_uploads_do_not_wait_for_queued_work(module: nv.Module, bufs: Buffers) -> None:
-    """Small pageable uploads queued behind a long kernel return at once (a decode loop
-    uploads a position and a noise index while the previous step runs); reusing one
-    staging buffer made the second upload wait for the first, i.e. for the kernel."""
-    rng = np.random.default_rng()
-    y = bufs.upload(rng.standard_normal(BLOCK).astype(np.float32))
-    s = nv.Stream()
-    values = [rng.integers(1, 1 << 30, 4, dtype=np.int64) for _ in range(8)]
-    dsts = [bufs.alloc(32) for _ in values]
-    module.get_function("spin").launch(1, BLOCK, "Pi", (y, 1 << 24), stream=s)
-    for d, v in zip(dsts, values, strict=True):
-        nv.memcpy_htod_async(d, v.copy(), s)
-    assert not s.query(), "an upload waited for the kernel queued before it"
-    s.synchronize()
-    for d, v in zip(dsts, values, strict=True):
-        np.testing.assert_array_equal(download(d, 4, np.int64), v)
-
-
 def test_pinned_host_buffers_copy_directly(bufs: Buffers) -> None:
     n = 1 << 20
     src, dst = nv.HostBuffer(n), nv.HostBuffer(n)
     np.frombuffer(memoryview(src), np.uint8)[:] = np.arange(n, dtype=np.uint64).astype(np.uint8)
     d = bufs.alloc(n)
     s = nv.Stream()
-    before = nv.staging_stats()["copies"]
     nv.memcpy_htod_async(d, src, s)
     nv.memcpy_dtoh_async(dst, d, s)
     s.synchronize()
-    assert nv.staging_stats()["copies"] == before
     np.testing.assert_array_equal(
         np.frombuffer(memoryview(dst), np.uint8), np.frombuffer(memoryview(src), np.uint8)
     )
