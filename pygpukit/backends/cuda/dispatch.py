@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pygpukit import _native, _rust
 from pygpukit.errors import CUDAError
-from pygpukit.memory import Storage, adopt
+from pygpukit.memory import adopt
 from pygpukit.passes import Schedule
 
 from .ops_elementwise import ELEMENTWISE_OPS
@@ -50,7 +50,6 @@ _CONST, _INPUT, _OUTPUT, _TEMP = 0, 1, 2, 3
 _MASK64 = (1 << 64) - 1
 _keys = itertools.count(1)
 _record_lock = threading.Lock()  # one recording at a time: the recorder is process-wide
-_new = object.__new__
 
 
 OutSpec = tuple[int, tuple[int, ...], tuple[int, ...], int, Any]
@@ -199,14 +198,11 @@ class EagerReplay:
             return None
         pool = backend.pool
         stream = backend.stream
-        # NativeDispatch._replay's call with operand() and adopt() inlined: this is every
-        # eager hit's path, and each shared helper would cost a frame per op.
+        # NativeDispatch._replay's call, inlined: this is every eager hit's path, and a
+        # shared helper would cost a frame per op.
         try:
-            got = native.ctrl.run_alloc(
-                self.key,
-                [(v.offset * v.dtype.itemsize, h) if (h := v.storage._h) is not None
-                 else (v.storage._addr + v.offset * v.dtype.itemsize, None) for v in inputs],
-                self.buf_bytes, 0 if stream is None else stream.handle, pool)  # fmt: skip
+            got = native.ctrl.run_alloc(self.key, [operand(v) for v in inputs], self.buf_bytes,
+                                        0 if stream is None else stream.handle, pool)  # fmt: skip
         except RuntimeError as e:
             raise CUDAError(str(e)) from None
         if got is None:  # an eviction, a temporary that did not fit, the plan dropped
@@ -215,13 +211,8 @@ class EagerReplay:
         native.stats["native_runs"] += 1
         j, shape, strides, off, dtype = self.out
         if j >= 0:  # the one output buffer (buffers are only those an output views)
-            s = _new(Storage)
-            s.pool, s.nbytes, s.freed, s._pins, s.gen, s.readonly = (
-                pool, self.buf_bytes[j], False, 0, 0, False)  # fmt: skip
-            s._addr, s._h = got[j]
-            v = _new(DeviceValue)
-            v.storage, v.shape, v.strides, v.offset, v.dtype = s, shape, strides, off, dtype
-            return v
+            addr, h = got[j]
+            return DeviceValue(adopt(pool, self.buf_bytes[j], addr, h), shape, strides, off, dtype)
         v = inputs[-1 - j]
         return DeviceValue(v.storage, shape, strides, v.offset + off, dtype)
 
