@@ -162,3 +162,48 @@ def test_unaligned_addresses_take_narrower_vectors(dev, rng, w_off, out_off, wan
     got = dev.get(out, (n, k), dtype)
     ref = round_once(dequantize(spec, data, scale, None, k), dtype)
     np.testing.assert_array_equal(got.view(np.uint16), ref.view(np.uint16))
+
+
+# (spec, scale form, n, k): large enough that the persistent grid walks several strides
+# (with a partial last one) at every bytes-in-flight setting.
+FORM_CASES = [
+    (QuantSpec("int8"), "", 1100, 4096),
+    (QuantSpec("fp8", block=128), "", 1300, 1000),
+    (QuantSpec("int4", group=128, has_zero=True), "", 1100, 4096),
+    (QuantSpec("fp8"), "row", 257, 516),  # 4-byte vectors
+]
+
+
+@pytest.mark.parametrize("w_early", [False, True])
+@pytest.mark.parametrize("form", dequant.FORMS, ids=lambda f: f"{f[0]}-{f[1]}")
+@pytest.mark.parametrize(("spec", "sform", "n", "k"), FORM_CASES,
+                         ids=["int8", "fp8-b128", "int4-g128-asym", "fp8-row-k516"])  # fmt: skip
+def test_every_launch_form_rounds_once(dev, rng, spec, sform, n, k, form, w_early):
+    """Each form the tuner picks from (kernel, bytes a thread), with and without the early
+    loads, gives the bits of the float64 product rounded once."""
+    dtype = "bfloat16"
+    data, scale, zero = _arrays(rng, spec, sform, n, k)
+    ref = round_once(dequantize(spec, data, scale, zero, k), dtype)
+    pw, ps = dev.put(data), dev.put(scale)
+    pz = dev.put(zero) if zero is not None else 0
+    out = dev.alloc(n * k * 2, 0)
+    dequant.dequantize(pw, ps, out, spec, n, k, dtype, scale_numel=scale.size, zero=pz,
+                       w_early=w_early, form=form)  # fmt: skip
+    got = dev.get(out, (n, k), dtype)
+    np.testing.assert_array_equal(got.view(np.uint16), ref.view(np.uint16))
+
+
+def test_tuning_keeps_one_form(dev, rng):
+    """tune=True times the forms on the first launch of a weight shape and keeps the
+    fastest of FORMS for it; the result is the same bits either way."""
+    spec, n, k, dtype = QuantSpec("int8"), 1100, 4096, "bfloat16"
+    data, scale, _ = _arrays(rng, spec, "", n, k)
+    pw, ps = dev.put(data), dev.put(scale)
+    out = dev.alloc(n * k * 2, 0)
+    key = (spec, dtype, n, k, 8, False)
+    dequant._chosen.pop(key, None)
+    dequant.dequantize(pw, ps, out, spec, n, k, dtype, scale_numel=n, tune=True)
+    assert dequant._chosen[key] in dequant.FORMS
+    got = dev.get(out, (n, k), dtype)
+    ref = round_once(dequantize(spec, data, scale, None, k), dtype)
+    np.testing.assert_array_equal(got.view(np.uint16), ref.view(np.uint16))
