@@ -116,8 +116,16 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
     (
         ("pgk_dequant_loop",),
         lambda: dequant.dequantize(
-            A, B, C, QuantSpec("int8"), 200, 256, "bfloat16", scale_numel=200,
-            w_early=True, form=("pgk_dequant_loop", 16),
+            A,
+            B,
+            C,
+            QuantSpec("int8"),
+            200,
+            256,
+            "bfloat16",
+            scale_numel=200,
+            w_early=True,
+            form=("pgk_dequant_loop", 16),
         ),  # fmt: skip
     ),
     (
