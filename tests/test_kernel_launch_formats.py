@@ -114,21 +114,6 @@ CASES: list[tuple[tuple[str, ...], Callable[[], None]]] = [
         ),  # fmt: skip
     ),
     (
-        ("pgk_dequant_loop",),
-        lambda: dequant.dequantize(
-            A,
-            B,
-            C,
-            QuantSpec("int8"),
-            200,
-            256,
-            "bfloat16",
-            scale_numel=200,
-            w_early=True,
-            form=("pgk_dequant_loop", 16),
-        ),  # fmt: skip
-    ),
-    (
         ("pgk_dequant_each",),
         lambda: dequant.dequantize(
             A,

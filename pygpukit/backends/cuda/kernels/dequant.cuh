@@ -27,9 +27,6 @@
 // consecutive vectors, so a warp's loads and its 16-byte stores are each contiguous.
 // H200, 7B shapes: 16-byte loads of W (bf16 stores of 32 or 64 bytes a thread, a warp's
 // stores strided) ran int8 at 2.8-3.4 TB/s and int4 at 1.6-1.8 against 4.2 for a copy.
-// pgk_dequant_loop: the same vectors from a persistent grid, the next group's loads in
-// flight while one is stored (dequant.py times both kernels and the vectors a thread on a
-// weight's first launch outside a capture and keeps the fastest).
 // pgk_dequant_each: one element a thread for any K and group (the fallback).
 #include "common.cuh"
 
@@ -165,114 +162,49 @@ template <int N> PGK_DEVICE void pgk_dq_store(void* dst, const void* src) {
   }
 }
 
-// One vector of W with what converting it needs: its scale, zero point and place.
-struct pgk_dq_item {
-  pgk_dq_vec v;
-  float sc;
-  unsigned zp;
-  int row, col;
-};
-
-// Loads vector i of the weight (i < total; the caller checks) with its scale and zero.
-PGK_DEVICE void pgk_dq_fetch(pgk_dq_item& it, unsigned i, unsigned per_row,
-                             const unsigned char* __restrict__ w,
-                             const float* __restrict__ scale,
-                             const unsigned char* __restrict__ zero, long long w_stride,
-                             int scale_ld) {
-  it.row = (int)(i / per_row);
-  it.col = (int)(i % per_row) * PGK_DQE;
-  it.zp = 8u;
-  it.v = pgk_dq_load(w + (long long)it.row * w_stride +
-                     (PGK_QFMT == 2 ? it.col / 2 : it.col));
-  it.sc = pgk_dq_scale(scale, it.row, it.col, scale_ld);
-#if PGK_QZERO
-  it.zp = zero[(long long)it.row * scale_ld + it.col / PGK_QGROUP];
-#else
-  (void)zero;
-#endif
-}
-
-// Converts a fetched vector and stores it into out [N, K].
-PGK_DEVICE void pgk_dq_emit(const pgk_dq_item& it, pgk_t* __restrict__ out, int k) {
-  float q[PGK_DQE];
-  pgk_dq_values(it.v, it.zp, q);
-  alignas(16) pgk_t o[PGK_DQE];
-#pragma unroll
-  for (int e = 0; e < PGK_DQE; e += 2) pgk_dq_out<pgk_t>::put(o + e, q[e], q[e + 1], it.sc);
-  pgk_dq_store<PGK_DQE * (int)sizeof(pgk_t)>(out + (long long)it.row * k + it.col, o);
-}
-
 // The weight [N, K] in PGK_T: K % PGK_DQE == 0, PGK_DQE divides the group (PGK_QSK), rows
 // of W and of out aligned to their vector width; n * (K / PGK_DQE) < 2^31.
-// w_early != 0: W, its scales and zero points are read-only (nothing on the stream writes
-// them), so the first loads go out before pgk_pdl_wait, under the tail of the kernel
-// ahead; out is written only after the wait.
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_dequant)
 extern "C" __global__ void __launch_bounds__(256)
     pgk_dequant(const unsigned char* __restrict__ w, const float* __restrict__ scale,
                 const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n, int k,
-                long long w_stride, int scale_ld, int w_early) {
-  // out may be memory the kernel ahead still reads (scratch): wait before writing it.
-  if (!w_early) pgk_pdl_wait();
-  const unsigned per_row = (unsigned)(k / PGK_DQE);
-  const unsigned total = (unsigned)n * per_row;
+                long long w_stride, int scale_ld) {
+  // out may be memory the kernel ahead still reads (scratch): wait before anything.
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+  const int per_row = k / PGK_DQE;
+  const unsigned total = (unsigned)n * (unsigned)per_row;
   const unsigned first = (unsigned)blockIdx.x * (blockDim.x * PGK_DQU) + threadIdx.x;
-  pgk_dq_item it[PGK_DQU];
+  pgk_dq_vec v[PGK_DQU];
+  float sc[PGK_DQU];
+  unsigned zp[PGK_DQU];
+  int rows[PGK_DQU], cols[PGK_DQU];
 #pragma unroll
   for (int u = 0; u < PGK_DQU; ++u) {
     const unsigned i = first + u * blockDim.x;
-    if (i < total) pgk_dq_fetch(it[u], i, per_row, w, scale, zero, w_stride, scale_ld);
+    rows[u] = (int)(i / (unsigned)per_row);
+    cols[u] = (int)(i % (unsigned)per_row) * PGK_DQE;
+    zp[u] = 8u;
+    if (i < total) {
+      v[u] = pgk_dq_load(w + (long long)rows[u] * w_stride +
+                         (PGK_QFMT == 2 ? cols[u] / 2 : cols[u]));
+      sc[u] = pgk_dq_scale(scale, rows[u], cols[u], scale_ld);
+#if PGK_QZERO
+      zp[u] = zero[(long long)rows[u] * scale_ld + cols[u] / PGK_QGROUP];
+#endif
+    }
   }
-  if (w_early) pgk_pdl_wait();
-  pgk_pdl_trigger();
+  (void)zero;
 #pragma unroll
   for (int u = 0; u < PGK_DQU; ++u) {
     if (first + u * blockDim.x >= total) break;
-    pgk_dq_emit(it[u], out, k);
-  }
-}
-#endif
-
-// The same weight from a persistent grid (PGK_DQBPS blocks an SM, what the launch bounds
-// keep resident): each thread walks the vectors a grid apart, PGK_DQU at a time, the next
-// group's loads in flight while the current one is converted and stored.
-#ifndef PGK_DQBPS
-#define PGK_DQBPS 4
-#endif
-#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_dequant_loop)
-extern "C" __global__ void __launch_bounds__(256, PGK_DQBPS)
-    pgk_dequant_loop(const unsigned char* __restrict__ w, const float* __restrict__ scale,
-                     const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n,
-                     int k, long long w_stride, int scale_ld, int w_early) {
-  if (!w_early) pgk_pdl_wait();
-  const unsigned per_row = (unsigned)(k / PGK_DQE);
-  const unsigned total = (unsigned)n * per_row;
-  const unsigned step = gridDim.x * blockDim.x * PGK_DQU;
-  unsigned base = (unsigned)blockIdx.x * (blockDim.x * PGK_DQU) + threadIdx.x;
-  pgk_dq_item cur[PGK_DQU];
+    const int row = rows[u], col = cols[u];
+    float q[PGK_DQE];
+    pgk_dq_values(v[u], zp[u], q);
+    alignas(16) pgk_t o[PGK_DQE];
 #pragma unroll
-  for (int u = 0; u < PGK_DQU; ++u) {
-    const unsigned i = base + u * blockDim.x;
-    if (i < total) pgk_dq_fetch(cur[u], i, per_row, w, scale, zero, w_stride, scale_ld);
-  }
-  if (w_early) pgk_pdl_wait();
-  pgk_pdl_trigger();
-  // total < 2^31 and step < 2^31: base + step does not wrap.
-  while (base < total) {
-    const unsigned next = base + step;
-    pgk_dq_item nxt[PGK_DQU];
-#pragma unroll
-    for (int u = 0; u < PGK_DQU; ++u) {
-      const unsigned i = next + u * blockDim.x;
-      if (i < total) pgk_dq_fetch(nxt[u], i, per_row, w, scale, zero, w_stride, scale_ld);
-    }
-#pragma unroll
-    for (int u = 0; u < PGK_DQU; ++u) {
-      if (base + u * blockDim.x < total) pgk_dq_emit(cur[u], out, k);
-    }
-#pragma unroll
-    for (int u = 0; u < PGK_DQU; ++u) cur[u] = nxt[u];
-    base = next;
+    for (int e = 0; e < PGK_DQE; e += 2) pgk_dq_out<pgk_t>::put(o + e, q[e], q[e + 1], sc[u]);
+    pgk_dq_store<PGK_DQE * (int)sizeof(pgk_t)>(out + (long long)row * k + col, o);
   }
 }
 #endif

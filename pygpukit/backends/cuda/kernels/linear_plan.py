@@ -509,16 +509,13 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     after = plan_linear(ctx, float_step, [p.x, w_plan, *rest], tag)
     scale_numel = numel(p.scale.shape)
     n_w = spec.n_weight
-    settled = all(getattr(v.storage, "readonly", False) for v in p.weight)
 
     def dequantized(v: Sequence[DeviceValue]) -> DeviceValue:
         wv = ctx.alloc(wshape, dtype, "dequantized weight")
         vp = spec.split(v)
         assert vp.scale is not None
-        cap = capturing(ctx)
         dequant.dequantize(vp.w.ptr, vp.scale.ptr, wv.ptr, q, n, k, dtype.name,
                            scale_numel=scale_numel, zero=vp.zero.ptr if vp.zero else 0,
-                           w_early=settled and cap, tune=not cap,
                            stream=ctx.stream)  # fmt: skip
         return after([v[0], wv, *v[1 + n_w :]])
 

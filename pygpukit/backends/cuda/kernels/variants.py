@@ -165,7 +165,7 @@ def quant_variants() -> list[Variant]:
     """gemv_quant: each format in both dtypes plain and with the decode step's fusions
     (RMSNorm prologue, SwiGLU epilogue, SiLU), on the register path and (16-byte chunks)
     the staged one, its other slab and stage depths for sweeps, and the dequantize
-    kernels (each vector width and launch form)."""
+    kernels (each vector width)."""
     out: list[Variant] = []
     for spec, numel in QUANT_SPECS:
         gw, nt, pipe = gemv_quant.FORMAT_CONFIG[spec.format]
@@ -191,7 +191,6 @@ def quant_variants() -> list[Variant]:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
             for b in dequant.widths(spec, dt):
-                for form in dequant.FORMS:
-                    out.append(("dequant", (form[0],),
-                                dequant.form_defines(spec, dt, numel, b, form)))  # fmt: skip
+                u = dequant.vectors_per_thread(b)
+                out.append(("dequant", ("pgk_dequant",), {**d, "PGK_DQB": b, "PGK_DQU": u}))
     return out
