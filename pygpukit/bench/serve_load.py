@@ -106,7 +106,7 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) 
             "itl_p99_ms": 1e3 * _pct(itl, 99), "client_procs": procs}  # fmt: skip
 
 
-def _decode_rows(engine: Any, b: int, context: int, spare: int,
+def decode_rows(engine: Any, b: int, context: int, spare: int,
                  rng: np.random.Generator) -> list[Any]:  # fmt: skip
     """b running requests (not started: the caller drives the engine) whose last token
     is at position `context`, as if their prompts had been prefilled: each one's blocks,
@@ -130,7 +130,50 @@ def _decode_rows(engine: Any, b: int, context: int, spare: int,
     return reqs
 
 
-def _give_back(engine: Any, reqs: Sequence[Any]) -> None:
+def fills(engine: Any, budget: int, b: int) -> bool:
+    """Whether fresh prompts can fill `budget` tokens beside b decode rows: pieces of at
+    most prefill_chunk tokens of (max_model_len - 1)-token prompts, each taking a free
+    token slot besides the rows' (at most STEP_PROMPTS)."""
+    from pygpukit.serve.engine import MIN_PREFILL_TOKENS, STEP_PROMPTS
+
+    piece = min(engine.prefill_chunk, engine.max_model_len - 1)
+    need = -(-(budget - b) // piece)
+    return (budget >= b + MIN_PREFILL_TOKENS and need <= STEP_PROMPTS
+            and len(engine._tok_free) >= b + need)  # fmt: skip
+
+
+def fresh_prompts(engine: Any, tokens: int, rng: np.random.Generator
+                  ) -> tuple[list[tuple[Any, int]], list[Any]]:  # fmt: skip
+    """Pieces of fresh (max_model_len - 1)-token prompts filling `tokens` tokens of a step
+    (as the engine cuts them), and the prompts: each has its blocks and a token slot; give
+    them back with drop_prompts once the step is launched."""
+    from pygpukit.serve.engine import Request
+
+    long = engine.max_model_len - 1
+    fresh = []
+    for _ in range(-(-tokens // min(engine.prefill_chunk, long))):
+        r = Request([int(t) for t in rng.integers(3, engine.vocab, size=long)], 1,
+                    lambda ev: None)  # fmt: skip
+        r.blocks = engine.blocks.allocate(-(-(long + 1) // engine.block_size))
+        r.tok_slot = engine._tok_free.pop()
+        fresh.append(r)
+    engine._prefilling.extend(fresh)
+    return engine._prefill_pieces(tokens), fresh
+
+
+def drop_prompts(engine: Any, fresh: Sequence[Any]) -> None:
+    """Take fresh_prompts' prompts out of the engine after their step's launch: one the
+    launch finished moved to the running batch, and its token is not streamed (ended).
+    Stream-ordered: the next owner of their blocks and token slots writes after it."""
+    engine._prefilling.clear()
+    engine._running[:] = [r for r in engine._running if r not in fresh]
+    for r in fresh:
+        r.ended = True
+    give_back(engine, fresh)
+
+
+def give_back(engine: Any, reqs: Sequence[Any]) -> None:
+    """Return requests' blocks and token slots to the engine (decode_rows, fresh_prompts)."""
     for r in reqs:
         engine.blocks.release(r.blocks)
         engine._tok_free.append(r.tok_slot)
@@ -145,7 +188,7 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
     largest batch: one launch of its decode rows and fresh prompts' pieces filling the
     rest of the budget (as _step cuts them: at most prefill_chunk tokens of a prompt);
     budgets the free token slots cannot fill are left out."""
-    from pygpukit.serve.engine import LOOKAHEAD, MIN_PREFILL_TOKENS, STEP_PROMPTS, Request
+    from pygpukit.serve.engine import LOOKAHEAD
 
     rows_out = []
     rng = np.random.default_rng(0)
@@ -156,14 +199,7 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
             t0 = time.perf_counter()
             pieces, fresh = prefill() if prefill is not None else ([], [])
             engine._inflight.append([engine._launch(reqs, pieces)])
-            # The fresh prompts are not the engine's: one the launch finished moved to
-            # the running batch, and its token is not streamed (ended). Stream-ordered:
-            # the next owner of their blocks and token slots writes after this launch.
-            engine._prefilling.clear()
-            engine._running[:] = [r for r in engine._running if r not in fresh]
-            for r in fresh:
-                r.ended = True
-            _give_back(engine, fresh)
+            drop_prompts(engine, fresh)
             while len(engine._inflight) > LOOKAHEAD:
                 engine._retire()
             if i >= 3:
@@ -180,30 +216,18 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
         return out
 
     for b in sizes:
-        reqs = _decode_rows(engine, b, context, steps + 8, rng)
+        reqs = decode_rows(engine, b, context, steps + 8, rng)
         rows_out.append(row("decode", b, timed(reqs)))
-        _give_back(engine, reqs)
+        give_back(engine, reqs)
     b = max(sizes)
-    long = engine.max_model_len - 1
-    piece = min(engine.prefill_chunk, long)
     budget_was = engine.step_tokens
     for budget in budgets:
-        need = -(-(budget - b) // piece)  # prompts whose pieces fill the budget
-        if (budget < b + MIN_PREFILL_TOKENS or need > STEP_PROMPTS
-                or len(engine._tok_free) < b + need):  # fmt: skip
+        if not fills(engine, budget, b):
             continue
-        reqs = _decode_rows(engine, b, context, steps + 8, rng)
+        reqs = decode_rows(engine, b, context, steps + 8, rng)
 
-        def prefill(need: int = need, budget: int = budget) -> tuple[list[Any], list[Any]]:
-            fresh = []
-            for _ in range(need):
-                r = Request([int(t) for t in rng.integers(3, engine.vocab, size=long)], 1,
-                            lambda ev: None)  # fmt: skip
-                r.blocks = engine.blocks.allocate(-(-(long + 1) // engine.block_size))
-                r.tok_slot = engine._tok_free.pop()
-                fresh.append(r)
-            engine._prefilling.extend(fresh)
-            return engine._prefill_pieces(budget - b), fresh
+        def prefill(budget: int = budget) -> tuple[list[Any], list[Any]]:
+            return fresh_prompts(engine, budget - b, rng)
 
         engine.step_tokens = budget  # the launch size: the whole budget
         try:
@@ -211,7 +235,7 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
         finally:
             engine.step_tokens = budget_was
         rows_out.append(row("mixed", b, times, step_tokens=budget, prefill_tokens=budget - b))
-        _give_back(engine, reqs)
+        give_back(engine, reqs)
     return rows_out
 
 
