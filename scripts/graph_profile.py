@@ -325,12 +325,14 @@ def serve(batches: list[int], budgets: list[int], context: int,
     from pygpukit.bench.llm import random_model, tinyllama_config, weight_bytes
     from pygpukit.llm.paged import PagedKVCache
     from pygpukit.serve import Engine
+    from pygpukit.serve.engine import STEP_PROMPTS
 
     cfg = tinyllama_config()
     model = random_model(cfg, "bfloat16")
     most = max(batches)
-    engine = Engine(model, max_model_len=context + 128, max_batch=most,
-                    step_tokens=max([most + 16, *budgets]))  # fmt: skip
+    # Token slots for the largest batch and the fresh prompts of a mixed step beside it.
+    engine = Engine(model, max_model_len=context + 128, max_batch=most + STEP_PROMPTS,
+                    step_tokens=max([most + STEP_PROMPTS + 16, *budgets]))  # fmt: skip
     rng = np.random.default_rng(0)
     key_bytes = PagedKVCache.block_bytes(model.transformer, 1)  # one position, all layers
     rows: list[dict[str, Any]] = []

@@ -149,28 +149,20 @@ class _Step:
         each prompt the step finishes; a table for each prompt it prefills."""
         return min(n, self.max_outputs), min(n, STEP_PROMPTS)
 
-    def size(self, n: int) -> int:
-        """The int64s of an n-token step's upload (see run)."""
-        ro, rt = self.layout(n)
-        return 3 * n + 2 * ro + rt * (1 + self.max_blocks)
-
-    def run(self, packed: GPUArray, n: int, temperature: GPUArray, top_k: GPUArray,
-            top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
+    def run(self, packed: GPUArray, tables_in: GPUArray, n: int, temperature: GPUArray,
+            top_k: GPUArray, top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
             use_top_p: bool) -> GPUArray:  # fmt: skip
-        """One engine step of n tokens from one upload, packed [size(n)] int64: per token
-        its id and position (-1, -1: a decode token, fed by its slot's last token at the
-        position after it) and its token slot (-1: padding, nothing stored); per output
-        row the token it samples after and the token slot taking it (-1: none); per table
-        row a token slot (-1: none) and then the tables. Returns the output rows' tokens."""
+        """One engine step of n tokens. packed [3 n + 2 ro] int64: per token its id and
+        position (-1, -1: a decode token, fed by its slot's last token at the position
+        after it) and its token slot (-1: padding, nothing stored); per output row the
+        token it samples after and the token slot taking it (-1: none). tables_in [rt, 1 +
+        max_blocks] int32: per row a token slot (-1: none) and the block table it gets
+        (the prompts the step prefills). Returns the output rows' tokens."""
         ro, rt = self.layout(n)
         m, bs = self.max_blocks, self.cache.block_size
         tok_in, pos_in, tslot = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
-        o = 3 * n
-        out_at, out_slot = packed[o : o + ro], packed[o + ro : o + 2 * ro]
-        o += 2 * ro
-        table_slot = packed[o : o + rt]
-        new_tables = packed[o + rt :].reshape(rt, 1, m).astype(gpk.int32)
-        gpk.nn.paged_write(self.tables, new_tables, table_slot)
+        out_at, out_slot = packed[3 * n : 3 * n + ro], packed[3 * n + ro :]
+        gpk.nn.paged_write(self.tables, tables_in[:, 1:].reshape(rt, 1, m), tables_in[:, 0])
         live = tslot >= 0
         at = gpk.maximum(tslot, 0)
         dec = tok_in < 0
@@ -294,6 +286,8 @@ class Engine:
         # One compiled function per (step tokens, sampling statics): each traces once, and
         # its captured graph is replayed for every step of that shape.
         self._compiled: dict[tuple[Any, ...], Any] = {}
+        # Steps that prefill nothing: their table rows (all empty), uploaded once per size.
+        self._idle_tables: dict[int, GPUArray] = {}
         # All-greedy batches' sampling inputs never change: uploaded once per batch size.
         self._greedy_inputs: dict[int, list[GPUArray]] = {}
         # The last decode-only step's (tokens, token slots) and its upload: a decode step
@@ -441,9 +435,9 @@ class Engine:
         for n in sizes:
             ro, _ = self._step_obj.layout(n)
             sampling, statics = self._sampling_inputs([None] * ro, ro)
-            packed, _ = self._packed([], [], n)
-            self._compiled_step(n, statics)(gpk.from_numpy(packed), n, *sampling,
-                                            *statics).to_numpy()  # fmt: skip
+            packed, _, _ = self._packed([], [], n)
+            self._compiled_step(n, statics)(gpk.from_numpy(packed), self._no_tables(n), n,
+                                            *sampling, *statics).to_numpy()  # fmt: skip
         return len(sizes)
 
     # -- the engine thread --------------------------------------------------------------
@@ -653,6 +647,16 @@ class Engine:
             fn = self._compiled[key] = gpk.compile(self._step_obj.run)
         return fn
 
+    def _no_tables(self, n: int) -> GPUArray:
+        """An n-token step's table rows that write nothing (uploaded once per size)."""
+        got = self._idle_tables.get(n)
+        if got is None:
+            rt = self._step_obj.layout(n)[1]
+            empty = np.zeros((rt, 1 + self.max_blocks), np.int32)
+            empty[:, 0] = -1
+            got = self._idle_tables[n] = gpk.from_numpy(empty)
+        return got
+
     def _step_size(self, tokens: int) -> int:
         """The launch size of a step of `tokens` tokens: the next power of two, or the
         budget itself when that is smaller."""
@@ -671,21 +675,19 @@ class Engine:
             budget -= n
         return pieces
 
-    def _packed(self, rows: Sequence[Request], pieces: Sequence[tuple[Request, int]],
-                n: int) -> tuple[np.ndarray, list[Request | None]]:  # fmt: skip
-        """A step's one upload (see _Step.run) and its output rows' requests (None: a
-        row whose token nobody takes): the rows' decode tokens first, then the pieces'
-        prompt tokens, each piece writing its prompt's block table; a piece that ends its
-        prompt samples the prompt's first token after its last one."""
+    def _packed(self, rows: Sequence[Request], pieces: Sequence[tuple[Request, int]], n: int
+                ) -> tuple[np.ndarray, np.ndarray, list[Request | None]]:  # fmt: skip
+        """A step's uploads (see _Step.run: packed, tables) and its output rows' requests
+        (None: a row whose token nobody takes): the rows' decode tokens first, then the
+        pieces' prompt tokens, each piece writing its prompt's block table; a piece that
+        ends its prompt samples the prompt's first token after its last one."""
         ro, rt = self._step_obj.layout(n)
-        m = self.max_blocks
-        packed = np.zeros(self._step_obj.size(n), np.int64)
+        packed = np.zeros(3 * n + 2 * ro, np.int64)
+        tables = np.zeros((rt, 1 + self.max_blocks), np.int32)
         tok, pos, tslot = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
-        out_at, out_slot = packed[3 * n : 3 * n + ro], packed[3 * n + ro : 3 * n + 2 * ro]
-        table_slot = packed[3 * n + 2 * ro : 3 * n + 2 * ro + rt]
-        tables = packed[3 * n + 2 * ro + rt :].reshape(rt, m)
+        out_at, out_slot = packed[3 * n : 3 * n + ro], packed[3 * n + ro :]
         d = len(rows)
-        tslot[:] = out_slot[:] = table_slot[:] = -1
+        tslot[:] = out_slot[:] = tables[:, 0] = -1
         tok[:d] = pos[:d] = -1
         tslot[:d] = out_slot[:d] = [r.tok_slot for r in rows]
         out_at[:d] = np.arange(d)
@@ -696,13 +698,13 @@ class Engine:
             tok[at : at + cnt] = req.prompt[start : start + cnt]
             pos[at : at + cnt] = np.arange(start, start + cnt)
             tslot[at : at + cnt] = req.tok_slot
-            table_slot[j] = req.tok_slot
-            tables[j, : len(req.blocks)] = req.blocks
+            tables[j, 0] = req.tok_slot
+            tables[j, 1 : 1 + len(req.blocks)] = req.blocks
             at += cnt
             if start + cnt == len(req.prompt):
                 out_at[k], out_slot[k], outs[k] = at - 1, req.tok_slot, req
                 k += 1
-        return packed, outs
+        return packed, tables, outs
 
     def _launch(self, rows: Sequence[Request], pieces: Sequence[tuple[Request, int]]) -> Launch:
         """Launch one step: a token for each of rows (each has a token left to make) and
@@ -714,14 +716,16 @@ class Engine:
         n = self._step_size(used)
         key = (n, *(r.tok_slot for r in rows))
         if pieces or key != self._decode_key or self._decode_upload is None:
-            packed, outs = self._packed(rows, pieces, n)
+            packed, tables, outs = self._packed(rows, pieces, n)
             upload = gpk.from_numpy(packed)
             self._decode_key, self._decode_upload = (key, upload) if not pieces else ((), None)
         else:
             upload = self._decode_upload
             outs = [*rows, *([None] * (self._step_obj.layout(n)[0] - len(rows)))]
+        # A step that prefills nothing writes no table: its table rows never change.
+        table_rows = gpk.from_numpy(tables) if pieces else self._no_tables(n)
         sampling, statics = self._sampling_inputs(outs, len(outs))
-        tok = self._compiled_step(n, statics)(upload, n, *sampling, *statics)
+        tok = self._compiled_step(n, statics)(upload, table_rows, n, *sampling, *statics)
         for r in rows:
             r.scheduled += 1
         for req, cnt in pieces:
