@@ -15,14 +15,6 @@ HEAD_DIMS = attention.HEAD_DIMS
 THREADS = 256  # PGK_DT in attention_decode.cuh
 TILE = 64  # PGK_TK: keys per tile
 MAX_Z = 65535  # grid.z: rows x queries
-# Blocks per SM the split count aims at (one query per row). The body's shared memory (its
-# reduction buffer: 74 KB at 8 query heads of 64) leaves three resident per SM, and a block
-# walks its tiles one after another, latency-bound: on the H200 serving profile
-# (scripts/graph_profile.py --serve, batch 64 at 512 keys) one split, 256 blocks (two per
-# SM), took 35 us a layer, 480 GB/s of keys and values, 39% of the decode step's kernel
-# time. Aiming at six blocks per SM gives that batch four splits of two tiles each (two
-# waves of three), the merge kernel after them.
-BLOCKS_PER_SM = 6
 
 
 def supports(dtype: str, head_dim: int, heads: int, kv_heads: int, rows: int, n_q: int) -> bool:
@@ -33,14 +25,21 @@ def supports(dtype: str, head_dim: int, heads: int, kv_heads: int, rows: int, n_
 
 def splits_for(rows: int, heads: int, kv_heads: int, n_q: int, max_keys: int,
                sm_count: int) -> int:  # fmt: skip
-    """Splits of each row's keys, so about BLOCKS_PER_SM blocks per SM run: several only
-    for one query per row (a decode step), at most one tile of the longest context each."""
+    """Splits of each row's keys, so the blocks fill the SMs about once: several only for
+    one query per row (a decode step), at most one tile of the longest context each.
+
+    More splits measured slower on an H200 (scripts/graph_profile.py --serve, TinyLlama
+    shape, 512 keys a row): aiming at six blocks per SM gave batch 64 four splits instead
+    of one, and its attention went from 35 us a layer to 44 us plus a 20 us merge (the
+    decode step from 2.02 to 2.36 ms, batch 16 from 1.57 to 1.69 ms). The one split is
+    latency-bound (480 GB/s of keys and values, 39% of the batch-64 step's kernel time):
+    what it needs is a faster body (tensor cores, as pgk_attn_decode_mma), not more
+    blocks."""
     if n_q != 1:
         return 1
     g = attention.decode_group(heads, kv_heads)
     blocks = rows * kv_heads * ((heads // kv_heads) // g)
-    want = cdiv(BLOCKS_PER_SM * sm_count, blocks)
-    return max(1, min(want, cdiv(max_keys, TILE), attention.MAX_SPLITS))
+    return max(1, min(cdiv(sm_count, blocks), cdiv(max_keys, TILE), attention.MAX_SPLITS))
 
 
 def workspace_floats(rows: int, heads: int, splits: int, head_dim: int) -> int:
