@@ -19,6 +19,14 @@ kernel name and by kind (GEMM, attention, norm, elementwise, copy), the span fro
 kernel's start to the last one's end (its excess over the kernel time is launch gaps), the
 host time before the first kernel and after the last, and one layer's kernels in order with
 their grids and times (the GEMM shapes show in the grids).
+
+--serve B,...[:BUDGET,...] profiles the serving engine's captured step (pygpukit/serve):
+a decode step of B running sequences at --context keys each, and, per BUDGET, a mixed
+step of the largest B's decode rows and prompt pieces filling the budget (one launch, as
+the engine runs it); per step the same breakdown, and the bytes it must read (weights,
+and each row's keys and values) against its kernel time (GB/s):
+
+    python scripts/graph_profile.py --serve 1,64:256,512 --json serve-profile.json
 """
 
 from __future__ import annotations
@@ -307,6 +315,62 @@ def _peer(cfg: Any, b: int, t: int, prompts: list[list[int]], trace: str | None
     return ms, s
 
 
+def serve(batches: list[int], budgets: list[int], context: int,
+          trace: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The engine's step per decode batch (and mixed steps of the largest batch per
+    budget): wall time of one step and its kernel breakdown (see the module docstring)."""
+    import torch
+
+    from pygpukit.bench import serve_load as sl
+    from pygpukit.bench.llm import random_model, tinyllama_config, weight_bytes
+    from pygpukit.llm.paged import PagedKVCache
+    from pygpukit.serve import Engine
+    from pygpukit.serve.engine import STEP_PROMPTS
+
+    cfg = tinyllama_config()
+    model = random_model(cfg, "bfloat16")
+    most = max(batches)
+    # Token slots for the largest batch and the fresh prompts of a mixed step beside it.
+    engine = Engine(model, max_model_len=context + 128, max_batch=most + STEP_PROMPTS,
+                    step_tokens=max([most + STEP_PROMPTS + 16, *budgets]))  # fmt: skip
+    rng = np.random.default_rng(0)
+    key_bytes = PagedKVCache.block_bytes(model.transformer, 1)  # one position, all layers
+    rows: list[dict[str, Any]] = []
+    cases = [(b, 0) for b in batches] + [(most, t) for t in budgets]
+    for b, budget in cases:
+        if budget and not sl.fills(engine, budget, b):
+            print(f"  budget {budget}: the free token slots cannot fill it", flush=True)
+            continue
+        reqs = sl.decode_rows(engine, b, context, 16, rng)
+
+        def step(reqs: list[Any] = reqs, b: int = b, budget: int = budget) -> None:
+            pieces, fresh = sl.fresh_prompts(engine, budget - b, rng) if budget else ([], [])
+            _, transfer = engine._launch(reqs, pieces)
+            sl.drop_prompts(engine, fresh)
+            transfer.result()
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        wall = time.perf_counter() - t0
+        label = f"serve decode {b}" + (f" + prefill to {budget} tokens" if budget else "")
+        s = _profiled(step, label, cfg.num_layers, trace and trace.replace(".json",
+                      f"-serve-{b}-{budget}.json"))  # fmt: skip
+        # Each decode row reads its context's keys and values; the weights once.
+        need = weight_bytes(cfg) + b * context * key_bytes
+        gb_s = need / max(s.get("kernel_us", 0), 1e-9) / 1e3
+        row = {"batch": b, "context": context, "step_tokens": budget or None,
+               "wall_ms": 1e3 * wall, "read_bytes": need, "read_gb_s": gb_s,
+               "profile": s}  # fmt: skip
+        print(f"   one step {1e3 * wall:.3f} ms; reads {need / 1e9:.2f} GB: "
+              f"{row['read_gb_s']:.0f} GB/s over its kernel time", flush=True)  # fmt: skip
+        sl.give_back(engine, reqs)
+        rows.append(row)
+    return rows
+
+
 def gemm_reference(tokens: list[int]) -> list[dict[str, Any]]:
     """torch's F.linear (cuBLAS, its own heuristic) on the prefill's GEMM shapes: what the
     GEMM kernels in the breakdown could take (mean of 20 after warm-up, CUDA events)."""
@@ -359,7 +423,20 @@ def main() -> None:
     ap.add_argument("--trace", help="write the profiled steps as a Chrome trace (per batch)")
     ap.add_argument("--prefill", help="BxT,...: profile the prefill of these shapes instead")
     ap.add_argument("--no-peer", action="store_true", help="prefill: without torch.compile")
+    ap.add_argument("--serve", help="B,...[:BUDGET,...]: profile the serving engine's steps")
+    ap.add_argument("--context", type=int, default=512, help="serve: keys per decode row")
     a = ap.parse_args()
+    if a.serve:
+        bs, _, ts = a.serve.partition(":")
+        res_serve = serve([int(x) for x in bs.split(",")],
+                          [int(x) for x in ts.split(",") if x], a.context, a.trace)  # fmt: skip
+        # torch's cuBLAS on the same GEMM shapes at the decode batches: what the step's
+        # GEMMs could take
+        ref = gemm_reference(sorted({int(x) for x in bs.split(",")} - {1}))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"serve": res_serve, "gemm_reference": ref}, f, indent=1, default=str)
+        return
     if a.prefill:
         shapes = [(int(b), int(t)) for b, t in (x.split("x") for x in a.prefill.split(","))]
         out: dict[str, Any] = {"prefill": prefill(shapes, not a.no_peer, a.trace)}

@@ -27,9 +27,10 @@ def test_load_generator_rows(tmp_path):
 
 def test_load_generator_client_processes_and_step_times(tmp_path):
     """Clients in worker processes (their stamps on the shared monotonic clock) and the
-    decode step timed alone first, then mixed with a prefill chunk under each budget
-    whose chunk is shorter than the longest prompt (here: 256 leaves 255 tokens beside
-    the one decode row, a 128-token chunk of a 203-token prompt)."""
+    decode step timed alone first, then mixed with prompt pieces filling each budget the
+    free token slots can fill (here: 128 and 256 leave 127 and 255 tokens beside the one
+    decode row, one and two 203-token prompts' pieces; 512 needs three prompts, and the
+    engine has two slots besides the decode row's)."""
     from pygpukit.bench.serve_load import main
 
     out = tmp_path / "rows.json"
@@ -41,25 +42,28 @@ def test_load_generator_client_processes_and_step_times(tmp_path):
     assert [r["batch"] for r in steps] == [1]  # the engine's max_batch is the 3 clients
     assert all(r["step_ms"] > 0 for r in steps)
     mixed = [r for r in rows if r["impl"] == "pygpukit serve mixed step"]
-    assert [(r["batch"], r["step_tokens"], r["prefill_tokens"]) for r in mixed] == [(1, 256, 128)]
-    assert mixed[0]["step_ms"] > 0
+    got = [(r["batch"], r["step_tokens"], r["prefill_tokens"]) for r in mixed]
+    assert got == [(1, 128, 127), (1, 256, 255)]
+    assert all(r["step_ms"] > 0 for r in mixed)
     (row,) = [r for r in rows if r["impl"] == "pygpukit serve"]
     assert row["client_procs"] == 2 and row["output_tokens"] == 12
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and row["wall_s"] > 0
 
 
 def test_mixed_step_timing_leaves_the_engine_as_it_found_it():
-    """The mixed steps' prefill launches can finish a (fake) prompt: it must not stay in the
-    engine's running batch afterwards (it did, and the started engine then spun)."""
+    """The mixed steps' launches can finish a (fake) prompt (here the first of the two
+    whose pieces fill 124 tokens: 99 and 25): it must not stay in the engine's running
+    batch afterwards (it did, and the started engine then spun), nor stream its token."""
     from pygpukit import llm
     from pygpukit.bench.serve_load import step_times
     from pygpukit.llm.tiny import write_tiny_model
     from pygpukit.serve import Engine
 
-    e = Engine(llm.load(write_tiny_model()), max_model_len=600, prefill_chunk=64,
+    e = Engine(llm.load(write_tiny_model()), max_model_len=100, prefill_chunk=128,
                max_batch=8, kv_blocks=400)  # fmt: skip
-    free = len(e._tok_free)
-    rows = step_times(e, [4], 40, steps=2, budgets=(1024,))
+    free, blocks = len(e._tok_free), e.blocks.free
+    rows = step_times(e, [4], 40, steps=2, budgets=(128,))
     assert [r["impl"] for r in rows] == ["pygpukit serve decode step", "pygpukit serve mixed step"]
     assert not e._running and not e._prefilling and not e._inflight
-    assert len(e._tok_free) == free
+    assert len(e._tok_free) == free and e.blocks.free == blocks
+    assert e.stats()["finished"] == 0

@@ -108,17 +108,18 @@ def test_batched_greedy_equals_alone_and_the_static_path(model, engine):
 
 
 def test_prefill_batches_several_prompts(model):
-    """Prompts queued together prefill as one batch (fewer prefill steps than prompts, the
-    padded tokens within step_tokens), chunked prompts included, and each row's tokens
+    """Prompts queued together prefill in shared steps (fewer prefill steps than prompt
+    pieces, no step above step_tokens), chunked prompts included, and each prompt's tokens
     are what it makes alone on the static path."""
     e = Engine(model, max_model_len=256, prefill_chunk=32, step_tokens=128, max_batch=16,
                kv_blocks=200).start()  # fmt: skip
     try:
         prompts = _prompts(10, seed=7, low=5, high=90)
-        before = e.stats()["prefill_chunks"]
+        before = e.stats()["prefill_steps"]
         batched = e.generate(prompts, 6, ignore_eos=True, timeout=300)
-        chunks = e.stats()["prefill_chunks"] - before
+        chunks = e.stats()["prefill_steps"] - before
         assert chunks < sum(-(-len(p) // 32) for p in prompts)
+        assert e.stats()["max_step_tokens"] <= 128
         static = [model.generate_ids([p], 6, stop_at_eos=False).tokens[0] for p in prompts]
         assert batched == static
         assert e.stats()["used_blocks"] == 0
@@ -127,10 +128,11 @@ def test_prefill_batches_several_prompts(model):
 
 
 def test_decode_steps_of_an_unchanged_batch_upload_nothing(model, monkeypatch):
-    """The rows' positions and block tables live on the device: a decode step uploads
-    only when its batch changed (the rows' token slots), and a prefill launch is one
-    upload, so two streams decoding 20 tokens upload a handful of arrays, not several
-    per step; their tokens are the static path's."""
+    """The rows' positions and block tables live on the device: a decode-only step
+    uploads only when its batch changed (the rows' token slots), and a step that prefills
+    is two uploads (its tokens, its prompts' block tables), so two streams decoding 20
+    tokens upload a handful of arrays, not several per step; their tokens are the static
+    path's."""
     uploads: list[str] = []
     real = gpk.from_numpy
 
@@ -147,28 +149,36 @@ def test_decode_steps_of_an_unchanged_batch_upload_nothing(model, monkeypatch):
         out = e.generate(prompts, 20, ignore_eos=True, timeout=300)
         st = e.stats()
         assert st["decode_steps"] >= 19
-        # one per prefill launch, one per batch change (1 row, 2 rows, 1 row at the end)
-        assert uploads.count("pygpukit-engine") <= st["prefill_chunks"] + 3
+        # two per prefilling step, one per batch change (1 row, 2 rows, 1 row at the end)
+        assert uploads.count("pygpukit-engine") <= 2 * st["prefill_steps"] + 3
         assert out == [model.generate_ids([p], 20, stop_at_eos=False).tokens[0] for p in prompts]
     finally:
         e.close()
 
 
-def test_a_long_prompt_fills_several_rows_of_one_launch(model):
-    """A prompt longer than prefill_chunk is cut into rows of one launch (each row attends
-    the keys the rows before it store in the same layer), not one chunk per step: 200
-    tokens in 32-token rows take two launches within a 128-token budget (4 rows each),
-    and the tokens are the static path's."""
-    e = Engine(model, max_model_len=256, prefill_chunk=32, step_tokens=128, max_batch=2,
+def test_a_long_prompt_is_split_over_steps_and_several_share_one(model):
+    """A prompt longer than prefill_chunk is prefilled prefill_chunk tokens a step (its
+    later pieces attend the keys the earlier ones stored); prompts waiting together share
+    a step up to its budget, and the tokens are the static path's. 200 tokens in 32-token
+    pieces take 7 steps alone; with two 40-token prompts behind it in a 128-token budget
+    they join its steps instead of adding their own."""
+    e = Engine(model, max_model_len=256, prefill_chunk=32, step_tokens=128, max_batch=4,
                kv_blocks=64).start()  # fmt: skip
     try:
         (prompt,) = _prompts(1, seed=41, low=200, high=201)
         out = e.generate([prompt], 5, ignore_eos=True, timeout=300)
         st = e.stats()
-        assert st["prefill_chunks"] == 2 and st["prefill_tokens"] == 200
-        assert st["max_step_tokens"] == 128
+        assert st["prefill_steps"] == 7 and st["prefill_tokens"] == 200
+        assert st["max_step_tokens"] == 32
         assert out == [model.generate_ids([prompt], 5, stop_at_eos=False).tokens[0]]
-        assert st["used_blocks"] == 0
+        short = _prompts(2, seed=42, low=40, high=41)
+        outs = e.generate([prompt, *short], 5, ignore_eos=True, timeout=300)
+        st2 = e.stats()
+        assert st2["prefill_steps"] - st["prefill_steps"] == 7
+        assert st2["max_step_tokens"] == 128
+        assert outs == [out[0], *(model.generate_ids([p], 5, stop_at_eos=False).tokens[0]
+                                  for p in short)]  # fmt: skip
+        assert st2["used_blocks"] == 0
     finally:
         e.close()
 
@@ -179,18 +189,18 @@ def test_warmup_traces_every_greedy_shape(model):
     e = Engine(model, max_model_len=128, prefill_chunk=32, step_tokens=64, max_batch=4,
                kv_blocks=64)  # fmt: skip
     n = e.warmup(60)
-    # decode 1, 2, 4; prefill t 16 (rows 1, 2, 4) and t 32 (rows 1, 2)
-    assert n == len(e._compiled) == 8
+    # steps of 1, 2, 4, ..., 64 tokens
+    assert n == len(e._compiled) == 7
     assert e.stats()["used_blocks"] == 0
     e.start()
     try:
         prompts = _prompts(5, seed=9, low=5, high=60)
         out = e.generate(prompts, 4, ignore_eos=True, timeout=300)
-        assert len(e._compiled) == 8
+        assert len(e._compiled) == 7
         # Each step was traced once, at warmup, with the shapes serving gives it (a decode
         # bucket traced with one row re-traced at its first real step: a stall of a whole
         # trace and capture in the middle of serving).
-        assert [fn.stats()["misses"] for fn in e._compiled.values()] == [1] * 8
+        assert [fn.stats()["misses"] for fn in e._compiled.values()] == [1] * 7
         static = [model.generate_ids([p], 4, stop_at_eos=False).tokens[0] for p in prompts]
         assert out == static
         with pytest.raises(gpk.errors.GPUKitError):
@@ -355,7 +365,7 @@ def test_freed_token_slot_and_blocks_reused_while_a_step_is_in_flight(model):
         assert st["decode_steps"] >= 7 and st["tokens"] == sum(map(len, outs))
         # The engine thread's time by phase: each phase ran, and together they fit in the
         # run (a wall-clock bound, not a speed claim).
-        assert all(st["time_ms"][k] > 0 for k in ("prefill_launch", "decode_launch", "emit"))
+        assert all(st["time_ms"][k] > 0 for k in ("launch", "wait", "emit"))
         assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
     finally:
         e.close()
@@ -383,9 +393,9 @@ def test_running_streams_decode_between_a_long_prompts_chunks(model):
                 done.release()
                 return
             outs[i].append(ev.token)
-            chunks_at[i].append(e._counts["prefill_chunks"])
+            chunks_at[i].append(e._counts["prefill_steps"])
             if i == 0 and len(outs[0]) == 3:  # the long prompt arrives mid-stream
-                submitted_at.append(e._counts["prefill_chunks"])
+                submitted_at.append(e._counts["prefill_steps"])
                 e.submit(Request(long, 4, sink_for(2)))
 
         return sink

@@ -218,10 +218,12 @@ def test_queue_full_is_429(model, monkeypatch):
     from pygpukit.serve.server import Server
 
     engine = Engine(model, max_model_len=256, kv_blocks=16, max_queue=1)
-    # The engine holds its first decode step until the end, so the first request cannot
-    # finish (and free its blocks) before the second is queued, however fast the machine.
-    gate, real = threading.Event(), engine._decode_step
-    monkeypatch.setattr(engine, "_decode_step", lambda rows: (gate.wait(60), real(rows))[1])
+    # The engine holds its first step with a decode row until the end, so the first request
+    # cannot finish (and free its blocks) before the second is queued, however fast the
+    # machine.
+    gate, real = threading.Event(), engine._launch
+    monkeypatch.setattr(engine, "_launch", lambda rows, pieces: (
+        gate.wait(60) if rows else None, real(rows, pieces))[1])  # fmt: skip
     s = Server(model, engine, "tiny", port=0).start()
     try:
         bodies = [json.dumps({"prompt": "Alice", "max_tokens": 240, "ignore_eos": True,

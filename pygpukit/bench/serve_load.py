@@ -10,7 +10,7 @@ first token, p50/p99 inter-token latency (between stream chunks: a stream that f
 behind sends its queued tokens in one chunk). The clients run in --procs worker processes
 (default: up to 8), so parsing their streams does not take the server's interpreter lock,
 as a real load generator on another host would not; --procs 0 runs them in this process.
-`--step-tokens` sets the engine's token budget per step (decode rows + prefill chunks).
+`--step-tokens` sets the engine's token budget per step (decode rows + prompt tokens).
 `--step-times` first times the engine's decode step alone (inputs, the captured graph,
 the tokens read back) at batch 1, 16 and 64 with 512-token contexts. `--peer` also times
 transformers' continuous batching (`generate_batch`) on the same prompts, where
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-# Step token budgets whose mixed steps (the largest batch's decode and a prefill chunk)
-# --step-times measures.
-MIXED_BUDGETS = (256, 512, 1024, 2048)
+# Step token budgets whose mixed steps (the largest batch's decode rows and prompt pieces
+# filling the rest, one launch) --step-times measures.
+MIXED_BUDGETS = (128, 256, 512, 1024, 2048)
 
 
 def _pct(xs: Sequence[float], q: float) -> float:
@@ -106,7 +106,7 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) 
             "itl_p99_ms": 1e3 * _pct(itl, 99), "client_procs": procs}  # fmt: skip
 
 
-def _decode_rows(engine: Any, b: int, context: int, spare: int,
+def decode_rows(engine: Any, b: int, context: int, spare: int,
                  rng: np.random.Generator) -> list[Any]:  # fmt: skip
     """b running requests (not started: the caller drives the engine) whose last token
     is at position `context`, as if their prompts had been prefilled: each one's blocks,
@@ -130,7 +130,50 @@ def _decode_rows(engine: Any, b: int, context: int, spare: int,
     return reqs
 
 
-def _give_back(engine: Any, reqs: Sequence[Any]) -> None:
+def fills(engine: Any, budget: int, b: int) -> bool:
+    """Whether fresh prompts can fill `budget` tokens beside b decode rows: pieces of at
+    most prefill_chunk tokens of (max_model_len - 1)-token prompts, each taking a free
+    token slot besides the rows' (at most STEP_PROMPTS)."""
+    from pygpukit.serve.engine import MIN_PREFILL_TOKENS, STEP_PROMPTS
+
+    piece = min(engine.prefill_chunk, engine.max_model_len - 1)
+    need = -(-(budget - b) // piece)
+    return (budget >= b + MIN_PREFILL_TOKENS and need <= STEP_PROMPTS
+            and len(engine._tok_free) >= b + need)  # fmt: skip
+
+
+def fresh_prompts(engine: Any, tokens: int, rng: np.random.Generator
+                  ) -> tuple[list[tuple[Any, int]], list[Any]]:  # fmt: skip
+    """Pieces of fresh (max_model_len - 1)-token prompts filling `tokens` tokens of a step
+    (as the engine cuts them), and the prompts: each has its blocks and a token slot; give
+    them back with drop_prompts once the step is launched."""
+    from pygpukit.serve.engine import Request
+
+    long = engine.max_model_len - 1
+    fresh = []
+    for _ in range(-(-tokens // min(engine.prefill_chunk, long))):
+        r = Request([int(t) for t in rng.integers(3, engine.vocab, size=long)], 1,
+                    lambda ev: None)  # fmt: skip
+        r.blocks = engine.blocks.allocate(-(-(long + 1) // engine.block_size))
+        r.tok_slot = engine._tok_free.pop()
+        fresh.append(r)
+    engine._prefilling.extend(fresh)
+    return engine._prefill_pieces(tokens), fresh
+
+
+def drop_prompts(engine: Any, fresh: Sequence[Any]) -> None:
+    """Take fresh_prompts' prompts out of the engine after their step's launch: one the
+    launch finished moved to the running batch, and its token is not streamed (ended).
+    Stream-ordered: the next owner of their blocks and token slots writes after it."""
+    engine._prefilling.clear()
+    engine._running[:] = [r for r in engine._running if r not in fresh]
+    for r in fresh:
+        r.ended = True
+    give_back(engine, fresh)
+
+
+def give_back(engine: Any, reqs: Sequence[Any]) -> None:
+    """Return requests' blocks and token slots to the engine (decode_rows, fresh_prompts)."""
     for r in reqs:
         engine.blocks.release(r.blocks)
         engine._tok_free.append(r.tok_slot)
@@ -142,9 +185,10 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
     batch size, every row at `context` keys, launched as the engine does (one step in
     flight while the one before is read back): ms per step, median of `steps` after 3
     warm-ups. Then, for each step token budget in `budgets`, the mixed steps of the
-    largest batch: its decode launch and a prefill launch of fresh prompts' chunks with
-    what the budget leaves (as _step cuts them)."""
-    from pygpukit.serve.engine import LOOKAHEAD, Request, bucket
+    largest batch: one launch of its decode rows and fresh prompts' pieces filling the
+    rest of the budget (as _step cuts them: at most prefill_chunk tokens of a prompt);
+    budgets the free token slots cannot fill are left out."""
+    from pygpukit.serve.engine import LOOKAHEAD
 
     rows_out = []
     rng = np.random.default_rng(0)
@@ -153,10 +197,9 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
         times = []
         for i in range(steps + 3):
             t0 = time.perf_counter()
-            launches = [engine._decode_step(reqs)]
-            if prefill is not None:
-                prefill(launches)
-            engine._inflight.append(launches)
+            pieces, fresh = prefill() if prefill is not None else ([], [])
+            engine._inflight.append([engine._launch(reqs, pieces)])
+            drop_prompts(engine, fresh)
             while len(engine._inflight) > LOOKAHEAD:
                 engine._retire()
             if i >= 3:
@@ -173,44 +216,26 @@ def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
         return out
 
     for b in sizes:
-        reqs = _decode_rows(engine, b, context, steps + 8, rng)
+        reqs = decode_rows(engine, b, context, steps + 8, rng)
         rows_out.append(row("decode", b, timed(reqs)))
-        _give_back(engine, reqs)
+        give_back(engine, reqs)
     b = max(sizes)
-    # Prompts longer than one chunk, so the rows that decode stay the same (budgets whose
-    # chunk could finish one are left out; a launch of several rows still can).
-    long = engine.max_model_len - 1
+    budget_was = engine.step_tokens
     for budget in budgets:
-        cap = 16
-        while cap * 2 <= budget - bucket(b):
-            cap *= 2
-        if (budget < bucket(b) + 16 or long <= min(engine.prefill_chunk, cap)
-                or len(engine._tok_free) <= b):  # fmt: skip
+        if not fills(engine, budget, b):
             continue
-        reqs = _decode_rows(engine, b, context, steps + 8, rng)
-        padded: list[int] = []
+        reqs = decode_rows(engine, b, context, steps + 8, rng)
 
-        def prefill(launches: list[Any], budget: int = budget,
-                    padded: list[int] = padded) -> None:  # fmt: skip
-            fresh = []
-            for _ in range(min(4, len(engine._tok_free))):  # the slots left
-                r = Request([int(t) for t in rng.integers(3, engine.vocab, size=long)], 1,
-                            lambda ev: None)  # fmt: skip
-                r.blocks = engine.blocks.allocate(-(-(long + 1) // engine.block_size))
-                r.tok_slot = engine._tok_free.pop()
-                fresh.append(r)
-            engine._prefilling.extend(fresh)
-            launch, n = engine._prefill_chunk(*engine._prefill_rows(budget - bucket(b)))
-            padded.append(n)
-            engine._prefilling.clear()
-            # A launch of several rows can finish a prompt, which moves it to the running
-            # batch: these are not the engine's requests.
-            engine._running[:] = [r for r in engine._running if r not in fresh]
-            _give_back(engine, fresh)  # stream-ordered: the next owner writes after
+        def prefill(budget: int = budget) -> tuple[list[Any], list[Any]]:
+            return fresh_prompts(engine, budget - b, rng)
 
-        times = timed(reqs, prefill)
-        rows_out.append(row("mixed", b, times, step_tokens=budget, prefill_tokens=padded[-1]))
-        _give_back(engine, reqs)
+        engine.step_tokens = budget  # the launch size: the whole budget
+        try:
+            times = timed(reqs, prefill)
+        finally:
+            engine.step_tokens = budget_was
+        rows_out.append(row("mixed", b, times, step_tokens=budget, prefill_tokens=budget - b))
+        give_back(engine, reqs)
     return rows_out
 
 
@@ -218,7 +243,7 @@ def _engine_split(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
     """The engine thread's time in a round by phase (ms), and its steps."""
     out: dict[str, Any] = {f"engine_{k}_ms": after["time_ms"][k] - before["time_ms"][k]
                            for k in after["time_ms"]}  # fmt: skip
-    for k in ("steps", "decode_steps", "prefill_chunks", "mixed_steps"):
+    for k in ("steps", "decode_steps", "prefill_steps", "mixed_steps"):
         out[k] = after[k] - before[k]
     out["step_tokens"] = after["step_tokens"]
     return out

@@ -35,11 +35,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=1024,
                    help="most requests waiting; more get 429")  # fmt: skip
     p.add_argument("--prefill-chunk", type=int, default=512,
-                   help="the longest prefill row (a power of two); a longer prompt "
-                   "fills several rows")  # fmt: skip
+                   help="the most tokens of one prompt one engine step prefills; a longer "
+                   "prompt is split over steps")  # fmt: skip
     p.add_argument("--step-tokens", type=int, default=None,
-                   help="token budget of one engine step: decode rows + prefill chunks "
-                   "(default max(2 x prefill chunk, max batch + prefill chunk))")  # fmt: skip
+                   help="token budget of one engine step (one launch): decode rows + prompt "
+                   "tokens (default max(2 x prefill chunk, max batch + prefill chunk))",
+                   )  # fmt: skip
     p.set_defaults(func=run)
 
 

@@ -49,13 +49,17 @@ def paged_forward(
     slots: GPUArray,
     block_table: GPUArray,
     seq_lens: GPUArray,
+    out_rows: GPUArray | None = None,
 ) -> GPUArray:
-    """Logits (float32) [B, V] of the last of each row's T tokens.
+    """Logits (float32) [B, V] of the last of each row's T tokens, or [R, V] of the tokens
+    out_rows [R] picks (indices into the B*T tokens, row-major).
 
     tokens, positions [B, T] (a position < 0 is front padding: computed, never stored, and
     masked out of attention); slots [B*T] where each token's key/value is stored (-1: not
     stored); block_table [B, max_blocks] and seq_lens [B] (keys each row has after this
-    step's stores) as paged_attention takes them.
+    step's stores) as paged_attention takes them. The serving engine's steps are B rows of
+    one token each (T = 1): a running sequence's next token or one token of a prompt, each
+    row with its own block table and length, so decode and prefill share one launch.
     """
     b, t = tokens.shape
     c = model.config
@@ -80,5 +84,9 @@ def paged_forward(
         y = gpk.nn.paged_attention(q, cache.k[i], cache.v[i], block_table, seq_lens)
         h = x + gpk.nn.linear(y.swapaxes(1, 2).reshape(b, t, hq), a.wo)
         x = h + layer.mlp(layer.mlp_norm(h))
-    x = x[:, t - 1 :]
+    if out_rows is not None:  # only the rows that sample a token reach the LM head
+        r = out_rows.shape[0]
+        x = gpk.take(x.reshape(b * t, c.hidden_size), out_rows, axis=0).reshape(r, 1, c.hidden_size)
+    else:
+        x = x[:, t - 1 :]
     return gpk.nn.linear(model.norm(x), model.lm_head).astype(gpk.float32)[:, 0]

@@ -8,13 +8,13 @@ One engine thread owns the model. Each engine step it
      full, and the order by QoS/priority are the scheduler's decisions;
   2. starts what the scheduler lets start (up to max_batch sequences), giving each its
      blocks;
-  3. launches the step under its token budget (step_tokens): one decode launch for every
-     running sequence (the batch padded to a power-of-two bucket; padded rows have no
-     keys and store nothing), then, with what the budget has left, one prefill launch of
-     the next pieces of the prompts waiting, oldest first: rows of t tokens (a power of
-     two), a long prompt filling several rows (a row attends the keys its prompt's
-     earlier rows store in the same layer), the last piece of a prompt front-padded to t,
-     the rows padded to a power of two; a prompt is split over as many steps as it needs;
+  3. launches the step under its token budget (step_tokens) as ONE launch of N tokens
+     (N a power of two, or the budget itself): a token for every running sequence first,
+     then, with what the budget has left, the next pieces of the prompts waiting, oldest
+     first (at most prefill_chunk tokens of one prompt a step; a prompt is split over as
+     many steps as it needs), then padding up to N. Each token is a row of its own with
+     its sequence's block table and position, so the weights are read once a step
+     whatever the mix of decode and prefill tokens, and nothing is padded per prompt;
   4. reads back the step before it and streams its tokens, while this one runs;
   5. retires finished sequences: their blocks go back to the pool at once and the
      scheduler's complete() admits what waited for that memory.
@@ -26,12 +26,10 @@ the one before and runs one step ahead of the host (the host knows how many toke
 sequence has, not which, until they are read back), and a decode step of an unchanged
 batch uploads nothing; a prefill launch is one upload. The engine thread shares the
 interpreter lock with the HTTP loop, which takes it whenever the engine lets go (a wait,
-a large copy): the step's launches let go of it as little as they can. A running stream gets a token
-every engine step, and a step's prefill share is bounded by the budget, so a prompt
+a large copy): the step's launch lets go of it as little as it can. A running stream gets a
+token every engine step, and a step's prefill share is bounded by the budget, so a prompt
 arriving mid-stream delays the others by at most one budget's prefill per token instead
-of its whole prefill. Decode and prefill are two launches, not one mixed batch: the
-prefill graph front-pads each row to its row length, so a decode row inside it would
-cost a whole row's compute.
+of its whole prefill.
 Events reach the caller through its `sink`, called on the engine thread; hooks added
 with add_step_hook run there once per step, after its events.
 """
@@ -65,10 +63,11 @@ from .sampling import k_rounds, sample_rows
 log = logging.getLogger("pygpukit.serve")
 
 QOS = ("guaranteed", "burstable", "best_effort")
-MIN_PREFILL_BUCKET = 16
-# Most rows of one prefill launch: rows are pieces of prompts, so a few long rows or many
-# short ones carry the same tokens; more rows only cut the last pieces' padding finer.
-PREFILL_ROWS = 16
+# Prompt tokens a step's budget must leave beside a full decode batch, so prompts progress.
+MIN_PREFILL_TOKENS = 16
+# Most prompts one step prefills pieces of: each writes its block table in the step (a row
+# of the upload's table section), and one it finishes samples a token (an output row).
+STEP_PROMPTS = 16
 LOOKAHEAD = 1  # engine steps launched before the oldest one's tokens are read back
 # The engine thread waits for the GPU without the interpreter lock and must get it back
 # at once, or the GPU idles while another thread (the HTTP loop) runs Python: CPython
@@ -120,11 +119,11 @@ class Request:
         return self.blocks[pos // block_size] * block_size + pos % block_size
 
 
-Launch = tuple[list["Request | None"], Any]  # a launch's rows and its tokens' transfer
+Launch = tuple[list["Request | None"], Any]  # a launch's output rows and their transfer
 
 
 class _Step:
-    """The traced steps: forward over the paged cache, per-row sampling. Its own small
+    """The traced step: forward over the paged cache, per-row sampling. Its own small
     object, so the compiled functions reach the model, the cache and the per-slot state
     arrays below, not the engine's changing bookkeeping (which gpk.compile would guard on).
 
@@ -132,60 +131,53 @@ class _Step:
     decode step of an unchanged batch uploads nothing: `last` [slots, 1, 1, 1] int64 its
     last token, `pos` (same shape) that token's position, `tables` [slots, 1, 1,
     max_blocks] int32 its block table (its blocks are allocated whole when it starts, so
-    the row never changes while it runs). A prefill launch writes a row's table and, when
-    its prompt is done, its first token and position; a decode launch reads them, and
-    writes back the new token and position. The writes are paged_write stores (row r at
-    slot s; nothing where s is negative)."""
+    the row never changes while it runs). A step writes the tables of the prompts it
+    prefills, reads every token's table and (decode tokens) last token and position
+    there, and writes back each sampled token and the position after it. The writes are
+    paged_write stores (row r at slot s; nothing where s is negative)."""
 
-    def __init__(self, tr: Any, cache: PagedKVCache, slots: int, max_blocks: int) -> None:
+    def __init__(self, tr: Any, cache: PagedKVCache, slots: int, max_blocks: int,
+                 max_outputs: int) -> None:  # fmt: skip
         self.tr, self.cache = tr, cache
-        self.slots, self.max_blocks = slots, max_blocks
+        self.slots, self.max_blocks, self.max_outputs = slots, max_blocks, max_outputs
         self.last = gpk.zeros((slots, 1, 1, 1), gpk.int64).realize()
         self.pos = gpk.zeros((slots, 1, 1, 1), gpk.int64).realize()
         self.tables = gpk.zeros((slots, 1, 1, max_blocks), gpk.int32).realize()
 
-    def prefill(self, packed: GPUArray, temperature: GPUArray, top_k: GPUArray,
-                top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
-                use_top_p: bool) -> GPUArray:  # fmt: skip
-        """A chunk of prompts [R, T], from one upload: packed [R, 3 T + 3 + max_blocks]
-        int64 holds each row's tokens, positions and cache slots (T each), its length
-        after the chunk, the token slot taking its next token (-1 until its prompt is
-        done), its own token slot (-1: a padded row) and its block table. Returns the
-        token after each row's chunk."""
-        r, m = packed.shape[0], self.max_blocks
-        t = (packed.shape[1] - 3 - m) // 3
-        tokens, positions = packed[:, :t], packed[:, t : 2 * t]
-        slots = packed[:, 2 * t : 3 * t].reshape(-1)
-        lens = packed[:, 3 * t]
-        tok_slots, own = packed[:, 3 * t + 1], packed[:, 3 * t + 2]
-        table = packed[:, 3 * t + 3 :].astype(gpk.int32)
-        gpk.nn.paged_write(self.tables, table.reshape(r, 1, m), own)
-        logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table,
-                               lens.astype(gpk.int32))  # fmt: skip
-        tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
-        gpk.nn.paged_write(self.last, tok.reshape(r, 1, 1), tok_slots)
-        gpk.nn.paged_write(self.pos, lens.reshape(r, 1, 1), tok_slots)
-        return tok
+    def layout(self, n: int) -> tuple[int, int]:
+        """(output rows, table rows) of an n-token step: a token for each decode row and
+        each prompt the step finishes; a table for each prompt it prefills."""
+        return min(n, self.max_outputs), min(n, STEP_PROMPTS)
 
-    def decode(self, tok_slots: GPUArray, temperature: GPUArray, top_k: GPUArray,
-               top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
-               use_top_p: bool) -> GPUArray:  # fmt: skip
-        """One new token for each row's token slot (padded rows: -1), fed by its last
-        token at the position after it, through its block table."""
-        b, m, bs = tok_slots.shape[0], self.max_blocks, self.cache.block_size
-        live = tok_slots >= 0
-        at = gpk.maximum(tok_slots, 0)
-        tokens = gpk.take(self.last.reshape(-1), at).reshape(b, 1)
-        p = gpk.where(live, gpk.take(self.pos.reshape(-1), at), 0)
+    def run(self, packed: GPUArray, tables_in: GPUArray, n: int, temperature: GPUArray,
+            top_k: GPUArray, top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
+            use_top_p: bool) -> GPUArray:  # fmt: skip
+        """One engine step of n tokens. packed [3 n + 2 ro] int64: per token its id and
+        position (-1, -1: a decode token, fed by its slot's last token at the position
+        after it) and its token slot (-1: padding, nothing stored); per output row the
+        token it samples after and the token slot taking it (-1: none). tables_in [rt, 1 +
+        max_blocks] int32: per row a token slot (-1: none) and the block table it gets
+        (the prompts the step prefills). Returns the output rows' tokens."""
+        ro, rt = self.layout(n)
+        m, bs = self.max_blocks, self.cache.block_size
+        tok_in, pos_in, tslot = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
+        out_at, out_slot = packed[3 * n : 3 * n + ro], packed[3 * n + ro :]
+        gpk.nn.paged_write(self.tables, tables_in[:, 1:].reshape(rt, 1, m), tables_in[:, 0])
+        live = tslot >= 0
+        at = gpk.maximum(tslot, 0)
+        dec = tok_in < 0
+        tokens = gpk.where(dec, gpk.take(self.last.reshape(-1), at), tok_in)
+        p = gpk.where(live, gpk.where(dec, gpk.take(self.pos.reshape(-1), at), pos_in), 0)
         table = gpk.take(self.tables.reshape(self.slots, m), at, axis=0)
         block = gpk.take(self.tables.reshape(-1), at * m + p // bs).astype(gpk.int64)
         slots = gpk.where(live, block * bs + p % bs, -1)
-        positions = gpk.where(live, p, -1).reshape(b, 1)
+        positions = gpk.where(live, p, -1).reshape(n, 1)
         lens = gpk.where(live, p + 1, 0).astype(gpk.int32)
-        logits = paged_forward(self.tr, self.cache, tokens, positions, slots, table, lens)
+        logits = paged_forward(self.tr, self.cache, tokens.reshape(n, 1), positions, slots,
+                               table, lens, out_at)  # fmt: skip
         tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
-        gpk.nn.paged_write(self.last, tok.reshape(b, 1, 1), tok_slots)
-        gpk.nn.paged_write(self.pos, (p + 1).reshape(b, 1, 1), tok_slots)
+        gpk.nn.paged_write(self.last, tok.reshape(ro, 1, 1), out_slot)
+        gpk.nn.paged_write(self.pos, (gpk.take(p, out_at) + 1).reshape(ro, 1, 1), out_slot)
         return tok
 
 
@@ -237,15 +229,12 @@ class Engine:
     max_position_embeddings, capped at 8192 and at a sliding window). kv_blocks or
     kv_memory (bytes) size the cache (default: 1/4 of free device memory on a GPU, 256 MiB
     on the CPU, at least one full-length sequence). max_batch: most sequences decoding at
-    once (buckets 1, 2, 4, ... up to it). prefill_chunk: the longest prefill row (a power
-    of two; a longer prompt fills several rows). step_tokens: the token budget of one
-    engine step, the tokens its launches compute: the decode batch's rows (its bucket)
-    plus the prefill launch's padded tokens (rows bucket x row length); default
-    max(2 * prefill_chunk, the max_batch bucket + prefill_chunk), 1024 with the other
-    defaults (on the H200 run, 64 streams: a step with 64 decode rows and a 512-token
-    prefill takes 7.3 ms, with 1024 12.6 ms; the throughput was the same). It must leave
-    room for a MIN_PREFILL_BUCKET row beside a full decode batch, so prompts always
-    progress.
+    once). prefill_chunk: the most tokens of one prompt one step prefills (a longer prompt
+    is split over steps). step_tokens: the token budget of one engine step: its decode
+    rows plus its prompt tokens, the launch padded to the next power of two (or to the
+    budget); default max(2 * prefill_chunk, the max_batch bucket + prefill_chunk), 1024
+    with the other defaults. It must leave MIN_PREFILL_TOKENS beside a full decode batch,
+    so prompts always progress.
     max_queue: most requests waiting to start; more are refused with Overloaded.
     """
 
@@ -263,17 +252,14 @@ class Engine:
                         ("prefill_chunk", prefill_chunk), ("max_queue", max_queue)):  # fmt: skip
             if not isinstance(v, int) or v < 1:
                 raise errors.GPUKitValueError(f"Engine: {name} must be an integer >= 1, got {v!r}")
-        if prefill_chunk & (prefill_chunk - 1):
-            raise errors.GPUKitValueError(f"Engine: prefill_chunk must be a power of two, "
-                                          f"got {prefill_chunk}")  # fmt: skip
-        least = bucket(max_batch) + MIN_PREFILL_BUCKET
+        least = max_batch + MIN_PREFILL_TOKENS
         if step_tokens is None:
             step_tokens = max(2 * prefill_chunk, bucket(max_batch) + prefill_chunk)
         if not isinstance(step_tokens, int) or step_tokens < least:
             raise errors.GPUKitValueError(
                 f"Engine: step_tokens must be an integer >= {least} (a full decode batch of "
-                f"max_batch {max_batch}, bucket {bucket(max_batch)}, and a "
-                f"{MIN_PREFILL_BUCKET}-token prefill chunk), got {step_tokens!r}"
+                f"max_batch {max_batch} and {MIN_PREFILL_TOKENS} prompt tokens), got "
+                f"{step_tokens!r}"
             )
         self.block_size, self.max_batch = block_size, max_batch
         self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
@@ -290,21 +276,24 @@ class Engine:
         self.core = _rust.SchedulerCore(self.num_blocks * self.block_bytes)
         self.vocab = cfg.vocab_size
         self.eos = frozenset(model.eos_token_ids)
-        self._step_obj = _Step(self.tr, self.cache, max_batch, self.max_blocks)
+        self._step_obj = _Step(self.tr, self.cache, max_batch, self.max_blocks,
+                               max_batch + STEP_PROMPTS)  # fmt: skip
         self._tok_free = list(range(max_batch - 1, -1, -1))  # free rows of _step_obj.last
         # Engine steps whose tokens are not read back yet, oldest first: each step's
         # launches in order, as (the rows, None where a row takes no token, the transfer
         # of the launch's tokens).
         self._inflight: deque[list[Launch]] = deque()
-        # One compiled function per (kind, bucket, sampling statics): each traces once,
-        # and its captured graph is replayed for every step of that shape.
+        # One compiled function per (step tokens, sampling statics): each traces once, and
+        # its captured graph is replayed for every step of that shape.
         self._compiled: dict[tuple[Any, ...], Any] = {}
+        # Steps that prefill nothing: their table rows (all empty), uploaded once per size.
+        self._idle_tables: dict[int, GPUArray] = {}
         # All-greedy batches' sampling inputs never change: uploaded once per batch size.
         self._greedy_inputs: dict[int, list[GPUArray]] = {}
-        # The last decode step's rows (bucket, token slots) and their token slots on the
-        # device: a step of the same batch uploads nothing.
+        # The last decode-only step's (tokens, token slots) and its upload: a decode step
+        # of the same batch uploads nothing.
         self._decode_key: tuple[int, ...] = ()
-        self._decode_slots: GPUArray | None = None
+        self._decode_upload: GPUArray | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0  # submitted, not yet started (the bounded queue)
@@ -313,13 +302,13 @@ class Engine:
         self._prefilling: deque[Request] = deque()
         self._running: list[Request] = []
         self._counts = {"submitted": 0, "finished": 0, "cancelled": 0, "rejected": 0,
-                        "failed": 0, "steps": 0, "decode_steps": 0, "prefill_chunks": 0,
+                        "failed": 0, "steps": 0, "decode_steps": 0, "prefill_steps": 0,
                         "mixed_steps": 0, "prefill_tokens": 0, "max_step_tokens": 0,
                         "tokens": 0}  # fmt: skip
-        # Where the engine thread's time goes (ms): launching prefill and decode steps
-        # (their inputs and the call), waiting for a step's tokens (the device's time
+        # Where the engine thread's time goes (ms): launching steps (their inputs and the
+        # call), waiting for a step's tokens (the device's time
         # beyond the host's shows here) and emitting them (the sinks).
-        self._times = {"prefill_launch": 0.0, "decode_launch": 0.0, "wait": 0.0, "emit": 0.0}
+        self._times = {"launch": 0.0, "wait": 0.0, "emit": 0.0}
         self._step_hooks: list[Callable[[], None]] = []
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -435,26 +424,20 @@ class Engine:
         }
 
     def warmup(self, max_prompt: int | None = None) -> int:
-        """Trace and capture every greedy step shape a serving run can meet (each decode
-        batch bucket up to max_batch; each prefill rows x row length within the step
-        budget, at most PREFILL_ROWS rows, rows up to max_prompt tokens) before serving,
-        so no request waits for a compile. Runs all-padding inputs: nothing is stored.
-        Call before start(); returns the compiled steps."""
+        """Trace and capture every greedy step shape a serving run can meet (each step
+        size: a power of two up to step_tokens, and step_tokens) before serving, so no
+        request waits for a compile. Runs all-padding inputs: nothing is stored. Call
+        before start(); returns the compiled steps. (max_prompt is accepted for callers
+        that size prompts: every step size holds any mix of decode and prompt tokens.)"""
         if self._thread is not None:
             raise errors.GPUKitError("Engine.warmup: call it before start()")
-        longest = min(self.prefill_chunk, max_prompt or self.max_model_len)
-        sizes: list[tuple[str, Any, int]] = [("decode", b, b) for b in _buckets(1, self.max_batch)]
-        for t in _buckets(MIN_PREFILL_BUCKET, bucket(longest, MIN_PREFILL_BUCKET)):
-            sizes += [("prefill", (r, t), r) for r in _buckets(1, PREFILL_ROWS)
-                      if r * t <= self.step_tokens]  # fmt: skip
-        for kind, size, rows in sizes:
-            sampling, statics = self._sampling_inputs([None] * rows, rows)
-            if kind == "decode":
-                arg = np.full(rows, -1, np.int64)  # padded rows: nothing stored
-            else:
-                arg = self._prefill_packed([], rows, size[1])
-            fn = self._compiled_step(kind, size, statics)
-            fn(gpk.from_numpy(arg), *sampling, *statics).to_numpy()
+        sizes = sorted({self._step_size(b) for b in _buckets(1, self.step_tokens)})
+        for n in sizes:
+            ro, _ = self._step_obj.layout(n)
+            sampling, statics = self._sampling_inputs([None] * ro, ro)
+            packed, _, _ = self._packed([], [], n)
+            self._compiled_step(n, statics)(gpk.from_numpy(packed), self._no_tables(n), n,
+                                            *sampling, *statics).to_numpy()  # fmt: skip
         return len(sizes)
 
     # -- the engine thread --------------------------------------------------------------
@@ -590,43 +573,24 @@ class Engine:
             self._end(req, "length")
 
     def _step(self) -> bool:
-        """Launch the next engine step: a decode launch for the running sequences, then a
-        prefill launch for the prompts waiting with what the token budget has left;
-        whether anything was launched."""
-        launches: list[Launch] = []
-        used = 0
+        """Launch the next engine step: a token for each running sequence and, with what
+        the token budget has left, pieces of the prompts waiting; whether anything was
+        launched."""
         rows = [r for r in self._running if r.scheduled < r.max_tokens][: self.max_batch]
-        if rows:
-            t0 = time.perf_counter()
-            try:
-                launches.append(self._decode_step(rows))
-            except Exception as e:  # a failing request must not take the server down
-                log.exception("decode step failed")
-                for r in rows:
-                    self._end(r, error=e)
-            used = bucket(len(rows))
-            self._times["decode_launch"] += (time.perf_counter() - t0) * 1e3
-        if self._prefilling:
-            chunks, t = self._prefill_rows(self.step_tokens - used)
-            t0 = time.perf_counter()
-            try:
-                launch, padded = self._prefill_chunk(chunks, t)
-                used += padded
-                if launch is not None:
-                    launches.append(launch)
-            except Exception as e:
-                log.exception("prefill failed")
-                for r, _ in chunks:
-                    self._end(r, error=e)
-            if rows:
-                self._counts["mixed_steps"] += 1
-            self._times["prefill_launch"] += (time.perf_counter() - t0) * 1e3
-        if not used:
+        pieces = self._prefill_pieces(self.step_tokens - len(rows))
+        if not rows and not pieces:
             return False
-        self._counts["steps"] += 1
-        self._counts["max_step_tokens"] = max(self._counts["max_step_tokens"], used)
-        if launches:
-            self._inflight.append(launches)
+        t0 = time.perf_counter()
+        try:
+            launch = self._launch(rows, pieces)
+        except Exception as e:  # a failing request must not take the server down
+            log.exception("engine step failed")
+            for r in [*rows, *(r for r, _ in pieces)]:
+                self._end(r, error=e)
+            return True
+        finally:
+            self._times["launch"] += (time.perf_counter() - t0) * 1e3
+        self._inflight.append([launch])
         return True
 
     def _retire(self) -> None:
@@ -676,117 +640,108 @@ class Engine:
         arrays = [gpk.from_numpy(a) for a in (temp, top_k, top_p, noise)]
         return arrays, (sampled, k_rounds(k), use_top_p)
 
-    def _compiled_step(self, kind: str, size: Any, statics: tuple[Any, ...]) -> Any:
-        key = (kind, size, *statics)
+    def _compiled_step(self, n: int, statics: tuple[Any, ...]) -> Any:
+        key = (n, *statics)
         fn = self._compiled.get(key)
         if fn is None:
-            step = self._step_obj.prefill if kind == "prefill" else self._step_obj.decode
-            fn = self._compiled[key] = gpk.compile(step)
+            fn = self._compiled[key] = gpk.compile(self._step_obj.run)
         return fn
 
-    def _prefill_rows(self, budget: int) -> tuple[list[tuple[Request, int]], int]:
-        """The rows of the next prefill launch and their length t: pieces of at most t
-        tokens of the waiting prompts, oldest first, each prompt's pieces in order (a
-        prompt longer than t fills several rows: a row attends the keys its prompt's
-        earlier rows store in the same layer). t is the power of two (MIN_PREFILL_BUCKET
-        to prefill_chunk) that lets the most prompt tokens through within budget padded
-        tokens (rows bucket x t, at most PREFILL_ROWS rows), then the fewest padded, then
-        the fewest rows: the last piece of each prompt is its only padding."""
-        best: tuple[tuple[int, int, int], list[tuple[Request, int]], int] | None = None
-        t = MIN_PREFILL_BUCKET
-        while t <= min(self.prefill_chunk, budget):
-            most = PREFILL_ROWS
-            while most * t > budget:
-                most //= 2
-            pieces: list[tuple[Request, int]] = []
-            for req in self._prefilling:
-                left = len(req.prompt) - req.prefilled
-                while left > 0 and len(pieces) < most:
-                    pieces.append((req, min(t, left)))
-                    left -= t
-                if len(pieces) == most:
-                    break
-            score = (sum(n for _, n in pieces), -bucket(len(pieces)) * t, t)
-            if best is None or score > best[0]:
-                best = (score, pieces, t)
-            t *= 2
-        assert best is not None  # the step budget always leaves a MIN_PREFILL_BUCKET row
-        return best[1], best[2]
+    def _no_tables(self, n: int) -> GPUArray:
+        """An n-token step's table rows that write nothing (uploaded once per size)."""
+        got = self._idle_tables.get(n)
+        if got is None:
+            rt = self._step_obj.layout(n)[1]
+            empty = np.zeros((rt, 1 + self.max_blocks), np.int32)
+            empty[:, 0] = -1
+            got = self._idle_tables[n] = gpk.from_numpy(empty)
+        return got
 
-    def _prefill_chunk(self, pieces: list[tuple[Request, int]],
-                       t: int) -> tuple[Launch | None, int]:  # fmt: skip
-        """Launch the given rows (see _prefill_rows), as one batch; a prompt that is done
-        moves to the running batch (its first token, sampled in its last row, is stored
-        on the device, and streamed once read back). Returns the launch when a row takes
-        a token, and the padded tokens the launch computes."""
-        rows = bucket(len(pieces))
-        packed = self._prefill_packed(pieces, rows, t)
-        takers: list[Request | None] = [None] * rows
-        for i, (req, n) in enumerate(pieces):
-            req.prefilled += n
-            if req.prefilled == len(req.prompt):
-                takers[i] = req
-        sampling, statics = self._sampling_inputs(takers, rows)
-        fn = self._compiled_step("prefill", (rows, t), statics)
-        tok = fn(gpk.from_numpy(packed), *sampling, *statics)
-        self._counts["prefill_chunks"] += 1
-        self._counts["prefill_tokens"] += sum(n for _, n in pieces)
-        for done in takers:
-            if done is not None:
-                done.scheduled = 1
-                self._prefilling.remove(done)
-                self._running.append(done)
-        if any(r is not None for r in takers):
-            return (takers, tok.to_numpy_async()), rows * t
-        return None, rows * t
+    def _step_size(self, tokens: int) -> int:
+        """The launch size of a step of `tokens` tokens: the next power of two, or the
+        budget itself when that is smaller."""
+        return min(bucket(tokens), self.step_tokens)
 
-    def _prefill_packed(self, pieces: list[tuple[Request, int]], rows: int,
-                        t: int) -> np.ndarray:  # fmt: skip
-        """The prefill launch's one upload (see _Step.prefill): per row its piece's tokens,
-        positions and cache slots, front-padded to t (padding: position and slot -1), its
-        length after the piece, the token slot taking the token after it (its prompt's
-        last piece only), its own token slot and its block table; padded rows store
-        nothing. A prompt's pieces continue from its prefilled tokens, in order."""
-        m = self.max_blocks
-        packed = np.zeros((rows, 3 * t + 3 + m), np.int64)
-        packed[:, t : 3 * t] = -1
-        packed[:, 3 * t + 1 : 3 * t + 3] = -1
-        at: dict[int, int] = {}  # request id -> where its next piece starts
-        for i, (req, n) in enumerate(pieces):
-            start = at.get(req.id, req.prefilled)
-            at[req.id] = start + n
-            pad = t - n
-            row = packed[i]
-            row[pad:t] = req.prompt[start : start + n]
-            pos = np.arange(start, start + n)
-            row[t + pad : 2 * t] = pos
-            blocks = np.asarray(req.blocks, np.int64)
-            row[2 * t + pad : 3 * t] = blocks[pos // self.block_size] * self.block_size \
-                + pos % self.block_size  # fmt: skip
-            row[3 * t] = start + n
-            if start + n == len(req.prompt):
-                row[3 * t + 1] = req.tok_slot
-            row[3 * t + 2] = req.tok_slot
-            row[3 * t + 3 : 3 * t + 3 + len(blocks)] = blocks
-        return packed
+    def _prefill_pieces(self, budget: int) -> list[tuple[Request, int]]:
+        """The next prompt pieces, oldest prompt first, within budget tokens: at most
+        prefill_chunk tokens of one prompt and STEP_PROMPTS prompts. A prompt's piece
+        continues from its prefilled tokens."""
+        pieces: list[tuple[Request, int]] = []
+        for req in self._prefilling:
+            if budget <= 0 or len(pieces) == STEP_PROMPTS:
+                break
+            n = min(len(req.prompt) - req.prefilled, self.prefill_chunk, budget)
+            pieces.append((req, n))
+            budget -= n
+        return pieces
 
-    def _decode_step(self, rows: list[Request]) -> Launch:
-        """Launch one decode step for rows (each has a token left to make). The rows'
-        positions and block tables are on the device (_Step); the only input is the
-        rows' token slots, uploaded when the batch changed since the last decode step."""
-        b = bucket(len(rows))
-        key = (b, *(r.tok_slot for r in rows))
-        if key != self._decode_key:
-            tok_slots = np.full(b, -1, np.int64)
-            tok_slots[: len(rows)] = key[1:]
-            self._decode_slots, self._decode_key = gpk.from_numpy(tok_slots), key
+    def _packed(self, rows: Sequence[Request], pieces: Sequence[tuple[Request, int]], n: int
+                ) -> tuple[np.ndarray, np.ndarray, list[Request | None]]:  # fmt: skip
+        """A step's uploads (see _Step.run: packed, tables) and its output rows' requests
+        (None: a row whose token nobody takes): the rows' decode tokens first, then the
+        pieces' prompt tokens, each piece writing its prompt's block table; a piece that
+        ends its prompt samples the prompt's first token after its last one."""
+        ro, rt = self._step_obj.layout(n)
+        packed = np.zeros(3 * n + 2 * ro, np.int64)
+        tables = np.zeros((rt, 1 + self.max_blocks), np.int32)
+        tok, pos, tslot = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
+        out_at, out_slot = packed[3 * n : 3 * n + ro], packed[3 * n + ro :]
+        d = len(rows)
+        tslot[:] = out_slot[:] = tables[:, 0] = -1
+        tok[:d] = pos[:d] = -1
+        tslot[:d] = out_slot[:d] = [r.tok_slot for r in rows]
+        out_at[:d] = np.arange(d)
+        outs: list[Request | None] = [*rows, *([None] * (ro - d))]
+        at, k = d, d
+        for j, (req, cnt) in enumerate(pieces):
+            start = req.prefilled
+            tok[at : at + cnt] = req.prompt[start : start + cnt]
+            pos[at : at + cnt] = np.arange(start, start + cnt)
+            tslot[at : at + cnt] = req.tok_slot
+            tables[j, 0] = req.tok_slot
+            tables[j, 1 : 1 + len(req.blocks)] = req.blocks
+            at += cnt
+            if start + cnt == len(req.prompt):
+                out_at[k], out_slot[k], outs[k] = at - 1, req.tok_slot, req
+                k += 1
+        return packed, tables, outs
+
+    def _launch(self, rows: Sequence[Request], pieces: Sequence[tuple[Request, int]]) -> Launch:
+        """Launch one step: a token for each of rows (each has a token left to make) and
+        the prompt pieces; a prompt that is done moves to the running batch (its first
+        token is stored on the device, and streamed once read back). A decode-only step
+        of the batch before uploads nothing. Returns the output rows and their tokens'
+        transfer."""
+        used = len(rows) + sum(cnt for _, cnt in pieces)
+        n = self._step_size(used)
+        key = (n, *(r.tok_slot for r in rows))
+        if pieces or key != self._decode_key or self._decode_upload is None:
+            packed, tables, outs = self._packed(rows, pieces, n)
+            upload = gpk.from_numpy(packed)
+            self._decode_key, self._decode_upload = (key, upload) if not pieces else ((), None)
+        else:
+            upload = self._decode_upload
+            outs = [*rows, *([None] * (self._step_obj.layout(n)[0] - len(rows)))]
+        # A step that prefills nothing writes no table: its table rows never change.
+        table_rows = gpk.from_numpy(tables) if pieces else self._no_tables(n)
+        sampling, statics = self._sampling_inputs(outs, len(outs))
+        tok = self._compiled_step(n, statics)(upload, table_rows, n, *sampling, *statics)
         for r in rows:
             r.scheduled += 1
-        padded: list[Request | None] = [*rows, *([None] * (b - len(rows)))]
-        sampling, statics = self._sampling_inputs(padded, b)
-        out = self._compiled_step("decode", b, statics)(self._decode_slots, *sampling, *statics)
-        self._counts["decode_steps"] += 1
-        return list(rows), out.to_numpy_async()
+        for req, cnt in pieces:
+            req.prefilled += cnt
+            if req.prefilled == len(req.prompt):
+                req.scheduled = 1
+                self._prefilling.remove(req)
+                self._running.append(req)
+        c = self._counts
+        c["steps"] += 1
+        c["decode_steps"] += bool(rows)
+        c["prefill_steps"] += bool(pieces)
+        c["mixed_steps"] += bool(rows and pieces)
+        c["prefill_tokens"] += used - len(rows)
+        c["max_step_tokens"] = max(c["max_step_tokens"], n)
+        return outs, tok.to_numpy_async()
 
 
 def _buckets(least: int, most: int) -> list[int]:

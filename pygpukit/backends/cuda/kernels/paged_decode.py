@@ -26,7 +26,15 @@ def supports(dtype: str, head_dim: int, heads: int, kv_heads: int, rows: int, n_
 def splits_for(rows: int, heads: int, kv_heads: int, n_q: int, max_keys: int,
                sm_count: int) -> int:  # fmt: skip
     """Splits of each row's keys, so the blocks fill the SMs about once: several only for
-    one query per row (a decode step), at most one tile of the longest context each."""
+    one query per row (a decode step), at most one tile of the longest context each.
+
+    More splits measured slower on an H200 (scripts/graph_profile.py --serve, TinyLlama
+    shape, 512 keys a row): aiming at six blocks per SM gave batch 64 four splits instead
+    of one, and its attention went from 35 us a layer to 44 us plus a 20 us merge (the
+    decode step from 2.02 to 2.36 ms, batch 16 from 1.57 to 1.69 ms). The one split is
+    latency-bound (480 GB/s of keys and values, 39% of the batch-64 step's kernel time):
+    what it needs is a faster body (tensor cores, as pgk_attn_decode_mma), not more
+    blocks."""
     if n_q != 1:
         return 1
     g = attention.decode_group(heads, kv_heads)
