@@ -19,8 +19,10 @@ w_down, lm_head) of the random bf16 model quantized on the device as the quant_l
 does (int8 per row, fp8 blocks of 128, int4 groups of 128; bf16: unquantized), one row per
 model, format and batch. Each profiled row also has the decode steps' GPU time per launch
 shape (kernel name, grid, block: the GEMVs of different N show apart), from the
-difference of a profiled n-step generate and a 1-token one, so the prefill drops out:
-kernel_us_per_step against ms_per_step shows the launch gaps and host time.
+difference of a profiled n-step generate and a 1-token one, so the prefill drops out.
+With programmatic dependent launch a kernel starts while the one ahead runs and waits for
+it inside, so kernel durations overlap: each launch's own time counts only what no kernel
+before it covered (busy_us_per_step, their sum, against ms_per_step shows the gaps).
 
 --prefill BxT,... profiles the captured prefill instead (one chunk of B x T tokens, as the
 llm_prefill bench runs it) and, unless --no-peer, the torch.compile'd gpt-fast prefill of
@@ -161,27 +163,34 @@ def _profile(
     for r in rows[:14]:
         print(f"  {r['total_us'] / 1e3:8.3f} ms {r['count']:6d}x  {r['name']}")
     per_step: list[dict[str, Any]] = []
-    for key, (c, us) in launches.items():
-        c0, us0 = first.get(key, (0, 0.0))
+    for key, (c, us, ex) in launches.items():
+        c0, us0, ex0 = first.get(key, (0, 0.0, 0.0))
         if c - c0 > 0:
             per_step.append({"name": key[0][:70], "grid": key[1], "block": key[2],
                              "per_step": (c - c0) / n, "us_per_step": (us - us0) / n,
-                             "mean_us": (us - us0) / (c - c0)})  # fmt: skip
-    per_step.sort(key=lambda r: -r["us_per_step"])
+                             "mean_us": (us - us0) / (c - c0),
+                             "own_us_per_step": (ex - ex0) / n,
+                             "own_mean_us": (ex - ex0) / (c - c0)})  # fmt: skip
+    per_step.sort(key=lambda r: -r["own_us_per_step"])
     step_us = sum(r["us_per_step"] for r in per_step)
-    print(f"  per decode step: kernels {step_us / 1e3:.3f} ms of {ms_per_step:.3f} ms "
-          f"({sum(r['per_step'] for r in per_step):.0f} launches); by launch shape:")  # fmt: skip
+    own_us = sum(r["own_us_per_step"] for r in per_step)
+    print(f"  per decode step: kernels {step_us / 1e3:.3f} ms (busy {own_us / 1e3:.3f} ms: "
+          f"overlaps counted once) of {ms_per_step:.3f} ms "
+          f"({sum(r['per_step'] for r in per_step):.0f} launches); by launch shape, own "
+          f"us per step, launches, own and whole mean us:")  # fmt: skip
     for r in per_step[:24]:
-        print(f"   {r['us_per_step']:9.1f} us {r['per_step']:6.1f}x {r['mean_us']:8.2f}  "
-              f"grid {r['grid']} block {r['block']}  {r['name']}")  # fmt: skip
-    return {"kernels": rows[:40], "kernel_us_per_step": step_us, "per_step": per_step[:60]}
+        print(f"   {r['own_us_per_step']:9.1f} us {r['per_step']:6.1f}x {r['own_mean_us']:8.2f} "
+              f"{r['mean_us']:8.2f}  grid {r['grid']} block {r['block']}  {r['name']}")  # fmt: skip
+    return {"kernels": rows[:40], "kernel_us_per_step": step_us, "busy_us_per_step": own_us,
+            "per_step": per_step[:60]}  # fmt: skip
 
 
 def _profiled_generate(
     model: Any, prompt: list[list[int]], max_seq: int, tokens: int, trace: str | None
-) -> tuple[dict[str, tuple[int, float]], dict[tuple[str, str, str], tuple[int, float]]]:
-    """(count and GPU us by kernel name, the same by launch shape) of one generate_ids of
-    `tokens` tokens, from torch's profiler (CUPTI sees graph replays' kernels too)."""
+) -> tuple[dict[str, tuple[int, float]], dict[tuple[str, str, str], tuple[int, float, float]]]:
+    """(count and GPU us by kernel name; count, GPU us and own us by launch shape) of one
+    generate_ids of `tokens` tokens, from torch's profiler (CUPTI sees graph replays'
+    kernels too). A kernel's own time excludes what overlaps the kernels before it."""
     import os
     import tempfile
 
@@ -198,12 +207,18 @@ def _profiled_generate(
     prof.export_chrome_trace(path)
     gpu, _ = _kernel_events(path)
     by_name: dict[str, tuple[int, float]] = {}
-    by_launch: dict[tuple[str, str, str], tuple[int, float]] = {}
+    by_launch: dict[tuple[str, str, str], tuple[int, float, float]] = {}
+    busy_until = 0.0
     for e in gpu:
         args = e.get("args", {})
         key = (e["name"], str(args.get("grid")), str(args.get("block")))
-        c, us = by_launch.get(key, (0, 0.0))
-        by_launch[key] = (c + 1, us + e["dur"])
+        # With programmatic dependent launch a kernel starts while the one ahead runs and
+        # waits for it inside: its own time is from where the GPU was busy until to its end.
+        end = e["ts"] + e["dur"]
+        own = max(0.0, end - max(e["ts"], busy_until))
+        busy_until = max(busy_until, end)
+        c, us, ex = by_launch.get(key, (0, 0.0, 0.0))
+        by_launch[key] = (c + 1, us + e["dur"], ex + own)
         c, us = by_name.get(e["name"], (0, 0.0))
         by_name[e["name"]] = (c + 1, us + e["dur"])
     return by_name, by_launch
