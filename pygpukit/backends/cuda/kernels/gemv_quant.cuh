@@ -277,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
         if (2 * qc + e < m) red[(warp * m + 2 * qc + e) * RL + t * 8 + qr] = acc[t][e];
-#if PGK_PRO == 1
+#if PGK_PRO == 1 && PGK_QSTAGES == 0
     if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
 #endif
     __syncthreads();
@@ -445,22 +445,52 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_cp_async_commit();
   }
   (void)pro;
-  // The prologue on the warp's columns of x in shared memory, once: the lanes read x as
-  // the main loop does (the B fragment's permutation), accumulate the sums of squares of
-  // the raw values and write back x * gain. Past K the gain is zero (and so is x).
+  // The prologue on the warp's columns of x in shared memory, once, before the first
+  // stage is multiplied: every lane takes 16-byte pieces of the columns (all of its gain
+  // loads of a batch in flight at once: one lane row after another, each waiting for its
+  // load, added about 5 us to [12288 x 4096] int8), sums the squares of the raw values of
+  // each row in fp32 and writes back x * gain as pgk_gscale rounds it; the warp's sums
+  // of squares go to sumsq once (the register path takes them per tile with its MMAs).
   auto prologue_once = [&]() {
 #if PGK_PRO == 1
-    for (int c = c_lo; c < c_hi; ++c) {
-      const int col = c * CW + qc * EPL;
+    constexpr int B = 4;  // pieces a lane loads the gain of at once
+    const int pieces = (c_hi - c_lo) * (CW / 8), col0 = c_lo * CW;
+    float sq[8];
 #pragma unroll
-      for (int jx = 0; jx < XV; ++jx) {
-        pgk_t* at = xsm + qr * xld + col + 8 * jx;
-        uint4 xv = xin ? *reinterpret_cast<const uint4*>(at) : make_uint4(0u, 0u, 0u, 0u);
-        uint4 upper = make_uint4(0u, 0u, 0u, 0u);
-        const uint4 gv = pgk_gload_x(pro + col + 8 * jx, col + 8 * jx < k);
-        pgk_gprologue(xv, upper, gv, false, ss, ss_hi);
-        if (xin) *reinterpret_cast<uint4*>(at) = xv;
+    for (int r = 0; r < 8; ++r) sq[r] = 0.0f;
+    for (int p0 = lane; p0 < pieces; p0 += 32 * B) {
+      uint4 gv[B];
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        const int p = p0 + 32 * i, col = col0 + 8 * p;
+        gv[i] = pgk_gload_x(pro + col, p < pieces && col < k);
       }
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        const int p = p0 + 32 * i, col = col0 + 8 * p;
+        if (p >= pieces) break;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          if (r >= m) break;
+          uint4* at = reinterpret_cast<uint4*>(xsm + r * xld + col);
+          const uint4 xv = *at;
+          const pgk_t* e = reinterpret_cast<const pgk_t*>(&xv);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float f = pgk_to_float(e[j]);
+            sq[r] = fmaf(f, f, sq[r]);
+          }
+          *at = pgk_gscale(xv, gv[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      if (r >= m) break;
+      float v = sq[r];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) sumsq[warp][r] = v;
     }
     __syncwarp();
 #endif
