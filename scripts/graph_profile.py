@@ -1,6 +1,7 @@
 """Where a compiled call's time goes on the CUDA backend, with CUDA Graph replay.
 
     python scripts/graph_profile.py [--batches 1,16] [--steps 32] [--json FILE] [--trace FILE]
+        [--model tinyllama,llama2-7b] [--quantize bf16,int8,fp8,int4]
     python scripts/graph_profile.py --prefill 1x1024,4x512 [--no-peer] [--json FILE]
 
 Prints (1) the host time of one call of a small compiled function (the dispatch cost: the
@@ -11,6 +12,17 @@ the decode steps, grouped by kernel name. scripts/device_llm.sh runs it after th
 bench/results/h200-graphs-profile.json is the last run kept:
 
     python scripts/graph_profile.py --batches 1 --json bench/results/h200-graphs-profile.json
+
+--model picks the decode step's shapes (names of pygpukit.bench.llm.MODELS, comma-separated;
+default tinyllama) and --quantize its weights: every linear weight (wqkv, wo, w_gate_up,
+w_down, lm_head) of the random bf16 model quantized on the device as the quant_llm bench
+does (int8 per row, fp8 blocks of 128, int4 groups of 128; bf16: unquantized), one row per
+model, format and batch. Each profiled row also has the decode steps' GPU time per launch
+shape (kernel name, grid, block: the GEMVs of different N show apart), from the
+difference of a profiled n-step generate and a 1-token one, so the prefill drops out.
+With programmatic dependent launch a kernel starts while the one ahead runs and waits for
+it inside, so kernel durations overlap: each launch's own time counts only what no kernel
+before it covered (busy_us_per_step, their sum, against ms_per_step shows the gaps).
 
 --prefill BxT,... profiles the captured prefill instead (one chunk of B x T tokens, as the
 llm_prefill bench runs it) and, unless --no-peer, the torch.compile'd gpt-fast prefill of
@@ -67,37 +79,65 @@ def dispatch_us(n_calls: int = 3000) -> dict[str, float]:
 
 
 def decode(
-    batches: list[int], steps: int, profile: bool, trace: str | None = None
+    batches: list[int],
+    steps: int,
+    profile: bool,
+    trace: str | None = None,
+    models: tuple[str, ...] = ("tinyllama",),
+    formats: tuple[str, ...] = ("bf16",),
 ) -> list[dict[str, Any]]:
-    from pygpukit.bench.llm import random_model, tinyllama_config, weight_bytes
+    """Per model (bench.llm.MODELS names), weight format (bf16 or a quant_llm format) and
+    batch: the decode step's ms per token and, with profile, its GPU time by kernel."""
+    from pygpukit.bench.llm import MODELS, model_name, random_model, weight_bytes
+    from pygpukit.bench.quant_llm import _quantized_model
     from pygpukit.llm.sampling import SamplingParams
 
-    cfg = tinyllama_config()
-    model = random_model(cfg)
     rows = []
-    for b in batches:
-        prompt = [list(range(3, 19))] * b
-        max_seq = 1 << math.ceil(math.log2(16 + steps + 1))
-        model.generate_ids(prompt, 3, SamplingParams(), max_seq_len=max_seq, stop_at_eos=False)
-        res = model.generate_ids(prompt, steps + 1, SamplingParams(), max_seq_len=max_seq,
-                                 stop_at_eos=False)  # fmt: skip
-        ms = 1e3 * res.decode_s / max(res.decode_steps, 1)
-        row: dict[str, Any] = {"batch": b, "ms_per_step": ms, "tok_s": 1e3 / ms,
-                               "weights_gb_s": weight_bytes(cfg) / ms / 1e6}  # fmt: skip
-        gen = _generator(model)
-        if gen is not None:
-            row["decode_replay"] = gen._decode.stats()["entries"][-1]["replay"]
-            row["decode_kernels"] = gen._decode.stats()["entries"][-1]["kernels"]
-        print(json.dumps(row), flush=True)
-        if profile:
-            try:
-                row["kernels"] = _profile(
-                    model, prompt, max_seq, trace and trace.replace(".json", f"-b{b}.json")
-                )
-            except Exception as e:  # the timings above stand without it
-                print(f"  profile failed: {type(e).__name__}: {e}", flush=True)
-        rows.append(row)
+    for name in models:
+        cfg = MODELS[name]()
+        base = random_model(cfg)
+        for fmt in formats:
+            model = base if fmt == "bf16" else _quantized_model(base, fmt)
+            for b in batches:
+                prompt = [list(range(3, 19))] * b
+                max_seq = 1 << math.ceil(math.log2(16 + steps + 1))
+                model.generate_ids(prompt, 3, SamplingParams(), max_seq_len=max_seq,
+                                   stop_at_eos=False)  # fmt: skip
+                res = model.generate_ids(prompt, steps + 1, SamplingParams(),
+                                         max_seq_len=max_seq, stop_at_eos=False)  # fmt: skip
+                ms = 1e3 * res.decode_s / max(res.decode_steps, 1)
+                row: dict[str, Any] = {
+                    "model": model_name(cfg), "weights": fmt, "batch": b, "ms_per_step": ms,
+                    "tok_s": 1e3 / ms, "weights_gb_s": weight_bytes(cfg) / ms / 1e6,
+                }  # fmt: skip
+                gen = _generator(model)
+                if gen is not None:
+                    row["decode_replay"] = gen._decode.stats()["entries"][-1]["replay"]
+                    row["decode_kernels"] = gen._decode.stats()["entries"][-1]["kernels"]
+                print(json.dumps(row), flush=True)
+                if profile:
+                    tr = trace and trace.replace(".json", f"-{name}-{fmt}-b{b}.json")
+                    try:
+                        row.update(_profile(model, prompt, max_seq, ms, tr))
+                    except Exception as e:  # the timings above stand without it
+                        print(f"  profile failed: {type(e).__name__}: {e}", flush=True)
+                rows.append(row)
+            if model is not base:
+                del model
+                _empty_cache()
+        del base
+        _empty_cache()
     return rows
+
+
+def _empty_cache() -> None:
+    """Give the freed weights' memory back (the quantized copies are torch tensors)."""
+    try:
+        import torch
+
+        torch.cuda.empty_cache()
+    except Exception:  # no torch: nothing held by its allocator
+        pass
 
 
 def _generator(model: Any) -> Any:
@@ -113,32 +153,83 @@ def _generator(model: Any) -> Any:
 
 
 def _profile(
-    model: Any, prompt: list[list[int]], max_seq: int, trace: str | None = None
-) -> list[dict[str, Any]]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from pygpukit.llm.sampling import SamplingParams
-
+    model: Any, prompt: list[list[int]], max_seq: int, ms_per_step: float,
+    trace: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """GPU time of the decode steps: by kernel name (the n-step generate, prefill included,
+    as before) and per launch shape (name, grid, block) per decode step, the difference of
+    the n-step generate and a 1-token one (the prefill's kernels cancel)."""
     n = 8
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        model.generate_ids(prompt, n + 1, SamplingParams(), max_seq_len=max_seq,
-                           stop_at_eos=False)  # fmt: skip
-        torch.cuda.synchronize()
-    if trace:  # every launch with its grid and start time: gaps and per-shape times
-        prof.export_chrome_trace(trace)
-    rows = []
-    for e in prof.key_averages():
-        dev = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
-        if dev <= 0:
-            continue
-        rows.append({"name": e.key[:90], "count": e.count, "total_us": dev})
+    whole, launches = _profiled_generate(model, prompt, max_seq, n + 1, trace)
+    _, first = _profiled_generate(model, prompt, max_seq, 1, None)
+    rows: list[dict[str, Any]] = [
+        {"name": k[:90], "count": c, "total_us": us} for k, (c, us) in whole.items()
+    ]
     rows.sort(key=lambda r: -r["total_us"])
     total = sum(r["total_us"] for r in rows)
     print(f"  GPU time in {n} decode steps + 1 prefill: {total / 1e3:.2f} ms; top kernels:")
     for r in rows[:14]:
         print(f"  {r['total_us'] / 1e3:8.3f} ms {r['count']:6d}x  {r['name']}")
-    return rows[:40]
+    per_step: list[dict[str, Any]] = []
+    for key, (c, us, ex) in launches.items():
+        c0, us0, ex0 = first.get(key, (0, 0.0, 0.0))
+        if c - c0 > 0:
+            per_step.append({"name": key[0][:70], "grid": key[1], "block": key[2],
+                             "per_step": (c - c0) / n, "us_per_step": (us - us0) / n,
+                             "mean_us": (us - us0) / (c - c0),
+                             "own_us_per_step": (ex - ex0) / n,
+                             "own_mean_us": (ex - ex0) / (c - c0)})  # fmt: skip
+    per_step.sort(key=lambda r: -r["own_us_per_step"])
+    step_us = sum(r["us_per_step"] for r in per_step)
+    own_us = sum(r["own_us_per_step"] for r in per_step)
+    print(f"  per decode step: kernels {step_us / 1e3:.3f} ms (busy {own_us / 1e3:.3f} ms: "
+          f"overlaps counted once) of {ms_per_step:.3f} ms "
+          f"({sum(r['per_step'] for r in per_step):.0f} launches); by launch shape, own "
+          f"us per step, launches, own and whole mean us:")  # fmt: skip
+    for r in per_step[:24]:
+        print(f"   {r['own_us_per_step']:9.1f} us {r['per_step']:6.1f}x {r['own_mean_us']:8.2f} "
+              f"{r['mean_us']:8.2f}  grid {r['grid']} block {r['block']}  {r['name']}")  # fmt: skip
+    return {"kernels": rows[:40], "kernel_us_per_step": step_us, "busy_us_per_step": own_us,
+            "per_step": per_step[:60]}  # fmt: skip
+
+
+def _profiled_generate(
+    model: Any, prompt: list[list[int]], max_seq: int, tokens: int, trace: str | None
+) -> tuple[dict[str, tuple[int, float]], dict[tuple[str, str, str], tuple[int, float, float]]]:
+    """(count and GPU us by kernel name; count, GPU us and own us by launch shape) of one
+    generate_ids of `tokens` tokens, from torch's profiler (CUPTI sees graph replays'
+    kernels too). A kernel's own time excludes what overlaps the kernels before it."""
+    import os
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from pygpukit.llm.sampling import SamplingParams
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        model.generate_ids(prompt, tokens, SamplingParams(), max_seq_len=max_seq,
+                           stop_at_eos=False)  # fmt: skip
+        torch.cuda.synchronize()
+    path = trace or os.path.join(tempfile.mkdtemp(), "decode-trace.json")
+    prof.export_chrome_trace(path)
+    gpu, _ = _kernel_events(path)
+    by_name: dict[str, tuple[int, float]] = {}
+    by_launch: dict[tuple[str, str, str], tuple[int, float, float]] = {}
+    busy_until = 0.0
+    for e in gpu:
+        args = e.get("args", {})
+        key = (e["name"], str(args.get("grid")), str(args.get("block")))
+        # With programmatic dependent launch a kernel starts while the one ahead runs and
+        # waits for it inside: its own time is from where the GPU was busy until to its end.
+        end = e["ts"] + e["dur"]
+        own = max(0.0, end - max(e["ts"], busy_until))
+        busy_until = max(busy_until, end)
+        c, us, ex = by_launch.get(key, (0, 0.0, 0.0))
+        by_launch[key] = (c + 1, us + e["dur"], ex + own)
+        c, us = by_name.get(e["name"], (0, 0.0))
+        by_name[e["name"]] = (c + 1, us + e["dur"])
+    return by_name, by_launch
 
 
 # -- prefill ---------------------------------------------------------------------------------
@@ -421,6 +512,14 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--trace", help="write the profiled steps as a Chrome trace (per batch)")
+    ap.add_argument(
+        "--model",
+        default="tinyllama",
+        help="decode: model shapes (pygpukit.bench.llm.MODELS), comma-separated",
+    )
+    ap.add_argument("--quantize", default="bf16",
+                    help="decode: weight formats, comma-separated: bf16 (unquantized), int8, "
+                         "fp8 (blocks of 128), int4 (groups of 128)")  # fmt: skip
     ap.add_argument("--prefill", help="BxT,...: profile the prefill of these shapes instead")
     ap.add_argument("--no-peer", action="store_true", help="prefill: without torch.compile")
     ap.add_argument("--serve", help="B,...[:BUDGET,...]: profile the serving engine's steps")
@@ -448,7 +547,12 @@ def main() -> None:
     res: dict[str, Any] = {"dispatch": dispatch_us()}
     print(json.dumps(res["dispatch"]), flush=True)
     res["decode"] = decode(
-        [int(b) for b in a.batches.split(",")], a.steps, not a.no_profile, a.trace
+        [int(b) for b in a.batches.split(",")],
+        a.steps,
+        not a.no_profile,
+        a.trace,
+        tuple(a.model.split(",")),
+        tuple(a.quantize.split(",")),
     )
     if a.json:
         with open(a.json, "w") as f:

@@ -230,10 +230,15 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
                    long long res_stride, float eps, int w_early) {
   constexpr int U = PGK_U, NT = PGK_NT, LW = PGK_QLW, EPL = PGK_QEPL, CW = PGK_QCW;
   constexpr int XV = EPL / 8;     // uint4s of x per lane per chunk
-  __shared__ float red[PGK_GW][8][8 * NT + 1];
+  constexpr int RL = 8 * NT + 1;  // a row of the partial sums (padded: rows in other banks)
 #if PGK_PRO == 1
   __shared__ float sumsq[PGK_GW][8];
 #endif
+  // Dynamic shared memory: (staged) each warp's stages and the m rows of x, then the
+  // warps' partial sums of the m rows, red[(warp * m + row) * RL + col] (gemv_quant.py's
+  // red_bytes). Sized by m, not 8 rows: at K = 4096 that is what lets a third staged block
+  // of int8 or fp8 onto an SM.
+  extern __shared__ __align__(16) unsigned char pgk_qsm[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int qr = lane >> 2, qc = lane & 3;
   const int tiles = PGK_GLU ? (n / 2 + 4 * NT - 1) / (4 * NT) : (n + 8 * NT - 1) / (8 * NT);
@@ -251,22 +256,28 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 
   float acc[NT][2];
   float ss[4], ss_hi[4];
+  // The sums of squares are the warp's columns of x, whatever the tile: the staged path
+  // takes them once, the register path once per tile (zero_acc).
+  auto zero_ss = [&]() {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
+  };
+  zero_ss();
   auto zero_acc = [&]() {
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int e = 0; e < 2; ++e) acc[t][e] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) ss[e] = ss_hi[e] = 0.0f;
   };
 
   // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
-  auto epilogue = [&](int tile) {
+  auto epilogue = [&](int tile, float* red) {
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) red[warp][2 * qc + e][t * 8 + qr] = acc[t][e];
-#if PGK_PRO == 1
+      for (int e = 0; e < 2; ++e)
+        if (2 * qc + e < m) red[(warp * m + 2 * qc + e) * RL + t * 8 + qr] = acc[t][e];
+#if PGK_PRO == 1 && PGK_QSTAGES == 0
     if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
 #endif
     __syncthreads();
@@ -284,7 +295,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #endif
       float s = 0.0f;
 #pragma unroll
-      for (int g = 0; g < PGK_GW; ++g) s += red[g][r][cn];
+      for (int g = 0; g < PGK_GW; ++g) s += red[(g * m + r) * RL + cn];
       s *= rs;
 #if PGK_QSK == 0
       s *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + row);
@@ -293,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #if PGK_GLU == 1
       float up = 0.0f;
 #pragma unroll
-      for (int g = 0; g < PGK_GW; ++g) up += red[g][r][cn + OUT];
+      for (int g = 0; g < PGK_GW; ++g) up += red[(g * m + r) * RL + cn + OUT];
       up *= rs;
 #if PGK_QSK == 0
       up *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + n / 2 + row);
@@ -317,10 +328,13 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   // pgk_gswz, so the fragment reads of rows qr and qr + 1 land in distinct banks), with
   // PGK_QSK the rows' scales of each chunk (4-byte cp.async) and with PGK_QZERO each
   // lane's own zero points (plain loads, stored to shared memory one step later, when
-  // they have arrived with the stage's other bytes). The warp's range of x (m rows) and
-  // of the prologue's gain is loaded once into shared memory after the wait. With
-  // w_early the first stages load before the predecessor wait (read-only weights in a
-  // captured graph); the stage sequence runs on across the block's tiles.
+  // they have arrived with the stage's other bytes). The warp's range of x (m rows) is
+  // loaded once into shared memory after the wait; with the RMSNorm prologue the warp
+  // turns it into x * gain there once, with the sums of squares, when it has arrived
+  // (per chunk of every tile, the prologue's MMAs and multiplies doubled the tensor work
+  // of int8 and made [12288 x 4096] 25% slower than without it, int4 37%, on an H200).
+  // With w_early the first stages load before the predecessor wait (read-only weights in
+  // a captured graph); the stage sequence runs on across the block's tiles.
   static_assert(LW == 4, "staged chunks are 16 bytes a lane");
   constexpr int NS = PGK_QSTAGES, SROWS = 8 * NT;
   constexpr int CPR = 4 * U;       // 16-byte pieces per slab row (4 lanes per chunk)
@@ -330,11 +344,10 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   constexpr int SST = PGK_QSK ? 4 * SROWS * U : 0;    // scale bytes of a stage
   constexpr int ZST = PGK_QZERO ? 32 * NT * U : 0;    // zero-point bytes of a stage
   constexpr int STB = (WST + SST + ZST + 15) / 16 * 16;
-  extern __shared__ __align__(16) unsigned char pgk_qsm[];
   unsigned char* wsm = pgk_qsm + warp * (NS * STB);
-  const int xld = nch * CW + 8;  // x and gain rows: all of K, padded (rows in other banks)
+  const int xld = nch * CW + 8;  // x rows: all of K, padded (rows in other banks)
   pgk_t* xsm = reinterpret_cast<pgk_t*>(pgk_qsm + PGK_GW * NS * STB);
-  const pgk_t* gsm = xsm + m * xld;  // the gain row (RMSNorm prologue)
+  float* red = reinterpret_cast<float*>(xsm + m * xld);
   unsigned zpend[NT][U];  // zero points loaded for stage zslot, not yet in shared memory
   int zslot = -1;
   (void)zpend;
@@ -422,17 +435,66 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   pgk_pdl_wait();
   pgk_pdl_trigger();
   (void)zero;
-  {  // this warp's columns of x and the gain, as one group
-    const int pieces = (c_hi - c_lo) * (CW / 8), rows = m + (PGK_PRO == 1 ? 1 : 0);
-    for (int p = lane; p < rows * pieces; p += 32) {
+  {  // this warp's columns of x, as one group
+    const int pieces = (c_hi - c_lo) * (CW / 8);
+    for (int p = lane; p < m * pieces; p += 32) {
       const int r = p / pieces, col = c_lo * CW + (p % pieces) * 8;
-      const bool is_x = r < m;
       const bool in = col < k;
-      const pgk_t* src = is_x ? x + (long long)r * x_stride + col : pro + col;
-      pgk_cp_async16(xsm + r * xld + col, in ? src : x, in);
+      pgk_cp_async16(xsm + r * xld + col, in ? x + (long long)r * x_stride + col : x, in);
     }
     pgk_cp_async_commit();
   }
+  (void)pro;
+  // The prologue on the warp's columns of x in shared memory, once, before the first
+  // stage is multiplied: every lane takes 16-byte pieces of the columns (all of its gain
+  // loads of a batch in flight at once: one lane row after another, each waiting for its
+  // load, added about 5 us to [12288 x 4096] int8), sums the squares of the raw values of
+  // each row in fp32 and writes back x * gain as pgk_gscale rounds it; the warp's sums
+  // of squares go to sumsq once (the register path takes them per tile with its MMAs).
+  auto prologue_once = [&]() {
+#if PGK_PRO == 1
+    constexpr int B = 4;  // pieces a lane loads the gain of at once
+    const int pieces = (c_hi - c_lo) * (CW / 8), col0 = c_lo * CW;
+    float sq[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) sq[r] = 0.0f;
+    for (int p0 = lane; p0 < pieces; p0 += 32 * B) {
+      uint4 gv[B];
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        const int p = p0 + 32 * i, col = col0 + 8 * p;
+        gv[i] = pgk_gload_x(pro + col, p < pieces && col < k);
+      }
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        const int p = p0 + 32 * i, col = col0 + 8 * p;
+        if (p >= pieces) break;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          if (r >= m) break;
+          uint4* at = reinterpret_cast<uint4*>(xsm + r * xld + col);
+          const uint4 xv = *at;
+          const pgk_t* e = reinterpret_cast<const pgk_t*>(&xv);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float f = pgk_to_float(e[j]);
+            sq[r] = fmaf(f, f, sq[r]);
+          }
+          *at = pgk_gscale(xv, gv[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      if (r >= m) break;
+      float v = sq[r];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) sumsq[warp][r] = v;
+    }
+    __syncwarp();
+#endif
+  };
   if (!w_early) first_stages();
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
   const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
@@ -452,6 +514,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         pgk_cp_async_wait<NS - 1>();
       }
       __syncwarp();
+      if (st == 0) prologue_once();
       const unsigned char* base = wsm + (st % NS) * STB;
       const float* scs = reinterpret_cast<const float*>(base + WST);
       const unsigned char* zs = base + WST + SST + lane * NT * U;
@@ -464,15 +527,9 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         const bool cin = c < c_hi;
         uint4 xv[XV];
 #pragma unroll
-        for (int jx = 0; jx < XV; ++jx) {
+        for (int jx = 0; jx < XV; ++jx)
           xv[jx] = xin && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col + 8 * jx)
                               : zero4;
-          if (PGK_PRO == 1) {
-            uint4 upper = zero4;
-            const uint4 gv = cin ? *reinterpret_cast<const uint4*>(gsm + col + 8 * jx) : zero4;
-            pgk_gprologue(xv[jx], upper, gv, false, ss, ss_hi);
-          }
-        }
         pgk_qchunk<NT>(
             acc, xv,
             [&](int t, unsigned (&wv)[LW]) {
@@ -488,7 +545,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       }
       __syncwarp();  // this stage is refilled by a later step's issue
     }
-    epilogue(first_tile + ti * (int)gridDim.x);
+    epilogue(first_tile + ti * (int)gridDim.x, red);
   }
   pgk_cp_async_wait<0>();
 #else
@@ -546,6 +603,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     }
   };
 
+  float* red = reinterpret_cast<float*>(pgk_qsm);
   unsigned wv[U][NT][LW];
   float sc[U][NT];
   unsigned zp[U][NT];
@@ -563,7 +621,10 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   for (int st = 0; st < total; ++st) {
     const int j = st % n_st;
     const int c0 = c_lo + j * U;
-    if (j == 0) zero_acc();
+    if (j == 0) {
+      zero_acc();
+      zero_ss();  // the prologue below recomputes them per tile
+    }
 #if PGK_QPIPE == 1
     // The next slab's loads go out before this one's multiplies: each lane keeps a slab
     // in flight while it computes (one register set only left the memory idle then).
@@ -608,7 +669,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #else
     if (st + 1 < total) load(st + 1, wv, sc, zp);
 #endif
-    if (j == n_st - 1) epilogue(first_tile + (st / n_st) * (int)gridDim.x);
+    if (j == n_st - 1) epilogue(first_tile + (st / n_st) * (int)gridDim.x, red);
   }
 #endif
 }

@@ -42,8 +42,9 @@ EARLY_BLOCKS_PER_SM = 0
 # 86.2 us, fp8 84.8, fp8 b128 85.4, int4 g128 58.5, asym 66.5 (the register path 110.0,
 # 110.4, 108.1, 69.8, 79.4). Blocks per SM: as many as fit up to three (resident_blocks):
 # three took [11264 x 2048] from 12.3 to 9.2 us (int8) and 11.7 to 8.8 (fp8) and changed
-# no other bench shape by more than 1% (at 9599d14); int8 and fp8 at K = 4096 miss a third
-# block by about 1.5 KiB of shared memory (the static partial sums are sized for 8 rows).
+# no other bench shape by more than 1% (at 9599d14). int8 and fp8 at K = 4096 missed a third
+# block by about 1.5 KiB of shared memory while the partial sums were sized for 8 rows of x
+# (red_bytes sizes them by m) and the prologue kept the gain row beside x.
 STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
 STAGED_EARLY_BLOCKS_PER_SM = 3
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
@@ -101,19 +102,24 @@ def stage_bytes(spec: QuantSpec, nt: int, u: int) -> int:
     return cdiv(b, 16) * 16
 
 
-def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int,
-                prologue: str = "none") -> int:  # fmt: skip
-    """Dynamic shared memory of the staged kernel: each warp's stages, then m rows of x
-    and (RMSNorm prologue) the gain row, each all of K (in whole chunks) plus 8."""
+def red_bytes(gw: int, nt: int, m: int) -> int:
+    """Shared memory of the warps' partial sums of the m rows (8 * nt outputs each, padded
+    by one), at the end of the kernel's dynamic shared memory."""
+    return cdiv(gw * m * (8 * nt + 1) * 4, 16) * 16
+
+
+def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int) -> int:
+    """Dynamic shared memory of the staged kernel: each warp's stages, then the m rows of
+    x, each all of K (in whole chunks) plus 8, then the partial sums (red_bytes). The
+    RMSNorm prologue needs none more: the gain is read once, as x is scaled in place."""
     gw, nt, u, stages = config
-    rows = m + (1 if prologue == "rms_norm" else 0)
-    return gw * stages * stage_bytes(spec, nt, u) + rows * (cdiv(k, chunk_cols(spec)) *
-                                                            chunk_cols(spec) + 8) * 2  # fmt: skip
+    x_row = (cdiv(k, chunk_cols(spec)) * chunk_cols(spec) + 8) * 2
+    return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m)
 
 
-def static_smem(gw: int, nt: int) -> int:
-    """The kernel's static shared memory: the warps' partial sums and sums of squares."""
-    return gw * 8 * (8 * nt + 1) * 4 + gw * 8 * 4
+def static_smem(gw: int) -> int:
+    """The kernel's static shared memory: the warps' sums of squares (RMSNorm prologue)."""
+    return gw * 8 * 4
 
 
 def resident_blocks(num_regs: int, static_bytes: int, threads: int, smem: int,
@@ -191,17 +197,16 @@ def gemv_quant(
     sgw, snt, su, sns = STAGED_CONFIG[spec.format]
     if stages is None:
         cfg = (*(config or (sgw, snt)), slab or su, sns)
-        fits = staged_smem(spec, cfg, k, m, prologue) + static_smem(cfg[0], cfg[1])
+        fits = staged_smem(spec, cfg, k, m) + static_smem(cfg[0])
         stages = sns if words_per_lane(spec) == 4 and fits <= loader.max_shared_optin() else 0
-    smem = 0
     if stages:
         gw, nt = config or (sgw, snt)
         u = slab or su
         if words_per_lane(spec) != 4 or u < 2 or u & (u - 1):
             raise ShapeError(f"gemv_quant: {stages} stages of {u} chunks for a {spec.label} "
                              f"weight (staging takes 16-byte chunks, 2+ a stage)")  # fmt: skip
-        smem = staged_smem(spec, (gw, nt, u, stages), k, m, prologue)
-        if smem + static_smem(gw, nt) > loader.max_shared_optin():
+        smem = staged_smem(spec, (gw, nt, u, stages), k, m)
+        if smem + static_smem(gw) > loader.max_shared_optin():
             raise ShapeError(f"gemv_quant: {stages} stages of ({gw}, {nt}, {u}) with {m} rows "
                              f"of K={k} need {smem} bytes of shared memory")  # fmt: skip
         pipe = False
@@ -211,6 +216,7 @@ def gemv_quant(
         pipe = fpipe if pipe is None else pipe
         nch = cdiv(k, chunk_cols(spec))
         u = slab or min(MAX_SLAB, pow2_at_least(cdiv(nch, gw)))
+        smem = red_bytes(gw, nt, m)
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
