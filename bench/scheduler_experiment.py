@@ -27,6 +27,7 @@ on the CPU backend), which the next run on that device overwrites.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -253,6 +254,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
 
         submit_ms: list[float] = []
         wait_ms: list[float] = []
+        gpu_ms: list[float] = []
 
         def step() -> None:
             t0 = time.perf_counter()
@@ -262,6 +264,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
             submit_ms.append((t1 - t0) * 1e3)  # admission and launch
             y = task.result()
             wait_ms.append((time.perf_counter() - t1) * 1e3)  # the launch's end, the result
+            gpu_ms.append(float(task.gpu_ms or 0.0))  # its kernels' time, from its events
             if to_numpy:
                 y.to_numpy()
 
@@ -271,6 +274,8 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
         be0: dict[str, Any] = {}
         t_start = t_end = 0.0
         wake0 = feed0 = wake1 = feed1 = 0
+        gc0: list[int] = []
+        gcs: list[int] = []
         try:
             nxt = time.perf_counter()
             for k in range(WARMUP + n):
@@ -281,6 +286,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                     st0 = sched.stats()
                     be0 = dict(st0["tenants"].get("gemm", {}))
                     wake0, feed0 = st0["dispatcher_wakeups"], feed_wakeups[0]
+                    gc0 = [g["collections"] for g in gc.get_stats()]
                     t_start = time.perf_counter()
                 t0 = time.perf_counter()
                 step()
@@ -288,6 +294,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                     lat.append((time.perf_counter() - t0) * 1e3)
             t_end = time.perf_counter()
             feed1 = feed_wakeups[0]
+            gcs = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0, strict=True)]
             st1 = sched.stats()
             be1, wake1 = dict(st1["tenants"].get("gemm", {})), st1["dispatcher_wakeups"]
         finally:
@@ -304,7 +311,9 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
     out["submit_p99_ms"] = float(np.percentile(submit_ms[WARMUP:], 99))
     out["wait_p50_ms"] = float(np.percentile(wait_ms[WARMUP:], 50))
     out["wait_p99_ms"] = float(np.percentile(wait_ms[WARMUP:], 99))
+    out["gpu_p50_ms"] = float(np.percentile(gpu_ms[WARMUP:], 50))
     out["dispatcher_wakeups"] = wake1 - wake0
+    out["gc_collections"] = gcs  # per generation, during the timed steps
     if contended:
         out["flood_wakeups"] = feed1 - feed0
     window_ms = (t_end - t_start) * 1e3
