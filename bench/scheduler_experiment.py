@@ -27,7 +27,7 @@ on the CPU backend), which the next run on that device overwrites.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import gc
 import json
 import os
 import platform
@@ -234,28 +234,37 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
     with gpk.Scheduler(memory=8 << 30) as sched:
         stop = threading.Event()
         outstanding: list[Any] = []
+        feed_wakeups = [0]
 
         def feed() -> None:
-            # Blocks on its oldest GEMM (without the GIL) rather than polling, as a client
-            # waiting for results would; the timeout only lets it see `stop`.
+            # Blocks on its oldest GEMM (a native wait, without the GIL) rather than
+            # polling, as a client waiting for results would: while the Guaranteed tenant
+            # keeps its GEMMs held, this thread sleeps. No timeout: once that tenant
+            # stops (and `stop` is set), its held GEMMs run within min_idle_ms and wake it.
             while not stop.is_set():
                 outstanding[:] = [t for t in outstanding if not t.done()]
                 while len(outstanding) < 4:
                     outstanding.append(sched.submit(w["gemm"], w["a"], w["b"],
                                                     qos="best_effort", tenant="gemm"))  # fmt: skip
                 try:
-                    outstanding[0].result(timeout=0.05)
-                except (TimeoutError, concurrent.futures.TimeoutError, CancelledError):
+                    outstanding[0].result()
+                except CancelledError:
                     pass
+                feed_wakeups[0] += 1
 
         submit_ms: list[float] = []
+        wait_ms: list[float] = []
+        gpu_ms: list[float] = []
 
         def step() -> None:
             t0 = time.perf_counter()
             task = sched.submit(w["decode"], w["x"], qos="guaranteed", bandwidth=0.3,
                                 tenant="decode")  # fmt: skip
-            submit_ms.append((time.perf_counter() - t0) * 1e3)  # admission and launch
+            t1 = time.perf_counter()
+            submit_ms.append((t1 - t0) * 1e3)  # admission and launch
             y = task.result()
+            wait_ms.append((time.perf_counter() - t1) * 1e3)  # the launch's end, the result
+            gpu_ms.append(float(task.gpu_ms or 0.0))  # its kernels' time, from its events
             if to_numpy:
                 y.to_numpy()
 
@@ -264,6 +273,9 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
         lat = []
         be0: dict[str, Any] = {}
         t_start = t_end = 0.0
+        wake0 = feed0 = wake1 = feed1 = 0
+        gc0: list[int] = []
+        gcs: list[int] = []
         try:
             nxt = time.perf_counter()
             for k in range(WARMUP + n):
@@ -271,14 +283,20 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                     _wait_until(nxt)
                     nxt += period_ms / 1e3
                 if k == WARMUP:
-                    be0 = dict(sched.stats()["tenants"].get("gemm", {}))
+                    st0 = sched.stats()
+                    be0 = dict(st0["tenants"].get("gemm", {}))
+                    wake0, feed0 = st0["dispatcher_wakeups"], feed_wakeups[0]
+                    gc0 = [g["collections"] for g in gc.get_stats()]
                     t_start = time.perf_counter()
                 t0 = time.perf_counter()
                 step()
                 if k >= WARMUP:
                     lat.append((time.perf_counter() - t0) * 1e3)
             t_end = time.perf_counter()
-            be1 = dict(sched.stats()["tenants"].get("gemm", {}))
+            feed1 = feed_wakeups[0]
+            gcs = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0, strict=True)]
+            st1 = sched.stats()
+            be1, wake1 = dict(st1["tenants"].get("gemm", {})), st1["dispatcher_wakeups"]
         finally:
             stop.set()
             if th is not None:
@@ -286,7 +304,18 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
             sched.close(cancel=True)
         st = sched.stats()
     out = percentiles(lat)
+    # Where a step's time goes: submit (admission and launch on this thread) and the wait
+    # for its end and result; how often the other threads woke meanwhile (each wake-up
+    # takes the GIL from this thread at some point).
     out["submit_p50_ms"] = float(np.percentile(submit_ms[WARMUP:], 50))
+    out["submit_p99_ms"] = float(np.percentile(submit_ms[WARMUP:], 99))
+    out["wait_p50_ms"] = float(np.percentile(wait_ms[WARMUP:], 50))
+    out["wait_p99_ms"] = float(np.percentile(wait_ms[WARMUP:], 99))
+    out["gpu_p50_ms"] = float(np.percentile(gpu_ms[WARMUP:], 50))
+    out["dispatcher_wakeups"] = wake1 - wake0
+    out["gc_collections"] = gcs  # per generation, during the timed steps
+    if contended:
+        out["flood_wakeups"] = feed1 - feed0
     window_ms = (t_end - t_start) * 1e3
     out.update({"period_ms": period_ms, "warmup": WARMUP, "window_ms": window_ms,
                 "throttled": st["throttled"],

@@ -817,3 +817,55 @@ def test_a_submission_launched_at_once_checks_its_arguments_once(backend, monkey
                 assert len(matches) - n == 1, k
     finally:
         sched.close(timeout=60)
+
+
+def test_closed_loop_steps_next_to_held_best_effort_cost_two_core_calls_and_no_wakeup(
+        backend, monkeypatch):  # fmt: skip
+    """A Guaranteed closed loop (CUDA path, fake events) next to best-effort work held
+    for it: each step is one core call to admit and start it and one, by the thread
+    waiting for it, to end it (which says nothing was freed: the rest of the end is
+    booked after the next launch); the dispatcher, waiting in the core, is not woken
+    meanwhile (not for the tenant's moving idle time, not to sweep the step in flight
+    its waiter ends). Once the tenant goes idle the core wakes it to start the held
+    work, which ends with the right results."""
+    from pygpukit.scheduler import device as device_mod
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    x, w = (gpk.asarray(a) for a in _data(rng))
+    want = mlp(x, w).to_numpy()
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    monkeypatch.setattr(sched_mod, "IDLE_WAIT_MS", 3.6e6)  # no backstop wake-ups
+    monkeypatch.setattr(device_mod, "SWEEP_MS", 0.0)  # a sweep would be due at once
+    # The tenant counts as idle 0.5 s after its last step: held work then starts.
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False, min_idle_ms=500.0)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+    _fake_cuda(dev, {})
+    sched._device = dev
+    try:
+        for _ in range(3):  # the tenant shows its rate; the spare arena is made
+            sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g").result()
+        bes = [sched.submit(mlp, x, w, qos="best_effort", tenant="be") for _ in range(3)]
+        assert [t.state for t in bes] == ["admitted"] * 3
+        sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g").result()
+        spy = sched._core = _CoreSpy(sched._core)
+        wakeups = sched._wakeups
+        for _ in range(30):
+            t = sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g")
+            assert t.state == "running"  # launched at submission
+            np.testing.assert_allclose(t.result().to_numpy(), want, rtol=1e-6)
+            assert t.state == "done" and not dev.unreported()
+        assert spy.calls == {"submit_start": 30, "complete_waited": 30}, spy.calls
+        assert sched._wakeups == wakeups, "the dispatcher woke during the steps"
+        assert [t.state for t in bes] == ["admitted"] * 3
+        for t in bes:  # released by the dispatcher once the tenant is idle
+            np.testing.assert_allclose(t.result(60).to_numpy(), want, rtol=1e-6)
+        st = sched.stats()
+        assert st["dispatcher_wakeups"] > wakeups and st["completed"] == 37
+        assert st["tenants"]["be"]["held_tasks"] == 3 and st["reserved_bytes"] == 0
+    finally:
+        sched.close(timeout=60)
+    assert not sched._thread.is_alive()
+    _reserved_zero(sched, backend, 1 << 62)

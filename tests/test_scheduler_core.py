@@ -221,3 +221,84 @@ def test_reservations_match_live_tasks_for_random_operations(ops):
             pass  # completed above
     stats = s.stats()
     assert stats["reserved_bytes"] == 0 and stats["queue_length"] == 0 and not stats["tasks"]
+
+
+def _held_best_effort(min_idle_ms: float):
+    """A core with one best-effort task held for a Guaranteed tenant that has stepped
+    at t = 0, 0.1, 0.2 ms (so it has a rate) and whose last step has ended."""
+    s = SchedulerCore(100 * MIB, 50.0, 0.25, min_idle_ms)
+    be, status, _, _ = s.submit("flood", MIB, now=0.0, qos="best_effort")
+    assert status == "admitted"
+    for k in range(3):
+        t = 0.1 * k
+        g, *_ = s.submit("decode", MIB, now=t, qos="guaranteed", bandwidth_share=0.3)
+        assert s.pick_next(t) == g  # best effort waits behind it
+        s.start(g, t)
+        others, ready = s.complete_waited(g, 0.02, t + 0.05)
+        # Once the tenant has a rate, best effort stays held: it is due again at once.
+        assert others == [] and ready == (k == 0)
+    return s, be
+
+
+def test_dispatcher_wait_watches_the_core_without_returning_until_a_task_may_start():
+    """wait_dispatcher(watch=True) sleeps in the core past the tenant's forecast idle
+    times while kicks move them on, and returns "ready" only once the held best-effort
+    task may start (the tenant went idle); a plain wait keeps its deadline."""
+    import threading
+
+    s, be = _held_best_effort(min_idle_ms=1e3)  # idle from t = 1000.2 on
+    got = []
+    # The clock starts at 500: the idle time is 500 ms (real) away, the deadline 200.
+    s.arm_wait(700.0, True)
+    th = threading.Thread(target=lambda: got.append(s.wait_dispatcher(500.0, 700.0, True)))
+    th.start()
+    for _ in range(20):  # kicks only make the waiting core plan again
+        s.kick(500.0)
+    th.join(60)
+    assert got == ["deadline"]
+    # 30 ms (real) before the idle time: the wait comes back once the task may start.
+    s.arm_wait(1e9, True)
+    assert s.wait_dispatcher(1000.2 - 30.0, 1e9, True) == "ready"
+    assert s.pick_next(1000.2) == be
+    # A plain wait does not look at the core: only its deadline ends it.
+    s.arm_wait(1030.0, False)
+    assert s.wait_dispatcher(1000.2, 1030.0, False) == "deadline"
+
+
+def test_dispatcher_wake_ups_are_kept_from_arming_and_dropped_when_unarmed():
+    """A wake-up asked for between arm_wait and wait_dispatcher is not lost (the caller
+    arms under its lock, then waits without it); one asked for while no wait is armed
+    (the dispatcher is looking at everything anyway) is not kept for the next wait."""
+    import threading
+
+    s, _ = _held_best_effort(min_idle_ms=1e3)
+    s.arm_wait(1e9, True)
+    s.wake_dispatcher()
+    assert s.wait_dispatcher(10.0, 1e9, True) == "woken"
+    s.wake_dispatcher()  # unarmed: dropped
+    s.arm_wait(60.0, True)
+    assert s.wait_dispatcher(10.0, 60.0, True) == "deadline"
+    # From another thread, while it waits.
+    s.arm_wait(1e9, False)
+    got = []
+    th = threading.Thread(target=lambda: got.append(s.wait_dispatcher(10.0, 1e9, False)))
+    th.start()
+    s.wake_dispatcher()
+    th.join(60)
+    assert got == ["woken"]
+    with pytest.raises(ValueError, match="finite"):
+        s.wait_dispatcher(float("nan"), 1.0, True)
+
+
+def test_complete_waited_says_whether_the_end_frees_a_waiting_task():
+    """The Guaranteed step's end told with complete_waited: the held best-effort task may
+    start once the tenant's next arrival is forecast after its launch would end (paced
+    steps), not while the tenant steps back to back."""
+    s = SchedulerCore(100 * MIB, 50.0, 0.25, 0.0)
+    be, *_ = s.submit("flood", MIB, now=0.0, qos="best_effort")
+    for k in range(3):  # one step every 5 ms, each 0.1 ms long
+        g, *_ = s.submit("decode", MIB, now=5.0 * k, qos="guaranteed", bandwidth_share=0.3)
+        s.start(g, 5.0 * k)
+        others, ready = s.complete_waited(g, 0.1, 5.0 * k + 0.1)
+        assert others == []
+    assert ready and s.pick_next(10.1) == be

@@ -261,7 +261,14 @@ class CudaDevice(Device):
 
             def wait(timeout: float | None = None) -> None:
                 if timeout is None:
-                    end.synchronize()
+                    # This thread ends the task once the event fires (or finds it
+                    # ended): the dispatcher need not plan a sweep for it.
+                    task._waited = True
+                    try:
+                        end.synchronize()
+                    except BaseException:
+                        task._waited = False  # a fault: collect() reports it
+                        raise
                 elif not on_caller or not _poll(end, timeout):
                     return  # a completer ends it: its waiter waits on the future
                 if self._claim_unwatched(task) if on_caller else self._claim(task):
@@ -278,13 +285,16 @@ class CudaDevice(Device):
         q.put(item)
 
     def unreported(self) -> bool:
+        """Launches nobody has ended or waits on without a timeout: a closed-loop
+        client's step in flight is not one (its waiter ends it), so the dispatcher
+        plans no sweep, and no wake-up, for it."""
         if not self._unwatched:  # read without the lock: a launch racing this is the
             return False  # caller's own submission's, not one to sweep yet
         with self._lock:  # those their waiters ended go first
             w = self._unwatched
             while w and getattr(w[0][2][0], "_end_claimed", False):
                 w.popleft()
-            return bool(w)
+            return any(not getattr(e[2][0], "_waited", False) for e in w)
 
     def collect(self) -> list[Done]:
         """Ends of on-caller launches nobody has waited for, once SWEEP_MS old (a waiter

@@ -172,14 +172,16 @@ class Scheduler:
             self._device = HostDevice(self._on_done)
         self.max_inflight = max_inflight
         self._inflight_low = 0  # started, not yet ended, tasks not on a high-priority stream
-        self._deadline = -math.inf  # when the waiting dispatcher plans to wake (real time)
         self._pending: deque[Task] = deque()  # ended tasks whose futures are to complete
         # High-lane tasks their waiters ended (result delivered, arena kept as the spare)
-        # that the core has not been told of yet: see _on_done_waiter.
-        self._unbooked: list[Task] = []
+        # whose end is still to be booked here, each with whether the core was told of it
+        # already (told: it had work waiting); see _on_done_waiter.
+        self._unbooked: list[tuple[Task, bool]] = []
+        self._untold = 0  # of those, the ones the core has not been told of
         self._tasks: dict[int, Task] = {}
         self._ended: OrderedDict[int, tuple[Any, ...]] = OrderedDict()  # id -> Task._record()
         self._waiting: dict[int, str] = {}  # admitted task ids, not started yet -> qos
+        self._waiting_not_be = 0  # of those, the Guaranteed and Burstable ones
         self._spare: Any = None  # the last ended task's arena, kept (see SPARE_ARENA_MAX)
         self._spare_bytes = -1  # the arena bytes it was allocated for
         self._paused = 0
@@ -187,6 +189,9 @@ class Scheduler:
         self._stopped: errors.SchedulerError | None = None  # set if the dispatcher died
         self._counts = {"launched": 0, "completed": 0, "failed": 0, "cancelled": 0,
                         "rejected": 0, "arena_oom": 0, "timer_errors": 0}  # fmt: skip
+        # Times the dispatcher thread came back from a real-time wait (and so took the GIL):
+        # with a closed-loop Guaranteed client next to held best-effort work, none.
+        self._wakeups = 0
         self._thread = threading.Thread(target=self._loop, name="pygpukit-scheduler", daemon=True)
         self._thread.start()
 
@@ -277,7 +282,7 @@ class Scheduler:
             core = self._core
             # Tasks ended by their waiters are told to the core after this launch (off
             # the critical path), unless their reservations could stand in its way.
-            if self._unbooked and not (start and self._room_for(partition, held)):
+            if self._untold and not (start and self._room_for(partition, held)):
                 self._book_locked(kick=False)
             tid, status, reason, others, prio = core.submit_start(
                 tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start
@@ -298,8 +303,7 @@ class Scheduler:
                 ready = [task]
                 # What else may start now, as _start_ready_locked would. Best effort may
                 # not while a Guaranteed task runs, and this one's end looks again.
-                if self._waiting and (qos != "guaranteed" or any(
-                        q != "best_effort" for q in self._waiting.values())):  # fmt: skip
+                if self._waiting and (qos != "guaranteed" or self._waiting_not_be):
                     ready += self._start_ready_locked(now)
                     self._kick_locked(now)
             else:
@@ -318,9 +322,12 @@ class Scheduler:
             self._launch(t, now, on_caller=t._high)
         if self._unbooked:  # while the GPU runs this launch
             with self._mu:
+                # Ends the core was told of freed nothing then: only the others may.
+                untold = self._untold
                 self._book_locked(kick=False)
-                more = [] if self.simulated else self._start_ready_locked(now)
-                self._kick_locked(now)
+                more = [] if self.simulated or not untold else self._start_ready_locked(now)
+                if untold:
+                    self._kick_locked(now)
             if self._pending:
                 self._deliver()
             for t in more:
@@ -373,7 +380,7 @@ class Scheduler:
         with self._mu:
             self._check_open_locked()
             self._clock.call_at(t_ms, fn)
-            self._cond.notify_all()
+            self._notify_locked()
 
     def now(self) -> float:
         """The scheduler's clock, in milliseconds (simulated GPU time when simulated)."""
@@ -389,7 +396,7 @@ class Scheduler:
         finally:
             with self._mu:
                 self._paused -= 1
-                self._cond.notify_all()
+                self._notify_locked()
 
     def _check_open_locked(self) -> None:
         if self._stopped is not None:
@@ -420,6 +427,7 @@ class Scheduler:
             task._state = "admitted"
             task.admitted_ms = now
             self._waiting[tid] = task.qos
+            self._waiting_not_be += task.qos != "best_effort"
 
     def _take_arena(self, nbytes: int) -> Any:
         """An arena of `nbytes`: the spare if it was allocated for as many, else a new one
@@ -457,7 +465,8 @@ class Scheduler:
             task.arena = None
             self._keep_arena(arena, task.reservation.arena_bytes)
         del self._tasks[task.id]
-        self._waiting.pop(task.id, None)
+        if self._waiting.pop(task.id, None) is not None:
+            self._waiting_not_be -= task.qos != "best_effort"
         task._state = state
         if task.finished_ms is None:
             task.finished_ms = self._clock.now()
@@ -475,7 +484,7 @@ class Scheduler:
             task._outcome = error if error is not None else result
             self._pending.append(task)
         if self._closed and not self._tasks:
-            self._cond.notify_all()  # close() waits for the dispatcher to see this
+            self._notify_locked()  # close() waits for the dispatcher to see this
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -504,7 +513,7 @@ class Scheduler:
             self._counts["cancelled"] += 1
             self._end_locked(task, "cancelled")
             self._admit_locked(others, self._clock.now())
-            self._cond.notify_all()  # what it admitted may start
+            self._notify_locked()  # what it admitted may start
             return True
 
     # -- dispatching ----------------------------------------------------------------------
@@ -519,19 +528,27 @@ class Scheduler:
             out.append(t)
         return out
 
+    def _notify_locked(self) -> None:
+        """Wakes the dispatcher to look at everything again: in simulated time through
+        the condition it waits on, in real time through the core, where it waits without
+        the GIL (see _dispatch)."""
+        if self.simulated:
+            self._cond.notify_all()
+        else:
+            self._core.wake_dispatcher()
+
     def _kick_locked(self, now: float) -> None:
         """Wakes the dispatcher only if it has something to do that the calling thread
         does not: a held task may start by itself (a bucket refilling, a Guaranteed tenant
         going idle) before the dispatcher's planned wake-up. Every wake-up it does not need
-        costs the latency-critical threads the GIL."""
+        costs the latency-critical threads the GIL; the core decides, and a dispatcher
+        that watches the core while it waits only plans again there."""
         if self.simulated or self._closed:
-            self._cond.notify_all()
+            self._notify_locked()
             return
         if not self._has_waiting_locked():
             return
-        t = self._core.next_wakeup(now)
-        if t is not None and t < self._deadline:
-            self._cond.notify_all()
+        self._core.kick(now)
 
     def _on_done(self, d: Done) -> None:
         """A launch ended (called by the device, on its own thread). On a device that
@@ -542,7 +559,7 @@ class Scheduler:
             self._finish_locked(d)
             now = self._clock.now()
             if not self._device.async_done:
-                self._cond.notify_all()
+                self._notify_locked()
                 return
             ready = self._start_ready_locked(now)
             self._kick_locked(now)
@@ -554,56 +571,75 @@ class Scheduler:
         ends it; what the end frees is launched by the dispatcher, woken only if
         something can start (so the waiter returns at once).
 
-        A high-lane task's end with nothing else waiting is only half done here: its
-        result is delivered and its arena kept as the spare for the next step, and the
-        core is told (its reservation, GPU time and stats) by the next submission once
-        that has launched, while the GPU runs it, or by whatever looks at the scheduler
-        first (stats, close, the dispatcher): the closed-loop client's step is back in
-        its hands sooner. With work waiting, the end is told at once (it may free it)."""
+        A high-lane task's end is only half done here: its result is delivered and its
+        arena kept as the spare for the next step, and the rest of its bookkeeping is
+        left to the next submission once that has launched, while the GPU runs it, or to
+        whatever looks at the scheduler first (stats, close, the dispatcher): the
+        closed-loop client's step is back in its hands sooner. With nothing else
+        waiting, the core is told then too (its reservation, GPU time and stats). With
+        work waiting (best effort held for this tenant, say), the core is told now, in
+        one call that also says whether the end frees anything: if it does, the end is
+        booked at once and the dispatcher starts what it frees; if not (the usual case
+        next to held best-effort work), the rest waits as above."""
         task = d.task
         with self._mu:
-            if (d.error is None and task._high and not self._waiting and not self._closed
+            deferred = False
+            if (d.error is None and task._high and not self._closed
                     and self._stopped is None and not self.simulated):  # fmt: skip
-                task.gpu_ms = d.gpu_ms
-                task.finished_ms = self._clock.now() if d.at_ms is None else d.at_ms
-                arena = task.arena
-                if arena is not None:
-                    task.arena = None
-                    self._keep_arena(arena, task.reservation.arena_bytes)
-                task._state = "done"
-                task._outcome = d.result
-                task._wait_gpu = None  # see _end_locked
-                self._unbooked.append(task)
-                told = False
+                now = self._clock.now() if d.at_ms is None else d.at_ms
+                if not self._waiting:
+                    deferred, told = True, False
+                else:
+                    if self._untold:  # the core hears of ends in order
+                        self._book_locked(kick=False)
+                    # Wakes the dispatcher itself if what waits may start now or sooner.
+                    others, ready = self._core.complete_waited(task.id, d.gpu_ms, now)
+                    if others or ready:
+                        task.gpu_ms, task.finished_ms = d.gpu_ms, now
+                        self._ended_locked(task, True, d.result, None, others, now)
+                    else:
+                        deferred, told = True, True
+                if deferred:
+                    task.gpu_ms = d.gpu_ms
+                    task.finished_ms = now
+                    arena = task.arena
+                    if arena is not None:
+                        task.arena = None
+                        self._keep_arena(arena, task.reservation.arena_bytes)
+                    task._state = "done"
+                    task._outcome = d.result
+                    task._wait_gpu = None  # see _end_locked
+                    self._unbooked.append((task, told))
+                    self._untold += not told
             else:
-                told = True
                 self._finish_locked(d)
                 if self._waiting:
                     now = self._clock.now()
                     if self._core.pick_next(now) is not None:
-                        self._cond.notify_all()
+                        self._notify_locked()
                     else:
                         self._kick_locked(now)
                 elif self.simulated or self._closed:
-                    self._cond.notify_all()  # as _kick_locked does
-        if not told:
+                    self._notify_locked()  # as _kick_locked does
+        if deferred:
             task._deliver()
         elif self._pending:
             self._deliver()
 
     def _book_locked(self, kick: bool = True) -> None:
-        """Tells the core of the ends _on_done_waiter left to tell (their results are
-        delivered); kick: wake the dispatcher if what they free may start (a caller
-        that starts it itself passes False)."""
+        """Books the ends _on_done_waiter left (their results are delivered), telling
+        the core of those it was not told of; kick: wake the dispatcher if what they
+        free may start (a caller that starts it itself passes False)."""
         booked, self._unbooked = self._unbooked, []
+        untold, self._untold = self._untold, 0
         now = self._clock.now()
-        for task in booked:
-            others = self._core.complete(task.id, task.gpu_ms or 0.0, now)
+        for task, told in booked:
+            others = [] if told else self._core.complete(task.id, task.gpu_ms or 0.0, now)
             self._counts["completed"] += 1
             self._end_locked(task, "done", deliver=False)
             self._admit_locked(others, now)
-        if kick and self._waiting:
-            self._cond.notify_all()
+        if kick and untold and self._waiting:
+            self._notify_locked()
 
     def _collect_locked(self) -> None:
         for d in self._device.collect():
@@ -620,17 +656,22 @@ class Scheduler:
         task.finished_ms = now
         ok = d.error is None
         others = (self._core.complete if ok else self._core.fail)(task.id, d.gpu_ms, now)
+        self._ended_locked(task, ok, d.result, d.error, others, now)
+
+    def _ended_locked(self, task: Task, ok: bool, result: Any, error: BaseException | None,
+                      others: list[int], now: float) -> None:  # fmt: skip
+        """The core was told the task ended (others: the queued tasks that admitted)."""
         self._counts["completed" if ok else "failed"] += 1
-        self._end_locked(task, "done" if ok else "failed", d.result, d.error)
+        self._end_locked(task, "done" if ok else "failed", result, error)
         self._admit_locked(others, now)
 
-    def _next_event_locked(self, now: float) -> float | None:
+    def _next_event_locked(self, now: float, core: bool = True) -> float | None:
         """The earliest time something can change without a new submission: a launch
-        ending, a timer, or a held-back tenant back within its share (from the core)."""
+        ending, a timer, or (core) a held-back tenant back within its share."""
         sweep = now + SWEEP_MS if self._device.unreported() else None
+        core = core and self._has_waiting_locked()
         times = [t for t in (self._device.next_completion(), self._clock.next_timer(),
-                             self._core.next_wakeup(now) if self._has_waiting_locked() else None,
-                             sweep)
+                             self._core.next_wakeup(now) if core else None, sweep)
                  if t is not None]  # fmt: skip
         return min(times) if times else None
 
@@ -650,6 +691,7 @@ class Scheduler:
             tid, task = best, self._tasks[best]
             prio = self._core.start(tid, now)
         del self._waiting[tid]
+        self._waiting_not_be -= task.qos != "best_effort"
         self._started_locked(task, prio, now)
         return task
 
@@ -693,7 +735,7 @@ class Scheduler:
                 if self._unbooked:  # ended on the GPU and delivered: not failed
                     self._book_locked(kick=False)
             except Exception:  # the core may be what failed
-                self._unbooked = []
+                self._unbooked, self._untold = [], 0
             self._stopped = err
             self._release_spare_locked()
             for task in list(self._tasks.values()):
@@ -712,14 +754,16 @@ class Scheduler:
                     pass
                 self._counts["failed"] += 1
                 self._end_locked(task, "failed", error=err)
-            self._cond.notify_all()
+            self._notify_locked()
 
     def _dispatch(self) -> None:
         sim = isinstance(self._clock, SimClock)
         fruitless = False  # the last wake-up was a timeout that started nothing
+        ready_miss = False  # the core said a task may start, and none could
         while True:
             if self._run_timers():
                 continue
+            wait: tuple[float, float, bool] | None = None
             with self._locked():
                 self._collect_locked()
                 if self._unbooked:
@@ -731,7 +775,14 @@ class Scheduler:
                 now = self._clock.now()
                 task = self._pick_locked(now)
                 if task is None:
-                    t = None if self._paused else self._next_event_locked(now)
+                    # Real time: the core watches for a held task that may start by
+                    # itself (its tenant back within share, a Guaranteed tenant gone
+                    # idle) while this thread waits in it without the GIL, unless only
+                    # high-lane work may start now or the last such start came to
+                    # nothing: then its time is a plain deadline, as the others are.
+                    watch = (not sim and not self._paused and not ready_miss
+                             and self._inflight_low < self.max_inflight)  # fmt: skip
+                    t = None if self._paused else self._next_event_locked(now, core=not watch)
                     if t is not None and not math.isfinite(t):
                         raise errors.SchedulerError(f"the next event is at t={t} ms")
                     if sim and t is not None and t > now:
@@ -741,16 +792,26 @@ class Scheduler:
                         self._cond.wait()
                     else:
                         wait_ms = IDLE_WAIT_MS if t is None else max(t - now, 0.0)
-                        if fruitless:
+                        if fruitless and not watch:
                             # The last timed wake-up found the hold extended (a busy
                             # Guaranteed tenant pushes its idle time on with every step):
                             # poll no faster than this, not once per step.
                             wait_ms = max(wait_ms, FRUITLESS_WAIT_MS)
-                        self._deadline = now + wait_ms  # _kick_locked wakes it before then
-                        fruitless = not self._cond.wait(wait_ms / 1e3)
-                        self._deadline = -math.inf  # awake: it looks at everything anyway
-                    continue
-                fruitless = False
+                        # Armed under the lock: a wake-up asked for before the wait
+                        # below begins is kept for it.
+                        self._core.arm_wait(now + wait_ms, watch)
+                        wait = (now, now + wait_ms, watch)
+                    if wait is None:
+                        continue
+                else:
+                    fruitless = ready_miss = False
+            if wait is not None:
+                got = self._core.wait_dispatcher(*wait)
+                self._wakeups += 1
+                ready_miss = wait[2] and got == "ready"
+                fruitless = not wait[2] and got == "deadline"
+                continue
+            assert task is not None  # picked above (no wait planned)
             self._launch(task, now)
 
     def _launch(self, task: Task, now: float, on_caller: bool = False) -> None:
@@ -785,6 +846,7 @@ class Scheduler:
             st["now_ms"] = now
             st["simulated"] = self.simulated
             st["launches"] = dict(self._counts)
+            st["dispatcher_wakeups"] = self._wakeups
             st["arena_bytes_held"] = sum(t.reservation.arena_bytes for t in self._tasks.values()
                                          if t.arena is not None)  # fmt: skip
             # The last ended task's arena, kept for the next admission of its size.
@@ -821,7 +883,7 @@ class Scheduler:
                         self._end_locked(task, "cancelled")
             self._closed = True
             self._release_spare_locked()  # tasks ending from now on give theirs back
-            self._cond.notify_all()
+            self._notify_locked()
         self._thread.join(timeout)
         self._device.close()
 

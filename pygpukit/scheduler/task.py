@@ -28,8 +28,8 @@ class Task:
     __slots__ = ("id", "fn", "args", "kwargs", "tenant", "qos", "partition", "reservation",
                  "reserved_bytes", "sim_ms", "submitted_ms", "admitted_ms", "started_ms",
                  "finished_ms", "gpu_ms", "stream_priority", "arena", "_state", "_high",
-                 "_wait_gpu", "_end_claimed", "_outcome", "_sched", "_fut", "_final", "_ticket",
-                 "__weakref__")  # fmt: skip
+                 "_wait_gpu", "_end_claimed", "_waited", "_outcome", "_sched", "_fut", "_final",
+                 "_ticket", "__weakref__")  # fmt: skip
 
     def __init__(self, sched: Scheduler, task_id: int, fn: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any], tenant: str, qos: str, partition: str,
@@ -53,6 +53,7 @@ class Task:
         # end event, for at most the timeout given); it ends the task if it is first.
         self._wait_gpu: Callable[[float | None], None] | None = None
         self._end_claimed = False  # set by the device thread or waiter that ends it
+        self._waited = False  # a thread waits on its end with no timeout (it ends it)
         self._outcome: Any = None  # result or exception (cancelled: None)
         self._sched = sched
         self._fut: Future[Any] | None = None  # made on demand (see _future)

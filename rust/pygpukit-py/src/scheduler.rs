@@ -1,7 +1,8 @@
 //! `pygpukit._rust.SchedulerCore`: admission, lifecycle and pacing of
 //! compiled-graph launches. Time is always passed in (milliseconds).
 
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use pygpukit_core::scheduler::{
     Admission, Partition, Qos, SchedError, SchedStats, Scheduler, TaskId, TaskSpec,
@@ -44,19 +45,76 @@ fn int32_arg(py: Python<'_>, what: &str, v: i128) -> PyResult<i32> {
     })
 }
 
+/// The dispatcher thread's wait (`arm_wait`, `wait_dispatcher`): what it
+/// plans and what other threads asked of it.
+struct DispatchWait {
+    /// The dispatcher is about to wait or waits (between `arm_wait` and the
+    /// wait's return). Wake-ups only matter then: otherwise it is looking at
+    /// the scheduler under the caller's lock, after whoever asked.
+    armed: bool,
+    /// It looks at the core itself while it waits (see `wait_dispatcher`).
+    watching: bool,
+    /// When it plans to wake (the caller's clock, ms).
+    planned: f64,
+    /// Return to the caller.
+    woken: bool,
+    /// A watching wait asks the core again when a task may start.
+    replan: bool,
+}
+
 /// Thread-safe scheduler core. `capacity_bytes` is the node memory that
 /// reservations draw on (the pool quota); a "default" partition spans it.
 #[pyclass(frozen, name = "SchedulerCore", module = "pygpukit._rust")]
 pub struct PySchedulerCore {
     inner: Mutex<Scheduler>,
+    wait: Mutex<DispatchWait>,
+    wake: Condvar,
 }
+
+fn poisoned() -> PyErr {
+    PyRuntimeError::new_err("SchedulerCore is poisoned by an earlier panic")
+}
+
+/// Longest single sleep of a wait: a deadline far off (or infinite) is
+/// slept towards in steps that `Duration` can hold.
+const MAX_SLEEP_MS: f64 = 1e6;
 
 impl PySchedulerCore {
     fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Scheduler) -> R) -> PyResult<R> {
-        let mut guard = self.inner.lock_py_attached(py).map_err(|_| {
-            PyRuntimeError::new_err("SchedulerCore is poisoned by an earlier panic")
-        })?;
+        let mut guard = self.inner.lock_py_attached(py).map_err(|_| poisoned())?;
         Ok(f(&mut guard))
+    }
+
+    /// The wait state; only held for a few instructions (never while waiting
+    /// for the interpreter), so a plain lock cannot deadlock with it.
+    fn wait_state(&self) -> MutexGuard<'_, DispatchWait> {
+        self.wait.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes an armed dispatcher: back to its caller (`woken`), or, for a
+    /// watching wait, only to ask the core again (`replan`).
+    fn signal(&self, replan_only: bool) {
+        let mut w = self.wait_state();
+        if !w.armed {
+            return;
+        }
+        if replan_only && w.watching {
+            w.replan = true;
+        } else {
+            w.woken = true;
+        }
+        self.wake.notify_all();
+    }
+
+    /// `signal` if a waiting task may start before the dispatcher plans to
+    /// wake (`wakeup`: the core's next_wakeup; `ready`: one may start now).
+    fn signal_if_sooner(&self, ready: bool, wakeup: Option<f64>) {
+        let planned = self.wait_state().planned;
+        if ready {
+            self.signal(false);
+        } else if wakeup.is_some_and(|t| t < planned) {
+            self.signal(true);
+        }
     }
 }
 
@@ -189,6 +247,14 @@ impl PySchedulerCore {
             .map_err(|e| to_py(py, e))?;
         Ok(Self {
             inner: Mutex::new(inner),
+            wait: Mutex::new(DispatchWait {
+                armed: false,
+                watching: false,
+                planned: f64::INFINITY,
+                woken: false,
+                replan: false,
+            }),
+            wake: Condvar::new(),
         })
     }
 
@@ -365,6 +431,128 @@ impl PySchedulerCore {
 
     fn queue_order(&self, py: Python<'_>) -> PyResult<Vec<TaskId>> {
         self.with(py, |s| s.queue_order())
+    }
+
+    /// `complete` for an end seen by the thread that waited for it, with what
+    /// that thread needs to decide whether to leave the rest of the end's
+    /// bookkeeping for later: (ids admitted from the queue, whether a waiting
+    /// task may start now). An armed dispatcher is woken here, without the
+    /// interpreter, when a task may start now or sooner than it planned.
+    fn complete_waited(
+        &self,
+        py: Python<'_>,
+        task_id: TaskId,
+        gpu_ms: f64,
+        now: f64,
+    ) -> PyResult<(Vec<TaskId>, bool)> {
+        let (others, ready, wakeup) = self
+            .with(py, |s| -> Result<_, SchedError> {
+                let others = s.complete(task_id, gpu_ms, now)?;
+                let ready = s.pick_next(now)?.is_some();
+                let wakeup = if ready { None } else { s.next_wakeup(now)? };
+                Ok((others, ready, wakeup))
+            })?
+            .map_err(|e| to_py(py, e))?;
+        self.signal_if_sooner(ready, wakeup);
+        Ok((others, ready))
+    }
+
+    /// Wakes the dispatcher if a waiting task may start (by itself, with no
+    /// other event) before it plans to wake: a watching wait only asks the
+    /// core again, without returning to Python.
+    fn kick(&self, py: Python<'_>, now: f64) -> PyResult<()> {
+        let wakeup = self
+            .with(py, |s| s.next_wakeup(now))?
+            .map_err(|e| to_py(py, e))?;
+        self.signal_if_sooner(false, wakeup);
+        Ok(())
+    }
+
+    /// Wakes the dispatcher (armed or waiting) back to its caller.
+    fn wake_dispatcher(&self) {
+        self.signal(false);
+    }
+
+    /// The dispatcher is about to wait until `until` (its clock, ms); called
+    /// under the caller's lock, so a wake-up asked for between the lock's
+    /// release and `wait_dispatcher` is not lost. `watch`: see wait_dispatcher.
+    fn arm_wait(&self, until: f64, watch: bool) {
+        let mut w = self.wait_state();
+        w.armed = true;
+        w.watching = watch;
+        w.planned = until;
+        w.woken = false;
+        w.replan = false;
+    }
+
+    /// The dispatcher's sleep, without the GIL: returns "woken"
+    /// (wake_dispatcher, or a kick of a plain wait), "ready" (`watch`: a
+    /// waiting task may start now) or "deadline" (`until` passed). `now` is
+    /// the caller's clock at the call; the wait follows it on the same
+    /// monotonic clock. A watching wait sleeps to the core's next_wakeup as
+    /// well, and when that passes with every task still held (a busy
+    /// Guaranteed tenant pushes its idle time on with every step) it sleeps
+    /// again here: the threads stepping that tenant never lose the GIL to it.
+    fn wait_dispatcher(
+        &self,
+        py: Python<'_>,
+        now: f64,
+        until: f64,
+        watch: bool,
+    ) -> PyResult<&'static str> {
+        if !now.is_finite() || until.is_nan() {
+            return Err(errors::value_error(
+                py,
+                format!(
+                    "wait_dispatcher: now must be finite and until a number, got {now}, {until}"
+                ),
+            ));
+        }
+        let t0 = Instant::now();
+        let clock = || now + t0.elapsed().as_secs_f64() * 1e3;
+        let out = py.detach(|| {
+            let mut w = self.wait_state();
+            let outcome = loop {
+                if w.woken {
+                    break Ok("woken");
+                }
+                w.replan = false;
+                let t = clock();
+                if t >= until {
+                    break Ok("deadline");
+                }
+                let mut wake = until;
+                if watch {
+                    let Ok(mut core) = self.inner.lock() else {
+                        break Err(None);
+                    };
+                    match core.pick_next(t) {
+                        Ok(Some(_)) => break Ok("ready"),
+                        Ok(None) => {}
+                        Err(e) => break Err(Some(e)),
+                    }
+                    match core.next_wakeup(t) {
+                        Ok(c) => wake = c.map_or(wake, |c| wake.min(c)),
+                        Err(e) => break Err(Some(e)),
+                    }
+                }
+                w.planned = wake;
+                let ms = (wake - t).clamp(0.0, MAX_SLEEP_MS);
+                w = self
+                    .wake
+                    .wait_timeout(w, Duration::from_secs_f64(ms / 1e3))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            };
+            w.armed = false;
+            w.woken = false;
+            w.planned = f64::INFINITY;
+            outcome
+        });
+        out.map_err(|e| match e {
+            Some(e) => to_py(py, e),
+            None => poisoned(),
+        })
     }
 
     #[pyo3(signature = (now = None))]
