@@ -39,7 +39,7 @@ def test_tensor_map_strides(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_launch_format_takes_three_maps() -> None:
     fmt = loader.kernel_format(attention_sm90.FAMILY, attention_sm90.KERNEL)
-    assert fmt.startswith("TTTP")
+    assert fmt.startswith("TTTPqqqP")
     src = loader.kernel_source(attention_sm90.FAMILY, attention_sm90.defines("bfloat16", 64))
     params = signature.parse_params(src, attention_sm90.KERNEL)
     assert [p[1] for p in params[:3]] == ["tm_q", "tm_k", "tm_v"]

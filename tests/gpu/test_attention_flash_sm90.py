@@ -1,9 +1,9 @@
 """The Hopper prefill kernel (attention_flash_sm90.cuh: wgmma, tensor-map copies) against
 the float64 reference on SM 9.0 devices (skipped elsewhere): random shapes through sdpa
-(the planner takes it there) over batch, GQA groups, lengths no multiple of its 128-row /
-128-key tiles, chunk offsets (fewer queries than keys), head dims 64 / 128, bf16 / f16,
+(the planner takes it there for PREFERRED_HEAD_DIMS) over batch, GQA groups, lengths no multiple of its 128-row /
+128-key tiles, chunk offsets (fewer queries than keys), bf16 / f16,
 causal or not, device kv_len / kv_start and the sliding window; straight launches with
-strided q and one K / V shared by the batch; a NaN in a hidden V row never leaks; a
+strided q and one K / V shared by the batch, head dims 64 and 128; a NaN in a hidden V row never leaks; a
 compiled (graph-captured) step replays with new lengths."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _case(draw: Any) -> dict[str, Any]:
     sq = draw(st.integers(2, 300))
     sk = draw(st.integers(sq, 400))
     case = {"b": b, "h": kvh * g, "kvh": kvh, "sq": sq, "sk": sk,
-            "d": draw(st.sampled_from([64, 128])),
+            "d": draw(st.sampled_from(attention_sm90.PREFERRED_HEAD_DIMS)),
             "dtype": draw(st.sampled_from(["bfloat16", "float16"])),
             "causal": draw(st.booleans()), "kv_len": None, "kv_start": None, "window": None,
             "seed": draw(st.integers(0, 2**31))}  # fmt: skip
@@ -120,7 +120,7 @@ def test_sm90_hidden_nan_does_not_leak(where: str) -> None:
     the causal diagonal hides key 170 from queries 0..169 of a 200 x 200 causal attention;
     a window of 8 hides key 20 from queries 28..; kv_len 190 the tail; kv_start the head."""
     rng = np.random.default_rng(3)
-    b, h, kvh, s, d = 2, 4, 2, 200, 64
+    b, h, kvh, s, d = 2, 4, 2, 200, max(attention_sm90.PREFERRED_HEAD_DIMS)
     q = rand(rng, (b, h, s, d), "bfloat16")
     k, v = rand(rng, (b, kvh, s, d), "bfloat16"), rand(rng, (b, kvh, s, d), "bfloat16")
     kw: dict[str, Any] = {"causal": True}

@@ -21,8 +21,8 @@
 // Masks: a tile every row of a warpgroup sees whole takes no mask; others compute each
 // row's bounds. The copy engine loads keys a mask hides (outside [kv_start, kv_len), the
 // causal diagonal's far side, past the window) as they are, so a masked tile whose V
-// holds a NaN or inf takes a scalar P V that selects the visible keys (as
-// attention_flash.cuh does): a hidden value never reaches the result.
+// holds a NaN or inf takes a scalar P V that selects the visible keys, reading V from
+// global memory (as attention_flash.cuh does): a hidden value never reaches the result.
 #include "common.cuh"
 
 #ifndef PGK_D
@@ -148,13 +148,6 @@ PGK_DEVICE bool pgk_hnonfinite2(unsigned w) {
   constexpr unsigned e = sizeof(PGK_HABS) == 5 ? 0x7F80u : 0x7C00u;  // "bf16" : "f16"
   return (w & e) == e || ((w >> 16) & e) == e;
 }
-// Element (key r, column c) of a tile in the 128-byte swizzle (64-column panels of
-// PGK_HN rows; the 16-byte chunk index XOR the row's low 3 bits).
-PGK_DEVICE const pgk_t* pgk_hat(const unsigned char* tile, int r, int c) {
-  const int p = c >> 6, cc = c & 63;
-  return reinterpret_cast<const pgk_t*>(tile + p * PGK_HKP + r * 128 +
-                                        ((((cc >> 3) ^ (r & 7)) << 4) | ((cc & 7) << 1)));
-}
 
 // D (64 x 64, fp32) (+)= A (64 x 16, shared memory) B (64 x 16 K-major, shared
 // memory); acc 0: D = A B.
@@ -265,7 +258,9 @@ template <int N> PGK_DEVICE void pgk_wgmma_rs(float* d, const unsigned* a, unsig
 extern "C" __global__ void __launch_bounds__(PGK_HT, 1)
     pgk_attention_flash_sm90(const __grid_constant__ pgk_tmap tm_q,
                              const __grid_constant__ pgk_tmap tm_k,
-                             const __grid_constant__ pgk_tmap tm_v, pgk_t* __restrict__ o,
+                             const __grid_constant__ pgk_tmap tm_v,
+                             const pgk_t* __restrict__ v, long long v_sb, long long v_sh,
+                             long long v_ss, pgk_t* __restrict__ o,
                              int n_heads, int n_kv_heads, int kv_batch, int seq_q, int seq_k,
                              float scale, int causal, int window, const int* __restrict__ kv_len,
                              const int* __restrict__ kv_start, long long kvs_stride,
@@ -455,7 +450,9 @@ extern "C" __global__ void __launch_bounds__(PGK_HT, 1)
       pgk_wg_hold<PGK_HDN * 4>(acc);
     } else {
       // Each key's probability comes from the quad lane that holds it; a hidden key is
-      // skipped (selected out), never multiplied.
+      // skipped (selected out), never multiplied. V is read from global memory (a rare
+      // path: a NaN / inf in a masked tile).
+      const pgk_t* vg = v + (kv_batch > 1 ? b : 0) * v_sb + kvh * v_sh + (lane & 3) * 2;
       int lo[2], hi[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr)
@@ -466,16 +463,16 @@ extern "C" __global__ void __launch_bounds__(PGK_HT, 1)
         for (int cq = 0; cq < 4; ++cq)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int jj = n * 8 + 2 * cq + e, j = j0 + jj;
+            const int j = j0 + n * 8 + 2 * cq + e;
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
               const float p = __shfl_sync(0xffffffffu, s[n * 4 + 2 * hr + e], (lane & ~3) | cq);
               if (j >= lo[hr] && j < hi[hr]) {
 #pragma unroll
                 for (int dn = 0; dn < PGK_HDN; ++dn) {
-                  const int col = dn * 8 + (lane & 3) * 2;
-                  acc[dn * 4 + 2 * hr] += p * pgk_to_float(*pgk_hat(vs, jj, col));
-                  acc[dn * 4 + 2 * hr + 1] += p * pgk_to_float(*pgk_hat(vs, jj, col + 1));
+                  const pgk_t* vr = vg + j * v_ss + dn * 8;
+                  acc[dn * 4 + 2 * hr] += p * pgk_to_float(vr[0]);
+                  acc[dn * 4 + 2 * hr + 1] += p * pgk_to_float(vr[1]);
                 }
               }
             }

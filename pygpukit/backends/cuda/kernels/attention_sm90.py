@@ -48,8 +48,10 @@ def chosen(head_dim: int) -> bool:
     return head_dim in PREFERRED_HEAD_DIMS and available()
 
 
-# Head dims where this kernel beat attention_flash.cuh on an H200 (bench sdpa rows).
-PREFERRED_HEAD_DIMS = (64, 128)
+# Head dims where this kernel beat attention_flash.cuh on an H200 (bench sdpa rows, causal
+# bf16 B1 H32/KV4 T2048): D128 104.9 us against 136.3; at D64 it lost (84.7 against 72.5,
+# B4 T512 37.0 against 29.7): see docs/kernels.md.
+PREFERRED_HEAD_DIMS = (128,)
 
 
 def fits(ptrs: tuple[int, ...], strides: tuple[tuple[int, int, int], ...], o: int,
@@ -124,7 +126,7 @@ def flash_sm90(
     )
     fn = loader.get_kernel(FAMILY, KERNEL, defines(dtype, head_dim))
     fn.set_dynamic_smem(smem)
-    args = (*maps, o, heads, kv_heads, kvb, seq_q, seq_k, sc, int(causal), *mask_args, *os_,
+    args = (*maps, v, *vs, o, heads, kv_heads, kvb, seq_q, seq_k, sc, int(causal), *mask_args, *os_,
             masks.err, masks.tag)  # fmt: skip
     # 1-D grid, heads fastest (the kernel derives the query block and the head).
     fn.launch((blocks,), (THREADS,), args, smem, stream)
