@@ -1,10 +1,10 @@
 """The Hopper prefill kernel (attention_flash_sm90.cuh: wgmma, tensor-map copies) against
 the float64 reference on SM 9.0 devices (skipped elsewhere): random shapes through sdpa
-(the planner takes it there for PREFERRED_HEAD_DIMS) over batch, GQA groups, lengths no multiple of its 128-row /
-128-key tiles, chunk offsets (fewer queries than keys), bf16 / f16,
-causal or not, device kv_len / kv_start and the sliding window; straight launches with
-strided q and one K / V shared by the batch, head dims 64 and 128; a NaN in a hidden V row never leaks; a
-compiled (graph-captured) step replays with new lengths."""
+(the planner takes it there for PREFERRED_HEAD_DIMS) over batch, GQA groups, lengths no
+multiple of its 128-row / 128-key tiles, chunk offsets (fewer queries than keys), bf16 /
+f16, causal or not, device kv_len / kv_start and the sliding window; straight launches
+with strided q and one K / V shared by the batch, head dims 64 and 128; a NaN in a hidden
+V row never leaks; a compiled (graph-captured) step replays with new lengths."""
 
 from __future__ import annotations
 
