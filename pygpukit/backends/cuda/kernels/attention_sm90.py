@@ -49,8 +49,8 @@ def chosen(head_dim: int) -> bool:
 
 
 # Head dims where this kernel beat attention_flash.cuh on an H200 (bench sdpa rows, causal
-# bf16 B1 H32/KV4 T2048): D128 104.9 us against 136.3; at D64 it lost (84.7 against 72.5,
-# B4 T512 37.0 against 29.7): see docs/kernels.md.
+# bf16 B1 H32/KV4 T2048): D128 109.8 us against 136.4; at D64 it lost (78.0 against 72.3,
+# B4 T512 35.8 against 29.5): see docs/kernels.md.
 PREFERRED_HEAD_DIMS = (128,)
 
 
