@@ -170,6 +170,17 @@ class Function:
 def launch_capi() -> Any: ...
 def set_launch_recorder(recorder: Callable[..., None] | None) -> None: ...
 
+# Tensor maps for the bulk tensor copy engine (launch format 'T')
+def tensor_map_tiled(
+    dtype: str,
+    address: int,
+    dims: list[int],
+    strides: list[int],
+    box: list[int],
+    swizzle: int = 3,
+    l2_promotion: int = 2,
+) -> bytes: ...
+
 # cuBLASLt (loaded at run time; see pygpukit.backends.cuda.toolchain.load_cublaslt)
 def cublaslt_load(candidates: list[str]) -> str: ...
 def cublaslt_loaded() -> bool: ...

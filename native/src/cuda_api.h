@@ -82,6 +82,12 @@ struct LaunchConfig {
 };
 constexpr unsigned kMemoryTypeHost = 1;
 
+// cuTensorMapEncodeTiled's output: 128 opaque bytes, 64-byte aligned, that a kernel takes by
+// value (a __grid_constant__ parameter) for the bulk tensor copies (SM 9.0+).
+struct alignas(64) TensorMap {
+  unsigned char bytes[128];
+};
+
 // Every entry point below is requested from cuGetProcAddress at this ABI version, which
 // selects the _v2/_v3 variants whose signatures are written here.
 constexpr int kApiVersion = 12000;
@@ -143,7 +149,10 @@ constexpr int kApiVersion = 12000;
   X(cuGraphDestroy, (CUgraph))                                                               \
   X(cuGraphInstantiateWithFlags, (CUgraphExec*, CUgraph, unsigned long long))                \
   X(cuGraphLaunch, (CUgraphExec, CUstream))                                                  \
-  X(cuGraphExecDestroy, (CUgraphExec))
+  X(cuGraphExecDestroy, (CUgraphExec))                                                       \
+  X(cuTensorMapEncodeTiled, (TensorMap*, int, unsigned, void*, const cuuint64_t*,            \
+                             const cuuint64_t*, const unsigned*, const unsigned*, int, int,  \
+                             int, int))
 
 struct DriverApi {
 #define PGK_DECLARE_ENTRY(name, sig) CUresult(*name) sig = nullptr;

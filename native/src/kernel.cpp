@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "capi_launch.h"
@@ -58,6 +59,8 @@ union Slot {
 
 // Up to this many parameters live on the stack; more falls back to the heap.
 constexpr size_t kInlineArgs = 24;
+// Tensor maps (format 'T', 128 bytes each) a launch may pass.
+constexpr size_t kMaxTensorMaps = 4;
 
 [[noreturn]] void arg_error(const std::string& kernel, size_t i, char code, py::handle value,
                             const char* expected) {
@@ -65,6 +68,17 @@ constexpr size_t kInlineArgs = 24;
   throw py::type_error("kernel '" + kernel + "' argument " + std::to_string(i) + " (fmt '" +
                        std::string(1, code) + "'): expected " + expected + ", got " +
                        std::string(py::str(py::repr(value))));
+}
+
+// A tensor map argument: the 128 bytes tensor_map_tiled returned, copied into `map`.
+void pack_tensor_map(const std::string& kernel, size_t i, PyObject* v, cu::TensorMap& map) {
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (!PyBytes_Check(v) || PyBytes_AsStringAndSize(v, &data, &size) != 0 ||
+      size != static_cast<Py_ssize_t>(sizeof(map.bytes))) {
+    arg_error(kernel, i, 'T', py::handle(v), "a tensor map (128 bytes from tensor_map_tiled)");
+  }
+  std::memcpy(map.bytes, data, sizeof(map.bytes));
 }
 
 void pack(const std::string& kernel, char code, size_t i, PyObject* v, Slot& slot) {
@@ -112,7 +126,7 @@ void pack(const std::string& kernel, char code, size_t i, PyObject* v, Slot& slo
     }
     default:
       throw py::type_error("kernel '" + kernel + "': unknown format char '" + std::string(1, code) +
-                           "' at position " + std::to_string(i) + " (use P i I q f d)");
+                           "' at position " + std::to_string(i) + " (use P i I q f d T)");
   }
 }
 
@@ -171,8 +185,20 @@ void Function::launch(py::handle grid, py::handle block, const std::string& fmt,
     slots = slots_heap.data();
     ptrs = ptrs_heap.data();
   }
+  std::array<cu::TensorMap, kMaxTensorMaps> maps;
+  size_t n_maps = 0;
   for (size_t i = 0; i < n; ++i) {
-    pack(name_, fmt[i], i, PyTuple_GET_ITEM(args.ptr(), i), slots[i]);
+    PyObject* v = PyTuple_GET_ITEM(args.ptr(), i);
+    if (fmt[i] == 'T') {
+      if (n_maps == kMaxTensorMaps) {
+        throw py::type_error("kernel '" + name_ + "': more than " + std::to_string(kMaxTensorMaps) +
+                             " tensor maps");
+      }
+      pack_tensor_map(name_, i, v, maps[n_maps]);
+      ptrs[i] = &maps[n_maps++];
+      continue;
+    }
+    pack(name_, fmt[i], i, v, slots[i]);
     ptrs[i] = &slots[i];
   }
   module_->context()->make_current();
@@ -228,8 +254,9 @@ void register_kernels(py::module_& m) {
           py::arg("grid"), py::arg("block"), py::arg("fmt"), py::arg("args"),
           py::arg("shared_mem") = 0, py::arg("stream") = py::none(), py::arg("pdl") = false,
            "fmt: one char per kernel parameter: P pointer, i int32, I uint32, q int64, "
-           "f float32, d float64. pdl: programmatic dependent launch (SM 9.0+; the kernel "
-           "waits on the previous one with griddepcontrol.wait).");
+           "f float32, d float64, T tensor map (128 bytes, tensor_map_tiled). pdl: "
+           "programmatic dependent launch (SM 9.0+; the kernel waits on the previous one "
+           "with griddepcontrol.wait).");
 }
 
 }  // namespace pgk

@@ -13,6 +13,7 @@
 #include "memory.h"
 #include "nvrtc.h"
 #include "stream.h"
+#include "tensor_map.h"
 
 namespace py = pybind11;
 
@@ -31,4 +32,5 @@ PYBIND11_MODULE(_native, m) {
   pgk::register_cublaslt(m);
   pgk::register_dlpack(m);
   pgk::register_copy_capi(m);
+  pgk::register_tensor_maps(m);
 }

@@ -19,7 +19,15 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from pygpukit.backends.cuda.kernels import attention, gemv, rms_norm, rope, softmax, variants
+from pygpukit.backends.cuda.kernels import (
+    attention,
+    attention_sm90,
+    gemv,
+    rms_norm,
+    rope,
+    softmax,
+    variants,
+)
 
 Fn = Callable[[int], None]  # one call on input set i
 
@@ -491,7 +499,9 @@ PREFILL_SHAPES = ((1, 32, 4, 2048, 64), (4, 32, 4, 512, 64), (1, 32, 4, 2048, 12
 
 def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
     """Causal bf16 prefill attention: attention.flash (the tensor-core kernel, each block
-    geometry swept) against torch SDPA's flash backend and its default choice, same data."""
+    geometry swept) and, on SM 9.0, attention_sm90.flash_sm90 (wgmma, tensor-map copies)
+    against torch SDPA's flash backend and its default choice, same data. The summary row
+    times the planner's choice."""
     torch = _torch()
     f = torch.nn.functional
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -534,6 +544,22 @@ def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
         name = f"prefill attn B{b} H{h}/KV{kvh} T{t} D{d} causal bf16"
         r = ref(qs[0].float(), ks[0].float(), vs[0].float())
         flops = 4 * b * h * t * t * d / 2  # causal: half the score matrix
+
+        def hopper(i: int, b: int = b, h: int = h, kvh: int = kvh, t: int = t, d: int = d,
+                   qs: Any = qs, ks: Any = ks, vs: Any = vs, os_: Any = os_) -> None:  # fmt: skip
+            attention_sm90.flash_sm90(qs[i].data_ptr(), ks[i].data_ptr(), vs[i].data_ptr(),
+                                      os_[i].data_ptr(), b, h, kvh, t, t, d, "bfloat16",
+                                      causal=True, stream=_stream())  # fmt: skip
+
+        if attention_sm90.available():
+            os_[0].fill_(float("nan"))
+            hopper(0)
+            torch.cuda.synchronize()
+            _close(os_[0], r, f"{name} sm90")
+            _timed_row(rows, f"{name} sm90 wgmma", hopper, sets)
+            rows[-1]["TFLOP/s"] = round(flops / (rows[-1]["us"] * 1e-6) / 1e12, 1)
+            print(json.dumps(rows[-1]), flush=True)
+        chosen = hopper if attention_sm90.available() and attention_sm90.chosen(d) else ours
         geoms = attention.FLASH_SWEEP
         for g in geoms:
             os_[0].fill_(float("nan"))
@@ -545,11 +571,11 @@ def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
             )
             rows[-1]["TFLOP/s"] = round(flops / (rows[-1]["us"] * 1e-6) / 1e12, 1)
         os_[0].fill_(float("nan"))
-        ours(0)
+        chosen(0)
         torch.cuda.synchronize()
         _close(os_[0], r, name)
         _close(peer(*(x[0] for x in peer_sets)), r, f"{name} torch flash backend")
-        _row(rows, name, nbytes, copy_gbs, ours, _rot(peer, *peer_sets),
+        _row(rows, name, nbytes, copy_gbs, chosen, _rot(peer, *peer_sets),
              _rot(ref, qs, ks, vs), sets)  # fmt: skip
         # torch_eager_us: the flash backend; torch_compile_us: SDPA's default choice (eager).
         rows[-1]["peers"] = "eager=torch SDPA flash backend, compile=torch SDPA default"

@@ -2,7 +2,8 @@
 
 One parser for gpk.jit (user kernels) and the kernel templates' launchers: each parameter
 gets the launch format character pygpukit._native's Function.launch packs it with
-(P pointer, i int, I unsigned, q 64-bit integer, f float, d double), so a launch's
+(P pointer, i int, I unsigned, q 64-bit integer, f float, d double, T a tensor map: the
+128-byte `pgk_tmap` a template takes as a __grid_constant__ parameter), so a launch's
 argument format is read from the kernel's own signature, never typed by hand.
 """
 
@@ -19,7 +20,8 @@ _SCALARS = {
     "ptrdiff_t": "q", "uint64_t": "q", "unsigned long long": "q", "unsigned long": "q",
     "float": "f", "double": "d",
 }  # fmt: skip
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "__grid_constant__"}
+_BY_VALUE = {"pgk_tmap": "T"}  # opaque structs passed by value (a CUtensorMap's 128 bytes)
 _LAUNCH_BOUNDS = r"(?:__launch_bounds__\([^)]*\)\s*)?"
 
 Param = tuple[str, str, str]  # (C type, parameter name, launch format character)
@@ -67,6 +69,9 @@ def parse_params(source: str, name: str, who: str = "jit") -> list[Param]:
             out.append((ctype, pname, "P"))
             continue
         base = " ".join(w for w in ctype.split() if w not in _QUALIFIERS)
+        if base in _BY_VALUE:
+            out.append((ctype, pname, _BY_VALUE[base]))
+            continue
         if base not in _SCALARS:
             raise DTypeError(f"{who}: kernel {name}: parameter {pname!r} has unsupported type "
                              f"{ctype!r} (pointers, ints and floats are supported)")  # fmt: skip

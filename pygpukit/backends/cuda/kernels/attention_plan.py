@@ -20,7 +20,7 @@ from ..materialize import contiguous_as
 from ..ops_elementwise import arange_values
 from ..ops_movement import store_into
 from ..value import DeviceValue
-from . import attention, matmul_simple, softmax
+from . import attention, attention_sm90, matmul_simple, softmax
 from .rope_plan import heads_layout, plan_rope
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
@@ -151,6 +151,8 @@ def _plan_prefill(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     flash = dtype.name in attention.FLASH_DTYPES and attention.flash_fits(
         (0, 0, 0), (qs, ks, vs), 0, os_
     )
+    # On SM 9.0, the wgmma / tensor-copy kernel where it measured faster (same operands).
+    sm90 = flash and attention_sm90.chosen(d)
 
     def run(vals: Sequence[DeviceValue]) -> DeviceValue:
         o = ctx.alloc_out(shape, dtype, "sdpa")
@@ -162,6 +164,12 @@ def _plan_prefill(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         ptrs = (vals[0].ptr, vals[1].ptr, vals[2].ptr)
         # A view at an odd element offset takes the CUDA-core kernel (any alignment).
         use_flash = flash and attention.flash_fits(ptrs, (qs, ks, vs), o.ptr, os_)
+        if use_flash and sm90:
+            attention_sm90.flash_sm90(*ptrs, o.ptr, bq, h, kvh, sq, sk, d, dtype.name,
+                                      scale=sc, causal=causal, masks=masks, q_strides=qs,
+                                      k_strides=ks, v_strides=vs, o_strides=os_, kv_batch=bk,
+                                      stream=ctx.stream)  # fmt: skip
+            return o
         launch = attention.flash if use_flash else attention.prefill
         launch(*ptrs, o.ptr, bq, h, kvh, sq, sk, d, dtype.name, scale=sc, causal=causal,
                masks=masks, q_strides=qs, k_strides=ks, v_strides=vs, o_strides=os_,

@@ -144,6 +144,17 @@ def compile_source(source: str, arch: str, options: tuple[str, ...] = ()) -> byt
 FAMILY_OPTIONS: dict[str, tuple[str, ...]] = {"attention_decode": ("-Xptxas", "-O2")}
 
 
+# Families compiled for an architecture-specific target rather than the device's own:
+# wgmma and setmaxnreg exist only in sm_90a code, which loads on SM 9.0 devices alone (the
+# planner launches such a family there only).
+FAMILY_ARCH: dict[str, str] = {"attention_flash_sm90": "sm_90a"}
+
+
+def family_arch(family: str, arch: str) -> str:
+    """The target a family's template compiles for when `arch` is asked for."""
+    return FAMILY_ARCH.get(family, arch)
+
+
 def template_options(family: str = "") -> tuple[str, ...]:
     """The NVRTC options a family's template compiles with: every template's, and the
     family's own (FAMILY_OPTIONS)."""
@@ -155,7 +166,8 @@ def template_options(family: str = "") -> tuple[str, ...]:
 def compile_family(family: str, defines: Mapping[str, object], arch: str) -> bytes:
     """CUBIN of a family's template with `defines` (every kernel it declares, unless the
     defines name the ones to keep: module_defines)."""
-    return compile_source(kernel_source(family, defines), arch, template_options(family))
+    return compile_source(kernel_source(family, defines), family_arch(family, arch),
+                          template_options(family))  # fmt: skip
 
 
 def module_defines(family: str, name: str, defines: Mapping[str, object]) -> dict[str, object]:
@@ -209,6 +221,7 @@ def get_function(
         from .. import toolchain
 
         arch = toolchain.device_arch()
+    arch = family_arch(family, arch)
     dkey = tuple(sorted((k, str(v)) for k, v in defines.items()))
     device = current.ordinal
     fkey = (family, dkey, arch, name, device)

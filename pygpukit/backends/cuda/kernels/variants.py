@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pygpukit.ir.quant import QuantSpec
 
-from . import attention, dequant, gemv, gemv_quant, loader, scan, sort
+from . import attention, attention_sm90, dequant, gemv, gemv_quant, loader, scan, sort
 
 Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
 
@@ -94,6 +94,10 @@ def all_variants() -> list[Variant]:
             for geo in attention.FLASH_SWEEP:
                 flash = attention.flash_defines(dt, d, geo)
                 out.append(("attention_flash", ("pgk_attention_flash",), flash))
+        # The Hopper prefill kernel (compiled for sm_90a whatever the arch asked for).
+        for d in (64, 128):
+            out.append((attention_sm90.FAMILY, (attention_sm90.KERNEL,),
+                        attention_sm90.defines(dt, d)))  # fmt: skip
         # Append mode (sdpa_append): each rope layout, tables in the element type or float.
         for d, g in ((64, 8), (128, 16)):
             for rope, cs in ((0, dt), (1, dt), (1, "float32"), (2, "float32")):
