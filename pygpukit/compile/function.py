@@ -753,8 +753,7 @@ class _Guard:
                 checks.append((_OBJECT, v, None))
         if k != len(arrays):
             return None
-        return cls(entry, tuple(kwargs), checks, watch, externals, releases, paths,
-                   static_outputs)
+        return cls(entry, tuple(kwargs), checks, watch, externals, releases, paths, static_outputs)
 
     def check_freed(self, values: list[Any]) -> None:
         """FreedArrayError if an argument's or a persistent array's memory was freed."""

@@ -350,13 +350,22 @@ class CudaPlannedHooks:
                 if arena.freed or len(args) != 1:
                     return None
                 evictions = evicting.evictions if evicting is not None else 0
+                v = args[0]
+                if (v.strides != istrides or v.shape != ishape
+                        or (v.dtype is not idtype and v.dtype != idtype)):  # fmt: skip
+                    return None
+                st = v.storage
                 try:
                     addr, h = alloc(nbytes)
                     new = DeviceValue(adopt(pool, nbytes, addr, h), oshape, ostrides, 0, odtype)
-                    at = place(args[0], ishape, istrides, idtype, isize)
+                    sh = st._h
+                    at = st._addr if sh is None else touch(sh)  # place(), as in place above
                 except (OutOfMemoryError, ValueError):
                     return None  # device_pool.allocate's cleanup and message, or a freed block
-                if at is None or (evicting is not None and evicting.evictions != evictions):
+                if at != st._addr or (evicting is not None and evicting.evictions != evictions):
+                    return None
+                at += v.offset * isize
+                if lo <= at < hi:
                     return None
                 key = (token, addr, at)
                 hot = prog._hot
