@@ -114,6 +114,9 @@ class PlannedProgram:
         self.bind_args = True
         self.bind_outputs = True
         self.bind_misses = {"args": 0, "outputs": 0}
+        # The backend's inlined call for the usual hit (quick_call), made for the current
+        # arena and binding; None until a call made one, and again whenever either changes.
+        self.quick: Any = None
         self.kernels = [
             (k, st) for k, st in enumerate(schedule.steps)
             if st.out not in self.plan.alias or k in self.plan.inplace
@@ -192,6 +195,7 @@ class PlannedProgram:
                            for spec in self._arg_layout]  # fmt: skip
         self.arena = arena
         self._bound = None
+        self.quick = None
 
     def unbind(self) -> None:
         from pygpukit.memory import unpin_all
@@ -199,6 +203,7 @@ class PlannedProgram:
         unpin_all(self._pins)
         self._pins = []
         self._bound = None
+        self.quick = None
 
     def close(self) -> None:
         """Give back what the program holds: its pins, its captured graphs and the arena
@@ -254,6 +259,7 @@ class PlannedProgram:
         if token is None:
             token = self._tokens[key] = next(_token_ids)
         self._bind_token = token
+        self.quick = None
 
     def replay_info(self) -> dict[str, Any]:
         """What the backend's replayable reports (CUDA: whether a graph was captured, its
@@ -324,6 +330,8 @@ class PlannedProgram:
                 cold[1].replay()
             else:
                 self._replay_for(key, n_out, args, news)
+            if self.quick is None and same_externals and n_out and self._hot[0] == key:
+                self.quick = self._make_quick()  # a graph replayed: the next hit may be quick
             if fresh and n_out == self._n_user and not self._tail:
                 return news  # every result written directly (the usual case)
             if self._views_out:
@@ -338,6 +346,42 @@ class PlannedProgram:
         finally:
             if self._views_out:
                 self._unfill()
+
+    def _make_quick(self) -> Any:
+        """The backend's quick_call for this program, where a call can take it: every
+        user output written into a fresh block, every argument bound by address, no
+        persistent array written; else None (call() does everything)."""
+        make = getattr(self.backend, "quick_call", None)
+        if (
+            make is None
+            or not (self.bind_args and self.bind_outputs)
+            or self._writes_external
+            or self._tail
+            or self._views_out
+            or len(self._fresh_specs) != self._n_user
+            or not all(slot >= 0 and ok for slot, ok, *_ in self._arg_specs)
+        ):
+            return None
+        return make(self)
+
+    def replay_quick(self, key: tuple[Any, ...], args: list[Any], news: list[Any]) -> None:
+        """What call() does once a quick_call has read the addresses (key): replay the
+        graph made for them, capturing it first if none; the new blocks are released if
+        that fails."""
+        hot = self._hot
+        try:
+            if key == hot[0]:
+                hot[1].replay()
+            elif key == self._cold[0]:
+                cold = self._cold
+                self._hot, self._cold, self._last_key, self._replay = cold, hot, key, cold[1]
+                cold[1].replay()
+            else:
+                self._replay_for(key, len(news), args, news)
+        except BaseException:
+            for v in news:
+                self.backend.storage(v).release()
+            raise
 
     def _bind_args(self, args: list[Any], places: list[Any]) -> None:
         """Decide for each argument: read in place (bound: appends its address to
@@ -460,6 +504,7 @@ class PlannedProgram:
                 self.bind_misses[kind] += 1
                 if self.bind_misses[kind] > _MISSES_ALLOWED:
                     setattr(self, f"bind_{kind}", False)
+                    self.quick = None
 
     def _outputs(self, news: list[Any]) -> list[Any]:
         """The user outputs as values the caller owns: those the graph wrote into new

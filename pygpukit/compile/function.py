@@ -194,6 +194,8 @@ class CompiledFunction:
         self._reasons: list[str] = []
         self._warned = False
         self._fast: _Guard | None = None  # the last call's signature: hits check only it
+        # Its hit(), where a plain call can take it (see _Guard.hit); None otherwise.
+        self._hit: Any = None
         self._fast_hits = 0  # hits the guard served, without flattening and rescanning
         self._where = _definition(fn)
 
@@ -297,12 +299,23 @@ class CompiledFunction:
                 out.append(f"{p} {a} -> {b}")
         return "; ".join(out) or "same signature, new captured arrays"
 
+    def _guard(self, fast: _Guard | None) -> None:
+        """Make `fast` the last call's guard; the old one's hits join the counts."""
+        old = self._fast
+        if old is not None:
+            self._fast_hits += old.hits
+            self._calls += old.hits
+            old.hits = 0
+        self._fast = fast
+        self._hit = fast.hit if fast is not None and fast.quick else None
+
     def stats(self) -> dict[str, Any]:
         """hits, misses, the reason of each miss, and the cached entries' plans."""
+        quick = self._fast.hits if self._fast is not None else 0  # not yet in the counts
         return {
-            "calls": self._calls,
-            "hits": self._hits + self._fast_hits,
-            "fast_hits": self._fast_hits,
+            "calls": self._calls + quick,
+            "hits": self._hits + self._fast_hits + quick,
+            "fast_hits": self._fast_hits + quick,
             "misses": self._misses,
             "reasons": list(self._reasons),
             "evictions": self._evictions,
@@ -422,7 +435,7 @@ class CompiledFunction:
         while len(self._cache) > size:
             old = self._cache.pop(next(iter(self._cache)))
             if self._fast is not None and self._fast.entry is old:
-                self._fast = None
+                self._guard(None)
             old.program.close()
             self._evictions += 1
             if not self._warned_evicting:
@@ -515,6 +528,11 @@ class CompiledFunction:
         return self._call(args, kwargs, arena)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hit = self._hit
+        if hit is not None and not kwargs:
+            out = hit(args)
+            if out is not _MISS:
+                return out
         return self._call(args, kwargs, None)
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
@@ -557,7 +575,7 @@ class CompiledFunction:
             return self._call_slow(args, kwargs, arena)
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], arena: Any) -> Any:
-        self._fast = None
+        self._guard(None)
         watch = Watch()
         key, tree, arrays, captured, values = self._key(args, kwargs, watch)
         realize_arrays([a for _, a in arrays + captured])  # views share their bases' memory
@@ -575,9 +593,9 @@ class CompiledFunction:
         externals = [a._node.realized for a in persistent] + entry.traced.constants
         given = [a for _, a in arrays]
         where = {id(a): p for p, a in named}
-        self._fast = _Guard.build(entry, args, kwargs, given, watch, externals, releases,
-                                  [where.get(id(a), "a captured view's base")
-                                   for a in given + persistent])  # fmt: skip
+        self._guard(_Guard.build(entry, args, kwargs, given, watch, externals, releases,
+                                 [where.get(id(a), "a captured view's base")
+                                  for a in given + persistent], self.static_outputs))  # fmt: skip
         return self._run(entry, [a._node.realized for a in given], externals, False, arena)
 
     def _check_freed(self, arrays: list[tuple[str, Any]]) -> None:
@@ -656,6 +674,7 @@ def _freed(name: str, what: str, node: Node) -> errors.FreedArrayError:
 
 
 _ARRAY, _VALUE, _FLOAT, _OBJECT = range(4)
+_MISS = object()  # _Guard.hit's answer for a call it does not serve
 _is = operator.is_
 _NODE = operator.attrgetter("_node")
 _FEW_PERSISTENT = 8  # measured break-even of the two ways to check persistent arrays
@@ -669,10 +688,11 @@ class _Guard:
 
     __slots__ = ("entry", "n", "kw", "sigs", "checks", "containers", "persistent", "held",
                  "globals", "externals", "plain", "call", "results", "releases", "paths",
-                 "name")  # fmt: skip
+                 "name", "prog", "quick", "hits", "one", "sig1")  # fmt: skip
 
     def __init__(self, entry: _Entry, kw: tuple[str, ...], checks: list[Any], watch: Watch,
-                 externals: list[Any], releases: int, paths: list[str]) -> None:  # fmt: skip
+                 externals: list[Any], releases: int, paths: list[str],
+                 static_outputs: bool = False) -> None:  # fmt: skip
         self.entry, self.n, self.kw = entry, len(checks), kw
         # Memory released since `releases` (memory.RELEASES) may be the arguments' or the
         # persistent arrays': check_freed then looks, before the call runs.
@@ -698,11 +718,20 @@ class _Guard:
         # one build of the results, through methods bound once here.
         self.plain = not entry.outputs.writeback_args
         self.call, self.results = entry.program.call, entry.outputs.build
+        self.prog = entry.program
+        # Positional arrays in, fresh arrays out, nothing written back: hit() serves the
+        # call from CompiledFunction.__call__ (its hits are counted here, see _guard).
+        self.quick = self.plain and not static_outputs and not kw and self.sigs is not None
+        self.hits = 0
+        # One array argument, one array result (the common call): hit() without loops.
+        out = entry.outputs
+        self.one = out.leaves[0] + (out.where,) if out.single else None
+        self.sig1 = self.sigs[0] if self.sigs is not None and len(self.sigs) == 1 else None
 
     @classmethod
     def build(cls, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any],
               arrays: list[Any], watch: Watch, externals: list[Any], releases: int,
-              paths: list[str]) -> _Guard | None:  # fmt: skip
+              paths: list[str], static_outputs: bool = False) -> _Guard | None:  # fmt: skip
         """None when the arguments are not flat (nested pytrees, NumPy arrays): those
         calls take the full path."""
         checks = []
@@ -724,7 +753,7 @@ class _Guard:
                 checks.append((_OBJECT, v, None))
         if k != len(arrays):
             return None
-        return cls(entry, tuple(kwargs), checks, watch, externals, releases, paths)
+        return cls(entry, tuple(kwargs), checks, watch, externals, releases, paths, static_outputs)
 
     def check_freed(self, values: list[Any]) -> None:
         """FreedArrayError if an argument's or a persistent array's memory was freed."""
@@ -775,6 +804,57 @@ class _Guard:
         if len(now) != len(held) or not all(map(_is, now, held)):
             return None
         return values
+
+    def hit(self, args: tuple[Any, ...]) -> Any:
+        """The result of a call with these positional arguments when it hits this guard
+        (match() and the plain fresh-output run of CompiledFunction._call in one frame,
+        the program's quick call where it has one), else _MISS: the caller takes _call,
+        which decides everything again (another thread tracing, several devices)."""
+        if TRACING or devices.ACTIVE[0] or len(args) != self.n:
+            return _MISS
+        if self.sig1 is not None:
+            v = args[0]
+            if type(v) is not GPUArray:
+                return _MISS
+            node = v._raw if v._link is None else v._node  # a view re-derives its node
+            shape, dtype = self.sig1
+            r = node.realized
+            if node.shape != shape or node.dtype is not dtype or r is None:
+                return _MISS
+            values = [r]
+        else:
+            values = []
+            for v, (shape, dtype) in zip(args, self.sigs):  # type: ignore[arg-type]  # noqa: B905
+                if type(v) is not GPUArray:
+                    return _MISS
+                node = v._raw if v._link is None else v._node
+                r = node.realized
+                if node.shape != shape or node.dtype is not dtype or r is None:
+                    return _MISS
+                values.append(r)
+        now = gc.get_referents(*self.containers)  # as in match()
+        for get, names in self.globals:
+            now += map(get, names)
+        if self.persistent:
+            now += map(_NODE, self.persistent)
+        held = self.held
+        if len(now) != len(held) or not all(map(_is, now, held)):
+            return _MISS
+        if self.releases != _RELEASES[0]:  # something was freed since the last check
+            self.check_freed(values)
+        self.hits += 1
+        prog = self.prog
+        quick = prog.quick
+        outs = None if quick is None else quick(values)
+        if outs is None:
+            outs = prog.call(values, self.externals, True, True)
+        one = self.one
+        if one is None:
+            return self.results(outs)
+        attrs, shape, dtype, where = one  # _Outputs.build of one array, inline
+        node = Node("input", (), attrs, shape, dtype, where, frozen=True)
+        node.realized = outs[0]
+        return GPUArray(node)
 
     def _now(self) -> list[Any]:
         """What the containers hold, what the globals name, the persistent arrays' nodes."""
