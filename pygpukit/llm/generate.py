@@ -18,6 +18,7 @@ computes what it would alone. All rows then share one cache position per step.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections import deque
@@ -261,7 +262,7 @@ class Generator:
         at = 0
         for n in plan:
             chunk = gpk.from_numpy(ids[:, at : at + n])
-            pos = self._const(("pos", at), lambda at=at: np.array(at, np.int64))
+            pos = self._const(("pos", at), functools.partial(np.array, at, np.int64))
             tok = self._prefill(chunk, pos, start, temperature, top_p, *first_noise, *statics)
             at += n
         emit(0, tok.to_numpy())
