@@ -26,7 +26,7 @@ before it covered (busy_us_per_step, their sum, against ms_per_step shows the ga
 
 --prefill BxT,... profiles the captured prefill instead (one chunk of B x T tokens, as the
 llm_prefill bench runs it) and, unless --no-peer, the torch.compile'd gpt-fast prefill of
-the same shape in the same process: per shape the wall time (best of 5), the GPU time by
+the same shape in the same process: per shape the wall time (the bench's best_of), the GPU time by
 kernel name and by kind (GEMM, attention, norm, elementwise, copy), the span from the first
 kernel's start to the last one's end (its excess over the kernel time is launch gaps), the
 host time before the first kernel and after the last, and one layer's kernels in order with
@@ -338,7 +338,7 @@ def prefill(shapes: list[tuple[int, int]], peer: bool, trace: str | None = None
     torch.compile'd gpt-fast prefill's (peer)."""
     import torch
 
-    from pygpukit.bench.llm import _prompts, random_model, tinyllama_config
+    from pygpukit.bench.llm import _prompts, best_of, random_model, tinyllama_config
     from pygpukit.llm.sampling import SamplingParams
 
     cfg = tinyllama_config()
@@ -352,10 +352,7 @@ def prefill(shapes: list[tuple[int, int]], peer: bool, trace: str | None = None
             return float(model.generate_ids(prompts, 1, SamplingParams(), max_seq_len=max_seq,
                                             stop_at_eos=False).prefill_s)  # fmt: skip
 
-        for _ in range(2):
-            ours()
-        row: dict[str, Any] = {"batch": b, "tokens": t,
-                               "ours_ms": 1e3 * min(ours() for _ in range(5))}  # fmt: skip
+        row: dict[str, Any] = {"batch": b, "tokens": t, "ours_ms": 1e3 * best_of(ours)}
         gen = _generator(model)
         if gen is not None:
             entry = gen._prefill.stats()["entries"][-1]
@@ -369,7 +366,7 @@ def prefill(shapes: list[tuple[int, int]], peer: bool, trace: str | None = None
     for row in rows if peer else []:
         b, t = row["batch"], row["tokens"]
         try:
-            row["peer_ms"], row["peer"] = _peer(cfg, b, t, _prompts(cfg, b, t), trace)
+            row["peer_ms"], row["peer"] = _peer(cfg, b, t, trace)
             torch.cuda.empty_cache()  # the peer's model is gone with _peer's frame
             print(f"   peer {row['peer_ms']:.3f} ms, ours {row['ours_ms']:.3f} ms: "
                   f"{row['peer_ms'] / row['ours_ms']:.3f}x", flush=True)  # fmt: skip
@@ -378,32 +375,15 @@ def prefill(shapes: list[tuple[int, int]], peer: bool, trace: str | None = None
     return rows
 
 
-def _peer(cfg: Any, b: int, t: int, prompts: list[list[int]], trace: str | None
-          ) -> tuple[float, dict[str, Any]]:  # fmt: skip
-    """The llm_prefill bench's torch.compile peer (bench_prefill_torch): best of 5, profile."""
-    import torch
+def _peer(cfg: Any, b: int, t: int, trace: str | None) -> tuple[float, dict[str, Any]]:
+    """The llm_prefill bench's torch.compile peer, timed as the bench times it (best_of
+    after warm calls), then one call profiled."""
+    from pygpukit.bench.llm import best_of, gptfast_prefill
 
-    from pygpukit.bench.llm import _gptfast_model
-
-    model = _gptfast_model(cfg, b, t)
-    torch._dynamo.reset()
-    fn = torch.compile(lambda m, i, p: m(i, p)[:, -1].argmax(-1), fullgraph=True)
-    idx = torch.tensor(prompts, device="cuda")
-    pos = torch.arange(t, device="cuda")
-
-    def call() -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn(model, idx, pos).cpu()
-        return time.perf_counter() - t0
-
-    with torch.no_grad():
-        for _ in range(2):
-            call()
-        ms = 1e3 * min(call() for _ in range(5))
-        tr = trace and trace.replace(".json", f"-peer-{b}x{t}.json")
-        s = _profiled(call, f"torch.compile {b}x{t}", cfg.num_layers, tr)
-    return ms, s
+    call, _ = gptfast_prefill(cfg, b, t, compiled=True)
+    ms = 1e3 * best_of(call)
+    tr = trace and trace.replace(".json", f"-peer-{b}x{t}.json")
+    return ms, _profiled(call, f"torch.compile {b}x{t}", cfg.num_layers, tr)
 
 
 def serve(batches: list[int], budgets: list[int], context: int,

@@ -90,6 +90,8 @@ class Module:
 
 
 class LtPlan:
+    chosen = -1  # never tuned
+
     def run(self, *args: Any) -> None:
         cuda_fakes.LAUNCHES.append(("cublaslt", (), ()))
 

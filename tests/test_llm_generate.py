@@ -66,6 +66,38 @@ def test_decode_steps_reuse_one_schedule(model, ref):
     assert after["hits"] - before["hits"] >= 11
 
 
+def test_greedy_prefill_uploads_only_token_ids(model, ref, monkeypatch):
+    """A greedy prefill repeated with the same shapes uploads its prompt's token ids and
+    nothing else: the chunk position, sampling values, padding offsets and the (unread)
+    noise are device constants the Generator kept from the first call; a new prompt
+    length adds its padding offsets once. Tokens match the reference, nothing retraced."""
+    from pygpukit import creation
+
+    gen = model.generator(1, 64)
+    prompt = ref["prompt_a"].tolist()
+    gen.generate([prompt], 4)  # traces, and uploads the constants once
+    uploads: list[tuple[int, ...]] = []
+    upload = creation._upload
+
+    def counted(array, *args, **kwargs):
+        uploads.append(tuple(array.shape))
+        return upload(array, *args, **kwargs)
+
+    monkeypatch.setattr(creation, "_upload", counted)
+    misses = gen._prefill.stats()["misses"], gen._decode.stats()["misses"]
+    res = gen.generate([prompt], 1)
+    assert res.tokens[0] == ref["greedy_a"][:1].tolist()
+    assert uploads == [(1, res.stats["bucket"])]
+    del uploads[:]
+    res = gen.generate([prompt], 4)
+    assert res.tokens[0] == ref["greedy_a"][:4].tolist()
+    assert uploads == [(1, res.stats["bucket"])] + [()] * 3  # then each decode position
+    del uploads[:]
+    res = gen.generate([[7] + prompt], 1)  # one more token: new padding offsets
+    assert uploads == [(1,), (1, res.stats["bucket"])]
+    assert (gen._prefill.stats()["misses"], gen._decode.stats()["misses"]) == misses
+
+
 def test_text_generate_needs_tokenizer(model):
     with pytest.raises(gpk.GPUKitError, match="no tokenizer.json"):
         model.generate("hello")

@@ -355,8 +355,13 @@ class LtPlan {
   // chosen candidate's index (0: the heuristic's), or -1 without timing anything while
   // `stream` is being captured (a dry run's stand-in pointers, or a graph being recorded:
   // nothing may execute or wait there). D is overwritten; C and the bias are only read.
+  // flush (flush_bytes, at least the L2's size): scratch overwritten before each timed
+  // launch, then A copied into its start, so each launch finds B (the weight) cold and A
+  // (the activation the previous kernel just wrote) hot, as in a model's sequence of
+  // GEMMs; timed hot, repeated launches of one GEMM pick a kernel that is slower there.
   int tune(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c, uint64_t workspace,
-           uint64_t workspace_bytes, CUstream stream, int reps) {
+           uint64_t workspace_bytes, CUstream stream, int reps, uint64_t flush = 0,
+           uint64_t flush_bytes = 0) {
     check_pointers(a, b, d, bias, c);
     ctx_->make_current();
     const cu::DriverApi& drv = driver();
@@ -372,6 +377,11 @@ class LtPlan {
         drv.cuEventDestroy(start);
         throw CudaError("cuEventCreate", -1, "cuEventCreate failed while tuning a GEMM");
       }
+      // A's extent: a column-major [k, m] (or, transposed, [m, k]) of leading dim lda.
+      const uint64_t a_bytes = static_cast<uint64_t>(
+          key_.trans_a ? (key_.k - 1) * key_.lda + key_.m : (key_.m - 1) * key_.lda + key_.k) *
+          static_cast<uint64_t>(itemsize(key_.dtype));
+      const bool cold = flush != 0 && flush_bytes >= a_bytes && key_.batch == 1;
       float best = -1.0f;
       int best_i = 0;
       for (size_t i = 0; i < candidates_.size(); ++i) {
@@ -382,12 +392,26 @@ class LtPlan {
                         stream);
         };
         bool ok = once();  // warm-up
-        check_cu(drv.cuEventRecord(start, stream), "cuEventRecord");
-        for (int r = 0; ok && r < reps; ++r) ok = once();
-        check_cu(drv.cuEventRecord(stop, stream), "cuEventRecord");
-        check_cu(drv.cuEventSynchronize(stop), "cuEventSynchronize");
         float ms = 0.0f;
-        check_cu(drv.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+        if (cold) {
+          for (int r = 0; ok && r < reps; ++r) {
+            check_cu(drv.cuMemsetD32Async(flush, 0, flush_bytes / 4, stream), "cuMemsetD32Async");
+            check_cu(drv.cuMemcpyDtoDAsync(flush, a, a_bytes, stream), "cuMemcpyDtoDAsync");
+            check_cu(drv.cuEventRecord(start, stream), "cuEventRecord");
+            ok = once();
+            check_cu(drv.cuEventRecord(stop, stream), "cuEventRecord");
+            check_cu(drv.cuEventSynchronize(stop), "cuEventSynchronize");
+            float one = 0.0f;
+            check_cu(drv.cuEventElapsedTime(&one, start, stop), "cuEventElapsedTime");
+            ms += one;
+          }
+        } else {
+          check_cu(drv.cuEventRecord(start, stream), "cuEventRecord");
+          for (int r = 0; ok && r < reps; ++r) ok = once();
+          check_cu(drv.cuEventRecord(stop, stream), "cuEventRecord");
+          check_cu(drv.cuEventSynchronize(stop), "cuEventSynchronize");
+          check_cu(drv.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+        }
         if (ok && (best < 0.0f || ms < best)) best = ms, best_i = static_cast<int>(i);
       }
       drv.cuEventDestroy(start);
@@ -525,17 +549,23 @@ void register_cublaslt(py::module_& m) {
       .def(
           "tune",
           [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c,
-             uint64_t workspace, uint64_t workspace_bytes, py::handle stream, int reps) {
+             uint64_t workspace, uint64_t workspace_bytes, py::handle stream, int reps,
+             uint64_t flush, uint64_t flush_bytes) {
             CUstream s = stream_handle(stream);
             py::gil_scoped_release release;
-            return p.tune(a, b, d, bias, c, workspace, workspace_bytes, s, reps);
+            return p.tune(a, b, d, bias, c, workspace, workspace_bytes, s, reps, flush,
+                          flush_bytes);
           },
           py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias") = 0, py::arg("c") = 0,
           py::arg("workspace") = 0, py::arg("workspace_bytes") = 0,
-          py::arg("stream") = py::none(), py::arg("reps") = 3,
+          py::arg("stream") = py::none(), py::arg("reps") = 3, py::arg("flush") = 0,
+          py::arg("flush_bytes") = 0,
           "Time the heuristic's candidates on these operands (D is overwritten) and keep the "
-          "fastest; waits for `stream`. Returns the chosen index, or -1 (nothing run) while "
-          "`stream` is being captured. Once chosen, later calls return it at once.")
+          "fastest; waits for `stream`. flush: a scratch of flush_bytes (>= the L2) "
+          "overwritten before each timed launch, A then copied into it: B cold, A hot, as "
+          "in a model's sequence of GEMMs (0: back-to-back launches, all hot). Returns the "
+          "chosen index, or -1 (nothing run) while `stream` is being captured. Once chosen, "
+          "later calls return it at once.")
       .def(
           "run",
           [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,

@@ -18,6 +18,8 @@ computes what it would alone. All rows then share one cache position per step.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -35,6 +37,7 @@ from .sampling import NoiseSource, SamplingParams, sample_with
 MIN_BUCKET = 16
 PREFILL_TOKENS = 2048  # prompt tokens (over the batch) per prefill step by default
 LOOKAHEAD = 1  # decode steps queued beyond the one whose tokens are being read
+CONSTS_KEPT = 256  # device copies of recurring call values a Generator keeps (_const)
 # gpk.compile share keys of the two steps (see Generator.__init__).
 SHARE_PREFILL = ("pygpukit.llm.Generator", "prefill")
 SHARE_DECODE = ("pygpukit.llm.Generator", "decode")
@@ -100,6 +103,17 @@ class GenerationResult:
         return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
 
 
+class CallConstants:
+    """A Generator's device copies of recurring call values, by key. Slotted (no __dict__),
+    so gpk.compile's walk of the bound steps' `self` does not enter it: the arrays reach
+    the steps as arguments, and capturing them too would make each new one a retrace."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self) -> None:
+        self.arrays: dict[tuple[Any, ...], GPUArray] = {}
+
+
 class Generator:
     """Runs prefill and decode for a static batch size and cache length; prompts are
     prefilled in chunks of `chunk` tokens (a power of two; None: prefill_chunk_for(batch))."""
@@ -111,6 +125,9 @@ class Generator:
         self.batch, self.max_seq_len = batch, max_seq_len
         self.chunk = prefill_chunk_for(batch) if chunk is None else check_chunk(chunk)
         model.setup_cache(batch, max_seq_len)
+        # Device copies of the call values that recur (see _const): a prefill of one chunk
+        # uploads its token ids alone.
+        self._consts = CallConstants()
         # Shared: a Generator over another model of the same structure (the same model
         # loaded again) reuses these steps' traces and passes, binding its own weights.
         self._prefill = gpk.compile(self._prefill_fn, share=SHARE_PREFILL)
@@ -157,6 +174,26 @@ class Generator:
         return sample_with(logits, greedy, top_k, use_top_p, temperature, top_p, u)
 
     # -- driving -------------------------------------------------------------------------
+    def _const(self, key: tuple[Any, ...], value: Callable[[], np.ndarray]) -> GPUArray:
+        """The read-only device copy of a per-call value that recurs across calls (a
+        chunk's position, the sampling values, the padding offsets, greedy's unused
+        noise), uploaded on its first use only: each upload is a copy ordered before the
+        step on the device and host work before its launch. At most CONSTS_KEPT kept."""
+        arrays = self._consts.arrays
+        arr = arrays.get(key)
+        if arr is None:
+            if len(arrays) >= CONSTS_KEPT:
+                arrays.clear()
+            arr = arrays[key] = gpk.from_numpy(value())
+            arr.readonly = True
+        return arr
+
+    def _greedy_noise(self) -> tuple[GPUArray, GPUArray]:
+        """The noise block and index a greedy step takes: unread (greedy is an argmax),
+        so one constant [1, B, 1] block and index 0 serve every step, nothing uploaded."""
+        block = self._const(("noise",), lambda: np.zeros((1, self.batch, 1), np.float32))
+        return block, self._const(("noise_idx",), lambda: np.array(0, np.int64))
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -196,10 +233,15 @@ class Generator:
         ids, start_np = left_pad([list(p) for p in prompts], length, pad_id)
         vocab = self.model.config.vocab_size
         # Greedy steps still take a (1-wide) noise input, so both modes share one signature.
-        noise = NoiseSource(self.batch, vocab if not params.greedy else 1, params.seed)
-        temperature = gpk.from_numpy(np.array(params.temperature or 1.0, np.float32))
-        top_p = gpk.from_numpy(np.array(params.top_p, np.float32))
-        start = gpk.from_numpy(start_np)
+        next_noise: Callable[[], tuple[GPUArray, GPUArray]]
+        if params.greedy:
+            next_noise = itertools.repeat(self._greedy_noise()).__next__
+        else:
+            next_noise = NoiseSource(self.batch, vocab, params.seed).next
+        t, p = float(params.temperature or 1.0), float(params.top_p)
+        temperature = self._const(("temperature", t), lambda: np.array(t, np.float32))
+        top_p = self._const(("top_p", p), lambda: np.array(p, np.float32))
+        start = self._const(("start", start_np.tobytes()), lambda: start_np)
         statics = (params.greedy, params.top_k, params.top_p < 1)
         eos = np.array(sorted(set(eos_ids)), dtype=np.int64)
         done = np.zeros(self.batch, dtype=bool)
@@ -216,12 +258,12 @@ class Generator:
         t0 = time.perf_counter()
         # Every chunk samples (one graph per chunk length); only the last one's token is
         # kept, so all take the first token's noise.
-        first_noise = noise.next()
+        first_noise = next_noise()
         at = 0
         for n in plan:
             chunk = gpk.from_numpy(ids[:, at : at + n])
-            tok = self._prefill(chunk, gpk.scalar(at), start, temperature, top_p, *first_noise,
-                                *statics)  # fmt: skip
+            pos = self._const(("pos", at), functools.partial(np.array, at, np.int64))
+            tok = self._prefill(chunk, pos, start, temperature, top_p, *first_noise, *statics)
             at += n
         emit(0, tok.to_numpy())
         t1 = time.perf_counter()
@@ -233,7 +275,7 @@ class Generator:
         for i in range(1, max_new_tokens):
             # A device scalar: a graph input, so every position replays one trace.
             pos = gpk.scalar(length + i - 1)
-            tok = self._decode(tok, pos, start, temperature, top_p, *noise.next(), *statics)
+            tok = self._decode(tok, pos, start, temperature, top_p, *next_noise(), *statics)
             in_flight.append((i, tok.to_numpy_async()))
             if len(in_flight) > LOOKAHEAD:
                 j, ready = in_flight.popleft()

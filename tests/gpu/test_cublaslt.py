@@ -256,6 +256,37 @@ def test_tune_keeps_the_fastest_candidate(rng: np.random.Generator, cuda: Any) -
     assert rel_err(dd2, ref) < TOL["float16"] and rel_err(dd, ref) < TOL["float16"]
 
 
+def test_tune_with_l2_flush(rng: np.random.Generator, cuda: Any) -> None:
+    """tune() with an L2-flush scratch (overwritten before each timed launch, A copied into
+    it) keeps a candidate whose runs are right, and leaves the scratch as the last timed
+    launch's flush left it: zeros after A's bytes. A linear of TUNE_MIN_ROWS rows or more
+    (tuned on its first run, through the backend's flush scratch) matches float64."""
+    m, k, n = 320, 256, 192
+    a, b = rand(rng, (m, k), "float16"), rand(rng, (k, n), "float16")
+    full = cublaslt.WORKSPACE_SIZES[0]
+    gpk.from_numpy(a) @ gpk.from_numpy(b)  # makes the backend's workspace
+    ws, _ = cublaslt._workspaces[cuda]
+    assert ws is not None
+    p = _native.cublaslt_plan(m, n, k, "float16", lda=k, ldb=n, ldd=n, workspace_bytes=full)
+    da, db = gpk.from_numpy(a), gpk.from_numpy(b)
+    dd = gpk.from_numpy(np.full((m, n), np.nan, NP["float16"]))
+    flush_bytes = 1 << 20
+    scratch = gpk.from_numpy(np.full(flush_bytes // 2, 7, np.int16))
+    pa, pb, pd, ps = (v.__cuda_array_interface__["data"][0] for v in (da, db, dd, scratch))
+    chosen = p.tune(pa, pb, pd, 0, 0, ws.ptr, full, None, 2, ps, flush_bytes)
+    assert 0 <= chosen < p.candidates and p.chosen == chosen
+    cuda.synchronize()
+    assert rel_err(dd, f64(a) @ f64(b)) < TOL["float16"]
+    left = scratch.to_numpy().view(np.uint8)
+    if p.candidates > 1:
+        assert np.array_equal(left[: a.nbytes], a.view(np.uint8).ravel())
+        assert not left[a.nbytes :].any()
+    x = rand(rng, (cublaslt.TUNE_MIN_ROWS * 2, 384), "bfloat16")
+    w = rand(rng, (200, 384), "bfloat16")
+    y = gpk.nn.linear(gpk.from_numpy(x), gpk.from_numpy(w))
+    assert rel_err(y, f64(x) @ f64(w).T) < TOL["bfloat16"]
+
+
 def test_fallback_to_nvrtc_gemm(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
                                 ) -> None:  # fmt: skip
     """Without cuBLASLt the mma.sync / simple kernels serve, with the same results."""

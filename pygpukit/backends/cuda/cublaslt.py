@@ -15,7 +15,7 @@ from pygpukit.errors import CUDAError, OutOfMemoryError
 from pygpukit.ir import dtypes
 
 from . import toolchain
-from .context import Context
+from .context import Context, capturing
 from .value import DeviceValue
 
 GemmLaunch = Callable[..., None]  # (a_ptr, b_ptr, d_ptr[, bias_ptr][, c=residual_ptr])
@@ -26,6 +26,8 @@ LT_DTYPES = ("float32", "float16", "bfloat16")
 # kept: the heuristic's first pick was not always the fastest for the prefill shapes.
 TUNE_MIN_ROWS = 128
 TUNE_REPS = 3
+FLUSH_L2_TIMES = 2  # the tuning's L2 flush writes this many times the L2's bytes
+_l2: dict[int, int] = {}
 # One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
 # quota (cuBLASLt still has algorithms with a small or no workspace).
 WORKSPACE_SIZES = (32 << 20, 4 << 20, 0)
@@ -100,14 +102,46 @@ def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int]
     return None
 
 
-def _tuned(plan: Any, a: int, b: int, d: int, bias: int, c: int, ws_ptr: int, ws_bytes: int,
-           stream: Any) -> bool:  # fmt: skip
+def _l2_bytes() -> int:
+    """The current device's L2 cache size in bytes (asked once per device)."""
+    device = int(_native.get_device())
+    got = _l2.get(device)
+    if got is None:
+        got = _l2[device] = int(_native.device_info(device)["l2_cache_bytes"])
+    return got
+
+
+def _tuned(ctx: Context, plan: Any, a: int, b: int, d: int, bias: int, c: int, ws_ptr: int,
+           ws_bytes: int) -> bool:  # fmt: skip
     """Whether the plan's algorithm is settled: tuned now or before, or tuning failed (the
-    heuristic's pick stays). False while the stream is captured (tried again next run)."""
+    heuristic's pick stays). False while the stream is captured (tried again next run).
+    The candidates run with the L2 flushed before each (through a scratch of
+    FLUSH_L2_TIMES the L2, from the pool for the tuning only; none when the pool has no
+    room): timed back to back, a GEMM's weight stays in the L2 and the hot winner was
+    slower in the model's sequence, where each weight arrives cold."""
+    if plan.chosen >= 0:
+        return True
+    stream = ctx.stream
+    is_capturing = getattr(stream, "is_capturing", None)
+    if capturing(ctx) or (is_capturing is not None and is_capturing()):
+        return False  # nothing may run while a graph is recorded: the next run tunes
+    scratch = None
+    flush_bytes = FLUSH_L2_TIMES * _l2_bytes()
+    if flush_bytes:
+        try:
+            scratch = ctx.alloc((flush_bytes,), dtypes.uint8, "cuBLASLt tuning L2 flush")
+        except OutOfMemoryError:
+            flush_bytes = 0
+    flush = scratch.ptr if scratch is not None else 0
     try:
-        return bool(plan.tune(a, b, d, bias, c, ws_ptr, ws_bytes, stream, TUNE_REPS) >= 0)
+        chosen = plan.tune(a, b, d, bias, c, ws_ptr, ws_bytes, stream, TUNE_REPS, flush,
+                           flush_bytes)  # fmt: skip
+        return bool(chosen >= 0)
     except (CUDAError, ValueError, TypeError):
         return True
+    finally:
+        if scratch is not None:
+            scratch.storage.release()
 
 
 def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
@@ -146,7 +180,7 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     def lt(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0) -> None:
         p = plans[_tf32[0] and dtype == "float32"]
         if untuned[0]:
-            untuned[0] = not _tuned(p, pa, pb, pd, pbias, c, ws_ptr, ws_bytes, ctx.stream)
+            untuned[0] = not _tuned(ctx, p, pa, pb, pd, pbias, c, ws_ptr, ws_bytes)
         p.run(pa, pb, pd, pbias, ws_ptr, ws_bytes, ctx.stream, c)
 
     return lt
