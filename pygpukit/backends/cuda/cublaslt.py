@@ -6,6 +6,7 @@ linear planner (kernels/linear_plan.py) falls back to the NVRTC GEMMs.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,26 @@ _lt: dict[str, Any] = {}  # "reason": '' when loaded, else why not (tried once)
 _workspaces: weakref.WeakKeyDictionary[Any, tuple[DeviceValue | None, int]] = (
     weakref.WeakKeyDictionary()
 )
+# What cuBLASLt cost the host so far in this process (a compiled function's first call
+# reports its share: planned.CudaReplay): the time spent asking for plans (the heuristic
+# runs on a problem's first ask; a plan cache hit costs microseconds), plans tuned and
+# their tuning.
+_timing: dict[str, float] = {"lt_plan_ms": 0.0, "lt_tuned": 0, "lt_tune_ms": 0.0}
+
+
+def lt_timing() -> dict[str, float]:
+    """cuBLASLt's host cost so far in this process: lt_heuristics (plans made: the
+    heuristic ran), lt_plan_ms (time asking for plans, the heuristic's mostly), lt_tuned
+    (plans whose candidate algorithms were timed, LtMatmul.tune) and lt_tune_ms (that
+    timing, which waits for the GPU)."""
+    return {"lt_heuristics": int(_native.cublaslt_cache_stats()["misses"]), **_timing}
+
+
+def lt_timing_since(before: dict[str, float]) -> dict[str, float]:
+    """lt_timing() less `before` (an earlier lt_timing()), the times rounded to 0.01 ms."""
+    now = lt_timing()
+    return {k: round(v - before.get(k, 0), 2) if k.endswith("_ms") else v - before.get(k, 0)
+            for k, v in now.items()}  # fmt: skip
 
 
 def set_tf32(enabled: bool) -> None:
@@ -104,10 +125,17 @@ def _tuned(plan: Any, a: int, b: int, d: int, bias: int, c: int, ws_ptr: int, ws
            stream: Any) -> bool:  # fmt: skip
     """Whether the plan's algorithm is settled: tuned now or before, or tuning failed (the
     heuristic's pick stays). False while the stream is captured (tried again next run)."""
+    # Launchers of one problem (every layer's) share the plan: the first to run tunes it.
+    fresh = getattr(plan, "chosen", -1) < 0
+    t0 = time.perf_counter()
     try:
-        return bool(plan.tune(a, b, d, bias, c, ws_ptr, ws_bytes, stream, TUNE_REPS) >= 0)
+        chosen = plan.tune(a, b, d, bias, c, ws_ptr, ws_bytes, stream, TUNE_REPS)
     except (CUDAError, ValueError, TypeError):
         return True
+    if chosen >= 0 and fresh:
+        _timing["lt_tuned"] += 1
+        _timing["lt_tune_ms"] += (time.perf_counter() - t0) * 1e3
+    return bool(chosen >= 0)
 
 
 def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
@@ -134,12 +162,15 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     def plan(tf32: bool) -> Any:
         return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
 
+    t0 = time.perf_counter()
     try:
         plans = {False: plan(False)}
         if dtype == "float32":
             plans[True] = plan(True)
     except (CUDAError, ValueError):
         return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
+    finally:
+        _timing["lt_plan_ms"] += (time.perf_counter() - t0) * 1e3
     ws_ptr = ws.ptr if ws is not None else 0
     untuned = [tune and dtype != "float32" and batch == 1 and m >= TUNE_MIN_ROWS]
 
