@@ -25,6 +25,7 @@ kernel cache and the page cache warm.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -439,9 +440,11 @@ def bench_prefill_pygpukit(cfg: ModelConfig, batch: int, length: int, model: Any
 
 # The first prefill calls of a fresh process: one per shape, in order (argv[1], JSON).
 _COLD_PREFILL = r"""
-import json, sys
+import dataclasses, json, sys
 from pygpukit.bench import llm
-model = llm.random_model(llm.tinyllama_config())
+layers = json.loads(sys.argv[2])
+cfg = llm.tinyllama_config()
+model = llm.random_model(cfg if layers is None else dataclasses.replace(cfg, num_layers=layers))
 for batch, length in json.loads(sys.argv[1]):
     print("RESULT " + json.dumps(llm.first_prefill(model, batch, length)), flush=True)
 """
@@ -450,25 +453,29 @@ FIRST_PREFILL_TARGET_S = 1.0  # issue 23: compile + capture of a new chunk shape
 
 
 def bench_prefill_cold(shapes: Sequence[tuple[int, int]] = COLD_PREFILL_SHAPES,
+                       layers: int | None = None,
                        sink: Sink | None = None) -> list[Row]:  # fmt: skip
     """The first prefill call of each shape in a fresh process whose kernel cache
     (PYGPUKIT_CACHE_DIR) is a new empty directory: the first shape compiles every kernel
-    (NVRTC), the later ones what they add; each row with its breakdown (first_prefill)."""
+    (NVRTC), the later ones what they add; each row with its breakdown (first_prefill).
+    The TinyLlama shape (random weights), with `layers` layers (None: its 22)."""
     import subprocess
     import tempfile
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, PYGPUKIT_CACHE_DIR=cache)
-        out = subprocess.run([sys.executable, "-c", _COLD_PREFILL, json.dumps(shapes)],
-                             env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        argv = [sys.executable, "-c", _COLD_PREFILL, json.dumps(shapes), json.dumps(layers)]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     got = [json.loads(ln[len("RESULT ") :]) for ln in out.stdout.splitlines()
            if ln.startswith("RESULT ")]  # fmt: skip
     if len(got) < len(shapes):
         raise RuntimeError(f"cold prefill: {len(got)} of {len(shapes)} shapes ran:\n"
                            f"{out.stderr[-2000:]}")  # fmt: skip
     for k, r in enumerate(got):
-        row = {"bench": "llm_prefill", "model": model_name(tinyllama_config()),
+        cfg = tinyllama_config()
+        cfg = cfg if layers is None else dataclasses.replace(cfg, num_layers=layers)
+        row = {"bench": "llm_prefill", "model": model_name(cfg),
                "dtype": "bfloat16", "impl": "pygpukit",
                "workload": "first prefill call, cold cache" if k == 0
                else "first prefill call, next new chunk shape",
