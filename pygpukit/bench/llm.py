@@ -469,9 +469,10 @@ def bench_prefill_cold(shapes: Sequence[tuple[int, int]] = COLD_PREFILL_SHAPES,
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as cache:
-        # NVRTC 12.9+ keeps a cache of its own across processes (on the H200 the 1x1024
-        # flash attention compiled in 4.3 s, then in 0.47 s in the next process with a new
-        # PYGPUKIT_CACHE_DIR): its home and the driver's compute cache are new too.
+        # NVRTC 13.0 keeps a cache of its own across processes, in the CUDA compute cache
+        # (~/.nv/ComputeCache; on the H200 the 1x1024 flash attention compiled in 4.3 s,
+        # then in 0.47 s in the next process with only a new PYGPUKIT_CACHE_DIR): the
+        # compute cache and the home are new too.
         home = os.path.join(cache, "home")
         os.makedirs(home)
         # (Python's user site stays where it was.)
