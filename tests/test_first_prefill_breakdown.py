@@ -1,11 +1,13 @@
 """Where a first prefill call's time goes, without a GPU: the CUDA replay's first_call counts
 cuBLASLt's tuning (each plan tuned once, in the first run, never while captured), and the
-llm_prefill bench's cold rows (a fresh process with an empty kernel cache) give each
-shape's first call with a breakdown whose parts add up to it."""
+llm_prefill bench's cold rows (a fresh process with empty kernel caches, ours and NVRTC's)
+give each shape's first call with a breakdown whose parts add up to it."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import site
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ toolchain = pytest.importorskip("pygpukit.backends.cuda.toolchain")
 import fake_replay  # noqa: E402
 
 from pygpukit import _native  # noqa: E402
+from pygpukit.bench import compiled as bench_compiled  # noqa: E402
 from pygpukit.bench import llm as bench_llm  # noqa: E402
 from pygpukit.llm.sampling import SamplingParams  # noqa: E402
 
@@ -102,3 +105,12 @@ def test_cold_prefill_rows_add_up() -> None:
                               "other_ms"))  # fmt: skip
         assert parts == pytest.approx(r["seconds"] * 1e3, abs=1.0)
         assert r["met"] == (r["seconds"] <= bench_llm.FIRST_PREFILL_TARGET_S)
+
+
+def test_cold_cache_env_isolates_nvrtcs_cache_too(tmp_path: Any) -> None:
+    # NVRTC 13.0 caches in the CUDA compute cache (~/.nv): a cold process gets new ones.
+    env = bench_compiled.cold_cache_env(str(tmp_path))
+    for key in ("PYGPUKIT_CACHE_DIR", "HOME", "XDG_CACHE_HOME", "CUDA_CACHE_PATH"):
+        assert env[key].startswith(str(tmp_path)) and env[key] != os.environ.get(key), key
+    assert os.path.isdir(env["HOME"]) and not os.listdir(env["HOME"])
+    assert env["PYTHONUSERBASE"] == site.getuserbase()

@@ -459,27 +459,19 @@ FIRST_PREFILL_TARGET_S = 1.0  # issue 23: compile + capture of a new chunk shape
 def bench_prefill_cold(shapes: Sequence[tuple[int, int]] = COLD_PREFILL_SHAPES,
                        layers: int | None = None,
                        sink: Sink | None = None) -> list[Row]:  # fmt: skip
-    """The first prefill call of each shape in a fresh process whose kernel cache
-    (PYGPUKIT_CACHE_DIR) is a new empty directory: the first shape compiles every kernel
-    (NVRTC), the later ones what they add; each row with its breakdown (first_prefill).
+    """The first prefill call of each shape in a fresh process whose kernel caches (ours
+    and NVRTC's: compiled.cold_cache_env) are new and empty: the first shape compiles every
+    kernel (NVRTC), the later ones what they add; each row with its breakdown
+    (first_prefill).
     The TinyLlama shape (random weights), with `layers` layers (None: its 22)."""
-    import site
     import subprocess
     import tempfile
 
+    from .compiled import cold_cache_env
+
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as cache:
-        # NVRTC 13.0 keeps a cache of its own across processes, in the CUDA compute cache
-        # (~/.nv/ComputeCache; on the H200 the 1x1024 flash attention compiled in 4.3 s,
-        # then in 0.47 s in the next process with only a new PYGPUKIT_CACHE_DIR): the
-        # compute cache and the home are new too.
-        home = os.path.join(cache, "home")
-        os.makedirs(home)
-        # (Python's user site stays where it was.)
-        env = dict(os.environ, PYGPUKIT_CACHE_DIR=os.path.join(cache, "kernels"), HOME=home,
-                   XDG_CACHE_HOME=os.path.join(home, ".cache"),
-                   CUDA_CACHE_PATH=os.path.join(home, ".nv"),
-                   PYTHONUSERBASE=site.getuserbase())  # fmt: skip
+        env = cold_cache_env(cache)
         argv = [sys.executable, "-c", _COLD_PREFILL, json.dumps(shapes), json.dumps(layers)]
         out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     got = [json.loads(ln[len("RESULT ") :]) for ln in out.stdout.splitlines()
