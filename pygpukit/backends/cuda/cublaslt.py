@@ -15,7 +15,7 @@ from pygpukit import _native
 from pygpukit.errors import CUDAError, OutOfMemoryError
 from pygpukit.ir import dtypes
 
-from . import toolchain
+from . import lt_choices, toolchain
 from .context import Context
 from .value import DeviceValue
 
@@ -38,15 +38,16 @@ _workspaces: weakref.WeakKeyDictionary[Any, tuple[DeviceValue | None, int]] = (
 # What cuBLASLt cost the host so far in this process (a compiled function's first call
 # reports its share: planned.CudaReplay): the time spent asking for plans (the heuristic
 # runs on a problem's first ask; a plan cache hit costs microseconds), plans tuned and
-# their tuning.
-_timing: dict[str, float] = {"lt_plan_ms": 0.0, "lt_tuned": 0, "lt_tune_ms": 0.0}
+# their tuning, plans that took a choice kept on disk instead (lt_choices).
+_timing: dict[str, float] = {"lt_plan_ms": 0.0, "lt_tuned": 0, "lt_tune_ms": 0.0, "lt_kept": 0}
 
 
 def lt_timing() -> dict[str, float]:
     """cuBLASLt's host cost so far in this process: lt_heuristics (plans made: the
     heuristic ran), lt_plan_ms (time asking for plans, the heuristic's mostly), lt_tuned
-    (plans whose candidate algorithms were timed, LtMatmul.tune) and lt_tune_ms (that
-    timing, which waits for the GPU)."""
+    (plans whose candidate algorithms were timed, LtMatmul.tune), lt_tune_ms (that timing,
+    which waits for the GPU) and lt_kept (plans that took the choice an earlier process
+    made, untimed: lt_choices)."""
     return {"lt_heuristics": int(_native.cublaslt_cache_stats()["misses"]), **_timing}
 
 
@@ -123,10 +124,14 @@ def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int]
 
 def _tuned(plan: Any, a: int, b: int, d: int, bias: int, c: int, ws_ptr: int, ws_bytes: int,
            stream: Any) -> bool:  # fmt: skip
-    """Whether the plan's algorithm is settled: tuned now or before, or tuning failed (the
-    heuristic's pick stays). False while the stream is captured (tried again next run)."""
+    """Whether the plan's algorithm is settled: taken from the choices kept on disk,
+    tuned now or before, or tuning failed (the heuristic's pick stays). False while the
+    stream is captured (tried again next run)."""
     # Launchers of one problem (every layer's) share the plan: the first to run tunes it.
-    fresh = getattr(plan, "chosen", -1) < 0
+    fresh = plan.chosen < 0
+    if fresh and lt_choices.take(plan):
+        _timing["lt_kept"] += 1
+        return True
     t0 = time.perf_counter()
     try:
         chosen = plan.tune(a, b, d, bias, c, ws_ptr, ws_bytes, stream, TUNE_REPS)
@@ -135,6 +140,7 @@ def _tuned(plan: Any, a: int, b: int, d: int, bias: int, c: int, ws_ptr: int, ws
     if chosen >= 0 and fresh:
         _timing["lt_tuned"] += 1
         _timing["lt_tune_ms"] += (time.perf_counter() - t0) * 1e3
+        lt_choices.keep(plan, chosen)
     return bool(chosen >= 0)
 
 
