@@ -90,6 +90,8 @@ class Module:
 
 
 class LtPlan:
+    key = "fake cuBLASLt plan"
+    candidates = 1
     chosen = -1  # never tuned
 
     def run(self, *args: Any) -> None:
@@ -97,6 +99,12 @@ class LtPlan:
 
     def tune(self, *args: Any) -> int:
         return -1  # as while captured: nothing timed (the fake device runs nothing)
+
+    def candidate_id(self, index: int) -> str:
+        return "fake"
+
+    def choose(self, index: int) -> bool:
+        return False  # nothing is kept for it: tune never chooses
 
 
 class Backend(CudaPlannedHooks):

@@ -10,7 +10,7 @@ import pytest
 from pygpukit.errors import CompileError
 
 toolchain = pytest.importorskip("pygpukit.backends.cuda.toolchain")
-from pygpukit.backends.cuda.kernels import loader, variants  # noqa: E402
+from pygpukit.backends.cuda.kernels import attention, loader, variants  # noqa: E402
 
 ARCHS = ("sm_80", "sm_90")
 VARIANTS = variants.all_variants()
@@ -182,22 +182,33 @@ def test_unguarded_template_module_keeps_its_defines() -> None:
         **d, "PGK_ONLY": 1, "PGK_ONLY_pgk_rms_norm_add": 1}  # fmt: skip
 
 
-def test_family_options_reach_nvrtc_and_keep_the_code() -> None:
-    """A family's own NVRTC options (loader.FAMILY_OPTIONS: the decode attention's ptxas
-    -O2, its cold compile being the first decode call's critical path) are in its modules'
-    compile, and keep the code: every section of the CUBIN but the note that records
-    ptxas's options is byte-identical to the default (-O3) compile's, on sm_80 and sm_90
-    (all 176 compiles of the family were; two kernels here)."""
+def _own_option_cases(family: str) -> list[tuple[str, dict[str, object], str]]:
+    """(kernel, defines, arch) of a family with its own options to compile both ways: the
+    decode attention's first variant's first and last kernels; the flash attention's
+    variant of the TinyLlama prefill's long chunks (bf16, head dim 64, its geometry)."""
+    if family == "attention_flash":
+        geo = attention.FLASH_GEOMETRY[64]
+        return [("pgk_attention_flash", attention.flash_defines("bfloat16", 64, geo), "sm_90")]
+    _, names, defines = next(v for v in VARIANTS if v[0] == family)
+    return [(names[0], defines, "sm_80"), (names[-1], defines, "sm_90")]
+
+
+@pytest.mark.parametrize("family", ["attention_decode", "attention_flash"])
+def test_family_options_reach_nvrtc_and_keep_the_code(family: str) -> None:
+    """A family's own NVRTC options (loader.FAMILY_OPTIONS: the decode and the flash
+    attention's ptxas -O2, their cold compiles being the first decode and prefill calls'
+    critical paths) are in its modules' compile, and keep the code: every section of the
+    CUBIN but the note that records ptxas's options is byte-identical to the default (-O3)
+    compile's (all 176 compiles of the decode family were, all 48 of the flash family's
+    variants on sm_80 and sm_90; a kernel or two of each here)."""
     _nvrtc_or_skip()
-    family = "attention_decode"
     extra = loader.FAMILY_OPTIONS[family]
     assert loader.template_options(family)[len(loader.template_options()) :] == extra
     assert not set(extra) & set(loader.template_options("gemv"))
-    fam, names, defines = next(v for v in VARIANTS if v[0] == family)
-    for name, arch in ((names[0], "sm_80"), (names[-1], "sm_90")):
-        mod = loader.module_defines(fam, name, defines)
-        src = loader.kernel_source(fam, mod)
-        own = _sections(loader.compile_family(fam, mod, arch))
+    for name, defines, arch in _own_option_cases(family):
+        mod = loader.module_defines(family, name, defines)
+        src = loader.kernel_source(family, mod)
+        own = _sections(loader.compile_family(family, mod, arch))
         plain = _sections(loader.compile_source(src, arch, loader.template_options()))
         assert set(own) == set(plain) and f".text.{name}" in own
         assert [k for k in own if own[k] != plain[k]] == [".note.nv.tkinfo"]  # the options

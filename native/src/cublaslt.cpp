@@ -425,6 +425,35 @@ class LtPlan {
     return chosen_;
   }
 
+  // Takes candidate i as the algorithm, untimed: the choice an earlier tune() of the same
+  // problem made (another process's: the Python side keeps them on disk). False, with
+  // nothing changed, where i is out of range, needs more workspace than the plan was made
+  // for, or another candidate is chosen already.
+  bool choose(int i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (i < 0 || i >= static_cast<int>(candidates_.size())) return false;
+    if (chosen_ >= 0) return chosen_ == i;
+    const LtHeuristic& h = candidates_[static_cast<size_t>(i)];
+    if (h.workspace_size > static_cast<size_t>(key_.workspace_bytes)) return false;
+    algo_ = h.algo;
+    workspace_needed_ = h.workspace_size;
+    chosen_ = i;
+    return true;
+  }
+
+  // Candidate i's algorithm as hex (its opaque bytes): a kept choice names the algorithm,
+  // so a heuristic that offers other candidates (another cuBLASLt) is noticed. "" where i
+  // is out of range.
+  std::string candidate_id(int i) const {
+    if (i < 0 || i >= static_cast<int>(candidates_.size())) return "";
+    static const char* digits = "0123456789abcdef";
+    std::string out;
+    for (uint64_t word : candidates_[static_cast<size_t>(i)].algo.data) {
+      for (int shift = 60; shift >= 0; shift -= 4) out += digits[(word >> shift) & 0xF];
+    }
+    return out;
+  }
+
   void run(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,
            uint64_t workspace_bytes, CUstream stream, uint64_t c = 0) {
     check_pointers(a, b, d, bias, c);
@@ -546,6 +575,12 @@ void register_cublaslt(py::module_& m) {
       .def_property_readonly("chosen", &LtPlan::chosen,
                              "The tuned candidate's index (0: the heuristic's first); -1 "
                              "until tune() ran.")
+      .def("choose", &LtPlan::choose, py::arg("index"),
+           "Take candidate `index` as the algorithm, untimed (a choice tune() made before); "
+           "False, nothing changed, where it is out of range, needs more workspace than the "
+           "plan's or another is chosen.")
+      .def("candidate_id", &LtPlan::candidate_id, py::arg("index"),
+           "Candidate `index`'s algorithm as hex ('' out of range).")
       .def(
           "tune",
           [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c,

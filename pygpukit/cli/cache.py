@@ -30,11 +30,14 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _clear(args: argparse.Namespace) -> int:
     from pygpukit import _native
+    from pygpukit.backends.cuda import lt_choices
     from pygpukit.backends.cuda.toolchain import configure_kernel_cache
 
     configure_kernel_cache()
     removed = _native.kernel_cache_clear()
-    print(f"removed {removed} entries from {_native.kernel_cache_dir()}")
+    # The cuBLASLt choices kept beside the kernels go with them.
+    kept = " and the kept cuBLASLt choices" if lt_choices.forget() else ""
+    print(f"removed {removed} entries{kept} from {_native.kernel_cache_dir()}")
     return 0
 
 

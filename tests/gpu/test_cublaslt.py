@@ -20,7 +20,8 @@ import pytest
 import pygpukit as gpk
 import pygpukit.backends as backends
 from pygpukit import _native
-from pygpukit.backends.cuda import cublaslt
+from pygpukit.backends.cuda import cublaslt, lt_choices
+from pygpukit.backends.cuda.context import StepContext
 
 pytestmark = pytest.mark.gpu
 
@@ -285,6 +286,57 @@ def test_tune_with_l2_flush(rng: np.random.Generator, cuda: Any) -> None:
     w = rand(rng, (200, 384), "bfloat16")
     y = gpk.nn.linear(gpk.from_numpy(x), gpk.from_numpy(w))
     assert rel_err(y, f64(x) @ f64(w).T) < TOL["bfloat16"]
+
+
+def test_a_later_process_takes_the_kept_choice(
+    rng: np.random.Generator, cuda: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
+    """A plan tuned through the planner's path keeps its choice beside the kernel cache
+    (lt_choices); the same problem's plan in a later process (the plan cache and the
+    choices read cleared) takes it untimed (LtMatmul.choose), and runs right with it."""
+    monkeypatch.setenv("PYGPUKIT_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(lt_choices, "_kept", None)
+    m, k, n = 384, 256, 160
+    a, b = rand(rng, (m, k), "float16"), rand(rng, (k, n), "float16")
+    full = cublaslt.WORKSPACE_SIZES[0]
+    gpk.from_numpy(a) @ gpk.from_numpy(b)  # a GEMM through the backend makes its workspace
+    got = cublaslt._workspaces.get(cuda)
+    assert got is not None and got[0] is not None and got[1] == full
+    ws = got[0]
+    da, db = gpk.from_numpy(a), gpk.from_numpy(b)
+    pa, pb = (v.__cuda_array_interface__["data"][0] for v in (da, db))
+
+    def plan() -> Any:
+        return _native.cublaslt_plan(m, n, k, "float16", lda=k, ldb=n, ldd=n,
+                                     workspace_bytes=full)  # fmt: skip
+
+    def run(p: Any) -> int:
+        # float16: the CUDA array interface has no bfloat16 typestr.
+        dd = gpk.from_numpy(np.full((m, n), np.nan, NP["float16"]))
+        pd = dd.__cuda_array_interface__["data"][0]
+        assert cublaslt._tuned(StepContext(cuda), p, pa, pb, pd, 0, 0, ws.ptr, full)
+        dd2 = gpk.from_numpy(np.full((m, n), np.nan, NP["float16"]))
+        p.run(pa, pb, dd2.__cuda_array_interface__["data"][0], 0, ws.ptr, full, None)
+        cuda.synchronize()
+        assert rel_err(dd2, f64(a) @ f64(b)) < TOL["float16"]
+        return int(p.chosen)
+
+    p1 = plan()
+    before = cublaslt.lt_timing()
+    chosen = run(p1)
+    assert 0 <= chosen < p1.candidates
+    assert cublaslt.lt_timing_since(before)["lt_tuned"] == 1
+    # The next process: a new plan of the same problem, the kept choices read anew.
+    _native.cublaslt_cache_clear()
+    monkeypatch.setattr(lt_choices, "_kept", None)
+    p2 = plan()
+    assert p2 is not p1 and p2.chosen == -1
+    before = cublaslt.lt_timing()
+    assert run(p2) == chosen
+    since = cublaslt.lt_timing_since(before)
+    assert since["lt_kept"] == 1 and since["lt_tuned"] == 0
+    assert p2.candidate_id(chosen) == p1.candidate_id(chosen) != ""
+    assert not p2.choose(p2.candidates) and p2.candidate_id(p2.candidates) == ""
 
 
 def test_fallback_to_nvrtc_gemm(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch

@@ -6,6 +6,7 @@ linear planner (kernels/linear_plan.py) falls back to the NVRTC GEMMs.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,7 +15,7 @@ from pygpukit import _native
 from pygpukit.errors import CUDAError, OutOfMemoryError
 from pygpukit.ir import dtypes
 
-from . import toolchain
+from . import lt_choices, toolchain
 from .context import Context, capturing
 from .value import DeviceValue
 
@@ -27,7 +28,6 @@ LT_DTYPES = ("float32", "float16", "bfloat16")
 TUNE_MIN_ROWS = 128
 TUNE_REPS = 3
 FLUSH_L2_TIMES = 2  # the tuning's L2 flush writes this many times the L2's bytes
-_l2: dict[int, int] = {}
 # One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
 # quota (cuBLASLt still has algorithms with a small or no workspace).
 WORKSPACE_SIZES = (32 << 20, 4 << 20, 0)
@@ -36,6 +36,27 @@ _lt: dict[str, Any] = {}  # "reason": '' when loaded, else why not (tried once)
 _workspaces: weakref.WeakKeyDictionary[Any, tuple[DeviceValue | None, int]] = (
     weakref.WeakKeyDictionary()
 )
+# What cuBLASLt cost the host so far in this process (a compiled function's first call
+# reports its share: planned.CudaReplay): the time spent asking for plans (the heuristic
+# runs on a problem's first ask; a plan cache hit costs microseconds), plans tuned and
+# their tuning, plans that took a choice kept on disk instead (lt_choices).
+_timing: dict[str, float] = {"lt_plan_ms": 0.0, "lt_tuned": 0, "lt_tune_ms": 0.0, "lt_kept": 0}
+
+
+def lt_timing() -> dict[str, float]:
+    """cuBLASLt's host cost so far in this process: lt_heuristics (plans made: the
+    heuristic ran), lt_plan_ms (time asking for plans, the heuristic's mostly), lt_tuned
+    (plans whose candidate algorithms were timed, LtMatmul.tune), lt_tune_ms (that timing,
+    which waits for the GPU) and lt_kept (plans that took the choice an earlier process
+    made, untimed: lt_choices)."""
+    return {"lt_heuristics": int(_native.cublaslt_cache_stats()["misses"]), **_timing}
+
+
+def lt_timing_since(before: dict[str, float]) -> dict[str, float]:
+    """lt_timing() less `before` (an earlier lt_timing()), the times rounded to 0.01 ms."""
+    now = lt_timing()
+    return {k: round(v - before.get(k, 0), 2) if k.endswith("_ms") else v - before.get(k, 0)
+            for k, v in now.items()}  # fmt: skip
 
 
 def set_tf32(enabled: bool) -> None:
@@ -103,28 +124,29 @@ def lt_operand(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int]
 
 
 def _l2_bytes() -> int:
-    """The current device's L2 cache size in bytes (asked once per device)."""
-    device = int(_native.get_device())
-    got = _l2.get(device)
-    if got is None:
-        got = _l2[device] = int(_native.device_info(device)["l2_cache_bytes"])
-    return got
+    """The current device's L2 cache size in bytes (0 where the driver does not say)."""
+    return int(toolchain.device_info().get("l2_cache_bytes", 0))
 
 
 def _tuned(ctx: Context, plan: Any, a: int, b: int, d: int, bias: int, c: int, ws_ptr: int,
            ws_bytes: int) -> bool:  # fmt: skip
-    """Whether the plan's algorithm is settled: tuned now or before, or tuning failed (the
-    heuristic's pick stays). False while the stream is captured (tried again next run).
-    The candidates run with the L2 flushed before each (through a scratch of
-    FLUSH_L2_TIMES the L2, from the pool for the tuning only; none when the pool has no
-    room): timed back to back, a GEMM's weight stays in the L2 and the hot winner was
-    slower in the model's sequence, where each weight arrives cold."""
+    """Whether the plan's algorithm is settled: taken from the choices kept on disk, tuned
+    now or before, or tuning failed (the heuristic's pick stays). False while the stream
+    is captured (tried again next run). The candidates run with the L2 flushed before
+    each (through a scratch of FLUSH_L2_TIMES the L2, from the pool for the tuning only;
+    none when the pool has no room): timed back to back, a GEMM's weight stays in the L2
+    and the hot winner was slower in the model's sequence, where each weight arrives cold."""
+    # Launchers of one problem (every layer's) share the plan: the first to run tunes it.
     if plan.chosen >= 0:
+        return True
+    if lt_choices.take(plan):
+        _timing["lt_kept"] += 1
         return True
     stream = ctx.stream
     is_capturing = getattr(stream, "is_capturing", None)
     if capturing(ctx) or (is_capturing is not None and is_capturing()):
         return False  # nothing may run while a graph is recorded: the next run tunes
+    t0 = time.perf_counter()
     scratch = None
     flush_bytes = FLUSH_L2_TIMES * _l2_bytes()
     if flush_bytes:
@@ -136,12 +158,16 @@ def _tuned(ctx: Context, plan: Any, a: int, b: int, d: int, bias: int, c: int, w
     try:
         chosen = plan.tune(a, b, d, bias, c, ws_ptr, ws_bytes, stream, TUNE_REPS, flush,
                            flush_bytes)  # fmt: skip
-        return bool(chosen >= 0)
     except (CUDAError, ValueError, TypeError):
         return True
     finally:
         if scratch is not None:
             scratch.storage.release()
+    if chosen >= 0:
+        _timing["lt_tuned"] += 1
+        _timing["lt_tune_ms"] += (time.perf_counter() - t0) * 1e3
+        lt_choices.keep(plan, chosen)
+    return bool(chosen >= 0)
 
 
 def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
@@ -168,12 +194,15 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     def plan(tf32: bool) -> Any:
         return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
 
+    t0 = time.perf_counter()
     try:
         plans = {False: plan(False)}
         if dtype == "float32":
             plans[True] = plan(True)
     except (CUDAError, ValueError):
         return None  # e.g. no algorithm for a broadcast (stride 0) batch: the NVRTC path
+    finally:
+        _timing["lt_plan_ms"] += (time.perf_counter() - t0) * 1e3
     ws_ptr = ws.ptr if ws is not None else 0
     untuned = [tune and dtype != "float32" and batch == 1 and m >= TUNE_MIN_ROWS]
 

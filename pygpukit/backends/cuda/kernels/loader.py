@@ -141,7 +141,15 @@ def compile_source(source: str, arch: str, options: tuple[str, ...] = ()) -> byt
 # host, every other kernel of the step at most 0.55 s, in parallel); with ptxas at -O2
 # rather than its default -O3 it compiles in 0.6 to 0.8 s to the same code (every CUBIN
 # section but the note of ptxas's options is byte-identical, for each of its variants).
-FAMILY_OPTIONS: dict[str, tuple[str, ...]] = {"attention_decode": ("-Xptxas", "-O2")}
+# The flash (prefill) attention is the cold first prefill call's: 4.5 s for the 1x1024
+# chunk's variant on the H200's host (NVRTC 13.0: 2.1 s in NVVM, 2.4 s in ptxas), every
+# other kernel of the chunk under 0.85 s. At ptxas -O2 its kernel code is the same (the
+# .text of both geometries the TinyLlama prefill takes, NVRTC 13.0 and 13.5), at -O1 not
+# (11% slower at 1x1024), and NVRTC's --Ofast-compile=min makes it 9x slower.
+FAMILY_OPTIONS: dict[str, tuple[str, ...]] = {
+    "attention_decode": ("-Xptxas", "-O2"),
+    "attention_flash": ("-Xptxas", "-O2"),
+}
 
 
 # Families compiled for an architecture-specific target rather than the device's own:
