@@ -9,6 +9,8 @@
 // heads of one kv head (the whole GQA group up to 16), so each K/V byte of its share is
 // read once. Tiles, scores, online softmax and P.V are pgk_dec_split_body's, shared with
 // pgk_attn_decode_split: only the key -> row lookup (through the block table) differs.
+// With pieces set (one query a row, launched with pgk_paged_prefill after it), the rows
+// of prompt pieces (pgk_paged_piece) are left to that kernel.
 // With one split the block normalises and writes out; with several (n_q == 1 only) each
 // writes its partial and (max, sum) pair and pgk_attn_decode_reduce (attention_decode.cuh,
 // launched after it with the same defines) merges them. A length outside [0, max_blocks *
@@ -25,6 +27,42 @@ PGK_DEVICE void pgk_paged_report(long long* err, long long tag, long long value,
   }
 }
 
+// Row b's length, clamped to the table's keys [0, cap] (pgk_paged_decode reports a bad one).
+PGK_DEVICE int pgk_paged_len(const int* __restrict__ lens, long long l_s, int b, int cap) {
+  const int len = __ldg(lens + b * l_s);
+  return len < 0 ? 0 : (len > cap ? cap : len);
+}
+
+// Whether rows x and y find their first `keys` keys in the same blocks (their table
+// entries agree up to the block of key keys - 1). Called by a whole warp with the same
+// arguments; the answer is the warp's.
+PGK_DEVICE bool pgk_paged_same(const int* __restrict__ table, long long t_sb, long long t_sm,
+                               int x, int y, int keys, int block_size) {
+  const int n = (keys + block_size - 1) / block_size;
+  bool same = true;
+  for (int j = threadIdx.x & 31; j < n; j += 32)
+    same &= __ldg(table + x * t_sb + j * t_sm) == __ldg(table + y * t_sb + j * t_sm);
+  return __all_sync(0xffffffffu, same);
+}
+
+// Whether row b (length len > 0) belongs to a prompt piece, which pgk_paged_prefill
+// (paged_prefill.cuh) attends on tensor cores: a neighbouring row with keys whose table
+// agrees with b's over the keys both see. A decode row (one row a sequence) has none. Both
+// kernels decide it this way, so each row is attended by exactly one. Called by a whole
+// warp.
+PGK_DEVICE bool pgk_paged_piece(const int* __restrict__ table, long long t_sb, long long t_sm,
+                                const int* __restrict__ lens, long long l_s, int b, int rows,
+                                int len, int cap, int block_size) {
+  if (len <= 0) return false;
+  for (int y = b - 1; y <= b + 1; y += 2) {
+    if (y < 0 || y >= rows) continue;
+    const int ly = pgk_paged_len(lens, l_s, y, cap);
+    if (ly > 0 && pgk_paged_same(table, t_sb, t_sm, b, y, min(len, ly), block_size))
+      return true;
+  }
+  return false;
+}
+
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode)
 extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_paged_decode(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
@@ -34,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
                      int group, int n_q, int kv_heads, int block_size, int n_blocks,
                      int max_blocks, float scale, long long q_sb, long long q_sh,
                      long long q_st, long long t_sb, long long t_sm, long long l_s,
-                     long long* __restrict__ err, long long tag) {
+                     long long* __restrict__ err, long long tag, int pieces) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   const int tid = threadIdx.x;
@@ -58,8 +96,15 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
       if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) pgk_paged_report(err, tag, len, cap);
       len = len < 0 ? 0 : cap;
     }
-    // The query's position is len - n_q + qi: it sees keys [0, that + 1).
-    const int hi = max(len - n_q + qi + 1, 0);
+    // The query's position is len - n_q + qi: it sees keys [0, that + 1). With pieces
+    // (n_q == 1), a prompt piece's row is pgk_paged_prefill's, launched after this one
+    // (and after the merge, which writes the row's zeros): one split writes nothing.
+    int hi = max(len - n_q + qi + 1, 0);
+    if (pieces && pgk_paged_piece(table, t_sb, t_sm, lens, l_s, b, (int)gridDim.z, len, cap,
+                                  block_size)) {
+      if (splits == 1) return;
+      hi = 0;
+    }
     pgk_dec_share(0, hi, split, splits, PGK_TK, start, end);
   }
   if (start >= end) {
