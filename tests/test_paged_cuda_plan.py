@@ -115,11 +115,16 @@ def test_paged_sdpa_plans_the_split_kernel(arch, b, t, kind, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype, b, t, d, tiles", [("bfloat16", 130, 1, 64, True),
-                                                   ("float16", 5, 1, 128, True),
-                                                   ("bfloat16", 1, 1, 64, False),
-                                                   ("bfloat16", 8, 2, 64, False),
-                                                   ("float32", 130, 1, 64, False)])
+@pytest.mark.parametrize(
+    "dtype, b, t, d, tiles",
+    [
+        ("bfloat16", 130, 1, 64, True),
+        ("float16", 5, 1, 128, True),
+        ("bfloat16", 1, 1, 64, False),
+        ("bfloat16", 8, 2, 64, False),
+        ("float32", 130, 1, 64, False),
+    ],
+)
 def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypatch):
     """One query per row in bf16 / f16 launches paged_prefill.cuh after the split kernel
     (and its merge): one block per 64 rows and query head, the rows of prompt pieces
