@@ -33,34 +33,24 @@ PGK_DEVICE int pgk_paged_len(const int* __restrict__ lens, long long l_s, int b,
   return len < 0 ? 0 : (len > cap ? cap : len);
 }
 
-// Whether rows x and y find their first `keys` keys in the same blocks (their table
-// entries agree up to the block of key keys - 1). Called by a whole warp with the same
-// arguments; the answer is the warp's.
-PGK_DEVICE bool pgk_paged_same(const int* __restrict__ table, long long t_sb, long long t_sm,
-                               int x, int y, int keys, int block_size) {
-  const int n = (keys + block_size - 1) / block_size;
-  bool same = true;
-  for (int j = threadIdx.x & 31; j < n; j += 32)
-    same &= __ldg(table + x * t_sb + j * t_sm) == __ldg(table + y * t_sb + j * t_sm);
-  return __all_sync(0xffffffffu, same);
-}
-
-// Whether row b (length len > 0) belongs to a prompt piece, which pgk_paged_prefill
-// (paged_prefill.cuh) attends on tensor cores: a neighbouring row with keys whose table
-// agrees with b's over the keys both see. A decode row (one row a sequence) has none. Both
-// kernels decide it this way, so each row is attended by exactly one. Called by a whole
-// warp.
-PGK_DEVICE bool pgk_paged_piece(const int* __restrict__ table, long long t_sb, long long t_sm,
+// Whether row b (length len) is a prompt piece's, which pgk_paged_prefill
+// (paged_prefill.cuh) attends on tensor cores: it has keys, and so has a neighbouring row
+// whose first block is b's (a decode row, one row a sequence, has none: sequences own
+// their blocks). Both kernels decide it this way, so each row is attended by exactly one;
+// the piece kernel checks the rest of the tables before it shares keys between rows. One
+// thread's answer, from loads that do not wait on each other.
+PGK_DEVICE bool pgk_paged_piece(const int* __restrict__ table, long long t_sb,
                                 const int* __restrict__ lens, long long l_s, int b, int rows,
-                                int len, int cap, int block_size) {
-  if (len <= 0) return false;
+                                int len, int cap) {
+  if (cap <= 0) return false;  // a table of no blocks: no row has keys
+  const int first = __ldg(table + b * t_sb);
+  bool near = false;
   for (int y = b - 1; y <= b + 1; y += 2) {
     if (y < 0 || y >= rows) continue;
-    const int ly = pgk_paged_len(lens, l_s, y, cap);
-    if (ly > 0 && pgk_paged_same(table, t_sb, t_sm, b, y, min(len, ly), block_size))
-      return true;
+    const int ly = pgk_paged_len(lens, l_s, y, cap), ty = __ldg(table + y * t_sb);
+    near |= (ly > 0) & (ty == first);
   }
-  return false;
+  return len > 0 && near;
 }
 
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode)
@@ -100,8 +90,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
     // (n_q == 1), a prompt piece's row is pgk_paged_prefill's, launched after this one
     // (and after the merge, which writes the row's zeros): one split writes nothing.
     int hi = max(len - n_q + qi + 1, 0);
-    if (pieces && pgk_paged_piece(table, t_sb, t_sm, lens, l_s, b, (int)gridDim.z, len, cap,
-                                  block_size)) {
+    if (pieces && pgk_paged_piece(table, t_sb, lens, l_s, b, (int)gridDim.z, len, cap)) {
       if (splits == 1) return;
       hi = 0;
     }

@@ -9,14 +9,14 @@
 // attention_flash.cuh, each row masked to its own length, keys found through the table.
 //
 // Which rows are pieces is data, decided on the device the same way by both kernels
-// (pgk_paged_piece in paged_decode.cuh: a row whose table agrees with a neighbour's over
-// the keys both see). The decode kernel skips those rows; this one takes only them. A
-// block's piece rows go in passes: the row with the longest length not yet done is the
-// anchor, every waiting row whose table agrees with the anchor's over its own keys joins
-// the pass, and the pass streams the anchor's keys [0, anchor length) through its table
-// (usually one pass; two where a tile holds the end of one piece and the start of the
-// next). The grid is fixed (tiles x heads, heads fastest); a block with no piece row
-// exits at once.
+// (pgk_paged_piece in paged_decode.cuh: a row with a neighbour of the same first block).
+// The decode kernel skips those rows; this one takes only them. A block's piece rows go
+// in passes: the row with the longest length not yet done is the anchor, every waiting
+// row whose table agrees with the anchor's over its own keys joins the pass, and the pass
+// streams the anchor's keys [0, anchor length) through its table (usually one pass; two
+// where a tile holds the end of one piece and the start of the next; a row that agrees
+// with no other row gets a pass of its own). The grid is fixed (tiles x heads, heads
+// fastest); a block with no piece row exits at once.
 //
 // pools k/v [n_blocks, KV, block_size, D] contiguous; table [B, max_blocks] and lens [B]
 // int32 (strides t_sb, t_sm, l_s); q rows (strides q_sb, q_sh) and the pools 16-byte
@@ -80,26 +80,26 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   pgk_t* smem = reinterpret_cast<pgk_t*>(pgk_psmem);
   __shared__ int s_len[PGK_PM];    // each row's length, clamped to the table
   __shared__ int s_state[PGK_PM];  // 0 not this kernel's (or done), 1 waiting, 2 this pass
+  __shared__ int s_bad[PGK_PM];    // a waiting row whose table differs from the anchor's
   __shared__ int s_anchor, s_min;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int h = (int)(blockIdx.x % n_heads), b0 = (int)(blockIdx.x / n_heads) * PGK_PM;
   const int kvh = h / group;
   const int cap = max_blocks * block_size;
 
-  // The rows' lengths and which are pieces: a warp a row (the decode kernel reports bad
+  // The rows' lengths and which are pieces, a thread a row (the decode kernel reports bad
   // lengths; both clamp them the same way).
-  for (int r = warp; r < PGK_PM; r += PGK_PW) {
-    const int b = b0 + r;
+  if (tid < PGK_PM) {
+    const int b = b0 + tid;
     int len = 0;
     bool piece = false;
     if (b < rows) {
       len = pgk_paged_len(lens, l_s, b, cap);
-      piece = pgk_paged_piece(table, t_sb, t_sm, lens, l_s, b, rows, len, cap, block_size);
+      piece = pgk_paged_piece(table, t_sb, lens, l_s, b, rows, len, cap);
     }
-    if (lane == 0) {
-      s_len[r] = len;
-      s_state[r] = piece ? 1 : 0;
-    }
+    s_len[tid] = len;
+    s_state[tid] = piece ? 1 : 0;
+    s_bad[tid] = 0;
   }
   if (!__syncthreads_or(tid < PGK_PM && s_state[tid] == 1)) return;
 
@@ -158,15 +158,27 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     if (a < 0) break;
     const int hi_a = s_len[a];
     // The pass: waiting rows whose table agrees with the anchor's over their own keys
-    // (no longer than the anchor's), so every key they see is the anchor's key.
-    for (int r = warp; r < PGK_PM; r += PGK_PW) {
-      if (s_state[r] != 1) continue;
-      const bool same =
-          r == a || pgk_paged_same(table, t_sb, t_sm, b0 + a, b0 + r, s_len[r], block_size);
-      if (same && lane == 0) {
-        s_state[r] = 2;
-        atomicMin(&s_min, s_len[r]);
+    // (no longer than the anchor's), so every key they see is the anchor's key. Every
+    // thread compares entries of every row (rows fastest: the anchor's entry is shared),
+    // the loads independent of each other.
+    {
+      const int* ta = table + (long long)(b0 + a) * t_sb;
+      const int na = (hi_a + block_size - 1) / block_size;
+#pragma unroll 4
+      for (int e = tid; e < PGK_PM * na; e += PGK_PT) {
+        const int r = e % PGK_PM, j = e / PGK_PM;
+        if (s_state[r] == 1 && j * block_size < s_len[r] &&
+            __ldg(table + (long long)(b0 + r) * t_sb + j * t_sm) != __ldg(ta + j * t_sm))
+          s_bad[r] = 1;
       }
+    }
+    __syncthreads();
+    if (tid < PGK_PM && s_state[tid] == 1) {
+      if (!s_bad[tid]) {
+        s_state[tid] = 2;
+        atomicMin(&s_min, s_len[tid]);
+      }
+      s_bad[tid] = 0;
     }
     __syncthreads();
     const int lo_all = s_min;  // every row of the pass sees keys [0, lo_all)
