@@ -112,3 +112,36 @@ def test_paged_sdpa_plans_the_split_kernel(arch, b, t, kind, monkeypatch):
     launches = _plan_attention(q, kp, vp, table, lens.astype(np.int64))
     assert not any(name == "pgk_paged_decode" for name, _ in launches)
     assert any("paged_sdpa" in name for name, _ in launches)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "dtype, b, t, d, tiles",
+    [
+        ("bfloat16", 130, 1, 64, True),
+        ("float16", 5, 1, 128, True),
+        ("bfloat16", 1, 1, 64, False),
+        ("bfloat16", 8, 2, 64, False),
+        ("float32", 130, 1, 64, False),
+    ],
+)
+def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypatch):
+    """One query per row in bf16 / f16 launches paged_prefill.cuh after the split kernel
+    (and its merge): one block per 64 rows and query head, the rows of prompt pieces
+    chosen on the device. One row, several queries a row or float32 launch it not."""
+    cuda_fakes.install(monkeypatch, arch)
+    rng = np.random.default_rng(2)
+    kp = gpk.asarray(rng.standard_normal((40, 2, 16, d)).astype(np.float32)).astype(dtype)
+    vp = gpk.asarray(rng.standard_normal((40, 2, 16, d)).astype(np.float32)).astype(dtype)
+    q = gpk.asarray(rng.standard_normal((b, 8, t, d)).astype(np.float32)).astype(dtype)
+    table = rng.integers(0, 40, size=(b, 32)).astype(np.int32)
+    lens = rng.integers(t, 32 * 16, size=b).astype(np.int32)
+    launches = _plan_attention(q, kp, vp, table, lens)
+    names = [name for name, _ in launches]
+    grids = [grid for name, grid in launches if name == "pgk_paged_prefill"]
+    assert "pgk_paged_decode" in names
+    if tiles:
+        assert grids == [(-(-b // 64) * 8,)]
+        assert names.index("pgk_paged_prefill") == len(names) - 1  # after the merge
+    else:
+        assert not grids

@@ -111,3 +111,96 @@ def test_engine_batched_equals_alone_gpu():
         assert e.stats()["used_blocks"] == 0
     finally:
         e.close()
+
+
+def _step_rows(rng, n_decode, pieces, n_pad, bs, m, nb):
+    """A serving step's rows (decode rows, then prompt pieces, then padding) as block
+    tables and lengths: each sequence owns m random blocks; a piece of c tokens after a
+    prefix of p0 is c consecutive rows of its table with lengths p0 + 1 .. p0 + c."""
+    blocks = iter(rng.permutation(nb))
+    tables, lens = [], []
+    for _ in range(n_decode):
+        tables.append([next(blocks) for _ in range(m)])
+        lens.append(int(rng.integers(1, m * bs + 1)))
+    for p0, c in pieces:
+        own = [next(blocks) for _ in range(m)]
+        for i in range(c):
+            tables.append(own)
+            lens.append(p0 + i + 1)
+    for _ in range(n_pad):
+        tables.append(tables[0])  # the engine's padding reads row 0's table
+        lens.append(0)
+    return np.array(tables, np.int32), np.array(lens, np.int32)
+
+
+def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None):
+    b = len(lens)
+    kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    if nan_at is not None:
+        vp[nan_at] = np.nan
+    q = rng.standard_normal((b, h, 1, d)).astype(np.float32)
+    kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
+    got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
+    with np.errstate(invalid="ignore"):
+        ref = _ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
+                   vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
+    np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
+    return got, ref
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d, h, kv", [(64, 32, 4), (128, 16, 2), (64, 8, 8)])
+def test_paged_attention_prompt_pieces_gpu(dtype, d, h, kv):
+    """A mixed serving step: decode rows, prompt pieces (tensor-core kernel, paged_prefill
+    .cuh) of lengths off the 64-row tile, starting mid-block and crossing blocks, one piece
+    ending in the same tile the next starts, a one-token piece, padding rows -- every row
+    against the float64 reference."""
+    rng = np.random.default_rng(11)
+    nb, bs, m = 1100, 16, 24
+    pieces = [(0, 77), (13, 50), (200, 1), (5, 130), (300, 2), (100, 64)]
+    table, lens = _step_rows(rng, 37, pieces, 19, bs, m, nb)
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_paged_attention_pieces_only_and_shared_prefixes_gpu(dtype):
+    """Rows of pieces only (no decode row, no padding), and rows whose tables agree only on
+    the blocks both see (a forked sequence: the shorter row joins the longer one's tiles)
+    or not even there, in any order of lengths."""
+    rng = np.random.default_rng(12)
+    nb, bs, m, d, h, kv = 300, 16, 20, 64, 8, 2
+    table, lens = _step_rows(rng, 0, [(3, 100), (64, 64), (0, 29)], 0, bs, m, nb)
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng)
+    base = rng.permutation(nb)[:m]
+    fork = base.copy()
+    fork[2:] = rng.permutation(np.setdiff1d(np.arange(nb), base))[: m - 2]
+    table = np.array([base, fork, base, base, fork, base], np.int32)
+    lens = np.array([300, 30, 7, 250, 32, 251], np.int32)
+    _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng)
+
+
+def test_paged_attention_piece_hides_nan_it_does_not_see_gpu():
+    """A NaN value at a key some rows of a piece see and others do not: the rows before it
+    stay exact (the masked tile's scalar P V selects their keys), the rows after it are
+    NaN as the reference."""
+    rng = np.random.default_rng(13)
+    nb, bs, m, d, h, kv = 100, 16, 8, 64, 8, 2
+    table, lens = _step_rows(rng, 3, [(20, 90)], 2, bs, m, nb)
+    key = 20 + 40  # seen by the piece's rows of length > 60
+    row = 3 + 40
+    blk = int(table[row, key // bs])
+    got, ref = _check_step("bfloat16", d, h, kv, table, lens, nb, bs, 3e-2, rng,
+                           nan_at=(blk, slice(None), key % bs))  # fmt: skip
+    assert np.isfinite(got[:row]).all() and np.isnan(got[row : 3 + 90]).all()
+
+
+def test_paged_attention_piece_bad_block_id_gpu():
+    """A piece's block id outside the pool is an IndexError from the piece kernel too."""
+    kp = gpk.asarray(np.ones((4, 2, 16, 64), np.float32)).astype("bfloat16")
+    q = gpk.asarray(np.ones((3, 4, 1, 64), np.float32)).astype("bfloat16")
+    table = np.array([[0, 9], [0, 9], [1, 2]], np.int32)
+    with pytest.raises(IndexError):
+        gpk.nn.paged_attention(q, kp, kp, table, np.array([20, 21, 3], np.int32)).to_numpy()

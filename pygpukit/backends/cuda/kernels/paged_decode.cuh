@@ -9,6 +9,8 @@
 // heads of one kv head (the whole GQA group up to 16), so each K/V byte of its share is
 // read once. Tiles, scores, online softmax and P.V are pgk_dec_split_body's, shared with
 // pgk_attn_decode_split: only the key -> row lookup (through the block table) differs.
+// With pieces set (one query a row, launched with pgk_paged_prefill after it), the rows
+// of prompt pieces (pgk_paged_piece) are left to that kernel.
 // With one split the block normalises and writes out; with several (n_q == 1 only) each
 // writes its partial and (max, sum) pair and pgk_attn_decode_reduce (attention_decode.cuh,
 // launched after it with the same defines) merges them. A length outside [0, max_blocks *
@@ -25,6 +27,32 @@ PGK_DEVICE void pgk_paged_report(long long* err, long long tag, long long value,
   }
 }
 
+// Row b's length, clamped to the table's keys [0, cap] (pgk_paged_decode reports a bad one).
+PGK_DEVICE int pgk_paged_len(const int* __restrict__ lens, long long l_s, int b, int cap) {
+  const int len = __ldg(lens + b * l_s);
+  return len < 0 ? 0 : (len > cap ? cap : len);
+}
+
+// Whether row b (length len) is a prompt piece's, which pgk_paged_prefill
+// (paged_prefill.cuh) attends on tensor cores: it has keys, and so has a neighbouring row
+// whose first block is b's (a decode row, one row a sequence, has none: sequences own
+// their blocks). Both kernels decide it this way, so each row is attended by exactly one;
+// the piece kernel checks the rest of the tables before it shares keys between rows. One
+// thread's answer, from loads that do not wait on each other.
+PGK_DEVICE bool pgk_paged_piece(const int* __restrict__ table, long long t_sb,
+                                const int* __restrict__ lens, long long l_s, int b, int rows,
+                                int len, int cap) {
+  if (cap <= 0) return false;  // a table of no blocks: no row has keys
+  const int first = __ldg(table + b * t_sb);
+  bool near = false;
+  for (int y = b - 1; y <= b + 1; y += 2) {
+    if (y < 0 || y >= rows) continue;
+    const int ly = pgk_paged_len(lens, l_s, y, cap), ty = __ldg(table + y * t_sb);
+    near |= (ly > 0) & (ty == first);
+  }
+  return len > 0 && near;
+}
+
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode)
 extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_paged_decode(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
@@ -34,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
                      int group, int n_q, int kv_heads, int block_size, int n_blocks,
                      int max_blocks, float scale, long long q_sb, long long q_sh,
                      long long q_st, long long t_sb, long long t_sm, long long l_s,
-                     long long* __restrict__ err, long long tag) {
+                     long long* __restrict__ err, long long tag, int pieces) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   const int tid = threadIdx.x;
@@ -58,8 +86,14 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
       if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) pgk_paged_report(err, tag, len, cap);
       len = len < 0 ? 0 : cap;
     }
-    // The query's position is len - n_q + qi: it sees keys [0, that + 1).
-    const int hi = max(len - n_q + qi + 1, 0);
+    // The query's position is len - n_q + qi: it sees keys [0, that + 1). With pieces
+    // (n_q == 1), a prompt piece's row is pgk_paged_prefill's, launched after this one
+    // (and after the merge, which writes the row's zeros): one split writes nothing.
+    int hi = max(len - n_q + qi + 1, 0);
+    if (pieces && pgk_paged_piece(table, t_sb, lens, l_s, b, (int)gridDim.z, len, cap)) {
+      if (splits == 1) return;
+      hi = 0;
+    }
     pgk_dec_share(0, hi, split, splits, PGK_TK, start, end);
   }
   if (start >= end) {

@@ -77,6 +77,7 @@ def attend(
     lens_stride: int,
     err: int,
     tag: int,
+    pieces: bool = False,
     stream: Any = None,
 ) -> None:
     """out[b, h, i] = softmax(scale q[b, h, i] . k[j], j <= lens[b] - n_q + i) @ v[j], keys
@@ -84,13 +85,16 @@ def attend(
 
     q strides (row, head, query) in elements, head_dim contiguous; out [rows, heads, n_q,
     head_dim] contiguous; splits from splits_for (one unless n_q == 1), with several a
-    16-byte aligned workspace of workspace_floats floats."""
+    16-byte aligned workspace of workspace_floats floats. pieces (one query per row): the
+    rows of prompt pieces are left to paged_prefill.attend, launched right after this."""
     if not supports(dtype, head_dim, heads, kv_heads, rows, n_q):
         raise ShapeError(f"paged_decode: unsupported shape (dtype {dtype}, head_dim {head_dim}, "
                          f"heads {heads}/{kv_heads}, rows {rows} x {n_q} queries)")  # fmt: skip
     if splits > 1 and (n_q != 1 or not workspace or workspace % 16):
         raise ShapeError(f"paged_decode: {splits} splits need one query per row and a 16-byte "
                          f"aligned workspace")  # fmt: skip
+    if pieces and n_q != 1:
+        raise ShapeError(f"paged_decode: prompt pieces need one query per row, got {n_q}")
     if k_pool % 16 or v_pool % 16:
         raise ShapeError("paged_decode: the pools need 16-byte aligned rows")
     g = attention.decode_group(heads, kv_heads)
@@ -108,7 +112,7 @@ def attend(
     fn.launch(grid, (THREADS,),
               (q, k_pool, v_pool, table, lens, workspace, ml, out, heads, group, n_q, kv_heads,
                block_size, n_blocks, max_blocks, float(scale), *q_strides, *table_strides,
-               lens_stride, err, tag), smem, stream)  # fmt: skip
+               lens_stride, err, tag, int(pieces)), smem, stream)  # fmt: skip
     if splits > 1:
         merge = loader.get_kernel("attention_decode", "pgk_attn_decode_reduce", defines)
         merge.launch((heads, rows), (attention._R_THREADS,),

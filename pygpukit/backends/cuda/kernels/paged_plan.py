@@ -2,7 +2,11 @@
 of a pool (in the pool's own memory when the memory plan lets the store happen in place,
 else into a copy, as setitem); paged_sdpa attends through per-row block tables, on the
 split-K kernel (paged_decode.cuh) where its rules hold, else on codegen/paged.py's simple
-one (int64 tables or lengths, other head sizes)."""
+one (int64 tables or lengths, other head sizes). With one query per row in bf16 / f16
+(the serving engine's steps), the rows of prompt pieces -- consecutive rows whose block
+tables agree -- go to paged_prefill.cuh's tensor-core kernel, launched after the split
+one, which leaves them to it: which rows those are is decided on the device, so one
+captured graph serves every mix of decode rows and pieces."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from .. import compiler, ew
 from ..codegen import paged
 from ..context import Context, cdiv, contiguous
 from ..value import DeviceValue
-from . import loader, paged_decode
+from . import loader, paged_decode, paged_prefill
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 COPY = ("in", 0)
@@ -103,17 +107,28 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
     ws = paged_decode.workspace_floats(b, h, splits, d)
     q_strides = (q.strides[0], q.strides[1], q.strides[2])
     shape, dtype = step.shape, step.dtype
+    t_strides = (table.strides[0], table.strides[1])
+    pieces = t == 1 and paged_prefill.supports(dt, d, h, kv, b)
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, dtype, "paged_sdpa")
         work = ctx.alloc((ws,), dtypes.float32, "paged_sdpa") if ws else None
+        tiles = pieces and paged_prefill.fits(v[0].ptr, q_strides[:2], v[1].ptr, v[2].ptr,
+                                              out.ptr)  # fmt: skip
         paged_decode.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,
                             work.ptr if work is not None else 0, rows=b, heads=h, kv_heads=kv,
                             n_q=t, head_dim=d, block_size=bs, n_blocks=n_blocks, max_blocks=m,
                             dtype=dt, splits=splits, scale=scale, q_strides=q_strides,
-                            table_strides=(table.strides[0], table.strides[1]),
-                            lens_stride=lens.strides[0], err=ctx.err_addr, tag=tag,
+                            table_strides=t_strides, lens_stride=lens.strides[0],
+                            err=ctx.err_addr, tag=tag, pieces=tiles,
                             stream=ctx.stream)  # fmt: skip
+        if tiles:
+            paged_prefill.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,
+                                 rows=b, heads=h, kv_heads=kv, head_dim=d, block_size=bs,
+                                 n_blocks=n_blocks, max_blocks=m, dtype=dt, scale=scale,
+                                 q_strides=q_strides[:2], table_strides=t_strides,
+                                 lens_stride=lens.strides[0], err=ctx.err_addr, tag=tag,
+                                 stream=ctx.stream)  # fmt: skip
         return out
 
     return run

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from pygpukit.ir.quant import QuantSpec
 
-from . import attention, attention_sm90, dequant, gemv, gemv_quant, loader, scan, sort
+from . import (
+    attention,
+    attention_sm90,
+    dequant,
+    gemv,
+    gemv_quant,
+    loader,
+    paged_prefill,
+    scan,
+    sort,
+)
 
 Variant = tuple[str, tuple[str, ...], dict[str, object]]  # (family, kernel names, defines)
 
@@ -85,6 +95,10 @@ def all_variants() -> list[Variant]:
             for g, stages in ((1, 2), (8, 4), (16, 3)):
                 pd = _t(dt, PGK_D=d, PGK_G=g, PGK_STAGES=stages, PGK_ERR_INDEX=1)
                 out.append(("paged_decode", ("pgk_paged_decode",), pd))
+    for dt in loader.HALF_DTYPES:
+        for d in paged_prefill.HEAD_DIMS:  # the prompt pieces' tensor-core kernel
+            pp = _t(dt, PGK_D=d, PGK_PSTAGES=paged_prefill.STAGES, PGK_ERR_INDEX=1)
+            out.append(("paged_prefill", ("pgk_paged_prefill",), pp))
     for idx in attention.LENGTH_DTYPES:
         defines = {"PGK_IDX": attention.length_ctype(idx), "PGK_ERR_INDEX": 1}
         out.append(("attention_lengths", ("pgk_attention_check_lengths",), defines))
