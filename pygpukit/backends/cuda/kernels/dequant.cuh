@@ -35,7 +35,16 @@
 #define PGK_DQB 8  // bytes of W per vector: 8 or 4
 #endif
 #ifndef PGK_DQU
-#define PGK_DQU 4  // vectors per thread
+#define PGK_DQU 2  // vectors per thread
+#endif
+#ifndef PGK_DQCS
+#define PGK_DQCS 0  // 1: streaming (evict-first) stores of the output
+#endif
+#ifndef PGK_DQLD
+#define PGK_DQLD 0  // 1: W loads that skip L1 and ask L2 for 256-byte lines
+#endif
+#ifndef PGK_DQMINB
+#define PGK_DQMINB 1  // blocks an SM the registers must allow (__launch_bounds__)
 #endif
 
 // Elements of one vector.
@@ -118,7 +127,13 @@ struct pgk_dq_vec {
 
 PGK_DEVICE pgk_dq_vec pgk_dq_load(const unsigned char* __restrict__ p) {
   pgk_dq_vec v;
-#if PGK_DQB == 8
+#if PGK_DQLD && PGK_DQB == 8
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];"
+      : "=r"(v.w[0]), "=r"(v.w[1])
+      : "l"(p));
+#elif PGK_DQLD
+  asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v.w[0]) : "l"(p));
+#elif PGK_DQB == 8
   const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
   v.w[0] = u.x;
   v.w[1] = u.y;
@@ -153,39 +168,70 @@ PGK_DEVICE void pgk_dq_values(const pgk_dq_vec& v, unsigned z, float (&q)[PGK_DQ
 template <int N> PGK_DEVICE void pgk_dq_store(void* dst, const void* src) {
   if constexpr (N >= 16) {
 #pragma unroll
-    for (int i = 0; i < N / 16; ++i)
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    for (int i = 0; i < N / 16; ++i) {
+      const uint4 x = reinterpret_cast<const uint4*>(src)[i];
+      if constexpr (PGK_DQCS) {
+        __stcs(reinterpret_cast<uint4*>(dst) + i, x);
+      } else {
+        reinterpret_cast<uint4*>(dst)[i] = x;
+      }
+    }
   } else if constexpr (N == 8) {
-    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
+    const uint2 x = *reinterpret_cast<const uint2*>(src);
+    if constexpr (PGK_DQCS) {
+      __stcs(reinterpret_cast<uint2*>(dst), x);
+    } else {
+      *reinterpret_cast<uint2*>(dst) = x;
+    }
   } else {
-    *reinterpret_cast<unsigned*>(dst) = *reinterpret_cast<const unsigned*>(src);
+    const unsigned x = *reinterpret_cast<const unsigned*>(src);
+    if constexpr (PGK_DQCS) {
+      __stcs(reinterpret_cast<unsigned*>(dst), x);
+    } else {
+      *reinterpret_cast<unsigned*>(dst) = x;
+    }
   }
 }
 
 // The weight [N, K] in PGK_T: K % PGK_DQE == 0, PGK_DQE divides the group (PGK_QSK), rows
-// of W and of out aligned to their vector width; n * (K / PGK_DQE) < 2^31.
+// of W and of out aligned to their vector width; n * (K / PGK_DQE) < 2^31. Vector i is
+// row i / per_row: (i * row_magic) >> (31 + row_shift) (dequant.py's row_divider), one
+// wide multiply instead of an integer division; the next vectors of a thread step the
+// row and column on from the first.
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_dequant)
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, PGK_DQMINB)
     pgk_dequant(const unsigned char* __restrict__ w, const float* __restrict__ scale,
                 const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n, int k,
-                long long w_stride, int scale_ld) {
+                long long w_stride, int scale_ld, unsigned row_magic, int row_shift) {
   // out may be memory the kernel ahead still reads (scratch): wait before anything.
   pgk_pdl_wait();
   pgk_pdl_trigger();
   const int per_row = k / PGK_DQE;
   const unsigned total = (unsigned)n * (unsigned)per_row;
   const unsigned first = (unsigned)blockIdx.x * (blockDim.x * PGK_DQU) + threadIdx.x;
+  int row = (int)(((unsigned long long)first * row_magic) >> (31 + row_shift));
+  int cv = (int)first - row * per_row;  // the vector's index within its row
+  // A block-width step (blockDim.x vectors) as whole rows and the rest.
+  const int step_rows = (int)(((unsigned long long)blockDim.x * row_magic) >> (31 + row_shift));
+  const int step_cols = (int)blockDim.x - step_rows * per_row;
   pgk_dq_vec v[PGK_DQU];
   float sc[PGK_DQU];
   unsigned zp[PGK_DQU];
   int rows[PGK_DQU], cols[PGK_DQU];
 #pragma unroll
   for (int u = 0; u < PGK_DQU; ++u) {
-    const unsigned i = first + u * blockDim.x;
-    rows[u] = (int)(i / (unsigned)per_row);
-    cols[u] = (int)(i % (unsigned)per_row) * PGK_DQE;
+    if (u) {
+      cv += step_cols;
+      row += step_rows;
+      if (cv >= per_row) {
+        cv -= per_row;
+        ++row;
+      }
+    }
+    rows[u] = row;
+    cols[u] = cv * PGK_DQE;
     zp[u] = 8u;
-    if (i < total) {
+    if (first + u * blockDim.x < total) {
       v[u] = pgk_dq_load(w + (long long)rows[u] * w_stride +
                          (PGK_QFMT == 2 ? cols[u] / 2 : cols[u]));
       sc[u] = pgk_dq_scale(scale, rows[u], cols[u], scale_ld);
