@@ -25,8 +25,12 @@
 // output is at most 16 bytes and that its rows, pointers and groups allow), PGK_DQU
 // vectors a thread, all loaded before any is converted; consecutive threads take
 // consecutive vectors, so a warp's loads and its 16-byte stores are each contiguous.
-// H200, 7B shapes: 16-byte loads of W (bf16 stores of 32 or 64 bytes a thread, a warp's
-// stores strided) ran int8 at 2.8-3.4 TB/s and int4 at 1.6-1.8 against 4.2 for a copy.
+// H200, the four 7B linears, us a layer (bf16 out; 32 bytes of W a thread -> 16 bytes a
+// thread under registers for 8 blocks an SM): int8 173 -> 155, fp8 b128 161 -> 160, int4
+// g128 148 -> 143, asymmetric 173 -> 152 (copy speed: int8 150, int4 125). Measured and
+// set aside: 8 or 32 bytes a thread, streaming stores (st.global.cs), loads that skip L1
+// with the 256-byte L2 hint (each within 3% of the kept form; both together gained int4
+// what the register bound gains, not more, measured without it).
 // pgk_dequant_each: one element a thread for any K and group (the fallback).
 #include "common.cuh"
 
@@ -37,14 +41,8 @@
 #ifndef PGK_DQU
 #define PGK_DQU 2  // vectors per thread
 #endif
-#ifndef PGK_DQCS
-#define PGK_DQCS 0  // 1: streaming (evict-first) stores of the output
-#endif
-#ifndef PGK_DQLD
-#define PGK_DQLD 0  // 1: W loads that skip L1 and ask L2 for 256-byte lines
-#endif
 #ifndef PGK_DQMINB
-#define PGK_DQMINB 1  // blocks an SM the registers must allow (__launch_bounds__)
+#define PGK_DQMINB 8  // blocks of 256 an SM the registers must allow (__launch_bounds__)
 #endif
 
 // Elements of one vector.
@@ -127,13 +125,7 @@ struct pgk_dq_vec {
 
 PGK_DEVICE pgk_dq_vec pgk_dq_load(const unsigned char* __restrict__ p) {
   pgk_dq_vec v;
-#if PGK_DQLD && PGK_DQB == 8
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];"
-      : "=r"(v.w[0]), "=r"(v.w[1])
-      : "l"(p));
-#elif PGK_DQLD
-  asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v.w[0]) : "l"(p));
-#elif PGK_DQB == 8
+#if PGK_DQB == 8
   const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
   v.w[0] = u.x;
   v.w[1] = u.y;
@@ -168,28 +160,12 @@ PGK_DEVICE void pgk_dq_values(const pgk_dq_vec& v, unsigned z, float (&q)[PGK_DQ
 template <int N> PGK_DEVICE void pgk_dq_store(void* dst, const void* src) {
   if constexpr (N >= 16) {
 #pragma unroll
-    for (int i = 0; i < N / 16; ++i) {
-      const uint4 x = reinterpret_cast<const uint4*>(src)[i];
-      if constexpr (PGK_DQCS) {
-        __stcs(reinterpret_cast<uint4*>(dst) + i, x);
-      } else {
-        reinterpret_cast<uint4*>(dst)[i] = x;
-      }
-    }
+    for (int i = 0; i < N / 16; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
   } else if constexpr (N == 8) {
-    const uint2 x = *reinterpret_cast<const uint2*>(src);
-    if constexpr (PGK_DQCS) {
-      __stcs(reinterpret_cast<uint2*>(dst), x);
-    } else {
-      *reinterpret_cast<uint2*>(dst) = x;
-    }
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
   } else {
-    const unsigned x = *reinterpret_cast<const unsigned*>(src);
-    if constexpr (PGK_DQCS) {
-      __stcs(reinterpret_cast<unsigned*>(dst), x);
-    } else {
-      *reinterpret_cast<unsigned*>(dst) = x;
-    }
+    *reinterpret_cast<unsigned*>(dst) = *reinterpret_cast<const unsigned*>(src);
   }
 }
 

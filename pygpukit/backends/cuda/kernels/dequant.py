@@ -12,10 +12,12 @@ from . import gemv_quant, loader
 from ._common import cdiv, int32_range, positive
 
 THREADS = 256
-# Bytes of W a thread loads before it converts any (2 or 4 vectors). H200, 7B shapes, 32
-# bytes ran int8 at 3.4-3.7 TB/s, int4 g128 3.3-3.7, asymmetric 2.9-3.1 (51 registers: 5
-# blocks an SM); 16 bytes measured 5-10% faster for int8 and int4 in isolation.
+# Bytes of W a thread loads before it converts any (2 or 4 vectors), with registers for
+# BLOCKS_PER_SM blocks of THREADS. H200, the 7B linears: 16 bytes at 8 blocks ran int8 at
+# 3.6-4.0 TB/s, int4 g128 3.1-3.7 (asymmetric 3.0-3.5) against a 4.05 TB/s copy; 32 bytes
+# (int4 asymmetric: 51 registers, 5 blocks) 3.2-3.6, 3.0-3.6, 2.7-3.1 (docs/kernels.md).
 BYTES_IN_FLIGHT = 16
+BLOCKS_PER_SM = 8
 DTYPES = ("float32", "float16", "bfloat16")
 # Bytes of W one vector load takes, widest first.
 VECTOR_BYTES = (8, 4)
@@ -26,6 +28,11 @@ MAX_STORE = 16
 def vectors_per_thread(b: int) -> int:
     """Vectors of b bytes a thread loads at once (BYTES_IN_FLIGHT)."""
     return BYTES_IN_FLIGHT // b
+
+
+def vector_defines(b: int) -> dict[str, int]:
+    """The vector kernel's macros for vectors of b bytes of W."""
+    return {"PGK_DQB": b, "PGK_DQU": vectors_per_thread(b), "PGK_DQMINB": BLOCKS_PER_SM}
 
 
 def row_divider(d: int) -> tuple[int, int]:
@@ -93,7 +100,7 @@ def dequantize(w: int, scale: int, out: int, spec: QuantSpec, n: int, k: int, dt
         vectors = n * (k // per_vector)
         int32_range("dequantize", vectors=vectors)
         u = vectors_per_thread(b)
-        fn = loader.get_kernel("dequant", "pgk_dequant", {**d, "PGK_DQB": b, "PGK_DQU": u})
+        fn = loader.get_kernel("dequant", "pgk_dequant", {**d, **vector_defines(b)})
         magic, shift = row_divider(k // per_vector)
         fn.launch((cdiv(vectors, THREADS * u),), (THREADS,),
                   (w, scale, zero, out, n, k, row_bytes, scale_ld, magic, shift), 0,
