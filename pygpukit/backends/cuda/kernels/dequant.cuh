@@ -25,8 +25,12 @@
 // output is at most 16 bytes and that its rows, pointers and groups allow), PGK_DQU
 // vectors a thread, all loaded before any is converted; consecutive threads take
 // consecutive vectors, so a warp's loads and its 16-byte stores are each contiguous.
-// H200, 7B shapes: 16-byte loads of W (bf16 stores of 32 or 64 bytes a thread, a warp's
-// stores strided) ran int8 at 2.8-3.4 TB/s and int4 at 1.6-1.8 against 4.2 for a copy.
+// H200, the four 7B linears, us a layer (bf16 out; 32 bytes of W a thread -> 16 bytes a
+// thread under registers for 8 blocks an SM): int8 173 -> 155, fp8 b128 161 -> 160, int4
+// g128 148 -> 143, asymmetric 173 -> 152 (copy speed: int8 150, int4 125). Measured and
+// set aside: 8 or 32 bytes a thread, streaming stores (st.global.cs), loads that skip L1
+// with the 256-byte L2 hint (each within 3% of the kept form; both together gained int4
+// what the register bound gains, not more, measured without it).
 // pgk_dequant_each: one element a thread for any K and group (the fallback).
 #include "common.cuh"
 
@@ -35,7 +39,10 @@
 #define PGK_DQB 8  // bytes of W per vector: 8 or 4
 #endif
 #ifndef PGK_DQU
-#define PGK_DQU 4  // vectors per thread
+#define PGK_DQU 2  // vectors per thread
+#endif
+#ifndef PGK_DQMINB
+#define PGK_DQMINB 8  // blocks of 256 an SM the registers must allow (__launch_bounds__)
 #endif
 
 // Elements of one vector.
@@ -163,29 +170,44 @@ template <int N> PGK_DEVICE void pgk_dq_store(void* dst, const void* src) {
 }
 
 // The weight [N, K] in PGK_T: K % PGK_DQE == 0, PGK_DQE divides the group (PGK_QSK), rows
-// of W and of out aligned to their vector width; n * (K / PGK_DQE) < 2^31.
+// of W and of out aligned to their vector width; n * (K / PGK_DQE) < 2^31. Vector i is
+// row i / per_row: (i * row_magic) >> (31 + row_shift) (dequant.py's row_divider), one
+// wide multiply instead of an integer division; the next vectors of a thread step the
+// row and column on from the first.
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_dequant)
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, PGK_DQMINB)
     pgk_dequant(const unsigned char* __restrict__ w, const float* __restrict__ scale,
                 const unsigned char* __restrict__ zero, pgk_t* __restrict__ out, int n, int k,
-                long long w_stride, int scale_ld) {
+                long long w_stride, int scale_ld, unsigned row_magic, int row_shift) {
   // out may be memory the kernel ahead still reads (scratch): wait before anything.
   pgk_pdl_wait();
   pgk_pdl_trigger();
   const int per_row = k / PGK_DQE;
   const unsigned total = (unsigned)n * (unsigned)per_row;
   const unsigned first = (unsigned)blockIdx.x * (blockDim.x * PGK_DQU) + threadIdx.x;
+  int row = (int)(((unsigned long long)first * row_magic) >> (31 + row_shift));
+  int cv = (int)first - row * per_row;  // the vector's index within its row
+  // A block-width step (blockDim.x vectors) as whole rows and the rest.
+  const int step_rows = (int)(((unsigned long long)blockDim.x * row_magic) >> (31 + row_shift));
+  const int step_cols = (int)blockDim.x - step_rows * per_row;
   pgk_dq_vec v[PGK_DQU];
   float sc[PGK_DQU];
   unsigned zp[PGK_DQU];
   int rows[PGK_DQU], cols[PGK_DQU];
 #pragma unroll
   for (int u = 0; u < PGK_DQU; ++u) {
-    const unsigned i = first + u * blockDim.x;
-    rows[u] = (int)(i / (unsigned)per_row);
-    cols[u] = (int)(i % (unsigned)per_row) * PGK_DQE;
+    if (u) {
+      cv += step_cols;
+      row += step_rows;
+      if (cv >= per_row) {
+        cv -= per_row;
+        ++row;
+      }
+    }
+    rows[u] = row;
+    cols[u] = cv * PGK_DQE;
     zp[u] = 8u;
-    if (i < total) {
+    if (first + u * blockDim.x < total) {
       v[u] = pgk_dq_load(w + (long long)rows[u] * w_stride +
                          (PGK_QFMT == 2 ? cols[u] / 2 : cols[u]));
       sc[u] = pgk_dq_scale(scale, rows[u], cols[u], scale_ld);

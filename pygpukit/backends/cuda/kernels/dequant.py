@@ -12,11 +12,12 @@ from . import gemv_quant, loader
 from ._common import cdiv, int32_range, positive
 
 THREADS = 256
-# Bytes of W a thread loads before it converts any (4 or 8 vectors). H200, 7B shapes: int8
-# 3.4-3.7 TB/s, int4 g128 3.3-3.7, asymmetric 2.9-3.1 (51 registers: 5 blocks an SM); the
-# previous kernel's one 8-element vector a thread ran int8 at 3.7-3.8 and asymmetric int4
-# at 3.4-3.5, so fewer vectors a thread is the next thing to measure.
-BYTES_IN_FLIGHT = 32
+# Bytes of W a thread loads before it converts any (2 or 4 vectors), with registers for
+# BLOCKS_PER_SM blocks of THREADS. H200, the 7B linears: 16 bytes at 8 blocks ran int8 at
+# 3.6-4.0 TB/s, int4 g128 3.1-3.7 (asymmetric 3.0-3.5) against a 4.05 TB/s copy; 32 bytes
+# (int4 asymmetric: 51 registers, 5 blocks) 3.2-3.6, 3.0-3.6, 2.7-3.1 (docs/kernels.md).
+BYTES_IN_FLIGHT = 16
+BLOCKS_PER_SM = 8
 DTYPES = ("float32", "float16", "bfloat16")
 # Bytes of W one vector load takes, widest first.
 VECTOR_BYTES = (8, 4)
@@ -27,6 +28,22 @@ MAX_STORE = 16
 def vectors_per_thread(b: int) -> int:
     """Vectors of b bytes a thread loads at once (BYTES_IN_FLIGHT)."""
     return BYTES_IN_FLIGHT // b
+
+
+def vector_defines(b: int) -> dict[str, int]:
+    """The vector kernel's macros for vectors of b bytes of W."""
+    return {"PGK_DQB": b, "PGK_DQU": vectors_per_thread(b), "PGK_DQMINB": BLOCKS_PER_SM}
+
+
+def row_divider(d: int) -> tuple[int, int]:
+    """(magic, shift) with i // d == (i * magic) >> (31 + shift) for every 0 <= i < 2^31
+    (d >= 1; magic < 2^32): the kernel's row of vector i, one wide multiply. shift is
+    ceil(log2 d) and magic ceil(2^(31 + shift) / d), so magic * d exceeds 2^(31 + shift)
+    by less than d <= 2^shift (Granlund and Montgomery's condition)."""
+    if d < 1:
+        raise ValueError(f"row_divider: divisor {d} < 1")
+    shift = (d - 1).bit_length()
+    return -(-(1 << (31 + shift)) // d), shift
 
 
 def defines(spec: QuantSpec, dtype: str, scale_numel: int) -> dict[str, object]:
@@ -83,10 +100,12 @@ def dequantize(w: int, scale: int, out: int, spec: QuantSpec, n: int, k: int, dt
         vectors = n * (k // per_vector)
         int32_range("dequantize", vectors=vectors)
         u = vectors_per_thread(b)
-        fn = loader.get_kernel("dequant", "pgk_dequant", {**d, "PGK_DQB": b, "PGK_DQU": u})
-        blocks = cdiv(vectors, THREADS * u)
-    else:
-        fn = loader.get_kernel("dequant", "pgk_dequant_each", d)
-        blocks = cdiv(n * k, THREADS)
-    fn.launch((blocks,), (THREADS,), (w, scale, zero, out, n, k, row_bytes, scale_ld), 0,
-              stream)  # fmt: skip
+        fn = loader.get_kernel("dequant", "pgk_dequant", {**d, **vector_defines(b)})
+        magic, shift = row_divider(k // per_vector)
+        fn.launch((cdiv(vectors, THREADS * u),), (THREADS,),
+                  (w, scale, zero, out, n, k, row_bytes, scale_ld, magic, shift), 0,
+                  stream)  # fmt: skip
+        return
+    fn = loader.get_kernel("dequant", "pgk_dequant_each", d)
+    fn.launch((cdiv(n * k, THREADS),), (THREADS,), (w, scale, zero, out, n, k, row_bytes,
+              scale_ld), 0, stream)  # fmt: skip

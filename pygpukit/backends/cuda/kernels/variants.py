@@ -209,6 +209,5 @@ def quant_variants() -> list[Variant]:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
             for b in dequant.widths(spec, dt):
-                u = dequant.vectors_per_thread(b)
-                out.append(("dequant", ("pgk_dequant",), {**d, "PGK_DQB": b, "PGK_DQU": u}))
+                out.append(("dequant", ("pgk_dequant",), {**d, **dequant.vector_defines(b)}))
     return out
