@@ -8,8 +8,8 @@ from typing import Any
 
 from pygpukit.errors import ShapeError
 
-from ..codegen.prelude import ERR_INDEX
 from .. import toolchain
+from ..codegen.prelude import ERR_INDEX
 from . import attention, loader
 from ._common import cdiv
 
