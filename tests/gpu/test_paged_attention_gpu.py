@@ -248,7 +248,8 @@ def test_paged_decode_rows_hide_nan_they_do_not_see_gpu(dtype, n_rows):
     for r in range(n_rows):
         for p in range(int(lens[r])):
             seen[table[r, p // bs], p % bs] = True
-    kp[~seen], vp[~seen] = np.nan, np.nan
+    blk, slot = np.nonzero(~seen)
+    kp[blk, :, slot], vp[blk, :, slot] = np.nan, np.nan
     q = rng.standard_normal((n_rows, h, 1, d)).astype(np.float32)
     kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
     got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
