@@ -42,11 +42,12 @@ def splits_for(rows: int, heads: int, kv_heads: int, n_q: int, max_keys: int,
 
     Tensor-core body: as attention.decode_splits, one block per SM rounded down (the grid
     stays within one wave) and at most one 32-key tile per warp of a split; the batch-64
-    TinyLlama step (256 blocks) runs one split. CUDA-core body: more splits measured slower
-    on an H200 (scripts/graph_profile.py --serve, TinyLlama shape, 512 keys a row): aiming
-    at six blocks per SM gave batch 64 four splits instead of one, and its attention went
-    from 35 us a layer to 44 us plus a 20 us merge; the one split is latency-bound (480 GB/s
-    of keys and values), which is why the tensor-core body exists."""
+    TinyLlama step (256 blocks) runs one split, 20 us a layer on an H200 at 512 keys a row
+    (the CUDA-core body's one split: 35 us; docs/kernels.md). CUDA-core body: more splits
+    measured slower on an H200 (scripts/graph_profile.py --serve, TinyLlama shape, 512 keys
+    a row): aiming at six blocks per SM gave batch 64 four splits instead of one, and its
+    attention went from 35 us a layer to 44 us plus a 20 us merge; the one split is
+    latency-bound (480 GB/s of keys and values), which is why the tensor-core body exists."""
     if n_q != 1:
         return 1
     g = attention.decode_group(heads, kv_heads)
