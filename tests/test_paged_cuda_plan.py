@@ -85,33 +85,48 @@ def _plan_attention(q, kp, vp, table, lens):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("b, t, kind", [(1, 1, "split"), (64, 1, "one"), (2, 16, "prefill")])
-def test_paged_sdpa_plans_the_split_kernel(arch, b, t, kind, monkeypatch):
+@pytest.mark.parametrize(
+    "dtype, b, t, kind",
+    [
+        ("bfloat16", 1, 1, "split"),
+        ("bfloat16", 64, 1, "one"),
+        ("float16", 2, 16, "prefill"),
+        ("float32", 1, 1, "split"),
+        ("float32", 64, 1, "one"),
+    ],
+)
+def test_paged_sdpa_plans_the_split_kernel(arch, dtype, b, t, kind, monkeypatch):
     """int32 tables and lengths with head size 64 take paged_decode.cuh: one query per row
-    splits the keys (and merges), many queries run one split each; int64 lengths keep the
-    simple kernel."""
+    splits the keys (and merges), many queries run one split each; one bf16 / f16 query a
+    row runs the tensor-core body (pgk_paged_decode_mma), the rest the CUDA-core one;
+    int64 lengths keep the simple kernel."""
     cuda_fakes.install(monkeypatch, arch)
     rng = np.random.default_rng(1)
-    bf = "bfloat16"
-    kp = gpk.asarray(rng.standard_normal((40, 4, 16, 64)).astype(np.float32)).astype(bf)
-    vp = gpk.asarray(rng.standard_normal((40, 4, 16, 64)).astype(np.float32)).astype(bf)
-    q = gpk.asarray(rng.standard_normal((b, 32, t, 64)).astype(np.float32)).astype(bf)
+    kp = gpk.asarray(rng.standard_normal((40, 4, 16, 64)).astype(np.float32)).astype(dtype)
+    vp = gpk.asarray(rng.standard_normal((40, 4, 16, 64)).astype(np.float32)).astype(dtype)
+    q = gpk.asarray(rng.standard_normal((b, 32, t, 64)).astype(np.float32)).astype(dtype)
     table = rng.integers(0, 40, size=(b, 32)).astype(np.int32)
     lens = rng.integers(t, 32 * 16, size=b).astype(np.int32)
     launches = _plan_attention(q, kp, vp, table, lens)
-    split = [grid for name, grid in launches if name == "pgk_paged_decode"]
+    mma = dtype != "float32" and t == 1
+    name = "pgk_paged_decode_mma" if mma else "pgk_paged_decode"
+    split = [grid for n, grid in launches if n == name]
     assert len(split) == 1
+    assert not any(n.startswith("pgk_paged_decode") for n, _ in launches if n != name)
     splits, heads, rows = split[0]
     assert heads == 4 and rows == b * t  # one block row per kv head (its 8 query heads)
-    merged = any(name == "pgk_attn_decode_reduce" for name, _ in launches)
-    if kind == "split":
-        assert splits == min(-(-132 // 4), 32 * 16 // 64)  # SMs once, one tile each at most
+    merged = any(n == "pgk_attn_decode_reduce" for n, _ in launches)
+    if kind == "split" and mma:  # SMs once rounded down, a 32-key tile per warp at most
+        assert splits == min(132 // 4, 32 * 16 // (32 * 4))
+        assert merged
+    elif kind == "split":  # SMs once, one 64-key tile each at most
+        assert splits == min(-(-132 // 4), 32 * 16 // 64)
         assert merged
     else:
         assert splits == 1 and not merged
     launches = _plan_attention(q, kp, vp, table, lens.astype(np.int64))
-    assert not any(name == "pgk_paged_decode" for name, _ in launches)
-    assert any("paged_sdpa" in name for name, _ in launches)
+    assert not any(n.startswith("pgk_paged_decode") for n, _ in launches)
+    assert any("paged_sdpa" in n for n, _ in launches)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -139,7 +154,7 @@ def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypa
     launches = _plan_attention(q, kp, vp, table, lens)
     names = [name for name, _ in launches]
     grids = [grid for name, grid in launches if name == "pgk_paged_prefill"]
-    assert "pgk_paged_decode" in names
+    assert any(n.startswith("pgk_paged_decode") for n in names)
     if tiles:
         assert grids == [(-(-b // 64) * 8,)]
         assert names.index("pgk_paged_prefill") == len(names) - 1  # after the merge

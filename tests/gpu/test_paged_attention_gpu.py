@@ -204,3 +204,71 @@ def test_paged_attention_piece_bad_block_id_gpu():
     table = np.array([[0, 9], [0, 9], [1, 2]], np.int32)
     with pytest.raises(IndexError):
         gpk.nn.paged_attention(q, kp, kp, table, np.array([20, 21, 3], np.int32)).to_numpy()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "d, h, kv, n_decode, pieces, n_pad",
+    [
+        (64, 32, 4, 70, [(5, 40)], 3),  # the TinyLlama shape: one split a row
+        (64, 32, 4, 3, [], 0),  # few rows: the keys split over blocks, merged
+        (128, 16, 4, 66, [], 2),  # groups of 4, one stage per warp (256+ blocks)
+        (64, 8, 8, 5, [], 0),  # groups of 1 (no GQA)
+        (128, 32, 2, 40, [(0, 3)], 1),  # groups of 16: two 8-head column blocks
+        (64, 8, 2, 2, [(3, 2)], 1),  # split rows beside a piece and padding
+    ],
+)
+def test_paged_decode_rows_tensor_core_gpu(dtype, d, h, kv, n_decode, pieces, n_pad):
+    """The decode rows of a serving step on the tensor-core body (pgk_paged_decode_mma:
+    the group's query heads as MMA columns, keys through the block table), against the
+    float64 reference: GQA groups of 8, 4, 1 and 16, head dims 64 and 128, lengths off the
+    32-key tile and the 16-key block, one split a row and several merged, beside prompt
+    pieces and padding rows."""
+    rng = np.random.default_rng(21)
+    nb, bs, m = 2000, 16, 24
+    table, lens = _step_rows(rng, n_decode, pieces, n_pad, bs, m, nb)
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n_rows", [6, 60])
+def test_paged_decode_rows_hide_nan_they_do_not_see_gpu(dtype, n_rows):
+    """NaN in every key and value a decode row does not see -- its own blocks past its
+    length (the rest of its last block too) and every block no row holds -- leaves each
+    row exact, with several splits a row (6 rows) and one (60 rows)."""
+    rng = np.random.default_rng(22)
+    nb, bs, m, d, h, kv = 1500, 16, 24, 64, 32, 4
+    table, _ = _step_rows(rng, n_rows, [], 0, bs, m, nb)
+    lens = rng.integers(1, m * bs, size=n_rows).astype(np.int32)
+    lens[:6] = [37, 1, 100, 383, 250, 77]
+    kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    seen = np.zeros((nb, bs), bool)
+    for r in range(n_rows):
+        for p in range(int(lens[r])):
+            seen[table[r, p // bs], p % bs] = True
+    blk, slot = np.nonzero(~seen)
+    kp[blk, :, slot], vp[blk, :, slot] = np.nan, np.nan
+    q = rng.standard_normal((n_rows, h, 1, d)).astype(np.float32)
+    kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
+    got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
+    ref = _ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
+               vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
+    assert np.isfinite(got).all()
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_paged_decode_rows_bad_block_id_and_length_gpu(dtype):
+    """A decode row's block id outside the pool, or a length past its table, is an
+    IndexError from the tensor-core body, not a read outside the pool."""
+    kp = gpk.asarray(np.ones((4, 2, 16, 64), np.float32)).astype(dtype)
+    q = gpk.asarray(np.ones((2, 8, 1, 64), np.float32)).astype(dtype)
+    table = np.array([[0, 9], [1, 2]], np.int32)
+    with pytest.raises(IndexError):
+        gpk.nn.paged_attention(q, kp, kp, table, np.array([20, 5], np.int32)).to_numpy()
+    table = np.array([[0, 3], [1, 2]], np.int32)
+    with pytest.raises(IndexError):
+        gpk.nn.paged_attention(q, kp, kp, table, np.array([20, 33], np.int32)).to_numpy()

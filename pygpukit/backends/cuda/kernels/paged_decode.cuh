@@ -1,14 +1,17 @@
-// Paged decode attention: the split-K decode kernel of attention_decode.cuh reading its
-// keys and values through per-row block tables (the serving engine's paged KV cache).
+// Paged decode attention: decode attention reading its keys and values through per-row
+// block tables (the serving engine's paged KV cache). Two bodies, one launch rule:
+// pgk_paged_decode_mma (bf16 / f16, one query a row: the serving step's decode rows) on
+// tensor cores, pgk_paged_decode (any float dtype, several queries a row) on CUDA cores.
 //
 // pools k/v [n_blocks, KV, block_size, D] contiguous; table [B, max_blocks] and lens [B]
 // int32 (element strides t_sb, t_sm, l_s); q [B, H, n_q, D] (strides q_sb, q_sh, q_st; D
 // contiguous); out [B, H, n_q, D] contiguous. Query qi of row b sits at position
 // lens[b] - n_q + qi and sees keys [0, position]; a query that sees none gets zeros.
-// grid (splits, KV * group / PGK_G, B * n_q), PGK_DT threads: one block serves PGK_G query
-// heads of one kv head (the whole GQA group up to 16), so each K/V byte of its share is
-// read once. Tiles, scores, online softmax and P.V are pgk_dec_split_body's, shared with
-// pgk_attn_decode_split: only the key -> row lookup (through the block table) differs.
+// grid (splits, KV * group / PGK_G, B * n_q): one block serves PGK_G query heads of one kv
+// head (the whole GQA group up to 16), so each K/V byte of its share is read once.
+// pgk_paged_decode, PGK_DT threads: tiles, scores, online softmax and P.V are
+// pgk_dec_split_body's, shared with pgk_attn_decode_split: only the key -> row lookup
+// (through the block table) differs.
 // With pieces set (one query a row, launched with pgk_paged_prefill after it), the rows
 // of prompt pieces (pgk_paged_piece) are left to that kernel.
 // With one split the block normalises and writes out; with several (n_q == 1 only) each
@@ -120,5 +123,326 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   };
   pgk_dec_split_body(q + h0 * q_sh, q_sh, kp, vp, rows, start, end, scale, o_part, ml_part,
                      part, splits, o, o_sh);
+}
+#endif
+
+// ------------------------------------------------------------------------------------------
+// pgk_paged_decode_mma: pgk_attn_decode_mma's tensor-core body (attention_decode.cuh) with
+// its keys found through the block table. n_q == 1; PGK_MW warps, each streaming its own
+// PGK_MTK-key tiles (warp w takes tiles w, w + PGK_MW, ...) through PGK_MSTAGES private
+// cp.async stages with no block barrier in the loop. The products run transposed, S^T =
+// K Q^T and O^T += V^T P^T (mma.sync m16n8k16): keys, then head_dim, on the 16 rows, the
+// group's query heads on the 8 columns (G <= 16: one or two column blocks), so one block
+// reads each K / V byte once for the whole group. Online softmax in fp32 (exp2); the
+// warps' (max, sum, O) states merge once at the end, then the block writes out (one split)
+// or its partial for pgk_attn_decode_reduce. bf16 / f16 only (the launcher's rule; a
+// float build of the family compiles it but never launches it).
+//
+// A tile's 32 keys span at most 32 blocks of the table: lane l holds the entry of the
+// tile's (first block + l), one coalesced load a tile, and each 16-byte chunk takes its
+// key's entry by a shuffle. The entries are loaded PGK_MSTAGES tiles ahead of their
+// issue, so the cp.async of a tile never waits on its table load. Keys at or past the
+// row's length (and keys of a bad block id, reported) are zero-filled, never read: a NaN
+// the row does not see never reaches its scores or P V.
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode_mma)
+extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
+    pgk_paged_decode_mma(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
+                         const pgk_t* __restrict__ vp, const int* __restrict__ table,
+                         const int* __restrict__ lens, float* __restrict__ o_part,
+                         float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads,
+                         int group, int kv_heads, int block_size, int n_blocks,
+                         int max_blocks, float scale, long long q_sb, long long q_sh,
+                         long long t_sb, long long t_sm, long long l_s,
+                         long long* __restrict__ err, long long tag, int pieces) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
+  static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
+  extern __shared__ __align__(16) unsigned char pgk_pdsmem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int qr = lane >> 2, qc = lane & 3;  // fragment row / column-pair of this thread
+  const int split = blockIdx.x, splits = gridDim.x;
+  const int n_sub = group / PGK_G;
+  const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
+  const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
+  // Head h0's partial slot, indexed by (row, head) as the merge kernel reads them.
+  const long long part = ((long long)b * n_heads + h0) * splits + split;
+  constexpr long long o_sh = PGK_D;  // out [B, H, 1, D] contiguous
+  o += ((long long)b * n_heads + h0) * o_sh;
+
+  // Q^T as B fragments (n = heads, zero beyond G; k = head_dim), requested together with
+  // the length: one round trip.
+  constexpr int KS = PGK_D / 16, NB = (PGK_G + 7) / 8;  // k steps, 8-head column blocks
+  unsigned qb[NB][KS][2];
+  {
+    const pgk_t* q0 = q + b * q_sb + (long long)h0 * q_sh;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int head = nb * 8 + qr, col = ks * 16 + i * 8 + 2 * qc;
+          qb[nb][ks][i] =
+              head < PGK_G ? *reinterpret_cast<const unsigned*>(q0 + head * q_sh + col) : 0u;
+        }
+  }
+  int start, end;
+  {
+    const int cap = max_blocks * block_size;
+    int len = __ldg(lens + b * l_s);
+    if (len < 0 || len > cap) {
+      if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) pgk_paged_report(err, tag, len, cap);
+      len = len < 0 ? 0 : cap;
+    }
+    // A prompt piece's row is pgk_paged_prefill's, launched after this one (and after the
+    // merge, which writes the row's zeros): one split writes nothing.
+    int hi = len;
+    if (pieces && pgk_paged_piece(table, t_sb, lens, l_s, b, (int)gridDim.z, len, cap)) {
+      if (splits == 1) return;
+      hi = 0;
+    }
+    pgk_dec_share(0, hi, split, splits, PGK_MTK, start, end);
+  }
+  if (start >= end) {
+    if (splits == 1) return pgk_dec_zero(o, o_sh);
+    for (int g = tid; g < PGK_G; g += blockDim.x) {
+      ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
+      ml_part[(part + (long long)g * splits) * 2 + 1] = 0.0f;
+    }
+    return;
+  }
+
+  table += b * t_sb;
+  const long long head_off = (long long)kvh * block_size * PGK_D;  // kv head in a block
+  const long long block_elems = (long long)kv_heads * block_size * PGK_D;
+  const int n_tiles = (end - start + PGK_MTK - 1) / PGK_MTK;
+  const int my_tiles = warp < n_tiles ? (n_tiles - warp + PGK_MW - 1) / PGK_MW : 0;
+  pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_pdsmem) + warp * (PGK_MSTAGES * 2 * PGK_MTILE);
+  // The lane's table entry for this warp's it-th tile: block (first key / block_size +
+  // lane), if it holds a key of the range (0 otherwise, never used).
+  auto entry = [&](int it) {
+    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+    const int blk = key0 / block_size + lane;
+    return it < my_tiles && blk * block_size < end ? __ldg(table + blk * t_sm) : 0;
+  };
+  // The warp's it-th tile into its stage; ent: the lane's entry for it (entry(it)).
+  auto issue = [&](int it, int ent) {
+    pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
+    pgk_t* vs = ks + PGK_MTILE;
+    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+    const int first = key0 / block_size;
+    constexpr int CH = PGK_D / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int e = lane; e < PGK_MTK * CH; e += 32) {  // the same trip count in every lane
+      const int j = e / CH, cc = (e % CH) * 8, key = key0 + j;
+      const int blk = __shfl_sync(0xffffffffu, ent, key / block_size - first);
+      bool in = key < end;
+      long long off = 0;
+      if (in) {
+        if (blk < 0 || blk >= n_blocks) {
+          if (cc == 0) pgk_paged_report(err, tag, blk, n_blocks);
+          in = false;
+        } else {
+          off = blk * block_elems + head_off + (long long)(key % block_size) * PGK_D + cc;
+        }
+      }
+      pgk_cp_async16(ks + j * PGK_MLD + cc, kp + off, in);
+      pgk_cp_async16(vs + j * PGK_MLD + cc, vp + off, in);
+    }
+  };
+  // tab[i]: the entry of the tile issued i issues from now. The first 2 * PGK_MSTAGES
+  // entries in one round trip, then one stage per commit group, empty ones too.
+  int tab[2 * PGK_MSTAGES];
+#pragma unroll
+  for (int i = 0; i < 2 * PGK_MSTAGES; ++i) tab[i] = entry(i);
+#pragma unroll
+  for (int it = 0; it < PGK_MSTAGES; ++it) {
+    if (it < my_tiles) issue(it, tab[it]);
+    pgk_cp_async_commit();
+  }
+#pragma unroll
+  for (int i = 0; i < PGK_MSTAGES; ++i) tab[i] = tab[i + PGK_MSTAGES];
+
+  // Fragment (r, c) of thread (qr, qc): rows qr, qr + 8; columns 2 qc, 2 qc + 1.
+  const float sl2 = scale * 1.4426950408889634f;
+  float m_r[NB][2], l_r[NB][2];  // per head 2 qc + h of each column block
+  float oacc[PGK_D / 16][NB][4];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_r[nb][h] = -PGK_INF;
+      l_r[nb][h] = 0.0f;
+    }
+#pragma unroll
+    for (int dp = 0; dp < PGK_D / 16; ++dp)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) oacc[dp][nb][e] = 0.0f;
+  }
+
+  for (int it = 0; it < my_tiles; ++it) {
+    pgk_cp_async_wait<PGK_MSTAGES - 1>();  // tile it (groups after it: the stages ahead)
+    __syncwarp();
+    const pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
+    const pgk_t* vs = ks + PGK_MTILE;
+    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+
+    float s[2][NB][4];  // S^T: [16-key half][column block][fragment]
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mb][nb][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+      for (int mb = 0; mb < 2; ++mb) {
+        unsigned a4[4];  // K rows mb*16.., columns kk*16..
+        pgk_dldm_x4(a4, ks + (mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PGK_MLD +
+                            kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) pgk_dmma(s[mb][nb], a4, qb[nb][kk][0], qb[nb][kk][1]);
+      }
+    float mx[NB][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) mx[nb][0] = mx[nb][1] = -PGK_INF;
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + mb * 16 + qr + (e >> 1) * 8;
+          s[mb][nb][e] = key < end ? s[mb][nb][e] * sl2 : -PGK_INF;
+          mx[nb][e & 1] = max(mx[nb][e & 1], s[mb][nb][e]);
+        }
+    float alpha[NB][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // The 8 threads of a column (lanes qc + 4 i) share a head; a tile with key0 < end
+        // has a finite max (unless every score is NaN: then max -inf and NaN below).
+        float m = mx[nb][h];
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 16));
+        const float mn = max(m_r[nb][h], m);
+        alpha[nb][h] = exp2f(m_r[nb][h] - mn);
+        m_r[nb][h] = mn;
+        l_r[nb][h] *= alpha[nb][h];
+      }
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mb][nb][e] = exp2f(s[mb][nb][e] - m_r[nb][e & 1]);
+          l_r[nb][e & 1] += s[mb][nb][e];
+        }
+#pragma unroll
+    for (int dp = 0; dp < PGK_D / 16; ++dp)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) oacc[dp][nb][e] *= alpha[nb][e & 1];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {  // 16 keys a step: the S^T rows of half kk
+      unsigned pb[NB][2];  // P^T as B fragments: 8x8 blocks of S^T, transposed
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        pb[nb][0] = pgk_dmovt(pgk_dpack(s[kk][nb][0], s[kk][nb][1]));
+        pb[nb][1] = pgk_dmovt(pgk_dpack(s[kk][nb][2], s[kk][nb][3]));
+      }
+#pragma unroll
+      for (int dp = 0; dp < PGK_D / 16; ++dp) {
+        unsigned a4[4];  // V^T rows dp*16.. (head_dim), columns kk*16.. (keys)
+        pgk_dldm_x4_t(a4, vs + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * PGK_MLD + dp * 16 +
+                              ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) pgk_dmma(oacc[dp][nb], a4, pb[nb][0], pb[nb][1]);
+      }
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    if (it + PGK_MSTAGES < my_tiles) issue(it + PGK_MSTAGES, tab[0]);
+    pgk_cp_async_commit();
+    // Shift the entries; the one PGK_MSTAGES issues ahead of the next is loaded now.
+#pragma unroll
+    for (int i = 0; i + 1 < PGK_MSTAGES; ++i) tab[i] = tab[i + 1];
+    tab[PGK_MSTAGES - 1] = entry(it + 2 * PGK_MSTAGES);
+  }
+  pgk_cp_async_wait<0>();
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the keys of a head are spread over its column's lanes
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 4);
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 8);
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 16);
+    }
+  __syncthreads();  // every warp is done with its stages: reuse them for the merge
+
+  // Per-warp states (f32): O [16][PGK_MOLD] (row = head), m [16], l [16], as
+  // pgk_attn_decode_mma lays them out (rows padded against bank conflicts).
+  constexpr int LD = PGK_MOLD, WS = PGK_MWS, NT = PGK_MW * 32;
+  float* wst = reinterpret_cast<float*>(pgk_pdsmem);
+  float* wo = wst + warp * WS;
+#pragma unroll
+  for (int dp = 0; dp < PGK_D / 16; ++dp)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        wo[(nb * 8 + 2 * qc + (e & 1)) * LD + dp * 16 + qr + (e >> 1) * 8] = oacc[dp][nb][e];
+  if (qr == 0) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        wo[16 * LD + nb * 8 + 2 * qc + h] = m_r[nb][h];
+        wo[16 * LD + 16 + nb * 8 + 2 * qc + h] = l_r[nb][h];
+      }
+  }
+  __syncthreads();
+  // Each warp's weight per head (wgt [MW][G]) and the head's sum (tot [G]), once.
+  float* wgt = wst + PGK_MW * WS;
+  float* tot = wgt + PGK_MW * PGK_G;
+  if (tid < PGK_G) {
+    float mmax = -PGK_INF;
+#pragma unroll
+    for (int w = 0; w < PGK_MW; ++w) mmax = max(mmax, wst[w * WS + 16 * LD + tid]);
+    float lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < PGK_MW; ++w) {
+      const float mw = wst[w * WS + 16 * LD + tid];
+      const float lw = wst[w * WS + 16 * LD + 16 + tid];
+      // A warp with no tile (-inf, 0): 0; an all-NaN one (-inf, NaN) keeps its NaN.
+      const float f = (mw == -PGK_INF && lw == 0.0f) ? 0.0f : exp2f(mw - mmax);
+      wgt[w * PGK_G + tid] = f;
+      lsum += f * lw;
+    }
+    tot[tid] = lsum;
+    if (splits > 1) {
+      ml_part[(part + (long long)tid * splits) * 2] = mmax;
+      ml_part[(part + (long long)tid * splits) * 2 + 1] = lsum;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < (PGK_G * PGK_D + NT - 1) / NT; ++i) {
+    const int e = tid + i * NT;
+    if (e < PGK_G * PGK_D) {
+      const int g = e / PGK_D, d = e % PGK_D;
+      float acc = 0.0f;
+#pragma unroll
+      for (int w = 0; w < PGK_MW; ++w) acc += wgt[w * PGK_G + g] * wst[w * WS + g * LD + d];
+      if (splits == 1)  // a non-empty block's sum is positive
+        o[g * o_sh + d] = pgk_from_float<pgk_t>(acc / tot[g]);
+      else
+        o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
+    }
+  }
 }
 #endif

@@ -1,4 +1,6 @@
-"""Launcher for paged_decode.cuh: split-K attention through per-row block tables."""
+"""Launcher for paged_decode.cuh: split-K attention through per-row block tables, on
+tensor cores for the serving step's decode rows (bf16 / f16, one query a row), else on
+CUDA cores."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from typing import Any
 
 from pygpukit.errors import ShapeError
 
+from .. import toolchain
 from ..codegen.prelude import ERR_INDEX
 from . import attention, loader
 from ._common import cdiv
@@ -14,6 +17,8 @@ DTYPES = attention.DTYPES
 HEAD_DIMS = attention.HEAD_DIMS
 THREADS = 256  # PGK_DT in attention_decode.cuh
 TILE = 64  # PGK_TK: keys per tile
+MMA_WARPS = 4  # PGK_MW in attention_decode.cuh: warps of a tensor-core block
+MMA_TILE = 32  # PGK_MTK: keys of a warp's tile
 MAX_Z = 65535  # grid.z: rows x queries
 
 
@@ -23,23 +28,49 @@ def supports(dtype: str, head_dim: int, heads: int, kv_heads: int, rows: int, n_
             and heads % kv_heads == 0 and 0 < rows * n_q <= MAX_Z)  # fmt: skip
 
 
+def uses_mma(dtype: str, n_q: int) -> bool:
+    """Whether the launch runs the tensor-core body (pgk_paged_decode_mma): bf16 / f16
+    with one query a row, the serving step's decode rows (q rows 4-byte aligned, which
+    attend checks at launch; else the CUDA-core body takes it with the same splits)."""
+    return dtype in loader.HALF_DTYPES and n_q == 1
+
+
 def splits_for(rows: int, heads: int, kv_heads: int, n_q: int, max_keys: int,
-               sm_count: int) -> int:  # fmt: skip
+               sm_count: int, dtype: str) -> int:  # fmt: skip
     """Splits of each row's keys, so the blocks fill the SMs about once: several only for
     one query per row (a decode step), at most one tile of the longest context each.
 
-    More splits measured slower on an H200 (scripts/graph_profile.py --serve, TinyLlama
-    shape, 512 keys a row): aiming at six blocks per SM gave batch 64 four splits instead
-    of one, and its attention went from 35 us a layer to 44 us plus a 20 us merge (the
-    decode step from 2.02 to 2.36 ms, batch 16 from 1.57 to 1.69 ms). The one split is
-    latency-bound (480 GB/s of keys and values, 39% of the batch-64 step's kernel time):
-    what it needs is a faster body (tensor cores, as pgk_attn_decode_mma), not more
-    blocks."""
+    Tensor-core body: as attention.decode_splits, one block per SM rounded down (the grid
+    stays within one wave) and at most one 32-key tile per warp of a split; the batch-64
+    TinyLlama step (256 blocks) runs one split, 20 us a layer on an H200 at 512 keys a row
+    (the CUDA-core body's one split: 35 us; docs/kernels.md). CUDA-core body: more splits
+    measured slower on an H200 (scripts/graph_profile.py --serve, TinyLlama shape, 512 keys
+    a row): aiming at six blocks per SM gave batch 64 four splits instead of one, and its
+    attention went from 35 us a layer to 44 us plus a 20 us merge; the one split is
+    latency-bound (480 GB/s of keys and values), which is why the tensor-core body exists."""
     if n_q != 1:
         return 1
     g = attention.decode_group(heads, kv_heads)
     blocks = rows * kv_heads * ((heads // kv_heads) // g)
-    return max(1, min(cdiv(sm_count, blocks), cdiv(max_keys, TILE), attention.MAX_SPLITS))
+    if uses_mma(dtype, n_q):
+        want, cap = sm_count // blocks, cdiv(max_keys, MMA_TILE * MMA_WARPS)
+    else:
+        want, cap = cdiv(sm_count, blocks), cdiv(max_keys, TILE)
+    return max(1, min(want, cap, attention.MAX_SPLITS))
+
+
+def mma_stages(head_dim: int, blocks: int) -> int:
+    """cp.async stages per warp of the tensor-core body: two (a tile in flight while the
+    warp works on the other) where the blocks still fit the SMs in one wave with them,
+    else one (half the shared memory: a 128-wide head's 256 blocks take one wave of three
+    blocks an SM instead of two waves of one)."""
+    sms = toolchain.sm_count()
+    smem_sm = int(toolchain.device_info().get("max_shared_per_sm", 228 * 1024))
+    need = attention._decode_mma_smem(head_dim, 2)
+    per_sm = cdiv(max(blocks, 1), sms)
+    if need <= loader.max_shared_optin() and per_sm * (need + 1024) <= smem_sm:
+        return 2
+    return 1
 
 
 def workspace_floats(rows: int, heads: int, splits: int, head_dim: int) -> int:
@@ -47,8 +78,9 @@ def workspace_floats(rows: int, heads: int, splits: int, head_dim: int) -> int:
     return attention.decode_workspace_bytes(rows, heads, splits, head_dim) // 4
 
 
-def _defines(dtype: str, head_dim: int, g: int, stages: int) -> dict[str, object]:
-    return {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_G": g, "PGK_STAGES": stages,
+def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool) -> dict[str, object]:
+    key = "PGK_MSTAGES" if mma else "PGK_STAGES"
+    return {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_G": g, key: stages,
             "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
 
 
@@ -99,20 +131,32 @@ def attend(
         raise ShapeError("paged_decode: the pools need 16-byte aligned rows")
     g = attention.decode_group(heads, kv_heads)
     group = heads // kv_heads
-    budget = loader.max_shared_optin()
-    st = 4
-    while st > 1 and attention._decode_smem(dtype, g, head_dim, st) > budget:
-        st -= 1
-    smem = attention._decode_smem(dtype, g, head_dim, st)
-    defines = _defines(dtype, head_dim, g, st)
-    fn = loader.get_kernel("paged_decode", "pgk_paged_decode", defines)
-    fn.set_dynamic_smem(smem)
-    ml = workspace + 4 * rows * heads * splits * head_dim if splits > 1 else 0
     grid = (splits, kv_heads * (group // g), rows * n_q)
-    fn.launch(grid, (THREADS,),
-              (q, k_pool, v_pool, table, lens, workspace, ml, out, heads, group, n_q, kv_heads,
-               block_size, n_blocks, max_blocks, float(scale), *q_strides, *table_strides,
-               lens_stride, err, tag, int(pieces)), smem, stream)  # fmt: skip
+    ml = workspace + 4 * rows * heads * splits * head_dim if splits > 1 else 0
+    # The tensor-core body reads q in 4-byte pairs.
+    mma = uses_mma(dtype, n_q) and q % 4 == 0 and all(x % 2 == 0 for x in q_strides[:2])
+    if mma:
+        st = mma_stages(head_dim, grid[0] * grid[1] * grid[2])
+        smem = attention._decode_mma_smem(head_dim, st)
+        name, threads = "pgk_paged_decode_mma", MMA_WARPS * 32
+        args: tuple[Any, ...] = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads,
+                                 group, kv_heads, block_size, n_blocks, max_blocks,
+                                 float(scale), *q_strides[:2], *table_strides, lens_stride,
+                                 err, tag, int(pieces))  # fmt: skip
+    else:
+        budget = loader.max_shared_optin()
+        st = 4
+        while st > 1 and attention._decode_smem(dtype, g, head_dim, st) > budget:
+            st -= 1
+        smem = attention._decode_smem(dtype, g, head_dim, st)
+        name, threads = "pgk_paged_decode", THREADS
+        args = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads, group, n_q, kv_heads,
+                block_size, n_blocks, max_blocks, float(scale), *q_strides, *table_strides,
+                lens_stride, err, tag, int(pieces))  # fmt: skip
+    defines = _defines(dtype, head_dim, g, st, mma)
+    fn = loader.get_kernel("paged_decode", name, defines)
+    fn.set_dynamic_smem(smem)
+    fn.launch(grid, (threads,), args, smem, stream)
     if splits > 1:
         merge = loader.get_kernel("attention_decode", "pgk_attn_decode_reduce", defines)
         merge.launch((heads, rows), (attention._R_THREADS,),

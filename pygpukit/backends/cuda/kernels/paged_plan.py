@@ -3,9 +3,10 @@ of a pool (in the pool's own memory when the memory plan lets the store happen i
 else into a copy, as setitem); paged_sdpa attends through per-row block tables, on the
 split-K kernel (paged_decode.cuh) where its rules hold, else on codegen/paged.py's simple
 one (int64 tables or lengths, other head sizes). With one query per row in bf16 / f16
-(the serving engine's steps), the rows of prompt pieces -- consecutive rows whose block
-tables agree -- go to paged_prefill.cuh's tensor-core kernel, launched after the split
-one, which leaves them to it: which rows those are is decided on the device, so one
+(the serving engine's steps), the decode rows run on that kernel's tensor-core body and
+the rows of prompt pieces -- consecutive rows whose block tables agree -- go to
+paged_prefill.cuh's tensor-core kernel, launched after the split one, which leaves them
+to it: which rows those are is decided on the device, so one
 captured graph serves every mix of decode rows and pieces."""
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
     ):  # fmt: skip
         return None
     m = table.shape[1]
-    splits = paged_decode.splits_for(b, h, kv, t, m * bs, ctx.sm_count)
+    splits = paged_decode.splits_for(b, h, kv, t, m * bs, ctx.sm_count, dt)
     ws = paged_decode.workspace_floats(b, h, splits, d)
     q_strides = (q.strides[0], q.strides[1], q.strides[2])
     shape, dtype = step.shape, step.dtype
