@@ -9,9 +9,12 @@ gibberish made of the text's word pieces; its purpose is the pipeline and the ti
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -116,21 +119,39 @@ def random_weights(cfg: ModelConfig, seed: int = SEED) -> dict[str, np.ndarray]:
 
 def write_tiny_model(path: str | None = None) -> str:
     """Write config.json, model.safetensors, tokenizer.json, tokenizer_config.json (with a
-    chat template) and generation_config.json; return the directory."""
+    chat template) and generation_config.json; return the directory. Each file is written
+    under a temporary name and renamed into place: processes sharing the default directory
+    (parallel test runs) never read a file another one is still writing."""
     from safetensors.numpy import save_file
 
     path = path or os.path.join(tempfile.gettempdir(), f"pygpukit-tiny-llama-{os.getuid()}")
     os.makedirs(path, exist_ok=True)
     tok = train_tokenizer()
     cfg = tiny_config(tok.get_vocab_size())  # type: ignore[attr-defined]
-    tok.save(os.path.join(path, "tokenizer.json"))  # type: ignore[attr-defined]
-    save_file(random_weights(cfg), os.path.join(path, "model.safetensors"))
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg.to_dict(), f, indent=1)
     tok_cfg = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
                "chat_template": CHAT_TEMPLATE}  # fmt: skip
-    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(tok_cfg, f, indent=1)
-    with open(os.path.join(path, "generation_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, f, indent=1)
+    docs = {
+        "config.json": cfg.to_dict(),
+        "tokenizer_config.json": tok_cfg,
+        "generation_config.json": {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+    }
+    writers: dict[str, Callable[[str], None]] = {
+        "tokenizer.json": tok.save,  # type: ignore[attr-defined]
+        "model.safetensors": lambda f: save_file(random_weights(cfg), f),
+        **{name: functools.partial(_write_json, doc) for name, doc in docs.items()},
+    }
+    for name, write in writers.items():
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=path)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, os.path.join(path, name))
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return path
+
+
+def _write_json(doc: Any, file: str) -> None:
+    with open(file, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
