@@ -366,36 +366,45 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
         }
       }
     } else {
-      // Each key's probability comes from the quad lane that holds it (key n * 8 + 2 * c +
-      // e of the tile sits in lane c of the quad, register n, element e); a hidden key is
-      // skipped (selected out), never multiplied.
+      // Key jj of the tile: its probability for a row sits in quad lane (jj >> 1) & 3,
+      // register s[f][jj >> 3][2 * hr + (jj & 1)]; a hidden key is skipped (selected out),
+      // never multiplied. One key an iteration, never unrolled: the path is rare, and an
+      // unrolled copy was most of the kernel's code (and of its compile time).
+      int lo[PGK_FR][2], hi[PGK_FR][2];
 #pragma unroll
-      for (int f = 0; f < PGK_FR; ++f) {
-        int lo[2], hi[2];
+      for (int f = 0; f < PGK_FR; ++f)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr)
-          pgk_attn_rows(row0 + f * 16 + hr * 8, seq_q, len, start, causal, window, lo[hr],
-                        hi[hr]);
-#pragma unroll
-        for (int n = 0; n < PGK_FN / 8; ++n)
+          pgk_attn_rows(row0 + f * 16 + hr * 8, seq_q, len, start, causal, window,
+                        lo[f][hr], hi[f][hr]);
 #pragma unroll 1
-          for (int c = 0; c < 4; ++c)
+      for (int jj = 0; jj < PGK_FN; ++jj) {
+        const int n = jj >> 3, e = jj & 1, src = (lane & ~3) | ((jj >> 1) & 3);
+        const pgk_t* vr = vs + jj * PGK_FLD + (lane & 3) * 2;
+        float vf[PGK_FDN][2];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int jj = n * 8 + 2 * c + e, j = j0 + jj;
-              const pgk_t* vr = vs + jj * PGK_FLD + (lane & 3) * 2;
+        for (int dn = 0; dn < PGK_FDN; ++dn) {
+          vf[dn][0] = pgk_to_float(vr[dn * 8]);
+          vf[dn][1] = pgk_to_float(vr[dn * 8 + 1]);
+        }
 #pragma unroll
-              for (int hr = 0; hr < 2; ++hr) {
-                const float p = __shfl_sync(0xffffffffu, s[f][n][2 * hr + e], (lane & ~3) | c);
-                if (j >= lo[hr] && j < hi[hr]) {
+        for (int f = 0; f < PGK_FR; ++f)
 #pragma unroll
-                  for (int dn = 0; dn < PGK_FDN; ++dn) {
-                    acc[f][dn][2 * hr] += p * pgk_to_float(vr[dn * 8]);
-                    acc[f][dn][2 * hr + 1] += p * pgk_to_float(vr[dn * 8 + 1]);
-                  }
-                }
+          for (int hr = 0; hr < 2; ++hr) {
+            float mine = 0.0f;
+#pragma unroll
+            for (int nn = 0; nn < PGK_FN / 8; ++nn)
+              mine = nn == n ? (e ? s[f][nn][2 * hr + 1] : s[f][nn][2 * hr]) : mine;
+            const float p = __shfl_sync(0xffffffffu, mine, src);
+            const int j = j0 + jj;
+            if (j >= lo[f][hr] && j < hi[f][hr]) {
+#pragma unroll
+              for (int dn = 0; dn < PGK_FDN; ++dn) {
+                acc[f][dn][2 * hr] += p * vf[dn][0];
+                acc[f][dn][2 * hr + 1] += p * vf[dn][1];
               }
             }
+          }
       }
     }
   };
