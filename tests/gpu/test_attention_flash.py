@@ -90,20 +90,15 @@ def test_flash_matches_reference(c: dict[str, Any]) -> None:
         assert _flash_used()
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("geometry", attention.FLASH_SWEEP)
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_every_geometry(d: int, geometry: tuple[int, int], dtype: str) -> None:
-    """Each (warps, row tiles) the launcher can pick, straight through attention.flash on
-    torch buffers: 2 x 8 heads over 4 kv heads, 300 queries against 333 keys, causal with
-    kv_len, kv_start, a window, and strided (non-contiguous) q."""
+def _flash_direct(q: np.ndarray, k: np.ndarray, v: np.ndarray, dtype: str,
+                  geometry: tuple[int, ...], kv_len: int, kv_start: list[int],
+                  window: int) -> np.ndarray:  # fmt: skip
+    """attention.flash on torch buffers with this geometry: q [B, S, H, D] viewed as
+    [B, H, S, D] (strided), causal, device kv_len (int32) and kv_start (int64)."""
     torch = pytest.importorskip("torch")
     tdt = getattr(torch, dtype)
-    rng = np.random.default_rng(d + geometry[0] * 10 + geometry[1])
-    b, h, kvh, sq, sk = 2, 8, 4, 300, 333
-    q = rand(rng, (b, sq, h, d), dtype)  # [B, S, H, D] viewed as [B, H, S, D]
-    k, v = rand(rng, (b, kvh, sk, d), dtype), rand(rng, (b, kvh, sk, d), dtype)
-    kv_len, kv_start, window = 320, [0, 37], 100
+    b, sq, h, d = q.shape
+    kvh, sk = k.shape[1:3]
     tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).to("cuda", tdt) for x in (q, k, v))
     to = torch.empty(b, h, sq, d, device="cuda", dtype=tdt)
     tl = torch.tensor(kv_len, dtype=torch.int32, device="cuda")
@@ -114,9 +109,49 @@ def test_every_geometry(d: int, geometry: tuple[int, int], dtype: str) -> None:
                     sk, d, dtype, causal=True, masks=masks,
                     q_strides=(sq * h * d, d, h * d), geometry=geometry)  # fmt: skip
     torch.cuda.synchronize()
+    return np.asarray(to.float().cpu().numpy(), np.float64)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("geometry", attention.FLASH_SWEEP)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_every_geometry(d: int, geometry: tuple[int, int], dtype: str) -> None:
+    """Each (warps, row tiles) the launcher can pick, straight through attention.flash on
+    torch buffers: 2 x 8 heads over 4 kv heads, 300 queries against 333 keys, causal with
+    kv_len, kv_start, a window, and strided (non-contiguous) q."""
+    rng = np.random.default_rng(d + geometry[0] * 10 + geometry[1])
+    b, h, kvh, sq, sk = 2, 8, 4, 300, 333
+    q = rand(rng, (b, sq, h, d), dtype)  # [B, S, H, D] viewed as [B, H, S, D]
+    k, v = rand(rng, (b, kvh, sk, d), dtype), rand(rng, (b, kvh, sk, d), dtype)
+    kv_len, kv_start, window = 320, [0, 37], 100
+    out = _flash_direct(q, k, v, dtype, geometry, kv_len, kv_start, window)
     ref = sdpa_ref(q.transpose(0, 2, 1, 3), k, v, causal=True, kv_len=kv_len,
                    kv_start=kv_start, window=window)  # fmt: skip
-    _close(to.float().cpu().numpy(), ref, dtype)
+    _close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("geometry", attention.FLASH_SWEEP)
+def test_every_geometry_hidden_nan(d: int, geometry: tuple[int, int]) -> None:
+    """The scalar P V of a tile that hides a non-finite V row from some of its rows, in
+    every geometry (sdpa picks the one-row-tile geometry for small grids only): with
+    kv_len 320 of 300 queries and a window of 100, query i sees keys (i - 80, i + 20], so
+    the NaN in V row 200 reaches queries 180..279 only and the inf in row 250 (batch 1,
+    head 2) queries 230..299."""
+    rng = np.random.default_rng(d + geometry[0] * 10 + geometry[1] + 1)
+    b, h, kvh, sq, sk = 2, 8, 4, 300, 333
+    q = rand(rng, (b, sq, h, d), "bfloat16")
+    k, v = rand(rng, (b, kvh, sk, d), "bfloat16"), rand(rng, (b, kvh, sk, d), "bfloat16")
+    v[:, :, 200, 5] = np.nan
+    v[1, 2, 250, 9] = np.inf
+    kv_len, kv_start, window = 320, [0, 37], 100
+    out = _flash_direct(q, k, v, "bfloat16", geometry, kv_len, kv_start, window)
+    ref = sdpa_ref(q.transpose(0, 2, 1, 3), k, v, causal=True, kv_len=kv_len,
+                   kv_start=kv_start, window=window)  # fmt: skip
+    _close(out, ref, "bfloat16")
+    assert np.isnan(out[:, :, 180:280, 5]).all()
+    assert not np.isnan(out[:, :, :180]).any() and not np.isnan(out[:, :, 280:]).any()
+    assert np.isinf(out[1, 4:6, 230:300, 9]).all()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
