@@ -60,7 +60,7 @@ class Node:
     `realized` is opaque to the IR: the front end stores the backend value there once
     the node has been computed, and from then on treats the node as a leaf.
     `origin` says, for fused nodes, which pass made them and from which ops.
-    `loc` is kept as captured (a code object and line, see source.user_frame) and made a
+    `loc` is kept as captured (a code object and offset, see source.user_frame) and made a
     SourceLoc the first time something reads it.
     `sub`, like `realized`, is the front end's: a summary of the pending subgraph under the
     node (its structure key, leaves and locations), made when it is recorded, so a realize
