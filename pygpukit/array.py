@@ -31,6 +31,8 @@ _known = Node.known  # bound once: the recording fast paths make two nodes an op
 # one per scalar; node attrs are never changed in place.
 _NO_ATTRS: dict[str, Any] = {}
 _eager_now = _eager_mode.get
+_new = object.__new__  # the recording fast paths make their GPUArray without a type call
+_devices_active = devices.ACTIVE  # one list, changed in place only
 
 Scalar = int | float | bool
 ArrayLike = Any
@@ -123,8 +125,10 @@ def from_node(node: Node) -> GPUArray:
 
 def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     """Record elementwise op(a, b); Python scalars are weak (NEP 50). Eager: a call whose
-    key was seen runs its cached schedule (eager_ops.py)."""
-    if not devices.ACTIVE[0]:
+    key was seen runs its cached schedule (eager_ops.py). Called only from the library's
+    one-frame wrappers (GPUArray's operators, ops.py): the lazy fast paths below take the
+    frame above that wrapper's as the first that may be the user's."""
+    if not _devices_active[0]:
         eager = _eager_now()  # is_eager(), inline: this runs for every operator
         if eager is None:
             eager = settings.eager()
@@ -161,10 +165,15 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
     if spec is None:
         return _learn_scalar_op(op, x, value, first, node)
     fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
-    where = user_frame(2)  # this function's and binary()'s frames are the library's
+    # Frames above the walk's start: this one, binary() and binary()'s one-frame wrapper.
+    where = user_frame(3)
     const = _known("full", (), fattrs, fitems, (), fdtype, where)
     n = _known(nop, (const, node) if first else (node, const), _NO_ATTRS, nitems, node.shape,
                ndtype, where)  # fmt: skip
+    out = _new(GPUArray)  # GPUArray(n), without the type call: two of these an op
+    out._raw = n
+    out._readonly = False
+    out._link = None
     epoch = EPOCH[0]
     if node.realized is not None:
         xkey = -pending.leaf_kid(node)  # kids are positive: a leaf's key is its kid negated
@@ -173,13 +182,13 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
         size = 3
     else:
         sub = node.sub
-        if sub is None or sub[3] != epoch:
-            return GPUArray(n)
+        if sub is None:
+            return out
+        xkey, leaves, trail, made, size, _ = sub
+        if made != epoch:
+            return out
         sub[5] = True
-        xkey = sub[0]
-        leaves = sub[1]
-        trail = sub[2]
-        size = sub[4] + 2
+        size += 2
     kid = kids.get(xkey)
     if kid is None:
         if len(kids) > _SCALAR_OPS_LIMIT:
@@ -189,7 +198,7 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
         kid = kids[xkey] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
     n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
              epoch, size, False]  # fmt: skip
-    return GPUArray(n)
+    return out
 
 
 # (op, dtypes, shapes) -> the op node's op, canonical attrs, shape and dtype, from the first
@@ -213,7 +222,8 @@ def _two_arrays(op: str, a: GPUArray, b: GPUArray) -> GPUArray:
             _PAIR_OPS[key] = (n.op, n.canonical_attrs(), n.shape, n.dtype)
         return out
     nop, items, shape, dtype = spec
-    n = _known(nop, (na, nb), _NO_ATTRS, items, shape, dtype, user_frame(2))  # binary's caller
+    # Frames above the walk's start: this one, binary() and binary()'s one-frame wrapper.
+    n = _known(nop, (na, nb), _NO_ATTRS, items, shape, dtype, user_frame(3))
     pending.summarise(n)
     return GPUArray(n)
 
