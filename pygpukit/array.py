@@ -26,9 +26,12 @@ from .mode import _eager as _eager_mode
 from .mode import is_eager
 from .pending import EPOCH
 
-_known = Node.known  # bound once: the recording fast paths make two nodes an op
-# The attrs of the op nodes those paths make (none): one dict, as a `full` node's attrs are
-# one per scalar; node attrs are never changed in place.
+# Bound once: the recording fast paths (an op of two arrays; of an array and a Python
+# scalar, two nodes an op).
+_known = Node.known
+_known_scalar_op = Node.known_scalar_op
+# The attrs of the op nodes _two_arrays makes (none): one dict, as node attrs are never
+# changed in place.
 _NO_ATTRS: dict[str, Any] = {}
 _eager_now = _eager_mode.get
 _new = object.__new__  # the recording fast paths make their GPUArray without a type call
@@ -167,9 +170,7 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
     fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
     # Frames above the walk's start: this one, binary() and binary()'s one-frame wrapper.
     where = user_frame(3)
-    const = _known("full", (), fattrs, fitems, (), fdtype, where)
-    n = _known(nop, (const, node) if first else (node, const), _NO_ATTRS, nitems, node.shape,
-               ndtype, where)  # fmt: skip
+    n = _known_scalar_op(nop, node, first, nitems, ndtype, fattrs, fitems, fdtype, where)
     out = _new(GPUArray)  # GPUArray(n), without the type call: two of these an op
     out._raw = n
     out._readonly = False
