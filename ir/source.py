@@ -33,8 +33,11 @@ def register_library(trees: Iterable[str] = (), flat: Iterable[str] = (),
 
 # filename -> whether it is library code. A plain dict read inline by user_frame(): the
 # walk runs for every frame of every recorded op, and a dict lookup on the (hash-cached)
-# filename string is the cheapest test there is.
+# filename string is the cheapest test there is. The recording fast paths read it too
+# (LIBRARY_FILES), for the frame they expect to be the user's, and call user_frame() only
+# when it is not known to be.
 _INTERNAL: dict[str, bool] = {}
+LIBRARY_FILES = _INTERNAL  # one dict: register_library clears it in place
 
 
 def _is_internal(filename: str) -> bool:

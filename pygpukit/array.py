@@ -6,6 +6,7 @@ import contextlib
 import functools
 import math
 import operator
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from pygpukit.ir.dtypes import DType
 from pygpukit.ir.elementwise import canonical
 from pygpukit.ir.node import canonical_items, freeze
 from pygpukit.ir.ops import weak_scalar_dtype
+from pygpukit.ir.source import LIBRARY_FILES as _LIBRARY_FILES
 from pygpukit.ir.source import user_frame
 
 from . import eager_ops, pending, runtime, settings
@@ -36,6 +38,7 @@ _NO_ATTRS: dict[str, Any] = {}
 _eager_now = _eager_mode.get
 _new = object.__new__  # the recording fast paths make their GPUArray without a type call
 _devices_active = devices.ACTIVE  # one list, changed in place only
+_getframe = sys._getframe
 
 Scalar = int | float | bool
 ArrayLike = Any
@@ -129,38 +132,33 @@ def from_node(node: Node) -> GPUArray:
 def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     """Record elementwise op(a, b); Python scalars are weak (NEP 50). Eager: a call whose
     key was seen runs its cached schedule (eager_ops.py). Called only from the library's
-    one-frame wrappers (GPUArray's operators, ops.py): the lazy fast paths below take the
-    frame above that wrapper's as the first that may be the user's."""
-    if not _devices_active[0]:
-        eager = _eager_now()  # is_eager(), inline: this runs for every operator
-        if eager is None:
-            eager = settings.eager()
-        if not eager:
-            if type(a) is GPUArray and type(b) in _SCALAR_TYPES:
-                return _with_scalar(op, a, b, False)
-            if type(b) is GPUArray and type(a) in _SCALAR_TYPES:
-                return _with_scalar(op, b, a, True)
-            if type(a) is GPUArray and type(b) is GPUArray:
-                return _two_arrays(op, a, b)
-        elif not settings.debug():
+    one-frame wrappers (GPUArray's operators, ops.py): the lazy fast paths take the frame
+    above that wrapper's as the first that may be the user's.
+
+    A lazy op of an array and a Python scalar (`x + 0.5`, `2 * x`), the commonest recorded
+    op, is made here with no further Python call: the `full` node of the scalar and the
+    op's node made from what the first such record found (Node.known_scalar_op: no dtype
+    rules, no attr freezing), with the summary pending.summarise would give. A first record
+    takes _binary, which raises what it raises."""
+    if _devices_active[0]:
+        return _binary(op, a, b)
+    eager = _eager_now()  # is_eager(), inline: this runs for every operator
+    if eager is None:
+        eager = settings.eager()
+    if eager:
+        if not settings.debug():
             node = _eager_binary(op, a, b)
             if node is not None:
                 return GPUArray(node)
-    return _binary(op, a, b)
-
-
-_SCALAR_TYPES = frozenset({int, float, bool})
-# (op, array dtype, scalar key, scalar first) -> what recording that op made the first
-# time: the `full` node's attrs and dtype, the op node's, and the kids of both (pending.py).
-_SCALAR_OPS: dict[Any, Any] = {}
-_SCALAR_OPS_LIMIT = 4096
-
-
-def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
-    """Lazy op(x, value) (op(value, x) when `first`): the `full` node of the scalar and the
-    op's node made from what the first such record found (Node.known: no dtype rules, no
-    attr freezing), with the summary pending.summarise would give. A first record takes
-    _binary, which raises what it raises."""
+        return _binary(op, a, b)
+    if type(a) is GPUArray and type(b) in _SCALAR_TYPES:
+        x, value, first = a, b, False
+    elif type(b) is GPUArray and type(a) in _SCALAR_TYPES:
+        x, value, first = b, a, True
+    elif type(a) is GPUArray and type(b) is GPUArray:
+        return _two_arrays(op, a, b)
+    else:
+        return _binary(op, a, b)
     node = x._raw if x._link is None else x._node
     t = type(value)
     spec = _SCALAR_OPS.get((op, node.dtype.name, t, value if t is not float or (value and
@@ -168,10 +166,13 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
     if spec is None:
         return _learn_scalar_op(op, x, value, first, node)
     fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
-    # Frames above the walk's start: this one, binary() and binary()'s one-frame wrapper.
-    where = user_frame(3)
+    # The user's frame is the one above this function's one-frame wrapper, or the walk
+    # from it finds it (a library function called the operator).
+    f = _getframe(2)
+    code = f.f_code
+    where = (code, f.f_lasti) if _LIBRARY_FILES.get(code.co_filename) is False else user_frame(2)
     n = _known_scalar_op(nop, node, first, nitems, ndtype, fattrs, fitems, fdtype, where)
-    out = _new(GPUArray)  # GPUArray(n), without the type call: two of these an op
+    out = _new(GPUArray)  # GPUArray(n), without the type call
     out._raw = n
     out._readonly = False
     out._link = None
@@ -200,6 +201,13 @@ def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
     n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
              epoch, size, False]  # fmt: skip
     return out
+
+
+_SCALAR_TYPES = frozenset({int, float, bool})
+# (op, array dtype, scalar key, scalar first) -> what recording that op made the first
+# time: the `full` node's attrs and dtype, the op node's, and the kids of both (pending.py).
+_SCALAR_OPS: dict[Any, Any] = {}
+_SCALAR_OPS_LIMIT = 4096
 
 
 # (op, dtypes, shapes) -> the op node's op, canonical attrs, shape and dtype, from the first
