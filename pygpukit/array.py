@@ -38,6 +38,7 @@ _NO_ATTRS: dict[str, Any] = {}
 _eager_now = _eager_mode.get
 _new = object.__new__  # the recording fast paths make their GPUArray without a type call
 _devices_active = devices.ACTIVE  # one list, changed in place only
+_eager_default = settings.EAGER_NOW  # likewise
 _getframe = sys._getframe
 
 Scalar = int | float | bool
@@ -144,7 +145,9 @@ def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
         return _binary(op, a, b)
     eager = _eager_now()  # is_eager(), inline: this runs for every operator
     if eager is None:
-        eager = settings.eager()
+        eager = _eager_default[0]
+        if eager is None:
+            eager = settings.eager()
     if eager:
         if not settings.debug():
             node = _eager_binary(op, a, b)
