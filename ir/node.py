@@ -16,6 +16,9 @@ _new = object.__new__
 _PLAIN = frozenset({int, str, bool, type(None)})
 # Attribute values freeze() leaves as they are.
 _ATOMS = _PLAIN | {float}
+# The attrs of nodes made without any (known_scalar_op's op nodes): one dict, as node attrs
+# are never changed in place.
+_NO_ATTRS: dict[str, Any] = {}
 
 
 def freeze(value: Any) -> Any:
@@ -60,7 +63,7 @@ class Node:
     `realized` is opaque to the IR: the front end stores the backend value there once
     the node has been computed, and from then on treats the node as a leaf.
     `origin` says, for fused nodes, which pass made them and from which ops.
-    `loc` is kept as captured (a code object and line, see source.user_frame) and made a
+    `loc` is kept as captured (a code object and offset, see source.user_frame) and made a
     SourceLoc the first time something reads it.
     `sub`, like `realized`, is the front end's: a summary of the pending subgraph under the
     node (its structure key, leaves and locations), made when it is recorded, so a realize
@@ -135,6 +138,48 @@ class Node:
         node.inputs = inputs
         node.attrs = attrs
         node.shape = shape
+        node.dtype = dtype
+        node.where = loc
+        node.origin = ""
+        node.realized = None
+        node._canon = items
+        node.sub = None
+        return node
+
+    @classmethod
+    def known_scalar_op(
+        cls,
+        op: str,
+        x: Node,
+        first: bool,
+        items: tuple[Any, ...],
+        dtype: DType,
+        const_attrs: dict[str, Any],
+        const_items: tuple[Any, ...],
+        const_dtype: DType,
+        loc: Where,
+    ) -> Node:
+        """op(x, c) (op(c, x) when `first`) of a 0-d `full` node c of const_attrs, both as
+        Node.known makes them: what an earlier make() of this op, x's spec and that constant
+        gave. One call for the two nodes of a lazy `x + 0.5`, whose op has no attrs."""
+        const = _new(cls)
+        const.id = next(_ids)
+        const.op = "full"
+        const.inputs = ()
+        const.attrs = const_attrs
+        const.shape = ()
+        const.dtype = const_dtype
+        const.where = loc
+        const.origin = ""
+        const.realized = None
+        const._canon = const_items
+        const.sub = None
+        node = _new(cls)
+        node.id = next(_ids)
+        node.op = op
+        node.inputs = (const, x) if first else (x, const)
+        node.attrs = _NO_ATTRS
+        node.shape = x.shape
         node.dtype = dtype
         node.where = loc
         node.origin = ""

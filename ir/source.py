@@ -33,8 +33,11 @@ def register_library(trees: Iterable[str] = (), flat: Iterable[str] = (),
 
 # filename -> whether it is library code. A plain dict read inline by user_frame(): the
 # walk runs for every frame of every recorded op, and a dict lookup on the (hash-cached)
-# filename string is the cheapest test there is.
+# filename string is the cheapest test there is. The recording fast paths read it too
+# (LIBRARY_FILES), for the frame they expect to be the user's, and call user_frame() only
+# when it is not known to be.
 _INTERNAL: dict[str, bool] = {}
+LIBRARY_FILES = _INTERNAL  # one dict: register_library clears it in place
 
 
 def _is_internal(filename: str) -> bool:
@@ -67,14 +70,16 @@ class SourceLoc:
         return f"{self.file}:{self.line}"
 
 
-# A captured location not yet made into a SourceLoc: the code object and line number of
-# the user's frame (cheap to take at every recorded op; most are never printed).
+# A captured location not yet made into a SourceLoc: the code object and the offset of the
+# instruction the user's frame was at (f_lasti), cheap to take at every recorded op. Its line
+# is found only when something prints it: f_lineno scans the code's line table on every
+# read, which was 3% of recording a node.
 Frame = tuple[CodeType, int]
 Where = SourceLoc | Frame | None
 
 
 def user_frame(skip: int = 0) -> Frame | None:
-    """The innermost stack frame outside PyGPUkit as (code, line): what recording keeps;
+    """The innermost stack frame outside PyGPUkit as (code, offset): what recording keeps;
     resolve() turns it into a SourceLoc when an error, a dump or a profile needs one.
     skip: frames above the caller's known to be the library's (not looked at)."""
     f = sys._getframe(1 + skip)
@@ -85,7 +90,7 @@ def user_frame(skip: int = 0) -> Frame | None:
         if internal is None:
             internal = _is_internal(code.co_filename)
         if not internal:
-            return (code, f.f_lineno)
+            return (code, f.f_lasti)
         f = f.f_back  # type: ignore[assignment]
     return None
 
@@ -94,8 +99,17 @@ def resolve(where: Where) -> SourceLoc | None:
     """The SourceLoc of a captured location (a SourceLoc or None as it is)."""
     if where is None or type(where) is SourceLoc:
         return where
-    code, line = where  # type: ignore[misc]
-    return SourceLoc(code.co_filename, line, code.co_name)
+    code, offset = where  # type: ignore[misc]
+    return SourceLoc(code.co_filename, line_at(code, offset), code.co_name)
+
+
+def line_at(code: CodeType, offset: int) -> int:
+    """The source line of the instruction at byte offset `offset` of code (what the frame's
+    f_lineno reads at that f_lasti); the first line for an instruction without one."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return code.co_firstlineno if line is None else line
+    return code.co_firstlineno
 
 
 def user_location() -> SourceLoc | None:

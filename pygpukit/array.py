@@ -6,7 +6,8 @@ import contextlib
 import functools
 import math
 import operator
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from pygpukit.ir.dtypes import DType
 from pygpukit.ir.elementwise import canonical
 from pygpukit.ir.node import canonical_items, freeze
 from pygpukit.ir.ops import weak_scalar_dtype
+from pygpukit.ir.source import LIBRARY_FILES as _LIBRARY_FILES
 from pygpukit.ir.source import user_frame
 
 from . import eager_ops, pending, runtime, settings
@@ -26,11 +28,18 @@ from .mode import _eager as _eager_mode
 from .mode import is_eager
 from .pending import EPOCH
 
-_known = Node.known  # bound once: the recording fast paths make two nodes an op
-# The attrs of the op nodes those paths make (none): one dict, as a `full` node's attrs are
-# one per scalar; node attrs are never changed in place.
+# Bound once: the recording fast paths (an op of two arrays; of an array and a Python
+# scalar, two nodes an op).
+_known = Node.known
+_known_scalar_op = Node.known_scalar_op
+# The attrs of the op nodes _two_arrays makes (none): one dict, as node attrs are never
+# changed in place.
 _NO_ATTRS: dict[str, Any] = {}
 _eager_now = _eager_mode.get
+_new = object.__new__  # the recording fast paths make their GPUArray without a type call
+_devices_active = devices.ACTIVE  # one list, changed in place only
+_eager_default = settings.EAGER_NOW  # likewise
+_getframe = sys._getframe
 
 Scalar = int | float | bool
 ArrayLike = Any
@@ -123,16 +132,20 @@ def from_node(node: Node) -> GPUArray:
 
 def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     """Record elementwise op(a, b); Python scalars are weak (NEP 50). Eager: a call whose
-    key was seen runs its cached schedule (eager_ops.py)."""
-    if not devices.ACTIVE[0]:
+    key was seen runs its cached schedule (eager_ops.py). Called only from the library's
+    one-frame wrappers (GPUArray's operators, ops.py): the lazy fast paths take the frame
+    above that wrapper's as the first that may be the user's."""
+    if not _devices_active[0]:
         eager = _eager_now()  # is_eager(), inline: this runs for every operator
         if eager is None:
-            eager = settings.eager()
+            eager = _eager_default[0]
+            if eager is None:
+                eager = settings.eager()
         if not eager:
             if type(a) is GPUArray and type(b) in _SCALAR_TYPES:
-                return _with_scalar(op, a, b, False)
+                return _scalar_operator(op, False)(a, b)
             if type(b) is GPUArray and type(a) in _SCALAR_TYPES:
-                return _with_scalar(op, b, a, True)
+                return _scalar_operator(op, True)(b, a)
             if type(a) is GPUArray and type(b) is GPUArray:
                 return _two_arrays(op, a, b)
         elif not settings.debug():
@@ -142,54 +155,94 @@ def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
     return _binary(op, a, b)
 
 
+def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
+    """GPUArray's method for the binary operator of op: self op o, or o op self when
+    `reflected` (__radd__ and the like); anything but the case below goes to binary().
+
+    A lazy op of an array and a Python scalar (`x + 0.5`, `2 * x`), the commonest recorded
+    op, is made in the method with no further Python call (one frame between the user's
+    line and the nodes): the `full` node of the scalar and the op's node made from what the
+    first such record found (Node.known_scalar_op: no dtype rules, no attr freezing), with
+    the summary pending.summarise would give. A first record takes _binary, which raises
+    what it raises."""
+    first = reflected
+
+    def method(self: GPUArray, value: Any) -> GPUArray:
+        if type(value) not in _SCALAR_TYPES or _devices_active[0]:
+            return binary(op, value, self) if first else binary(op, self, value)
+        eager = _eager_now()  # is_eager(), inline
+        if eager is None:
+            eager = _eager_default[0]
+            if eager is None:
+                eager = settings.eager()
+        if eager:
+            return binary(op, value, self) if first else binary(op, self, value)
+        node = self._raw if self._link is None else self._node
+        t = type(value)
+        spec = _SCALAR_OPS.get((op, node.dtype.name, t, value if t is not float or (value and
+                                value == value) else repr(value), first))  # fmt: skip
+        if spec is None:
+            return _learn_scalar_op(op, self, value, first, node)
+        fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
+        # The user's line is the caller's, or the walk from the caller finds it (the
+        # operator was used by library code, or binary() called this for ops.py).
+        f = _getframe(1)
+        code = f.f_code
+        where = (
+            (code, f.f_lasti) if _LIBRARY_FILES.get(code.co_filename) is False else user_frame(1)
+        )
+        n = _known_scalar_op(nop, node, first, nitems, ndtype, fattrs, fitems, fdtype, where)
+        out = _new(GPUArray)  # GPUArray(n), without the type call
+        out._raw = n
+        out._readonly = False
+        out._link = None
+        epoch = EPOCH[0]
+        if node.realized is not None:
+            xkey = -pending.leaf_kid(node)  # kids are positive: a leaf's key is its kid negated
+            leaves: tuple[Node, ...] = (node,)
+            trail = (node.where,)
+            size = 3
+        else:
+            sub = node.sub
+            if sub is None:
+                return out
+            xkey, leaves, trail, made, size, _ = sub
+            if made != epoch:
+                return out
+            sub[5] = True
+            size += 2
+        kid = kids.get(xkey)
+        if kid is None:
+            if len(kids) > _SCALAR_OPS_LIMIT:
+                kids.clear()
+            xpart = (-xkey, 0) if xkey < 0 else (xkey, None)
+            parts = (fkid, None), xpart
+            kid = kids[xkey] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
+        n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
+                 epoch, size, False]  # fmt: skip
+        return out
+
+    method.__name__ = method.__qualname__ = f"__{'r' if reflected else ''}{op}__"
+    return method
+
+
+# (op, reflected) -> _operator's method, for binary()'s callers other than the operators
+# (gpk.add(x, 0.5), gpk.maximum(x, 0.0)).
+_OPERATORS: dict[tuple[str, bool], Callable[[GPUArray, Any], GPUArray]] = {}
+
+
+def _scalar_operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
+    method = _OPERATORS.get((op, reflected))
+    if method is None:
+        method = _OPERATORS[(op, reflected)] = _operator(op, reflected)
+    return method
+
+
 _SCALAR_TYPES = frozenset({int, float, bool})
 # (op, array dtype, scalar key, scalar first) -> what recording that op made the first
 # time: the `full` node's attrs and dtype, the op node's, and the kids of both (pending.py).
 _SCALAR_OPS: dict[Any, Any] = {}
 _SCALAR_OPS_LIMIT = 4096
-
-
-def _with_scalar(op: str, x: GPUArray, value: Scalar, first: bool) -> GPUArray:
-    """Lazy op(x, value) (op(value, x) when `first`): the `full` node of the scalar and the
-    op's node made from what the first such record found (Node.known: no dtype rules, no
-    attr freezing), with the summary pending.summarise would give. A first record takes
-    _binary, which raises what it raises."""
-    node = x._raw if x._link is None else x._node
-    t = type(value)
-    spec = _SCALAR_OPS.get((op, node.dtype.name, t, value if t is not float or (value and
-                            value == value) else repr(value), first))  # fmt: skip
-    if spec is None:
-        return _learn_scalar_op(op, x, value, first, node)
-    fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids = spec
-    where = user_frame(2)  # this function's and binary()'s frames are the library's
-    const = _known("full", (), fattrs, fitems, (), fdtype, where)
-    n = _known(nop, (const, node) if first else (node, const), _NO_ATTRS, nitems, node.shape,
-               ndtype, where)  # fmt: skip
-    epoch = EPOCH[0]
-    if node.realized is not None:
-        xkey = -pending.leaf_kid(node)  # kids are positive: a leaf's key is its kid negated
-        leaves: tuple[Node, ...] = (node,)
-        trail = (node.where,)
-        size = 3
-    else:
-        sub = node.sub
-        if sub is None or sub[3] != epoch:
-            return GPUArray(n)
-        sub[5] = True
-        xkey = sub[0]
-        leaves = sub[1]
-        trail = sub[2]
-        size = sub[4] + 2
-    kid = kids.get(xkey)
-    if kid is None:
-        if len(kids) > _SCALAR_OPS_LIMIT:
-            kids.clear()
-        xpart = (-xkey, 0) if xkey < 0 else (xkey, None)
-        parts = (fkid, None), xpart
-        kid = kids[xkey] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
-    n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
-             epoch, size, False]  # fmt: skip
-    return GPUArray(n)
 
 
 # (op, dtypes, shapes) -> the op node's op, canonical attrs, shape and dtype, from the first
@@ -213,7 +266,8 @@ def _two_arrays(op: str, a: GPUArray, b: GPUArray) -> GPUArray:
             _PAIR_OPS[key] = (n.op, n.canonical_attrs(), n.shape, n.dtype)
         return out
     nop, items, shape, dtype = spec
-    n = _known(nop, (na, nb), _NO_ATTRS, items, shape, dtype, user_frame(2))  # binary's caller
+    # Frames above the walk's start: this one, binary() and binary()'s one-frame wrapper.
+    n = _known(nop, (na, nb), _NO_ATTRS, items, shape, dtype, user_frame(3))
     pending.summarise(n)
     return GPUArray(n)
 
@@ -568,35 +622,16 @@ class GPUArray:
             yield self[i]
 
     # -- arithmetic ------------------------------------------------------------------------
-    def __add__(self, o: ArrayLike) -> GPUArray:
-        return binary("add", self, o)
-
-    def __radd__(self, o: ArrayLike) -> GPUArray:
-        return binary("add", o, self)
-
-    def __sub__(self, o: ArrayLike) -> GPUArray:
-        return binary("sub", self, o)
-
-    def __rsub__(self, o: ArrayLike) -> GPUArray:
-        return binary("sub", o, self)
-
-    def __mul__(self, o: ArrayLike) -> GPUArray:
-        return binary("mul", self, o)
-
-    def __rmul__(self, o: ArrayLike) -> GPUArray:
-        return binary("mul", o, self)
-
-    def __truediv__(self, o: ArrayLike) -> GPUArray:
-        return binary("div", self, o)
-
-    def __rtruediv__(self, o: ArrayLike) -> GPUArray:
-        return binary("div", o, self)
-
-    def __pow__(self, o: ArrayLike) -> GPUArray:
-        return binary("pow", self, o)
-
-    def __rpow__(self, o: ArrayLike) -> GPUArray:
-        return binary("pow", o, self)
+    __add__ = _operator("add", False)
+    __radd__ = _operator("add", True)
+    __sub__ = _operator("sub", False)
+    __rsub__ = _operator("sub", True)
+    __mul__ = _operator("mul", False)
+    __rmul__ = _operator("mul", True)
+    __truediv__ = _operator("div", False)
+    __rtruediv__ = _operator("div", True)
+    __pow__ = _operator("pow", False)
+    __rpow__ = _operator("pow", True)
 
     def __matmul__(self, o: ArrayLike) -> GPUArray:
         return matmul(self, o)
@@ -616,41 +651,18 @@ class GPUArray:
     def __invert__(self) -> GPUArray:
         return unary("invert", self)
 
-    def __and__(self, o: ArrayLike) -> GPUArray:
-        return binary("bitwise_and", self, o)
-
-    def __rand__(self, o: ArrayLike) -> GPUArray:
-        return binary("bitwise_and", o, self)
-
-    def __or__(self, o: ArrayLike) -> GPUArray:
-        return binary("bitwise_or", self, o)
-
-    def __ror__(self, o: ArrayLike) -> GPUArray:
-        return binary("bitwise_or", o, self)
-
-    def __xor__(self, o: ArrayLike) -> GPUArray:
-        return binary("bitwise_xor", self, o)
-
-    def __rxor__(self, o: ArrayLike) -> GPUArray:
-        return binary("bitwise_xor", o, self)
-
-    def __eq__(self, o: object) -> GPUArray:  # type: ignore[override]
-        return binary("eq", self, o)
-
-    def __ne__(self, o: object) -> GPUArray:  # type: ignore[override]
-        return binary("ne", self, o)
-
-    def __lt__(self, o: ArrayLike) -> GPUArray:
-        return binary("lt", self, o)
-
-    def __le__(self, o: ArrayLike) -> GPUArray:
-        return binary("le", self, o)
-
-    def __gt__(self, o: ArrayLike) -> GPUArray:
-        return binary("gt", self, o)
-
-    def __ge__(self, o: ArrayLike) -> GPUArray:
-        return binary("ge", self, o)
+    __and__ = _operator("bitwise_and", False)
+    __rand__ = _operator("bitwise_and", True)
+    __or__ = _operator("bitwise_or", False)
+    __ror__ = _operator("bitwise_or", True)
+    __xor__ = _operator("bitwise_xor", False)
+    __rxor__ = _operator("bitwise_xor", True)
+    __eq__ = _operator("eq", False)  # type: ignore[assignment]
+    __ne__ = _operator("ne", False)  # type: ignore[assignment]
+    __lt__ = _operator("lt", False)
+    __le__ = _operator("le", False)
+    __gt__ = _operator("gt", False)
+    __ge__ = _operator("ge", False)
 
     __hash__ = object.__hash__  # identity, as torch.Tensor; == is elementwise
 
@@ -870,17 +882,10 @@ class GPUArray:
 
     # -- NumPy breadth: // and %, more reductions, scans, sorts, dot (the functions live in
     # pygpukit/ops.py, reductions.py, scans.py, sorting.py and einsum.py) ------------------
-    def __floordiv__(self, o: ArrayLike) -> GPUArray:
-        return binary("floor_divide", self, o)
-
-    def __rfloordiv__(self, o: ArrayLike) -> GPUArray:
-        return binary("floor_divide", o, self)
-
-    def __mod__(self, o: ArrayLike) -> GPUArray:
-        return binary("remainder", self, o)
-
-    def __rmod__(self, o: ArrayLike) -> GPUArray:
-        return binary("remainder", o, self)
+    __floordiv__ = _operator("floor_divide", False)
+    __rfloordiv__ = _operator("floor_divide", True)
+    __mod__ = _operator("remainder", False)
+    __rmod__ = _operator("remainder", True)
 
     def prod(self, axis: Any = None, keepdims: bool = False) -> GPUArray:
         """See gpk.prod."""

@@ -114,6 +114,7 @@ def _set(name: str, value: object) -> None:
         _overrides.pop(name, None)
     else:
         _overrides[name] = value
+    EAGER_NOW[0] = None  # eager() computes it again
 
 
 def _check_flag(setter: str, enabled: bool | None) -> bool | None:
@@ -190,17 +191,28 @@ def reload() -> None:
     this process changed
     os.environ."""
     _kept.clear()
+    EAGER_NOW[0] = None
+
+
+# eager()'s answer, kept until a set_* call or reload() (None: not computed since): the
+# lazy recording path (array.binary) reads it inline on every recorded op, with no call.
+EAGER_NOW: list[bool | None] = [None]
 
 
 def eager() -> bool:
     """Whether ops run at once where no `gpk.eager()` block says otherwise (PYGPUKIT_EAGER,
     read at the first op; gpk.set_eager changes it later)."""
-    if EAGER in _overrides:  # read on every recorded op: no helper call, no closure
-        return bool(_overrides[EAGER])
-    kept = _kept.get(EAGER)
-    if kept is None:
-        kept = _kept[EAGER] = _flag(EAGER, False)
-    return bool(kept)
+    now = EAGER_NOW[0]
+    if now is None:
+        if EAGER in _overrides:
+            now = bool(_overrides[EAGER])
+        else:
+            kept = _kept.get(EAGER)
+            if kept is None:
+                kept = _kept[EAGER] = _flag(EAGER, False)
+            now = bool(kept)
+        EAGER_NOW[0] = now
+    return now
 
 
 def set_eager(enabled: bool | None) -> None:

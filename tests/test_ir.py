@@ -55,12 +55,40 @@ def test_recorded_location_is_resolved_when_read() -> None:
     y = a + 1.5
     line = __import__("inspect").currentframe().f_lineno - 1
     node = y._node
-    assert isinstance(node.where, tuple)  # (code, line): no SourceLoc made yet
+    assert isinstance(node.where, tuple)  # (code, offset): no SourceLoc made yet
     loc = node.loc
     assert loc is not None and loc.file == __file__ and loc.line == line
     assert loc.func == "test_recorded_location_is_resolved_when_read"
     assert node.where is loc  # resolved once, kept
     np.testing.assert_allclose(y.to_numpy(), a.to_numpy().astype(np.float64) + 1.5, rtol=1e-6)
+
+
+def _here_twice() -> tuple[int, int]:
+    """The caller's line as f_lineno reads it and as source.line_at finds it from f_lasti."""
+    import sys
+
+    from pygpukit.ir.source import line_at
+
+    f = sys._getframe(1)
+    return f.f_lineno, line_at(f.f_code, f.f_lasti)
+
+
+def test_captured_offset_resolves_to_the_frames_line() -> None:
+    """Recording keeps f_lasti, not f_lineno: resolving it gives the line f_lineno gives, on
+    every line of a statement spread over several and inside a loop and a comprehension."""
+    seen = [
+        _here_twice(),
+        (
+            0,
+            _here_twice(),
+        )[1],
+    ]
+    for _ in range(2):
+        seen.append(_here_twice())
+    seen += [_here_twice() for _ in range(2)]
+    assert len({a for a, _ in seen}) == 4  # four distinct lines were asked about
+    for by_lineno, by_offset in seen:
+        assert by_offset == by_lineno
 
 
 def test_canonical_attrs_tell_signed_zeros_apart() -> None:
