@@ -10,6 +10,8 @@ import math
 from typing import Any
 
 import numpy as np
+from helpers import rand
+from hypothesis import strategies as st
 
 
 def sdpa_ref(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
@@ -41,3 +43,39 @@ def sdpa_ref(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None =
         terms = np.where(visible[..., None], p[..., None] * v[..., None, :, :], 0.0)
         out = terms.sum(-2) / p.sum(-1, keepdims=True)
     return np.where(empty, 0.0, out)
+
+
+@st.composite
+def sdpa_cases(draw: Any, *, batch: int, queries: tuple[int, int], keys: int,
+               head_dims: tuple[int, ...]) -> dict[str, Any]:  # fmt: skip
+    """A random prefill attention case: 1..batch rows, GQA groups of 1, 2 or 4 over 1, 2 or
+    4 KV heads, queries in the `queries` range and up to `keys` keys (at least as many as
+    queries), a head dim of `head_dims`, bf16 or f16, causal or not, and each of kv_len,
+    kv_start and the window drawn or left out."""
+    b = draw(st.integers(1, batch))
+    kvh = draw(st.sampled_from([1, 2, 4]))
+    g = draw(st.sampled_from([1, 2, 4]))
+    sq = draw(st.integers(*queries))
+    sk = draw(st.integers(sq, keys))
+    case = {"b": b, "h": kvh * g, "kvh": kvh, "sq": sq, "sk": sk,
+            "d": draw(st.sampled_from(head_dims)),
+            "dtype": draw(st.sampled_from(["bfloat16", "float16"])),
+            "causal": draw(st.booleans()), "kv_len": None, "kv_start": None, "window": None,
+            "seed": draw(st.integers(0, 2**31))}  # fmt: skip
+    if draw(st.booleans()):
+        case["kv_len"] = draw(st.integers(0, sk))
+    if draw(st.booleans()):
+        case["kv_start"] = [draw(st.integers(0, sk)) for _ in range(b)]
+    if draw(st.booleans()):
+        case["window"] = draw(st.integers(1, sk + 4))
+    return case
+
+
+def sdpa_case_inputs(c: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                 dict[str, Any]]:  # fmt: skip
+    """q, k, v of a sdpa_cases case (random, from its seed) and its mask arguments."""
+    rng = np.random.default_rng(c["seed"])
+    q = rand(rng, (c["b"], c["h"], c["sq"], c["d"]), c["dtype"])
+    k = rand(rng, (c["b"], c["kvh"], c["sk"], c["d"]), c["dtype"])
+    v = rand(rng, (c["b"], c["kvh"], c["sk"], c["d"]), c["dtype"])
+    return q, k, v, {n: c[n] for n in ("causal", "kv_len", "kv_start", "window")}

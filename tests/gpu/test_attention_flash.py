@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from attention_ref import sdpa_ref
+from attention_ref import sdpa_case_inputs, sdpa_cases, sdpa_ref
 from helpers import rand
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import pygpukit as gpk
 from pygpukit.backends.cuda.kernels import attention, loader
@@ -55,35 +54,10 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool,
     return sdpa(*args, is_causal=causal, scale=scale, window=window, **dev).to_numpy()
 
 
-@st.composite
-def _case(draw: Any) -> dict[str, Any]:
-    b = draw(st.integers(1, 3))
-    kvh = draw(st.sampled_from([1, 2, 4]))
-    g = draw(st.sampled_from([1, 2, 4]))
-    sq = draw(st.integers(1, 150))
-    sk = draw(st.integers(sq, 220))
-    case = {"b": b, "h": kvh * g, "kvh": kvh, "sq": sq, "sk": sk,
-            "d": draw(st.sampled_from([64, 128])),
-            "dtype": draw(st.sampled_from(["bfloat16", "float16"])),
-            "causal": draw(st.booleans()), "kv_len": None, "kv_start": None, "window": None,
-            "seed": draw(st.integers(0, 2**31))}  # fmt: skip
-    if draw(st.booleans()):
-        case["kv_len"] = draw(st.integers(0, sk))
-    if draw(st.booleans()):
-        case["kv_start"] = [draw(st.integers(0, sk)) for _ in range(b)]
-    if draw(st.booleans()):
-        case["window"] = draw(st.integers(1, sk + 4))
-    return case
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(_case())
+@given(sdpa_cases(batch=3, queries=(1, 150), keys=220, head_dims=(64, 128)))
 def test_flash_matches_reference(c: dict[str, Any]) -> None:
-    rng = np.random.default_rng(c["seed"])
-    q = rand(rng, (c["b"], c["h"], c["sq"], c["d"]), c["dtype"])
-    k = rand(rng, (c["b"], c["kvh"], c["sk"], c["d"]), c["dtype"])
-    v = rand(rng, (c["b"], c["kvh"], c["sk"], c["d"]), c["dtype"])
-    kw = {n: c[n] for n in ("causal", "kv_len", "kv_start", "window")}
+    q, k, v, kw = sdpa_case_inputs(c)
     out = _attend(q, k, v, **kw)
     _close(out, sdpa_ref(q, k, v, **kw), c["dtype"])
     if c["sq"] > 1 or c["window"]:  # one query row without a window: the decode kernel

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from attention_ref import sdpa_ref
+from attention_ref import sdpa_case_inputs, sdpa_cases, sdpa_ref
 from helpers import rand
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import pygpukit as gpk
 from pygpukit.backends.cuda.kernels import attention, attention_sm90, loader
@@ -41,35 +40,12 @@ def _sm90_used() -> bool:
     return any(key[0] == attention_sm90.FAMILY for key in loader._modules)
 
 
-@st.composite
-def _case(draw: Any) -> dict[str, Any]:
-    b = draw(st.integers(1, 2))
-    kvh = draw(st.sampled_from([1, 2, 4]))
-    g = draw(st.sampled_from([1, 2, 4]))
-    sq = draw(st.integers(2, 300))
-    sk = draw(st.integers(sq, 400))
-    case = {"b": b, "h": kvh * g, "kvh": kvh, "sq": sq, "sk": sk,
-            "d": draw(st.sampled_from(attention_sm90.PREFERRED_HEAD_DIMS)),
-            "dtype": draw(st.sampled_from(["bfloat16", "float16"])),
-            "causal": draw(st.booleans()), "kv_len": None, "kv_start": None, "window": None,
-            "seed": draw(st.integers(0, 2**31))}  # fmt: skip
-    if draw(st.booleans()):
-        case["kv_len"] = draw(st.integers(0, sk))
-    if draw(st.booleans()):
-        case["kv_start"] = [draw(st.integers(0, sk)) for _ in range(b)]
-    if draw(st.booleans()):
-        case["window"] = draw(st.integers(1, sk + 4))
-    return case
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
-@given(_case())
+@given(
+    sdpa_cases(batch=2, queries=(2, 300), keys=400, head_dims=attention_sm90.PREFERRED_HEAD_DIMS)
+)
 def test_sm90_matches_reference(c: dict[str, Any]) -> None:
-    rng = np.random.default_rng(c["seed"])
-    q = rand(rng, (c["b"], c["h"], c["sq"], c["d"]), c["dtype"])
-    k = rand(rng, (c["b"], c["kvh"], c["sk"], c["d"]), c["dtype"])
-    v = rand(rng, (c["b"], c["kvh"], c["sk"], c["d"]), c["dtype"])
-    kw = {n: c[n] for n in ("causal", "kv_len", "kv_start", "window")}
+    q, k, v, kw = sdpa_case_inputs(c)
     dev: dict[str, Any] = {}
     if c["kv_len"] is not None:
         dev["kv_len"] = gpk.asarray(np.array(c["kv_len"], np.int32))
