@@ -50,6 +50,7 @@ class SchedulerCore:
         bandwidth_share: float = ...,
         stream_priority: int = ...,
     ) -> None: ...
+    def set_best_effort_duty(self, duty: float, window_ms: float, now: float) -> None: ...
     def submit(
         self,
         tenant: str,

@@ -226,6 +226,78 @@ def test_closed_loop_guaranteed_client_holds_best_effort_until_idle(backend):
     assert max(t.finished_ms - t.submitted_ms for t in done[3:]) == pytest.approx(0.5)
 
 
+def _mlp_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """mlp's result in float64 NumPy."""
+    h = x.astype(np.float64) @ w.astype(np.float64)
+    return 0.5 * h * (1.0 + np.vectorize(math.erf)(h / math.sqrt(2.0))) * 2.0
+
+
+def test_best_effort_duty_limit_idles_the_gpu_between_best_effort_launches(backend):
+    """best_effort_duty keeps a BestEffort flood to its fraction of the GPU's time, idle
+    between launches (a GPU flooded back to back sits at its power limit, at low clocks,
+    for the Guaranteed work that comes next); other work is not limited by it."""
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    xs_h = [_data(rng) for _ in range(20)]
+    with gpk.Scheduler(memory=64 * MIB, best_effort_duty=0.4, duty_window_ms=5.0) as sched:
+        with sched.paused():
+            flood = [sched.submit(mlp, gpk.asarray(x), gpk.asarray(w), qos="best_effort",
+                                  tenant="batch", sim_ms=2.0) for x, w in xs_h]  # fmt: skip
+        x, w = xs_h[0]
+        sched.at(8.0, lambda: other.append(sched.submit(mlp, gpk.asarray(x), gpk.asarray(w),
+                                                        tenant="b", sim_ms=0.5)))  # fmt: skip
+        other: list[gpk.Task] = []
+        for t, (xh, wh) in zip(flood, xs_h, strict=True):
+            np.testing.assert_allclose(t.result(30).to_numpy(), _mlp_ref(xh, wh), rtol=1e-4,
+                                       atol=1e-4)  # fmt: skip
+        st = sched.stats()
+    # Worked by hand: a bucket of 0.4 * 5 = 2 ms, refilled at 0.4 ms per ms. The first two
+    # launches run back to back (0-2, 2-4: 2 ms of tokens, then 0.8 refilled, 2 charged:
+    # -1.2), then one every 5 ms (1.2 / 0.4 = 3 ms idle after each 2 ms launch).
+    starts = [t.started_ms for t in flood]
+    assert starts == pytest.approx([0.0, 2.0] + [7.0 + 5.0 * k for k in range(18)])
+    # A Burstable task arriving at 8 (in a best-effort launch, 7-9) starts when it ends.
+    assert other[0].started_ms == pytest.approx(9.0) and other[0].state == "done"
+    assert st["tenants"]["batch"]["gpu_time_ms"] == pytest.approx(40.0)
+    assert st["held_for_duty"] == 18 and st["held_for_guaranteed"] == 0
+    assert st["best_effort_duty"] == 0.4
+    # No limit (the default): the same flood back to back.
+    with gpk.Scheduler(memory=64 * MIB) as sched:
+        with sched.paused():
+            flood = [sched.submit(mlp, gpk.asarray(x), gpk.asarray(w), qos="best_effort",
+                                  tenant="batch", sim_ms=2.0) for x, w in xs_h]  # fmt: skip
+        for t in flood:
+            t.result(30)
+        st = sched.stats()
+    assert [t.started_ms for t in flood] == pytest.approx([2.0 * k for k in range(20)])
+    assert st["held_for_duty"] == 0 and st["best_effort_duty"] == 1.0
+
+
+def test_best_effort_duty_limit_in_real_time(backend):
+    """Measured (not simulated) time: the dispatcher sleeps in the core until the duty
+    limit's bucket refills, and the held launches still run."""
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    xs_h = [_data(rng) for _ in range(4)]
+    # A bucket of 0.01 ms: any launch overdraws it (a compiled call takes longer).
+    with gpk.Scheduler(memory=64 * MIB, simulate=False, best_effort_duty=0.01,
+                       duty_window_ms=1.0) as sched:  # fmt: skip
+        tasks = [sched.submit(mlp, gpk.asarray(x), gpk.asarray(w), qos="best_effort",
+                              tenant="batch") for x, w in xs_h]  # fmt: skip
+        for t, (xh, wh) in zip(tasks, xs_h, strict=True):
+            np.testing.assert_allclose(t.result(30).to_numpy(), _mlp_ref(xh, wh), rtol=1e-4,
+                                       atol=1e-4)  # fmt: skip
+        st = sched.stats()
+    assert st["completed"] == 4 and st["held_for_duty"] >= 1
+    # Each start waited for the bucket: the time charged before it (each launch's measured
+    # time) is at most the 0.01 ms it started with plus 1 % of the time since.
+    ran = sorted((t.started_ms, t.gpu_ms) for t in tasks)
+    charged = 0.0
+    for (_, ms), (start, _) in zip(ran, ran[1:], strict=False):
+        charged += ms
+        assert charged <= 0.01 + 0.01 * start + 1e-6, ran
+
+
 def test_admission_rejects_with_reason(backend):
     rng = np.random.default_rng()
     mlp, _ = _fns()

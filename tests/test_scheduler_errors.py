@@ -54,6 +54,10 @@ BAD_SCHEDULERS = [
     ({"min_idle_ms": INF}, ValueError, ["min_idle_ms"]),
     ({"sim_gbps": 0.0}, ValueError, ["sim_gbps"]),
     ({"max_inflight": 0}, ValueError, ["max_inflight"]),
+    ({"best_effort_duty": 0.0}, ValueError, ["best_effort_duty", "0.0"]),
+    ({"best_effort_duty": 1.5}, ValueError, ["best_effort_duty"]),
+    ({"best_effort_duty": "half"}, TypeError, ["best_effort_duty", "str"]),
+    ({"duty_window_ms": INF}, ValueError, ["duty_window_ms"]),
     ({"partitions": {"p": {"memory": -5}}}, ValueError, ["'p'", "memory"]),
     ({"partitions": {"p": {"memory": 2 * MIB}}}, ValueError, ['"p"', "memory quota"]),
     ({"partitions": {"p": {"bandwidth": NAN}}}, ValueError, ["'p'", "bandwidth"]),
@@ -178,6 +182,9 @@ def test_core_binding_raises_gpk_errors() -> None:
     with pytest.raises(ValueError) as exc:
         core.add_partition("p", 11 * MIB, 0.5)
     _check(exc, ValueError, '"p"', "memory quota")
+    with pytest.raises(ValueError) as exc:
+        core.set_best_effort_duty(0.0, 10.0, 0.0)
+    _check(exc, ValueError, "best_effort_duty")
     core.add_partition("p", MIB, 0.6)
     with pytest.raises(ValueError) as exc:
         core.add_partition("q", MIB, 0.6)

@@ -38,6 +38,10 @@ DEFAULT_SIM_GBPS = 1000.0  # nominal bandwidth of the simulated GPU's cost model
 # allocations outside the scheduler can lose to it between two tasks.
 SPARE_ARENA_MAX = 64 << 20
 CHECKED_KEPT = 64  # submit() argument sets kept checked (cleared when full)
+# The best-effort duty limit's window: the most best-effort GPU time that may run back to
+# back is best_effort_duty times this. Short against the tens of milliseconds over which a
+# GPU's power limit lowers and raises its clock, so the GPU sees the average, not bursts.
+DUTY_WINDOW_MS = 10.0
 
 
 def _stream_priorities(cuda: bool) -> dict[str, int]:
@@ -68,6 +72,11 @@ class Scheduler:
     guard_ms: margin the core keeps between a BestEffort launch's expected end and the next
     expected Guaranteed arrival; min_idle_ms: least silence after which a Guaranteed
     tenant counts as idle (BestEffort then runs freely), however short its usual gaps.
+    best_effort_duty: the most of the GPU's time BestEffort launches may take together
+    (over duty_window_ms); below 1 the GPU idles between them even with nothing else to
+    run. A flood of back-to-back GEMMs holds a GPU at its power limit, at lower clocks,
+    and the clock takes tens of milliseconds to come back once the flood is held, so the
+    Guaranteed steps that arrive next run slower (docs/scheduler.md has the H200's figures).
     devices: schedule across these devices (`[0, 1]`, default the current one): one
     scheduler per device, each admitting against its own memory, under one view
     (submit(..., device=i) or placement on the device with room; stats() per device);
@@ -102,6 +111,7 @@ class Scheduler:
                  burst_ms: float = 50.0, simulate: bool | None = None,
                  sim_gbps: float = DEFAULT_SIM_GBPS, max_inflight: int = 1,
                  guard_ms: float = 0.25, min_idle_ms: float = 5.0,
+                 best_effort_duty: float = 1.0, duty_window_ms: float = DUTY_WINDOW_MS,
                  devices: Any = None) -> None:  # fmt: skip
         from pygpukit import _rust
         from pygpukit.backends import get_backend
@@ -126,6 +136,9 @@ class Scheduler:
         min_idle_ms = check.real(where, "min_idle_ms", min_idle_ms, 0.0)
         sim_gbps = check.real(where, "sim_gbps", sim_gbps, 0.0, open_low=True)
         max_inflight = check.at_least(where, "max_inflight", max_inflight, 1)
+        best_effort_duty = check.real(where, "best_effort_duty", best_effort_duty, 0.0, 1.0,
+                                      open_low=True)  # fmt: skip
+        duty_window_ms = check.real(where, "duty_window_ms", duty_window_ms, 0.0, open_low=True)
         if partitions is not None and not isinstance(partitions, dict):
             raise errors.DTypeError(f"{where}: partitions must be a dict of name -> dict, got "
                                     f"{type(partitions).__name__}")  # fmt: skip
@@ -157,6 +170,7 @@ class Scheduler:
         self.simulated = (not cuda) if simulate is None else bool(simulate)
         self._sim_bytes_per_ms = sim_gbps * 1e6
         self._clock: Clock = SimClock() if self.simulated else WallClock()
+        self._core.set_best_effort_duty(best_effort_duty, duty_window_ms, self._clock.now())
         # Entered directly (`with self._mu`) where no wait or notify follows: a Condition's
         # __enter__ is a Python call on every submit and end.
         self._mu = threading.RLock()

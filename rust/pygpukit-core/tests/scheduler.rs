@@ -669,3 +669,41 @@ fn submit_and_start_is_submit_then_pick_and_start_of_the_new_task() {
     assert_eq!(a.tasks.len(), b.tasks.len());
     assert_eq!(fused.queue_order(), split.queue_order());
 }
+
+#[test]
+fn best_effort_duty_limit_idles_the_gpu_between_best_effort_launches() {
+    let mut s = Scheduler::new(100 * MIB, 50.0).unwrap();
+    assert!(s.set_best_effort_duty(0.0, 10.0, 0.0).is_err());
+    assert!(s.set_best_effort_duty(1.5, 10.0, 0.0).is_err());
+    assert!(s.set_best_effort_duty(0.5, f64::NAN, 0.0).is_err());
+    assert_eq!(s.best_effort_duty(), 1.0, "refused settings leave no limit");
+    // Half the GPU's time over 4 ms: a bucket of 2 ms, refilled at 0.5 ms per ms.
+    s.set_best_effort_duty(0.5, 4.0, 0.0).unwrap();
+    let be = |s: &mut Scheduler, t: f64| s.submit(spec("be", MIB, Qos::BestEffort), t).unwrap().id;
+    let a = be(&mut s, 0.0);
+    s.start(a, 0.0).unwrap();
+    s.complete(a, 3.0, 3.0).unwrap(); // 2 ms of tokens (full) - 3 ms: -1 at t=3
+    let b = be(&mut s, 3.0);
+    assert_eq!(s.pace(b, 3.0), Ok(Pace::Wait { until: Some(5.0) }));
+    assert_eq!(s.next_wakeup(3.0), Ok(Some(5.0)));
+    // Burstable and Guaranteed work is not limited by it, and goes first.
+    let c = s.submit(spec("c", MIB, Qos::Burstable), 3.0).unwrap().id;
+    assert_eq!(s.pick_next(3.0), Ok(Some(c)));
+    s.start(c, 3.0).unwrap();
+    s.complete(c, 10.0, 4.0).unwrap();
+    assert_eq!(s.pick_next(4.9), Ok(None));
+    assert_eq!(s.pick_next(5.0), Ok(Some(b)));
+    let st = s.stats(Some(5.0));
+    assert_eq!(st.counts.held_for_duty, 1);
+    assert_eq!(st.counts.held_for_guaranteed, 0);
+    assert_eq!(st.best_effort_duty, 0.5);
+    assert!(st.best_effort_tokens_ms.unwrap().abs() < 1e-9);
+    // Lifted: best effort is work-conserving again.
+    s.set_best_effort_duty(1.0, 4.0, 5.0).unwrap();
+    assert_eq!(s.best_effort_duty(), 1.0);
+    s.start(b, 5.0).unwrap();
+    s.complete(b, 100.0, 105.0).unwrap();
+    let d = be(&mut s, 105.0);
+    assert_eq!(s.pace(d, 105.0), Ok(Pace::Start));
+    assert_eq!(s.stats(None).best_effort_tokens_ms, None);
+}

@@ -137,9 +137,12 @@ fn stats_dict<'py>(py: Python<'py>, s: &SchedStats) -> PyResult<Bound<'py, PyDic
         ("cancelled", c.cancelled),
         ("throttled", c.throttled),
         ("held_for_guaranteed", c.held_for_guaranteed),
+        ("held_for_duty", c.held_for_duty),
     ] {
         d.set_item(k, v)?;
     }
+    d.set_item("best_effort_duty", s.best_effort_duty)?;
+    d.set_item("best_effort_tokens_ms", s.best_effort_tokens_ms)?;
     let tasks = PyDict::new(py);
     for (id, t) in &s.tasks {
         let e = PyDict::new(py);
@@ -274,6 +277,20 @@ impl PySchedulerCore {
             stream_priority: int32_arg(py, "stream_priority", stream_priority)?,
         };
         self.with(py, |s| s.add_partition(p))?
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// Limits best-effort launches together to `duty` of the GPU's time over
+    /// `window_ms` from `now` (1: no limit); see the core's
+    /// `set_best_effort_duty`.
+    fn set_best_effort_duty(
+        &self,
+        py: Python<'_>,
+        duty: f64,
+        window_ms: f64,
+        now: f64,
+    ) -> PyResult<()> {
+        self.with(py, |s| s.set_best_effort_duty(duty, window_ms, now))?
             .map_err(|e| to_py(py, e))
     }
 

@@ -72,6 +72,7 @@ impl Scheduler {
             state: TaskState::Queued,
             throttled: false,
             held: false,
+            duty_held: false,
             started_ms: None,
         };
         self.queue.insert(QueueKey::of(&task));

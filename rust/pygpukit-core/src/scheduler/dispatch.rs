@@ -59,6 +59,8 @@ enum Hold {
     /// Best effort behind the one best-effort launch in flight (not counted:
     /// every backlogged task would be).
     BehindBestEffort,
+    /// Best effort over the best-effort duty limit, until its bucket refills.
+    Duty(Option<f64>),
 }
 
 impl Scheduler {
@@ -101,6 +103,9 @@ impl Scheduler {
         }
         if self.running[Qos::BestEffort as usize] > 0 {
             return Some(Hold::BehindBestEffort);
+        }
+        if let Some(b) = self.best_effort.as_ref().filter(|b| !b.within_share(now)) {
+            return Some(Hold::Duty(b.ready_at(now)));
         }
         let ends = now + self.tenants[&task.spec.tenant].expected_ms().unwrap_or(0.0);
         self.tenants
@@ -159,7 +164,9 @@ impl Scheduler {
     fn pace_in(&self, v: &View<'_>, task: &Task) -> Pace {
         match self.hold(v, task) {
             None => Pace::Start,
-            Some(Hold::Share(until) | Hold::ForGuaranteed(until)) => Pace::Wait { until },
+            Some(Hold::Share(until) | Hold::ForGuaranteed(until) | Hold::Duty(until)) => {
+                Pace::Wait { until }
+            }
             Some(Hold::BehindBestEffort) => Pace::Wait { until: None },
         }
     }
@@ -212,7 +219,7 @@ impl Scheduler {
                 if let Some(h) = self.hold(&v, &self.tasks[&k.id]) {
                     held.push((k.id, h));
                     let at = match h {
-                        Hold::Share(t) => t,
+                        Hold::Share(t) | Hold::Duty(t) => t,
                         Hold::ForGuaranteed(Some(t)) => Some(t),
                         Hold::ForGuaranteed(None) => {
                             *idle_at.get_or_insert_with(|| self.guaranteed_idle_at())
@@ -244,6 +251,10 @@ impl Scheduler {
                 task.held = true;
                 self.counts.held_for_guaranteed += 1;
                 tenant.held_tasks += 1;
+            }
+            Hold::Duty(_) if !task.duty_held => {
+                task.duty_held = true;
+                self.counts.held_for_duty += 1;
             }
             _ => {}
         }

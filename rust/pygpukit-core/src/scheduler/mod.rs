@@ -22,6 +22,7 @@ pub use partition::Partition;
 pub use stats::{Counters, PartitionStats, SchedStats, TaskStats, TenantStats};
 pub use task::{Qos, TaskId, TaskSpec, TaskState};
 
+use pacing::Bucket;
 use reservations::Reservations;
 use task::{QueueKey, Task};
 use tenant::Tenant;
@@ -86,6 +87,9 @@ pub struct Scheduler {
     running: [usize; 3],
     guard_ms: f64,
     min_idle_ms: f64,
+    /// The best-effort duty limit: a bucket over the GPU time all
+    /// best-effort launches take together (None: no limit).
+    best_effort: Option<Bucket>,
 }
 
 fn check_time(now: f64) -> Result<(), SchedError> {
@@ -130,6 +134,7 @@ impl Scheduler {
             running: [0; 3],
             guard_ms: DEFAULT_GUARD_MS,
             min_idle_ms: DEFAULT_MIN_IDLE_MS,
+            best_effort: None,
         };
         s.add_partition(Partition {
             name: DEFAULT_PARTITION.into(),
@@ -201,6 +206,43 @@ impl Scheduler {
         }
         self.min_idle_ms = min_idle_ms;
         Ok(())
+    }
+
+    /// Limits the GPU time best-effort launches take together to `duty` of
+    /// the GPU's time (a bucket of `duty * window_ms` milliseconds, refilled
+    /// at `duty`, charged with each best-effort launch's measured time);
+    /// `duty` 1 lifts the limit. Best effort is otherwise work-conserving: a
+    /// flood of it runs back to back whenever no Guaranteed work needs the
+    /// GPU, and the GPU's power then stays at its cap. A GPU held at its
+    /// power cap runs at lower clocks, and after the flood is held it takes
+    /// tens of milliseconds to clock up again: every Guaranteed step in that
+    /// time is slower (seen on the H200: 1400-1500 MHz instead of 1980, a
+    /// decode step 44 us instead of 34). Below 1 the GPU idles between
+    /// best-effort launches, which keeps its average power, and so its
+    /// clock, down for the Guaranteed work that arrives next.
+    pub fn set_best_effort_duty(
+        &mut self,
+        duty: f64,
+        window_ms: f64,
+        now: f64,
+    ) -> Result<(), SchedError> {
+        check_time(now)?;
+        if !(duty > 0.0 && duty <= 1.0) {
+            return Err(SchedError::InvalidArgument(format!(
+                "best_effort_duty must be in (0, 1], got {duty}"
+            )));
+        }
+        if !(window_ms.is_finite() && window_ms > 0.0) {
+            return Err(SchedError::InvalidArgument(format!(
+                "duty_window_ms must be positive, got {window_ms}"
+            )));
+        }
+        self.best_effort = (duty < 1.0).then(|| Bucket::new(duty, window_ms, now));
+        Ok(())
+    }
+
+    pub fn best_effort_duty(&self) -> f64 {
+        self.best_effort.as_ref().map_or(1.0, Bucket::rate)
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -318,6 +360,11 @@ impl Scheduler {
         tenant.bucket.charge(gpu_ms, now);
         tenant.gpu_time_ms += gpu_ms;
         tenant.note_duration(gpu_ms);
+        if task.spec.qos == Qos::BestEffort {
+            if let Some(b) = self.best_effort.as_mut() {
+                b.charge(gpu_ms, now);
+            }
+        }
         if ok {
             tenant.completed += 1;
             self.counts.completed += 1;

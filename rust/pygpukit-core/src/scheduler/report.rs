@@ -64,6 +64,11 @@ impl Scheduler {
             waiting: self.waiting.len(),
             running,
             counts: self.counts.clone(),
+            best_effort_duty: self.best_effort_duty(),
+            best_effort_tokens_ms: self
+                .best_effort
+                .as_ref()
+                .map(|b| b.tokens_at(now.unwrap_or(f64::NEG_INFINITY))),
             tasks,
             tenants,
             partitions,

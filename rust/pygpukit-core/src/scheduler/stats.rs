@@ -17,6 +17,8 @@ pub struct Counters {
     pub throttled: u64,
     /// Best-effort tasks held back for Guaranteed work, each counted once.
     pub held_for_guaranteed: u64,
+    /// Best-effort tasks held back by the best-effort duty limit, each counted once.
+    pub held_for_duty: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -61,6 +63,9 @@ pub struct SchedStats {
     pub waiting: usize,
     pub running: usize,
     pub counts: Counters,
+    /// The best-effort duty limit (1.0: none) and its bucket's tokens (ms).
+    pub best_effort_duty: f64,
+    pub best_effort_tokens_ms: Option<f64>,
     pub tasks: BTreeMap<TaskId, TaskStats>,
     pub tenants: BTreeMap<String, TenantStats>,
     pub partitions: BTreeMap<String, PartitionStats>,

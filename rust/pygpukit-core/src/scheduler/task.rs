@@ -78,6 +78,8 @@ pub struct Task {
     /// Likewise for holds that keep best-effort work off the GPU for
     /// Guaranteed work.
     pub held: bool,
+    /// Likewise for holds by the best-effort duty limit.
+    pub duty_held: bool,
     pub started_ms: Option<f64>,
 }
 
