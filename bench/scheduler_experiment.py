@@ -50,6 +50,17 @@ SIM_GBPS = 2.0  # simulated GPU bandwidth: CPU-sized tensors then cost milliseco
 FLOOD_DEPTH = 4  # GEMMs the BestEffort client keeps outstanding
 TOP_UP_MS = 0.1  # how often (simulated) it tops its queue up
 PERIOD_MS = 5.0  # paced Guaranteed client: one decode step every 5 ms (200 steps/s)
+# The BestEffort client floods the GPU alone this long before the Guaranteed tenant starts:
+# long enough for a back-to-back GEMM flood to bring the H200 to its power limit (its SM
+# clock drops from 1980 to 1400-1500 MHz within ~0.1 s, and comes back only tens of ms
+# after the flood is held).
+FLOOD_LEAD_S = 0.5
+# The scheduler's best_effort_duty in the contended rows: the flood may take this much of
+# the GPU's time. Chosen before measuring, from the power the H200 showed: idle ~125 W,
+# a GEMM at its 700 W cap clocked ~1440 MHz (so ~1200 W or more at 1980 MHz): 0.4 of the
+# time at that and 0.6 idle averages about 550 W, under the cap.
+BE_DUTY = 0.4
+DUTY_SWEEP = (0.6, 0.25)  # also measured, with the work-conserving flood (1.0)
 
 
 def percentiles(xs: list[float]) -> dict[str, Any]:
@@ -225,13 +236,42 @@ def _reservation_ms(w: dict[str, Any]) -> float:
     return float(np.percentile(ts, 50))
 
 
+def _nvml() -> Any:
+    """NVML's handle for device 0 (pynvml), or None where it is missing."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # no pynvml, no NVML: clocks are not reported
+        return None
+
+
+_NVML: list[Any] = []
+
+
+def sm_clock() -> dict[str, Any] | None:
+    """The GPU's SM clock (MHz) now and why it is held down (NVML's throttle reasons:
+    0x4 is the software power cap), or None without NVML."""
+    if not _NVML:
+        _NVML.append(_nvml())
+    h = _NVML[0]
+    if h is None:
+        return None
+    import pynvml
+
+    return {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "reasons": hex(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))}  # fmt: skip
+
+
 def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | None = None,
-              to_numpy: bool = False) -> dict:  # fmt: skip
+              to_numpy: bool = False, duty: float = 1.0) -> dict:  # fmt: skip
     """Guaranteed decode steps through the scheduler, next to (contended) a BestEffort
-    client keeping 4 GEMMs submitted. period_ms None: a closed loop (each step submitted
-    as the last result is back); else one step every period_ms. Latency: submit to
-    result() (to_numpy: and its values on the host)."""
-    with gpk.Scheduler(memory=8 << 30) as sched:
+    client keeping 4 GEMMs submitted, alone on the GPU for FLOOD_LEAD_S first. period_ms
+    None: a closed loop (each step submitted as the last result is back); else one step
+    every period_ms. Latency: submit to result() (to_numpy: and its values on the host).
+    duty: the scheduler's best_effort_duty."""
+    with gpk.Scheduler(memory=8 << 30, best_effort_duty=duty) as sched:
         stop = threading.Event()
         outstanding: list[Any] = []
         feed_wakeups = [0]
@@ -269,11 +309,18 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                 y.to_numpy()
 
         th = _flood_thread(stop, feed) if contended else None
-        time.sleep(0.2 if contended else 0)
+        lead: dict[str, Any] = {}
+        if contended:  # the flood alone: what the duty limit leaves it
+            time.sleep(0.05)
+            c0, t0 = sched.stats()["tenants"].get("gemm", {}).get("completed", 0), time.time()
+            time.sleep(FLOOD_LEAD_S - 0.05)
+            c1, t1 = sched.stats()["tenants"].get("gemm", {}).get("completed", 0), time.time()
+            lead = {"gemms_per_s": (c1 - c0) / (t1 - t0), "clock": sm_clock()}
         lat = []
         be0: dict[str, Any] = {}
         t_start = t_end = 0.0
         wake0 = feed0 = wake1 = feed1 = 0
+        clock_start = clock_end = None
         gc0: list[int] = []
         gcs: list[int] = []
         try:
@@ -287,12 +334,14 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                     be0 = dict(st0["tenants"].get("gemm", {}))
                     wake0, feed0 = st0["dispatcher_wakeups"], feed_wakeups[0]
                     gc0 = [g["collections"] for g in gc.get_stats()]
+                    clock_start = sm_clock()
                     t_start = time.perf_counter()
                 t0 = time.perf_counter()
                 step()
                 if k >= WARMUP:
                     lat.append((time.perf_counter() - t0) * 1e3)
             t_end = time.perf_counter()
+            clock_end = sm_clock()
             feed1 = feed_wakeups[0]
             gcs = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0, strict=True)]
             st1 = sched.stats()
@@ -314,6 +363,8 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
     out["gpu_p50_ms"] = float(np.percentile(gpu_ms[WARMUP:], 50))
     out["dispatcher_wakeups"] = wake1 - wake0
     out["gc_collections"] = gcs  # per generation, during the timed steps
+    out["best_effort_duty"] = duty
+    out["sm_clock"] = [clock_start, clock_end]  # at the window's start and end
     if contended:
         out["flood_wakeups"] = feed1 - feed0
     window_ms = (t_end - t_start) * 1e3
@@ -326,7 +377,10 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
         gpu = be1.get("gpu_time_ms", 0.0) - be0.get("gpu_time_ms", 0.0)
         out["best_effort"] = {"gemms_done": done, "gemms_per_s": done / window_ms * 1e3,
                               "gpu_fraction": gpu / window_ms,
-                              "gemm_ms": st["tenants"]["gemm"].get("expected_ms")}  # fmt: skip
+                              "gemm_ms": st["tenants"]["gemm"].get("expected_ms"),
+                              "alone_gemms_per_s": lead["gemms_per_s"],
+                              "alone_clock": lead["clock"],
+                              "held_for_duty": st.get("held_for_duty")}  # fmt: skip
     return out
 
 
@@ -387,9 +441,13 @@ def main() -> None:
         res["reservation_p50_ms"] = _reservation_ms(w)
         res["solo"] = gpu_sched(w, n, False)
         res["solo_to_numpy"] = gpu_sched(w, n, False, to_numpy=True)
-        res["contended_sched"] = gpu_sched(w, n, True)
+        res["contended_sched"] = gpu_sched(w, n, True, duty=BE_DUTY)
+        res["contended_by_duty"] = {str(d): gpu_sched(w, n, True, duty=d) for d in DUTY_SWEEP}
         res["solo_paced"] = gpu_sched(w, n, False, period_ms=PERIOD_MS)
-        res["contended_paced_sched"] = gpu_sched(w, n, True, period_ms=PERIOD_MS)
+        res["contended_paced_sched"] = gpu_sched(w, n, True, period_ms=PERIOD_MS, duty=BE_DUTY)
+        # The flood work-conserving (no duty limit), last of the scheduler rows: it leaves
+        # the GPU at its power limit.
+        res["contended_by_duty"]["1.0"] = gpu_sched(w, n, True)
         # Each step waits behind the whole GEMM backlog (seconds): a few show it.
         res["contended_direct"] = gpu_direct(w, 5 if args.quick else 20, True)
         res["shares_70_30"] = gpu_shares(w, 3.0 if args.quick else 10.0)

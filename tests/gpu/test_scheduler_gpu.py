@@ -171,3 +171,35 @@ def test_closed_loop_guaranteed_steps_end_in_order_and_leave_no_garbage() -> Non
             gc.enable()
         assert st["completed"] == 30 and st["reserved_bytes"] == 0 and not st["tasks"]
         assert st["tenants"]["g"]["completed"] == 30 and st["tenants"]["g"]["gpu_time_ms"] > 0
+
+
+def test_best_effort_duty_limit_spaces_gemms_on_the_gpu() -> None:
+    """best_effort_duty on the GPU: each best-effort GEMM starts only once the duty
+    limit's bucket has refilled from the measured GPU time of those before it, and the
+    results are right."""
+    rng = np.random.default_rng()
+    hs = [_rand(rng, 4096, 4096).astype(np.float16) for _ in range(3)]
+    xs = [gpk.asarray(h) for h in hs]
+
+    @gpk.compile
+    def gemm(x):
+        return x @ x
+
+    gemm(xs[0])
+    # A bucket of 0.2 * 0.1 = 0.02 ms: a 4096^3 GEMM (over 0.1 ms) overdraws it.
+    with gpk.Scheduler(memory=1 << 30, best_effort_duty=0.2, duty_window_ms=0.1) as sched:
+        tasks = [sched.submit(gemm, x, qos="best_effort", tenant="be") for x in xs]
+        for t, h in zip(tasks, hs, strict=True):
+            want = h.astype(np.float64) @ h.astype(np.float64)
+            np.testing.assert_allclose(t.result(30).to_numpy().astype(np.float64), want,
+                                       rtol=1e-2, atol=1.0)  # fmt: skip
+        st = sched.stats()
+    assert st["completed"] == 3 and st["best_effort_duty"] == 0.2
+    assert st["held_for_duty"] == 2
+    ran = sorted((t.started_ms, t.gpu_ms) for t in tasks)
+    assert all(ms is not None and ms > 0.02 for _, ms in ran)
+    charged = 0.0
+    for (_, ms), (start, _) in zip(ran, ran[1:], strict=False):
+        charged += ms
+        # 0.02 ms to start with, refilled at 0.2 ms per ms since.
+        assert charged <= 0.02 + 0.2 * start + 1e-6, ran
