@@ -22,9 +22,11 @@ from .rewrite import users
 def _swaps_heads_and_seq(perm: tuple[int, ...]) -> bool:
     """perm swaps the last-but-two and last-but-one axes and keeps every other."""
     n = len(perm)
+    if n < 3:
+        return False
     want = list(range(n))
     want[n - 3], want[n - 2] = n - 2, n - 3
-    return n >= 3 and list(perm) == want
+    return list(perm) == want
 
 
 def sdpa_seq_major(graph: Graph) -> Graph:

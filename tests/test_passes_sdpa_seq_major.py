@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from attention_ref import sdpa_ref
-from passes_util import arr, close, fused, ops, report, run_lazy, run_unfused
+from passes_util import arr, close, fused, ops, record, report, run_lazy, run_unfused
 
 import pygpukit as gpk
 from pygpukit.ir import ops as irops
 from pygpukit.ir.dtypes import as_dtype
 from pygpukit.ir.shapes import ShapeRuleError
+from pygpukit.passes.sdpa_seq_major import sdpa_seq_major
 
 B, H, KV, T, S, D = 2, 4, 2, 5, 7, 8
 
@@ -100,3 +101,23 @@ def test_op_rule_swaps_heads_and_seq():
     with pytest.raises(ShapeRuleError):
         irops.infer("sdpa", [((B, H, T, D), f32), ((B, 3, S, D), f32), ((B, 3, S, D), f32)],
                     {"seq_major": True})  # fmt: skip
+
+
+def test_other_permutes_pass_through():
+    """Transposes of fewer than three axes (and other perms) are no heads swap."""
+    rng = np.random.default_rng()
+    a = arr(rng, 3, 4)
+    b = arr(rng, 2, 3, 4)
+    c = arr(rng, 5)
+
+    def f(a, b, c):
+        return a.T * 2.0, b.transpose(2, 0, 1) + 1.0, c.transpose(0) - 1.0
+
+    raw, _ = record(f, a, b, c)  # the recorded permutes, before simplification drops any
+    assert sdpa_seq_major(raw).report == raw.report
+    g = fused(f, a, b, c)
+    assert not report(g, "sdpa_seq_major", "matched")
+    x, y, z = run_lazy(f, a, b, c)
+    close(x, a.T.astype(np.float64) * 2.0)
+    close(y, b.transpose(2, 0, 1).astype(np.float64) + 1.0)
+    close(z, c.astype(np.float64) - 1.0)
