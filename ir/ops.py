@@ -365,6 +365,8 @@ def _sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     #   kv_start [batch] int: keys before it are masked (left padding of batched prompts)
     # attrs["window"] (optional int >= 1, a sliding window): query i sees only keys
     # j > i + kv_len - seq_q - window (Mistral's rule at the causal alignment).
+    # attrs["seq_major"] (optional bool): the output is [..., seq, heads, dim], the layout
+    # the heads are merged in afterwards (passes/sdpa_seq_major.py).
     (sq, dq), (sk, _), (sv, _), *extra = ins
     _float_only("scaled_dot_product_attention", dq)
     window = attrs.get("window")
@@ -386,6 +388,8 @@ def _sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
         raise ShapeRuleError(f"sdpa: q {sq}, k {sk}, v {sv} do not fit")
     if sq[-3] % sk[-3]:
         raise ShapeRuleError(f"sdpa: {sq[-3]} query heads not a multiple of {sk[-3]} kv heads")
+    if attrs.get("seq_major"):
+        return sq[:-3] + (sq[-2], sq[-3], sv[-1]), dq
     return sq[:-1] + (sv[-1],), dq
 
 

@@ -26,6 +26,7 @@ from .fuse_sdpa import fuse_sdpa
 from .fuse_softmax import fuse_softmax
 from .fuse_swiglu import fuse_swiglu
 from .merge_rope import merge_rope
+from .sdpa_seq_major import sdpa_seq_major
 from .simplify import algebraic_simplification
 
 Pass = Callable[[Graph], Graph]
@@ -34,6 +35,8 @@ Pass = Callable[[Graph], Graph]
 # - softmax before attention: sdpa matches the softmax node;
 # - a decode step's cache stores join its attention (with the ropes of q and k) before
 #   merge_rope pairs up the ropes that are left;
+# - a prefill's attention writes its output with the heads already swapped back to the
+#   sequence-major layout (sdpa_seq_major, after the sdpa forms are settled);
 # - SwiGLU before linear, so a gate projection stays a plain GEMM feeding swiglu;
 # - written-out GELU before linear, so the GELU lands in the GEMM epilogue;
 # - then a gate/up projection takes its SwiGLU as an epilogue, and norms, gates and
@@ -50,6 +53,7 @@ PIPELINE: list[Pass] = [
     fuse_rope,
     fuse_kv_append,
     merge_rope,
+    sdpa_seq_major,
     fuse_swiglu,
     fuse_gelu,
     fuse_linear,

@@ -30,7 +30,10 @@ the same shape in the same process: per shape the wall time (the bench's best_of
 kernel name and by kind (GEMM, attention, norm, elementwise, copy), the span from the first
 kernel's start to the last one's end (its excess over the kernel time is launch gaps), the
 host time before the first kernel and after the last, and one layer's kernels in order with
-their grids and times (the GEMM shapes show in the grids).
+their grids, whole and own times (own: what no kernel ahead covered, as for decode), each
+with its role (layer_roles), the bytes it must move and its GB/s against the device's copy
+bandwidth (a 256 MiB device copy, measured in the run), each GEMM against torch's cuBLAS on
+the same M, N, K (gemm_reference), and the layer's GEMM and non-GEMM own time.
 
 --serve B,...[:BUDGET,...] profiles the serving engine's captured step (pygpukit/serve):
 a decode step of B running sequences at --context keys each, and, per BUDGET, a mixed
@@ -266,48 +269,202 @@ def _kernel_events(trace_path: str) -> tuple[list[dict[str, Any]], list[dict[str
     return gpu, marks
 
 
+def _own_times(ev: list[dict[str, Any]]) -> list[float]:
+    """Each event's own time: from where the GPU was last busy until (or its start) to its
+    end. With programmatic dependent launch a kernel starts while the one ahead runs and
+    waits for it inside, so its duration also covers the wait."""
+    own, busy_until = [], 0.0
+    for e in ev:
+        end = e["ts"] + e["dur"]
+        own.append(max(0.0, end - max(e["ts"], busy_until)))
+        busy_until = max(busy_until, end)
+    return own
+
+
+def _layer_window(ev: list[dict[str, Any]], per_layer: int) -> list[int]:
+    """Indices of one middle layer's kernels: from an RMSNorm followed by a GEMM (the
+    attention norm and the QKV projection) to the next such pair."""
+    starts = [i for i in range(len(ev) - 1) if "rms_norm" in ev[i]["name"]
+              and kernel_kind(ev[i + 1]["name"]) == "gemm"]  # fmt: skip
+    if len(starts) >= 3:
+        k = len(starts) // 2
+        return list(range(starts[k], starts[k + 1]))
+    lo = max(len(ev) // 2 - per_layer // 2, 0)
+    return list(range(lo, min(lo + per_layer + 2, len(ev))))
+
+
+def layer_roles(names: list[str], cfg: Any, batch: int, tokens: int, kv_len: int
+                ) -> list[dict[str, Any]]:  # fmt: skip
+    """What each kernel of one prefill layer (names in launch order) does, the bytes it
+    must move at least (bf16) and, for a GEMM, its (M, N, K): the i-th GEMM is the QKV,
+    attention-out, gate/up and down projection; an elementwise or copy kernel before the
+    attention stores keys or values (K and V in one kernel when it is the only one), one
+    after it is the attention output's transposing copy."""
+    c, m, e = cfg, batch * tokens, 2
+    qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    gemms = [("qkv", qd + 2 * kd, c.hidden_size, False),
+             ("attn_out", c.hidden_size, qd, True),
+             ("gate_up", 2 * c.intermediate_size, c.hidden_size, False),
+             ("down", c.hidden_size, c.intermediate_size, True)]  # fmt: skip
+    attn_at = next((i for i, n in enumerate(names) if kernel_kind(n) == "attention"), len(names))
+    stores = [
+        i
+        for i, n in enumerate(names[:attn_at])
+        if kernel_kind(n) in ("elementwise", "copy") and "memset" not in n.lower()
+    ]
+    out: list[dict[str, Any]] = []
+    g = 0
+    for i, n in enumerate(names):
+        kind, low = kernel_kind(n), n.lower()
+        r: dict[str, Any] = {"kind": kind}
+        if "memset" in low:
+            r.update(role="memset", bytes=0)
+        elif kind == "gemm" and g < len(gemms):
+            role, nn, kk, res = gemms[g]
+            g += 1
+            r.update(role=role, mnk=(m, nn, kk),
+                     bytes=e * (m * kk + nn * kk + m * nn * (2 if res else 1)))  # fmt: skip
+        elif "rms_norm" in low:
+            r.update(role="rms_norm", bytes=e * (2 * m * c.hidden_size + c.hidden_size))
+        elif "rope" in low:
+            # q and k rotated; a rope that also stores the keys and values reads v too
+            both = len(stores) == 0
+            r.update(role="rope+kv_store" if both else "rope",
+                     bytes=e * 2 * m * (qd + kd + (kd if both else 0)))  # fmt: skip
+        elif kind == "attention":
+            r.update(role="attention",
+                     bytes=e * (2 * m * qd + 2 * batch * kv_len * kd))  # fmt: skip
+        elif "swiglu" in low:
+            r.update(role="swiglu", bytes=e * 3 * m * c.intermediate_size)
+        elif i in stores:
+            one = len(stores) == 1
+            r.update(role="kv_store" if one else ("k_store", "v_store")[stores.index(i) % 2],
+                     bytes=e * 2 * m * kd * (2 if one else 1))  # fmt: skip
+        elif i > attn_at and kind in ("elementwise", "copy"):
+            r.update(role="attn_out_copy", bytes=e * 2 * m * qd)
+        else:
+            r.update(role="other", bytes=0)
+        out.append(r)
+    return out
+
+
 def _summarise(gpu: list[dict[str, Any]], mark: dict[str, Any], layers: int) -> dict[str, Any]:
     """Kernel time by name and kind, span and gaps, host time around the kernels, and one
-    middle layer's kernels in order, for the GPU events inside the annotation `mark`."""
+    middle layer's kernels in order, for the GPU events inside the annotation `mark`. Own
+    times count what no kernel ahead of a launch covered (see _own_times)."""
     t0, t1 = mark["ts"], mark["ts"] + mark["dur"]
     ev = [e for e in gpu if t0 <= e["ts"] <= t1]
     if not ev:
         return {"wall_us": mark["dur"], "kernels": 0}
-    by_name: dict[str, list[float]] = {}
+    own = _own_times(ev)
+    by_name: dict[str, list[tuple[float, float]]] = {}
     by_kind: dict[str, float] = {}
-    for e in ev:
-        by_name.setdefault(e["name"][:90], []).append(e["dur"])
+    by_kind_own: dict[str, float] = {}
+    for e, o in zip(ev, own, strict=True):
+        by_name.setdefault(e["name"][:90], []).append((e["dur"], o))
         k = kernel_kind(e["name"])
         by_kind[k] = by_kind.get(k, 0.0) + e["dur"]
+        by_kind_own[k] = by_kind_own.get(k, 0.0) + o
     busy = sum(e["dur"] for e in ev)
     first, last = ev[0]["ts"], max(e["ts"] + e["dur"] for e in ev)
-    names = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    names = sorted(by_name.items(), key=lambda kv: -sum(o for _, o in kv[1]))
     per_layer = len(ev) // max(layers, 1)
-    mid = ev[len(ev) // 2 - per_layer // 2 :][: per_layer + 2] if per_layer else []
+    mid = _layer_window(ev, per_layer) if per_layer else []
     return {
-        "wall_us": mark["dur"], "kernels": len(ev), "kernel_us": busy, "span_us": last - first,
-        "gaps_us": (last - first) - busy, "host_before_us": first - t0, "host_after_us": t1 - last,
+        "wall_us": mark["dur"], "kernels": len(ev), "kernel_us": busy, "own_us": sum(own),
+        "span_us": last - first, "gaps_us": (last - first) - sum(own),
+        "host_before_us": first - t0, "host_after_us": t1 - last,
         "by_kind_us": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-        "by_name": [{"name": n, "count": len(d), "total_us": sum(d), "mean_us": sum(d) / len(d)}
+        "by_kind_own_us": dict(sorted(by_kind_own.items(), key=lambda kv: -kv[1])),
+        "by_name": [{"name": n, "count": len(d), "total_us": sum(x for x, _ in d),
+                     "own_us": sum(o for _, o in d), "mean_us": sum(x for x, _ in d) / len(d)}
                     for n, d in names[:40]],
-        "one_layer": [{"name": e["name"][:70], "us": e["dur"],
-                       "grid": e.get("args", {}).get("grid"),
-                       "block": e.get("args", {}).get("block")} for e in mid],
+        "one_layer": [{"name": ev[i]["name"][:70], "us": ev[i]["dur"], "own_us": own[i],
+                       "grid": ev[i].get("args", {}).get("grid"),
+                       "block": ev[i].get("args", {}).get("block")} for i in mid],
     }  # fmt: skip
+
+
+def annotate_layer(s: dict[str, Any], cfg: Any, batch: int, tokens: int, kv_len: int,
+                   copy_gb_s: float, gemm_ref: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """Adds to a summary's one_layer each kernel's role, bytes, GB/s over its own time and
+    that against copy bandwidth; each GEMM's time against the reference for its shape
+    (gemm_reference: torch's cuBLAS on the same M, N, K, the residual ones as addmm); and
+    the layer's GEMM and non-GEMM own time."""
+    layer = s.get("one_layer", [])
+    roles = layer_roles([r["name"] for r in layer], cfg, batch, tokens, kv_len)
+    ref = {(g["m"], g["n"], g["k"]): g for g in gemm_ref}
+    gemm_us = rest_us = 0.0
+    for r, role in zip(layer, roles, strict=True):
+        r.update(role)
+        own = max(r["own_us"], 1e-3)
+        if role["kind"] == "gemm":
+            gemm_us += r["own_us"]
+            g = ref.get(tuple(role.get("mnk", ())))
+            if g is not None:
+                res = role["role"] in ("attn_out", "down")
+                best = g["linear_add_us"] if res else g["linear_us"]
+                r["ref_us"], r["vs_ref"] = best, own / best
+            r["tflops"] = 2 * math.prod(role.get("mnk", (0,))) / own / 1e6
+        else:
+            rest_us += r["own_us"]
+        if role["bytes"]:
+            r["gb_s"] = role["bytes"] / own / 1e3
+            r["of_copy"] = r["gb_s"] / copy_gb_s if copy_gb_s else None
+    s["layer_gemm_own_us"], s["layer_rest_own_us"] = gemm_us, rest_us
+    return s
 
 
 def _print_summary(label: str, s: dict[str, Any]) -> None:
     print(f"== {label}: wall {s['wall_us'] / 1e3:.3f} ms, {s['kernels']} kernels, kernel time "
-          f"{s.get('kernel_us', 0) / 1e3:.3f} ms, span {s.get('span_us', 0) / 1e3:.3f} ms, gaps "
-          f"{s.get('gaps_us', 0) / 1e3:.3f} ms, host before {s.get('host_before_us', 0):.0f} us"
-          f", after {s.get('host_after_us', 0):.0f} us", flush=True)  # fmt: skip
-    print("   by kind (us): " + ", ".join(f"{k} {v:.0f}" for k, v in
-                                          s.get("by_kind_us", {}).items()))  # fmt: skip
+          f"{s.get('kernel_us', 0) / 1e3:.3f} ms (own {s.get('own_us', 0) / 1e3:.3f}), span "
+          f"{s.get('span_us', 0) / 1e3:.3f} ms, gaps {s.get('gaps_us', 0) / 1e3:.3f} ms, host "
+          f"before {s.get('host_before_us', 0):.0f} us, after {s.get('host_after_us', 0):.0f} us",
+          flush=True)  # fmt: skip
+    print("   own time by kind (us): " + ", ".join(f"{k} {v:.0f}" for k, v in
+                                               s.get("by_kind_own_us", {}).items()))  # fmt: skip
+    print("   by name: own us, launches, mean us")
     for r in s.get("by_name", [])[:22]:
-        print(f"   {r['total_us']:9.1f} us {r['count']:5d}x {r['mean_us']:8.2f}  {r['name']}")
-    print("   one layer in order:")
+        print(f"   {r['own_us']:9.1f} us {r['count']:5d}x {r['mean_us']:8.2f}  {r['name']}")
+    _print_layer(s)
+
+
+def _print_layer(s: dict[str, Any]) -> None:
+    print(
+        "   one layer in order: own us, whole us, grid, block, role, GB/s (of copy BW), "
+        "GEMM against the reference"
+    )
     for r in s.get("one_layer", []):
-        print(f"     {r['us']:8.2f} us grid {r['grid']} block {r['block']}  {r['name']}")
+        extra = ""
+        if "gb_s" in r:
+            extra += f" {r['gb_s']:7.0f} GB/s"
+            if r.get("of_copy"):
+                extra += f" ({100 * r['of_copy']:.0f}%)"
+        if "ref_us" in r:
+            extra += f"  {r['tflops']:.0f} TFLOP/s, ref {r['ref_us']:.2f} us ({r['vs_ref']:.2f}x)"
+        print(f"     {r['own_us']:8.2f} {r['us']:8.2f} grid {r['grid']} block {r['block']}  "
+              f"{r.get('role', '')} {r['name'][:40]}{extra}")  # fmt: skip
+    if "layer_gemm_own_us" in s:
+        print(f"   layer: GEMMs {s['layer_gemm_own_us']:.1f} us, the rest "
+              f"{s['layer_rest_own_us']:.1f} us (own)")  # fmt: skip
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read and written over the time) of a
+    256 MiB copy, best of 10: what a memory-bound kernel's GB/s is held against."""
+    import torch
+
+    a = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(12):
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        b.copy_(a)
+        t1.record()
+        t1.synchronize()
+        best = min(best, t0.elapsed_time(t1))
+    return 2 * a.numel() / best / 1e6
 
 
 def _profiled(run: Any, label: str, layers: int, trace: str | None) -> dict[str, Any]:
@@ -520,6 +677,16 @@ def main() -> None:
         shapes = [(int(b), int(t)) for b, t in (x.split("x") for x in a.prefill.split(","))]
         out: dict[str, Any] = {"prefill": prefill(shapes, not a.no_peer, a.trace)}
         out["gemm_reference"] = gemm_reference(sorted({b * t for b, t in shapes}))
+        out["copy_gb_s"] = copy_bandwidth()
+        from pygpukit.bench.llm import tinyllama_config
+
+        for row in out["prefill"]:
+            b, t = row["batch"], row["tokens"]
+            # one chunk from position 0: its attention reads the t keys it stored
+            annotate_layer(row["ours"], tinyllama_config(), b, t, t, out["copy_gb_s"],
+                           out["gemm_reference"])  # fmt: skip
+            print(f"== ours {b}x{t} ({row['ours_ms']:.3f} ms; copy {out['copy_gb_s']:.0f} GB/s)")
+            _print_layer(row["ours"])
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(out, f, indent=1, default=str)

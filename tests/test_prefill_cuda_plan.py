@@ -2,8 +2,8 @@
 captured without a GPU (tests/fake_replay.py: the CUDA planners as they are, NVRTC real,
 launches recorded): the attention-out and MLP-down projections add their residual in the
 cuBLASLt epilogue (C = residual, beta = 1) instead of an add kernel after a GEMM into
-scratch, and the attention output's transposing reshape copies straight into its slot
-(no device-to-device copy after it)."""
+scratch, and the attention stores its output sequence-major, so merging its heads is a
+view (no transposing copy, no device-to-device copy after it)."""
 
 from __future__ import annotations
 
@@ -78,17 +78,18 @@ def test_prefill_residual_in_gemm_and_no_reshape_copy(prefill: Any, tmp_path: An
     }, plans
     names = [x[0] for x in cuda_fakes.LAUNCHES]
     # Each run of the program (the planning one, the captured one) launches every layer's
-    # kernels in order: after the attention, its output's transposing copy, the out
-    # projection with the residual, the MLP's norm, gate/up GEMM, SwiGLU and the down
-    # projection with the residual, then the next layer's norm (or the LM head's GEMV):
-    # no add kernel after either residual GEMM.
+    # kernels in order: after the attention (which stores its output [B, T, H, D] itself,
+    # passes/sdpa_seq_major.py: no transposing copy), the out projection with the
+    # residual, the MLP's norm, gate/up GEMM, SwiGLU and the down projection with the
+    # residual, then the next layer's norm (or the LM head's GEMV): no add kernel after
+    # either residual GEMM.
     at = [i for i, n in enumerate(names) if n == "pgk_attention_flash"]
     assert at and len(at) % LAYERS == 0, names
     for i in at:
-        after = ["ew" if n.startswith("pgk_ew") else n for n in names[i + 1 : i + 8]]
-        assert after[:6] == ["ew", "cublaslt", "pgk_rms_norm", "cublaslt", "pgk_swiglu",
+        after = ["ew" if n.startswith("pgk_ew") else n for n in names[i + 1 : i + 7]]
+        assert after[:5] == ["cublaslt", "pgk_rms_norm", "cublaslt", "pgk_swiglu",
                              "cublaslt"], names[i:]  # fmt: skip
-        assert after[6] in ("pgk_rms_norm", "pgk_gemv_mma"), names[i:]
-    # No step's result is copied into its slot afterwards: the 64 x H attention output (the
-    # reshape) and the projections land in their slots.
+        assert after[5] in ("pgk_rms_norm", "pgk_gemv_mma"), names[i:]
+    # No step's result is copied into its slot afterwards: the 64 x H attention output (a
+    # view of the attention's slot) and the projections land in their slots.
     assert not [n for n in copies if n >= rows * h * 2], copies

@@ -108,7 +108,10 @@ def sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarr
             out = np.matmul(p, v)
         else:  # sum only the visible keys' p * v, so a masked key's NaN/inf stays out
             out = np.where(mask[..., None], 0.0, p[..., None] * v[..., None, :, :]).sum(-2)
-    return down(np.where(empty, 0.0, out), dtype)
+    out = np.where(empty, 0.0, out)
+    if attrs.get("seq_major"):  # [..., seq, heads, dim] (ir/ops.py: sdpa)
+        out = np.ascontiguousarray(np.swapaxes(out, -3, -2))
+    return down(out, dtype)
 
 
 def sdpa_append(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:

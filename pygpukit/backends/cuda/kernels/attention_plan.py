@@ -27,6 +27,8 @@ Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 
 
 def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    if step.attrs.get("seq_major"):
+        return _plan_seq_major(ctx, step, ins, tag)
     q, k, v = ins[:3]
     d = q.shape[-1]
     causal, scale = bool(step.attrs.get("causal")), step.attrs.get("scale")
@@ -42,6 +44,41 @@ def plan_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
     if pre is not None:
         return pre
     return _sdpa_composed(ctx, step, ins, tag, sc, causal)
+
+
+def _plan_seq_major(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    """sdpa with its output [..., seq, heads, dim] (passes/sdpa_seq_major.py): the fused
+    prefill kernels store each row there through their output strides; the other paths
+    (decode, padded head dims, the composed math) run into scratch in the heads-major
+    layout and one copy swaps it."""
+    attrs = {k: v for k, v in step.attrs.items() if k != "seq_major"}
+    shape = step.shape
+    heads_major = shape[:-3] + (shape[-2], shape[-3], shape[-1])
+    base = replace(step, attrs=attrs, shape=heads_major)
+    q = ins[0]
+    if q.shape[-2] > 1:
+        d = q.shape[-1]
+        sc = float(np.float32(1.0 / math.sqrt(d) if attrs.get("scale") is None
+                              else attrs["scale"]))  # fmt: skip
+        fused = _plan_prefill(ctx, base, ins, tag, sc, bool(attrs.get("causal")),
+                              seq_major=True)  # fmt: skip
+        if fused is not None:
+            return fused
+    run = plan_sdpa(ctx, base, ins, tag)
+    nd = len(shape)
+    swapped = list(contiguous(heads_major))
+    swapped[nd - 3], swapped[nd - 2] = swapped[nd - 2], swapped[nd - 3]
+    src = DeviceValue(q.storage, shape, tuple(swapped), 0, step.dtype)
+    swap = ew.make(ctx, ("in", 0), [src], shape, contiguous(shape), step.dtype, 256, tag=tag)
+
+    def run_swapped(vals: Sequence[DeviceValue]) -> DeviceValue:
+        with ctx.scratch_only():
+            o = run(vals)
+        out = ctx.alloc_out(shape, step.dtype, "sdpa")
+        swap(out.ptr, [o.view(shape, tuple(swapped), o.offset).ptr])
+        return out
+
+    return run_swapped
 
 
 def _plan_padded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, sc: float,
@@ -119,11 +156,12 @@ def _mask_inputs(step: Step, ins: Sequence[DeviceValue], batch: int, n_dims: int
 
 
 def _plan_prefill(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, sc: float,
-                  causal: bool) -> Run | None:  # fmt: skip
+                  causal: bool, seq_major: bool = False) -> Run | None:  # fmt: skip
     """The fused prefill kernels, with kv_len / kv_start read on the device and the
     sliding window: attention_flash.cuh (tensor cores) for bf16 / f16 with 16-byte aligned
     rows, attention_prefill.cuh (CUDA cores) for float32 and unaligned views; None where
-    neither takes the layout."""
+    neither takes the layout. seq_major: step.shape is the heads-major [.., H, Sq, D] the
+    kernels compute, and the output is allocated and stored as [.., Sq, H, D]."""
     q, k, v = ins[:3]
     dtype, shape = step.dtype, step.shape
     sq, d = q.shape[-2], q.shape[-1]
@@ -147,7 +185,10 @@ def _plan_prefill(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         return None
     n_len, n_start, kvs_stride, len_dt, start_dt = found
     window = int(step.attrs.get("window") or 0)
-    os_ = (h * sq * d, sq * d, d)
+    # (batch, head, row) strides of the output
+    os_ = (h * sq * d, d, h * d) if seq_major else (h * sq * d, sq * d, d)
+    if seq_major:
+        shape = shape[:-3] + (sq, h, d)
     flash = dtype.name in attention.FLASH_DTYPES and attention.flash_fits(
         (0, 0, 0), (qs, ks, vs), 0, os_
     )
