@@ -138,14 +138,15 @@ def _workers(workers: int | None) -> int:
     return min(MAX_WORKERS, os.cpu_count() or 1) if workers is None else workers
 
 
-def worth_a_dry_run(cache_stats: dict[str, int]) -> bool:
-    """Whether a program's first call should run dry to compile ahead, from the native
-    kernel cache's counts so far in this process (kernel_cache_stats). Once the disk cache
-    has served kernels and NVRTC has compiled none, it holds this process's kernels: the
-    first call then reads the few it misses from disk (about a millisecond each) for less
-    than a dry run costs (on the H200, 51 ms for the 22-layer decode step against its
-    13 ms first run). Otherwise NVRTC may have to run (seconds on a fresh machine)."""
-    return not (cache_stats.get("disk_hits", 0) > 0 and cache_stats.get("compiles", 0) == 0)
+def worth_a_dry_run(collected_before: bool) -> bool:
+    """Whether a program's first call should run dry to compile ahead: unless an earlier
+    first call of the same program in this process ran dry (a capture for new argument
+    addresses: its kernels are in memory). Kernels the disk cache holds cost the dry run
+    little (each request reads its CUBIN back on the pool), and which kernels a program
+    needs is known only by running it dry: a process whose kernels so far all came from
+    disk may still meet a new shape whose kernels are not there (those then compiled one
+    after another in the first run: 1.08 s for the bench's in-process 1x128 prefill)."""
+    return not collected_before
 
 
 # A compile's CUBIN or error, and its start and end (perf_counter seconds).
