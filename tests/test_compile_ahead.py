@@ -18,6 +18,7 @@ toolchain = pytest.importorskip("pygpukit.backends.cuda.toolchain")
 from pygpukit import _native  # noqa: E402
 from pygpukit.backends.cuda import compile_ahead, compiler  # noqa: E402
 from pygpukit.backends.cuda.codegen import fill, mask  # noqa: E402
+from pygpukit.backends.cuda.codegen.source import KernelSource  # noqa: E402
 from pygpukit.backends.cuda.kernels import loader, variants  # noqa: E402
 from pygpukit.ir import dtypes  # noqa: E402
 
@@ -101,6 +102,54 @@ def test_generated_kernels_asked_then_compiled(nvrtc: None) -> None:
     for src in srcs:
         (cubin,) = [c for n, c in got.items() if n.startswith(src.name)]
         assert src.name.encode() in cubin
+
+
+def _aranges() -> list[Any]:
+    """Six generated kernels of one prelude (arange fills of several dtypes)."""
+    kinds = [(dt, flag) for dt in (dtypes.float32, dtypes.int32, dtypes.float64)
+             for flag in (False, True)]  # fmt: skip
+    return [fill.generate(fill.ArangeSpec(dt, flag)) for dt, flag in kinds]
+
+
+def test_generated_kernels_compile_batched(nvrtc: None) -> None:
+    """Generated kernels of one prelude asked while collecting compile BATCH_SIZE to an
+    NVRTC program (fewer programs, each paying NVRTC's fixed cost once); each request's
+    CUBIN holds its kernel."""
+    srcs = _aranges()
+    assert len({compiler._split(s.text)[0] for s in srcs}) == 1
+    with compile_ahead.collecting() as asked:
+        for src in srcs:
+            assert compiler.function(src, ARCH) is compile_ahead.DEFERRED
+    reqs = list(asked.values())
+    assert all(r.started is None for r in reqs), "batched requests start in compile_all"
+    got: dict[str, bytes] = {}
+    rep = compile_ahead.compile_all(_recorded(reqs, got))
+    programs = -(-len(srcs) // compile_ahead.BATCH_SIZE)
+    assert rep.kernels == len(srcs) == len(got)
+    assert _native.kernel_cache_stats()["compiles"] == programs
+    for src in srcs:
+        (cubin,) = [c for n, c in got.items() if n.startswith(src.name + " ")]
+        assert src.name.encode() in cubin
+    # Each program's time counted once in the sum.
+    assert rep.compile_sum_ms < sum(rep.per_kernel_ms.values())
+
+
+def test_a_failed_batch_compiles_each_alone(nvrtc: None) -> None:
+    """A batch holding a kernel that does not compile: the others compile alone and are
+    installed, and the error names the broken kernel with its log."""
+    srcs = _aranges()[:3]
+    prelude = compiler._split(srcs[0].text)[0]
+    body = 'extern "C" __global__ void pgk_ew_broken(float* y) { y[0] = undefined_name; }\n'
+    broken = KernelSource(prelude + body, "pgk_ew_broken", "P")
+    with compile_ahead.collecting() as asked:
+        for src in [srcs[0], broken, *srcs[1:]]:
+            compiler.function(src, ARCH)
+    got: dict[str, bytes] = {}
+    with pytest.raises(CompileError) as info:
+        compile_ahead.compile_all(_recorded(list(asked.values()), got))
+    msg = str(info.value)
+    assert "1 of 4 kernels" in msg and "pgk_ew_broken" in msg and "undefined_name" in msg
+    assert {n.split()[0] for n in got} == {s.name for s in srcs}
 
 
 def test_compiles_run_concurrently() -> None:

@@ -53,8 +53,10 @@ def test_first_call_compiles_only_ahead(steps: dict[str, Any], which: str, arch:
     assert record.compiled, "the first call compiled its kernels"
     assert record.late == [], f"compiled after the parallel compile: {record.late}"
     first = replay.first_call
-    assert first["kernels"] == len(record.compiled) == len(set(record.asked))
-    assert _native.kernel_cache_stats()["compiles"] == first["kernels"]  # NVRTC ran for each
+    # Generated kernels compile BATCH_SIZE to an NVRTC program (each module loaded holds
+    # its kernel: the fake Module checks), templates one to a program.
+    assert first["kernels"] == len(set(record.asked)) >= len(record.compiled)
+    assert _native.kernel_cache_stats()["compiles"] == len(record.compiled)
 
 
 def test_disk_served_process_still_runs_a_new_program_dry(steps: dict[str, Any], tmp_path: Any,
