@@ -112,9 +112,9 @@ def _aranges() -> list[Any]:
 
 
 def test_generated_kernels_compile_batched(nvrtc: None) -> None:
-    """Generated kernels of one prelude asked while collecting compile BATCH_SIZE to an
-    NVRTC program (fewer programs, each paying NVRTC's fixed cost once); each request's
-    CUBIN holds its kernel."""
+    """Generated kernels of one prelude asked while collecting, more than the threads,
+    compile BATCH_SIZE to an NVRTC program (fewer programs, each paying NVRTC's fixed cost
+    once); each request's CUBIN holds its kernel. As many threads as kernels: one each."""
     srcs = _aranges()
     assert len({compiler._split(s.text)[0] for s in srcs}) == 1
     with compile_ahead.collecting() as asked:
@@ -123,7 +123,7 @@ def test_generated_kernels_compile_batched(nvrtc: None) -> None:
     reqs = list(asked.values())
     assert all(r.started is None for r in reqs), "batched requests start in compile_all"
     got: dict[str, bytes] = {}
-    rep = compile_ahead.compile_all(_recorded(reqs, got))
+    rep = compile_ahead.compile_all(_recorded(reqs, got), workers=1)
     programs = -(-len(srcs) // compile_ahead.BATCH_SIZE)
     assert rep.kernels == len(srcs) == len(got)
     assert _native.kernel_cache_stats()["compiles"] == programs
@@ -132,6 +132,7 @@ def test_generated_kernels_compile_batched(nvrtc: None) -> None:
         assert src.name.encode() in cubin
     # Each program's time counted once in the sum.
     assert rep.compile_sum_ms < sum(rep.per_kernel_ms.values())
+    assert [len(j) for j in compile_ahead._jobs(reqs, len(reqs))] == [1] * len(reqs)
 
 
 def test_a_failed_batch_compiles_each_alone(nvrtc: None) -> None:
@@ -146,7 +147,7 @@ def test_a_failed_batch_compiles_each_alone(nvrtc: None) -> None:
             compiler.function(src, ARCH)
     got: dict[str, bytes] = {}
     with pytest.raises(CompileError) as info:
-        compile_ahead.compile_all(_recorded(list(asked.values()), got))
+        compile_ahead.compile_all(_recorded(list(asked.values()), got), workers=1)
     msg = str(info.value)
     assert "1 of 4 kernels" in msg and "pgk_ew_broken" in msg and "undefined_name" in msg
     assert {n.split()[0] for n in got} == {s.name for s in srcs}

@@ -81,7 +81,8 @@ def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -
     assert where, "the graph's new generated kernels were compiled"
     assert all(ok for _, ok in where), f"compiled outside the parallel compile: {where}"
     first = f.stats()["entries"][0]["replay"]["first_call"]
-    assert first["kernels"] == len(where)
+    # NVRTC programs: generated kernels may share one (compile_ahead.BATCH_SIZE).
+    assert 0 < len(where) <= first["kernels"]
     for key in ("dry_run_ms", "compile_wall_ms", "compile_sum_ms", "load_ms", "first_run_ms",
                 "capture_ms"):  # fmt: skip
         assert first[key] >= 0.0, first
@@ -104,7 +105,7 @@ def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -
         f4(x, g).to_numpy(), np.exp(x_np.astype(np.float64) * 0.40625) * g_np, rtol=2e-5
     )
     first = f4.stats()["entries"][0]["replay"]["first_call"]
-    assert "skipped" not in first and first["kernels"] == len(where) >= 1
+    assert "skipped" not in first and first["kernels"] >= len(where) >= 1
     assert all(ok for _, ok in where), f"compiled outside the parallel compile: {where}"
     # Later calls replay the captured graph.
     for _ in range(3):

@@ -32,8 +32,8 @@ MAX_WORKERS = 16
 # Kernels one batched NVRTC program holds at most. Each program pays NVRTC's fixed cost
 # (about 27 ms of CPU on the H200's host even for a cached trivial kernel; the headers
 # and libdevice), so a prefill chunk's ten generated kernels compiled as one program took
-# 280 ms of CPU here against 612 ms compiled one by one (NVRTC 13.5); a few programs keep
-# them parallel, off the critical path, while the rest of the compiles run.
+# 280 ms of CPU on the development host against 612 ms one by one (NVRTC 13.5): where
+# the compiles outnumber the threads (a small host), fewer programs cost less.
 BATCH_SIZE = 4
 
 
@@ -52,7 +52,8 @@ class Request:
     started: Future[Compiled] | None = field(default=None, compare=False, repr=False)
     # Requests of one batch (equal keys, not None) may compile as one NVRTC program:
     # batch_compile(requests) returns a CUBIN holding each one's kernel. They start in
-    # compile_all (BATCH_SIZE a program), not when asked for.
+    # compile_all (BATCH_SIZE a program where they outnumber the free threads), not when
+    # asked for.
     batch: Any = field(default=None, compare=False)
     batch_part: Any = field(default=None, compare=False, repr=False)  # for batch_compile
     batch_compile: Callable[[list[Request]], bytes] | None = field(default=None, compare=False,
@@ -174,9 +175,14 @@ def _timed(req: Request) -> Compiled:
         return None, e, t0, time.perf_counter()
 
 
-def _jobs(todo: list[Request]) -> list[list[Request]]:
-    """The compiles to run for requests not started: one job per request, except that
-    requests of one batch share jobs of up to BATCH_SIZE requests."""
+def _jobs(todo: list[Request], free: int) -> list[list[Request]]:
+    """The compiles to run for requests not started, on `free` threads: one job per
+    request where they fit; where there are more than the threads, requests of one batch
+    share jobs of up to BATCH_SIZE (one thread compiling a batch is slower than several
+    compiling its kernels at once: the 4x512 prefill's three generated kernels took 388
+    ms as one program on the H200's host, 179 ms in parallel)."""
+    if len(todo) <= free:
+        return [[r] for r in todo]
     jobs: list[list[Request]] = []
     batches: dict[Any, list[Request]] = {}
     for r in todo:
@@ -208,9 +214,10 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
     """Compiles the requests concurrently (waiting for those started when asked for) and
     installs each (in the order given).
 
-    Requests of one batch compile together, BATCH_SIZE to a program. Every compile runs
-    to its end; if any failed, the others are still installed and a CompileError names
-    each kernel that failed, with its NVRTC log.
+    Requests of one batch compile together, BATCH_SIZE to a program, where the requests
+    not started outnumber the threads free (`workers` less the compiles still running).
+    Every compile runs to its end; if any failed, the others are still installed and a
+    CompileError names each kernel that failed, with its NVRTC log.
 
     Args:
         requests: What to compile (each once).
@@ -227,8 +234,9 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
     if not requests:
         return rep
     todo = [r for r in requests if r.started is None]
-    jobs = _jobs(todo)
     rep.workers = max(1, min(_workers(workers) or 1, len(requests)))
+    running = sum(1 for r in requests if r.started is not None and not r.started.done())
+    jobs = _jobs(todo, max(1, rep.workers - running))
     threads = min(rep.workers, len(jobs))
     t0 = time.perf_counter()
     if jobs and threads == 1:
