@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class Backend(CudaPlannedHooks):
     def __init__(self) -> None:
         self.stream = "legacy stream"
         self._exec_plans: dict[Any, Any] = {}
+        self._collected: weakref.WeakSet[Any] = weakref.WeakSet()
         self._err = Block(64)
 
     @property

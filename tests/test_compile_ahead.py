@@ -18,6 +18,7 @@ toolchain = pytest.importorskip("pygpukit.backends.cuda.toolchain")
 from pygpukit import _native  # noqa: E402
 from pygpukit.backends.cuda import compile_ahead, compiler  # noqa: E402
 from pygpukit.backends.cuda.codegen import fill, mask  # noqa: E402
+from pygpukit.backends.cuda.codegen.source import KernelSource  # noqa: E402
 from pygpukit.backends.cuda.kernels import loader, variants  # noqa: E402
 from pygpukit.ir import dtypes  # noqa: E402
 
@@ -103,6 +104,55 @@ def test_generated_kernels_asked_then_compiled(nvrtc: None) -> None:
         assert src.name.encode() in cubin
 
 
+def _aranges() -> list[Any]:
+    """Six generated kernels of one prelude (arange fills of several dtypes)."""
+    kinds = [(dt, flag) for dt in (dtypes.float32, dtypes.int32, dtypes.float64)
+             for flag in (False, True)]  # fmt: skip
+    return [fill.generate(fill.ArangeSpec(dt, flag)) for dt, flag in kinds]
+
+
+def test_generated_kernels_compile_batched(nvrtc: None) -> None:
+    """Generated kernels of one prelude asked while collecting, more than the threads,
+    compile BATCH_SIZE to an NVRTC program (fewer programs, each paying NVRTC's fixed cost
+    once); each request's CUBIN holds its kernel. As many threads as kernels: one each."""
+    srcs = _aranges()
+    assert len({compiler._split(s.text)[0] for s in srcs}) == 1
+    with compile_ahead.collecting() as asked:
+        for src in srcs:
+            assert compiler.function(src, ARCH) is compile_ahead.DEFERRED
+    reqs = list(asked.values())
+    assert all(r.started is None for r in reqs), "batched requests start in compile_all"
+    got: dict[str, bytes] = {}
+    rep = compile_ahead.compile_all(_recorded(reqs, got), workers=1)
+    programs = -(-len(srcs) // compile_ahead.BATCH_SIZE)
+    assert rep.kernels == len(srcs) == len(got)
+    assert _native.kernel_cache_stats()["compiles"] == programs
+    for src in srcs:
+        (cubin,) = [c for n, c in got.items() if n.startswith(src.name + " ")]
+        assert src.name.encode() in cubin
+    # Each program's time counted once in the sum.
+    assert rep.compile_sum_ms < sum(rep.per_kernel_ms.values())
+    assert [len(j) for j in compile_ahead._jobs(reqs, len(reqs))] == [1] * len(reqs)
+
+
+def test_a_failed_batch_compiles_each_alone(nvrtc: None) -> None:
+    """A batch holding a kernel that does not compile: the others compile alone and are
+    installed, and the error names the broken kernel with its log."""
+    srcs = _aranges()[:3]
+    prelude = compiler._split(srcs[0].text)[0]
+    body = 'extern "C" __global__ void pgk_ew_broken(float* y) { y[0] = undefined_name; }\n'
+    broken = KernelSource(prelude + body, "pgk_ew_broken", "P")
+    with compile_ahead.collecting() as asked:
+        for src in [srcs[0], broken, *srcs[1:]]:
+            compiler.function(src, ARCH)
+    got: dict[str, bytes] = {}
+    with pytest.raises(CompileError) as info:
+        compile_ahead.compile_all(_recorded(list(asked.values()), got), workers=1)
+    msg = str(info.value)
+    assert "1 of 4 kernels" in msg and "pgk_ew_broken" in msg and "undefined_name" in msg
+    assert {n.split()[0] for n in got} == {s.name for s in srcs}
+
+
 def test_compiles_run_concurrently() -> None:
     """Two compiles that can only finish together (a barrier both must reach): they run
     on two threads at once."""
@@ -173,10 +223,8 @@ def test_not_collecting_compiles_now(nvrtc: None) -> None:
     assert compile_ahead.compile_all([]).kernels == 0
 
 
-def test_dry_run_only_where_nvrtc_may_run() -> None:
-    """The dry run is skipped once the disk cache has served this process's kernels and
-    NVRTC compiled none; a fresh process, or one that compiled, runs it."""
-    assert compile_ahead.worth_a_dry_run({"disk_hits": 0, "compiles": 0})
-    assert compile_ahead.worth_a_dry_run({"disk_hits": 5, "compiles": 1})
-    assert compile_ahead.worth_a_dry_run({"disk_hits": 0, "compiles": 3})
-    assert not compile_ahead.worth_a_dry_run({"disk_hits": 12, "compiles": 0, "memory_hits": 4})
+def test_dry_run_unless_the_program_ran_dry_before() -> None:
+    """Every program's first call runs dry, whatever the disk cache served so far; only
+    a later capture of a program that ran dry (new argument addresses) skips it."""
+    assert compile_ahead.worth_a_dry_run(False)
+    assert not compile_ahead.worth_a_dry_run(True)

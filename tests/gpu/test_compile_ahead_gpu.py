@@ -2,7 +2,7 @@
 (backends/cuda/compile_ahead.py): the dry run finds every kernel the real run needs, so
 nothing compiles outside the parallel compile; results match float64 NumPy; the phase
 times are reported; a second function of the same graph finds everything in memory; with
-only disk hits counted so far, the dry run is skipped."""
+only disk hits counted so far, a new program still runs dry."""
 
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -
     assert where, "the graph's new generated kernels were compiled"
     assert all(ok for _, ok in where), f"compiled outside the parallel compile: {where}"
     first = f.stats()["entries"][0]["replay"]["first_call"]
-    assert first["kernels"] == len(where)
+    # NVRTC programs: generated kernels may share one (compile_ahead.BATCH_SIZE).
+    assert 0 < len(where) <= first["kernels"]
     for key in ("dry_run_ms", "compile_wall_ms", "compile_sum_ms", "load_ms", "first_run_ms",
                 "capture_ms"):  # fmt: skip
         assert first[key] >= 0.0, first
@@ -92,17 +93,20 @@ def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -
     a2, _ = f2(x, g)
     np.testing.assert_allclose(a2.to_numpy(), ra, rtol=2e-5, atol=2e-6)
     assert where == [] and f2.stats()["entries"][0]["replay"]["first_call"]["kernels"] == 0
-    # A process whose kernels have all come from the disk cache so far: no dry run.
+    # A process whose kernels have all come from the disk cache so far still runs a new
+    # program dry: its kernel is not on disk, and compiles ahead.
     _native.kernel_cache_clear_memory()
     _native.kernel_cache_reset_stats()
     real_gen(*sources[0])  # from the disk cache written above
     assert _native.kernel_cache_stats()["disk_hits"] == 1
+    where.clear()
     f4 = gpk.compile(lambda x, g: gpk.exp(x * 0.40625) * g)
     np.testing.assert_allclose(
         f4(x, g).to_numpy(), np.exp(x_np.astype(np.float64) * 0.40625) * g_np, rtol=2e-5
     )
     first = f4.stats()["entries"][0]["replay"]["first_call"]
-    assert first["skipped"] == 1 and "kernels" not in first and first["first_run_ms"] > 0
+    assert "skipped" not in first and first["kernels"] >= len(where) >= 1
+    assert all(ok for _, ok in where), f"compiled outside the parallel compile: {where}"
     # Later calls replay the captured graph.
     for _ in range(3):
         a, b = f(x, g)

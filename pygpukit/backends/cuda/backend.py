@@ -5,6 +5,7 @@ stream, and the device error word is checked whenever the backend synchronises."
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ class CudaBackend(CudaPlannedHooks, Backend):
         err.pin()  # kernels are planned with its address: it never moves
         self._err = ErrorWord(err)
         self._exec_plans: dict[Any, Any] = {}  # a compiled program's: (id(step), layouts)
+        self._collected: weakref.WeakSet[Any] = weakref.WeakSet()  # CudaPlannedHooks's
         # Cached schedules replayed by the Rust controller (None: off); not used while new
         # outputs must be poisoned (the general path's alloc() fills them).
         self.native: NativeDispatch | None = NativeDispatch(self)

@@ -29,6 +29,12 @@ from typing import Any
 from pygpukit.errors import CompileError
 
 MAX_WORKERS = 16
+# Kernels one batched NVRTC program holds at most. Each program pays NVRTC's fixed cost
+# (about 27 ms of CPU on the H200's host even for a cached trivial kernel; the headers
+# and libdevice), so a prefill chunk's ten generated kernels compiled as one program took
+# 280 ms of CPU on the development host against 612 ms one by one (NVRTC 13.5): where
+# the compiles outnumber the threads (a small host), fewer programs cost less.
+BATCH_SIZE = 4
 
 
 @dataclass
@@ -44,6 +50,14 @@ class Request:
     # The compile started when it was asked for (ask, inside collecting()): compile_all
     # waits for it rather than compiling again.
     started: Future[Compiled] | None = field(default=None, compare=False, repr=False)
+    # Requests of one batch (equal keys, not None) may compile as one NVRTC program:
+    # batch_compile(requests) returns a CUBIN holding each one's kernel. They start in
+    # compile_all (BATCH_SIZE a program where they outnumber the free threads), not when
+    # asked for.
+    batch: Any = field(default=None, compare=False)
+    batch_part: Any = field(default=None, compare=False, repr=False)  # for batch_compile
+    batch_compile: Callable[[list[Request]], bytes] | None = field(default=None, compare=False,
+                                                                   repr=False)  # fmt: skip
 
 
 @dataclass
@@ -109,7 +123,7 @@ def ask(request: Request) -> bool:
     if request.key not in requests:
         requests[request.key] = request
         pool = _state.pool
-        if pool is not None:
+        if pool is not None and request.batch is None:
             request.started = pool.submit(_timed, request)
     return True
 
@@ -138,14 +152,15 @@ def _workers(workers: int | None) -> int:
     return min(MAX_WORKERS, os.cpu_count() or 1) if workers is None else workers
 
 
-def worth_a_dry_run(cache_stats: dict[str, int]) -> bool:
-    """Whether a program's first call should run dry to compile ahead, from the native
-    kernel cache's counts so far in this process (kernel_cache_stats). Once the disk cache
-    has served kernels and NVRTC has compiled none, it holds this process's kernels: the
-    first call then reads the few it misses from disk (about a millisecond each) for less
-    than a dry run costs (on the H200, 51 ms for the 22-layer decode step against its
-    13 ms first run). Otherwise NVRTC may have to run (seconds on a fresh machine)."""
-    return not (cache_stats.get("disk_hits", 0) > 0 and cache_stats.get("compiles", 0) == 0)
+def worth_a_dry_run(collected_before: bool) -> bool:
+    """Whether a program's first call should run dry to compile ahead: unless an earlier
+    first call of the same program in this process ran dry (a capture for new argument
+    addresses: its kernels are in memory). Kernels the disk cache holds cost the dry run
+    little (each request reads its CUBIN back on the pool), and which kernels a program
+    needs is known only by running it dry: a process whose kernels so far all came from
+    disk may still meet a new shape whose kernels are not there (those then compiled one
+    after another in the first run: 1.08 s for the bench's in-process 1x128 prefill)."""
+    return not collected_before
 
 
 # A compile's CUBIN or error, and its start and end (perf_counter seconds).
@@ -160,10 +175,47 @@ def _timed(req: Request) -> Compiled:
         return None, e, t0, time.perf_counter()
 
 
+def _jobs(todo: list[Request], free: int) -> list[list[Request]]:
+    """The compiles to run for requests not started, on `free` threads: one job per
+    request where they fit; where there are more than the threads, requests of one batch
+    share jobs of up to BATCH_SIZE (one thread compiling a batch is slower than several
+    compiling its kernels at once: the 4x512 prefill's three generated kernels took 388
+    ms as one program on the H200's host, 179 ms in parallel)."""
+    if len(todo) <= free:
+        return [[r] for r in todo]
+    jobs: list[list[Request]] = []
+    batches: dict[Any, list[Request]] = {}
+    for r in todo:
+        if r.batch is None or r.batch_compile is None:
+            jobs.append([r])
+        else:
+            batches.setdefault(r.batch, []).append(r)
+    for group in batches.values():
+        n = -(-len(group) // BATCH_SIZE)  # programs, as even as they come
+        jobs += [group[k::n] for k in range(n)]
+    return jobs
+
+
+def _timed_job(job: list[Request]) -> dict[int, Compiled]:
+    """Each request's result of one job: a batch's CUBIN for every request of it; where
+    the batch does not compile, each request compiled alone (its own error)."""
+    if len(job) == 1 or job[0].batch_compile is None:
+        return {id(r): _timed(r) for r in job}
+    t0 = time.perf_counter()
+    try:
+        cubin = job[0].batch_compile(job)
+    except Exception:  # noqa: BLE001 - compiled alone, each names its own failure
+        return {id(r): _timed(r) for r in job}
+    shared = (cubin, None, t0, time.perf_counter())  # one compile: counted once in the sum
+    return {id(r): shared for r in job}
+
+
 def compile_all(requests: list[Request], workers: int | None = None) -> Report:
     """Compiles the requests concurrently (waiting for those started when asked for) and
     installs each (in the order given).
 
+    Requests of one batch compile together, BATCH_SIZE to a program, where the requests
+    not started outnumber the threads free (`workers` less the compiles still running).
     Every compile runs to its end; if any failed, the others are still installed and a
     CompileError names each kernel that failed, with its NVRTC log.
 
@@ -181,15 +233,22 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
     rep = Report(kernels=len(requests))
     if not requests:
         return rep
-    rep.workers = max(1, min(_workers(workers) or 1, len(requests)))
-    t0 = time.perf_counter()
     todo = [r for r in requests if r.started is None]
+    rep.workers = max(1, min(_workers(workers) or 1, len(requests)))
+    running = sum(1 for r in requests if r.started is not None and not r.started.done())
+    jobs = _jobs(todo, max(1, rep.workers - running))
+    threads = min(rep.workers, len(jobs))
+    t0 = time.perf_counter()
+    if jobs and threads == 1:
+        outs = [_timed_job(j) for j in jobs]
+    elif jobs:
+        with ThreadPoolExecutor(threads, thread_name_prefix="pygpukit-nvrtc") as pool:
+            outs = list(pool.map(_timed_job, jobs))
+    else:
+        outs = []
     done: dict[int, Compiled] = {}
-    if todo and rep.workers == 1:
-        done = {id(r): _timed(r) for r in todo}
-    elif todo:
-        with ThreadPoolExecutor(rep.workers, thread_name_prefix="pygpukit-nvrtc") as pool:
-            done = dict(zip([id(r) for r in todo], pool.map(_timed, todo), strict=True))
+    for out in outs:
+        done.update(out)
     results = [done[id(r)] if r.started is None else r.started.result() for r in requests]
     rep.compile_wait_ms = (time.perf_counter() - t0) * 1e3
     rep.compile_wall_ms = (max(r[3] for r in results) - min(r[2] for r in results)) * 1e3
@@ -197,8 +256,8 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
     ms = [(r[3] - r[2]) * 1e3 for r in results]
     for k in sorted(range(len(requests)), key=lambda k: -ms[k]):
         rep.per_kernel_ms[requests[k].name] = round(ms[k], 2)
-    for req, (cubin, error, _, _), took in zip(requests, results, ms, strict=True):
-        rep.compile_sum_ms += took
+    rep.compile_sum_ms = sum((r[3] - r[2]) * 1e3 for r in {id(r): r for r in results}.values())
+    for req, (cubin, error, _, _) in zip(requests, results, strict=True):
         if error is not None or cubin is None:
             failed.append(f"{req.name}: {error}")
             continue

@@ -73,7 +73,34 @@ def _request(src: KernelSource, arch: str, key: GenKey) -> compile_ahead.Request
         with _lock:
             _load(src, key, cubin)
 
+    prelude, body = _split(src.text)
     return compile_ahead.Request(("generated", key), f"{src.name} (generated) for {arch}",
                                  lambda: compile_kernel(src.text, arch, options,
                                                         src.name + ".cu"),
-                                 install)  # fmt: skip
+                                 install,
+                                 batch=None if body is None else (prelude, arch, options),
+                                 batch_part=body, batch_compile=_compile_batch)  # fmt: skip
+
+
+_KERNEL = 'extern "C" __global__'
+
+
+def _split(text: str) -> tuple[str, str | None]:
+    """(prelude, body) of a generated kernel's source: the text before its first
+    `extern "C" __global__` (the helpers every generated kernel opens with) and the rest,
+    or body None where the rest holds a preprocessor line (a macro it defined would reach
+    the kernels after it in a batch)."""
+    at = text.find(_KERNEL)
+    if at < 0:
+        return text, None
+    body = text[at:]
+    return text[:at], None if "\n#" in body else body
+
+
+def _compile_batch(requests: list[compile_ahead.Request]) -> bytes:
+    """One CUBIN holding the kernels of generated requests of one batch (same prelude,
+    arch and options): the prelude once, then each kernel."""
+    prelude, arch, options = requests[0].batch
+    name = requests[0].name.split()[0] + f"_and_{len(requests) - 1}.cu"
+    return compile_kernel(prelude + "\n".join(r.batch_part for r in requests), arch,
+                          options, name)  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -89,11 +90,15 @@ class CudaReplay:
         """Runs the steps once dry, recorded on a capture stream of their own into a graph
         that is dropped (nothing executes), collecting the kernels they would compile;
         then compiles those in parallel (compile_ahead). A dry run that fails stops
-        early: the real run compiles the rest, and meets the failure itself. Skipped
-        where the disk cache has served every kernel so far (worth_a_dry_run)."""
-        if not compile_ahead.worth_a_dry_run(_native.kernel_cache_stats()):
+        early: the real run compiles the rest, and meets the failure itself. Skipped for
+        a program that ran dry before (worth_a_dry_run): a capture for new addresses."""
+        program = getattr(self._run, "__self__", None)
+        collected = self._backend._collected
+        if not compile_ahead.worth_a_dry_run(program is not None and program in collected):
             self.first_call = {"dry_run_ms": 0.0, "skipped": 1}
             return
+        if program is not None:
+            collected.add(program)
         t0 = time.perf_counter()
         stream = _native.Stream(0, True)
         # Twice, as the first call runs: planned and launched as the eager first run (not
@@ -182,6 +187,9 @@ class CudaPlannedHooks:
     stream: Any
     poison: bool
     _exec_plans: dict[Any, Any]
+    # Programs whose first call ran dry (CudaReplay._compile_ahead): their kernels are in
+    # memory, so a capture for new argument addresses skips the dry run.
+    _collected: weakref.WeakSet[Any]
     launches_issued = 0  # kernels queued from Python for compiled entries; replays add none
 
     def alloc_arena(self, nbytes: int) -> Storage:
