@@ -9,11 +9,12 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::quick::{bare, QuickCall};
+use crate::slots::Slot;
 
 /// What `gc.get_referents(*containers)` would list, compared item by item with `held`.
 struct Referents<'a> {
@@ -62,6 +63,74 @@ struct Hit {
     out_shape: Py<PyAny>,
     out_dtype: Py<PyAny>,
     out_where: Py<PyAny>,
+    node: NodeSlots,
+    array: ArraySlots,
+}
+
+/// ir.Node's slots (all of them: the result's node is made here).
+struct NodeSlots {
+    id: Slot,
+    op: Slot,
+    inputs: Slot,
+    attrs: Slot,
+    shape: Slot,
+    dtype: Slot,
+    where_: Slot,
+    origin: Slot,
+    realized: Slot,
+    canon: Slot,
+    sub: Slot,
+}
+
+/// GPUArray's slots.
+struct ArraySlots {
+    raw: Slot,
+    readonly: Slot,
+    link: Slot,
+}
+
+impl NodeSlots {
+    fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Self {
+            id: Slot::of(ty, "id")?,
+            op: Slot::of(ty, "op")?,
+            inputs: Slot::of(ty, "inputs")?,
+            attrs: Slot::of(ty, "attrs")?,
+            shape: Slot::of(ty, "shape")?,
+            dtype: Slot::of(ty, "dtype")?,
+            where_: Slot::of(ty, "where")?,
+            origin: Slot::of(ty, "origin")?,
+            realized: Slot::of(ty, "realized")?,
+            canon: Slot::of(ty, "_canon")?,
+            sub: Slot::of(ty, "sub")?,
+        })
+    }
+
+    fn all(&self) -> [&Slot; 11] {
+        [
+            &self.id,
+            &self.op,
+            &self.inputs,
+            &self.attrs,
+            &self.shape,
+            &self.dtype,
+            &self.where_,
+            &self.origin,
+            &self.realized,
+            &self.canon,
+            &self.sub,
+        ]
+    }
+}
+
+impl ArraySlots {
+    fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Self {
+            raw: Slot::of(ty, "_raw")?,
+            readonly: Slot::of(ty, "_readonly")?,
+            link: Slot::of(ty, "_link")?,
+        })
+    }
 }
 
 impl Hit {
@@ -82,6 +151,12 @@ impl Hit {
         }
         for t in [&self.array_type, &self.node_type] {
             visit.call(t)?;
+        }
+        for s in self.node.all() {
+            s.traverse(visit)?;
+        }
+        for s in [&self.array.raw, &self.array.readonly, &self.array.link] {
+            s.traverse(visit)?;
         }
         for l in [&self.tracing, &self.active, &self.releases] {
             visit.call(l)?;
@@ -160,21 +235,23 @@ impl Hit {
         let node = bare(py, &self.node_type)?;
         // SAFETY: PyIter_Next returns a new reference, or null (an exception set or not).
         let id = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyIter_Next(self.ids.as_ptr()))? };
-        node.setattr(intern!(py, "id"), id)?;
-        node.setattr(intern!(py, "op"), intern!(py, "input"))?;
-        node.setattr(intern!(py, "inputs"), PyTuple::empty(py))?;
-        node.setattr(intern!(py, "attrs"), self.attrs.bind(py))?;
-        node.setattr(intern!(py, "shape"), self.out_shape.bind(py))?;
-        node.setattr(intern!(py, "dtype"), self.out_dtype.bind(py))?;
-        node.setattr(intern!(py, "where"), self.out_where.bind(py))?;
-        node.setattr(intern!(py, "origin"), intern!(py, ""))?;
-        node.setattr(intern!(py, "realized"), value)?;
-        node.setattr(intern!(py, "_canon"), py.None())?;
-        node.setattr(intern!(py, "sub"), py.None())?;
+        let none = py.None().into_bound(py);
+        let n = &self.node;
+        n.id.set(&node, &id)?;
+        n.op.set(&node, intern!(py, "input"))?;
+        n.inputs.set(&node, &PyTuple::empty(py))?;
+        n.attrs.set(&node, self.attrs.bind(py))?;
+        n.shape.set(&node, self.out_shape.bind(py))?;
+        n.dtype.set(&node, self.out_dtype.bind(py))?;
+        n.where_.set(&node, self.out_where.bind(py))?;
+        n.origin.set(&node, intern!(py, ""))?;
+        n.realized.set(&node, &value)?;
+        n.canon.set(&node, &none)?;
+        n.sub.set(&node, &none)?;
         let a = bare(py, &self.array_type)?;
-        a.setattr(intern!(py, "_raw"), node)?;
-        a.setattr(intern!(py, "_readonly"), false)?;
-        a.setattr(intern!(py, "_link"), py.None())?;
+        self.array.raw.set(&a, &node)?;
+        self.array.readonly.set(&a, &PyBool::new(py, false))?;
+        self.array.link.set(&a, &none)?;
         Ok(a)
     }
 
@@ -194,18 +271,22 @@ impl Hit {
         if !v.get_type().is(&self.array_type) {
             return Ok(None);
         }
-        let node = if v.getattr(intern!(py, "_link"))?.is_none() {
-            v.getattr(intern!(py, "_raw"))?
+        let node = if self.array.link.get(&v)?.is_none() {
+            self.array.raw.get(&v)?
         } else {
             v.getattr(intern!(py, "_node"))? // a view re-derives its node
         };
-        let shape = node.getattr(intern!(py, "shape"))?;
+        if !node.get_type().is(&self.node_type) {
+            return Ok(None);
+        }
+        let n = &self.node;
+        let shape = n.shape.get(&node)?;
         if !(shape.is(&self.shape) || shape.eq(&self.shape)?)
-            || !node.getattr(intern!(py, "dtype"))?.is(&self.dtype)
+            || !n.dtype.get(&node)?.is(&self.dtype)
         {
             return Ok(None);
         }
-        let r = node.getattr(intern!(py, "realized"))?;
+        let r = n.realized.get(&node)?;
         if r.is_none() || !self.now_is_held(py)? {
             return Ok(None);
         }
@@ -265,7 +346,13 @@ impl CompiledHit {
         globals: Vec<(Py<PyDict>, Vec<Py<PyString>>)>,
         held: Vec<Py<PyAny>>,
         out: (Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyAny>),
-    ) -> Self {
+    ) -> PyResult<Self> {
+        let (node, array) = Python::attach(|py| {
+            PyResult::Ok((
+                NodeSlots::of(node_type.bind(py))?,
+                ArraySlots::of(array_type.bind(py))?,
+            ))
+        })?;
         let h = Hit {
             guard,
             prog,
@@ -285,11 +372,13 @@ impl CompiledHit {
             out_shape: out.1,
             out_dtype: out.2,
             out_where: out.3,
+            node,
+            array,
         };
-        Self {
+        Ok(Self {
             h: Some(h),
             hits: AtomicU64::new(0),
-        }
+        })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

@@ -8,6 +8,7 @@ mod pool;
 mod quick;
 mod reentry;
 mod scheduler;
+mod slots;
 mod transfer;
 
 #[pymodule]

@@ -13,12 +13,13 @@
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple, PyType};
+use pyo3::types::{PyBool, PyList, PyTuple, PyType};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::dispatch::graph_launch;
 use crate::pool::PyPool;
+use crate::slots::Slot;
 
 /// `tp_alloc` of a slotted Python class: every slot unset until the caller sets it (the
 /// way `object.__new__` makes one, without the class's own `__new__`/`__init__` frames).
@@ -79,10 +80,89 @@ pub(crate) struct Quick {
     token: i64,
     lo: u64,
     hi: u64,
+    st: StorageSlots,
+    dv: ValueSlots,
     /// The last replay objects seen (hot and cold alternate as the outputs do).
     launchers: Mutex<Vec<Launcher>>,
     /// The backend's last stream object and its CUstream.
     stream: Mutex<Option<(Py<PyAny>, u64)>>,
+}
+
+/// memory.Storage's slots.
+struct StorageSlots {
+    pool: Slot,
+    nbytes: Slot,
+    freed: Slot,
+    addr: Slot,
+    h: Slot,
+    pins: Slot,
+    gen: Slot,
+    readonly: Slot,
+}
+
+/// DeviceValue's slots.
+struct ValueSlots {
+    storage: Slot,
+    shape: Slot,
+    strides: Slot,
+    offset: Slot,
+    dtype: Slot,
+}
+
+impl StorageSlots {
+    fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Self {
+            pool: Slot::of(ty, "pool")?,
+            nbytes: Slot::of(ty, "nbytes")?,
+            freed: Slot::of(ty, "freed")?,
+            addr: Slot::of(ty, "_addr")?,
+            h: Slot::of(ty, "_h")?,
+            pins: Slot::of(ty, "_pins")?,
+            gen: Slot::of(ty, "gen")?,
+            readonly: Slot::of(ty, "readonly")?,
+        })
+    }
+
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for s in [
+            &self.pool,
+            &self.nbytes,
+            &self.freed,
+            &self.addr,
+            &self.h,
+            &self.pins,
+            &self.gen,
+            &self.readonly,
+        ] {
+            s.traverse(visit)?;
+        }
+        Ok(())
+    }
+}
+
+impl ValueSlots {
+    fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Self {
+            storage: Slot::of(ty, "storage")?,
+            shape: Slot::of(ty, "shape")?,
+            strides: Slot::of(ty, "strides")?,
+            offset: Slot::of(ty, "offset")?,
+            dtype: Slot::of(ty, "dtype")?,
+        })
+    }
+
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for s in [
+            &self.storage,
+            &self.shape,
+            &self.strides,
+            &self.offset,
+            &self.dtype,
+        ] {
+            s.traverse(visit)?;
+        }
+        Ok(())
+    }
 }
 
 type Layout = (Py<PyAny>, Py<PyAny>, Py<PyAny>, u64);
@@ -108,6 +188,8 @@ impl Quick {
         visit.call(&self.pool)?;
         visit.call(&self.storage_type)?;
         visit.call(&self.value_type)?;
+        self.st.traverse(visit)?;
+        self.dv.traverse(visit)?;
         if let Ok(ls) = self.launchers.lock() {
             for l in ls.iter() {
                 visit.call(&l.replay)?;
@@ -129,14 +211,16 @@ impl Quick {
         h: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let s = bare(py, &self.storage_type)?;
-        s.setattr(intern!(py, "pool"), self.pool.bind(py))?;
-        s.setattr(intern!(py, "nbytes"), self.out_nbytes)?;
-        s.setattr(intern!(py, "freed"), false)?;
-        s.setattr(intern!(py, "_addr"), addr)?;
-        s.setattr(intern!(py, "_h"), h)?;
-        s.setattr(intern!(py, "_pins"), 0)?;
-        s.setattr(intern!(py, "gen"), 0)?;
-        s.setattr(intern!(py, "readonly"), false)?;
+        let (no, zero) = (PyBool::new(py, false), 0i64.into_pyobject(py)?);
+        let st = &self.st;
+        st.pool.set(&s, self.pool.bind(py).as_any())?;
+        st.nbytes.set(&s, &self.out_nbytes.into_pyobject(py)?)?;
+        st.freed.set(&s, &no)?;
+        st.addr.set(&s, &addr.into_pyobject(py)?)?;
+        st.h.set(&s, &h.into_pyobject(py)?)?;
+        st.pins.set(&s, &zero)?;
+        st.gen.set(&s, &zero)?;
+        st.readonly.set(&s, &no)?;
         Ok(s)
     }
 
@@ -147,11 +231,12 @@ impl Quick {
         storage: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let v = bare(py, &self.value_type)?;
-        v.setattr(intern!(py, "storage"), storage)?;
-        v.setattr(intern!(py, "shape"), self.out_shape.bind(py))?;
-        v.setattr(intern!(py, "strides"), self.out_strides.bind(py))?;
-        v.setattr(intern!(py, "offset"), 0)?;
-        v.setattr(intern!(py, "dtype"), self.out_dtype.bind(py))?;
+        let dv = &self.dv;
+        dv.storage.set(&v, &storage)?;
+        dv.shape.set(&v, self.out_shape.bind(py))?;
+        dv.strides.set(&v, self.out_strides.bind(py))?;
+        dv.offset.set(&v, &0i64.into_pyobject(py)?)?;
+        dv.dtype.set(&v, self.out_dtype.bind(py))?;
         Ok(v)
     }
 
@@ -236,13 +321,18 @@ impl Quick {
         }
         let pool = self.pool.get();
         let evictions = if self.evicts { pool.evictions(py)? } else { 0 };
-        if !Self::same(&v.getattr(intern!(py, "strides"))?, &self.in_strides)?
-            || !Self::same(&v.getattr(intern!(py, "shape"))?, &self.in_shape)?
-            || !Self::same(&v.getattr(intern!(py, "dtype"))?, &self.in_dtype)?
+        let dv = &self.dv;
+        if !v.get_type().is(&self.value_type)
+            || !Self::same(&dv.strides.get(v)?, &self.in_strides)?
+            || !Self::same(&dv.shape.get(v)?, &self.in_shape)?
+            || !Self::same(&dv.dtype.get(v)?, &self.in_dtype)?
         {
             return Ok(None); // place() would refuse it: copied into its slot
         }
-        let st = v.getattr(intern!(py, "storage"))?;
+        let st = dv.storage.get(v)?;
+        if !st.is_instance(self.storage_type.bind(py))? {
+            return Ok(None);
+        }
         // Allocated before the argument's address is read: an allocation may move blocks.
         let (addr, h) = match pool.alloc_storage(py, i128::from(self.out_nbytes)) {
             Ok(b) => b,
@@ -251,8 +341,8 @@ impl Quick {
         };
         // From here a dropped `new` gives its block back (Storage.__del__).
         let new = self.value(py, self.adopt(py, addr, h)?)?;
-        let sh = st.getattr(intern!(py, "_h"))?;
-        let st_addr: u64 = st.getattr(intern!(py, "_addr"))?.extract()?;
+        let sh = self.st.h.get(&st)?;
+        let st_addr: u64 = self.st.addr.get(&st)?.extract()?;
         let at = if sh.is_none() {
             st_addr
         } else {
@@ -266,7 +356,7 @@ impl Quick {
         if at != st_addr || (self.evicts && pool.evictions(py)? != evictions) {
             return Ok(None); // it moved: Storage.addr records that on the full path
         }
-        let offset: u64 = v.getattr(intern!(py, "offset"))?.extract()?;
+        let offset: u64 = dv.offset.get(v)?.extract()?;
         let at = at + offset * self.in_size;
         if self.lo <= at && at < self.hi {
             return Ok(None); // in this arena: a static output fed back
@@ -331,9 +421,15 @@ impl QuickCall {
         out: Output,
         token: i64,
         span: (u64, u64),
-    ) -> Self {
+    ) -> PyResult<Self> {
         let (in_shape, in_strides, in_dtype, in_size) = arg;
         let (out_nbytes, out_shape, out_strides, out_dtype) = out;
+        let (st, dv) = Python::attach(|py| {
+            PyResult::Ok((
+                StorageSlots::of(storage_type.bind(py))?,
+                ValueSlots::of(value_type.bind(py))?,
+            ))
+        })?;
         let q = Quick {
             prog,
             pool,
@@ -355,10 +451,12 @@ impl QuickCall {
             token,
             lo: span.0,
             hi: span.1,
+            st,
+            dv,
             launchers: Mutex::new(Vec::new()),
             stream: Mutex::new(None),
         };
-        Self { q: Some(q) }
+        Ok(Self { q: Some(q) })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
