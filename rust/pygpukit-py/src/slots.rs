@@ -29,7 +29,12 @@ fn accessors(descr: &Bound<'_, PyAny>) -> Accessors {
         }
     });
     // SAFETY: both are the non-null slots of member_descriptor (checked in Slot::of).
-    unsafe { (std::mem::transmute(get), std::mem::transmute(set)) }
+    unsafe {
+        (
+            std::mem::transmute::<usize, ffi::descrgetfunc>(get),
+            std::mem::transmute::<usize, ffi::descrsetfunc>(set),
+        )
+    }
 }
 
 impl Slot {
