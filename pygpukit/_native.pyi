@@ -129,6 +129,8 @@ class Graph:
 
 class GraphExec:
     def launch(self, stream: _StreamArg = None) -> None: ...
+    @property
+    def handle(self) -> int: ...
 
 # modules and launches
 class Module:

@@ -184,3 +184,49 @@ class TransferEngine:
     @property
     def d2h_stream(self) -> int: ...
     def stats(self) -> dict[str, int]: ...
+
+class QuickCall:
+    """A compiled program's usual hit (one array in, one fresh array out) in one call."""
+
+    def __init__(
+        self,
+        prog: Any,
+        pool: Pool,
+        evicts: bool,
+        arena: Any,
+        backend: Any,
+        storage_type: type,
+        value_type: type,
+        catch: tuple[type[BaseException], ...],
+        graph_of: Any,
+        arg: tuple[tuple[int, ...], tuple[int, ...], Any, int],
+        out: tuple[int, tuple[int, ...], tuple[int, ...], Any],
+        token: int,
+        span: tuple[int, int],
+    ) -> None: ...
+    def __call__(self, values: list[Any]) -> list[Any] | None: ...
+
+class CompiledHit:
+    """A compiled function's usual hit in one call: its result, or `miss`."""
+
+    def __init__(
+        self,
+        guard: Any,
+        prog: Any,
+        miss: Any,
+        tracing: list[int],
+        active: list[Any],
+        releases: list[int],
+        array_type: type,
+        node_type: type,
+        ids: Any,
+        arg: tuple[Any, Any],
+        containers: list[Any],
+        globals: list[tuple[dict[str, Any], list[str]]],
+        held: list[Any],
+        out: tuple[Any, Any, Any, Any],
+    ) -> None: ...
+    def __call__(self, args: tuple[Any, ...]) -> Any: ...
+    def take_hits(self) -> int: ...
+    @property
+    def hits(self) -> int: ...

@@ -173,3 +173,82 @@ def test_a_freed_argument_raises_before_anything_runs(monkeypatch: pytest.Monkey
     with pytest.raises(errors.FreedArrayError, match="arg 0"):
         f(x)
     assert sum(g.replays for g in backend.graphs) == replays
+
+
+def test_the_native_hit_builds_what_the_python_path_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = HostCuda()
+    f, full = _compiled(backend, monkeypatch)
+    h = np.random.default_rng(7).standard_normal(N).astype(np.float32)
+    x = backend.array(h)
+    ys = [f(x) for _ in range(6)]
+    assert isinstance(f._hit, _rust.CompiledHit)
+    assert isinstance(f._cache[next(iter(f._cache))].program.quick, _rust.QuickCall)
+    before = full[0]
+    y = f(x)
+    assert full[0] == before  # served by the native hit and its quick call
+    np.testing.assert_allclose(_read(y), _ref(h), rtol=1e-5, atol=1e-5)
+    # The result as _Outputs.build, memory.adopt and DeviceValue() make it.
+    node, ref = y._node, ys[0]._node
+    assert type(y) is GPUArray and y._link is None and y._readonly is False
+    assert type(node) is Node and node.id > max(z._node.id for z in ys)
+    for slot in ("op", "inputs", "attrs", "shape", "dtype", "where", "origin", "_canon", "sub"):
+        assert getattr(node, slot) == getattr(ref, slot), slot
+    v = node.realized
+    assert type(v) is DeviceValue
+    assert (v.shape, v.strides, v.offset, v.dtype) == ((N,), (1,), 0, gpk.float32)
+    st = v.storage
+    assert type(st) is memory.Storage and st.pool is backend.pool and st.nbytes == 4 * N
+    assert (st.freed, st._pins, st.gen, st.readonly) == (False, 0, 0, False)
+    assert isinstance(st._h, int) and st.addr == st._addr
+    # Its block goes back to the pool with the array.
+    live = backend.pool.stats()["live_blocks"]
+    del y, node, v, st
+    assert backend.pool.stats()["live_blocks"] == live - 1
+
+
+def test_another_thread_tracing_takes_the_full_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pygpukit.compile import trace
+
+    backend = HostCuda()
+    f, full = _compiled(backend, monkeypatch)
+    h = np.random.default_rng(8).standard_normal(N).astype(np.float32)
+    x = backend.array(h)
+    for _ in range(4):
+        f(x)
+    native = f._hit.hits
+    trace.TRACING.append(-1)  # a thread that is not this one is tracing
+    try:
+        y = f(x)
+    finally:
+        trace.TRACING.remove(-1)
+    np.testing.assert_allclose(_read(y), _ref(h), rtol=1e-5, atol=1e-5)
+    assert f._hit.hits == native  # match() served it
+    f(x)
+    assert f._hit.hits == native + 1
+
+
+def test_a_compiled_method_held_by_its_instance_is_collected() -> None:
+    import gc
+    import weakref
+
+    class Scale:
+        def __init__(self) -> None:
+            self.k = 3.0
+            self.f = gpk.compile(self.forward)
+
+        def forward(self, x: GPUArray) -> GPUArray:
+            return x * self.k
+
+    m = Scale()
+    h = np.random.default_rng(9).standard_normal(64).astype(np.float32)
+    x = gpk.from_numpy(h)
+    for _ in range(3):
+        y = m.f(x)
+    np.testing.assert_allclose(y.to_numpy(), h.astype(np.float64) * 3.0, rtol=1e-6)
+    assert isinstance(m.f._hit, _rust.CompiledHit)  # it holds m.__dict__, which holds m.f
+    dead = weakref.ref(m)
+    del m
+    gc.collect()
+    assert dead() is None

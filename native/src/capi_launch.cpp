@@ -62,6 +62,11 @@ int capi_event_synchronize(uint64_t e) {
 
 int capi_event_destroy(uint64_t e) { return pgk::driver().cuEventDestroy(as_event(e)); }
 
+int capi_graph_launch(uint64_t exec, uint64_t stream) {
+  return pgk::driver().cuGraphLaunch(reinterpret_cast<CUgraphExec>(static_cast<uintptr_t>(exec)),
+                                     as_stream(stream));
+}
+
 const char* capi_error_string(int code) {
   if (code == kNotReady) return "CUDA_ERROR_NOT_READY";
   const pgk::cu::DriverApi* api = pgk::driver_if_loaded();
@@ -73,7 +78,7 @@ const char* capi_error_string(int code) {
 const PgkLaunchCapi kCapi = {
     PGK_LAUNCH_CAPI_VERSION, sizeof(PgkLaunchCapi), capi_launch,           capi_event_create,
     capi_event_record,       capi_event_query,      capi_event_synchronize, capi_event_destroy,
-    capi_error_string,
+    capi_error_string,       capi_graph_launch,
 };
 
 PyObject* g_recorder = nullptr;  // owned reference, or null

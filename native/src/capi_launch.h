@@ -29,6 +29,9 @@ struct PgkLaunchCapi {
   int (*event_destroy)(uint64_t event);
   // The driver's name and description of a CUresult (static strings).
   const char* (*error_string)(int code);
+  // cuGraphLaunch of an instantiated graph (GraphExec.handle) into stream, with whatever
+  // context is current (as GraphExec.launch): a compiled call's quick hit (rust/ quick.rs).
+  int (*graph_launch)(uint64_t exec, uint64_t stream);
 };
 }
 

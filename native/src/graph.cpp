@@ -41,7 +41,11 @@ void register_graphs(py::module_& m) {
                                                     "An instantiated graph, ready to replay.")
       .def(
           "launch", [](const GraphExec& g, py::handle stream) { g.launch(stream_handle(stream)); },
-          py::arg("stream") = py::none());
+          py::arg("stream") = py::none())
+      .def_property_readonly(
+          "handle", [](const GraphExec& g) { return reinterpret_cast<uintptr_t>(g.handle()); },
+          "The CUgraphExec: the launch C ABI's graph_launch takes it (a compiled call's quick "
+          "hit launches without a Python frame).");
 }
 
 }  // namespace pgk

@@ -15,10 +15,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pygpukit import errors, memory, settings
+from pygpukit import _rust, errors, memory, settings
 from pygpukit.array import GPUArray, realize_arrays
 from pygpukit.backends import devices
 from pygpukit.ir import Node, SourceLoc
+from pygpukit.ir.node import _ids as node_ids  # the counter Node() takes its ids from
 from pygpukit.memory import Storage
 
 from .captures import Values, Watch, scan
@@ -303,15 +304,22 @@ class CompiledFunction:
         """Make `fast` the last call's guard; the old one's hits join the counts."""
         old = self._fast
         if old is not None:
-            self._fast_hits += old.hits
-            self._calls += old.hits
+            hits = old.hits + (old.native.take_hits() if old.native is not None else 0)
+            self._fast_hits += hits
+            self._calls += hits
             old.hits = 0
         self._fast = fast
-        self._hit = fast.hit if fast is not None and fast.quick else None
+        if fast is None or not fast.quick:
+            self._hit = None
+        else:  # the native hit where the guard has one (one array in, one out)
+            self._hit = fast.hit if fast.native is None else fast.native
 
     def stats(self) -> dict[str, Any]:
         """hits, misses, the reason of each miss, and the cached entries' plans."""
-        quick = self._fast.hits if self._fast is not None else 0  # not yet in the counts
+        fast = self._fast
+        quick = 0  # not yet in the counts
+        if fast is not None:
+            quick = fast.hits + (fast.native.hits if fast.native is not None else 0)
         return {
             "calls": self._calls + quick,
             "hits": self._hits + self._fast_hits + quick,
@@ -688,7 +696,7 @@ class _Guard:
 
     __slots__ = ("entry", "n", "kw", "sigs", "checks", "containers", "persistent", "held",
                  "globals", "externals", "plain", "call", "results", "releases", "paths",
-                 "name", "prog", "quick", "hits", "one", "sig1")  # fmt: skip
+                 "name", "prog", "quick", "hits", "one", "sig1", "native")  # fmt: skip
 
     def __init__(self, entry: _Entry, kw: tuple[str, ...], checks: list[Any], watch: Watch,
                  externals: list[Any], releases: int, paths: list[str],
@@ -727,6 +735,16 @@ class _Guard:
         out = entry.outputs
         self.one = out.leaves[0] + (out.where,) if out.single else None
         self.sig1 = self.sigs[0] if self.sigs is not None and len(self.sigs) == 1 else None
+        # hit() in one native call (rust/pygpukit-py/src/hit.rs) for one array in and one
+        # out, with every persistent array among the containers: CompiledFunction.__call__
+        # calls it instead of hit(); it counts its hits itself (see _guard and stats).
+        self.native = None
+        if self.quick and self.sig1 is not None and self.one is not None and not self.persistent:
+            self.native = _rust.CompiledHit(
+                self, self.prog, _MISS, TRACING, devices.ACTIVE, _RELEASES, GPUArray, Node,
+                node_ids, self.sig1, list(self.containers),
+                [(g, list(names)) for g, names in watch.globals], list(self.held), self.one,
+            )  # fmt: skip
 
     @classmethod
     def build(cls, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any],

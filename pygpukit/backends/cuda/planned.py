@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from pygpukit import _native
+from pygpukit import _native, _rust
 from pygpukit.errors import CompileError, OutOfMemoryError
 from pygpukit.ir import DType
 from pygpukit.memory import Storage, adopt, block, pin_all, unpin_all
@@ -169,6 +169,13 @@ class CudaReplay:
             unpin_all(self._keep)
         except Exception:  # interpreter shutdown
             pass
+
+
+def _graph_of(replay: Any) -> int | None:
+    """The instantiated graph a quick call launches itself for `replay` (its handle), or
+    None where it calls replay() (not captured as a graph, or not a CudaReplay)."""
+    exec_ = getattr(replay, "_exec", None) if type(replay) is CudaReplay else None
+    return None if exec_ is None else int(exec_.handle)
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -354,40 +361,17 @@ class CudaPlannedHooks:
             at += v.offset * size
             return None if lo <= at < hi else at  # in this arena: a static output fed back
 
-        if len(outs) == 1 and len(ins) == 1:  # one array in, one out: no loops
+        if len(outs) == 1 and len(ins) == 1 and isinstance(pool, _rust.Pool):
+            # One array in, one out (the usual compiled call): the same steps as call()
+            # below in one native call (rust/pygpukit-py/src/quick.rs), which launches the
+            # hot graph through the launch C ABI; CompiledFunction's native hit runs it
+            # without a Python crossing.
             ((nbytes, oshape, ostrides, odtype),) = outs
             ((ishape, istrides, idtype, isize),) = ins
-
-            def call1(args: list[DeviceValue]) -> list[DeviceValue] | None:
-                if arena.freed or len(args) != 1:
-                    return None
-                evictions = evicting.evictions if evicting is not None else 0
-                v = args[0]
-                if (v.strides != istrides or v.shape != ishape
-                        or (v.dtype is not idtype and v.dtype != idtype)):  # fmt: skip
-                    return None
-                st = v.storage
-                try:
-                    addr, h = alloc(nbytes)
-                    new = DeviceValue(adopt(pool, nbytes, addr, h), oshape, ostrides, 0, odtype)
-                    sh = st._h
-                    at = st._addr if sh is None else touch(sh)  # place(), as in place above
-                except (OutOfMemoryError, ValueError):
-                    return None  # device_pool.allocate's cleanup and message, or a freed block
-                if at != st._addr or (evicting is not None and evicting.evictions != evictions):
-                    return None
-                at += v.offset * isize
-                if lo <= at < hi:
-                    return None
-                key = (token, addr, at)
-                hot = prog._hot
-                if key == hot[0]:
-                    hot[1].replay()
-                else:
-                    replay(key, args, [new])
-                return [new]
-
-            return call1
+            return _rust.QuickCall(prog, pool, evicting is not None, arena, self, Storage,
+                                   DeviceValue, (OutOfMemoryError, ValueError), _graph_of,
+                                   (ishape, istrides, idtype, isize),
+                                   (nbytes, oshape, ostrides, odtype), token, (lo, hi))  # fmt: skip
 
         def call(args: list[DeviceValue]) -> list[DeviceValue] | None:
             if arena.freed or len(args) != len(ins):

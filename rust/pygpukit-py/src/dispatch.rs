@@ -46,6 +46,7 @@ struct LaunchCapi {
     event_synchronize: unsafe extern "C" fn(u64) -> i32,
     event_destroy: unsafe extern "C" fn(u64) -> i32,
     error_string: unsafe extern "C" fn(i32) -> *const c_char,
+    graph_launch: unsafe extern "C" fn(u64, u64) -> i32,
 }
 
 /// Set once by register_launch_capi; the table is static in the native module.
@@ -67,6 +68,18 @@ pub fn register_launch_capi(capsule: &Bound<'_, PyCapsule>) -> PyResult<()> {
     }
     CAPI.store(ptr, Ordering::Release);
     Ok(())
+}
+
+/// cuGraphLaunch of the instantiated graph `exec` into `stream` through the launch C ABI:
+/// the driver's code (0: launched), or None when no table is registered (no GPU).
+pub(crate) fn graph_launch(exec: u64, stream: u64) -> Option<i32> {
+    let ptr = CAPI.load(Ordering::Acquire);
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: registered from a checked capsule; the table is static. The caller holds the
+    // replay object that owns `exec`.
+    Some(unsafe { ((*ptr).graph_launch)(exec, stream) })
 }
 
 struct Capi(&'static LaunchCapi);

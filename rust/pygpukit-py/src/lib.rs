@@ -3,9 +3,12 @@ use pyo3::prelude::*;
 mod arena_source;
 mod dispatch;
 mod errors;
+mod hit;
 mod pool;
+mod quick;
 mod reentry;
 mod scheduler;
+mod slots;
 mod transfer;
 
 #[pymodule]
@@ -14,6 +17,8 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyPool>()?;
     m.add_class::<scheduler::PySchedulerCore>()?;
     m.add_class::<dispatch::PyDispatcher>()?;
+    m.add_class::<quick::QuickCall>()?;
+    m.add_class::<hit::CompiledHit>()?;
     m.add_function(wrap_pyfunction!(dispatch::register_launch_capi, m)?)?;
     m.add_class::<transfer::PyTransferEngine>()?;
     m.add_class::<transfer::PyTransfer>()?;
