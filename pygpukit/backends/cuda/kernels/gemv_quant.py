@@ -133,25 +133,13 @@ def red_bytes(gw: int, nt: int, m: int) -> int:
     return cdiv(gw * m * (8 * nt + 1) * 4, 16) * 16
 
 
-def xsum_bytes(spec: QuantSpec, dtype: str, gw: int, k: int, m: int) -> int:
-    """Shared memory of the staged int4 kernel's sums of x per chunk of each warp's range
-    and row (bf16 x: it multiplies the biased codes 128 + q and subtracts (128 + z) times
-    these; f16 subtracts the zero point from each pair instead and needs none)."""
-    if spec.format != "int4" or dtype != "bfloat16":
-        return 0
-    return gw * cdiv(cdiv(k, chunk_cols(spec)), gw) * m * 4
-
-
-def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int,
-                dtype: str) -> int:  # fmt: skip
+def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int) -> int:
     """Dynamic shared memory of the staged kernel: each warp's stages, then the m rows of
-    x, each all of K (in whole chunks) plus 8, then the partial sums (red_bytes) and the
-    int4 sums of x (xsum_bytes). The RMSNorm prologue needs none more: the gain is read
-    once, as x is scaled in place."""
+    x, each all of K (in whole chunks) plus 8, then the partial sums (red_bytes). The
+    RMSNorm prologue needs none more: the gain is read once, as x is scaled in place."""
     gw, nt, u, stages = config
     x_row = (cdiv(k, chunk_cols(spec)) * chunk_cols(spec) + 8) * 2
-    return (gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m)
-            + xsum_bytes(spec, dtype, gw, k, m))  # fmt: skip
+    return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m)
 
 
 def static_smem(gw: int) -> int:
@@ -234,7 +222,7 @@ def gemv_quant(
     sgw, snt, su, sns = staged_config(spec, k)
     if stages is None:
         cfg = (*(config or (sgw, snt)), slab or su, sns)
-        fits = staged_smem(spec, cfg, k, m, dtype) + static_smem(cfg[0])
+        fits = staged_smem(spec, cfg, k, m) + static_smem(cfg[0])
         stages = sns if words_per_lane(spec) == 4 and fits <= loader.max_shared_optin() else 0
     if stages:
         gw, nt = config or (sgw, snt)
@@ -242,7 +230,7 @@ def gemv_quant(
         if words_per_lane(spec) != 4 or u < 2 or u & (u - 1):
             raise ShapeError(f"gemv_quant: {stages} stages of {u} chunks for a {spec.label} "
                              f"weight (staging takes 16-byte chunks, 2+ a stage)")  # fmt: skip
-        smem = staged_smem(spec, (gw, nt, u, stages), k, m, dtype)
+        smem = staged_smem(spec, (gw, nt, u, stages), k, m)
         if smem + static_smem(gw) > loader.max_shared_optin():
             raise ShapeError(f"gemv_quant: {stages} stages of ({gw}, {nt}, {u}) with {m} rows "
                              f"of K={k} need {smem} bytes of shared memory")  # fmt: skip
