@@ -49,14 +49,15 @@ STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)
 # Warps per SM of the persistent grid (blocks: this over the block's warps, as many as fit):
 # three blocks of 8 warps, six of 4.
 STAGED_EARLY_WARPS_PER_SM = 24
-# Per K (H200, batch 1, w_early, a sweep of 8 geometries per format at c48fae5, us):
-# int8 at K = 2048 on (4, 2, 4, 2), six blocks an SM: [2560 x 2048] 3.89 against 4.02,
-# [11264 x 2048] 8.14 against 9.30 (at K = 4096 and up it lost: [4096 x 11008] 15.25
-# against 13.84). int4 with 4 chunks a stage where that leaves no more of the warps'
-# stages empty than 2 (K = 4096, 11008; not 2048 or 5632, where it lost 20-50%): sym with
-# 3 stages [12288 x 4096] 10.85 against 11.23, [22016 x 4096] 16.57 against 18.03,
-# [4096 x 11008] 11.69 against 11.68; asym with 2 stages 12.02 against 13.33, 20.35
-# against 21.93, 12.07 against 13.70 (asym with 3 stages lost at K = 4096).
+# Per K (H200, batch 1, w_early; a sweep of 8 geometries per format, then the bench at
+# 6b8281a against h200-quant.json at 50793d0, us): int8 at K = 2048 on (4, 2, 4, 2), six
+# blocks an SM: [11264 x 2048] 8.14 / 8.36 against 9.30 / 9.56, [2560 x 2048] 3.89 / 4.01
+# against 4.02 / 4.21 ([2048 x 2048] 3.60 against 3.35; at K = 4096 and up it lost:
+# [4096 x 11008] 15.25 against 13.84). Asymmetric int4 with 4 chunks a stage and 2 stages
+# where that leaves no more of the warps' stages empty than 2 (K = 4096, 11008; not 2048
+# or 5632, where it lost 20-50%): [12288 x 4096] 12.09 against 12.50, [4096 x 11008]
+# 11.24 against 12.10, [22016 x 4096] 21.18 against 21.00. Symmetric int4 gained nothing
+# from it ((8, 2, 4, 3): 11.40 / 18.37 / 11.47 against 11.22 / 18.72 / 10.68).
 SMALL_K_INT8 = 2048
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
 # reserves 1 KiB of shared memory per block.
@@ -72,10 +73,10 @@ def staged_config(spec: QuantSpec, k: int) -> tuple[int, int, int, int]:
     gw, nt, u, ns = STAGED_CONFIG[spec.format]
     if spec.format == "int8" and k <= SMALL_K_INT8:
         return (4, 2, 4, 2)
-    if spec.format == "int4":
+    if spec.format == "int4" and spec.has_zero:
         per_warp = cdiv(cdiv(k, chunk_cols(spec)), gw)  # chunks of a warp's range
         if cdiv(per_warp, 4) * 4 <= cdiv(per_warp, u) * u:
-            return (gw, nt, 4, 2 if spec.has_zero else 3)
+            return (gw, nt, 4, 2)
     return (gw, nt, u, ns)
 
 
