@@ -25,3 +25,21 @@ def test_registers_bound_the_blocks():
     assert gemv_quant.resident_blocks(128, 0, 256, 1024, H200_SMEM_PER_SM) == 2
     # 72 registers round up to 2304 a warp (units of 256): 65536 // (8 * 2304) = 3.
     assert gemv_quant.resident_blocks(72, 0, 256, 1024, H200_SMEM_PER_SM) == 3
+
+
+def test_staged_config_per_k():
+    """The per-K defaults: int8 at small K on four warps (six blocks an SM under the warp
+    cap), asymmetric int4 four chunks a stage only where no more of the warps' stages
+    would go empty; symmetric int4 and fp8 keep the format's default."""
+    from pygpukit.ir.quant import QuantSpec
+
+    int8, asym = QuantSpec("int8"), QuantSpec("int4", group=128, has_zero=True)
+    assert gemv_quant.staged_config(int8, 2048) == (4, 2, 4, 2)
+    assert gemv_quant.STAGED_EARLY_WARPS_PER_SM // 4 == 6
+    assert gemv_quant.staged_config(int8, 4096) == gemv_quant.STAGED_CONFIG["int8"]
+    assert gemv_quant.staged_config(asym, 4096) == (8, 2, 4, 2)  # 4 chunks a warp
+    assert gemv_quant.staged_config(asym, 2048) == gemv_quant.STAGED_CONFIG["int4"]  # 2
+    assert gemv_quant.staged_config(asym, 5632) == gemv_quant.STAGED_CONFIG["int4"]  # 5.5
+    sym = QuantSpec("int4", group=128)
+    assert gemv_quant.staged_config(sym, 4096) == gemv_quant.STAGED_CONFIG["int4"]
+    assert gemv_quant.staged_config(QuantSpec("fp8"), 2048) == gemv_quant.STAGED_CONFIG["fp8"]

@@ -46,12 +46,38 @@ EARLY_BLOCKS_PER_SM = 0
 # block by about 1.5 KiB of shared memory while the partial sums were sized for 8 rows of x
 # (red_bytes sizes them by m) and the prologue kept the gain row beside x.
 STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
-STAGED_EARLY_BLOCKS_PER_SM = 3
+# Warps per SM of the persistent grid (blocks: this over the block's warps, as many as fit):
+# three blocks of 8 warps, six of 4.
+STAGED_EARLY_WARPS_PER_SM = 24
+# Per K (H200, batch 1, w_early; a sweep of 8 geometries per format, then the bench at
+# 6b8281a against h200-quant.json at 50793d0, us): int8 at K = 2048 on (4, 2, 4, 2), six
+# blocks an SM: [11264 x 2048] 8.14 / 8.36 against 9.30 / 9.56, [2560 x 2048] 3.89 / 4.01
+# against 4.02 / 4.21 ([2048 x 2048] 3.60 against 3.35; at K = 4096 and up it lost:
+# [4096 x 11008] 15.25 against 13.84). Asymmetric int4 with 4 chunks a stage and 2 stages
+# where that leaves no more of the warps' stages empty than 2 (K = 4096, 11008; not 2048
+# or 5632, where it lost 20-50%): [12288 x 4096] 12.09 against 12.50, [4096 x 11008]
+# 11.24 against 12.10, [22016 x 4096] 21.18 against 21.00. Symmetric int4 gained nothing
+# from it ((8, 2, 4, 3): 11.40 / 18.37 / 11.47 against 11.22 / 18.72 / 10.68).
+SMALL_K_INT8 = 2048
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
 # reserves 1 KiB of shared memory per block.
 REG_UNIT = 256
 SM_REGS = 65536
 BLOCK_SMEM_RESERVED = 1024
+
+
+def staged_config(spec: QuantSpec, k: int) -> tuple[int, int, int, int]:
+    """The staged kernel's default (warps, n8 tiles per warp, chunks per stage, stages per
+    warp) for this weight and K: the format's STAGED_CONFIG, or where the H200 sweep found
+    better (see SMALL_K_INT8)."""
+    gw, nt, u, ns = STAGED_CONFIG[spec.format]
+    if spec.format == "int8" and k <= SMALL_K_INT8:
+        return (4, 2, 4, 2)
+    if spec.format == "int4" and spec.has_zero:
+        per_warp = cdiv(cdiv(k, chunk_cols(spec)), gw)  # chunks of a warp's range
+        if cdiv(per_warp, 4) * 4 <= cdiv(per_warp, u) * u:
+            return (gw, nt, 4, 2)
+    return (gw, nt, u, ns)
 
 
 def words_per_lane(spec: QuantSpec) -> int:
@@ -167,10 +193,10 @@ def gemv_quant(
     W's data [n, packed k] dense at `w`, its float32 scales at `scale` (scale_numel of
     them), int4 zero points at `zero`. bf16/f16 x with 16-byte aligned rows; prologue,
     glu, blocks_per_sm and w_early as gemv.gemv. stages: W's stages per warp through
-    shared memory (None: the format's STAGED_CONFIG where the kernel takes the weight and
+    shared memory (None: staged_config's where the kernel takes the weight and
     x fits beside the stages, else 0; 0: fragments straight into registers). config:
     (warps, n8 tiles per warp); slab: chunks per warp per stage (staged: default from
-    STAGED_CONFIG; a power of two >= 2) or per step (registers: default from K); pipe
+    staged_config; a power of two >= 2) or per step (registers: default from K); pipe
     (registers): the next slab's loads in flight while the current one is multiplied
     (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
@@ -194,7 +220,7 @@ def gemv_quant(
     ptrs = (x, w) + ((pro,) if prologue != "none" else ())
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
-    sgw, snt, su, sns = STAGED_CONFIG[spec.format]
+    sgw, snt, su, sns = staged_config(spec, k)
     if stages is None:
         cfg = (*(config or (sgw, snt)), slab or su, sns)
         fits = staged_smem(spec, cfg, k, m) + static_smem(cfg[0])
@@ -225,7 +251,10 @@ def gemv_quant(
     tiles = gemv.mma_tiles(n, nt, glu)
     per_sm = blocks_per_sm
     if per_sm is None:
-        per_sm = (STAGED_EARLY_BLOCKS_PER_SM if stages else EARLY_BLOCKS_PER_SM) if w_early else 0
+        per_sm = EARLY_BLOCKS_PER_SM
+        if stages:
+            per_sm = max(1, STAGED_EARLY_WARPS_PER_SM // gw)
+        per_sm = per_sm if w_early else 0
         if per_sm and stages:
             # A persistent block that is not resident runs in a second wave: its tiles wait
             # for a whole block's worth of others (K = 11008 leaves room for fewer blocks).

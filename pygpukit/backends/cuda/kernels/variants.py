@@ -194,6 +194,9 @@ def quant_variants() -> list[Variant]:
         gw, nt, pipe = gemv_quant.FORMAT_CONFIG[spec.format]
         sgw, snt, su, sns = gemv_quant.STAGED_CONFIG[spec.format]
         staged = gemv_quant.words_per_lane(spec) == 4
+        # The per-K defaults beside the format's (staged_config: small and large K).
+        per_k = {gemv_quant.staged_config(spec, k) for k in (2048, 4096)} - {
+            (sgw, snt, su, sns)}  # fmt: skip
         for dt in loader.HALF_DTYPES:
             base = gemv_quant.defines(spec, dt, numel)
             fused = [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 0, 3)] if dt == "bfloat16" else [
@@ -210,6 +213,10 @@ def quant_variants() -> list[Variant]:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": u,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": ns}))  # fmt: skip
+                for kgw, knt, ku, kns in sorted(per_k):
+                    out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": kns}))  # fmt: skip
         for dt in dequant.DTYPES:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
