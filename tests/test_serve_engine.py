@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -437,6 +438,47 @@ def test_step_token_budget_is_respected(model):
         assert st["used_blocks"] == 0
     finally:
         e.close()
+
+
+def test_a_step_of_prompts_alone_takes_the_prefill_budget(model):
+    """prefill_step_tokens bounds the steps with no decode row (a burst of prompts
+    arriving together), step_tokens every step with one: the first step of a burst takes
+    128 prompt tokens (20-row budget: 40), later ones with decode rows stay within 40, and
+    the tokens are the static path's."""
+    e = Engine(model, max_model_len=256, prefill_chunk=64, step_tokens=40,
+               prefill_step_tokens=128, max_batch=8, kv_blocks=200)  # fmt: skip
+    launches: list[tuple[int, int]] = []  # (decode rows, launch size)
+    launch = e._launch
+
+    def record(rows, pieces):
+        used = len(rows) + sum(c for _, c in pieces)
+        launches.append((len(rows), e._step_size(used, e._budget(rows))))
+        return launch(rows, pieces)
+
+    e._launch = record
+    prompts = _prompts(8, seed=29, low=30, high=60)
+    out: list[list[int]] = []
+    t = threading.Thread(target=lambda: out.extend(e.generate(prompts, 5, ignore_eos=True,
+                                                              timeout=300)))  # fmt: skip
+    t.start()
+    try:
+        while e._inbox.qsize() < len(prompts):  # every prompt waits before the first step
+            time.sleep(0.01)
+        e.start()
+        t.join(300)
+        assert launches[0] == (0, 128)
+        assert all(n <= 40 for rows, n in launches if rows)
+        assert all(n <= 128 for _, n in launches)
+        st = e.stats()
+        assert st["prefill_tokens"] == sum(map(len, prompts))
+        assert st["prefill_step_tokens"] == 128 and st["max_step_tokens"] == 128
+        assert out == [model.generate_ids([p], 5, stop_at_eos=False).tokens[0] for p in prompts]
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match=r"prefill_step_tokens must be an integer >= "
+                                         r"step_tokens \(40\), got 32"):  # fmt: skip
+        Engine(model, max_model_len=64, max_batch=8, step_tokens=40, prefill_step_tokens=32,
+               kv_blocks=8)
 
 
 def test_step_tokens_must_leave_room_for_prefill(model):
