@@ -478,7 +478,7 @@ def test_a_step_of_prompts_alone_takes_the_prefill_budget(model):
     with pytest.raises(ValueError, match=r"prefill_step_tokens must be an integer >= "
                                          r"step_tokens \(40\), got 32"):  # fmt: skip
         Engine(model, max_model_len=64, max_batch=8, step_tokens=40, prefill_step_tokens=32,
-               kv_blocks=8)
+               kv_blocks=8)  # fmt: skip
 
 
 def test_step_tokens_must_leave_room_for_prefill(model):
