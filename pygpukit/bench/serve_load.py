@@ -366,13 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         "--step-tokens",
         type=int,
         default=None,
-        help="the engine's token budget per step (default: Engine's, 1024)",
+        help="the engine's token budget of a step with decode rows (default: Engine's)",
     )
     p.add_argument(
         "--prefill-step-tokens",
         type=int,
         default=None,
-        help="the budget of a step with no decode row (default: --step-tokens)",
+        help="the budget of a step with no decode row (default: Engine's)",
     )
     p.add_argument(
         "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"
