@@ -487,8 +487,8 @@ def test_step_tokens_must_leave_room_for_prefill(model):
     with pytest.raises(ValueError, match=r"step_tokens must be an integer >= 24 .*got 20"):
         Engine(model, max_model_len=64, max_batch=8, step_tokens=20, kv_blocks=8)
     e = Engine(model, max_model_len=64, max_batch=8, prefill_chunk=32, kv_blocks=8)
-    assert e.step_tokens == 8 + 128  # the max_batch bucket + STEP_PREFILL_TOKENS
-    assert e.prefill_step_tokens == 8 * 32
+    assert e.step_tokens == 64  # 2 * prefill_chunk
+    assert e.prefill_step_tokens == 64
 
 
 def test_step_hooks_run_once_per_step_after_its_events(model):

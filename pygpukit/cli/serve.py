@@ -39,12 +39,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "prompt is split over steps")  # fmt: skip
     p.add_argument("--step-tokens", type=int, default=None,
                    help="token budget of one engine step (one launch) with decode rows: "
-                   "decode rows + prompt tokens (default max batch + 128)",
+                   "decode rows + prompt tokens (default max(2 x prefill chunk, max batch + "
+                   "prefill chunk))",
                    )  # fmt: skip
     p.add_argument("--prefill-step-tokens", type=int, default=None,
                    help="token budget of a step of prompts alone; a step of d decode rows "
-                   "takes up to this / d when that is more than --step-tokens (default "
-                   "max(step tokens, 8 x prefill chunk))")  # fmt: skip
+                   "takes up to this / d when that is more than --step-tokens (default: "
+                   "--step-tokens)")  # fmt: skip
     p.set_defaults(func=run)
 
 

@@ -65,8 +65,6 @@ log = logging.getLogger("pygpukit.serve")
 QOS = ("guaranteed", "burstable", "best_effort")
 # Prompt tokens a step's budget must leave beside a full decode batch, so prompts progress.
 MIN_PREFILL_TOKENS = 16
-# The default budget's prompt tokens beside a full decode batch bucket (Engine.step_tokens).
-STEP_PREFILL_TOKENS = 128
 # Most prompts one step prefills pieces of: each writes its block table in the step (a row
 # of the upload's table section), and one it finishes samples a token (an output row).
 STEP_PROMPTS = 16
@@ -234,16 +232,16 @@ class Engine:
     once). prefill_chunk: the most tokens of one prompt one step prefills (a longer prompt
     is split over steps). step_tokens: the token budget of one engine step with decode
     rows: its decode rows plus its prompt tokens, the launch padded to the next power of
-    two (or to the budget); default the max_batch bucket + STEP_PREFILL_TOKENS (384 with
-    the other defaults: 64 decode rows and 320 prompt tokens, a step that stays near 3x
-    the batch-1 step on an H200 with TinyLlama, so running streams' inter-token latency
-    stays there while prompts prefill). It must leave MIN_PREFILL_TOKENS beside a full decode
-    batch, so prompts always progress. prefill_step_tokens: the budget of a step with no
-    decode row (only prompts waiting: nobody's next token waits on it); a step with d
-    decode rows takes up to prefill_step_tokens / d (a power of two) when that is more
-    than step_tokens, so a longer step delays only a few streams. At least step_tokens;
-    default max(step_tokens, 8 * prefill_chunk), 4096 with the other defaults: a burst
-    of prompts prefills in fewer, larger launches, each reading the weights once.
+    two (or to the budget); default max(2 * prefill_chunk, the max_batch bucket +
+    prefill_chunk), 1024 with the other defaults. It must leave MIN_PREFILL_TOKENS beside
+    a full decode batch, so prompts always progress. A smaller budget bounds how long a
+    step that prefills keeps running streams waiting (their inter-token latency), a larger
+    one prefills in fewer steps, each reading the weights once (throughput).
+    prefill_step_tokens: the budget of a step with no decode row (only prompts waiting:
+    nobody's next token waits on it); a step with d decode rows takes up to
+    prefill_step_tokens / d (a power of two) when that is more than step_tokens, so a
+    longer step delays only a few streams. At least step_tokens; default step_tokens
+    (every step under one budget).
     max_queue: most requests waiting to start; more are refused with Overloaded.
     """
 
@@ -264,7 +262,7 @@ class Engine:
                 raise errors.GPUKitValueError(f"Engine: {name} must be an integer >= 1, got {v!r}")
         least = max_batch + MIN_PREFILL_TOKENS
         if step_tokens is None:
-            step_tokens = bucket(max_batch) + STEP_PREFILL_TOKENS
+            step_tokens = max(2 * prefill_chunk, bucket(max_batch) + prefill_chunk)
         if not isinstance(step_tokens, int) or step_tokens < least:
             raise errors.GPUKitValueError(
                 f"Engine: step_tokens must be an integer >= {least} (a full decode batch of "
@@ -272,7 +270,7 @@ class Engine:
                 f"{step_tokens!r}"
             )
         if prefill_step_tokens is None:
-            prefill_step_tokens = max(step_tokens, 8 * prefill_chunk)
+            prefill_step_tokens = step_tokens
         if not isinstance(prefill_step_tokens, int) or prefill_step_tokens < step_tokens:
             raise errors.GPUKitValueError(
                 f"Engine: prefill_step_tokens must be an integer >= step_tokens "

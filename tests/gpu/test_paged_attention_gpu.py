@@ -294,7 +294,7 @@ def test_paged_attention_one_pool_gpu(dtype, n_decode, pieces, n_pad):
     block D elements apart) through the decode bodies, the piece kernel and (int64
     lengths) the simple kernel, against the float64 reference."""
     rng = np.random.default_rng(23)
-    nb, bs, m, d, h, kv = 1200, 16, 24, 64, 32, 4
+    nb, bs, m, d, h, kv = 2000, 16, 24, 64, 32, 4
     table, lens = _step_rows(rng, n_decode, pieces, n_pad, bs, m, nb)
     tol = {"bfloat16": 3e-2, "float16": 5e-3, "float32": 1e-4}[dtype]
     _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, one_pool=True)
