@@ -465,7 +465,16 @@ def _paged_write(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     # pool [num_blocks, KV, block, D] with new rows stored: pool[s // block, :, s % block] =
     # new[t] for each slot s = slots[t] >= 0 (a negative slot stores nothing: padding).
     # new [T, KV, D] (cast to the pool's dtype), slots [T] int. A scatter, as setitem.
-    (sp, dp), (sn, _), (ss, ds) = ins
+    # attrs rope "half" / "interleaved" (default "none"): two more inputs cos, sin [T, D/2]
+    # (float, the pool's dtype), and the first rope_heads heads of each row are stored
+    # rotated as rope rotates them (the keys of a fused K/V pool: V heads stay as they are).
+    rope = attrs.get("rope", "none")
+    if rope not in ("none", "half", "interleaved"):
+        raise ShapeRuleError(f"paged_write: rope must be none, half or interleaved, got {rope!r}")
+    n_in = 3 if rope == "none" else 5
+    if len(ins) != n_in:
+        raise ShapeRuleError(f"paged_write with rope {rope} takes {n_in} inputs, got {len(ins)}")
+    (sp, dp), (sn, _), (ss, ds) = ins[:3]
     if len(sp) != 4:
         raise ShapeRuleError(f"paged_write: pool {list(sp)} must be [num_blocks, kv_heads, "
                              "block, dim]")  # fmt: skip
@@ -474,6 +483,17 @@ def _paged_write(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
                              f"for a pool {list(sp)}")  # fmt: skip
     if ss != sn[:1] or not ds.is_int:
         raise ShapeRuleError(f"paged_write: slots {ds}{list(ss)} must be [{sn[0]}] integers")
+    if rope != "none":
+        _float_only("paged_write", dp)
+        heads = attrs.get("rope_heads")
+        if not isinstance(heads, int) or not 0 < heads <= sp[1] or sp[3] % 2:
+            raise ShapeRuleError(f"paged_write: rope_heads {heads!r} must be in [1, {sp[1]}] "
+                                 f"with an even head dim, got pool {list(sp)}")  # fmt: skip
+        want = (sn[0], sp[3] // 2)
+        for name, (ts, td) in zip(("cos", "sin"), ins[3:], strict=True):
+            if ts != want or td != dp:
+                raise ShapeRuleError(f"paged_write: {name} {td}{list(ts)} must be "
+                                     f"{dp}{list(want)}")  # fmt: skip
     return sp, dp
 
 
@@ -566,7 +586,7 @@ _register("rope", "fused", _rope, 3)
 _register("sdpa", "fused", _sdpa, None)
 _register("sdpa_append", "fused", _sdpa_append, None)
 _register("paged_sdpa", "fused", _paged_sdpa, 5)
-_register("paged_write", "scatter", _paged_write, 3)
+_register("paged_write", "scatter", _paged_write, None)
 _register("after", "movement", _after, 2)
 _register("linear", "fused", _linear, None)
 _register("swiglu", "fused", _swiglu, 2)

@@ -344,15 +344,36 @@ def paged_attention(
     return GPUArray(runtime.record("paged_sdpa", ins, attrs, op))
 
 
-def paged_write(pool: GPUArray, new: ArrayLike, slots: ArrayLike) -> None:
+def paged_write(pool: GPUArray, new: ArrayLike, slots: ArrayLike, *,
+                cos: ArrayLike | None = None, sin: ArrayLike | None = None,
+                rope_heads: int | None = None, interleaved: bool = False) -> None:  # fmt: skip
     """Store new [T, KV, D] into pool [num_blocks, KV, block, D] at slots [T] (slot s is
     block s // block, offset s % block; a negative slot stores nothing), in place: `pool`
-    holds the new rows afterwards, as after a slice assignment (the `paged_write` op)."""
+    holds the new rows afterwards, as after a slice assignment (the `paged_write` op).
+
+    With cos and sin [T, D / 2] (cast to the pool's dtype), the first rope_heads heads of
+    each row (default all) are stored as rope(new, cos, sin, interleaved) stores them: a
+    step's keys rotated and stored with its values in one pass over a pool that holds both
+    (keys as heads [0, rope_heads), values after them)."""
     from .array import _assign, _check_writable
 
+    op = "paged_write"
     if not isinstance(pool, GPUArray):
         raise errors.DTypeError(f"paged_write: pool must be a GPUArray, got "
                                 f"{type(pool).__name__}{_where()}")  # fmt: skip
     _check_writable(pool)
-    ins = (pool._node, _like(new, pool)._node, _arr(slots)._node)
-    _assign(pool, runtime.record("paged_write", ins, {}, "paged_write"))
+    ins: tuple[Any, ...] = (pool._node, _like(new, pool)._node, _arr(slots)._node)
+    attrs: dict[str, Any] = {}
+    if (cos is None) != (sin is None):
+        raise errors.ShapeError(f"paged_write: cos and sin go together{_where()}")
+    if cos is not None and sin is not None:
+        heads = pool.shape[1] if rope_heads is None else rope_heads
+        if not isinstance(heads, int | np.integer) or isinstance(heads, bool):
+            raise errors.DTypeError(f"paged_write: rope_heads must be an int, got "
+                                    f"{rope_heads!r}{_where()}")  # fmt: skip
+        attrs = {"rope": "interleaved" if interleaved else "half", "rope_heads": int(heads)}
+        ins = (*ins, _like(cos, pool)._node, _like(sin, pool)._node)
+    elif rope_heads is not None or interleaved:
+        raise errors.ShapeError(f"paged_write: rope_heads / interleaved need cos and sin"
+                                f"{_where()}")  # fmt: skip
+    _assign(pool, runtime.record("paged_write", ins, attrs, op))

@@ -238,7 +238,8 @@ def _profiled_generate(
 # -- prefill ---------------------------------------------------------------------------------
 _KINDS = (  # (kind, name fragments), first match wins
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "splitkreduce", "_mma_", "matmul")),
-    ("attention", ("attn", "flash", "fmha", "attention", "sdpa")),
+    ("kv_write", ("paged_write",)),
+    ("attention", ("attn", "flash", "fmha", "attention", "sdpa", "paged")),
     ("norm", ("rms_norm", "rsqrt", "mean")),
     ("rope", ("rope",)),
     ("copy", ("memcpy", "memset", "copy", "setitem", "cat")),
@@ -543,6 +544,24 @@ def _peer(cfg: Any, b: int, t: int, trace: str | None) -> tuple[float, dict[str,
     return ms, _profiled(call, f"torch.compile {b}x{t}", cfg.num_layers, tr)
 
 
+def _copy_gb_s(nbytes: int = 256 << 20) -> float:
+    """The device's copy bandwidth in GB/s (bytes read plus written by a device-to-device
+    copy of nbytes, best of 12): the yardstick the step's reads are held against."""
+    import torch
+
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(12):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        best = min(best, e0.elapsed_time(e1) / 1e3)
+    return 2 * nbytes / best / 1e9
+
+
 def serve(batches: list[int], budgets: list[int], context: int,
           trace: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The engine's step per decode batch (and mixed steps of the largest batch per
@@ -564,6 +583,7 @@ def serve(batches: list[int], budgets: list[int], context: int,
     rng = np.random.default_rng(0)
     key_bytes = PagedKVCache.block_bytes(model.transformer, 1)  # one position, all layers
     rows: list[dict[str, Any]] = []
+    copy_bw = _copy_gb_s()
     cases = [(b, 0) for b in batches] + [(most, t) for t in budgets]
     for b, budget in cases:
         if budget and not sl.fills(engine, budget, b):
@@ -587,13 +607,23 @@ def serve(batches: list[int], budgets: list[int], context: int,
         s = _profiled(step, label, cfg.num_layers, trace and trace.replace(".json",
                       f"-serve-{b}-{budget}.json"))  # fmt: skip
         # Each decode row reads its context's keys and values; the weights once.
-        need = weight_bytes(cfg) + b * context * key_bytes
+        kv = b * context * key_bytes
+        need = weight_bytes(cfg) + kv
         gb_s = need / max(s.get("kernel_us", 0), 1e-9) / 1e3
+        kinds = s.get("by_kind_us", {})
         row = {"batch": b, "context": context, "step_tokens": budget or None,
                "wall_ms": 1e3 * wall, "read_bytes": need, "read_gb_s": gb_s,
+               "copy_gb_s": copy_bw,
+               # The attention against the decode rows' keys and values, the GEMMs against
+               # the weights (a step reads each once): GB/s over their kernel time.
+               "attention_gb_s": kv / max(kinds.get("attention", 0), 1e-9) / 1e3,
+               "gemm_gb_s": weight_bytes(cfg) / max(kinds.get("gemm", 0), 1e-9) / 1e3,
                "profile": s}  # fmt: skip
         print(f"   one step {1e3 * wall:.3f} ms; reads {need / 1e9:.2f} GB: "
-              f"{row['read_gb_s']:.0f} GB/s over its kernel time", flush=True)  # fmt: skip
+              f"{row['read_gb_s']:.0f} GB/s over its kernel time; attention "
+              f"{row['attention_gb_s']:.0f} GB/s of keys and values, GEMMs "
+              f"{row['gemm_gb_s']:.0f} GB/s of weights ({100 * row['gemm_gb_s'] / copy_bw:.0f}%"
+              f" of the {copy_bw:.0f} GB/s copy)", flush=True)  # fmt: skip
         sl.give_back(engine, reqs)
         rows.append(row)
     return rows

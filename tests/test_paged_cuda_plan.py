@@ -31,6 +31,8 @@ def test_paged_kernels_compile(arch, d):
     assert compile_kernel(paged.write_kernel(paged.WriteSpec(dt, dt, i64)).text, arch)
     assert compile_kernel(paged.write_kernel(paged.WriteSpec(dt, dtypes.float32, i32)).text, arch)
     assert compile_kernel(paged.attend_kernel(paged.AttendSpec(dt, i32, i32)).text, arch)
+    for rope in ("half", "interleaved"):  # keys rotated on the way into the pool
+        assert compile_kernel(paged.write_kernel(paged.WriteSpec(dt, dt, i64, rope)).text, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -160,3 +162,35 @@ def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypa
         assert names.index("pgk_paged_prefill") == len(names) - 1  # after the merge
     else:
         assert not grids
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype, b", [("bfloat16", 130), ("float32", 3)])
+def test_one_pool_of_keys_and_values_plans(arch, dtype, b, monkeypatch):
+    """The serving model's layer: one paged_write stores the keys (rotated) and values into
+    one pool [n_blocks, 2 KV, block, D], and paged_attention reads its two halves as views
+    (blocks 2 KV block D elements apart): the same kernels plan as for separate pools (the
+    tensor-core decode body and the piece kernel in bf16, the CUDA-core body in float32;
+    int64 lengths the simple kernel), their arguments checked against each kernel."""
+    cuda_fakes.install(monkeypatch, arch)
+    rng = np.random.default_rng(5)
+    kv, d = 2, 64
+    pool = gpk.asarray(rng.standard_normal((40, 2 * kv, 16, d)).astype(np.float32)).astype(dtype)
+    new = gpk.asarray(rng.standard_normal((b, 2 * kv, d)).astype(np.float32)).astype(dtype)
+    ang = rng.uniform(0, 6, size=(b, d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    slots = rng.permutation(40 * 16)[:b].astype(np.int64)
+    gpk.nn.paged_write(pool, new, slots, cos=cos, sin=sin, rope_heads=kv)
+    q = gpk.asarray(rng.standard_normal((b, 8, 1, d)).astype(np.float32)).astype(dtype)
+    table = rng.integers(0, 40, size=(b, 32)).astype(np.int32)
+    lens = rng.integers(1, 32 * 16, size=b).astype(np.int32)
+    names = [n for n, _ in _plan_attention(q, pool[:, :kv], pool[:, kv:], table, lens)]
+    assert any(n.startswith("pgk_paged_write_") for n in names)
+    if dtype == "bfloat16":
+        assert "pgk_paged_decode_mma" in names and "pgk_paged_prefill" in names
+    else:
+        assert "pgk_paged_decode" in names
+    simple = [n for n, _ in _plan_attention(q, pool[:, :kv], pool[:, kv:], table,
+                                            lens.astype(np.int64))]  # fmt: skip
+    assert any(n.startswith("pgk_paged_sdpa_") for n in simple)
+    assert not any(n.startswith("pgk_paged_decode") for n in simple)

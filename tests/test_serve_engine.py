@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -439,11 +440,55 @@ def test_step_token_budget_is_respected(model):
         e.close()
 
 
+def test_a_step_of_prompts_alone_takes_the_prefill_budget(model):
+    """prefill_step_tokens bounds the steps with no decode row (a burst of prompts
+    arriving together); a step with d decode rows takes prefill_step_tokens / d (a power
+    of two) or step_tokens, the more: the first step of the burst takes 128 prompt
+    tokens, steps beside one or two decode rows 128 and 64, the others stay within 40;
+    every prompt token is prefilled once and the tokens are the static path's."""
+    e = Engine(model, max_model_len=256, prefill_chunk=64, step_tokens=40,
+               prefill_step_tokens=128, max_batch=8, kv_blocks=200)  # fmt: skip
+    launches: list[tuple[int, int]] = []  # (decode rows, launch size)
+    launch = e._launch
+
+    def record(rows, pieces):
+        used = len(rows) + sum(c for _, c in pieces)
+        launches.append((len(rows), e._step_size(used, e._budget(rows))))
+        return launch(rows, pieces)
+
+    e._launch = record
+    prompts = _prompts(8, seed=29, low=30, high=60)
+    out: list[list[int]] = []
+    t = threading.Thread(target=lambda: out.extend(e.generate(prompts, 5, ignore_eos=True,
+                                                              timeout=300)))  # fmt: skip
+    t.start()
+    try:
+        while e._inbox.qsize() < len(prompts):  # every prompt waits before the first step
+            time.sleep(0.01)
+        e.start()
+        t.join(300)
+        assert launches[0] == (0, 128)
+        bound = {0: 128, 1: 128, 2: 64}
+        assert all(n <= bound.get(rows, 40) for rows, n in launches)
+        assert any(rows and n > 40 for rows, n in launches)
+        st = e.stats()
+        assert st["prefill_tokens"] == sum(map(len, prompts))
+        assert st["prefill_step_tokens"] == 128 and st["max_step_tokens"] == 128
+        assert out == [model.generate_ids([p], 5, stop_at_eos=False).tokens[0] for p in prompts]
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match=r"prefill_step_tokens must be an integer >= "
+                                         r"step_tokens \(40\), got 32"):  # fmt: skip
+        Engine(model, max_model_len=64, max_batch=8, step_tokens=40, prefill_step_tokens=32,
+               kv_blocks=8)  # fmt: skip
+
+
 def test_step_tokens_must_leave_room_for_prefill(model):
     with pytest.raises(ValueError, match=r"step_tokens must be an integer >= 24 .*got 20"):
         Engine(model, max_model_len=64, max_batch=8, step_tokens=20, kv_blocks=8)
     e = Engine(model, max_model_len=64, max_batch=8, prefill_chunk=32, kv_blocks=8)
     assert e.step_tokens == 64  # 2 * prefill_chunk
+    assert e.prefill_step_tokens == 64
 
 
 def test_step_hooks_run_once_per_step_after_its_events(model):

@@ -103,7 +103,8 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) 
     return {"clients": len(prompts), "output_tokens": tokens, "wall_s": wall,
             "output_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * _pct(ttft, 50),
             "ttft_p99_ms": 1e3 * _pct(ttft, 99), "itl_p50_ms": 1e3 * _pct(itl, 50),
-            "itl_p99_ms": 1e3 * _pct(itl, 99), "client_procs": procs}  # fmt: skip
+            "itl_p99_ms": 1e3 * _pct(itl, 99), "itl_max_ms": 1e3 * max(itl, default=0.0),
+            "client_procs": procs}  # fmt: skip
 
 
 def decode_rows(engine: Any, b: int, context: int, spare: int,
@@ -246,6 +247,7 @@ def _engine_split(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
     for k in ("steps", "decode_steps", "prefill_steps", "mixed_steps"):
         out[k] = after[k] - before[k]
     out["step_tokens"] = after["step_tokens"]
+    out["prefill_step_tokens"] = after["prefill_step_tokens"]
     return out
 
 
@@ -278,7 +280,8 @@ def transformers_peer(cfg: Any, prompts: list[list[int]], max_tokens: int) -> di
 
 def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: int,
         peer: bool, kv_memory: int | None, procs: int | None = None,
-        steps: bool = False, step_tokens: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        steps: bool = False, step_tokens: int | None = None,
+        prefill_step_tokens: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
     from pygpukit import llm
     from pygpukit.serve import Engine
     from pygpukit.serve.server import Server
@@ -294,7 +297,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
     cfg = model.config
     engine = Engine(model, max_model_len=min(cfg.max_position_embeddings, hi + max_tokens),
                     max_batch=max(clients), kv_memory=kv_memory,
-                    max_queue=max(clients) + 8, step_tokens=step_tokens)  # fmt: skip
+                    max_queue=max(clients) + 8, step_tokens=step_tokens,
+                    prefill_step_tokens=prefill_step_tokens)  # fmt: skip
     rows = []
     if steps:
         sizes = [b for b in (1, 16, 64) if b <= engine.max_batch]
@@ -362,7 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         "--step-tokens",
         type=int,
         default=None,
-        help="the engine's token budget per step (default: Engine's, 1024)",
+        help="the engine's token budget of a step with decode rows (default: Engine's)",
+    )
+    p.add_argument(
+        "--prefill-step-tokens",
+        type=int,
+        default=None,
+        help="the budget of a step with no decode row (default: Engine's)",
     )
     p.add_argument(
         "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"
@@ -379,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         a.procs,
         a.step_times,
         a.step_tokens,
+        a.prefill_step_tokens,
     )
     if a.save:
         import pygpukit as gpk

@@ -38,9 +38,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="the most tokens of one prompt one engine step prefills; a longer "
                    "prompt is split over steps")  # fmt: skip
     p.add_argument("--step-tokens", type=int, default=None,
-                   help="token budget of one engine step (one launch): decode rows + prompt "
-                   "tokens (default max(2 x prefill chunk, max batch + prefill chunk))",
+                   help="token budget of one engine step (one launch) with decode rows: "
+                   "decode rows + prompt tokens (default max(2 x prefill chunk, max batch + "
+                   "prefill chunk))",
                    )  # fmt: skip
+    p.add_argument("--prefill-step-tokens", type=int, default=None,
+                   help="token budget of a step of prompts alone; a step of d decode rows "
+                   "takes up to this / d when that is more than --step-tokens (default: "
+                   "--step-tokens)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -61,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine(model, max_model_len=args.max_model_len, kv_memory=kv,
                         block_size=args.block_size, max_batch=args.max_batch,
                         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
-                        step_tokens=args.step_tokens)  # fmt: skip
+                        step_tokens=args.step_tokens,
+                        prefill_step_tokens=args.prefill_step_tokens)  # fmt: skip
         name = args.served_model_name or args.model
         server = Server(model, engine, name, args.host, args.port, "info")
     except gpk.GPUKitError as e:

@@ -1,12 +1,16 @@
 """A paged KV cache and the model's forward pass over it (the serving engine's model).
 
-The cache is a pool of fixed-size blocks per layer, k and v [num_blocks, KV, block, D];
-a sequence owns a list of blocks (its block table), so sequences of any lengths share one
-pool and a finished one gives its blocks back at once. One forward pass takes B rows of T
-new tokens each with per-row positions, the slots their keys/values are stored at, the
-rows' block tables and lengths -- all device arrays, so one compiled graph serves any mix
-of sequences of one batch bucket. The layers are the Transformer's own (its norms, MLPs
-and weights); only the attention's cache differs from model.py's static KVCache.
+The cache is a pool of fixed-size blocks per layer, kv [num_blocks, 2 KV, block, D] (a
+block's KV key heads, then its KV value heads); a sequence owns a list of blocks (its
+block table), so sequences of any lengths share one pool and a finished one gives its
+blocks back at once. Keys and values share a pool so that one paged_write stores a step's
+keys (rotated on the way: RoPE fused into the store) and values straight from the QKV
+projection, one kernel where the separate rotation and two stores took three. One
+forward pass takes B rows of T new tokens each with per-row positions, the slots their
+keys/values are stored at, the rows' block tables and lengths -- all device arrays, so one
+compiled graph serves any mix of sequences of one batch bucket. The layers are the
+Transformer's own (its norms, MLPs and weights); only the attention's cache differs from
+model.py's static KVCache.
 """
 
 from __future__ import annotations
@@ -19,17 +23,24 @@ from .model import RotaryEmbedding, Transformer
 
 
 class PagedKVCache:
-    """k/v block pools for every layer, and rotary tables up to max_seq_len."""
+    """A block pool of keys and values for every layer, and rotary tables up to
+    max_seq_len."""
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
                  max_seq_len: int) -> None:  # fmt: skip
         c = model.config
         self.num_blocks, self.block_size, self.max_seq_len = num_blocks, block_size, max_seq_len
         self.dtype: DType = model.dtype
-        shape = (num_blocks, c.num_kv_heads, block_size, c.head_dim)
-        self.k = [gpk.zeros(shape, self.dtype).realize() for _ in model.layers]
-        self.v = [gpk.zeros(shape, self.dtype).realize() for _ in model.layers]
+        self.kv_heads = c.num_kv_heads
+        shape = (num_blocks, 2 * c.num_kv_heads, block_size, c.head_dim)
+        self.kv = [gpk.zeros(shape, self.dtype).realize() for _ in model.layers]
         self.rope = RotaryEmbedding(c, max_seq_len)
+
+    def pools(self, layer: int) -> tuple[GPUArray, GPUArray]:
+        """Layer `layer`'s key and value pools [num_blocks, KV, block, D]: views of its pool
+        as it is now (after this step's stores)."""
+        kv, n = self.kv[layer], self.kv_heads
+        return kv[:, :n], kv[:, n:]
 
     @staticmethod
     def block_bytes(model: Transformer, block_size: int) -> int:
@@ -38,7 +49,7 @@ class PagedKVCache:
         return 2 * c.num_layers * c.num_kv_heads * block_size * c.head_dim * model.dtype.itemsize
 
     def arrays(self) -> list[GPUArray]:
-        return self.k + self.v
+        return list(self.kv)
 
 
 def paged_forward(
@@ -62,28 +73,31 @@ def paged_forward(
     row with its own block table and length, so decode and prefill share one launch.
     """
     b, t = tokens.shape
+    n = b * t
     c = model.config
-    hq, hk, d = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
-    half = d // 2
-    pos = gpk.maximum(positions, 0)  # padding reads row 0 of the tables; its keys are not stored
-    cos = gpk.take(cache.rope.cos, pos, axis=0).reshape(b, 1, t, half)
-    sin = gpk.take(cache.rope.sin, pos, axis=0).reshape(b, 1, t, half)
+    h, kv, d = c.num_heads, c.num_kv_heads, c.head_dim
+    hq = h * d
+    # One table row per token: the rope kernel's [seq, D/2] layout with the step's tokens as
+    # its sequence (padding reads row 0; its keys are not stored).
+    pos = gpk.maximum(positions, 0).reshape(n)
+    cos = gpk.take(cache.rope.cos, pos, axis=0).astype(cache.dtype)
+    sin = gpk.take(cache.rope.sin, pos, axis=0).astype(cache.dtype)
     x = gpk.take(model.embed, tokens, axis=0)
     for i, layer in enumerate(model.layers):
         a = layer.attn
-        qkv = gpk.nn.linear(layer.attn_norm(x), a.wqkv, a.bqkv)
-        q = qkv[:, :, :hq].reshape(b, t, c.num_heads, d)
-        k = qkv[:, :, hq : hq + hk].reshape(b, t, c.num_kv_heads, d)
-        v = qkv[:, :, hq + hk :].reshape(b * t, c.num_kv_heads, d)
+        rows = gpk.nn.linear(layer.attn_norm(x), a.wqkv, a.bqkv).reshape(n, h + 2 * kv, d)
+        q, new_kv = rows[:, :h], rows[:, h:]  # [N, H, D]; [N, 2 KV, D]: keys, then values
         if a.q_norm is not None and a.k_norm is not None:
-            q, k = a.q_norm(q), a.k_norm(k)
-        q = gpk.nn.rope(q.swapaxes(1, 2), cos, sin)
-        k = gpk.nn.rope(k.swapaxes(1, 2), cos, sin)
-        gpk.nn.paged_write(cache.k[i], k.swapaxes(1, 2).reshape(b * t, c.num_kv_heads, d), slots)
-        gpk.nn.paged_write(cache.v[i], v, slots)
-        y = gpk.nn.paged_attention(q, cache.k[i], cache.v[i], block_table, seq_lens)
-        h = x + gpk.nn.linear(y.swapaxes(1, 2).reshape(b, t, hq), a.wo)
-        x = h + layer.mlp(layer.mlp_norm(h))
+            q = a.q_norm(q)
+            new_kv = gpk.concatenate([a.k_norm(new_kv[:, :kv]), new_kv[:, kv:]], axis=1)
+        # q as [1, H, N, D]: the tokens are the rotation's sequence, then [B, H, T, D].
+        q = gpk.nn.rope(q.swapaxes(0, 1).reshape(1, h, n, d), cos, sin)
+        q = q.reshape(h, b, t, d).swapaxes(0, 1)
+        gpk.nn.paged_write(cache.kv[i], new_kv, slots, cos=cos, sin=sin, rope_heads=kv)
+        k_pool, v_pool = cache.pools(i)
+        y = gpk.nn.paged_attention(q, k_pool, v_pool, block_table, seq_lens)
+        h_res = x + gpk.nn.linear(y.swapaxes(1, 2).reshape(b, t, hq), a.wo)
+        x = h_res + layer.mlp(layer.mlp_norm(h_res))
     if out_rows is not None:  # only the rows that sample a token reach the LM head
         r = out_rows.shape[0]
         x = gpk.take(x.reshape(b * t, c.hidden_size), out_rows, axis=0).reshape(r, 1, c.hidden_size)

@@ -230,18 +230,26 @@ class Engine:
     kv_memory (bytes) size the cache (default: 1/4 of free device memory on a GPU, 256 MiB
     on the CPU, at least one full-length sequence). max_batch: most sequences decoding at
     once). prefill_chunk: the most tokens of one prompt one step prefills (a longer prompt
-    is split over steps). step_tokens: the token budget of one engine step: its decode
-    rows plus its prompt tokens, the launch padded to the next power of two (or to the
-    budget); default max(2 * prefill_chunk, the max_batch bucket + prefill_chunk), 1024
-    with the other defaults. It must leave MIN_PREFILL_TOKENS beside a full decode batch,
-    so prompts always progress.
+    is split over steps). step_tokens: the token budget of one engine step with decode
+    rows: its decode rows plus its prompt tokens, the launch padded to the next power of
+    two (or to the budget); default max(2 * prefill_chunk, the max_batch bucket +
+    prefill_chunk), 1024 with the other defaults. It must leave MIN_PREFILL_TOKENS beside
+    a full decode batch, so prompts always progress. A smaller budget bounds how long a
+    step that prefills keeps running streams waiting (their inter-token latency), a larger
+    one prefills in fewer steps, each reading the weights once (throughput).
+    prefill_step_tokens: the budget of a step with no decode row (only prompts waiting:
+    nobody's next token waits on it); a step with d decode rows takes up to
+    prefill_step_tokens / d (a power of two) when that is more than step_tokens, so a
+    longer step delays only a few streams. At least step_tokens; default step_tokens
+    (every step under one budget).
     max_queue: most requests waiting to start; more are refused with Overloaded.
     """
 
     def __init__(self, model: Model, *, max_model_len: int | None = None,
                  kv_blocks: int | None = None, kv_memory: int | None = None,
                  block_size: int = 16, max_batch: int = 256, prefill_chunk: int = 512,
-                 max_queue: int = 1024, step_tokens: int | None = None) -> None:  # fmt: skip
+                 max_queue: int = 1024, step_tokens: int | None = None,
+                 prefill_step_tokens: int | None = None) -> None:  # fmt: skip
         cfg = model.config
         self.model, self.tr = model, model.transformer
         limit = min(cfg.max_position_embeddings, 8192)
@@ -261,9 +269,16 @@ class Engine:
                 f"max_batch {max_batch} and {MIN_PREFILL_TOKENS} prompt tokens), got "
                 f"{step_tokens!r}"
             )
+        if prefill_step_tokens is None:
+            prefill_step_tokens = step_tokens
+        if not isinstance(prefill_step_tokens, int) or prefill_step_tokens < step_tokens:
+            raise errors.GPUKitValueError(
+                f"Engine: prefill_step_tokens must be an integer >= step_tokens "
+                f"({step_tokens}), got {prefill_step_tokens!r}"
+            )
         self.block_size, self.max_batch = block_size, max_batch
         self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
-        self.step_tokens = step_tokens
+        self.step_tokens, self.prefill_step_tokens = step_tokens, prefill_step_tokens
         self.block_bytes = PagedKVCache.block_bytes(self.tr, block_size)
         self.max_blocks = blocks_for(self.max_model_len, block_size)
         if kv_blocks is None:
@@ -419,19 +434,23 @@ class Engine:
             "waiting": self._waiting,
             "max_model_len": self.max_model_len,
             "step_tokens": self.step_tokens,
+            "prefill_step_tokens": self.prefill_step_tokens,
             **self._counts,
             "time_ms": dict(self._times),
         }
 
     def warmup(self, max_prompt: int | None = None) -> int:
         """Trace and capture every greedy step shape a serving run can meet (each step
-        size: a power of two up to step_tokens, and step_tokens) before serving, so no
+        size: a power of two up to step_tokens, and step_tokens; the same up to
+        prefill_step_tokens for steps of prompts alone) before serving, so no
         request waits for a compile. Runs all-padding inputs: nothing is stored. Call
         before start(); returns the compiled steps. (max_prompt is accepted for callers
         that size prompts: every step size holds any mix of decode and prompt tokens.)"""
         if self._thread is not None:
             raise errors.GPUKitError("Engine.warmup: call it before start()")
-        sizes = sorted({self._step_size(b) for b in _buckets(1, self.step_tokens)})
+        sizes = sorted({self._step_size(b, cap) for cap in (self.step_tokens,
+                                                             self.prefill_step_tokens)
+                        for b in _buckets(1, cap)})  # fmt: skip
         for n in sizes:
             ro, _ = self._step_obj.layout(n)
             sampling, statics = self._sampling_inputs([None] * ro, ro)
@@ -577,7 +596,7 @@ class Engine:
         the token budget has left, pieces of the prompts waiting; whether anything was
         launched."""
         rows = [r for r in self._running if r.scheduled < r.max_tokens][: self.max_batch]
-        pieces = self._prefill_pieces(self.step_tokens - len(rows))
+        pieces = self._prefill_pieces(self._budget(rows) - len(rows))
         if not rows and not pieces:
             return False
         t0 = time.perf_counter()
@@ -657,10 +676,19 @@ class Engine:
             got = self._idle_tables[n] = gpk.from_numpy(empty)
         return got
 
-    def _step_size(self, tokens: int) -> int:
-        """The launch size of a step of `tokens` tokens: the next power of two, or the
-        budget itself when that is smaller."""
-        return min(bucket(tokens), self.step_tokens)
+    def _budget(self, rows: Sequence[Request]) -> int:
+        """The token budget of a step with these decode rows: prefill_step_tokens for a
+        step of prompts alone, else its share per decode row (rounded down to a power of
+        two, so the launch sizes stay the ones warmup traces) or step_tokens, the more."""
+        if not rows:
+            return self.prefill_step_tokens
+        share = self.prefill_step_tokens // len(rows)
+        return max(self.step_tokens, 1 << (share.bit_length() - 1) if share else 0)
+
+    def _step_size(self, tokens: int, budget: int) -> int:
+        """The launch size of a step of `tokens` tokens under `budget`: the next power of
+        two, or the budget itself when that is smaller."""
+        return min(bucket(tokens), budget)
 
     def _prefill_pieces(self, budget: int) -> list[tuple[Request, int]]:
         """The next prompt pieces, oldest prompt first, within budget tokens: at most
@@ -713,7 +741,7 @@ class Engine:
         of the batch before uploads nothing. Returns the output rows and their tokens'
         transfer."""
         used = len(rows) + sum(cnt for _, cnt in pieces)
-        n = self._step_size(used)
+        n = self._step_size(used, self._budget(rows))
         key = (n, *(r.tok_slot for r in rows))
         if pieces or key != self._decode_key or self._decode_upload is None:
             packed, tables, outs = self._packed(rows, pieces, n)

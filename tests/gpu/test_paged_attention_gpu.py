@@ -133,14 +133,21 @@ def _step_rows(rng, n_decode, pieces, n_pad, bs, m, nb):
     return np.array(tables, np.int32), np.array(lens, np.int32)
 
 
-def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None):
+def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None, one_pool=False):
+    """The step's attention against the float64 reference; one_pool: keys and values as
+    the two halves of one pool [nb, 2 kv, bs, d] (the serving model's cache)."""
     b = len(lens)
     kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
     vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
     if nan_at is not None:
         vp[nan_at] = np.nan
     q = rng.standard_normal((b, h, 1, d)).astype(np.float32)
-    kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
+    if one_pool:
+        both = gpk.asarray(np.concatenate([kp, vp], axis=1)).astype(dtype)
+        kg, vg = both[:, :kv], both[:, kv:]
+        qg = gpk.asarray(q).astype(dtype)
+    else:
+        kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
     got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
     with np.errstate(invalid="ignore"):
         ref = _ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
@@ -272,3 +279,63 @@ def test_paged_decode_rows_bad_block_id_and_length_gpu(dtype):
     table = np.array([[0, 3], [1, 2]], np.int32)
     with pytest.raises(IndexError):
         gpk.nn.paged_attention(q, kp, kp, table, np.array([20, 33], np.int32)).to_numpy()
+
+
+@pytest.mark.parametrize(
+    "dtype, n_decode, pieces, n_pad",
+    [
+        ("bfloat16", 70, [(5, 40)], 3),  # TinyLlama's step: one split, a piece, padding
+        ("float16", 3, [(0, 9)], 0),  # few rows: splits merged
+        ("float32", 6, [], 1),  # the CUDA-core body
+    ],
+)
+def test_paged_attention_one_pool_gpu(dtype, n_decode, pieces, n_pad):
+    """Keys and values as the halves of one pool (the serving model's cache: blocks 2 KV
+    block D elements apart) through the decode bodies, the piece kernel and (int64
+    lengths) the simple kernel, against the float64 reference."""
+    rng = np.random.default_rng(23)
+    nb, bs, m, d, h, kv = 2000, 16, 24, 64, 32, 4
+    table, lens = _step_rows(rng, n_decode, pieces, n_pad, bs, m, nb)
+    tol = {"bfloat16": 3e-2, "float16": 5e-3, "float32": 1e-4}[dtype]
+    _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, one_pool=True)
+    _check_step(dtype, d, h, kv, table, lens.astype(np.int64), nb, bs, tol, rng,
+                one_pool=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_paged_write_rope_gpu(dtype, tol, interleaved):
+    """One store of a step's keys (rotated by each row's tables) and values into one pool:
+    the first KV heads rotated, the rest as they are, against float64; negative slots
+    store nothing."""
+    rng = np.random.default_rng(24)
+    nb, kv, bs, d, t = 30, 4, 16, 64, 70
+    pool_np = rng.standard_normal((nb, 2 * kv, bs, d)).astype(np.float32)
+    new = rng.standard_normal((t, 2 * kv, d)).astype(np.float32)
+    ang = rng.uniform(0, 6.3, size=(t, d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    slots = rng.permutation(nb * bs)[:t].astype(np.int64)
+    slots[[3, 40]] = -1
+    pool = gpk.asarray(pool_np).astype(dtype)
+    start = pool.astype("float32").to_numpy().astype(np.float64)
+    new_g = gpk.asarray(new).astype(dtype)
+    gpk.nn.paged_write(pool, new_g, slots, cos=cos, sin=sin, rope_heads=kv,
+                       interleaved=interleaved)  # fmt: skip
+    got = pool.astype("float32").to_numpy()
+    x = new_g.astype("float32").to_numpy().astype(np.float64)
+    c = gpk.asarray(cos).astype(dtype).astype("float32").to_numpy()[:, None, :]
+    sn = gpk.asarray(sin).astype(dtype).astype("float32").to_numpy()[:, None, :]
+    k = x[:, :kv]
+    if interleaved:
+        rot = np.empty_like(k)
+        rot[..., 0::2] = k[..., 0::2] * c - k[..., 1::2] * sn
+        rot[..., 1::2] = k[..., 1::2] * c + k[..., 0::2] * sn
+    else:
+        k1, k2 = k[..., : d // 2], k[..., d // 2 :]
+        rot = np.concatenate([k1 * c - k2 * sn, k2 * c + k1 * sn], axis=-1)
+    x[:, :kv] = rot
+    want = start.copy()
+    for i, slot in enumerate(slots):
+        if slot >= 0:
+            want[slot // bs, :, slot % bs] = x[i]
+    np.testing.assert_allclose(got, want, atol=tol, rtol=tol)

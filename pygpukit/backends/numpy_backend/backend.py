@@ -87,7 +87,7 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
     if op == "setitem":
         return movement.setitem(ins, a)
     if op == "paged_write":
-        return paged.paged_write(ins)
+        return paged.paged_write(ins, a, d)
     if op == "paged_sdpa":
         return paged.paged_sdpa(ins, a, d)
     if op == "flatnonzero":
@@ -199,7 +199,7 @@ class NumpyBackend(PlannedHooks, Backend):
             try:
                 if inplace:
                     if step.op == "paged_write":
-                        paged.paged_write_into(arrays)
+                        paged.paged_write_into(arrays, step.attrs, step.dtype)
                     else:
                         movement.setitem_into(arrays, step.attrs)
                     return out

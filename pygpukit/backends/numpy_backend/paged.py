@@ -9,6 +9,7 @@ import numpy as np
 
 from pygpukit.ir import DType
 
+from . import nn
 from .nn import sdpa
 
 
@@ -24,17 +25,34 @@ def _slots(pool: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return keep, s[keep] // bs, s[keep] % bs
 
 
-def paged_write_into(ins: list[np.ndarray]) -> None:
-    """pool[s // block, :, s % block] = new[t] in the pool's own memory."""
-    pool, new, slots = ins
+def _rows(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
+    """The rows paged_write stores: new, its first rope_heads heads rotated by the
+    per-row tables (as the rope op rotates them) where attrs rope says so."""
+    new = ins[1]
+    rope = attrs.get("rope", "none")
+    if rope == "none":
+        return new
+    r = attrs["rope_heads"]
+    cos, sin = (t[:, None, :] for t in ins[3:5])  # [T, 1, D/2]: one row's table per token
+    out = new.astype(dtype.np).copy()
+    out[:, :r] = nn.rope([new[:, :r], cos, sin], {"layout": rope}, dtype)
+    return out
+
+
+def paged_write_into(ins: list[np.ndarray], attrs: dict[str, Any] | None = None,
+                     dtype: DType | None = None) -> None:  # fmt: skip
+    """pool[s // block, :, s % block] = new[t] (rotated as attrs say) in the pool's own
+    memory."""
+    pool, slots = ins[0], ins[2]
     keep, blk, off = _slots(pool, slots)
+    new = _rows(ins, attrs or {}, dtype) if dtype is not None else ins[1]
     with np.errstate(all="ignore"):
         pool[blk, :, off] = new[keep].astype(pool.dtype)
 
 
-def paged_write(ins: list[np.ndarray]) -> np.ndarray:
+def paged_write(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
     out = ins[0].copy()
-    paged_write_into([out, ins[1], ins[2]])
+    paged_write_into([out, *ins[1:]], attrs, dtype)
     return out
 
 

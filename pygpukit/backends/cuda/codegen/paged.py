@@ -6,6 +6,8 @@ query sees (read through the block table) into shared memory, reduce max and sum
 each thread accumulates output dimensions over the keys. Scores and the softmax are
 float32. Lengths and block ids outside their ranges go to the error word (IndexError at
 the next synchronisation); the kernel then skips them rather than read outside the pool.
+The pools' blocks are PS elements apart (a block's KV heads contiguous): a pool of its own,
+or the keys or values half of one pool holding both.
 """
 
 from __future__ import annotations
@@ -27,21 +29,51 @@ class WriteSpec:
     dtype: DType  # the pool's
     new_dtype: DType
     slot_dtype: DType
+    rope: str = "none"  # "half" / "interleaved": the first RH heads are stored rotated
 
 
 @functools.lru_cache(maxsize=64)
 def write_kernel(spec: WriteSpec) -> KernelSource:
-    """out[blk, h, off, d] = new[t, h, d] for slot s = slots[t] >= 0 (blk = s / BS)."""
+    """out[blk, h, off, d] = new[t, h, d] for slot s = slots[t] >= 0 (blk = s / BS); with
+    rope, heads h < RH rotated by the row's tables cos / sin [T, D / 2] (the pool's dtype),
+    in the compute type, rounded once as the rope op rounds."""
     name = "pgk_paged_write_" + stable_hash(spec)
     st, nt, it = ct.storage(spec.dtype), ct.storage(spec.new_dtype), ct.storage(spec.slot_dtype)
-    val = ct.to_storage(ct.load("rows[t * ns0 + h * ns1 + d * ns2]", spec.new_dtype),
-                        spec.new_dtype if spec.new_dtype.is_float else spec.dtype,
-                        spec.dtype)  # fmt: skip
+    src = spec.new_dtype if spec.new_dtype.is_float else spec.dtype
+    row = "rows[t * ns0 + h * ns1 + {d} * ns2]"
+    val = ct.to_storage(ct.load(row.format(d="d"), spec.new_dtype), src, spec.dtype)
+    rope_args, rope_fmt, store = "", "", f"out[dst] = {val};"
+    if spec.rope != "none":
+        cp = ct.compute(spec.dtype)
+        if spec.rope == "half":
+            pair = "const i64 j = d % (D / 2), dp = d < D / 2 ? d + D / 2 : d - D / 2;"
+            first = "d < D / 2"
+        else:
+            pair = "const i64 j = d / 2, dp = d ^ 1;"
+            first = "(d & 1) == 0"
+        x = ct.load(row.format(d="d"), spec.new_dtype)
+        xp = ct.load(row.format(d="dp"), spec.new_dtype)
+        c = ct.load("cs[t * cs0 + j * cs1]", spec.dtype)
+        sn = ct.load("sn[t * cs0 + j * cs1]", spec.dtype)
+        rot = ct.to_storage("y", spec.dtype, spec.dtype)
+        rope_args = (
+            f", const {st}* __restrict__ cs, const {st}* __restrict__ sn, i64 RH, i64 cs0, i64 cs1"
+        )
+        rope_fmt = "PPqqq"
+        store = f"""if (h < RH) {{
+      {pair}
+      const {cp} x = ({cp}){x}, xp = ({cp}){xp}, c = {c}, s = {sn};
+      // The rope op's two forms: x1 c - x2 s (first of a pair), x2 c + x1 s (second).
+      const {cp} y = {first} ? x * c - xp * s : x * c + xp * s;
+      out[dst] = {rot};
+    }} else {{
+      out[dst] = {val};
+    }}"""
     text = f"""
 extern "C" __global__ void __launch_bounds__(256) {name}(
     {st}* __restrict__ out, const {nt}* __restrict__ rows, const {it}* __restrict__ slots,
     i64 T, i64 KV, i64 D, i64 BS, i64 nslots, i64 ns0, i64 ns1, i64 ns2, i64 ss, i64* err,
-    i64 tag) {{
+    i64 tag{rope_args}) {{
   PGK_PDL_ENTRY
   const i64 n = T * KV * D;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
@@ -53,11 +85,12 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
       if (h == 0 && d == 0) pgk_error(err, {ERR_INDEX}, tag, s, nslots);
       continue;
     }}
-    out[(((s / BS) * KV + h) * BS + s % BS) * D + d] = {val};
+    const i64 dst = (((s / BS) * KV + h) * BS + s % BS) * D + d;
+    {store}
   }}
 }}
 """
-    return KernelSource(PRELUDE + text, name, "PPP" + "q" * 9 + "Pq")
+    return KernelSource(PRELUDE + text, name, "PPP" + "q" * 9 + "Pq" + rope_fmt)
 
 
 @dataclass(frozen=True)
@@ -83,7 +116,7 @@ def attend_kernel(spec: AttendSpec) -> KernelSource:
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     {st}* __restrict__ out, const {st}* __restrict__ q, const {st}* __restrict__ kp,
     const {st}* __restrict__ vp, const {tt}* __restrict__ table, const {lt}* __restrict__ lens,
-    i64 H, i64 T, i64 D, i64 KV, i64 BS, i64 NB, i64 M, i64 qs0, i64 qs1, i64 qs2, i64 qs3,
+    i64 H, i64 T, i64 D, i64 KV, i64 BS, i64 NB, i64 PS, i64 M, i64 qs0, i64 qs1, i64 qs2, i64 qs3,
     i64 ts0, i64 ts1, i64 ls, float scale, i64* err, i64 tag) {{
   PGK_PDL_ENTRY
   extern __shared__ float scores[];
@@ -111,7 +144,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     if (blk < 0 || blk >= NB) {{
       pgk_error(err, {ERR_INDEX}, tag, blk, NB);
     }} else {{
-      const {st}* kr = kp + ((blk * KV + g) * BS + j % BS) * D;
+      const {st}* kr = kp + blk * PS + (g * BS + j % BS) * D;
       float acc = 0.0f;
       for (i64 d = 0; d < D; ++d) acc += {ld("qv[d * qs3]")} * {ld("kr[d]")};
       s = acc * scale;
@@ -145,13 +178,13 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     for (i64 j = 0; j < L; ++j) {{
       const i64 blk = (i64)table[b * ts0 + (j / BS) * ts1];
       if (blk < 0 || blk >= NB) continue;
-      acc += scores[j] * {ld("vp[((blk * KV + g) * BS + j % BS) * D + d]")};
+      acc += scores[j] * {ld("vp[blk * PS + (g * BS + j % BS) * D + d]")};
     }}
     o[d] = {store};
   }}
 }}
 """
-    fmt = "PPPPPP" + "q" * 14 + "fPq"
+    fmt = "PPPPPP" + "q" * 15 + "fPq"
     return KernelSource(PRELUDE + text, name, fmt)
 
 

@@ -3,7 +3,9 @@
 // pgk_paged_decode_mma (bf16 / f16, one query a row: the serving step's decode rows) on
 // tensor cores, pgk_paged_decode (any float dtype, several queries a row) on CUDA cores.
 //
-// pools k/v [n_blocks, KV, block_size, D] contiguous; table [B, max_blocks] and lens [B]
+// pools k/v [n_blocks, KV, block_size, D], blocks p_sb elements apart (a block's KV heads
+// contiguous: pools of their own, or the key and value halves of one pool [n_blocks, 2 KV,
+// block_size, D]); table [B, max_blocks] and lens [B]
 // int32 (element strides t_sb, t_sm, l_s); q [B, H, n_q, D] (strides q_sb, q_sh, q_st; D
 // contiguous); out [B, H, n_q, D] contiguous. Query qi of row b sits at position
 // lens[b] - n_q + qi and sees keys [0, position]; a query that sees none gets zeros.
@@ -63,9 +65,9 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
                      const int* __restrict__ lens, float* __restrict__ o_part,
                      float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads,
                      int group, int n_q, int kv_heads, int block_size, int n_blocks,
-                     int max_blocks, float scale, long long q_sb, long long q_sh,
-                     long long q_st, long long t_sb, long long t_sm, long long l_s,
-                     long long* __restrict__ err, long long tag, int pieces) {
+                     int max_blocks, long long p_sb, float scale, long long q_sb,
+                     long long q_sh, long long q_st, long long t_sb, long long t_sm,
+                     long long l_s, long long* __restrict__ err, long long tag, int pieces) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   const int tid = threadIdx.x;
@@ -109,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   }
   table += b * t_sb;
   const long long head_off = (long long)kvh * block_size * PGK_D;  // kv head in a block
-  const long long block_elems = (long long)kv_heads * block_size * PGK_D;
+  const long long block_elems = p_sb;  // a block's elements apart (see the header)
   // key -> (table[key / block_size], key % block_size); a block id outside the pool is
   // reported and its keys read as zeros.
   auto rows = [=](int key, int c, long long& k_off, long long& v_off) {
@@ -151,8 +153,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                          const int* __restrict__ lens, float* __restrict__ o_part,
                          float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads,
                          int group, int kv_heads, int block_size, int n_blocks,
-                         int max_blocks, float scale, long long q_sb, long long q_sh,
-                         long long t_sb, long long t_sm, long long l_s,
+                         int max_blocks, long long p_sb, float scale, long long q_sb,
+                         long long q_sh, long long t_sb, long long t_sm, long long l_s,
                          long long* __restrict__ err, long long tag, int pieces) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
@@ -214,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 
   table += b * t_sb;
   const long long head_off = (long long)kvh * block_size * PGK_D;  // kv head in a block
-  const long long block_elems = (long long)kv_heads * block_size * PGK_D;
+  const long long block_elems = p_sb;  // a block's elements apart (see the header)
   const int n_tiles = (end - start + PGK_MTK - 1) / PGK_MTK;
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + PGK_MW - 1) / PGK_MW : 0;
   pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_pdsmem) + warp * (PGK_MSTAGES * 2 * PGK_MTILE);

@@ -110,10 +110,13 @@ def attend(
     err: int,
     tag: int,
     pieces: bool = False,
+    pool_block_stride: int | None = None,
     stream: Any = None,
 ) -> None:
     """out[b, h, i] = softmax(scale q[b, h, i] . k[j], j <= lens[b] - n_q + i) @ v[j], keys
-    read through table[b] (int32) from pools [n_blocks, kv_heads, block_size, head_dim].
+    read through table[b] (int32) from pools [n_blocks, kv_heads, block_size, head_dim]
+    whose blocks are pool_block_stride elements apart (default kv_heads * block_size *
+    head_dim: contiguous pools; the key and value halves of one pool: twice that).
 
     q strides (row, head, query) in elements, head_dim contiguous; out [rows, heads, n_q,
     head_dim] contiguous; splits from splits_for (one unless n_q == 1), with several a
@@ -129,6 +132,10 @@ def attend(
         raise ShapeError(f"paged_decode: prompt pieces need one query per row, got {n_q}")
     if k_pool % 16 or v_pool % 16:
         raise ShapeError("paged_decode: the pools need 16-byte aligned rows")
+    p_sb = kv_heads * block_size * head_dim if pool_block_stride is None else pool_block_stride
+    if p_sb < kv_heads * block_size * head_dim:
+        raise ShapeError(f"paged_decode: pool blocks {p_sb} elements apart overlap (a block "
+                         f"holds {kv_heads * block_size * head_dim})")  # fmt: skip
     g = attention.decode_group(heads, kv_heads)
     group = heads // kv_heads
     grid = (splits, kv_heads * (group // g), rows * n_q)
@@ -140,7 +147,7 @@ def attend(
         smem = attention._decode_mma_smem(head_dim, st)
         name, threads = "pgk_paged_decode_mma", MMA_WARPS * 32
         args: tuple[Any, ...] = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads,
-                                 group, kv_heads, block_size, n_blocks, max_blocks,
+                                 group, kv_heads, block_size, n_blocks, max_blocks, p_sb,
                                  float(scale), *q_strides[:2], *table_strides, lens_stride,
                                  err, tag, int(pieces))  # fmt: skip
     else:
@@ -151,8 +158,8 @@ def attend(
         smem = attention._decode_smem(dtype, g, head_dim, st)
         name, threads = "pgk_paged_decode", THREADS
         args = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads, group, n_q, kv_heads,
-                block_size, n_blocks, max_blocks, float(scale), *q_strides, *table_strides,
-                lens_stride, err, tag, int(pieces))  # fmt: skip
+                block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides,
+                *table_strides, lens_stride, err, tag, int(pieces))  # fmt: skip
     defines = _defines(dtype, head_dim, g, st, mma)
     fn = loader.get_kernel("paged_decode", name, defines)
     fn.set_dynamic_smem(smem)

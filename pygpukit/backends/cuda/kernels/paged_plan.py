@@ -30,23 +30,30 @@ MAX_SMEM = 48 << 10  # the dynamic shared memory a launch gets without opting in
 
 
 def plan_paged_write(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
-    pool, new, slots = ins
+    pool, new, slots = ins[:3]
     shape, dtype = step.shape, step.dtype
+    rope = step.attrs.get("rope", "none")
     copy = ew.make(ctx, COPY, [pool], shape, contiguous(shape), dtype, 256, tag=tag)
-    src = paged.write_kernel(paged.WriteSpec(dtype, new.dtype, slots.dtype))
+    src = paged.write_kernel(paged.WriteSpec(dtype, new.dtype, slots.dtype, rope))
     fn = compiler.function(src)
     n_blocks, kv, bs, d = shape
     t = new.shape[0]
     n = t * kv * d
-    tail = (t, kv, d, bs, n_blocks * bs, *new.strides, slots.strides[0], ctx.err_addr, tag)
+    tail: tuple[object, ...] = (t, kv, d, bs, n_blocks * bs, *new.strides, slots.strides[0],
+                                ctx.err_addr, tag)  # fmt: skip
+    rope_tail = (step.attrs["rope_heads"], *ins[3].strides) if rope != "none" else ()
+    if rope != "none" and ins[3].strides != ins[4].strides:
+        raise errors.GPUKitValueError(f"paged_write: cos and sin strides differ "
+                                      f"({ins[3].strides}, {ins[4].strides})")  # fmt: skip
     grid = (max(1, min(cdiv(n, 256), ctx.sm_count * 16)),)
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, dtype, "paged_write")
         if out.storage is not v[0].storage or out.ptr != v[0].ptr:
             copy(out.ptr, [v[0].ptr])  # not in place: the rows go into a fresh copy
+        tables = (v[3].ptr, v[4].ptr, *rope_tail) if rope_tail else ()
         if n:
-            fn.launch(grid, (256,), src.fmt, (out.ptr, v[1].ptr, v[2].ptr, *tail), 0,
+            fn.launch(grid, (256,), src.fmt, (out.ptr, v[1].ptr, v[2].ptr, *tail, *tables), 0,
                       ctx.stream, pdl=loader.pdl_enabled())  # fmt: skip
         return out
 
@@ -58,10 +65,15 @@ def plan_paged_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: i
     shape, dtype = step.shape, step.dtype
     b, h, t, d = q.shape
     n_blocks, kv, bs, _ = kp.shape
+    p_sb = kp.strides[0]
     for name, p in (("k_pool", kp), ("v_pool", vp)):
-        if p.strides != contiguous(p.shape):
-            raise errors.GPUKitValueError(f"paged_sdpa: {name} must be contiguous, got strides "
-                                          f"{p.strides}")  # fmt: skip
+        # A block's heads contiguous; blocks apart by any stride the two pools share (the
+        # key and value halves of one pool [n_blocks, 2 KV, block, D] are such views).
+        inner = contiguous(p.shape)
+        if p.strides[1:] != inner[1:] or p.strides[0] != p_sb or p_sb < inner[0]:
+            raise errors.GPUKitValueError(f"paged_sdpa: {name} must have contiguous blocks "
+                                          f"apart by the other pool's stride, got strides "
+                                          f"{p.strides} (k_pool {kp.strides})")  # fmt: skip
     m = table.shape[1]
     scale = step.attrs.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -74,8 +86,8 @@ def plan_paged_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: i
                                       f"of shared memory (at most {MAX_SMEM})")  # fmt: skip
     src = paged.attend_kernel(paged.AttendSpec(dtype, table.dtype, lens.dtype))
     fn = compiler.function(src)
-    tail = (h, t, d, kv, bs, n_blocks, m, *q.strides, *table.strides, lens.strides[0], scale,
-            ctx.err_addr, tag)  # fmt: skip
+    tail = (h, t, d, kv, bs, n_blocks, p_sb, m, *q.strides, *table.strides, lens.strides[0],
+            scale, ctx.err_addr, tag)  # fmt: skip
     grid = (b * h * t,)
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
@@ -92,7 +104,8 @@ def plan_paged_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: i
 def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                 scale: float) -> Run | None:  # fmt: skip
     """paged_sdpa on paged_decode.cuh, or None where its rules do not hold: float pools
-    of head size 64 or 128, int32 tables and lengths, q rows contiguous in D."""
+    of head size 64 or 128 (blocks a multiple of D elements apart), int32 tables and
+    lengths, q rows contiguous in D."""
     q, kp, vp, table, lens = ins
     b, h, t, d = q.shape
     n_blocks, kv, bs, _ = kp.shape
@@ -100,9 +113,10 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
     if (
         not paged_decode.supports(dt, d, h, kv, b, t) or kp.dtype != step.dtype
         or vp.dtype != step.dtype or table.dtype != dtypes.int32 or lens.dtype != dtypes.int32
-        or q.strides[3] != 1 or t * b == 0
+        or q.strides[3] != 1 or t * b == 0 or kp.strides[0] % d
     ):  # fmt: skip
         return None
+    p_sb = kp.strides[0]
     m = table.shape[1]
     splits = paged_decode.splits_for(b, h, kv, t, m * bs, ctx.sm_count, dt)
     ws = paged_decode.workspace_floats(b, h, splits, d)
@@ -122,14 +136,14 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                             dtype=dt, splits=splits, scale=scale, q_strides=q_strides,
                             table_strides=t_strides, lens_stride=lens.strides[0],
                             err=ctx.err_addr, tag=tag, pieces=tiles,
-                            stream=ctx.stream)  # fmt: skip
+                            pool_block_stride=p_sb, stream=ctx.stream)  # fmt: skip
         if tiles:
             paged_prefill.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,
                                  rows=b, heads=h, kv_heads=kv, head_dim=d, block_size=bs,
                                  n_blocks=n_blocks, max_blocks=m, dtype=dt, scale=scale,
                                  q_strides=q_strides[:2], table_strides=t_strides,
                                  lens_stride=lens.strides[0], err=ctx.err_addr, tag=tag,
-                                 stream=ctx.stream)  # fmt: skip
+                                 pool_block_stride=p_sb, stream=ctx.stream)  # fmt: skip
         return out
 
     return run

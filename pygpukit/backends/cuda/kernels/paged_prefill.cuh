@@ -18,7 +18,8 @@
 // with no other row gets a pass of its own). The grid is fixed (tiles x heads, heads
 // fastest); a block with no piece row exits at once.
 //
-// pools k/v [n_blocks, KV, block_size, D] contiguous; table [B, max_blocks] and lens [B]
+// pools k/v [n_blocks, KV, block_size, D], blocks p_sb elements apart (a block's KV heads
+// contiguous, as paged_decode.cuh takes them); table [B, max_blocks] and lens [B]
 // int32 (strides t_sb, t_sm, l_s); q rows (strides q_sb, q_sh) and the pools 16-byte
 // aligned (the launcher checks); out [B, H, 1, D] contiguous. Masked keys never reach the
 // result: keys at or past the anchor's length and keys of a bad block id are zero-filled,
@@ -69,8 +70,8 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
                       const pgk_t* __restrict__ vp, const int* __restrict__ table,
                       const int* __restrict__ lens, pgk_t* __restrict__ o, int rows,
                       int n_heads, int group, int kv_heads, int block_size, int n_blocks,
-                      int max_blocks, float scale, long long q_sb, long long q_sh,
-                      long long t_sb, long long t_sm, long long l_s,
+                      int max_blocks, long long p_sb, float scale, long long q_sb,
+                      long long q_sh, long long t_sb, long long t_sm, long long l_s,
                       long long* __restrict__ err, long long tag, int inputs_early) {
   if (!inputs_early) {  // else the operands are settled: see the header
     pgk_pdl_wait();
@@ -126,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   const float qscale = scale * 1.4426950408889634f;
   const int row0 = warp * 16 + (lane >> 2);  // this thread's rows: row0 and row0 + 8
   const long long head_off = (long long)kvh * block_size * PGK_D;
-  const long long block_elems = (long long)kv_heads * block_size * PGK_D;
+  const long long block_elems = p_sb;  // a block's elements apart
   const int ld_r = tid / PGK_PCR, ld_c = (tid % PGK_PCR) * 8;
 
   for (;;) {

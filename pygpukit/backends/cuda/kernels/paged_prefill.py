@@ -64,11 +64,13 @@ def attend(
     err: int,
     tag: int,
     inputs_early: bool = True,
+    pool_block_stride: int | None = None,
     stream: Any = None,
 ) -> None:
     """out[b, h] = softmax(scale q[b, h] . k[j], j < lens[b]) @ v[j] for the rows of prompt
     pieces (rows whose block table agrees with a neighbour's), keys read through table[b]
-    (int32) from pools [n_blocks, kv_heads, block_size, head_dim]; other rows untouched.
+    (int32) from pools [n_blocks, kv_heads, block_size, head_dim] whose blocks are
+    pool_block_stride elements apart (default: contiguous pools); other rows untouched.
 
     q [rows, heads, 1, head_dim] with strides (row, head) in elements; out [rows, heads, 1,
     head_dim] contiguous. inputs_early: launched right after paged_decode.attend on the
@@ -79,6 +81,10 @@ def attend(
                          f"{head_dim}, heads {heads}/{kv_heads}, rows {rows})")  # fmt: skip
     if not fits(q, q_strides, k_pool, v_pool, out):
         raise ShapeError("paged_prefill: q and the pools need 16-byte aligned rows")
+    p_sb = kv_heads * block_size * head_dim if pool_block_stride is None else pool_block_stride
+    if p_sb < kv_heads * block_size * head_dim or p_sb % 8:
+        raise ShapeError(f"paged_prefill: pool blocks {p_sb} elements apart overlap or are "
+                         f"not 16-byte aligned")  # fmt: skip
     defines = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_PSTAGES": STAGES,
                "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
     fn = loader.get_kernel("paged_prefill", "pgk_paged_prefill", defines)
@@ -86,5 +92,5 @@ def attend(
     fn.set_dynamic_smem(smem)
     fn.launch((cdiv(rows, ROWS) * heads,), (THREADS,),
               (q, k_pool, v_pool, table, lens, out, rows, heads, heads // kv_heads, kv_heads,
-               block_size, n_blocks, max_blocks, float(scale), *q_strides, *table_strides,
+               block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides, *table_strides,
                lens_stride, err, tag, int(inputs_early)), smem, stream)  # fmt: skip

@@ -1,0 +1,109 @@
+"""The paged KV-cache ops on the NumPy backend against float64 references: paged_write with
+its keys rotated on the way (RoPE fused into the store, the serving model's path), and
+paged_attention over the key and value halves of one pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pygpukit as gpk
+
+
+def _rope64(x, cos, sin, interleaved):
+    """rope of x [T, H, D] by per-row tables [T, D/2], in float64."""
+    x = x.astype(np.float64)
+    c, s = cos[:, None, :].astype(np.float64), sin[:, None, :].astype(np.float64)
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = x1 * c - x2 * s, x2 * c + x1 * s
+        return out
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def _tables(rng, t, d):
+    ang = rng.uniform(0, 6.3, size=(t, d // 2))
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("bfloat16", 1e-2)])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rope_heads", [2, 4])
+def test_paged_write_rotates_the_first_heads(dtype, tol, interleaved, rope_heads):
+    """Heads [0, rope_heads) of each row are stored rotated by the row's tables, the rest as
+    they are; negative slots store nothing; the pool's other slots keep their values."""
+    rng = np.random.default_rng(11)
+    nb, kv, bs, d, t = 6, 4, 4, 8, 5
+    pool_np = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    new = rng.standard_normal((t, kv, d)).astype(np.float32)
+    cos, sin = _tables(rng, t, d)
+    slots = np.array([3, -1, 22, 9, 0], np.int64)
+    pool = gpk.asarray(pool_np).astype(dtype)
+    start = pool.astype("float32").to_numpy()
+    gpk.nn.paged_write(pool, gpk.asarray(new).astype(dtype), slots, cos=cos, sin=sin,
+                       rope_heads=rope_heads, interleaved=interleaved)  # fmt: skip
+    got = pool.astype("float32").to_numpy()
+    rows = gpk.asarray(new).astype(dtype).astype("float32").to_numpy().astype(np.float64)
+    c = gpk.asarray(cos).astype(dtype).astype("float32").to_numpy()
+    s = gpk.asarray(sin).astype(dtype).astype("float32").to_numpy()
+    rows[:, :rope_heads] = _rope64(rows[:, :rope_heads], c, s, interleaved)
+    want = start.astype(np.float64)
+    for i, slot in enumerate(slots):
+        if slot >= 0:
+            want[slot // bs, :, slot % bs] = rows[i]
+    np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
+
+
+def test_paged_write_rope_arguments_are_checked():
+    pool = gpk.zeros((2, 2, 4, 8), "float32")
+    new = np.ones((3, 2, 8), np.float32)
+    cos = np.ones((3, 4), np.float32)
+    slots = np.array([0, 1, 2])
+    with pytest.raises(ValueError, match="cos and sin go together"):
+        gpk.nn.paged_write(pool, new, slots, cos=cos)
+    with pytest.raises(ValueError, match="need cos and sin"):
+        gpk.nn.paged_write(pool, new, slots, rope_heads=1)
+    with pytest.raises(ValueError, match="rope_heads 3 must be in"):
+        gpk.nn.paged_write(pool, new, slots, cos=cos, sin=cos, rope_heads=3)
+    with pytest.raises(ValueError, match=r"cos float32\[2, 4\] must be"):
+        gpk.nn.paged_write(pool, new, slots, cos=cos[:2], sin=cos[:2])
+    with pytest.raises(TypeError, match="rope_heads must be an int"):
+        gpk.nn.paged_write(pool, new, slots, cos=cos, sin=cos, rope_heads=1.5)
+
+
+def _ref(q, kp, vp, table, lens):
+    b, h, t, d = q.shape
+    kv, bs = kp.shape[1], kp.shape[2]
+    out = np.zeros((b, h, t, d))
+    for r in range(b):
+        n = int(lens[r])
+        keys = np.array([kp[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
+        vals = np.array([vp[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
+        for hh in range(h):
+            g = hh // (h // kv)
+            for i in range(t):
+                last = n - t + i
+                if last < 0:
+                    continue
+                sc = keys[: last + 1, g] @ q[r, hh, i].astype(np.float64) / np.sqrt(d)
+                p = np.exp(sc - sc.max())
+                out[r, hh, i] = (p / p.sum()) @ vals[: last + 1, g]
+    return out
+
+
+def test_paged_attention_over_the_halves_of_one_pool():
+    """Keys and values as the two halves of one pool [n_blocks, 2 KV, block, D] (views,
+    blocks 2 KV block D elements apart) attend as separate pools do."""
+    rng = np.random.default_rng(12)
+    nb, kv, bs, d, h, b = 12, 2, 4, 16, 4, 3
+    both = rng.standard_normal((nb, 2 * kv, bs, d)).astype(np.float32)
+    q = rng.standard_normal((b, h, 1, d)).astype(np.float32)
+    table = rng.permutation(nb)[: b * 4].reshape(b, 4).astype(np.int32)
+    lens = np.array([16, 5, 0], np.int32)
+    pool = gpk.asarray(both)
+    got = gpk.nn.paged_attention(q, pool[:, :kv], pool[:, kv:], table, lens).to_numpy()
+    ref = _ref(q, both[:, :kv], both[:, kv:], table, lens)
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
