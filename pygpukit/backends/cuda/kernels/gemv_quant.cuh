@@ -39,11 +39,8 @@
 #ifndef PGK_QSTAGES
 #define PGK_QSTAGES 0  // > 0: W through shared memory in this many stages per warp
 #endif
-#ifndef PGK_QALLEARLY
-#define PGK_QALLEARLY 0  // 1 (staged, w_early): all the warp's stages issued before the wait
-#endif
 #ifndef PGK_QEPRE
-#define PGK_QEPRE 1  // 1: the epilogue's scale, bias and residual loaded as a tile starts
+#define PGK_QEPRE 0  // 1: the epilogue's scale, bias and residual loaded as a tile starts
 #endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
@@ -277,10 +274,9 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   };
 
   // The epilogue's operands from global memory (the row scale, bias, residual) of the
-  // output (r, cn) a thread writes. Loaded as the epilogue reached them, each tile's
-  // outputs waited one memory round trip behind the block's barrier, with the next
-  // tile's stages already drained to NS - 1 (PGK_QEPRE); each thread takes at most one
-  // output of a tile, so its operands are loaded at the start of the tile instead.
+  // output (r, cn) a thread writes. Loaded as the epilogue reaches them, each tile's
+  // outputs wait one memory round trip behind the block's barrier; with PGK_QEPRE (each
+  // thread takes at most one output of a tile) they are loaded as the tile starts.
   constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;
   constexpr bool EPRE = PGK_QEPRE && 8 * OUT <= PGK_GW * 32;
   struct eops {
@@ -461,19 +457,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       pgk_cp_async_commit();
     }
   };
-  // PGK_QALLEARLY: every stage slot filled before the wait (stage NS - 1 had waited for
-  // the first step, after the predecessor and x): the first step then waits for all of
-  // them and x at once, and the loop issues no stage at step 0.
-  const bool all_early = PGK_QALLEARLY && w_early;
-  if (all_early) {
-    for (int st = 0; st < NS; ++st) {
-      zflush();
-      if (st < total) issue(st);
-      pgk_cp_async_commit();
-    }
-  } else if (w_early) {
-    first_stages();
-  }
+  if (w_early) first_stages();
   pgk_pdl_wait();
   pgk_pdl_trigger();
   (void)zero;
@@ -545,16 +529,13 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     zero_acc();
     for (int j = 0; j < n_st; ++j, ++st) {
       zflush();
-      if (st + NS - 1 < total && !(all_early && st == 0)) issue(st + NS - 1);
+      if (st + NS - 1 < total) issue(st + NS - 1);
       pgk_cp_async_commit();
       if (j == 0) eprefetch(first_tile + ti * (int)gridDim.x);
       // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
       // per step: stage st has at most NS - 1 groups after it; with w_early the first
-      // step also needs x, which has one. With all_early: stages 0 .. NS-1, x, then an
-      // empty group at step 0 (which waits for all) and one stage per later step.
-      if (all_early && st == 0) {
-        pgk_cp_async_wait<0>();
-      } else if (w_early && st == 0) {
+      // step also needs x, which has one.
+      if (w_early && st == 0) {
         pgk_cp_async_wait<1>();
       } else {
         pgk_cp_async_wait<NS - 1>();
