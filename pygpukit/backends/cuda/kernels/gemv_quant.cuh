@@ -39,6 +39,9 @@
 #ifndef PGK_QSTAGES
 #define PGK_QSTAGES 0  // > 0: W through shared memory in this many stages per warp
 #endif
+#ifndef PGK_QEPRE
+#define PGK_QEPRE 0  // 1: the epilogue's scale, bias and residual loaded as a tile starts
+#endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
 #define PGK_QEPW (PGK_QFMT == 2 ? 8 : 4)
@@ -270,6 +273,36 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       for (int e = 0; e < 2; ++e) acc[t][e] = 0.0f;
   };
 
+  // The epilogue's operands from global memory (the row scale, bias, residual) of the
+  // output (r, cn) a thread writes. Loaded as the epilogue reaches them, each tile's
+  // outputs wait one memory round trip behind the block's barrier; with PGK_QEPRE (each
+  // thread takes at most one output of a tile) they are loaded as the tile starts.
+  constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;
+  constexpr bool EPRE = PGK_QEPRE && 8 * OUT <= PGK_GW * 32;
+  struct eops {
+    float sc, sc_up, b, b_up, res;
+  };
+  auto eload = [&](int tile, int i) {
+    eops e = {1.0f, 1.0f, 0.0f, 0.0f, 0.0f};
+    const int r = i / OUT, cn = i % OUT;
+    const int row = pgk_grow(n, cn, tile);
+    if (i >= 8 * OUT || r >= m || row < 0) return e;
+#if PGK_QSK == 0
+    e.sc = PGK_QTENSOR ? __ldg(scale) : __ldg(scale + row);
+    if (PGK_GLU) e.sc_up = PGK_QTENSOR ? __ldg(scale) : __ldg(scale + n / 2 + row);
+#endif
+    if (bias) {
+      e.b = pgk_to_float(bias[row]);
+      if (PGK_GLU) e.b_up = pgk_to_float(bias[n / 2 + row]);
+    }
+    if (res) e.res = pgk_to_float(res[(long long)r * res_stride + row]);
+    return e;
+  };
+  eops epre = {1.0f, 1.0f, 0.0f, 0.0f, 0.0f};
+  auto eprefetch = [&](int tile) {
+    if constexpr (EPRE) epre = eload(tile, (int)threadIdx.x);
+  };
+
   // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
   auto epilogue = [&](int tile, float* red) {
 #pragma unroll
@@ -281,11 +314,12 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
 #endif
     __syncthreads();
-    constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;
     for (int i = threadIdx.x; i < 8 * OUT; i += PGK_GW * 32) {
       const int r = i / OUT, cn = i % OUT;
       const int row = pgk_grow(n, cn, tile);
       if (r >= m || row < 0) continue;
+      eops e = epre;
+      if constexpr (!EPRE) e = eload(tile, i);
       float rs = 1.0f;
 #if PGK_PRO == 1
       float q = 0.0f;
@@ -296,25 +330,17 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       float s = 0.0f;
 #pragma unroll
       for (int g = 0; g < PGK_GW; ++g) s += red[(g * m + r) * RL + cn];
-      s *= rs;
-#if PGK_QSK == 0
-      s *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + row);
-#endif
-      if (bias) s += pgk_to_float(bias[row]);
+      s = s * rs * e.sc + e.b;
 #if PGK_GLU == 1
       float up = 0.0f;
 #pragma unroll
       for (int g = 0; g < PGK_GW; ++g) up += red[(g * m + r) * RL + cn + OUT];
-      up *= rs;
-#if PGK_QSK == 0
-      up *= PGK_QTENSOR ? __ldg(scale) : __ldg(scale + n / 2 + row);
-#endif
-      if (bias) up += pgk_to_float(bias[n / 2 + row]);
+      up = up * rs * e.sc_up + e.b_up;
       s = s / (1.0f + __expf(-s)) * up;
 #else
       s = pgk_epilogue_act(s);
 #endif
-      if (res) s += pgk_to_float(res[(long long)r * res_stride + row]);
+      if (res) s += e.res;
       y[(long long)r * y_stride + row] = pgk_from_float<pgk_t>(s);
     }
     __syncthreads();  // red is rewritten by the next tile
@@ -505,6 +531,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       zflush();
       if (st + NS - 1 < total) issue(st + NS - 1);
       pgk_cp_async_commit();
+      if (j == 0) eprefetch(first_tile + ti * (int)gridDim.x);
       // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
       // per step: stage st has at most NS - 1 groups after it; with w_early the first
       // step also needs x, which has one.
@@ -624,6 +651,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if (j == 0) {
       zero_acc();
       zero_ss();  // the prologue below recomputes them per tile
+      eprefetch(first_tile + (st / n_st) * (int)gridDim.x);
     }
 #if PGK_QPIPE == 1
     // The next slab's loads go out before this one's multiplies: each lane keeps a slab
