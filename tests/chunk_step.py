@@ -27,9 +27,11 @@ class ChunkCase:
     head_dim: int = 16
     dtype: str = "float32"
     interleaved: bool = False
+    tables: str | None = None  # the cos/sin dtype (None: dtype)
 
-    def host(self, a: np.ndarray) -> np.ndarray:
-        return a.astype(ml_dtypes.bfloat16 if self.dtype == "bfloat16" else self.dtype)
+    def host(self, a: np.ndarray, dtype: str | None = None) -> np.ndarray:
+        d = dtype or self.dtype
+        return a.astype(ml_dtypes.bfloat16 if d == "bfloat16" else d)
 
 
 class ChunkStep:
@@ -69,7 +71,7 @@ class ChunkStep:
         width = (c.heads + 2 * c.kv_heads) * c.head_dim
         qkv = c.host(rng.standard_normal((c.batch, c.chunk, width)))
         ang = rng.uniform(0, 2 * math.pi, (c.chunk, c.head_dim // 2))
-        cos, sin = c.host(np.cos(ang)), c.host(np.sin(ang))
+        cos, sin = c.host(np.cos(ang), c.tables), c.host(np.sin(ang), c.tables)
         start = rng.integers(0, min(pos, 4) + 1, size=c.batch).astype(np.int64)
         return [qkv, cos, sin], start
 
