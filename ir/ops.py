@@ -432,6 +432,39 @@ def _sdpa_append(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return _sdpa([(sq, dq), (skc, dkc), (svc, dvc), *extra], attrs)
 
 
+def _rope_kv_write(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # A prefill chunk's rotary embedding and its KV-cache stores in one:
+    #   x [B, Hq + KV, T, D] (q's heads, then k's), cos/sin as rope's for x,
+    #   k_cache/v_cache [B, KV, S, D], v [B, KV, T, D], pos 0-d int (the chunk's first slot).
+    # k_cache[:, :, pos:pos + T] = rope(x)[:, Hq:]; v_cache[:, :, pos:pos + T] = v (in the
+    # caches' own memory: passes/fuse_rope_kv_write.py makes it only where that memory is
+    # the caller's to overwrite); the result is rope(x)[:, :Hq], the rotated query.
+    # attrs: layout ("half" / "interleaved"), q_heads (Hq >= 1).
+    (sx, dx), cs, ss, (skc, dkc), (svc, dvc), (sv, dv), (sp, dp) = ins
+    layout, hq = attrs.get("layout"), attrs.get("q_heads")
+    if layout not in ROPE_LAYOUTS[1:]:
+        raise ShapeRuleError(f"rope_kv_write: layout must be one of {ROPE_LAYOUTS[1:]}, "
+                             f"got {layout!r}")  # fmt: skip
+    _rope([(sx, dx), cs, ss], attrs)
+    if len(sx) != 4 or isinstance(hq, bool) or not isinstance(hq, int) or not 0 < hq < sx[1]:
+        raise ShapeRuleError(f"rope_kv_write: x {list(sx)} must be [batch, q_heads + kv_heads, "
+                             f"seq, dim] with 0 < q_heads ({hq!r}) < its heads")  # fmt: skip
+    b, h, t, d = sx
+    kv = h - hq
+    if len(skc) != 4 or skc[:2] != (b, kv) or skc[3] != d or skc[2] < t or svc != skc:
+        raise ShapeRuleError(f"rope_kv_write: caches {list(skc)}, {list(svc)} must be "
+                             f"[{b}, {kv}, seq >= {t}, {d}]")  # fmt: skip
+    if sv != (b, kv, t, d):
+        raise ShapeRuleError(f"rope_kv_write: v {list(sv)} must be {[b, kv, t, d]}")
+    if len({dx, dkc, dvc, dv}) != 1:
+        raise DTypeRuleError(f"rope_kv_write: x, caches and v must share one dtype, got "
+                             f"{dx}, {dkc}, {dvc}, {dv}")  # fmt: skip
+    if sp != () or not dp.is_int:
+        raise DTypeRuleError(f"rope_kv_write: pos must be a 0-d integer array, got "
+                             f"{dp}{list(sp)}")  # fmt: skip
+    return (b, hq, t, d), dx
+
+
 def _paged_sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     # Attention over a paged KV cache (pygpukit/llm/paged.py):
     #   q [B, H, T, D]; k_pool, v_pool [num_blocks, KV, block, D];
@@ -585,6 +618,7 @@ _register("layer_norm", "fused", _norm("layer_norm"), 3)
 _register("rope", "fused", _rope, 3)
 _register("sdpa", "fused", _sdpa, None)
 _register("sdpa_append", "fused", _sdpa_append, None)
+_register("rope_kv_write", "fused", _rope_kv_write, 7)
 _register("paged_sdpa", "fused", _paged_sdpa, 5)
 _register("paged_write", "scatter", _paged_write, None)
 _register("after", "movement", _after, 2)

@@ -60,7 +60,7 @@ def _view_strides(step: Any, shape: tuple[int, ...], strides: Strides) -> Stride
         return tuple(strides[p] for p in step.attrs["perm"])
     if step.op == "expand":
         return broadcast_strides(shape, strides, step.shape)
-    if step.op == "after":  # the buffer an sdpa_append wrote into, as it is now
+    if step.op == "after":  # the buffer an sdpa_append or rope_kv_write wrote into, as it is now
         return strides
     if step.op == "index" and len(step.ins) == 1:
         return index_view(shape, strides, step.attrs["spec"])[1]

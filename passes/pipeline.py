@@ -22,6 +22,7 @@ from .fuse_kv_append import fuse_kv_append
 from .fuse_linear import fuse_linear
 from .fuse_rms_norm import fuse_rms_norm
 from .fuse_rope import fuse_rope
+from .fuse_rope_kv_write import fuse_rope_kv_write
 from .fuse_sdpa import fuse_sdpa
 from .fuse_softmax import fuse_softmax
 from .fuse_swiglu import fuse_swiglu
@@ -35,6 +36,7 @@ Pass = Callable[[Graph], Graph]
 # - softmax before attention: sdpa matches the softmax node;
 # - a decode step's cache stores join its attention (with the ropes of q and k) before
 #   merge_rope pairs up the ropes that are left;
+# - a prefill chunk's merged rope then takes its two cache stores (fuse_rope_kv_write);
 # - a prefill's attention writes its output with the heads already swapped back to the
 #   sequence-major layout (sdpa_seq_major, after the sdpa forms are settled);
 # - SwiGLU before linear, so a gate projection stays a plain GEMM feeding swiglu;
@@ -53,6 +55,7 @@ PIPELINE: list[Pass] = [
     fuse_rope,
     fuse_kv_append,
     merge_rope,
+    fuse_rope_kv_write,
     sdpa_seq_major,
     fuse_swiglu,
     fuse_gelu,

@@ -33,7 +33,10 @@ host time before the first kernel and after the last, and one layer's kernels in
 their grids, whole and own times (own: what no kernel ahead covered, as for decode), each
 with its role (layer_roles), the bytes it must move and its GB/s against the device's copy
 bandwidth (a 256 MiB device copy, measured in the run), each GEMM against torch's cuBLAS on
-the same M, N, K (gemm_reference), and the layer's GEMM and non-GEMM own time.
+the same M, N, K (gemm_reference), and the layer's GEMM and non-GEMM own time; and each
+cuBLASLt plan the prefills asked for with the workspace its algorithm needs (cuBLASLt
+zeroes part of it before the kernel: a memset in the breakdown), timed against the same
+GEMM planned without a workspace (lt_workspace).
 
 --serve B,...[:BUDGET,...] profiles the serving engine's captured step (pygpukit/serve):
 a decode step of B running sequences at --context keys each, and, per BUDGET, a mixed
@@ -672,6 +675,82 @@ def gemm_reference(tokens: list[int]) -> list[dict[str, Any]]:
     return out
 
 
+class LtPlans:
+    """The cuBLASLt plans a block of code asks for (the native call wrapped while it runs),
+    to say afterwards which of a prefill's GEMMs run an algorithm that needs a workspace:
+    cuBLASLt zeroes part of it before such a kernel (a memset launch of its own in the
+    breakdown)."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, tuple[tuple[Any, ...], dict[str, Any], Any]] = {}
+
+    def __enter__(self) -> LtPlans:
+        from pygpukit import _native
+
+        self._real = real = _native.cublaslt_plan
+
+        def spy(*args: Any, **kw: Any) -> Any:
+            p = real(*args, **kw)
+            self.asked.setdefault(p.key, (args, kw, p))
+            return p
+
+        _native.cublaslt_plan = spy
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from pygpukit import _native
+
+        _native.cublaslt_plan = self._real
+
+
+def lt_workspace(plans: LtPlans, reps: int = 50) -> list[dict[str, Any]]:
+    """Each bf16 plan asked for (LtPlans) of M >= 128 rows: the workspace its algorithm
+    needs, its tuned candidate, and for those that need one, the same GEMM planned without
+    a workspace (tuned the same way) and both timed back to back (mean of `reps` after
+    warm-up, CUDA events): what dropping the workspace (and its memset) would cost."""
+    import torch
+
+    from pygpukit import _native
+
+    def timed(p: Any, ptrs: tuple[int, int, int, int], ws: Any, ws_bytes: int) -> float:
+        a, b, d, c = ptrs
+        p.tune(a, b, d, 0, c, ws, ws_bytes, None, 3)
+        for _ in range(3):
+            p.run(a, b, d, 0, ws, ws_bytes, None, c)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(reps):
+            p.run(a, b, d, 0, ws, ws_bytes, None, c)
+        e1.record()
+        e1.synchronize()
+        return 1e3 * e0.elapsed_time(e1) / reps
+
+    def buf(rows: int, ld: int) -> Any:
+        return torch.randn(rows * ld, device="cuda", dtype=torch.bfloat16)
+
+    out = []
+    for key, (args, kw, p) in plans.asked.items():
+        m, n, k, dtype = args[:4]
+        if dtype != "bfloat16" or m < 128 or kw.get("batch", 1) != 1:
+            continue
+        row: dict[str, Any] = {"key": key, "workspace_needed": p.workspace_needed,
+                               "chosen": p.chosen, "candidates": p.candidates}  # fmt: skip
+        if p.workspace_needed:
+            a = buf(k if kw.get("trans_a") else m, kw["lda"])
+            b = buf(n if kw.get("trans_b") else k, kw["ldb"])
+            d = buf(m, kw["ldd"])
+            c = buf(m, kw["ldc"]) if kw.get("ldc") else None
+            ptrs = (a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr() if c is not None else 0)
+            ws = torch.empty(kw["workspace_bytes"], device="cuda", dtype=torch.uint8)
+            row["us"] = timed(p, ptrs, ws.data_ptr(), kw["workspace_bytes"])
+            bare = _native.cublaslt_plan(*args, **{**kw, "workspace_bytes": 0})
+            row["no_workspace_us"] = timed(bare, ptrs, 0, 0)
+            row["no_workspace_chosen"] = bare.chosen
+        print("   lt plan", json.dumps(row), flush=True)
+        out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,16")
@@ -705,7 +784,9 @@ def main() -> None:
         return
     if a.prefill:
         shapes = [(int(b), int(t)) for b, t in (x.split("x") for x in a.prefill.split(","))]
-        out: dict[str, Any] = {"prefill": prefill(shapes, not a.no_peer, a.trace)}
+        with LtPlans() as plans:
+            out: dict[str, Any] = {"prefill": prefill(shapes, not a.no_peer, a.trace)}
+        out["lt_workspace"] = lt_workspace(plans)
         out["gemm_reference"] = gemm_reference(sorted({b * t for b, t in shapes}))
         out["copy_gb_s"] = copy_bandwidth()
         from pygpukit.bench.llm import tinyllama_config

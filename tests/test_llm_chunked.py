@@ -185,7 +185,8 @@ def test_greedy_chunked_equals_one_chunk(pair):
 
 def test_compiled_chunk_step_uses_sdpa(pair):
     """The chunk step is one trace per chunk length and attends through sdpa: no softmax,
-    no materialised [B, 1, 1, T, S] mask; the cache stores are dynamic slices."""
+    no materialised [B, 1, 1, T, S] mask; each layer's rope and its two cache stores (at a
+    dynamic slice) are one rope_kv_write (passes/fuse_rope_kv_write.py)."""
     model, _ = pair
     gen = model.generator(2, 1024)
     gen.chunk = 64
@@ -199,9 +200,9 @@ def test_compiled_chunk_step_uses_sdpa(pair):
         assert ops.count("sdpa") == model.config.num_layers
         assert "softmax" not in ops
         assert not [n for n in nodes if n.dtype == gpk.bool and len(n.shape) >= 2]
-        stores = [n for n in nodes if n.op == "setitem"]
-        assert len(stores) == 2 * model.config.num_layers
-        assert all(n.attrs["spec"][2][0] == "dslice" for n in stores)
+        assert "setitem" not in ops and "rope" not in ops
+        assert ops.count("rope_kv_write") == model.config.num_layers
+        assert ops.count("after") == 2 * model.config.num_layers
 
 
 def test_chunk_mask_forms():

@@ -2,8 +2,9 @@
 captured without a GPU (tests/fake_replay.py: the CUDA planners as they are, NVRTC real,
 launches recorded): the attention-out and MLP-down projections add their residual in the
 cuBLASLt epilogue (C = residual, beta = 1) instead of an add kernel after a GEMM into
-scratch, and the attention stores its output sequence-major, so merging its heads is a
-view (no transposing copy, no device-to-device copy after it)."""
+scratch, the attention stores its output sequence-major, so merging its heads is a view
+(no transposing copy, no device-to-device copy after it), and the rope and the two cache
+stores ahead of it are one kernel."""
 
 from __future__ import annotations
 
@@ -85,6 +86,17 @@ def test_prefill_residual_in_gemm_and_no_reshape_copy(prefill: Any, tmp_path: An
     # either residual GEMM.
     at = [i for i, n in enumerate(names) if n == "pgk_attention_flash"]
     assert at and len(at) % LAYERS == 0, names
+    # Between the QKV projection and it: one kernel that rotates q and k and stores the
+    # keys and values into the caches (passes/fuse_rope_kv_write.py), no rope kernel and
+    # no store kernels of their own; the first layer also gathers the chunk's cos/sin rows
+    # and computes the key length, which every layer shares.
+    for k, i in enumerate(at):
+        qkv = max(j for j in range(i) if names[j] == "cublaslt")
+        between = names[qkv + 1 : i]
+        assert between.count("pgk_rope_kv_write") == 1, between
+        if k % LAYERS:
+            assert between == ["pgk_rope_kv_write"], between
+    assert "pgk_rope" not in names, names
     for i in at:
         after = ["ew" if n.startswith("pgk_ew") else n for n in names[i + 1 : i + 7]]
         assert after[:5] == ["cublaslt", "pgk_rms_norm", "cublaslt", "pgk_swiglu",

@@ -21,7 +21,7 @@ COPY = ("in", 0)
 def plan_view(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
     x = ins[0]
     op, a, shape = step.op, step.attrs, step.shape
-    if op == "after":  # the caches an sdpa_append stored into, as they now are
+    if op == "after":  # the caches an sdpa_append or rope_kv_write stored into, as they now are
         return lambda v: v[0]
     if op == "permute":
         perm = a["perm"]

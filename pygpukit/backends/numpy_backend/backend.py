@@ -110,6 +110,8 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
         return nn.sdpa(ins, a, d)
     if op == "sdpa_append":
         return nn.sdpa_append(ins, a, d)
+    if op == "rope_kv_write":
+        return nn.rope_kv_write(ins, a, d)
     if op == "swiglu":
         return nn.swiglu(ins[0], ins[1], d)
     if op == "fused_elementwise":

@@ -58,7 +58,7 @@ def movement(op: str, ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType
     if op == "index":
         dyn = check_dynamic(attrs["spec"], x.shape, [int(d) for d in ins[1:]])
         return x[index_tuple(attrs["spec"], dyn)]
-    if op == "after":  # the caches sdpa_append wrote: its memory, as it now is
+    if op == "after":  # the caches sdpa_append or rope_kv_write wrote: as they now are
         return x
     if op == "concat":
         return np.concatenate([i.astype(dtype.np, copy=False) for i in ins], axis=attrs["axis"])

@@ -133,6 +133,21 @@ def sdpa_append(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> n
     return sdpa([q, k_cache, v_cache, *ins[6 + n_rope :]], attrs, dtype)
 
 
+def rope_kv_write(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
+    """Rotate x's q and k heads, store the rotated keys and the values into the caches
+    (their own memory) at pos..pos+T-1; the rotated query heads are the result
+    (ir/ops.py: rope_kv_write)."""
+    from .movement import check_dynamic
+
+    x, cos, sin, k_cache, v_cache, v, pos = ins
+    hq, t = attrs["q_heads"], x.shape[2]
+    rot = rope([x, cos, sin], {"layout": attrs["layout"]}, dtype)
+    (p,) = check_dynamic((("dslice", 0, t),), (k_cache.shape[2],), [int(pos)])
+    k_cache[:, :, p : p + t] = rot[:, hq:]
+    v_cache[:, :, p : p + t] = v
+    return np.ascontiguousarray(rot[:, :hq])
+
+
 def swiglu(gate: np.ndarray, up_: np.ndarray, dtype: DType) -> np.ndarray:
     g = up(gate)
     return down(g * sigmoid(g) * up(up_), dtype)

@@ -67,3 +67,73 @@ def rope(
         0,
         stream,
     )
+
+
+Strides3 = tuple[int, int, int]
+
+
+def rope_kv_write(
+    x: int,
+    q_out: int,
+    k_cache: int,
+    v_cache: int,
+    v: int,
+    cos: int,
+    sin: int,
+    pos: int,
+    pos_dtype: str,
+    cache_len: int,
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    seq: int,
+    head_dim: int,
+    dtype: str,
+    *,
+    interleaved: bool,
+    cs_dtype: str,
+    strides: tuple[Strides3, Strides3, Strides3, Strides3, Strides3],
+    cs_stride: int,
+    err: int = 0,
+    tag: int = 0,
+    stream: Any = None,
+) -> None:
+    """A prefill chunk's rope and cache stores in one launch (ir op rope_kv_write).
+
+    x [B, q_heads + kv_heads, seq, D]: the query heads rotated into q_out, the key heads
+    rotated into k_cache[:, :, p:p + seq]; v [B, kv_heads, seq, D] copied to
+    v_cache[:, :, p:p + seq]. p: the int32/int64 (pos_dtype) at device pointer pos, wrapped
+    and checked against the cache_len - seq + 1 starts (a bad one is recorded in the error
+    word `err` with `tag`; nothing is stored). Token s uses table row s of cos/sin (row
+    stride cs_stride). strides: (batch, head, seq) element strides of x, q_out, k_cache,
+    v_cache and v, each with a unit inner stride.
+    """
+    loader.check_dtype(dtype, DTYPES, "rope_kv_write")
+    loader.check_dtype(cs_dtype, DTYPES, "rope_kv_write cos/sin")
+    positive("rope_kv_write", batch=batch, q_heads=q_heads, kv_heads=kv_heads, seq=seq,
+             head_dim=head_dim)  # fmt: skip
+    if head_dim % 2:
+        raise ShapeError(f"rope_kv_write: head_dim must be even, got {head_dim}")
+    if pos_dtype not in ("int32", "int64"):
+        raise ShapeError(f"rope_kv_write: pos must be int32 or int64, got {pos_dtype}")
+    half = head_dim // 2
+    rows = batch * (q_heads + 2 * kv_heads) * seq
+    int32_range("rope_kv_write", rows=rows)
+    flat = [s for st in strides for s in st]
+    vec = loader.vec_width(dtype, half, *flat, ptrs=(x, q_out, k_cache, v_cache, v))
+    if cs_dtype == dtype and (cos % 16 or sin % 16 or cs_stride % vec):
+        vec = 1
+    tx = cdiv(half, vec)
+    ty = max(1, 256 // tx)
+    defines = {**loader.type_defines(dtype), **loader.type_defines(cs_dtype, "PGK_CS")}
+    defines.update(PGK_VEC=vec, PGK_INTERLEAVED=int(interleaved))
+    fn = loader.get_kernel("rope", "pgk_rope_kv_write", defines)
+    fn.launch(
+        (cdiv(rows, ty),),
+        (tx, ty),
+        (x, q_out, k_cache, v_cache, v, cos, sin, pos, int(pos_dtype == "int64"),
+         cache_len - seq + 1, batch, q_heads, kv_heads, seq, head_dim, *flat, cs_stride, err,
+         tag),
+        0,
+        stream,
+    )  # fmt: skip

@@ -68,12 +68,16 @@ def all_variants() -> list[Variant]:
             out.append(
                 (
                     "rope",
-                    ("pgk_rope",),
+                    ("pgk_rope", "pgk_rope_kv_write"),
                     _t(dt, PGK_VEC=vec, PGK_INTERLEAVED=inter, PGK_CS=loader.ctype(dt)),
                 )
             )
             out.append(
-                ("rope", ("pgk_rope",), _t(dt, PGK_VEC=1, PGK_INTERLEAVED=inter, PGK_CS="float"))
+                (
+                    "rope",
+                    ("pgk_rope", "pgk_rope_kv_write"),
+                    _t(dt, PGK_VEC=1, PGK_INTERLEAVED=inter, PGK_CS="float"),
+                )
             )
         out.append(("argmax_topk", ("pgk_argmax", "pgk_topk"), _t(dt, PGK_TOPK_THREADS=512)))
         for act in (0, 1, 2, 3):
