@@ -18,17 +18,17 @@ that replay alone: the output block(s) and one `Dispatcher.run`, with no schedul
 layouts on the way. A binary key with such a replay is also filed with NATIVE
 (`_rust.EagerHits`): the array operators ask it first, and it serves the call in one native
 call (the key's check, the controller's run, the result's objects) while the key stays in
-the cache and no setting changes; it answers None for anything else. Errors are today's: a first call raises as it always
-did (nothing is kept), and the key holds every shape and dtype, so a call that would fail
-differently is a new key. A run error names the line of the call that ran (errors.note_run).
+the cache and no setting changes; it answers None for anything else. Errors are today's: a
+first call raises as it always did (nothing is kept), and the key holds every shape and
+dtype, so a call that would fail differently is a new key. A run error names the line of
+the call that ran (errors.note_run).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
-
-import sys
 
 from pygpukit import _rust, errors, memory, settings
 from pygpukit.ir import Node
@@ -165,16 +165,20 @@ def _file(entry: EagerOp, key: tuple[Any, ...], nodes: tuple[Node | None, ...],
     backend's, an output that views an operand)."""
     entry.filed = (replay, settings.CHANGES[0])
     op, ka, kb, same, backend, _ = key
-    parts = (_operand(ka, nodes[0]), _operand(kb, nodes[1]))
-    NATIVE.register(sys.intern(op), entry, replay, parts, same, backend, entry.sources)
+    a, b = _operand(ka, nodes[0]), _operand(kb, nodes[1])
+    if a is not None and b is not None:
+        NATIVE.register(sys.intern(op), entry, replay, (a, b), same, backend, entry.sources)
 
 
-def _operand(part: tuple[Any, ...], node: Node | None) -> tuple[Any, ...]:
+def _operand(part: tuple[Any, ...], node: Node | None) -> tuple[Any, ...] | None:
     """A key's operand part as NATIVE takes it: an array's (shape, dtype, strides, align)
-    from (shape, dtype name, layout key (strides, align)); a scalar's (type, value)."""
+    from (shape, dtype name, layout key), the CUDA backend's layout key being (strides,
+    align) (None for another backend's); a scalar's (type, value)."""
     if node is not None:
-        shape, _, (strides, align) = part
-        return (shape, node.dtype, strides, align)
+        shape, _, layout = part
+        if type(layout) is not tuple or len(layout) != 2:
+            return None
+        return (shape, node.dtype, *layout)
     t, value = part
     return (t, t(value) if type(value) is str else value)  # 0.0, -0.0, NaN by repr
 

@@ -231,8 +231,7 @@ def test_a_native_hit_builds_what_the_python_hit_builds(host: HostEagerCuda) -> 
     np.testing.assert_allclose(_f64(y.to_numpy()), _f64(hx) * 3.0, rtol=1e-6)
 
 
-def test_errors_still_name_the_op_and_the_line(host: HostEagerCuda,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_errors_still_name_the_op_and_the_line(host: HostEagerCuda) -> None:
     rng = np.random.default_rng(9)
     with gpk.eager():
         a = gpk.from_numpy(rng.standard_normal(6).astype(np.float32))

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -169,6 +169,8 @@ struct Table {
     user_frame: Py<PyAny>,
     cuda_error: Py<PyAny>,
     float_type: Py<PyType>,
+    int_type: Py<PyType>,
+    bool_type: Py<PyType>,
     stream: StreamCache,
     entries: Mutex<Entries>,
 }
@@ -222,6 +224,8 @@ impl Table {
             &self.storage_type,
             &self.value_type,
             &self.float_type,
+            &self.int_type,
+            &self.bool_type,
         ] {
             visit.call(t)?;
         }
@@ -253,7 +257,6 @@ impl Table {
     /// An operand as the key sees it: a realised array's node and DeviceValue, a Python
     /// scalar; None for anything else (a pending array, another backend's value, ...).
     fn arg<'py>(&self, x: &Bound<'py, PyAny>) -> PyResult<Option<Arg<'py>>> {
-        let py = x.py();
         let ty = x.get_type();
         if ty.is(&self.array_type) {
             let node = self.array.node(x)?;
@@ -266,10 +269,7 @@ impl Table {
             }
             return Ok(Some(Arg::Array { node, value }));
         }
-        if ty.is(&self.float_type)
-            || ty.is(&py.get_type::<pyo3::types::PyInt>())
-            || ty.is(&py.get_type::<pyo3::types::PyBool>())
-        {
+        if ty.is(&self.float_type) || ty.is(&self.int_type) || ty.is(&self.bool_type) {
             return Ok(Some(Arg::Scalar(x.clone())));
         }
         Ok(None)
@@ -364,20 +364,19 @@ impl Table {
         Ok(None)
     }
 
-    fn remove(&self, py: Python<'_>, gone: &Entry) {
+    fn remove(&self, gone: &Entry) {
         if let Ok(mut e) = self.entries.try_lock() {
             for list in e.by_digest.values_mut() {
                 list.retain(|x| !x.eager_op.is(&gone.eager_op));
             }
         }
-        let _ = py;
     }
 
     /// The replay declined or cannot run now: the Python hit's `entry.replay = None`.
     fn decline(&self, py: Python<'_>, x: &Entry) -> PyResult<()> {
         self.replay
             .set(x.eager_op.bind(py), &py.None().into_bound(py))?;
-        self.remove(py, x);
+        self.remove(x);
         Ok(())
     }
 
@@ -395,7 +394,7 @@ impl Table {
                 let code = back.getattr(intern!(py, "f_code"))?;
                 let file = code.getattr(intern!(py, "co_filename"))?;
                 let internal = self.library.bind(py).get_item(&file)?;
-                if internal.is_some_and(|v| v.is(&*pyo3::types::PyBool::new(py, false))) {
+                if internal.is_some_and(|v| v.is(&*PyBool::new(py, false))) {
                     let lasti = back.getattr(intern!(py, "f_lasti"))?;
                     return Ok(PyTuple::new(py, [code, lasti])?.into_any());
                 }
@@ -423,7 +422,7 @@ impl Table {
             return Ok(None);
         };
         if !self.replay.get(e.eager_op.bind(py))?.is(&e.replay) {
-            self.remove(py, &e); // the Python hit replaced or dropped it meanwhile
+            self.remove(&e); // the Python hit replaced or dropped it meanwhile
             return Ok(None);
         }
         let backend = e.backend.bind(py);
@@ -467,14 +466,10 @@ impl Table {
             return Ok(None);
         };
         let stream = self.stream.handle(backend)?;
-        let got = e.ctrl.get().run_allocating(
-            py,
-            e.key,
-            &blocks,
-            &[e.out_bytes],
-            stream,
-            pool_ref.get(),
-        );
+        let got =
+            e.ctrl
+                .get()
+                .run_allocating(py, e.key, &blocks, &[e.out_bytes], stream, pool_ref.get());
         let got = match got {
             Ok(Some(g)) => g,
             Ok(None) => {
@@ -502,7 +497,10 @@ impl Table {
                 _ => where_.clone(),
             });
         }
-        let run = PyTuple::new(py, [e.built.bind(py).clone(), PyList::new(py, now)?.into_any()])?;
+        let run = PyTuple::new(
+            py,
+            [e.built.bind(py).clone(), PyList::new(py, now)?.into_any()],
+        )?;
         self.last_run.bind(py).set_item(0, run)?;
         let (addr, h) = got[0];
         let storage = self
@@ -563,6 +561,9 @@ impl Table {
     }
 }
 
+/// (Node, GPUArray, Storage, DeviceValue, EagerOp).
+type Types = (Py<PyType>, Py<PyType>, Py<PyType>, Py<PyType>, Py<PyType>);
+
 /// The process's table of native eager hits (one, made by pygpukit.eager_ops).
 #[pyclass(name = "EagerHits", module = "pygpukit._rust")]
 pub struct EagerHits {
@@ -579,7 +580,7 @@ impl EagerHits {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        types: (Py<PyType>, Py<PyType>, Py<PyType>, Py<PyType>, Py<PyType>),
+        types: Types,
         ids: Py<PyAny>,
         backends: Py<PyDict>,
         changes: Py<PyList>,
@@ -611,6 +612,8 @@ impl EagerHits {
             user_frame,
             cuda_error,
             float_type: py.get_type::<PyFloat>().unbind(),
+            int_type: py.get_type::<PyInt>().unbind(),
+            bool_type: py.get_type::<PyBool>().unbind(),
             stream: StreamCache::default(),
             entries: Mutex::new(Entries::default()),
         };
@@ -687,12 +690,7 @@ impl EagerHits {
                 }
                 srcs.push(Source::Operand(k));
             } else if s.get_type().is(&t.value_type) {
-                let itemsize: u64 = t
-                    .dv
-                    .dtype
-                    .get(&s)?
-                    .getattr("itemsize")?
-                    .extract()?;
+                let itemsize: u64 = t.dv.dtype.get(&s)?.getattr("itemsize")?.extract()?;
                 let offset: u64 = t.dv.offset.get(&s)?.extract()?;
                 srcs.push(Source::Const {
                     storage: t.dv.storage.get(&s)?.unbind(),

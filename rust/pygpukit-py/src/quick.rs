@@ -160,7 +160,8 @@ impl Quick {
         h: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.bind(py).as_any();
-        self.st.adopt(py, &self.storage_type, pool, self.out_nbytes, addr, h)
+        self.st
+            .adopt(py, &self.storage_type, pool, self.out_nbytes, addr, h)
     }
 
     /// The new block's DeviceValue (contiguous, offset 0).
@@ -171,7 +172,8 @@ impl Quick {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (shape, strides) = (self.out_shape.bind(py), self.out_strides.bind(py));
         let dtype = self.out_dtype.bind(py);
-        self.dv.make(py, &self.value_type, &storage, shape, strides, 0, dtype)
+        self.dv
+            .make(py, &self.value_type, &storage, shape, strides, 0, dtype)
     }
 
     fn same(a: &Bound<'_, PyAny>, b: &Py<PyAny>) -> PyResult<bool> {
