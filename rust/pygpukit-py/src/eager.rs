@@ -14,6 +14,7 @@
 //! (its EagerOp's replay is then None, as the Python hit leaves it).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyRuntimeError;
@@ -139,12 +140,32 @@ enum Arg<'py> {
     Scalar(Bound<'py, PyAny>),
 }
 
+/// The digests are mixed already: a map keyed by them needs no second hash.
+#[derive(Default)]
+struct Mixed(u64);
+
+impl Hasher for Mixed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
 #[derive(Default)]
 struct Entries {
     /// settings.CHANGES[0] when the entries were made.
     changes: i64,
     /// By digest (`digest`: the op, the operands' shapes, the scalars).
-    by_digest: HashMap<u64, Vec<Arc<Entry>>>,
+    by_digest: HashMap<u64, Vec<Arc<Entry>>, BuildHasherDefault<Mixed>>,
 }
 
 struct Table {
