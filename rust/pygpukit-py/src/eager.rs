@@ -12,6 +12,10 @@
 //! cache, all of them when a setting changes (settings.CHANGES: the key holds the skipped
 //! passes, and a hit is not taken while debug() is on), and one whose replay declines
 //! (its EagerOp's replay is then None, as the Python hit leaves it).
+//!
+//! The table's lock is only tried, never waited for: a finaliser run by the collector in
+//! the middle of a hit may make an eager op on the same thread, which then takes the
+//! Python path (and files nothing) instead of waiting for itself.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -265,7 +269,9 @@ impl Table {
         self.dv.traverse(visit)?;
         self.replay.traverse(visit)?;
         self.stream.traverse(visit)?;
-        if let Ok(e) = self.entries.lock() {
+        // Held by a hit on this thread (a collection inside it): its references go
+        // unreported this time, which keeps them alive, never frees them early.
+        if let Ok(e) = self.entries.try_lock() {
             for list in e.by_digest.values() {
                 for x in list {
                     x.traverse(visit)?;
@@ -752,7 +758,7 @@ impl EagerHits {
             replay: replay.unbind(),
         };
         let changes: i64 = t.changes.bind(py).get_item(0)?.extract()?;
-        let Ok(mut all) = t.entries.lock() else {
+        let Ok(mut all) = t.entries.try_lock() else {
             return Ok(false);
         };
         if all.changes != changes {
@@ -771,7 +777,7 @@ impl EagerHits {
     /// Drops what serves `entry` (an EagerOp that left the eager cache).
     fn forget(&self, entry: &Bound<'_, PyAny>) {
         if let Some(t) = &self.t {
-            if let Ok(mut all) = t.entries.lock() {
+            if let Ok(mut all) = t.entries.try_lock() {
                 for list in all.by_digest.values_mut() {
                     list.retain(|x| !x.eager_op.is(entry));
                 }
@@ -782,7 +788,7 @@ impl EagerHits {
     /// Drops every entry (the eager cache was cleared).
     fn clear(&self) {
         if let Some(t) = &self.t {
-            if let Ok(mut all) = t.entries.lock() {
+            if let Ok(mut all) = t.entries.try_lock() {
                 all.by_digest.clear();
             }
         }
