@@ -799,7 +799,7 @@ impl EagerHits {
         match &self.t {
             Some(t) => t
                 .entries
-                .lock()
+                .try_lock()
                 .map(|e| e.by_digest.values().map(|l| l.len()).sum())
                 .unwrap_or(0),
             None => 0,
