@@ -230,3 +230,34 @@ class CompiledHit:
     def take_hits(self) -> int: ...
     @property
     def hits(self) -> int: ...
+
+class EagerHits:
+    """The native hits of eager binary keys (eager_ops.NATIVE): op(a, b) or None."""
+
+    def __init__(
+        self,
+        types: tuple[type, type, type, type, type],
+        ids: Any,
+        backends: dict[str, Any],
+        changes: list[int],
+        releases: list[int],
+        stats: dict[str, int],
+        last_run: list[Any],
+        library: dict[str, bool],
+        user_frame: Any,
+        cuda_error: type,
+    ) -> None: ...
+    def binary(self, op: str, a: Any, b: Any) -> Any: ...
+    def register(
+        self,
+        op: str,
+        entry: Any,
+        replay: Any,
+        operands: tuple[tuple[Any, ...], tuple[Any, ...]],
+        same: bool,
+        backend: Any,
+        sources: list[Any],
+    ) -> bool: ...
+    def forget(self, entry: Any) -> None: ...
+    def clear(self) -> None: ...
+    def __len__(self) -> int: ...

@@ -149,6 +149,9 @@ def binary(op: str, a: ArrayLike, b: ArrayLike) -> GPUArray:
             if type(a) is GPUArray and type(b) is GPUArray:
                 return _two_arrays(op, a, b)
         elif not settings.debug():
+            out = _eager_hit(op, a, b)  # eager_ops.NATIVE: a hit in one native call
+            if out is not None:
+                return out
             node = _eager_binary(op, a, b)
             if node is not None:
                 return GPUArray(node)
@@ -168,7 +171,7 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
     first = reflected
 
     def method(self: GPUArray, value: Any) -> GPUArray:
-        if type(value) not in _SCALAR_TYPES or _devices_active[0]:
+        if _devices_active[0]:
             return binary(op, value, self) if first else binary(op, self, value)
         eager = _eager_now()  # is_eager(), inline
         if eager is None:
@@ -176,6 +179,13 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
             if eager is None:
                 eager = settings.eager()
         if eager:
+            # A hit the native table serves (eager_ops.NATIVE), else binary(), which asks
+            # it again (a miss costs twice; the Python hit is the slow path anyway).
+            out = _eager_hit(op, value, self) if first else _eager_hit(op, self, value)
+            if out is not None:
+                return out
+            return binary(op, value, self) if first else binary(op, self, value)
+        if type(value) not in _SCALAR_TYPES:
             return binary(op, value, self) if first else binary(op, self, value)
         node = self._raw if self._link is None else self._node
         t = type(value)
@@ -1025,6 +1035,10 @@ class GPUArray:
         if v.dtype != self.dtype:
             v = runtime.record("cast", (v,), {"dtype": self.dtype.name})
         _assign(self, runtime.record("setitem", (self._node, v, *dyn), {"spec": spec}))
+
+
+# The array operators' (and binary()'s) native eager hit: op(a, b) or None (eager_ops.py).
+_eager_hit = eager_ops.start_native(GPUArray)
 
 
 def _store_value(value: ArrayLike, x: GPUArray) -> Node:

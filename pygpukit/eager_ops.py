@@ -15,22 +15,28 @@ the op's attributes and the user's line: what a realised op node of today's path
 the backend has a replay of the schedule for the key's layouts (backend.eager_replay: on
 CUDA the controller's recorded plan, dispatch.EagerReplay) the key keeps it, and a call is
 that replay alone: the output block(s) and one `Dispatcher.run`, with no schedule lookup by
-layouts on the way. Errors are today's: a first call raises as it always
-did (nothing is kept), and the key holds every shape and dtype, so a call that would fail
-differently is a new key. A run error names the line of the call that ran (errors.note_run).
+layouts on the way. A binary key with such a replay is also filed with NATIVE
+(`_rust.EagerHits`): the array operators ask it first, and it serves the call in one native
+call (the key's check, the controller's run, the result's objects) while the key stays in
+the cache and no setting changes; it answers None for anything else. Errors are today's: a
+first call raises as it always did (nothing is kept), and the key holds every shape and
+dtype, so a call that would fail differently is a new key. A run error names the line of
+the call that ran (errors.note_run).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from pygpukit import errors, memory
+from pygpukit import _rust, errors, memory, settings
 from pygpukit.ir import Node
 from pygpukit.ir import node as node_mod
-from pygpukit.ir.source import user_frame
+from pygpukit.ir.source import LIBRARY_FILES, user_frame
 
-from . import runtime
+from . import backends, runtime
+from .backends.cuda.value import DeviceValue
 
 LIMIT = 1024  # keys kept (LRU); each holds a schedule and its scalar constants
 _known = Node.known  # bound once: every hit makes its realised node with it
@@ -40,7 +46,7 @@ class EagerOp:
     """A learnt eager call: the schedule and where each of its inputs comes from."""
 
     __slots__ = ("schedule", "sources", "op", "attrs", "items", "shape", "dtype", "built",
-                 "lines", "replay")  # fmt: skip
+                 "lines", "replay", "filed")  # fmt: skip
 
     def __init__(self, schedule: Any, sources: list[Any], result: Node, lines: list[int]) -> None:
         self.schedule = schedule
@@ -58,6 +64,8 @@ class EagerOp:
         # (on CUDA the controller's plan: one Dispatcher.run), None to ask again after the
         # next backend.run, False never (no replay for this backend or schedule).
         self.replay: Any = None
+        # (replay, settings.CHANGES[0]) when last handed to NATIVE.register.
+        self.filed: Any = None
 
 
 def scalar_key(x: Any) -> Any:
@@ -80,6 +88,7 @@ def hit(entry: EagerOp, key: tuple[Any, ...], nodes: tuple[Node | None, ...],
     ins = [nodes[s].realized if type(s) is int else s for s in entry.sources]  # type: ignore[union-attr]
     if memory.RELEASES[0] and any(backend.storage(v).freed for v in ins):
         del runtime.EAGER_CACHE[key]
+        NATIVE.forget(entry)
         return None
     where = user_frame(2)  # this frame and its caller's (the array layer): the library's
     errors.note_run(entry.built, [where if k < 0 else nodes[k].where  # type: ignore[union-attr]
@@ -93,6 +102,8 @@ def hit(entry: EagerOp, key: tuple[Any, ...], nodes: tuple[Node | None, ...],
         if value is None:  # not this time (the controller off, a plan dropped, ...)
             entry.replay = None
             (value,) = backend.run(entry.schedule, ins)
+        elif len(nodes) == 2 and entry.filed != (replay, settings.CHANGES[0]):
+            _file(entry, key, nodes, replay)
     else:
         (value,) = backend.run(entry.schedule, ins)
         if replay is None:
@@ -143,5 +154,47 @@ def learn(key: tuple[Any, ...], nodes: tuple[Node | None, ...], call: Callable[[
     cache = runtime.EAGER_CACHE
     cache[key] = EagerOp(schedule, sources, node, lines)
     if len(cache) > LIMIT:
-        cache.popitem(last=False)
+        NATIVE.forget(cache.popitem(last=False)[1])
     return node
+
+
+def _file(entry: EagerOp, key: tuple[Any, ...], nodes: tuple[Node | None, ...],
+          replay: Any) -> None:  # fmt: skip
+    """Hand a binary key (array._eager_binary's: op, operand parts, same, backend, skipped
+    passes) with its replay to NATIVE; it declines replays it cannot run (another
+    backend's, an output that views an operand)."""
+    entry.filed = (replay, settings.CHANGES[0])
+    op, ka, kb, same, backend, _ = key
+    a, b = _operand(ka, nodes[0]), _operand(kb, nodes[1])
+    if a is not None and b is not None:
+        NATIVE.register(sys.intern(op), entry, replay, (a, b), same, backend, entry.sources)
+
+
+def _operand(part: tuple[Any, ...], node: Node | None) -> tuple[Any, ...] | None:
+    """A key's operand part as NATIVE takes it: an array's (shape, dtype, strides, align)
+    from (shape, dtype name, layout key), the CUDA backend's layout key being (strides,
+    align) (None for another backend's); a scalar's (type, value)."""
+    if node is not None:
+        shape, _, layout = part
+        if type(layout) is not tuple or len(layout) != 2:
+            return None
+        return (shape, node.dtype, *layout)
+    t, value = part
+    return (t, t(value) if type(value) is str else value)  # 0.0, -0.0, NaN by repr
+
+
+def start_native(array_type: type) -> Any:
+    """Make NATIVE, the native hits of binary keys (rust/pygpukit-py/src/eager.rs), for the
+    array type (called once by pygpukit.array, which imports this module before it has
+    one); cleared with the eager cache. Returns its `binary`, what the operators call."""
+    global NATIVE
+    NATIVE = _rust.EagerHits(
+        (Node, array_type, memory.Storage, DeviceValue, EagerOp), node_mod._ids,
+        vars(backends), settings.CHANGES, memory.RELEASES, runtime.stats, errors._LAST_RUN,
+        LIBRARY_FILES, user_frame, errors.CUDAError,
+    )  # fmt: skip
+    runtime.EAGER_CACHE.linked = (*runtime.EAGER_CACHE.linked, NATIVE)
+    return NATIVE.binary
+
+
+NATIVE: Any = None  # start_native's

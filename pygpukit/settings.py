@@ -115,6 +115,7 @@ def _set(name: str, value: object) -> None:
     else:
         _overrides[name] = value
     EAGER_NOW[0] = None  # eager() computes it again
+    CHANGES[0] += 1
 
 
 def _check_flag(setter: str, enabled: bool | None) -> bool | None:
@@ -192,7 +193,12 @@ def reload() -> None:
     os.environ."""
     _kept.clear()
     EAGER_NOW[0] = None
+    CHANGES[0] += 1
 
+
+# Bumped by every set_* call and reload(): the native eager hits (eager_ops.NATIVE) drop
+# their entries when it moved (their keys hold the skipped passes, and debug() is off).
+CHANGES = [0]
 
 # eager()'s answer, kept until a set_* call or reload() (None: not computed since): the
 # lazy recording path (array.binary) reads it inline on every recorded op, with no call.

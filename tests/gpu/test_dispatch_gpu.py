@@ -229,3 +229,45 @@ def test_plans_interleave_with_compiled_graphs_and_to_numpy(cuda: Any) -> None:
         np.testing.assert_allclose(w.to_numpy(), ref, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(y.to_numpy(), h * 3.0 - 1.0, rtol=1e-6)
     assert cuda.native.stats["native_runs"] > 0
+
+
+def test_an_eager_operator_hit_is_one_native_call(
+    cuda: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its key has a controller plan, an eager `x op y` / `x op scalar` is served by
+    eager_ops.NATIVE (rust/pygpukit-py/src/eager.rs) with no Python hit, over contiguous
+    and strided operands, and gives float64 NumPy's result; the user's line is its node's."""
+    from pygpukit import eager_ops, runtime
+    from pygpukit.ir.source import resolve
+
+    runtime._SCHEDULE_CACHE.clear()  # and the eager cache and NATIVE
+    rng = _rng("eager-native")
+    hx, hy = _random(rng, (64, 48), "float32"), _random(rng, (64, 48), "float32")
+    views: list[Any] = []  # the strided operands, made once (each slice is a run too)
+    cases = [
+        (lambda x, y: x + 1.0, lambda x, y: x + 1.0),
+        (lambda x, y: 0.5 * y, lambda x, y: 0.5 * y),
+        (lambda x, y: x * y, lambda x, y: x * y),
+        (lambda x, y: views[0] - views[1], lambda x, y: x[:, ::3] - y[:, 1::3]),
+    ]
+    with gpk.eager():
+        x, y = gpk.from_numpy(hx), gpk.from_numpy(hy)
+        views += [x[:, ::3], y[:, 1::3]]
+        for op, _ in cases:
+            for _ in range(CALLS):
+                op(x, y)
+        assert len(eager_ops.NATIVE) == len(cases)
+        before = cuda.native.stats["native_runs"]
+
+        def refused(*args: Any) -> Any:
+            raise AssertionError("a native eager hit took the Python hit")
+
+        monkeypatch.setattr(eager_ops, "hit", refused)
+        outs = [op(x, y) for op, _ in cases]
+        line = outs[-1]._node.where
+    assert cuda.native.stats["native_runs"] == before + len(cases)
+    loc = resolve(line)
+    assert loc is not None and loc.file.endswith("test_dispatch_gpu.py"), loc
+    for out, (_, ref) in zip(outs, cases, strict=True):
+        want = ref(hx.astype(np.float64), hy.astype(np.float64))
+        np.testing.assert_allclose(out.to_numpy().astype(np.float64), want, rtol=1e-6, atol=1e-6)

@@ -312,7 +312,7 @@ fn dims(v: &[u32], what: &str) -> PyResult<[u32; 3]> {
 }
 
 /// A pool block as `alloc_storage` returns it: (address, handle if tracked).
-type Block = (u64, Option<Handle>);
+pub(crate) type Block = (u64, Option<Handle>);
 
 type LaunchSpec = (
     Py<PyAny>,
@@ -373,6 +373,69 @@ impl PyDispatcher {
         match temps.failed {
             Some(e) => Err(e),
             None => Ok(res),
+        }
+    }
+
+    /// run_alloc's work, for the Python method and the native eager hit (eager.rs).
+    pub(crate) fn run_allocating(
+        &self,
+        py: Python<'_>,
+        key: u64,
+        inputs: &[Block],
+        out_bytes: &[u64],
+        stream: u64,
+        pool: &PyPool,
+    ) -> PyResult<Option<Vec<Block>>> {
+        self.launcher()?; // no launch ABI: fail before touching or allocating anything
+        let evictions = pool.evictions(py)?;
+        let mut ptrs = Vec::with_capacity(inputs.len());
+        for &(a, h) in inputs {
+            ptrs.push(match h {
+                Some(h) => pool.touch(py, h)? + a,
+                None => a,
+            });
+        }
+        let mut outs: Vec<Block> = Vec::with_capacity(out_bytes.len());
+        let release = |outs: &[Block]| -> PyResult<()> {
+            for &(addr, h) in outs {
+                match h {
+                    Some(h) => pool.forget(py, h)?,
+                    None => pool.free(py, i128::from(addr))?,
+                }
+            }
+            Ok(())
+        };
+        for &n in out_bytes {
+            match pool.alloc_storage(py, i128::from(n)) {
+                Ok(o) => outs.push(o),
+                Err(e) => {
+                    release(&outs)?;
+                    return Err(e);
+                }
+            }
+        }
+        if pool.evictions(py)? != evictions {
+            release(&outs)?;
+            return Ok(None);
+        }
+        let addrs: Vec<u64> = outs.iter().map(|o| o.0).collect();
+        let res = match self.run_plan(py, pool, key, &ptrs, &addrs, stream) {
+            Ok(res) => res,
+            Err(e) => {
+                release(&outs)?;
+                return Err(e);
+            }
+        };
+        match res {
+            Ok(true) => Ok(Some(outs)),
+            Ok(false) | Err(DispatchError::OutOfMemory { .. }) => {
+                release(&outs)?;
+                Ok(None)
+            }
+            Err(e) => {
+                release(&outs)?;
+                Err(dispatch_err(e))
+            }
         }
     }
 }
@@ -461,57 +524,7 @@ impl PyDispatcher {
         stream: u64,
         pool: &PyPool,
     ) -> PyResult<Option<Vec<Block>>> {
-        self.launcher()?; // no launch ABI: fail before touching or allocating anything
-        let evictions = pool.evictions(py)?;
-        let mut ptrs = Vec::with_capacity(inputs.len());
-        for (a, h) in inputs {
-            ptrs.push(match h {
-                Some(h) => pool.touch(py, h)? + a,
-                None => a,
-            });
-        }
-        let mut outs: Vec<Block> = Vec::with_capacity(out_bytes.len());
-        let release = |outs: &[Block]| -> PyResult<()> {
-            for &(addr, h) in outs {
-                match h {
-                    Some(h) => pool.forget(py, h)?,
-                    None => pool.free(py, i128::from(addr))?,
-                }
-            }
-            Ok(())
-        };
-        for &n in &out_bytes {
-            match pool.alloc_storage(py, i128::from(n)) {
-                Ok(o) => outs.push(o),
-                Err(e) => {
-                    release(&outs)?;
-                    return Err(e);
-                }
-            }
-        }
-        if pool.evictions(py)? != evictions {
-            release(&outs)?;
-            return Ok(None);
-        }
-        let addrs: Vec<u64> = outs.iter().map(|o| o.0).collect();
-        let res = match self.run_plan(py, pool, key, &ptrs, &addrs, stream) {
-            Ok(res) => res,
-            Err(e) => {
-                release(&outs)?;
-                return Err(e);
-            }
-        };
-        match res {
-            Ok(true) => Ok(Some(outs)),
-            Ok(false) | Err(DispatchError::OutOfMemory { .. }) => {
-                release(&outs)?;
-                Ok(None)
-            }
-            Err(e) => {
-                release(&outs)?;
-                Err(dispatch_err(e))
-            }
-        }
+        self.run_allocating(py, key, &inputs, &out_bytes, stream, pool)
     }
 
     fn __contains__(&self, py: Python<'_>, key: u64) -> PyResult<bool> {

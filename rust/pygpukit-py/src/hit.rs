@@ -9,12 +9,12 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::quick::{bare, QuickCall};
-use crate::slots::Slot;
+use crate::quick::QuickCall;
+use crate::slots::{ArraySlots, NodeSlots, RealisedNode};
 
 /// What `gc.get_referents(*containers)` would list, compared item by item with `held`.
 struct Referents<'a> {
@@ -67,72 +67,6 @@ struct Hit {
     array: ArraySlots,
 }
 
-/// ir.Node's slots (all of them: the result's node is made here).
-struct NodeSlots {
-    id: Slot,
-    op: Slot,
-    inputs: Slot,
-    attrs: Slot,
-    shape: Slot,
-    dtype: Slot,
-    where_: Slot,
-    origin: Slot,
-    realized: Slot,
-    canon: Slot,
-    sub: Slot,
-}
-
-/// GPUArray's slots.
-struct ArraySlots {
-    raw: Slot,
-    readonly: Slot,
-    link: Slot,
-}
-
-impl NodeSlots {
-    fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
-        Ok(Self {
-            id: Slot::of(ty, "id")?,
-            op: Slot::of(ty, "op")?,
-            inputs: Slot::of(ty, "inputs")?,
-            attrs: Slot::of(ty, "attrs")?,
-            shape: Slot::of(ty, "shape")?,
-            dtype: Slot::of(ty, "dtype")?,
-            where_: Slot::of(ty, "where")?,
-            origin: Slot::of(ty, "origin")?,
-            realized: Slot::of(ty, "realized")?,
-            canon: Slot::of(ty, "_canon")?,
-            sub: Slot::of(ty, "sub")?,
-        })
-    }
-
-    fn all(&self) -> [&Slot; 11] {
-        [
-            &self.id,
-            &self.op,
-            &self.inputs,
-            &self.attrs,
-            &self.shape,
-            &self.dtype,
-            &self.where_,
-            &self.origin,
-            &self.realized,
-            &self.canon,
-            &self.sub,
-        ]
-    }
-}
-
-impl ArraySlots {
-    fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
-        Ok(Self {
-            raw: Slot::of(ty, "_raw")?,
-            readonly: Slot::of(ty, "_readonly")?,
-            link: Slot::of(ty, "_link")?,
-        })
-    }
-}
-
 impl Hit {
     fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         for o in [
@@ -152,12 +86,8 @@ impl Hit {
         for t in [&self.array_type, &self.node_type] {
             visit.call(t)?;
         }
-        for s in self.node.all() {
-            s.traverse(visit)?;
-        }
-        for s in [&self.array.raw, &self.array.readonly, &self.array.link] {
-            s.traverse(visit)?;
-        }
+        self.node.traverse(visit)?;
+        self.array.traverse(visit)?;
         for l in [&self.tracing, &self.active, &self.releases] {
             visit.call(l)?;
         }
@@ -232,27 +162,22 @@ impl Hit {
         py: Python<'py>,
         value: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let node = bare(py, &self.node_type)?;
-        // SAFETY: PyIter_Next returns a new reference, or null (an exception set or not).
-        let id = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyIter_Next(self.ids.as_ptr()))? };
         let none = py.None().into_bound(py);
-        let n = &self.node;
-        n.id.set(&node, &id)?;
-        n.op.set(&node, intern!(py, "input"))?;
-        n.inputs.set(&node, &PyTuple::empty(py))?;
-        n.attrs.set(&node, self.attrs.bind(py))?;
-        n.shape.set(&node, self.out_shape.bind(py))?;
-        n.dtype.set(&node, self.out_dtype.bind(py))?;
-        n.where_.set(&node, self.out_where.bind(py))?;
-        n.origin.set(&node, intern!(py, ""))?;
-        n.realized.set(&node, &value)?;
-        n.canon.set(&node, &none)?;
-        n.sub.set(&node, &none)?;
-        let a = bare(py, &self.array_type)?;
-        self.array.raw.set(&a, &node)?;
-        self.array.readonly.set(&a, &PyBool::new(py, false))?;
-        self.array.link.set(&a, &none)?;
-        Ok(a)
+        let node = self.node.realised(
+            py,
+            &self.node_type,
+            &self.ids,
+            RealisedNode {
+                op: intern!(py, "input").as_any(),
+                attrs: self.attrs.bind(py),
+                canon: &none,
+                shape: self.out_shape.bind(py),
+                dtype: self.out_dtype.bind(py),
+                where_: self.out_where.bind(py),
+                value: &value,
+            },
+        )?;
+        self.array.wrap(py, &self.array_type, &node)
     }
 
     fn hit<'py>(
@@ -271,11 +196,7 @@ impl Hit {
         if !v.get_type().is(&self.array_type) {
             return Ok(None);
         }
-        let node = if self.array.link.get(&v)?.is_none() {
-            self.array.raw.get(&v)?
-        } else {
-            v.getattr(intern!(py, "_node"))? // a view re-derives its node
-        };
+        let node = self.array.node(&v)?;
         if !node.get_type().is(&self.node_type) {
             return Ok(None);
         }

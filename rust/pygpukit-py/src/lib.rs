@@ -2,6 +2,7 @@ use pyo3::prelude::*;
 
 mod arena_source;
 mod dispatch;
+mod eager;
 mod errors;
 mod hit;
 mod pool;
@@ -19,6 +20,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::PyDispatcher>()?;
     m.add_class::<quick::QuickCall>()?;
     m.add_class::<hit::CompiledHit>()?;
+    m.add_class::<eager::EagerHits>()?;
     m.add_function(wrap_pyfunction!(dispatch::register_launch_capi, m)?)?;
     m.add_class::<transfer::PyTransferEngine>()?;
     m.add_class::<transfer::PyTransfer>()?;

@@ -13,21 +13,13 @@
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyList, PyTuple, PyType};
+use pyo3::types::{PyList, PyTuple, PyType};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::dispatch::graph_launch;
 use crate::pool::PyPool;
-use crate::slots::Slot;
-
-/// `tp_alloc` of a slotted Python class: every slot unset until the caller sets it (the
-/// way `object.__new__` makes one, without the class's own `__new__`/`__init__` frames).
-pub(crate) fn bare<'py>(py: Python<'py>, ty: &Py<PyType>) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: PyType_GenericAlloc is the stable ABI's allocator for any type; it returns a
-    // new reference or null with an exception set.
-    unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyType_GenericAlloc(ty.as_ptr().cast(), 0)) }
-}
+use crate::slots::{StorageSlots, ValueSlots};
 
 /// Whether `key` (a capture key from the program's hot or cold pair) is (token, out, arg).
 fn key_is(key: &Bound<'_, PyAny>, token: i64, out: u64, arg: u64) -> bool {
@@ -41,6 +33,46 @@ fn key_is(key: &Bound<'_, PyAny>, token: i64, out: u64, arg: u64) -> bool {
     matches!(item(0).map(|v| v.extract::<i64>()), Some(Ok(v)) if v == token)
         && matches!(item(1).map(|v| v.extract::<u64>()), Some(Ok(v)) if v == out)
         && matches!(item(2).map(|v| v.extract::<u64>()), Some(Ok(v)) if v == arg)
+}
+
+/// A backend's last stream object and its CUstream: `backend.stream` read per launch,
+/// its handle asked of it once per stream object.
+#[derive(Default)]
+pub(crate) struct StreamCache(Mutex<Option<(Py<PyAny>, u64)>>);
+
+impl StreamCache {
+    /// The CUstream of `backend.stream` (None: the legacy stream, 0).
+    pub(crate) fn handle(&self, backend: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let py = backend.py();
+        let s = backend.getattr(intern!(py, "stream"))?;
+        if s.is_none() {
+            return Ok(0);
+        }
+        if let Ok(cache) = self.0.lock() {
+            if let Some((obj, h)) = cache.as_ref() {
+                if s.is(obj) {
+                    return Ok(*h);
+                }
+            }
+        }
+        // An int handle or a Stream (its __int__ is the handle), as stream_handle() takes.
+        // SAFETY: PyNumber_Long returns a new reference or null with an exception set.
+        let h: u64 = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Long(s.as_ptr()))? }
+            .extract()?;
+        if let Ok(mut cache) = self.0.lock() {
+            *cache = Some((s.unbind(), h));
+        }
+        Ok(h)
+    }
+
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(s) = self.0.lock() {
+            if let Some((obj, _)) = s.as_ref() {
+                visit.call(obj)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How a replay object is launched: its instantiated graph's handle, or None where its
@@ -84,85 +116,7 @@ pub(crate) struct Quick {
     dv: ValueSlots,
     /// The last replay objects seen (hot and cold alternate as the outputs do).
     launchers: Mutex<Vec<Launcher>>,
-    /// The backend's last stream object and its CUstream.
-    stream: Mutex<Option<(Py<PyAny>, u64)>>,
-}
-
-/// memory.Storage's slots.
-struct StorageSlots {
-    pool: Slot,
-    nbytes: Slot,
-    freed: Slot,
-    addr: Slot,
-    h: Slot,
-    pins: Slot,
-    gen: Slot,
-    readonly: Slot,
-}
-
-/// DeviceValue's slots.
-struct ValueSlots {
-    storage: Slot,
-    shape: Slot,
-    strides: Slot,
-    offset: Slot,
-    dtype: Slot,
-}
-
-impl StorageSlots {
-    fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
-        Ok(Self {
-            pool: Slot::of(ty, "pool")?,
-            nbytes: Slot::of(ty, "nbytes")?,
-            freed: Slot::of(ty, "freed")?,
-            addr: Slot::of(ty, "_addr")?,
-            h: Slot::of(ty, "_h")?,
-            pins: Slot::of(ty, "_pins")?,
-            gen: Slot::of(ty, "gen")?,
-            readonly: Slot::of(ty, "readonly")?,
-        })
-    }
-
-    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for s in [
-            &self.pool,
-            &self.nbytes,
-            &self.freed,
-            &self.addr,
-            &self.h,
-            &self.pins,
-            &self.gen,
-            &self.readonly,
-        ] {
-            s.traverse(visit)?;
-        }
-        Ok(())
-    }
-}
-
-impl ValueSlots {
-    fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
-        Ok(Self {
-            storage: Slot::of(ty, "storage")?,
-            shape: Slot::of(ty, "shape")?,
-            strides: Slot::of(ty, "strides")?,
-            offset: Slot::of(ty, "offset")?,
-            dtype: Slot::of(ty, "dtype")?,
-        })
-    }
-
-    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for s in [
-            &self.storage,
-            &self.shape,
-            &self.strides,
-            &self.offset,
-            &self.dtype,
-        ] {
-            s.traverse(visit)?;
-        }
-        Ok(())
-    }
+    stream: StreamCache,
 }
 
 type Layout = (Py<PyAny>, Py<PyAny>, Py<PyAny>, u64);
@@ -195,12 +149,7 @@ impl Quick {
                 visit.call(&l.replay)?;
             }
         }
-        if let Ok(s) = self.stream.lock() {
-            if let Some((obj, _)) = s.as_ref() {
-                visit.call(obj)?;
-            }
-        }
-        Ok(())
+        self.stream.traverse(visit)
     }
 
     /// The Storage of a block `alloc_storage` returned, as memory.adopt makes it.
@@ -210,18 +159,9 @@ impl Quick {
         addr: u64,
         h: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let s = bare(py, &self.storage_type)?;
-        let (no, zero) = (PyBool::new(py, false), 0i64.into_pyobject(py)?);
-        let st = &self.st;
-        st.pool.set(&s, self.pool.bind(py).as_any())?;
-        st.nbytes.set(&s, &self.out_nbytes.into_pyobject(py)?)?;
-        st.freed.set(&s, &no)?;
-        st.addr.set(&s, &addr.into_pyobject(py)?)?;
-        st.h.set(&s, &h.into_pyobject(py)?)?;
-        st.pins.set(&s, &zero)?;
-        st.gen.set(&s, &zero)?;
-        st.readonly.set(&s, &no)?;
-        Ok(s)
+        let pool = self.pool.bind(py).as_any();
+        self.st
+            .adopt(py, &self.storage_type, pool, self.out_nbytes, addr, h)
     }
 
     /// The new block's DeviceValue (contiguous, offset 0).
@@ -230,41 +170,14 @@ impl Quick {
         py: Python<'py>,
         storage: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let v = bare(py, &self.value_type)?;
-        let dv = &self.dv;
-        dv.storage.set(&v, &storage)?;
-        dv.shape.set(&v, self.out_shape.bind(py))?;
-        dv.strides.set(&v, self.out_strides.bind(py))?;
-        dv.offset.set(&v, &0i64.into_pyobject(py)?)?;
-        dv.dtype.set(&v, self.out_dtype.bind(py))?;
-        Ok(v)
+        let (shape, strides) = (self.out_shape.bind(py), self.out_strides.bind(py));
+        let dtype = self.out_dtype.bind(py);
+        self.dv
+            .make(py, &self.value_type, &storage, shape, strides, 0, dtype)
     }
 
     fn same(a: &Bound<'_, PyAny>, b: &Py<PyAny>) -> PyResult<bool> {
         Ok(a.is(b) || a.eq(b)?)
-    }
-
-    /// The CUstream of the backend's current stream (None: the legacy stream).
-    fn stream_handle(&self, py: Python<'_>) -> PyResult<u64> {
-        let s = self.backend.bind(py).getattr(intern!(py, "stream"))?;
-        if s.is_none() {
-            return Ok(0);
-        }
-        if let Ok(cache) = self.stream.lock() {
-            if let Some((obj, h)) = cache.as_ref() {
-                if s.is(obj) {
-                    return Ok(*h);
-                }
-            }
-        }
-        // An int handle or a Stream (its __int__ is the handle), as stream_handle() takes.
-        // SAFETY: PyNumber_Long returns a new reference or null with an exception set.
-        let h: u64 = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Long(s.as_ptr()))? }
-            .extract()?;
-        if let Ok(mut cache) = self.stream.lock() {
-            *cache = Some((s.unbind(), h));
-        }
-        Ok(h)
     }
 
     /// The graph handle to launch `replay` with, asked of graph_of once per replay object.
@@ -292,7 +205,7 @@ impl Quick {
     /// itself (which raises the driver's error where it fails again).
     fn launch(&self, py: Python<'_>, replay: &Bound<'_, PyAny>) -> PyResult<()> {
         if let Some(exec) = self.exec_of(py, replay)? {
-            let stream = self.stream_handle(py)?;
+            let stream = self.stream.handle(self.backend.bind(py))?;
             if graph_launch(exec, stream) == Some(0) {
                 let n = replay.getattr(intern!(py, "replays"))?.add(1)?;
                 return replay.setattr(intern!(py, "replays"), n);
@@ -454,7 +367,7 @@ impl QuickCall {
             st,
             dv,
             launchers: Mutex::new(Vec::new()),
-            stream: Mutex::new(None),
+            stream: StreamCache::default(),
         };
         Ok(Self { q: Some(q) })
     }

@@ -1,13 +1,15 @@
 //! Reading and writing the `__slots__` of pygpukit's Python classes through their member
 //! descriptors, found once: what `obj.name` does after the type lookup, which is most of
-//! its cost on the compiled hit's objects (Storage, DeviceValue, Node, GPUArray).
+//! its cost on the native hits' objects (Storage, DeviceValue, Node, GPUArray); and the
+//! one way those hits (hit.rs, quick.rs, eager.rs) make these objects.
 
 use std::sync::OnceLock;
 
 use pyo3::exceptions::PyTypeError;
-use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::{PyBool, PyTuple, PyType};
+use pyo3::{ffi, intern};
+use pyo3::{PyTraverseError, PyVisit};
 
 /// One slot of one class: its member descriptor.
 pub(crate) struct Slot(Py<PyAny>);
@@ -76,7 +78,273 @@ impl Slot {
         }
     }
 
-    pub(crate) fn traverse(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.0)
+    }
+}
+
+/// `tp_alloc` of a slotted Python class: every slot unset until the caller sets it (the
+/// way `object.__new__` makes one, without the class's own `__new__`/`__init__` frames).
+pub(crate) fn bare<'py>(py: Python<'py>, ty: &Py<PyType>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyType_GenericAlloc is the stable ABI's allocator for any type; it returns a
+    // new reference or null with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyType_GenericAlloc(ty.as_ptr().cast(), 0)) }
+}
+
+/// ir.Node's slots (all of them: the native hits make their result's node).
+pub(crate) struct NodeSlots {
+    pub(crate) shape: Slot,
+    pub(crate) dtype: Slot,
+    pub(crate) where_: Slot,
+    pub(crate) realized: Slot,
+    id: Slot,
+    op: Slot,
+    inputs: Slot,
+    attrs: Slot,
+    origin: Slot,
+    canon: Slot,
+    sub: Slot,
+}
+
+/// The fields of a realised node without inputs (what `Node.known` sets, then `realized`).
+pub(crate) struct RealisedNode<'a, 'py> {
+    pub(crate) op: &'a Bound<'py, PyAny>,
+    pub(crate) attrs: &'a Bound<'py, PyAny>,
+    pub(crate) canon: &'a Bound<'py, PyAny>,
+    pub(crate) shape: &'a Bound<'py, PyAny>,
+    pub(crate) dtype: &'a Bound<'py, PyAny>,
+    pub(crate) where_: &'a Bound<'py, PyAny>,
+    pub(crate) value: &'a Bound<'py, PyAny>,
+}
+
+impl NodeSlots {
+    pub(crate) fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Self {
+            id: Slot::of(ty, "id")?,
+            op: Slot::of(ty, "op")?,
+            inputs: Slot::of(ty, "inputs")?,
+            attrs: Slot::of(ty, "attrs")?,
+            shape: Slot::of(ty, "shape")?,
+            dtype: Slot::of(ty, "dtype")?,
+            where_: Slot::of(ty, "where")?,
+            origin: Slot::of(ty, "origin")?,
+            realized: Slot::of(ty, "realized")?,
+            canon: Slot::of(ty, "_canon")?,
+            sub: Slot::of(ty, "sub")?,
+        })
+    }
+
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for s in [
+            &self.id,
+            &self.op,
+            &self.inputs,
+            &self.attrs,
+            &self.shape,
+            &self.dtype,
+            &self.where_,
+            &self.origin,
+            &self.realized,
+            &self.canon,
+            &self.sub,
+        ] {
+            s.traverse(visit)?;
+        }
+        Ok(())
+    }
+
+    /// A new node of type `ty` (ir.Node), its id the next of `ids` (ir.node's counter), its
+    /// slots set as Node.known sets them, realised as `n.value`.
+    pub(crate) fn realised<'py>(
+        &self,
+        py: Python<'py>,
+        ty: &Py<PyType>,
+        ids: &Py<PyAny>,
+        n: RealisedNode<'_, 'py>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let node = bare(py, ty)?;
+        // SAFETY: PyIter_Next returns a new reference, or null (an exception set or not).
+        let id = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyIter_Next(ids.as_ptr()))? };
+        let none = py.None().into_bound(py);
+        self.id.set(&node, &id)?;
+        self.op.set(&node, n.op)?;
+        self.inputs.set(&node, &PyTuple::empty(py))?;
+        self.attrs.set(&node, n.attrs)?;
+        self.shape.set(&node, n.shape)?;
+        self.dtype.set(&node, n.dtype)?;
+        self.where_.set(&node, n.where_)?;
+        self.origin.set(&node, intern!(py, ""))?;
+        self.realized.set(&node, n.value)?;
+        self.canon.set(&node, n.canon)?;
+        self.sub.set(&node, &none)?;
+        Ok(node)
+    }
+}
+
+/// GPUArray's slots.
+pub(crate) struct ArraySlots {
+    pub(crate) raw: Slot,
+    pub(crate) link: Slot,
+    readonly: Slot,
+}
+
+impl ArraySlots {
+    pub(crate) fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Self {
+            raw: Slot::of(ty, "_raw")?,
+            readonly: Slot::of(ty, "_readonly")?,
+            link: Slot::of(ty, "_link")?,
+        })
+    }
+
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for s in [&self.raw, &self.readonly, &self.link] {
+            s.traverse(visit)?;
+        }
+        Ok(())
+    }
+
+    /// `GPUArray(node)` of type `ty`: its slots set as GPUArray.__init__ sets them.
+    pub(crate) fn wrap<'py>(
+        &self,
+        py: Python<'py>,
+        ty: &Py<PyType>,
+        node: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let a = bare(py, ty)?;
+        self.raw.set(&a, node)?;
+        self.readonly.set(&a, &PyBool::new(py, false))?;
+        self.link.set(&a, &py.None().into_bound(py))?;
+        Ok(a)
+    }
+
+    /// The array's node: its `_raw`, or for a view the `_node` it re-derives.
+    pub(crate) fn node<'py>(&self, a: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if self.link.get(a)?.is_none() {
+            self.raw.get(a)
+        } else {
+            a.getattr(intern!(a.py(), "_node"))
+        }
+    }
+}
+
+/// memory.Storage's slots.
+pub(crate) struct StorageSlots {
+    pub(crate) freed: Slot,
+    pub(crate) addr: Slot,
+    pub(crate) h: Slot,
+    pool: Slot,
+    nbytes: Slot,
+    pins: Slot,
+    gen: Slot,
+    readonly: Slot,
+}
+
+impl StorageSlots {
+    pub(crate) fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Self {
+            pool: Slot::of(ty, "pool")?,
+            nbytes: Slot::of(ty, "nbytes")?,
+            freed: Slot::of(ty, "freed")?,
+            addr: Slot::of(ty, "_addr")?,
+            h: Slot::of(ty, "_h")?,
+            pins: Slot::of(ty, "_pins")?,
+            gen: Slot::of(ty, "gen")?,
+            readonly: Slot::of(ty, "readonly")?,
+        })
+    }
+
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for s in [
+            &self.pool,
+            &self.nbytes,
+            &self.freed,
+            &self.addr,
+            &self.h,
+            &self.pins,
+            &self.gen,
+            &self.readonly,
+        ] {
+            s.traverse(visit)?;
+        }
+        Ok(())
+    }
+
+    /// The Storage (type `ty`) of a block `alloc_storage` returned, as memory.adopt makes it.
+    pub(crate) fn adopt<'py>(
+        &self,
+        py: Python<'py>,
+        ty: &Py<PyType>,
+        pool: &Bound<'py, PyAny>,
+        nbytes: u64,
+        addr: u64,
+        h: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let s = bare(py, ty)?;
+        let (no, zero) = (PyBool::new(py, false), 0i64.into_pyobject(py)?);
+        self.pool.set(&s, pool)?;
+        self.nbytes.set(&s, &nbytes.into_pyobject(py)?)?;
+        self.freed.set(&s, &no)?;
+        self.addr.set(&s, &addr.into_pyobject(py)?)?;
+        self.h.set(&s, &h.into_pyobject(py)?)?;
+        self.pins.set(&s, &zero)?;
+        self.gen.set(&s, &zero)?;
+        self.readonly.set(&s, &no)?;
+        Ok(s)
+    }
+}
+
+/// The CUDA backend's DeviceValue slots.
+pub(crate) struct ValueSlots {
+    pub(crate) storage: Slot,
+    pub(crate) shape: Slot,
+    pub(crate) strides: Slot,
+    pub(crate) offset: Slot,
+    pub(crate) dtype: Slot,
+}
+
+impl ValueSlots {
+    pub(crate) fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Self {
+            storage: Slot::of(ty, "storage")?,
+            shape: Slot::of(ty, "shape")?,
+            strides: Slot::of(ty, "strides")?,
+            offset: Slot::of(ty, "offset")?,
+            dtype: Slot::of(ty, "dtype")?,
+        })
+    }
+
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for s in [
+            &self.storage,
+            &self.shape,
+            &self.strides,
+            &self.offset,
+            &self.dtype,
+        ] {
+            s.traverse(visit)?;
+        }
+        Ok(())
+    }
+
+    /// `DeviceValue(storage, shape, strides, offset, dtype)` of type `ty`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn make<'py>(
+        &self,
+        py: Python<'py>,
+        ty: &Py<PyType>,
+        storage: &Bound<'py, PyAny>,
+        shape: &Bound<'py, PyAny>,
+        strides: &Bound<'py, PyAny>,
+        offset: i64,
+        dtype: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let v = bare(py, ty)?;
+        self.storage.set(&v, storage)?;
+        self.shape.set(&v, shape)?;
+        self.strides.set(&v, strides)?;
+        self.offset.set(&v, &offset.into_pyobject(py)?)?;
+        self.dtype.set(&v, dtype)?;
+        Ok(v)
     }
 }
