@@ -53,6 +53,14 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     return np.random.default_rng([SEED, zlib.crc32(request.node.name.encode())])
 
 
+def backend_workspace(cuda: Any, a: np.ndarray, b: np.ndarray) -> tuple[Any, int] | None:
+    """The backend's cuBLASLt workspace (buffer, bytes), made by a GEMM run through it.
+    The product is realised: a lazy `a @ b` left unread runs nothing, and the workspace
+    would then exist only where an earlier test in the same process made it."""
+    (gpk.from_numpy(a) @ gpk.from_numpy(b)).to_numpy()
+    return cublaslt._workspaces.get(cuda)
+
+
 def rand(rng: np.random.Generator, shape: tuple[int, ...], d: str, scale: float = 1.0
          ) -> np.ndarray:  # fmt: skip
     return (rng.standard_normal(shape) * scale).astype(NP[d])
@@ -227,8 +235,7 @@ def test_tune_keeps_the_fastest_candidate(rng: np.random.Generator, cuda: Any) -
         rand(rng, (m, n), "float16"),
     )
     full = cublaslt.WORKSPACE_SIZES[0]
-    gpk.from_numpy(a) @ gpk.from_numpy(b)  # a GEMM through the backend makes its workspace
-    got = cublaslt._workspaces.get(cuda)
+    got = backend_workspace(cuda, a, b)
     assert got is not None
     ws, ws_bytes = got
     assert ws is not None and ws_bytes == full
@@ -265,8 +272,9 @@ def test_tune_with_l2_flush(rng: np.random.Generator, cuda: Any) -> None:
     m, k, n = 320, 256, 192
     a, b = rand(rng, (m, k), "float16"), rand(rng, (k, n), "float16")
     full = cublaslt.WORKSPACE_SIZES[0]
-    gpk.from_numpy(a) @ gpk.from_numpy(b)  # makes the backend's workspace
-    ws, _ = cublaslt._workspaces[cuda]
+    got = backend_workspace(cuda, a, b)
+    assert got is not None
+    ws, _ = got
     assert ws is not None
     p = _native.cublaslt_plan(m, n, k, "float16", lda=k, ldb=n, ldd=n, workspace_bytes=full)
     da, db = gpk.from_numpy(a), gpk.from_numpy(b)
@@ -299,8 +307,7 @@ def test_a_later_process_takes_the_kept_choice(
     m, k, n = 384, 256, 160
     a, b = rand(rng, (m, k), "float16"), rand(rng, (k, n), "float16")
     full = cublaslt.WORKSPACE_SIZES[0]
-    gpk.from_numpy(a) @ gpk.from_numpy(b)  # a GEMM through the backend makes its workspace
-    got = cublaslt._workspaces.get(cuda)
+    got = backend_workspace(cuda, a, b)
     assert got is not None and got[0] is not None and got[1] == full
     ws = got[0]
     da, db = gpk.from_numpy(a), gpk.from_numpy(b)
