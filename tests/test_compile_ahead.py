@@ -228,3 +228,4 @@ def test_dry_run_unless_the_program_ran_dry_before() -> None:
     a later capture of a program that ran dry (new argument addresses) skips it."""
     assert compile_ahead.worth_a_dry_run(False)
     assert not compile_ahead.worth_a_dry_run(True)
+    assert not compile_ahead.worth_a_dry_run(False, known_on_disk=True)

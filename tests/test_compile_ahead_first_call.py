@@ -91,3 +91,49 @@ def test_disk_served_process_still_runs_a_new_program_dry(steps: dict[str, Any],
             assert len(record.compiled) == compiled, "a new capture compiled nothing"
     finally:
         _native.kernel_cache_clear_memory()
+
+
+def test_a_later_process_skips_a_known_programs_dry_run(steps: dict[str, Any], tmp_path: Any,
+                                                        monkeypatch: Any) -> None:  # fmt: skip
+    """After a dry run whose compiles all succeeded, the program's fingerprint is kept
+    beside the kernel cache (dry_runs): the same program's first call in a later process
+    (nothing in memory, nothing collected) skips the dry run and its first run compiles
+    nothing (every kernel comes from disk). Once the marks are removed, as `pygpukit
+    cache clear` does, the first call runs dry again."""
+    try:
+        toolchain.load_nvrtc()
+    except Exception as exc:  # no NVRTC in this environment: nothing to compile with
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    from pygpukit.backends.cuda import compiler, dry_runs
+    from pygpukit.backends.cuda.kernels import loader
+
+    monkeypatch.setenv("PYGPUKIT_CACHE_DIR", str(tmp_path / "kernels"))
+    _native.kernel_cache_clear_memory()
+    try:
+        with fake_replay.fake_device(monkeypatch, "sm_90") as record:
+            fake_replay.first_call(steps["decode"], record)
+            first = record.replay
+            assert first is not None and "skipped" not in first.first_call
+            fp = dry_runs.fingerprint(first._run.__self__)
+            assert fp is not None and dry_runs.known(fp)
+
+            def later_process() -> Any:
+                first._backend._collected.clear()
+                for held in (loader._modules, loader._functions, compiler._functions):
+                    held.clear()  # fake_device's own dicts: what a new process lacks
+                _native.kernel_cache_clear_memory()
+                _native.kernel_cache_reset_stats()
+                again = first._backend.capture(first._run)
+                again.replay()
+                return again
+
+            again = later_process()
+            assert again.first_call.get("skipped") == 1 and again.captured
+            stats = _native.kernel_cache_stats()
+            assert stats["compiles"] == 0 and stats["disk_hits"] > 0
+            assert dry_runs.forget() and not dry_runs.known(fp)
+            again = later_process()
+            assert "skipped" not in again.first_call and again.captured
+            assert dry_runs.known(fp)
+    finally:
+        _native.kernel_cache_clear_memory()

@@ -30,12 +30,13 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _clear(args: argparse.Namespace) -> int:
     from pygpukit import _native
-    from pygpukit.backends.cuda import lt_choices
+    from pygpukit.backends.cuda import dry_runs, lt_choices
     from pygpukit.backends.cuda.toolchain import configure_kernel_cache
 
     configure_kernel_cache()
     removed = _native.kernel_cache_clear()
-    # The cuBLASLt choices kept beside the kernels go with them.
+    # The cuBLASLt choices and the dry-run marks kept beside the kernels go with them.
+    dry_runs.forget()
     kept = " and the kept cuBLASLt choices" if lt_choices.forget() else ""
     print(f"removed {removed} entries{kept} from {_native.kernel_cache_dir()}")
     return 0

@@ -152,15 +152,15 @@ def _workers(workers: int | None) -> int:
     return min(MAX_WORKERS, os.cpu_count() or 1) if workers is None else workers
 
 
-def worth_a_dry_run(collected_before: bool) -> bool:
+def worth_a_dry_run(collected_before: bool, known_on_disk: bool = False) -> bool:
     """Whether a program's first call should run dry to compile ahead: unless an earlier
     first call of the same program in this process ran dry (a capture for new argument
-    addresses: its kernels are in memory). Kernels the disk cache holds cost the dry run
-    little (each request reads its CUBIN back on the pool), and which kernels a program
-    needs is known only by running it dry: a process whose kernels so far all came from
-    disk may still meet a new shape whose kernels are not there (those then compiled one
-    after another in the first run: 1.08 s for the bench's in-process 1x128 prefill)."""
-    return not collected_before
+    addresses: its kernels are in memory), or one in an earlier process over the same
+    kernel cache did (dry_runs: its kernels are on disk). Which kernels a program needs is
+    known only by running it dry: a process whose kernels so far all came from disk may
+    still meet a new shape whose kernels are not there (those then compiled one after
+    another in the first run: 1.08 s for the bench's in-process 1x128 prefill)."""
+    return not (collected_before or known_on_disk)
 
 
 # A compile's CUBIN or error, and its start and end (perf_counter seconds).

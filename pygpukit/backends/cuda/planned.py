@@ -24,7 +24,7 @@ from pygpukit.ir import DType
 from pygpukit.memory import Storage, adopt, block, pin_all, unpin_all
 from pygpukit.passes import Step
 
-from . import compile_ahead, cublaslt, device_pool, ew
+from . import compile_ahead, cublaslt, device_pool, dry_runs, ew
 from .context import Launch, StepContext, contiguous
 from .layout import is_contiguous
 from .plan import plan_step
@@ -91,10 +91,13 @@ class CudaReplay:
         that is dropped (nothing executes), collecting the kernels they would compile;
         then compiles those in parallel (compile_ahead). A dry run that fails stops
         early: the real run compiles the rest, and meets the failure itself. Skipped for
-        a program that ran dry before (worth_a_dry_run): a capture for new addresses."""
+        a program that ran dry before (worth_a_dry_run): a capture for new addresses, or
+        the same program in an earlier process over this kernel cache (dry_runs)."""
         program = getattr(self._run, "__self__", None)
         collected = self._backend._collected
-        if not compile_ahead.worth_a_dry_run(program is not None and program in collected):
+        before = program is not None and program in collected
+        fp = None if before else dry_runs.fingerprint(program)
+        if not compile_ahead.worth_a_dry_run(before, dry_runs.known(fp)):
             self.first_call = {"dry_run_ms": 0.0, "skipped": 1}
             return
         if program is not None:
@@ -125,6 +128,8 @@ class CudaReplay:
             # The rest are installed; the real run compiles the failed kernel again and
             # reports it with its op and the user's line.
             report = compile_ahead.Report(kernels=len(requests))
+        else:
+            dry_runs.note(fp)
         self.first_call = {"dry_run_ms": dry_ms, **report.as_dict()}
 
     def _capture(self) -> None:
