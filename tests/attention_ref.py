@@ -79,3 +79,27 @@ def sdpa_case_inputs(c: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndar
     k = rand(rng, (c["b"], c["kvh"], c["sk"], c["d"]), c["dtype"])
     v = rand(rng, (c["b"], c["kvh"], c["sk"], c["d"]), c["dtype"])
     return q, k, v, {n: c[n] for n in ("causal", "kv_len", "kv_start", "window")}
+
+
+def paged_sdpa_ref(q: Any, k_pool: Any, v_pool: Any, table: Any, lens: Any) -> np.ndarray:
+    """float64 paged attention: row r's keys and values gathered position by position
+    from the [blocks, kv_heads, block, dim] pools through its block table, lens[r] of
+    them; query i of T sees positions up to lens[r] - T + i (causal, bottom-right);
+    grouped-query heads share their KV head; a query that sees no key gets zeros."""
+    b, h, t, d = q.shape
+    kv, bs = k_pool.shape[1], k_pool.shape[2]
+    out = np.zeros((b, h, t, d))
+    for r in range(b):
+        n = int(lens[r])
+        keys = np.array([k_pool[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
+        vals = np.array([v_pool[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
+        for head in range(h):
+            g = head // (h // kv)
+            for i in range(t):
+                last = n - t + i
+                if last < 0:
+                    continue
+                s = keys[: last + 1, g] @ q[r, head, i].astype(np.float64) / math.sqrt(d)
+                p = np.exp(s - s.max())
+                out[r, head, i] = (p / p.sum()) @ vals[: last + 1, g]
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attention_ref import paged_sdpa_ref
 
 import pygpukit as gpk
 
@@ -74,26 +75,6 @@ def test_paged_write_rope_arguments_are_checked():
         gpk.nn.paged_write(pool, new, slots, cos=cos, sin=cos, rope_heads=1.5)
 
 
-def _ref(q, kp, vp, table, lens):
-    b, h, t, d = q.shape
-    kv, bs = kp.shape[1], kp.shape[2]
-    out = np.zeros((b, h, t, d))
-    for r in range(b):
-        n = int(lens[r])
-        keys = np.array([kp[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
-        vals = np.array([vp[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
-        for hh in range(h):
-            g = hh // (h // kv)
-            for i in range(t):
-                last = n - t + i
-                if last < 0:
-                    continue
-                sc = keys[: last + 1, g] @ q[r, hh, i].astype(np.float64) / np.sqrt(d)
-                p = np.exp(sc - sc.max())
-                out[r, hh, i] = (p / p.sum()) @ vals[: last + 1, g]
-    return out
-
-
 def test_paged_attention_over_the_halves_of_one_pool():
     """Keys and values as the two halves of one pool [n_blocks, 2 KV, block, D] (views,
     blocks 2 KV block D elements apart) attend as separate pools do."""
@@ -105,5 +86,5 @@ def test_paged_attention_over_the_halves_of_one_pool():
     lens = np.array([16, 5, 0], np.int32)
     pool = gpk.asarray(both)
     got = gpk.nn.paged_attention(q, pool[:, :kv], pool[:, kv:], table, lens).to_numpy()
-    ref = _ref(q, both[:, :kv], both[:, kv:], table, lens)
+    ref = paged_sdpa_ref(q, both[:, :kv], both[:, kv:], table, lens)
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)

@@ -4,39 +4,18 @@ admission through the scheduler core (memory = KV blocks, QoS order), a bounded 
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from attention_ref import paged_sdpa_ref
 
 import pygpukit as gpk
 from pygpukit import errors, llm
 from pygpukit.serve import Engine, Event, Overloaded, Request
 from pygpukit.serve.engine import SWITCH_INTERVAL_S
-
-
-def _attention_ref(q, k_pool, v_pool, table, lens):
-    """float64: each row's keys gathered position by position, causal from seq_len - T."""
-    b, h, t, d = q.shape
-    kv, bs = k_pool.shape[1], k_pool.shape[2]
-    out = np.zeros((b, h, t, d))
-    for r in range(b):
-        n = int(lens[r])
-        keys = np.array([k_pool[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
-        vals = np.array([v_pool[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
-        for head in range(h):
-            g = head // (h // kv)
-            for i in range(t):
-                last = n - t + i
-                if last < 0:
-                    continue
-                s = keys[: last + 1, g] @ q[r, head, i].astype(np.float64) / math.sqrt(d)
-                p = np.exp(s - s.max())
-                out[r, head, i] = (p / p.sum()) @ vals[: last + 1, g]
-    return out
 
 
 @pytest.mark.parametrize("t", [1, 5])
@@ -49,7 +28,7 @@ def test_paged_attention_against_float64(t):
     table = np.array([[4, 1, 7, 0], [2, 8, 0, 0], [5, 3, 6, 0]], np.int32)
     lens = np.array([11, 3, 0], np.int32)  # a row shorter than T, a padded row
     got = gpk.nn.paged_attention(q, kp, vp, table, lens).to_numpy()
-    np.testing.assert_allclose(got, _attention_ref(q, kp, vp, table, lens), atol=2e-5)
+    np.testing.assert_allclose(got, paged_sdpa_ref(q, kp, vp, table, lens), atol=2e-5)
 
 
 def test_paged_write_stores_at_slots_in_place():

@@ -5,31 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attention_ref import paged_sdpa_ref
 
 import pygpukit as gpk
 from pygpukit import llm
 
 pytestmark = pytest.mark.gpu
-
-
-def _ref(q, kp, vp, table, lens):
-    b, h, t, d = q.shape
-    kv, bs = kp.shape[1], kp.shape[2]
-    out = np.zeros((b, h, t, d))
-    for r in range(b):
-        n = int(lens[r])
-        keys = np.array([kp[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
-        vals = np.array([vp[table[r, p // bs], :, p % bs] for p in range(n)], np.float64)
-        for hh in range(h):
-            g = hh // (h // kv)
-            for i in range(t):
-                last = n - t + i
-                if last < 0:
-                    continue
-                s = keys[: last + 1, g] @ q[r, hh, i].astype(np.float64) / np.sqrt(d)
-                p = np.exp(s - s.max())
-                out[r, hh, i] = (p / p.sum()) @ vals[: last + 1, g]
-    return out
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 3e-2)])
@@ -47,7 +28,9 @@ def test_paged_attention_gpu(dtype, tol, t):
     got = gpk.nn.paged_attention(gpk.asarray(q).astype(dtype), kg, vg, table, lens)
     got = got.astype("float32").to_numpy()
     qr = gpk.asarray(q).astype(dtype).astype("float32").to_numpy()
-    ref = _ref(qr, kg.astype("float32").to_numpy(), vg.astype("float32").to_numpy(), table, lens)
+    ref = paged_sdpa_ref(
+        qr, kg.astype("float32").to_numpy(), vg.astype("float32").to_numpy(), table, lens
+    )
     np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
 
 
@@ -68,8 +51,8 @@ def test_paged_attention_split_kernel_gpu(dtype, tol, d, h, kv, t):
     vg = gpk.asarray(vp).astype(dtype)
     qg = gpk.asarray(q).astype(dtype)
     got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
-    ref = _ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
-               vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
+    ref = paged_sdpa_ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
+                         vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
     np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
     simple = gpk.nn.paged_attention(qg, kg, vg, table, lens.astype(np.int64))
     np.testing.assert_allclose(simple.astype("float32").to_numpy(), ref, atol=tol, rtol=tol)
@@ -150,8 +133,8 @@ def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None, one
         kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
     got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
     with np.errstate(invalid="ignore"):
-        ref = _ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
-                   vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
+        ref = paged_sdpa_ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
+                             vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
     np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
     return got, ref
 
@@ -260,8 +243,8 @@ def test_paged_decode_rows_hide_nan_they_do_not_see_gpu(dtype, n_rows):
     q = rng.standard_normal((n_rows, h, 1, d)).astype(np.float32)
     kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
     got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
-    ref = _ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
-               vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
+    ref = paged_sdpa_ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
+                         vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
     assert np.isfinite(got).all()
     tol = 3e-2 if dtype == "bfloat16" else 5e-3
     np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
