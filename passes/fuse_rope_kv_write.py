@@ -101,7 +101,7 @@ def fuse_rope_kv_write(graph: Graph) -> Graph:
     m = Matcher(graph, "rope_kv_write", "fuse_rope_kv_write")
     if not graph.writeback:  # no caller memory to write into: nothing to find, no report
         return m.finish()
-    use = users(graph)
+    use: dict[int, list[Node]] | None = None  # built at the first candidate
     done: set[int] = set()
     for n in graph.nodes:
         if n.op != "sdpa" or len(n.inputs) < 3:
@@ -111,6 +111,8 @@ def fuse_rope_kv_write(graph: Graph) -> Graph:
             continue
         if any(e[0] == "dyn" for e in k_st.attrs["spec"]):
             continue  # one decode row: fuse_kv_append's form
+        if use is None:
+            use = users(graph)
         try:
             k_cache, k_val, pos = _store(graph, k_st, use)
             v_cache, v_val, v_pos = _store(graph, v_st, use)

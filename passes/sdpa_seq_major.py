@@ -31,14 +31,16 @@ def _swaps_heads_and_seq(perm: tuple[int, ...]) -> bool:
 
 def sdpa_seq_major(graph: Graph) -> Graph:
     m = Matcher(graph, "sdpa_seq_major", "sdpa_seq_major")
+    found = [n for n in graph.nodes
+             if n.op == "permute" and n.inputs[0].op == "sdpa"
+             and not n.inputs[0].attrs.get("seq_major")
+             and _swaps_heads_and_seq(tuple(n.attrs["perm"]))]  # fmt: skip
+    if not found:  # most graphs: no users map to build
+        return m.finish()
     use = users(graph)
     outputs = {o.id for o in graph.outputs}
-    for n in graph.nodes:
-        if n.op != "permute" or not _swaps_heads_and_seq(tuple(n.attrs["perm"])):
-            continue
+    for n in found:
         a = n.inputs[0]
-        if a.op != "sdpa" or a.attrs.get("seq_major"):
-            continue
         try:
             if a.shape[-2] <= 1:
                 raise Miss("one query row: the swapped output is a view already")
