@@ -1,5 +1,6 @@
 """Type stub of the PyO3 module pygpukit._rust (rust/pygpukit-py)."""
 
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -230,6 +231,18 @@ class CompiledHit:
     def take_hits(self) -> int: ...
     @property
     def hits(self) -> int: ...
+
+# pygpukit.mode._eager: the innermost gpk.eager() block's choice (None: no block).
+EAGER_MODE: contextvars.ContextVar[bool | None]
+
+class EagerBlock:
+    """One gpk.eager() block: entry sets EAGER_MODE, exit resets it (pygpukit.mode.eager)."""
+
+    def __init__(self, enabled: bool | None = True) -> None: ...
+    @property
+    def enabled(self) -> bool | None: ...
+    def __enter__(self) -> None: ...
+    def __exit__(self, exc_type: object = None, exc: object = None, tb: object = None) -> None: ...
 
 class EagerHits:
     """The native hits of eager binary keys (eager_ops.NATIVE): op(a, b) or None."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-from . import settings
+from . import _rust, settings
 
-# None outside any gpk.eager() block: the process-wide setting decides.
-_eager: contextvars.ContextVar[bool | None] = contextvars.ContextVar("pygpukit_eager", default=None)
+# None outside any gpk.eager() block: the process-wide setting decides. Made by the native
+# module, whose blocks (EagerBlock) set and reset it; the array operators read it.
+_eager: contextvars.ContextVar[bool | None] = _rust.EAGER_MODE
 
 
 def is_eager() -> bool:
@@ -22,29 +23,20 @@ def is_eager() -> bool:
     return settings.eager() if enabled is None else enabled
 
 
-class eager(contextlib.ContextDecorator):  # noqa: N801 - used as gpk.eager(), a function
+class eager(_rust.EagerBlock, contextlib.ContextDecorator):  # noqa: N801 - used as gpk.eager()
     """Run every op at once inside the block (no fusion), or record lazily with False.
 
-    Blocks nest (the innermost wins) and are per thread and per asyncio task. A class
-    rather than a generator context manager: an eager op's block is on its hot path (a
-    generator costs about a microsecond a block).
+    Blocks nest (the innermost wins) and are per thread and per asyncio task; one block
+    object may be entered again inside itself. Construction, entry and exit are native
+    (rust/pygpukit-py/src/block.rs): an eager op's block is on its hot path, and as Python
+    methods they cost about as much as the op's native hit.
 
     Args:
-        enabled: True for eager, False for lazy inside the block.
+        enabled: True for eager, False for lazy inside the block, None for the process
+            setting (`gpk.set_eager` / `PYGPUKIT_EAGER`); anything else raises SettingError.
     """
 
-    __slots__ = ("enabled", "_tokens")
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        # One token per entry not yet exited: the same object may be entered again inside.
-        self._tokens: list[contextvars.Token[bool | None]] = []
-
-    def __enter__(self) -> None:
-        self._tokens.append(_eager.set(self.enabled))
-
-    def __exit__(self, *exc: object) -> None:
-        _eager.reset(self._tokens.pop())
+    __slots__ = ()
 
     def _recreate_cm(self) -> eager:
         # As a decorator, each call (recursive or on another thread) gets its own block.

@@ -60,3 +60,8 @@ pub fn overflow_error(py: Python<'_>, msg: String) -> PyErr {
         &[],
     )
 }
+
+/// `pygpukit.errors.SettingError`: a setting (or a block's choice) it cannot take.
+pub fn setting_error(py: Python<'_>, msg: String) -> PyErr {
+    project_error(py, "SettingError", msg, PyValueError::new_err, &[])
+}

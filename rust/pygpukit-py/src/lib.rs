@@ -1,6 +1,7 @@
 use pyo3::prelude::*;
 
 mod arena_source;
+mod block;
 mod dispatch;
 mod eager;
 mod errors;
@@ -21,6 +22,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<quick::QuickCall>()?;
     m.add_class::<hit::CompiledHit>()?;
     m.add_class::<eager::EagerHits>()?;
+    block::register(m)?;
     m.add_function(wrap_pyfunction!(dispatch::register_launch_capi, m)?)?;
     m.add_class::<transfer::PyTransferEngine>()?;
     m.add_class::<transfer::PyTransfer>()?;
