@@ -105,6 +105,7 @@ def test_a_later_process_skips_a_known_programs_dry_run(steps: dict[str, Any], t
     except Exception as exc:  # no NVRTC in this environment: nothing to compile with
         pytest.skip(f"NVRTC unavailable: {exc}")
     from pygpukit.backends.cuda import compiler, dry_runs
+    from pygpukit.backends.cuda.planned import CudaReplay
     from pygpukit.backends.cuda.kernels import loader
 
     monkeypatch.setenv("PYGPUKIT_CACHE_DIR", str(tmp_path / "kernels"))
@@ -135,5 +136,18 @@ def test_a_later_process_skips_a_known_programs_dry_run(steps: dict[str, Any], t
             again = later_process()
             assert "skipped" not in again.first_call and again.captured
             assert dry_runs.known(fp)
+
+            # A dry run that stops early collected only part of the kernels: no mark.
+            class Stopping:
+                schedule = first._run.__self__.schedule
+
+                def run(self, launch: Any) -> None:
+                    raise RuntimeError("stops inside the dry run")
+
+            assert dry_runs.forget()
+            stopped = CudaReplay(first._backend, Stopping().run)
+            stopped._compile_ahead()
+            assert "skipped" not in stopped.first_call
+            assert dry_runs.fingerprint(Stopping()) == fp and not dry_runs.known(fp)
     finally:
         _native.kernel_cache_clear_memory()

@@ -111,12 +111,14 @@ class CudaReplay:
         # own plans: they hold stand-ins.
         eager = Launch(stream, keep=None, plans={})
         captured = Launch(stream, keep=[], plans=eager.plans)
+        whole = False  # the dry run reached the end: requests name every kernel
         with compile_ahead.collecting() as requests:
             try:
                 stream.begin_capture("relaxed")
                 try:
                     self._run(eager)
                     self._run(captured)
+                    whole = True
                 finally:
                     stream.end_capture()
             except Exception:  # noqa: BLE001 - the real run reports it
@@ -129,7 +131,8 @@ class CudaReplay:
             # reports it with its op and the user's line.
             report = compile_ahead.Report(kernels=len(requests))
         else:
-            dry_runs.note(fp)
+            if whole:
+                dry_runs.note(fp)
         self.first_call = {"dry_run_ms": dry_ms, **report.as_dict()}
 
     def _capture(self) -> None:
