@@ -105,8 +105,8 @@ def test_a_later_process_skips_a_known_programs_dry_run(steps: dict[str, Any], t
     except Exception as exc:  # no NVRTC in this environment: nothing to compile with
         pytest.skip(f"NVRTC unavailable: {exc}")
     from pygpukit.backends.cuda import compiler, dry_runs
-    from pygpukit.backends.cuda.planned import CudaReplay
     from pygpukit.backends.cuda.kernels import loader
+    from pygpukit.backends.cuda.planned import CudaReplay
 
     monkeypatch.setenv("PYGPUKIT_CACHE_DIR", str(tmp_path / "kernels"))
     _native.kernel_cache_clear_memory()
