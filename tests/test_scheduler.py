@@ -781,6 +781,50 @@ def test_an_ended_task_and_its_result_are_freed_without_the_garbage_collector(ba
         sched.close(timeout=60)
 
 
+def test_steps_in_the_spare_arena_run_as_direct_calls_and_keep_their_results(backend,
+                                                                             monkeypatch):
+    """A Guaranteed step launched at submission in the arena its program already runs in
+    (the spare, step after step) takes the direct call's run: its result is written into
+    a fresh block, not copied out of the arena. Every result stays the caller's: all of
+    them kept, each still matches its own input after the later steps ran."""
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    xs = [gpk.asarray(_data(rng)[0]) for _ in range(8)]
+    w = gpk.asarray(_data(rng)[1])
+    mlp(xs[0], w)  # traced and planned
+    prog = next(iter(mlp._cache.values())).program
+    copied = []  # per program call: whether its outputs were copied out of the arena
+    real_call = prog.call
+
+    def call(args, externals, fresh, same=False, bind_outputs=True):
+        copied.append(not bind_outputs)
+        return real_call(args, externals, fresh, same, bind_outputs)
+
+    monkeypatch.setattr(prog, "call", call)
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+    _fake_cuda(dev, {})
+    sched._device = dev
+    try:
+        ys = []
+        for x in xs:
+            t = sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g")
+            ys.append(t.result())
+        # The first step binds the new arena (outputs copied out); the rest run in it.
+        assert copied == [True] + [False] * (len(xs) - 1)
+    finally:
+        sched.close(timeout=60)
+    wd = w.to_numpy().astype(np.float64)
+    for x, y in zip(xs, ys, strict=True):
+        h = x.to_numpy().astype(np.float64) @ wd
+        ref = 0.5 * h * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (h + 0.044715 * h**3))) * 2.0
+        np.testing.assert_allclose(y.to_numpy(), ref, rtol=2e-3, atol=2e-3)
+
+
 def test_a_waiter_ended_step_is_told_to_the_core_after_the_next_launch(backend, monkeypatch):
     """A Guaranteed step ended by its waiter (CUDA path, fake events) with nothing else
     waiting has its result at once and its arena kept as the spare; the core hears of

@@ -527,6 +527,18 @@ class CompiledFunction:
         if fast.releases != _RELEASES[0]:  # something was freed since the last check
             fast.check_freed(values)
         self._fast_hits += 1
+        prog = fast.entry.program
+        if arena is prog.arena and fast.plain and not self.static_outputs:
+            # The program already runs in this arena (a scheduler's spare, step after
+            # step): the direct call's run, its outputs written into fresh blocks (the
+            # program's quick call where it has one: one native call). The first call in
+            # a new arena binds it through _run below.
+            self._calls += 1
+            quick = prog.quick
+            outs = None if quick is None else quick(values)
+            if outs is None:
+                outs = prog.call(values, fast.externals, True, True)
+            return fast.results(outs)
         return self._run(fast.entry, values, fast.externals, True, arena)
 
     def call_in(self, arena: Storage, *args: Any, **kwargs: Any) -> Any:
