@@ -781,8 +781,7 @@ def test_an_ended_task_and_its_result_are_freed_without_the_garbage_collector(ba
         sched.close(timeout=60)
 
 
-def test_steps_in_the_spare_arena_run_as_direct_calls_and_keep_their_results(backend,
-                                                                             monkeypatch):
+def test_steps_in_the_spare_arena_run_as_direct_calls_and_keep_their_results(backend, monkeypatch):
     """A Guaranteed step launched at submission in the arena its program already runs in
     (the spare, step after step) takes the direct call's run: its result is written into
     a fresh block, not copied out of the arena. Every result stays the caller's: all of
