@@ -423,6 +423,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer launches")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--only-latency", action="store_true",
+                    help="GPU: the solo and contended submit-to-result rows alone "
+                         "(printed, not written), to compare two trees in one run")  # fmt: skip
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     cuda = gpk.backend_name() == "cuda"
@@ -436,6 +439,14 @@ def main() -> None:
         from pygpukit import _native
 
         res["device"] = _native.device_info().get("name")
+        if args.only_latency:
+            rows = {"solo_direct_sync": gpu_direct_sync(w, n), "solo": gpu_sched(w, n, False),
+                    "contended_sched": gpu_sched(w, n, True, duty=BE_DUTY)}  # fmt: skip
+            d = rows["solo_direct_sync"]
+            rows["added_p50_us"] = (rows["solo"]["p50_ms"] - d["p50_ms"]) * 1e3
+            rows["p99_ratio_vs_direct_solo"] = rows["contended_sched"]["p99_ms"] / d["p99_ms"]
+            print(json.dumps({**res, **rows}, indent=2))
+            return
         res["solo_direct"] = gpu_direct(w, n, False)
         res["solo_direct_sync"] = gpu_direct_sync(w, n)
         res["reservation_p50_ms"] = _reservation_ms(w)
