@@ -174,6 +174,10 @@ def fake_device(monkeypatch: Any, arch: str = "sm_90") -> Iterator[FirstCall]:
     monkeypatch.setattr(loader, "_modules", {})
     monkeypatch.setattr(loader, "_functions", {})
     monkeypatch.setattr(compiler, "_functions", {})
+    # One tier: every kernel compiles optimised inside the parallel compile, as recorded
+    # (the two tiers' quick builds and background upgrades: tests/test_compile_ahead.py
+    # and tests/gpu/test_compile_ahead_gpu.py).
+    monkeypatch.setattr(toolchain, "quick_options", lambda: None)
     record = FirstCall()
     inside = threading.Event()
 

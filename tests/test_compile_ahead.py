@@ -229,3 +229,95 @@ def test_dry_run_unless_the_program_ran_dry_before() -> None:
     assert compile_ahead.worth_a_dry_run(False)
     assert not compile_ahead.worth_a_dry_run(True)
     assert not compile_ahead.worth_a_dry_run(False, known_on_disk=True)
+
+
+def _gemv_request() -> compile_ahead.Request:
+    """The compile_ahead request of a GEMV module (a two-tier family), asked for."""
+    family, names, defines = next(v for v in variants.all_variants() if v[0] == "gemv")
+    with compile_ahead.collecting(workers=0) as asked:
+        assert loader.get_function(family, names[0], defines, ARCH) is compile_ahead.DEFERRED
+    (req,) = asked.values()
+    return req
+
+
+def test_two_tiers_quick_build_first_then_optimised_in_background(nvrtc: None) -> None:
+    req = _gemv_request()
+    assert req.fast is not None, "gemv is a two-tier family"
+    family, dkey = req.key[1][0], dict(req.key[1][1])
+    source = loader.kernel_source(family, dkey)
+    got: dict[str, bytes] = {}
+    fast = dataclasses.replace(req.fast, install=lambda c: got.__setitem__("quick", c),
+                               upgrade=lambda c: got.__setitem__("optimised", c))  # fmt: skip
+    rep = compile_ahead.compile_all([dataclasses.replace(req, fast=fast,
+                                                         install=lambda c: 1 / 0)])  # fmt: skip
+    assert rep.provisional == [req.name] and set(got) == {"quick"}  # serves the quick build
+    assert compile_ahead.wait_for_upgrades(timeout=120)
+    assert set(got) == {"quick", "optimised"}
+    # The quick build is NVRTC's at --Ofast-compile=mid, the optimised one the family's own
+    # options' (the bytes of a compile without the cache), and only that one is cached.
+    quick_opts = [*loader.template_options(), *toolchain.quick_options()]
+    full_opts = list(loader.template_options(family))
+    dirs = toolchain.include_dirs()
+    assert got["quick"] == _native.compile_cubin(source, ARCH, quick_opts, dirs, "pgk_kernel.cu",
+                                                 use_cache=False)  # fmt: skip
+    assert got["optimised"] == _native.compile_cubin(source, ARCH, full_opts, dirs,
+                                                     "pgk_kernel.cu", use_cache=False)  # fmt: skip
+    assert got["quick"] != got["optimised"]
+    assert toolchain.cached_kernel(source, ARCH, full_opts, "pgk_kernel.cu") == got["optimised"]
+    assert toolchain.cached_kernel(source, ARCH, quick_opts, "pgk_kernel.cu") is None
+    # A later first call finds the optimised build in the cache: no quick build, no upgrade.
+    _native.kernel_cache_clear_memory()  # from the disk entry
+    again: dict[str, bytes] = {}
+    req2 = _gemv_request()
+    assert req2.fast is not None
+    fast2 = dataclasses.replace(req2.fast, install=lambda c: 1 / 0, upgrade=lambda c: 1 / 0)
+    rep2 = compile_ahead.compile_all([dataclasses.replace(
+        req2, fast=fast2, install=lambda c: again.__setitem__("cubin", c))])  # fmt: skip
+    assert rep2.provisional == [] and rep2.upgrades == []
+    assert again["cubin"] == got["optimised"]
+
+
+def test_two_tiers_without_a_quick_level_compile_optimised(nvrtc: None) -> None:
+    req = _gemv_request()
+    assert req.fast is not None
+
+    def no_quick() -> bytes:
+        raise CompileError("unknown option --Ofast-compile=mid")
+
+    got: dict[str, bytes] = {}
+    fast = dataclasses.replace(req.fast, compile=no_quick, install=lambda c: 1 / 0)
+    rep = compile_ahead.compile_all([dataclasses.replace(
+        req, fast=fast, install=lambda c: got.__setitem__("cubin", c))])  # fmt: skip
+    assert rep.provisional == [] and rep.upgrades == []
+    family, dkey = req.key[1][0], dict(req.key[1][1])
+    assert got["cubin"] == loader.compile_family(family, dkey, ARCH)
+
+
+def test_after_upgrades_runs_once_every_upgrade_landed() -> None:
+    gate = threading.Event()
+    landed: list[str] = []
+
+    def request(name: str) -> compile_ahead.Request:
+        def compile_() -> bytes:
+            gate.wait(30)
+            return name.encode()
+
+        fast = compile_ahead.FastTier(cached=lambda: None, compile=lambda: b"quick",
+                                      install=lambda c: None,
+                                      upgrade=lambda c: landed.append(c.decode()))  # fmt: skip
+        return compile_ahead.Request(("t", name), name, compile_, lambda c: 1 / 0, fast=fast)
+
+    rep = compile_ahead.compile_all([request("a"), request("b")], workers=2)
+    assert sorted(rep.provisional) == ["a", "b"] and len(rep.upgrades) == 2
+    noted: list[list[str]] = []
+    compile_ahead.after_upgrades(rep, lambda: noted.append(sorted(landed)))
+    assert noted == []  # the optimised compiles wait on the gate
+    gate.set()
+    assert compile_ahead.wait_for_upgrades(timeout=30)
+    deadline = time.time() + 10
+    while not noted and time.time() < deadline:  # the callback runs on the last thread
+        time.sleep(0.01)
+    assert noted == [["a", "b"]]
+    done: list[int] = []
+    compile_ahead.after_upgrades(compile_ahead.Report(), lambda: done.append(1))
+    assert done == [1]  # no upgrades: at once

@@ -1,6 +1,7 @@
 #include "capi_launch.h"
 
 #include "driver.h"
+#include "graph.h"
 
 namespace py = pybind11;
 
@@ -63,8 +64,11 @@ int capi_event_synchronize(uint64_t e) {
 int capi_event_destroy(uint64_t e) { return pgk::driver().cuEventDestroy(as_event(e)); }
 
 int capi_graph_launch(uint64_t exec, uint64_t stream) {
-  return pgk::driver().cuGraphLaunch(reinterpret_cast<CUgraphExec>(static_cast<uintptr_t>(exec)),
-                                     as_stream(stream));
+  CUgraphExec g = reinterpret_cast<CUgraphExec>(static_cast<uintptr_t>(exec));
+  // A kernel replaced by its optimised build since the last launch (graph.h).
+  int rc = pgk::apply_replacements(g);
+  if (rc != 0) return rc;
+  return pgk::driver().cuGraphLaunch(g, as_stream(stream));
 }
 
 const char* capi_error_string(int code) {

@@ -82,6 +82,20 @@ struct LaunchConfig {
 };
 constexpr unsigned kMemoryTypeHost = 1;
 
+// A kernel node's parameters (CUDA_KERNEL_NODE_PARAMS_v2, what the entry points below take
+// at kApiVersion): the function, or where it is null a CUkernel, and its context.
+constexpr int kGraphNodeTypeKernel = 0;
+struct KernelNodeParams {
+  CUfunction func;
+  unsigned grid_x, grid_y, grid_z;
+  unsigned block_x, block_y, block_z;
+  unsigned shared_mem;
+  void** kernel_params;
+  void** extra;
+  void* kern;
+  CUcontext ctx;
+};
+
 // cuTensorMapEncodeTiled's output: 128 opaque bytes, 64-byte aligned, that a kernel takes by
 // value (a __grid_constant__ parameter) for the bulk tensor copies (SM 9.0+).
 struct alignas(64) TensorMap {
@@ -146,6 +160,9 @@ constexpr int kApiVersion = 12000;
                      unsigned, CUstream, void**, void**))                                    \
   X(cuLaunchKernelEx, (const LaunchConfig*, CUfunction, void**, void**))                     \
   X(cuGraphGetNodes, (CUgraph, CUgraphNode*, size_t*))                                       \
+  X(cuGraphNodeGetType, (CUgraphNode, int*))                                                 \
+  X(cuGraphKernelNodeGetParams, (CUgraphNode, KernelNodeParams*))                            \
+  X(cuGraphExecKernelNodeSetParams, (CUgraphExec, CUgraphNode, const KernelNodeParams*))     \
   X(cuGraphDestroy, (CUgraph))                                                               \
   X(cuGraphInstantiateWithFlags, (CUgraphExec*, CUgraph, unsigned long long))                \
   X(cuGraphLaunch, (CUgraphExec, CUstream))                                                  \

@@ -1,5 +1,12 @@
 #include "graph.h"
 
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
 #include "driver.h"
 #include "errors.h"
 #include "stream.h"
@@ -7,12 +14,147 @@
 namespace py = pybind11;
 
 namespace pgk {
+namespace {
+
+// An instance whose kernel nodes launch provisional (or replaced) functions: those nodes,
+// with the function each launches now, and the graph that owns the node handles.
+struct Tracked {
+  std::shared_ptr<Graph> graph;
+  std::vector<std::pair<CUgraphNode, CUfunction>> nodes;
+  bool waiting = false;  // a node's function has been replaced since it was last updated
+};
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_set<CUfunction> provisional;
+  std::unordered_map<CUfunction, CUfunction> replaced;  // old -> its optimised build
+  std::unordered_map<CUgraphExec, Tracked> execs;
+};
+
+// Leaked on purpose: instances may be destroyed during interpreter shutdown.
+Registry& registry() {
+  static auto* r = new Registry();
+  return *r;
+}
+
+std::atomic<int> g_waiting{0};  // tracked instances with waiting set
+
+CUfunction final_function(const Registry& r, CUfunction fn) {
+  for (auto it = r.replaced.find(fn); it != r.replaced.end(); it = r.replaced.find(fn)) {
+    fn = it->second;
+  }
+  return fn;
+}
+
+// Points each tracked node of `t` at its function's replacement; r.mu held.
+int update_nodes(const Registry& r, CUgraphExec exec, Tracked& t) {
+  const auto& api = driver();
+  for (auto& [node, fn] : t.nodes) {
+    CUfunction want = final_function(r, fn);
+    if (want == fn) continue;
+    cu::KernelNodeParams p{};
+    int rc = api.cuGraphKernelNodeGetParams(node, &p);
+    if (rc != cu::kSuccess) return rc;
+    p.func = want;
+    p.kern = nullptr;
+    rc = api.cuGraphExecKernelNodeSetParams(exec, node, &p);
+    if (rc != cu::kSuccess) return rc;
+    fn = want;
+  }
+  return cu::kSuccess;
+}
+
+bool any_provisional(const Registry& r, const Tracked& t) {
+  for (const auto& [node, fn] : t.nodes) {
+    if (r.provisional.count(fn)) return true;
+  }
+  return false;
+}
+
+// Records the kernel nodes of a new instance that launch provisional or replaced functions,
+// and updates the replaced ones at once.
+void track(const std::shared_ptr<Graph>& graph, CUgraphExec exec) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.provisional.empty() && r.replaced.empty()) return;
+  const auto& api = driver();
+  size_t n = 0;
+  check_cu(api.cuGraphGetNodes(graph->handle(), nullptr, &n), "cuGraphGetNodes");
+  std::vector<CUgraphNode> nodes(n);
+  if (n) check_cu(api.cuGraphGetNodes(graph->handle(), nodes.data(), &n), "cuGraphGetNodes");
+  Tracked t{graph, {}, false};
+  for (CUgraphNode node : nodes) {
+    int type = -1;
+    check_cu(api.cuGraphNodeGetType(node, &type), "cuGraphNodeGetType");
+    if (type != cu::kGraphNodeTypeKernel) continue;
+    cu::KernelNodeParams p{};
+    check_cu(api.cuGraphKernelNodeGetParams(node, &p), "cuGraphKernelNodeGetParams");
+    if (p.func && (r.provisional.count(p.func) || r.replaced.count(p.func))) {
+      t.nodes.emplace_back(node, p.func);
+    }
+  }
+  check_cu(update_nodes(r, exec, t), "cuGraphExecKernelNodeSetParams");
+  if (any_provisional(r, t)) r.execs.emplace(exec, std::move(t));
+}
+
+void untrack(CUgraphExec exec) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.execs.find(exec);
+  if (it == r.execs.end()) return;
+  if (it->second.waiting) g_waiting.fetch_sub(1, std::memory_order_acq_rel);
+  r.execs.erase(it);
+}
+
+}  // namespace
+
+void note_provisional(CUfunction fn) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.provisional.insert(fn);
+}
+
+void replace_function(CUfunction old_fn, CUfunction new_fn) {
+  if (old_fn == new_fn) return;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.provisional.erase(old_fn);
+  r.replaced[old_fn] = new_fn;
+  for (auto& [exec, t] : r.execs) {
+    if (t.waiting) continue;
+    for (const auto& [node, fn] : t.nodes) {
+      if (fn == old_fn) {
+        t.waiting = true;
+        g_waiting.fetch_add(1, std::memory_order_acq_rel);
+        break;
+      }
+    }
+  }
+}
+
+int apply_replacements(CUgraphExec exec) {
+  if (g_waiting.load(std::memory_order_acquire) == 0) return cu::kSuccess;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.execs.find(exec);
+  if (it == r.execs.end() || !it->second.waiting) return cu::kSuccess;
+  int rc = update_nodes(r, exec, it->second);
+  if (rc != cu::kSuccess) return rc;
+  g_waiting.fetch_sub(1, std::memory_order_acq_rel);
+  it->second.waiting = false;
+  if (!any_provisional(r, it->second)) r.execs.erase(it);  // nothing left to replace
+  return cu::kSuccess;
+}
 
 GraphExec::~GraphExec() {
-  if (const cu::DriverApi* api = driver_if_loaded()) api->cuGraphExecDestroy(exec_);
+  if (const cu::DriverApi* api = driver_if_loaded()) {
+    untrack(exec_);
+    api->cuGraphExecDestroy(exec_);
+  }
 }
 
 void GraphExec::launch(CUstream stream) const {
+  check_cu(apply_replacements(exec_), "cuGraphExecKernelNodeSetParams");
   check_cu(driver().cuGraphLaunch(exec_, stream), "cuGraphLaunch");
 }
 
@@ -26,17 +168,21 @@ size_t Graph::num_nodes() const {
   return n;
 }
 
-std::shared_ptr<GraphExec> Graph::instantiate() const {
-  ctx_->make_current();
+std::shared_ptr<GraphExec> instantiate(const std::shared_ptr<Graph>& graph) {
+  const std::shared_ptr<Context>& ctx = graph->context();
+  ctx->make_current();
   CUgraphExec exec = nullptr;
-  check_cu(driver().cuGraphInstantiateWithFlags(&exec, graph_, 0), "cuGraphInstantiateWithFlags");
-  return std::make_shared<GraphExec>(ctx_, exec);
+  check_cu(driver().cuGraphInstantiateWithFlags(&exec, graph->handle(), 0),
+           "cuGraphInstantiateWithFlags");
+  auto out = std::make_shared<GraphExec>(ctx, exec);
+  track(graph, exec);
+  return out;
 }
 
 void register_graphs(py::module_& m) {
   py::class_<Graph, std::shared_ptr<Graph>>(m, "Graph", "A captured CUDA graph.")
       .def_property_readonly("num_nodes", &Graph::num_nodes)
-      .def("instantiate", &Graph::instantiate);
+      .def("instantiate", &instantiate);
   py::class_<GraphExec, std::shared_ptr<GraphExec>>(m, "GraphExec",
                                                     "An instantiated graph, ready to replay.")
       .def(

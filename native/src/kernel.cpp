@@ -8,6 +8,7 @@
 #include "capi_launch.h"
 #include "driver.h"
 #include "errors.h"
+#include "graph.h"
 #include "stream.h"
 
 namespace py = pybind11;
@@ -44,6 +45,24 @@ int Function::attribute(int attr) const {
 void Function::set_max_dynamic_shared_memory(int bytes) const {
   check_cu(driver().cuFuncSetAttribute(func_, cu::kFuncMaxDynamicSharedSizeBytes, bytes),
            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+}
+
+void Function::mark_provisional() const { note_provisional(func_); }
+
+void Function::replace_with(const Function& better) {
+  if (better.func_ == func_) return;
+  if (better.module_->context() != module_->context()) {
+    throw py::value_error("kernel '" + name_ + "': replace_with needs a function of the same "
+                          "context");
+  }
+  int limit = attribute(cu::kFuncMaxDynamicSharedSizeBytes);
+  if (limit > better.attribute(cu::kFuncMaxDynamicSharedSizeBytes)) {
+    better.set_max_dynamic_shared_memory(limit);
+  }
+  replace_function(func_, better.func_);
+  retired_.push_back(module_);
+  module_ = better.module_;
+  func_ = better.func_;
 }
 
 namespace {
@@ -235,6 +254,13 @@ void register_kernels(py::module_& m) {
       .def_property_readonly("max_dynamic_shared_memory", attr(cu::kFuncMaxDynamicSharedSizeBytes))
       .def("set_max_dynamic_shared_memory", &Function::set_max_dynamic_shared_memory,
            py::arg("bytes"))
+      .def("mark_provisional", &Function::mark_provisional,
+           "Loaded from a quickly compiled CUBIN: graphs instantiated from now on track the "
+           "nodes that launch it, for replace_with.")
+      .def("replace_with", &Function::replace_with, py::arg("better"),
+           "Launch `better` (the same kernel, optimised) from now on: this Function's handle "
+           "becomes its, and captured graphs launching this one move to it on their next "
+           "launch.")
       .def_property_readonly(
           "handle", [](const Function& f) { return reinterpret_cast<uintptr_t>(f.handle()); })
       .def_property_readonly(

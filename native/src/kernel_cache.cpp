@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -354,22 +355,19 @@ std::string cache_key(const CacheRequest& req) {
   return to_hex(digest.data(), digest.size());
 }
 
-std::string compile_cached(const CacheRequest& req, bool use_cache) {
+namespace {
+
+void check_arch(const CacheRequest& req) {
   if (req.arch.rfind("sm_", 0) != 0) {
     throw CompileError(
         "arch must be a real architecture like 'sm_90' (CUBIN only, never PTX), got '" + req.arch +
         "'");
   }
-  std::vector<std::string> options = req.options;
-  options.push_back("--gpu-architecture=" + req.arch);
-  for (const auto& d : req.include_dirs) options.push_back("-I" + d);
-  if (!use_cache) {
-    g_stats.compiles++;
-    return nvrtc_compile(req.source, req.name, options, req.arch);
-  }
+}
 
-  Digest key_bytes = key_digest(req);
-  std::string key = to_hex(key_bytes.data(), key_bytes.size());
+// The cached CUBIN of key (memory, then the disk entry at path in dir), or nothing.
+std::optional<std::string> find_cached(const std::string& key, const Digest& key_bytes,
+                                       const ActiveDir& dir, const std::string& path) {
   {
     std::lock_guard<std::mutex> lock(g_mem_mu);
     auto it = memory().find(key);
@@ -378,9 +376,7 @@ std::string compile_cached(const CacheRequest& req, bool use_cache) {
       return it->second;
     }
   }
-  ActiveDir dir = active_dir();
   if (!dir.usable) g_stats.disk_errors++;
-  std::string path = entry_path(dir.path, key);
   if (dir.usable) {
     std::string cubin;
     EntryState state = read_entry(path, key_bytes, cubin);
@@ -396,6 +392,34 @@ std::string compile_cached(const CacheRequest& req, bool use_cache) {
       unlink(path.c_str());
     }
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> lookup_cached(const CacheRequest& req) {
+  check_arch(req);
+  Digest key_bytes = key_digest(req);
+  std::string key = to_hex(key_bytes.data(), key_bytes.size());
+  ActiveDir dir = active_dir();
+  return find_cached(key, key_bytes, dir, entry_path(dir.path, key));
+}
+
+std::string compile_cached(const CacheRequest& req, bool use_cache) {
+  check_arch(req);
+  std::vector<std::string> options = req.options;
+  options.push_back("--gpu-architecture=" + req.arch);
+  for (const auto& d : req.include_dirs) options.push_back("-I" + d);
+  if (!use_cache) {
+    g_stats.compiles++;
+    return nvrtc_compile(req.source, req.name, options, req.arch);
+  }
+
+  Digest key_bytes = key_digest(req);
+  std::string key = to_hex(key_bytes.data(), key_bytes.size());
+  ActiveDir dir = active_dir();
+  std::string path = entry_path(dir.path, key);
+  if (std::optional<std::string> hit = find_cached(key, key_bytes, dir, path)) return *hit;
   std::string cubin = nvrtc_compile(req.source, req.name, options, req.arch);
   g_stats.compiles++;
   remember(key, cubin);
@@ -485,6 +509,26 @@ void register_kernel_cache(py::module_& m) {
       py::arg("use_cache") = true, py::arg("dependencies") = Strings{},
       "Compile CUDA C++ to CUBIN for arch (sm_XX) through the memory and disk caches.\n"
       "dependencies: strings (digests of included files) hashed into the cache key.");
+  m.def(
+      "kernel_cache_lookup",
+      [request](const std::string& source, const std::string& arch, const Strings& options,
+                const Strings& include_dirs, const std::string& name,
+                const Strings& dependencies) -> py::object {
+        CacheRequest r = request(source, arch, options, include_dirs, name, dependencies);
+        std::optional<std::string> cubin;
+        {
+          py::gil_scoped_release nogil;
+          cubin = lookup_cached(r);
+        }
+        warn_pending_notices();
+        if (!cubin) return py::none();
+        return py::bytes(*cubin);
+      },
+      py::arg("source"), py::arg("arch"), py::arg("options") = Strings{},
+      py::arg("include_dirs") = Strings{}, py::arg("name") = "kernel.cu",
+      py::arg("dependencies") = Strings{},
+      "compile_cubin's CUBIN where the memory or disk cache holds it, else None (compiles "
+      "nothing).");
   m.def(
       "kernel_cache_key",
       [request](const std::string& source, const std::string& arch, const Strings& options,

@@ -14,6 +14,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@ struct CacheEntryInfo {
 std::string cache_key(const CacheRequest& req);
 // Compiles through the cache; needs no GIL.
 std::string compile_cached(const CacheRequest& req, bool use_cache);
+// The cached CUBIN (memory, then disk) or nothing; compiles nothing. Needs no GIL.
+std::optional<std::string> lookup_cached(const CacheRequest& req);
 
 // The directory the settings name, and the one in use after the ownership checks.
 std::string cache_dir_setting();

@@ -113,3 +113,114 @@ def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -
         a, b = f(x, g)
     np.testing.assert_allclose(a.to_numpy(), ra, rtol=2e-5, atol=2e-6)
     assert f.stats()["entries"][0]["replay"]["captured"]
+
+
+_SCALE = r"""
+extern "C" __global__ void scale(float* y, const float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] * FACTOR + 1.0f;
+}
+"""
+
+
+def test_replace_with_moves_functions_and_captured_graphs() -> None:
+    # Two builds of "one kernel" that differ in what they compute, so the results show
+    # which one each launch ran: the quick one (x * 2 + 1) and the "optimised" (x * 3 + 1).
+    from pygpukit.backends.cuda import toolchain
+
+    arch = toolchain.device_arch()
+    quick = _native.Module(toolchain.compile_kernel("#define FACTOR 2.0f\n" + _SCALE, arch))
+    better = _native.Module(toolchain.compile_kernel("#define FACTOR 3.0f\n" + _SCALE, arch))
+    fn, opt = quick.get_function("scale"), better.get_function("scale")
+    fn.mark_provisional()
+    fn.set_max_dynamic_shared_memory(50000)
+    n = 3000
+    x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    dx, dy = _native.mem_alloc(n * 4), _native.mem_alloc(n * 4)
+    try:
+        _native.memcpy_htod(dx, x)
+        s = _native.Stream()
+
+        def run(launch: Any) -> np.ndarray:
+            _native.memset(dy, 0, n * 4)
+            _native.synchronize()
+            launch()
+            s.synchronize()
+            out = np.empty(n, np.float32)
+            _native.memcpy_dtoh(out, dy)
+            return out.astype(np.float64)
+
+        def captured() -> Any:
+            s.begin_capture()
+            fn.launch(((n + 255) // 256,), (256,), "PPi", (dy, dx, n), 0, s,
+                      pdl=loader.pdl_enabled())  # fmt: skip
+            return s.end_capture()
+
+        x64 = x.astype(np.float64)
+        exe = captured().instantiate()
+        late = captured()  # captured with the quick build, instantiated after the swap
+        np.testing.assert_allclose(run(lambda: exe.launch(s)), x64 * 2 + 1, rtol=1e-6)
+        old = fn.handle
+        fn.replace_with(opt)
+        assert fn.handle == opt.handle != old
+        assert opt.max_dynamic_shared_memory == 50000  # the raised limit carried over
+        np.testing.assert_allclose(run(lambda: exe.launch(s)), x64 * 3 + 1, rtol=1e-6)
+        np.testing.assert_allclose(run(lambda: late.instantiate().launch(s)), x64 * 3 + 1,
+                                   rtol=1e-6)  # fmt: skip
+        eager = run(lambda: fn.launch(((n + 255) // 256,), (256,), "PPi", (dy, dx, n), 0, s))
+        np.testing.assert_allclose(eager, x64 * 3 + 1, rtol=1e-6)
+    finally:
+        _native.synchronize()
+        _native.mem_free(dx)
+        _native.mem_free(dy)
+
+
+def test_two_tier_first_decode_upgrades_to_the_optimised_build(tmp_path: Any) -> None:
+    # A small decode model in a cold kernel cache: its GEMV and decode-attention modules
+    # serve the first call from quick builds; once the optimised builds land, every
+    # Function taken from a quick module launches the optimised kernel (its handle is the
+    # optimised module's), and the greedy tokens are those of a process that never had a
+    # quick build (the next one, from the disk cache): the same code on the same inputs.
+    import subprocess
+    import sys
+
+    from pygpukit.bench.compiled import cold_cache_env
+
+    env = cold_cache_env(str(tmp_path))
+    script = r"""
+import json
+from pygpukit.bench import llm
+from pygpukit.backends.cuda import compile_ahead
+from pygpukit.backends.cuda.kernels import loader
+from pygpukit.llm.sampling import SamplingParams
+import dataclasses
+cfg = dataclasses.replace(llm.tinyllama_config(), num_layers=2)
+model = llm.random_model(cfg)
+prompt = [list(range(3, 40))]
+first = model.generate_ids(prompt, 4, SamplingParams(), max_seq_len=64, stop_at_eos=False)
+gen = model.generator(1, 64)
+entries = gen._prefill.stats().get("entries", []) + gen._decode.stats().get("entries", [])
+quick = sum((e["replay"].get("first_call") or {}).get("provisional", 0) for e in entries)
+assert compile_ahead.wait_for_upgrades(timeout=240)
+moved = []
+for key, fn in list(loader._functions.items()):
+    if len(key) == 5 and key[0] in loader.QUICK_FAMILIES:
+        fam, dkey, arch, name, device = key
+        mdef = loader.module_defines(fam, name, dict(dkey))
+        mkey = (fam, tuple(sorted((k, str(v)) for k, v in mdef.items())), arch, device)
+        moved.append(fn.handle == loader._modules[mkey].get_function(name).handle)
+again = model.generate_ids(prompt, 4, SamplingParams(), max_seq_len=64, stop_at_eos=False)
+print("RESULT " + json.dumps({"quick": quick, "left": len(loader._provisional),
+      "moved": moved, "first": first.tokens, "again": again.tokens}))
+"""
+    outs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        assert line is not None, p.stderr[-3000:]
+        outs.append(__import__("json").loads(line[7:]))
+    cold, warm = outs
+    assert cold["quick"] >= 2 and cold["left"] == 0 and cold["moved"] and all(cold["moved"])
+    assert warm["quick"] == 0  # the optimised builds came from the disk cache
+    assert cold["again"] == warm["first"] == warm["again"]

@@ -19,6 +19,7 @@ import functools
 import re
 import threading
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,12 @@ FAMILY_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Families whose first call in a process with a cold kernel cache serves from a quick build
+# (toolchain.quick_options) while their optimised build compiles in the background
+# (compile_ahead.FastTier): the slowest modules of the cold first decode and prefill calls.
+QUICK_FAMILIES = frozenset({"attention_decode", "attention_flash", "gemv"})
+
+
 # Families compiled for an architecture-specific target rather than the device's own:
 # wgmma and setmaxnreg exist only in sm_90a code, which loads on SM 9.0 devices alone (the
 # planner launches such a family there only).
@@ -219,6 +226,9 @@ ModuleKey = tuple[str, tuple[tuple[str, str], ...], str, int | None]
 _lock = threading.Lock()
 _modules: dict[ModuleKey, Any] = {}
 _functions: dict[tuple[Any, ...], Any] = {}
+# Modules loaded from a quick build, and the Functions taken from each (two tiers): each
+# is replaced by its optimised build's when that lands (_upgrade).
+_provisional: dict[ModuleKey, list[Any]] = {}
 
 
 def get_function(
@@ -247,6 +257,10 @@ def get_function(
         if mod is None:
             mod = _load(mkey, compile_family(family, defines, arch))
         fn = mod.get_function(name)
+        taken = _provisional.get(mkey)
+        if taken is not None:
+            fn.mark_provisional()
+            taken.append(fn)
         _functions[fkey] = fn
     return fn
 
@@ -275,7 +289,50 @@ def _request(family: str, defines: Mapping[str, object], arch: str,
 
     return compile_ahead.Request(("template", mkey), f"{family} ({shown}) for {arch}",
                                  lambda: compile_source(source, arch, options),
-                                 install)  # fmt: skip
+                                 install, fast=_fast_tier(family, source, arch, options,
+                                                          mkey))  # fmt: skip
+
+
+def _fast_tier(family: str, source: str, arch: str, options: tuple[str, ...],
+               mkey: ModuleKey) -> compile_ahead.FastTier | None:  # fmt: skip
+    """The two-tier compile of a QUICK_FAMILIES module (None for the others, or where
+    NVRTC has no quick level): the quick build takes the family's own options' place."""
+    from .. import toolchain
+
+    quick = toolchain.quick_options() if family in QUICK_FAMILIES else None
+    if quick is None:
+        return None
+    quick_options = (*template_options(), *quick)
+
+    def install(cubin: bytes) -> None:
+        with _lock:
+            if mkey not in _modules:
+                _load(mkey, cubin)
+                _provisional[mkey] = []
+
+    return compile_ahead.FastTier(
+        cached=lambda: toolchain.cached_kernel(source, arch, options, "pgk_kernel.cu"),
+        compile=lambda: toolchain.compile_quick(source, arch, quick_options, "pgk_kernel.cu"),
+        install=install,
+        upgrade=lambda cubin: _upgrade(mkey, cubin),
+    )
+
+
+def _upgrade(mkey: ModuleKey, cubin: bytes) -> None:
+    """Loads the optimised build of a provisional module in its place: each Function taken
+    from it launches the optimised kernel from now on (as do the graphs capturing it)."""
+    import pygpukit._native as _native
+    from pygpukit.backends.devices import using
+
+    device = mkey[3]
+    with using(device) if device is not None else nullcontext():
+        with _lock:
+            taken = _provisional.pop(mkey, None)
+            if taken is None:
+                return
+            mod = _modules[mkey] = _native.Module(cubin)
+            for fn in taken:
+                fn.replace_with(mod.get_function(fn.name))
 
 
 def set_dynamic_smem(fn: Any, nbytes: int) -> None:
