@@ -16,7 +16,7 @@ import typing as _typing
 
 from . import errors, nn, random, settings
 from .array import GPUArray, broadcast_to, dynamic_slice, expand_dims, matmul, take
-from .compile import compile, scalar  # noqa: A004 - gpk.compile shadows the builtin here
+from .compile import compile, scalar, wait_for_compiles  # noqa: A004 - gpk.compile shadows the builtin here
 from .creation import (
     arange,
     array,

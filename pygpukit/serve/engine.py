@@ -457,6 +457,9 @@ class Engine:
             packed, _, _ = self._packed([], [], n)
             self._compiled_step(n, statics)(gpk.from_numpy(packed), self._no_tables(n), n,
                                             *sampling, *statics).to_numpy()  # fmt: skip
+        # A cold kernel cache serves the first steps from quick builds (two tiers): serve
+        # with the optimised ones.
+        gpk.wait_for_compiles()
         return len(sizes)
 
     # -- the engine thread --------------------------------------------------------------
