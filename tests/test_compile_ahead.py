@@ -15,6 +15,7 @@ import pytest
 from pygpukit.errors import CompileError
 
 toolchain = pytest.importorskip("pygpukit.backends.cuda.toolchain")
+import pygpukit as gpk  # noqa: E402
 from pygpukit import _native  # noqa: E402
 from pygpukit.backends.cuda import compile_ahead, compiler  # noqa: E402
 from pygpukit.backends.cuda.codegen import fill, mask  # noqa: E402
@@ -321,3 +322,21 @@ def test_after_upgrades_runs_once_every_upgrade_landed() -> None:
     done: list[int] = []
     compile_ahead.after_upgrades(compile_ahead.Report(), lambda: done.append(1))
     assert done == [1]  # no upgrades: at once
+
+
+def test_wait_for_compiles_waits_for_the_background_builds() -> None:
+    gate = threading.Event()
+    landed: list[bytes] = []
+    fast = compile_ahead.FastTier(cached=lambda: None, compile=lambda: b"quick",
+                                  install=lambda c: None, upgrade=landed.append)  # fmt: skip
+
+    def optimised() -> bytes:
+        gate.wait(30)
+        return b"optimised"
+
+    compile_ahead.compile_all([compile_ahead.Request(("t", "w"), "w", optimised, lambda c: 1 / 0,
+                                                     fast=fast)])  # fmt: skip
+    assert not gpk.wait_for_compiles(timeout=0.05) and landed == []  # still compiling
+    gate.set()
+    assert gpk.wait_for_compiles(timeout=30) and landed == [b"optimised"]
+    assert gpk.wait_for_compiles(timeout=0)  # nothing left under way
