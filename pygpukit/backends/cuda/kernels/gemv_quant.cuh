@@ -412,8 +412,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const bool claimer = warp == 0 && lane == 0;
   int claimed = -1;  // the claimer's count for the next ordinal, not yet published
   bool waited = false;  // past the predecessor wait: claims allowed
-  if (threadIdx.x < QR) qring[threadIdx.x] = -1ll;
-  __syncthreads();
   auto claim = [&]() {
     if (claimer && claimed < 0) claimed = atomicAdd(tile_ctr, 1);
   };
@@ -422,10 +420,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if (!dyn) return o < my_tiles ? first_tile + o * (int)gridDim.x : -1;
     volatile long long* e = qring + o % QR;
     long long v = *e;
-    while ((int)(v >> 32) != o) {
-      __nanosleep(32);
-      v = *e;
-    }
+    while ((int)(v >> 32) != o) v = *e;
     return (int)(unsigned)v;
   };
   auto publish = [&](int o) {  // the claimer, at ordinal o's first stage (o >= 1)
@@ -527,6 +522,10 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   pgk_pdl_wait();
   pgk_pdl_trigger();
   waited = true;
+  if (dyn) {  // the ring's entries match no ordinal until published (static: no barrier)
+    if (threadIdx.x < QR) qring[threadIdx.x] = -1ll;
+    __syncthreads();
+  }
   if (dyn && is_j == 0 && is_o > 0) claim();  // the early stages ended the first tile
   (void)zero;
   {  // this warp's columns of x, as one group
