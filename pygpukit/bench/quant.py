@@ -3,9 +3,7 @@ TinyLlama-1.1B and Llama-2-7B, against the copy bandwidth for the bytes it reads
 data, scales, zero points, x and y), beside torch's bf16 F.linear and gpt-fast-style
 weight-only baselines under torch.compile (int8: F.linear(x, w.to(x.dtype)) * scales;
 int4: dequantize, then matmul), on the same device in the same run. Weights are random,
-quantized on the device (quant_torch). Each row also times the launch with its tiles handed
-out statically (`static_tiles_us`; the row's own time takes gemv_quant's default, a
-per-launch tile counter where dynamic_tiles says so), the A/B that default comes from."""
+quantized on the device (quant_torch)."""
 
 from __future__ import annotations
 
@@ -45,17 +43,14 @@ def bench_quant(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) 
             nbytes = sum(t.numel() * t.element_size() for t in ts) + 2 * (k + n)
             sets = _sets_for(nbytes)
             copies = [ts] + [[t.clone() for t in ts] for _ in range(sets - 1)]
-            counter = torch.zeros(1, device="cuda", dtype=torch.int32)
 
             def ours(i: int, spec: QuantSpec = spec, copies: Any = copies, k: int = k,
-                     n: int = n, x: Any = x, y: Any = y, counter: Any = counter,
-                     dynamic: bool | None = None) -> None:  # fmt: skip
+                     n: int = n, x: Any = x, y: Any = y) -> None:  # fmt: skip
                 t = copies[i]
                 gemv_quant.gemv_quant(x.data_ptr(), t[0].data_ptr(), t[1].data_ptr(),
                                       y.data_ptr(), spec, n, k, "bfloat16",
                                       scale_numel=t[1].numel(),
                                       zero=t[2].data_ptr() if len(t) > 2 else 0, w_early=True,
-                                      tile_counter=counter.data_ptr(), dynamic=dynamic,
                                       stream=_stream())  # fmt: skip
 
             ours(0)
@@ -65,14 +60,6 @@ def bench_quant(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) 
             name = f"gemv_quant {spec.label} 1x{k} @ [{n}x{k}]^T"
             t_ours = time_graph(ours, sets)
             row = _emit(rows, name, t_ours, nbytes, copy_gbs, vs_bf16=base)
-            t_static = time_graph(functools.partial(ours, dynamic=False), sets)
-            row["static_tiles_us"] = round(t_static, 2)
-            ours(0)
-            torch.cuda.synchronize()
-            _close(y, want, f"gemv_quant {spec.label} after replays", tol=1e-2)
-            if int(counter.item()) != 0:
-                raise AssertionError(f"gemv_quant {spec.label}: tile counter left at "
-                                     f"{int(counter.item())}")  # fmt: skip
             peer = _gpt_fast(torch, f, x, ts, spec) if use_compile else None
             if peer is not None:
                 try:

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import pygpukit as gpk
-from pygpukit.backends.cuda import toolchain
 from pygpukit.backends.cuda.kernels import gemv_quant
 from pygpukit.quant import quantize
 
@@ -80,42 +79,3 @@ def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m):
         gate, up = gu[:, :n_out], gu[:, n_out:]
         ref = gate / (1 + np.exp(-gate)) * up + res.astype(np.float64)
     assert _err(out, ref) <= 1e-3
-
-
-# (warps, n8 tiles, chunks per stage, stages, blocks per SM): one issue stage ahead within
-# a tile; three ahead with one stage a tile (the next tiles claimed before the block's
-# first is multiplied); one tile a stage pair.
-DYNAMIC = [(8, 2, 4, 2, 1), (8, 2, 2, 4, 1), (4, 1, 8, 3, 2)]
-
-
-@pytest.mark.parametrize("geometry", DYNAMIC, ids=lambda g: "x".join(map(str, g)))
-@pytest.mark.parametrize(("fmt", "kw", "k"), FORMATS[::2], ids=lambda v: str(v))
-@pytest.mark.parametrize("early", [True, False], ids=["early", "late"])
-def test_dynamic_tiles_match_float64_and_reset_the_counter(fmt, kw, k, geometry, early):
-    """Tiles handed out from one counter as blocks free up, on a persistent grid of fewer
-    blocks than tiles: back-to-back launches on one stream share the counter (each starts
-    while the one ahead runs, as a programmatic dependent on SM 9.0+), each output is
-    right, and the counter is 0 after them."""
-    gw, nt, u, stages, per_sm = geometry
-    rng = np.random.default_rng()
-    n = 8 * nt * per_sm * toolchain.sm_count() * 3 + 5  # three tiles a block, a partial last tile
-    counter = gpk.zeros((1,), gpk.int32).realize()
-    launches = []
-    for _ in range(3):
-        q = quantize(rng.standard_normal((n, k)), fmt, **kw)
-        x = rng.uniform(-1, 1, (1, k)).astype(BF16)
-        xd = gpk.from_numpy(x).realize()
-        y = gpk.zeros((1, n), gpk.bfloat16).realize()
-        launches.append((q, x, xd, y))
-    for q, _x, xd, y in launches:
-        gemv_quant.gemv_quant(
-            _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
-            scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0,
-            config=(gw, nt), slab=u, stages=stages, blocks_per_sm=per_sm, w_early=early,
-            tile_counter=_ptr(counter), dynamic=True,
-        )  # fmt: skip
-    gpk.synchronize()
-    for q, x, _xd, y in launches:
-        ref = x.astype(np.float64) @ q.dequantize().T
-        assert _err(y.to_numpy(), ref) <= 1e-3
-    assert counter.to_numpy().tolist() == [0]

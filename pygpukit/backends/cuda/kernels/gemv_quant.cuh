@@ -230,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
                    const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
                    long long x_stride, long long w_stride, long long y_stride, int scale_ld,
                    const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                   long long res_stride, float eps, int w_early, int* tile_ctr) {
+                   long long res_stride, float eps, int w_early) {
   constexpr int U = PGK_U, NT = PGK_NT, LW = PGK_QLW, EPL = PGK_QEPL, CW = PGK_QCW;
   constexpr int XV = EPL / 8;     // uint4s of x per lane per chunk
   constexpr int RL = 8 * NT + 1;  // a row of the partial sums (padded: rows in other banks)
@@ -362,7 +362,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   // With w_early the first stages load before the predecessor wait (read-only weights in
   // a captured graph); the stage sequence runs on across the block's tiles.
   static_assert(LW == 4, "staged chunks are 16 bytes a lane");
-  (void)total;
   constexpr int NS = PGK_QSTAGES, SROWS = 8 * NT;
   constexpr int CPR = 4 * U;       // 16-byte pieces per slab row (4 lanes per chunk)
   constexpr int SLDB = 16 * CPR;   // bytes of a slab row
@@ -390,72 +389,17 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #endif
     zslot = -1;
   };
-  // The block's tiles, by ordinal (its 0th, 1st, ... tile). Static (tile_ctr null, or no
-  // more tiles than blocks): blockIdx.x + o * gridDim.x. Dynamic: the 0th is blockIdx.x,
-  // every later one the next of the launch's counter (gridDim.x + the old count), so a
-  // block on an SM that streams faster takes more tiles (H100, static: the SMs finished
-  // 12.2 to 17.1 us after the wait at [12288 x 4096] int8; the slowest held the next
-  // launch's wait). Lane 0 of warp 0 claims ordinal o + 1 as it issues ordinal o's last
-  // stage (only after the predecessor wait: the launch ahead may use the same counter)
-  // and publishes it in a shared ring as it issues o + 1's first stage, one step later;
-  // the other warps wait for that entry at the same point. Each block's claims end with
-  // one that finds no tile, so a launch makes exactly `tiles` claims (counts 0 .. tiles -
-  // 1, gridDim.x <= tiles): the one that gets tiles - 1 is the launch's last and sets the
-  // counter back to 0 for the next launch (a graph replay, or the next launch of this
-  // plan), which reads it only after its predecessor wait. No reset launch, no epoch.
-  constexpr int QR = 8;  // ring entries: the ordinals between the slowest warp and the issuer
-  static_assert(NS <= QR - 2, "the tile ring holds the issue lookahead");
-  __shared__ long long qring[QR];  // (ordinal << 32) | tile (tile -1: no more)
-  // (A single stage would issue no stage past the last tile, and no one would publish
-  // that there is none.)
-  const bool dyn = NS >= 2 && tile_ctr != nullptr && (int)gridDim.x < tiles;
-  const bool claimer = warp == 0 && lane == 0;
-  int claimed = -1;  // the claimer's count for the next ordinal, not yet published
-  bool waited = false;  // past the predecessor wait: claims allowed
-  auto claim = [&]() {
-    if (claimer && claimed < 0) claimed = atomicAdd(tile_ctr, 1);
-  };
-  auto tile_of = [&](int o) -> int {
-    if (o == 0) return first_tile;
-    if (!dyn) return o < my_tiles ? first_tile + o * (int)gridDim.x : -1;
-    volatile long long* e = qring + o % QR;
-    long long v = *e;
-    while ((int)(v >> 32) != o) v = *e;
-    return (int)(unsigned)v;
-  };
-  auto publish = [&](int o) {  // the claimer, at ordinal o's first stage (o >= 1)
-    if (!dyn) return;
-    if (claimer) {
-      claim();  // a claim deferred past the wait
-      int t = (int)gridDim.x + claimed;
-      if (t >= tiles) {
-        t = -1;
-        if (claimed == tiles - 1) atomicExch(tile_ctr, 0);
-      }
-      *(volatile long long*)(qring + o % QR) = ((long long)o << 32) | (unsigned)t;
-      claimed = -1;
-    }
-    __syncwarp();
-  };
-  // Stages are issued in order (0, 1, 2, ...): stage is_j of ordinal is_o (tile is_tile)
-  // is next. A lane's pieces of a stage are one column of rows i * RSTEP + lrow (CPR
-  // divides 32), so the row pointers are set once a tile, and a stage adds its column: the
-  // per-stage address arithmetic of every piece had been about a third of the loop's
-  // instructions.
+  // Stages are issued in order (0, 1, 2, ...): stage is_j of tile is_tile is next. A
+  // lane's pieces of a stage are one column of rows i * RSTEP + lrow (CPR divides 32), so
+  // the row pointers are set once a tile, and a stage adds its column: the per-stage
+  // address arithmetic of every piece had been about a third of the loop's instructions.
   constexpr int RSTEP = 32 / CPR;
   static_assert(32 % CPR == 0, "a stage row is at most 32 pieces (U <= 8)");
   const int lrow = lane / CPR, lpc = lane % CPR;
   const int lcol = (lpc / 4) * CW + (lpc % 4) * EPL;  // the lane's column in a stage
-  int is_j = 0, is_o = 0, is_tile = first_tile, is_st = 0;
+  int is_j = 0, is_tile = first_tile;
   const unsigned char* wrow[NT * U];  // the tile's rows, nullptr past N
-  // Issues the next stage, or (past the block's last tile) nothing; always one stage slot.
-  auto issue = [&]() {
-    if (is_tile < 0) return;
-    if (is_j == 0 && is_o > 0) {
-      publish(is_o);
-      is_tile = tile_of(is_o);
-      if (is_tile < 0) return;
-    }
+  auto issue = [&](int st) {
     const int tile = is_tile;
     const int c0 = c_lo + is_j * U;
     if (is_j == 0) {
@@ -467,10 +411,8 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     }
     if (++is_j == n_st) {
       is_j = 0;
-      ++is_o;
-      if (dyn && waited) claim();
+      is_tile += (int)gridDim.x;
     }
-    const int st = is_st++;
     unsigned char* base = wsm + (st % NS) * STB;
     const int col = c0 * CW + lcol;
     const bool cin = c0 + lpc / 4 < c_hi && col < k;
@@ -507,26 +449,17 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     zslot = st % NS;
 #endif
   };
-  // Stage groups lo .. hi - 1 of the NS - 1 issued before the loop.
-  auto first_stages = [&](int lo, int hi) {
-    for (int st = lo; st < hi; ++st) {
+  const int pre = NS - 1 < total ? NS - 1 : total;  // stages issued before the loop
+  auto first_stages = [&]() {
+    for (int st = 0; st < NS - 1; ++st) {
       zflush();
-      issue();
+      if (st < pre) issue(st);
       pgk_cp_async_commit();
     }
   };
-  // With dynamic tiles the ones issued before the wait stop at the block's first tile (the
-  // next one is claimed after the wait); the rest follow x.
-  const int early = dyn && n_st < NS - 1 ? n_st : NS - 1;
-  if (w_early) first_stages(0, early);
+  if (w_early) first_stages();
   pgk_pdl_wait();
   pgk_pdl_trigger();
-  waited = true;
-  if (dyn) {  // the ring's entries match no ordinal until published (static: no barrier)
-    if (threadIdx.x < QR) qring[threadIdx.x] = -1ll;
-    __syncthreads();
-  }
-  if (dyn && is_j == 0 && is_o > 0) claim();  // the early stages ended the first tile
   (void)zero;
   {  // this warp's columns of x, as one group
     const int pieces = (c_hi - c_lo) * (CW / 8);
@@ -588,22 +521,20 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     __syncwarp();
 #endif
   };
-  first_stages(w_early ? early : 0, NS - 1);
+  if (!w_early) first_stages();
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
   const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
   int st = 0;
-  for (int ti = 0;; ++ti) {
-    const int tile = tile_of(ti);
-    if (tile < 0) break;
+  for (int ti = 0; ti < my_tiles; ++ti) {
     zero_acc();
     for (int j = 0; j < n_st; ++j, ++st) {
       zflush();
-      issue();
+      if (st + NS - 1 < total) issue(st + NS - 1);
       pgk_cp_async_commit();
-      if (j == 0) eprefetch(tile);
-      // Groups: x and stages 0 .. NS-2 (x after the early ones with w_early, else first),
-      // then one stage per step: stage st has at most NS - 1 groups after it; with
-      // w_early the first step also needs x, which has at most one.
+      if (j == 0) eprefetch(first_tile + ti * (int)gridDim.x);
+      // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
+      // per step: stage st has at most NS - 1 groups after it; with w_early the first
+      // step also needs x, which has one.
       if (w_early && st == 0) {
         pgk_cp_async_wait<1>();
       } else {
@@ -641,7 +572,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       }
       __syncwarp();  // this stage is refilled by a later step's issue
     }
-    epilogue(tile, red);
+    epilogue(first_tile + ti * (int)gridDim.x, red);
   }
   pgk_cp_async_wait<0>();
 #else
@@ -699,7 +630,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     }
   };
 
-  (void)tile_ctr;  // the register path hands out its tiles statically
   float* red = reinterpret_cast<float*>(pgk_qsm);
   unsigned wv[U][NT][LW];
   float sc[U][NT];

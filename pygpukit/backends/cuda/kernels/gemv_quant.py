@@ -109,13 +109,6 @@ def epilogue_early(spec: QuantSpec) -> bool:
     return spec.format == "int8"
 
 
-def dynamic_tiles(spec: QuantSpec, k: int, tiles: int, grid: int) -> bool:
-    """Whether the staged kernel hands out its tiles from a per-launch counter as blocks
-    free up (the launch's first round static) rather than tile blockIdx.x + i * grid: only
-    with more tiles than blocks."""
-    return tiles > grid
-
-
 def defines(spec: QuantSpec, dtype: str, scale_numel: int) -> dict[str, object]:
     """The format's macros of gemv_quant.cuh."""
     return {
@@ -204,8 +197,6 @@ def gemv_quant(
     w_early: bool = False,
     pipe: bool | None = None,
     stages: int | None = None,
-    tile_counter: int = 0,
-    dynamic: bool | None = None,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
@@ -217,11 +208,7 @@ def gemv_quant(
     (warps, n8 tiles per warp); slab: chunks per warp per stage (staged: default from
     staged_config; a power of two >= 2) or per step (registers: default from K); pipe
     (registers): the next slab's loads in flight while the current one is multiplied
-    (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG. tile_counter: a
-    device int32, zero before the first launch and left zero by each one, that the staged
-    kernel hands its tiles out from (0: tile blockIdx.x + i * grid); launches that may
-    overlap need their own, consecutive launches on one stream may share one. dynamic:
-    whether to use it (None: dynamic_tiles)."""
+    (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -285,9 +272,6 @@ def gemv_quant(
                                   toolchain.device_info()["max_shared_per_sm"])  # fmt: skip
             per_sm = max(1, min(per_sm, fit))
     grid_x = min(tiles, per_sm * toolchain.sm_count()) if per_sm else tiles
-    if dynamic is None:
-        dynamic = dynamic_tiles(spec, k, tiles, grid_x)
-    counter = tile_counter if stages and stages >= 2 and dynamic else 0
     row_bytes = k // 2 if spec.format == "int4" else k
     fn.launch(
         (grid_x, 1),
@@ -311,7 +295,6 @@ def gemv_quant(
             rs,
             eps,
             int(w_early),
-            counter,
         ),
         smem,
         stream,

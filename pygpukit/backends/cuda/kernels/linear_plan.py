@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pygpukit import _native
-from pygpukit.ir import DType, dtypes, ops, shapes
+from pygpukit.ir import DType, ops, shapes
 from pygpukit.ir.linear import LinearSpec
 from pygpukit.passes import Step
 
@@ -565,7 +564,6 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
     scale_numel = numel(p.scale.shape)
     glu = spec.glu == "swiglu"
     settled = all(getattr(v.storage, "readonly", False) for v in p.weight)
-    counter = _tile_counter(ctx)
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue | None:
         vp = spec.split(v)
@@ -583,22 +581,11 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
                 pro=vp.prologue.ptr if vp.prologue is not None else 0, eps=spec.eps,
                 residual=vp.residual.ptr if vp.residual is not None else 0,
                 residual_stride=rs, glu=glu, w_early=settled and capturing(ctx),
-                tile_counter=counter.ptr, stream=ctx.stream,
+                stream=ctx.stream,
             )  # fmt: skip
         return y
 
     return run
-
-
-def _tile_counter(ctx: Context) -> DeviceValue:
-    """The zeroed tile counter of one planned quantized GEMV (gemv_quant's tile_counter).
-    The plan owns it: every call, eager or in a graph replay, runs after the last one on
-    the stream and finds it zeroed again; plans do not share one. Pinned: a captured graph
-    bakes the address in."""
-    buf = ctx.alloc((1,), dtypes.int32, "quantized GEMV tile counter")
-    buf.storage.pin()
-    _native.memset(buf.ptr, 0, 4, ctx.stream)
-    return buf
 
 
 def contiguous_view(v: DeviceValue) -> bool:
