@@ -28,7 +28,7 @@ def rng() -> np.random.Generator:
 @pytest.fixture(autouse=True)
 def _fresh_caches() -> None:
     runtime._SCHEDULE_CACHE.clear()
-    array_mod._SCALAR_OPS.clear()
+    array_mod.forget_scalar_ops()
 
 
 def _shape_of(n: Node, x: Node) -> Any:
@@ -132,3 +132,40 @@ def test_inline_eager_setting_follows_set_eager_and_the_environment(
     monkeypatch.setenv(settings.EAGER, "0")
     settings.reload()
     assert (x * 3)._node.realized is None
+
+
+def test_a_learnt_record_is_native(rng: np.random.Generator,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Once a key and its operand's summary part were learnt (the rule path, then the Python
+    fast path), the record is the native one (rust/pygpukit-py/src/record.rs): no Python
+    node maker runs, and it makes the nodes, summary and line the rule path makes."""
+    h = rng.uniform(0.5, 2.0, size=7).astype(np.float32)
+    x = gpk.asarray(h)
+    learnt = [(x * 1.5 + 0.25) - 3 for _ in range(3)]  # rules, Python fast path, native
+    python: list[int] = []
+    known = array_mod._known_scalar_op
+
+    def counting(*args: Any) -> Any:
+        python.append(1)
+        return known(*args)
+
+    monkeypatch.setattr(array_mod, "_known_scalar_op", counting)
+    line = _line_below()
+    y = (x * 1.5 + 0.25) - 3
+    assert python == [] and len(array_mod._LAZY_SCALARS) == 3
+    a, b = learnt[0]._node, y._node
+    for _ in range(3):  # the op node and its constant, down the chain
+        assert _shape_of(b, x._node) == _shape_of(a, x._node)
+        ca, cb = (next(i for i in n.inputs if i.op == "full") for n in (a, b))
+        assert _shape_of(cb, x._node) == _shape_of(ca, x._node) and ca is not cb
+        assert b.loc is not None and b.loc.file == __file__ and b.loc.line == line
+        assert cb.loc == b.loc and b.id > cb.id
+        assert b.sub[:2] == a.sub[:2] and b.sub[3:] == a.sub[3:]
+        a, b = (next(i for i in n.inputs if i.op != "full") for n in (a, b))
+    assert a is b is x._node
+    expect = (h.astype(np.float64) * 1.5 + 0.25) - 3
+    np.testing.assert_allclose(y.to_numpy(), expect, rtol=1e-6)
+    big = 1 << 70  # no native key holds it: the Python path, every time
+    z = [x < big for _ in range(3)]
+    assert python != [] and len(array_mod._LAZY_SCALARS) == 3
+    np.testing.assert_array_equal(z[2].to_numpy(), h < big)

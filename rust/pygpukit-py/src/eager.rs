@@ -22,12 +22,13 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
-use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::dispatch::{Block, PyDispatcher};
+use crate::frames::user_location;
 use crate::pool::PyPool;
 use crate::quick::StreamCache;
 use crate::slots::{ArraySlots, NodeSlots, RealisedNode, Slot, StorageSlots, ValueSlots};
@@ -407,28 +408,9 @@ impl Table {
         Ok(())
     }
 
-    /// The user's frame as recording keeps it, (code, f_lasti): the operator's caller when
-    /// that is not the library's, else ir.source.user_frame's walk from there.
+    /// The user's frame as recording keeps it (frames.rs).
     fn location<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        // SAFETY: PyEval_GetFrame returns a borrowed reference (the operator's frame, the
-        // Python frame that called this) or null.
-        let f = unsafe { ffi::PyEval_GetFrame() };
-        if !f.is_null() {
-            // SAFETY: a borrowed, live frame object; made a new reference here.
-            let f = unsafe { Bound::from_borrowed_ptr(py, f.cast()) };
-            let back = f.getattr(intern!(py, "f_back"))?;
-            if !back.is_none() {
-                let code = back.getattr(intern!(py, "f_code"))?;
-                let file = code.getattr(intern!(py, "co_filename"))?;
-                let internal = self.library.bind(py).get_item(&file)?;
-                if internal.is_some_and(|v| v.is(&*PyBool::new(py, false))) {
-                    let lasti = back.getattr(intern!(py, "f_lasti"))?;
-                    return Ok(PyTuple::new(py, [code, lasti])?.into_any());
-                }
-            }
-        }
-        // From native code called by the operator: frame 1 of user_frame is the operator's.
-        self.user_frame.bind(py).call1((1,))
+        user_location(py, &self.library, &self.user_frame)
     }
 
     fn hit<'py>(
