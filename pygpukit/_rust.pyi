@@ -294,3 +294,12 @@ class LazyScalars:
     ) -> bool: ...
     def clear(self) -> None: ...
     def __len__(self) -> int: ...
+
+def operators_setup(
+    lazy: LazyScalars, eager: EagerHits, eager_mode: Any, eager_now: list[Any], devices: list[Any]
+) -> None:
+    """What every native GPUArray operator shares (once per process, by pygpukit.array)."""
+
+def operator_method(cls: type, name: str, op: str, first: bool, python: Any) -> Any:
+    """A method descriptor of cls for the binary operator of op (reflected when first) that
+    serves the native eager and lazy hits and calls `python` for everything else."""

@@ -240,7 +240,24 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
         return out
 
     method.__name__ = method.__qualname__ = f"__{'r' if reflected else ''}{op}__"
+    _OPERATOR_OF[method] = (op, reflected)
     return method
+
+
+# _operator's methods -> (op, reflected), for _native_operators.
+_OPERATOR_OF: dict[Callable[..., Any], tuple[str, bool]] = {}
+
+
+def _native_operators(cls: type) -> None:
+    """Make cls's binary operators native (rust/pygpukit-py/src/operator.rs): method
+    descriptors that serve the eager and lazy hits the native tables hold with no Python
+    frame, and call _operator's method for everything else."""
+    _rust.operators_setup(_LAZY_SCALARS, eager_ops.NATIVE, _eager_mode, _eager_default,
+                          _devices_active)  # fmt: skip
+    for name, method in list(vars(cls).items()):
+        spec = _OPERATOR_OF.get(method) if callable(method) else None
+        if spec is not None:
+            setattr(cls, name, _rust.operator_method(cls, name, spec[0], spec[1], method))
 
 
 # (op, reflected) -> _operator's method, for binary()'s callers other than the operators
@@ -1060,6 +1077,7 @@ _eager_hit = eager_ops.start_native(GPUArray)
 _LAZY_SCALARS = _rust.LazyScalars((Node, GPUArray), node_mod._ids, EPOCH, node_mod._NO_ATTRS,
                                   _LIBRARY_FILES, user_frame)  # fmt: skip
 _lazy_scalar = _LAZY_SCALARS.record
+_native_operators(GPUArray)
 
 
 def _store_value(value: ArrayLike, x: GPUArray) -> Node:

@@ -169,3 +169,40 @@ def test_a_learnt_record_is_native(rng: np.random.Generator,
     z = [x < big for _ in range(3)]
     assert python != [] and len(array_mod._LAZY_SCALARS) == 3
     np.testing.assert_array_equal(z[2].to_numpy(), h < big)
+
+
+def test_native_operators_name_the_users_line(rng: np.random.Generator, tmp_path: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """GPUArray's binary operators are native method descriptors (rust/pygpukit-py/src/
+    operator.rs). Called by the operator, as a bound method, unbound on the class and from
+    library code (whose frames the location steps past), lazily and eagerly, every result
+    names the user's line and holds what float64 NumPy computes."""
+    from pygpukit.ir.source import register_library
+
+    assert type(array_mod.GPUArray.__add__).__name__ == "method_descriptor"
+    (tmp_path / "lazy_recording_helper.py").write_text("def half(x):\n    return x * 0.5\n")
+    register_library(trees=[str(tmp_path)])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lazy_recording_helper
+
+    h = rng.uniform(0.5, 2.0, size=9).astype(np.float32)
+    x = gpk.asarray(h)
+    ref = h.astype(np.float64)
+    for eager in (False, True):
+        with gpk.eager(eager):
+            for _ in range(3):  # the first by the rules, the later ones natively
+                lines = [_line_below()]
+                a = x.__add__(0.5)
+                lines.append(_line_below())
+                b = array_mod.GPUArray.__rsub__(x, 2.0)
+                lines.append(_line_below())
+                c = lazy_recording_helper.half(x)
+                lines.append(_line_below())
+                d = 3 * x
+                for out, line, expect in zip((a, b, c, d), lines,
+                                             (ref + 0.5, 2.0 - ref, ref * 0.5, 3 * ref),
+                                             strict=True):  # fmt: skip
+                    n = out._node
+                    assert (n.realized is not None) == eager
+                    assert n.loc is not None and n.loc.file == __file__ and n.loc.line == line
+                    np.testing.assert_allclose(out.to_numpy(), expect, rtol=1e-6)

@@ -409,8 +409,8 @@ impl Table {
     }
 
     /// The user's frame as recording keeps it (frames.rs).
-    fn location<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        user_location(py, &self.library, &self.user_frame)
+    fn location<'py>(&self, py: Python<'py>, skip: u8) -> PyResult<Bound<'py, PyAny>> {
+        user_location(py, &self.library, &self.user_frame, skip)
     }
 
     fn hit<'py>(
@@ -419,6 +419,7 @@ impl Table {
         op: &Bound<'py, PyAny>,
         a: &Bound<'py, PyAny>,
         b: &Bound<'py, PyAny>,
+        skip: u8,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let (Some(x), Some(y)) = (self.arg(a)?, self.arg(b)?) else {
             return Ok(None);
@@ -497,7 +498,7 @@ impl Table {
         let stats = self.stats.bind(py);
         add_one(stats, intern!(py, "realize_calls"))?;
         add_one(stats, intern!(py, "schedule_hits"))?;
-        let where_ = self.location(py)?;
+        let where_ = self.location(py, skip)?;
         // errors.note_run(entry.built, [where or operand k's line, per built location]).
         let mut now = Vec::with_capacity(e.lines.len());
         for &k in &e.lines {
@@ -579,6 +580,23 @@ pub struct EagerHits {
     t: Option<Table>,
 }
 
+impl EagerHits {
+    /// `binary` for a caller `skip` frames below the user's (operator.rs: 0).
+    pub(crate) fn hit_at<'py>(
+        &self,
+        py: Python<'py>,
+        op: &Bound<'py, PyAny>,
+        a: &Bound<'py, PyAny>,
+        b: &Bound<'py, PyAny>,
+        skip: u8,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match &self.t {
+            Some(t) => t.hit(py, op, a, b, skip),
+            None => Ok(None),
+        }
+    }
+}
+
 #[pymethods]
 impl EagerHits {
     /// types: (Node, GPUArray, Storage, DeviceValue, EagerOp); ids: ir.node's id counter;
@@ -650,7 +668,7 @@ impl EagerHits {
         b: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         match &self.t {
-            Some(t) => t.hit(py, op, a, b),
+            Some(t) => t.hit(py, op, a, b, 1),
             None => Ok(None),
         }
     }

@@ -7,6 +7,7 @@ mod eager;
 mod errors;
 mod frames;
 mod hit;
+mod operator;
 mod pool;
 mod quick;
 mod record;
@@ -25,6 +26,8 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hit::CompiledHit>()?;
     m.add_class::<eager::EagerHits>()?;
     m.add_class::<record::LazyScalars>()?;
+    m.add_function(wrap_pyfunction!(operator::operators_setup, m)?)?;
+    m.add_function(wrap_pyfunction!(operator::operator_method, m)?)?;
     block::register(m)?;
     m.add_function(wrap_pyfunction!(dispatch::register_launch_capi, m)?)?;
     m.add_class::<transfer::PyTransferEngine>()?;

@@ -198,6 +198,7 @@ impl Table {
         x: &Bound<'py, PyAny>,
         value: &Bound<'py, PyAny>,
         first: bool,
+        skip: u8,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         if !x.get_type().is(&self.array_type) {
             return Ok(None);
@@ -246,7 +247,7 @@ impl Table {
                 theirs = Some(list.clone());
             }
         }
-        let where_ = user_location(py, &self.library, &self.user_frame)?;
+        let where_ = user_location(py, &self.library, &self.user_frame, skip)?;
         // The op node's summary: [kid, leaves, trail, epoch, size, used].
         let summary = match part {
             Some((xkey, leaves, trail, size)) => {
@@ -307,6 +308,24 @@ pub struct LazyScalars {
     t: Option<Table>,
 }
 
+impl LazyScalars {
+    /// `record` for a caller `skip` frames below the user's (operator.rs: 0).
+    pub(crate) fn record_at<'py>(
+        &self,
+        py: Python<'py>,
+        op: &Bound<'py, PyAny>,
+        x: &Bound<'py, PyAny>,
+        value: &Bound<'py, PyAny>,
+        first: bool,
+        skip: u8,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match &self.t {
+            Some(t) => t.record(py, op, x, value, first, skip),
+            None => Ok(None),
+        }
+    }
+}
+
 #[pymethods]
 impl LazyScalars {
     /// types: (Node, GPUArray); ids: ir.node's id counter; epoch: pending.EPOCH; no_attrs:
@@ -363,7 +382,7 @@ impl LazyScalars {
         first: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         match &self.t {
-            Some(t) => t.record(py, op, x, value, first),
+            Some(t) => t.record(py, op, x, value, first, 1),
             None => Ok(None),
         }
     }
