@@ -274,3 +274,32 @@ class EagerHits:
     def forget(self, entry: Any) -> None: ...
     def clear(self) -> None: ...
     def __len__(self) -> int: ...
+
+class LazyScalars:
+    """The native lazy records of an array and a Python scalar (array._operator's fast path):
+    record(op, x, value, first) -> the GPUArray, or None (take the Python path)."""
+
+    def __init__(
+        self,
+        types: tuple[type, type],
+        ids: Any,
+        epoch: list[int],
+        no_attrs: dict[str, Any],
+        library: dict[str, bool],
+        user_frame: Any,
+    ) -> None: ...
+    def record(self, op: str, x: Any, value: Any, first: bool) -> Any: ...
+    def register(
+        self, op: str, dtype: Any, value: Any, first: bool, spec: tuple[Any, ...]
+    ) -> bool: ...
+    def clear(self) -> None: ...
+    def __len__(self) -> int: ...
+
+def operators_setup(
+    lazy: LazyScalars, eager: EagerHits, eager_mode: Any, eager_now: list[Any], devices: list[Any]
+) -> None:
+    """What every native GPUArray operator shares (once per process, by pygpukit.array)."""
+
+def operator_method(cls: type, name: str, op: str, first: bool, python: Any) -> Any:
+    """A method descriptor of cls for the binary operator of op (reflected when first) that
+    serves the native eager and lazy hits and calls `python` for everything else."""

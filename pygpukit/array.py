@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from pygpukit import errors
+from pygpukit import _rust, errors
 from pygpukit.ir import Node, dtypes, indexing, shapes, user_location
+from pygpukit.ir import node as node_mod
 from pygpukit.ir import strides as strides_mod
 from pygpukit.ir.dtypes import DType
 from pygpukit.ir.elementwise import canonical
@@ -169,6 +170,7 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
     the summary pending.summarise would give. A first record takes _binary, which raises
     what it raises."""
     first = reflected
+    op = sys.intern(op)  # the native table keys its specs by the name's identity
 
     def method(self: GPUArray, value: Any) -> GPUArray:
         if _devices_active[0]:
@@ -187,6 +189,11 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
             return binary(op, value, self) if first else binary(op, self, value)
         if type(value) not in _SCALAR_TYPES:
             return binary(op, value, self) if first else binary(op, self, value)
+        # The usual record, natively (what the rest of this method does); None: a first
+        # record of this key or of this operand's summary part, which the rest learns.
+        out = _lazy_scalar(op, self, value, first)
+        if out is not None:
+            return out
         node = self._raw if self._link is None else self._node
         t = type(value)
         spec = _SCALAR_OPS.get((op, node.dtype.name, t, value if t is not float or (value and
@@ -233,7 +240,24 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
         return out
 
     method.__name__ = method.__qualname__ = f"__{'r' if reflected else ''}{op}__"
+    _OPERATOR_OF[method] = (op, reflected)
     return method
+
+
+# _operator's methods -> (op, reflected), for _native_operators.
+_OPERATOR_OF: dict[Callable[..., Any], tuple[str, bool]] = {}
+
+
+def _native_operators(cls: type) -> None:
+    """Make cls's binary operators native (rust/pygpukit-py/src/operator.rs): method
+    descriptors that serve the eager and lazy hits the native tables hold with no Python
+    frame, and call _operator's method for everything else."""
+    _rust.operators_setup(_LAZY_SCALARS, eager_ops.NATIVE, _eager_mode, _eager_default,
+                          _devices_active)  # fmt: skip
+    for name, method in list(vars(cls).items()):
+        spec = _OPERATOR_OF.get(method) if callable(method) else None
+        if spec is not None:
+            setattr(cls, name, _rust.operator_method(cls, name, spec[0], spec[1], method))
 
 
 # (op, reflected) -> _operator's method, for binary()'s callers other than the operators
@@ -291,13 +315,22 @@ def _learn_scalar_op(op: str, x: GPUArray, value: Scalar, first: bool, node: Nod
     if other is not node or const.op != "full" or const.inputs or const.shape:
         return out
     if len(_SCALAR_OPS) >= _SCALAR_OPS_LIMIT:
-        _SCALAR_OPS.clear()
+        forget_scalar_ops()
     t = type(value)
     fkid = pending.kid_of(("full", const.canonical_attrs()))
-    _SCALAR_OPS[(op, node.dtype.name, t, eager_ops.scalar_key(value)[1], first)] = (
+    spec: tuple[Any, ...] = (
         const.attrs, const.canonical_attrs(), const.dtype, fkid, n.op, n.canonical_attrs(),
         n.dtype, {})  # fmt: skip
+    _SCALAR_OPS[(op, node.dtype.name, t, eager_ops.scalar_key(value)[1], first)] = spec
+    _LAZY_SCALARS.register(op, node.dtype, value, first, spec)
     return out
+
+
+def forget_scalar_ops() -> None:
+    """Drop what the lazy array-scalar records learnt (_SCALAR_OPS and its native table):
+    the next record of each key takes the rule path again."""
+    _SCALAR_OPS.clear()
+    _LAZY_SCALARS.clear()
 
 
 def _eager_binary(op: str, a: ArrayLike, b: ArrayLike) -> Node | None:
@@ -1039,6 +1072,12 @@ class GPUArray:
 
 # The array operators' (and binary()'s) native eager hit: op(a, b) or None (eager_ops.py).
 _eager_hit = eager_ops.start_native(GPUArray)
+# The lazy array-scalar records' native table (rust/pygpukit-py/src/record.rs), filled by
+# _learn_scalar_op with what _SCALAR_OPS holds.
+_LAZY_SCALARS = _rust.LazyScalars((Node, GPUArray), node_mod._ids, EPOCH, node_mod._NO_ATTRS,
+                                  _LIBRARY_FILES, user_frame)  # fmt: skip
+_lazy_scalar = _LAZY_SCALARS.record
+_native_operators(GPUArray)
 
 
 def _store_value(value: ArrayLike, x: GPUArray) -> Node:

@@ -28,7 +28,7 @@ def rng() -> np.random.Generator:
 @pytest.fixture(autouse=True)
 def _fresh_caches() -> None:
     runtime._SCHEDULE_CACHE.clear()
-    array_mod._SCALAR_OPS.clear()
+    array_mod.forget_scalar_ops()
 
 
 def _shape_of(n: Node, x: Node) -> Any:
@@ -132,3 +132,77 @@ def test_inline_eager_setting_follows_set_eager_and_the_environment(
     monkeypatch.setenv(settings.EAGER, "0")
     settings.reload()
     assert (x * 3)._node.realized is None
+
+
+def test_a_learnt_record_is_native(rng: np.random.Generator,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Once a key and its operand's summary part were learnt (the rule path, then the Python
+    fast path), the record is the native one (rust/pygpukit-py/src/record.rs): no Python
+    node maker runs, and it makes the nodes, summary and line the rule path makes."""
+    h = rng.uniform(0.5, 2.0, size=7).astype(np.float32)
+    x = gpk.asarray(h)
+    learnt = [(x * 1.5 + 0.25) - 3 for _ in range(3)]  # rules, Python fast path, native
+    python: list[int] = []
+    known = array_mod._known_scalar_op
+
+    def counting(*args: Any) -> Any:
+        python.append(1)
+        return known(*args)
+
+    monkeypatch.setattr(array_mod, "_known_scalar_op", counting)
+    line = _line_below()
+    y = (x * 1.5 + 0.25) - 3
+    assert python == [] and len(array_mod._LAZY_SCALARS) == 3
+    a, b = learnt[0]._node, y._node
+    for _ in range(3):  # the op node and its constant, down the chain
+        assert _shape_of(b, x._node) == _shape_of(a, x._node)
+        ca, cb = (next(i for i in n.inputs if i.op == "full") for n in (a, b))
+        assert _shape_of(cb, x._node) == _shape_of(ca, x._node) and ca is not cb
+        assert b.loc is not None and b.loc.file == __file__ and b.loc.line == line
+        assert cb.loc == b.loc and b.id > cb.id
+        assert b.sub[:2] == a.sub[:2] and b.sub[3:] == a.sub[3:]
+        a, b = (next(i for i in n.inputs if i.op != "full") for n in (a, b))
+    assert a is b is x._node
+    expect = (h.astype(np.float64) * 1.5 + 0.25) - 3
+    np.testing.assert_allclose(y.to_numpy(), expect, rtol=1e-6)
+    big = 1 << 70  # no native key holds it: the Python path, every time
+    z = [x < big for _ in range(3)]
+    assert python != [] and len(array_mod._LAZY_SCALARS) == 3
+    np.testing.assert_array_equal(z[2].to_numpy(), h < big)
+
+
+def test_native_operators_name_the_users_line(rng: np.random.Generator, tmp_path: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """GPUArray's binary operators are native method descriptors (rust/pygpukit-py/src/
+    operator.rs). Called by the operator, as a bound method, unbound on the class and from
+    library code (whose frames the location steps past), lazily and eagerly, every result
+    names the user's line and holds what float64 NumPy computes."""
+    from pygpukit.ir.source import register_library
+
+    assert type(array_mod.GPUArray.__add__).__name__ == "method_descriptor"
+    (tmp_path / "lazy_recording_helper.py").write_text("def half(x):\n    return x * 0.5\n")
+    register_library(trees=[str(tmp_path)])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lazy_recording_helper
+
+    h = rng.uniform(0.5, 2.0, size=9).astype(np.float32)
+    x = gpk.asarray(h)
+    ref = h.astype(np.float64)
+    for eager in (False, True):
+        with gpk.eager(eager):
+            for _ in range(3):  # the first by the rules, the later ones natively
+                lines = [_line_below()]
+                a = x.__add__(0.5)
+                lines.append(_line_below())
+                b = array_mod.GPUArray.__rsub__(x, 2.0)
+                lines.append(_line_below())
+                c = lazy_recording_helper.half(x)
+                lines.append(_line_below())
+                d = 3 * x
+                for out, line, expect in zip((a, b, c, d), lines,
+                                             (ref + 0.5, 2.0 - ref, ref * 0.5, 3 * ref),
+                                             strict=True):  # fmt: skip
+                    n = out._node
+                    assert (n.realized is not None) == eager
+                    assert n.loc is not None and n.loc.file == __file__ and n.loc.line == line
+                    np.testing.assert_allclose(out.to_numpy(), expect, rtol=1e-6)

@@ -22,12 +22,13 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
-use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::dispatch::{Block, PyDispatcher};
+use crate::frames::user_location;
 use crate::pool::PyPool;
 use crate::quick::StreamCache;
 use crate::slots::{ArraySlots, NodeSlots, RealisedNode, Slot, StorageSlots, ValueSlots};
@@ -407,28 +408,9 @@ impl Table {
         Ok(())
     }
 
-    /// The user's frame as recording keeps it, (code, f_lasti): the operator's caller when
-    /// that is not the library's, else ir.source.user_frame's walk from there.
-    fn location<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        // SAFETY: PyEval_GetFrame returns a borrowed reference (the operator's frame, the
-        // Python frame that called this) or null.
-        let f = unsafe { ffi::PyEval_GetFrame() };
-        if !f.is_null() {
-            // SAFETY: a borrowed, live frame object; made a new reference here.
-            let f = unsafe { Bound::from_borrowed_ptr(py, f.cast()) };
-            let back = f.getattr(intern!(py, "f_back"))?;
-            if !back.is_none() {
-                let code = back.getattr(intern!(py, "f_code"))?;
-                let file = code.getattr(intern!(py, "co_filename"))?;
-                let internal = self.library.bind(py).get_item(&file)?;
-                if internal.is_some_and(|v| v.is(&*PyBool::new(py, false))) {
-                    let lasti = back.getattr(intern!(py, "f_lasti"))?;
-                    return Ok(PyTuple::new(py, [code, lasti])?.into_any());
-                }
-            }
-        }
-        // From native code called by the operator: frame 1 of user_frame is the operator's.
-        self.user_frame.bind(py).call1((1,))
+    /// The user's frame as recording keeps it (frames.rs).
+    fn location<'py>(&self, py: Python<'py>, skip: u8) -> PyResult<Bound<'py, PyAny>> {
+        user_location(py, &self.library, &self.user_frame, skip)
     }
 
     fn hit<'py>(
@@ -437,6 +419,7 @@ impl Table {
         op: &Bound<'py, PyAny>,
         a: &Bound<'py, PyAny>,
         b: &Bound<'py, PyAny>,
+        skip: u8,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let (Some(x), Some(y)) = (self.arg(a)?, self.arg(b)?) else {
             return Ok(None);
@@ -515,7 +498,7 @@ impl Table {
         let stats = self.stats.bind(py);
         add_one(stats, intern!(py, "realize_calls"))?;
         add_one(stats, intern!(py, "schedule_hits"))?;
-        let where_ = self.location(py)?;
+        let where_ = self.location(py, skip)?;
         // errors.note_run(entry.built, [where or operand k's line, per built location]).
         let mut now = Vec::with_capacity(e.lines.len());
         for &k in &e.lines {
@@ -597,6 +580,23 @@ pub struct EagerHits {
     t: Option<Table>,
 }
 
+impl EagerHits {
+    /// `binary` for a caller `skip` frames below the user's (operator.rs: 0).
+    pub(crate) fn hit_at<'py>(
+        &self,
+        py: Python<'py>,
+        op: &Bound<'py, PyAny>,
+        a: &Bound<'py, PyAny>,
+        b: &Bound<'py, PyAny>,
+        skip: u8,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match &self.t {
+            Some(t) => t.hit(py, op, a, b, skip),
+            None => Ok(None),
+        }
+    }
+}
+
 #[pymethods]
 impl EagerHits {
     /// types: (Node, GPUArray, Storage, DeviceValue, EagerOp); ids: ir.node's id counter;
@@ -668,7 +668,7 @@ impl EagerHits {
         b: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         match &self.t {
-            Some(t) => t.hit(py, op, a, b),
+            Some(t) => t.hit(py, op, a, b, 1),
             None => Ok(None),
         }
     }

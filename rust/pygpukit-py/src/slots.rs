@@ -11,8 +11,10 @@ use pyo3::types::{PyBool, PyTuple, PyType};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
-/// One slot of one class: its member descriptor.
-pub(crate) struct Slot(Py<PyAny>);
+/// One slot of one class: its member descriptor, and for the classes `located` (those
+/// without a finaliser, whose instances may be made bare to look), the slot's byte offset
+/// in an instance.
+pub(crate) struct Slot(Py<PyAny>, Option<isize>);
 
 type Accessors = (ffi::descrgetfunc, ffi::descrsetfunc);
 
@@ -50,7 +52,71 @@ impl Slot {
             )));
         }
         accessors(&d);
-        Ok(Self(d.unbind()))
+        Ok(Self(d.unbind(), None))
+    }
+
+    /// The slot `name` of `ty` with its offset, found by setting it on a bare instance and
+    /// finding the value among the instance's words (no layout of CPython's read: what the
+    /// descriptor wrote is where it lives). `ty` must have no finaliser: the instance is
+    /// made without `__init__` and dropped.
+    pub(crate) fn located(ty: &Bound<'_, PyType>, name: &str) -> PyResult<Self> {
+        let py = ty.py();
+        let mut slot = Self::of(ty, name)?;
+        let size: usize = ty.getattr(intern!(py, "__basicsize__"))?.extract()?;
+        let probe = bare(py, &ty.clone().unbind())?;
+        let mark = PyTuple::new(py, [py.None()])?; // an object no other slot holds
+        slot.set(&probe, &mark)?;
+        let words = size / std::mem::size_of::<usize>();
+        let base = probe.as_ptr().cast::<*mut ffi::PyObject>();
+        // SAFETY: an instance of ty is __basicsize__ bytes from its address; each word read
+        // is inside it.
+        let found: Vec<usize> = (0..words)
+            .filter(|&k| unsafe { *base.add(k) } == mark.as_ptr())
+            .collect();
+        if let [k] = found[..] {
+            slot.1 = Some((k * std::mem::size_of::<usize>()) as isize);
+        }
+        Ok(slot)
+    }
+
+    /// obj.name = value on an instance made by `bare` whose slot is unset (a fresh object:
+    /// written in place where the offset is known, nothing to release).
+    pub(crate) fn init<T>(&self, obj: &Bound<'_, PyAny>, value: &Bound<'_, T>) -> PyResult<()> {
+        match self.1 {
+            // SAFETY: obj is an instance of the slot's class (bare made it), the offset the
+            // slot's, its word null (unset): it takes a new reference to value.
+            Some(at) => unsafe {
+                let p = obj
+                    .as_ptr()
+                    .cast::<u8>()
+                    .offset(at)
+                    .cast::<*mut ffi::PyObject>();
+                debug_assert!((*p).is_null());
+                *p = value.clone().into_any().into_ptr();
+                Ok(())
+            },
+            None => self.set(obj, value),
+        }
+    }
+
+    /// obj.name read in place where the offset is known; obj must be an instance of the
+    /// slot's class or a subclass (the caller checked its type).
+    pub(crate) fn read<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(at) = self.1 {
+            // SAFETY: as above; the word is the slot's value (a borrowed reference) or null.
+            let got = unsafe {
+                let p = obj
+                    .as_ptr()
+                    .cast::<u8>()
+                    .offset(at)
+                    .cast::<*mut ffi::PyObject>();
+                Bound::from_borrowed_ptr_or_opt(obj.py(), *p)
+            };
+            if let Some(v) = got {
+                return Ok(v);
+            }
+        }
+        self.get(obj) // unset: the descriptor raises AttributeError
     }
 
     /// obj.name; obj must be an instance of the slot's class.
@@ -97,13 +163,13 @@ pub(crate) struct NodeSlots {
     pub(crate) dtype: Slot,
     pub(crate) where_: Slot,
     pub(crate) realized: Slot,
+    pub(crate) sub: Slot,
     id: Slot,
     op: Slot,
     inputs: Slot,
     attrs: Slot,
     origin: Slot,
     canon: Slot,
-    sub: Slot,
 }
 
 /// The fields of a realised node without inputs (what `Node.known` sets, then `realized`).
@@ -120,17 +186,17 @@ pub(crate) struct RealisedNode<'a, 'py> {
 impl NodeSlots {
     pub(crate) fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
         Ok(Self {
-            id: Slot::of(ty, "id")?,
-            op: Slot::of(ty, "op")?,
-            inputs: Slot::of(ty, "inputs")?,
-            attrs: Slot::of(ty, "attrs")?,
-            shape: Slot::of(ty, "shape")?,
-            dtype: Slot::of(ty, "dtype")?,
-            where_: Slot::of(ty, "where")?,
-            origin: Slot::of(ty, "origin")?,
-            realized: Slot::of(ty, "realized")?,
-            canon: Slot::of(ty, "_canon")?,
-            sub: Slot::of(ty, "sub")?,
+            id: Slot::located(ty, "id")?,
+            op: Slot::located(ty, "op")?,
+            inputs: Slot::located(ty, "inputs")?,
+            attrs: Slot::located(ty, "attrs")?,
+            shape: Slot::located(ty, "shape")?,
+            dtype: Slot::located(ty, "dtype")?,
+            where_: Slot::located(ty, "where")?,
+            origin: Slot::located(ty, "origin")?,
+            realized: Slot::located(ty, "realized")?,
+            canon: Slot::located(ty, "_canon")?,
+            sub: Slot::located(ty, "sub")?,
         })
     }
 
@@ -162,23 +228,56 @@ impl NodeSlots {
         ids: &Py<PyAny>,
         n: RealisedNode<'_, 'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let known = KnownNode {
+            op: n.op,
+            inputs: &PyTuple::empty(py),
+            attrs: n.attrs,
+            canon: n.canon,
+            shape: n.shape,
+            dtype: n.dtype,
+            where_: n.where_,
+        };
+        self.known(py, ty, ids, known, n.value, &py.None().into_bound(py))
+    }
+
+    /// A new node of type `ty` (ir.Node), its id the next of `ids`, its slots set as
+    /// Node.known sets them, `realized` set to `value` (None: pending) and `sub` to `sub`.
+    pub(crate) fn known<'py>(
+        &self,
+        py: Python<'py>,
+        ty: &Py<PyType>,
+        ids: &Py<PyAny>,
+        n: KnownNode<'_, 'py>,
+        value: &Bound<'py, PyAny>,
+        sub: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let node = bare(py, ty)?;
         // SAFETY: PyIter_Next returns a new reference, or null (an exception set or not).
         let id = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyIter_Next(ids.as_ptr()))? };
-        let none = py.None().into_bound(py);
-        self.id.set(&node, &id)?;
-        self.op.set(&node, n.op)?;
-        self.inputs.set(&node, &PyTuple::empty(py))?;
-        self.attrs.set(&node, n.attrs)?;
-        self.shape.set(&node, n.shape)?;
-        self.dtype.set(&node, n.dtype)?;
-        self.where_.set(&node, n.where_)?;
-        self.origin.set(&node, intern!(py, ""))?;
-        self.realized.set(&node, n.value)?;
-        self.canon.set(&node, n.canon)?;
-        self.sub.set(&node, &none)?;
+        self.id.init(&node, &id)?;
+        self.op.init(&node, n.op)?;
+        self.inputs.init(&node, n.inputs)?;
+        self.attrs.init(&node, n.attrs)?;
+        self.shape.init(&node, n.shape)?;
+        self.dtype.init(&node, n.dtype)?;
+        self.where_.init(&node, n.where_)?;
+        self.origin.init(&node, intern!(py, ""))?;
+        self.realized.init(&node, value)?;
+        self.canon.init(&node, n.canon)?;
+        self.sub.init(&node, sub)?;
         Ok(node)
     }
+}
+
+/// The fields of a node as `Node.known` takes them.
+pub(crate) struct KnownNode<'a, 'py> {
+    pub(crate) op: &'a Bound<'py, PyAny>,
+    pub(crate) inputs: &'a Bound<'py, PyAny>,
+    pub(crate) attrs: &'a Bound<'py, PyAny>,
+    pub(crate) canon: &'a Bound<'py, PyAny>,
+    pub(crate) shape: &'a Bound<'py, PyAny>,
+    pub(crate) dtype: &'a Bound<'py, PyAny>,
+    pub(crate) where_: &'a Bound<'py, PyAny>,
 }
 
 /// GPUArray's slots.
@@ -191,9 +290,9 @@ pub(crate) struct ArraySlots {
 impl ArraySlots {
     pub(crate) fn of(ty: &Bound<'_, PyType>) -> PyResult<Self> {
         Ok(Self {
-            raw: Slot::of(ty, "_raw")?,
-            readonly: Slot::of(ty, "_readonly")?,
-            link: Slot::of(ty, "_link")?,
+            raw: Slot::located(ty, "_raw")?,
+            readonly: Slot::located(ty, "_readonly")?,
+            link: Slot::located(ty, "_link")?,
         })
     }
 
@@ -212,16 +311,16 @@ impl ArraySlots {
         node: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let a = bare(py, ty)?;
-        self.raw.set(&a, node)?;
-        self.readonly.set(&a, &PyBool::new(py, false))?;
-        self.link.set(&a, &py.None().into_bound(py))?;
+        self.raw.init(&a, node)?;
+        self.readonly.init(&a, &PyBool::new(py, false))?;
+        self.link.init(&a, &py.None().into_bound(py))?;
         Ok(a)
     }
 
     /// The array's node: its `_raw`, or for a view the `_node` it re-derives.
     pub(crate) fn node<'py>(&self, a: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        if self.link.get(a)?.is_none() {
-            self.raw.get(a)
+        if self.link.read(a)?.is_none() {
+            self.raw.read(a)
         } else {
             a.getattr(intern!(a.py(), "_node"))
         }

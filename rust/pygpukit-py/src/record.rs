@@ -1,0 +1,448 @@
+//! `pygpukit._rust.LazyScalars`: the lazy record of an array and a Python scalar (`x + 0.5`,
+//! `2 * x`) in one native call from the array operator's method (pygpukit/array.py's
+//! `_operator`): what that method's Python fast path does once the first record of the op,
+//! the array's dtype, the scalar and its side taught it the nodes (`register`): the scalar's
+//! 0-d `full` node and the op's node as `Node.known_scalar_op` makes them, the op node's
+//! summary as pending.py defines it (`Node.sub`), and the GPUArray.
+//!
+//! It serves that case and nothing else: any other call (an unknown spec, an int beyond 64
+//! bits, a realised operand without its leaf kid yet, a summary part not interned yet)
+//! answers None having changed nothing, and the method takes its Python path, which decides
+//! as before and learns what was missing. The table's lock is only tried, never waited for
+//! (a finaliser recording on the same thread in the middle of a record takes the Python
+//! path).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex};
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::frames::user_location;
+use crate::slots::{ArraySlots, KnownNode, NodeSlots};
+
+/// A spec's key: the op (an interned str) and the array's dtype by identity, the scalar's
+/// kind (float, int, bool) and value bits (a float's bits: 0.0 and -0.0 differ), the side.
+type Key = (usize, usize, u8, u64, bool);
+
+/// FxHash over the key's words: the key is a few machine words, hashed on every record.
+#[derive(Default)]
+struct Fx(u64);
+
+impl Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+}
+
+/// What the first record of a key made (array._SCALAR_OPS's entry).
+struct Spec {
+    /// The key's op and dtype, held so that their addresses stay theirs.
+    op: Py<PyAny>,
+    dtype: Py<PyAny>,
+    /// The `full` node's attrs, canonical attrs and dtype.
+    fattrs: Py<PyAny>,
+    fitems: Py<PyAny>,
+    fdtype: Py<PyAny>,
+    /// The op node's op, canonical attrs and dtype.
+    nop: Py<PyAny>,
+    nitems: Py<PyAny>,
+    ndtype: Py<PyAny>,
+    /// The op node's kid by its array operand's (pending.py), shared with the Python path,
+    /// which fills it.
+    kids: Py<PyDict>,
+}
+
+impl Spec {
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for o in [
+            &self.op,
+            &self.dtype,
+            &self.fattrs,
+            &self.fitems,
+            &self.fdtype,
+            &self.nop,
+            &self.nitems,
+            &self.ndtype,
+        ] {
+            visit.call(o)?;
+        }
+        visit.call(&self.kids)
+    }
+}
+
+/// The array operand's part of a summary: its key among the spec's kids, its leaves, its
+/// trail, the op node's tree size.
+type Part<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, i64);
+
+type Specs = HashMap<Key, Arc<Spec>, BuildHasherDefault<Fx>>;
+
+struct Table {
+    node_type: Py<PyType>,
+    array_type: Py<PyType>,
+    ids: Py<PyAny>,
+    node: NodeSlots,
+    array: ArraySlots,
+    /// pending.EPOCH.
+    epoch: Py<PyList>,
+    /// ir.node's attrs of nodes made without any (one dict, never changed in place).
+    no_attrs: Py<PyAny>,
+    library: Py<PyDict>,
+    user_frame: Py<PyAny>,
+    float_type: Py<PyType>,
+    int_type: Py<PyType>,
+    bool_type: Py<PyType>,
+    specs: Mutex<Specs>,
+}
+
+/// The key's scalar part of value: (kind, bits), or None for a value no key holds.
+fn scalar_part(t: &Table, value: &Bound<'_, PyAny>) -> PyResult<Option<(u8, u64)>> {
+    let ty = value.get_type();
+    if ty.is(&t.float_type) {
+        return Ok(Some((0, value.extract::<f64>()?.to_bits())));
+    }
+    if ty.is(&t.int_type) {
+        return Ok(value.extract::<i64>().ok().map(|v| (1, v as u64)));
+    }
+    if ty.is(&t.bool_type) {
+        return Ok(Some((2, u64::from(value.is_truthy()?))));
+    }
+    Ok(None)
+}
+
+impl Table {
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for t in [
+            &self.node_type,
+            &self.array_type,
+            &self.float_type,
+            &self.int_type,
+            &self.bool_type,
+        ] {
+            visit.call(t)?;
+        }
+        for o in [&self.ids, &self.no_attrs, &self.user_frame] {
+            visit.call(o)?;
+        }
+        visit.call(&self.epoch)?;
+        visit.call(&self.library)?;
+        self.node.traverse(visit)?;
+        self.array.traverse(visit)?;
+        // Held by a record on this thread (a collection inside it): its references go
+        // unreported this time, which keeps them alive, never frees them early.
+        if let Ok(s) = self.specs.try_lock() {
+            for spec in s.values() {
+                spec.traverse(visit)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn spec(&self, key: &Key) -> Option<Arc<Spec>> {
+        self.specs.try_lock().ok()?.get(key).cloned()
+    }
+
+    /// A pending node as Node.known makes it, its summary `sub`.
+    #[allow(clippy::too_many_arguments)]
+    fn node<'py>(
+        &self,
+        py: Python<'py>,
+        op: &Bound<'py, PyAny>,
+        inputs: &Bound<'py, PyAny>,
+        attrs: &Bound<'py, PyAny>,
+        canon: &Bound<'py, PyAny>,
+        shape: &Bound<'py, PyAny>,
+        dtype: &Bound<'py, PyAny>,
+        where_: &Bound<'py, PyAny>,
+        sub: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let n = KnownNode {
+            op,
+            inputs,
+            attrs,
+            canon,
+            shape,
+            dtype,
+            where_,
+        };
+        let none = py.None().into_bound(py);
+        self.node
+            .known(py, &self.node_type, &self.ids, n, &none, sub)
+    }
+
+    fn record<'py>(
+        &self,
+        py: Python<'py>,
+        op: &Bound<'py, PyAny>,
+        x: &Bound<'py, PyAny>,
+        value: &Bound<'py, PyAny>,
+        first: bool,
+        skip: u8,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if !x.get_type().is(&self.array_type) {
+            return Ok(None);
+        }
+        let Some((kind, bits)) = scalar_part(self, value)? else {
+            return Ok(None);
+        };
+        let node = self.array.node(x)?;
+        if !node.get_type().is(&self.node_type) {
+            return Ok(None);
+        }
+        let slots = &self.node;
+        let dtype = slots.dtype.read(&node)?;
+        let key = (
+            op.as_ptr() as usize,
+            dtype.as_ptr() as usize,
+            kind,
+            bits,
+            first,
+        );
+        let Some(spec) = self.spec(&key) else {
+            return Ok(None);
+        };
+        // The array operand's part of the summary (pending.py): a realised node is a leaf
+        // (its kid negated), a pending one brings its summary if it is current.
+        let epoch = self.epoch.bind(py).get_item(0)?;
+        let sub = slots.sub.read(&node)?;
+        let mut part: Option<Part<'py>> = None;
+        let mut theirs: Option<Bound<'py, PyList>> = None;
+        if !slots.realized.read(&node)?.is_none() {
+            if !sub.is_exact_instance_of::<PyInt>() {
+                return Ok(None); // no leaf kid yet: pending.leaf_kid makes it
+            }
+            let leaves = PyTuple::new(py, [&node])?.into_any();
+            let trail = PyTuple::new(py, [slots.where_.read(&node)?])?.into_any();
+            part = Some((sub.neg()?, leaves, trail, 3));
+        } else if let Ok(list) = sub.cast::<PyList>() {
+            if list.len() == 6 && list.get_item(3)?.eq(&epoch)? {
+                let size: i64 = list.get_item(4)?.extract()?;
+                part = Some((
+                    list.get_item(0)?,
+                    list.get_item(1)?,
+                    list.get_item(2)?,
+                    size + 2,
+                ));
+                theirs = Some(list.clone());
+            }
+        }
+        let where_ = user_location(py, &self.library, &self.user_frame, skip)?;
+        // The op node's summary: [kid, leaves, trail, epoch, size, used].
+        let summary = match part {
+            Some((xkey, leaves, trail, size)) => {
+                let Some(kid) = spec.kids.bind(py).get_item(&xkey)? else {
+                    return Ok(None); // a part not interned yet: the Python path
+                };
+                if let Some(list) = &theirs {
+                    list.set_item(5, PyBool::new(py, true))?;
+                }
+                let own = PyTuple::new(py, [&where_])?.into_any();
+                let trail = if first {
+                    PyTuple::new(py, [&where_, &own, &trail])?
+                } else {
+                    PyTuple::new(py, [&where_, &trail, &own])?
+                };
+                let no = PyBool::new(py, false).to_owned().into_any();
+                let size = size.into_pyobject(py)?.into_any();
+                PyList::new(py, [kid, leaves, trail.into_any(), epoch, size, no])?.into_any()
+            }
+            None => py.None().into_bound(py),
+        };
+        let none = py.None().into_bound(py);
+        let empty = PyTuple::empty(py).into_any();
+        let const_ = self.node(
+            py,
+            intern!(py, "full").as_any(),
+            &empty,
+            spec.fattrs.bind(py),
+            spec.fitems.bind(py),
+            &empty,
+            spec.fdtype.bind(py),
+            &where_,
+            &none,
+        )?;
+        let inputs = if first {
+            PyTuple::new(py, [&const_, &node])?
+        } else {
+            PyTuple::new(py, [&node, &const_])?
+        };
+        let n = self.node(
+            py,
+            spec.nop.bind(py),
+            inputs.as_any(),
+            self.no_attrs.bind(py),
+            spec.nitems.bind(py),
+            &slots.shape.read(&node)?,
+            spec.ndtype.bind(py),
+            &where_,
+            &summary,
+        )?;
+        self.array.wrap(py, &self.array_type, &n).map(Some)
+    }
+}
+
+/// The process's table of lazy array-scalar records (one, made by pygpukit.array).
+#[pyclass(name = "LazyScalars", module = "pygpukit._rust")]
+pub struct LazyScalars {
+    t: Option<Table>,
+}
+
+impl LazyScalars {
+    /// `record` for a caller `skip` frames below the user's (operator.rs: 0).
+    pub(crate) fn record_at<'py>(
+        &self,
+        py: Python<'py>,
+        op: &Bound<'py, PyAny>,
+        x: &Bound<'py, PyAny>,
+        value: &Bound<'py, PyAny>,
+        first: bool,
+        skip: u8,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match &self.t {
+            Some(t) => t.record(py, op, x, value, first, skip),
+            None => Ok(None),
+        }
+    }
+}
+
+#[pymethods]
+impl LazyScalars {
+    /// types: (Node, GPUArray); ids: ir.node's id counter; epoch: pending.EPOCH; no_attrs:
+    /// ir.node's shared empty attrs; library: ir.source.LIBRARY_FILES; user_frame:
+    /// ir.source.user_frame.
+    #[new]
+    fn new(
+        py: Python<'_>,
+        types: (Py<PyType>, Py<PyType>),
+        ids: Py<PyAny>,
+        epoch: Py<PyList>,
+        no_attrs: Py<PyAny>,
+        library: Py<PyDict>,
+        user_frame: Py<PyAny>,
+    ) -> PyResult<Self> {
+        let (node_type, array_type) = types;
+        let t = Table {
+            node: NodeSlots::of(node_type.bind(py))?,
+            array: ArraySlots::of(array_type.bind(py))?,
+            node_type,
+            array_type,
+            ids,
+            epoch,
+            no_attrs,
+            library,
+            user_frame,
+            float_type: py.get_type::<PyFloat>().unbind(),
+            int_type: py.get_type::<PyInt>().unbind(),
+            bool_type: py.get_type::<PyBool>().unbind(),
+            specs: Mutex::new(Specs::default()),
+        };
+        Ok(Self { t: Some(t) })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.t {
+            Some(t) => t.traverse(&visit),
+            None => Ok(()),
+        }
+    }
+
+    fn __clear__(&mut self) {
+        self.t = None;
+    }
+
+    /// The array of `x op value` (`value op x` when `first`) recorded lazily, or None: take
+    /// the Python path. op: the operator's interned name; x: a GPUArray; value: anything.
+    fn record<'py>(
+        &self,
+        py: Python<'py>,
+        op: &Bound<'py, PyAny>,
+        x: &Bound<'py, PyAny>,
+        value: &Bound<'py, PyAny>,
+        first: bool,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match &self.t {
+            Some(t) => t.record(py, op, x, value, first, 1),
+            None => Ok(None),
+        }
+    }
+
+    /// Serve op's key from now on: dtype, the array operand's; value, the scalar; spec,
+    /// array._SCALAR_OPS's entry (fattrs, fitems, fdtype, fkid, nop, nitems, ndtype, kids).
+    /// False where no key holds the value (an int beyond 64 bits).
+    fn register(
+        &self,
+        op: &Bound<'_, PyAny>,
+        dtype: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        first: bool,
+        spec: &Bound<'_, PyTuple>,
+    ) -> PyResult<bool> {
+        let Some(t) = &self.t else {
+            return Ok(false);
+        };
+        let Some((kind, bits)) = scalar_part(t, value)? else {
+            return Ok(false);
+        };
+        let s = Spec {
+            op: op.clone().unbind(),
+            dtype: dtype.clone().unbind(),
+            fattrs: spec.get_item(0)?.unbind(),
+            fitems: spec.get_item(1)?.unbind(),
+            fdtype: spec.get_item(2)?.unbind(),
+            nop: spec.get_item(4)?.unbind(),
+            nitems: spec.get_item(5)?.unbind(),
+            ndtype: spec.get_item(6)?.unbind(),
+            kids: spec.get_item(7)?.cast_into::<PyDict>()?.unbind(),
+        };
+        let key = (
+            op.as_ptr() as usize,
+            dtype.as_ptr() as usize,
+            kind,
+            bits,
+            first,
+        );
+        let Ok(mut all) = t.specs.try_lock() else {
+            return Ok(false);
+        };
+        all.insert(key, Arc::new(s));
+        Ok(true)
+    }
+
+    /// Drops every spec (array._SCALAR_OPS was cleared).
+    fn clear(&self) {
+        if let Some(t) = &self.t {
+            if let Ok(mut all) = t.specs.try_lock() {
+                all.clear();
+            }
+        }
+    }
+
+    /// The specs kept.
+    fn __len__(&self) -> usize {
+        match &self.t {
+            Some(t) => t.specs.try_lock().map(|s| s.len()).unwrap_or(0),
+            None => 0,
+        }
+    }
+}
