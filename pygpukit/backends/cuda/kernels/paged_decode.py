@@ -153,8 +153,8 @@ def attend(
     # The tensor-core body reads q in 4-byte pairs.
     mma = uses_mma(dtype, n_q) and q % 4 == 0 and all(x % 2 == 0 for x in q_strides[:2])
     if mma:
-        st = mma_stages(head_dim, grid[0] * grid[1] * grid[2],
-                        mma_tiles(max_blocks * block_size, splits))
+        tiles = mma_tiles(max_blocks * block_size, splits)
+        st = mma_stages(head_dim, grid[0] * grid[1] * grid[2], tiles)
         smem = attention._decode_mma_smem(head_dim, st)
         name, threads = "pgk_paged_decode_mma", MMA_WARPS * 32
         args: tuple[Any, ...] = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads,
