@@ -311,7 +311,7 @@ class Engine:
         self._greedy_inputs: dict[int, list[GPUArray]] = {}
         # The last decode-only step's (tokens, token slots), its upload and output rows: a
         # decode step of the same batch uploads nothing and builds no row list.
-        self._decode_key: tuple[int, ...] = ()
+        self._decode_key: tuple[Any, ...] = ()
         self._decode_upload: GPUArray | None = None
         self._decode_outs: list[Request | None] = []
         # An all-greedy step's output rows and their sampling inputs (the next step of the
