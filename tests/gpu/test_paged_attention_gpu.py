@@ -225,9 +225,8 @@ def test_paged_decode_rows_tensor_core_gpu(dtype, d, h, kv, n_decode, pieces, n_
 @pytest.mark.parametrize("one_pool", [False, True])
 def test_paged_decode_rows_batch64_three_stages_gpu(dtype, one_pool):
     """The batch-64 TinyLlama decode step's attention (64 rows x 4 kv heads: one split,
-    three cp.async stages a warp, five 32-key tiles for the busiest warp, keys prefetched
-    into L2 before the wait), rows of lengths 1 .. 640 off the tile and block, against
-    the float64 reference."""
+    three cp.async stages a warp, five 32-key tiles for the busiest warp), rows of
+    lengths 1 .. 640 off the tile and block, against the float64 reference."""
     rng = np.random.default_rng(24)
     nb, bs, m, d, h, kv = 2600, 16, 40, 64, 32, 4
     table, lens = _step_rows(rng, 64, [], 0, bs, m, nb)

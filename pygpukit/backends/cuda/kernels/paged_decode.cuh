@@ -58,47 +58,6 @@ PGK_DEVICE bool pgk_paged_piece(const int* __restrict__ table, long long t_sb,
   return len > 0 && near;
 }
 
-// Before the wait: pull the K / V lines of the keys this block will read into L2 while the
-// kernels ahead still run, so the whole range is requested at once instead of a warp's
-// stages at a time. A hint only (the rule in docs/design.md): the length and the table
-// entries read here are guesses, read past L1 (ld.global.cg, so no stale line stays for the
-// real reads after the wait), bad ones skipped; the row's newest key, which the kernel
-// ahead stores, is fetched again by the real read. With pieces, a prompt piece's row
-// (pgk_paged_piece, guessed the same way) prefetches nothing: its rows share their keys.
-PGK_DEVICE void pgk_paged_prefetch(const pgk_t* kp, const pgk_t* vp, const int* table,
-                                   const int* lens, long long t_sb, long long t_sm,
-                                   long long l_s, int b, int rows, int kvh, int block_size,
-                                   int n_blocks, int cap, long long p_sb, int split,
-                                   int splits, int tile, int pieces) {
-  int len = __ldcg(lens + b * l_s);
-  len = len < 0 ? 0 : (len > cap ? cap : len);
-  const int* row = table + b * t_sb;
-  if (pieces && cap > 0 && len > 0) {
-    const int first = __ldcg(row);
-    for (int y = b - 1; y <= b + 1; y += 2) {
-      if (y < 0 || y >= rows) continue;
-      if (__ldcg(lens + y * l_s) > 0 && __ldcg(table + y * t_sb) == first) return;
-    }
-  }
-  int s, e;
-  pgk_dec_share(0, len, split, splits, tile, s, e);
-  constexpr int LPR = (PGK_D * (int)sizeof(pgk_t) + 127) / 128;  // 128-byte lines a key
-  constexpr int EPL = 128 / (int)sizeof(pgk_t);
-  const long long head_off = (long long)kvh * block_size * PGK_D;
-  const int n = (e - s) * LPR;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int key = s + i / LPR;
-    const int blk = __ldcg(row + (key / block_size) * t_sm);
-    if (blk >= 0 && blk < n_blocks) {
-      const long long off =
-          blk * p_sb + head_off + (long long)(key % block_size) * PGK_D + (i % LPR) * EPL;
-      pgk_prefetch_l2(kp + off);
-      pgk_prefetch_l2(vp + off);
-    }
-  }
-}
-
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode)
 extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_paged_decode(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
@@ -186,8 +145,7 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 // key's entry by a shuffle. The entries are loaded PGK_MSTAGES tiles ahead of their
 // issue, so the cp.async of a tile never waits on its table load. Keys at or past the
 // row's length (and keys of a bad block id, reported) are zero-filled, never read: a NaN
-// the row does not see never reaches its scores or P V. Before its wait the block
-// prefetches its keys' lines into L2 (pgk_paged_prefetch), so the stages read them there.
+// the row does not see never reaches its scores or P V.
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode_mma)
 extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     pgk_paged_decode_mma(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
@@ -198,6 +156,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                          int max_blocks, long long p_sb, float scale, long long q_sb,
                          long long q_sh, long long t_sb, long long t_sm, long long l_s,
                          long long* __restrict__ err, long long tag, int pieces) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
   extern __shared__ __align__(16) unsigned char pgk_pdsmem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -205,12 +165,6 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   const int split = blockIdx.x, splits = gridDim.x;
   const int n_sub = group / PGK_G;
   const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
-  // One block of a kv head's sub-groups prefetches its keys (the others read the same).
-  if (blockIdx.y % n_sub == 0)
-    pgk_paged_prefetch(kp, vp, table, lens, t_sb, t_sm, l_s, b, (int)gridDim.z, kvh, block_size,
-                       n_blocks, max_blocks * block_size, p_sb, split, splits, PGK_MTK, pieces);
-  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
-  pgk_pdl_trigger();
   const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
   // Head h0's partial slot, indexed by (row, head) as the merge kernel reads them.
   const long long part = ((long long)b * n_heads + h0) * splits + split;
