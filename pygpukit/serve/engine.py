@@ -22,7 +22,7 @@ Steps are gpk.compile'd functions, one captured graph per (bucket, sampling stat
 Each running sequence has a token slot: a row of device arrays holding its last token,
 that token's position and its block table (_Step). A decode step reads its rows' state
 there and writes the new tokens and positions back, so it needs nothing read back from
-the one before and runs one step ahead of the host (the host knows how many tokens each
+the one before and runs LOOKAHEAD steps ahead of the host (the host knows how many tokens each
 sequence has, not which, until they are read back), and a decode step of an unchanged
 batch uploads nothing; a prefill launch is one upload. The engine thread shares the
 interpreter lock with the HTTP loop, which takes it whenever the engine lets go (a wait,
