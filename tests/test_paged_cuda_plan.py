@@ -194,3 +194,24 @@ def test_one_pool_of_keys_and_values_plans(arch, dtype, b, monkeypatch):
                                             lens.astype(np.int64))]  # fmt: skip
     assert any(n.startswith("pgk_paged_sdpa_") for n in simple)
     assert not any(n.startswith("pgk_paged_decode") for n in simple)
+
+
+@pytest.mark.parametrize(
+    "d, blocks, tiles, stages",
+    [
+        (64, 256, 5, 3),  # the batch-64 TinyLlama step: two blocks of 3 stages an SM
+        (64, 256, 2, 2),  # no more stages than a warp has tiles
+        (64, 16, 1, 1),  # batch 1: one tile a warp
+        (64, 400, 5, 1),  # four blocks an SM: only one stage fits them in one wave
+        (128, 256, 5, 1),  # a 128-wide head's 256 blocks: three an SM, one stage each
+        (128, 132, 8, 3),  # one block an SM: three stages of a 128-wide head
+    ],
+)
+def test_paged_decode_mma_stages(d, blocks, tiles, stages, monkeypatch):
+    """The tensor-core body's cp.async stages per warp: as many as a warp has tiles, up to
+    three, while the grid still fits the SMs (132, 228 KB each) in one wave."""
+    from pygpukit.backends.cuda.kernels import paged_decode
+
+    cuda_fakes.install(monkeypatch, "sm_90")
+    assert paged_decode.mma_stages(d, blocks, tiles) == stages
+    assert paged_decode.mma_tiles(640, 1) == 5 and paged_decode.mma_tiles(512, 4) == 1

@@ -199,6 +199,53 @@ def test_seeded_sampling_is_per_request(engine):
     assert c[0] != a
 
 
+def test_decode_rows_follow_the_batch_as_streams_finish_and_join(model):
+    """The decode rows are rebuilt only when the running batch changes or a row runs out
+    of tokens to schedule (_decode_rows): streams of 2, 5, 9 and 14 tokens started
+    together, two more joining while they run (one seeded-sampled, so greedy and sampled
+    batches alternate), each get exactly their tokens -- the static path's for the
+    greedy ones, the same draws as alone for the sampled one -- and no step schedules a
+    row past its last token."""
+    e = Engine(model, max_model_len=128, prefill_chunk=32, kv_blocks=96, max_batch=8).start()
+    try:
+        prompts = _prompts(6, seed=61, low=8, high=40)
+        lengths = [2, 5, 9, 14, 7, 6]
+        sp = llm.SamplingParams(0.8, 30, 0.9, seed=5)
+        params = [llm.SamplingParams()] * 5 + [sp]
+        outs: list[list[int]] = [[] for _ in prompts]
+        done = threading.Semaphore(0)
+
+        def sink_for(i):
+            def sink(ev):
+                if ev.kind == "token":
+                    outs[i].append(ev.token)
+                else:
+                    done.release()
+
+            return sink
+
+        reqs = [
+            Request(p, n, sink_for(i), params=sp_i)
+            for i, (p, n, sp_i) in enumerate(zip(prompts, lengths, params, strict=True))
+        ]
+        for r in reqs[:4]:
+            e.submit(r)
+        while len(outs[0]) < 1:  # the first streams run when the others join
+            time.sleep(0.001)
+        for r in reqs[4:]:
+            e.submit(r)
+        for _ in reqs:
+            assert done.acquire(timeout=300)
+        for i in range(5):
+            assert outs[i] == model.generate_ids([prompts[i]], lengths[i],
+                                                 stop_at_eos=False).tokens[0]  # fmt: skip
+        assert outs[5] == e.generate([prompts[5]], 6, sp, ignore_eos=True, timeout=300)[0]
+        assert [r.scheduled for r in reqs] == lengths
+        assert e.stats()["used_blocks"] == 0
+    finally:
+        e.close()
+
+
 def test_eos_stops_and_frees(engine, model):
     p = _prompts(1, seed=4)[0]
     free = engine.generate([p], 6, ignore_eos=True)[0]

@@ -183,8 +183,8 @@ def give_back(engine: Any, reqs: Sequence[Any]) -> None:
 def step_times(engine: Any, sizes: Sequence[int], context: int, steps: int = 20,
                budgets: Sequence[int] = ()) -> list[dict[str, Any]]:  # fmt: skip
     """The engine's decode steps alone (not started: this thread drives them) at each
-    batch size, every row at `context` keys, launched as the engine does (one step in
-    flight while the one before is read back): ms per step, median of `steps` after 3
+    batch size, every row at `context` keys, launched as the engine does (LOOKAHEAD steps
+    in flight while the one before them is read back): ms per step, median of `steps` after 3
     warm-ups. Then, for each step token budget in `budgets`, the mixed steps of the
     largest batch: one launch of its decode rows and fresh prompts' pieces filling the
     rest of the budget (as _step cuts them: at most prefill_chunk tokens of a prompt);

@@ -22,7 +22,7 @@ Steps are gpk.compile'd functions, one captured graph per (bucket, sampling stat
 Each running sequence has a token slot: a row of device arrays holding its last token,
 that token's position and its block table (_Step). A decode step reads its rows' state
 there and writes the new tokens and positions back, so it needs nothing read back from
-the one before and runs one step ahead of the host (the host knows how many tokens each
+the one before and runs LOOKAHEAD steps ahead of the host (the host knows how many tokens each
 sequence has, not which, until they are read back), and a decode step of an unchanged
 batch uploads nothing; a prefill launch is one upload. The engine thread shares the
 interpreter lock with the HTTP loop, which takes it whenever the engine lets go (a wait,
@@ -68,7 +68,11 @@ MIN_PREFILL_TOKENS = 16
 # Most prompts one step prefills pieces of: each writes its block table in the step (a row
 # of the upload's table section), and one it finishes samples a token (an output row).
 STEP_PROMPTS = 16
-LOOKAHEAD = 1  # engine steps launched before the oldest one's tokens are read back
+# Engine steps launched before the oldest one's tokens are read back: two, so the GPU has
+# a step queued behind the running one while the engine thread waits for the interpreter
+# lock (the HTTP loop holds it for up to the switch interval whenever the engine thread
+# lets go of it) or emits. Tokens that have landed are read back sooner (_landed).
+LOOKAHEAD = 2
 # The engine thread waits for the GPU without the interpreter lock and must get it back
 # at once, or the GPU idles while another thread (the HTTP loop) runs Python: CPython
 # makes a waiting thread wait up to the switch interval (5 ms by default).
@@ -305,10 +309,20 @@ class Engine:
         self._idle_tables: dict[int, GPUArray] = {}
         # All-greedy batches' sampling inputs never change: uploaded once per batch size.
         self._greedy_inputs: dict[int, list[GPUArray]] = {}
-        # The last decode-only step's (tokens, token slots) and its upload: a decode step
-        # of the same batch uploads nothing.
-        self._decode_key: tuple[int, ...] = ()
+        # The last decode-only step's (tokens, token slots), its upload and output rows: a
+        # decode step of the same batch uploads nothing and builds no row list.
+        self._decode_key: tuple[Any, ...] = ()
         self._decode_upload: GPUArray | None = None
+        self._decode_outs: list[Request | None] = []
+        # An all-greedy step's output rows and their sampling inputs (the next step of the
+        # same rows takes them as they are).
+        self._greedy_step: tuple[list[Request | None], Any] | None = None
+        # The decode rows of the last step (_decode_rows) and their token slots, valid
+        # while the running batch is the same (_batch_version counts its changes) and the
+        # row with the fewest tokens left to schedule (limit) still has one.
+        self._batch_version = 0
+        self._rows_cache: tuple[int, list[Request], tuple[int, ...], Request | None] = (
+            -1, [], (), None)  # fmt: skip
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0  # submitted, not yet started (the bounded queue)
@@ -487,6 +501,8 @@ class Engine:
             # launched, everything is read back (the loop then waits for requests).
             while len(self._inflight) > (LOOKAHEAD if launched else 0):
                 self._retire()
+            while len(self._inflight) > 1 and self._landed():
+                self._retire()
             self._run_step_hooks()
         while self._inflight:
             self._retire()
@@ -567,6 +583,7 @@ class Engine:
         else:
             if req in self._running:
                 self._running.remove(req)
+                self._batch_version += 1
             if req in self._prefilling:
                 self._prefilling.remove(req)
             # Steps still in flight may store into these blocks and this token slot: they
@@ -598,7 +615,7 @@ class Engine:
         """Launch the next engine step: a token for each running sequence and, with what
         the token budget has left, pieces of the prompts waiting; whether anything was
         launched."""
-        rows = [r for r in self._running if r.scheduled < r.max_tokens][: self.max_batch]
+        rows = self._decode_rows()
         pieces = self._prefill_pieces(self._budget(rows) - len(rows))
         if not rows and not pieces:
             return False
@@ -614,6 +631,30 @@ class Engine:
             self._times["launch"] += (time.perf_counter() - t0) * 1e3
         self._inflight.append([launch])
         return True
+
+    def _landed(self) -> bool:
+        """Whether the oldest step in flight has its tokens on the host (reading them
+        back waits for nothing)."""
+        return all(transfer.done() for _, transfer in self._inflight[0])
+
+    def _decode_rows(self) -> list[Request]:
+        """The running sequences with a token left to schedule, up to max_batch: the last
+        step's list while the batch is unchanged and its row with the fewest tokens left
+        has one (every row gains one scheduled token a step), so a decode step of an
+        unchanged batch walks no rows."""
+        version, rows, _, limit = self._rows_cache
+        if version == self._batch_version and limit is not None and (
+                limit.scheduled < limit.max_tokens):  # fmt: skip
+            return rows
+        rows = [r for r in self._running if r.scheduled < r.max_tokens][: self.max_batch]
+        limit = min(rows, key=lambda r: r.max_tokens - r.scheduled) if rows else None
+        self._rows_cache = (self._batch_version, rows, tuple(r.tok_slot for r in rows), limit)
+        return rows
+
+    def _slots_key(self, rows: Sequence[Request]) -> tuple[int, ...]:
+        """The rows' token slots (the _decode_rows list's, computed once)."""
+        cached = self._rows_cache
+        return cached[2] if rows is cached[1] else tuple(r.tok_slot for r in rows)
 
     def _retire(self) -> None:
         """Read back the oldest engine step in flight and stream its tokens."""
@@ -745,17 +786,22 @@ class Engine:
         transfer."""
         used = len(rows) + sum(cnt for _, cnt in pieces)
         n = self._step_size(used, self._budget(rows))
-        key = (n, *(r.tok_slot for r in rows))
+        key = (n, self._slots_key(rows))
         if pieces or key != self._decode_key or self._decode_upload is None:
             packed, tables, outs = self._packed(rows, pieces, n)
             upload = gpk.from_numpy(packed)
             self._decode_key, self._decode_upload = (key, upload) if not pieces else ((), None)
+            self._decode_outs = outs
         else:
-            upload = self._decode_upload
-            outs = [*rows, *([None] * (self._step_obj.layout(n)[0] - len(rows)))]
+            upload, outs = self._decode_upload, self._decode_outs
         # A step that prefills nothing writes no table: its table rows never change.
         table_rows = gpk.from_numpy(tables) if pieces else self._no_tables(n)
-        sampling, statics = self._sampling_inputs(outs, len(outs))
+        greedy = self._greedy_step
+        if greedy is not None and greedy[0] is outs:
+            sampling, statics = greedy[1]
+        else:
+            sampling, statics = self._sampling_inputs(outs, len(outs))
+            self._greedy_step = (outs, (sampling, statics)) if not statics[0] else None
         tok = self._compiled_step(n, statics)(upload, table_rows, n, *sampling, *statics)
         for r in rows:
             r.scheduled += 1
@@ -765,6 +811,7 @@ class Engine:
                 req.scheduled = 1
                 self._prefilling.remove(req)
                 self._running.append(req)
+                self._batch_version += 1
         c = self._counts
         c["steps"] += 1
         c["decode_steps"] += bool(rows)

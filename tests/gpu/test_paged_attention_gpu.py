@@ -222,6 +222,20 @@ def test_paged_decode_rows_tensor_core_gpu(dtype, d, h, kv, n_decode, pieces, n_
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("one_pool", [False, True])
+def test_paged_decode_rows_batch64_three_stages_gpu(dtype, one_pool):
+    """The batch-64 TinyLlama decode step's attention (64 rows x 4 kv heads: one split,
+    three cp.async stages a warp, five 32-key tiles for the busiest warp), rows of
+    lengths 1 .. 640 off the tile and block, against the float64 reference."""
+    rng = np.random.default_rng(24)
+    nb, bs, m, d, h, kv = 2600, 16, 40, 64, 32, 4
+    table, lens = _step_rows(rng, 64, [], 0, bs, m, nb)
+    lens[:5] = [m * bs, 1, 513, 32, 129]
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, one_pool=one_pool)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("n_rows", [6, 60])
 def test_paged_decode_rows_hide_nan_they_do_not_see_gpu(dtype, n_rows):
     """NaN in every key and value a decode row does not see -- its own blocks past its

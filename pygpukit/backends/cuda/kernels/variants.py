@@ -101,7 +101,7 @@ def all_variants() -> list[Variant]:
                 out.append(("paged_decode", ("pgk_paged_decode",), pd))
     for dt in loader.HALF_DTYPES:
         for d in paged_prefill.HEAD_DIMS:  # the decode rows' tensor-core body
-            for g, stages in ((1, 1), (8, 2), (16, 2), (4, 1)):
+            for g, stages in ((1, 1), (8, 2), (8, 3), (16, 2), (4, 1)):
                 pm = _t(dt, PGK_D=d, PGK_G=g, PGK_MSTAGES=stages, PGK_ERR_INDEX=1)
                 out.append(("paged_decode", ("pgk_paged_decode_mma",), pm))
     for dt in loader.HALF_DTYPES:
