@@ -118,7 +118,7 @@ def test_generated_kernels_compile_batched(nvrtc: None) -> None:
     once); each request's CUBIN holds its kernel. As many threads as kernels: one each."""
     srcs = _aranges()
     assert len({compiler._split(s.text)[0] for s in srcs}) == 1
-    with compile_ahead.collecting() as asked:
+    with compile_ahead.collecting(workers=0) as asked:  # no thread: none starts when asked
         for src in srcs:
             assert compiler.function(src, ARCH) is compile_ahead.DEFERRED
     reqs = list(asked.values())
@@ -134,6 +134,38 @@ def test_generated_kernels_compile_batched(nvrtc: None) -> None:
     # Each program's time counted once in the sum.
     assert rep.compile_sum_ms < sum(rep.per_kernel_ms.values())
     assert [len(j) for j in compile_ahead._jobs(reqs, len(reqs))] == [1] * len(reqs)
+
+
+def test_generated_kernels_start_when_asked_while_a_thread_is_free(nvrtc: None) -> None:
+    """A generated kernel asked for while the pool has a thread free starts compiling at
+    once, alone (overlapping the rest of the dry run); those asked for while every thread
+    is busy wait for compile_all, which batches them. Every CUBIN holds its kernel."""
+    srcs = _aranges()
+    gate = threading.Event()
+    real = compiler.compile_kernel
+
+    def held(*args: Any, **kwargs: Any) -> bytes:
+        gate.wait(60)  # the threads stay busy until every kernel was asked for
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compiler, "compile_kernel", held)
+        with compile_ahead.collecting(workers=2) as asked:
+            for src in srcs:
+                assert compiler.function(src, ARCH) is compile_ahead.DEFERRED
+        reqs = list(asked.values())
+        assert [r.started is not None for r in reqs] == [True, True] + [False] * 4
+        gate.set()
+        got: dict[str, bytes] = {}
+        rep = compile_ahead.compile_all(_recorded(reqs, got), workers=2)
+    assert rep.kernels == len(srcs) == len(got)
+    # Two alone, the four others as BATCH_SIZE-bounded programs on the threads free.
+    assert _native.kernel_cache_stats()["compiles"] == 2 + (-(-4 // compile_ahead.BATCH_SIZE))
+    for k, src in enumerate(srcs):
+        (cubin,) = [c for n, c in got.items() if n.startswith(src.name + " ")]
+        assert src.name.encode() in cubin
+        if k < 2:  # compiled alone: the one-at-a-time path's module (a cache hit now)
+            assert cubin == real(src.text, ARCH, compiler.generated_options(), src.name + ".cu")
 
 
 def test_a_failed_batch_compiles_each_alone(nvrtc: None) -> None:

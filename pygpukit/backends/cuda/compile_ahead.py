@@ -78,9 +78,11 @@ class Request:
     # waits for it rather than compiling again.
     started: Future[Compiled] | None = field(default=None, compare=False, repr=False)
     # Requests of one batch (equal keys, not None) may compile as one NVRTC program:
-    # batch_compile(requests) returns a CUBIN holding each one's kernel. They start in
-    # compile_all (BATCH_SIZE a program where they outnumber the free threads), not when
-    # asked for.
+    # batch_compile(requests) returns a CUBIN holding each one's kernel. One starts when
+    # asked for while the pool has a thread free (alone: the H200's host compiled a cold
+    # prefill chunk's generated kernels in 380-445 ms each, all after the dry run, the
+    # call's critical path when they waited for compile_all); the others start in
+    # compile_all (BATCH_SIZE a program where they outnumber the free threads).
     batch: Any = field(default=None, compare=False)
     batch_part: Any = field(default=None, compare=False, repr=False)  # for batch_compile
     batch_compile: Callable[[list[Request]], bytes] | None = field(default=None, compare=False,
@@ -122,6 +124,8 @@ class Report:
 class _Collecting(threading.local):
     requests: dict[Any, Request] | None = None
     pool: ThreadPoolExecutor | None = None
+    workers: int = 0  # the pool's threads
+    started: list[Future[Compiled]] | None = None  # the compiles asked for so far
 
 
 _state = _Collecting()
@@ -150,35 +154,45 @@ def is_collecting() -> bool:
 
 def ask(request: Request) -> bool:
     """Called by a compile site on an in-memory miss: inside collecting(), records the
-    request (once per key), starts compiling it on the block's thread pool and returns
-    True (the site hands back DEFERRED); otherwise returns False (compile now)."""
+    request (once per key), starts compiling it on the block's thread pool (one that may
+    join a batch only while a thread is free: the rest wait for compile_all, which
+    batches them) and returns True (the site hands back DEFERRED); otherwise returns
+    False (compile now)."""
     requests = _state.requests
     if requests is None:
         return False
     if request.key not in requests:
         requests[request.key] = request
-        pool = _state.pool
-        if pool is not None and request.batch is None:
+        pool, started = _state.pool, _state.started
+        free = started is not None and _busy(started) < _state.workers
+        if pool is not None and started is not None and (request.batch is None or free):
             request.started = pool.submit(_timed, request)
+            started.append(request.started)
     return True
+
+
+def _busy(started: list[Future[Compiled]]) -> int:
+    """How many of the compiles started are still running or queued."""
+    return sum(1 for f in started if not f.done())
 
 
 @contextmanager
 def collecting(workers: int | None = None) -> Iterator[dict[Any, Request]]:
     """Inside the block this thread's compile sites ask rather than compile; yields the
     requests (by key), filled as the block runs. Each request starts compiling when asked
-    for, on up to `workers` threads (default: the CPU count, at most MAX_WORKERS; 0: none
-    start, compile_all compiles them all); compile_all waits for those."""
-    outer, outer_pool = _state.requests, _state.pool
+    for (one that may join a batch only while a thread is free), on up to `workers`
+    threads (default: the CPU count, at most MAX_WORKERS; 0: none start, compile_all
+    compiles them all); compile_all waits for those."""
+    outer = _state.requests, _state.pool, _state.workers, _state.started
     requests: dict[Any, Request] = {}
     n = _workers(workers)
     # Threads start only as requests come: a block that asks for nothing costs none.
     pool = ThreadPoolExecutor(n, thread_name_prefix="pygpukit-nvrtc") if n else None
-    _state.requests, _state.pool = requests, pool
+    _state.requests, _state.pool, _state.workers, _state.started = requests, pool, n, []
     try:
         yield requests
     finally:
-        _state.requests, _state.pool = outer, outer_pool
+        _state.requests, _state.pool, _state.workers, _state.started = outer
         if pool is not None:
             pool.shutdown(wait=False)  # the compiles started run on; compile_all waits
 
