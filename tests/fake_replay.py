@@ -189,11 +189,12 @@ def fake_device(monkeypatch: Any, arch: str = "sm_90") -> Iterator[FirstCall]:
     real_all, real_gen, real_tpl = (compile_ahead.compile_all, compiler.compile_kernel,
                                     loader.compile_source)  # fmt: skip
 
-    def compile_all(requests: list[compile_ahead.Request], workers: int | None = None) -> Any:
+    def compile_all(requests: list[compile_ahead.Request], workers: int | None = None,
+                    since: float | None = None) -> Any:  # fmt: skip
         record.asked += [r.key for r in requests]
         inside.set()
         try:
-            return real_all(requests, workers)
+            return real_all(requests, workers, since)
         finally:
             inside.clear()
 

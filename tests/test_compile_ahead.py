@@ -204,7 +204,7 @@ def test_compiles_run_concurrently() -> None:
 
 def test_report_times_each_kernel_slowest_first() -> None:
     """The report names each kernel's compile time, the slowest (the compile wall's
-    critical path) first; their sum is compile_sum_ms."""
+    critical path) first; their sum is compile_sum_ms; with `since`, when each started."""
     got: dict[str, bytes] = {}
 
     def compile_for(seconds: float) -> Any:
@@ -217,8 +217,13 @@ def test_report_times_each_kernel_slowest_first() -> None:
     delays = {"fast": 0.01, "slow": 0.12, "mid": 0.05}
     reqs = [compile_ahead.Request(("t", n), n, compile_for(d), lambda c: None)
             for n, d in delays.items()]  # fmt: skip
-    rep = compile_ahead.compile_all(_recorded(reqs, got), workers=3)
+    since = time.perf_counter()
+    time.sleep(0.02)
+    rep = compile_ahead.compile_all(_recorded(reqs, got), workers=3, since=since)
     assert list(rep.per_kernel_ms) == ["slow", "mid", "fast"]
+    # Each compile's start, from `since`: all three started together, after the sleep.
+    assert set(rep.started_ms) == set(delays) and rep.as_dict()["started_ms"] == rep.started_ms
+    assert all(20 <= ms < 20 + rep.compile_wait_ms for ms in rep.started_ms.values())
     for n, d in delays.items():
         assert rep.per_kernel_ms[n] >= d * 1e3 * 0.9
     assert abs(sum(rep.per_kernel_ms.values()) - rep.compile_sum_ms) < 0.1

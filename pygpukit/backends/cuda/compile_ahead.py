@@ -109,6 +109,9 @@ class Report:
     names: list[str] = field(default_factory=list)
     # Each kernel's compile, slowest first: the first is the compile wall's critical path.
     per_kernel_ms: dict[str, float] = field(default_factory=dict)
+    # When each compile started, from compile_all's `since` (the dry run's start): a
+    # kernel's start plus its compile is when it was ready (empty without `since`).
+    started_ms: dict[str, float] = field(default_factory=dict)
     # Kernels compiled quickly (two tiers), and their optimised compiles under way.
     provisional: list[str] = field(default_factory=list)
     upgrades: list[Future[None]] = field(default_factory=list, repr=False)
@@ -118,6 +121,7 @@ class Report:
                 "compile_wall_ms": self.compile_wall_ms, "compile_sum_ms": self.compile_sum_ms,
                 "compile_wait_ms": self.compile_wait_ms, "load_ms": self.load_ms,
                 "per_kernel_ms": dict(self.per_kernel_ms),
+                "started_ms": dict(self.started_ms),
                 "provisional": len(self.provisional)}  # fmt: skip
 
 
@@ -276,7 +280,8 @@ def _timed_job(job: list[Request]) -> dict[int, Compiled]:
     return {id(r): shared for r in job}
 
 
-def compile_all(requests: list[Request], workers: int | None = None) -> Report:
+def compile_all(requests: list[Request], workers: int | None = None,
+                since: float | None = None) -> Report:  # fmt: skip
     """Compiles the requests concurrently (waiting for those started when asked for) and
     installs each (in the order given).
 
@@ -289,6 +294,8 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
         requests: What to compile (each once).
         workers: Threads at most for the requests not started yet (default: the CPU
             count, at most MAX_WORKERS).
+        since: A perf_counter() time (the dry run's start) the report's started_ms count
+            from.
 
     Returns:
         The Report of times.
@@ -322,6 +329,8 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
     ms = [(r[3] - r[2]) * 1e3 for r in results]
     for k in sorted(range(len(requests)), key=lambda k: -ms[k]):
         rep.per_kernel_ms[requests[k].name] = round(ms[k], 2)
+        if since is not None:
+            rep.started_ms[requests[k].name] = round((results[k][2] - since) * 1e3, 2)
     rep.compile_sum_ms = sum((r[3] - r[2]) * 1e3 for r in {id(r): r for r in results}.values())
     for req, (cubin, error, _, _) in zip(requests, results, strict=True):
         if error is not None or cubin is None:
