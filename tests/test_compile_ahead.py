@@ -168,6 +168,24 @@ def test_generated_kernels_start_when_asked_while_a_thread_is_free(nvrtc: None) 
             assert cubin == real(src.text, ARCH, compiler.generated_options(), src.name + ".cu")
 
 
+def test_generated_kernels_share_the_prelude_headers_parse_with_the_same_code(
+        nvrtc: None) -> None:  # fmt: skip
+    """Generated kernels compile with NVRTC's in-process precompiled header of their
+    prelude's includes (NVRTC 12.8+): each CUBIN is byte for byte the one compiled without
+    it, for several kernels of several dtypes (half types included) in turn."""
+    pch = toolchain.header_pch_options()
+    assert pch == (("--pch",) if toolchain.nvrtc_version() >= (12, 8) else ())
+    opts = compiler.generated_options()
+    assert set(pch) <= set(opts)
+    without = tuple(o for o in opts if o not in pch)
+    srcs = _aranges() + [fill.generate(fill.ArangeSpec(dt, False))
+                         for dt in (dtypes.float16, dtypes.bfloat16)]  # fmt: skip
+    for src in srcs:
+        name = src.name + ".cu"
+        with_pch = toolchain.compile_quick(src.text, ARCH, opts, name)
+        assert with_pch == toolchain.compile_quick(src.text, ARCH, without, name), src.name
+
+
 def test_a_failed_batch_compiles_each_alone(nvrtc: None) -> None:
     """A batch holding a kernel that does not compile: the others compile alone and are
     installed, and the error names the broken kernel with its log."""
