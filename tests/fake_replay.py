@@ -168,6 +168,7 @@ def fake_device(monkeypatch: Any, arch: str = "sm_90") -> Iterator[FirstCall]:
     monkeypatch.setattr(_native, "Stream", Stream)
     monkeypatch.setattr(_native, "Module", Module)
     monkeypatch.setattr(_native, "memcpy_dtod_async", lambda *a: None)
+    monkeypatch.setattr(_native, "memset", cuda_fakes.memset)
     monkeypatch.setattr(_native, "cublaslt_plan", lambda *a, **k: LtPlan())
     monkeypatch.setattr(cublaslt, "cublaslt_unavailable_reason", lambda: "")
     monkeypatch.setattr(cublaslt, "_workspaces", {})
