@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from pygpukit import _native
 from pygpukit.backends.cuda import compiler, toolchain
 from pygpukit.backends.cuda.context import contiguous
 from pygpukit.backends.cuda.kernels import loader
@@ -58,6 +59,12 @@ class FakeFunction:
 LAUNCHES: list[tuple[Any, ...]] = []
 
 
+def memset(ptr: int, value: int, nbytes: int, stream: Any = None) -> None:
+    """The driver's memset (a zero fill's), its arguments checked and recorded."""
+    assert isinstance(ptr, int) and ptr > 0 and 0 <= value < 256 and nbytes > 0, (ptr, nbytes)
+    LAUNCHES.append(("memset", ptr, nbytes))
+
+
 class FakeCtx:
     def __init__(self) -> None:
         self.stream = None
@@ -100,6 +107,7 @@ def install(monkeypatch: Any, arch: str) -> None:
     from pygpukit.backends.cuda import cublaslt
 
     monkeypatch.setattr(cublaslt, "cublaslt_unavailable_reason", lambda: "faked")
+    monkeypatch.setattr(_native, "memset", memset)
     monkeypatch.setattr(compiler, "function", function)
     monkeypatch.setattr(loader, "get_function", get_function)
     info = {"sm_count": 132, "compute_capability": (int(arch[3]), int(arch[4:])),

@@ -168,6 +168,7 @@ def fake_device(monkeypatch: Any, arch: str = "sm_90") -> Iterator[FirstCall]:
     monkeypatch.setattr(_native, "Stream", Stream)
     monkeypatch.setattr(_native, "Module", Module)
     monkeypatch.setattr(_native, "memcpy_dtod_async", lambda *a: None)
+    monkeypatch.setattr(_native, "memset", cuda_fakes.memset)
     monkeypatch.setattr(_native, "cublaslt_plan", lambda *a, **k: LtPlan())
     monkeypatch.setattr(cublaslt, "cublaslt_unavailable_reason", lambda: "")
     monkeypatch.setattr(cublaslt, "_workspaces", {})
@@ -189,11 +190,12 @@ def fake_device(monkeypatch: Any, arch: str = "sm_90") -> Iterator[FirstCall]:
     real_all, real_gen, real_tpl = (compile_ahead.compile_all, compiler.compile_kernel,
                                     loader.compile_source)  # fmt: skip
 
-    def compile_all(requests: list[compile_ahead.Request], workers: int | None = None) -> Any:
+    def compile_all(requests: list[compile_ahead.Request], workers: int | None = None,
+                    since: float | None = None) -> Any:  # fmt: skip
         record.asked += [r.key for r in requests]
         inside.set()
         try:
-            return real_all(requests, workers)
+            return real_all(requests, workers, since)
         finally:
             inside.clear()
 

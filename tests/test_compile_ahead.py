@@ -118,7 +118,7 @@ def test_generated_kernels_compile_batched(nvrtc: None) -> None:
     once); each request's CUBIN holds its kernel. As many threads as kernels: one each."""
     srcs = _aranges()
     assert len({compiler._split(s.text)[0] for s in srcs}) == 1
-    with compile_ahead.collecting() as asked:
+    with compile_ahead.collecting(workers=0) as asked:  # no thread: none starts when asked
         for src in srcs:
             assert compiler.function(src, ARCH) is compile_ahead.DEFERRED
     reqs = list(asked.values())
@@ -134,6 +134,56 @@ def test_generated_kernels_compile_batched(nvrtc: None) -> None:
     # Each program's time counted once in the sum.
     assert rep.compile_sum_ms < sum(rep.per_kernel_ms.values())
     assert [len(j) for j in compile_ahead._jobs(reqs, len(reqs))] == [1] * len(reqs)
+
+
+def test_generated_kernels_start_when_asked_while_a_thread_is_free(nvrtc: None) -> None:
+    """A generated kernel asked for while the pool has a thread free starts compiling at
+    once, alone (overlapping the rest of the dry run); those asked for while every thread
+    is busy wait for compile_all, which batches them. Every CUBIN holds its kernel."""
+    srcs = _aranges()
+    gate = threading.Event()
+    real = compiler.compile_kernel
+
+    def held(*args: Any, **kwargs: Any) -> bytes:
+        gate.wait(60)  # the threads stay busy until every kernel was asked for
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compiler, "compile_kernel", held)
+        with compile_ahead.collecting(workers=2) as asked:
+            for src in srcs:
+                assert compiler.function(src, ARCH) is compile_ahead.DEFERRED
+        reqs = list(asked.values())
+        assert [r.started is not None for r in reqs] == [True, True] + [False] * 4
+        gate.set()
+        got: dict[str, bytes] = {}
+        rep = compile_ahead.compile_all(_recorded(reqs, got), workers=2)
+    assert rep.kernels == len(srcs) == len(got)
+    # Two alone, the four others as BATCH_SIZE-bounded programs on the threads free.
+    assert _native.kernel_cache_stats()["compiles"] == 2 + (-(-4 // compile_ahead.BATCH_SIZE))
+    for k, src in enumerate(srcs):
+        (cubin,) = [c for n, c in got.items() if n.startswith(src.name + " ")]
+        assert src.name.encode() in cubin
+        if k < 2:  # compiled alone: the one-at-a-time path's module (a cache hit now)
+            assert cubin == real(src.text, ARCH, compiler.generated_options(), src.name + ".cu")
+
+
+def test_generated_kernels_share_the_prelude_headers_parse_with_the_same_code(
+        nvrtc: None) -> None:  # fmt: skip
+    """Generated kernels compile with NVRTC's in-process precompiled header of their
+    prelude's includes (NVRTC 12.8+): each CUBIN is byte for byte the one compiled without
+    it, for several kernels of several dtypes (half types included) in turn."""
+    pch = toolchain.header_pch_options()
+    assert pch == (("--pch",) if toolchain.nvrtc_version() >= (12, 8) else ())
+    opts = compiler.generated_options()
+    assert set(pch) <= set(opts)
+    without = tuple(o for o in opts if o not in pch)
+    srcs = _aranges() + [fill.generate(fill.ArangeSpec(dt, False))
+                         for dt in (dtypes.float16, dtypes.bfloat16)]  # fmt: skip
+    for src in srcs:
+        name = src.name + ".cu"
+        with_pch = toolchain.compile_quick(src.text, ARCH, opts, name)
+        assert with_pch == toolchain.compile_quick(src.text, ARCH, without, name), src.name
 
 
 def test_a_failed_batch_compiles_each_alone(nvrtc: None) -> None:
@@ -172,7 +222,7 @@ def test_compiles_run_concurrently() -> None:
 
 def test_report_times_each_kernel_slowest_first() -> None:
     """The report names each kernel's compile time, the slowest (the compile wall's
-    critical path) first; their sum is compile_sum_ms."""
+    critical path) first; their sum is compile_sum_ms; with `since`, when each started."""
     got: dict[str, bytes] = {}
 
     def compile_for(seconds: float) -> Any:
@@ -185,8 +235,13 @@ def test_report_times_each_kernel_slowest_first() -> None:
     delays = {"fast": 0.01, "slow": 0.12, "mid": 0.05}
     reqs = [compile_ahead.Request(("t", n), n, compile_for(d), lambda c: None)
             for n, d in delays.items()]  # fmt: skip
-    rep = compile_ahead.compile_all(_recorded(reqs, got), workers=3)
+    since = time.perf_counter()
+    time.sleep(0.02)
+    rep = compile_ahead.compile_all(_recorded(reqs, got), workers=3, since=since)
     assert list(rep.per_kernel_ms) == ["slow", "mid", "fast"]
+    # Each compile's start, from `since`: all three started together, after the sleep.
+    assert set(rep.started_ms) == set(delays) and rep.as_dict()["started_ms"] == rep.started_ms
+    assert all(20 <= ms < 20 + rep.compile_wait_ms for ms in rep.started_ms.values())
     for n, d in delays.items():
         assert rep.per_kernel_ms[n] >= d * 1e3 * 0.9
     assert abs(sum(rep.per_kernel_ms.values()) - rep.compile_sum_ms) < 0.1

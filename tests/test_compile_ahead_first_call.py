@@ -15,6 +15,7 @@ toolchain = pytest.importorskip("pygpukit.backends.cuda.toolchain")
 import fake_replay  # noqa: E402
 
 from pygpukit import _native  # noqa: E402
+from pygpukit.backends.cuda.planned import DRY_RUN_OPS_SHOWN  # noqa: E402
 from pygpukit.bench import llm as bench_llm  # noqa: E402
 from pygpukit.llm.sampling import SamplingParams  # noqa: E402
 
@@ -57,6 +58,15 @@ def test_first_call_compiles_only_ahead(steps: dict[str, Any], which: str, arch:
     # its kernel: the fake Module checks), templates one to a program.
     assert first["kernels"] == len(set(record.asked)) >= len(record.compiled)
     assert _native.kernel_cache_stats()["compiles"] == len(record.compiled)
+    # Where the dry run went: its slowest ops, each one of the program's; when each
+    # kernel's compile started (from the dry run's start).
+    ops = {st.op for st in steps[which].schedule.steps}
+    by_op = first["dry_run_ops_ms"]
+    assert by_op and set(by_op) <= ops and len(by_op) == min(len(ops), DRY_RUN_OPS_SHOWN)
+    assert sum(by_op.values()) <= first["dry_run_ms"]
+    assert list(by_op.values()) == sorted(by_op.values(), reverse=True)
+    assert set(first["started_ms"]) == set(first["per_kernel_ms"])
+    assert all(ms >= 0 for ms in first["started_ms"].values())
 
 
 def test_disk_served_process_still_runs_a_new_program_dry(steps: dict[str, Any], tmp_path: Any,

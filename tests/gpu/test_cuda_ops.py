@@ -234,6 +234,19 @@ def test_cast(rng: np.random.Generator, src: str, dst: str) -> None:
 
 
 @pytest.mark.parametrize("d", ALL)
+def test_zero_fill_writes_every_element(d: str) -> None:
+    """A fill with zeros (a memset, no kernel) writes each element of the poisoned
+    allocation, lazy and eager; -0.0 (the fill kernel) keeps its sign bit."""
+    lazy, eager, cpu = three_ways(lambda: gpk.zeros((3, 70), dtype=d))
+    want = np.zeros((3, 70), npd(d))
+    for got in (lazy, eager, cpu):
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    if d in FLOATS:
+        neg = gpk.full((5,), -0.0, dtype=d).to_numpy()
+        assert np.signbit(f64(neg)).all() and (f64(neg) == 0).all()
+
+
+@pytest.mark.parametrize("d", ALL)
 def test_where_full_arange(rng: np.random.Generator, d: str) -> None:
     c = rand(rng, (6, 1), "bool")
     x, y = rand(rng, (6, 50), d), rand(rng, (50,), d)

@@ -78,9 +78,11 @@ class Request:
     # waits for it rather than compiling again.
     started: Future[Compiled] | None = field(default=None, compare=False, repr=False)
     # Requests of one batch (equal keys, not None) may compile as one NVRTC program:
-    # batch_compile(requests) returns a CUBIN holding each one's kernel. They start in
-    # compile_all (BATCH_SIZE a program where they outnumber the free threads), not when
-    # asked for.
+    # batch_compile(requests) returns a CUBIN holding each one's kernel. One starts when
+    # asked for while the pool has a thread free (alone: the H200's host compiled a cold
+    # prefill chunk's generated kernels in 380-445 ms each, all after the dry run, the
+    # call's critical path when they waited for compile_all); the others start in
+    # compile_all (BATCH_SIZE a program where they outnumber the free threads).
     batch: Any = field(default=None, compare=False)
     batch_part: Any = field(default=None, compare=False, repr=False)  # for batch_compile
     batch_compile: Callable[[list[Request]], bytes] | None = field(default=None, compare=False,
@@ -107,6 +109,9 @@ class Report:
     names: list[str] = field(default_factory=list)
     # Each kernel's compile, slowest first: the first is the compile wall's critical path.
     per_kernel_ms: dict[str, float] = field(default_factory=dict)
+    # When each compile started, from compile_all's `since` (the dry run's start): a
+    # kernel's start plus its compile is when it was ready (empty without `since`).
+    started_ms: dict[str, float] = field(default_factory=dict)
     # Kernels compiled quickly (two tiers), and their optimised compiles under way.
     provisional: list[str] = field(default_factory=list)
     upgrades: list[Future[None]] = field(default_factory=list, repr=False)
@@ -116,12 +121,15 @@ class Report:
                 "compile_wall_ms": self.compile_wall_ms, "compile_sum_ms": self.compile_sum_ms,
                 "compile_wait_ms": self.compile_wait_ms, "load_ms": self.load_ms,
                 "per_kernel_ms": dict(self.per_kernel_ms),
+                "started_ms": dict(self.started_ms),
                 "provisional": len(self.provisional)}  # fmt: skip
 
 
 class _Collecting(threading.local):
     requests: dict[Any, Request] | None = None
     pool: ThreadPoolExecutor | None = None
+    workers: int = 0  # the pool's threads
+    started: list[Future[Compiled]] | None = None  # the compiles asked for so far
 
 
 _state = _Collecting()
@@ -150,35 +158,45 @@ def is_collecting() -> bool:
 
 def ask(request: Request) -> bool:
     """Called by a compile site on an in-memory miss: inside collecting(), records the
-    request (once per key), starts compiling it on the block's thread pool and returns
-    True (the site hands back DEFERRED); otherwise returns False (compile now)."""
+    request (once per key), starts compiling it on the block's thread pool (one that may
+    join a batch only while a thread is free: the rest wait for compile_all, which
+    batches them) and returns True (the site hands back DEFERRED); otherwise returns
+    False (compile now)."""
     requests = _state.requests
     if requests is None:
         return False
     if request.key not in requests:
         requests[request.key] = request
-        pool = _state.pool
-        if pool is not None and request.batch is None:
+        pool, started = _state.pool, _state.started
+        free = started is not None and _busy(started) < _state.workers
+        if pool is not None and started is not None and (request.batch is None or free):
             request.started = pool.submit(_timed, request)
+            started.append(request.started)
     return True
+
+
+def _busy(started: list[Future[Compiled]]) -> int:
+    """How many of the compiles started are still running or queued."""
+    return sum(1 for f in started if not f.done())
 
 
 @contextmanager
 def collecting(workers: int | None = None) -> Iterator[dict[Any, Request]]:
     """Inside the block this thread's compile sites ask rather than compile; yields the
     requests (by key), filled as the block runs. Each request starts compiling when asked
-    for, on up to `workers` threads (default: the CPU count, at most MAX_WORKERS; 0: none
-    start, compile_all compiles them all); compile_all waits for those."""
-    outer, outer_pool = _state.requests, _state.pool
+    for (one that may join a batch only while a thread is free), on up to `workers`
+    threads (default: the CPU count, at most MAX_WORKERS; 0: none start, compile_all
+    compiles them all); compile_all waits for those."""
+    outer = _state.requests, _state.pool, _state.workers, _state.started
     requests: dict[Any, Request] = {}
     n = _workers(workers)
     # Threads start only as requests come: a block that asks for nothing costs none.
     pool = ThreadPoolExecutor(n, thread_name_prefix="pygpukit-nvrtc") if n else None
-    _state.requests, _state.pool = requests, pool
+    _state.requests, _state.pool, _state.workers, _state.started = requests, pool, n, []
     try:
         yield requests
     finally:
-        _state.requests, _state.pool = outer, outer_pool
+        _state.requests, _state.pool, _state.workers, _state.started = outer
         if pool is not None:
             pool.shutdown(wait=False)  # the compiles started run on; compile_all waits
 
@@ -262,7 +280,8 @@ def _timed_job(job: list[Request]) -> dict[int, Compiled]:
     return {id(r): shared for r in job}
 
 
-def compile_all(requests: list[Request], workers: int | None = None) -> Report:
+def compile_all(requests: list[Request], workers: int | None = None,
+                since: float | None = None) -> Report:  # fmt: skip
     """Compiles the requests concurrently (waiting for those started when asked for) and
     installs each (in the order given).
 
@@ -275,6 +294,8 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
         requests: What to compile (each once).
         workers: Threads at most for the requests not started yet (default: the CPU
             count, at most MAX_WORKERS).
+        since: A perf_counter() time (the dry run's start) the report's started_ms count
+            from.
 
     Returns:
         The Report of times.
@@ -308,6 +329,8 @@ def compile_all(requests: list[Request], workers: int | None = None) -> Report:
     ms = [(r[3] - r[2]) * 1e3 for r in results]
     for k in sorted(range(len(requests)), key=lambda k: -ms[k]):
         rep.per_kernel_ms[requests[k].name] = round(ms[k], 2)
+        if since is not None:
+            rep.started_ms[requests[k].name] = round((results[k][2] - since) * 1e3, 2)
     rep.compile_sum_ms = sum((r[3] - r[2]) * 1e3 for r in {id(r): r for r in results}.values())
     for req, (cubin, error, _, _) in zip(requests, results, strict=True):
         if error is not None or cubin is None:

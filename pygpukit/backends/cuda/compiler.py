@@ -14,7 +14,7 @@ from pygpukit.backends.devices import current
 
 from . import compile_ahead
 from .codegen import KernelSource
-from .toolchain import compile_kernel, device_arch, lean_options
+from .toolchain import compile_kernel, device_arch, header_pch_options, lean_options
 
 _lock = threading.Lock()
 # Keyed by the thread's device too (None: the primary one): a module is loaded into one
@@ -30,8 +30,9 @@ GenKey = tuple[str, str, int | None]  # (source, arch, device)
 
 
 def generated_options() -> tuple[str, ...]:
-    """The NVRTC options every generated kernel compiles with."""
-    return (*GENERATED_OPTIONS, *lean_options())
+    """The NVRTC options every generated kernel compiles with (their common prelude's
+    headers parsed once per process: header_pch_options)."""
+    return (*GENERATED_OPTIONS, *lean_options(), *header_pch_options())
 
 
 def function(src: KernelSource, arch: str | None = None) -> Any:
