@@ -45,10 +45,11 @@ def test_first_call_compiles_everything_ahead(tmp_path: Any, monkeypatch: Any) -
     real_all, real_gen, real_tpl = (compile_ahead.compile_all, compiler.compile_kernel,
                                     loader.compile_source)  # fmt: skip
 
-    def compile_all(requests: list[compile_ahead.Request], workers: int | None = None) -> Any:
+    def compile_all(requests: list[compile_ahead.Request], workers: int | None = None,
+                    since: float | None = None) -> Any:  # fmt: skip
         inside.set()
         try:
-            return real_all(requests, workers)
+            return real_all(requests, workers, since)
         finally:
             inside.clear()
 
