@@ -561,8 +561,22 @@ std::shared_ptr<LtPlan> get_plan(const LtPlanKey& key) {
 
 void register_cublaslt(py::module_& m) {
   m.def("cublaslt_load", &cublaslt_load, py::arg("candidates"),
+        py::call_guard<py::gil_scoped_release>(),
         "Load cuBLASLt from the first loadable path; returns it. Idempotent. CUDAError "
         "(call 'load libcublasLt') lists what was tried.");
+  m.def(
+      "cublaslt_warm",
+      [](const std::string& dtype) {
+        // The library's one-time costs, off the first GEMM's path: the device's handle and
+        // the first heuristic query (its tables), on a plan that is not kept.
+        api();
+        LtPlanKey key = make_lt_key(64, 64, 64, dtype, 64, 64, 64, false, false, 1, 0, 0, 0,
+                                    "none", false, 16, 0, get_device(), 0);
+        LtPlan warm(key);
+      },
+      py::arg("dtype") = "bfloat16", py::call_guard<py::gil_scoped_release>(),
+      "Create the current device's cuBLASLt handle and run one heuristic query (a "
+      "64^3 GEMM of `dtype`) whose plan is not cached; the interpreter lock is released.");
   m.def("cublaslt_loaded", &cublaslt_loaded);
   m.def("cublaslt_path", &loaded_path, "Path cuBLASLt was loaded from ('' if not loaded).");
   m.def("cublaslt_version", []() { return static_cast<int64_t>(api().cublasLtGetVersion()); });

@@ -372,3 +372,14 @@ def test_integer_and_float64_keep_their_kernels(rng: np.random.Generator) -> Non
     np.testing.assert_array_equal(out, ai.astype(np.int64) @ bi)
     stats = _native.cublaslt_cache_stats()
     assert int(stats["misses"]) + int(stats["hits"]) == before
+
+
+def test_the_backend_warms_cublaslt_on_a_thread_and_caches_no_plan() -> None:
+    gpk.from_numpy(np.arange(4, dtype=np.float32)).to_numpy()  # the CUDA backend exists
+    assert cublaslt._warming, "the backend starts the warm-up"
+    for thread in cublaslt._warming:
+        thread.join(60)
+    assert _native.cublaslt_loaded()
+    before = dict(_native.cublaslt_cache_stats())
+    _native.cublaslt_warm("float16")  # a handle and a heuristic query; no plan kept
+    assert dict(_native.cublaslt_cache_stats()) == before

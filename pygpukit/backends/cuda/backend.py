@@ -18,7 +18,7 @@ from pygpukit.memory import Storage, enable_eviction, pinned
 from pygpukit.passes import Schedule
 
 from ..base import Backend
-from . import device_pool, ew, toolchain, transfers
+from . import cublaslt, device_pool, ew, toolchain, transfers
 from .context import Launch, StepContext, contiguous
 from .dispatch import NativeDispatch, align
 from .errorword import WORDS, ErrorWord
@@ -55,6 +55,7 @@ class CudaBackend(CudaPlannedHooks, Backend):
         # Cached schedules replayed by the Rust controller (None: off); not used while new
         # outputs must be poisoned (the general path's alloc() fills them).
         self.native: NativeDispatch | None = NativeDispatch(self)
+        cublaslt.warm_in_background()
 
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: DType, what: str,
