@@ -185,6 +185,24 @@ class _Step:
         return tok
 
 
+def check_request(prompt: Sequence[int], max_tokens: int, max_model_len: int, vocab: int) -> None:
+    """Raise GPUKitValueError when a request can never run on an engine of max_model_len
+    and vocab (Engine.check; the HTTP front end's process checks with the same limits)."""
+    if len(prompt) == 0:
+        raise errors.GPUKitValueError("the prompt has no tokens")
+    if max_tokens < 1:
+        raise errors.GPUKitValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if len(prompt) + max_tokens > max_model_len:
+        raise errors.GPUKitValueError(
+            f"this model's maximum context length is {max_model_len} tokens; the "
+            f"prompt has {len(prompt)} and max_tokens is {max_tokens}"
+        )
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise errors.GPUKitValueError(f"token id {bad[0]} is outside the vocabulary "
+                                      f"[0, {vocab})")  # fmt: skip
+
+
 def bucket(n: int, least: int = 1) -> int:
     """The next power of two >= n (and >= least)."""
     b = least
@@ -371,19 +389,7 @@ class Engine:
 
     def check(self, prompt: Sequence[int], max_tokens: int) -> None:
         """Raise GPUKitValueError when a request can never run (the HTTP layer's 400)."""
-        if len(prompt) == 0:
-            raise errors.GPUKitValueError("the prompt has no tokens")
-        if max_tokens < 1:
-            raise errors.GPUKitValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if len(prompt) + max_tokens > self.max_model_len:
-            raise errors.GPUKitValueError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the "
-                f"prompt has {len(prompt)} and max_tokens is {max_tokens}"
-            )
-        bad = [t for t in prompt if not 0 <= t < self.vocab]
-        if bad:
-            raise errors.GPUKitValueError(f"token id {bad[0]} is outside the vocabulary "
-                                          f"[0, {self.vocab})")  # fmt: skip
+        check_request(prompt, max_tokens, self.max_model_len, self.vocab)
 
     def submit(self, req: Request) -> Request:
         """Queue a request; raises GPUKitValueError (never fits) or Overloaded (queue full)."""
@@ -843,4 +849,4 @@ def _default_memory(kv_memory: int | None) -> int:
     return 256 << 20
 
 
-__all__ = ["Engine", "Event", "Overloaded", "Request", "bucket"]
+__all__ = ["Engine", "Event", "Overloaded", "Request", "bucket", "check_request"]
