@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -219,8 +220,14 @@ def serve_front_end(conn: Any, front: FrontEnd) -> None:
             client.send_now(("ready", sock.getsockname()[1]))
         await serving
 
+    # uvicorn's choice of event loop (uvloop when installed), where it says what it is.
+    factory = getattr(config, "get_loop_factory", lambda: None)()
     try:
-        asyncio.run(main())
+        if factory is not None and sys.version_info >= (3, 11):
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(main())
+        else:
+            asyncio.run(main())
     finally:
         conn.close()
 
