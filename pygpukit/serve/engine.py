@@ -25,8 +25,9 @@ there and writes the new tokens and positions back, so it needs nothing read bac
 the one before and runs LOOKAHEAD steps ahead of the host (the host knows how many tokens each
 sequence has, not which, until they are read back), and a decode step of an unchanged
 batch uploads nothing; a prefill launch is one upload. The engine thread shares the
-interpreter lock with the HTTP loop, which takes it whenever the engine lets go (a wait,
-a large copy): the step's launch lets go of it as little as it can. A running stream gets a
+interpreter lock with the other threads of its process (the HTTP loop, when the server
+runs it there: Server processes=1), which take it whenever the engine lets go (a wait, a
+large copy): the step's launch lets go of it as little as it can. A running stream gets a
 token every engine step, and a step's prefill share is bounded by the budget, so a prompt
 arriving mid-stream delays the others by at most one budget's prefill per token instead
 of its whole prefill.
