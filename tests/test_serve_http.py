@@ -220,12 +220,12 @@ def test_queue_full_is_429_and_a_rejected_request_503(model, monkeypatch, proces
     from pygpukit.serve.server import Server
 
     engine = Engine(model, max_model_len=256, kv_blocks=16, max_queue=1)
-    # The engine holds its first step with a decode row until the end, so the first request
-    # cannot finish (and free its blocks) before the second is queued, however fast the
-    # machine.
-    gate, real = threading.Event(), engine._launch
-    monkeypatch.setattr(engine, "_launch", lambda rows, pieces: (
-        gate.wait(60) if rows else None, real(rows, pieces))[1])  # fmt: skip
+    # Running sequences get no decode step until the end, so the first request cannot
+    # finish (and free its blocks) before the second is queued, however fast the machine;
+    # the engine still takes commands meanwhile (it waits for one when it has nothing to
+    # launch), so the scheduler's rejection of the guaranteed request is answered.
+    gate, real = threading.Event(), engine._decode_rows
+    monkeypatch.setattr(engine, "_decode_rows", lambda: real() if gate.is_set() else [])
     s = Server(model, engine, "tiny", port=0, processes=processes).start()
     try:
         bodies = [json.dumps({"prompt": "Alice", "max_tokens": 240, "ignore_eos": True,
