@@ -52,10 +52,11 @@ def _starlette() -> Any:
 
 
 class _Relay:
-    """Moves engine events onto one event loop's queues in batches: the engine thread
-    appends events as it emits them, and once per engine step (Engine.add_step_hook)
-    schedules one delivery of all of them, so a step's tokens for every stream cost one
-    loop wake-up and no lock per token.
+    """Moves engine events onto one event loop's queues in batches: the engine thread (or,
+    in the front end's own process, the EngineClient reading the connection) appends
+    events as they come, and once per engine step (add_step_hook) schedules one delivery
+    of all of them, so a step's tokens for every stream cost one loop wake-up and no lock
+    per token.
 
     Lock-free under the GIL: deque appends and pops are atomic, `_scheduled` is only set
     by the engine thread and cleared by the loop before it drains, so an event appended

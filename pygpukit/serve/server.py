@@ -11,6 +11,7 @@ stream chunks. processes=1 serves from a thread of this process, beside the engi
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing
 import socket
 import sys
@@ -217,6 +218,10 @@ def serve_front_end(conn: Any, front: FrontEnd) -> None:
         while not server.started and not serving.done():
             await asyncio.sleep(0.005)
         if server.started:
+            # What start-up made (modules, the app, the tokenizer) lives as long as the
+            # process: frozen, a full collection no longer walks it while streams wait.
+            gc.collect()
+            gc.freeze()
             client.send_now(("ready", sock.getsockname()[1]))
         await serving
 
