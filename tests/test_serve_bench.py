@@ -10,15 +10,18 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 
-def test_load_generator_rows(tmp_path):
+@pytest.mark.parametrize("single", [False, True])
+def test_load_generator_rows(tmp_path, single):
     from pygpukit.bench.serve_load import main
 
     out = tmp_path / "rows.json"
     assert main(["--model", "tiny", "--clients", "3", "--max-tokens", "5", "--prompt-min", "8",
-                 "--prompt-max", "30", "--step-tokens", "64", "--save", str(out)]) == 0  # fmt: skip
+                 "--prompt-max", "30", "--step-tokens", "64", "--save", str(out)]
+                + ["--single-process"] * single) == 0  # fmt: skip
     data = json.loads(out.read_text())
     assert "serve_load" in data["meta"]["command"]
     (row,) = data["rows"]
+    assert row["front_end"] == ("thread" if single else "process")
     assert row["clients"] == 3 and row["output_tokens"] == 15
     assert row["output_tok_s"] > 0 and row["ttft_p50_ms"] <= row["ttft_p99_ms"]
     assert row["itl_p50_ms"] <= row["itl_p99_ms"]

@@ -2,7 +2,8 @@
 backend, the tiny model): completions and chat, streamed and not, 32 concurrent streams
 equal to the same prompts generated alone, a client disconnecting mid-stream (its blocks
 return to the pool), malformed and hostile requests answered with errors while the server
-keeps serving."""
+keeps serving. Every server test runs in both modes: the HTTP app in a process of its own
+(the default) and beside the engine (processes=1)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,13 @@ def model():
     return llm.load(write_tiny_model())
 
 
-@pytest.fixture(scope="module")
-def server(model):
+@pytest.fixture(scope="module", params=[2, 1], ids=["split", "single"])
+def server(model, request):
     from pygpukit.serve import Engine
     from pygpukit.serve.server import Server
 
     engine = Engine(model, max_model_len=256, prefill_chunk=64, kv_blocks=600, max_queue=64)
-    s = Server(model, engine, "tiny", port=0).start()
+    s = Server(model, engine, "tiny", port=0, processes=request.param).start()
     yield s
     s.stop()
 
@@ -211,20 +212,21 @@ def test_hostile_requests_and_the_server_keeps_serving(server, client):
     _idle(server)
 
 
-def test_queue_full_is_429(model, monkeypatch):
+@pytest.mark.parametrize("processes", [2, 1])
+def test_queue_full_is_429_and_a_rejected_request_503(model, monkeypatch, processes):
     import threading
 
     from pygpukit.serve import Engine
     from pygpukit.serve.server import Server
 
     engine = Engine(model, max_model_len=256, kv_blocks=16, max_queue=1)
-    # The engine holds its first step with a decode row until the end, so the first request
-    # cannot finish (and free its blocks) before the second is queued, however fast the
-    # machine.
-    gate, real = threading.Event(), engine._launch
-    monkeypatch.setattr(engine, "_launch", lambda rows, pieces: (
-        gate.wait(60) if rows else None, real(rows, pieces))[1])  # fmt: skip
-    s = Server(model, engine, "tiny", port=0).start()
+    # Running sequences get no decode step until the end, so the first request cannot
+    # finish (and free its blocks) before the second is queued, however fast the machine;
+    # the engine still takes commands meanwhile (it waits for one when it has nothing to
+    # launch), so the scheduler's rejection of the guaranteed request is answered.
+    gate, real = threading.Event(), engine._decode_rows
+    monkeypatch.setattr(engine, "_decode_rows", lambda: real() if gate.is_set() else [])
+    s = Server(model, engine, "tiny", port=0, processes=processes).start()
     try:
         bodies = [json.dumps({"prompt": "Alice", "max_tokens": 240, "ignore_eos": True,
                               "stream": True}).encode() for _ in range(3)]  # fmt: skip
@@ -239,15 +241,22 @@ def test_queue_full_is_429(model, monkeypatch):
         # The first runs (all 16 blocks) before the second is sent: sent together, the
         # second could find the first still queued and be the one refused. The second
         # then waits for the first's blocks, filling the queue of one.
-        for b, state in zip(bodies[:2], (lambda st: st["used_blocks"] == 16 and
-                                         st["waiting"] == 0,
-                                         lambda st: st["waiting"] >= 1), strict=True):  # fmt: skip
+        for i, (b, state) in enumerate(zip(bodies[:2], (lambda st: st["used_blocks"] == 16
+                                                        and st["waiting"] == 0,
+                                                        lambda st: st["waiting"] >= 1),
+                                           strict=True)):  # fmt: skip
             sk = socket.create_connection(("127.0.0.1", s.port))
             sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                        b"application/json\r\nContent-Length: " + str(len(b)).encode() +
                        b"\r\n\r\n" + b)  # fmt: skip
             socks.append(sk)
             until(state)
+            if i == 0:
+                # A guaranteed request that does not fit now is rejected by the scheduler.
+                got, obj = _post(s, json.dumps({"prompt": "Alice", "max_tokens": 8,
+                                                "qos": "guaranteed"}).encode())  # fmt: skip
+                assert got == 503 and obj["error"]["type"] == "service_unavailable", obj
+                assert "rejected by the scheduler" in obj["error"]["message"]
         got, obj = _post(s, bodies[2])
         assert got == 429 and obj["error"]["type"] == "rate_limit_exceeded"
         gate.set()
@@ -276,3 +285,150 @@ def test_stream_chunk_lines_are_the_chunk_objects(chat):
         want = schema.chunk(chat, "cmpl-x", "m\u00e9", text, finish, first)
         assert abs(got.pop("created") - want.pop("created")) <= 5
         assert got == want
+
+
+@pytest.mark.parametrize("processes", [2, 1])
+def test_a_failing_step_is_a_500_naming_the_engines_error(model, monkeypatch, processes):
+    """The engine's exception reaches the client by type name and text, from either
+    process; the engine keeps serving."""
+    from pygpukit.serve import Engine
+    from pygpukit.serve.server import Server
+
+    engine = Engine(model, max_model_len=64, kv_blocks=40)
+    real, calls = engine._launch, []
+
+    def launch(rows, pieces):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("the step broke")
+        return real(rows, pieces)
+
+    monkeypatch.setattr(engine, "_launch", launch)
+    s = Server(model, engine, "tiny", port=0, processes=processes).start()
+    try:
+        got, obj = _post(s, json.dumps({"prompt": "Alice", "max_tokens": 4}).encode())
+        assert got == 500 and obj["error"]["type"] == "server_error", obj
+        assert "ZeroDivisionError: the step broke" in obj["error"]["message"]
+        got, obj = _post(s, json.dumps({"prompt": "Alice", "max_tokens": 4,
+                                        "ignore_eos": True}).encode())  # fmt: skip
+        assert got == 200 and obj["usage"]["completion_tokens"] == 4
+        _idle(s)
+    finally:
+        s.stop()
+
+
+def test_stop_joins_the_front_end_and_a_taken_port_is_an_error(model):
+    from pygpukit import errors
+    from pygpukit.serve import Engine
+    from pygpukit.serve.server import Server
+
+    a = Server(model, Engine(model, max_model_len=64, kv_blocks=40), "tiny", port=0).start()
+    proc = a._proc
+    try:
+        b = Server(model, Engine(model, max_model_len=64, kv_blocks=40), "tiny", port=a.port)
+        with pytest.raises(errors.GPUKitError, match="cannot listen"):
+            b.start()
+        assert b._proc is None and b.engine._thread is None
+    finally:
+        a.stop()
+    assert proc.exitcode == 0 and a.engine._thread is None
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", a.port), timeout=5)
+
+
+def _free_port() -> int:
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def _serving(port: int, proc, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < end, "the server did not start"
+        time.sleep(0.1)
+
+
+def _gone(pid: int, timeout: float = 30.0) -> bool:
+    """Whether process pid exited (a zombie not yet reaped counts) within timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _front_end(pid: int) -> int:
+    """The pid of process pid's spawned child (not multiprocessing's resource tracker)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        kids = [int(c) for c in f.read().split()]
+    spawned = []
+    for k in kids:
+        with open(f"/proc/{k}/cmdline", "rb") as f:
+            if b"spawn_main" in f.read():
+                spawned.append(k)
+    (front,) = spawned
+    return front
+
+
+def test_pygpukit_serve_stops_cleanly_on_ctrl_c():
+    """`pygpukit serve tiny` (the front end in a process of its own) serves, and Ctrl-C
+    (SIGINT to the terminal's process group) ends both processes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pygpukit", "serve", "tiny", "--port",
+                             str(port), "--max-model-len", "64", "--kv-memory", "1MB"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        _serving(port, proc)
+        front = _front_end(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out.decode()
+        assert _gone(front)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_the_front_end_exits_when_the_engines_process_dies():
+    """No orphan: killed at once (no clean-up), the engine's process closes its end of
+    the connection, and the front end's process stops serving and exits."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pygpukit", "serve", "tiny", "--port",
+                             str(port), "--max-model-len", "64", "--kv-memory", "1MB"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        _serving(port, proc)
+        front = _front_end(proc.pid)
+        proc.kill()
+        proc.wait()
+        assert _gone(front)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)

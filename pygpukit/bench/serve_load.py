@@ -11,6 +11,9 @@ behind sends its queued tokens in one chunk). The clients run in --procs worker 
 (default: up to 8), so parsing their streams does not take the server's interpreter lock,
 as a real load generator on another host would not; --procs 0 runs them in this process.
 `--step-tokens` sets the engine's token budget per step (decode rows + prompt tokens).
+The server's HTTP front end runs in a process of its own (as `pygpukit serve` does);
+`--single-process` serves it from a thread beside the engine instead (each row's
+"front_end": "process" or "thread").
 `--step-times` first times the engine's decode step alone (inputs, the captured graph,
 the tokens read back) at batch 1, 16 and 64 with 512-token contexts. `--peer` also times
 transformers' continuous batching (`generate_batch`) on the same prompts, where
@@ -281,7 +284,8 @@ def transformers_peer(cfg: Any, prompts: list[list[int]], max_tokens: int) -> di
 def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: int,
         peer: bool, kv_memory: int | None, procs: int | None = None,
         steps: bool = False, step_tokens: int | None = None,
-        prefill_step_tokens: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        prefill_step_tokens: int | None = None,
+        single_process: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     from pygpukit import llm
     from pygpukit.serve import Engine
     from pygpukit.serve.server import Server
@@ -307,7 +311,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
             engine, sizes, max(1, min(512, engine.max_model_len - 28)), budgets=MIXED_BUDGETS
         )
     engine.warmup(hi)  # every step shape traced before the first request
-    server = Server(model, engine, "bench", port=0).start()
+    server = Server(model, engine, "bench", port=0,
+                    processes=1 if single_process else 2).start()  # fmt: skip
     if procs is None:
         procs = min(8, max(clients))
     try:
@@ -317,7 +322,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
             prompts = _prompts(n, cfg.vocab_size, lo, hi, n)
             before = engine.stats()
             row = {"impl": "pygpukit serve", **_round(server.url, prompts, max_tokens,
-                                                      procs)}  # fmt: skip
+                                                      procs),
+                   "front_end": "thread" if single_process else "process"}  # fmt: skip
             row.update(_engine_split(before, engine.stats()))
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -375,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the budget of a step with no decode row (default: Engine's)",
     )
     p.add_argument(
+        "--single-process",
+        action="store_true",
+        help="serve HTTP from a thread beside the engine (default: a process of its own)",
+    )
+    p.add_argument(
         "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"
     )
     a = p.parse_args(argv)
@@ -390,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         a.step_times,
         a.step_tokens,
         a.prefill_step_tokens,
+        a.single_process,
     )
     if a.save:
         import pygpukit as gpk

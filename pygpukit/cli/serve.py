@@ -46,6 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="token budget of a step of prompts alone; a step of d decode rows "
                    "takes up to this / d when that is more than --step-tokens (default: "
                    "--step-tokens)")  # fmt: skip
+    p.add_argument("--single-process", action="store_true",
+                   help="run the HTTP front end in the engine's process (default: a process "
+                   "of its own, so the engine thread never waits for the event loop)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
                         step_tokens=args.step_tokens,
                         prefill_step_tokens=args.prefill_step_tokens)  # fmt: skip
         name = args.served_model_name or args.model
-        server = Server(model, engine, name, args.host, args.port, "info")
+        server = Server(model, engine, name, args.host, args.port, "info",
+                        processes=1 if args.single_process else 2)  # fmt: skip
     except gpk.GPUKitError as e:
         print(f"pygpukit serve: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
@@ -77,5 +81,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"pygpukit serve: {name} on http://{args.host}:{args.port}/v1 ({gpk.backend_name()}, "
           f"{st['num_blocks']} KV blocks of {st['block_size']} tokens, max_model_len "
           f"{st['max_model_len']})", file=sys.stderr)  # fmt: skip
-    server.run()
+    try:
+        server.run()
+    except gpk.GPUKitError as e:  # the front end's process could not listen
+        print(f"pygpukit serve: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     return 0

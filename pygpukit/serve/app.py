@@ -1,4 +1,6 @@
-"""The OpenAI-compatible HTTP API over an Engine (starlette; served by uvicorn).
+"""The OpenAI-compatible HTTP API over an Engine (starlette; served by uvicorn), in the
+engine's process or in a front-end process of its own, through an EngineClient
+(bridge.py; Server chooses).
 
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streamed as
 server-sent events or not). Each request is tokenized off the event loop, submitted to the
@@ -26,6 +28,7 @@ from pygpukit.llm.api import Model
 from pygpukit.llm.chat_template import ChatTemplateError
 
 from . import openai_schema as schema
+from .bridge import EngineClient, EngineGone
 from .engine import Engine, Event, Overloaded, Request
 from .text import TextStream
 
@@ -49,10 +52,11 @@ def _starlette() -> Any:
 
 
 class _Relay:
-    """Moves engine events onto one event loop's queues in batches: the engine thread
-    appends events as it emits them, and once per engine step (Engine.add_step_hook)
-    schedules one delivery of all of them, so a step's tokens for every stream cost one
-    loop wake-up and no lock per token.
+    """Moves engine events onto one event loop's queues in batches: the engine thread (or,
+    in the front end's own process, the EngineClient reading the connection) appends
+    events as they come, and once per engine step (add_step_hook) schedules one delivery
+    of all of them, so a step's tokens for every stream cost one loop wake-up and no lock
+    per token.
 
     Lock-free under the GIL: deque appends and pops are atomic, `_scheduled` is only set
     by the engine thread and cleared by the loop before it drains, so an event appended
@@ -87,9 +91,10 @@ class _Relay:
 
 
 class Api:
-    """The request handlers, bound to one model and its engine."""
+    """The request handlers, bound to one model and its engine (or the front end's client
+    of it: the same calls, submit() and stats() awaited)."""
 
-    def __init__(self, model: Model, engine: Engine, name: str) -> None:
+    def __init__(self, model: Model, engine: Engine | EngineClient, name: str) -> None:
         self.model, self.engine, self.name = model, engine, name
         self.created = int(time.time())
         self._relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
@@ -150,7 +155,11 @@ class Api:
     async def health(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        return JSONResponse({"status": "ok", **self.engine.stats()})
+        if isinstance(self.engine, EngineClient):
+            stats = await self.engine.stats()
+        else:
+            stats = self.engine.stats()
+        return JSONResponse({"status": "ok", **stats})
 
     async def models(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -193,9 +202,14 @@ class Api:
             er = Request(ids, max_tokens, sink, params, stop_ids, req.qos, req.priority,
                          req.user or "default")  # fmt: skip
             try:
-                self.engine.submit(er)
+                if isinstance(self.engine, EngineClient):
+                    await self.engine.submit(er)
+                else:
+                    self.engine.submit(er)
             except Overloaded as e:
                 raise schema.RequestError(str(e), 429, kind="rate_limit_exceeded") from None
+            except EngineGone as e:
+                raise schema.RequestError(str(e), 503, kind="service_unavailable") from None
             except ValueError as e:
                 raise schema.RequestError(str(e).splitlines()[0]) from None
         except schema.RequestError as e:
@@ -307,7 +321,8 @@ def _failure(error: BaseException | None) -> _Failed:
     if isinstance(error, errors.AdmissionRejected):
         return _Failed(503, str(error), "service_unavailable")
     log.error("generation failed: %s", error)
-    return _Failed(500, f"generation failed: {type(error).__name__}: {error}", "server_error")
+    name = getattr(error, "engine_type", type(error).__name__)  # bridge.EngineError's
+    return _Failed(500, f"generation failed: {name}: {error}", "server_error")
 
 
 def _finish(ev: Event) -> str:
@@ -318,8 +333,9 @@ def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def build_app(model: Model, engine: Engine, name: str) -> Any:
-    """The starlette application serving `model` (as `name`) through `engine`."""
+def build_app(model: Model, engine: Engine | EngineClient, name: str) -> Any:
+    """The starlette application serving `model` (as `name`) through `engine` (an Engine
+    in this process, or the EngineClient of one in another)."""
     _starlette()
     from starlette.applications import Starlette
     from starlette.requests import Request as HttpRequest

@@ -25,8 +25,9 @@ there and writes the new tokens and positions back, so it needs nothing read bac
 the one before and runs LOOKAHEAD steps ahead of the host (the host knows how many tokens each
 sequence has, not which, until they are read back), and a decode step of an unchanged
 batch uploads nothing; a prefill launch is one upload. The engine thread shares the
-interpreter lock with the HTTP loop, which takes it whenever the engine lets go (a wait,
-a large copy): the step's launch lets go of it as little as it can. A running stream gets a
+interpreter lock with the other threads of its process (the HTTP loop, when the server
+runs it there: Server processes=1), which take it whenever the engine lets go (a wait, a
+large copy): the step's launch lets go of it as little as it can. A running stream gets a
 token every engine step, and a step's prefill share is bounded by the budget, so a prompt
 arriving mid-stream delays the others by at most one budget's prefill per token instead
 of its whole prefill.
@@ -183,6 +184,24 @@ class _Step:
         gpk.nn.paged_write(self.last, tok.reshape(ro, 1, 1), out_slot)
         gpk.nn.paged_write(self.pos, (gpk.take(p, out_at) + 1).reshape(ro, 1, 1), out_slot)
         return tok
+
+
+def check_request(prompt: Sequence[int], max_tokens: int, max_model_len: int, vocab: int) -> None:
+    """Raise GPUKitValueError when a request can never run on an engine of max_model_len
+    and vocab (Engine.check; the HTTP front end's process checks with the same limits)."""
+    if len(prompt) == 0:
+        raise errors.GPUKitValueError("the prompt has no tokens")
+    if max_tokens < 1:
+        raise errors.GPUKitValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if len(prompt) + max_tokens > max_model_len:
+        raise errors.GPUKitValueError(
+            f"this model's maximum context length is {max_model_len} tokens; the "
+            f"prompt has {len(prompt)} and max_tokens is {max_tokens}"
+        )
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise errors.GPUKitValueError(f"token id {bad[0]} is outside the vocabulary "
+                                      f"[0, {vocab})")  # fmt: skip
 
 
 def bucket(n: int, least: int = 1) -> int:
@@ -371,19 +390,7 @@ class Engine:
 
     def check(self, prompt: Sequence[int], max_tokens: int) -> None:
         """Raise GPUKitValueError when a request can never run (the HTTP layer's 400)."""
-        if len(prompt) == 0:
-            raise errors.GPUKitValueError("the prompt has no tokens")
-        if max_tokens < 1:
-            raise errors.GPUKitValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if len(prompt) + max_tokens > self.max_model_len:
-            raise errors.GPUKitValueError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the "
-                f"prompt has {len(prompt)} and max_tokens is {max_tokens}"
-            )
-        bad = [t for t in prompt if not 0 <= t < self.vocab]
-        if bad:
-            raise errors.GPUKitValueError(f"token id {bad[0]} is outside the vocabulary "
-                                          f"[0, {self.vocab})")  # fmt: skip
+        check_request(prompt, max_tokens, self.max_model_len, self.vocab)
 
     def submit(self, req: Request) -> Request:
         """Queue a request; raises GPUKitValueError (never fits) or Overloaded (queue full)."""
@@ -843,4 +850,4 @@ def _default_memory(kv_memory: int | None) -> int:
     return 256 << 20
 
 
-__all__ = ["Engine", "Event", "Overloaded", "Request", "bucket"]
+__all__ = ["Engine", "Event", "Overloaded", "Request", "bucket", "check_request"]

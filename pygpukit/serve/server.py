@@ -1,16 +1,34 @@
-"""Running the HTTP app under uvicorn: in the foreground (`pygpukit serve`) or in a
-background thread (tests, benchmarks), with the engine started and stopped around it."""
+"""Running the HTTP app under uvicorn: in the foreground (`pygpukit serve`) or in the
+background (tests, benchmarks), with the engine started and stopped around it.
+
+By default (processes=2) the HTTP app runs in a child process of its own (spawned: a
+process that uses CUDA is never forked) with the tokenizer and chat template, and the
+engine and the model stay in this process, joined by one connection (bridge.py): the
+engine thread then never waits for the interpreter lock while the event loop serialises
+stream chunks. processes=1 serves from a thread of this process, beside the engine.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import multiprocessing
+import socket
+import sys
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 from pygpukit import errors
 from pygpukit.llm.api import Model
+from pygpukit.llm.chat_template import ChatTemplate
+from pygpukit.llm.config import ModelConfig
+from pygpukit.llm.generation_config import GenerationConfig
+from pygpukit.llm.tokenizer import Tokenizer
 
 from .app import build_app
+from .bridge import EngineBridge, EngineClient
 from .engine import Engine
 
 
@@ -24,51 +42,199 @@ def _uvicorn() -> Any:
     return uvicorn
 
 
+@dataclass
+class FrontEnd:
+    """What the front end's process needs (picklable): the model's text side (tokenizer,
+    chat template, generation config, no weights), the engine's limits and where to
+    listen."""
+
+    name: str
+    host: str
+    port: int
+    log_level: str
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    path: str
+    generation_config: GenerationConfig
+    chat_template: tuple[str, dict[str, str]] | None  # source and special tokens
+    max_model_len: int
+    vocab: int
+    eos: frozenset[int]
+
+    def model(self) -> Model:
+        """A Model without weights: the app only tokenizes and applies the chat template."""
+        t = self.chat_template
+        template = None if t is None else ChatTemplate(t[0], t[1])
+        return Model(self.config, cast(Any, None), self.tokenizer, self.path,
+                     self.generation_config, template)  # fmt: skip
+
+
 class Server:
-    """uvicorn serving build_app(model, engine, name) on host:port (port 0: any free one)."""
+    """uvicorn serving build_app(model, engine, name) on host:port (port 0: any free one).
+
+    processes=2 (the default): the app in a spawned child process, through an
+    EngineClient; processes=1: in a thread of this process."""
 
     def __init__(self, model: Model, engine: Engine, name: str, host: str = "127.0.0.1",
-                 port: int = 8000, log_level: str = "warning") -> None:  # fmt: skip
+                 port: int = 8000, log_level: str = "warning",
+                 processes: int = 2) -> None:  # fmt: skip
+        if processes not in (1, 2):
+            raise errors.GPUKitValueError(f"Server: processes must be 1 or 2, got {processes!r}")
         uvicorn = _uvicorn()
-        self.engine, self.name = engine, name
-        app = build_app(model, engine, name)
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                timeout_graceful_shutdown=2)  # fmt: skip
-        self.server = uvicorn.Server(config)
+        self.engine, self.name, self.processes = engine, name, processes
+        self.host = host
+        self._port = port
         self._thread: threading.Thread | None = None
+        self._proc: Any = None
+        self._bridge: EngineBridge | None = None
+        self.server: Any = None
+        if processes == 1:
+            app = build_app(model, engine, name)
+            config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                    timeout_graceful_shutdown=2)  # fmt: skip
+            self.server = uvicorn.Server(config)
+            return
+        import starlette  # noqa: F401  (missing: the same error here as in-process)
+
+        t = model.chat_template
+        self._front = FrontEnd(name, host, port, log_level, model.config, model.tokenizer,
+                               model.path, model.generation_config,
+                               None if t is None else (t.source, dict(t.special)),
+                               engine.max_model_len, engine.vocab, engine.eos)  # fmt: skip
 
     @property
     def port(self) -> int:
-        return int(self.server.servers[0].sockets[0].getsockname()[1])
+        if self.server is not None:
+            return int(self.server.servers[0].sockets[0].getsockname()[1])
+        assert self._bridge is not None, "Server.start first"
+        return self._bridge.port
 
     @property
     def url(self) -> str:
-        host = self.server.config.host
-        return f"http://{host}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def run(self) -> None:
-        """Serve in this thread until interrupted (Ctrl-C)."""
-        self.engine.start()
+        """Serve until interrupted (Ctrl-C) or, with processes=2, until the front end's
+        process ends."""
+        if self.server is not None:
+            self.engine.start()
+            try:
+                self.server.run()
+            finally:
+                self.engine.close()
+            return
+        self.start()
         try:
-            self.server.run()
+            while self._proc.is_alive():
+                self._proc.join(0.5)  # in slices: Ctrl-C lands here
+        except KeyboardInterrupt:
+            pass
         finally:
-            self.engine.close()
+            self.stop()
 
     def start(self, timeout: float = 60.0) -> Server:
-        """Serve from a background thread; returns once the socket listens."""
+        """Serve in the background; returns once the socket listens."""
         self.engine.start()
-        self._thread = threading.Thread(target=self.server.run, name="pygpukit-http",
-                                        daemon=True)  # fmt: skip
-        self._thread.start()
         end = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > end:
-                raise errors.GPUKitError("the HTTP server did not start")
-            time.sleep(0.01)
+        if self.server is not None:
+            self._thread = threading.Thread(target=self.server.run, name="pygpukit-http",
+                                            daemon=True)  # fmt: skip
+            self._thread.start()
+            while not self.server.started:
+                if not self._thread.is_alive() or time.monotonic() > end:
+                    raise errors.GPUKitError("the HTTP server did not start")
+                time.sleep(0.01)
+            return self
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that uses CUDA
+        mine, theirs = ctx.Pipe(duplex=True)
+        self._proc = ctx.Process(target=serve_front_end, args=(theirs, self._front),
+                                 name="pygpukit-http", daemon=True)  # fmt: skip
+        self._proc.start()
+        theirs.close()
+        self._bridge = EngineBridge(self.engine, mine)
+        while not self._bridge.ready.wait(0.05):
+            if not self._proc.is_alive() or time.monotonic() > end:
+                break
+        if not self._bridge.port:
+            why = self._bridge.failure or "it did not start"
+            self.stop()
+            raise errors.GPUKitError(f"the HTTP server did not start: {why}")
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
+        """Stop serving (the front end's process is joined) and close the engine."""
+        if self.server is not None:
+            self.server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(10)
+        elif self._proc is not None:
+            assert self._bridge is not None
+            self._bridge.send(("stop",))
+            self._proc.join(10)  # open streams get uvicorn's graceful 2 s
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(5)
+            self._bridge.join(10)  # its thread ends at the closed connection
+            self._proc = None
         self.engine.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve_front_end(conn: Any, front: FrontEnd) -> None:
+    """The front end's process: the HTTP app over an EngineClient of `conn`, until the
+    engine's side says stop or closes the connection."""
+    from pygpukit import settings
+
+    settings.set_backend("cpu")  # this process never touches the GPU
+    uvicorn = _uvicorn()
+    client = EngineClient(conn, front.max_model_len, front.vocab, front.eos)
+    app = build_app(front.model(), client, front.name)
+    config = uvicorn.Config(app, host=front.host, port=front.port, log_level=front.log_level,
+                            timeout_graceful_shutdown=2)  # fmt: skip
+    server = uvicorn.Server(config)
+    try:
+        sock = _bind(front.host, front.port)
+    except OSError as e:
+        conn.send(("failed", f"cannot listen on {front.host}:{front.port}: {e}"))
+        return
+
+    def stop() -> None:
+        server.should_exit = True
+
+    async def main() -> None:
+        client.attach(asyncio.get_running_loop(), stop)
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.005)
+        if server.started:
+            # What start-up made (modules, the app, the tokenizer) lives as long as the
+            # process: frozen, a full collection no longer walks it while streams wait.
+            gc.collect()
+            gc.freeze()
+            client.send_now(("ready", sock.getsockname()[1]))
+        await serving
+
+    # uvicorn's choice of event loop (uvloop when installed), where it says what it is.
+    factory = getattr(config, "get_loop_factory", lambda: None)()
+    try:
+        if factory is not None and sys.version_info >= (3, 11):
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(main())
+        else:
+            asyncio.run(main())
+    finally:
+        conn.close()
+
+
+__all__ = ["FrontEnd", "Server", "serve_front_end"]

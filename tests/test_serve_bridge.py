@@ -1,0 +1,138 @@
+"""The engine's bridge and the front end's EngineClient over one multiprocessing
+connection, in one process (CPU backend, the tiny model): tokens equal the engine's own
+generate(), a full queue and a request the engine refuses come back as the errors the
+HTTP layer maps to 429 and 400, a cancel returns the blocks, and a closed connection ends
+what was waiting on it."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from pygpukit import errors, llm
+from pygpukit.serve import Engine, Event, Overloaded, Request
+from pygpukit.serve.bridge import EngineBridge, EngineClient, EngineGone
+
+
+@pytest.fixture(scope="module")
+def model():
+    from pygpukit.llm.tiny import write_tiny_model
+
+    return llm.load(write_tiny_model())
+
+
+def _pair(engine: Engine) -> tuple[EngineBridge, EngineClient]:
+    mine, theirs = multiprocessing.Pipe(duplex=True)
+    bridge = EngineBridge(engine, mine)
+    client = EngineClient(theirs, engine.max_model_len, engine.vocab, engine.eos)
+    return bridge, client
+
+
+class _Collect:
+    """A request's events in the front end, and a future set when it ends."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.tokens: list[int] = []
+        self.end: asyncio.Future[Event] = loop.create_future()
+
+    def __call__(self, ev: Event) -> None:
+        if ev.kind == "token":
+            self.tokens.append(ev.token)
+        elif not self.end.done():
+            self.end.set_result(ev)
+
+
+def _hang_up(conn) -> None:
+    """Shut the connection's socket down as a process exit would (both ends see EOF, a
+    thread blocked reading it wakes), leaving the descriptor to its owner to close."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sk:
+        sk.shutdown(socket.SHUT_RDWR)
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(3, 300, size=int(rng.integers(5, 40)))]
+            for _ in range(n)]  # fmt: skip
+
+
+def test_tokens_equal_generate_and_errors_keep_their_kind(model):
+    engine = Engine(model, max_model_len=128, prefill_chunk=32, kv_blocks=80, max_queue=4)
+    bridge, client = _pair(engine)
+    prompts = _prompts(3, seed=11)
+    stopped: list[bool] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        client.attach(loop, lambda: stopped.append(True))
+        outs = [_Collect(loop) for _ in prompts]
+        reqs = [Request(p, 9, out) for p, out in zip(prompts, outs, strict=True)]
+        for r in reqs:
+            assert await client.submit(r) is r
+        ends = [await out.end for out in outs]
+        assert [e.kind for e in ends] == ["done"] * 3
+        assert [e.finish_reason for e in ends] == ["length"] * 3
+        alone = engine.generate(prompts, 9, ignore_eos=True)
+        assert [o.tokens for o in outs] == alone
+        with pytest.raises(errors.GPUKitValueError, match="qos"):
+            await client.submit(Request(prompts[0], 4, _Collect(loop), qos="vip"))
+        stats = await client.stats()
+        assert stats["finished"] == 6 and stats["used_blocks"] == 0
+        # A request cancelled after its first token ends at the engine's next step.
+        out = _Collect(loop)
+        long = Request(prompts[1], 100, out)
+        await client.submit(long)
+        while not out.tokens:
+            await asyncio.sleep(0.005)
+        client.cancel(long)
+        end = time.monotonic() + 60
+        while (await client.stats())["used_blocks"] or engine.stats()["cancelled"] == 0:
+            assert time.monotonic() < end, engine.stats()
+            await asyncio.sleep(0.01)
+        assert not out.end.done()  # nothing more reaches a cancelled request's sink
+        _hang_up(client.conn)  # the front end's process ends
+        while not stopped:
+            await asyncio.sleep(0.01)
+
+    engine.start()
+    try:
+        asyncio.run(main())
+    finally:
+        bridge.join(10)
+        engine.close()
+        client.conn.close()
+    assert stopped == [True] and not bridge._thread.is_alive()
+
+
+def test_a_full_queue_is_overloaded_and_a_closed_connection_ends_the_rest(model):
+    engine = Engine(model, max_model_len=64, kv_blocks=40, max_queue=1)  # never started
+    bridge, client = _pair(engine)
+    stopped: list[bool] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        client.attach(loop, lambda: stopped.append(True))
+        waiting = _Collect(loop)
+        await client.submit(Request([5, 6, 7], 4, waiting))
+        with pytest.raises(Overloaded, match="waiting"):
+            await client.submit(Request([5, 6, 7], 4, _Collect(loop)))
+        # The engine's side goes away: the request still waiting ends with EngineGone,
+        # and the client asks its owner to stop.
+        _hang_up(bridge.conn)
+        ev = await asyncio.wait_for(waiting.end, 60)
+        assert ev.kind == "error" and isinstance(ev.error, EngineGone)
+        assert stopped == [True]
+        with pytest.raises(EngineGone):
+            await client.submit(Request([5, 6, 7], 4, _Collect(loop)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        bridge.join(10)
+        client.conn.close()
+    assert not bridge._thread.is_alive()
