@@ -6,6 +6,7 @@
 mod admission;
 mod dispatch;
 mod error;
+mod hasher;
 mod pacing;
 mod partition;
 mod placement;
@@ -15,13 +16,14 @@ mod stats;
 mod task;
 mod tenant;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 pub use error::SchedError;
 pub use partition::Partition;
 pub use stats::{Counters, PartitionStats, SchedStats, TaskStats, TenantStats};
 pub use task::{Qos, TaskId, TaskSpec, TaskState};
 
+use hasher::FastMap;
 use pacing::Bucket;
 use reservations::Reservations;
 use task::{QueueKey, Task};
@@ -74,7 +76,7 @@ pub enum Pace {
 pub struct Scheduler {
     burst_ms: f64,
     partitions: BTreeMap<String, Partition>,
-    tasks: HashMap<TaskId, Task>,
+    tasks: FastMap<TaskId, Task>,
     /// Tasks waiting for memory, in admission order.
     queue: BTreeSet<QueueKey>,
     /// Admitted tasks waiting to start, in the same order.
@@ -124,7 +126,7 @@ impl Scheduler {
         let mut s = Self {
             burst_ms,
             partitions: BTreeMap::new(),
-            tasks: HashMap::new(),
+            tasks: FastMap::default(),
             queue: BTreeSet::new(),
             waiting: BTreeSet::new(),
             res: Reservations::new(capacity_bytes),
