@@ -317,13 +317,19 @@ impl Scheduler {
             let until = self.next_start_time(id, now)?;
             return Err(SchedError::Throttled { id, until });
         }
+        Ok(self.begin(id, now))
+    }
+
+    /// Starts an admitted task pacing has just let start (`pick_next` chose it,
+    /// with nothing changed since): `start` without asking pacing again.
+    pub(super) fn begin(&mut self, id: TaskId, now: f64) -> i32 {
         let task = self.tasks.get_mut(&id).expect("paced task");
         self.waiting.remove(&QueueKey::of(task));
         task.state = TaskState::Running;
         task.started_ms = Some(now);
         self.running[task.spec.qos as usize] += 1;
         self.counts.started += 1;
-        Ok(self.partitions[&task.spec.partition].stream_priority)
+        self.partitions[&task.spec.partition].stream_priority
     }
 
     /// Ends a running task, charging its tenant the measured GPU time;
