@@ -506,6 +506,11 @@ class CompiledFunction:
         reserves a call and launches it at once checks the arguments once."""
         fast = self._fast
         if fast is not None and fast.entry.reservation is not None:
+            native = fast.native
+            if native is not None and native is self._hit and not kwargs \
+                    and native.matches(args):  # fmt: skip
+                # Checked natively (no values kept): call_in_matched runs the native hit.
+                return fast.entry.reservation, (fast, None)
             values = fast.match(args, kwargs)
             if values is not None:
                 return fast.entry.reservation, (fast, values)
@@ -524,10 +529,21 @@ class CompiledFunction:
         ):
             return self._call(args, kwargs, arena)
         fast, values = ticket
+        prog = fast.entry.program
+        hit = self._hit
+        if (hit is not None and hit is fast.native and not kwargs and arena is prog.arena
+                and fast.plain and not self.static_outputs):  # fmt: skip
+            # Runs in the program's own arena: exactly the direct call, so its native hit
+            # (the guard's check again, the quick call and the result array in one native
+            # call; it counts itself). A miss there changed nothing: the paths below.
+            out = hit(args)
+            if out is not _MISS:
+                return out
+        if values is None:  # matched natively, but not run by the hit: the usual call
+            return self._call(args, kwargs, arena)
         if fast.releases != _RELEASES[0]:  # something was freed since the last check
             fast.check_freed(values)
         self._fast_hits += 1
-        prog = fast.entry.program
         if arena is prog.arena and fast.plain and not self.static_outputs:
             # The program already runs in this arena (a scheduler's spare, step after
             # step): the direct call's run, its outputs written into fresh blocks (the

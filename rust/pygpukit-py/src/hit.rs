@@ -180,11 +180,12 @@ impl Hit {
         self.array.wrap(py, &self.array_type, &node)
     }
 
-    fn hit<'py>(
+    /// The argument's realised value when the call hits the guard, checked as `hit` checks
+    /// it (before its freed-array check), else None.
+    fn matched<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
-        hits: &AtomicU64,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         if !self.tracing.bind(py).is_empty()
             || self.active.bind(py).get_item(0)?.is_truthy()?
@@ -211,6 +212,18 @@ impl Hit {
         if r.is_none() || !self.now_is_held(py)? {
             return Ok(None);
         }
+        Ok(Some(r))
+    }
+
+    fn hit<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        hits: &AtomicU64,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(r) = self.matched(py, args)? else {
+            return Ok(None);
+        };
         let guard = self.guard.bind(py);
         let releases = self.releases.bind(py).get_item(0)?;
         if !releases.eq(guard.getattr(intern!(py, "releases"))?)? {
@@ -326,6 +339,16 @@ impl CompiledHit {
             Some(a) => a,
             None => h.miss.bind(py).clone(),
         })
+    }
+
+    /// Whether a call with these positional arguments hits the guard (`__call__` would
+    /// run it): a scheduler reserves the guarded entry's memory on this before it runs
+    /// the call through `__call__`, which checks again. Runs and counts nothing.
+    fn matches(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        match &self.h {
+            Some(h) => Ok(h.matched(py, args)?.is_some()),
+            None => Ok(false),
+        }
     }
 
     /// The hits served so far, then zero (CompiledFunction folds them into its counts).

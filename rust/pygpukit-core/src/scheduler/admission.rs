@@ -1,7 +1,7 @@
 //! Admission: whether a submitted task may ever run, and admitting queued
 //! tasks in order as memory allows.
 
-use std::collections::{HashMap, HashSet};
+use super::hasher::{FastMap, FastSet};
 
 use super::reservations::Fit;
 use super::task::{QueueKey, Task};
@@ -109,9 +109,9 @@ impl Scheduler {
     /// ones behind them); one blocked by its partition only holds back the
     /// rest of that partition. Returns the ids admitted.
     pub(super) fn pump(&mut self) -> Vec<TaskId> {
-        let mut blocked: HashSet<&str> = HashSet::new();
+        let mut blocked: FastSet<&str> = FastSet::default();
         let mut admit = Vec::new();
-        let mut extra: HashMap<&str, u64> = HashMap::new();
+        let mut extra: FastMap<&str, u64> = FastMap::default();
         let mut node_extra = 0;
         for key in &self.queue {
             let spec = &self.tasks[&key.id].spec;

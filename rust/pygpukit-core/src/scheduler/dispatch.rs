@@ -304,7 +304,7 @@ impl Scheduler {
             self.next_wakeup(now)?;
             return Ok(None);
         };
-        let prio = self.start(id, now)?;
+        let prio = self.begin(id, now); // pick_next found it may start now
         self.next_wakeup(now)?;
         Ok(Some((id, prio)))
     }
@@ -329,7 +329,7 @@ impl Scheduler {
         if self.pick_next(now)? != Some(s.id) {
             return Ok((s, None));
         }
-        let prio = self.start(s.id, now)?;
+        let prio = self.begin(s.id, now); // pick_next found it may start now
         self.next_wakeup(now)?;
         Ok((s, Some(prio)))
     }

@@ -6,6 +6,7 @@
 mod admission;
 mod dispatch;
 mod error;
+mod hasher;
 mod pacing;
 mod partition;
 mod placement;
@@ -15,13 +16,14 @@ mod stats;
 mod task;
 mod tenant;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 pub use error::SchedError;
 pub use partition::Partition;
 pub use stats::{Counters, PartitionStats, SchedStats, TaskStats, TenantStats};
 pub use task::{Qos, TaskId, TaskSpec, TaskState};
 
+use hasher::FastMap;
 use pacing::Bucket;
 use reservations::Reservations;
 use task::{QueueKey, Task};
@@ -74,7 +76,7 @@ pub enum Pace {
 pub struct Scheduler {
     burst_ms: f64,
     partitions: BTreeMap<String, Partition>,
-    tasks: HashMap<TaskId, Task>,
+    tasks: FastMap<TaskId, Task>,
     /// Tasks waiting for memory, in admission order.
     queue: BTreeSet<QueueKey>,
     /// Admitted tasks waiting to start, in the same order.
@@ -124,7 +126,7 @@ impl Scheduler {
         let mut s = Self {
             burst_ms,
             partitions: BTreeMap::new(),
-            tasks: HashMap::new(),
+            tasks: FastMap::default(),
             queue: BTreeSet::new(),
             waiting: BTreeSet::new(),
             res: Reservations::new(capacity_bytes),
@@ -315,13 +317,19 @@ impl Scheduler {
             let until = self.next_start_time(id, now)?;
             return Err(SchedError::Throttled { id, until });
         }
+        Ok(self.begin(id, now))
+    }
+
+    /// Starts an admitted task pacing has just let start (`pick_next` chose it,
+    /// with nothing changed since): `start` without asking pacing again.
+    pub(super) fn begin(&mut self, id: TaskId, now: f64) -> i32 {
         let task = self.tasks.get_mut(&id).expect("paced task");
         self.waiting.remove(&QueueKey::of(task));
         task.state = TaskState::Running;
         task.started_ms = Some(now);
         self.running[task.spec.qos as usize] += 1;
         self.counts.started += 1;
-        Ok(self.partitions[&task.spec.partition].stream_priority)
+        self.partitions[&task.spec.partition].stream_priority
     }
 
     /// Ends a running task, charging its tenant the measured GPU time;

@@ -1,8 +1,7 @@
 //! Memory reservations held by admitted and running tasks, per node and per
 //! partition. Each task holds at most one; releasing twice is an error.
 
-use std::collections::HashMap;
-
+use super::hasher::FastMap;
 use super::task::TaskId;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,8 +15,8 @@ pub enum Fit {
 pub struct Reservations {
     pub capacity: u64,
     pub reserved: u64,
-    by_partition: HashMap<String, u64>,
-    holders: HashMap<TaskId, (String, u64)>,
+    by_partition: FastMap<String, u64>,
+    holders: FastMap<TaskId, (String, u64)>,
 }
 
 impl Reservations {

@@ -23,6 +23,14 @@ impl Qos {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
+        // The scheduler passes the canonical names on every submission: matched
+        // without the two allocations the normalising below makes.
+        match s {
+            "guaranteed" => return Some(Qos::Guaranteed),
+            "burstable" => return Some(Qos::Burstable),
+            "best_effort" => return Some(Qos::BestEffort),
+            _ => {}
+        }
         match s.to_ascii_lowercase().replace(['-', ' '], "_").as_str() {
             "guaranteed" => Some(Qos::Guaranteed),
             "burstable" => Some(Qos::Burstable),
