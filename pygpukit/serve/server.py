@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing
+import signal
 import socket
 import sys
 import threading
@@ -124,13 +125,24 @@ class Server:
                 self.engine.close()
             return
         self.start()
+        # Ctrl-C reaches both processes: the front end ends by itself, and here it only asks
+        # for the stop. A KeyboardInterrupt instead could land after the front end had gone
+        # (the loop already left) and cut the stop short.
+        asked = threading.Event()
+        main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGINT, lambda *_: asked.set()) if main else None
         try:
-            while self._proc.is_alive():
-                self._proc.join(0.5)  # in slices: Ctrl-C lands here
-        except KeyboardInterrupt:
+            while self._proc.is_alive() and not asked.is_set():
+                self._proc.join(0.5)  # in slices: the handler's flag is seen within one
+        except KeyboardInterrupt:  # not the main thread: the default handler raised
             pass
         finally:
-            self.stop()
+            try:
+                self.stop()
+            finally:
+                if main:
+                    signal.signal(signal.SIGINT, signal.default_int_handler if before is None
+                                  else before)  # fmt: skip
 
     def start(self, timeout: float = 60.0) -> Server:
         """Serve in the background; returns once the socket listens."""
