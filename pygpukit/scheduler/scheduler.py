@@ -144,6 +144,7 @@ class Scheduler:
                                     f"{type(partitions).__name__}")  # fmt: skip
         self._core = _rust.SchedulerCore(self.memory, burst_ms, guard_ms, min_idle_ms)
         self._prio = _stream_priorities(cuda)
+        self._prio_high = self._prio["high"]  # read on every start
         self._part_prio: dict[str, int] = {"default": self._prio["normal"]}
         for name, spec in (partitions or {}).items():
             check.text(where, "a partition name", name)
@@ -261,9 +262,9 @@ class Scheduler:
                 if len(self._checked) >= CHECKED_KEPT:
                     self._checked.clear()
                 self._checked[key] = checked
-        qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high = checked
+        (qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high,
+         reserve_matched) = checked  # fmt: skip
         kwargs = dict(kwargs) if kwargs else {}
-        reserve_matched = getattr(fn, "reserve_matched", None)
         with _EXEC_LOCK:
             if reserve_matched is not None:  # one check of the arguments for both
                 res, ticket = reserve_matched(args, kwargs)
@@ -305,9 +306,8 @@ class Scheduler:
                 self._counts["rejected"] += 1
                 self._admit_locked(others, now)
                 raise errors.AdmissionRejected(f"{tenant}: task rejected: {reason}", reason or "")
-            task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now)
-            task.reserved_bytes = held
-            task._high = high
+            task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now,
+                        held, high)  # fmt: skip
             self._tasks[tid] = task
             if prio is not None:  # admitted and started by the core: it runs in the spare
                 task._ticket = ticket  # launched below: its arguments are as checked
@@ -385,7 +385,10 @@ class Scheduler:
         reserve = None if memory is None else check.memory_size(where, "memory", memory)
         tenant = str(tenant or getattr(fn, "__name__", "tenant"))
         high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
-        return qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high
+        # Bound once here: the function is part of the key the result is kept under.
+        reserve_matched = getattr(fn, "reserve_matched", None)
+        return (qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high,
+                reserve_matched)  # fmt: skip
 
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
         """Call fn on the dispatcher thread once the scheduler's clock reaches t_ms (an
@@ -648,10 +651,14 @@ class Scheduler:
         untold, self._untold = self._untold, 0
         now = self._clock.now()
         for task, told in booked:
-            others = [] if told else self._core.complete(task.id, task.gpu_ms or 0.0, now)
             self._counts["completed"] += 1
+            if told:
+                self._end_locked(task, "done", deliver=False)
+                continue
+            others = self._core.complete(task.id, task.gpu_ms or 0.0, now)
             self._end_locked(task, "done", deliver=False)
-            self._admit_locked(others, now)
+            if others:
+                self._admit_locked(others, now)
         if kick and untold and self._waiting:
             self._notify_locked()
 
@@ -714,7 +721,7 @@ class Scheduler:
         if not task._high:
             self._inflight_low += 1
         # Guaranteed launches take the highest stream priority whatever their partition.
-        task.stream_priority = self._prio["high"] if task.qos == "guaranteed" else prio
+        task.stream_priority = self._prio_high if task.qos == "guaranteed" else prio
         task._state = "running"
         task.started_ms = now
         self._counts["launched"] += 1
