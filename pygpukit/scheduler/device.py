@@ -57,6 +57,8 @@ class Device:
     the device's own threads, after launch() has returned."""
 
     async_done = False
+    # The lock a launch holds while it runs the call (the scheduler's exec lock), if any.
+    exec_lock: Any = None
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float, on_caller: bool = False) -> None:  # fmt: skip
