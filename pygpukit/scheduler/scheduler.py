@@ -248,6 +248,7 @@ class Scheduler:
             ValueError: A bad qos, share, memory or cost, or static_outputs=True.
             SchedulerError: The scheduler is closed.
         """
+        key: tuple[Any, ...] | None
         try:
             # With the numbers' types: True == 1 and hashes alike, but is refused. The
             # options a closed-loop client usually leaves out make a shorter key (of
