@@ -305,8 +305,10 @@ class Scheduler:
             core = self._core
             # Tasks ended by their waiters are told to the core after this launch (off
             # the critical path), unless their reservations could stand in its way.
-            if self._untold and not (start and self._room_for(partition, held)):
-                self._book_locked(kick=False)
+            if self._untold:
+                room = core.headroom(partition) if start else None  # what the core admits
+                if room is None or room < held:
+                    self._book_locked(kick=False)
             tid, status, reason, others, prio = core.submit_start(
                 tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start
             )
@@ -347,19 +349,18 @@ class Scheduler:
                 # Ends the core was told of freed nothing then: only the others may.
                 untold = self._untold
                 self._book_locked(kick=False)
-                more = [] if self.simulated or not untold else self._start_ready_locked(now)
-                if untold:
+                more = []
+                if untold and self._waiting:
+                    if not self.simulated:
+                        more = self._start_ready_locked(now)
                     self._kick_locked(now)
+                elif untold and (self.simulated or self._closed):
+                    self._kick_locked(now)  # it wakes the dispatcher then
             if self._pending:
                 self._deliver()
             for t in more:
                 self._launch(t, now, on_caller=t._high)
         return task
-
-    def _room_for(self, partition: str, nbytes: int) -> bool:
-        """Whether the core admits a reservation of nbytes in partition now."""
-        room = self._core.headroom(partition)
-        return room is not None and room >= nbytes
 
     def _check_submit(self, fn: Any, qos: Any, bandwidth: Any, partition: Any, priority: Any,
                       deadline: Any, tenant: Any, sim_ms: Any, memory: Any,
