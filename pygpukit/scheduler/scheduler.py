@@ -322,8 +322,13 @@ class Scheduler:
             if prio is not None:  # admitted and started by the core: it runs in the spare
                 task._ticket = ticket  # launched below: its arguments are as checked
                 task.arena, self._spare, self._spare_bytes = self._spare, None, -1
-                task.admitted_ms = now
-                self._started_locked(task, prio, now)
+                # _started_locked, inline (the task's fields as it sets them).
+                if not high:
+                    self._inflight_low += 1
+                task.stream_priority = self._prio_high if qos == "guaranteed" else prio
+                task._state = "running"
+                task.admitted_ms = task.started_ms = now
+                self._counts["launched"] += 1
                 ready = [task]
                 # What else may start now, as _start_ready_locked would. Best effort may
                 # not while a Guaranteed task runs, and this one's end looks again.
