@@ -889,6 +889,37 @@ def test_submit_arguments_are_checked_once_per_set_and_reservations_follow_shape
             sched.submit(mlp, *small, qos="urgent")
 
 
+def test_submit_options_left_out_and_given_are_checked_apart(backend):
+    """submit() keeps the options a closed-loop client leaves out (deadline, sim_ms,
+    memory, policy) under a shorter key than a set that gives any: a set giving them is
+    checked as given (a memory below the need is refused, policy stands for qos) even
+    after the same other options were kept without them, and the steps' results are
+    right either way."""
+    rng = np.random.default_rng()
+    mlp, _ = _fns()
+    args = [gpk.asarray(a) for a in _data(rng, m=4)]
+    x, w = (a.to_numpy().astype(np.float64) for a in args)
+    h = x @ w
+    want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2.0))) * 2.0
+    need = mlp.reservation_bytes(*args)
+    with gpk.Scheduler(memory=64 * MIB) as sched:
+        plain = dict(qos="guaranteed", bandwidth=0.3, tenant="g")
+        given = [dict(plain, deadline=5.0), dict(plain, memory=need + 4096),
+                 dict(bandwidth=0.3, tenant="g", policy="guaranteed"),
+                 dict(plain, sim_ms=0.01)]  # fmt: skip
+        for opts in [plain] + given + [plain]:
+            t = sched.submit(mlp, *args, **opts)
+            np.testing.assert_allclose(t.result(10).to_numpy(), want, rtol=1e-4, atol=1e-5)
+            assert t.stats()["qos"] == "guaranteed"
+            if "memory" in opts:
+                assert t.stats()["reservation_bytes"] == need + 4096
+        assert len(sched._checked) == 1 + len(given)
+        with pytest.raises(ValueError, match="less than"):
+            sched.submit(mlp, *args, **dict(plain, memory=1))
+        with pytest.raises(ValueError, match="policy"):
+            sched.submit(mlp, *args, qos="guaranteed", policy="burstable")
+
+
 def test_a_submission_launched_at_once_checks_its_arguments_once(backend, monkeypatch):
     """Reserving and launching a step at submission matches its arguments against the
     compiled function's guard once (reserve_matched's ticket); a ticket whose guard is

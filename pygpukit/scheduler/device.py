@@ -57,6 +57,8 @@ class Device:
     the device's own threads, after launch() has returned."""
 
     async_done = False
+    # The lock a launch holds while it runs the call (the scheduler's exec lock), if any.
+    exec_lock: Any = None
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float, on_caller: bool = False) -> None:  # fmt: skip
@@ -232,7 +234,8 @@ class CudaDevice(Device):
 
     def launch(self, task: Any, priority: int, high: bool, run: Callable[[], Any],
                now: float, on_caller: bool = False) -> None:  # fmt: skip
-        stream, q = self._stream(priority)
+        lane = self._lanes.get(priority)  # _stream's usual case, inline
+        stream, q = lane if lane is not None else self._stream(priority)
         # Events of a completer-watched launch are fresh (a waiter may still synchronize
         # on them after the completer is done with the task); an on-caller launch takes a
         # pair another on-caller task's end has given back (a second waiter of that task
@@ -252,7 +255,10 @@ class CudaDevice(Device):
             b.stream = stream  # the compiled call queues its launches on the task's stream
             try:
                 start.record(stream)
-                result, error = _call(run)
+                try:  # _call, inline
+                    result, error = run(), None
+                except Exception as e:
+                    result, error = None, e
                 end.record(stream)
             finally:
                 b.stream = old

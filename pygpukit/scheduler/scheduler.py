@@ -11,6 +11,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from pygpukit import errors
@@ -144,6 +145,7 @@ class Scheduler:
                                     f"{type(partitions).__name__}")  # fmt: skip
         self._core = _rust.SchedulerCore(self.memory, burst_ms, guard_ms, min_idle_ms)
         self._prio = _stream_priorities(cuda)
+        self._prio_high = self._prio["high"]  # read on every start
         self._part_prio: dict[str, int] = {"default": self._prio["normal"]}
         for name, spec in (partitions or {}).items():
             check.text(where, "a partition name", name)
@@ -246,11 +248,18 @@ class Scheduler:
             ValueError: A bad qos, share, memory or cost, or static_outputs=True.
             SchedulerError: The scheduler is closed.
         """
+        key: tuple[Any, ...] | None
         try:
-            # With the numbers' types: True == 1 and hashes alike, but is refused.
-            key = (fn, qos, policy, partition, bandwidth, type(bandwidth), priority,
-                   type(priority), deadline, type(deadline), tenant, type(tenant), sim_ms,
-                   type(sim_ms), memory, type(memory))  # fmt: skip
+            # With the numbers' types: True == 1 and hashes alike, but is refused. The
+            # options a closed-loop client usually leaves out make a shorter key (of
+            # another length: the two kinds never collide).
+            if deadline is None and sim_ms is None and memory is None and policy is None:
+                key = (fn, qos, partition, bandwidth, type(bandwidth), priority,
+                       type(priority), tenant, type(tenant))  # fmt: skip
+            else:
+                key = (fn, qos, policy, partition, bandwidth, type(bandwidth), priority,
+                       type(priority), deadline, type(deadline), tenant, type(tenant),
+                       sim_ms, type(sim_ms), memory, type(memory))  # fmt: skip
             checked = self._checked.get(key)
         except TypeError:  # an unhashable argument: checked (and refused) below
             key, checked = None, None
@@ -261,9 +270,9 @@ class Scheduler:
                 if len(self._checked) >= CHECKED_KEPT:
                     self._checked.clear()
                 self._checked[key] = checked
-        qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high = checked
+        (qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high,
+         reserve_matched) = checked  # fmt: skip
         kwargs = dict(kwargs) if kwargs else {}
-        reserve_matched = getattr(fn, "reserve_matched", None)
         with _EXEC_LOCK:
             if reserve_matched is not None:  # one check of the arguments for both
                 res, ticket = reserve_matched(args, kwargs)
@@ -296,8 +305,10 @@ class Scheduler:
             core = self._core
             # Tasks ended by their waiters are told to the core after this launch (off
             # the critical path), unless their reservations could stand in its way.
-            if self._untold and not (start and self._room_for(partition, held)):
-                self._book_locked(kick=False)
+            if self._untold:
+                room = core.headroom(partition) if start else None  # what the core admits
+                if room is None or room < held:
+                    self._book_locked(kick=False)
             tid, status, reason, others, prio = core.submit_start(
                 tenant, held, now, qos, priority, partition, bandwidth, deadline_ms, start
             )
@@ -305,15 +316,19 @@ class Scheduler:
                 self._counts["rejected"] += 1
                 self._admit_locked(others, now)
                 raise errors.AdmissionRejected(f"{tenant}: task rejected: {reason}", reason or "")
-            task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now)
-            task.reserved_bytes = held
-            task._high = high
+            task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now,
+                        held, high)  # fmt: skip
             self._tasks[tid] = task
             if prio is not None:  # admitted and started by the core: it runs in the spare
                 task._ticket = ticket  # launched below: its arguments are as checked
                 task.arena, self._spare, self._spare_bytes = self._spare, None, -1
-                task.admitted_ms = now
-                self._started_locked(task, prio, now)
+                # _started_locked, inline (the task's fields as it sets them).
+                if not high:
+                    self._inflight_low += 1
+                task.stream_priority = self._prio_high if qos == "guaranteed" else prio
+                task._state = "running"
+                task.admitted_ms = task.started_ms = now
+                self._counts["launched"] += 1
                 ready = [task]
                 # What else may start now, as _start_ready_locked would. Best effort may
                 # not while a Guaranteed task runs, and this one's end looks again.
@@ -339,19 +354,18 @@ class Scheduler:
                 # Ends the core was told of freed nothing then: only the others may.
                 untold = self._untold
                 self._book_locked(kick=False)
-                more = [] if self.simulated or not untold else self._start_ready_locked(now)
-                if untold:
+                more = []
+                if untold and self._waiting:
+                    if not self.simulated:
+                        more = self._start_ready_locked(now)
                     self._kick_locked(now)
+                elif untold and (self.simulated or self._closed):
+                    self._kick_locked(now)  # it wakes the dispatcher then
             if self._pending:
                 self._deliver()
             for t in more:
                 self._launch(t, now, on_caller=t._high)
         return task
-
-    def _room_for(self, partition: str, nbytes: int) -> bool:
-        """Whether the core admits a reservation of nbytes in partition now."""
-        room = self._core.headroom(partition)
-        return room is not None and room >= nbytes
 
     def _check_submit(self, fn: Any, qos: Any, bandwidth: Any, partition: Any, priority: Any,
                       deadline: Any, tenant: Any, sim_ms: Any, memory: Any,
@@ -385,7 +399,10 @@ class Scheduler:
         reserve = None if memory is None else check.memory_size(where, "memory", memory)
         tenant = str(tenant or getattr(fn, "__name__", "tenant"))
         high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
-        return qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high
+        # Bound once here: the function is part of the key the result is kept under.
+        reserve_matched = getattr(fn, "reserve_matched", None)
+        return (qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high,
+                reserve_matched)  # fmt: skip
 
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
         """Call fn on the dispatcher thread once the scheduler's clock reaches t_ms (an
@@ -648,10 +665,14 @@ class Scheduler:
         untold, self._untold = self._untold, 0
         now = self._clock.now()
         for task, told in booked:
-            others = [] if told else self._core.complete(task.id, task.gpu_ms or 0.0, now)
             self._counts["completed"] += 1
+            if told:
+                self._end_locked(task, "done", deliver=False)
+                continue
+            others = self._core.complete(task.id, task.gpu_ms or 0.0, now)
             self._end_locked(task, "done", deliver=False)
-            self._admit_locked(others, now)
+            if others:
+                self._admit_locked(others, now)
         if kick and untold and self._waiting:
             self._notify_locked()
 
@@ -714,7 +735,7 @@ class Scheduler:
         if not task._high:
             self._inflight_low += 1
         # Guaranteed launches take the highest stream priority whatever their partition.
-        task.stream_priority = self._prio["high"] if task.qos == "guaranteed" else prio
+        task.stream_priority = self._prio_high if task.qos == "guaranteed" else prio
         task._state = "running"
         task.started_ms = now
         self._counts["launched"] += 1
@@ -835,6 +856,14 @@ class Scheduler:
         fn, args, kwargs, arena = task.fn, task.args, task.kwargs, task.arena
         # The arguments were checked at submission: a launch made then skips the check.
         ticket, task._ticket = task._ticket, None
+        device = self._device
+        assert task.stream_priority is not None
+        if on_caller and ticket is not None and device.exec_lock is _EXEC_LOCK:
+            # The device runs it holding the lock run() below would take: a bound call
+            # (no Python frame of its own) does.
+            run_matched = partial(fn.call_in_matched, ticket, arena, args, kwargs)
+            device.launch(task, task.stream_priority, task._high, run_matched, now, True)
+            return
 
         def run() -> Any:
             with _EXEC_LOCK:
@@ -842,8 +871,7 @@ class Scheduler:
                     return fn.call_in_matched(ticket, arena, args, kwargs)
                 return fn.call_in(arena, *args, **kwargs)
 
-        assert task.stream_priority is not None
-        self._device.launch(task, task.stream_priority, task._high, run, now, on_caller)
+        device.launch(task, task.stream_priority, task._high, run, now, on_caller)
 
     # -- inspecting and closing -----------------------------------------------------------
     def stats(self, task_id: int | Task | None = None) -> dict[str, Any]:

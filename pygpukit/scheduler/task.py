@@ -33,12 +33,14 @@ class Task:
 
     def __init__(self, sched: Scheduler, task_id: int, fn: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any], tenant: str, qos: str, partition: str,
-                 reservation: Reservation, sim_ms: float, submitted_ms: float) -> None:  # fmt: skip
+                 reservation: Reservation, sim_ms: float, submitted_ms: float,
+                 reserved_bytes: int | None = None, high: bool = False) -> None:  # fmt: skip
         self.id = task_id
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.tenant, self.qos, self.partition = tenant, qos, partition
         self.reservation = reservation
-        self.reserved_bytes = reservation.total  # submit(memory=...) may reserve more
+        # submit(memory=...) may reserve more than the plan's need.
+        self.reserved_bytes = reservation.total if reserved_bytes is None else reserved_bytes
         self.sim_ms = sim_ms
         self.submitted_ms = submitted_ms
         self.admitted_ms: float | None = None
@@ -48,7 +50,7 @@ class Task:
         self.stream_priority: int | None = None
         self.arena: Any = None  # the pool block reserved at admission
         self._state = "queued"
-        self._high = False
+        self._high = high  # on the high-priority lane (Guaranteed, or a "high" partition)
         # Set by a device whose launches a waiting thread can wait on directly (CUDA: the
         # end event, for at most the timeout given); it ends the task if it is first.
         self._wait_gpu: Callable[[float | None], None] | None = None
@@ -117,9 +119,20 @@ class Task:
             Exception: Whatever the function raised.
         """
         if not self._final:
-            left = self._wait_for_gpu(timeout)
+            wait = self._wait_gpu
+            if wait is not None and timeout is None:
+                # A closed-loop client's usual wait, inline: _wait_for_gpu(None).
+                try:
+                    wait(None)
+                except Exception:  # a kernel fault: the device's thread or collect() does
+                    pass
+                left = None
+            else:
+                left = self._wait_for_gpu(timeout)
             if not self._final:
                 return self._future.result(left)
+        if self._state == "done":  # _outcome_now's usual case, inline
+            return self._outcome
         return self._outcome_now()
 
     def _wait_for_gpu(self, timeout: float | None) -> float | None:
