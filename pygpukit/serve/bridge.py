@@ -32,7 +32,7 @@ from typing import Any
 
 from pygpukit import errors
 
-from .engine import Engine, Event, Overloaded, Request, check_request
+from .engine import Engine, Event, Overloaded, Request, check_request, run_hooks
 
 log = logging.getLogger("pygpukit.serve")
 
@@ -301,11 +301,7 @@ class EngineClient:
             self._on_stop()
 
     def _run_hooks(self) -> None:
-        for hook in self._hooks:
-            try:
-                hook()
-            except Exception:  # a listener's bug must not stop the others
-                log.exception("a step hook failed")
+        run_hooks(self._hooks)
 
     def _close(self) -> None:
         """The engine's side is gone: what waits on it fails, and the front end stops."""

@@ -80,6 +80,16 @@ LOOKAHEAD = 2
 SWITCH_INTERVAL_S = 0.0005
 
 
+def run_hooks(hooks: Sequence[Callable[[], None]]) -> None:
+    """Calls each step hook; a listener's bug is logged and must not stop the others (or
+    the engine thread calling them)."""
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:
+            log.exception("a step hook failed")
+
+
 class Overloaded(errors.GPUKitError, RuntimeError):
     """The engine's wait queue is full: try again later (HTTP 429)."""
 
@@ -518,11 +528,7 @@ class Engine:
         self._run_step_hooks()
 
     def _run_step_hooks(self) -> None:
-        for hook in self._step_hooks:
-            try:
-                hook()
-            except Exception:  # a listener's bug must not stop the engine
-                log.exception("a step hook failed")
+        run_hooks(self._step_hooks)
 
     def _drain(self) -> None:
         while True:
@@ -850,4 +856,4 @@ def _default_memory(kv_memory: int | None) -> int:
     return 256 << 20
 
 
-__all__ = ["Engine", "Event", "Overloaded", "Request", "bucket", "check_request"]
+__all__ = ["Engine", "Event", "Overloaded", "Request", "bucket", "check_request", "run_hooks"]
