@@ -324,6 +324,7 @@ def paged_attention(
     block_table: ArrayLike,
     seq_lens: ArrayLike,
     scale: float | None = None,
+    pieces: bool = True,
 ) -> GPUArray:
     """Causal attention over a paged KV cache (the `paged_sdpa` op).
 
@@ -332,7 +333,10 @@ def paged_attention(
     seq_lens [B] integers (row b has keys 0..seq_lens[b]-1, this step's included). Query t
     of row b sits at position seq_lens[b] - T + t and sees the keys up to it; a query at a
     negative position (padding) gets zeros. All are device arrays, so one graph serves any
-    mix of sequences. `scale` None is 1/sqrt(D).
+    mix of sequences. `scale` None is 1/sqrt(D). `pieces` False says no two rows are
+    consecutive tokens of one prompt (every row a decode row or padding): the result is
+    the same, but the CUDA backend then launches no prompt-piece kernel beside the decode
+    one (the serving engine's decode-only steps).
     """
     op = "paged_attention"
     if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
@@ -340,7 +344,9 @@ def paged_attention(
     qa = _arr(q)
     ins = (qa._node, _arr(k_pool)._node, _arr(v_pool)._node, _arr(block_table)._node,
            _arr(seq_lens)._node)  # fmt: skip
-    attrs = {"scale": None if scale is None else float(scale)}
+    if not isinstance(pieces, bool | np.bool_):
+        raise errors.DTypeError(f"{op}: pieces must be a bool, got {pieces!r}{_where()}")
+    attrs = {"scale": None if scale is None else float(scale), "pieces": bool(pieces)}
     return GPUArray(runtime.record("paged_sdpa", ins, attrs, op))
 
 

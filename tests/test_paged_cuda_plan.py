@@ -68,8 +68,8 @@ def test_paged_steps_plan(arch, monkeypatch):
     assert any("paged_sdpa" in n for n in names) and any("paged_write" in n for n in names)
 
 
-def _plan_attention(q, kp, vp, table, lens):
-    out = gpk.nn.paged_attention(q, kp, vp, table, lens)
+def _plan_attention(q, kp, vp, table, lens, pieces=True):
+    out = gpk.nn.paged_attention(q, kp, vp, table, lens, pieces=pieces)
     order = toposort([out.node], is_leaf=lambda n: n.realized is not None)
     graph, leaves = runtime._graph_of(order, [out.node])
     sched = lower(run_pipeline(graph))
@@ -162,6 +162,11 @@ def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypa
         assert names.index("pgk_paged_prefill") == len(names) - 1  # after the merge
     else:
         assert not grids
+    # A step without prompt pieces (the engine's decode-only steps) launches the decode
+    # kernel alone, told to take every row.
+    launches = _plan_attention(q, kp, vp, table, lens, pieces=False)
+    assert not any(n == "pgk_paged_prefill" for n, _ in launches)
+    assert any(n.startswith("pgk_paged_decode") for n, _ in launches)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

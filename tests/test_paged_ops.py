@@ -88,3 +88,21 @@ def test_paged_attention_over_the_halves_of_one_pool():
     got = gpk.nn.paged_attention(q, pool[:, :kv], pool[:, kv:], table, lens).to_numpy()
     ref = paged_sdpa_ref(q, both[:, :kv], both[:, kv:], table, lens)
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_paged_attention_pieces_flag():
+    """pieces=False (a step with no prompt pieces: the CUDA backend skips the piece
+    kernel) gives the same attention, rows of one prompt included; pieces must be a bool."""
+    rng = np.random.default_rng(13)
+    nb, kv, bs, d, h = 12, 2, 4, 16, 4
+    kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    q = rng.standard_normal((4, h, 1, d)).astype(np.float32)
+    own = rng.permutation(nb)[:8].reshape(2, 4).astype(np.int32)
+    table = own[[0, 1, 1, 1]]  # a decode row, then a three-token prompt piece
+    lens = np.array([9, 3, 4, 5], np.int32)
+    got = gpk.nn.paged_attention(q, kp, vp, table, lens, pieces=False).to_numpy()
+    np.testing.assert_allclose(got, paged_sdpa_ref(q, kp, vp, table, lens), atol=1e-5,
+                               rtol=1e-5)  # fmt: skip
+    with pytest.raises(TypeError, match="pieces must be a bool"):
+        gpk.nn.paged_attention(q, kp, vp, table, lens, pieces=1)

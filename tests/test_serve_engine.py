@@ -169,18 +169,22 @@ def test_warmup_traces_every_greedy_shape(model):
     e = Engine(model, max_model_len=128, prefill_chunk=32, step_tokens=64, max_batch=4,
                kv_blocks=64)  # fmt: skip
     n = e.warmup(60)
-    # steps of 1, 2, 4, ..., 64 tokens
-    assert n == len(e._compiled) == 7
+    # steps of 1, 2, 4, ..., 64 tokens, and decode-only steps (no piece kernel) of 1, 2, 4
+    assert n == len(e._compiled) == 10
+    assert sorted(k[:2] for k in e._compiled if not k[1]) == [(1, False), (2, False),
+                                                              (4, False)]  # fmt: skip
     assert e.stats()["used_blocks"] == 0
     e.start()
     try:
         prompts = _prompts(5, seed=9, low=5, high=60)
         out = e.generate(prompts, 4, ignore_eos=True, timeout=300)
-        assert len(e._compiled) == 7
+        assert len(e._compiled) == 10
         # Each step was traced once, at warmup, with the shapes serving gives it (a decode
         # bucket traced with one row re-traced at its first real step: a stall of a whole
         # trace and capture in the middle of serving).
-        assert [fn.stats()["misses"] for fn in e._compiled.values()] == [1] * 7
+        assert [fn.stats()["misses"] for fn in e._compiled.values()] == [1] * 10
+        # The decode-only steps ran on their own graphs: 4 rows decoding, no prompt left.
+        assert e._compiled[(4, False, False, 0, False)].stats()["calls"] > 1
         static = [model.generate_ids([p], 4, stop_at_eos=False).tokens[0] for p in prompts]
         assert out == static
         with pytest.raises(gpk.errors.GPUKitError):

@@ -166,13 +166,15 @@ class _Step:
 
     def run(self, packed: GPUArray, tables_in: GPUArray, n: int, temperature: GPUArray,
             top_k: GPUArray, top_p: GPUArray, noise: GPUArray, sampled: bool, k_max: int,
-            use_top_p: bool) -> GPUArray:  # fmt: skip
+            use_top_p: bool, pieces: bool = True) -> GPUArray:  # fmt: skip
         """One engine step of n tokens. packed [3 n + 2 ro] int64: per token its id and
         position (-1, -1: a decode token, fed by its slot's last token at the position
         after it) and its token slot (-1: padding, nothing stored); per output row the
         token it samples after and the token slot taking it (-1: none). tables_in [rt, 1 +
         max_blocks] int32: per row a token slot (-1: none) and the block table it gets
-        (the prompts the step prefills). Returns the output rows' tokens."""
+        (the prompts the step prefills). pieces False: a decode-only step (no prompt
+        tokens), whose attention launches no prompt-piece kernel (paged_forward).
+        Returns the output rows' tokens."""
         ro, rt = self.layout(n)
         m, bs = self.max_blocks, self.cache.block_size
         tok_in, pos_in, tslot = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
@@ -189,7 +191,7 @@ class _Step:
         positions = gpk.where(live, p, -1).reshape(n, 1)
         lens = gpk.where(live, p + 1, 0).astype(gpk.int32)
         logits = paged_forward(self.tr, self.cache, tokens.reshape(n, 1), positions, slots,
-                               table, lens, out_at)  # fmt: skip
+                               table, lens, out_at, pieces=pieces)  # fmt: skip
         tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
         gpk.nn.paged_write(self.last, tok.reshape(ro, 1, 1), out_slot)
         gpk.nn.paged_write(self.pos, (gpk.take(p, out_at) + 1).reshape(ro, 1, 1), out_slot)
@@ -482,16 +484,21 @@ class Engine:
         sizes = sorted({self._step_size(b, cap) for cap in (self.step_tokens,
                                                              self.prefill_step_tokens)
                         for b in _buckets(1, cap)})  # fmt: skip
-        for n in sizes:
+        # Decode-only steps (no prompt tokens) have a graph of their own, without the
+        # prompt-piece kernel: their sizes are at most the max_batch bucket.
+        shapes = [(n, True) for n in sizes]
+        shapes += [(n, False) for n in sizes if n <= bucket(self.max_batch)]
+        for n, pieces in shapes:
             ro, _ = self._step_obj.layout(n)
             sampling, statics = self._sampling_inputs([None] * ro, ro)
             packed, _, _ = self._packed([], [], n)
-            self._compiled_step(n, statics)(gpk.from_numpy(packed), self._no_tables(n), n,
-                                            *sampling, *statics).to_numpy()  # fmt: skip
+            self._compiled_step(n, statics, pieces)(gpk.from_numpy(packed), self._no_tables(n),
+                                                    n, *sampling, *statics,
+                                                    pieces).to_numpy()  # fmt: skip
         # A cold kernel cache serves the first steps from quick builds (two tiers): serve
         # with the optimised ones.
         gpk.wait_for_compiles()
-        return len(sizes)
+        return len(shapes)
 
     # -- the engine thread --------------------------------------------------------------
     def _loop(self) -> None:
@@ -716,8 +723,10 @@ class Engine:
         arrays = [gpk.from_numpy(a) for a in (temp, top_k, top_p, noise)]
         return arrays, (sampled, k_rounds(k), use_top_p)
 
-    def _compiled_step(self, n: int, statics: tuple[Any, ...]) -> Any:
-        key = (n, *statics)
+    def _compiled_step(self, n: int, statics: tuple[Any, ...], pieces: bool = True) -> Any:
+        """The compiled step of n tokens, these sampling statics, and with or without
+        prompt pieces (a decode-only step's graph launches no piece kernel)."""
+        key = (n, pieces, *statics)
         fn = self._compiled.get(key)
         if fn is None:
             fn = self._compiled[key] = gpk.compile(self._step_obj.run)
@@ -815,7 +824,9 @@ class Engine:
         else:
             sampling, statics = self._sampling_inputs(outs, len(outs))
             self._greedy_step = (outs, (sampling, statics)) if not statics[0] else None
-        tok = self._compiled_step(n, statics)(upload, table_rows, n, *sampling, *statics)
+        has_pieces = bool(pieces)
+        tok = self._compiled_step(n, statics, has_pieces)(upload, table_rows, n, *sampling,
+                                                          *statics, has_pieces)  # fmt: skip
         for r in rows:
             r.scheduled += 1
         for req, cnt in pieces:

@@ -116,9 +116,11 @@ def _step_rows(rng, n_decode, pieces, n_pad, bs, m, nb):
     return np.array(tables, np.int32), np.array(lens, np.int32)
 
 
-def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None, one_pool=False):
+def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None, one_pool=False,
+                pieces=True):  # fmt: skip
     """The step's attention against the float64 reference; one_pool: keys and values as
-    the two halves of one pool [nb, 2 kv, bs, d] (the serving model's cache)."""
+    the two halves of one pool [nb, 2 kv, bs, d] (the serving model's cache); pieces:
+    paged_attention's (False: the decode kernel alone takes every row)."""
     b = len(lens)
     kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
     vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
@@ -131,7 +133,8 @@ def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None, one
         qg = gpk.asarray(q).astype(dtype)
     else:
         kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
-    got = gpk.nn.paged_attention(qg, kg, vg, table, lens).astype("float32").to_numpy()
+    got = gpk.nn.paged_attention(qg, kg, vg, table, lens, pieces=pieces)
+    got = got.astype("float32").to_numpy()
     with np.errstate(invalid="ignore"):
         ref = paged_sdpa_ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
                              vg.astype("float32").to_numpy(), table, lens)  # fmt: skip
@@ -222,17 +225,30 @@ def test_paged_decode_rows_tensor_core_gpu(dtype, d, h, kv, n_decode, pieces, n_
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("one_pool", [False, True])
-def test_paged_decode_rows_batch64_three_stages_gpu(dtype, one_pool):
+@pytest.mark.parametrize("one_pool, pieces", [(False, True), (True, True), (True, False)])
+def test_paged_decode_rows_batch64_three_stages_gpu(dtype, one_pool, pieces):
     """The batch-64 TinyLlama decode step's attention (64 rows x 4 kv heads: one split,
     three cp.async stages a warp, five 32-key tiles for the busiest warp), rows of
-    lengths 1 .. 640 off the tile and block, against the float64 reference."""
+    lengths 1 .. 640 off the tile and block, against the float64 reference; pieces False
+    (the engine's decode-only step: no piece kernel) the same, with padding rows."""
     rng = np.random.default_rng(24)
     nb, bs, m, d, h, kv = 2600, 16, 40, 64, 32, 4
-    table, lens = _step_rows(rng, 64, [], 0, bs, m, nb)
+    table, lens = _step_rows(rng, 64 if pieces else 61, [], 0 if pieces else 3, bs, m, nb)
     lens[:5] = [m * bs, 1, 513, 32, 129]
     tol = 3e-2 if dtype == "bfloat16" else 5e-3
-    _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, one_pool=one_pool)
+    _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, one_pool=one_pool,
+                pieces=pieces)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_paged_attention_without_pieces_takes_piece_rows_too_gpu(dtype):
+    """pieces=False only skips the piece kernel: the decode kernel then attends a prompt
+    piece's rows as rows of their own, with the same result (float64 reference)."""
+    rng = np.random.default_rng(25)
+    nb, bs, m = 1100, 16, 24
+    table, lens = _step_rows(rng, 9, [(0, 70), (13, 5)], 2, bs, m, nb)
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    _check_step(dtype, 64, 32, 4, table, lens, nb, bs, tol, rng, one_pool=True, pieces=False)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

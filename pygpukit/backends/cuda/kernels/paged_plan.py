@@ -123,7 +123,10 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
     q_strides = (q.strides[0], q.strides[1], q.strides[2])
     shape, dtype = step.shape, step.dtype
     t_strides = (table.strides[0], table.strides[1])
-    pieces = t == 1 and paged_prefill.supports(dt, d, h, kv, b)
+    # A step that says it has no prompt pieces (attrs pieces False: the engine's decode-only
+    # steps) skips the piece kernel's launch; its decode kernel then takes every row.
+    pieces = (t == 1 and step.attrs.get("pieces", True)
+              and paged_prefill.supports(dt, d, h, kv, b))  # fmt: skip
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, dtype, "paged_sdpa")
