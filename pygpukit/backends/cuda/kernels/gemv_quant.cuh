@@ -42,6 +42,12 @@
 #ifndef PGK_QEPRE
 #define PGK_QEPRE 0  // 1: the epilogue's scale, bias and residual loaded as a tile starts
 #endif
+#ifndef PGK_QBIAS
+#define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
+#endif
+#ifndef PGK_QSPLIT
+#define PGK_QSPLIT 0  // 1: the staged grid's work balanced by slabs across blocks (see below)
+#endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
 #define PGK_QEPW (PGK_QFMT == 2 ? 8 : 4)
@@ -102,11 +108,34 @@ PGK_DEVICE unsigned pgk_qfp8_pair(unsigned w, int j) {
   return pgk_qbits(__hmul2(pgk_qof(v), p));
 }
 
+// PGK_QBIAS (the staged int4 kernel under bf16 x; gemv_quant.biased_codes says where):
+// x is permuted once in shared memory (each 8 elements as 0, 4, 1, 5, 2, 6, 3, 7: the
+// order pgk_qfrag pairs a word's nibbles), so a step's B fragment is two of its words, not
+// two byte permutes a step and tile pair; and the biased codes 128 + q (the nibble under
+// the magic exponent, exact in bf16) are multiplied as they are, (128 + z) times the
+// chunk's sum of x coming off each chunk's partial sums in fp32 (pgk_qchunk): no HSUB2 a
+// pair. Under f16 the biased codes would be 1024 + q, about 225 times the |q - z| they
+// carry, and the fp32 sums' rounding near 1e-3 of the result.
+#if PGK_QBIAS && PGK_QFMT == 2 && PGK_QSTAGES > 0
+#define PGK_QBIASED 1
+#define PGK_QXPERM 1
+#else
+#define PGK_QBIASED 0
+#define PGK_QXPERM 0
+#endif
+
 // Nibbles i and i + 4 of w minus the zero point, i = 0 .. 3: q - z exactly, the nibble
-// set under a magic exponent (bf16 128 + q, f16 1024 + q, pgk_qmagic) less the same for z.
+// set under a magic exponent (bf16 128 + q, f16 1024 + q, pgk_qmagic) less the same for z
+// (PGK_QBIASED: 128 + q itself).
 PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair, unsigned magic) {
   const unsigned q = ((w >> (4 * i)) & 0x000F000Fu) | magic;
+#if PGK_QBIASED
+  static_assert(pgk_gsame<pgk_t, __nv_bfloat16>::value, "biased int4 codes need bf16 x");
+  (void)zpair;
+  return q;
+#else
   return pgk_qbits(__hsub2(pgk_qof(q), pgk_qof(zpair)));
+#endif
 }
 
 // The int4 magic pair held in a register: the mask and the magic of pgk_qint4_pair are two
@@ -149,7 +178,7 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
 // The B fragment's x pairs of step s from this lane's x (8 elements per uint4), in the
 // order pgk_qfrag pairs W's elements.
 PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& b0, unsigned& b1) {
-#if PGK_QFMT == 2
+#if PGK_QFMT == 2 && !PGK_QXPERM
   const uint4 v = xv[s >> 1];
   if (s & 1) {
     b0 = __byte_perm(v.y, v.w, 0x5410);
@@ -174,9 +203,11 @@ PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& b0, unsigned& b1) {
 // and the zero rows a register move each. C's rows are then W's rows: acc[t][e] is the
 // lane's row qr of tile t against x's row 2qc + e.
 // (A function template, not a generic lambda: see pgk_gmma_slab.)
+// With PGK_QBIASED, xs[e] is the chunk's sum of x's row 2qc + e (0 past m and K).
 template <int NT, typename WGet, typename ZGet, typename SGet>
 PGK_DEVICE void pgk_qchunk(float (&acc)[NT][2], const uint4 (&xv)[PGK_QEPL / 8], WGet wget,
-                           ZGet zget, SGet sget, unsigned magic) {
+                           ZGet zget, SGet sget, unsigned magic, const float (&xs)[2]) {
+  (void)xs;
 #pragma unroll
   for (int t = 0; t < NT; t += 2) {
     const bool pair = t + 1 < NT;  // an odd NT's last tile leaves A's rows 8-15 zero
@@ -195,6 +226,15 @@ PGK_DEVICE void pgk_qchunk(float (&acc)[NT][2], const uint4 (&xv)[PGK_QEPL / 8],
       if (pair) pgk_qfrag(w1, s, z1, magic, a1, a3);
       pgk_gmma(part, a0, a1, a2, a3, b0, b1);
     }
+#if PGK_QBIASED
+    // The biased codes' partial sums less (128 + z) times the sums of x: the low half of
+    // the zero-point pair is the bf16 128 + z, its bits shifted up the float.
+    const float zc0 = __uint_as_float(z0 << 16), zc1 = __uint_as_float(z1 << 16);
+    part[0] = fmaf(-zc0, xs[0], part[0]);
+    part[1] = fmaf(-zc0, xs[1], part[1]);
+    part[2] = fmaf(-zc1, xs[0], part[2]);
+    part[3] = fmaf(-zc1, xs[1], part[3]);
+#endif
 #if PGK_QSK == 1
     const float s0 = sget(t);
     acc[t][0] += part[0] * s0;
@@ -230,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
                    const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
                    long long x_stride, long long w_stride, long long y_stride, int scale_ld,
                    const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                   long long res_stride, float eps, int w_early) {
+                   long long res_stride, float eps, int w_early, int* __restrict__ split_ws) {
   constexpr int U = PGK_U, NT = PGK_NT, LW = PGK_QLW, EPL = PGK_QEPL, CW = PGK_QCW;
   constexpr int XV = EPL / 8;     // uint4s of x per lane per chunk
   constexpr int RL = 8 * NT + 1;  // a row of the partial sums (padded: rows in other banks)
@@ -256,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const int n_st = ((nch + PGK_GW - 1) / PGK_GW + U - 1) / U;
   const int total = my_tiles * n_st;
   const int first_tile = (int)blockIdx.x;
+  (void)split_ws;
 
   float acc[NT][2];
   float ss[4], ss_hi[4];
@@ -303,8 +344,9 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if constexpr (EPRE) epre = eload(tile, (int)threadIdx.x);
   };
 
-  // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
-  auto epilogue = [&](int tile, float* red) {
+  // The warps' partial sums meet in shared memory (stash); the block writes the tile's
+  // outputs from the first ng warps' rows of red (outputs).
+  auto stash = [&](float* red) {
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -314,6 +356,8 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
 #endif
     __syncthreads();
+  };
+  auto outputs = [&](int tile, const float* red, int ng) {
     for (int i = threadIdx.x; i < 8 * OUT; i += PGK_GW * 32) {
       const int r = i / OUT, cn = i % OUT;
       const int row = pgk_grow(n, cn, tile);
@@ -329,12 +373,14 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #endif
       float s = 0.0f;
 #pragma unroll
-      for (int g = 0; g < PGK_GW; ++g) s += red[(g * m + r) * RL + cn];
+      for (int g = 0; g < PGK_GW; ++g)
+        if (g < ng) s += red[(g * m + r) * RL + cn];
       s = s * rs * e.sc + e.b;
 #if PGK_GLU == 1
       float up = 0.0f;
 #pragma unroll
-      for (int g = 0; g < PGK_GW; ++g) up += red[(g * m + r) * RL + cn + OUT];
+      for (int g = 0; g < PGK_GW; ++g)
+        if (g < ng) up += red[(g * m + r) * RL + cn + OUT];
       up = up * rs * e.sc_up + e.b_up;
       s = s / (1.0f + __expf(-s)) * up;
 #else
@@ -344,6 +390,10 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       y[(long long)r * y_stride + row] = pgk_from_float<pgk_t>(s);
     }
     __syncthreads();  // red is rewritten by the next tile
+  };
+  auto epilogue = [&](int tile, float* red) {
+    stash(red);
+    outputs(tile, red, PGK_GW);
   };
 
 #if PGK_QSTAGES > 0
@@ -374,6 +424,11 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const int xld = nch * CW + 8;  // x rows: all of K, padded (rows in other banks)
   pgk_t* xsm = reinterpret_cast<pgk_t*>(pgk_qsm + PGK_GW * NS * STB);
   float* red = reinterpret_cast<float*>(xsm + m * xld);
+  // PGK_QBIASED: the sums of x per chunk of each warp's range and row, after the partial
+  // sums (gemv_quant.py's xsum_bytes): xsum[(warp * cpw + chunk) * m + row].
+  const int cpw = (nch + PGK_GW - 1) / PGK_GW;
+  float* xsum = red + (PGK_GW * m * RL + 3) / 4 * 4 + warp * cpw * m;
+  (void)xsum;
   unsigned zpend[NT][U];  // zero points loaded for stage zslot, not yet in shared memory
   int zslot = -1;
   (void)zpend;
@@ -397,12 +452,34 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   static_assert(32 % CPR == 0, "a stage row is at most 32 pieces (U <= 8)");
   const int lrow = lane / CPR, lpc = lane % CPR;
   const int lcol = (lpc / 4) * CW + (lpc % 4) * EPL;  // the lane's column in a stage
-  int is_j = 0, is_tile = first_tile;
+  //
+  // PGK_QSPLIT: the block takes a contiguous run of the launch's tiles * n_st slabs
+  // (units), the same count (to one) for every block, rather than whole tiles strided by
+  // the grid, so no block ends a tile round behind the others. A tile whose slabs span
+  // blocks b_lo .. b_hi (owner) is finished by the last of them to arrive: each writes
+  // its warps' summed partials to its slot of split_ws (slot 2b: the block's first tile,
+  // 2b + 1: its last), counts itself in at counter b_hi (a boundary lies in one tile
+  // only), and the block that counts last adds the slots, writes the outputs and sets the
+  // counter back to 0, so a graph replay needs no reset. split_ws: gridDim.x counters
+  // (padded to 4), then 2 * gridDim.x slots of 8 * 8 * NT floats (gemv_quant.split_bytes).
+#if PGK_QSPLIT
+  const long long units = (long long)tiles * n_st;
+  const int u_lo = (int)(units * blockIdx.x / gridDim.x);
+  const int stotal = (int)(units * (blockIdx.x + 1) / gridDim.x) - u_lo;
+  const int s_tile0 = u_lo / n_st, s_j0 = u_lo % n_st, tile_step = 1;
+  auto owner = [&](long long u) { return (int)(((u + 1) * gridDim.x - 1) / units); };
+  auto slot_of = [&](int b, int tile) {
+    return 2 * b + (tile == (int)(units * b / gridDim.x / n_st) ? 0 : 1);
+  };
+#else
+  const int stotal = total, s_tile0 = first_tile, s_j0 = 0, tile_step = (int)gridDim.x;
+#endif
+  int is_j = s_j0, is_tile = s_tile0;
   const unsigned char* wrow[NT * U];  // the tile's rows, nullptr past N
   auto issue = [&](int st) {
     const int tile = is_tile;
     const int c0 = c_lo + is_j * U;
-    if (is_j == 0) {
+    if (is_j == 0 || st == 0) {
 #pragma unroll
       for (int i = 0; i < NT * U; ++i) {
         const int row = pgk_grow(n, i * RSTEP + lrow, tile);
@@ -411,7 +488,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     }
     if (++is_j == n_st) {
       is_j = 0;
-      is_tile += (int)gridDim.x;
+      is_tile += tile_step;
     }
     unsigned char* base = wsm + (st % NS) * STB;
     const int col = c0 * CW + lcol;
@@ -449,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     zslot = st % NS;
 #endif
   };
-  const int pre = NS - 1 < total ? NS - 1 : total;  // stages issued before the loop
+  const int pre = NS - 1 < stotal ? NS - 1 : stotal;  // stages issued before the loop
   auto first_stages = [&]() {
     for (int st = 0; st < NS - 1; ++st) {
       zflush();
@@ -521,17 +598,57 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     __syncwarp();
 #endif
   };
+  // Once x (and the prologue's x * gain) is in shared memory, PGK_QXPERM permutes each 8
+  // elements into pgk_qfrag's pair order and sums each chunk of each row in fp32. A chunk
+  // is CW / 8 consecutive pieces (16 for int4), and a warp's range a whole number of
+  // chunks of each row, so the lanes of each half-warp hold one chunk of one row and
+  // reduce it with shuffles.
+  auto xprep_once = [&]() {
+#if PGK_QXPERM
+    constexpr int PPC = CW / 8;  // pieces of a chunk
+    static_assert(PPC == 16, "int4 chunks are 16 pieces (a half-warp)");
+    const int pieces = (c_hi - c_lo) * PPC;
+    for (int p0 = 0; p0 < m * pieces; p0 += 32) {
+      const int p = p0 + lane;
+      const bool in = p < m * pieces;
+      const int r = in ? p / pieces : 0, pc = in ? p % pieces : 0;
+      float sum = 0.0f;
+      if (in) {
+        uint4* at = reinterpret_cast<uint4*>(xsm + r * xld + c_lo * CW + 8 * pc);
+        const uint4 v = *at;
+        uint4 o;
+        o.x = __byte_perm(v.x, v.z, 0x5410);
+        o.y = __byte_perm(v.x, v.z, 0x7632);
+        o.z = __byte_perm(v.y, v.w, 0x5410);
+        o.w = __byte_perm(v.y, v.w, 0x7632);
+        *at = o;
+        const pgk_t* e = reinterpret_cast<const pgk_t*>(&v);
+        float a = 0.0f, b = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+          a += pgk_to_float(e[j]);
+          b += pgk_to_float(e[j + 1]);
+        }
+        sum = a + b;
+      }
+#pragma unroll
+      for (int o = PPC / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (in && (lane & (PPC - 1)) == 0) xsum[(pc / PPC) * m + r] = sum;
+    }
+    __syncwarp();
+#endif
+  };
   if (!w_early) first_stages();
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
   const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
-  int st = 0;
-  for (int ti = 0; ti < my_tiles; ++ti) {
-    zero_acc();
-    for (int j = 0; j < n_st; ++j, ++st) {
+  int tile = s_tile0, j = s_j0;
+  for (int st = 0; st < stotal; ++st) {
+    if (st == 0 || j == 0) zero_acc();
+    {
       zflush();
-      if (st + NS - 1 < total) issue(st + NS - 1);
+      if (st + NS - 1 < stotal) issue(st + NS - 1);
       pgk_cp_async_commit();
-      if (j == 0) eprefetch(first_tile + ti * (int)gridDim.x);
+      if (st == 0 || j == 0) eprefetch(tile);
       // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
       // per step: stage st has at most NS - 1 groups after it; with w_early the first
       // step also needs x, which has one.
@@ -541,7 +658,10 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         pgk_cp_async_wait<NS - 1>();
       }
       __syncwarp();
-      if (st == 0) prologue_once();
+      if (st == 0) {
+        prologue_once();
+        xprep_once();
+      }
       const unsigned char* base = wsm + (st % NS) * STB;
       const float* scs = reinterpret_cast<const float*>(base + WST);
       const unsigned char* zs = base + WST + SST + lane * NT * U;
@@ -557,6 +677,12 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         for (int jx = 0; jx < XV; ++jx)
           xv[jx] = xin && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col + 8 * jx)
                               : zero4;
+        float xs[2] = {0.0f, 0.0f};
+#if PGK_QBIASED
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (cin && 2 * qc + e < m) xs[e] = xsum[(c - c_lo) * m + 2 * qc + e];
+#endif
         pgk_qchunk<NT>(
             acc, xv,
             [&](int t, unsigned (&wv)[LW]) {
@@ -568,11 +694,63 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
               wv[3] = v.w;
             },
             [&](int t) { return pgk_qzero_pair(PGK_QZERO ? (int)zs[t * U + u] : 8); },
-            [&](int t) { return scs[(t * 8 + qr) * U + u]; }, qmagic);
+            [&](int t) { return scs[(t * 8 + qr) * U + u]; }, qmagic, xs);
       }
       __syncwarp();  // this stage is refilled by a later step's issue
     }
-    epilogue(first_tile + ti * (int)gridDim.x, red);
+    if (j == n_st - 1 || st == stotal - 1) {
+#if PGK_QSPLIT
+      const int b_lo = owner((long long)tile * n_st);
+      const int b_hi = owner((long long)tile * n_st + n_st - 1);
+      if (b_lo == b_hi) {
+        epilogue(tile, red);
+      } else {
+        // A tile shared with other blocks (see owner): this block's summed partials to
+        // its slot, then the last block to count in finishes the tile.
+        __shared__ int split_last;
+        constexpr int PW = 8 * 8 * NT;  // floats of a slot: 8 rows of the tile's columns
+        int* cnt = split_ws;
+        float* parts = reinterpret_cast<float*>(split_ws + ((int)gridDim.x + 3) / 4 * 4);
+        stash(red);
+        float* mine = parts + (long long)slot_of((int)blockIdx.x, tile) * PW;
+        for (int i = threadIdx.x; i < m * 8 * NT; i += PGK_GW * 32) {
+          const int r = i / (8 * NT), cl = i % (8 * NT);
+          float v = 0.0f;
+#pragma unroll
+          for (int g = 0; g < PGK_GW; ++g) v += red[(g * m + r) * RL + cl];
+          __stcg(mine + i, v);
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          const int seen = atomicAdd(cnt + b_hi, 1);
+          split_last = seen == b_hi - b_lo;
+          if (split_last) atomicExch(cnt + b_hi, 0);
+        }
+        __syncthreads();
+        if (split_last) {
+          __threadfence();
+          for (int i = threadIdx.x; i < m * 8 * NT; i += PGK_GW * 32) {
+            const int r = i / (8 * NT), cl = i % (8 * NT);
+            float v = 0.0f;
+            for (int b = b_lo; b <= b_hi; ++b)
+              v += __ldcg(parts + (long long)slot_of(b, tile) * PW + i);
+            red[r * RL + cl] = v;  // warp 0's row r
+          }
+          __syncthreads();
+          outputs(tile, red, 1);
+        } else {
+          __syncthreads();  // red is rewritten by the next tile
+        }
+      }
+#else
+      epilogue(tile, red);
+#endif
+    }
+    if (++j == n_st) {
+      j = 0;
+      tile += tile_step;
+    }
   }
   pgk_cp_async_wait<0>();
 #else
@@ -645,6 +823,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   if (!have && total > 0) load(0, wv, sc, zp);
 
   const pgk_t* xr = x + (long long)(xin ? qr : 0) * x_stride;
+  const float xs_none[2] = {0.0f, 0.0f};  // the register path subtracts zero points
   for (int st = 0; st < total; ++st) {
     const int j = st % n_st;
     const int c0 = c_lo + j * U;
@@ -682,7 +861,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #pragma unroll
             for (int e = 0; e < LW; ++e) o[e] = wv[u][t][e];
           },
-          [&](int t) { return zp[u][t]; }, [&](int t) { return sc[u][t]; }, qmagic);
+          [&](int t) { return zp[u][t]; }, [&](int t) { return sc[u][t]; }, qmagic, xs_none);
     }
 #if PGK_QPIPE == 1
 #pragma unroll

@@ -80,6 +80,19 @@ def staged_config(spec: QuantSpec, k: int) -> tuple[int, int, int, int]:
     return (gw, nt, u, ns)
 
 
+def staged_blocks_per_sm(spec: QuantSpec, k: int, gw: int) -> int:
+    """The staged persistent grid's blocks per SM under early loads (before resident_blocks
+    caps them): STAGED_EARLY_WARPS_PER_SM over the block's warps."""
+    return max(1, STAGED_EARLY_WARPS_PER_SM // gw)
+
+
+def biased_codes(spec: QuantSpec, dtype: str, k: int) -> bool:
+    """Whether the staged int4 kernel multiplies the biased codes 128 + q (PGK_QBIAS: x
+    permuted once in shared memory, (128 + z) times each chunk's sum of x taken off its
+    partial sums): bf16 x only, where the H200 A/B found it faster (none so far)."""
+    return False
+
+
 def words_per_lane(spec: QuantSpec) -> int:
     """32-bit words of W a lane loads per chunk: 16 bytes, or 8 for int4 groups of 64 (a
     chunk must not span two groups)."""
@@ -144,13 +157,35 @@ def red_bytes(gw: int, nt: int, m: int) -> int:
     return cdiv(gw * m * (8 * nt + 1) * 4, 16) * 16
 
 
-def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int) -> int:
+def xsum_bytes(gw: int, k: int, m: int, spec: QuantSpec) -> int:
+    """Shared memory of the biased int4 kernel's sums of x per chunk of each warp's range
+    and row (after the partial sums)."""
+    return gw * cdiv(cdiv(k, chunk_cols(spec)), gw) * m * 4
+
+
+def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int,
+                biased: bool = False) -> int:  # fmt: skip
     """Dynamic shared memory of the staged kernel: each warp's stages, then the m rows of
-    x, each all of K (in whole chunks) plus 8, then the partial sums (red_bytes). The
-    RMSNorm prologue needs none more: the gain is read once, as x is scaled in place."""
+    x, each all of K (in whole chunks) plus 8, then the partial sums (red_bytes) and, with
+    biased int4 codes, the sums of x (xsum_bytes). The RMSNorm prologue needs none more:
+    the gain is read once, as x is scaled in place."""
     gw, nt, u, stages = config
     x_row = (cdiv(k, chunk_cols(spec)) * chunk_cols(spec) + 8) * 2
-    return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m)
+    xsum = xsum_bytes(gw, k, m, spec) if biased else 0
+    return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m) + xsum
+
+
+def split_bytes(grid: int, nt: int) -> int:
+    """Global workspace of a launch with its slabs balanced across blocks (PGK_QSPLIT):
+    one int32 counter a block (padded to 4), then two slots a block of 8 rows of the
+    tile's 8 * nt partial sums in float32. The counters must start at 0 (the kernel leaves
+    them at 0)."""
+    return (cdiv(grid, 4) * 4 + 2 * grid * 8 * 8 * nt) * 4
+
+
+def staged_slabs(k: int, spec: QuantSpec, gw: int, u: int) -> int:
+    """Slabs (stages) of one tile per warp: every warp has the same count."""
+    return cdiv(cdiv(cdiv(k, chunk_cols(spec)), gw), u)
 
 
 def static_smem(gw: int) -> int:
@@ -197,6 +232,9 @@ def gemv_quant(
     w_early: bool = False,
     pipe: bool | None = None,
     stages: int | None = None,
+    biased: bool | None = None,
+    split_ws: int = 0,
+    split_ws_bytes: int = 0,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
@@ -208,7 +246,10 @@ def gemv_quant(
     (warps, n8 tiles per warp); slab: chunks per warp per stage (staged: default from
     staged_config; a power of two >= 2) or per step (registers: default from K); pipe
     (registers): the next slab's loads in flight while the current one is multiplied
-    (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG."""
+    (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG. biased (staged int4,
+    bf16 x): multiply the biased codes (None: biased_codes). split_ws (staged, w_early): a
+    zeroed device workspace of split_ws_bytes (at least split_bytes of the grid) that
+    balances the launch's slabs across its blocks (PGK_QSPLIT)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -231,17 +272,23 @@ def gemv_quant(
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
     sgw, snt, su, sns = staged_config(spec, k)
+    if biased is None:
+        biased = biased_codes(spec, dtype, k)
+    if biased and (spec.format != "int4" or dtype != "bfloat16"):
+        raise ShapeError(f"gemv_quant: biased codes for a {spec.label} weight under {dtype} "
+                         f"(int4 under bfloat16 only)")  # fmt: skip
     if stages is None:
         cfg = (*(config or (sgw, snt)), slab or su, sns)
-        fits = staged_smem(spec, cfg, k, m) + static_smem(cfg[0])
+        fits = staged_smem(spec, cfg, k, m, biased) + static_smem(cfg[0])
         stages = sns if words_per_lane(spec) == 4 and fits <= loader.max_shared_optin() else 0
+    biased = biased and bool(stages)
     if stages:
         gw, nt = config or (sgw, snt)
         u = slab or su
         if words_per_lane(spec) != 4 or u < 2 or u & (u - 1):
             raise ShapeError(f"gemv_quant: {stages} stages of {u} chunks for a {spec.label} "
                              f"weight (staging takes 16-byte chunks, 2+ a stage)")  # fmt: skip
-        smem = staged_smem(spec, (gw, nt, u, stages), k, m)
+        smem = staged_smem(spec, (gw, nt, u, stages), k, m, biased)
         if smem + static_smem(gw) > loader.max_shared_optin():
             raise ShapeError(f"gemv_quant: {stages} stages of ({gw}, {nt}, {u}) with {m} rows "
                              f"of K={k} need {smem} bytes of shared memory")  # fmt: skip
@@ -256,6 +303,11 @@ def gemv_quant(
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
+    split = bool(split_ws) and bool(stages) and w_early
+    if biased:
+        d["PGK_QBIAS"] = 1
+    if split:
+        d["PGK_QSPLIT"] = 1
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
     fn.set_dynamic_smem(smem)
     tiles = gemv.mma_tiles(n, nt, glu)
@@ -263,7 +315,7 @@ def gemv_quant(
     if per_sm is None:
         per_sm = EARLY_BLOCKS_PER_SM
         if stages:
-            per_sm = max(1, STAGED_EARLY_WARPS_PER_SM // gw)
+            per_sm = staged_blocks_per_sm(spec, k, gw)
         per_sm = per_sm if w_early else 0
         if per_sm and stages:
             # A persistent block that is not resident runs in a second wave: its tiles wait
@@ -271,7 +323,11 @@ def gemv_quant(
             fit = resident_blocks(fn.fn.num_regs, fn.fn.shared_bytes, gw * 32, smem,
                                   toolchain.device_info()["max_shared_per_sm"])  # fmt: skip
             per_sm = max(1, min(per_sm, fit))
-    grid_x = min(tiles, per_sm * toolchain.sm_count()) if per_sm else tiles
+    work = tiles * staged_slabs(k, spec, gw, u) if split else tiles
+    grid_x = min(work, per_sm * toolchain.sm_count()) if per_sm else tiles
+    if split and split_bytes(grid_x, nt) > split_ws_bytes:
+        raise ShapeError(f"gemv_quant: a split workspace of {split_ws_bytes} bytes for "
+                         f"{grid_x} blocks (needs {split_bytes(grid_x, nt)})")  # fmt: skip
     row_bytes = k // 2 if spec.format == "int4" else k
     fn.launch(
         (grid_x, 1),
@@ -295,6 +351,7 @@ def gemv_quant(
             rs,
             eps,
             int(w_early),
+            split_ws if split else 0,
         ),
         smem,
         stream,
