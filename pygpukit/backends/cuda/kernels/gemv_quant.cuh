@@ -45,9 +45,6 @@
 #ifndef PGK_QBIAS
 #define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
 #endif
-#ifndef PGK_QSPLIT
-#define PGK_QSPLIT 0  // 1: the staged grid's work balanced by slabs across blocks (see below)
-#endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
 #define PGK_QEPW (PGK_QFMT == 2 ? 8 : 4)
@@ -270,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
                    const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
                    long long x_stride, long long w_stride, long long y_stride, int scale_ld,
                    const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                   long long res_stride, float eps, int w_early, int* __restrict__ split_ws) {
+                   long long res_stride, float eps, int w_early) {
   constexpr int U = PGK_U, NT = PGK_NT, LW = PGK_QLW, EPL = PGK_QEPL, CW = PGK_QCW;
   constexpr int XV = EPL / 8;     // uint4s of x per lane per chunk
   constexpr int RL = 8 * NT + 1;  // a row of the partial sums (padded: rows in other banks)
@@ -296,7 +293,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const int n_st = ((nch + PGK_GW - 1) / PGK_GW + U - 1) / U;
   const int total = my_tiles * n_st;
   const int first_tile = (int)blockIdx.x;
-  (void)split_ws;
 
   float acc[NT][2];
   float ss[4], ss_hi[4];
@@ -344,9 +340,8 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if constexpr (EPRE) epre = eload(tile, (int)threadIdx.x);
   };
 
-  // The warps' partial sums meet in shared memory (stash); the block writes the tile's
-  // outputs from the first ng warps' rows of red (outputs).
-  auto stash = [&](float* red) {
+  // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
+  auto epilogue = [&](int tile, float* red) {
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -356,8 +351,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
 #endif
     __syncthreads();
-  };
-  auto outputs = [&](int tile, const float* red, int ng) {
     for (int i = threadIdx.x; i < 8 * OUT; i += PGK_GW * 32) {
       const int r = i / OUT, cn = i % OUT;
       const int row = pgk_grow(n, cn, tile);
@@ -373,14 +366,12 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #endif
       float s = 0.0f;
 #pragma unroll
-      for (int g = 0; g < PGK_GW; ++g)
-        if (g < ng) s += red[(g * m + r) * RL + cn];
+      for (int g = 0; g < PGK_GW; ++g) s += red[(g * m + r) * RL + cn];
       s = s * rs * e.sc + e.b;
 #if PGK_GLU == 1
       float up = 0.0f;
 #pragma unroll
-      for (int g = 0; g < PGK_GW; ++g)
-        if (g < ng) up += red[(g * m + r) * RL + cn + OUT];
+      for (int g = 0; g < PGK_GW; ++g) up += red[(g * m + r) * RL + cn + OUT];
       up = up * rs * e.sc_up + e.b_up;
       s = s / (1.0f + __expf(-s)) * up;
 #else
@@ -390,10 +381,6 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       y[(long long)r * y_stride + row] = pgk_from_float<pgk_t>(s);
     }
     __syncthreads();  // red is rewritten by the next tile
-  };
-  auto epilogue = [&](int tile, float* red) {
-    stash(red);
-    outputs(tile, red, PGK_GW);
   };
 
 #if PGK_QSTAGES > 0
@@ -452,34 +439,12 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   static_assert(32 % CPR == 0, "a stage row is at most 32 pieces (U <= 8)");
   const int lrow = lane / CPR, lpc = lane % CPR;
   const int lcol = (lpc / 4) * CW + (lpc % 4) * EPL;  // the lane's column in a stage
-  //
-  // PGK_QSPLIT: the block takes a contiguous run of the launch's tiles * n_st slabs
-  // (units), the same count (to one) for every block, rather than whole tiles strided by
-  // the grid, so no block ends a tile round behind the others. A tile whose slabs span
-  // blocks b_lo .. b_hi (owner) is finished by the last of them to arrive: each writes
-  // its warps' summed partials to its slot of split_ws (slot 2b: the block's first tile,
-  // 2b + 1: its last), counts itself in at counter b_hi (a boundary lies in one tile
-  // only), and the block that counts last adds the slots, writes the outputs and sets the
-  // counter back to 0, so a graph replay needs no reset. split_ws: gridDim.x counters
-  // (padded to 4), then 2 * gridDim.x slots of 8 * 8 * NT floats (gemv_quant.split_bytes).
-#if PGK_QSPLIT
-  const long long units = (long long)tiles * n_st;
-  const int u_lo = (int)(units * blockIdx.x / gridDim.x);
-  const int stotal = (int)(units * (blockIdx.x + 1) / gridDim.x) - u_lo;
-  const int s_tile0 = u_lo / n_st, s_j0 = u_lo % n_st, tile_step = 1;
-  auto owner = [&](long long u) { return (int)(((u + 1) * gridDim.x - 1) / units); };
-  auto slot_of = [&](int b, int tile) {
-    return 2 * b + (tile == (int)(units * b / gridDim.x / n_st) ? 0 : 1);
-  };
-#else
-  const int stotal = total, s_tile0 = first_tile, s_j0 = 0, tile_step = (int)gridDim.x;
-#endif
-  int is_j = s_j0, is_tile = s_tile0;
+  int is_j = 0, is_tile = first_tile;
   const unsigned char* wrow[NT * U];  // the tile's rows, nullptr past N
   auto issue = [&](int st) {
     const int tile = is_tile;
     const int c0 = c_lo + is_j * U;
-    if (is_j == 0 || st == 0) {
+    if (is_j == 0) {
 #pragma unroll
       for (int i = 0; i < NT * U; ++i) {
         const int row = pgk_grow(n, i * RSTEP + lrow, tile);
@@ -488,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     }
     if (++is_j == n_st) {
       is_j = 0;
-      is_tile += tile_step;
+      is_tile += (int)gridDim.x;
     }
     unsigned char* base = wsm + (st % NS) * STB;
     const int col = c0 * CW + lcol;
@@ -526,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     zslot = st % NS;
 #endif
   };
-  const int pre = NS - 1 < stotal ? NS - 1 : stotal;  // stages issued before the loop
+  const int pre = NS - 1 < total ? NS - 1 : total;  // stages issued before the loop
   auto first_stages = [&]() {
     for (int st = 0; st < NS - 1; ++st) {
       zflush();
@@ -641,14 +606,14 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   if (!w_early) first_stages();
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
   const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
-  int tile = s_tile0, j = s_j0;
-  for (int st = 0; st < stotal; ++st) {
-    if (st == 0 || j == 0) zero_acc();
-    {
+  int st = 0;
+  for (int ti = 0; ti < my_tiles; ++ti) {
+    zero_acc();
+    for (int j = 0; j < n_st; ++j, ++st) {
       zflush();
-      if (st + NS - 1 < stotal) issue(st + NS - 1);
+      if (st + NS - 1 < total) issue(st + NS - 1);
       pgk_cp_async_commit();
-      if (st == 0 || j == 0) eprefetch(tile);
+      if (j == 0) eprefetch(first_tile + ti * (int)gridDim.x);
       // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
       // per step: stage st has at most NS - 1 groups after it; with w_early the first
       // step also needs x, which has one.
@@ -698,59 +663,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       }
       __syncwarp();  // this stage is refilled by a later step's issue
     }
-    if (j == n_st - 1 || st == stotal - 1) {
-#if PGK_QSPLIT
-      const int b_lo = owner((long long)tile * n_st);
-      const int b_hi = owner((long long)tile * n_st + n_st - 1);
-      if (b_lo == b_hi) {
-        epilogue(tile, red);
-      } else {
-        // A tile shared with other blocks (see owner): this block's summed partials to
-        // its slot, then the last block to count in finishes the tile.
-        __shared__ int split_last;
-        constexpr int PW = 8 * 8 * NT;  // floats of a slot: 8 rows of the tile's columns
-        int* cnt = split_ws;
-        float* parts = reinterpret_cast<float*>(split_ws + ((int)gridDim.x + 3) / 4 * 4);
-        stash(red);
-        float* mine = parts + (long long)slot_of((int)blockIdx.x, tile) * PW;
-        for (int i = threadIdx.x; i < m * 8 * NT; i += PGK_GW * 32) {
-          const int r = i / (8 * NT), cl = i % (8 * NT);
-          float v = 0.0f;
-#pragma unroll
-          for (int g = 0; g < PGK_GW; ++g) v += red[(g * m + r) * RL + cl];
-          __stcg(mine + i, v);
-        }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          const int seen = atomicAdd(cnt + b_hi, 1);
-          split_last = seen == b_hi - b_lo;
-          if (split_last) atomicExch(cnt + b_hi, 0);
-        }
-        __syncthreads();
-        if (split_last) {
-          __threadfence();
-          for (int i = threadIdx.x; i < m * 8 * NT; i += PGK_GW * 32) {
-            const int r = i / (8 * NT), cl = i % (8 * NT);
-            float v = 0.0f;
-            for (int b = b_lo; b <= b_hi; ++b)
-              v += __ldcg(parts + (long long)slot_of(b, tile) * PW + i);
-            red[r * RL + cl] = v;  // warp 0's row r
-          }
-          __syncthreads();
-          outputs(tile, red, 1);
-        } else {
-          __syncthreads();  // red is rewritten by the next tile
-        }
-      }
-#else
-      epilogue(tile, red);
-#endif
-    }
-    if (++j == n_st) {
-      j = 0;
-      tile += tile_step;
-    }
+    epilogue(first_tile + ti * (int)gridDim.x, red);
   }
   pgk_cp_async_wait<0>();
 #else

@@ -80,17 +80,21 @@ def staged_config(spec: QuantSpec, k: int) -> tuple[int, int, int, int]:
     return (gw, nt, u, ns)
 
 
-def staged_blocks_per_sm(spec: QuantSpec, k: int, gw: int) -> int:
-    """The staged persistent grid's blocks per SM under early loads (before resident_blocks
-    caps them): STAGED_EARLY_WARPS_PER_SM over the block's warps."""
-    return max(1, STAGED_EARLY_WARPS_PER_SM // gw)
+# Symmetric int4 under bf16 x at this K multiplies the biased codes (biased_codes). H200,
+# batch 1, early loads, us against main's kernel in one run (q4gemv8): [22016 x 4096] 17.76
+# against 18.43, [12288 x 4096] 11.09 against 10.96 (q4gemv6's run: 16.86 / 18.25 and
+# 10.87 / 11.43); slower at K = 5632 (4.68 / 4.27) and 11008 (11.91 / 10.49), level at
+# K = 2048 (the once-per-x pass sits before the first stage where a warp has few chunks).
+BIASED_INT4_K = 4096
 
 
 def biased_codes(spec: QuantSpec, dtype: str, k: int) -> bool:
     """Whether the staged int4 kernel multiplies the biased codes 128 + q (PGK_QBIAS: x
     permuted once in shared memory, (128 + z) times each chunk's sum of x taken off its
-    partial sums): bf16 x only, where the H200 A/B found it faster (none so far)."""
-    return False
+    partial sums in fp32): symmetric int4 under bf16 x at K = BIASED_INT4_K, where the
+    H200 A/B found it faster."""
+    return (spec.format == "int4" and not spec.has_zero and dtype == "bfloat16"
+            and k == BIASED_INT4_K)  # fmt: skip
 
 
 def words_per_lane(spec: QuantSpec) -> int:
@@ -175,19 +179,6 @@ def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: i
     return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m) + xsum
 
 
-def split_bytes(grid: int, nt: int) -> int:
-    """Global workspace of a launch with its slabs balanced across blocks (PGK_QSPLIT):
-    one int32 counter a block (padded to 4), then two slots a block of 8 rows of the
-    tile's 8 * nt partial sums in float32. The counters must start at 0 (the kernel leaves
-    them at 0)."""
-    return (cdiv(grid, 4) * 4 + 2 * grid * 8 * 8 * nt) * 4
-
-
-def staged_slabs(k: int, spec: QuantSpec, gw: int, u: int) -> int:
-    """Slabs (stages) of one tile per warp: every warp has the same count."""
-    return cdiv(cdiv(cdiv(k, chunk_cols(spec)), gw), u)
-
-
 def static_smem(gw: int) -> int:
     """The kernel's static shared memory: the warps' sums of squares (RMSNorm prologue)."""
     return gw * 8 * 4
@@ -233,8 +224,6 @@ def gemv_quant(
     pipe: bool | None = None,
     stages: int | None = None,
     biased: bool | None = None,
-    split_ws: int = 0,
-    split_ws_bytes: int = 0,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
@@ -247,9 +236,7 @@ def gemv_quant(
     staged_config; a power of two >= 2) or per step (registers: default from K); pipe
     (registers): the next slab's loads in flight while the current one is multiplied
     (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG. biased (staged int4,
-    bf16 x): multiply the biased codes (None: biased_codes). split_ws (staged, w_early): a
-    zeroed device workspace of split_ws_bytes (at least split_bytes of the grid) that
-    balances the launch's slabs across its blocks (PGK_QSPLIT)."""
+    bf16 x): multiply the biased codes (None: biased_codes)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -303,11 +290,8 @@ def gemv_quant(
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
-    split = bool(split_ws) and bool(stages) and w_early
     if biased:
         d["PGK_QBIAS"] = 1
-    if split:
-        d["PGK_QSPLIT"] = 1
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
     fn.set_dynamic_smem(smem)
     tiles = gemv.mma_tiles(n, nt, glu)
@@ -315,7 +299,7 @@ def gemv_quant(
     if per_sm is None:
         per_sm = EARLY_BLOCKS_PER_SM
         if stages:
-            per_sm = staged_blocks_per_sm(spec, k, gw)
+            per_sm = max(1, STAGED_EARLY_WARPS_PER_SM // gw)
         per_sm = per_sm if w_early else 0
         if per_sm and stages:
             # A persistent block that is not resident runs in a second wave: its tiles wait
@@ -323,11 +307,7 @@ def gemv_quant(
             fit = resident_blocks(fn.fn.num_regs, fn.fn.shared_bytes, gw * 32, smem,
                                   toolchain.device_info()["max_shared_per_sm"])  # fmt: skip
             per_sm = max(1, min(per_sm, fit))
-    work = tiles * staged_slabs(k, spec, gw, u) if split else tiles
-    grid_x = min(work, per_sm * toolchain.sm_count()) if per_sm else tiles
-    if split and split_bytes(grid_x, nt) > split_ws_bytes:
-        raise ShapeError(f"gemv_quant: a split workspace of {split_ws_bytes} bytes for "
-                         f"{grid_x} blocks (needs {split_bytes(grid_x, nt)})")  # fmt: skip
+    grid_x = min(tiles, per_sm * toolchain.sm_count()) if per_sm else tiles
     row_bytes = k // 2 if spec.format == "int4" else k
     fn.launch(
         (grid_x, 1),
@@ -351,7 +331,6 @@ def gemv_quant(
             rs,
             eps,
             int(w_early),
-            split_ws if split else 0,
         ),
         smem,
         stream,

@@ -221,17 +221,12 @@ def quant_variants() -> list[Variant]:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns}))  # fmt: skip
-                # The slabs balanced across blocks (split_ws) and, int4 under bf16, the
-                # biased codes, each on the format's staged default and the two together.
-                if dt != "bfloat16":
-                    continue
-                staged_d = {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
-                            "PGK_QPIPE": 0, "PGK_QSTAGES": sns}  # fmt: skip
-                forms = [{"PGK_QSPLIT": 1}]
-                if spec.format == "int4":
-                    forms += [{"PGK_QBIAS": 1}, {"PGK_QBIAS": 1, "PGK_QSPLIT": 1}]
-                for form in forms:
-                    out.append(("gemv_quant", ("pgk_gemv_quant",), {**staged_d, **form}))
+                # int4 under bf16: the biased codes (gemv_quant.biased_codes), symmetric by
+                # default, asymmetric when asked for.
+                if spec.format == "int4" and dt == "bfloat16":
+                    out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns, "PGK_QBIAS": 1}))  # fmt: skip
         for dt in dequant.DTYPES:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
