@@ -43,3 +43,21 @@ def test_staged_config_per_k():
     sym = QuantSpec("int4", group=128)
     assert gemv_quant.staged_config(sym, 4096) == gemv_quant.STAGED_CONFIG["int4"]
     assert gemv_quant.staged_config(QuantSpec("fp8"), 2048) == gemv_quant.STAGED_CONFIG["fp8"]
+
+
+def test_biased_codes_where_measured():
+    """The biased int4 codes: symmetric int4 under bf16 at K = 4096 only (the H200 A/B),
+    never asymmetric, f16, the 8-bit formats or other K; shared memory grows by the sums of
+    x when they are on."""
+    from pygpukit.ir.quant import QuantSpec
+
+    sym, asym = QuantSpec("int4", group=128), QuantSpec("int4", group=128, has_zero=True)
+    assert gemv_quant.biased_codes(sym, "bfloat16", 4096)
+    assert not gemv_quant.biased_codes(sym, "float16", 4096)
+    assert not gemv_quant.biased_codes(asym, "bfloat16", 4096)
+    assert not gemv_quant.biased_codes(QuantSpec("int8"), "bfloat16", 4096)
+    assert not any(gemv_quant.biased_codes(sym, "bfloat16", k) for k in (2048, 5632, 11008))
+    cfg = gemv_quant.staged_config(sym, 4096)
+    plain = gemv_quant.staged_smem(sym, cfg, 4096, 1)
+    # 32 chunks of 128 columns over 8 warps, one row of x: 32 floats.
+    assert gemv_quant.staged_smem(sym, cfg, 4096, 1, biased=True) == plain + 32 * 4

@@ -43,11 +43,16 @@ def _err(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(out.astype(np.float64) - rounded) / np.linalg.norm(ref))
 
 
+@pytest.mark.parametrize("biased", [False, True], ids=["codes", "biased"])
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
 @pytest.mark.parametrize(("fmt", "kw", "k"), FORMATS, ids=lambda v: str(v))
 @pytest.mark.parametrize("m", [1, 5, 8])
-def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m):
+def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m, biased):
+    """biased: int4's biased codes (PGK_QBIAS, gemv_quant.biased_codes), symmetric and
+    asymmetric."""
+    if biased and fmt != "int4":
+        pytest.skip("biased codes are an int4 form")
     gw, nt, u, stages, per_sm, early = geometry
     rng = np.random.default_rng()
     n = 2 * 203 if fused else 203  # a partial last tile (SwiGLU: 203 gate and up rows)
@@ -63,7 +68,7 @@ def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m):
         scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0, m=m,
         config=(gw, nt), slab=u, stages=stages, blocks_per_sm=per_sm, w_early=early,
         prologue="rms_norm" if fused else "none", pro=_ptr(gd) if fused else 0, eps=1e-5,
-        residual=_ptr(rd) if fused else 0, glu=fused,
+        residual=_ptr(rd) if fused else 0, glu=fused, biased=biased,
     )  # fmt: skip
     gpk.synchronize()
     out = y.to_numpy()

@@ -42,6 +42,9 @@
 #ifndef PGK_QEPRE
 #define PGK_QEPRE 0  // 1: the epilogue's scale, bias and residual loaded as a tile starts
 #endif
+#ifndef PGK_QBIAS
+#define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
+#endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
 #define PGK_QEPW (PGK_QFMT == 2 ? 8 : 4)
@@ -102,11 +105,34 @@ PGK_DEVICE unsigned pgk_qfp8_pair(unsigned w, int j) {
   return pgk_qbits(__hmul2(pgk_qof(v), p));
 }
 
+// PGK_QBIAS (the staged int4 kernel under bf16 x; gemv_quant.biased_codes says where):
+// x is permuted once in shared memory (each 8 elements as 0, 4, 1, 5, 2, 6, 3, 7: the
+// order pgk_qfrag pairs a word's nibbles), so a step's B fragment is two of its words, not
+// two byte permutes a step and tile pair; and the biased codes 128 + q (the nibble under
+// the magic exponent, exact in bf16) are multiplied as they are, (128 + z) times the
+// chunk's sum of x coming off each chunk's partial sums in fp32 (pgk_qchunk): no HSUB2 a
+// pair. Under f16 the biased codes would be 1024 + q, about 225 times the |q - z| they
+// carry, and the fp32 sums' rounding near 1e-3 of the result.
+#if PGK_QBIAS && PGK_QFMT == 2 && PGK_QSTAGES > 0
+#define PGK_QBIASED 1
+#define PGK_QXPERM 1
+#else
+#define PGK_QBIASED 0
+#define PGK_QXPERM 0
+#endif
+
 // Nibbles i and i + 4 of w minus the zero point, i = 0 .. 3: q - z exactly, the nibble
-// set under a magic exponent (bf16 128 + q, f16 1024 + q, pgk_qmagic) less the same for z.
+// set under a magic exponent (bf16 128 + q, f16 1024 + q, pgk_qmagic) less the same for z
+// (PGK_QBIASED: 128 + q itself).
 PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair, unsigned magic) {
   const unsigned q = ((w >> (4 * i)) & 0x000F000Fu) | magic;
+#if PGK_QBIASED
+  static_assert(pgk_gsame<pgk_t, __nv_bfloat16>::value, "biased int4 codes need bf16 x");
+  (void)zpair;
+  return q;
+#else
   return pgk_qbits(__hsub2(pgk_qof(q), pgk_qof(zpair)));
+#endif
 }
 
 // The int4 magic pair held in a register: the mask and the magic of pgk_qint4_pair are two
@@ -149,7 +175,7 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
 // The B fragment's x pairs of step s from this lane's x (8 elements per uint4), in the
 // order pgk_qfrag pairs W's elements.
 PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& b0, unsigned& b1) {
-#if PGK_QFMT == 2
+#if PGK_QFMT == 2 && !PGK_QXPERM
   const uint4 v = xv[s >> 1];
   if (s & 1) {
     b0 = __byte_perm(v.y, v.w, 0x5410);
@@ -174,9 +200,11 @@ PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& b0, unsigned& b1) {
 // and the zero rows a register move each. C's rows are then W's rows: acc[t][e] is the
 // lane's row qr of tile t against x's row 2qc + e.
 // (A function template, not a generic lambda: see pgk_gmma_slab.)
+// With PGK_QBIASED, xs[e] is the chunk's sum of x's row 2qc + e (0 past m and K).
 template <int NT, typename WGet, typename ZGet, typename SGet>
 PGK_DEVICE void pgk_qchunk(float (&acc)[NT][2], const uint4 (&xv)[PGK_QEPL / 8], WGet wget,
-                           ZGet zget, SGet sget, unsigned magic) {
+                           ZGet zget, SGet sget, unsigned magic, const float (&xs)[2]) {
+  (void)xs;
 #pragma unroll
   for (int t = 0; t < NT; t += 2) {
     const bool pair = t + 1 < NT;  // an odd NT's last tile leaves A's rows 8-15 zero
@@ -195,6 +223,15 @@ PGK_DEVICE void pgk_qchunk(float (&acc)[NT][2], const uint4 (&xv)[PGK_QEPL / 8],
       if (pair) pgk_qfrag(w1, s, z1, magic, a1, a3);
       pgk_gmma(part, a0, a1, a2, a3, b0, b1);
     }
+#if PGK_QBIASED
+    // The biased codes' partial sums less (128 + z) times the sums of x: the low half of
+    // the zero-point pair is the bf16 128 + z, its bits shifted up the float.
+    const float zc0 = __uint_as_float(z0 << 16), zc1 = __uint_as_float(z1 << 16);
+    part[0] = fmaf(-zc0, xs[0], part[0]);
+    part[1] = fmaf(-zc0, xs[1], part[1]);
+    part[2] = fmaf(-zc1, xs[0], part[2]);
+    part[3] = fmaf(-zc1, xs[1], part[3]);
+#endif
 #if PGK_QSK == 1
     const float s0 = sget(t);
     acc[t][0] += part[0] * s0;
@@ -374,6 +411,11 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   const int xld = nch * CW + 8;  // x rows: all of K, padded (rows in other banks)
   pgk_t* xsm = reinterpret_cast<pgk_t*>(pgk_qsm + PGK_GW * NS * STB);
   float* red = reinterpret_cast<float*>(xsm + m * xld);
+  // PGK_QBIASED: the sums of x per chunk of each warp's range and row, after the partial
+  // sums (gemv_quant.py's xsum_bytes): xsum[(warp * cpw + chunk) * m + row].
+  const int cpw = (nch + PGK_GW - 1) / PGK_GW;
+  float* xsum = red + (PGK_GW * m * RL + 3) / 4 * 4 + warp * cpw * m;
+  (void)xsum;
   unsigned zpend[NT][U];  // zero points loaded for stage zslot, not yet in shared memory
   int zslot = -1;
   (void)zpend;
@@ -521,6 +563,46 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     __syncwarp();
 #endif
   };
+  // Once x (and the prologue's x * gain) is in shared memory, PGK_QXPERM permutes each 8
+  // elements into pgk_qfrag's pair order and sums each chunk of each row in fp32. A chunk
+  // is CW / 8 consecutive pieces (16 for int4), and a warp's range a whole number of
+  // chunks of each row, so the lanes of each half-warp hold one chunk of one row and
+  // reduce it with shuffles.
+  auto xprep_once = [&]() {
+#if PGK_QXPERM
+    constexpr int PPC = CW / 8;  // pieces of a chunk
+    static_assert(PPC == 16, "int4 chunks are 16 pieces (a half-warp)");
+    const int pieces = (c_hi - c_lo) * PPC;
+    for (int p0 = 0; p0 < m * pieces; p0 += 32) {
+      const int p = p0 + lane;
+      const bool in = p < m * pieces;
+      const int r = in ? p / pieces : 0, pc = in ? p % pieces : 0;
+      float sum = 0.0f;
+      if (in) {
+        uint4* at = reinterpret_cast<uint4*>(xsm + r * xld + c_lo * CW + 8 * pc);
+        const uint4 v = *at;
+        uint4 o;
+        o.x = __byte_perm(v.x, v.z, 0x5410);
+        o.y = __byte_perm(v.x, v.z, 0x7632);
+        o.z = __byte_perm(v.y, v.w, 0x5410);
+        o.w = __byte_perm(v.y, v.w, 0x7632);
+        *at = o;
+        const pgk_t* e = reinterpret_cast<const pgk_t*>(&v);
+        float a = 0.0f, b = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+          a += pgk_to_float(e[j]);
+          b += pgk_to_float(e[j + 1]);
+        }
+        sum = a + b;
+      }
+#pragma unroll
+      for (int o = PPC / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (in && (lane & (PPC - 1)) == 0) xsum[(pc / PPC) * m + r] = sum;
+    }
+    __syncwarp();
+#endif
+  };
   if (!w_early) first_stages();
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
   const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
@@ -541,7 +623,10 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         pgk_cp_async_wait<NS - 1>();
       }
       __syncwarp();
-      if (st == 0) prologue_once();
+      if (st == 0) {
+        prologue_once();
+        xprep_once();
+      }
       const unsigned char* base = wsm + (st % NS) * STB;
       const float* scs = reinterpret_cast<const float*>(base + WST);
       const unsigned char* zs = base + WST + SST + lane * NT * U;
@@ -557,6 +642,12 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         for (int jx = 0; jx < XV; ++jx)
           xv[jx] = xin && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col + 8 * jx)
                               : zero4;
+        float xs[2] = {0.0f, 0.0f};
+#if PGK_QBIASED
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (cin && 2 * qc + e < m) xs[e] = xsum[(c - c_lo) * m + 2 * qc + e];
+#endif
         pgk_qchunk<NT>(
             acc, xv,
             [&](int t, unsigned (&wv)[LW]) {
@@ -568,7 +659,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
               wv[3] = v.w;
             },
             [&](int t) { return pgk_qzero_pair(PGK_QZERO ? (int)zs[t * U + u] : 8); },
-            [&](int t) { return scs[(t * 8 + qr) * U + u]; }, qmagic);
+            [&](int t) { return scs[(t * 8 + qr) * U + u]; }, qmagic, xs);
       }
       __syncwarp();  // this stage is refilled by a later step's issue
     }
@@ -645,6 +736,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   if (!have && total > 0) load(0, wv, sc, zp);
 
   const pgk_t* xr = x + (long long)(xin ? qr : 0) * x_stride;
+  const float xs_none[2] = {0.0f, 0.0f};  // the register path subtracts zero points
   for (int st = 0; st < total; ++st) {
     const int j = st % n_st;
     const int c0 = c_lo + j * U;
@@ -682,7 +774,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #pragma unroll
             for (int e = 0; e < LW; ++e) o[e] = wv[u][t][e];
           },
-          [&](int t) { return zp[u][t]; }, [&](int t) { return sc[u][t]; }, qmagic);
+          [&](int t) { return zp[u][t]; }, [&](int t) { return sc[u][t]; }, qmagic, xs_none);
     }
 #if PGK_QPIPE == 1
 #pragma unroll

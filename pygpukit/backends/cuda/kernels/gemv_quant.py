@@ -80,6 +80,23 @@ def staged_config(spec: QuantSpec, k: int) -> tuple[int, int, int, int]:
     return (gw, nt, u, ns)
 
 
+# Symmetric int4 under bf16 x at this K multiplies the biased codes (biased_codes). H200,
+# batch 1, early loads, us against main's kernel in one run (q4gemv8): [22016 x 4096] 17.76
+# against 18.43, [12288 x 4096] 11.09 against 10.96 (q4gemv6's run: 16.86 / 18.25 and
+# 10.87 / 11.43); slower at K = 5632 (4.68 / 4.27) and 11008 (11.91 / 10.49), level at
+# K = 2048 (the once-per-x pass sits before the first stage where a warp has few chunks).
+BIASED_INT4_K = 4096
+
+
+def biased_codes(spec: QuantSpec, dtype: str, k: int) -> bool:
+    """Whether the staged int4 kernel multiplies the biased codes 128 + q (PGK_QBIAS: x
+    permuted once in shared memory, (128 + z) times each chunk's sum of x taken off its
+    partial sums in fp32): symmetric int4 under bf16 x at K = BIASED_INT4_K, where the
+    H200 A/B found it faster."""
+    return (spec.format == "int4" and not spec.has_zero and dtype == "bfloat16"
+            and k == BIASED_INT4_K)  # fmt: skip
+
+
 def words_per_lane(spec: QuantSpec) -> int:
     """32-bit words of W a lane loads per chunk: 16 bytes, or 8 for int4 groups of 64 (a
     chunk must not span two groups)."""
@@ -144,13 +161,22 @@ def red_bytes(gw: int, nt: int, m: int) -> int:
     return cdiv(gw * m * (8 * nt + 1) * 4, 16) * 16
 
 
-def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int) -> int:
+def xsum_bytes(gw: int, k: int, m: int, spec: QuantSpec) -> int:
+    """Shared memory of the biased int4 kernel's sums of x per chunk of each warp's range
+    and row (after the partial sums)."""
+    return gw * cdiv(cdiv(k, chunk_cols(spec)), gw) * m * 4
+
+
+def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int,
+                biased: bool = False) -> int:  # fmt: skip
     """Dynamic shared memory of the staged kernel: each warp's stages, then the m rows of
-    x, each all of K (in whole chunks) plus 8, then the partial sums (red_bytes). The
-    RMSNorm prologue needs none more: the gain is read once, as x is scaled in place."""
+    x, each all of K (in whole chunks) plus 8, then the partial sums (red_bytes) and, with
+    biased int4 codes, the sums of x (xsum_bytes). The RMSNorm prologue needs none more:
+    the gain is read once, as x is scaled in place."""
     gw, nt, u, stages = config
     x_row = (cdiv(k, chunk_cols(spec)) * chunk_cols(spec) + 8) * 2
-    return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m)
+    xsum = xsum_bytes(gw, k, m, spec) if biased else 0
+    return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m) + xsum
 
 
 def static_smem(gw: int) -> int:
@@ -197,6 +223,7 @@ def gemv_quant(
     w_early: bool = False,
     pipe: bool | None = None,
     stages: int | None = None,
+    biased: bool | None = None,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
@@ -208,7 +235,8 @@ def gemv_quant(
     (warps, n8 tiles per warp); slab: chunks per warp per stage (staged: default from
     staged_config; a power of two >= 2) or per step (registers: default from K); pipe
     (registers): the next slab's loads in flight while the current one is multiplied
-    (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG."""
+    (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG. biased (staged int4,
+    bf16 x): multiply the biased codes (None: biased_codes)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -231,17 +259,23 @@ def gemv_quant(
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
     sgw, snt, su, sns = staged_config(spec, k)
+    if biased is None:
+        biased = biased_codes(spec, dtype, k)
+    if biased and (spec.format != "int4" or dtype != "bfloat16"):
+        raise ShapeError(f"gemv_quant: biased codes for a {spec.label} weight under {dtype} "
+                         f"(int4 under bfloat16 only)")  # fmt: skip
     if stages is None:
         cfg = (*(config or (sgw, snt)), slab or su, sns)
-        fits = staged_smem(spec, cfg, k, m) + static_smem(cfg[0])
+        fits = staged_smem(spec, cfg, k, m, biased) + static_smem(cfg[0])
         stages = sns if words_per_lane(spec) == 4 and fits <= loader.max_shared_optin() else 0
+    biased = biased and bool(stages)
     if stages:
         gw, nt = config or (sgw, snt)
         u = slab or su
         if words_per_lane(spec) != 4 or u < 2 or u & (u - 1):
             raise ShapeError(f"gemv_quant: {stages} stages of {u} chunks for a {spec.label} "
                              f"weight (staging takes 16-byte chunks, 2+ a stage)")  # fmt: skip
-        smem = staged_smem(spec, (gw, nt, u, stages), k, m)
+        smem = staged_smem(spec, (gw, nt, u, stages), k, m, biased)
         if smem + static_smem(gw) > loader.max_shared_optin():
             raise ShapeError(f"gemv_quant: {stages} stages of ({gw}, {nt}, {u}) with {m} rows "
                              f"of K={k} need {smem} bytes of shared memory")  # fmt: skip
@@ -256,6 +290,8 @@ def gemv_quant(
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
+    if biased:
+        d["PGK_QBIAS"] = 1
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
     fn.set_dynamic_smem(smem)
     tiles = gemv.mma_tiles(n, nt, glu)
