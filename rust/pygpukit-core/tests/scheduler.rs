@@ -749,7 +749,10 @@ fn submit_start_now_starts_a_guaranteed_task_or_changes_nothing() {
     // A task queued for memory: None as well.
     s.cancel(w).unwrap();
     let (q, adm) = submit(&mut s, spec("q", 90 * MIB, Qos::Burstable));
-    assert_eq!((s.state(q), adm), (Ok(TaskState::Queued), Admission::Queued));
+    assert_eq!(
+        (s.state(q), adm),
+        (Ok(TaskState::Queued), Admission::Queued)
+    );
     assert_eq!(s.submit_start_now(g, 2.0), Ok(None));
     assert_eq!(s.reserved_bytes(), 30 * MIB);
 }

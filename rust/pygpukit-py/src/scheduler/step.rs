@@ -78,7 +78,10 @@ fn locked<'py, R>(l: &Bound<'py, PyAny>, f: impl FnOnce() -> PyResult<R>) -> PyR
     Ok(out)
 }
 
-fn attr<'py>(o: &Bound<'py, PyAny>, name: &Bound<'py, pyo3::types::PyString>) -> PyResult<Bound<'py, PyAny>> {
+fn attr<'py>(
+    o: &Bound<'py, PyAny>,
+    name: &Bound<'py, pyo3::types::PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
     o.getattr(name)
 }
 
@@ -95,7 +98,12 @@ impl GuaranteedStep {
     }
 
     /// `Scheduler._keep_arena` (the scheduler is open: callers checked).
-    fn keep_arena(&self, sched: &Bound<'_, PyAny>, arena: &Bound<'_, PyAny>, nbytes: u64) -> PyResult<()> {
+    fn keep_arena(
+        &self,
+        sched: &Bound<'_, PyAny>,
+        arena: &Bound<'_, PyAny>,
+        nbytes: u64,
+    ) -> PyResult<()> {
         let py = sched.py();
         if nbytes > self.spare_max
             || attr(sched, intern!(py, "_closed"))?.is_truthy()?
@@ -221,7 +229,13 @@ impl GuaranteedStep {
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
-    ) -> PyResult<Option<(Bound<'py, CompiledHit>, Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    ) -> PyResult<
+        Option<(
+            Bound<'py, CompiledHit>,
+            Bound<'py, PyAny>,
+            Bound<'py, PyAny>,
+        )>,
+    > {
         let func = self.func.bind(py);
         let fast = attr(func, intern!(py, "_fast"))?;
         if fast.is_none() || !attr(&fast, intern!(py, "plain"))?.is_truthy()? {
@@ -292,7 +306,9 @@ impl GuaranteedStep {
             };
             let (result, error) = match out {
                 Ok(v) => (v, None),
-                Err(e) if e.is_instance_of::<PyException>(py) => (py.None().into_bound(py), Some(e)),
+                Err(e) if e.is_instance_of::<PyException>(py) => {
+                    (py.None().into_bound(py), Some(e))
+                }
                 Err(e) => return Err(e),
             };
             end.call_method1(intern!(py, "record"), (&stream,))?;
@@ -304,7 +320,16 @@ impl GuaranteedStep {
             Some(e) => e.value(py).clone().into_any(),
             None => py.None().into_bound(py),
         };
-        let item = PyTuple::new(py, [task.clone(), start.clone(), end.clone(), result.clone(), err_obj])?;
+        let item = PyTuple::new(
+            py,
+            [
+                task.clone(),
+                start.clone(),
+                end.clone(),
+                result.clone(),
+                err_obj,
+            ],
+        )?;
         if error.is_some() {
             q.call_method1(intern!(py, "put"), (item,))?; // its completer fails it
             return Ok(());
@@ -322,7 +347,9 @@ impl GuaranteedStep {
         let entry = PyTuple::new(py, [t, q, item.into_any()])?;
         let unwatched = attr(device, intern!(py, "_unwatched"))?;
         locked(&attr(device, intern!(py, "_lock"))?, || {
-            unwatched.call_method1(intern!(py, "append"), (entry,)).map(|_| ())
+            unwatched
+                .call_method1(intern!(py, "append"), (entry,))
+                .map(|_| ())
         })
     }
 
@@ -347,7 +374,10 @@ impl GuaranteedStep {
 impl GuaranteedStep {
     /// Submits `func(*args)` as a Guaranteed task started and launched now, or returns
     /// None having changed nothing (the caller then submits as usual).
-    fn submit<'py>(slf: &Bound<'py, Self>, args: &Bound<'py, PyTuple>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn submit<'py>(
+        slf: &Bound<'py, Self>,
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = slf.py();
         let this = slf.get();
         let sched = this.sched.bind(py);
@@ -503,7 +533,11 @@ impl GuaranteedStep {
             task.setattr(intern!(py, "_state"), intern!(py, "running"))?;
             task.setattr(intern!(py, "admitted_ms"), now)?;
             task.setattr(intern!(py, "started_ms"), now)?;
-            bump(&attr(sched, intern!(py, "_counts"))?, intern!(py, "launched"), 1)?;
+            bump(
+                &attr(sched, intern!(py, "_counts"))?,
+                intern!(py, "launched"),
+                1,
+            )?;
             Ok(Some((task, now)))
         })?;
         let Some((task, now)) = committed else {
@@ -572,13 +606,21 @@ impl StepWait {
             let arena = attr(task, intern!(py, "arena"))?;
             if !arena.is_none() {
                 task.setattr(intern!(py, "arena"), py.None())?;
-                let nbytes: u64 = attr(task, intern!(py, "reservation"))?.get_item(0)?.extract()?;
+                let nbytes: u64 = attr(task, intern!(py, "reservation"))?
+                    .get_item(0)?
+                    .extract()?;
                 step.keep_arena(sched, &arena, nbytes)?;
             }
             task.setattr(intern!(py, "_state"), intern!(py, "done"))?;
             task.setattr(intern!(py, "_outcome"), result)?;
             task.setattr(intern!(py, "_wait_gpu"), py.None())?;
-            let entry = PyTuple::new(py, [task.clone().into_any(), pyo3::types::PyBool::new(py, told).to_owned().into_any()])?;
+            let entry = PyTuple::new(
+                py,
+                [
+                    task.clone().into_any(),
+                    pyo3::types::PyBool::new(py, told).to_owned().into_any(),
+                ],
+            )?;
             attr(sched, intern!(py, "_unbooked"))?.call_method1(intern!(py, "append"), (entry,))?;
             if !told {
                 let n: i64 = attr(sched, intern!(py, "_untold"))?.extract()?;
@@ -595,10 +637,10 @@ impl StepWait {
                 Ok(())
             }
             None => {
-                let done = step
-                    .done_type
-                    .bind(py)
-                    .call1((task, ms, result, py.None(), py.None()))?;
+                let done =
+                    step.done_type
+                        .bind(py)
+                        .call1((task, ms, result, py.None(), py.None()))?;
                 sched.call_method1(intern!(py, "_on_done_waiter"), (done,))?;
                 Ok(())
             }
@@ -646,7 +688,13 @@ impl StepWait {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.step)?;
-        for o in [&self.device, &self.task, &self.start, &self.end, &self.result] {
+        for o in [
+            &self.device,
+            &self.task,
+            &self.start,
+            &self.end,
+            &self.result,
+        ] {
             visit.call(o)?;
         }
         Ok(())
