@@ -96,6 +96,19 @@ class SchedulerCore:
     def state(self, task_id: int) -> str: ...
     def queue_order(self) -> list[int]: ...
     def stats(self, now: float | None = ...) -> dict[str, Any]: ...
+    def guaranteed_step(
+        self,
+        sched: Any,
+        func: Any,
+        tenant: str,
+        partition: str,
+        bandwidth: float,
+        priority: int,
+        objects: dict[str, Any],
+    ) -> GuaranteedStep: ...
+
+class GuaranteedStep:
+    def submit(self, args: tuple[Any, ...]) -> Any: ...
 
 def register_launch_capi(capsule: Any) -> None: ...
 

@@ -110,3 +110,148 @@ def test_steps_in_the_programs_arena_take_the_native_hit(monkeypatch: pytest.Mon
     for i, y in ys:
         np.testing.assert_allclose(_read(y), _ref(hs[i]), rtol=1e-5, atol=1e-5)
     assert full[0] < steps  # the quick call, not the full run, served the later steps
+
+
+def _stand_in(monkeypatch: pytest.MonkeyPatch, native: bool = True, **kw: Any
+              ) -> tuple[Any, Any, HostCuda, Any]:  # fmt: skip
+    """A compiled f settled on its native hit over the stand-in, and a real-time
+    scheduler on the CUDA device with fake events (native=False: the Python path)."""
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    backend = HostCuda()
+    f, _ = _compiled(backend, monkeypatch)
+    _scheduler_backend(backend, monkeypatch)
+    if not native:
+        monkeypatch.setattr(sched_mod.Scheduler, "_native_step", lambda *a, **k: None)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False, **kw)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+    dev._native = types.SimpleNamespace(Stream=_Stream, Event=_Event)
+    sched._device = dev
+    return f, sched, backend, dev
+
+
+def _run_sequence(monkeypatch: pytest.MonkeyPatch, native: bool, hs: list[np.ndarray]
+                  ) -> tuple[dict[str, Any], list[np.ndarray], int]:  # fmt: skip
+    """Guaranteed steps of one tenant, a best-effort task held next to them (its tenant
+    waits behind the Guaranteed tenant's arrivals), a stats() in between."""
+    f, sched, backend, _ = _stand_in(monkeypatch, native, min_idle_ms=300.0)
+    xs = [backend.array(h) for h in hs]
+    for x in xs:
+        f(x)
+    ys, native_seen = [], 0
+    try:
+        for k in range(16):
+            i = k % len(xs)
+            t = sched.submit(f, xs[i], qos="guaranteed", bandwidth=0.5, tenant="g")
+            native_seen += type(t._wait_gpu).__name__ == "StepWait"
+            if k == 3:
+                sched.submit(f, xs[0], qos="best_effort", tenant="be", memory="1MB")
+            y = t.result()
+            assert t.state == "done" and sched.stats(t)["state"] == "done"
+            ys.append(_read(y))
+            if k == 8:
+                mid = sched.stats()
+                assert mid["tenants"]["g"]["completed"] == k + 1
+    finally:
+        sched.close(timeout=60)
+    st = sched.stats()
+    assert st["reserved_bytes"] == 0 and not st["task_states"]
+    assert st["arena_bytes_held"] == 0
+    keys = ["submitted", "admitted", "queued", "rejected", "started", "completed", "failed",
+            "cancelled"]  # fmt: skip
+    out = {k: st[k] for k in keys}
+    out["launches"] = st["launches"]
+    out["tenants"] = {n: (t["completed"], t["failed"], t["live_tasks"])
+                      for n, t in st["tenants"].items()}  # fmt: skip
+    return out, ys, native_seen
+
+
+def test_native_steps_count_and_compute_as_the_python_path(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:  # fmt: skip
+    rng = np.random.default_rng()
+    hs = [rng.standard_normal(N).astype(np.float32) for _ in range(3)]
+    with pytest.MonkeyPatch.context() as mp:
+        native, ys_native, seen = _run_sequence(mp, True, hs)
+    with pytest.MonkeyPatch.context() as mp:
+        python, ys_python, seen_py = _run_sequence(mp, False, hs)
+    assert seen >= 12 and seen_py == 0  # the native step served the steps after the first
+    assert native == python
+    assert native["completed"] == 17 and native["launches"]["completed"] == 17
+    for k, (a, b) in enumerate(zip(ys_native, ys_python, strict=True)):
+        ref = _ref(hs[k % 3])
+        np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(b, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_native_step_result_equals_the_direct_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    f, sched, backend, _ = _stand_in(monkeypatch)
+    rng = np.random.default_rng()
+    h = rng.standard_normal(N).astype(np.float32)
+    x = backend.array(h)
+    direct = _read(f(x))
+    try:
+        for _ in range(3):
+            t = sched.submit(f, x, qos="guaranteed", tenant="g")
+            # result(timeout=...) polls the end event instead of waiting on it.
+            y = t.result(timeout=30)
+            np.testing.assert_array_equal(_read(y), direct)
+            np.testing.assert_allclose(_read(y), _ref(h), rtol=1e-5, atol=1e-5)
+            assert t.exception() is None and t.done()
+        assert type(t._wait_gpu).__name__ != "StepWait"  # ended: its wait dropped
+    finally:
+        sched.close(timeout=60)
+    assert sched.stats()["completed"] == 3
+
+
+def test_native_step_errors_leave_nothing_reserved(monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import CancelledError
+
+    f, sched, backend, _ = _stand_in(monkeypatch)
+    rng = np.random.default_rng()
+    h = rng.standard_normal(N).astype(np.float32)
+    x = backend.array(h)
+    f(x)
+    try:
+        for _ in range(2):  # the second step runs natively in the first one's arena
+            t = sched.submit(f, x, qos="guaranteed", tenant="g")
+            t.result()
+        # A bad argument: not served natively, refused by the call's own check.
+        with pytest.raises(TypeError):
+            sched.submit(f, "not an array", qos="guaranteed", tenant="g")
+        for _ in range(2):  # back on the native step
+            y = sched.submit(f, x, qos="guaranteed", tenant="g").result()
+            np.testing.assert_allclose(_read(y), _ref(h), rtol=1e-5, atol=1e-5)
+        # A failed launch: raised from result(), its reservation and arena given back.
+        graphs = list(backend.graphs)
+        real = [g.replay for g in graphs]
+
+        def fault() -> None:
+            raise RuntimeError("launch failed on purpose")
+
+        for g in graphs:
+            g.replay = fault
+        t = sched.submit(f, x, qos="guaranteed", tenant="g")
+        with pytest.raises(RuntimeError, match="on purpose"):
+            t.result(timeout=30)
+        assert t.state == "failed"
+        for g, r in zip(graphs, real, strict=True):
+            g.replay = r
+        # A running step cannot be cancelled; a queued task can, and raises then.
+        t = sched.submit(f, x, qos="guaranteed", tenant="g")
+        assert not t.cancel()
+        np.testing.assert_allclose(_read(t.result()), _ref(h), rtol=1e-5, atol=1e-5)
+        with sched.paused():
+            q = sched.submit(f, x, qos="burstable", tenant="b")
+            assert q.cancel()
+        with pytest.raises(CancelledError):
+            q.result()
+        sched.submit(f, x, qos="guaranteed", tenant="g").result()
+        st = sched.stats()
+        assert st["reserved_bytes"] == 0 and not st["task_states"]
+    finally:
+        sched.close(timeout=60)
+    st = sched.stats()
+    assert st["failed"] == 1 and st["launches"]["failed"] == 1
+    assert st["cancelled"] == 1 and st["reserved_bytes"] == 0
+    assert st["arena_bytes_held"] == 0

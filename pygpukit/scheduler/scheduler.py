@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -271,7 +272,13 @@ class Scheduler:
                     self._checked.clear()
                 self._checked[key] = checked
         (qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high,
-         reserve_matched) = checked  # fmt: skip
+         reserve_matched, step) = checked  # fmt: skip
+        if step is not None and not kwargs:
+            # A Guaranteed step of a checked compiled call, started and launched now in
+            # one native call (None: not that case, nothing changed).
+            task = step.submit(args)
+            if task is not None:
+                return task
         kwargs = dict(kwargs) if kwargs else {}
         with _EXEC_LOCK:
             if reserve_matched is not None:  # one check of the arguments for both
@@ -350,22 +357,27 @@ class Scheduler:
             # lanes keep the completer, whose prompt end starts the work queued behind.
             self._launch(t, now, on_caller=t._high)
         if self._unbooked:  # while the GPU runs this launch
-            with self._mu:
-                # Ends the core was told of freed nothing then: only the others may.
-                untold = self._untold
-                self._book_locked(kick=False)
-                more = []
-                if untold and self._waiting:
-                    if not self.simulated:
-                        more = self._start_ready_locked(now)
-                    self._kick_locked(now)
-                elif untold and (self.simulated or self._closed):
-                    self._kick_locked(now)  # it wakes the dispatcher then
-            if self._pending:
-                self._deliver()
-            for t in more:
-                self._launch(t, now, on_caller=t._high)
+            self._book_after_launch(now)
         return task
+
+    def _book_after_launch(self, now: float) -> None:
+        """Books the ends waiters left, after a submission's launch (while the GPU runs
+        it), and starts what they free (now: the submission's time)."""
+        with self._mu:
+            # Ends the core was told of freed nothing then: only the others may.
+            untold = self._untold
+            self._book_locked(kick=False)
+            more = []
+            if untold and self._waiting:
+                if not self.simulated:
+                    more = self._start_ready_locked(now)
+                self._kick_locked(now)
+            elif untold and (self.simulated or self._closed):
+                self._kick_locked(now)  # it wakes the dispatcher then
+        if self._pending:
+            self._deliver()
+        for t in more:
+            self._launch(t, now, on_caller=t._high)
 
     def _check_submit(self, fn: Any, qos: Any, bandwidth: Any, partition: Any, priority: Any,
                       deadline: Any, tenant: Any, sim_ms: Any, memory: Any,
@@ -401,8 +413,32 @@ class Scheduler:
         high = qos == "guaranteed" or self._part_prio.get(partition, 0) < 0
         # Bound once here: the function is part of the key the result is kept under.
         reserve_matched = getattr(fn, "reserve_matched", None)
+        step = None
+        if (qos == "guaranteed" and deadline is None and sim_ms is None and reserve is None
+                and reserve_matched is not None and hasattr(fn, "_hit")
+                and isinstance(self._clock, WallClock)):  # fmt: skip
+            step = self._native_step(fn, tenant, partition, bandwidth, priority)
         return (qos, bandwidth, partition, priority, deadline, tenant, sim_ms, reserve, high,
-                reserve_matched)  # fmt: skip
+                reserve_matched, step)  # fmt: skip
+
+    def _native_step(self, fn: Any, tenant: str, partition: str, bandwidth: float,
+                     priority: int) -> Any:  # fmt: skip
+        """The native on-caller step (_rust.GuaranteedStep) of a Guaranteed tenant's
+        calls of `fn` with these options: in real time on the CUDA device, a call that
+        hits the function's native guard in the spare arena its program runs in is
+        admitted, started, launched and, in result(), ended in native calls, on this
+        scheduler's state under its locks (rust/pygpukit-py/src/scheduler/step.rs);
+        every other case takes the Python path."""
+        from . import task as task_mod
+        from .device import Done, _poll
+
+        assert isinstance(self._clock, WallClock)
+        return self._core.guaranteed_step(self, fn, tenant, partition, bandwidth, priority, {
+            "mu": self._mu, "exec_lock": _EXEC_LOCK, "task": Task, "cuda_device": CudaDevice,
+            "done": Done, "poll": _poll, "perf_counter": time.perf_counter,
+            "future_lock": task_mod._FUTURE_LOCK, "t0": self._clock._t0,
+            "prio_high": self._prio_high, "sim_bytes_per_ms": self._sim_bytes_per_ms,
+            "spare_max": SPARE_ARENA_MAX, "ended_kept": ENDED_KEPT})  # fmt: skip
 
     def at(self, t_ms: float, fn: Callable[[], None]) -> None:
         """Call fn on the dispatcher thread once the scheduler's clock reaches t_ms (an

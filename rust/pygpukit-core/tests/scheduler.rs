@@ -707,3 +707,52 @@ fn best_effort_duty_limit_idles_the_gpu_between_best_effort_launches() {
     assert_eq!(s.pace(d, 105.0), Ok(Pace::Start));
     assert_eq!(s.stats(None).best_effort_tokens_ms, None);
 }
+
+#[test]
+fn submit_start_now_starts_a_guaranteed_task_or_changes_nothing() {
+    let mut s = Scheduler::new(100 * MIB, 50.0).unwrap();
+    // Nothing else: started now, counted as submit_and_start counts it.
+    let g = spec("g", 10 * MIB, Qos::Guaranteed);
+    let (a, _) = s.submit_start_now(g.clone(), 0.0).unwrap().unwrap();
+    assert_eq!(s.state(a), Ok(TaskState::Running));
+    // Best effort waiting next to a running Guaranteed task: held, and the next
+    // Guaranteed step still starts now, even with its tenant over its share.
+    let (be, adm) = submit(&mut s, spec("be", 20 * MIB, Qos::BestEffort));
+    assert_eq!(adm, Admission::Admitted);
+    s.complete(a, 500.0, 1.0).unwrap(); // far over its share
+    let (b, _) = s.submit_start_now(g.clone(), 1.0).unwrap().unwrap();
+    assert_eq!(s.state(b), Ok(TaskState::Running));
+    assert_eq!(s.state(be), Ok(TaskState::Admitted));
+    let before = s.stats(None).counts;
+    // Refused (bigger than the node), queued behind memory, or a Burstable task
+    // waiting: None, nothing counted, nothing reserved.
+    assert_eq!(
+        s.submit_start_now(spec("g", 200 * MIB, Qos::Guaranteed), 2.0),
+        Ok(None)
+    );
+    assert_eq!(
+        s.submit_start_now(spec("g", 80 * MIB, Qos::Guaranteed), 2.0),
+        Ok(None)
+    );
+    assert_eq!(
+        s.submit_start_now(spec("b", 1, Qos::Burstable), 2.0),
+        Ok(None)
+    );
+    let (w, _) = submit(&mut s, spec("w", 1, Qos::Burstable));
+    assert_eq!(s.state(w), Ok(TaskState::Admitted));
+    let reserved = s.reserved_bytes();
+    assert_eq!(s.submit_start_now(g.clone(), 2.0), Ok(None));
+    assert_eq!(s.reserved_bytes(), reserved);
+    let after = s.stats(None).counts;
+    assert_eq!(after.submitted, before.submitted + 1); // w alone
+    assert_eq!(after.started, before.started);
+    // A task queued for memory: None as well.
+    s.cancel(w).unwrap();
+    let (q, adm) = submit(&mut s, spec("q", 90 * MIB, Qos::Burstable));
+    assert_eq!(
+        (s.state(q), adm),
+        (Ok(TaskState::Queued), Admission::Queued)
+    );
+    assert_eq!(s.submit_start_now(g, 2.0), Ok(None));
+    assert_eq!(s.reserved_bytes(), 30 * MIB);
+}

@@ -255,6 +255,28 @@ impl Hit {
     }
 }
 
+impl CompiledHit {
+    /// `matches`, for the scheduler's native step (pygpukit-py/src/scheduler/step.rs).
+    pub(crate) fn matches_args(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        match &self.h {
+            Some(h) => Ok(h.matched(py, args)?.is_some()),
+            None => Ok(false),
+        }
+    }
+
+    /// `__call__` for the scheduler's native step: the result array, or None on a miss.
+    pub(crate) fn run_args<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match &self.h {
+            Some(h) => h.hit(py, args, &self.hits),
+            None => Ok(None),
+        }
+    }
+}
+
 #[pymethods]
 impl CompiledHit {
     /// guard: the Python _Guard (its `releases`, `check_freed`, `externals`); prog: its

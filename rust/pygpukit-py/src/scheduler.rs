@@ -15,6 +15,8 @@ use pyo3::types::PyDict;
 
 use crate::errors;
 
+mod step;
+
 fn to_py(py: Python<'_>, e: SchedError) -> PyErr {
     let msg = e.to_string();
     match e {
@@ -104,6 +106,26 @@ impl PySchedulerCore {
             w.woken = true;
         }
         self.wake.notify_all();
+    }
+
+    /// `complete_waited` for a caller in this crate (the native step's end).
+    fn complete_waited_in(
+        &self,
+        py: Python<'_>,
+        task_id: TaskId,
+        gpu_ms: f64,
+        now: f64,
+    ) -> PyResult<(Vec<TaskId>, bool)> {
+        let (others, ready, wakeup) = self
+            .with(py, |s| -> Result<_, SchedError> {
+                let others = s.complete(task_id, gpu_ms, now)?;
+                let ready = s.pick_next(now)?.is_some();
+                let wakeup = if ready { None } else { s.next_wakeup(now)? };
+                Ok((others, ready, wakeup))
+            })?
+            .map_err(|e| to_py(py, e))?;
+        self.signal_if_sooner(ready, wakeup);
+        Ok((others, ready))
     }
 
     /// `signal` if a waiting task may start before the dispatcher plans to
@@ -462,16 +484,40 @@ impl PySchedulerCore {
         gpu_ms: f64,
         now: f64,
     ) -> PyResult<(Vec<TaskId>, bool)> {
-        let (others, ready, wakeup) = self
-            .with(py, |s| -> Result<_, SchedError> {
-                let others = s.complete(task_id, gpu_ms, now)?;
-                let ready = s.pick_next(now)?.is_some();
-                let wakeup = if ready { None } else { s.next_wakeup(now)? };
-                Ok((others, ready, wakeup))
-            })?
-            .map_err(|e| to_py(py, e))?;
-        self.signal_if_sooner(ready, wakeup);
-        Ok((others, ready))
+        self.complete_waited_in(py, task_id, gpu_ms, now)
+    }
+
+    /// The native on-caller step of a Guaranteed tenant's checked submit options
+    /// (pygpukit/scheduler/scheduler.py's `_check_submit`): a `GuaranteedStep` whose
+    /// `submit(args)` admits, starts and launches a task in one call, or returns None
+    /// having changed nothing. `objects`: the scheduler's lock ("mu"), the exec lock,
+    /// the Task, CudaDevice and Done classes, the device's `_poll`, `time.perf_counter`,
+    /// the tasks' future lock, the wall clock's "t0", "prio_high", "sim_bytes_per_ms",
+    /// "spare_max" (SPARE_ARENA_MAX) and "ended_kept" (ENDED_KEPT).
+    #[allow(clippy::too_many_arguments)]
+    fn guaranteed_step(
+        slf: &Bound<'_, Self>,
+        sched: Py<PyAny>,
+        func: Py<PyAny>,
+        tenant: String,
+        partition: String,
+        bandwidth: f64,
+        priority: i128,
+        objects: &Bound<'_, PyDict>,
+    ) -> PyResult<Py<step::GuaranteedStep>> {
+        let py = slf.py();
+        let priority = int32_arg(py, "priority", priority)?;
+        step::new_step(
+            py,
+            slf.clone().unbind(),
+            sched,
+            func,
+            tenant,
+            partition,
+            bandwidth,
+            priority,
+            objects,
+        )
     }
 
     /// Wakes the dispatcher if a waiting task may start (by itself, with no

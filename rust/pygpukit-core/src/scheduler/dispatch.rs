@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::reservations::Fit;
 use super::task::Task;
 use super::{
     check_time, Admission, Pace, Qos, SchedError, Scheduler, Submitted, TaskId, TaskSpec, TaskState,
@@ -332,5 +333,44 @@ impl Scheduler {
         let prio = self.begin(s.id, now); // pick_next found it may start now
         self.next_wakeup(now)?;
         Ok((s, Some(prio)))
+    }
+
+    /// `submit_and_start` for a Guaranteed task only when it certainly starts
+    /// now, else None having changed nothing (the caller then submits as
+    /// usual): nothing waits for memory (so the submission admits no other
+    /// task), every waiting task is best effort (held while this one runs, so
+    /// pacing picks this one whatever its tenant's tokens), the task is not
+    /// refused and its reservation fits its partition and the node. A native
+    /// caller uses it to commit to the launch before it builds anything.
+    /// Returns the task and its partition's stream priority.
+    pub fn submit_start_now(
+        &mut self,
+        spec: TaskSpec,
+        now: f64,
+    ) -> Result<Option<(TaskId, i32)>, SchedError> {
+        if spec.qos != Qos::Guaranteed
+            || !self.queue.is_empty()
+            || self.waiting.iter().any(|k| k.qos != Qos::BestEffort)
+            || self.refusal(&spec).is_some()
+        {
+            return Ok(None);
+        }
+        let part = &self.partitions[&spec.partition]; // refusal found it
+        if self
+            .res
+            .fits(&part.name, part.memory_quota_bytes, spec.reservation_bytes)
+            != Fit::Yes
+        {
+            return Ok(None);
+        }
+        let (s, prio) = self.submit_and_start(spec, now, true)?;
+        match prio {
+            Some(p) if s.also_admitted.is_empty() => Ok(Some((s.id, p))),
+            _ => Err(SchedError::InvalidTransition {
+                id: s.id,
+                from: "submitted",
+                action: "start at submission (submit_start_now's conditions were not enough)",
+            }),
+        }
     }
 }

@@ -1,0 +1,748 @@
+//! `GuaranteedStep`: the scheduler's on-caller step of an already-checked compiled call in
+//! native calls. `submit` admits and starts the task in the core (`submit_start_now`), runs
+//! the compiled function's native hit (the direct call's `CompiledHit`) between the task's
+//! events on its stream, and leaves a native `StepWait` as the task's `_wait_gpu`: the
+//! thread in `Task.result()` waits on the end event without the GIL and ends the task
+//! here. It is pygpukit/scheduler/scheduler.py's `submit`, `CudaDevice.launch`, the
+//! device's wait closure, `_on_done_waiter` and `_book_locked` for that one case, on the
+//! same Python state under the same locks; anything else (a condition that does not hold
+//! before the core commits, an end that frees work) is handed to those Python methods.
+
+use pyo3::exceptions::PyException;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
+
+use pygpukit_core::scheduler::{Qos, TaskSpec};
+
+use super::{to_py, PySchedulerCore};
+use crate::hit::CompiledHit;
+
+/// What `Scheduler._check_submit` fixed for one set of submit options, and the Python
+/// objects the step works on.
+#[pyclass(frozen, name = "GuaranteedStep", module = "pygpukit._rust")]
+pub struct GuaranteedStep {
+    sched: Py<PyAny>,
+    func: Py<PyAny>,
+    core: Py<PySchedulerCore>,
+    mu: Py<PyAny>,
+    exec_lock: Py<PyAny>,
+    task_type: Py<PyAny>,
+    cuda_device: Py<PyAny>,
+    done_type: Py<PyAny>,
+    poll: Py<PyAny>,
+    perf_counter: Py<PyAny>,
+    future_lock: Py<PyAny>,
+    t0: f64,
+    tenant: String,
+    tenant_py: Py<PyAny>,
+    partition: String,
+    partition_py: Py<PyAny>,
+    qos_py: Py<PyAny>,
+    bandwidth: f64,
+    priority: i32,
+    prio_high: Py<PyAny>,
+    sim_bytes_per_ms: f64,
+    spare_max: u64,
+    ended_kept: usize,
+}
+
+/// A Guaranteed on-caller task's wait (the device's `wait` closure): set as the task's
+/// `_wait_gpu`; `Task.result()` calls it with no timeout.
+#[pyclass(frozen, name = "StepWait", module = "pygpukit._rust")]
+pub struct StepWait {
+    step: Py<GuaranteedStep>,
+    device: Py<PyAny>,
+    task: Py<PyAny>,
+    start: Py<PyAny>,
+    end: Py<PyAny>,
+    result: Py<PyAny>,
+}
+
+fn lock(l: &Bound<'_, PyAny>) -> PyResult<()> {
+    l.call_method0(intern!(l.py(), "acquire")).map(|_| ())
+}
+
+fn unlock(l: &Bound<'_, PyAny>) -> PyResult<()> {
+    l.call_method0(intern!(l.py(), "release")).map(|_| ())
+}
+
+/// `f()` with `l` held (released on every way out).
+fn locked<'py, R>(l: &Bound<'py, PyAny>, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
+    lock(l)?;
+    let out = f();
+    let rel = unlock(l);
+    let out = out?;
+    rel?;
+    Ok(out)
+}
+
+fn attr<'py>(
+    o: &Bound<'py, PyAny>,
+    name: &Bound<'py, pyo3::types::PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    o.getattr(name)
+}
+
+/// `d[key] += n` for the scheduler's counters.
+fn bump(d: &Bound<'_, PyAny>, key: &Bound<'_, pyo3::types::PyString>, n: i64) -> PyResult<()> {
+    let v: i64 = d.get_item(key)?.extract()?;
+    d.set_item(key, v + n)
+}
+
+impl GuaranteedStep {
+    fn now(&self, py: Python<'_>) -> PyResult<f64> {
+        let t: f64 = self.perf_counter.bind(py).call0()?.extract()?;
+        Ok((t - self.t0) * 1e3)
+    }
+
+    /// `Scheduler._keep_arena` (the scheduler is open: callers checked).
+    fn keep_arena(
+        &self,
+        sched: &Bound<'_, PyAny>,
+        arena: &Bound<'_, PyAny>,
+        nbytes: u64,
+    ) -> PyResult<()> {
+        let py = sched.py();
+        if nbytes > self.spare_max
+            || attr(sched, intern!(py, "_closed"))?.is_truthy()?
+            || !attr(sched, intern!(py, "_stopped"))?.is_none()
+        {
+            arena.call_method0(intern!(py, "release"))?;
+            return Ok(());
+        }
+        let old = attr(sched, intern!(py, "_spare"))?;
+        sched.setattr(intern!(py, "_spare"), arena)?;
+        sched.setattr(intern!(py, "_spare_bytes"), nbytes)?;
+        if !old.is_none() {
+            old.call_method0(intern!(py, "release"))?;
+        }
+        Ok(())
+    }
+
+    /// `Scheduler._end_locked(task, "done", deliver=False)`: a booked end, its result
+    /// delivered already.
+    fn end_done(&self, sched: &Bound<'_, PyAny>, task: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = sched.py();
+        let res = attr(task, intern!(py, "reservation"))?;
+        let arena_bytes = res.get_item(0)?;
+        let arena = attr(task, intern!(py, "arena"))?;
+        if !arena.is_none() {
+            task.setattr(intern!(py, "arena"), py.None())?;
+            self.keep_arena(sched, &arena, arena_bytes.extract()?)?;
+        }
+        let id = attr(task, intern!(py, "id"))?;
+        let tasks = attr(sched, intern!(py, "_tasks"))?;
+        tasks.del_item(&id)?;
+        let waiting = attr(sched, intern!(py, "_waiting"))?;
+        if !waiting
+            .call_method1(intern!(py, "pop"), (&id, py.None()))?
+            .is_none()
+        {
+            let qos = attr(task, intern!(py, "qos"))?;
+            let not_be = !qos.eq(intern!(py, "best_effort"))?;
+            let n: i64 = attr(sched, intern!(py, "_waiting_not_be"))?.extract()?;
+            sched.setattr(intern!(py, "_waiting_not_be"), n - i64::from(not_be))?;
+        }
+        let done = intern!(py, "done");
+        task.setattr(intern!(py, "_state"), done)?;
+        if attr(task, intern!(py, "finished_ms"))?.is_none() {
+            task.setattr(intern!(py, "finished_ms"), self.now(py)?)?;
+        }
+        task.setattr(intern!(py, "fn"), py.None())?;
+        task.setattr(intern!(py, "args"), PyTuple::empty(py))?;
+        task.setattr(intern!(py, "kwargs"), PyDict::new(py))?;
+        task.setattr(intern!(py, "_wait_gpu"), py.None())?;
+        task.setattr(intern!(py, "_ticket"), py.None())?;
+        // Task._record().
+        let holds = !attr(task, intern!(py, "arena"))?.is_none();
+        let record = PyTuple::new(
+            py,
+            [
+                id.clone(),
+                attr(task, intern!(py, "tenant"))?,
+                attr(task, intern!(py, "qos"))?,
+                attr(task, intern!(py, "partition"))?,
+                done.clone().into_any(),
+                attr(task, intern!(py, "reserved_bytes"))?,
+                arena_bytes,
+                pyo3::types::PyBool::new(py, holds).to_owned().into_any(),
+                attr(task, intern!(py, "stream_priority"))?,
+                attr(task, intern!(py, "submitted_ms"))?,
+                attr(task, intern!(py, "started_ms"))?,
+                attr(task, intern!(py, "finished_ms"))?,
+                attr(task, intern!(py, "gpu_ms"))?,
+            ],
+        )?;
+        let ended = attr(sched, intern!(py, "_ended"))?;
+        ended.set_item(&id, record)?;
+        if ended.len()? > self.ended_kept {
+            let kw = PyDict::new(py);
+            kw.set_item(intern!(py, "last"), false)?;
+            ended.call_method(intern!(py, "popitem"), (), Some(&kw))?;
+        }
+        if attr(sched, intern!(py, "_closed"))?.is_truthy()? && tasks.len()? == 0 {
+            sched.call_method0(intern!(py, "_notify_locked"))?;
+        }
+        Ok(())
+    }
+
+    /// `Scheduler._book_locked(kick=False)`: books the ends waiters left.
+    fn book(&self, sched: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = sched.py();
+        let booked = attr(sched, intern!(py, "_unbooked"))?;
+        sched.setattr(intern!(py, "_unbooked"), PyList::empty(py))?;
+        sched.setattr(intern!(py, "_untold"), 0)?;
+        let now = self.now(py)?;
+        let counts = attr(sched, intern!(py, "_counts"))?;
+        let completed = intern!(py, "completed");
+        for entry in booked.try_iter()? {
+            let entry = entry?;
+            let task = entry.get_item(0)?;
+            let told = entry.get_item(1)?.is_truthy()?;
+            bump(&counts, completed, 1)?;
+            if told {
+                self.end_done(sched, &task)?;
+                continue;
+            }
+            let id: u64 = attr(&task, intern!(py, "id"))?.extract()?;
+            let gpu = attr(&task, intern!(py, "gpu_ms"))?;
+            let gpu_ms: f64 = if gpu.is_none() { 0.0 } else { gpu.extract()? };
+            let core = self.core.get();
+            let others = core
+                .with(py, |s| s.complete(id, gpu_ms, now))?
+                .map_err(|e| to_py(py, e))?;
+            self.end_done(sched, &task)?;
+            if !others.is_empty() {
+                sched.call_method1(intern!(py, "_admit_locked"), (others, now))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the step is the direct call's native hit in the spare arena, checked as
+    /// `CompiledFunction.reserve_matched` and `call_in_matched` check it: (hit, the
+    /// reservation, the program's arena), or None.
+    #[allow(clippy::type_complexity)]
+    fn matched<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<
+        Option<(
+            Bound<'py, CompiledHit>,
+            Bound<'py, PyAny>,
+            Bound<'py, PyAny>,
+        )>,
+    > {
+        let func = self.func.bind(py);
+        let fast = attr(func, intern!(py, "_fast"))?;
+        if fast.is_none() || !attr(&fast, intern!(py, "plain"))?.is_truthy()? {
+            return Ok(None);
+        }
+        let hit = attr(func, intern!(py, "_hit"))?;
+        if !attr(&fast, intern!(py, "native"))?.is(&hit) {
+            return Ok(None);
+        }
+        let Ok(hit) = hit.cast_into::<CompiledHit>() else {
+            return Ok(None);
+        };
+        let entry = attr(&fast, intern!(py, "entry"))?;
+        let res = attr(&entry, intern!(py, "reservation"))?;
+        if res.is_none() || !hit.borrow().matches_args(py, args)? {
+            return Ok(None);
+        }
+        let arena = attr(&attr(&entry, intern!(py, "program"))?, intern!(py, "arena"))?;
+        Ok(Some((hit, res, arena)))
+    }
+
+    /// `CudaDevice.launch(task, prio, True, run, now, on_caller=True)` with the run being
+    /// the native hit (or, had the hit missed, the compiled function's usual call).
+    #[allow(clippy::too_many_arguments)]
+    fn launch<'py>(
+        slf: &Bound<'py, GuaranteedStep>,
+        device: &Bound<'py, PyAny>,
+        task: &Bound<'py, PyAny>,
+        hit: &Bound<'py, CompiledHit>,
+        args: &Bound<'py, PyTuple>,
+        arena: &Bound<'py, PyAny>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let prio = this.prio_high.bind(py);
+        let lane = attr(device, intern!(py, "_lanes"))?
+            .cast_into::<PyDict>()?
+            .get_item(prio)?;
+        let lane = match lane {
+            Some(l) => l,
+            None => device.call_method1(intern!(py, "_stream"), (prio,))?,
+        };
+        let stream = lane.get_item(0)?;
+        let q = lane.get_item(1)?;
+        let spare = attr(device, intern!(py, "_spare_events"))?.cast_into::<PyList>()?;
+        let (start, end) = if spare.is_empty() {
+            let ev = attr(&attr(device, intern!(py, "_native"))?, intern!(py, "Event"))?;
+            (ev.call1((true,))?, ev.call1((true,))?)
+        } else {
+            let pair = spare.call_method0(intern!(py, "pop"))?;
+            (pair.get_item(0)?, pair.get_item(1)?)
+        };
+        let b = attr(device, intern!(py, "backend"))?;
+        let old = attr(&b, intern!(py, "stream"))?;
+        b.setattr(intern!(py, "stream"), &stream)?;
+        let ran = (|| -> PyResult<(Bound<'py, PyAny>, Option<PyErr>)> {
+            start.call_method1(intern!(py, "record"), (&stream,))?;
+            let out = match hit.borrow().run_args(py, args) {
+                Ok(Some(v)) => Ok(v),
+                // The hit missed (changed nothing): the usual call in the task's arena.
+                Ok(None) => {
+                    let func = this.func.bind(py);
+                    let mut all = vec![arena.clone()];
+                    all.extend(args.iter());
+                    func.call_method1(intern!(py, "call_in"), PyTuple::new(py, all)?)
+                }
+                Err(e) => Err(e),
+            };
+            let (result, error) = match out {
+                Ok(v) => (v, None),
+                Err(e) if e.is_instance_of::<PyException>(py) => {
+                    (py.None().into_bound(py), Some(e))
+                }
+                Err(e) => return Err(e),
+            };
+            end.call_method1(intern!(py, "record"), (&stream,))?;
+            Ok((result, error))
+        })();
+        b.setattr(intern!(py, "stream"), old)?;
+        let (result, error) = ran?;
+        let err_obj = match &error {
+            Some(e) => e.value(py).clone().into_any(),
+            None => py.None().into_bound(py),
+        };
+        let item = PyTuple::new(
+            py,
+            [
+                task.clone(),
+                start.clone(),
+                end.clone(),
+                result.clone(),
+                err_obj,
+            ],
+        )?;
+        if error.is_some() {
+            q.call_method1(intern!(py, "put"), (item,))?; // its completer fails it
+            return Ok(());
+        }
+        let wait = StepWait {
+            step: slf.clone().unbind(),
+            device: device.clone().unbind(),
+            task: task.clone().unbind(),
+            start: start.unbind(),
+            end: end.unbind(),
+            result: result.unbind(),
+        };
+        task.setattr(intern!(py, "_wait_gpu"), Py::new(py, wait)?)?;
+        let t = this.perf_counter.bind(py).call0()?;
+        let entry = PyTuple::new(py, [t, q, item.into_any()])?;
+        let unwatched = attr(device, intern!(py, "_unwatched"))?;
+        locked(&attr(device, intern!(py, "_lock"))?, || {
+            unwatched
+                .call_method1(intern!(py, "append"), (entry,))
+                .map(|_| ())
+        })
+    }
+
+    /// `Task._deliver()` for a task nobody made a Future of (else the method itself).
+    fn deliver(task: &Bound<'_, PyAny>, fut_lock: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = task.py();
+        let plain = locked(fut_lock, || {
+            if attr(task, intern!(py, "_fut"))?.is_none() {
+                task.setattr(intern!(py, "_final"), true)?;
+                return Ok(true);
+            }
+            Ok(false)
+        })?;
+        if !plain {
+            task.call_method0(intern!(py, "_deliver"))?;
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl GuaranteedStep {
+    /// Submits `func(*args)` as a Guaranteed task started and launched now, or returns
+    /// None having changed nothing (the caller then submits as usual).
+    fn submit<'py>(
+        slf: &Bound<'py, Self>,
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        let this = slf.get();
+        let sched = this.sched.bind(py);
+        let device = attr(sched, intern!(py, "_device"))?;
+        let exec_lock = this.exec_lock.bind(py);
+        if !device.get_type().is(this.cuda_device.bind(py))
+            || !attr(&device, intern!(py, "exec_lock"))?.is(exec_lock)
+        {
+            return Ok(None);
+        }
+        lock(exec_lock)?;
+        let out = Self::submit_locked(slf, sched, &device, args);
+        let rel = unlock(exec_lock);
+        let Some((task, now)) = out? else {
+            rel?;
+            return Ok(None);
+        };
+        rel?;
+        if attr(sched, intern!(py, "_pending"))?.len()? > 0 {
+            sched.call_method0(intern!(py, "_deliver"))?;
+        }
+        // The booking after the launch (Scheduler._book_after_launch), native in its usual
+        // cases: nothing the ends free may start, or the core was told of them already.
+        if attr(sched, intern!(py, "_unbooked"))?.is_truthy()? {
+            let mu = this.mu.bind(py);
+            let native = locked(mu, || {
+                let untold = attr(sched, intern!(py, "_untold"))?.is_truthy()?;
+                if untold
+                    && (attr(sched, intern!(py, "_waiting"))?.is_truthy()?
+                        || attr(sched, intern!(py, "_closed"))?.is_truthy()?)
+                {
+                    return Ok(false);
+                }
+                this.book(sched)?;
+                Ok(true)
+            })?;
+            if native {
+                if attr(sched, intern!(py, "_pending"))?.len()? > 0 {
+                    sched.call_method0(intern!(py, "_deliver"))?;
+                }
+            } else {
+                sched.call_method1(intern!(py, "_book_after_launch"), (now,))?;
+            }
+        }
+        Ok(Some(task))
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for o in [
+            &self.sched,
+            &self.func,
+            &self.mu,
+            &self.exec_lock,
+            &self.task_type,
+            &self.cuda_device,
+            &self.done_type,
+            &self.poll,
+            &self.perf_counter,
+            &self.future_lock,
+            &self.tenant_py,
+            &self.partition_py,
+            &self.qos_py,
+            &self.prio_high,
+        ] {
+            visit.call(o)?;
+        }
+        visit.call(&self.core)
+    }
+}
+
+impl GuaranteedStep {
+    /// submit() under the exec lock: the checks, the core's commit and the launch.
+    fn submit_locked<'py>(
+        slf: &Bound<'py, Self>,
+        sched: &Bound<'py, PyAny>,
+        device: &Bound<'py, PyAny>,
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, f64)>> {
+        let py = slf.py();
+        let this = slf.get();
+        let Some((hit, res, arena)) = this.matched(py, args)? else {
+            return Ok(None);
+        };
+        let (a, i, o, traffic): (u64, u64, u64, f64) = res.extract()?;
+        let held = a + i + o;
+        let cost = traffic / this.sim_bytes_per_ms;
+        if !cost.is_finite() {
+            return Ok(None); // submit() says why
+        }
+        let mu = this.mu.bind(py);
+        let committed = locked(mu, || -> PyResult<Option<(Bound<'py, PyAny>, f64)>> {
+            let spare = attr(sched, intern!(py, "_spare"))?;
+            if !attr(sched, intern!(py, "_stopped"))?.is_none()
+                || attr(sched, intern!(py, "_closed"))?.is_truthy()?
+                || attr(sched, intern!(py, "_paused"))?.is_truthy()?
+                || attr(sched, intern!(py, "_waiting_not_be"))?.is_truthy()?
+                || attr(sched, intern!(py, "_spare_bytes"))?.extract::<i64>()? != a as i64
+                || !spare.is(&arena)
+                || attr(device, intern!(py, "_unwatched"))?.is_truthy()?
+            {
+                return Ok(None);
+            }
+            let core = this.core.get();
+            let now = this.now(py)?;
+            if attr(sched, intern!(py, "_untold"))?.is_truthy()? {
+                // Ends the core has not heard of could stand in this reservation's way:
+                // submit() books them first.
+                let room = core.with(py, |s| s.headroom(&this.partition))?;
+                if room.is_none_or(|r| r < held) {
+                    return Ok(None);
+                }
+            }
+            let spec = TaskSpec {
+                tenant: this.tenant.clone(),
+                reservation_bytes: held,
+                qos: Qos::Guaranteed,
+                priority: this.priority,
+                partition: this.partition.clone(),
+                bandwidth_share: this.bandwidth,
+                deadline_ms: None,
+            };
+            let Some((tid, _prio)) = core
+                .with(py, |s| s.submit_start_now(spec, now))?
+                .map_err(|e| to_py(py, e))?
+            else {
+                return Ok(None);
+            };
+            let call_args = PyTuple::new(
+                py,
+                [
+                    sched.clone(),
+                    tid.into_pyobject(py)?.into_any(),
+                    this.func.bind(py).clone(),
+                    args.clone().into_any(),
+                    PyDict::new(py).into_any(),
+                    this.tenant_py.bind(py).clone(),
+                    this.qos_py.bind(py).clone(),
+                    this.partition_py.bind(py).clone(),
+                    res.clone(),
+                    cost.into_pyobject(py)?.into_any(),
+                    now.into_pyobject(py)?.into_any(),
+                    held.into_pyobject(py)?.into_any(),
+                    pyo3::types::PyBool::new(py, true).to_owned().into_any(),
+                ],
+            )?;
+            let task = this.task_type.bind(py).call1(call_args)?;
+            attr(sched, intern!(py, "_tasks"))?.set_item(tid, &task)?;
+            // Scheduler.submit's start in the spare, as it sets the fields.
+            task.setattr(intern!(py, "arena"), &spare)?;
+            sched.setattr(intern!(py, "_spare"), py.None())?;
+            sched.setattr(intern!(py, "_spare_bytes"), -1)?;
+            task.setattr(intern!(py, "stream_priority"), this.prio_high.bind(py))?;
+            task.setattr(intern!(py, "_state"), intern!(py, "running"))?;
+            task.setattr(intern!(py, "admitted_ms"), now)?;
+            task.setattr(intern!(py, "started_ms"), now)?;
+            bump(
+                &attr(sched, intern!(py, "_counts"))?,
+                intern!(py, "launched"),
+                1,
+            )?;
+            Ok(Some((task, now)))
+        })?;
+        let Some((task, now)) = committed else {
+            return Ok(None);
+        };
+        Self::launch(slf, device, &task, &hit, args, &arena)?;
+        Ok(Some((task, now)))
+    }
+}
+
+impl StepWait {
+    /// `CudaDevice._claim_unwatched`.
+    fn claim(&self, py: Python<'_>) -> PyResult<bool> {
+        let device = self.device.bind(py);
+        let task = self.task.bind(py);
+        locked(&attr(device, intern!(py, "_lock"))?, || {
+            if attr(task, intern!(py, "_end_claimed"))?.is_truthy()? {
+                return Ok(false);
+            }
+            task.setattr(intern!(py, "_end_claimed"), true)?;
+            let w = attr(device, intern!(py, "_unwatched"))?;
+            let n = w.len()?;
+            if n > 0 && w.get_item(n - 1)?.get_item(2)?.get_item(0)?.is(task) {
+                w.call_method0(intern!(py, "pop"))?;
+            }
+            Ok(true)
+        })
+    }
+
+    /// `Scheduler._on_done_waiter` for a Guaranteed on-caller task's end.
+    fn ended(&self, py: Python<'_>, ms: f64) -> PyResult<()> {
+        let step = self.step.get();
+        let sched = step.sched.bind(py);
+        let task = self.task.bind(py);
+        let result = self.result.bind(py);
+        let mu = step.mu.bind(py);
+        // None: not the usual case (closed, stopped): the Python method decides it all.
+        let deferred = locked(mu, || -> PyResult<Option<bool>> {
+            if attr(sched, intern!(py, "_closed"))?.is_truthy()?
+                || !attr(sched, intern!(py, "_stopped"))?.is_none()
+            {
+                return Ok(None);
+            }
+            let now = step.now(py)?;
+            let told = if attr(sched, intern!(py, "_waiting"))?.is_truthy()? {
+                if attr(sched, intern!(py, "_untold"))?.is_truthy()? {
+                    step.book(sched)?; // the core hears of ends in order
+                }
+                let id: u64 = attr(task, intern!(py, "id"))?.extract()?;
+                let (others, ready) = step.core.get().complete_waited_in(py, id, ms, now)?;
+                if !others.is_empty() || ready {
+                    task.setattr(intern!(py, "gpu_ms"), ms)?;
+                    task.setattr(intern!(py, "finished_ms"), now)?;
+                    sched.call_method1(
+                        intern!(py, "_ended_locked"),
+                        (task, true, result, py.None(), others, now),
+                    )?;
+                    return Ok(Some(false));
+                }
+                true
+            } else {
+                false
+            };
+            task.setattr(intern!(py, "gpu_ms"), ms)?;
+            task.setattr(intern!(py, "finished_ms"), now)?;
+            let arena = attr(task, intern!(py, "arena"))?;
+            if !arena.is_none() {
+                task.setattr(intern!(py, "arena"), py.None())?;
+                let nbytes: u64 = attr(task, intern!(py, "reservation"))?
+                    .get_item(0)?
+                    .extract()?;
+                step.keep_arena(sched, &arena, nbytes)?;
+            }
+            task.setattr(intern!(py, "_state"), intern!(py, "done"))?;
+            task.setattr(intern!(py, "_outcome"), result)?;
+            task.setattr(intern!(py, "_wait_gpu"), py.None())?;
+            let entry = PyTuple::new(
+                py,
+                [
+                    task.clone().into_any(),
+                    pyo3::types::PyBool::new(py, told).to_owned().into_any(),
+                ],
+            )?;
+            attr(sched, intern!(py, "_unbooked"))?.call_method1(intern!(py, "append"), (entry,))?;
+            if !told {
+                let n: i64 = attr(sched, intern!(py, "_untold"))?.extract()?;
+                sched.setattr(intern!(py, "_untold"), n + 1)?;
+            }
+            Ok(Some(true))
+        })?;
+        match deferred {
+            Some(true) => GuaranteedStep::deliver(task, step.future_lock.bind(py)),
+            Some(false) => {
+                if attr(sched, intern!(py, "_pending"))?.len()? > 0 {
+                    sched.call_method0(intern!(py, "_deliver"))?;
+                }
+                Ok(())
+            }
+            None => {
+                let done =
+                    step.done_type
+                        .bind(py)
+                        .call1((task, ms, result, py.None(), py.None()))?;
+                sched.call_method1(intern!(py, "_on_done_waiter"), (done,))?;
+                Ok(())
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl StepWait {
+    /// Waits for the launch's end (timeout None: without the GIL, for as long as it
+    /// takes; else polled for at most `timeout` seconds) and ends the task if this caller
+    /// is the first to see it end.
+    #[pyo3(signature = (timeout = None))]
+    fn __call__(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let task = self.task.bind(py);
+        let end = self.end.bind(py);
+        match timeout {
+            None => {
+                // This thread ends the task once the event fires: no sweep for it.
+                task.setattr(intern!(py, "_waited"), true)?;
+                if let Err(e) = end.call_method0(intern!(py, "synchronize")) {
+                    task.setattr(intern!(py, "_waited"), false)?; // a fault: collect() reports it
+                    return Err(e);
+                }
+            }
+            Some(t) => {
+                let step = self.step.get();
+                if !step.poll.bind(py).call1((end, t))?.is_truthy()? {
+                    return Ok(());
+                }
+            }
+        }
+        if !self.claim(py)? {
+            return Ok(());
+        }
+        let start = self.start.bind(py);
+        let ms: f64 = start
+            .call_method1(intern!(py, "elapsed_time"), (end,))?
+            .extract()?;
+        let pair = PyTuple::new(py, [start.clone(), end.clone()])?;
+        attr(self.device.bind(py), intern!(py, "_spare_events"))?
+            .call_method1(intern!(py, "append"), (pair,))?;
+        self.ended(py, ms)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.step)?;
+        for o in [
+            &self.device,
+            &self.task,
+            &self.start,
+            &self.end,
+            &self.result,
+        ] {
+            visit.call(o)?;
+        }
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn new_step(
+    py: Python<'_>,
+    core: Py<PySchedulerCore>,
+    sched: Py<PyAny>,
+    func: Py<PyAny>,
+    tenant: String,
+    partition: String,
+    bandwidth: f64,
+    priority: i32,
+    objects: &Bound<'_, PyDict>,
+) -> PyResult<Py<GuaranteedStep>> {
+    let get = |k: &str| -> PyResult<Py<PyAny>> {
+        objects
+            .get_item(k)?
+            .map(Bound::unbind)
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(k.to_string()))
+    };
+    let step = GuaranteedStep {
+        sched,
+        func,
+        core,
+        mu: get("mu")?,
+        exec_lock: get("exec_lock")?,
+        task_type: get("task")?,
+        cuda_device: get("cuda_device")?,
+        done_type: get("done")?,
+        poll: get("poll")?,
+        perf_counter: get("perf_counter")?,
+        future_lock: get("future_lock")?,
+        t0: get("t0")?.extract(py)?,
+        tenant_py: tenant.clone().into_pyobject(py)?.into_any().unbind(),
+        tenant,
+        partition_py: partition.clone().into_pyobject(py)?.into_any().unbind(),
+        partition,
+        qos_py: intern!(py, "guaranteed").clone().into_any().unbind(),
+        bandwidth,
+        priority,
+        prio_high: get("prio_high")?,
+        sim_bytes_per_ms: get("sim_bytes_per_ms")?.extract(py)?,
+        spare_max: get("spare_max")?.extract(py)?,
+        ended_kept: get("ended_kept")?.extract(py)?,
+    };
+    Py::new(py, step)
+}
