@@ -13,48 +13,20 @@
 //! path).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
-use pyo3::intern;
+use pyo3::{ffi, intern};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::frames::user_location;
+use crate::frames::{locate, Here, Sites};
+use crate::fx::FxBuild;
 use crate::slots::{ArraySlots, KnownNode, NodeSlots};
 
 /// A spec's key: the op (an interned str) and the array's dtype by identity, the scalar's
 /// kind (float, int, bool) and value bits (a float's bits: 0.0 and -0.0 differ), the side.
 type Key = (usize, usize, u8, u64, bool);
-
-/// FxHash over the key's words: the key is a few machine words, hashed on every record.
-#[derive(Default)]
-struct Fx(u64);
-
-impl Hasher for Fx {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-
-    fn write_u8(&mut self, v: u8) {
-        self.write_u64(u64::from(v));
-    }
-}
 
 /// What the first record of a key made (array._SCALAR_OPS's entry).
 struct Spec {
@@ -96,7 +68,14 @@ impl Spec {
 /// trail, the op node's tree size.
 type Part<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, i64);
 
-type Specs = HashMap<Key, Arc<Spec>, BuildHasherDefault<Fx>>;
+type Specs = HashMap<Key, Arc<Spec>, FxBuild>;
+
+/// What the table learns: the specs, and the user's call sites (frames.rs).
+#[derive(Default)]
+struct State {
+    specs: Specs,
+    sites: Sites,
+}
 
 struct Table {
     node_type: Py<PyType>,
@@ -113,7 +92,7 @@ struct Table {
     float_type: Py<PyType>,
     int_type: Py<PyType>,
     bool_type: Py<PyType>,
-    specs: Mutex<Specs>,
+    state: Mutex<State>,
 }
 
 /// The key's scalar part of value: (kind, bits), or None for a value no key holds.
@@ -151,16 +130,48 @@ impl Table {
         self.array.traverse(visit)?;
         // Held by a record on this thread (a collection inside it): its references go
         // unreported this time, which keeps them alive, never frees them early.
-        if let Ok(s) = self.specs.try_lock() {
-            for spec in s.values() {
+        if let Ok(s) = self.state.try_lock() {
+            for spec in s.specs.values() {
                 spec.traverse(visit)?;
             }
+            s.sites.traverse(visit)?;
         }
         Ok(())
     }
 
-    fn spec(&self, key: &Key) -> Option<Arc<Spec>> {
-        self.specs.try_lock().ok()?.get(key).cloned()
+    /// The key's spec, and the site `here`'s `where` and `(where,)` if cached; None where
+    /// the key has none (or the lock is held: a record on this thread).
+    #[allow(clippy::type_complexity)]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Key,
+        here: Option<&Here<'py>>,
+    ) -> Option<(Arc<Spec>, Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>)> {
+        let state = self.state.try_lock().ok()?;
+        let spec = state.specs.get(key)?.clone();
+        let site = here.and_then(|h| state.sites.get(py, h, &self.library));
+        Some((spec, site))
+    }
+
+    /// The user's location for `here` found anew (frames::locate) and `(where,)`; the
+    /// site kept when it is the user's.
+    fn locate<'py>(
+        &self,
+        py: Python<'py>,
+        here: Option<&Here<'py>>,
+        skip: u8,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let (where_, file) = locate(py, &self.library, &self.user_frame, here, skip)?;
+        let own = tuple(py, &[&where_])?;
+        if let (Some(h), Some(file)) = (here, file) {
+            let old = match self.state.try_lock() {
+                Ok(mut state) => state.sites.put(h, &file, &where_, &own),
+                Err(_) => None,
+            };
+            drop(old); // after the lock: its references may free code objects
+        }
+        Ok((where_, own))
     }
 
     /// A pending node as Node.known makes it, its summary `sub`.
@@ -219,53 +230,58 @@ impl Table {
             bits,
             first,
         );
-        let Some(spec) = self.spec(&key) else {
+        let here = Here::of(py, skip)?;
+        let Some((spec, site)) = self.lookup(py, &key, here.as_ref()) else {
             return Ok(None);
         };
         // The array operand's part of the summary (pending.py): a realised node is a leaf
         // (its kid negated), a pending one brings its summary if it is current.
-        let epoch = self.epoch.bind(py).get_item(0)?;
+        // SAFETY: pending.EPOCH, a list of one int never emptied: a borrowed reference.
+        let epoch = unsafe {
+            Bound::from_borrowed_ptr_or_err(py, ffi::PyList_GetItem(self.epoch.as_ptr(), 0))?
+        };
         let sub = slots.sub.read(&node)?;
         let mut part: Option<Part<'py>> = None;
-        let mut theirs: Option<Bound<'py, PyList>> = None;
+        let mut theirs: Option<&Bound<'py, PyAny>> = None;
         if !slots.realized.read(&node)?.is_none() {
             if !sub.is_exact_instance_of::<PyInt>() {
                 return Ok(None); // no leaf kid yet: pending.leaf_kid makes it
             }
-            let leaves = PyTuple::new(py, [&node])?.into_any();
-            let trail = PyTuple::new(py, [slots.where_.read(&node)?])?.into_any();
+            let leaves = tuple(py, &[&node])?;
+            let trail = tuple(py, &[&slots.where_.read(&node)?])?;
             part = Some((sub.neg()?, leaves, trail, 3));
-        } else if let Ok(list) = sub.cast::<PyList>() {
-            if list.len() == 6 && list.get_item(3)?.eq(&epoch)? {
-                let size: i64 = list.get_item(4)?.extract()?;
-                part = Some((
-                    list.get_item(0)?,
-                    list.get_item(1)?,
-                    list.get_item(2)?,
-                    size + 2,
-                ));
-                theirs = Some(list.clone());
-            }
+        } else if let Some(s) = Summary::current(&sub, &epoch)? {
+            let size = s.item(4).extract::<i64>()?;
+            part = Some((s.item(0), s.item(1), s.item(2), size + 2));
+            theirs = Some(&sub);
         }
-        let where_ = user_location(py, &self.library, &self.user_frame, skip)?;
+        let (where_, own) = match site {
+            Some(site) => site,
+            None => self.locate(py, here.as_ref(), skip)?,
+        };
         // The op node's summary: [kid, leaves, trail, epoch, size, used].
         let summary = match part {
             Some((xkey, leaves, trail, size)) => {
-                let Some(kid) = spec.kids.bind(py).get_item(&xkey)? else {
+                // SAFETY: a borrowed reference, or null: absent (no exception set) or an
+                // error (an int key's hash and comparison cannot fail).
+                let kid = unsafe {
+                    ffi::PyDict_GetItemWithError(spec.kids.as_ptr(), xkey.as_ptr())
+                };
+                if kid.is_null() {
                     return Ok(None); // a part not interned yet: the Python path
-                };
-                if let Some(list) = &theirs {
-                    list.set_item(5, PyBool::new(py, true))?;
                 }
-                let own = PyTuple::new(py, [&where_])?.into_any();
+                // SAFETY: a borrowed reference, made a new one.
+                let kid = unsafe { Bound::from_borrowed_ptr(py, kid) };
+                if let Some(list) = theirs {
+                    Summary::set_used(py, list)?;
+                }
                 let trail = if first {
-                    PyTuple::new(py, [&where_, &own, &trail])?
+                    tuple(py, &[&where_, &own, &trail])?
                 } else {
-                    PyTuple::new(py, [&where_, &trail, &own])?
+                    tuple(py, &[&where_, &trail, &own])?
                 };
-                let no = PyBool::new(py, false).to_owned().into_any();
                 let size = size.into_pyobject(py)?.into_any();
-                PyList::new(py, [kid, leaves, trail.into_any(), epoch, size, no])?.into_any()
+                Summary::make(py, [&kid, &leaves, &trail, &epoch, &size])?
             }
             None => py.None().into_bound(py),
         };
@@ -283,14 +299,14 @@ impl Table {
             &none,
         )?;
         let inputs = if first {
-            PyTuple::new(py, [&const_, &node])?
+            tuple(py, &[&const_, &node])?
         } else {
-            PyTuple::new(py, [&node, &const_])?
+            tuple(py, &[&node, &const_])?
         };
         let n = self.node(
             py,
             spec.nop.bind(py),
-            inputs.as_any(),
+            &inputs,
             self.no_attrs.bind(py),
             spec.nitems.bind(py),
             &slots.shape.read(&node)?,
@@ -299,6 +315,75 @@ impl Table {
             &summary,
         )?;
         self.array.wrap(py, &self.array_type, &n).map(Some)
+    }
+}
+
+/// A new tuple of `items` (PyTuple_Pack: no iterator, no per-item call).
+fn tuple<'py>(py: Python<'py>, items: &[&Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyTuple_Pack takes borrowed references (it increfs them) and returns a new
+    // reference or null with an exception set.
+    unsafe {
+        let t = match items {
+            [a] => ffi::PyTuple_Pack(1, a.as_ptr()),
+            [a, b] => ffi::PyTuple_Pack(2, a.as_ptr(), b.as_ptr()),
+            [a, b, c] => ffi::PyTuple_Pack(3, a.as_ptr(), b.as_ptr(), c.as_ptr()),
+            _ => return Ok(PyTuple::new(py, items)?.into_any()),
+        };
+        Bound::from_owned_ptr_or_err(py, t)
+    }
+}
+
+/// A pending node's summary as pending.py makes it: the list [kid, leaves, trail, epoch,
+/// size, used], read and written through the list API's borrowed references.
+struct Summary<'a, 'py>(&'a Bound<'py, PyAny>);
+
+impl<'a, 'py> Summary<'a, 'py> {
+    /// `sub` as a summary if it is one made at `epoch` (pending.EPOCH's value now).
+    fn current(sub: &'a Bound<'py, PyAny>, epoch: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+        // SAFETY: sub is a live object; PyList_GET_SIZE is not in the limited API, but
+        // PyList_Size on an exact list cannot fail.
+        if !sub.is_exact_instance_of::<PyList>() || unsafe { ffi::PyList_Size(sub.as_ptr()) } != 6
+        {
+            return Ok(None);
+        }
+        let s = Self(sub);
+        let made = s.item(3);
+        // The epoch object itself, usually: EPOCH[0] was stored in it.
+        if made.is(epoch) || made.eq(epoch)? {
+            return Ok(Some(s));
+        }
+        Ok(None)
+    }
+
+    /// Item `i` (< 6) of the summary.
+    fn item(&self, i: isize) -> Bound<'py, PyAny> {
+        // SAFETY: an exact list of 6 items (checked in `current`): a borrowed reference,
+        // made a new one here.
+        unsafe { Bound::from_borrowed_ptr(self.0.py(), ffi::PyList_GetItem(self.0.as_ptr(), i)) }
+    }
+
+    /// summary[5] = True: a summarised node took it as an input.
+    fn set_used(py: Python<'py>, list: &Bound<'py, PyAny>) -> PyResult<()> {
+        // SAFETY: an exact list of 6 items; PyList_SetItem steals the new reference to True.
+        let yes = unsafe { ffi::Py_True() };
+        if unsafe { ffi::PyList_SetItem(list.as_ptr(), 5, ffi::Py_NewRef(yes)) } != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(())
+    }
+
+    /// A new summary [kid, leaves, trail, epoch, size, False].
+    fn make(py: Python<'py>, items: [&Bound<'py, PyAny>; 5]) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: PyList_New returns a new reference or null with an exception set; its
+        // items are null until set, and PyList_SetItem steals each new reference given.
+        unsafe {
+            let list = Bound::from_owned_ptr_or_err(py, ffi::PyList_New(6))?;
+            for (i, item) in items.iter().enumerate() {
+                ffi::PyList_SetItem(list.as_ptr(), i as isize, (*item).clone().into_ptr());
+            }
+            ffi::PyList_SetItem(list.as_ptr(), 5, ffi::Py_NewRef(ffi::Py_False()));
+            Ok(list)
+        }
     }
 }
 
@@ -355,7 +440,7 @@ impl LazyScalars {
             float_type: py.get_type::<PyFloat>().unbind(),
             int_type: py.get_type::<PyInt>().unbind(),
             bool_type: py.get_type::<PyBool>().unbind(),
-            specs: Mutex::new(Specs::default()),
+            state: Mutex::new(State::default()),
         };
         Ok(Self { t: Some(t) })
     }
@@ -422,18 +507,18 @@ impl LazyScalars {
             bits,
             first,
         );
-        let Ok(mut all) = t.specs.try_lock() else {
+        let Ok(mut all) = t.state.try_lock() else {
             return Ok(false);
         };
-        all.insert(key, Arc::new(s));
+        all.specs.insert(key, Arc::new(s));
         Ok(true)
     }
 
     /// Drops every spec (array._SCALAR_OPS was cleared).
     fn clear(&self) {
         if let Some(t) = &self.t {
-            if let Ok(mut all) = t.specs.try_lock() {
-                all.clear();
+            if let Ok(mut all) = t.state.try_lock() {
+                all.specs.clear();
             }
         }
     }
@@ -441,7 +526,7 @@ impl LazyScalars {
     /// The specs kept.
     fn __len__(&self) -> usize {
         match &self.t {
-            Some(t) => t.specs.try_lock().map(|s| s.len()).unwrap_or(0),
+            Some(t) => t.state.try_lock().map(|s| s.specs.len()).unwrap_or(0),
             None => 0,
         }
     }

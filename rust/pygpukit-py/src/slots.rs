@@ -81,6 +81,7 @@ impl Slot {
 
     /// obj.name = value on an instance made by `bare` whose slot is unset (a fresh object:
     /// written in place where the offset is known, nothing to release).
+    #[inline]
     pub(crate) fn init<T>(&self, obj: &Bound<'_, PyAny>, value: &Bound<'_, T>) -> PyResult<()> {
         match self.1 {
             // SAFETY: obj is an instance of the slot's class (bare made it), the offset the
@@ -101,6 +102,7 @@ impl Slot {
 
     /// obj.name read in place where the offset is known; obj must be an instance of the
     /// slot's class or a subclass (the caller checked its type).
+    #[inline]
     pub(crate) fn read<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         if let Some(at) = self.1 {
             // SAFETY: as above; the word is the slot's value (a borrowed reference) or null.
