@@ -21,6 +21,7 @@ from pygpukit.ir.elementwise import canonical
 from pygpukit.ir.node import canonical_items, freeze
 from pygpukit.ir.ops import weak_scalar_dtype
 from pygpukit.ir.source import LIBRARY_FILES as _LIBRARY_FILES
+from pygpukit.ir.source import LIBRARY_GENERATION as _LIBRARY_GENERATION
 from pygpukit.ir.source import user_frame
 
 from . import eager_ops, pending, runtime, settings
@@ -1075,7 +1076,7 @@ _eager_hit = eager_ops.start_native(GPUArray)
 # The lazy array-scalar records' native table (rust/pygpukit-py/src/record.rs), filled by
 # _learn_scalar_op with what _SCALAR_OPS holds.
 _LAZY_SCALARS = _rust.LazyScalars((Node, GPUArray), node_mod._ids, EPOCH, node_mod._NO_ATTRS,
-                                  _LIBRARY_FILES, user_frame)  # fmt: skip
+                                  (_LIBRARY_FILES, _LIBRARY_GENERATION), user_frame)  # fmt: skip
 _lazy_scalar = _LAZY_SCALARS.record
 _native_operators(GPUArray)
 

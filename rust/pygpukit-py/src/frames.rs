@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -110,16 +110,16 @@ impl<'py> Here<'py> {
 }
 
 /// The user's location for the frame `here` (Here::of(py, skip)): `(code, f_lasti)` of
-/// that frame when ir.source.LIBRARY_FILES (`library`) says its file is the user's, with
-/// the file (the site may be cached); else `user_frame(skip)`'s walk from there (called
-/// from native code, user_frame's frame 1 is the current one), without one.
+/// that frame when ir.source.LIBRARY_FILES (`library`) says its file is the user's (true
+/// then: the site may be cached); else `user_frame(skip)`'s walk from there (called from
+/// native code, user_frame's frame 1 is the current one).
 pub(crate) fn locate<'py>(
     py: Python<'py>,
     library: &Py<PyDict>,
     user_frame: &Py<PyAny>,
     here: Option<&Here<'py>>,
     skip: u8,
-) -> PyResult<(Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)> {
+) -> PyResult<(Bound<'py, PyAny>, bool)> {
     if let Some(h) = here {
         let file = h.code.getattr(intern!(py, "co_filename"))?;
         if Here::users(library, &file) {
@@ -132,10 +132,10 @@ pub(crate) fn locate<'py>(
                     ffi::PyTuple_Pack(2, h.code.as_ptr(), lasti.as_ptr()),
                 )?
             };
-            return Ok((where_, Some(file)));
+            return Ok((where_, true));
         }
     }
-    Ok((user_frame.bind(py).call1((skip,))?, None))
+    Ok((user_frame.bind(py).call1((skip,))?, false))
 }
 
 /// The user's location as `locate` finds it for the frame `skip` frames out.
@@ -149,67 +149,85 @@ pub(crate) fn user_location<'py>(
     Ok(locate(py, library, user_frame, here.as_ref(), skip)?.0)
 }
 
-/// A user's call site as recording keeps it: `where`, `(where,)`, the code's file.
+/// A user's call site as recording keeps it: `where` and `(where,)`.
 struct Site {
     where_: Py<PyAny>,
     own: Py<PyAny>,
-    file: Py<PyAny>,
 }
 
-/// The sites cached (a record's lock guards them), at most `MAX_SITES`.
+/// The call sites found to be the user's (a record's lock guards them), at most
+/// `MAX_SITES`, all made at one ir.source.LIBRARY_GENERATION: a site is the user's until
+/// a library is registered, which bumps it (and clears LIBRARY_FILES).
 #[derive(Default)]
-pub(crate) struct Sites(HashMap<(usize, c_int), Site, FxBuild>);
+pub(crate) struct Sites {
+    map: HashMap<(usize, c_int), Site, FxBuild>,
+    generation: Option<Py<PyAny>>,
+}
 
 /// Sites kept before the cache starts over (code made at run time, many call sites).
 const MAX_SITES: usize = 4096;
 
+/// LIBRARY_GENERATION's value now (a borrowed reference: the list holds it).
+pub(crate) fn generation<'a, 'py>(
+    py: Python<'py>,
+    list: &'a Py<PyList>,
+) -> PyResult<Borrowed<'a, 'py, PyAny>> {
+    // SAFETY: a list of one int, never emptied: a borrowed reference, or null with an
+    // exception set.
+    unsafe {
+        let got = ffi::PyList_GetItem(list.as_ptr(), 0);
+        if got.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Borrowed::from_ptr(py, got))
+    }
+}
+
 impl Sites {
-    /// `where` and `(where,)` of the site `here` if cached and its file is still the
-    /// user's (a library registered since takes `locate` again).
+    /// `where` and `(where,)` of the site `here` if cached at generation `now`.
     pub(crate) fn get<'py>(
         &self,
         py: Python<'py>,
         here: &Here<'py>,
-        library: &Py<PyDict>,
+        now: Borrowed<'_, 'py, PyAny>,
     ) -> Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let site = self.0.get(&(here.code.as_ptr() as usize, here.lasti))?;
-        if !Here::users(library, site.file.bind(py)) {
+        if !self.generation.as_ref()?.is(&*now) {
             return None;
         }
+        let site = self.map.get(&(here.code.as_ptr() as usize, here.lasti))?;
         Some((site.where_.bind(py).clone(), site.own.bind(py).clone()))
     }
 
-    /// Keep the site `here` (its file `file`, the user's): `where` and `(where,)` made
-    /// there. What a full cache held comes back, to be dropped outside the lock.
+    /// Keep the site `here`, found the user's at generation `now`: `where` and `(where,)`
+    /// made there. What an outdated or full cache held comes back, to be dropped outside
+    /// the lock.
     pub(crate) fn put<'py>(
         &mut self,
         here: &Here<'py>,
-        file: &Bound<'py, PyAny>,
+        now: Borrowed<'_, 'py, PyAny>,
         where_: &Bound<'py, PyAny>,
         own: &Bound<'py, PyAny>,
     ) -> Option<Sites> {
-        let old = (self.0.len() >= MAX_SITES).then(|| std::mem::take(self));
+        let current = self.generation.as_ref().is_some_and(|g| g.is(&*now));
+        let old = (!current || self.map.len() >= MAX_SITES).then(|| std::mem::take(self));
+        self.generation = Some(now.to_owned().unbind());
         let site = Site {
             where_: where_.clone().unbind(),
             own: own.clone().unbind(),
-            file: file.clone().unbind(),
         };
-        self.0
+        self.map
             .insert((here.code.as_ptr() as usize, here.lasti), site);
         old
     }
 
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for s in self.0.values() {
+        for s in self.map.values() {
             visit.call(&s.where_)?;
             visit.call(&s.own)?;
-            visit.call(&s.file)?;
+        }
+        if let Some(g) = &self.generation {
+            visit.call(g)?;
         }
         Ok(())
-    }
-
-    /// The sites kept.
-    pub(crate) fn len(&self) -> usize {
-        self.0.len()
     }
 }

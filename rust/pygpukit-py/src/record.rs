@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::frames::{locate, Here, Sites};
+use crate::frames::{generation, locate, Here, Sites};
 use crate::fx::FxBuild;
 use crate::slots::{ArraySlots, KnownNode, NodeSlots};
 
@@ -66,7 +66,36 @@ impl Spec {
 
 /// The array operand's part of a summary: its key among the spec's kids, its leaves, its
 /// trail, the op node's tree size.
-type Part<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, i64);
+type Part<'a, 'py> = (Held<'a, 'py>, Held<'a, 'py>, Held<'a, 'py>, i64);
+
+/// A reference the record reads: made by it, or borrowed from an operand that holds it.
+enum Held<'a, 'py> {
+    Own(Bound<'py, PyAny>),
+    Lent(Borrowed<'a, 'py, PyAny>),
+}
+
+impl<'a, 'py> From<Bound<'py, PyAny>> for Held<'a, 'py> {
+    fn from(b: Bound<'py, PyAny>) -> Self {
+        Held::Own(b)
+    }
+}
+
+impl<'a, 'py> From<Borrowed<'a, 'py, PyAny>> for Held<'a, 'py> {
+    fn from(b: Borrowed<'a, 'py, PyAny>) -> Self {
+        Held::Lent(b)
+    }
+}
+
+impl<'py> std::ops::Deref for Held<'_, 'py> {
+    type Target = Bound<'py, PyAny>;
+
+    fn deref(&self) -> &Bound<'py, PyAny> {
+        match self {
+            Held::Own(b) => b,
+            Held::Lent(b) => b,
+        }
+    }
+}
 
 type Specs = HashMap<Key, Arc<Spec>, FxBuild>;
 
@@ -88,6 +117,8 @@ struct Table {
     /// ir.node's attrs of nodes made without any (one dict, never changed in place).
     no_attrs: Py<PyAny>,
     library: Py<PyDict>,
+    /// ir.source.LIBRARY_GENERATION.
+    library_generation: Py<PyList>,
     user_frame: Py<PyAny>,
     float_type: Py<PyType>,
     int_type: Py<PyType>,
@@ -97,17 +128,24 @@ struct Table {
 
 /// The key's scalar part of value: (kind, bits), or None for a value no key holds.
 fn scalar_part(t: &Table, value: &Bound<'_, PyAny>) -> PyResult<Option<(u8, u64)>> {
-    let ty = value.get_type();
-    if ty.is(&t.float_type) {
-        return Ok(Some((0, value.extract::<f64>()?.to_bits())));
+    let ty = type_of(value);
+    if ty == t.float_type.as_ptr() {
+        // SAFETY: an exact float: PyFloat_AsDouble cannot fail on it.
+        return Ok(Some((0, unsafe { ffi::PyFloat_AsDouble(value.as_ptr()) }.to_bits())));
     }
-    if ty.is(&t.int_type) {
+    if ty == t.int_type.as_ptr() {
         return Ok(value.extract::<i64>().ok().map(|v| (1, v as u64)));
     }
-    if ty.is(&t.bool_type) {
+    if ty == t.bool_type.as_ptr() {
         return Ok(Some((2, u64::from(value.is_truthy()?))));
     }
     Ok(None)
+}
+
+/// The object's type, for an identity test (no reference taken).
+fn type_of(o: &Bound<'_, PyAny>) -> *mut ffi::PyObject {
+    // SAFETY: a live object's ob_type (PyObject's layout is in the limited API).
+    unsafe { ffi::Py_TYPE(o.as_ptr()).cast() }
 }
 
 impl Table {
@@ -125,6 +163,7 @@ impl Table {
             visit.call(o)?;
         }
         visit.call(&self.epoch)?;
+        visit.call(&self.library_generation)?;
         visit.call(&self.library)?;
         self.node.traverse(visit)?;
         self.array.traverse(visit)?;
@@ -150,7 +189,8 @@ impl Table {
     ) -> Option<(Arc<Spec>, Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>)> {
         let state = self.state.try_lock().ok()?;
         let spec = state.specs.get(key)?.clone();
-        let site = here.and_then(|h| state.sites.get(py, h, &self.library));
+        let now = generation(py, &self.library_generation).ok()?;
+        let site = here.and_then(|h| state.sites.get(py, h, now));
         Some((spec, site))
     }
 
@@ -162,11 +202,12 @@ impl Table {
         here: Option<&Here<'py>>,
         skip: u8,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let (where_, file) = locate(py, &self.library, &self.user_frame, here, skip)?;
+        let (where_, users) = locate(py, &self.library, &self.user_frame, here, skip)?;
         let own = tuple(py, &[&where_])?;
-        if let (Some(h), Some(file)) = (here, file) {
+        if let (Some(h), true) = (here, users) {
+            let now = generation(py, &self.library_generation)?;
             let old = match self.state.try_lock() {
-                Ok(mut state) => state.sites.put(h, &file, &where_, &own),
+                Ok(mut state) => state.sites.put(h, now, &where_, &own),
                 Err(_) => None,
             };
             drop(old); // after the lock: its references may free code objects
@@ -211,18 +252,18 @@ impl Table {
         first: bool,
         skip: u8,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if !x.get_type().is(&self.array_type) {
+        if type_of(x) != self.array_type.as_ptr() {
             return Ok(None);
         }
         let Some((kind, bits)) = scalar_part(self, value)? else {
             return Ok(None);
         };
         let node = self.array.node(x)?;
-        if !node.get_type().is(&self.node_type) {
+        if type_of(&node) != self.node_type.as_ptr() {
             return Ok(None);
         }
         let slots = &self.node;
-        let dtype = slots.dtype.read(&node)?;
+        let dtype = slots.dtype.peek(&node)?;
         let key = (
             op.as_ptr() as usize,
             dtype.as_ptr() as usize,
@@ -236,24 +277,29 @@ impl Table {
         };
         // The array operand's part of the summary (pending.py): a realised node is a leaf
         // (its kid negated), a pending one brings its summary if it is current.
-        // SAFETY: pending.EPOCH, a list of one int never emptied: a borrowed reference.
+        // SAFETY: pending.EPOCH, a list of one int never emptied: a borrowed reference, made
+        // a new one (Python code that a collection runs may bump EPOCH before it is stored).
         let epoch = unsafe {
             Bound::from_borrowed_ptr_or_err(py, ffi::PyList_GetItem(self.epoch.as_ptr(), 0))?
         };
-        let sub = slots.sub.read(&node)?;
-        let mut part: Option<Part<'py>> = None;
-        let mut theirs: Option<&Bound<'py, PyAny>> = None;
-        if !slots.realized.read(&node)?.is_none() {
+        // Held, not borrowed: a summary list's items 0-2 are never replaced (pending.py sets
+        // only item 5), so while the list is held its items, borrowed, stay alive through
+        // the allocations below (whose collections may run Python code).
+        let sub = slots.sub.peek(&node)?.to_owned();
+        let mut part: Option<Part<'_, 'py>> = None;
+        let mut theirs: Option<Summary<'_, 'py>> = None;
+        if !slots.realized.peek(&node)?.is_none() {
             if !sub.is_exact_instance_of::<PyInt>() {
                 return Ok(None); // no leaf kid yet: pending.leaf_kid makes it
             }
+            let xkey = sub.neg()?;
             let leaves = tuple(py, &[&node])?;
-            let trail = tuple(py, &[&slots.where_.read(&node)?])?;
-            part = Some((sub.neg()?, leaves, trail, 3));
-        } else if let Some(s) = Summary::current(&sub, &epoch)? {
+            let trail = tuple(py, &[&*slots.where_.peek(&node)?])?;
+            part = Some((xkey.into(), leaves.into(), trail.into(), 3));
+        } else if let Some(s) = Summary::current(sub.as_borrowed(), &epoch)? {
             let size = s.item(4).extract::<i64>()?;
-            part = Some((s.item(0), s.item(1), s.item(2), size + 2));
-            theirs = Some(&sub);
+            part = Some((s.item(0).into(), s.item(1).into(), s.item(2).into(), size + 2));
+            theirs = Some(s);
         }
         let (where_, own) = match site {
             Some(site) => site,
@@ -272,8 +318,8 @@ impl Table {
                 }
                 // SAFETY: a borrowed reference, made a new one.
                 let kid = unsafe { Bound::from_borrowed_ptr(py, kid) };
-                if let Some(list) = theirs {
-                    Summary::set_used(py, list)?;
+                if let Some(s) = theirs {
+                    s.set_used(py)?;
                 }
                 let trail = if first {
                     tuple(py, &[&where_, &own, &trail])?
@@ -309,7 +355,7 @@ impl Table {
             &inputs,
             self.no_attrs.bind(py),
             spec.nitems.bind(py),
-            &slots.shape.read(&node)?,
+            &*slots.shape.peek(&node)?,
             spec.ndtype.bind(py),
             &where_,
             &summary,
@@ -335,13 +381,13 @@ fn tuple<'py>(py: Python<'py>, items: &[&Bound<'py, PyAny>]) -> PyResult<Bound<'
 
 /// A pending node's summary as pending.py makes it: the list [kid, leaves, trail, epoch,
 /// size, used], read and written through the list API's borrowed references.
-struct Summary<'a, 'py>(&'a Bound<'py, PyAny>);
+#[derive(Clone, Copy)]
+struct Summary<'a, 'py>(Borrowed<'a, 'py, PyAny>);
 
 impl<'a, 'py> Summary<'a, 'py> {
     /// `sub` as a summary if it is one made at `epoch` (pending.EPOCH's value now).
-    fn current(sub: &'a Bound<'py, PyAny>, epoch: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
-        // SAFETY: sub is a live object; PyList_GET_SIZE is not in the limited API, but
-        // PyList_Size on an exact list cannot fail.
+    fn current(sub: Borrowed<'a, 'py, PyAny>, epoch: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+        // SAFETY: sub is a live object; PyList_Size on an exact list cannot fail.
         if !sub.is_exact_instance_of::<PyList>() || unsafe { ffi::PyList_Size(sub.as_ptr()) } != 6
         {
             return Ok(None);
@@ -355,18 +401,18 @@ impl<'a, 'py> Summary<'a, 'py> {
         Ok(None)
     }
 
-    /// Item `i` (< 6) of the summary.
-    fn item(&self, i: isize) -> Bound<'py, PyAny> {
+    /// Item `i` (< 6) of the summary, borrowed from it.
+    fn item(&self, i: isize) -> Borrowed<'a, 'py, PyAny> {
         // SAFETY: an exact list of 6 items (checked in `current`): a borrowed reference,
-        // made a new one here.
-        unsafe { Bound::from_borrowed_ptr(self.0.py(), ffi::PyList_GetItem(self.0.as_ptr(), i)) }
+        // alive while the list holds it (the record changes only item 5, set_used).
+        unsafe { Borrowed::from_ptr(self.0.py(), ffi::PyList_GetItem(self.0.as_ptr(), i)) }
     }
 
     /// summary[5] = True: a summarised node took it as an input.
-    fn set_used(py: Python<'py>, list: &Bound<'py, PyAny>) -> PyResult<()> {
+    fn set_used(&self, py: Python<'py>) -> PyResult<()> {
         // SAFETY: an exact list of 6 items; PyList_SetItem steals the new reference to True.
         let yes = unsafe { ffi::Py_True() };
-        if unsafe { ffi::PyList_SetItem(list.as_ptr(), 5, ffi::Py_NewRef(yes)) } != 0 {
+        if unsafe { ffi::PyList_SetItem(self.0.as_ptr(), 5, ffi::Py_NewRef(yes)) } != 0 {
             return Err(PyErr::fetch(py));
         }
         Ok(())
@@ -414,8 +460,8 @@ impl LazyScalars {
 #[pymethods]
 impl LazyScalars {
     /// types: (Node, GPUArray); ids: ir.node's id counter; epoch: pending.EPOCH; no_attrs:
-    /// ir.node's shared empty attrs; library: ir.source.LIBRARY_FILES; user_frame:
-    /// ir.source.user_frame.
+    /// ir.node's shared empty attrs; library: (ir.source.LIBRARY_FILES,
+    /// ir.source.LIBRARY_GENERATION); user_frame: ir.source.user_frame.
     #[new]
     fn new(
         py: Python<'_>,
@@ -423,12 +469,17 @@ impl LazyScalars {
         ids: Py<PyAny>,
         epoch: Py<PyList>,
         no_attrs: Py<PyAny>,
-        library: Py<PyDict>,
+        library: (Py<PyDict>, Py<PyList>),
         user_frame: Py<PyAny>,
     ) -> PyResult<Self> {
+        let (library, library_generation) = library;
         let (node_type, array_type) = types;
+        let node = NodeSlots::of(node_type.bind(py))?;
+        if !node.located() {
+            return Ok(Self { t: None }); // no offsets to read at: the Python path serves all
+        }
         let t = Table {
-            node: NodeSlots::of(node_type.bind(py))?,
+            node,
             array: ArraySlots::of(array_type.bind(py))?,
             node_type,
             array_type,
@@ -436,6 +487,7 @@ impl LazyScalars {
             epoch,
             no_attrs,
             library,
+            library_generation,
             user_frame,
             float_type: py.get_type::<PyFloat>().unbind(),
             int_type: py.get_type::<PyInt>().unbind(),

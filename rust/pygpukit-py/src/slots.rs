@@ -121,6 +121,60 @@ impl Slot {
         self.get(obj) // unset: the descriptor raises AttributeError
     }
 
+    /// obj.name as a borrowed reference (alive while obj holds it), for a slot whose offset
+    /// is known (`located` found it: see `found`); an unset slot raises AttributeError.
+    #[inline]
+    pub(crate) fn peek<'a, 'py>(
+        &self,
+        obj: &'a Bound<'py, PyAny>,
+    ) -> PyResult<Borrowed<'a, 'py, PyAny>> {
+        let at = self.1.unwrap_or(0);
+        // SAFETY: as in `read`, where the offset is known (the caller checked `found`).
+        let got = unsafe {
+            let p = obj
+                .as_ptr()
+                .cast::<u8>()
+                .offset(at)
+                .cast::<*mut ffi::PyObject>();
+            if self.1.is_none() || (*p).is_null() {
+                None
+            } else {
+                Some(Borrowed::from_ptr(obj.py(), *p))
+            }
+        };
+        match got {
+            Some(v) => Ok(v),
+            None => Err(self
+                .get(obj)
+                .err()
+                .unwrap_or_else(|| PyTypeError::new_err("slot read without its offset"))),
+        }
+    }
+
+    /// Whether `located` found the slot's offset.
+    pub(crate) fn found(&self) -> bool {
+        self.1.is_some()
+    }
+
+    /// obj.name = value on a fresh instance (as `init`), taking the reference given.
+    #[inline]
+    pub(crate) fn init_owned(&self, obj: &Bound<'_, PyAny>, value: Bound<'_, PyAny>) -> PyResult<()> {
+        match self.1 {
+            // SAFETY: as in `init`; the word takes value's reference.
+            Some(at) => unsafe {
+                let p = obj
+                    .as_ptr()
+                    .cast::<u8>()
+                    .offset(at)
+                    .cast::<*mut ffi::PyObject>();
+                debug_assert!((*p).is_null());
+                *p = value.into_ptr();
+                Ok(())
+            },
+            None => self.set(obj, &value),
+        }
+    }
+
     /// obj.name; obj must be an instance of the slot's class.
     pub(crate) fn get<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = obj.py();
@@ -202,6 +256,13 @@ impl NodeSlots {
         })
     }
 
+    /// Whether every slot that `peek` reads has its offset.
+    pub(crate) fn located(&self) -> bool {
+        [&self.shape, &self.dtype, &self.where_, &self.realized, &self.sub]
+            .iter()
+            .all(|s| s.found())
+    }
+
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         for s in [
             &self.id,
@@ -256,7 +317,7 @@ impl NodeSlots {
         let node = bare(py, ty)?;
         // SAFETY: PyIter_Next returns a new reference, or null (an exception set or not).
         let id = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyIter_Next(ids.as_ptr()))? };
-        self.id.init(&node, &id)?;
+        self.id.init_owned(&node, id)?;
         self.op.init(&node, n.op)?;
         self.inputs.init(&node, n.inputs)?;
         self.attrs.init(&node, n.attrs)?;
