@@ -224,10 +224,10 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
             sub = node.sub
             if sub is None:
                 return out
-            xkey, leaves, trail, made, size, _ = sub
+            xkey, leaves, trail, made, size = sub
             if made != epoch:
                 return out
-            sub[5] = True
+            node.used = True
             size += 2
         kid = kids.get(xkey)
         if kid is None:
@@ -236,8 +236,8 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
             xpart = (-xkey, 0) if xkey < 0 else (xkey, None)
             parts = (fkid, None), xpart
             kid = kids[xkey] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
-        n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
-                 epoch, size, False]  # fmt: skip
+        n.sub = (kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
+                 epoch, size)  # fmt: skip
         return out
 
     method.__name__ = method.__qualname__ = f"__{'r' if reflected else ''}{op}__"

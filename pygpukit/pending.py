@@ -6,7 +6,7 @@ pending graph on every realize; here each recorded node carries it instead (`Nod
 made from its inputs' in O(inputs), so a realize of one node that hits looks up one small
 key and collects the leaves, with no Python per node.
 
-A node's summary is [kid, leaves, trail, epoch, size, used]:
+A node's summary is the tuple (kid, leaves, trail, epoch, size):
 - kid: an int standing for the structure of the pending subgraph under the node, as a tree
   (op, canonical attrs, and per input its kid and where its leaves sit among the node's;
   a leaf's kid is its shape and dtype). Structures are interned: equal kids mean equal
@@ -18,12 +18,14 @@ A node's summary is [kid, leaves, trail, epoch, size, used]:
 - trail: (where, input trails...), the captured source locations in that tree's pre-order,
   resolved only when an error names a line of the run (errors.note_run).
 - epoch: EPOCH when it was made. The summary holds while EPOCH is unchanged: realizing
-  or freeing a pending node that a summary includes (one `used`) bumps it, since the
+  or freeing a pending node that a summary includes (a `used` one) bumps it, since the
   summaries made since may have it inside a subgraph that now stops at it. Such a node
   realizes by the walk.
 - size: its tree's node count. Above MAX_TREE (a graph reusing pending nodes a lot, where
   the tree is exponentially larger than the graph) or MAX_LEAVES the node has no summary.
-- used: whether a summarised node took it as an input (so some summary includes it).
+
+A tuple, made once: whether a summarised node took the node as an input (so some summary
+includes it) is the node's own `used`, the one thing that changes later.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def summarise(node: Node) -> None:
             continue
         if s is None or s[3] != epoch:
             return
-        s[5] = True
+        i.used = True
         theirs = s[1]
         size += s[4]
         if not theirs or theirs is leaves:
@@ -103,7 +105,7 @@ def summarise(node: Node) -> None:
         trails.append(s[2])
     if size > MAX_TREE or len(leaves) > MAX_LEAVES:
         return
-    node.sub = [kid_of(tuple(parts)), leaves, tuple(trails), epoch, size, False]
+    node.sub = (kid_of(tuple(parts)), leaves, tuple(trails), epoch, size)
 
 
 def drop(node: Node) -> None:
@@ -111,7 +113,7 @@ def drop(node: Node) -> None:
     holding."""
     s = node.sub
     node.sub = None
-    if type(s) is list and s[5]:
+    if type(s) is tuple and node.used:
         EPOCH[0] += 1
 
 

@@ -282,12 +282,11 @@ impl Table {
         let epoch = unsafe {
             Bound::from_borrowed_ptr_or_err(py, ffi::PyList_GetItem(self.epoch.as_ptr(), 0))?
         };
-        // Held, not borrowed: a summary list's items 0-2 are never replaced (pending.py sets
-        // only item 5), so while the list is held its items, borrowed, stay alive through
-        // the allocations below (whose collections may run Python code).
+        // Held, not borrowed: while the summary (a tuple) is held its items, borrowed, stay
+        // alive through the allocations below (whose collections may run Python code).
         let sub = slots.sub.peek(&node)?.to_owned();
         let mut part: Option<Part<'_, 'py>> = None;
-        let mut theirs: Option<Summary<'_, 'py>> = None;
+        let mut used = false;
         if !slots.realized.peek(&node)?.is_none() {
             if !sub.is_exact_instance_of::<PyInt>() {
                 return Ok(None); // no leaf kid yet: pending.leaf_kid makes it
@@ -299,13 +298,13 @@ impl Table {
         } else if let Some(s) = Summary::current(sub.as_borrowed(), &epoch)? {
             let size = s.item(4).extract::<i64>()?;
             part = Some((s.item(0).into(), s.item(1).into(), s.item(2).into(), size + 2));
-            theirs = Some(s);
+            used = true;
         }
         let (where_, own) = match site {
             Some(site) => site,
             None => self.locate(py, here.as_ref(), skip)?,
         };
-        // The op node's summary: [kid, leaves, trail, epoch, size, used].
+        // The op node's summary: (kid, leaves, trail, epoch, size).
         let summary = match part {
             Some((xkey, leaves, trail, size)) => {
                 // SAFETY: a borrowed reference, or null: absent (no exception set) or an
@@ -318,8 +317,8 @@ impl Table {
                 }
                 // SAFETY: a borrowed reference, made a new one.
                 let kid = unsafe { Bound::from_borrowed_ptr(py, kid) };
-                if let Some(s) = theirs {
-                    s.set_used(py)?;
+                if used {
+                    slots.used.replace(&node, &PyBool::new(py, true))?;
                 }
                 let trail = if first {
                     tuple(py, &[&where_, &own, &trail])?
@@ -379,16 +378,16 @@ fn tuple<'py>(py: Python<'py>, items: &[&Bound<'py, PyAny>]) -> PyResult<Bound<'
     }
 }
 
-/// A pending node's summary as pending.py makes it: the list [kid, leaves, trail, epoch,
-/// size, used], read and written through the list API's borrowed references.
+/// A pending node's summary as pending.py makes it: the tuple (kid, leaves, trail, epoch,
+/// size), read through borrowed references.
 #[derive(Clone, Copy)]
 struct Summary<'a, 'py>(Borrowed<'a, 'py, PyAny>);
 
 impl<'a, 'py> Summary<'a, 'py> {
     /// `sub` as a summary if it is one made at `epoch` (pending.EPOCH's value now).
     fn current(sub: Borrowed<'a, 'py, PyAny>, epoch: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
-        // SAFETY: sub is a live object; PyList_Size on an exact list cannot fail.
-        if !sub.is_exact_instance_of::<PyList>() || unsafe { ffi::PyList_Size(sub.as_ptr()) } != 6
+        // SAFETY: sub is a live object; PyTuple_Size on an exact tuple cannot fail.
+        if !sub.is_exact_instance_of::<PyTuple>() || unsafe { ffi::PyTuple_Size(sub.as_ptr()) } != 5
         {
             return Ok(None);
         }
@@ -401,35 +400,19 @@ impl<'a, 'py> Summary<'a, 'py> {
         Ok(None)
     }
 
-    /// Item `i` (< 6) of the summary, borrowed from it.
+    /// Item `i` (< 5) of the summary, borrowed from it.
     fn item(&self, i: isize) -> Borrowed<'a, 'py, PyAny> {
-        // SAFETY: an exact list of 6 items (checked in `current`): a borrowed reference,
-        // alive while the list holds it (the record changes only item 5, set_used).
-        unsafe { Borrowed::from_ptr(self.0.py(), ffi::PyList_GetItem(self.0.as_ptr(), i)) }
+        // SAFETY: an exact tuple of 5 items (checked in `current`): a borrowed reference,
+        // alive while the tuple is.
+        unsafe { Borrowed::from_ptr(self.0.py(), ffi::PyTuple_GetItem(self.0.as_ptr(), i)) }
     }
 
-    /// summary[5] = True: a summarised node took it as an input.
-    fn set_used(&self, py: Python<'py>) -> PyResult<()> {
-        // SAFETY: an exact list of 6 items; PyList_SetItem steals the new reference to True.
-        let yes = unsafe { ffi::Py_True() };
-        if unsafe { ffi::PyList_SetItem(self.0.as_ptr(), 5, ffi::Py_NewRef(yes)) } != 0 {
-            return Err(PyErr::fetch(py));
-        }
-        Ok(())
-    }
-
-    /// A new summary [kid, leaves, trail, epoch, size, False].
+    /// A new summary (kid, leaves, trail, epoch, size).
     fn make(py: Python<'py>, items: [&Bound<'py, PyAny>; 5]) -> PyResult<Bound<'py, PyAny>> {
-        // SAFETY: PyList_New returns a new reference or null with an exception set; its
-        // items are null until set, and PyList_SetItem steals each new reference given.
-        unsafe {
-            let list = Bound::from_owned_ptr_or_err(py, ffi::PyList_New(6))?;
-            for (i, item) in items.iter().enumerate() {
-                ffi::PyList_SetItem(list.as_ptr(), i as isize, (*item).clone().into_ptr());
-            }
-            ffi::PyList_SetItem(list.as_ptr(), 5, ffi::Py_NewRef(ffi::Py_False()));
-            Ok(list)
-        }
+        let [kid, leaves, trail, epoch, size] = items.map(|i| i.as_ptr());
+        // SAFETY: PyTuple_Pack takes borrowed references (it increfs them) and returns a
+        // new reference or null with an exception set.
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_Pack(5, kid, leaves, trail, epoch, size)) }
     }
 }
 

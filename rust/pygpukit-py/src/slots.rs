@@ -151,6 +151,28 @@ impl Slot {
         }
     }
 
+    /// obj.name = value where obj's slot is set (the old value released), in place where
+    /// the offset is known.
+    #[inline]
+    pub(crate) fn replace<T>(&self, obj: &Bound<'_, PyAny>, value: &Bound<'_, T>) -> PyResult<()> {
+        match self.1 {
+            // SAFETY: as in `read`; the word takes a new reference to value, then the old
+            // one (if any) is released, last, as CPython's member setter does.
+            Some(at) => unsafe {
+                let p = obj
+                    .as_ptr()
+                    .cast::<u8>()
+                    .offset(at)
+                    .cast::<*mut ffi::PyObject>();
+                let old = *p;
+                *p = value.clone().into_any().into_ptr();
+                ffi::Py_XDECREF(old);
+                Ok(())
+            },
+            None => self.set(obj, value),
+        }
+    }
+
     /// Whether `located` found the slot's offset.
     pub(crate) fn found(&self) -> bool {
         self.1.is_some()
@@ -220,6 +242,7 @@ pub(crate) struct NodeSlots {
     pub(crate) where_: Slot,
     pub(crate) realized: Slot,
     pub(crate) sub: Slot,
+    pub(crate) used: Slot,
     id: Slot,
     op: Slot,
     inputs: Slot,
@@ -253,12 +276,13 @@ impl NodeSlots {
             realized: Slot::located(ty, "realized")?,
             canon: Slot::located(ty, "_canon")?,
             sub: Slot::located(ty, "sub")?,
+            used: Slot::located(ty, "used")?,
         })
     }
 
     /// Whether every slot that `peek` reads has its offset.
     pub(crate) fn located(&self) -> bool {
-        [&self.shape, &self.dtype, &self.where_, &self.realized, &self.sub]
+        [&self.shape, &self.dtype, &self.where_, &self.realized, &self.sub, &self.used]
             .iter()
             .all(|s| s.found())
     }
@@ -276,6 +300,7 @@ impl NodeSlots {
             &self.realized,
             &self.canon,
             &self.sub,
+            &self.used,
         ] {
             s.traverse(visit)?;
         }
@@ -304,7 +329,8 @@ impl NodeSlots {
     }
 
     /// A new node of type `ty` (ir.Node), its id the next of `ids`, its slots set as
-    /// Node.known sets them, `realized` set to `value` (None: pending) and `sub` to `sub`.
+    /// Node.known sets them, `realized` set to `value` (None: pending), `sub` to `sub` and
+    /// `used` False.
     pub(crate) fn known<'py>(
         &self,
         py: Python<'py>,
@@ -328,6 +354,7 @@ impl NodeSlots {
         self.realized.init(&node, value)?;
         self.canon.init(&node, n.canon)?;
         self.sub.init(&node, sub)?;
+        self.used.init(&node, &PyBool::new(py, false))?;
         Ok(node)
     }
 }
