@@ -224,10 +224,12 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
             sub = node.sub
             if sub is None:
                 return out
-            xkey, leaves, trail, made, size = sub
+            xkey, made, size = sub[:3]
             if made != epoch:
                 return out
             node.used = True
+            leaves = node.leaves or ()
+            trail = sub  # a summary is its node's trail (pending.py)
             size += 2
         kid = kids.get(xkey)
         if kid is None:
@@ -236,8 +238,9 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
             xpart = (-xkey, 0) if xkey < 0 else (xkey, None)
             parts = (fkid, None), xpart
             kid = kids[xkey] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
-        n.sub = (kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
-                 epoch, size)  # fmt: skip
+        n.sub = ((kid, epoch, size, where, (where,), trail) if first
+                 else (kid, epoch, size, where, trail, (where,)))  # fmt: skip
+        n.leaves = leaves
         return out
 
     method.__name__ = method.__qualname__ = f"__{'r' if reflected else ''}{op}__"

@@ -65,7 +65,7 @@ impl Spec {
 }
 
 /// The array operand's part of a summary: its key among the spec's kids, its leaves, its
-/// trail, the op node's tree size.
+/// trail (a pending operand's summary, a leaf's `(where,)`), the op node's tree size.
 type Part<'a, 'py> = (Held<'a, 'py>, Held<'a, 'py>, Held<'a, 'py>, i64);
 
 /// A reference the record reads: made by it, or borrowed from an operand that holds it.
@@ -215,7 +215,7 @@ impl Table {
         Ok((where_, own))
     }
 
-    /// A pending node as Node.known makes it, its summary `sub`.
+    /// A pending node as Node.known makes it, its summary and leaves `summary`.
     #[allow(clippy::too_many_arguments)]
     fn node<'py>(
         &self,
@@ -227,7 +227,7 @@ impl Table {
         shape: &Bound<'py, PyAny>,
         dtype: &Bound<'py, PyAny>,
         where_: &Bound<'py, PyAny>,
-        sub: &Bound<'py, PyAny>,
+        summary: (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
     ) -> PyResult<Bound<'py, PyAny>> {
         let n = KnownNode {
             op,
@@ -240,7 +240,7 @@ impl Table {
         };
         let none = py.None().into_bound(py);
         self.node
-            .known(py, &self.node_type, &self.ids, n, &none, sub)
+            .known(py, &self.node_type, &self.ids, n, &none, summary)
     }
 
     fn record<'py>(
@@ -296,16 +296,19 @@ impl Table {
             let trail = tuple(py, &[&*slots.where_.peek(&node)?])?;
             part = Some((xkey.into(), leaves.into(), trail.into(), 3));
         } else if let Some(s) = Summary::current(sub.as_borrowed(), &epoch)? {
-            let size = s.item(4).extract::<i64>()?;
-            part = Some((s.item(0).into(), s.item(1).into(), s.item(2).into(), size + 2));
+            let size = s.item(2).extract::<i64>()?;
+            // A summarised node's leaves: a tuple beside its summary (pending.py); held, as
+            // the summary is, for what a collection may run before they are stored.
+            let leaves = slots.leaves.peek(&node)?.to_owned();
+            part = Some((s.item(0).into(), leaves.into(), s.0.into(), size + 2));
             used = true;
         }
         let (where_, own) = match site {
             Some(site) => site,
             None => self.locate(py, here.as_ref(), skip)?,
         };
-        // The op node's summary: (kid, leaves, trail, epoch, size).
-        let summary = match part {
+        // The op node's summary (kid, epoch, size, where, input trails) and its leaves.
+        let (summary, leaves) = match part {
             Some((xkey, leaves, trail, size)) => {
                 // SAFETY: a borrowed reference, or null: absent (no exception set) or an
                 // error (an int key's hash and comparison cannot fail).
@@ -320,15 +323,12 @@ impl Table {
                 if used {
                     slots.used.replace(&node, &PyBool::new(py, true))?;
                 }
-                let trail = if first {
-                    tuple(py, &[&where_, &own, &trail])?
-                } else {
-                    tuple(py, &[&where_, &trail, &own])?
-                };
                 let size = size.into_pyobject(py)?.into_any();
-                Summary::make(py, [&kid, &leaves, &trail, &epoch, &size])?
+                let (a, b) = if first { (&own, &*trail) } else { (&*trail, &own) };
+                let summary = Summary::make(py, [&kid, &epoch, &size, &where_, a, b])?;
+                (summary, leaves.to_owned())
             }
-            None => py.None().into_bound(py),
+            None => (py.None().into_bound(py), py.None().into_bound(py)),
         };
         let none = py.None().into_bound(py);
         let empty = PyTuple::empty(py).into_any();
@@ -341,7 +341,7 @@ impl Table {
             &empty,
             spec.fdtype.bind(py),
             &where_,
-            &none,
+            (&none, &none),
         )?;
         let inputs = if first {
             tuple(py, &[&const_, &node])?
@@ -357,7 +357,7 @@ impl Table {
             &*slots.shape.peek(&node)?,
             spec.ndtype.bind(py),
             &where_,
-            &summary,
+            (&summary, &leaves),
         )?;
         self.array.wrap(py, &self.array_type, &n).map(Some)
     }
@@ -378,8 +378,8 @@ fn tuple<'py>(py: Python<'py>, items: &[&Bound<'py, PyAny>]) -> PyResult<Bound<'
     }
 }
 
-/// A pending node's summary as pending.py makes it: the tuple (kid, leaves, trail, epoch,
-/// size), read through borrowed references.
+/// A pending node's summary as pending.py makes it: the tuple (kid, epoch, size, where,
+/// input trails...), which is its node's trail too; read through borrowed items.
 #[derive(Clone, Copy)]
 struct Summary<'a, 'py>(Borrowed<'a, 'py, PyAny>);
 
@@ -387,12 +387,12 @@ impl<'a, 'py> Summary<'a, 'py> {
     /// `sub` as a summary if it is one made at `epoch` (pending.EPOCH's value now).
     fn current(sub: Borrowed<'a, 'py, PyAny>, epoch: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
         // SAFETY: sub is a live object; PyTuple_Size on an exact tuple cannot fail.
-        if !sub.is_exact_instance_of::<PyTuple>() || unsafe { ffi::PyTuple_Size(sub.as_ptr()) } != 5
+        if !sub.is_exact_instance_of::<PyTuple>() || unsafe { ffi::PyTuple_Size(sub.as_ptr()) } < 4
         {
             return Ok(None);
         }
         let s = Self(sub);
-        let made = s.item(3);
+        let made = s.item(1);
         // The epoch object itself, usually: EPOCH[0] was stored in it.
         if made.is(epoch) || made.eq(epoch)? {
             return Ok(Some(s));
@@ -400,19 +400,25 @@ impl<'a, 'py> Summary<'a, 'py> {
         Ok(None)
     }
 
-    /// Item `i` (< 5) of the summary, borrowed from it.
+    /// Item `i` (< 4) of the summary, borrowed from it.
     fn item(&self, i: isize) -> Borrowed<'a, 'py, PyAny> {
-        // SAFETY: an exact tuple of 5 items (checked in `current`): a borrowed reference,
-        // alive while the tuple is.
+        // SAFETY: an exact tuple of at least 4 items (checked in `current`): a borrowed
+        // reference, alive while the tuple is.
         unsafe { Borrowed::from_ptr(self.0.py(), ffi::PyTuple_GetItem(self.0.as_ptr(), i)) }
     }
 
-    /// A new summary (kid, leaves, trail, epoch, size).
-    fn make(py: Python<'py>, items: [&Bound<'py, PyAny>; 5]) -> PyResult<Bound<'py, PyAny>> {
-        let [kid, leaves, trail, epoch, size] = items.map(|i| i.as_ptr());
+    /// A new summary (kid, epoch, size, where, a, b): a and b, its node's input trails in
+    /// input order.
+    fn make(py: Python<'py>, items: [&Bound<'py, PyAny>; 6]) -> PyResult<Bound<'py, PyAny>> {
+        let [kid, epoch, size, where_, a, b] = items.map(|i| i.as_ptr());
         // SAFETY: PyTuple_Pack takes borrowed references (it increfs them) and returns a
         // new reference or null with an exception set.
-        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_Pack(5, kid, leaves, trail, epoch, size)) }
+        unsafe {
+            Bound::from_owned_ptr_or_err(
+                py,
+                ffi::PyTuple_Pack(6, kid, epoch, size, where_, a, b),
+            )
+        }
     }
 }
 

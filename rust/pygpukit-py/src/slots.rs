@@ -242,6 +242,7 @@ pub(crate) struct NodeSlots {
     pub(crate) where_: Slot,
     pub(crate) realized: Slot,
     pub(crate) sub: Slot,
+    pub(crate) leaves: Slot,
     pub(crate) used: Slot,
     id: Slot,
     op: Slot,
@@ -276,13 +277,22 @@ impl NodeSlots {
             realized: Slot::located(ty, "realized")?,
             canon: Slot::located(ty, "_canon")?,
             sub: Slot::located(ty, "sub")?,
+            leaves: Slot::located(ty, "leaves")?,
             used: Slot::located(ty, "used")?,
         })
     }
 
     /// Whether every slot that `peek` reads has its offset.
     pub(crate) fn located(&self) -> bool {
-        [&self.shape, &self.dtype, &self.where_, &self.realized, &self.sub, &self.used]
+        [
+            &self.shape,
+            &self.dtype,
+            &self.where_,
+            &self.realized,
+            &self.sub,
+            &self.leaves,
+            &self.used,
+        ]
             .iter()
             .all(|s| s.found())
     }
@@ -300,6 +310,7 @@ impl NodeSlots {
             &self.realized,
             &self.canon,
             &self.sub,
+            &self.leaves,
             &self.used,
         ] {
             s.traverse(visit)?;
@@ -325,12 +336,13 @@ impl NodeSlots {
             dtype: n.dtype,
             where_: n.where_,
         };
-        self.known(py, ty, ids, known, n.value, &py.None().into_bound(py))
+        let none = py.None().into_bound(py);
+        self.known(py, ty, ids, known, n.value, (&none, &none))
     }
 
     /// A new node of type `ty` (ir.Node), its id the next of `ids`, its slots set as
-    /// Node.known sets them, `realized` set to `value` (None: pending), `sub` to `sub` and
-    /// `used` False.
+    /// Node.known sets them, `realized` set to `value` (None: pending), `sub` and `leaves`
+    /// to `summary`'s and `used` False.
     pub(crate) fn known<'py>(
         &self,
         py: Python<'py>,
@@ -338,8 +350,9 @@ impl NodeSlots {
         ids: &Py<PyAny>,
         n: KnownNode<'_, 'py>,
         value: &Bound<'py, PyAny>,
-        sub: &Bound<'py, PyAny>,
+        summary: (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
     ) -> PyResult<Bound<'py, PyAny>> {
+        let (sub, leaves) = summary;
         let node = bare(py, ty)?;
         // SAFETY: PyIter_Next returns a new reference, or null (an exception set or not).
         let id = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyIter_Next(ids.as_ptr()))? };
@@ -354,6 +367,7 @@ impl NodeSlots {
         self.realized.init(&node, value)?;
         self.canon.init(&node, n.canon)?;
         self.sub.init(&node, sub)?;
+        self.leaves.init(&node, leaves)?;
         self.used.init(&node, &PyBool::new(py, false))?;
         Ok(node)
     }
