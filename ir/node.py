@@ -100,7 +100,7 @@ class Node:
         self.realized: Any = None
         self._canon: tuple[Any, ...] | None = None
         self.sub: Any = None
-        self.leaves: tuple[Node, ...] | None = None
+        self.leaves: Any = None
         self.used = False
 
     @classmethod

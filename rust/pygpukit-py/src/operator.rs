@@ -114,7 +114,10 @@ fn serve<'py>(
 }
 
 /// list[0] of one of the switches' lists (never emptied), borrowed from it.
-fn first_item<'a, 'py>(py: Python<'py>, list: &'a Py<PyList>) -> PyResult<Borrowed<'a, 'py, PyAny>> {
+fn first_item<'a, 'py>(
+    py: Python<'py>,
+    list: &'a Py<PyList>,
+) -> PyResult<Borrowed<'a, 'py, PyAny>> {
     // SAFETY: a borrowed reference, or null with an exception set (an empty list).
     unsafe {
         let got = ffi::PyList_GetItem(list.as_ptr(), 0);

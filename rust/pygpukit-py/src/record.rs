@@ -15,9 +15,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use pyo3::{ffi, intern};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
+use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::frames::{generation, locate, Here, Sites};
@@ -131,7 +131,10 @@ fn scalar_part(t: &Table, value: &Bound<'_, PyAny>) -> PyResult<Option<(u8, u64)
     let ty = type_of(value);
     if ty == t.float_type.as_ptr() {
         // SAFETY: an exact float: PyFloat_AsDouble cannot fail on it.
-        return Ok(Some((0, unsafe { ffi::PyFloat_AsDouble(value.as_ptr()) }.to_bits())));
+        return Ok(Some((
+            0,
+            unsafe { ffi::PyFloat_AsDouble(value.as_ptr()) }.to_bits(),
+        )));
     }
     if ty == t.int_type.as_ptr() {
         return Ok(value.extract::<i64>().ok().map(|v| (1, v as u64)));
@@ -312,9 +315,8 @@ impl Table {
             Some((xkey, leaves, trail, size)) => {
                 // SAFETY: a borrowed reference, or null: absent (no exception set) or an
                 // error (an int key's hash and comparison cannot fail).
-                let kid = unsafe {
-                    ffi::PyDict_GetItemWithError(spec.kids.as_ptr(), xkey.as_ptr())
-                };
+                let kid =
+                    unsafe { ffi::PyDict_GetItemWithError(spec.kids.as_ptr(), xkey.as_ptr()) };
                 if kid.is_null() {
                     return Ok(None); // a part not interned yet: the Python path
                 }
@@ -324,7 +326,11 @@ impl Table {
                     slots.used.replace(&node, &PyBool::new(py, true))?;
                 }
                 let size = size.into_pyobject(py)?.into_any();
-                let (a, b) = if first { (&own, &*trail) } else { (&*trail, &own) };
+                let (a, b) = if first {
+                    (&own, &*trail)
+                } else {
+                    (&*trail, &own)
+                };
                 let summary = Summary::make(py, [&kid, &epoch, &size, &where_, a, b])?;
                 (summary, leaves.to_owned())
             }
@@ -414,10 +420,7 @@ impl<'a, 'py> Summary<'a, 'py> {
         // SAFETY: PyTuple_Pack takes borrowed references (it increfs them) and returns a
         // new reference or null with an exception set.
         unsafe {
-            Bound::from_owned_ptr_or_err(
-                py,
-                ffi::PyTuple_Pack(6, kid, epoch, size, where_, a, b),
-            )
+            Bound::from_owned_ptr_or_err(py, ffi::PyTuple_Pack(6, kid, epoch, size, where_, a, b))
         }
     }
 }

@@ -180,7 +180,11 @@ impl Slot {
 
     /// obj.name = value on a fresh instance (as `init`), taking the reference given.
     #[inline]
-    pub(crate) fn init_owned(&self, obj: &Bound<'_, PyAny>, value: Bound<'_, PyAny>) -> PyResult<()> {
+    pub(crate) fn init_owned(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        value: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         match self.1 {
             // SAFETY: as in `init`; the word takes value's reference.
             Some(at) => unsafe {
@@ -293,8 +297,8 @@ impl NodeSlots {
             &self.leaves,
             &self.used,
         ]
-            .iter()
-            .all(|s| s.found())
+        .iter()
+        .all(|s| s.found())
     }
 
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
