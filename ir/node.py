@@ -67,11 +67,14 @@ class Node:
     SourceLoc the first time something reads it.
     `sub`, like `realized`, is the front end's: a summary of the pending subgraph under the
     node (its structure key, leaves and locations), made when it is recorded, so a realize
-    of a structure seen before need not walk the graph.
+    of a structure seen before need not walk the graph; `leaves`, the realised nodes that
+    summary reads (kept beside it, so that what holds a summary as a trail holds no
+    leaf); `used`, whether a summarised node took this one as an input (some summary
+    includes it).
     """
 
     __slots__ = ("id", "op", "inputs", "attrs", "shape", "dtype", "where", "origin",
-                 "realized", "_canon", "sub", "__weakref__")  # fmt: skip
+                 "realized", "_canon", "sub", "leaves", "used", "__weakref__")  # fmt: skip
 
     def __init__(
         self,
@@ -97,6 +100,8 @@ class Node:
         self.realized: Any = None
         self._canon: tuple[Any, ...] | None = None
         self.sub: Any = None
+        self.leaves: Any = None
+        self.used = False
 
     @classmethod
     def make(
@@ -144,6 +149,8 @@ class Node:
         node.realized = None
         node._canon = items
         node.sub = None
+        node.leaves = None
+        node.used = False
         return node
 
     @classmethod
@@ -174,6 +181,8 @@ class Node:
         const.realized = None
         const._canon = const_items
         const.sub = None
+        const.leaves = None
+        const.used = False
         node = _new(cls)
         node.id = next(_ids)
         node.op = op
@@ -186,6 +195,8 @@ class Node:
         node.realized = None
         node._canon = items
         node.sub = None
+        node.leaves = None
+        node.used = False
         return node
 
     @property

@@ -29,6 +29,7 @@ def register_library(trees: Iterable[str] = (), flat: Iterable[str] = (),
     _FLAT += tuple(os.path.abspath(d) + os.sep for d in flat)
     _USER_LEVEL |= frozenset(user_level)
     _INTERNAL.clear()
+    LIBRARY_GENERATION[0] += 1
 
 
 # filename -> whether it is library code. A plain dict read inline by user_frame(): the
@@ -38,6 +39,10 @@ def register_library(trees: Iterable[str] = (), flat: Iterable[str] = (),
 # when it is not known to be.
 _INTERNAL: dict[str, bool] = {}
 LIBRARY_FILES = _INTERNAL  # one dict: register_library clears it in place
+# Bumped by every register_library: what was learnt from LIBRARY_FILES before (the native
+# record's call sites found to be the user's, rust/pygpukit-py/src/frames.rs) holds while
+# it is unchanged, since between registrations a file's entry, once made, never changes.
+LIBRARY_GENERATION = [0]
 
 
 def _is_internal(filename: str) -> bool:

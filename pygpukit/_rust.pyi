@@ -299,7 +299,7 @@ class LazyScalars:
         ids: Any,
         epoch: list[int],
         no_attrs: dict[str, Any],
-        library: dict[str, bool],
+        library: tuple[dict[str, bool], list[int]],
         user_frame: Any,
     ) -> None: ...
     def record(self, op: str, x: Any, value: Any, first: bool) -> Any: ...

@@ -21,6 +21,7 @@ from pygpukit.ir.elementwise import canonical
 from pygpukit.ir.node import canonical_items, freeze
 from pygpukit.ir.ops import weak_scalar_dtype
 from pygpukit.ir.source import LIBRARY_FILES as _LIBRARY_FILES
+from pygpukit.ir.source import LIBRARY_GENERATION as _LIBRARY_GENERATION
 from pygpukit.ir.source import user_frame
 
 from . import eager_ops, pending, runtime, settings
@@ -223,10 +224,12 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
             sub = node.sub
             if sub is None:
                 return out
-            xkey, leaves, trail, made, size, _ = sub
+            xkey, made, size = sub[:3]
             if made != epoch:
                 return out
-            sub[5] = True
+            node.used = True
+            leaves = node.leaves or ()
+            trail = sub  # a summary is its node's trail (pending.py)
             size += 2
         kid = kids.get(xkey)
         if kid is None:
@@ -235,8 +238,9 @@ def _operator(op: str, reflected: bool) -> Callable[[GPUArray, Any], GPUArray]:
             xpart = (-xkey, 0) if xkey < 0 else (xkey, None)
             parts = (fkid, None), xpart
             kid = kids[xkey] = pending.kid_of((nop, nitems, *(parts if first else parts[::-1])))
-        n.sub = [kid, leaves, (where, (where,), trail) if first else (where, trail, (where,)),
-                 epoch, size, False]  # fmt: skip
+        n.sub = ((kid, epoch, size, where, (where,), trail) if first
+                 else (kid, epoch, size, where, trail, (where,)))  # fmt: skip
+        n.leaves = leaves
         return out
 
     method.__name__ = method.__qualname__ = f"__{'r' if reflected else ''}{op}__"
@@ -1075,7 +1079,7 @@ _eager_hit = eager_ops.start_native(GPUArray)
 # The lazy array-scalar records' native table (rust/pygpukit-py/src/record.rs), filled by
 # _learn_scalar_op with what _SCALAR_OPS holds.
 _LAZY_SCALARS = _rust.LazyScalars((Node, GPUArray), node_mod._ids, EPOCH, node_mod._NO_ATTRS,
-                                  _LIBRARY_FILES, user_frame)  # fmt: skip
+                                  (_LIBRARY_FILES, _LIBRARY_GENERATION), user_frame)  # fmt: skip
 _lazy_scalar = _LAZY_SCALARS.record
 _native_operators(GPUArray)
 

@@ -6,7 +6,8 @@ pending graph on every realize; here each recorded node carries it instead (`Nod
 made from its inputs' in O(inputs), so a realize of one node that hits looks up one small
 key and collects the leaves, with no Python per node.
 
-A node's summary is [kid, leaves, trail, epoch, size, used]:
+A node's summary is the tuple (kid, epoch, size, where, input trails...), its leaves
+beside it (`Node.leaves`):
 - kid: an int standing for the structure of the pending subgraph under the node, as a tree
   (op, canonical attrs, and per input its kid and where its leaves sit among the node's;
   a leaf's kid is its shape and dtype). Structures are interned: equal kids mean equal
@@ -14,16 +15,22 @@ A node's summary is [kid, leaves, trail, epoch, size, used]:
   (the ops are pure; collectives and `after`, whose order or count matters, are never
   summarised), so a schedule made for a graph that shared a pending node serves one that
   recomputes it and back.
-- leaves: the distinct realised nodes it reads, in first-use order (left to right).
-- trail: (where, input trails...), the captured source locations in that tree's pre-order,
-  resolved only when an error names a line of the run (errors.note_run).
+- leaves (the node's `leaves`): the distinct realised nodes it reads, in first-use order
+  (left to right).
 - epoch: EPOCH when it was made. The summary holds while EPOCH is unchanged: realizing
-  or freeing a pending node that a summary includes (one `used`) bumps it, since the
+  or freeing a pending node that a summary includes (a `used` one) bumps it, since the
   summaries made since may have it inside a subgraph that now stops at it. Such a node
   realizes by the walk.
 - size: its tree's node count. Above MAX_TREE (a graph reusing pending nodes a lot, where
   the tree is exponentially larger than the graph) or MAX_LEAVES the node has no summary.
-- used: whether a summarised node took it as an input (so some summary includes it).
+- where and the input trails: the summary is its node's trail too, the captured source
+  locations of that tree in pre-order (Trail flattens it), resolved only when an error
+  names a line of the run (errors.note_run). A pending input's trail is its summary; a
+  leaf's, `(where,)`. Summaries hold no leaves, so what holds one as a trail (the last
+  run's, errors.note_run) keeps no array alive.
+
+A tuple, made once: whether a summarised node took the node as an input (so some summary
+includes it) is the node's own `used`, the one thing that changes later.
 """
 
 from __future__ import annotations
@@ -75,7 +82,7 @@ def summarise(node: Node) -> None:
     leaves: tuple[Node, ...] = ()
     items = node._canon
     parts: list[Any] = [node.op, node.canonical_attrs() if items is None else items]
-    trails: list[Any] = [node.where]
+    trails: list[Any] = [node.where]  # the summary's where and input trails
     size = 1
     for i in node.inputs:
         s = i.sub
@@ -88,11 +95,11 @@ def summarise(node: Node) -> None:
             trails.append((i.where,))
             size += 1
             continue
-        if s is None or s[3] != epoch:
+        if s is None or s[1] != epoch:
             return
-        s[5] = True
-        theirs = s[1]
-        size += s[4]
+        i.used = True
+        theirs = i.leaves
+        size += s[2]
         if not theirs or theirs is leaves:
             at = None
         elif not leaves:
@@ -100,18 +107,19 @@ def summarise(node: Node) -> None:
         else:
             at, leaves = _merge(leaves, theirs)
         parts.append((s[0], at))
-        trails.append(s[2])
+        trails.append(s)
     if size > MAX_TREE or len(leaves) > MAX_LEAVES:
         return
-    node.sub = [kid_of(tuple(parts)), leaves, tuple(trails), epoch, size, False]
+    node.sub = (kid_of(tuple(parts)), epoch, size, *trails)
+    node.leaves = leaves
 
 
 def drop(node: Node) -> None:
     """Node is realised (or freed) now: its summary goes, and those that include it stop
     holding."""
     s = node.sub
-    node.sub = None
-    if type(s) is list and s[5]:
+    node.sub = node.leaves = None
+    if type(s) is tuple and node.used:
         EPOCH[0] += 1
 
 
@@ -154,8 +162,8 @@ def tree_nodes(root: Node) -> list[Node]:
 
 
 class Trail(Sequence[Any]):
-    """A summary's trail as the flat list of captured locations errors.note_run takes,
-    flattened only if an error reads it."""
+    """A summary's trail (the summary itself) as the flat list of captured locations
+    errors.note_run takes, flattened only if an error reads it."""
 
     __slots__ = ("_trail", "_flat")
 
@@ -170,8 +178,11 @@ class Trail(Sequence[Any]):
             stack = [self._trail]
             while stack:
                 t = stack.pop()
-                flat.append(t[0])
-                stack.extend(reversed(t[1:]))
+                if len(t) == 1:  # a leaf's (where,)
+                    flat.append(t[0])
+                else:  # a summary: (kid, epoch, size, where, input trails...)
+                    flat.append(t[3])
+                    stack.extend(reversed(t[4:]))
         return flat
 
     def __getitem__(self, i: Any) -> Any:

@@ -222,12 +222,13 @@ def _realize(pending: list[Node]) -> None:
     if len(pending) == 1:
         root = pending[0]
         sub = root.sub
-        if sub is not None and sub[3] == EPOCH[0]:
+        if sub is not None and sub[1] == EPOCH[0]:
             layout_key = backend.layout_key
+            leaves = root.leaves
             known = (sub[0], backend.name, backend.ordinal, settings.skip_passes(),
-                     tuple([layout_key(n.realized) for n in sub[1]]))  # fmt: skip
+                     tuple([layout_key(n.realized) for n in leaves]))  # fmt: skip
             hit = _KNOWN.get(known)
-            if hit is not None and _run_known(root, sub[1], sub[2], hit, backend):
+            if hit is not None and _run_known(root, leaves, sub, hit, backend):
                 try:
                     _KNOWN.move_to_end(known)
                 except KeyError:  # another thread evicted it meanwhile
@@ -274,7 +275,7 @@ def _remember(key: Any, root: Node, schedule: Schedule, order: list[Node],
               leaves: list[Node]) -> None:  # fmt: skip
     """File the schedule under root's summary key: which of the summary's leaves each
     schedule input is, and the schedule's build-time locations in trail order."""
-    mine = {id(n): k for k, n in enumerate(root.sub[1])}
+    mine = {id(n): k for k, n in enumerate(root.leaves)}
     which = [mine.get(id(n), -1) for n in leaves]
     if -1 in which or len(which) != len(mine):
         return  # the summary disagrees with the walk: leave this graph to the walk

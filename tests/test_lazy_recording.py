@@ -78,7 +78,7 @@ def test_fast_path_makes_what_the_rule_path_makes(
     assert a is not b and consts[0] is not consts[1]  # a `full` node each, as before
     assert _shape_of(b, y._node) == _shape_of(a, y._node)
     assert [_shape_of(i, y._node) for i in b.inputs] == [_shape_of(i, y._node) for i in a.inputs]
-    assert b.sub[:2] == a.sub[:2] and b.sub[3:] == a.sub[3:]  # kid, leaves, epoch, size, used
+    assert b.sub[:3] == a.sub[:3] and b.leaves == a.leaves and b.used == a.used
     expect = ref(h.astype(np.float64) if dtype == "float32" else h.astype(np.int64), scalar)
     for out in (by_rules, fast):
         np.testing.assert_allclose(out.to_numpy(), expect, rtol=1e-6)
@@ -160,7 +160,7 @@ def test_a_learnt_record_is_native(rng: np.random.Generator,
         assert _shape_of(cb, x._node) == _shape_of(ca, x._node) and ca is not cb
         assert b.loc is not None and b.loc.file == __file__ and b.loc.line == line
         assert cb.loc == b.loc and b.id > cb.id
-        assert b.sub[:2] == a.sub[:2] and b.sub[3:] == a.sub[3:]
+        assert b.sub[:3] == a.sub[:3] and b.leaves == a.leaves and b.used == a.used
         a, b = (next(i for i in n.inputs if i.op != "full") for n in (a, b))
     assert a is b is x._node
     expect = (h.astype(np.float64) * 1.5 + 0.25) - 3

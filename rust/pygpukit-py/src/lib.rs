@@ -6,6 +6,7 @@ mod dispatch;
 mod eager;
 mod errors;
 mod frames;
+mod fx;
 mod hit;
 mod operator;
 mod pool;

@@ -83,7 +83,7 @@ fn serve<'py>(
     x: &Bound<'py, PyAny>,
     value: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    if s.devices.bind(py).get_item(0)?.is_truthy()? {
+    if truthy(first_item(py, &s.devices)?)? {
         return Ok(None);
     }
     let mut mode: *mut ffi::PyObject = std::ptr::null_mut();
@@ -97,13 +97,13 @@ fn serve<'py>(
         return Ok(None);
     };
     if eager.is_none() {
-        eager = s.eager_now.bind(py).get_item(0)?;
+        eager = first_item(py, &s.eager_now)?.to_owned();
         if eager.is_none() {
             return Ok(None); // settings.eager() decides: the Python method reads it
         }
     }
     let op = e.op.bind(py).as_any();
-    if eager.is_truthy()? {
+    if truthy(eager.as_borrowed())? {
         let (a, b) = if e.first { (value, x) } else { (x, value) };
         return s.eager.bind(py).borrow().hit_at(py, op, a, b, 0);
     }
@@ -111,6 +111,36 @@ fn serve<'py>(
         .bind(py)
         .borrow()
         .record_at(py, op, x, value, e.first, 0)
+}
+
+/// list[0] of one of the switches' lists (never emptied), borrowed from it.
+fn first_item<'a, 'py>(
+    py: Python<'py>,
+    list: &'a Py<PyList>,
+) -> PyResult<Borrowed<'a, 'py, PyAny>> {
+    // SAFETY: a borrowed reference, or null with an exception set (an empty list).
+    unsafe {
+        let got = ffi::PyList_GetItem(list.as_ptr(), 0);
+        if got.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Borrowed::from_ptr(py, got))
+    }
+}
+
+/// bool(o), for the switches' usual True, False and None without a call.
+fn truthy(o: Borrowed<'_, '_, PyAny>) -> PyResult<bool> {
+    let p = o.as_ptr();
+    // SAFETY: the interpreter's True, False and None singletons, never null.
+    unsafe {
+        if p == ffi::Py_True() {
+            return Ok(true);
+        }
+        if p == ffi::Py_False() || p == ffi::Py_None() {
+            return Ok(false);
+        }
+    }
+    o.is_truthy()
 }
 
 /// The METH_O function of operator K: `self op value` (reflected: `value op self`).

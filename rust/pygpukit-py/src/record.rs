@@ -13,48 +13,20 @@
 //! path).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
+use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::frames::user_location;
+use crate::frames::{generation, locate, Here, Sites};
+use crate::fx::FxBuild;
 use crate::slots::{ArraySlots, KnownNode, NodeSlots};
 
 /// A spec's key: the op (an interned str) and the array's dtype by identity, the scalar's
 /// kind (float, int, bool) and value bits (a float's bits: 0.0 and -0.0 differ), the side.
 type Key = (usize, usize, u8, u64, bool);
-
-/// FxHash over the key's words: the key is a few machine words, hashed on every record.
-#[derive(Default)]
-struct Fx(u64);
-
-impl Hasher for Fx {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-
-    fn write_u8(&mut self, v: u8) {
-        self.write_u64(u64::from(v));
-    }
-}
 
 /// What the first record of a key made (array._SCALAR_OPS's entry).
 struct Spec {
@@ -93,10 +65,46 @@ impl Spec {
 }
 
 /// The array operand's part of a summary: its key among the spec's kids, its leaves, its
-/// trail, the op node's tree size.
-type Part<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, i64);
+/// trail (a pending operand's summary, a leaf's `(where,)`), the op node's tree size.
+type Part<'a, 'py> = (Held<'a, 'py>, Held<'a, 'py>, Held<'a, 'py>, i64);
 
-type Specs = HashMap<Key, Arc<Spec>, BuildHasherDefault<Fx>>;
+/// A reference the record reads: made by it, or borrowed from an operand that holds it.
+enum Held<'a, 'py> {
+    Own(Bound<'py, PyAny>),
+    Lent(Borrowed<'a, 'py, PyAny>),
+}
+
+impl<'a, 'py> From<Bound<'py, PyAny>> for Held<'a, 'py> {
+    fn from(b: Bound<'py, PyAny>) -> Self {
+        Held::Own(b)
+    }
+}
+
+impl<'a, 'py> From<Borrowed<'a, 'py, PyAny>> for Held<'a, 'py> {
+    fn from(b: Borrowed<'a, 'py, PyAny>) -> Self {
+        Held::Lent(b)
+    }
+}
+
+impl<'py> std::ops::Deref for Held<'_, 'py> {
+    type Target = Bound<'py, PyAny>;
+
+    fn deref(&self) -> &Bound<'py, PyAny> {
+        match self {
+            Held::Own(b) => b,
+            Held::Lent(b) => b,
+        }
+    }
+}
+
+type Specs = HashMap<Key, Arc<Spec>, FxBuild>;
+
+/// What the table learns: the specs, and the user's call sites (frames.rs).
+#[derive(Default)]
+struct State {
+    specs: Specs,
+    sites: Sites,
+}
 
 struct Table {
     node_type: Py<PyType>,
@@ -109,26 +117,38 @@ struct Table {
     /// ir.node's attrs of nodes made without any (one dict, never changed in place).
     no_attrs: Py<PyAny>,
     library: Py<PyDict>,
+    /// ir.source.LIBRARY_GENERATION.
+    library_generation: Py<PyList>,
     user_frame: Py<PyAny>,
     float_type: Py<PyType>,
     int_type: Py<PyType>,
     bool_type: Py<PyType>,
-    specs: Mutex<Specs>,
+    state: Mutex<State>,
 }
 
 /// The key's scalar part of value: (kind, bits), or None for a value no key holds.
 fn scalar_part(t: &Table, value: &Bound<'_, PyAny>) -> PyResult<Option<(u8, u64)>> {
-    let ty = value.get_type();
-    if ty.is(&t.float_type) {
-        return Ok(Some((0, value.extract::<f64>()?.to_bits())));
+    let ty = type_of(value);
+    if ty == t.float_type.as_ptr() {
+        // SAFETY: an exact float: PyFloat_AsDouble cannot fail on it.
+        return Ok(Some((
+            0,
+            unsafe { ffi::PyFloat_AsDouble(value.as_ptr()) }.to_bits(),
+        )));
     }
-    if ty.is(&t.int_type) {
+    if ty == t.int_type.as_ptr() {
         return Ok(value.extract::<i64>().ok().map(|v| (1, v as u64)));
     }
-    if ty.is(&t.bool_type) {
+    if ty == t.bool_type.as_ptr() {
         return Ok(Some((2, u64::from(value.is_truthy()?))));
     }
     Ok(None)
+}
+
+/// The object's type, for an identity test (no reference taken).
+fn type_of(o: &Bound<'_, PyAny>) -> *mut ffi::PyObject {
+    // SAFETY: a live object's ob_type (PyObject's layout is in the limited API).
+    unsafe { ffi::Py_TYPE(o.as_ptr()).cast() }
 }
 
 impl Table {
@@ -146,24 +166,59 @@ impl Table {
             visit.call(o)?;
         }
         visit.call(&self.epoch)?;
+        visit.call(&self.library_generation)?;
         visit.call(&self.library)?;
         self.node.traverse(visit)?;
         self.array.traverse(visit)?;
         // Held by a record on this thread (a collection inside it): its references go
         // unreported this time, which keeps them alive, never frees them early.
-        if let Ok(s) = self.specs.try_lock() {
-            for spec in s.values() {
+        if let Ok(s) = self.state.try_lock() {
+            for spec in s.specs.values() {
                 spec.traverse(visit)?;
             }
+            s.sites.traverse(visit)?;
         }
         Ok(())
     }
 
-    fn spec(&self, key: &Key) -> Option<Arc<Spec>> {
-        self.specs.try_lock().ok()?.get(key).cloned()
+    /// The key's spec, and the site `here`'s `where` and `(where,)` if cached; None where
+    /// the key has none (or the lock is held: a record on this thread).
+    #[allow(clippy::type_complexity)]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Key,
+        here: Option<&Here<'py>>,
+    ) -> Option<(Arc<Spec>, Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>)> {
+        let state = self.state.try_lock().ok()?;
+        let spec = state.specs.get(key)?.clone();
+        let now = generation(py, &self.library_generation).ok()?;
+        let site = here.and_then(|h| state.sites.get(py, h, now));
+        Some((spec, site))
     }
 
-    /// A pending node as Node.known makes it, its summary `sub`.
+    /// The user's location for `here` found anew (frames::locate) and `(where,)`; the
+    /// site kept when it is the user's.
+    fn locate<'py>(
+        &self,
+        py: Python<'py>,
+        here: Option<&Here<'py>>,
+        skip: u8,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let (where_, users) = locate(py, &self.library, &self.user_frame, here, skip)?;
+        let own = tuple(py, &[&where_])?;
+        if let (Some(h), true) = (here, users) {
+            let now = generation(py, &self.library_generation)?;
+            let old = match self.state.try_lock() {
+                Ok(mut state) => state.sites.put(h, now, &where_, &own),
+                Err(_) => None,
+            };
+            drop(old); // after the lock: its references may free code objects
+        }
+        Ok((where_, own))
+    }
+
+    /// A pending node as Node.known makes it, its summary and leaves `summary`.
     #[allow(clippy::too_many_arguments)]
     fn node<'py>(
         &self,
@@ -175,7 +230,7 @@ impl Table {
         shape: &Bound<'py, PyAny>,
         dtype: &Bound<'py, PyAny>,
         where_: &Bound<'py, PyAny>,
-        sub: &Bound<'py, PyAny>,
+        summary: (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
     ) -> PyResult<Bound<'py, PyAny>> {
         let n = KnownNode {
             op,
@@ -188,7 +243,7 @@ impl Table {
         };
         let none = py.None().into_bound(py);
         self.node
-            .known(py, &self.node_type, &self.ids, n, &none, sub)
+            .known(py, &self.node_type, &self.ids, n, &none, summary)
     }
 
     fn record<'py>(
@@ -200,18 +255,18 @@ impl Table {
         first: bool,
         skip: u8,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if !x.get_type().is(&self.array_type) {
+        if type_of(x) != self.array_type.as_ptr() {
             return Ok(None);
         }
         let Some((kind, bits)) = scalar_part(self, value)? else {
             return Ok(None);
         };
         let node = self.array.node(x)?;
-        if !node.get_type().is(&self.node_type) {
+        if type_of(&node) != self.node_type.as_ptr() {
             return Ok(None);
         }
         let slots = &self.node;
-        let dtype = slots.dtype.read(&node)?;
+        let dtype = slots.dtype.peek(&node)?;
         let key = (
             op.as_ptr() as usize,
             dtype.as_ptr() as usize,
@@ -219,55 +274,67 @@ impl Table {
             bits,
             first,
         );
-        let Some(spec) = self.spec(&key) else {
+        let here = Here::of(py, skip)?;
+        let Some((spec, site)) = self.lookup(py, &key, here.as_ref()) else {
             return Ok(None);
         };
         // The array operand's part of the summary (pending.py): a realised node is a leaf
         // (its kid negated), a pending one brings its summary if it is current.
-        let epoch = self.epoch.bind(py).get_item(0)?;
-        let sub = slots.sub.read(&node)?;
-        let mut part: Option<Part<'py>> = None;
-        let mut theirs: Option<Bound<'py, PyList>> = None;
-        if !slots.realized.read(&node)?.is_none() {
+        // SAFETY: pending.EPOCH, a list of one int never emptied: a borrowed reference, made
+        // a new one (Python code that a collection runs may bump EPOCH before it is stored).
+        let epoch = unsafe {
+            Bound::from_borrowed_ptr_or_err(py, ffi::PyList_GetItem(self.epoch.as_ptr(), 0))?
+        };
+        // Held, not borrowed: while the summary (a tuple) is held its items, borrowed, stay
+        // alive through the allocations below (whose collections may run Python code).
+        let sub = slots.sub.peek(&node)?.to_owned();
+        let mut part: Option<Part<'_, 'py>> = None;
+        let mut used = false;
+        if !slots.realized.peek(&node)?.is_none() {
             if !sub.is_exact_instance_of::<PyInt>() {
                 return Ok(None); // no leaf kid yet: pending.leaf_kid makes it
             }
-            let leaves = PyTuple::new(py, [&node])?.into_any();
-            let trail = PyTuple::new(py, [slots.where_.read(&node)?])?.into_any();
-            part = Some((sub.neg()?, leaves, trail, 3));
-        } else if let Ok(list) = sub.cast::<PyList>() {
-            if list.len() == 6 && list.get_item(3)?.eq(&epoch)? {
-                let size: i64 = list.get_item(4)?.extract()?;
-                part = Some((
-                    list.get_item(0)?,
-                    list.get_item(1)?,
-                    list.get_item(2)?,
-                    size + 2,
-                ));
-                theirs = Some(list.clone());
-            }
+            let xkey = sub.neg()?;
+            let leaves = tuple(py, &[&node])?;
+            let trail = tuple(py, &[&*slots.where_.peek(&node)?])?;
+            part = Some((xkey.into(), leaves.into(), trail.into(), 3));
+        } else if let Some(s) = Summary::current(sub.as_borrowed(), &epoch)? {
+            let size = s.item(2).extract::<i64>()?;
+            // A summarised node's leaves: a tuple beside its summary (pending.py); held, as
+            // the summary is, for what a collection may run before they are stored.
+            let leaves = slots.leaves.peek(&node)?.to_owned();
+            part = Some((s.item(0).into(), leaves.into(), s.0.into(), size + 2));
+            used = true;
         }
-        let where_ = user_location(py, &self.library, &self.user_frame, skip)?;
-        // The op node's summary: [kid, leaves, trail, epoch, size, used].
-        let summary = match part {
+        let (where_, own) = match site {
+            Some(site) => site,
+            None => self.locate(py, here.as_ref(), skip)?,
+        };
+        // The op node's summary (kid, epoch, size, where, input trails) and its leaves.
+        let (summary, leaves) = match part {
             Some((xkey, leaves, trail, size)) => {
-                let Some(kid) = spec.kids.bind(py).get_item(&xkey)? else {
+                // SAFETY: a borrowed reference, or null: absent (no exception set) or an
+                // error (an int key's hash and comparison cannot fail).
+                let kid =
+                    unsafe { ffi::PyDict_GetItemWithError(spec.kids.as_ptr(), xkey.as_ptr()) };
+                if kid.is_null() {
                     return Ok(None); // a part not interned yet: the Python path
-                };
-                if let Some(list) = &theirs {
-                    list.set_item(5, PyBool::new(py, true))?;
                 }
-                let own = PyTuple::new(py, [&where_])?.into_any();
-                let trail = if first {
-                    PyTuple::new(py, [&where_, &own, &trail])?
-                } else {
-                    PyTuple::new(py, [&where_, &trail, &own])?
-                };
-                let no = PyBool::new(py, false).to_owned().into_any();
+                // SAFETY: a borrowed reference, made a new one.
+                let kid = unsafe { Bound::from_borrowed_ptr(py, kid) };
+                if used {
+                    slots.used.replace(&node, &PyBool::new(py, true))?;
+                }
                 let size = size.into_pyobject(py)?.into_any();
-                PyList::new(py, [kid, leaves, trail.into_any(), epoch, size, no])?.into_any()
+                let (a, b) = if first {
+                    (&own, &*trail)
+                } else {
+                    (&*trail, &own)
+                };
+                let summary = Summary::make(py, [&kid, &epoch, &size, &where_, a, b])?;
+                (summary, leaves.to_owned())
             }
-            None => py.None().into_bound(py),
+            None => (py.None().into_bound(py), py.None().into_bound(py)),
         };
         let none = py.None().into_bound(py);
         let empty = PyTuple::empty(py).into_any();
@@ -280,25 +347,81 @@ impl Table {
             &empty,
             spec.fdtype.bind(py),
             &where_,
-            &none,
+            (&none, &none),
         )?;
         let inputs = if first {
-            PyTuple::new(py, [&const_, &node])?
+            tuple(py, &[&const_, &node])?
         } else {
-            PyTuple::new(py, [&node, &const_])?
+            tuple(py, &[&node, &const_])?
         };
         let n = self.node(
             py,
             spec.nop.bind(py),
-            inputs.as_any(),
+            &inputs,
             self.no_attrs.bind(py),
             spec.nitems.bind(py),
-            &slots.shape.read(&node)?,
+            &*slots.shape.peek(&node)?,
             spec.ndtype.bind(py),
             &where_,
-            &summary,
+            (&summary, &leaves),
         )?;
         self.array.wrap(py, &self.array_type, &n).map(Some)
+    }
+}
+
+/// A new tuple of `items` (PyTuple_Pack: no iterator, no per-item call).
+fn tuple<'py>(py: Python<'py>, items: &[&Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyTuple_Pack takes borrowed references (it increfs them) and returns a new
+    // reference or null with an exception set.
+    unsafe {
+        let t = match items {
+            [a] => ffi::PyTuple_Pack(1, a.as_ptr()),
+            [a, b] => ffi::PyTuple_Pack(2, a.as_ptr(), b.as_ptr()),
+            [a, b, c] => ffi::PyTuple_Pack(3, a.as_ptr(), b.as_ptr(), c.as_ptr()),
+            _ => return Ok(PyTuple::new(py, items)?.into_any()),
+        };
+        Bound::from_owned_ptr_or_err(py, t)
+    }
+}
+
+/// A pending node's summary as pending.py makes it: the tuple (kid, epoch, size, where,
+/// input trails...), which is its node's trail too; read through borrowed items.
+#[derive(Clone, Copy)]
+struct Summary<'a, 'py>(Borrowed<'a, 'py, PyAny>);
+
+impl<'a, 'py> Summary<'a, 'py> {
+    /// `sub` as a summary if it is one made at `epoch` (pending.EPOCH's value now).
+    fn current(sub: Borrowed<'a, 'py, PyAny>, epoch: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+        // SAFETY: sub is a live object; PyTuple_Size on an exact tuple cannot fail.
+        if !sub.is_exact_instance_of::<PyTuple>() || unsafe { ffi::PyTuple_Size(sub.as_ptr()) } < 4
+        {
+            return Ok(None);
+        }
+        let s = Self(sub);
+        let made = s.item(1);
+        // The epoch object itself, usually: EPOCH[0] was stored in it.
+        if made.is(epoch) || made.eq(epoch)? {
+            return Ok(Some(s));
+        }
+        Ok(None)
+    }
+
+    /// Item `i` (< 4) of the summary, borrowed from it.
+    fn item(&self, i: isize) -> Borrowed<'a, 'py, PyAny> {
+        // SAFETY: an exact tuple of at least 4 items (checked in `current`): a borrowed
+        // reference, alive while the tuple is.
+        unsafe { Borrowed::from_ptr(self.0.py(), ffi::PyTuple_GetItem(self.0.as_ptr(), i)) }
+    }
+
+    /// A new summary (kid, epoch, size, where, a, b): a and b, its node's input trails in
+    /// input order.
+    fn make(py: Python<'py>, items: [&Bound<'py, PyAny>; 6]) -> PyResult<Bound<'py, PyAny>> {
+        let [kid, epoch, size, where_, a, b] = items.map(|i| i.as_ptr());
+        // SAFETY: PyTuple_Pack takes borrowed references (it increfs them) and returns a
+        // new reference or null with an exception set.
+        unsafe {
+            Bound::from_owned_ptr_or_err(py, ffi::PyTuple_Pack(6, kid, epoch, size, where_, a, b))
+        }
     }
 }
 
@@ -329,8 +452,8 @@ impl LazyScalars {
 #[pymethods]
 impl LazyScalars {
     /// types: (Node, GPUArray); ids: ir.node's id counter; epoch: pending.EPOCH; no_attrs:
-    /// ir.node's shared empty attrs; library: ir.source.LIBRARY_FILES; user_frame:
-    /// ir.source.user_frame.
+    /// ir.node's shared empty attrs; library: (ir.source.LIBRARY_FILES,
+    /// ir.source.LIBRARY_GENERATION); user_frame: ir.source.user_frame.
     #[new]
     fn new(
         py: Python<'_>,
@@ -338,12 +461,17 @@ impl LazyScalars {
         ids: Py<PyAny>,
         epoch: Py<PyList>,
         no_attrs: Py<PyAny>,
-        library: Py<PyDict>,
+        library: (Py<PyDict>, Py<PyList>),
         user_frame: Py<PyAny>,
     ) -> PyResult<Self> {
+        let (library, library_generation) = library;
         let (node_type, array_type) = types;
+        let node = NodeSlots::of(node_type.bind(py))?;
+        if !node.located() {
+            return Ok(Self { t: None }); // no offsets to read at: the Python path serves all
+        }
         let t = Table {
-            node: NodeSlots::of(node_type.bind(py))?,
+            node,
             array: ArraySlots::of(array_type.bind(py))?,
             node_type,
             array_type,
@@ -351,11 +479,12 @@ impl LazyScalars {
             epoch,
             no_attrs,
             library,
+            library_generation,
             user_frame,
             float_type: py.get_type::<PyFloat>().unbind(),
             int_type: py.get_type::<PyInt>().unbind(),
             bool_type: py.get_type::<PyBool>().unbind(),
-            specs: Mutex::new(Specs::default()),
+            state: Mutex::new(State::default()),
         };
         Ok(Self { t: Some(t) })
     }
@@ -422,18 +551,18 @@ impl LazyScalars {
             bits,
             first,
         );
-        let Ok(mut all) = t.specs.try_lock() else {
+        let Ok(mut all) = t.state.try_lock() else {
             return Ok(false);
         };
-        all.insert(key, Arc::new(s));
+        all.specs.insert(key, Arc::new(s));
         Ok(true)
     }
 
     /// Drops every spec (array._SCALAR_OPS was cleared).
     fn clear(&self) {
         if let Some(t) = &self.t {
-            if let Ok(mut all) = t.specs.try_lock() {
-                all.clear();
+            if let Ok(mut all) = t.state.try_lock() {
+                all.specs.clear();
             }
         }
     }
@@ -441,7 +570,7 @@ impl LazyScalars {
     /// The specs kept.
     fn __len__(&self) -> usize {
         match &self.t {
-            Some(t) => t.specs.try_lock().map(|s| s.len()).unwrap_or(0),
+            Some(t) => t.state.try_lock().map(|s| s.specs.len()).unwrap_or(0),
             None => 0,
         }
     }

@@ -81,6 +81,7 @@ impl Slot {
 
     /// obj.name = value on an instance made by `bare` whose slot is unset (a fresh object:
     /// written in place where the offset is known, nothing to release).
+    #[inline]
     pub(crate) fn init<T>(&self, obj: &Bound<'_, PyAny>, value: &Bound<'_, T>) -> PyResult<()> {
         match self.1 {
             // SAFETY: obj is an instance of the slot's class (bare made it), the offset the
@@ -101,6 +102,7 @@ impl Slot {
 
     /// obj.name read in place where the offset is known; obj must be an instance of the
     /// slot's class or a subclass (the caller checked its type).
+    #[inline]
     pub(crate) fn read<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         if let Some(at) = self.1 {
             // SAFETY: as above; the word is the slot's value (a borrowed reference) or null.
@@ -117,6 +119,86 @@ impl Slot {
             }
         }
         self.get(obj) // unset: the descriptor raises AttributeError
+    }
+
+    /// obj.name as a borrowed reference (alive while obj holds it), for a slot whose offset
+    /// is known (`located` found it: see `found`); an unset slot raises AttributeError.
+    #[inline]
+    pub(crate) fn peek<'a, 'py>(
+        &self,
+        obj: &'a Bound<'py, PyAny>,
+    ) -> PyResult<Borrowed<'a, 'py, PyAny>> {
+        let at = self.1.unwrap_or(0);
+        // SAFETY: as in `read`, where the offset is known (the caller checked `found`).
+        let got = unsafe {
+            let p = obj
+                .as_ptr()
+                .cast::<u8>()
+                .offset(at)
+                .cast::<*mut ffi::PyObject>();
+            if self.1.is_none() || (*p).is_null() {
+                None
+            } else {
+                Some(Borrowed::from_ptr(obj.py(), *p))
+            }
+        };
+        match got {
+            Some(v) => Ok(v),
+            None => Err(self
+                .get(obj)
+                .err()
+                .unwrap_or_else(|| PyTypeError::new_err("slot read without its offset"))),
+        }
+    }
+
+    /// obj.name = value where obj's slot is set (the old value released), in place where
+    /// the offset is known.
+    #[inline]
+    pub(crate) fn replace<T>(&self, obj: &Bound<'_, PyAny>, value: &Bound<'_, T>) -> PyResult<()> {
+        match self.1 {
+            // SAFETY: as in `read`; the word takes a new reference to value, then the old
+            // one (if any) is released, last, as CPython's member setter does.
+            Some(at) => unsafe {
+                let p = obj
+                    .as_ptr()
+                    .cast::<u8>()
+                    .offset(at)
+                    .cast::<*mut ffi::PyObject>();
+                let old = *p;
+                *p = value.clone().into_any().into_ptr();
+                ffi::Py_XDECREF(old);
+                Ok(())
+            },
+            None => self.set(obj, value),
+        }
+    }
+
+    /// Whether `located` found the slot's offset.
+    pub(crate) fn found(&self) -> bool {
+        self.1.is_some()
+    }
+
+    /// obj.name = value on a fresh instance (as `init`), taking the reference given.
+    #[inline]
+    pub(crate) fn init_owned(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        value: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        match self.1 {
+            // SAFETY: as in `init`; the word takes value's reference.
+            Some(at) => unsafe {
+                let p = obj
+                    .as_ptr()
+                    .cast::<u8>()
+                    .offset(at)
+                    .cast::<*mut ffi::PyObject>();
+                debug_assert!((*p).is_null());
+                *p = value.into_ptr();
+                Ok(())
+            },
+            None => self.set(obj, &value),
+        }
     }
 
     /// obj.name; obj must be an instance of the slot's class.
@@ -164,6 +246,8 @@ pub(crate) struct NodeSlots {
     pub(crate) where_: Slot,
     pub(crate) realized: Slot,
     pub(crate) sub: Slot,
+    pub(crate) leaves: Slot,
+    pub(crate) used: Slot,
     id: Slot,
     op: Slot,
     inputs: Slot,
@@ -197,7 +281,24 @@ impl NodeSlots {
             realized: Slot::located(ty, "realized")?,
             canon: Slot::located(ty, "_canon")?,
             sub: Slot::located(ty, "sub")?,
+            leaves: Slot::located(ty, "leaves")?,
+            used: Slot::located(ty, "used")?,
         })
+    }
+
+    /// Whether every slot that `peek` reads has its offset.
+    pub(crate) fn located(&self) -> bool {
+        [
+            &self.shape,
+            &self.dtype,
+            &self.where_,
+            &self.realized,
+            &self.sub,
+            &self.leaves,
+            &self.used,
+        ]
+        .iter()
+        .all(|s| s.found())
     }
 
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -213,6 +314,8 @@ impl NodeSlots {
             &self.realized,
             &self.canon,
             &self.sub,
+            &self.leaves,
+            &self.used,
         ] {
             s.traverse(visit)?;
         }
@@ -237,11 +340,13 @@ impl NodeSlots {
             dtype: n.dtype,
             where_: n.where_,
         };
-        self.known(py, ty, ids, known, n.value, &py.None().into_bound(py))
+        let none = py.None().into_bound(py);
+        self.known(py, ty, ids, known, n.value, (&none, &none))
     }
 
     /// A new node of type `ty` (ir.Node), its id the next of `ids`, its slots set as
-    /// Node.known sets them, `realized` set to `value` (None: pending) and `sub` to `sub`.
+    /// Node.known sets them, `realized` set to `value` (None: pending), `sub` and `leaves`
+    /// to `summary`'s and `used` False.
     pub(crate) fn known<'py>(
         &self,
         py: Python<'py>,
@@ -249,12 +354,13 @@ impl NodeSlots {
         ids: &Py<PyAny>,
         n: KnownNode<'_, 'py>,
         value: &Bound<'py, PyAny>,
-        sub: &Bound<'py, PyAny>,
+        summary: (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
     ) -> PyResult<Bound<'py, PyAny>> {
+        let (sub, leaves) = summary;
         let node = bare(py, ty)?;
         // SAFETY: PyIter_Next returns a new reference, or null (an exception set or not).
         let id = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyIter_Next(ids.as_ptr()))? };
-        self.id.init(&node, &id)?;
+        self.id.init_owned(&node, id)?;
         self.op.init(&node, n.op)?;
         self.inputs.init(&node, n.inputs)?;
         self.attrs.init(&node, n.attrs)?;
@@ -265,6 +371,8 @@ impl NodeSlots {
         self.realized.init(&node, value)?;
         self.canon.init(&node, n.canon)?;
         self.sub.init(&node, sub)?;
+        self.leaves.init(&node, leaves)?;
+        self.used.init(&node, &PyBool::new(py, false))?;
         Ok(node)
     }
 }
