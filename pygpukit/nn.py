@@ -325,7 +325,6 @@ def paged_attention(
     seq_lens: ArrayLike,
     scale: float | None = None,
     pieces: bool = True,
-    decode_rows: int | None = None,
 ) -> GPUArray:
     """Causal attention over a paged KV cache (the `paged_sdpa` op).
 
@@ -337,11 +336,7 @@ def paged_attention(
     mix of sequences. `scale` None is 1/sqrt(D). `pieces` False says no two rows are
     consecutive tokens of one prompt (every row a decode row or padding): the result is
     the same, but the CUDA backend then launches no prompt-piece kernel beside the decode
-    one (the serving engine's decode-only steps). `decode_rows` (with pieces): every row
-    past the first decode_rows is a prompt piece's (one of consecutive rows with the same
-    first block) or padding with no keys (seq_lens 0), whose result is then left
-    undefined; the CUDA backend launches its decode kernel over the first decode_rows
-    rows alone (the serving engine's mixed steps: decode rows and one-token pieces first).
+    one (the serving engine's decode-only steps).
     """
     op = "paged_attention"
     if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
@@ -351,13 +346,7 @@ def paged_attention(
            _arr(seq_lens)._node)  # fmt: skip
     if not isinstance(pieces, bool | np.bool_):
         raise errors.DTypeError(f"{op}: pieces must be a bool, got {pieces!r}{_where()}")
-    bad = not isinstance(decode_rows, int | np.integer) or isinstance(decode_rows, bool)
-    if decode_rows is not None and (bad or decode_rows < 1):
-        raise errors.DTypeError(f"{op}: decode_rows must be an integer >= 1 or None, got "
-                                f"{decode_rows!r}{_where()}")  # fmt: skip
     attrs = {"scale": None if scale is None else float(scale), "pieces": bool(pieces)}
-    if decode_rows is not None and pieces:
-        attrs["decode_rows"] = int(decode_rows)
     return GPUArray(runtime.record("paged_sdpa", ins, attrs, op))
 
 

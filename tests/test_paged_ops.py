@@ -11,24 +11,6 @@ from attention_ref import paged_sdpa_ref
 import pygpukit as gpk
 
 
-def test_paged_attention_decode_rows_is_a_hint_checked_for_its_type():
-    """decode_rows says where the rows that are no prompt piece's end (the CUDA decode
-    kernel's grid): the NumPy backend computes every row as without it; a bad value is a
-    clear error."""
-    rng = np.random.default_rng(5)
-    nb, kv, bs, d, h = 8, 2, 4, 16, 4
-    kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
-    vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
-    q = rng.standard_normal((5, h, 1, d)).astype(np.float32)
-    table = np.array([[3, 1], [6, 2], [0, 5], [0, 5], [0, 5]], np.int32)  # 2 decode, 3 piece
-    lens = np.array([7, 2, 4, 5, 6], np.int32)
-    got = gpk.nn.paged_attention(q, kp, vp, table, lens, decode_rows=2).to_numpy()
-    np.testing.assert_allclose(got, paged_sdpa_ref(q, kp, vp, table, lens), atol=2e-5)
-    for bad in (0, -1, 2.5, True, "2"):
-        with pytest.raises(TypeError, match="decode_rows must be an integer"):
-            gpk.nn.paged_attention(q, kp, vp, table, lens, decode_rows=bad)
-
-
 def _rope64(x, cos, sin, interleaved):
     """rope of x [T, H, D] by per-row tables [T, D/2], in float64."""
     x = x.astype(np.float64)

@@ -624,35 +624,3 @@ def test_the_loop_waits_for_a_command_when_nothing_can_be_launched(model):
     finally:
         e._running.remove(stuck)
         e.close()
-
-
-def test_one_token_pieces_come_right_after_the_decode_rows(model):
-    """A step's rows that the attention's decode kernel takes (decode rows, one-token
-    prompt pieces) are its first ones: _packed puts one-token pieces before the longer
-    ones, so _Step.run's decode_rows (max_batch + STEP_PROMPTS) covers them all; each
-    piece keeps its tokens, positions and table, and a finished prompt its output row."""
-    from pygpukit.serve.engine import STEP_PROMPTS
-
-    e = Engine(model, max_model_len=64, prefill_chunk=32, max_batch=8, kv_blocks=64)
-    reqs = []
-    for size in (9, 6, 6, 3, 2):
-        r = Request(list(range(10, 10 + size)), 4, lambda ev: None)
-        r.blocks = e.blocks.allocate(4)
-        r.tok_slot = e._tok_free.pop()
-        reqs.append(r)
-    dec, a, b, c, d = reqs
-    dec.prefilled = dec.scheduled = 9
-    b.prefilled, d.prefilled = 5, 1  # one token left of each
-    pieces = [(a, 4), (b, 1), (c, 3), (d, 1)]
-    packed, tables, outs = e._packed([dec], pieces, 16)
-    tok, pos, tslot = packed[:16], packed[16:32], packed[32:48]
-    want = [dec, b, d, a, a, a, a, c, c, c]
-    assert list(tslot[:10]) == [r.tok_slot for r in want] and all(tslot[10:] == -1)
-    assert list(tok[:3]) == [-1, 15, 11] and list(pos[1:3]) == [5, 1]
-    assert list(tok[3:10]) == [10, 11, 12, 13, 10, 11, 12]
-    assert list(pos[3:10]) == [0, 1, 2, 3, 0, 1, 2]
-    assert list(tables[:4, 0]) == [b.tok_slot, d.tok_slot, a.tok_slot, c.tok_slot]
-    assert list(tables[0, 1:5]) == b.blocks
-    ro = e._step_obj.layout(16)[0]
-    assert outs[:4] == [dec, b, d, c] and outs[4:] == [None] * (ro - 4)
-    assert e._step_obj.max_outputs == e.max_batch + STEP_PROMPTS

@@ -62,7 +62,6 @@ def paged_forward(
     seq_lens: GPUArray,
     out_rows: GPUArray | None = None,
     pieces: bool = True,
-    decode_rows: int | None = None,
 ) -> GPUArray:
     """Logits (float32) [B, V] of the last of each row's T tokens, or [R, V] of the tokens
     out_rows [R] picks (indices into the B*T tokens, row-major).
@@ -74,9 +73,7 @@ def paged_forward(
     one token each (T = 1): a running sequence's next token or one token of a prompt, each
     row with its own block table and length, so decode and prefill share one launch.
     pieces False: no two rows are tokens of one prompt (a decode-only step), so the
-    attention launches no prompt-piece kernel (paged_attention's pieces). decode_rows:
-    paged_attention's (rows past it are prompt pieces' or padding; padding rows' results
-    are then undefined, and never stored or sampled).
+    attention launches no prompt-piece kernel (paged_attention's pieces).
     """
     b, t = tokens.shape
     n = b * t
@@ -101,8 +98,7 @@ def paged_forward(
         q = q.reshape(h, b, t, d).swapaxes(0, 1)
         gpk.nn.paged_write(cache.kv[i], new_kv, slots, cos=cos, sin=sin, rope_heads=kv)
         k_pool, v_pool = cache.pools(i)
-        y = gpk.nn.paged_attention(q, k_pool, v_pool, block_table, seq_lens, pieces=pieces,
-                                   decode_rows=decode_rows)  # fmt: skip
+        y = gpk.nn.paged_attention(q, k_pool, v_pool, block_table, seq_lens, pieces=pieces)
         h_res = x + gpk.nn.linear(y.swapaxes(1, 2).reshape(b, t, hq), a.wo)
         x = h_res + layer.mlp(layer.mlp_norm(h_res))
     if out_rows is not None:  # only the rows that sample a token reach the LM head

@@ -204,12 +204,8 @@ class _Step:
         slots = gpk.where(live, block * bs + p % bs, -1)
         positions = gpk.where(live, p, -1).reshape(n, 1)
         lens = gpk.where(live, p + 1, 0).astype(gpk.int32)
-        # A step's rows that are no prompt piece's (decode rows, one-token pieces) are its
-        # first max_outputs at most (_packed puts them first): the attention's decode
-        # kernel takes those alone.
-        first = min(n, self.max_outputs) if pieces else None
         logits = paged_forward(self.tr, self.cache, tokens.reshape(n, 1), positions, slots,
-                               table, lens, out_at, pieces=pieces, decode_rows=first)  # fmt: skip
+                               table, lens, out_at, pieces=pieces)  # fmt: skip
         tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
         gpk.nn.paged_write(self.last, tok.reshape(ro, 1, 1), out_slot)
         gpk.nn.paged_write(self.pos, (gpk.take(p, out_at) + 1).reshape(ro, 1, 1), out_slot)
@@ -830,10 +826,7 @@ class Engine:
         """A step's uploads (see _Step.run: packed, tables) and its output rows' requests
         (None: a row whose token nobody takes): the rows' decode tokens first, then the
         pieces' prompt tokens, each piece writing its prompt's block table; a piece that
-        ends its prompt samples the prompt's first token after its last one. One-token
-        pieces come first, right after the decode rows: with them, the rows the attention's
-        decode kernel takes (every row but a prompt piece's two or more and padding) are
-        the first max_batch + STEP_PROMPTS (_Step.run's decode_rows)."""
+        ends its prompt samples the prompt's first token after its last one."""
         ro, rt = self._step_obj.layout(n)
         packed = np.zeros(3 * n + 2 * ro, np.int64)
         tables = np.zeros((rt, 1 + self.max_blocks), np.int32)
@@ -846,7 +839,7 @@ class Engine:
         out_at[:d] = np.arange(d)
         outs: list[Request | None] = [*rows, *([None] * (ro - d))]
         at, k = d, d
-        for j, (req, cnt) in enumerate(sorted(pieces, key=lambda p: p[1] > 1)):
+        for j, (req, cnt) in enumerate(pieces):
             start = req.prefilled
             tok[at : at + cnt] = req.prompt[start : start + cnt]
             pos[at : at + cnt] = np.arange(start, start + cnt)

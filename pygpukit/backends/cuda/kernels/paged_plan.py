@@ -118,17 +118,8 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
         return None
     p_sb = kp.strides[0]
     m = table.shape[1]
-    # With the piece kernel launched, the decode kernel takes the first `decode_rows` rows
-    # alone when the step says the rest are pieces or padding (the engine's mixed steps):
-    # a block row for each piece row exited at once, 19.5 us a layer against 13.5 in the
-    # 512-token step (serve10's profile). Without it (pieces off, or the piece kernel
-    # cannot take the operands) the decode kernel takes every row.
-    limit = step.attrs.get("decode_rows")
-    rows_lim = b if limit is None else max(1, min(b, int(limit)))
-    splits_all = paged_decode.splits_for(b, h, kv, t, m * bs, ctx.sm_count, dt)
-    splits_lim = paged_decode.splits_for(rows_lim, h, kv, t, m * bs, ctx.sm_count, dt)
-    ws = max(paged_decode.workspace_floats(b, h, splits_all, d),
-             paged_decode.workspace_floats(rows_lim, h, splits_lim, d))  # fmt: skip
+    splits = paged_decode.splits_for(b, h, kv, t, m * bs, ctx.sm_count, dt)
+    ws = paged_decode.workspace_floats(b, h, splits, d)
     q_strides = (q.strides[0], q.strides[1], q.strides[2])
     shape, dtype = step.shape, step.dtype
     t_strides = (table.strides[0], table.strides[1])
@@ -142,9 +133,8 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
         work = ctx.alloc((ws,), dtypes.float32, "paged_sdpa") if ws else None
         tiles = pieces and paged_prefill.fits(v[0].ptr, q_strides[:2], v[1].ptr, v[2].ptr,
                                               out.ptr)  # fmt: skip
-        rows, splits = (rows_lim, splits_lim) if tiles else (b, splits_all)
         paged_decode.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,
-                            work.ptr if work is not None else 0, rows=rows, heads=h, kv_heads=kv,
+                            work.ptr if work is not None else 0, rows=b, heads=h, kv_heads=kv,
                             n_q=t, head_dim=d, block_size=bs, n_blocks=n_blocks, max_blocks=m,
                             dtype=dt, splits=splits, scale=scale, q_strides=q_strides,
                             table_strides=t_strides, lens_stride=lens.strides[0],
