@@ -72,29 +72,12 @@ async def _client(client: Any, prompt: list[int], max_tokens: int) -> dict[str, 
     return {"start": t0, "stamps": stamps, "tokens": n}
 
 
-async def _warm(client: Any) -> None:
-    """Make the client's first requests before the round: a fresh client's first
-    completion paid its one-time set-up (its HTTP client and connection pool, the
-    library's lazy imports and models) in the round, about 80 ms on the H200 host before
-    the server saw any request (Engine.timeline), which a load generator's warm clients do
-    not. A models list and a completion the server refuses (max_tokens 0: a 400 from the
-    front end; the engine sees nothing) go through the same request path."""
-    import openai
-
-    await client.models.list()
-    try:
-        await client.completions.create(model="bench", prompt=[1], max_tokens=0, stream=True)
-    except openai.BadRequestError:
-        pass
-
-
 async def _clients(url: str, prompts: list[list[int]], max_tokens: int,
                    go: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                 timeout=3600)  # fmt: skip
-    await _warm(client)
     await asyncio.sleep(max(0.0, go - time.perf_counter()))  # every process starts together
     res = await asyncio.gather(*(_client(client, p, max_tokens) for p in prompts))
     await client.close()
