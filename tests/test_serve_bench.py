@@ -14,10 +14,10 @@ pytest.importorskip("uvicorn")
 def test_load_generator_rows(tmp_path, single):
     from pygpukit.bench.serve_load import main
 
-    out = tmp_path / "rows.json"
+    out, tl = tmp_path / "rows.json", tmp_path / "timeline.json"
     assert main(["--model", "tiny", "--clients", "3", "--max-tokens", "5", "--prompt-min", "8",
-                 "--prompt-max", "30", "--step-tokens", "64", "--save", str(out)]
-                + ["--single-process"] * single) == 0  # fmt: skip
+                 "--prompt-max", "30", "--step-tokens", "64", "--save", str(out),
+                 "--timeline", str(tl)] + ["--single-process"] * single) == 0  # fmt: skip
     data = json.loads(out.read_text())
     assert "serve_load" in data["meta"]["command"]
     (row,) = data["rows"]
@@ -26,6 +26,19 @@ def test_load_generator_rows(tmp_path, single):
     assert row["output_tok_s"] > 0 and row["ttft_p50_ms"] <= row["ttft_p99_ms"]
     assert row["itl_p50_ms"] <= row["itl_p99_ms"]
     assert row["step_tokens"] == 64 and row["steps"] >= row["decode_steps"] >= 4
+    # Where the wall went, on the clients' clock: the front end's arrival stamp (in its own
+    # process, or thread) precedes the engine's submit, which precedes the first step.
+    (rnd,) = json.loads(tl.read_text())
+    reqs = rnd["engine"]["requests"]
+    assert len(reqs) == 3 and len(rnd["client_results"]) == 3 and rnd["gpu"] is None
+    assert all(rnd["t0"] <= r["arrived"] <= r["submitted"] <= r["started"] for r in reqs)
+    assert 0 <= row["tl_arrived_first_ms"] <= row["tl_arrived_last_ms"]
+    assert row["tl_arrived_last_ms"] <= row["tl_submitted_last_ms"] <= row["tl_started_last_ms"]
+    assert row["tl_prefilled_last_ms"] <= row["tl_first_token_last_ms"] <= row["tl_ended_last_ms"]
+    assert row["tl_ended_last_ms"] <= 1e3 * row["wall_s"] and row["tl_tail_ms"] >= 0
+    kinds = row["tl_decode_steps"] + row["tl_mixed_steps"] + row["tl_prefill_steps"]
+    assert kinds == row["steps"] and row["tl_prefill_steps"] + row["tl_mixed_steps"] >= 1
+    assert "tl_gpu_busy_ms" not in row  # CUDA events only on a GPU
 
 
 def test_load_generator_client_processes_and_step_times(tmp_path):

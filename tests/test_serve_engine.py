@@ -624,3 +624,41 @@ def test_the_loop_waits_for_a_command_when_nothing_can_be_launched(model):
     finally:
         e._running.remove(stuck)
         e.close()
+
+
+def test_timeline_follows_each_request_and_step(model):
+    """Engine.timeline: each finished request's stamps in order (reached the server, the
+    submit, its first piece's step, the step finishing its prompt, its first token, its
+    end), the steps launched (their decode rows and prompt tokens add up to the stats'
+    counts) and the idle periods, all from `since` on; a later `since` leaves the earlier
+    round out."""
+    e = Engine(model, max_model_len=128, prefill_chunk=16, step_tokens=48, kv_blocks=64,
+               max_batch=4).start()  # fmt: skip
+    try:
+        since = time.perf_counter()
+        prompts = _prompts(3, seed=51, low=20, high=40)
+        e.generate(prompts, 6, ignore_eos=True, timeout=300)
+        st = e.stats()
+        tl = e.timeline(since)
+        reqs = tl["requests"]
+        assert sorted(r["prompt"] for r in reqs) == sorted(map(len, prompts))
+        for r in reqs:
+            assert r["tokens"] == 6 and r["reason"] == "length"
+            stamps = [r[k] for k in ("arrived", "submitted", "started", "prefilled",
+                                     "first_token", "ended")]  # fmt: skip
+            assert since <= stamps[0] and stamps == sorted(stamps)
+            assert r["arrived"] == r["submitted"]  # submitted here, not through a server
+        steps = tl["steps"]
+        assert len(steps) == st["steps"] > 0
+        assert sum(s["prompt_tokens"] for s in steps) == st["prefill_tokens"] == sum(
+            map(len, prompts))  # fmt: skip
+        assert sum(s["rows"] > 0 for s in steps) == st["decode_steps"]
+        assert all(s["start"] <= s["end"] and s["rows"] + s["prompt_tokens"] <= s["tokens"]
+                   for s in steps)  # fmt: skip
+        assert st["time_ms"]["idle"] > 0 and all(i["start"] <= i["end"] for i in tl["idle"])
+        later = time.perf_counter()
+        e.generate(prompts[:1], 2, ignore_eos=True, timeout=300)
+        (again,) = e.timeline(later)["requests"]
+        assert again["tokens"] == 2 and again["arrived"] >= later
+    finally:
+        e.close()

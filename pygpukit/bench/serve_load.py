@@ -18,6 +18,14 @@ The server's HTTP front end runs in a process of its own (as `pygpukit serve` do
 the tokens read back) at batch 1, 16 and 64 with 512-token contexts. `--peer` also times
 transformers' continuous batching (`generate_batch`) on the same prompts, where
 transformers and torch are installed.
+
+Each round's row also says where its wall went (`round_timeline`, from the engine's
+Engine.timeline on the clients' clock, all in ms after the round's start): when the
+requests reached the front end and the engine, when their prompts started and finished,
+the engine's last token against the clients' last chunk, the round's steps by kind and
+the engine thread's idle time; on a GPU, the steps' own GPU time (CUDA events around each
+launch, `GpuMarks`) and the GPU's idle time between them. `--timeline PATH` saves each
+round's whole timeline (every request, step, client stream) as JSON.
 """
 
 from __future__ import annotations
@@ -88,7 +96,9 @@ def _warm_worker(_: int) -> int:
     return 0
 
 
-def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) -> dict[str, Any]:
+def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0
+           ) -> tuple[dict[str, Any], list[dict[str, Any]], float]:  # fmt: skip
+    """One round: the row, each client's stamps, and the round's start (perf_counter)."""
     procs = min(procs, len(prompts))
     if procs <= 0:
         t0 = time.perf_counter()
@@ -103,11 +113,95 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0) 
     ttft = [r["stamps"][0] - r["start"] for r in res if r["stamps"]]
     itl = [b - a for r in res for a, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
     tokens = sum(r["tokens"] for r in res)
-    return {"clients": len(prompts), "output_tokens": tokens, "wall_s": wall,
-            "output_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * _pct(ttft, 50),
-            "ttft_p99_ms": 1e3 * _pct(ttft, 99), "itl_p50_ms": 1e3 * _pct(itl, 50),
-            "itl_p99_ms": 1e3 * _pct(itl, 99), "itl_max_ms": 1e3 * max(itl, default=0.0),
-            "client_procs": procs}  # fmt: skip
+    row = {"clients": len(prompts), "output_tokens": tokens, "wall_s": wall,
+           "output_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * _pct(ttft, 50),
+           "ttft_p99_ms": 1e3 * _pct(ttft, 99), "itl_p50_ms": 1e3 * _pct(itl, 50),
+           "itl_p99_ms": 1e3 * _pct(itl, 99), "itl_max_ms": 1e3 * max(itl, default=0.0),
+           "client_procs": procs}  # fmt: skip
+    return row, res, t0
+
+
+class GpuMarks:
+    """Each engine step's time on the GPU: a CUDA event recorded before and after each of
+    the engine's launches (its _launch, wrapped on this engine object until close()),
+    placed on the host's clock through a reference event recorded with the GPU idle."""
+
+    def __init__(self, engine: Any, events: int = 1024) -> None:
+        import pygpukit as gpk
+
+        self.engine, self._gpk = engine, gpk
+        self._pool = [gpk.Event() for _ in range(2 * events)]  # made before the round
+        self._marks: list[tuple[Any, Any]] = []
+        gpk.synchronize()
+        self._ref = gpk.Event().record()
+        self._ref.synchronize()
+        self._t_ref = time.perf_counter()
+        launch = engine._launch
+
+        def marked(rows: Any, pieces: Any) -> Any:
+            a = (self._pool.pop() if self._pool else gpk.Event()).record()
+            out = launch(rows, pieces)
+            self._marks.append((a, (self._pool.pop() if self._pool else gpk.Event()).record()))
+            return out
+
+        engine._launch = marked
+
+    def close(self) -> list[tuple[float, float]]:
+        """Unwrap the engine's launch; each marked step's GPU start and end (perf_counter
+        seconds), in launch order."""
+        del self.engine._launch
+        self._gpk.synchronize()
+        ms = self._ref.elapsed_time
+        return [(self._t_ref + ms(a) / 1e3, self._t_ref + ms(b) / 1e3) for a, b in self._marks]
+
+
+def round_timeline(tl: dict[str, Any], res: Sequence[dict[str, Any]], t0: float,
+                   gpu: Sequence[tuple[float, float]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Where a round's wall went (ms after its start t0): Engine.timeline of the round
+    (its requests, steps and idle periods), the clients' results and, on a GPU, the
+    steps' GPU start and end (GpuMarks). The wall = gpu_first (before the GPU's first
+    step) + gpu_busy (the steps' own GPU time) + gpu_gaps (the GPU idle between them) +
+    tail (after its last step's end until the clients' last chunk)."""
+    reqs = tl["requests"]
+    end = max((r["stamps"][-1] for r in res if r["stamps"]), default=t0)
+
+    def ms(t: float) -> float:
+        return 1e3 * (t - t0)
+
+    def last(key: str) -> float:
+        return max((ms(r[key]) for r in reqs if r[key]), default=float("nan"))
+
+    out: dict[str, Any] = {
+        "tl_client_start_last_ms": max((ms(r["start"]) for r in res), default=float("nan")),
+        "tl_arrived_first_ms": min((ms(r["arrived"]) for r in reqs), default=float("nan")),
+        "tl_arrived_p50_ms": _pct([ms(r["arrived"]) for r in reqs], 50),
+    }
+    for key in ("arrived", "submitted", "started", "prefilled", "first_token", "ended"):
+        out[f"tl_{key}_last_ms"] = last(key)
+    out["tl_queued_max_ms"] = max((1e3 * (r["started"] - r["submitted"]) for r in reqs
+                                   if r["started"]), default=float("nan"))  # fmt: skip
+    out["tl_tail_ms"] = ms(end) - out["tl_ended_last_ms"]
+    steps = [s for s in tl["steps"] if t0 <= s["start"] <= end]
+    kinds = [("decode" if not s["prompt_tokens"] else "prefill" if not s["rows"] else "mixed")
+             for s in steps]  # fmt: skip
+    for kind in ("decode", "mixed", "prefill"):
+        out[f"tl_{kind}_steps"] = kinds.count(kind)
+    last_in = max((r["submitted"] for r in reqs), default=end)
+    out["tl_steps_before_last_submit"] = sum(s["start"] < last_in for s in steps)
+    out["tl_first_step_ms"] = ms(steps[0]["start"]) if steps else float("nan")
+    out["tl_engine_idle_ms"] = sum(1e3 * max(0.0, min(i["end"], end) - max(i["start"], t0))
+                                   for i in tl["idle"])  # fmt: skip
+    marks = [g for g in (gpu or []) if t0 <= g[0] <= end]
+    if marks:
+        out["tl_gpu_first_ms"] = ms(marks[0][0])
+        out["tl_gpu_busy_ms"] = sum(1e3 * (b - a) for a, b in marks)
+        out["tl_gpu_gaps_ms"] = sum(1e3 * max(0.0, b[0] - a[1])
+                                    for a, b in zip(marks, marks[1:], strict=False))  # fmt: skip
+        out["tl_gpu_gaps_after_last_submit_ms"] = sum(
+            1e3 * max(0.0, b[0] - a[1]) for a, b in zip(marks, marks[1:], strict=False)
+            if a[1] >= last_in)  # fmt: skip
+        out["tl_gpu_last_ms"] = ms(marks[-1][1])
+    return out
 
 
 def decode_rows(engine: Any, b: int, context: int, spare: int,
@@ -293,8 +387,11 @@ def transformers_peer(cfg: Any, prompts: list[list[int]], max_tokens: int) -> di
 def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: int,
         peer: bool, kv_memory: int | None, procs: int | None = None,
         steps: bool = False, step_tokens: int | None = None,
-        prefill_step_tokens: int | None = None,
-        single_process: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+        prefill_step_tokens: int | None = None, single_process: bool = False,
+        timelines: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The rounds' rows (and, into `timelines` when given, each round's whole timeline:
+    the engine's, the steps' GPU marks, the clients' stamps, on the perf_counter clock)."""
+    import pygpukit as gpk
     from pygpukit import llm
     from pygpukit.serve import Engine
     from pygpukit.serve.server import Server
@@ -330,10 +427,18 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         for n in clients:
             prompts = _prompts(n, cfg.vocab_size, lo, hi, n)
             before = engine.stats()
-            row = {"impl": "pygpukit serve", **_round(server.url, prompts, max_tokens,
-                                                      procs),
+            marks = GpuMarks(engine) if gpk.backend_name() == "cuda" else None
+            since = time.perf_counter()
+            got, res, t0 = _round(server.url, prompts, max_tokens, procs)
+            gpu = marks.close() if marks is not None else None
+            row = {"impl": "pygpukit serve", **got,
                    "front_end": "thread" if single_process else "process"}  # fmt: skip
             row.update(_engine_split(before, engine.stats()))
+            tl = engine.timeline(since)
+            row.update(round_timeline(tl, res, t0, gpu))
+            if timelines is not None:
+                timelines.append({"clients": n, "t0": t0, "engine": tl, "gpu": gpu,
+                                  "client_results": res})  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
             if peer:
@@ -395,9 +500,15 @@ def main(argv: list[str] | None = None) -> int:
         help="serve HTTP from a thread beside the engine (default: a process of its own)",
     )
     p.add_argument(
+        "--timeline",
+        default=None,
+        help="write each round's whole timeline (requests, steps, client streams) as JSON here",
+    )
+    p.add_argument(
         "--save", default=None, help="write {meta (commit, backend, command), rows} as JSON here"
     )
     a = p.parse_args(argv)
+    timelines: list[dict[str, Any]] | None = [] if a.timeline else None
     rows = run(
         a.model,
         a.clients,
@@ -411,7 +522,11 @@ def main(argv: list[str] | None = None) -> int:
         a.step_tokens,
         a.prefill_step_tokens,
         a.single_process,
+        timelines,
     )
+    if a.timeline:
+        with open(a.timeline, "w", encoding="utf-8") as f:
+            json.dump(timelines, f)
     if a.save:
         import pygpukit as gpk
 

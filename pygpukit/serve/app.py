@@ -177,6 +177,7 @@ class Api:
     async def _generate(self, request: Any, chat: bool) -> Any:
         from starlette.responses import JSONResponse, StreamingResponse
 
+        arrived = time.perf_counter()  # Request.arrived: its timeline starts here
         try:
             req = schema.parse_request(await self.body(request), chat)
             if req.model is not None and req.model not in (self.name, self.model.path):
@@ -200,7 +201,7 @@ class Api:
                 relay.put(events, ev)
 
             er = Request(ids, max_tokens, sink, params, stop_ids, req.qos, req.priority,
-                         req.user or "default")  # fmt: skip
+                         req.user or "default", arrived=arrived)  # fmt: skip
             try:
                 if isinstance(self.engine, EngineClient):
                     await self.engine.submit(er)

@@ -10,7 +10,8 @@ between commands.
 
 The messages (tuples, pickled by the connection):
   front end -> engine: ("cmds", [command, ...]), one event-loop pass's commands at once:
-      ("submit", rid, prompt, max_tokens, params, stop_ids, qos, priority, tenant),
+      ("submit", rid, prompt, max_tokens, params, stop_ids, qos, priority, tenant,
+      arrived: when the request reached the front end, Request.arrived),
       ("cancel", rid), ("stats", qid);
     once at start ("ready", port), or ("failed", message) when it cannot serve.
   engine -> front end: ("events", [event, ...]), one engine step's events of every
@@ -144,9 +145,9 @@ class EngineBridge:
     def _command(self, cmd: Message, acks: list[Message]) -> None:
         kind = cmd[0]
         if kind == "submit":
-            _, rid, prompt, max_tokens, params, stop_ids, qos, priority, tenant = cmd
+            _, rid, prompt, max_tokens, params, stop_ids, qos, priority, tenant, arrived = cmd
             req = Request(prompt, max_tokens, self._sink(rid), params, stop_ids, qos, priority,
-                          tenant)  # fmt: skip
+                          tenant, arrived=arrived)  # fmt: skip
             self._reqs[rid] = req
             try:
                 self.engine.submit(req)
@@ -216,7 +217,7 @@ class EngineClient:
         self._reqs[req.id] = req
         self._acks[req.id] = fut
         self._queue(("submit", req.id, req.prompt, req.max_tokens, req.params, req.stop_ids,
-                     req.qos, req.priority, req.tenant))  # fmt: skip
+                     req.qos, req.priority, req.tenant, req.arrived))  # fmt: skip
         refused = await fut
         if refused is not None:
             self._reqs.pop(req.id, None)

@@ -78,6 +78,9 @@ LOOKAHEAD = 2
 # at once, or the GPU idles while another thread (the HTTP loop) runs Python: CPython
 # makes a waiting thread wait up to the switch interval (5 ms by default).
 SWITCH_INTERVAL_S = 0.0005
+# Entries Engine.timeline keeps of each kind (finished requests, launched steps, idle
+# periods): a few rounds of a 256-client burst.
+TIMELINE = 4096
 
 
 def run_hooks(hooks: Sequence[Callable[[], None]]) -> None:
@@ -129,6 +132,17 @@ class Request:
     generated: list[int] = field(default_factory=list)
     rng: Any = None
     ended: bool = False
+    # Its timeline (time.perf_counter seconds, the system-wide monotonic clock, so a load
+    # generator's processes compare with it; 0.0: not yet): when it reached the server
+    # (the HTTP handler began; else its submit), submit(), the launch of the first step
+    # with a piece of its prompt and of the step finishing it, its first token streamed,
+    # its end (Engine.timeline).
+    arrived: float = 0.0
+    submitted: float = 0.0
+    started: float = 0.0
+    prefilled_at: float = 0.0
+    first_token: float = 0.0
+    ended_at: float = 0.0
 
     def slot(self, pos: int, block_size: int) -> int:
         return self.blocks[pos // block_size] * block_size + pos % block_size
@@ -367,8 +381,14 @@ class Engine:
                         "tokens": 0}  # fmt: skip
         # Where the engine thread's time goes (ms): launching steps (their inputs and the
         # call), waiting for a step's tokens (the device's time
-        # beyond the host's shows here) and emitting them (the sinks).
-        self._times = {"launch": 0.0, "wait": 0.0, "emit": 0.0}
+        # beyond the host's shows here), emitting them (the sinks) and idling (waiting
+        # for a request with nothing in hand).
+        self._times = {"launch": 0.0, "wait": 0.0, "emit": 0.0, "idle": 0.0}
+        # Engine.timeline's records: finished requests' timelines, launched steps (start
+        # and end of the launch, decode rows, prompt tokens, launch size) and idle periods.
+        self._timeline: deque[tuple[Any, ...]] = deque(maxlen=TIMELINE)
+        self._step_log: deque[tuple[float, float, int, int, int]] = deque(maxlen=TIMELINE)
+        self._idle_log: deque[tuple[float, float]] = deque(maxlen=TIMELINE)
         self._step_hooks: list[Callable[[], None]] = []
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -414,6 +434,8 @@ class Engine:
                 raise Overloaded(f"{self._waiting} requests are waiting (the most is "
                                  f"{self.max_queue}); try again later")  # fmt: skip
             self._waiting += 1
+        req.submitted = time.perf_counter()
+        req.arrived = req.arrived or req.submitted
         self._inbox.put(("add", req))
         return req
 
@@ -456,7 +478,8 @@ class Engine:
         """Blocks used and free, sequences running/prefilling/waiting, the step budget
         (step_tokens), counters (engine steps, decode and prefill launches, steps that
         launched both, prompt tokens prefilled, the most tokens one step computed), and
-        the engine thread's time so far by phase (time_ms)."""
+        the engine thread's time so far by phase (time_ms: launching steps, waiting for
+        their tokens, emitting them, idling with nothing in hand)."""
         return {
             "num_blocks": self.num_blocks,
             "free_blocks": self.blocks.free,
@@ -471,6 +494,25 @@ class Engine:
             **self._counts,
             "time_ms": dict(self._times),
         }
+
+    def timeline(self, since: float = 0.0) -> dict[str, list[dict[str, Any]]]:
+        """Where the engine's time went from `since` on (time.perf_counter seconds: the
+        system-wide monotonic clock, so other processes' stamps compare): "requests" that
+        ended since then, each with its id, prompt and output token counts, how it ended
+        and its timeline (arrived at the server, submitted, started: the launch of its
+        first prompt piece's step, prefilled: of the step finishing its prompt,
+        first_token: streamed, ended; 0.0 where it never got there); "steps" launched
+        since then (start and end of the launch, decode rows, prompt tokens, launch size
+        in tokens); "idle": the periods that ended since then in which the engine thread
+        waited for work with nothing in hand (start, end). The last TIMELINE of each;
+        any thread may call it."""
+        keys = ("id", "prompt", "tokens", "reason", "arrived", "submitted", "started",
+                "prefilled", "first_token", "ended")  # fmt: skip
+        skeys = ("start", "end", "rows", "prompt_tokens", "tokens")
+        reqs = [dict(zip(keys, r, strict=True)) for r in tuple(self._timeline) if r[-1] >= since]
+        steps = [dict(zip(skeys, r, strict=True)) for r in tuple(self._step_log) if r[0] >= since]
+        idle = [{"start": a, "end": b} for a, b in tuple(self._idle_log) if b >= since]
+        return {"requests": reqs, "steps": steps, "idle": idle}
 
     def warmup(self, max_prompt: int | None = None) -> int:
         """Trace and capture every greedy step shape a serving run can meet (each step
@@ -509,10 +551,13 @@ class Engine:
         while not self._stop:
             busy = not idle and bool(self._running or self._prefilling or self._pending
                                      or self._inflight)  # fmt: skip
-            try:
-                cmd = self._inbox.get(timeout=None if not busy else 0) if not busy else None
-            except queue.Empty:
-                cmd = None
+            cmd = None
+            if not busy:
+                t0 = time.perf_counter()
+                cmd = self._inbox.get()
+                t1 = time.perf_counter()
+                self._times["idle"] += (t1 - t0) * 1e3
+                self._idle_log.append((t0, t1))
             if cmd is not None:
                 self._handle(cmd)
             self._drain()
@@ -594,6 +639,11 @@ class Engine:
         if req.ended:
             return
         req.ended = True
+        req.ended_at = time.perf_counter()
+        self._timeline.append((req.id, len(req.prompt), len(req.generated),
+                               "error" if error is not None else reason, req.arrived,
+                               req.submitted, req.started, req.prefilled_at,
+                               req.first_token, req.ended_at))  # fmt: skip
         self._by_id.pop(req.id, None)
         if req.task in self._pending:  # never started: withdraw it
             self._pending.pop(req.task)
@@ -624,6 +674,8 @@ class Engine:
 
     def _emit(self, req: Request, tok: int) -> None:
         req.generated.append(tok)
+        if len(req.generated) == 1:
+            req.first_token = time.perf_counter()
         self._counts["tokens"] += 1
         req.sink(Event("token", token=tok))
         if tok in req.stop_ids:
@@ -806,6 +858,7 @@ class Engine:
         token is stored on the device, and streamed once read back). A decode-only step
         of the batch before uploads nothing. Returns the output rows and their tokens'
         transfer."""
+        now = time.perf_counter()
         used = len(rows) + sum(cnt for _, cnt in pieces)
         n = self._step_size(used, self._budget(rows))
         key = (n, self._slots_key(rows))
@@ -830,8 +883,11 @@ class Engine:
         for r in rows:
             r.scheduled += 1
         for req, cnt in pieces:
+            if req.prefilled == 0:
+                req.started = now
             req.prefilled += cnt
             if req.prefilled == len(req.prompt):
+                req.prefilled_at = now
                 req.scheduled = 1
                 self._prefilling.remove(req)
                 self._running.append(req)
@@ -843,7 +899,9 @@ class Engine:
         c["mixed_steps"] += bool(rows and pieces)
         c["prefill_tokens"] += used - len(rows)
         c["max_step_tokens"] = max(c["max_step_tokens"], n)
-        return outs, tok.to_numpy_async()
+        transfer = tok.to_numpy_async()
+        self._step_log.append((now, time.perf_counter(), len(rows), used - len(rows), n))
+        return outs, transfer
 
 
 def _buckets(least: int, most: int) -> list[int]:

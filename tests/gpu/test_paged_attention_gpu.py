@@ -96,6 +96,34 @@ def test_engine_batched_equals_alone_gpu():
         e.close()
 
 
+def test_gpu_marks_time_each_engine_step_gpu():
+    """serve_load's GpuMarks: a CUDA event pair around each engine launch, placed on the
+    host's clock; one pair per step of the engine's timeline, in order, none before the
+    round, and the engine's own launch back in place afterwards."""
+    import time
+
+    from pygpukit.bench.serve_load import GpuMarks
+    from pygpukit.llm.tiny import write_tiny_model
+    from pygpukit.serve import Engine
+
+    model = llm.load(write_tiny_model(), dtype="float32")
+    e = Engine(model, max_model_len=256, prefill_chunk=64, kv_blocks=400).start()
+    try:
+        marks = GpuMarks(e)
+        since = time.perf_counter()
+        rng = np.random.default_rng(6)
+        prompts = [[int(x) for x in rng.integers(3, 300, size=40)] for _ in range(4)]
+        e.generate(prompts, 8, ignore_eos=True, timeout=600)
+        gpu = marks.close()
+        steps = e.timeline(since)["steps"]
+        assert len(gpu) == len(steps) > 0
+        assert all(since <= a <= b for a, b in gpu)
+        assert all(b[0] >= a[0] for a, b in zip(gpu, gpu[1:], strict=False))
+        assert "_launch" not in vars(e)
+    finally:
+        e.close()
+
+
 def _step_rows(rng, n_decode, pieces, n_pad, bs, m, nb):
     """A serving step's rows (decode rows, then prompt pieces, then padding) as block
     tables and lengths: each sequence owns m random blocks; a piece of c tokens after a
