@@ -136,3 +136,41 @@ def test_a_full_queue_is_overloaded_and_a_closed_connection_ends_the_rest(model)
         bridge.join(10)
         client.conn.close()
     assert not bridge._thread.is_alive()
+
+
+def test_ctrl_c_while_the_front_end_starts_stops_cleanly():
+    """A Ctrl-C that lands while start() still waits for the front end (which already
+    answers /health) asks for the stop like any other: run() returns and stops once, no
+    KeyboardInterrupt escapes it."""
+    import os
+    import signal
+    import threading
+
+    from pygpukit.serve.server import Server
+
+    class Front:
+        def is_alive(self) -> bool:
+            return True
+
+        def join(self, timeout: float) -> None:
+            pass
+
+    srv = object.__new__(Server)
+    srv.server = None
+    calls: list[str] = []
+
+    def start() -> Server:
+        srv._proc = Front()
+        os.kill(os.getpid(), signal.SIGINT)  # delivered before start() returns
+        return srv
+
+    def stop() -> None:
+        calls.append("stop")
+        srv._proc = None
+
+    srv.start, srv.stop = start, stop  # type: ignore[method-assign]
+    assert threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT)
+    srv.run()
+    assert calls == ["stop"]
+    assert signal.getsignal(signal.SIGINT) is before

@@ -124,15 +124,22 @@ class Server:
             finally:
                 self.engine.close()
             return
-        self.start()
         # Ctrl-C reaches both processes: the front end ends by itself, and here it only asks
         # for the stop. A KeyboardInterrupt instead could land after the front end had gone
-        # (the loop already left) and cut the stop short.
+        # (the loop already left) and cut the stop short. The handler is in place before the
+        # front end starts: it answers /health as soon as it listens, so a Ctrl-C may come
+        # before start() returns.
         asked = threading.Event()
         main = threading.current_thread() is threading.main_thread()
         before = signal.signal(signal.SIGINT, lambda *_: asked.set()) if main else None
         try:
-            while self._proc.is_alive() and not asked.is_set():
+            try:
+                self.start()
+            except errors.GPUKitError:
+                if not asked.is_set():
+                    raise
+                return  # interrupted while the front end started: it ended with the Ctrl-C
+            while self._proc is not None and self._proc.is_alive() and not asked.is_set():
                 self._proc.join(0.5)  # in slices: the handler's flag is seen within one
         except KeyboardInterrupt:  # not the main thread: the default handler raised
             pass
