@@ -71,6 +71,9 @@ Event::~Event() {
 }
 
 void Event::record(CUstream stream) const {
+  // A thread that has made no other CUDA call yet (a serving engine's thread) has no current
+  // context, and the legacy default stream is the current context's.
+  ctx_->make_current();
   check_cu(driver().cuEventRecord(event_, stream), "cuEventRecord");
 }
 

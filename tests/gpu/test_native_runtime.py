@@ -172,6 +172,30 @@ def test_events_time_a_kernel(module: nv.Module, bufs: Buffers) -> None:
         start.elapsed_time(untimed)
 
 
+def test_event_recorded_on_a_fresh_thread() -> None:
+    """A thread that made no CUDA call before (a serving engine's) records an event on the
+    default stream: the event makes its context current (it raised
+    CUDA_ERROR_INVALID_CONTEXT)."""
+    import threading
+
+    start, end = nv.Event(), nv.Event()
+    start.record(None)
+    failed: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            end.record(None)
+        except BaseException as e:  # noqa: BLE001 (reported to the test's thread)
+            failed.append(e)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert not failed, failed
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0.0
+
+
 def test_graph_replays_and_sees_new_input(module: nv.Module, bufs: Buffers) -> None:
     rng = np.random.default_rng(1)
     n = 4096
