@@ -61,6 +61,11 @@ FLOOD_LEAD_S = 0.5
 # time at that and 0.6 idle averages about 550 W, under the cap.
 BE_DUTY = 0.4
 DUTY_SWEEP = (0.6, 0.25)  # also measured, with the work-conserving flood (1.0)
+# Steps a closed-loop latency row times: a p99 of 300 is the 3rd-largest sample and moved
+# by a fifth between runs; 2000 steps of ~60 us cost ~0.15 s a row. Paced rows (one step
+# every PERIOD_MS) take PACED_N.
+LATENCY_N = 2000
+PACED_N = 600
 
 
 def percentiles(xs: list[float]) -> dict[str, Any]:
@@ -320,6 +325,8 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
         be0: dict[str, Any] = {}
         t_start = t_end = 0.0
         wake0 = feed0 = wake1 = feed1 = 0
+        steps0: dict[str, int] = {}
+        steps: dict[str, int] = {}
         clock_start = clock_end = None
         gc0: list[int] = []
         gcs: list[int] = []
@@ -333,6 +340,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                     st0 = sched.stats()
                     be0 = dict(st0["tenants"].get("gemm", {}))
                     wake0, feed0 = st0["dispatcher_wakeups"], feed_wakeups[0]
+                    steps0 = st0["guaranteed_steps"]
                     gc0 = [g["collections"] for g in gc.get_stats()]
                     clock_start = sm_clock()
                     t_start = time.perf_counter()
@@ -346,6 +354,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
             gcs = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0, strict=True)]
             st1 = sched.stats()
             be1, wake1 = dict(st1["tenants"].get("gemm", {})), st1["dispatcher_wakeups"]
+            steps = {k: v - steps0[k] for k, v in st1["guaranteed_steps"].items()}
         finally:
             stop.set()
             if th is not None:
@@ -362,6 +371,8 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
     out["wait_p99_ms"] = float(np.percentile(wait_ms[WARMUP:], 99))
     out["gpu_p50_ms"] = float(np.percentile(gpu_ms[WARMUP:], 50))
     out["dispatcher_wakeups"] = wake1 - wake0
+    # The timed steps the native on-caller step served, and those the Python path took.
+    out["guaranteed_steps"] = steps
     out["gc_collections"] = gcs  # per generation, during the timed steps
     out["best_effort_duty"] = duty
     out["sm_clock"] = [clock_start, clock_end]  # at the window's start and end
@@ -430,7 +441,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     cuda = gpk.backend_name() == "cuda"
     w = workloads(cuda, rng)
-    n = 100 if args.quick else 300
+    n = 100 if args.quick else LATENCY_N
+    n_paced = 100 if args.quick else PACED_N
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     res: dict[str, Any] = {"git_commit": _commit(), "command": " ".join(sys.argv),
                            "backend": gpk.backend_name(), "simulated": not cuda,
@@ -454,8 +466,9 @@ def main() -> None:
         res["solo_to_numpy"] = gpu_sched(w, n, False, to_numpy=True)
         res["contended_sched"] = gpu_sched(w, n, True, duty=BE_DUTY)
         res["contended_by_duty"] = {str(d): gpu_sched(w, n, True, duty=d) for d in DUTY_SWEEP}
-        res["solo_paced"] = gpu_sched(w, n, False, period_ms=PERIOD_MS)
-        res["contended_paced_sched"] = gpu_sched(w, n, True, period_ms=PERIOD_MS, duty=BE_DUTY)
+        res["solo_paced"] = gpu_sched(w, n_paced, False, period_ms=PERIOD_MS)
+        res["contended_paced_sched"] = gpu_sched(w, n_paced, True, period_ms=PERIOD_MS,
+                                                 duty=BE_DUTY)  # fmt: skip
         # The flood work-conserving (no duty limit), last of the scheduler rows: it leaves
         # the GPU at its power limit.
         res["contended_by_duty"]["1.0"] = gpu_sched(w, n, True)
@@ -474,6 +487,7 @@ def main() -> None:
         res["p99_ratio_vs_direct_solo"] = res["contended_sched"]["p99_ms"] / direct["p99_ms"]
     else:
         period = 7.0
+        n = 100 if args.quick else 300  # simulated ms: no host noise to average out
         res["sim_gbps"] = SIM_GBPS
         res["solo"] = sim_latency(w, n, period, False, True)
         res["contended_direct"] = sim_latency(w, n, period, True, False)

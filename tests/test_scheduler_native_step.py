@@ -184,6 +184,62 @@ def test_native_steps_count_and_compute_as_the_python_path(monkeypatch: pytest.M
         np.testing.assert_allclose(b, ref, rtol=1e-5, atol=1e-5)
 
 
+def _run_beside_best_effort(monkeypatch: pytest.MonkeyPatch, native: bool, hs: list[np.ndarray]
+                            ) -> tuple[dict[str, Any], list[np.ndarray]]:  # fmt: skip
+    """Guaranteed steps of one tenant with best-effort tasks of two tenants waiting
+    beside them all along (admitted, held for the Guaranteed tenant), as a best-effort
+    client's queued GEMMs are; they run once the steps stop."""
+    f, sched, backend, _ = _stand_in(monkeypatch, native, min_idle_ms=300.0,
+                                     best_effort_duty=0.4)  # fmt: skip
+    xs = [backend.array(h) for h in hs]
+    for x in xs:
+        f(x)
+    ys: list[np.ndarray] = []
+    held: list[Any] = []
+    try:
+        for k in range(20):
+            t = sched.submit(f, xs[k % 3], qos="guaranteed", bandwidth=0.3, tenant="g")
+            ys.append(_read(t.result()))
+            if k == 2:  # the tenant has shown a rate: best effort submitted now waits
+                held = [sched.submit(f, xs[j % 3], qos="best_effort", tenant=f"be{j % 2}")
+                        for j in range(3)]  # fmt: skip
+        assert all(b.state == "admitted" for b in held)  # waiting all along
+        st = sched.stats()
+        for k, b in enumerate(held):
+            np.testing.assert_allclose(_read(b.result(timeout=60)), _ref(hs[k % 3]),
+                                       rtol=1e-5, atol=1e-5)  # fmt: skip
+    finally:
+        sched.close(timeout=60)
+    keys = ["submitted", "admitted", "started", "completed", "throttled",
+            "held_for_guaranteed", "held_for_duty", "guaranteed_steps"]  # fmt: skip
+    out = {k: st[k] for k in keys}
+    out["launches"] = st["launches"]
+    out["tenants"] = {n: (t["completed"], t["throttled_tasks"], t["held_tasks"])
+                      for n, t in st["tenants"].items()}  # fmt: skip
+    return out, ys
+
+
+def test_native_steps_beside_waiting_best_effort_count_as_the_python_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    rng = np.random.default_rng()
+    hs = [rng.standard_normal(N).astype(np.float32) for _ in range(3)]
+    with pytest.MonkeyPatch.context() as mp:
+        native, ys_native = _run_beside_best_effort(mp, True, hs)
+    with pytest.MonkeyPatch.context() as mp:
+        python, ys_python = _run_beside_best_effort(mp, False, hs)
+    # Best effort waiting does not turn the native step away: the Python path takes
+    # the first step (no spare arena yet) and the one after the best-effort tasks'
+    # admission (the first of them took the spare).
+    assert native.pop("guaranteed_steps") == {"native": 18, "python": 2}
+    assert python.pop("guaranteed_steps") == {"native": 0, "python": 20}
+    assert native["held_for_guaranteed"] == 3
+    assert native == python
+    for k, (a, b) in enumerate(zip(ys_native, ys_python, strict=True)):
+        ref = _ref(hs[k % 3])
+        np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(b, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_native_step_result_equals_the_direct_call(monkeypatch: pytest.MonkeyPatch) -> None:
     f, sched, backend, _ = _stand_in(monkeypatch)
     rng = np.random.default_rng()

@@ -206,6 +206,9 @@ class Scheduler:
         self._stopped: errors.SchedulerError | None = None  # set if the dispatcher died
         self._counts = {"launched": 0, "completed": 0, "failed": 0, "cancelled": 0,
                         "rejected": 0, "arena_oom": 0, "timer_errors": 0}  # fmt: skip
+        # Guaranteed submissions the native step served (_native_step) and those that took
+        # the Python path (no native step for their options, or a case it leaves to it).
+        self._steps = {"native": 0, "python": 0}
         # Times the dispatcher thread came back from a real-time wait (and so took the GIL):
         # with a closed-loop Guaranteed client next to held best-effort work, none.
         self._wakeups = 0
@@ -326,6 +329,8 @@ class Scheduler:
             task = Task(self, tid, fn, args, kwargs, tenant, qos, partition, res, cost, now,
                         held, high)  # fmt: skip
             self._tasks[tid] = task
+            if qos == "guaranteed":
+                self._steps["python"] += 1
             if prio is not None:  # admitted and started by the core: it runs in the spare
                 task._ticket = ticket  # launched below: its arguments are as checked
                 task.arena, self._spare, self._spare_bytes = self._spare, None, -1
@@ -925,6 +930,7 @@ class Scheduler:
             st["simulated"] = self.simulated
             st["launches"] = dict(self._counts)
             st["dispatcher_wakeups"] = self._wakeups
+            st["guaranteed_steps"] = dict(self._steps)
             st["arena_bytes_held"] = sum(t.reservation.arena_bytes for t in self._tasks.values()
                                          if t.arena is not None)  # fmt: skip
             # The last ended task's arena, kept for the next admission of its size.

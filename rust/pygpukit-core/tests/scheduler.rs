@@ -756,3 +756,61 @@ fn submit_start_now_starts_a_guaranteed_task_or_changes_nothing() {
     assert_eq!(s.submit_start_now(g, 2.0), Ok(None));
     assert_eq!(s.reserved_bytes(), 30 * MIB);
 }
+
+/// A Guaranteed step beside waiting best-effort work, two ways: the native
+/// step's calls (`submit_start_now`; at its end `complete` and
+/// `ready_or_wakeup`) and the general ones (`submit_and_start`; `complete`,
+/// `pick_next` and `next_wakeup`). Same decisions, same counters.
+#[test]
+fn the_native_steps_calls_decide_and_count_as_the_general_ones() {
+    let mut fast = Scheduler::new(100 * MIB, 50.0).unwrap();
+    let mut slow = Scheduler::new(100 * MIB, 50.0).unwrap();
+    for s in [&mut fast, &mut slow] {
+        s.set_min_idle_ms(3.0).unwrap();
+        s.set_best_effort_duty(0.4, 10.0, 0.0).unwrap();
+        for (t, mib) in [("be1", 5), ("be2", 7), ("be1", 3)] {
+            let (_, adm) = submit(s, spec(t, mib * MIB, Qos::BestEffort));
+            assert_eq!(adm, Admission::Admitted);
+        }
+    }
+    let g = share(spec("g", 10 * MIB, Qos::Guaranteed), 0.3);
+    let mut now = 0.0;
+    let mut readies = 0;
+    // Closed-loop steps, then gaps that let the forecast lapse (best effort may start).
+    for (k, gap) in [0.1, 0.12, 0.09, 0.1, 0.11, 0.1, 5.0, 0.1, 9.0]
+        .iter()
+        .enumerate()
+    {
+        let (a, pa) = fast.submit_start_now(g.clone(), now).unwrap().unwrap();
+        let (sb, pb) = slow.submit_and_start(g.clone(), now, true).unwrap();
+        assert_eq!((a, Some(pa)), (sb.id, pb), "step {k}");
+        now += 0.04;
+        fast.complete(a, 0.04, now).unwrap();
+        slow.complete(sb.id, 0.04, now).unwrap();
+        let (ready, wake) = fast.ready_or_wakeup(now).unwrap();
+        let picked = slow.pick_next(now).unwrap();
+        assert_eq!(ready, picked.is_some(), "step {k}");
+        if !ready {
+            assert_eq!(wake, slow.next_wakeup(now).unwrap(), "step {k}");
+        }
+        readies += usize::from(ready);
+        assert_eq!(fast.stats(Some(now)), slow.stats(Some(now)), "step {k}");
+        now += gap;
+        if ready {
+            // Start what may start (both alike), so the next step finds only best effort.
+            while let Some((id, _)) = fast.pick_and_start(now).unwrap() {
+                assert_eq!(slow.pick_and_start(now).unwrap().map(|p| p.0), Some(id));
+                fast.complete(id, 1.0, now + 1.0).unwrap();
+                slow.complete(id, 1.0, now + 1.0).unwrap();
+                now += 1.0;
+                let (_, adm) = submit(&mut fast, spec("be1", MIB, Qos::BestEffort));
+                assert_eq!(submit(&mut slow, spec("be1", MIB, Qos::BestEffort)).1, adm);
+            }
+            assert_eq!(slow.pick_and_start(now).unwrap(), None);
+        }
+    }
+    assert!(readies > 0, "the gaps let best effort start");
+    let st = fast.stats(Some(now));
+    assert!(st.counts.held_for_guaranteed >= 3, "{:?}", st.counts);
+    assert_eq!(st, slow.stats(Some(now)));
+}

@@ -119,8 +119,7 @@ impl PySchedulerCore {
         let (others, ready, wakeup) = self
             .with(py, |s| -> Result<_, SchedError> {
                 let others = s.complete(task_id, gpu_ms, now)?;
-                let ready = s.pick_next(now)?.is_some();
-                let wakeup = if ready { None } else { s.next_wakeup(now)? };
+                let (ready, wakeup) = s.ready_or_wakeup(now)?;
                 Ok((others, ready, wakeup))
             })?
             .map_err(|e| to_py(py, e))?;

@@ -1,10 +1,12 @@
 //! Dispatch: which admitted task may start now, by tenant share and QoS, and
 //! whether best-effort work would delay Guaranteed work it cannot yield to.
 
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
 use super::reservations::Fit;
 use super::task::Task;
+use super::tenant::Forecast;
 use super::{
     check_time, Admission, Pace, Qos, SchedError, Scheduler, Submitted, TaskId, TaskSpec, TaskState,
 };
@@ -47,6 +49,9 @@ struct View<'a> {
     total: Counts,
     /// Per tenant with waiting tasks: whether it is within share, its counts.
     tenants: BTreeMap<&'a str, (bool, Counts)>,
+    /// The Guaranteed tenants' forecasts, made once per decision when a
+    /// best-effort task's hold asks for them (not once per such task).
+    forecasts: OnceCell<Vec<Forecast>>,
 }
 
 /// Why a task may not start now.
@@ -70,6 +75,7 @@ impl Scheduler {
             now,
             total: Counts::default(),
             tenants: BTreeMap::new(),
+            forecasts: OnceCell::new(),
         };
         for k in &self.waiting {
             let spec = &self.tasks[&k.id].spec;
@@ -91,7 +97,8 @@ impl Scheduler {
     /// gaps) is due before this launch would end (its tenant's longest recent
     /// launch plus the guard). Returns when the hold lapses by itself: the
     /// last such tenant going idle; None when only another event can lift it.
-    fn guaranteed_hold(&self, task: &Task, now: f64) -> Option<Hold> {
+    fn guaranteed_hold(&self, v: &View<'_>, task: &Task) -> Option<Hold> {
+        let now = v.now;
         if task.spec.qos != Qos::BestEffort {
             return None;
         }
@@ -109,9 +116,8 @@ impl Scheduler {
             return Some(Hold::Duty(b.ready_at(now)));
         }
         let ends = now + self.tenants[&task.spec.tenant].expected_ms().unwrap_or(0.0);
-        self.tenants
-            .values()
-            .filter_map(|t| t.forecast(self.min_idle_ms))
+        self.forecasts(v)
+            .iter()
             .filter(|f| now < f.idle_at_ms && ends + self.guard_ms > f.next_ms)
             .map(|f| f.idle_at_ms)
             .reduce(f64::max)
@@ -120,12 +126,21 @@ impl Scheduler {
 
     /// When the last Guaranteed tenant with a forecast goes idle (None: no
     /// tenant has shown a rate yet).
-    fn guaranteed_idle_at(&self) -> Option<f64> {
-        self.tenants
-            .values()
-            .filter_map(|t| t.forecast(self.min_idle_ms))
+    fn guaranteed_idle_at(&self, v: &View<'_>) -> Option<f64> {
+        self.forecasts(v)
+            .iter()
             .map(|f| f.idle_at_ms)
             .reduce(f64::max)
+    }
+
+    /// The tenants' forecasts (those that have shown a rate), once per view.
+    fn forecasts<'v>(&self, v: &'v View<'_>) -> &'v [Forecast] {
+        v.forecasts.get_or_init(|| {
+            self.tenants
+                .values()
+                .filter_map(|t| t.forecast(self.min_idle_ms))
+                .collect()
+        })
     }
 
     /// Pacing by share. A tenant within its share may start, except that a
@@ -135,7 +150,7 @@ impl Scheduler {
     /// waits while any Guaranteed or Burstable task of another tenant waits;
     /// a Guaranteed task over its share does not wait for best-effort work.
     fn hold(&self, v: &View<'_>, task: &Task) -> Option<Hold> {
-        if let Some(h) = self.guaranteed_hold(task, v.now) {
+        if let Some(h) = self.guaranteed_hold(v, task) {
             return Some(h);
         }
         let spec = &task.spec;
@@ -211,32 +226,51 @@ impl Scheduler {
     /// Guaranteed step to learn it.
     pub fn next_wakeup(&mut self, now: f64) -> Result<Option<f64>, SchedError> {
         check_time(now)?;
+        Ok(self.wakeup_or_ready(now, false).unwrap_or(None))
+    }
+
+    /// After a task's end: whether a waiting task may start now (`pick_next`
+    /// finds one), else `next_wakeup`, in one pass over the waiting tasks
+    /// (the same holds counted: none when one may start). Ok(true, None): one
+    /// may start; Ok(false, wake): none may, `next_wakeup`'s answer.
+    pub fn ready_or_wakeup(&mut self, now: f64) -> Result<(bool, Option<f64>), SchedError> {
+        check_time(now)?;
+        Ok(match self.wakeup_or_ready(now, true) {
+            Some(wake) => (false, wake),
+            None => (true, None),
+        })
+    }
+
+    /// `next_wakeup`'s pass; with `stop_if_ready`, None (and nothing counted)
+    /// as soon as a waiting task is not held.
+    fn wakeup_or_ready(&mut self, now: f64, stop_if_ready: bool) -> Option<Option<f64>> {
         let mut wake: Option<f64> = None;
         let mut held = Vec::new();
         {
             let v = self.view(now);
-            let mut idle_at: Option<Option<f64>> = None; // computed once, if needed
             for k in &self.waiting {
-                if let Some(h) = self.hold(&v, &self.tasks[&k.id]) {
-                    held.push((k.id, h));
-                    let at = match h {
-                        Hold::Share(t) | Hold::Duty(t) => t,
-                        Hold::ForGuaranteed(Some(t)) => Some(t),
-                        Hold::ForGuaranteed(None) => {
-                            *idle_at.get_or_insert_with(|| self.guaranteed_idle_at())
-                        }
-                        Hold::BehindBestEffort => None,
-                    };
-                    if let Some(t) = at.filter(|&t| t > now) {
-                        wake = Some(wake.map_or(t, |w: f64| w.min(t)));
+                let Some(h) = self.hold(&v, &self.tasks[&k.id]) else {
+                    if stop_if_ready {
+                        return None;
                     }
+                    continue;
+                };
+                held.push((k.id, h));
+                let at = match h {
+                    Hold::Share(t) | Hold::Duty(t) => t,
+                    Hold::ForGuaranteed(Some(t)) => Some(t),
+                    Hold::ForGuaranteed(None) => self.guaranteed_idle_at(&v),
+                    Hold::BehindBestEffort => None,
+                };
+                if let Some(t) = at.filter(|&t| t > now) {
+                    wake = Some(wake.map_or(t, |w: f64| w.min(t)));
                 }
             }
         }
         for (id, h) in held {
             self.note_hold(id, h);
         }
-        Ok(wake)
+        Some(wake)
     }
 
     fn note_hold(&mut self, id: TaskId, hold: Hold) {
@@ -363,9 +397,22 @@ impl Scheduler {
         {
             return Ok(None);
         }
-        let (s, prio) = self.submit_and_start(spec, now, true)?;
-        match prio {
-            Some(p) if s.also_admitted.is_empty() => Ok(Some((s.id, p))),
+        // submit_and_start's pick and hold count, known here: every waiting task
+        // is best effort, so the Guaranteed task goes first (a waiting Guaranteed
+        // task holds best effort, and this one's own hold is None: no tenant
+        // within its share waits but best effort), and once it runs each waiting
+        // task is held for it (what next_wakeup would count).
+        let s = self.submit(spec, now)?;
+        match s.admission {
+            Admission::Admitted if s.also_admitted.is_empty() => {
+                debug_assert!(matches!(self.pick_next(now), Ok(Some(id)) if id == s.id));
+                let prio = self.begin(s.id, now);
+                let held: Vec<TaskId> = self.waiting.iter().map(|k| k.id).collect();
+                for id in held {
+                    self.note_hold(id, Hold::ForGuaranteed(None));
+                }
+                Ok(Some((s.id, prio)))
+            }
             _ => Err(SchedError::InvalidTransition {
                 id: s.id,
                 from: "submitted",

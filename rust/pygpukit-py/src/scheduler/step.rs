@@ -538,6 +538,11 @@ impl GuaranteedStep {
                 intern!(py, "launched"),
                 1,
             )?;
+            bump(
+                &attr(sched, intern!(py, "_steps"))?,
+                intern!(py, "native"),
+                1,
+            )?;
             Ok(Some((task, now)))
         })?;
         let Some((task, now)) = committed else {
