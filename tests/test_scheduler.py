@@ -985,8 +985,9 @@ def test_closed_loop_steps_next_to_held_best_effort_cost_two_core_calls_and_no_w
     monkeypatch.setattr(backend, "stream", None, raising=False)
     monkeypatch.setattr(sched_mod, "IDLE_WAIT_MS", 3.6e6)  # no backstop wake-ups
     monkeypatch.setattr(device_mod, "SWEEP_MS", 0.0)  # a sweep would be due at once
-    # The tenant counts as idle 0.5 s after its last step: held work then starts.
-    sched = gpk.Scheduler(memory=64 * MIB, simulate=False, min_idle_ms=500.0)
+    # The tenant counts as idle 5 s after its last step: held work then starts. (0.5 s let
+    # a stall of a loaded host between two steps release the held work mid-loop.)
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False, min_idle_ms=5000.0)
     dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
     _fake_cuda(dev, {})
     sched._device = dev
