@@ -189,7 +189,7 @@ def _run_beside_best_effort(monkeypatch: pytest.MonkeyPatch, native: bool, hs: l
     """Guaranteed steps of one tenant with best-effort tasks of two tenants waiting
     beside them all along (admitted, held for the Guaranteed tenant), as a best-effort
     client's queued GEMMs are; they run once the steps stop."""
-    f, sched, backend, _ = _stand_in(monkeypatch, native, min_idle_ms=300.0,
+    f, sched, backend, _ = _stand_in(monkeypatch, native, min_idle_ms=3000.0,
                                      best_effort_duty=0.4)  # fmt: skip
     xs = [backend.array(h) for h in hs]
     for x in xs:
