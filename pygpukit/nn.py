@@ -351,8 +351,8 @@ def paged_attention(
     if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
         raise errors.DTypeError(f"{op}: scale must be a float or None, got {scale!r}{_where()}")
     qa = _arr(q)
-    ins = (qa._node, _arr(k_pool)._node, _arr(v_pool)._node, _arr(block_table)._node,
-           _arr(seq_lens)._node)  # fmt: skip
+    ins: tuple[Any, ...] = (qa._node, _arr(k_pool)._node, _arr(v_pool)._node,
+                            _arr(block_table)._node, _arr(seq_lens)._node)  # fmt: skip
     if not isinstance(pieces, bool | np.bool_):
         raise errors.DTypeError(f"{op}: pieces must be a bool, got {pieces!r}{_where()}")
     attrs: dict[str, Any] = {"scale": None if scale is None else float(scale),
