@@ -472,8 +472,17 @@ def _paged_sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     #   block] at slot p % block; seq_lens [B] int: row b's keys are positions 0..seq_lens[b]-1.
     # Query t of row b sits at position seq_lens[b] - T + t and sees the keys at or before it
     # (causal); a query at a negative position (front padding, or a padded row with
-    # seq_lens 0) sees none and gets zeros. attrs: scale (None: 1/sqrt(D)).
-    (sq, dq), (sk, dk), (sv, dv), (sb, db), (sl, dl) = ins
+    # seq_lens 0) sees none and gets zeros. attrs: scale (None: 1/sqrt(D)); rope "half" /
+    # "interleaved" (default "none"): two more inputs cos, sin [B, D/2] (q's dtype, one
+    # query a row: T = 1), and q is rotated by row b's tables as rope rotates it before it
+    # is attended (the serving step's query rotation done by the attention's own load).
+    rope = attrs.get("rope", "none")
+    if rope not in ("none", "half", "interleaved"):
+        raise ShapeRuleError(f"paged_sdpa: rope must be none, half or interleaved, got {rope!r}")
+    n_in = 5 if rope == "none" else 7
+    if len(ins) != n_in:
+        raise ShapeRuleError(f"paged_sdpa with rope {rope} takes {n_in} inputs, got {len(ins)}")
+    (sq, dq), (sk, dk), (sv, dv), (sb, db), (sl, dl) = ins[:5]
     _float_only("paged_sdpa", dq)
     if len(sq) != 4:
         raise ShapeRuleError(f"paged_sdpa: q {sq} must be [batch, heads, seq, dim]")
@@ -491,6 +500,15 @@ def _paged_sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
                              "integers")  # fmt: skip
     if sl != (b,) or not dl.is_int:
         raise ShapeRuleError(f"paged_sdpa: seq_lens {dl}{list(sl)} must be [{b}] integers")
+    if rope != "none":
+        if sq[2] != 1 or d % 2:
+            raise ShapeRuleError(f"paged_sdpa: rope takes one query a row and an even head "
+                                 f"dim, got q {list(sq)}")  # fmt: skip
+        want = (b, d // 2)
+        for name, (ts, td) in zip(("cos", "sin"), ins[5:], strict=True):
+            if ts != want or td != dq:
+                raise ShapeRuleError(f"paged_sdpa: {name} {td}{list(ts)} must be "
+                                     f"{dq}{list(want)}")  # fmt: skip
     return sq, dq
 
 
@@ -619,7 +637,7 @@ _register("rope", "fused", _rope, 3)
 _register("sdpa", "fused", _sdpa, None)
 _register("sdpa_append", "fused", _sdpa_append, None)
 _register("rope_kv_write", "fused", _rope_kv_write, 7)
-_register("paged_sdpa", "fused", _paged_sdpa, 5)
+_register("paged_sdpa", "fused", _paged_sdpa, None)
 _register("paged_write", "scatter", _paged_write, None)
 _register("after", "movement", _after, 2)
 _register("linear", "fused", _linear, None)

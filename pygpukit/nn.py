@@ -325,6 +325,10 @@ def paged_attention(
     seq_lens: ArrayLike,
     scale: float | None = None,
     pieces: bool = True,
+    *,
+    cos: ArrayLike | None = None,
+    sin: ArrayLike | None = None,
+    interleaved: bool = False,
 ) -> GPUArray:
     """Causal attention over a paged KV cache (the `paged_sdpa` op).
 
@@ -337,16 +341,29 @@ def paged_attention(
     consecutive tokens of one prompt (every row a decode row or padding): the result is
     the same, but the CUDA backend then launches no prompt-piece kernel beside the decode
     one (the serving engine's decode-only steps).
+
+    With cos and sin [B, D / 2] (cast to q's dtype; one query a row, T = 1), q is attended
+    as rope(q, cos, sin, interleaved) with row b's tables: the serving step's query
+    rotation done by the attention as it reads q (on the CUDA backend's tensor-core path:
+    one launch fewer a layer).
     """
     op = "paged_attention"
     if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
         raise errors.DTypeError(f"{op}: scale must be a float or None, got {scale!r}{_where()}")
     qa = _arr(q)
-    ins = (qa._node, _arr(k_pool)._node, _arr(v_pool)._node, _arr(block_table)._node,
-           _arr(seq_lens)._node)  # fmt: skip
+    ins: tuple[Any, ...] = (qa._node, _arr(k_pool)._node, _arr(v_pool)._node,
+                            _arr(block_table)._node, _arr(seq_lens)._node)  # fmt: skip
     if not isinstance(pieces, bool | np.bool_):
         raise errors.DTypeError(f"{op}: pieces must be a bool, got {pieces!r}{_where()}")
-    attrs = {"scale": None if scale is None else float(scale), "pieces": bool(pieces)}
+    attrs: dict[str, Any] = {"scale": None if scale is None else float(scale),
+                             "pieces": bool(pieces)}  # fmt: skip
+    if (cos is None) != (sin is None):
+        raise errors.ShapeError(f"{op}: cos and sin go together{_where()}")
+    if cos is not None and sin is not None:
+        attrs["rope"] = "interleaved" if interleaved else "half"
+        ins = (*ins, _like(cos, qa)._node, _like(sin, qa)._node)
+    elif interleaved:
+        raise errors.ShapeError(f"{op}: interleaved needs cos and sin{_where()}")
     return GPUArray(runtime.record("paged_sdpa", ins, attrs, op))
 
 

@@ -68,8 +68,8 @@ def test_paged_steps_plan(arch, monkeypatch):
     assert any("paged_sdpa" in n for n in names) and any("paged_write" in n for n in names)
 
 
-def _plan_attention(q, kp, vp, table, lens, pieces=True):
-    out = gpk.nn.paged_attention(q, kp, vp, table, lens, pieces=pieces)
+def _plan_attention(q, kp, vp, table, lens, pieces=True, **rope):
+    out = gpk.nn.paged_attention(q, kp, vp, table, lens, pieces=pieces, **rope)
     order = toposort([out.node], is_leaf=lambda n: n.realized is not None)
     graph, leaves = runtime._graph_of(order, [out.node])
     sched = lower(run_pipeline(graph))
@@ -220,3 +220,39 @@ def test_paged_decode_mma_stages(d, blocks, tiles, stages, monkeypatch):
     cuda_fakes.install(monkeypatch, "sm_90")
     assert paged_decode.mma_stages(d, blocks, tiles) == stages
     assert paged_decode.mma_tiles(640, 1) == 5 and paged_decode.mma_tiles(512, 4) == 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "dtype, b, interleaved, fused",
+    [
+        ("bfloat16", 130, False, True),
+        ("float16", 3, False, True),
+        ("bfloat16", 130, True, False),
+        ("float32", 3, False, False),
+    ],
+)
+def test_paged_sdpa_rotates_q_in_its_kernels(arch, dtype, b, interleaved, fused, monkeypatch):
+    """paged_attention with cos / sin: in bf16 / f16 with half-split tables the tensor-core
+    decode body and the piece kernel rotate q as they read it (no rope launch; their
+    arguments checked against the templates); interleaved tables or float32 run the rope
+    kernel first, then the attention as without rope."""
+    cuda_fakes.install(monkeypatch, arch)
+    rng = np.random.default_rng(6)
+    d = 64
+    kp = gpk.asarray(rng.standard_normal((40, 2, 16, d)).astype(np.float32)).astype(dtype)
+    vp = gpk.asarray(rng.standard_normal((40, 2, 16, d)).astype(np.float32)).astype(dtype)
+    q = gpk.asarray(rng.standard_normal((b, 8, 1, d)).astype(np.float32)).astype(dtype)
+    ang = rng.uniform(0, 6, size=(b, d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    table = rng.integers(0, 40, size=(b, 32)).astype(np.int32)
+    lens = rng.integers(1, 32 * 16, size=b).astype(np.int32)
+    for pieces in (True, False):
+        names = [n for n, _ in _plan_attention(q, kp, vp, table, lens, pieces=pieces, cos=cos,
+                                               sin=sin, interleaved=interleaved)]  # fmt: skip
+        mma = dtype != "float32"
+        assert ("pgk_paged_decode_mma" if mma else "pgk_paged_decode") in names
+        assert ("pgk_paged_prefill" in names) == (pieces and mma and b > 1)
+        assert ("pgk_rope" in names) == (not fused)
+        if not fused:
+            assert names.index("pgk_rope") < names.index(names[-1])

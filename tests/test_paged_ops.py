@@ -106,3 +106,46 @@ def test_paged_attention_pieces_flag():
                                rtol=1e-5)  # fmt: skip
     with pytest.raises(TypeError, match="pieces must be a bool"):
         gpk.nn.paged_attention(q, kp, vp, table, lens, pieces=1)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_paged_attention_rotates_q(dtype, tol, interleaved):
+    """With cos and sin [B, D/2], each row's query is attended rotated by its own tables
+    (the serving step's query rotation done by the attention): as the attention of q
+    rotated in float64 (q and the tables rounded to the dtype first)."""
+    rng = np.random.default_rng(14)
+    nb, kv, bs, d, h, b = 12, 2, 4, 16, 4, 5
+    kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
+    q = rng.standard_normal((b, h, 1, d)).astype(np.float32)
+    cos, sin = _tables(rng, b, d)
+    own = rng.permutation(nb)[:8].reshape(2, 4).astype(np.int32)
+    table = own[[0, 1, 1, 1, 0]]
+    lens = np.array([9, 3, 4, 5, 0], np.int32)
+    cast = [gpk.asarray(a).astype(dtype) for a in (kp, vp, q)]
+    got = gpk.nn.paged_attention(cast[2], cast[0], cast[1], table, lens, cos=cos, sin=sin,
+                                 interleaved=interleaved).astype("float32").to_numpy()  # fmt: skip
+    k64, v64, q64 = (a.astype("float32").to_numpy().astype(np.float64) for a in cast)
+    c = gpk.asarray(cos).astype(dtype).astype("float32").to_numpy()
+    s = gpk.asarray(sin).astype(dtype).astype("float32").to_numpy()
+    q_rot = _rope64(q64[:, :, 0], c, s, interleaved)[:, :, None]  # [B, H, 1, D]
+    np.testing.assert_allclose(got, paged_sdpa_ref(q_rot, k64, v64, table, lens), atol=tol,
+                               rtol=tol)  # fmt: skip
+
+
+def test_paged_attention_rope_arguments_are_checked():
+    kp = gpk.zeros((2, 2, 4, 8), "float32")
+    q = np.ones((3, 4, 1, 8), np.float32)
+    table = np.zeros((3, 2), np.int32)
+    lens = np.ones(3, np.int32)
+    cos = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match="cos and sin go together"):
+        gpk.nn.paged_attention(q, kp, kp, table, lens, cos=cos)
+    with pytest.raises(ValueError, match="interleaved needs cos and sin"):
+        gpk.nn.paged_attention(q, kp, kp, table, lens, interleaved=True)
+    with pytest.raises(ValueError, match=r"cos float32\[2, 4\] must be float32\[3, 4\]"):
+        gpk.nn.paged_attention(q, kp, kp, table, lens, cos=cos[:2], sin=cos[:2])
+    with pytest.raises(ValueError, match="rope takes one query a row"):
+        gpk.nn.paged_attention(np.ones((3, 4, 2, 8), np.float32), kp, kp, table, lens,
+                               cos=cos, sin=cos)  # fmt: skip

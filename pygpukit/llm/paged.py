@@ -5,7 +5,8 @@ block's KV key heads, then its KV value heads); a sequence owns a list of blocks
 block table), so sequences of any lengths share one pool and a finished one gives its
 blocks back at once. Keys and values share a pool so that one paged_write stores a step's
 keys (rotated on the way: RoPE fused into the store) and values straight from the QKV
-projection, one kernel where the separate rotation and two stores took three. One
+projection, one kernel where the separate rotation and two stores took three; with one
+token a row (the serving steps) the attention rotates the queries as it reads them. One
 forward pass takes B rows of T new tokens each with per-row positions, the slots their
 keys/values are stored at, the rows' block tables and lengths -- all device arrays, so one
 compiled graph serves any mix of sequences of one batch bucket. The layers are the
@@ -93,12 +94,16 @@ def paged_forward(
         if a.q_norm is not None and a.k_norm is not None:
             q = a.q_norm(q)
             new_kv = gpk.concatenate([a.k_norm(new_kv[:, :kv]), new_kv[:, kv:]], axis=1)
-        # q as [1, H, N, D]: the tokens are the rotation's sequence, then [B, H, T, D].
-        q = gpk.nn.rope(q.swapaxes(0, 1).reshape(1, h, n, d), cos, sin)
-        q = q.reshape(h, b, t, d).swapaxes(0, 1)
         gpk.nn.paged_write(cache.kv[i], new_kv, slots, cos=cos, sin=sin, rope_heads=kv)
         k_pool, v_pool = cache.pools(i)
-        y = gpk.nn.paged_attention(q, k_pool, v_pool, block_table, seq_lens, pieces=pieces)
+        if t == 1:  # the attention rotates q as it reads it: no rope launch of its own
+            q = q.reshape(b, h, 1, d)
+            y = gpk.nn.paged_attention(q, k_pool, v_pool, block_table, seq_lens, pieces=pieces,
+                                       cos=cos, sin=sin)  # fmt: skip
+        else:  # q as [1, H, N, D]: the tokens are the rotation's sequence, then [B, H, T, D]
+            q = gpk.nn.rope(q.swapaxes(0, 1).reshape(1, h, n, d), cos, sin)
+            q = q.reshape(h, b, t, d).swapaxes(0, 1)
+            y = gpk.nn.paged_attention(q, k_pool, v_pool, block_table, seq_lens, pieces=pieces)
         h_res = x + gpk.nn.linear(y.swapaxes(1, 2).reshape(b, t, hq), a.wo)
         x = h_res + layer.mlp(layer.mlp_norm(h_res))
     if out_rows is not None:  # only the rows that sample a token reach the LM head

@@ -380,3 +380,53 @@ def test_paged_write_rope_gpu(dtype, tol, interleaved):
         if slot >= 0:
             want[slot // bs, :, slot % bs] = x[i]
     np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(
+    "dtype, d, h, kv, pieces, interleaved",
+    [
+        ("bfloat16", 64, 32, 4, True, False),  # TinyLlama's step: both kernels rotate q
+        ("bfloat16", 64, 32, 4, False, False),  # a decode-only step: the decode kernel alone
+        ("float16", 128, 16, 2, True, False),
+        ("bfloat16", 64, 32, 4, True, True),  # interleaved: the rope kernel first
+        ("float32", 64, 8, 8, True, False),  # the CUDA-core body: the rope kernel first
+    ],
+)
+def test_paged_attention_rotates_q_gpu(dtype, d, h, kv, pieces, interleaved):
+    """paged_attention with each row's rope tables, q read from the serving step's QKV rows
+    [B, H + 2 KV, D] (a strided view): decode rows, prompt pieces and padding against the
+    float64 attention of q rotated in float64, and against the rope op followed by the
+    attention (the path the serving step took before)."""
+    rng = np.random.default_rng(25)
+    nb, bs, m = 1200, 16, 24
+    table, lens = _step_rows(rng, 40, [(5, 40), (0, 9), (30, 1)], 7, bs, m, nb)
+    b = len(lens)
+    both = rng.standard_normal((nb, 2 * kv, bs, d)).astype(np.float32)
+    pool = gpk.asarray(both).astype(dtype)
+    kg, vg = pool[:, :kv], pool[:, kv:]
+    rows = gpk.asarray(rng.standard_normal((b, h + 2 * kv, d)).astype(np.float32)).astype(dtype)
+    q = rows[:, :h].reshape(b, h, 1, d)
+    ang = rng.uniform(0, 6.3, size=(b, d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    got = gpk.nn.paged_attention(q, kg, vg, table, lens, pieces=pieces, cos=cos, sin=sin,
+                                 interleaved=interleaved).astype("float32").to_numpy()  # fmt: skip
+    cg, sg = (gpk.asarray(t).astype(dtype) for t in (cos, sin))
+    q_rot = gpk.nn.rope(q.swapaxes(0, 2), cg, sg, interleaved=interleaved).swapaxes(0, 2)
+    before = gpk.nn.paged_attention(q_rot, kg, vg, table, lens, pieces=pieces)
+    before = before.astype("float32").to_numpy()
+    x = q.astype("float32").to_numpy().astype(np.float64)[:, :, 0]  # [B, H, D]
+    c = gpk.asarray(cos).astype(dtype).astype("float32").to_numpy()[:, None, :]
+    sn = gpk.asarray(sin).astype(dtype).astype("float32").to_numpy()[:, None, :]
+    if interleaved:
+        rot = np.empty_like(x)
+        rot[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * sn
+        rot[..., 1::2] = x[..., 1::2] * c + x[..., 0::2] * sn
+    else:
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        rot = np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], axis=-1)
+    pool64 = pool.astype("float32").to_numpy().astype(np.float64)
+    ref = paged_sdpa_ref(rot[:, :, None], pool64[:, :kv], pool64[:, kv:], table, lens)
+    tol = {"bfloat16": 3e-2, "float16": 5e-3, "float32": 1e-4}[dtype]
+    np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
+    np.testing.assert_allclose(got, before, atol=tol, rtol=tol)
+    print(f"rotated in the attention vs rope op first: max diff {np.abs(got - before).max()}")

@@ -72,8 +72,13 @@ def gather_keys(pool: np.ndarray, table: np.ndarray, length: int) -> np.ndarray:
 
 def paged_sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
     """Each row's keys gathered into a contiguous cache, then the sdpa reference (causal,
-    aligned so the last query sits at key seq_len - 1)."""
-    q, k_pool, v_pool, table, lens = ins
+    aligned so the last query sits at key seq_len - 1); with attrs rope, q rotated first
+    by each row's tables [B, D/2] as the rope op rotates it."""
+    q, k_pool, v_pool, table, lens = ins[:5]
+    rope = attrs.get("rope", "none")
+    if rope != "none":
+        cos, sin = (t[:, None, None, :] for t in ins[5:7])  # [B, 1, 1, D/2]: row b's table
+        q = nn.rope([q, cos, sin], {"layout": rope}, dtype)
     out = np.zeros(q.shape, dtype=q.dtype)
     a = {"causal": True, "scale": attrs.get("scale"), "kv_len": False, "kv_start": False}
     for b in range(q.shape[0]):

@@ -146,6 +146,35 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 // issue, so the cp.async of a tile never waits on its table load. Keys at or past the
 // row's length (and keys of a bad block id, reported) are zero-filled, never read: a NaN
 // the row does not see never reaches its scores or P V.
+#ifndef PGK_QROPE
+#define PGK_QROPE 0  // 1: the tensor-core kernels rotate q as they read it (half-split)
+#endif
+// Elements col, col + 1 (col even) of query row x as one register. With PGK_QROPE, rotated
+// as pgk_rope rotates them (rope.cuh: half-split pairs (j, j + D/2), float math, one
+// rounding) by table rows cs / sn [D / 2] (4-byte aligned: the launcher checks): ir op
+// paged_sdpa with rope "half", the serving step's queries.
+PGK_DEVICE unsigned pgk_paged_q2(const pgk_t* x, int col, const pgk_t* cs, const pgk_t* sn) {
+#if PGK_QROPE
+  constexpr int HALF = PGK_D / 2;
+  const bool first = col < HALF;
+  const int j = first ? col : col - HALF;
+  const pgk_vec<pgk_t, 2> a = pgk_load<2>(x + col), p = pgk_load<2>(x + (first ? col + HALF : j));
+  const pgk_vec<pgk_t, 2> c = pgk_load<2>(cs + j), s = pgk_load<2>(sn + j);
+  pgk_vec<pgk_t, 2> y;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float f = pgk_to_float(a.v[k]), fp = pgk_to_float(p.v[k]);
+    const float cf = pgk_to_float(c.v[k]), sf = pgk_to_float(s.v[k]);
+    y.v[k] = pgk_from_float<pgk_t>(first ? f * cf - fp * sf : f * cf + fp * sf);
+  }
+  return *reinterpret_cast<const unsigned*>(&y);
+#else
+  (void)cs;
+  (void)sn;
+  return *reinterpret_cast<const unsigned*>(x + col);
+#endif
+}
+
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode_mma)
 extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     pgk_paged_decode_mma(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
@@ -155,7 +184,9 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                          int group, int kv_heads, int block_size, int n_blocks,
                          int max_blocks, long long p_sb, float scale, long long q_sb,
                          long long q_sh, long long t_sb, long long t_sm, long long l_s,
-                         long long* __restrict__ err, long long tag, int pieces) {
+                         long long* __restrict__ err, long long tag, int pieces,
+                         const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
+                         long long cs_s) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
@@ -177,6 +208,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   unsigned qb[NB][KS][2];
   {
     const pgk_t* q0 = q + b * q_sb + (long long)h0 * q_sh;
+    const long long c0 = PGK_QROPE ? b * cs_s : 0;  // row b's tables (one query a row)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -185,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
         for (int i = 0; i < 2; ++i) {
           const int head = nb * 8 + qr, col = ks * 16 + i * 8 + 2 * qc;
           qb[nb][ks][i] =
-              head < PGK_G ? *reinterpret_cast<const unsigned*>(q0 + head * q_sh + col) : 0u;
+              head < PGK_G ? pgk_paged_q2(q0 + head * q_sh, col, cs + c0, sn + c0) : 0u;
         }
   }
   int start, end;

@@ -92,10 +92,26 @@ def workspace_floats(rows: int, heads: int, splits: int, head_dim: int) -> int:
     return attention.decode_workspace_bytes(rows, heads, splits, head_dim) // 4
 
 
-def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool) -> dict[str, object]:
+def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool,
+             rope: bool = False) -> dict[str, object]:  # fmt: skip
     key = "PGK_MSTAGES" if mma else "PGK_STAGES"
-    return {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_G": g, key: stages,
-            "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+    d: dict[str, object] = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_G": g,
+                            key: stages, "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+    if rope:
+        d["PGK_QROPE"] = 1
+    return d
+
+
+def mma_fits(dtype: str, n_q: int, q: int, q_strides: tuple[int, ...]) -> bool:
+    """Whether attend runs the tensor-core body on these q operands (uses_mma, q rows in
+    4-byte pairs): the body that can rotate q as it reads it (attend's rope)."""
+    return uses_mma(dtype, n_q) and q % 4 == 0 and all(x % 2 == 0 for x in q_strides[:2])
+
+
+def rope_fits(cos: int, sin: int, row_stride: int) -> bool:
+    """Whether rope tables (cos, sin, row stride in elements; unit inner stride) suit the
+    kernels' pair loads: 4-byte aligned rows."""
+    return cos % 4 == 0 and sin % 4 == 0 and row_stride % 2 == 0
 
 
 def attend(
@@ -125,6 +141,7 @@ def attend(
     tag: int,
     pieces: bool = False,
     pool_block_stride: int | None = None,
+    rope: tuple[int, int, int] | None = None,
     stream: Any = None,
 ) -> None:
     """out[b, h, i] = softmax(scale q[b, h, i] . k[j], j <= lens[b] - n_q + i) @ v[j], keys
@@ -135,7 +152,10 @@ def attend(
     q strides (row, head, query) in elements, head_dim contiguous; out [rows, heads, n_q,
     head_dim] contiguous; splits from splits_for (one unless n_q == 1), with several a
     16-byte aligned workspace of workspace_floats floats. pieces (one query per row): the
-    rows of prompt pieces are left to paged_prefill.attend, launched right after this."""
+    rows of prompt pieces are left to paged_prefill.attend, launched right after this.
+    rope (cos, sin, row stride): q[b] is attended rotated (half-split, as the rope op) by
+    table row b of cos / sin [rows, head_dim / 2] (q's dtype, unit inner stride,
+    rope_fits); the tensor-core body only (mma_fits)."""
     if not supports(dtype, head_dim, heads, kv_heads, rows, n_q):
         raise ShapeError(f"paged_decode: unsupported shape (dtype {dtype}, head_dim {head_dim}, "
                          f"heads {heads}/{kv_heads}, rows {rows} x {n_q} queries)")  # fmt: skip
@@ -155,7 +175,12 @@ def attend(
     grid = (splits, kv_heads * (group // g), rows * n_q)
     ml = workspace + 4 * rows * heads * splits * head_dim if splits > 1 else 0
     # The tensor-core body reads q in 4-byte pairs.
-    mma = uses_mma(dtype, n_q) and q % 4 == 0 and all(x % 2 == 0 for x in q_strides[:2])
+    mma = mma_fits(dtype, n_q, q, q_strides)
+    if rope is not None and not (mma and rope_fits(*rope)):
+        raise ShapeError(f"paged_decode: rotating q needs the tensor-core body (bf16 / f16, "
+                         f"one query a row, 4-byte aligned q and tables), got {dtype} with "
+                         f"{n_q} queries a row")  # fmt: skip
+    cs, sn, cs_s = rope if rope is not None else (0, 0, 0)
     if mma:
         tiles = mma_tiles(max_blocks * block_size, splits)
         st = mma_stages(head_dim, grid[0] * grid[1] * grid[2], tiles)
@@ -164,7 +189,7 @@ def attend(
         args: tuple[Any, ...] = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads,
                                  group, kv_heads, block_size, n_blocks, max_blocks, p_sb,
                                  float(scale), *q_strides[:2], *table_strides, lens_stride,
-                                 err, tag, int(pieces))  # fmt: skip
+                                 err, tag, int(pieces), cs, sn, cs_s)  # fmt: skip
     else:
         budget = loader.max_shared_optin()
         st = 4
@@ -175,7 +200,7 @@ def attend(
         args = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads, group, n_q, kv_heads,
                 block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides,
                 *table_strides, lens_stride, err, tag, int(pieces))  # fmt: skip
-    defines = _defines(dtype, head_dim, g, st, mma)
+    defines = _defines(dtype, head_dim, g, st, mma, rope is not None)
     fn = loader.get_kernel("paged_decode", name, defines)
     fn.set_dynamic_smem(smem)
     fn.launch(grid, (threads,), args, smem, stream)

@@ -7,12 +7,16 @@ one (int64 tables or lengths, other head sizes). With one query per row in bf16 
 the rows of prompt pieces -- consecutive rows whose block tables agree -- go to
 paged_prefill.cuh's tensor-core kernel, launched after the split one, which leaves them
 to it: which rows those are is decided on the device, so one
-captured graph serves every mix of decode rows and pieces."""
+captured graph serves every mix of decode rows and pieces. paged_sdpa with rope (q rotated
+by the rows' tables) has those two kernels rotate q as they read it, else the rope op's
+plan runs first."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import cast
 
 from pygpukit import errors
 from pygpukit.ir import dtypes
@@ -22,9 +26,10 @@ from .. import compiler, ew
 from ..codegen import paged
 from ..context import Context, cdiv, contiguous
 from ..value import DeviceValue
-from . import loader, paged_decode, paged_prefill
+from . import loader, paged_decode, paged_prefill, rope_plan
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
+MaybeRun = Callable[[Sequence[DeviceValue]], DeviceValue | None]  # None: launched nothing
 COPY = ("in", 0)
 MAX_SMEM = 48 << 10  # the dynamic shared memory a launch gets without opting in
 
@@ -61,6 +66,54 @@ def plan_paged_write(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: 
 
 
 def plan_paged_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    rope = step.attrs.get("rope", "none")
+    if rope != "none":
+        return _plan_rotated(ctx, step, ins, tag, rope)
+    return _plan_attend(ctx, step, ins, tag)
+
+
+def _plan_rotated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
+                  layout: str) -> Run:  # fmt: skip
+    """paged_sdpa with q rotated by the rows' tables (attrs rope): the tensor-core kernels
+    rotate q as they read it (half-split, tables of q's dtype with unit inner stride and
+    4-byte aligned rows, q in 4-byte pairs), one launch fewer than the rope op; else the
+    rope op's own plan into scratch, then the attention on its result."""
+    q, kp, vp, table, lens, cos, sin = ins
+    b, h, _, d = q.shape
+    plain = replace(step, attrs={k: v for k, v in step.attrs.items() if k != "rope"})
+    # The rotated q: rope's [1, H, B, D] (the rows as its sequence, table row b for row b),
+    # read back as [B, H, 1, D].
+    rot_step = replace(step, op="rope", shape=(1, h, b, d), attrs={"layout": layout})
+    q_seq = q.view((1, h, b, d), (0, q.strides[1], q.strides[0], q.strides[3]), q.offset)
+    rot = rope_plan.plan_rope(ctx, rot_step, [q_seq, cos, sin], tag)
+    rq_strides = (d, b * d, d, 1)
+    rq = DeviceValue(q.storage, q.shape, rq_strides, 0, q.dtype)
+    composed = _plan_attend(ctx, plain, [rq, kp, vp, table, lens], tag)
+    fused = None
+    if (
+        layout == "half" and cos.dtype == step.dtype and sin.dtype == step.dtype
+        and cos.strides == sin.strides and (cos.strides[1] == 1 or d // 2 <= 1)
+    ):  # fmt: skip
+        fused = _plan_split(ctx, plain, ins[:5], tag, _scale(step, d), rope=True)
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        if fused is not None and paged_decode.rope_fits(v[5].ptr, v[6].ptr, v[5].strides[0]):
+            got = fused(v)
+            if got is not None:
+                return got
+        with ctx.scratch_only():
+            y = rot([v[0].view((1, h, b, d), q_seq.strides, v[0].offset), v[5], v[6]])
+        return composed([y.view(q.shape, rq_strides, y.offset), *v[1:5]])
+
+    return run
+
+
+def _scale(step: Step, d: int) -> float:
+    scale = step.attrs.get("scale")
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def _plan_attend(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
     q, kp, vp, table, lens = ins
     shape, dtype = step.shape, step.dtype
     b, h, t, d = q.shape
@@ -75,11 +128,10 @@ def plan_paged_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: i
                                           f"apart by the other pool's stride, got strides "
                                           f"{p.strides} (k_pool {kp.strides})")  # fmt: skip
     m = table.shape[1]
-    scale = step.attrs.get("scale")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = _scale(step, d)
     fast = _plan_split(ctx, step, ins, tag, scale)
     if fast is not None:
-        return fast
+        return cast(Run, fast)  # gives None only with rope
     smem = m * bs * 4
     if smem > MAX_SMEM:
         raise errors.GPUKitValueError(f"paged_sdpa: {m} blocks of {bs} keys need {smem} bytes "
@@ -102,11 +154,16 @@ def plan_paged_sdpa(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: i
 
 
 def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
-                scale: float) -> Run | None:  # fmt: skip
+                scale: float, rope: bool = False) -> MaybeRun | None:  # fmt: skip
     """paged_sdpa on paged_decode.cuh, or None where its rules do not hold: float pools
     of head size 64 or 128 (blocks a multiple of D elements apart), int32 tables and
-    lengths, q rows contiguous in D."""
-    q, kp, vp, table, lens = ins
+    lengths, q rows contiguous in D. rope: the values' 6th and 7th are q's tables (cos,
+    sin [B, D/2], rope_fits), rotated by the tensor-core kernels as they read q; the run
+    then gives None, launching nothing, where q's operands do not suit that body (the
+    caller rotates q first)."""
+    q, kp, vp, table, lens = ins[:5]
+    if rope and not paged_decode.uses_mma(step.dtype.name, q.shape[2]):
+        return None
     b, h, t, d = q.shape
     n_blocks, kv, bs, _ = kp.shape
     dt = step.dtype.name
@@ -128,7 +185,10 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
     pieces = (t == 1 and step.attrs.get("pieces", True)
               and paged_prefill.supports(dt, d, h, kv, b))  # fmt: skip
 
-    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+    def run(v: Sequence[DeviceValue]) -> DeviceValue | None:
+        tables = (v[5].ptr, v[6].ptr, v[5].strides[0]) if rope else None
+        if rope and not paged_decode.mma_fits(dt, t, v[0].ptr, q_strides):
+            return None
         out = ctx.alloc_out(shape, dtype, "paged_sdpa")
         work = ctx.alloc((ws,), dtypes.float32, "paged_sdpa") if ws else None
         tiles = pieces and paged_prefill.fits(v[0].ptr, q_strides[:2], v[1].ptr, v[2].ptr,
@@ -139,14 +199,15 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                             dtype=dt, splits=splits, scale=scale, q_strides=q_strides,
                             table_strides=t_strides, lens_stride=lens.strides[0],
                             err=ctx.err_addr, tag=tag, pieces=tiles,
-                            pool_block_stride=p_sb, stream=ctx.stream)  # fmt: skip
+                            pool_block_stride=p_sb, rope=tables, stream=ctx.stream)  # fmt: skip
         if tiles:
             paged_prefill.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,
                                  rows=b, heads=h, kv_heads=kv, head_dim=d, block_size=bs,
                                  n_blocks=n_blocks, max_blocks=m, dtype=dt, scale=scale,
                                  q_strides=q_strides[:2], table_strides=t_strides,
                                  lens_stride=lens.strides[0], err=ctx.err_addr, tag=tag,
-                                 pool_block_stride=p_sb, stream=ctx.stream)  # fmt: skip
+                                 pool_block_stride=p_sb, rope=tables,
+                                 stream=ctx.stream)  # fmt: skip
         return out
 
     return run

@@ -27,7 +27,8 @@
 // that selects the visible keys (attention_flash.cuh's rule). inputs_early (the launcher
 // sets it when this kernel follows pgk_paged_decode, whose wait has then already seen
 // every operand written): everything up to the stores runs before pgk_pdl_wait, beside
-// the decode kernel; only the stores (and the trigger) wait.
+// the decode kernel; only the stores (and the trigger) wait. With PGK_QROPE the Q tile is
+// rotated in shared memory by the rows' tables cs / sn [B, D / 2] before its fragments load.
 #include "paged_decode.cuh"
 
 #ifndef PGK_PSTAGES
@@ -72,7 +73,9 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
                       int n_heads, int group, int kv_heads, int block_size, int n_blocks,
                       int max_blocks, long long p_sb, float scale, long long q_sb,
                       long long q_sh, long long t_sb, long long t_sm, long long l_s,
-                      long long* __restrict__ err, long long tag, int inputs_early) {
+                      long long* __restrict__ err, long long tag, int inputs_early,
+                      const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
+                      long long cs_s) {
   if (!inputs_early) {  // else the operands are settled: see the header
     pgk_pdl_wait();
     pgk_pdl_trigger();
@@ -118,6 +121,27 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     pgk_cp_async_commit();
     pgk_cp_async_wait<0>();
     __syncthreads();
+#if PGK_QROPE
+    // Rotated in place (pgk_paged_q2's math), a thread a pair at a time: row r's table is
+    // row b0 + r's (the tables are written before the decode kernel's wait, as q is).
+    constexpr int HALF = PGK_D / 2;
+#pragma unroll 4
+    for (int e = tid; e < PGK_PM * HALF; e += PGK_PT) {
+      const int r = e / HALF, j = e % HALF;
+      if (b0 + r >= rows) continue;
+      pgk_t* x = smem + r * PGK_PLD;
+      const long long c = (long long)(b0 + r) * cs_s + j;
+      const float f0 = pgk_to_float(x[j]), f1 = pgk_to_float(x[j + HALF]);
+      const float cf = pgk_to_float(cs[c]), sf = pgk_to_float(sn[c]);
+      x[j] = pgk_from_float<pgk_t>(f0 * cf - f1 * sf);
+      x[j + HALF] = pgk_from_float<pgk_t>(f1 * cf + f0 * sf);
+    }
+    __syncthreads();
+#else
+    (void)cs;
+    (void)sn;
+    (void)cs_s;
+#endif
 #pragma unroll
     for (int kk = 0; kk < PGK_PKS; ++kk)
       pgk_dldm_x4(qf[kk], smem + (warp * 16 + (lane & 15)) * PGK_PLD + kk * 16 +

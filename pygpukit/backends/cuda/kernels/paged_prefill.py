@@ -65,6 +65,7 @@ def attend(
     tag: int,
     inputs_early: bool = True,
     pool_block_stride: int | None = None,
+    rope: tuple[int, int, int] | None = None,
     stream: Any = None,
 ) -> None:
     """out[b, h] = softmax(scale q[b, h] . k[j], j < lens[b]) @ v[j] for the rows of prompt
@@ -75,7 +76,8 @@ def attend(
     q [rows, heads, 1, head_dim] with strides (row, head) in elements; out [rows, heads, 1,
     head_dim] contiguous. inputs_early: launched right after paged_decode.attend on the
     same operands (its wait has seen them written), so the kernel reads them before its
-    own wait."""
+    own wait. rope (cos, sin, row stride): q[b] is attended rotated by table row b, as
+    paged_decode.attend's rope (whose rule, rope_fits, the tables follow)."""
     if not supports(dtype, head_dim, heads, kv_heads, rows):
         raise ShapeError(f"paged_prefill: unsupported shape (dtype {dtype}, head_dim "
                          f"{head_dim}, heads {heads}/{kv_heads}, rows {rows})")  # fmt: skip
@@ -85,12 +87,18 @@ def attend(
     if p_sb < kv_heads * block_size * head_dim or p_sb % 8:
         raise ShapeError(f"paged_prefill: pool blocks {p_sb} elements apart overlap or are "
                          f"not 16-byte aligned")  # fmt: skip
-    defines = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_PSTAGES": STAGES,
-               "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+    defines: dict[str, object] = {**loader.type_defines(dtype), "PGK_D": head_dim,
+                                  "PGK_PSTAGES": STAGES, "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+    if rope is not None:
+        if rope[0] % 4 or rope[1] % 4 or rope[2] % 2:
+            raise ShapeError("paged_prefill: the rope tables need 4-byte aligned rows")
+        defines["PGK_QROPE"] = 1
+    cs, sn, cs_s = rope if rope is not None else (0, 0, 0)
     fn = loader.get_kernel("paged_prefill", "pgk_paged_prefill", defines)
     smem = smem_bytes(head_dim)
     fn.set_dynamic_smem(smem)
     fn.launch((cdiv(rows, ROWS) * heads,), (THREADS,),
               (q, k_pool, v_pool, table, lens, out, rows, heads, heads // kv_heads, kv_heads,
                block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides, *table_strides,
-               lens_stride, err, tag, int(inputs_early)), smem, stream)  # fmt: skip
+               lens_stride, err, tag, int(inputs_early), cs, sn, cs_s), smem,
+              stream)  # fmt: skip

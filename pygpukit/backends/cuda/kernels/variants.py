@@ -104,10 +104,14 @@ def all_variants() -> list[Variant]:
             for g, stages in ((1, 1), (8, 2), (8, 3), (16, 2), (4, 1)):
                 pm = _t(dt, PGK_D=d, PGK_G=g, PGK_MSTAGES=stages, PGK_ERR_INDEX=1)
                 out.append(("paged_decode", ("pgk_paged_decode_mma",), pm))
+            # q rotated as it is read (paged_sdpa with rope: the serving step's form).
+            pr = _t(dt, PGK_D=d, PGK_G=8, PGK_MSTAGES=3, PGK_ERR_INDEX=1, PGK_QROPE=1)
+            out.append(("paged_decode", ("pgk_paged_decode_mma",), pr))
     for dt in loader.HALF_DTYPES:
         for d in paged_prefill.HEAD_DIMS:  # the prompt pieces' tensor-core kernel
             pp = _t(dt, PGK_D=d, PGK_PSTAGES=paged_prefill.STAGES, PGK_ERR_INDEX=1)
             out.append(("paged_prefill", ("pgk_paged_prefill",), pp))
+            out.append(("paged_prefill", ("pgk_paged_prefill",), {**pp, "PGK_QROPE": 1}))
     for idx in attention.LENGTH_DTYPES:
         defines = {"PGK_IDX": attention.length_ctype(idx), "PGK_ERR_INDEX": 1}
         out.append(("attention_lengths", ("pgk_attention_check_lengths",), defines))
