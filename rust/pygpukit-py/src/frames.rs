@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyDict;
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -166,22 +166,6 @@ pub(crate) struct Sites {
 
 /// Sites kept before the cache starts over (code made at run time, many call sites).
 const MAX_SITES: usize = 4096;
-
-/// LIBRARY_GENERATION's value now (a borrowed reference: the list holds it).
-pub(crate) fn generation<'a, 'py>(
-    py: Python<'py>,
-    list: &'a Py<PyList>,
-) -> PyResult<Borrowed<'a, 'py, PyAny>> {
-    // SAFETY: a list of one int, never emptied: a borrowed reference, or null with an
-    // exception set.
-    unsafe {
-        let got = ffi::PyList_GetItem(list.as_ptr(), 0);
-        if got.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        Ok(Borrowed::from_ptr(py, got))
-    }
-}
 
 impl Sites {
     /// `where` and `(where,)` of the site `here` if cached at generation `now`.

@@ -23,6 +23,7 @@ use pyo3::types::{PyList, PyString, PyType};
 
 use crate::eager::EagerHits;
 use crate::record::LazyScalars;
+use crate::slots::first_item;
 
 extern "C" {
     // CPython's context variable read (public C API since 3.7; left out of pyo3-ffi's abi3
@@ -111,21 +112,6 @@ fn serve<'py>(
         .bind(py)
         .borrow()
         .record_at(py, op, x, value, e.first, 0)
-}
-
-/// list[0] of one of the switches' lists (never emptied), borrowed from it.
-fn first_item<'a, 'py>(
-    py: Python<'py>,
-    list: &'a Py<PyList>,
-) -> PyResult<Borrowed<'a, 'py, PyAny>> {
-    // SAFETY: a borrowed reference, or null with an exception set (an empty list).
-    unsafe {
-        let got = ffi::PyList_GetItem(list.as_ptr(), 0);
-        if got.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        Ok(Borrowed::from_ptr(py, got))
-    }
 }
 
 /// bool(o), for the switches' usual True, False and None without a call.

@@ -20,9 +20,9 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::frames::{generation, locate, Here, Sites};
+use crate::frames::{locate, Here, Sites};
 use crate::fx::FxBuild;
-use crate::slots::{ArraySlots, KnownNode, NodeSlots};
+use crate::slots::{first_item, ArraySlots, KnownNode, NodeSlots};
 
 /// A spec's key: the op (an interned str) and the array's dtype by identity, the scalar's
 /// kind (float, int, bool) and value bits (a float's bits: 0.0 and -0.0 differ), the side.
@@ -192,7 +192,7 @@ impl Table {
     ) -> Option<(Arc<Spec>, Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>)> {
         let state = self.state.try_lock().ok()?;
         let spec = state.specs.get(key)?.clone();
-        let now = generation(py, &self.library_generation).ok()?;
+        let now = first_item(py, &self.library_generation).ok()?;
         let site = here.and_then(|h| state.sites.get(py, h, now));
         Some((spec, site))
     }
@@ -208,7 +208,7 @@ impl Table {
         let (where_, users) = locate(py, &self.library, &self.user_frame, here, skip)?;
         let own = tuple(py, &[&where_])?;
         if let (Some(h), true) = (here, users) {
-            let now = generation(py, &self.library_generation)?;
+            let now = first_item(py, &self.library_generation)?;
             let old = match self.state.try_lock() {
                 Ok(mut state) => state.sites.put(h, now, &where_, &own),
                 Err(_) => None,

@@ -108,25 +108,6 @@ impl PySchedulerCore {
         self.wake.notify_all();
     }
 
-    /// `complete_waited` for a caller in this crate (the native step's end).
-    fn complete_waited_in(
-        &self,
-        py: Python<'_>,
-        task_id: TaskId,
-        gpu_ms: f64,
-        now: f64,
-    ) -> PyResult<(Vec<TaskId>, bool)> {
-        let (others, ready, wakeup) = self
-            .with(py, |s| -> Result<_, SchedError> {
-                let others = s.complete(task_id, gpu_ms, now)?;
-                let (ready, wakeup) = s.ready_or_wakeup(now)?;
-                Ok((others, ready, wakeup))
-            })?
-            .map_err(|e| to_py(py, e))?;
-        self.signal_if_sooner(ready, wakeup);
-        Ok((others, ready))
-    }
-
     /// `signal` if a waiting task may start before the dispatcher plans to
     /// wake (`wakeup`: the core's next_wakeup; `ready`: one may start now).
     fn signal_if_sooner(&self, ready: bool, wakeup: Option<f64>) {
@@ -475,7 +456,8 @@ impl PySchedulerCore {
     /// that thread needs to decide whether to leave the rest of the end's
     /// bookkeeping for later: (ids admitted from the queue, whether a waiting
     /// task may start now). An armed dispatcher is woken here, without the
-    /// interpreter, when a task may start now or sooner than it planned.
+    /// interpreter, when a task may start now or sooner than it planned. The
+    /// native step's end (scheduler/step.rs) calls it too.
     fn complete_waited(
         &self,
         py: Python<'_>,
@@ -483,7 +465,15 @@ impl PySchedulerCore {
         gpu_ms: f64,
         now: f64,
     ) -> PyResult<(Vec<TaskId>, bool)> {
-        self.complete_waited_in(py, task_id, gpu_ms, now)
+        let (others, ready, wakeup) = self
+            .with(py, |s| -> Result<_, SchedError> {
+                let others = s.complete(task_id, gpu_ms, now)?;
+                let (ready, wakeup) = s.ready_or_wakeup(now)?;
+                Ok((others, ready, wakeup))
+            })?
+            .map_err(|e| to_py(py, e))?;
+        self.signal_if_sooner(ready, wakeup);
+        Ok((others, ready))
     }
 
     /// The native on-caller step of a Guaranteed tenant's checked submit options

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyTuple, PyType};
+use pyo3::types::{PyBool, PyList, PyTuple, PyType};
 use pyo3::{ffi, intern};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -79,42 +79,33 @@ impl Slot {
         Ok(slot)
     }
 
+    /// The address of obj's word for this slot where `located` found its offset (obj an
+    /// instance of the slot's class or a subclass: the callers check its type). Reading or
+    /// writing it is the callers' unsafe part.
+    #[inline]
+    fn word(&self, obj: &Bound<'_, PyAny>) -> Option<*mut *mut ffi::PyObject> {
+        self.1.map(|at| {
+            obj.as_ptr()
+                .cast::<u8>()
+                .wrapping_offset(at)
+                .cast::<*mut ffi::PyObject>()
+        })
+    }
+
     /// obj.name = value on an instance made by `bare` whose slot is unset (a fresh object:
     /// written in place where the offset is known, nothing to release).
     #[inline]
     pub(crate) fn init<T>(&self, obj: &Bound<'_, PyAny>, value: &Bound<'_, T>) -> PyResult<()> {
-        match self.1 {
-            // SAFETY: obj is an instance of the slot's class (bare made it), the offset the
-            // slot's, its word null (unset): it takes a new reference to value.
-            Some(at) => unsafe {
-                let p = obj
-                    .as_ptr()
-                    .cast::<u8>()
-                    .offset(at)
-                    .cast::<*mut ffi::PyObject>();
-                debug_assert!((*p).is_null());
-                *p = value.clone().into_any().into_ptr();
-                Ok(())
-            },
-            None => self.set(obj, value),
-        }
+        self.init_owned(obj, value.clone().into_any())
     }
 
     /// obj.name read in place where the offset is known; obj must be an instance of the
     /// slot's class or a subclass (the caller checked its type).
     #[inline]
     pub(crate) fn read<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(at) = self.1 {
-            // SAFETY: as above; the word is the slot's value (a borrowed reference) or null.
-            let got = unsafe {
-                let p = obj
-                    .as_ptr()
-                    .cast::<u8>()
-                    .offset(at)
-                    .cast::<*mut ffi::PyObject>();
-                Bound::from_borrowed_ptr_or_opt(obj.py(), *p)
-            };
-            if let Some(v) = got {
+        if let Some(p) = self.word(obj) {
+            // SAFETY: the word is the slot's value (a borrowed reference) or null.
+            if let Some(v) = unsafe { Bound::from_borrowed_ptr_or_opt(obj.py(), *p) } {
                 return Ok(v);
             }
         }
@@ -128,20 +119,11 @@ impl Slot {
         &self,
         obj: &'a Bound<'py, PyAny>,
     ) -> PyResult<Borrowed<'a, 'py, PyAny>> {
-        let at = self.1.unwrap_or(0);
-        // SAFETY: as in `read`, where the offset is known (the caller checked `found`).
-        let got = unsafe {
-            let p = obj
-                .as_ptr()
-                .cast::<u8>()
-                .offset(at)
-                .cast::<*mut ffi::PyObject>();
-            if self.1.is_none() || (*p).is_null() {
-                None
-            } else {
-                Some(Borrowed::from_ptr(obj.py(), *p))
-            }
-        };
+        // SAFETY: as in `read`.
+        let got = self.word(obj).and_then(|p| unsafe {
+            let v = *p;
+            (!v.is_null()).then(|| Borrowed::from_ptr(obj.py(), v))
+        });
         match got {
             Some(v) => Ok(v),
             None => Err(self
@@ -155,15 +137,10 @@ impl Slot {
     /// the offset is known.
     #[inline]
     pub(crate) fn replace<T>(&self, obj: &Bound<'_, PyAny>, value: &Bound<'_, T>) -> PyResult<()> {
-        match self.1 {
-            // SAFETY: as in `read`; the word takes a new reference to value, then the old
-            // one (if any) is released, last, as CPython's member setter does.
-            Some(at) => unsafe {
-                let p = obj
-                    .as_ptr()
-                    .cast::<u8>()
-                    .offset(at)
-                    .cast::<*mut ffi::PyObject>();
+        match self.word(obj) {
+            // SAFETY: the word takes a new reference to value, then the old one (if any) is
+            // released, last, as CPython's member setter does.
+            Some(p) => unsafe {
                 let old = *p;
                 *p = value.clone().into_any().into_ptr();
                 ffi::Py_XDECREF(old);
@@ -185,14 +162,10 @@ impl Slot {
         obj: &Bound<'_, PyAny>,
         value: Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        match self.1 {
-            // SAFETY: as in `init`; the word takes value's reference.
-            Some(at) => unsafe {
-                let p = obj
-                    .as_ptr()
-                    .cast::<u8>()
-                    .offset(at)
-                    .cast::<*mut ffi::PyObject>();
+        match self.word(obj) {
+            // SAFETY: obj is a fresh instance of the slot's class (bare made it), its word
+            // null (unset): the word takes value's reference.
+            Some(p) => unsafe {
                 debug_assert!((*p).is_null());
                 *p = value.into_ptr();
                 Ok(())
@@ -228,6 +201,22 @@ impl Slot {
 
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.0)
+    }
+}
+
+/// list[0] of a list that is never emptied (the operator switches', LIBRARY_GENERATION),
+/// borrowed from it: no reference count traffic on the hot path.
+pub(crate) fn first_item<'a, 'py>(
+    py: Python<'py>,
+    list: &'a Py<PyList>,
+) -> PyResult<Borrowed<'a, 'py, PyAny>> {
+    // SAFETY: a borrowed reference, or null with an exception set (an empty list).
+    unsafe {
+        let got = ffi::PyList_GetItem(list.as_ptr(), 0);
+        if got.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Borrowed::from_ptr(py, got))
     }
 }
 

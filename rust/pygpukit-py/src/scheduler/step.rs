@@ -592,7 +592,7 @@ impl StepWait {
                     step.book(sched)?; // the core hears of ends in order
                 }
                 let id: u64 = attr(task, intern!(py, "id"))?.extract()?;
-                let (others, ready) = step.core.get().complete_waited_in(py, id, ms, now)?;
+                let (others, ready) = step.core.get().complete_waited(py, id, ms, now)?;
                 if !others.is_empty() || ready {
                     task.setattr(intern!(py, "gpu_ms"), ms)?;
                     task.setattr(intern!(py, "finished_ms"), now)?;
