@@ -465,6 +465,25 @@ def _rope_kv_write(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return (b, hq, t, d), dx
 
 
+def _rope_mode(op: str, ins: list[Spec], attrs: dict[str, Any], plain: int) -> str:
+    """A paged op's rope attr ("none", "half", "interleaved"), checked with its input count:
+    `plain` inputs, two more (cos, sin) when it rotates."""
+    rope = attrs.get("rope", "none")
+    if rope not in ("none", "half", "interleaved"):
+        raise ShapeRuleError(f"{op}: rope must be none, half or interleaved, got {rope!r}")
+    n_in = plain if rope == "none" else plain + 2
+    if len(ins) != n_in:
+        raise ShapeRuleError(f"{op} with rope {rope} takes {n_in} inputs, got {len(ins)}")
+    return str(rope)
+
+
+def _rope_tables(op: str, tables: list[Spec], want: tuple[int, ...], dtype: DType) -> None:
+    """cos and sin must each be `want` of `dtype`."""
+    for name, (ts, td) in zip(("cos", "sin"), tables, strict=True):
+        if ts != want or td != dtype:
+            raise ShapeRuleError(f"{op}: {name} {td}{list(ts)} must be {dtype}{list(want)}")
+
+
 def _paged_sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     # Attention over a paged KV cache (pygpukit/llm/paged.py):
     #   q [B, H, T, D]; k_pool, v_pool [num_blocks, KV, block, D];
@@ -476,12 +495,7 @@ def _paged_sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     # "interleaved" (default "none"): two more inputs cos, sin [B, D/2] (q's dtype, one
     # query a row: T = 1), and q is rotated by row b's tables as rope rotates it before it
     # is attended (the serving step's query rotation done by the attention's own load).
-    rope = attrs.get("rope", "none")
-    if rope not in ("none", "half", "interleaved"):
-        raise ShapeRuleError(f"paged_sdpa: rope must be none, half or interleaved, got {rope!r}")
-    n_in = 5 if rope == "none" else 7
-    if len(ins) != n_in:
-        raise ShapeRuleError(f"paged_sdpa with rope {rope} takes {n_in} inputs, got {len(ins)}")
+    rope = _rope_mode("paged_sdpa", ins, attrs, 5)
     (sq, dq), (sk, dk), (sv, dv), (sb, db), (sl, dl) = ins[:5]
     _float_only("paged_sdpa", dq)
     if len(sq) != 4:
@@ -504,11 +518,7 @@ def _paged_sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
         if sq[2] != 1 or d % 2:
             raise ShapeRuleError(f"paged_sdpa: rope takes one query a row and an even head "
                                  f"dim, got q {list(sq)}")  # fmt: skip
-        want = (b, d // 2)
-        for name, (ts, td) in zip(("cos", "sin"), ins[5:], strict=True):
-            if ts != want or td != dq:
-                raise ShapeRuleError(f"paged_sdpa: {name} {td}{list(ts)} must be "
-                                     f"{dq}{list(want)}")  # fmt: skip
+        _rope_tables("paged_sdpa", ins[5:], (b, d // 2), dq)
     return sq, dq
 
 
@@ -519,12 +529,7 @@ def _paged_write(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     # attrs rope "half" / "interleaved" (default "none"): two more inputs cos, sin [T, D/2]
     # (float, the pool's dtype), and the first rope_heads heads of each row are stored
     # rotated as rope rotates them (the keys of a fused K/V pool: V heads stay as they are).
-    rope = attrs.get("rope", "none")
-    if rope not in ("none", "half", "interleaved"):
-        raise ShapeRuleError(f"paged_write: rope must be none, half or interleaved, got {rope!r}")
-    n_in = 3 if rope == "none" else 5
-    if len(ins) != n_in:
-        raise ShapeRuleError(f"paged_write with rope {rope} takes {n_in} inputs, got {len(ins)}")
+    rope = _rope_mode("paged_write", ins, attrs, 3)
     (sp, dp), (sn, _), (ss, ds) = ins[:3]
     if len(sp) != 4:
         raise ShapeRuleError(f"paged_write: pool {list(sp)} must be [num_blocks, kv_heads, "
@@ -540,11 +545,7 @@ def _paged_write(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
         if not isinstance(heads, int) or not 0 < heads <= sp[1] or sp[3] % 2:
             raise ShapeRuleError(f"paged_write: rope_heads {heads!r} must be in [1, {sp[1]}] "
                                  f"with an even head dim, got pool {list(sp)}")  # fmt: skip
-        want = (sn[0], sp[3] // 2)
-        for name, (ts, td) in zip(("cos", "sin"), ins[3:], strict=True):
-            if ts != want or td != dp:
-                raise ShapeRuleError(f"paged_write: {name} {td}{list(ts)} must be "
-                                     f"{dp}{list(want)}")  # fmt: skip
+        _rope_tables("paged_write", ins[3:], (sn[0], sp[3] // 2), dp)
     return sp, dp
 
 
