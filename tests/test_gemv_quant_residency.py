@@ -63,15 +63,18 @@ def test_biased_codes_where_measured():
     assert gemv_quant.staged_smem(sym, cfg, 4096, 1, biased=True) == plain + 32 * 4
 
 
-@pytest.mark.parametrize(("fmt", "dtype"), [("int8", "bfloat16"), ("fp8", "bfloat16"),
-                                            ("int4", "float16")])  # fmt: skip
-def test_biased_codes_refused_off_int4_bf16(fmt, dtype):
-    """Asking for the biased codes on a weight or x dtype they do not serve is a ShapeError
-    (and a ValueError) naming the weight and the dtype, raised before anything launches."""
+@pytest.mark.parametrize(("fmt", "dtype", "zero"), [("int8", "bfloat16", False),
+                                                    ("fp8", "bfloat16", False),
+                                                    ("int4", "float16", False),
+                                                    ("int4", "bfloat16", True)])  # fmt: skip
+def test_biased_codes_refused_off_int4_bf16(fmt, dtype, zero):
+    """Asking for the biased codes on a weight or x dtype they do not serve (anything but
+    symmetric int4 under bf16) is a ShapeError (and a ValueError) naming the weight and the
+    dtype, raised before anything launches."""
     from pygpukit.errors import ShapeError
     from pygpukit.ir.quant import QuantSpec
 
-    spec = QuantSpec(fmt, group=128) if fmt == "int4" else QuantSpec(fmt)
+    spec = QuantSpec(fmt, group=128, has_zero=zero) if fmt == "int4" else QuantSpec(fmt)
     with pytest.raises(ShapeError, match=f"biased codes for a .*{dtype}") as info:
         gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 4096, 4096, dtype,
                               scale_numel=4096, biased=True)  # fmt: skip

@@ -225,9 +225,8 @@ def quant_variants() -> list[Variant]:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns}))  # fmt: skip
-                # int4 under bf16: the biased codes (gemv_quant.biased_codes), symmetric by
-                # default, asymmetric when asked for.
-                if spec.format == "int4" and dt == "bfloat16":
+                # Symmetric int4 under bf16: the biased codes (gemv_quant.biased_codes).
+                if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": sns, "PGK_QBIAS": 1}))  # fmt: skip
