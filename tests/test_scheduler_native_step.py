@@ -189,8 +189,11 @@ def _run_beside_best_effort(monkeypatch: pytest.MonkeyPatch, native: bool, hs: l
     """Guaranteed steps of one tenant with best-effort tasks of two tenants waiting
     beside them all along (admitted, held for the Guaranteed tenant), as a best-effort
     client's queued GEMMs are; they run once the steps stop."""
+    # Held by time-free rules only: no gap before the next expected step is wide enough
+    # for best effort (guard 60 s), and the tenant goes idle only after 3 s of silence (a
+    # loaded host's slower steps had let best effort into the gaps they learned).
     f, sched, backend, _ = _stand_in(monkeypatch, native, min_idle_ms=3000.0,
-                                     best_effort_duty=0.4)  # fmt: skip
+                                     guard_ms=60_000.0, best_effort_duty=0.4)  # fmt: skip
     xs = [backend.array(h) for h in hs]
     for x in xs:
         f(x)
