@@ -325,6 +325,8 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
         be0: dict[str, Any] = {}
         t_start = t_end = 0.0
         wake0 = feed0 = wake1 = feed1 = 0
+        st0: dict[str, Any] = {}
+        st1: dict[str, Any] = {}
         steps0: dict[str, int] = {}
         steps: dict[str, int] = {}
         clock_start = clock_end = None
@@ -371,6 +373,9 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
     out["wait_p99_ms"] = float(np.percentile(wait_ms[WARMUP:], 99))
     out["gpu_p50_ms"] = float(np.percentile(gpu_ms[WARMUP:], 50))
     out["dispatcher_wakeups"] = wake1 - wake0
+    # Of the dispatcher's waits in the core (without the GIL): the times it woke, found
+    # every waiting task still held and slept on there, never running Python.
+    out["held_rechecks"] = st1["held_rechecks"] - st0["held_rechecks"]
     # The timed steps the native on-caller step served, and those the Python path took.
     out["guaranteed_steps"] = steps
     out["gc_collections"] = gcs  # per generation, during the timed steps
@@ -383,6 +388,8 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                 "throttled": st["throttled"],
                 "held_for_guaranteed": st.get("held_for_guaranteed"),
                 "decode_gap_ms": st["tenants"]["decode"].get("guaranteed_gap_ms")})  # fmt: skip
+    # The core's holds during the timed steps (the totals above include the flood's lead).
+    out["held_for_guaranteed_window"] = st1["held_for_guaranteed"] - st0["held_for_guaranteed"]
     if contended:
         done = be1.get("completed", 0) - be0.get("completed", 0)
         gpu = be1.get("gpu_time_ms", 0.0) - be0.get("gpu_time_ms", 0.0)
@@ -391,7 +398,9 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
                               "gemm_ms": st["tenants"]["gemm"].get("expected_ms"),
                               "alone_gemms_per_s": lead["gemms_per_s"],
                               "alone_clock": lead["clock"],
-                              "held_for_duty": st.get("held_for_duty")}  # fmt: skip
+                              # in the timed window; _total: the whole run, lead included
+                              "held_for_duty": st1["held_for_duty"] - st0["held_for_duty"],
+                              "held_for_duty_total": st.get("held_for_duty")}  # fmt: skip
     return out
 
 

@@ -781,6 +781,59 @@ def test_an_ended_task_and_its_result_are_freed_without_the_garbage_collector(ba
         sched.close(timeout=60)
 
 
+def test_best_effort_between_steps_leaves_the_guaranteed_spare(backend, monkeypatch):
+    """Best-effort tasks of another arena size admitted, run and ended between a
+    Guaranteed tenant's steps (a GEMM flood beside a paced decode loop) take and keep
+    their own lane's spare: every step after the first still runs in the arena its
+    program ran in, admitted and started at submission (with one spare for both, each
+    best-effort admission gave the step's back to the pool and each step allocated anew)."""
+    from pygpukit.scheduler import scheduler as sched_mod
+    from pygpukit.scheduler.device import CudaDevice
+
+    rng = np.random.default_rng()
+    mlp, gather = _fns()
+    xh, wh = _data(rng)
+    x, w = gpk.asarray(xh), gpk.asarray(wh)
+    th = rng.standard_normal((10, 4)).astype(np.float32)
+    ih = rng.integers(0, 10, 3)
+    table, idx = gpk.asarray(th), gpk.asarray(ih)
+    h = xh.astype(np.float64) @ wh
+    want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2.0))) * 2.0
+    mlp(x, w), gather(table, idx)  # traced and planned (their constants) before counting
+    monkeypatch.setattr(backend, "stream", None, raising=False)
+    in_use = backend.pool_stats()["in_use_bytes"]
+    allocs = []
+    real_alloc = backend.alloc_arena
+    monkeypatch.setattr(backend, "alloc_arena", lambda n: allocs.append(n) or real_alloc(n))
+    sched = gpk.Scheduler(memory=64 * MIB, simulate=False, min_idle_ms=0.0)
+    dev = CudaDevice(backend, sched._on_done, sched_mod._EXEC_LOCK, sched._on_done_waiter)
+    _fake_cuda(dev, {})
+    sched._device = dev
+    spy = sched._core = _CoreSpy(sched._core)
+    try:
+        arenas = []
+        for _ in range(6):
+            t = sched.submit(mlp, x, w, qos="guaranteed", bandwidth=0.3, tenant="g")
+            assert t.state == "running"  # launched on this thread at submission
+            arenas.append(t.arena)
+            np.testing.assert_allclose(t.result().to_numpy(), want, rtol=1e-4, atol=1e-4)
+            b = sched.submit(gather, table, idx, qos="best_effort", tenant="be")
+            np.testing.assert_allclose(b.result(timeout=60).to_numpy(),
+                                       th.astype(np.float64)[ih] + 1.0, rtol=1e-6)  # fmt: skip
+        # One arena of each size: each lane's spare served its own tasks.
+        assert len(allocs) == 2 and allocs[0] != allocs[1]
+        assert all(a is arenas[0] for a in arenas)
+        assert spy.calls["submit_start"] == 12
+        st = sched.stats()
+        assert st["completed"] == 12 and st["tenants"]["be"]["completed"] == 6
+        assert st["arena_bytes_spare"] == sum(allocs)
+    finally:
+        sched.close(timeout=60)
+    assert sched.stats()["arena_bytes_spare"] == 0
+    del t, b
+    _reserved_zero(sched, backend, in_use)
+
+
 def test_steps_in_the_spare_arena_run_as_direct_calls_and_keep_their_results(backend, monkeypatch):
     """A Guaranteed step launched at submission in the arena its program already runs in
     (the spare, step after step) takes the direct call's run: its result is written into

@@ -199,8 +199,14 @@ class Scheduler:
         self._ended: OrderedDict[int, tuple[Any, ...]] = OrderedDict()  # id -> Task._record()
         self._waiting: dict[int, str] = {}  # admitted task ids, not started yet -> qos
         self._waiting_not_be = 0  # of those, the Guaranteed and Burstable ones
-        self._spare: Any = None  # the last ended task's arena, kept (see SPARE_ARENA_MAX)
+        # The last ended task's arena, kept (see SPARE_ARENA_MAX), one per lane: the high
+        # lane's (Guaranteed, or a "high" partition; the native step's, step.rs) and the
+        # others'. A best-effort GEMM ending or admitted between a paced Guaranteed
+        # tenant's steps then leaves that tenant the arena its program runs in.
+        self._spare: Any = None
         self._spare_bytes = -1  # the arena bytes it was allocated for
+        self._spare_low: Any = None
+        self._spare_low_bytes = -1
         self._paused = 0
         self._closed = False
         self._stopped: errors.SchedulerError | None = None  # set if the dispatcher died
@@ -309,7 +315,8 @@ class Scheduler:
             # The core may start it at once when its arena is to hand (the spare: nothing
             # to allocate, so nothing can fail between admission and start) and a launch
             # may go on the device now (real time; simulated time is the dispatcher's).
-            start = (self._spare_bytes == res.arena_bytes and not self.simulated
+            spare_bytes = self._spare_bytes if high else self._spare_low_bytes
+            start = (spare_bytes == res.arena_bytes and not self.simulated
                      and not self._paused
                      and (high or self._inflight_low < self.max_inflight))  # fmt: skip
             core = self._core
@@ -333,7 +340,10 @@ class Scheduler:
                 self._steps["python"] += 1
             if prio is not None:  # admitted and started by the core: it runs in the spare
                 task._ticket = ticket  # launched below: its arguments are as checked
-                task.arena, self._spare, self._spare_bytes = self._spare, None, -1
+                if high:
+                    task.arena, self._spare, self._spare_bytes = self._spare, None, -1
+                else:
+                    task.arena, self._spare_low, self._spare_low_bytes = self._spare_low, None, -1
                 # _started_locked, inline (the task's fields as it sets them).
                 if not high:
                     self._inflight_low += 1
@@ -490,7 +500,7 @@ class Scheduler:
             if task is None or task._state != "queued":
                 continue
             try:
-                task.arena = self._take_arena(task.reservation.arena_bytes)
+                task.arena = self._take_arena(task.reservation.arena_bytes, task._high)
             except errors.OutOfMemoryError as e:
                 self._counts["arena_oom"] += 1
                 work.extend(self._core.cancel(tid))
@@ -501,41 +511,55 @@ class Scheduler:
             self._waiting[tid] = task.qos
             self._waiting_not_be += task.qos != "best_effort"
 
-    def _take_arena(self, nbytes: int) -> Any:
-        """An arena of `nbytes`: the spare if it was allocated for as many, else a new one
-        from the pool (the spare goes back first: the pool may need its memory)."""
-        spare = self._spare
+    def _take_arena(self, nbytes: int, high: bool) -> Any:
+        """An arena of `nbytes` for a task of the high lane or not: its lane's spare if it
+        was allocated for as many, else a new one from the pool (that spare goes back
+        first, and the other lane's too if the pool is short: it may need their memory)."""
+        if high:
+            spare, self._spare = self._spare, None
+            fits, self._spare_bytes = self._spare_bytes == nbytes, -1
+        else:
+            spare, self._spare_low = self._spare_low, None
+            fits, self._spare_low_bytes = self._spare_low_bytes == nbytes, -1
         if spare is not None:
-            self._spare = None
-            if self._spare_bytes == nbytes:
-                self._spare_bytes = -1
+            if fits:
                 return spare
-            self._spare_bytes = -1
             spare.release()
+        try:
+            return self._backend.alloc_arena(nbytes)
+        except errors.OutOfMemoryError:
+            if self._spare is None and self._spare_low is None:
+                raise
+        self._release_spare_locked()
         return self._backend.alloc_arena(nbytes)
 
-    def _keep_arena(self, arena: Any, nbytes: int) -> None:
-        """An ended task's arena: kept as the spare (replacing the last) when small enough
-        and the scheduler still admits work, else given back to the pool."""
+    def _keep_arena(self, arena: Any, nbytes: int, high: bool) -> None:
+        """An ended task's arena: kept as its lane's spare (replacing the last) when small
+        enough and the scheduler still admits work, else given back to the pool."""
         if nbytes > SPARE_ARENA_MAX or self._closed or self._stopped is not None:
             arena.release()
             return
-        old = self._spare
-        self._spare, self._spare_bytes = arena, nbytes
+        if high:
+            old, self._spare, self._spare_bytes = self._spare, arena, nbytes
+        else:
+            old, self._spare_low, self._spare_low_bytes = self._spare_low, arena, nbytes
         if old is not None:
             old.release()
 
     def _release_spare_locked(self) -> None:
+        """Gives both lanes' spares back to the pool."""
         spare, self._spare, self._spare_bytes = self._spare, None, -1
-        if spare is not None:
-            spare.release()
+        low, self._spare_low, self._spare_low_bytes = self._spare_low, None, -1
+        for arena in (spare, low):
+            if arena is not None:
+                arena.release()
 
     def _end_locked(self, task: Task, state: str, result: Any = None,
                     error: BaseException | None = None, deliver: bool = True) -> None:  # fmt: skip
         arena = task.arena
         if arena is not None:
             task.arena = None
-            self._keep_arena(arena, task.reservation.arena_bytes)
+            self._keep_arena(arena, task.reservation.arena_bytes, task._high)
         del self._tasks[task.id]
         if self._waiting.pop(task.id, None) is not None:
             self._waiting_not_be -= task.qos != "best_effort"
@@ -677,7 +701,7 @@ class Scheduler:
                     arena = task.arena
                     if arena is not None:
                         task.arena = None
-                        self._keep_arena(arena, task.reservation.arena_bytes)
+                        self._keep_arena(arena, task.reservation.arena_bytes, task._high)
                     task._state = "done"
                     task._outcome = d.result
                     task._wait_gpu = None  # see _end_locked
@@ -934,7 +958,8 @@ class Scheduler:
             st["arena_bytes_held"] = sum(t.reservation.arena_bytes for t in self._tasks.values()
                                          if t.arena is not None)  # fmt: skip
             # The last ended task's arena, kept for the next admission of its size.
-            st["arena_bytes_spare"] = 0 if self._spare is None else self._spare.nbytes
+            st["arena_bytes_spare"] = sum(a.nbytes for a in (self._spare, self._spare_low)
+                                          if a is not None)  # fmt: skip
             st["task_states"] = {tid: t._state for tid, t in self._tasks.items()}
         st["eviction"] = eviction_stats(self._backend.pool)
         st["pool"] = self._backend.pool_stats()

@@ -62,6 +62,10 @@ struct DispatchWait {
     woken: bool,
     /// A watching wait asks the core again when a task may start.
     replan: bool,
+    /// Times a watching wait woke, found every waiting task still held by the
+    /// core and slept on, without returning to Python: held work waiting
+    /// natively (`stats()["held_rechecks"]`).
+    held_rechecks: u64,
 }
 
 /// Thread-safe scheduler core. `capacity_bytes` is the node memory that
@@ -258,6 +262,7 @@ impl PySchedulerCore {
                 planned: f64::INFINITY,
                 woken: false,
                 replan: false,
+                held_rechecks: 0,
             }),
             wake: Condvar::new(),
         })
@@ -564,6 +569,7 @@ impl PySchedulerCore {
         let clock = || now + t0.elapsed().as_secs_f64() * 1e3;
         let out = py.detach(|| {
             let mut w = self.wait_state();
+            let mut slept = false;
             let outcome = loop {
                 if w.woken {
                     break Ok("woken");
@@ -587,7 +593,11 @@ impl PySchedulerCore {
                         Ok(c) => wake = c.map_or(wake, |c| wake.min(c)),
                         Err(e) => break Err(Some(e)),
                     }
+                    // Woken (a hold's planned lapse, a replan) with everything still
+                    // held: back to sleep here, the interpreter untouched.
+                    w.held_rechecks += u64::from(slept);
                 }
+                slept = true;
                 w.planned = wake;
                 let ms = (wake - t).clamp(0.0, MAX_SLEEP_MS);
                 w = self
@@ -610,6 +620,8 @@ impl PySchedulerCore {
     #[pyo3(signature = (now = None))]
     fn stats<'py>(&self, py: Python<'py>, now: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
         let st = self.with(py, |s| s.stats(now))?;
-        stats_dict(py, &st)
+        let d = stats_dict(py, &st)?;
+        d.set_item("held_rechecks", self.wait_state().held_rechecks)?;
+        Ok(d)
     }
 }
