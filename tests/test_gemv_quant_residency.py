@@ -79,3 +79,49 @@ def test_biased_codes_refused_off_int4_bf16(fmt, dtype, zero):
         gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 4096, 4096, dtype,
                               scale_numel=4096, biased=True)  # fmt: skip
     assert isinstance(info.value, ValueError)
+
+
+class _Fn:
+    """The driver's attributes of a loaded kernel, as the launcher reads them."""
+
+    def __init__(self, num_regs: int, local_bytes: int = 0) -> None:
+        self.num_regs, self.shared_bytes, self.local_bytes = num_regs, 256, local_bytes
+
+
+@pytest.mark.parametrize(
+    ("fmt", "regs", "bounded", "want"),
+    [("int8", 68, (80, 0), None),  # three blocks by registers already: fn itself
+     ("int8", 100, (80, 0), 3),  # two by registers, three by shared memory: bounded
+     ("int8", 100, (80, 48), None),  # the bounded build spills: fn
+     ("int8", 100, (88, 0), None),  # the bounded build still misses the third block
+     ("int4", 87, (80, 0), None)],  # two blocks by shared memory either way
+)  # fmt: skip
+def test_register_bounded_where_registers_bind(monkeypatch, fmt, regs, bounded, want):
+    """register_bounded: the build with __launch_bounds__ asking for the blocks an SM's
+    shared memory holds (PGK_QMINB), only where the registers alone held fewer and the
+    bounded build reaches them without local memory."""
+    from pygpukit.backends.cuda.kernels import loader
+    from pygpukit.ir.quant import QuantSpec
+
+    spec = QuantSpec("int8") if fmt == "int8" else QuantSpec("int4", group=128)
+    cfg = gemv_quant.staged_config(spec, 4096)
+    biased = gemv_quant.biased_codes(spec, "bfloat16", 4096)
+    smem = gemv_quant.staged_smem(spec, cfg, 4096, 1, biased)
+    asked: list[dict[str, object]] = []
+
+    def get_kernel(family: str, name: str, d: dict[str, object]) -> loader.Kernel:
+        asked.append(d)
+        return loader.Kernel(name, _Fn(*bounded), "")
+
+    monkeypatch.setattr(gemv_quant.loader, "get_kernel", get_kernel)
+    monkeypatch.setattr(gemv_quant.toolchain, "device_info",
+                        lambda device=None: {"max_shared_per_sm": H200_SMEM_PER_SM})  # fmt: skip
+    fn = loader.Kernel("pgk_gemv_quant", _Fn(regs), "")
+    d = {"PGK_PRO": 1}
+    got = gemv_quant.register_bounded(fn, d, cfg[0], smem)
+    if want is None:
+        assert got is fn
+    else:
+        assert got is not fn and asked == [{"PGK_PRO": 1, "PGK_QMINB": want}]
+    if regs == 68 or fmt == "int4":
+        assert not asked  # nothing compiled where the registers do not bind

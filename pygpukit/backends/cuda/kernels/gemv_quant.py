@@ -9,7 +9,7 @@ from typing import Any
 from pygpukit.errors import ShapeError
 from pygpukit.ir.quant import FP8_BLOCK, QuantSpec
 
-from .. import toolchain
+from .. import compile_ahead, toolchain
 from . import gemv, loader
 from ._common import cdiv, int32_range, positive, pow2_at_least
 
@@ -59,6 +59,13 @@ STAGED_EARLY_WARPS_PER_SM = 24
 # 11.24 against 12.10, [22016 x 4096] 21.18 against 21.00. Symmetric int4 gained nothing
 # from it ((8, 2, 4, 3): 11.40 / 18.37 / 11.47 against 11.22 / 18.72 / 10.68).
 SMALL_K_INT8 = 2048
+# 16-byte pieces of the RMSNorm gain a lane of the staged kernel loads at once (PGK_QGB).
+# 4 held the int8 prologue kernels at 105 (QKV, LM head) and 85 (gate|up with SwiGLU)
+# registers a thread on sm_90, over the 80 a third block an SM leaves: the Llama-2-7B
+# decode step ran them on two blocks an SM where the plain int8 GEMV runs three (grid 264
+# in the H200 profile). 2 (78 and 72 registers) still takes K = 4096 over 8 warps in one
+# batch.
+GAIN_BATCH = 2
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
 # reserves 1 KiB of shared memory per block.
 REG_UNIT = 256
@@ -194,6 +201,31 @@ def resident_blocks(num_regs: int, static_bytes: int, threads: int, smem: int,
     return min(by_smem, by_regs)
 
 
+def register_bounded(fn: loader.Kernel, d: dict[str, object], gw: int, smem: int
+                     ) -> loader.Kernel:  # fmt: skip
+    """The staged kernel fn (defines d, gw warps, smem bytes of dynamic shared memory), or
+    where its registers let an SM hold fewer blocks than its shared memory does (up to
+    STAGED_EARLY_WARPS_PER_SM // gw) its build with __launch_bounds__ asking for those
+    blocks (PGK_QMINB), if that build reaches them without local memory. ptxas spends
+    registers freely below the bound (int8 with the RMSNorm prologue: 100 a thread at
+    K = 4096, 80 bounded, the 80 a third block leaves) and bounds that the shared memory
+    cannot use cost spills (int4 at 80: 16 bytes), so only where they are needed."""
+    if fn.fn is compile_ahead.DEFERRED:  # a dry run's stand-in: no registers to read
+        return fn
+    per_sm = toolchain.device_info()["max_shared_per_sm"]
+    threads = gw * 32
+    want = min(max(1, STAGED_EARLY_WARPS_PER_SM // gw),
+               resident_blocks(0, fn.fn.shared_bytes, threads, smem, per_sm))  # fmt: skip
+    if resident_blocks(fn.fn.num_regs, fn.fn.shared_bytes, threads, smem, per_sm) >= want:
+        return fn
+    bounded = loader.get_kernel("gemv_quant", "pgk_gemv_quant", {**d, "PGK_QMINB": want})
+    b = bounded.fn
+    if b.local_bytes == 0 and resident_blocks(b.num_regs, b.shared_bytes, threads, smem,
+                                              per_sm) >= want:  # fmt: skip
+        return bounded
+    return fn
+
+
 def gemv_quant(
     x: int,
     w: int,
@@ -224,6 +256,9 @@ def gemv_quant(
     pipe: bool | None = None,
     stages: int | None = None,
     biased: bool | None = None,
+    pro_early: bool = False,
+    gain_batch: int | None = None,
+    bound_regs: bool = True,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
@@ -236,7 +271,12 @@ def gemv_quant(
     staged_config; a power of two >= 2) or per step (registers: default from K); pipe
     (registers): the next slab's loads in flight while the current one is multiplied
     (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG. biased (staged int4,
-    bf16 x): multiply the biased codes (None: biased_codes)."""
+    bf16 x): multiply the biased codes (None: biased_codes). pro_early (staged path, with
+    w_early and the RMSNorm prologue): the gain is read-only too, so each lane's first
+    batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
+    a lane loads at once (PGK_QGB; None: GAIN_BATCH). bound_regs (staged): where the
+    kernel's registers let an SM hold fewer blocks than its shared memory does, launch the
+    build bounded to hold them (register_bounded)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -292,9 +332,17 @@ def gemv_quant(
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
+    staged_pro = bool(stages) and prologue != "none"
+    if staged_pro:
+        gb = GAIN_BATCH if gain_batch is None else gain_batch
+        if gb < 1:
+            raise ShapeError(f"gemv_quant: a gain batch of {gb} pieces (1 or more)")
+        d["PGK_QGB"] = gb
     if biased:
         d["PGK_QBIAS"] = 1
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
+    if stages and bound_regs:
+        fn = register_bounded(fn, d, gw, smem)
     fn.set_dynamic_smem(smem)
     tiles = gemv.mma_tiles(n, nt, glu)
     per_sm = blocks_per_sm
@@ -332,7 +380,7 @@ def gemv_quant(
             pro,
             rs,
             eps,
-            int(w_early),
+            int(w_early) | (2 if w_early and pro_early and staged_pro else 0),
         ),
         smem,
         stream,
