@@ -141,6 +141,7 @@ FUSED_ARMS: dict[str, dict[str, Any]] = {
     "unbounded": {"pro_early": True, "bound_regs": False},
     "gain_batch4": {"pro_early": False, "bound_regs": False, "gain_batch": 4},
 }
+PROLOGUE_ARMS = ("gain_late", "unbounded", "gain_batch4")  # switches of the prologue's
 FUSED_CALLS, FUSED_REPS = 20, 30
 
 
@@ -200,8 +201,8 @@ def bench_quant_fused(rows: list[dict[str, Any]], copy_gbs: float, use_compile: 
             copies = [ts] + [[t.clone() for t in ts] for _ in range(sets - 1)]
             fns = {}
             for arm, extra in FUSED_ARMS.items():
-                if arm != "plain" and not pro and extra != FUSED_ARMS["fused"]:
-                    continue  # the switches are the prologue's
+                if not pro and arm in PROLOGUE_ARMS:
+                    continue
                 fused: dict[str, Any] = {}
                 if arm != "plain":
                     fused = {"prologue": "rms_norm" if pro else "none", "pro": gain.data_ptr(),

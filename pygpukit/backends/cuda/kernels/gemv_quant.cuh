@@ -267,12 +267,7 @@ PGK_DEVICE void pgk_qcp_async4(void* smem, const void* gmem, bool pred) {
 }
 
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_gemv_quant)
-#if PGK_QMINB > 0
-#define PGK_QBOUNDS __launch_bounds__(PGK_GW * 32, PGK_QMINB)
-#else
-#define PGK_QBOUNDS __launch_bounds__(PGK_GW * 32)
-#endif
-extern "C" __global__ void PGK_QBOUNDS
+extern "C" __global__ void __launch_bounds__(PGK_GW * 32, PGK_QMINB)
     pgk_gemv_quant(const pgk_t* __restrict__ x, const unsigned char* __restrict__ w,
                    const float* __restrict__ scale, const unsigned char* __restrict__ zero,
                    const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
