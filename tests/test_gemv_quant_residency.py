@@ -81,47 +81,68 @@ def test_biased_codes_refused_off_int4_bf16(fmt, dtype, zero):
     assert isinstance(info.value, ValueError)
 
 
-class _Fn:
-    """The driver's attributes of a loaded kernel, as the launcher reads them."""
+class _FakeFn:
+    num_regs = 0  # unknown here: the grid is sized by shared memory alone
+    shared_bytes = 0
 
-    def __init__(self, num_regs: int, local_bytes: int = 0) -> None:
-        self.num_regs, self.shared_bytes, self.local_bytes = num_regs, 256, local_bytes
+
+class _FakeKernel:
+    """A kernel that records its defines and launch arguments instead of launching."""
+
+    launched: list[tuple[dict[str, object], tuple[object, ...]]] = []
+
+    def __init__(self, defines: dict[str, object]) -> None:
+        self.defines, self.fn = defines, _FakeFn()
+
+    def set_dynamic_smem(self, nbytes: int) -> None:
+        """Nothing to set without a device."""
+
+    def launch(self, grid: object, block: object, args: tuple[object, ...], smem: int = 0,
+               stream: object = None) -> None:  # fmt: skip
+        self.launched.append((self.defines, args))
 
 
 @pytest.mark.parametrize(
-    ("fmt", "regs", "bounded", "want"),
-    [("int8", 68, (80, 0), None),  # three blocks by registers already: fn itself
-     ("int8", 100, (80, 0), 3),  # two by registers, three by shared memory: bounded
-     ("int8", 100, (80, 48), None),  # the bounded build spills: fn
-     ("int8", 100, (88, 0), None),  # the bounded build still misses the third block
-     ("int4", 87, (80, 0), None)],  # two blocks by shared memory either way
+    ("prologue", "w_early", "pro_early", "early_arg"),
+    [("rms_norm", True, True, 3), ("rms_norm", True, False, 1), ("rms_norm", False, True, 0),
+     ("none", True, True, 1)],
 )  # fmt: skip
-def test_register_bounded_where_registers_bind(monkeypatch, fmt, regs, bounded, want):
-    """register_bounded: the build with __launch_bounds__ asking for the blocks an SM's
-    shared memory holds (PGK_QMINB), only where the registers alone held fewer and the
-    bounded build reaches them without local memory."""
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4"])
+def test_gain_batch_and_early_gain(monkeypatch, fmt, prologue, w_early, pro_early, early_arg):
+    """The staged kernel's RMSNorm gain: the format's GAIN_BATCH pieces a lane at once
+    (PGK_QGB, prologue kernels only), and bit 1 of the early-loads argument (the gain read
+    before the predecessor wait) only with bit 0 and the prologue."""
+    from pygpukit.backends.cuda import toolchain
     from pygpukit.backends.cuda.kernels import loader
     from pygpukit.ir.quant import QuantSpec
 
-    spec = QuantSpec("int8") if fmt == "int8" else QuantSpec("int4", group=128)
-    cfg = gemv_quant.staged_config(spec, 4096)
-    biased = gemv_quant.biased_codes(spec, "bfloat16", 4096)
-    smem = gemv_quant.staged_smem(spec, cfg, 4096, 1, biased)
-    asked: list[dict[str, object]] = []
+    info = {"sm_count": 132, "max_shared_per_block_optin": 227 * 1024,
+            "max_shared_per_sm": H200_SMEM_PER_SM}  # fmt: skip
+    monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
+    monkeypatch.setattr(loader, "get_kernel", lambda family, name, d: _FakeKernel(d))
+    _FakeKernel.launched = []
+    spec = QuantSpec("int4", group=128) if fmt == "int4" else QuantSpec(fmt)
+    gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 4096, 4096, "bfloat16",
+                          scale_numel=4096, prologue=prologue,
+                          pro=1 << 24 if prologue != "none" else 0, eps=1e-5,
+                          w_early=w_early, pro_early=pro_early)  # fmt: skip
+    ((defines, args),) = _FakeKernel.launched
+    assert defines["PGK_QSTAGES"] > 0
+    assert args[-1] == early_arg
+    want = gemv_quant.GAIN_BATCH[fmt] if prologue != "none" else None
+    assert defines.get("PGK_QGB") == want
 
-    def get_kernel(family: str, name: str, d: dict[str, object]) -> loader.Kernel:
-        asked.append(d)
-        return loader.Kernel(name, _Fn(*bounded), "")
 
-    monkeypatch.setattr(gemv_quant.loader, "get_kernel", get_kernel)
-    monkeypatch.setattr(gemv_quant.toolchain, "device_info",
-                        lambda device=None: {"max_shared_per_sm": H200_SMEM_PER_SM})  # fmt: skip
-    fn = loader.Kernel("pgk_gemv_quant", _Fn(regs), "")
-    d = {"PGK_PRO": 1}
-    got = gemv_quant.register_bounded(fn, d, cfg[0], smem)
-    if want is None:
-        assert got is fn
-    else:
-        assert got is not fn and asked == [{"PGK_PRO": 1, "PGK_QMINB": want}]
-    if regs == 68 or fmt == "int4":
-        assert not asked  # nothing compiled where the registers do not bind
+def test_gain_batch_must_be_positive(monkeypatch):
+    """A gain batch under one piece is a ShapeError naming it, before anything compiles."""
+    from pygpukit.backends.cuda import toolchain
+    from pygpukit.errors import ShapeError
+    from pygpukit.ir.quant import QuantSpec
+
+    info = {"sm_count": 132, "max_shared_per_block_optin": 227 * 1024,
+            "max_shared_per_sm": H200_SMEM_PER_SM}  # fmt: skip
+    monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
+    with pytest.raises(ShapeError, match="gain batch of 0"):
+        gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, QuantSpec("int8"), 4096,
+                              4096, "bfloat16", scale_numel=4096, prologue="rms_norm",
+                              pro=1 << 24, gain_batch=0)  # fmt: skip

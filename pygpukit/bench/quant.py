@@ -138,10 +138,10 @@ FUSED_ARMS: dict[str, dict[str, Any]] = {
     "plain": {},
     "fused": {"pro_early": True},
     "gain_late": {"pro_early": False},
-    "unbounded": {"pro_early": True, "bound_regs": False},
-    "gain_batch4": {"pro_early": False, "bound_regs": False, "gain_batch": 4},
+    "gain_batch2": {"pro_early": True, "gain_batch": 2},
+    "gain_batch4": {"pro_early": True, "gain_batch": 4},
 }
-PROLOGUE_ARMS = ("gain_late", "unbounded", "gain_batch4")  # switches of the prologue's
+PROLOGUE_ARMS = ("gain_late", "gain_batch2", "gain_batch4")  # switches of the prologue's
 FUSED_CALLS, FUSED_REPS = 20, 30
 
 

@@ -85,10 +85,10 @@ def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m, biased)
     assert _err(out, ref) <= 1e-3
 
 
-# (gain read before the predecessor wait, gain pieces a lane loads at once, register-bounded
-# build): the launcher's default, each switched back, and one piece a batch (K = 4096 over
-# 8 warps: two batches, the first loaded early, the second after x).
-GAIN_PATHS = [(True, None, True), (False, None, True), (True, 1, True), (False, 4, False)]
+# (gain read before the predecessor wait, gain pieces a lane loads at once): the launcher's
+# default, late, each batch size, and one piece a batch (K = 4096 over 8 warps: two
+# batches, the first loaded early, the second after x).
+GAIN_PATHS = [(True, None), (False, None), (True, 1), (True, 2), (False, 4)]
 
 
 @pytest.mark.parametrize("glu", [False, True], ids=["norm", "norm-glu-residual"])
@@ -96,10 +96,9 @@ GAIN_PATHS = [(True, None, True), (False, None, True), (True, 1, True), (False, 
 @pytest.mark.parametrize(("fmt", "kw"), [(f, kw) for f, kw, _ in FORMATS], ids=str)
 @pytest.mark.parametrize("m", [1, 5])
 def test_prologue_gain_paths_match_float64(fmt, kw, gain, glu, m):
-    """The RMSNorm prologue's gain loads (pro_early, gain_batch) and the register-bounded
-    build (bound_regs; int8 with the prologue at K = 4096 is where it engages) in the
-    launcher's default geometry at the Llama-2-7B hidden size, persistent grid, early loads."""
-    pro_early, gain_batch, bound = gain
+    """The RMSNorm prologue's gain loads (pro_early, gain_batch) in the launcher's default
+    geometry at the Llama-2-7B hidden size, persistent grid, early loads."""
+    pro_early, gain_batch = gain
     k = 4096
     rng = np.random.default_rng()
     n = 2 * 203 if glu else 203
@@ -115,7 +114,6 @@ def test_prologue_gain_paths_match_float64(fmt, kw, gain, glu, m):
         scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0, m=m,
         w_early=True, prologue="rms_norm", pro=_ptr(gd), eps=1e-5,
         residual=_ptr(rd) if glu else 0, glu=glu, pro_early=pro_early, gain_batch=gain_batch,
-        bound_regs=bound,
     )  # fmt: skip
     gpk.synchronize()
     out = y.to_numpy()

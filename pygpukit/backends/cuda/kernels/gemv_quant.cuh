@@ -42,11 +42,8 @@
 #ifndef PGK_QEPRE
 #define PGK_QEPRE 0  // 1: the epilogue's scale, bias and residual loaded as a tile starts
 #endif
-#ifndef PGK_QMINB
-#define PGK_QMINB 0  // > 0: blocks an SM must hold by registers (gemv_quant.py)
-#endif
 #ifndef PGK_QGB
-#define PGK_QGB 2  // 16-byte pieces of the RMSNorm gain a lane loads at once (staged path)
+#define PGK_QGB 4  // 16-byte pieces of the RMSNorm gain a lane loads at once (staged path)
 #endif
 #ifndef PGK_QBIAS
 #define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
@@ -267,7 +264,7 @@ PGK_DEVICE void pgk_qcp_async4(void* smem, const void* gmem, bool pred) {
 }
 
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_gemv_quant)
-extern "C" __global__ void __launch_bounds__(PGK_GW * 32, PGK_QMINB)
+extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_quant(const pgk_t* __restrict__ x, const unsigned char* __restrict__ w,
                    const float* __restrict__ scale, const unsigned char* __restrict__ zero,
                    const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
@@ -507,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32, PGK_QMINB)
   };
   // The RMSNorm gain of the warp's columns, GB 16-byte pieces a lane at once (all of a
   // batch's loads in flight together: one after another, each waiting for its load, added
-  // about 5 us to [12288 x 4096] int8; gemv_quant.GAIN_BATCH says why not more). With bit 1
+  // about 5 us to [12288 x 4096] int8; gemv_quant.GAIN_BATCH, per format). With bit 1
   // of w_early (the gain read-only too) the first batch loads before the predecessor wait:
   // after it the gain had been one more memory round trip behind x's before the first MMA.
 #if PGK_PRO == 1

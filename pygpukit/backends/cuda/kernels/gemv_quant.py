@@ -9,7 +9,7 @@ from typing import Any
 from pygpukit.errors import ShapeError
 from pygpukit.ir.quant import FP8_BLOCK, QuantSpec
 
-from .. import compile_ahead, toolchain
+from .. import toolchain
 from . import gemv, loader
 from ._common import cdiv, int32_range, positive, pow2_at_least
 
@@ -59,13 +59,16 @@ STAGED_EARLY_WARPS_PER_SM = 24
 # 11.24 against 12.10, [22016 x 4096] 21.18 against 21.00. Symmetric int4 gained nothing
 # from it ((8, 2, 4, 3): 11.40 / 18.37 / 11.47 against 11.22 / 18.72 / 10.68).
 SMALL_K_INT8 = 2048
-# 16-byte pieces of the RMSNorm gain a lane of the staged kernel loads at once (PGK_QGB).
-# 4 held the int8 prologue kernels at 105 (QKV, LM head) and 85 (gate|up with SwiGLU)
-# registers a thread on sm_90, over the 80 a third block an SM leaves: the Llama-2-7B
-# decode step ran them on two blocks an SM where the plain int8 GEMV runs three (grid 264
-# in the H200 profile). 2 (78 and 72 registers) still takes K = 4096 over 8 warps in one
-# batch.
-GAIN_BATCH = 2
+# 16-byte pieces of the RMSNorm gain a lane of the staged kernel loads at once (PGK_QGB), per
+# format: only what ptxas makes of the kernel differs (K = 4096 over 8 warps is 2 pieces a
+# lane either way). H200, NVRTC 13.0, batch 1, early loads, the gain before the wait, us at
+# QKV / gate|up with SwiGLU / LM head (quant_fused, one interleaved run): int8 with 2
+# (80 registers, three blocks an SM) 16.28 / 26.32 / 37.51 against 4 (128 registers and
+# 24-40 bytes of spills, two) 17.55 / 29.34 / 42.20; fp8 b128 with 4 (122 registers)
+# 16.48 / 29.12 / 41.00 against 2 (85, and 80 with 16 bytes of spills at gate|up) 16.90 /
+# 31.23 / 42.17; int4 g128 with 4 (127, 123) 11.62 / 18.98 / 26.15 against 2 (64 and
+# 8-24 bytes of spills) 13.15 / 21.61 / 29.64.
+GAIN_BATCH = {"int8": 2, "fp8": 4, "int4": 4}
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
 # reserves 1 KiB of shared memory per block.
 REG_UNIT = 256
@@ -201,31 +204,6 @@ def resident_blocks(num_regs: int, static_bytes: int, threads: int, smem: int,
     return min(by_smem, by_regs)
 
 
-def register_bounded(fn: loader.Kernel, d: dict[str, object], gw: int, smem: int
-                     ) -> loader.Kernel:  # fmt: skip
-    """The staged kernel fn (defines d, gw warps, smem bytes of dynamic shared memory), or
-    where its registers let an SM hold fewer blocks than its shared memory does (up to
-    STAGED_EARLY_WARPS_PER_SM // gw) its build with __launch_bounds__ asking for those
-    blocks (PGK_QMINB), if that build reaches them without local memory. ptxas spends
-    registers freely below the bound (int8 with the RMSNorm prologue: 100 a thread at
-    K = 4096, 80 bounded, the 80 a third block leaves) and bounds that the shared memory
-    cannot use cost spills (int4 at 80: 16 bytes), so only where they are needed."""
-    if fn.fn is compile_ahead.DEFERRED:  # a dry run's stand-in: no registers to read
-        return fn
-    per_sm = toolchain.device_info()["max_shared_per_sm"]
-    threads = gw * 32
-    want = min(max(1, STAGED_EARLY_WARPS_PER_SM // gw),
-               resident_blocks(0, fn.fn.shared_bytes, threads, smem, per_sm))  # fmt: skip
-    if resident_blocks(fn.fn.num_regs, fn.fn.shared_bytes, threads, smem, per_sm) >= want:
-        return fn
-    bounded = loader.get_kernel("gemv_quant", "pgk_gemv_quant", {**d, "PGK_QMINB": want})
-    b = bounded.fn
-    if b.local_bytes == 0 and resident_blocks(b.num_regs, b.shared_bytes, threads, smem,
-                                              per_sm) >= want:  # fmt: skip
-        return bounded
-    return fn
-
-
 def gemv_quant(
     x: int,
     w: int,
@@ -258,7 +236,6 @@ def gemv_quant(
     biased: bool | None = None,
     pro_early: bool = False,
     gain_batch: int | None = None,
-    bound_regs: bool = True,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
@@ -274,9 +251,7 @@ def gemv_quant(
     bf16 x): multiply the biased codes (None: biased_codes). pro_early (staged path, with
     w_early and the RMSNorm prologue): the gain is read-only too, so each lane's first
     batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
-    a lane loads at once (PGK_QGB; None: GAIN_BATCH). bound_regs (staged): where the
-    kernel's registers let an SM hold fewer blocks than its shared memory does, launch the
-    build bounded to hold them (register_bounded)."""
+    a lane loads at once (PGK_QGB; None: the format's GAIN_BATCH)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -334,15 +309,13 @@ def gemv_quant(
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
     staged_pro = bool(stages) and prologue != "none"
     if staged_pro:
-        gb = GAIN_BATCH if gain_batch is None else gain_batch
+        gb = GAIN_BATCH[spec.format] if gain_batch is None else gain_batch
         if gb < 1:
             raise ShapeError(f"gemv_quant: a gain batch of {gb} pieces (1 or more)")
         d["PGK_QGB"] = gb
     if biased:
         d["PGK_QBIAS"] = 1
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
-    if stages and bound_regs:
-        fn = register_bounded(fn, d, gw, smem)
     fn.set_dynamic_smem(smem)
     tiles = gemv.mma_tiles(n, nt, glu)
     per_sm = blocks_per_sm

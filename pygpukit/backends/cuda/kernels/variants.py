@@ -225,15 +225,12 @@ def quant_variants() -> list[Variant]:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns}))  # fmt: skip
-                # int8's prologue kernels bounded to the blocks an SM's shared memory holds
-                # (gemv_quant.register_bounded: the only format it was seen to engage on).
-                if pro and spec.format == "int8":
-                    for kgw, knt, ku, kns in sorted(per_k | {(sgw, snt, su, sns)}):
-                        minb = gemv_quant.STAGED_EARLY_WARPS_PER_SM // kgw
-                        out.append(("gemv_quant", ("pgk_gemv_quant",),
-                                    {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
-                                     "PGK_QPIPE": 0, "PGK_QSTAGES": kns,
-                                     "PGK_QMINB": minb}))  # fmt: skip
+                # The prologue's gain batch of the other formats (gemv_quant.GAIN_BATCH).
+                if pro:
+                    out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns,
+                                 "PGK_QGB": gemv_quant.GAIN_BATCH[spec.format]}))  # fmt: skip
                 # Symmetric int4 under bf16: the biased codes (gemv_quant.biased_codes).
                 if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
