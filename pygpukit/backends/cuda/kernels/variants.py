@@ -225,8 +225,8 @@ def quant_variants() -> list[Variant]:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns}))  # fmt: skip
-                # The prologue's gain batch of the other formats (gemv_quant.GAIN_BATCH).
-                if pro:
+                # The prologue's gain batch where it is not the template's 4 (GAIN_BATCH).
+                if pro and gemv_quant.GAIN_BATCH[spec.format] != 4:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": sns,
