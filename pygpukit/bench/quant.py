@@ -3,7 +3,8 @@ TinyLlama-1.1B and Llama-2-7B, against the copy bandwidth for the bytes it reads
 data, scales, zero points, x and y), beside torch's bf16 F.linear and gpt-fast-style
 weight-only baselines under torch.compile (int8: F.linear(x, w.to(x.dtype)) * scales;
 int4: dequantize, then matmul), on the same device in the same run. Weights are random,
-quantized on the device (quant_torch)."""
+quantized on the device (quant_torch). The `quant_fused` group (bench_quant_fused): the
+Llama-2-7B decode step's GEMVs with the step's fusions against the same shape plain."""
 
 from __future__ import annotations
 
