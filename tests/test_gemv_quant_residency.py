@@ -79,3 +79,70 @@ def test_biased_codes_refused_off_int4_bf16(fmt, dtype, zero):
         gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 4096, 4096, dtype,
                               scale_numel=4096, biased=True)  # fmt: skip
     assert isinstance(info.value, ValueError)
+
+
+class _FakeFn:
+    num_regs = 0  # unknown here: the grid is sized by shared memory alone
+    shared_bytes = 0
+
+
+class _FakeKernel:
+    """A kernel that records its defines and launch arguments instead of launching."""
+
+    launched: list[tuple[dict[str, object], tuple[object, ...]]] = []
+
+    def __init__(self, defines: dict[str, object]) -> None:
+        self.defines, self.fn = defines, _FakeFn()
+
+    def set_dynamic_smem(self, nbytes: int) -> None:
+        """Nothing to set without a device."""
+
+    def launch(self, grid: object, block: object, args: tuple[object, ...], smem: int = 0,
+               stream: object = None) -> None:  # fmt: skip
+        self.launched.append((self.defines, args))
+
+
+@pytest.mark.parametrize(
+    ("prologue", "w_early", "pro_early", "early_arg"),
+    [("rms_norm", True, True, 3), ("rms_norm", True, False, 1), ("rms_norm", False, True, 0),
+     ("none", True, True, 1)],
+)  # fmt: skip
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4"])
+def test_gain_batch_and_early_gain(monkeypatch, fmt, prologue, w_early, pro_early, early_arg):
+    """The staged kernel's RMSNorm gain: the format's GAIN_BATCH pieces a lane at once
+    (PGK_QGB, prologue kernels only), and bit 1 of the early-loads argument (the gain read
+    before the predecessor wait) only with bit 0 and the prologue."""
+    from pygpukit.backends.cuda import toolchain
+    from pygpukit.backends.cuda.kernels import loader
+    from pygpukit.ir.quant import QuantSpec
+
+    info = {"sm_count": 132, "max_shared_per_block_optin": 227 * 1024,
+            "max_shared_per_sm": H200_SMEM_PER_SM}  # fmt: skip
+    monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
+    monkeypatch.setattr(loader, "get_kernel", lambda family, name, d: _FakeKernel(d))
+    _FakeKernel.launched = []
+    spec = QuantSpec("int4", group=128) if fmt == "int4" else QuantSpec(fmt)
+    gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 4096, 4096, "bfloat16",
+                          scale_numel=4096, prologue=prologue,
+                          pro=1 << 24 if prologue != "none" else 0, eps=1e-5,
+                          w_early=w_early, pro_early=pro_early)  # fmt: skip
+    ((defines, args),) = _FakeKernel.launched
+    assert defines["PGK_QSTAGES"] > 0
+    assert args[-1] == early_arg
+    want = gemv_quant.GAIN_BATCH[fmt] if prologue != "none" else None
+    assert defines.get("PGK_QGB") == want
+
+
+def test_gain_batch_must_be_positive(monkeypatch):
+    """A gain batch under one piece is a ShapeError naming it, before anything compiles."""
+    from pygpukit.backends.cuda import toolchain
+    from pygpukit.errors import ShapeError
+    from pygpukit.ir.quant import QuantSpec
+
+    info = {"sm_count": 132, "max_shared_per_block_optin": 227 * 1024,
+            "max_shared_per_sm": H200_SMEM_PER_SM}  # fmt: skip
+    monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
+    with pytest.raises(ShapeError, match="gain batch of 0"):
+        gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, QuantSpec("int8"), 4096,
+                              4096, "bfloat16", scale_numel=4096, prologue="rms_norm",
+                              pro=1 << 24, gain_batch=0)  # fmt: skip

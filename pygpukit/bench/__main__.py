@@ -4,9 +4,10 @@ installed), on the same device buffers, in one run.
     python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
 NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, sdpa, read_floor,
-quant, quant_llm, chain64, linear_gelu, compile_time, dispatch, transfer, llm, llm_prefill,
-llm_long, llm_load; a GEMM workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default:
-everything but the llm groups and quant_llm (--llm adds llm; the others run when named).
+quant, quant_fused, quant_llm, chain64, linear_gelu, compile_time, dispatch, transfer, llm,
+llm_prefill, llm_long, llm_load; a GEMM workload alone as gemm:<dtype>:<size>, e.g.
+gemm:bf16:4096. Default: everything but the llm groups, quant_fused and quant_llm (--llm adds
+llm; the others run when named).
 Prints a table of times and ratios; --json writes every row plus the device, driver, torch
 version and git commit. --json without FILE writes bench/results/<device>-<group>.json when
 NAMES are one result group's (results.RESULT_GROUPS: kernels, compiled, dispatch,
@@ -38,11 +39,12 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "sdpa": kernels.bench_sdpa,
     "read_floor": read_floor.bench_read_floor,
     "quant": quant.bench_quant,
+    "quant_fused": quant.bench_quant_fused,
     "quant_llm": quant_llm.bench_quant_llm,
 }
 COMPILED_GROUPS = ("chain64", "linear_gelu", "compile_time", "dispatch")
 LLM_EXTRA_GROUPS = ("llm_prefill", "llm_long", "llm_load")  # run only when named
-HEAVY_GROUPS = (*LLM_EXTRA_GROUPS, "quant_llm")  # not in a run without --only
+HEAVY_GROUPS = (*LLM_EXTRA_GROUPS, "quant_llm", "quant_fused")  # not in a run without --only
 GROUPS = ("gemm", "copy", *KERNEL_GROUPS, *COMPILED_GROUPS, "transfer", "llm", *LLM_EXTRA_GROUPS)
 
 

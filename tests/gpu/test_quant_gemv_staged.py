@@ -83,3 +83,45 @@ def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m, biased)
         gate, up = gu[:, :n_out], gu[:, n_out:]
         ref = gate / (1 + np.exp(-gate)) * up + res.astype(np.float64)
     assert _err(out, ref) <= 1e-3
+
+
+# (gain read before the predecessor wait, gain pieces a lane loads at once): the launcher's
+# default, late, each batch size, and one piece a batch (K = 4096 over 8 warps: two
+# batches, the first loaded early, the second after x).
+GAIN_PATHS = [(True, None), (False, None), (True, 1), (True, 2), (False, 4)]
+
+
+@pytest.mark.parametrize("glu", [False, True], ids=["norm", "norm-glu-residual"])
+@pytest.mark.parametrize("gain", GAIN_PATHS, ids=lambda g: "-".join(map(str, g)))
+@pytest.mark.parametrize(("fmt", "kw"), [(f, kw) for f, kw, _ in FORMATS], ids=str)
+@pytest.mark.parametrize("m", [1, 5])
+def test_prologue_gain_paths_match_float64(fmt, kw, gain, glu, m):
+    """The RMSNorm prologue's gain loads (pro_early, gain_batch) in the launcher's default
+    geometry at the Llama-2-7B hidden size, persistent grid, early loads."""
+    pro_early, gain_batch = gain
+    k = 4096
+    rng = np.random.default_rng()
+    n = 2 * 203 if glu else 203
+    q = quantize(rng.standard_normal((n, k)), fmt, **kw)
+    x = rng.uniform(-1, 1, (m, k)).astype(BF16)
+    g = rng.uniform(0.5, 1.5, k).astype(BF16)
+    n_out = n // 2 if glu else n
+    res = rng.uniform(-1, 1, (m, n_out)).astype(BF16)
+    xd, gd, rd = (gpk.from_numpy(a).realize() for a in (x, g, res))
+    y = gpk.zeros((m, n_out), gpk.bfloat16).realize()
+    gemv_quant.gemv_quant(
+        _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
+        scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0, m=m,
+        w_early=True, prologue="rms_norm", pro=_ptr(gd), eps=1e-5,
+        residual=_ptr(rd) if glu else 0, glu=glu, pro_early=pro_early, gain_batch=gain_batch,
+    )  # fmt: skip
+    gpk.synchronize()
+    out = y.to_numpy()
+    x64 = x.astype(np.float64)
+    xg = (x64 * g.astype(np.float64)).astype(BF16).astype(np.float64)
+    rs = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)
+    ref = rs * (xg @ q.dequantize().T)
+    if glu:
+        gate, up = ref[:, :n_out], ref[:, n_out:]
+        ref = gate / (1 + np.exp(-gate)) * up + res.astype(np.float64)
+    assert _err(out, ref) <= 1e-3

@@ -42,6 +42,9 @@
 #ifndef PGK_QEPRE
 #define PGK_QEPRE 0  // 1: the epilogue's scale, bias and residual loaded as a tile starts
 #endif
+#ifndef PGK_QGB
+#define PGK_QGB 4  // 16-byte pieces of the RMSNorm gain a lane loads at once (staged path)
+#endif
 #ifndef PGK_QBIAS
 #define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
 #endif
@@ -499,6 +502,25 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       pgk_cp_async_commit();
     }
   };
+  // The RMSNorm gain of the warp's columns, GB 16-byte pieces a lane at once (all of a
+  // batch's loads in flight together: one after another, each waiting for its load, added
+  // about 5 us to [12288 x 4096] int8; gemv_quant.GAIN_BATCH, per format). With bit 1
+  // of w_early (the gain read-only too) the first batch loads before the predecessor wait:
+  // after it the gain had been one more memory round trip behind x's before the first MMA.
+#if PGK_PRO == 1
+  constexpr int GB = PGK_QGB;
+  const int gpieces = (c_hi - c_lo) * (CW / 8), gcol0 = c_lo * CW;
+  auto gain_batch = [&](int p0, uint4 (&gv)[GB]) {
+#pragma unroll
+    for (int i = 0; i < GB; ++i) {
+      const int p = p0 + 32 * i, col = gcol0 + 8 * p;
+      gv[i] = pgk_gload_x(pro + col, p < gpieces && col < k);
+    }
+  };
+  const bool g_early = (w_early & 2) != 0;  // set only beside bit 0 (gemv_quant.py)
+  uint4 gpre[GB];
+  if (g_early) gain_batch(lane, gpre);  // before the stages: not queued behind their loads
+#endif
   if (w_early) first_stages();
   pgk_pdl_wait();
   pgk_pdl_trigger();
@@ -514,29 +536,27 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   }
   (void)pro;
   // The prologue on the warp's columns of x in shared memory, once, before the first
-  // stage is multiplied: every lane takes 16-byte pieces of the columns (all of its gain
-  // loads of a batch in flight at once: one lane row after another, each waiting for its
-  // load, added about 5 us to [12288 x 4096] int8), sums the squares of the raw values of
-  // each row in fp32 and writes back x * gain as pgk_gscale rounds it; the warp's sums
-  // of squares go to sumsq once (the register path takes them per tile with its MMAs).
+  // stage is multiplied: every lane takes 16-byte pieces of the columns (the gain in
+  // batches, gain_batch), sums the squares of the raw values of each row in fp32 and
+  // writes back x * gain as pgk_gscale rounds it; the warp's sums of squares go to sumsq
+  // once (the register path takes them per tile with its MMAs).
   auto prologue_once = [&]() {
 #if PGK_PRO == 1
-    constexpr int B = 4;  // pieces a lane loads the gain of at once
-    const int pieces = (c_hi - c_lo) * (CW / 8), col0 = c_lo * CW;
     float sq[8];
 #pragma unroll
     for (int r = 0; r < 8; ++r) sq[r] = 0.0f;
-    for (int p0 = lane; p0 < pieces; p0 += 32 * B) {
-      uint4 gv[B];
+    for (int p0 = lane; p0 < gpieces; p0 += 32 * GB) {
+      uint4 gv[GB];
+      if (g_early && p0 == lane) {
 #pragma unroll
-      for (int i = 0; i < B; ++i) {
-        const int p = p0 + 32 * i, col = col0 + 8 * p;
-        gv[i] = pgk_gload_x(pro + col, p < pieces && col < k);
+        for (int i = 0; i < GB; ++i) gv[i] = gpre[i];
+      } else {
+        gain_batch(p0, gv);
       }
 #pragma unroll
-      for (int i = 0; i < B; ++i) {
-        const int p = p0 + 32 * i, col = col0 + 8 * p;
-        if (p >= pieces) break;
+      for (int i = 0; i < GB; ++i) {
+        const int p = p0 + 32 * i, col = gcol0 + 8 * p;
+        if (p >= gpieces) break;
 #pragma unroll
         for (int r = 0; r < 8; ++r) {
           if (r >= m) break;

@@ -59,6 +59,16 @@ STAGED_EARLY_WARPS_PER_SM = 24
 # 11.24 against 12.10, [22016 x 4096] 21.18 against 21.00. Symmetric int4 gained nothing
 # from it ((8, 2, 4, 3): 11.40 / 18.37 / 11.47 against 11.22 / 18.72 / 10.68).
 SMALL_K_INT8 = 2048
+# 16-byte pieces of the RMSNorm gain a lane of the staged kernel loads at once (PGK_QGB), per
+# format: only what ptxas makes of the kernel differs (K = 4096 over 8 warps is 2 pieces a
+# lane either way). H200, NVRTC 13.0, batch 1, early loads, the gain before the wait, us at
+# QKV / gate|up with SwiGLU / LM head (quant_fused, one interleaved run): int8 with 2
+# (80 registers, three blocks an SM) 16.28 / 26.32 / 37.51 against 4 (128 registers and
+# 24-40 bytes of spills, two) 17.55 / 29.34 / 42.20; fp8 b128 with 4 (122 registers)
+# 16.48 / 29.12 / 41.00 against 2 (85, and 80 with 16 bytes of spills at gate|up) 16.90 /
+# 31.23 / 42.17; int4 g128 with 4 (127, 123) 11.62 / 18.98 / 26.15 against 2 (64 and
+# 8-24 bytes of spills) 13.15 / 21.61 / 29.64.
+GAIN_BATCH = {"int8": 2, "fp8": 4, "int4": 4}
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
 # reserves 1 KiB of shared memory per block.
 REG_UNIT = 256
@@ -224,6 +234,8 @@ def gemv_quant(
     pipe: bool | None = None,
     stages: int | None = None,
     biased: bool | None = None,
+    pro_early: bool = False,
+    gain_batch: int | None = None,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
@@ -236,7 +248,10 @@ def gemv_quant(
     staged_config; a power of two >= 2) or per step (registers: default from K); pipe
     (registers): the next slab's loads in flight while the current one is multiplied
     (PGK_QPIPE). config and pipe default to the format's FORMAT_CONFIG. biased (staged int4,
-    bf16 x): multiply the biased codes (None: biased_codes)."""
+    bf16 x): multiply the biased codes (None: biased_codes). pro_early (staged path, with
+    w_early and the RMSNorm prologue): the gain is read-only too, so each lane's first
+    batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
+    a lane loads at once (PGK_QGB; None: the format's GAIN_BATCH)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -292,6 +307,12 @@ def gemv_quant(
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
+    staged_pro = bool(stages) and prologue != "none"
+    if staged_pro:
+        gb = GAIN_BATCH[spec.format] if gain_batch is None else gain_batch
+        if gb < 1:
+            raise ShapeError(f"gemv_quant: a gain batch of {gb} pieces (1 or more)")
+        d["PGK_QGB"] = gb
     if biased:
         d["PGK_QBIAS"] = 1
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
@@ -332,7 +353,7 @@ def gemv_quant(
             pro,
             rs,
             eps,
-            int(w_early),
+            int(w_early) | (2 if w_early and pro_early and staged_pro else 0),
         ),
         smem,
         stream,

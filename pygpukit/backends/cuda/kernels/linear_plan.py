@@ -564,6 +564,8 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
     scale_numel = numel(p.scale.shape)
     glu = spec.glu == "swiglu"
     settled = all(getattr(v.storage, "readonly", False) for v in p.weight)
+    # The RMSNorm gain read before the predecessor wait too where it is a weight (read-only).
+    gain_settled = p.prologue is not None and bool(getattr(p.prologue.storage, "readonly", False))
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue | None:
         vp = spec.split(v)
@@ -581,7 +583,7 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
                 pro=vp.prologue.ptr if vp.prologue is not None else 0, eps=spec.eps,
                 residual=vp.residual.ptr if vp.residual is not None else 0,
                 residual_stride=rs, glu=glu, w_early=settled and capturing(ctx),
-                stream=ctx.stream,
+                pro_early=gain_settled, stream=ctx.stream,
             )  # fmt: skip
         return y
 

@@ -225,6 +225,12 @@ def quant_variants() -> list[Variant]:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns}))  # fmt: skip
+                # The prologue's gain batch where it is not the template's 4 (GAIN_BATCH).
+                if pro and gemv_quant.GAIN_BATCH[spec.format] != 4:
+                    out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns,
+                                 "PGK_QGB": gemv_quant.GAIN_BATCH[spec.format]}))  # fmt: skip
                 # Symmetric int4 under bf16: the biased codes (gemv_quant.biased_codes).
                 if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
