@@ -160,13 +160,13 @@ def test_ctrl_c_while_the_front_end_starts_stops_cleanly():
     calls: list[str] = []
 
     def start() -> Server:
-        srv._proc = Front()
+        srv._procs = [Front()]
         os.kill(os.getpid(), signal.SIGINT)  # delivered before start() returns
         return srv
 
     def stop() -> None:
         calls.append("stop")
-        srv._proc = None
+        srv._procs = []
 
     srv.start, srv.stop = start, stop  # type: ignore[method-assign]
     assert threading.current_thread() is threading.main_thread()

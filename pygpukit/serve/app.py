@@ -3,14 +3,15 @@ engine's process or in a front-end process of its own, through an EngineClient
 (bridge.py; Server chooses).
 
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streamed as
-server-sent events or not). Each request is tokenized off the event loop, submitted to the
-engine, and its tokens come back through a thread-safe hand-off to an asyncio queue (one
-loop wake-up for all the events an engine step makes, scheduled once at the step's end,
-not one per token; a stream that falls behind sends the tokens it has in one chunk); when
-the client goes away (a stream's send fails or the connection closes) the request is
-cancelled and its KV blocks go back at the engine's next step. Every failure is an OpenAI
-error object with its status: 400 bad request, 404 unknown model, 413 body too large,
-429 queue full, 503 refused by the scheduler, 500 the engine failed.
+server-sent events or not). Each text or chat request is tokenized off the event loop (a
+token-id prompt goes straight on), submitted to the engine, and its tokens come back
+through a thread-safe hand-off to an asyncio queue (one loop wake-up for all the events
+an engine step makes, scheduled once at the step's end, not one per token; a stream that
+falls behind sends the tokens it has in one chunk); when the client goes away (a stream's
+send fails or the connection closes) the request is cancelled and its KV blocks go back at
+the engine's next step. Every failure is an OpenAI error object with its status: 400 bad
+request, 404 unknown model, 413 body too large, 429 queue full, 503 refused by the
+scheduler, 500 the engine failed.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ class Api:
             raise schema.RequestError(f"the request body is not valid JSON: {e}") from None
 
     def prompt_ids(self, req: schema.GenerationRequest) -> list[int]:
-        """Tokenize (runs in a worker thread: a long prompt must not stall the loop)."""
+        """The prompt's token ids: text and chat messages are tokenized in a worker thread
+        (a long prompt must not stall the loop); token ids are taken on the loop."""
         tok = self.model.tokenizer
         if req.messages is not None:
             try:
@@ -184,7 +186,12 @@ class Api:
                 raise schema.RequestError(f"the model '{req.model}' does not exist (this server "
                                           f"serves '{self.name}')", 404, "model",
                                           "not_found_error")  # fmt: skip
-            ids = await asyncio.to_thread(self.prompt_ids, req)
+            if isinstance(req.prompt, list):
+                # Token ids: nothing to tokenize, so no hop to a worker thread and back;
+                # the request goes to the engine in this loop pass.
+                ids = self.prompt_ids(req)
+            else:
+                ids = await asyncio.to_thread(self.prompt_ids, req)
             max_tokens = req.max_tokens
             if max_tokens is None:
                 max_tokens = max(1, self.engine.max_model_len - len(ids))
