@@ -115,8 +115,10 @@ def test_a_round_warms_its_clients_outside_the_row(procs):
     warm = seen["warm"]
     assert sorted((r["prompt"], r["tokens"]) for r in warm) == [(WARMUP_PROMPT, 1)] * 3
     assert max(r["ended"] for r in warm) <= seen["since"] <= t0
+    # The whole prompts reached the engine (the ids travel in extra_body, replacing "").
     timed = engine.timeline(seen["since"])["requests"]
     assert sorted(r["prompt"] for r in timed) == sorted(len(p) for p in prompts)
+    assert row["prompt_ids_in"] == "extra_body"
     assert all(r["tokens"] == 3 for r in timed)
     assert row["warm_clients"] is True and row["output_tokens"] == 9
     assert all(r["start"] >= t0 for r in res) and len(res) == 3
