@@ -9,8 +9,9 @@ stream chunks. front_ends=N runs N such processes listening on one port (SO_REUS
 the kernel spreads the connections over them), each with its connection to the engine, so
 N event loops share the requests' intake and the streams' chunks (one loop spends about
 0.5 ms of its time on a request and 20 us on each chunk of each stream, most of it the
-HTTP stack and the socket send). processes=1 serves from a thread of this process, beside
-the engine.
+HTTP stack and the socket send; on the H200's host, where the load generator's clients
+share the 16 cores, two or four measured no gain over one: docs/llm.md). processes=1
+serves from a thread of this process, beside the engine.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class Server:
         return f"http://{self.host}:{self.port}"
 
     def run(self) -> None:
-        """Serve until interrupted (Ctrl-C) or, with processes=2, until the front end's
+        """Serve until interrupted (Ctrl-C) or, with processes=2, until a front end's
         process ends."""
         if self.server is not None:
             self.engine.start()
