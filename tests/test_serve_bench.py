@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -83,3 +84,41 @@ def test_mixed_step_timing_leaves_the_engine_as_it_found_it():
     assert not e._running and not e._prefilling and not e._inflight
     assert len(e._tok_free) == free and e.blocks.free == blocks
     assert e.stats()["finished"] == 0
+
+
+@pytest.mark.parametrize("procs", [0, 2])
+def test_a_round_warms_its_clients_outside_the_row(procs):
+    """Every client completes a small warm-up request (an 8-token prompt, one token) per
+    stream before the round starts; at_start runs once they all ended, so the engine's
+    timeline from there holds the timed requests alone, and every timed stream starts
+    after t0."""
+    from pygpukit import llm
+    from pygpukit.bench.serve_load import WARMUP_PROMPT, _prompts, _round
+    from pygpukit.llm.tiny import write_tiny_model
+    from pygpukit.serve import Engine
+    from pygpukit.serve.server import Server
+
+    model = llm.load(write_tiny_model())
+    engine = Engine(model, max_model_len=128, kv_blocks=200)
+    server = Server(model, engine, "bench", port=0).start()
+    try:
+        prompts = _prompts(3, model.config.vocab_size, 10, 40, 7)
+        seen: dict = {}
+
+        def at_start():
+            seen["warm"] = engine.timeline(0.0)["requests"]
+            seen["since"] = time.perf_counter()
+
+        row, res, t0 = _round(server.url, prompts, 3, procs, at_start)
+    finally:
+        server.stop()
+    warm = seen["warm"]
+    assert sorted((r["prompt"], r["tokens"]) for r in warm) == [(WARMUP_PROMPT, 1)] * 3
+    assert max(r["ended"] for r in warm) <= seen["since"] <= t0
+    # The whole prompts reached the engine (the ids travel in extra_body, replacing "").
+    timed = engine.timeline(seen["since"])["requests"]
+    assert sorted(r["prompt"] for r in timed) == sorted(len(p) for p in prompts)
+    assert row["prompt_ids_in"] == "extra_body"
+    assert all(r["tokens"] == 3 for r in timed)
+    assert row["warm_clients"] is True and row["output_tokens"] == 9
+    assert all(r["start"] >= t0 for r in res) and len(res) == 3

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import socket
 import time
+import types
 
 import numpy as np
 import pytest
@@ -160,13 +161,13 @@ def test_ctrl_c_while_the_front_end_starts_stops_cleanly():
     calls: list[str] = []
 
     def start() -> Server:
-        srv._proc = Front()
+        srv._procs = [Front()]
         os.kill(os.getpid(), signal.SIGINT)  # delivered before start() returns
         return srv
 
     def stop() -> None:
         calls.append("stop")
-        srv._proc = None
+        srv._procs = []
 
     srv.start, srv.stop = start, stop  # type: ignore[method-assign]
     assert threading.current_thread() is threading.main_thread()
@@ -174,3 +175,37 @@ def test_ctrl_c_while_the_front_end_starts_stops_cleanly():
     srv.run()
     assert calls == ["stop"]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_long_loop_pass_sends_its_commands_without_waiting_for_its_end(monkeypatch):
+    """The commands of one event-loop pass go out together at its end; in a pass that runs
+    longer than SEND_WITHIN (a burst of requests parsed one by one) those queued so far go
+    out as soon as the first has waited that long, not at the end."""
+    from pygpukit.serve import bridge as bridge_mod
+
+    now = [100.0]
+    monkeypatch.setattr(bridge_mod, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    mine, theirs = multiprocessing.Pipe(duplex=True)
+    client = EngineClient(theirs, 128, 300, frozenset())
+
+    async def main() -> None:
+        client.attach(asyncio.get_running_loop(), lambda: None)
+        client._queue(("cancel", 1))
+        now[0] += bridge_mod.SEND_WITHIN / 2
+        client._queue(("cancel", 2))
+        assert not mine.poll()  # held for the pass's end
+        now[0] += bridge_mod.SEND_WITHIN
+        client._queue(("cancel", 3))  # the first has waited SEND_WITHIN: all go now
+        assert mine.poll(5) and mine.recv() == ("cmds", [("cancel", 1), ("cancel", 2),
+                                                         ("cancel", 3)])  # fmt: skip
+        client._queue(("cancel", 4))
+        assert not mine.poll()
+        await asyncio.sleep(0)  # the pass ends
+        assert mine.poll(5) and mine.recv() == ("cmds", [("cancel", 4)])
+        assert not mine.poll(0.05)
+
+    try:
+        asyncio.run(main())
+    finally:
+        mine.close()
+        theirs.close()

@@ -178,6 +178,9 @@ def _post(server, body: bytes, path="/v1/completions", ctype="application/json")
     (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, "'stream'"),
     (json.dumps({"prompt": 5}).encode(), 400, "'prompt'"),
     (json.dumps({"prompt": [1, 99999]}).encode(), 400, "outside the vocabulary"),
+    (json.dumps({"prompt": [1, True]}).encode(), 400, "'prompt'"),
+    (json.dumps({"prompt": [1, 2.0]}).encode(), 400, "'prompt'"),
+    (json.dumps({"prompt": list(range(3, 300))}).encode(), 400, "context length"),
     (json.dumps({"prompt": "x", "max_tokens": 10**12}).encode(), 400, "context length"),
     (json.dumps({"prompt": "x", "stop": [1]}).encode(), 400, "'stop'"),
     (json.dumps({"prompt": "x", "n": 3}).encode(), 400, "n=1"),
@@ -210,6 +213,94 @@ def test_hostile_requests_and_the_server_keeps_serving(server, client):
     r = client.completions.create(model="tiny", prompt="Alice", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens <= 3
     _idle(server)
+
+
+def test_token_id_prompts_skip_the_thread_hop_and_keep_their_errors(model, monkeypatch):
+    """A token-id prompt is taken on the event loop (no worker-thread round trip before
+    its submit); a text prompt still goes to a thread to be tokenized. The token-id
+    prompt's errors are still 400s naming the fault."""
+    import asyncio
+
+    from pygpukit.serve import Engine
+    from pygpukit.serve.server import Server
+
+    hops: list[str] = []
+    real = asyncio.to_thread
+
+    async def counted(func, *args, **kwargs):
+        hops.append(getattr(func, "__name__", "?"))
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    engine = Engine(model, max_model_len=64, kv_blocks=40)
+    s = Server(model, engine, "tiny", port=0, processes=1).start()
+    try:
+        ids = [int(t) for t in np.random.default_rng(5).integers(3, 300, size=12)]
+        got, obj = _post(s, json.dumps({"prompt": ids, "max_tokens": 6, "temperature": 0,
+                                        "ignore_eos": True}).encode())  # fmt: skip
+        assert got == 200, obj
+        want = model.tokenizer.decode(engine.generate([ids], 6, ignore_eos=True)[0])
+        assert obj["choices"][0]["text"] == want
+        for body, words in (({"prompt": [1, 99999]}, "outside the vocabulary"),
+                            ({"prompt": ids, "max_tokens": 60}, "context length"),
+                            ({"prompt": [1, False]}, "'prompt'")):  # fmt: skip
+            got, obj = _post(s, json.dumps(body).encode())
+            assert got == 400 and words in obj["error"]["message"], obj
+        assert "prompt_ids" not in hops
+        got, obj = _post(s, json.dumps({"prompt": "Alice", "max_tokens": 2}).encode())
+        assert got == 200, obj
+        assert hops.count("prompt_ids") == 1
+    finally:
+        s.stop()
+
+
+def test_front_ends_share_one_port(model, monkeypatch):
+    """front_ends=2: two front-end processes listen on one port, the kernel spreads the
+    connections over both (each front end's bridge submits some of them), and every
+    answer equals the prompt generated alone; stop() joins both."""
+    from pygpukit import errors
+    from pygpukit.serve import Engine
+    from pygpukit.serve.bridge import EngineBridge
+    from pygpukit.serve.server import Server
+
+    engine = Engine(model, max_model_len=64, kv_blocks=200, max_queue=64)
+    with pytest.raises(errors.GPUKitValueError, match="front_ends"):
+        Server(model, engine, "tiny", port=0, front_ends=0)
+    with pytest.raises(errors.GPUKitValueError, match="processes=2"):
+        Server(model, engine, "tiny", port=0, processes=1, front_ends=2)
+    submits: dict[int, int] = {}
+    real = EngineBridge._command
+
+    def counted(self, cmd, acks):
+        if cmd[0] == "submit":
+            submits[id(self)] = submits.get(id(self), 0) + 1
+        real(self, cmd, acks)
+
+    monkeypatch.setattr(EngineBridge, "_command", counted)
+    s = Server(model, engine, "tiny", port=0, front_ends=2).start()
+    procs = list(s._procs)
+    try:
+        assert len(procs) == 2 and all(p.is_alive() for p in procs)
+        rng = np.random.default_rng(11)
+        prompts = [[int(t) for t in rng.integers(3, 300, size=int(rng.integers(4, 20)))]
+                   for _ in range(16)]  # fmt: skip
+
+        def one(ids):  # a connection of its own each: its own source port
+            got, obj = _post(s, json.dumps({"prompt": ids, "max_tokens": 5, "temperature": 0,
+                                            "ignore_eos": True}).encode())  # fmt: skip
+            assert got == 200, obj
+            return obj["choices"][0]["text"]
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(one, prompts))
+        alone = [model.tokenizer.decode(engine.generate([p], 5, ignore_eos=True)[0])
+                 for p in prompts]  # fmt: skip
+        assert texts == alone
+        assert sorted(submits) == sorted(id(b) for b in s._bridges)  # both took some
+        assert sum(submits.values()) == 16
+    finally:
+        s.stop()
+    assert [p.exitcode for p in procs] == [0, 0] and not s._procs
 
 
 @pytest.mark.parametrize("processes", [2, 1])

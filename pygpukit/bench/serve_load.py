@@ -13,7 +13,18 @@ as a real load generator on another host would not; --procs 0 runs them in this 
 `--step-tokens` sets the engine's token budget per step (decode rows + prompt tokens).
 The server's HTTP front end runs in a process of its own (as `pygpukit serve` does);
 `--single-process` serves it from a thread beside the engine instead (each row's
-"front_end": "process" or "thread").
+"front_end": "process" or "thread"); `--front-ends N` runs N such processes on the port
+(the row's "front_ends").
+
+The clients are warm when a round starts (each row's "warm_clients"): each client process
+first completes as many small requests at once (an 8-token prompt, one token) as it has
+streams, so its connections are open and the openai client's one-time set-up (about 80 ms
+of its first request) is done, as vLLM's benchmark_serving sends a warm-up request; the
+round starts when every process is warm (a barrier), and nothing of the warm-up is in the
+row (its steps, its requests' timelines). The clients send the prompt ids through the
+openai client's `extra_body` (the row's "prompt_ids_in"): the same JSON body, without the
+client library's type transform of each id, which cost 3.5-4 ms of a client process per
+320-id prompt and so spread a process's starts over tens of ms.
 `--step-times` first times the engine's decode step alone (inputs, the captured graph,
 the tokens read back) at batch 1, 16 and 64 with 512-token contexts. `--peer` also times
 transformers' continuous batching (`generate_batch`) on the same prompts, where
@@ -36,7 +47,7 @@ import json
 import multiprocessing
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,10 +71,14 @@ async def _client(client: Any, prompt: list[int], max_tokens: int) -> dict[str, 
     t0 = time.perf_counter()
     stamps: list[float] = []
     n = 0
-    stream = await client.completions.create(model="bench", prompt=prompt, max_tokens=max_tokens,
+    # The ids go in extra_body (it replaces prompt="" in the JSON): the same request body,
+    # without the client's type transform of each id (3.5-4 ms of the client process per
+    # 320-id prompt, which spread a process's 8 starts over 30-60 ms of the round).
+    stream = await client.completions.create(model="bench", prompt="", max_tokens=max_tokens,
                                              temperature=0, stream=True,
                                              stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True})  # fmt: skip
+                                             extra_body={"prompt": prompt,
+                                                         "ignore_eos": True})  # fmt: skip
     async for chunk in stream:
         if chunk.choices:
             stamps.append(time.perf_counter())
@@ -72,22 +87,39 @@ async def _client(client: Any, prompt: list[int], max_tokens: int) -> dict[str, 
     return {"start": t0, "stamps": stamps, "tokens": n}
 
 
+WARMUP_PROMPT = 8  # tokens of each warm-up request's prompt (it asks for one token)
+
+
 async def _clients(url: str, prompts: list[list[int]], max_tokens: int,
-                   go: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
+                   go: Callable[[], None]) -> list[dict[str, Any]]:  # fmt: skip
+    """The streams of `prompts` through one openai client, warmed first: as many small
+    requests at once as there are prompts (an 8-token prompt, one token), so its
+    connections are open and its one-time set-up done (about 80 ms of the first request
+    on the H200's host) before the timed round, as vLLM's benchmark_serving sends a
+    warm-up request. Then go() (returns when the round starts) and the timed streams."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                 timeout=3600)  # fmt: skip
-    await asyncio.sleep(max(0.0, go - time.perf_counter()))  # every process starts together
+    await asyncio.gather(*(_client(client, p[:WARMUP_PROMPT], 1) for p in prompts))
+    go()
     res = await asyncio.gather(*(_client(client, p, max_tokens) for p in prompts))
     await client.close()
     return list(res)
 
 
-def _worker(url: str, prompts: list[list[int]], max_tokens: int,
-            go: float) -> list[dict[str, Any]]:  # fmt: skip
-    """One client process's share (perf_counter is the system-wide monotonic clock)."""
-    return asyncio.run(_clients(url, prompts, max_tokens, go))
+_start: Any = None  # the round's start barrier, in a client process (_init_worker)
+
+
+def _init_worker(start: Any) -> None:
+    global _start
+    _start = start
+
+
+def _worker(url: str, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
+    """One client process's share (perf_counter is the system-wide monotonic clock); its
+    timed streams start when every process has warmed its client (the barrier)."""
+    return asyncio.run(_clients(url, prompts, max_tokens, lambda: _start.wait(120)))
 
 
 def _warm_worker(_: int) -> int:
@@ -96,19 +128,37 @@ def _warm_worker(_: int) -> int:
     return 0
 
 
-def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0
+def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0,
+           at_start: Callable[[], None] = lambda: None
            ) -> tuple[dict[str, Any], list[dict[str, Any]], float]:  # fmt: skip
-    """One round: the row, each client's stamps, and the round's start (perf_counter)."""
+    """One round: the row, each client's stamps, and the round's start (perf_counter).
+    Every client is warm at the start (_clients); at_start() runs then, in this process
+    (the warm-up requests have ended: what the engine counts from there is the round's)."""
     procs = min(procs, len(prompts))
-    if procs <= 0:
+    t0 = 0.0
+
+    def start() -> None:
+        nonlocal t0
+        at_start()
         t0 = time.perf_counter()
-        res = asyncio.run(_clients(url, prompts, max_tokens))
+
+    if procs <= 0:
+        res = asyncio.run(_clients(url, prompts, max_tokens, start))
     else:
-        with multiprocessing.get_context("spawn").Pool(procs) as pool:
+        ctx = multiprocessing.get_context("spawn")
+        barrier = ctx.Barrier(procs + 1)  # each process once warm, and this one
+        with ctx.Pool(procs, _init_worker, (barrier,)) as pool:
             pool.map(_warm_worker, range(procs), chunksize=1)
-            t0 = time.perf_counter() + 0.5
-            shares = [(url, prompts[i::procs], max_tokens, t0) for i in range(procs)]
-            res = [r for part in pool.starmap(_worker, shares, chunksize=1) for r in part]
+            shares = [(url, prompts[i::procs], max_tokens) for i in range(procs)]
+            parts = pool.starmap_async(_worker, shares, chunksize=1)
+            # Every process warm and waiting: the round starts (t0) as this one, the last,
+            # lets them all go.
+            end = time.monotonic() + 120
+            while barrier.n_waiting < procs and not parts.ready() and time.monotonic() < end:
+                time.sleep(0.001)
+            start()
+            barrier.wait(120)
+            res = [r for part in parts.get() for r in part]
     wall = max(r["stamps"][-1] if r["stamps"] else t0 for r in res) - t0
     ttft = [r["stamps"][0] - r["start"] for r in res if r["stamps"]]
     itl = [b - a for r in res for a, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
@@ -117,7 +167,8 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0
            "output_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * _pct(ttft, 50),
            "ttft_p99_ms": 1e3 * _pct(ttft, 99), "itl_p50_ms": 1e3 * _pct(itl, 50),
            "itl_p99_ms": 1e3 * _pct(itl, 99), "itl_max_ms": 1e3 * max(itl, default=0.0),
-           "client_procs": procs}  # fmt: skip
+           "client_procs": procs, "warm_clients": True,
+           "prompt_ids_in": "extra_body"}  # fmt: skip
     return row, res, t0
 
 
@@ -388,7 +439,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         peer: bool, kv_memory: int | None, procs: int | None = None,
         steps: bool = False, step_tokens: int | None = None,
         prefill_step_tokens: int | None = None, single_process: bool = False,
-        timelines: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        timelines: list[dict[str, Any]] | None = None,
+        front_ends: int = 1) -> list[dict[str, Any]]:  # fmt: skip
     """The rounds' rows (and, into `timelines` when given, each round's whole timeline:
     the engine's, the steps' GPU marks, the clients' stamps, on the perf_counter clock)."""
     import pygpukit as gpk
@@ -417,8 +469,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
             engine, sizes, max(1, min(512, engine.max_model_len - 28)), budgets=MIXED_BUDGETS
         )
     engine.warmup(hi)  # every step shape traced before the first request
-    server = Server(model, engine, "bench", port=0,
-                    processes=1 if single_process else 2).start()  # fmt: skip
+    server = Server(model, engine, "bench", port=0, processes=1 if single_process else 2,
+                    front_ends=front_ends).start()  # fmt: skip
     if procs is None:
         procs = min(8, max(clients))
     try:
@@ -426,13 +478,19 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         _round(server.url, warm, 4)  # traces the step graphs
         for n in clients:
             prompts = _prompts(n, cfg.vocab_size, lo, hi, n)
-            before = engine.stats()
             marks = GpuMarks(engine) if gpk.backend_name() == "cuda" else None
-            since = time.perf_counter()
-            got, res, t0 = _round(server.url, prompts, max_tokens, procs)
+            snap: dict[str, Any] = {}
+
+            def at_start(snap: dict[str, Any] = snap) -> None:  # the clients' warm-ups ended
+                snap["since"] = time.perf_counter()
+                snap["before"] = engine.stats()
+
+            got, res, t0 = _round(server.url, prompts, max_tokens, procs, at_start)
+            before, since = snap["before"], snap["since"]
             gpu = marks.close() if marks is not None else None
             row = {"impl": "pygpukit serve", **got,
-                   "front_end": "thread" if single_process else "process"}  # fmt: skip
+                   "front_end": "thread" if single_process else "process",
+                   "front_ends": front_ends}  # fmt: skip
             row.update(_engine_split(before, engine.stats()))
             tl = engine.timeline(since)
             row.update(round_timeline(tl, res, t0, gpu))
@@ -500,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
         help="serve HTTP from a thread beside the engine (default: a process of its own)",
     )
     p.add_argument(
+        "--front-ends",
+        type=int,
+        default=1,
+        help="HTTP front-end processes sharing the port (Server's front_ends)",
+    )
+    p.add_argument(
         "--timeline",
         default=None,
         help="write each round's whole timeline (requests, steps, client streams) as JSON here",
@@ -523,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         a.prefill_step_tokens,
         a.single_process,
         timelines,
+        a.front_ends,
     )
     if a.timeline:
         with open(a.timeline, "w", encoding="utf-8") as f:

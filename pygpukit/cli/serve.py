@@ -49,6 +49,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--single-process", action="store_true",
                    help="run the HTTP front end in the engine's process (default: a process "
                    "of its own, so the engine thread never waits for the event loop)")  # fmt: skip
+    p.add_argument("--front-ends", type=int, default=1,
+                   help="HTTP front-end processes sharing the port (SO_REUSEPORT), each with "
+                   "its connection to the engine: they share the requests' intake and the "
+                   "streams' chunks")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -73,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                         prefill_step_tokens=args.prefill_step_tokens)  # fmt: skip
         name = args.served_model_name or args.model
         server = Server(model, engine, name, args.host, args.port, "info",
-                        processes=1 if args.single_process else 2)  # fmt: skip
+                        processes=1 if args.single_process else 2,
+                        front_ends=args.front_ends)  # fmt: skip
     except gpk.GPUKitError as e:
         print(f"pygpukit serve: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1

@@ -3,14 +3,15 @@ engine's process or in a front-end process of its own, through an EngineClient
 (bridge.py; Server chooses).
 
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streamed as
-server-sent events or not). Each request is tokenized off the event loop, submitted to the
-engine, and its tokens come back through a thread-safe hand-off to an asyncio queue (one
-loop wake-up for all the events an engine step makes, scheduled once at the step's end,
-not one per token; a stream that falls behind sends the tokens it has in one chunk); when
-the client goes away (a stream's send fails or the connection closes) the request is
-cancelled and its KV blocks go back at the engine's next step. Every failure is an OpenAI
-error object with its status: 400 bad request, 404 unknown model, 413 body too large,
-429 queue full, 503 refused by the scheduler, 500 the engine failed.
+server-sent events or not). Each text or chat request is tokenized off the event loop (a
+token-id prompt goes straight on), submitted to the engine, and its tokens come back
+through a thread-safe hand-off to the request's inbox (one loop wake-up for all the events
+an engine step makes, scheduled once at the step's end, not one per token; a stream that
+falls behind sends the tokens it has in one chunk); when the client goes away (a stream's
+send fails or the connection closes) the request is cancelled and its KV blocks go back at
+the engine's next step. Every failure is an OpenAI error object with its status: 400 bad
+request, 404 unknown model, 413 body too large, 429 queue full, 503 refused by the
+scheduler, 500 the engine failed.
 """
 
 from __future__ import annotations
@@ -51,8 +52,37 @@ def _starlette() -> Any:
     return starlette
 
 
+class _Inbox:
+    """One request's engine events on the event loop (_Relay delivers them) and the one
+    future its handler sleeps on while there are none: what the handler needs of an
+    asyncio.Queue, with a wake-up per delivery and no getter list or size checks (the
+    loop runs this for every stream's token of every engine step)."""
+
+    __slots__ = ("events", "_waiter")
+
+    def __init__(self) -> None:
+        self.events: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, ev: Event) -> None:
+        """Append ev and wake the handler (the loop)."""
+        self.events.append(ev)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        """Return once an event is in."""
+        while not self.events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+
 class _Relay:
-    """Moves engine events onto one event loop's queues in batches: the engine thread (or,
+    """Moves engine events onto one event loop's inboxes in batches: the engine thread (or,
     in the front end's own process, the EngineClient reading the connection) appends
     events as they come, and once per engine step (add_step_hook) schedules one delivery
     of all of them, so a step's tokens for every stream cost one loop wake-up and no lock
@@ -65,12 +95,12 @@ class _Relay:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._pending: deque[tuple[asyncio.Queue[Event], Event]] = deque()
+        self._pending: deque[tuple[_Inbox, Event]] = deque()
         self._scheduled = False
 
-    def put(self, queue: asyncio.Queue[Event], ev: Event) -> None:
-        """Queue ev for `queue` (the engine thread); delivered at the step's flush()."""
-        self._pending.append((queue, ev))
+    def put(self, inbox: _Inbox, ev: Event) -> None:
+        """Queue ev for `inbox` (the engine thread); delivered at the step's flush()."""
+        self._pending.append((inbox, ev))
 
     def flush(self) -> None:
         """Schedule one delivery of what was put since the last (the engine thread, at the
@@ -86,8 +116,8 @@ class _Relay:
         self._scheduled = False
         pending = self._pending
         while pending:
-            queue, ev = pending.popleft()
-            queue.put_nowait(ev)
+            inbox, ev = pending.popleft()
+            inbox.put(ev)
 
 
 class Api:
@@ -134,7 +164,8 @@ class Api:
             raise schema.RequestError(f"the request body is not valid JSON: {e}") from None
 
     def prompt_ids(self, req: schema.GenerationRequest) -> list[int]:
-        """Tokenize (runs in a worker thread: a long prompt must not stall the loop)."""
+        """The prompt's token ids: text and chat messages are tokenized in a worker thread
+        (a long prompt must not stall the loop); token ids are taken on the loop."""
         tok = self.model.tokenizer
         if req.messages is not None:
             try:
@@ -184,7 +215,12 @@ class Api:
                 raise schema.RequestError(f"the model '{req.model}' does not exist (this server "
                                           f"serves '{self.name}')", 404, "model",
                                           "not_found_error")  # fmt: skip
-            ids = await asyncio.to_thread(self.prompt_ids, req)
+            if isinstance(req.prompt, list):
+                # Token ids: nothing to tokenize, so no hop to a worker thread and back;
+                # the request goes to the engine in this loop pass.
+                ids = self.prompt_ids(req)
+            else:
+                ids = await asyncio.to_thread(self.prompt_ids, req)
             max_tokens = req.max_tokens
             if max_tokens is None:
                 max_tokens = max(1, self.engine.max_model_len - len(ids))
@@ -195,7 +231,7 @@ class Api:
                 raise schema.RequestError(str(e).splitlines()[0]) from None
             stop_ids = frozenset() if req.ignore_eos else self.engine.eos
             relay = self.relay(asyncio.get_running_loop())
-            events: asyncio.Queue[Event] = asyncio.Queue()
+            events = _Inbox()
 
             def sink(ev: Event) -> None:  # the engine thread
                 relay.put(events, ev)
@@ -230,20 +266,22 @@ class Api:
         body = schema.response(chat, rid, self.name, out, finish, schema.usage(len(ids), n))
         return JSONResponse(body)
 
-    async def _collect(self, request: Any, er: Request, events: asyncio.Queue[Event],
+    async def _collect(self, request: Any, er: Request, events: _Inbox,
                        text: TextStream | None) -> tuple[str | None, str | None, int]:  # fmt: skip
         """Wait for the whole generation (cancelling it if the client disconnects)."""
         parts: list[str] = []
         n = 0
         try:
             while True:
-                try:
-                    ev = await asyncio.wait_for(events.get(), 0.5)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        self.engine.cancel(er)
-                        return None, None, n
-                    continue
+                if not events.events:
+                    try:
+                        await asyncio.wait_for(events.wait(), 0.5)
+                    except TimeoutError:
+                        if await request.is_disconnected():
+                            self.engine.cancel(er)
+                            return None, None, n
+                        continue
+                ev = events.events.popleft()
                 if ev.kind == "token":
                     n += 1
                     parts.append(text.feed(ev.token) if text else f" {ev.token}")
@@ -260,7 +298,7 @@ class Api:
             self.engine.cancel(er)
             raise
 
-    async def _stream(self, chat: bool, rid: str, er: Request, events: asyncio.Queue[Event],
+    async def _stream(self, chat: bool, rid: str, er: Request, events: _Inbox,
                       text: TextStream | None, prompt_len: int,
                       include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
         n = 0
@@ -274,9 +312,9 @@ class Api:
             while finish is None:
                 # Everything queued goes out as one chunk: a stream that fell behind
                 # catches up in one send instead of one per token.
-                evs = [await events.get()]
-                while not events.empty():
-                    evs.append(events.get_nowait())
+                await events.wait()
+                evs = list(events.events)
+                events.events.clear()
                 parts: list[str] = []
                 error: BaseException | None = None
                 for ev in evs:

@@ -5,14 +5,22 @@ By default (processes=2) the HTTP app runs in a child process of its own (spawne
 process that uses CUDA is never forked) with the tokenizer and chat template, and the
 engine and the model stay in this process, joined by one connection (bridge.py): the
 engine thread then never waits for the interpreter lock while the event loop serialises
-stream chunks. processes=1 serves from a thread of this process, beside the engine.
+stream chunks. front_ends=N runs N such processes listening on one port (SO_REUSEPORT:
+the kernel spreads the connections over them), each with its connection to the engine, so
+N event loops share the requests' intake and the streams' chunks (one loop spends about
+0.5 ms of its time on a request and 20 us on each chunk of each stream, most of it the
+HTTP stack and the socket send; on the H200's host, where the load generator's clients
+share the 16 cores, two or four measured no gain over one: docs/llm.md). processes=1
+serves from a thread of this process, beside the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import multiprocessing
+import multiprocessing.connection
 import signal
 import socket
 import sys
@@ -61,6 +69,7 @@ class FrontEnd:
     max_model_len: int
     vocab: int
     eos: frozenset[int]
+    reuse_port: bool = False  # bind with SO_REUSEPORT: one of several front ends on the port
 
     def model(self) -> Model:
         """A Model without weights: the app only tokenizes and applies the chat template."""
@@ -74,20 +83,30 @@ class Server:
     """uvicorn serving build_app(model, engine, name) on host:port (port 0: any free one).
 
     processes=2 (the default): the app in a spawned child process, through an
-    EngineClient; processes=1: in a thread of this process."""
+    EngineClient; front_ends=N: N such processes sharing the port (SO_REUSEPORT), each
+    with its EngineClient; processes=1: in a thread of this process."""
 
     def __init__(self, model: Model, engine: Engine, name: str, host: str = "127.0.0.1",
-                 port: int = 8000, log_level: str = "warning",
-                 processes: int = 2) -> None:  # fmt: skip
+                 port: int = 8000, log_level: str = "warning", processes: int = 2,
+                 front_ends: int = 1) -> None:  # fmt: skip
         if processes not in (1, 2):
             raise errors.GPUKitValueError(f"Server: processes must be 1 or 2, got {processes!r}")
+        if isinstance(front_ends, bool) or not isinstance(front_ends, int) or front_ends < 1:
+            raise errors.GPUKitValueError(
+                f"Server: front_ends must be an integer >= 1, got {front_ends!r}"
+            )
+        if front_ends > 1 and processes == 1:
+            raise errors.GPUKitValueError(
+                f"Server: front_ends={front_ends} needs processes=2 (front ends of their own)"
+            )
         uvicorn = _uvicorn()
         self.engine, self.name, self.processes = engine, name, processes
+        self.front_ends = front_ends
         self.host = host
         self._port = port
         self._thread: threading.Thread | None = None
-        self._proc: Any = None
-        self._bridge: EngineBridge | None = None
+        self._procs: list[Any] = []
+        self._bridges: list[EngineBridge] = []
         self.server: Any = None
         if processes == 1:
             app = build_app(model, engine, name)
@@ -101,21 +120,27 @@ class Server:
         self._front = FrontEnd(name, host, port, log_level, model.config, model.tokenizer,
                                model.path, model.generation_config,
                                None if t is None else (t.source, dict(t.special)),
-                               engine.max_model_len, engine.vocab, engine.eos)  # fmt: skip
+                               engine.max_model_len, engine.vocab, engine.eos,
+                               front_ends > 1)  # fmt: skip
+
+    @property
+    def _proc(self) -> Any:
+        """The first front end's process (None when not started)."""
+        return self._procs[0] if self._procs else None
 
     @property
     def port(self) -> int:
         if self.server is not None:
             return int(self.server.servers[0].sockets[0].getsockname()[1])
-        assert self._bridge is not None, "Server.start first"
-        return self._bridge.port
+        assert self._bridges, "Server.start first"
+        return self._bridges[0].port
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def run(self) -> None:
-        """Serve until interrupted (Ctrl-C) or, with processes=2, until the front end's
+        """Serve until interrupted (Ctrl-C) or, with processes=2, until a front end's
         process ends."""
         if self.server is not None:
             self.engine.start()
@@ -139,8 +164,10 @@ class Server:
                 if not asked.is_set():
                     raise
                 return  # interrupted while the front end started: it ended with the Ctrl-C
-            while self._proc is not None and self._proc.is_alive() and not asked.is_set():
-                self._proc.join(0.5)  # in slices: the handler's flag is seen within one
+            # Until a front end ends (in slices: the handler's flag is seen within one).
+            while (self._procs and all(p.is_alive() for p in self._procs)
+                   and not asked.is_set()):  # fmt: skip
+                multiprocessing.connection.wait([p.sentinel for p in self._procs], 0.5)
         except KeyboardInterrupt:  # not the main thread: the default handler raised
             pass
         finally:
@@ -164,21 +191,37 @@ class Server:
                     raise errors.GPUKitError("the HTTP server did not start")
                 time.sleep(0.01)
             return self
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that uses CUDA
-        mine, theirs = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=serve_front_end, args=(theirs, self._front),
-                                 name="pygpukit-http", daemon=True)  # fmt: skip
-        self._proc.start()
-        theirs.close()
-        self._bridge = EngineBridge(self.engine, mine)
-        while not self._bridge.ready.wait(0.05):
-            if not self._proc.is_alive() or time.monotonic() > end:
-                break
-        if not self._bridge.port:
-            why = self._bridge.failure or "it did not start"
-            self.stop()
-            raise errors.GPUKitError(f"the HTTP server did not start: {why}")
+        # The first front end binds the port (port 0: any free one); the others then
+        # join it there, started together.
+        self._spawn([self._front], end)
+        if self.front_ends > 1:
+            rest = dataclasses.replace(self._front, port=self._bridges[0].port)
+            self._spawn([rest] * (self.front_ends - 1), end)
         return self
+
+    def _spawn(self, fronts: list[FrontEnd], end: float) -> None:
+        """Start a front end's process for each of `fronts` and wait until each listens
+        (stopping everything and raising GPUKitError when one cannot)."""
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that uses CUDA
+        started = []
+        for front in fronts:
+            mine, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=serve_front_end, args=(theirs, front),
+                               name="pygpukit-http", daemon=True)  # fmt: skip
+            proc.start()
+            theirs.close()
+            bridge = EngineBridge(self.engine, mine)
+            self._procs.append(proc)
+            self._bridges.append(bridge)
+            started.append((proc, bridge))
+        for proc, bridge in started:
+            while not bridge.ready.wait(0.05):
+                if not proc.is_alive() or time.monotonic() > end:
+                    break
+            if not bridge.port:
+                why = bridge.failure or "it did not start"
+                self.stop()
+                raise errors.GPUKitError(f"the HTTP server did not start: {why}")
 
     def stop(self) -> None:
         """Stop serving (the front end's process is joined) and close the engine."""
@@ -186,22 +229,26 @@ class Server:
             self.server.should_exit = True
             if self._thread is not None:
                 self._thread.join(10)
-        elif self._proc is not None:
-            assert self._bridge is not None
-            self._bridge.send(("stop",))
-            self._proc.join(10)  # open streams get uvicorn's graceful 2 s
-            if self._proc.is_alive():
-                self._proc.terminate()
-                self._proc.join(5)
-            self._bridge.join(10)  # its thread ends at the closed connection
-            self._proc = None
+        elif self._procs:
+            for bridge in self._bridges:
+                bridge.send(("stop",))
+            for proc in self._procs:
+                proc.join(10)  # open streams get uvicorn's graceful 2 s
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(5)
+            for bridge in self._bridges:
+                bridge.join(10)  # its thread ends at the closed connection
+            self._procs = []  # the bridges stay: `port` still names where it served
         self.engine.close()
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # several front ends on one port: the kernel spreads the connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
@@ -223,7 +270,7 @@ def serve_front_end(conn: Any, front: FrontEnd) -> None:
                             timeout_graceful_shutdown=2)  # fmt: skip
     server = uvicorn.Server(config)
     try:
-        sock = _bind(front.host, front.port)
+        sock = _bind(front.host, front.port, front.reuse_port)
     except OSError as e:
         conn.send(("failed", f"cannot listen on {front.host}:{front.port}: {e}"))
         return
