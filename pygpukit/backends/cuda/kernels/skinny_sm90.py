@@ -21,6 +21,7 @@ KERNEL = "pgk_skinny_sm90"
 DTYPES = ("bfloat16", "float16")
 MIN_ROWS, MAX_ROWS = 17, 128  # token rows it is built for (fewer: the GEMV)
 _AB = {"bfloat16": "bf16", "float16": "f16"}
+SM_SHARED = 228 * 1024  # shared memory of an SM 9.0 multiprocessor (blocks resident at once)
 
 # (consumer warpgroups, stages, blocks an SM the split count aims at)
 Config = tuple[int, int, int]
@@ -63,15 +64,16 @@ def tiles(n: int, wg: int, glu: bool) -> int:
 
 def plan(m: int, n: int, k: int, glu: bool = False, config: Config | None = None
          ) -> tuple[int, int, int, int]:  # fmt: skip
-    """(wg, stages, splits, tiles) of a launch: the split count brings the grid near
-    `blocks an SM` x the SMs, each split keeping at least two 64-column panels of K."""
+    """(wg, stages, splits, tiles) of a launch: the most splits whose grid fits in one wave
+    of `blocks an SM` (fewer where shared memory holds fewer) x the SMs, each split keeping
+    at least two 64-column panels of K."""
     wg, stages, per_sm = config or DEFAULT_CONFIG
     if glu:
         wg = 2
     t = tiles(n, wg, glu)
     panels = cdiv(k, 64)
-    want = max(1, round(per_sm * toolchain.sm_count() / t))
-    splits = max(1, min(want, panels // 2))
+    resident = min(per_sm, max(1, SM_SHARED // smem_bytes(token_cols(m), wg, stages)))
+    splits = max(1, min(resident * toolchain.sm_count() // t, panels // 2))
     return wg, stages, splits, t
 
 
