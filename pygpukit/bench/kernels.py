@@ -398,8 +398,11 @@ SKINNY_SHAPES = (
     (4096, 22016, "7b gate|up"), (11008, 4096, "7b down"),
 )  # fmt: skip
 SKINNY_ROWS = (32, 64, 128)
-# (consumer warpgroups, stages, blocks an SM) swept on the TinyLlama shapes.
-SKINNY_SWEEP = ((1, 4, 2), (1, 8, 1), (1, 4, 3), (2, 4, 1), (2, 6, 1))
+# skinny_sm90.Config values swept on every shape.
+SKINNY_SWEEP = (
+    (1, 6, 2, 1), (1, 8, 1, 1), (1, 4, 2, 2), (1, 4, 2, 4), (1, 6, 2, 4), (1, 4, 2, 8),
+    (2, 4, 1, 2), (2, 4, 1, 4),
+)  # fmt: skip
 
 
 def bench_skinny(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
@@ -416,7 +419,7 @@ def bench_skinny(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
         sets = _sets_for(wbytes)
         wl = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 32 for _ in range(sets)]
         # one warpgroup's tiles: the most counters any variant uses
-        ctr = torch.zeros(skinny_sm90.counters_needed(n, False, (1, 4, 2)), device="cuda",
+        ctr = torch.zeros(skinny_sm90.counters_needed(n, False, (1, 4, 2, 1)), device="cuda",
                           dtype=torch.int32)  # fmt: skip
         for m in SKINNY_ROWS:
             xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
@@ -429,7 +432,7 @@ def bench_skinny(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
 
             def ours(i: int, m: int = m, n: int = n, k: int = k, xs: Any = xs, ys: Any = ys,
                      rs: Any = rs, wl: Any = wl, work: Any = work, ctr: Any = ctr,
-                     cfg: tuple[int, int, int] | None = None, res: bool = False,
+                     cfg: tuple[int, int, int, int] | None = None, res: bool = False,
                      glu: bool = False) -> None:  # fmt: skip
                 # y_stride n: the SwiGLU's [m, n / 2] lands in y's first columns
                 skinny_sm90.skinny(xs[i].data_ptr(), wl[i].data_ptr(), ys[i].data_ptr(), m, n,
@@ -439,8 +442,7 @@ def bench_skinny(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
                                    stream=_stream())  # fmt: skip
 
             ref = xs[0].float() @ wl[0].float().T
-            sweep = SKINNY_SWEEP if label.startswith("tinyllama") else ()
-            for cfg in sweep:
+            for cfg in SKINNY_SWEEP:
                 ys[0].fill_(float("nan"))
                 ours(0, cfg=cfg)
                 torch.cuda.synchronize()
@@ -490,6 +492,9 @@ def bench_skinny(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool)
                     sets,
                 )
                 rows[-1]["peers"] = "eager=torch F.linear, then silu(gate) * up"
+                for cfg in sorted({(2, c[1], c[2], c[3]) for c in SKINNY_SWEEP}):  # 2 groups
+                    _timed_row(rows, f"{name} swiglu config={cfg}",
+                               functools.partial(ours, cfg=cfg, glu=True), sets)  # fmt: skip
             del xs, rs, ys, work
         del wl
 

@@ -1,5 +1,5 @@
 """The Hopper skinny GEMM of batched decode (skinny_sm90.cuh: wgmma, tensor-map copies,
-split K with the last-arriving block's fixup) against float64 NumPy on SM 9.0 devices
+split K over a cluster or through L2) against float64 NumPy on SM 9.0 devices
 (skipped elsewhere): straight launches over 17..128 token rows on the TinyLlama shapes and
 odd ones (N, K no multiple of the 64-row / 64-column tiles, strided x), with and without the
 residual, the SwiGLU epilogue, each swept geometry; and linears compiled through the
@@ -84,11 +84,16 @@ def test_skinny_swiglu(rng: np.random.Generator, m: int, k: int, n: int, residua
     _run(rng, m, n, k, residual=residual, glu=True)
 
 
-@pytest.mark.parametrize("config", [(1, 4, 2), (1, 8, 1), (2, 4, 1), (2, 6, 1), (1, 6, 3)])
-@pytest.mark.parametrize("m", [33, 64])
+@pytest.mark.parametrize(
+    "config",
+    [(1, 6, 2, 1), (1, 8, 1, 1), (1, 4, 2, 2), (1, 4, 2, 4), (1, 6, 2, 4), (1, 4, 2, 8),
+     (2, 4, 1, 2), (2, 4, 1, 4), (2, 6, 1, 1)],
+)  # fmt: skip
+@pytest.mark.parametrize("m", [33, 64, 128])
 def test_skinny_each_geometry(rng: np.random.Generator, config: Any, m: int) -> None:
     _run(rng, m, 2048, 5632, config=config, residual=True)
     _run(rng, m, 11264, 2048, config=config)
+    _run(rng, m, 1030, 2048, config=config, glu=True, residual=True)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -99,8 +104,8 @@ def test_skinny_strided_x_and_dtypes(rng: np.random.Generator, dtype: str) -> No
 def test_skinny_refuses_what_it_does_not_take() -> None:
     with pytest.raises(ShapeError, match="outside the kernel's shapes"):
         skinny_sm90.skinny(0, 0, 0, 8, 64, 64, "bfloat16")  # too few rows: the GEMV's
-    with pytest.raises(ShapeError, match="workspace"):
-        skinny_sm90.skinny(256, 256, 256, 64, 2048, 2048, "bfloat16")
+    with pytest.raises(ShapeError, match="workspace"):  # K split through L2
+        skinny_sm90.skinny(256, 256, 256, 64, 2048, 2048, "bfloat16", config=(1, 6, 2, 1))
 
 
 def _skinny_used() -> bool:

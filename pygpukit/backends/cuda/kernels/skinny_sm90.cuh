@@ -22,6 +22,13 @@
 // bits whichever block arrives last), applies the epilogue and stores y. atomicInc leaves
 // the counter zeroed.
 //
+// PGK_SCL > 1: the splits are one thread-block cluster of PGK_SCL blocks (blockIdx.x =
+// tile * PGK_SCL + split) and reduce through distributed shared memory instead: each block
+// leaves its partial in its own shared memory, and after a cluster barrier block r sums
+// (in split order) the fragment registers i with i % PGK_SCL == r from every block of the
+// cluster and stores them; a second barrier keeps the partials until all are read. No
+// workspace, no counters, no round trip through L2.
+//
 // PGK_SGLU 1 (SwiGLU epilogue, two consumer warpgroups): W's first N/2 rows are the gate,
 // the rest the up projection (gemv.cuh's PGK_GLU layout); warpgroup 0 takes gate rows
 // n0 .. n0 + 63, warpgroup 1 the up rows of the same outputs, and y [M, N/2] gets
@@ -42,6 +49,9 @@
 #ifndef PGK_SGLU
 #define PGK_SGLU 0
 #endif
+#ifndef PGK_SCL
+#define PGK_SCL 1  // blocks of a cluster (K splits reduced in shared memory); 1: none
+#endif
 #define PGK_SCT (128 * PGK_SWG)               // consumer threads
 #define PGK_ST (PGK_SCT + 32)                 // + the producer warp
 #define PGK_SWB (8192 * PGK_SWG)              // bytes of W a stage (64 rows x 128 bytes each)
@@ -55,6 +65,8 @@ static_assert(PGK_SN == 32 || PGK_SN == 64 || PGK_SN == 128, "32, 64 or 128 toke
 static_assert(PGK_SWG == 1 || PGK_SWG == 2, "one or two consumer warpgroups");
 static_assert(!PGK_SGLU || PGK_SWG == 2, "SwiGLU takes two warpgroups: gate and up");
 static_assert(PGK_SSTAGES >= 2, "at least two stages");
+static_assert(PGK_SCL == 1 || PGK_SCL == 2 || PGK_SCL == 4 || PGK_SCL == 8, "cluster of 1-8");
+
 
 template <int N> PGK_DEVICE void pgk_skinny_mma(float* d, unsigned long long a,
                                                  unsigned long long b) {
@@ -71,7 +83,34 @@ PGK_DEVICE void pgk_skinny_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(PGK_SCT) : "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(PGK_ST)
+// Every thread of the cluster arrives (release) and waits (acquire).
+PGK_DEVICE void pgk_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// The float at shared address `addr` of cluster block `rank`.
+PGK_DEVICE float pgk_cluster_ld(unsigned addr, int rank) {
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+// Stores fragment register i (value v) of a consumer thread (row0: its first W row) with
+// the residual: register j * 4 + e holds W row row0 (+ 8 for e >= 2) and token row
+// 8 * j + 2 * (lane % 4) + e % 2 (the m64nNk16 accumulator layout).
+PGK_DEVICE void pgk_skinny_store(pgk_t* __restrict__ y, const pgk_t* __restrict__ res,
+                                 long long y_stride, long long res_stride, int m, int n_out,
+                                 int row0, int lane, int i, float v) {
+  const int row = row0 + 8 * ((i & 3) >> 1), t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+  if (row < n_out && t < m) {
+    if (res) v += pgk_to_float(res[t * res_stride + row]);
+    y[t * y_stride + row] = pgk_from_float<pgk_t>(v);
+  }
+}
+
+// A cluster of one block where PGK_SCL is 1 (the global-memory splits).
+extern "C" __global__ void __cluster_dims__(PGK_SCL, 1, 1) __launch_bounds__(PGK_ST)
     pgk_skinny_sm90(const __grid_constant__ pgk_tmap tm_w, const __grid_constant__ pgk_tmap tm_x,
                     pgk_t* __restrict__ y, const pgk_t* __restrict__ res, long long y_stride,
                     long long res_stride, float* __restrict__ ws,
@@ -86,7 +125,11 @@ extern "C" __global__ void __launch_bounds__(PGK_ST)
   const int tid = threadIdx.x;
   const int n_out = PGK_SGLU ? n / 2 : n;
   const int tiles = (n_out + PGK_SOUT - 1) / PGK_SOUT;
+#if PGK_SCL > 1
+  const int tile = (int)(blockIdx.x / PGK_SCL), split = (int)(blockIdx.x % PGK_SCL);
+#else
   const int tile = (int)(blockIdx.x % tiles), split = (int)(blockIdx.x / tiles);
+#endif
   const int panels = (k + 63) / 64;
   const int p0 = (int)((long long)panels * split / splits);
   const int np = (int)((long long)panels * (split + 1) / splits) - p0;
@@ -102,8 +145,12 @@ extern "C" __global__ void __launch_bounds__(PGK_ST)
   __syncthreads();
 
   if (tid >= PGK_SCT) {
-    // The producer warp: lane 0 issues every copy.
-    if (tid != PGK_SCT) return;
+    // The producer warp: lane 0 issues every copy (in a cluster the warp stays for the
+    // cluster barriers).
+    if (tid != PGK_SCT) {
+      if (PGK_SCL > 1) pgk_cluster_sync(), pgk_cluster_sync();
+      return;
+    }
     auto load_w = [&](int i) {
       unsigned char* st = smem + (i % PGK_SSTAGES) * PGK_SSTAGE;
 #pragma unroll
@@ -131,6 +178,7 @@ extern "C" __global__ void __launch_bounds__(PGK_ST)
       load_w(i);
       load_x(i);
     }
+    if (PGK_SCL > 1) pgk_cluster_sync(), pgk_cluster_sync();
     return;
   }
 
@@ -158,6 +206,38 @@ extern "C" __global__ void __launch_bounds__(PGK_ST)
   }
   pgk_wg_wait0();
   pgk_wg_hold<PGK_SACC>(acc);
+  const int row0 = n0 + 64 * (PGK_SGLU ? 0 : c) + 16 * warp + (lane >> 2);
+
+#if PGK_SCL > 1
+  // Every copy has landed and been read by every consumer warp: the stages hold this
+  // block's partial now.
+  float* part = reinterpret_cast<float*>(smem);
+  pgk_skinny_sync();
+#pragma unroll
+  for (int i = 0; i < PGK_SACC; ++i) part[i * PGK_SCT + tid] = acc[i];
+  pgk_cluster_sync();
+  if (!PGK_SGLU || c == 0) {
+    const unsigned pa = pgk_hsmem(part) + 4u * tid;
+    for (int i = split; i < PGK_SACC; i += PGK_SCL) {
+      float v[PGK_SCL], u[PGK_SCL];
+#pragma unroll
+      for (int r = 0; r < PGK_SCL; ++r) {
+        v[r] = pgk_cluster_ld(pa + 4u * i * PGK_SCT, r);
+        if (PGK_SGLU) u[r] = pgk_cluster_ld(pa + 4u * (i * PGK_SCT + 128), r);
+      }
+      float g = 0.0f, up = 0.0f;
+#pragma unroll
+      for (int r = 0; r < PGK_SCL; ++r) {
+        g += v[r];
+        if (PGK_SGLU) up += u[r];
+      }
+      if (PGK_SGLU) g = g / (1.0f + __expf(-g)) * up;
+      pgk_skinny_store(y, res, y_stride, res_stride, m, n_out, row0, lane, i, g);
+    }
+  }
+  pgk_cluster_sync();  // the partials stay until every block of the cluster has read them
+  return;
+#endif
 
   if (splits > 1) {
     const long long block_floats = (long long)PGK_SACC * PGK_SCT;
@@ -191,8 +271,6 @@ extern "C" __global__ void __launch_bounds__(PGK_ST)
     }
   }
 
-  // Fragment (m64nNk16 accumulator): register j * 4 + e holds W row 16 * warp + lane / 4
-  // (+ 8 for e >= 2) of this warpgroup's 64 and token row 8 * j + 2 * (lane % 4) + e % 2.
 #if PGK_SGLU
   // The up warpgroup hands its sums to the gate warpgroup's threads of the same position.
   float* up = reinterpret_cast<float*>(smem);
@@ -209,16 +287,7 @@ extern "C" __global__ void __launch_bounds__(PGK_ST)
     acc[j] = g / (1.0f + __expf(-g)) * up[j * 128 + tid];
   }
 #endif
-  const int row0 = n0 + 64 * (PGK_SGLU ? 0 : c) + 16 * warp + (lane >> 2);
 #pragma unroll
-  for (int j = 0; j < PGK_SN / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = row0 + 8 * (e >> 1), t = 8 * j + 2 * (lane & 3) + (e & 1);
-      if (row < n_out && t < m) {
-        float v = acc[j * 4 + e];
-        if (res) v += pgk_to_float(res[t * res_stride + row]);
-        y[t * y_stride + row] = pgk_from_float<pgk_t>(v);
-      }
-    }
+  for (int i = 0; i < PGK_SACC; ++i)
+    pgk_skinny_store(y, res, y_stride, res_stride, m, n_out, row0, lane, i, acc[i]);
 }

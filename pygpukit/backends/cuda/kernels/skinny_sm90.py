@@ -23,9 +23,12 @@ MIN_ROWS, MAX_ROWS = 17, 128  # token rows it is built for (fewer: the GEMV)
 _AB = {"bfloat16": "bf16", "float16": "f16"}
 SM_SHARED = 228 * 1024  # shared memory of an SM 9.0 multiprocessor (blocks resident at once)
 
-# (consumer warpgroups, stages, blocks an SM the split count aims at)
-Config = tuple[int, int, int]
-DEFAULT_CONFIG: Config = (1, 6, 2)
+# (consumer warpgroups, stages, blocks an SM the split count aims at, cluster): cluster 1
+# splits K over blocks reduced through an L2 workspace; 2, 4 or 8 splits K over the blocks
+# of one cluster, reduced through distributed shared memory (blocks an SM then unused).
+Config = tuple[int, int, int, int]
+DEFAULT_CONFIG: Config = (1, 6, 2, 4)
+CLUSTERS = (1, 2, 4, 8)
 
 
 def token_cols(m: int) -> int:
@@ -33,11 +36,12 @@ def token_cols(m: int) -> int:
     return 32 if m <= 32 else 64 if m <= 64 else 128
 
 
-def defines(dtype: str, sn: int, wg: int, stages: int, glu: bool) -> dict[str, Any]:
+def defines(dtype: str, sn: int, wg: int, stages: int, glu: bool,
+            cluster: int = 1) -> dict[str, Any]:  # fmt: skip
     """The template defines of one variant."""
     loader.check_dtype(dtype, DTYPES, "skinny_sm90")
     return {**loader.type_defines(dtype), "PGK_HAB": _AB[dtype], "PGK_SN": sn, "PGK_SWG": wg,
-            "PGK_SSTAGES": stages, "PGK_SGLU": int(glu)}  # fmt: skip
+            "PGK_SSTAGES": stages, "PGK_SGLU": int(glu), "PGK_SCL": cluster}  # fmt: skip
 
 
 def smem_bytes(sn: int, wg: int, stages: int) -> int:
@@ -63,29 +67,35 @@ def tiles(n: int, wg: int, glu: bool) -> int:
 
 
 def plan(m: int, n: int, k: int, glu: bool = False, config: Config | None = None
-         ) -> tuple[int, int, int, int]:  # fmt: skip
-    """(wg, stages, splits, tiles) of a launch: the most splits whose grid fits in one wave
-    of `blocks an SM` (fewer where shared memory holds fewer) x the SMs, each split keeping
-    at least two 64-column panels of K."""
-    wg, stages, per_sm = config or DEFAULT_CONFIG
+         ) -> tuple[int, int, int, int, int]:  # fmt: skip
+    """(wg, stages, splits, tiles, cluster) of a launch. A cluster > 1 splits K into that
+    many (fewer where K has fewer 64-column panels); otherwise the most splits whose grid
+    fits in one wave of `blocks an SM` (fewer where shared memory holds fewer) x the SMs,
+    each split keeping at least two panels."""
+    wg, stages, per_sm, cluster = config or DEFAULT_CONFIG
     if glu:
         wg = 2
     t = tiles(n, wg, glu)
     panels = cdiv(k, 64)
+    while cluster > panels:
+        cluster //= 2
+    if cluster > 1:
+        return wg, stages, cluster, t, cluster
     resident = min(per_sm, max(1, SM_SHARED // smem_bytes(token_cols(m), wg, stages)))
     splits = max(1, min(resident * toolchain.sm_count() // t, panels // 2))
-    return wg, stages, splits, t
+    return wg, stages, splits, t, 1
 
 
 def workspace_floats(m: int, n: int, k: int, glu: bool = False,
                      config: Config | None = None) -> int:  # fmt: skip
     """fp32 workspace the splits' partials take (0 with one split)."""
-    wg, _, splits, t = plan(m, n, k, glu, config)
-    return 0 if splits == 1 else splits * t * (token_cols(m) // 2) * 128 * wg
+    wg, _, splits, t, cluster = plan(m, n, k, glu, config)
+    return 0 if splits == 1 or cluster > 1 else splits * t * (token_cols(m) // 2) * 128 * wg
 
 
 def counters_needed(n: int, glu: bool = False, config: Config | None = None) -> int:
-    """Arrival counters (uint32, zeroed before the first launch) a launch may use."""
+    """Arrival counters (uint32, zeroed before the first launch) a launch may use (the
+    L2 workspace's splits; clusters use none)."""
     wg = 2 if glu else (config or DEFAULT_CONFIG)[0]
     return tiles(n, wg, glu)
 
@@ -116,8 +126,9 @@ def skinny(x: int, w: int, y: int, m: int, n: int, k: int, dtype: str, *, res: i
     """y [m, n'] = x [m, k] @ w [n, k]^T (+ res [m, n']), n' = n (SwiGLU: n / 2, y =
     silu(gate) * up with the gate in w's first n / 2 rows). x and w 16-byte aligned with
     row strides (elements) multiples of 8. With more than one split (plan()), workspace
-    (workspace_floats() fp32, 16-byte aligned) and counters (counters_needed() uint32,
-    zeroed; the kernel leaves them zeroed) are required. w_early: w is never written by
+    reduced through L2 (cluster 1), workspace (workspace_floats() fp32, 16-byte aligned)
+    and counters (counters_needed() uint32, zeroed; the kernel leaves them zeroed) are
+    required. w_early: w is never written by
     the work ahead on the stream, so the kernel may load it before that work ends."""
     op = "skinny_sm90"
     xs = k if x_stride is None else x_stride
@@ -131,8 +142,9 @@ def skinny(x: int, w: int, y: int, m: int, n: int, k: int, dtype: str, *, res: i
                          f"shapes (fits())")  # fmt: skip
     if x % 16 or w % 16:
         raise ShapeError(f"{op}: x and w need 16-byte aligned addresses, got {x:#x} {w:#x}")
-    wg, stages, splits, t = plan(m, n, k, glu, config)
-    if splits > 1 and (not workspace or workspace % 16 or not counters or counters % 4):
+    wg, stages, splits, t, cluster = plan(m, n, k, glu, config)
+    global_splits = splits > 1 and cluster == 1  # reduced through L2
+    if global_splits and (not workspace or workspace % 16 or not counters or counters % 4):
         raise ShapeError(f"{op}: {splits} splits need a workspace and counters, got "
                          f"workspace={workspace:#x} counters={counters:#x}")  # fmt: skip
     sn = token_cols(m)
@@ -142,8 +154,8 @@ def skinny(x: int, w: int, y: int, m: int, n: int, k: int, dtype: str, *, res: i
                          f"{loader.max_shared_optin()}")  # fmt: skip
     tm_w = _tensor_map(w, dtype, k, n, wst, 64)
     tm_x = _tensor_map(x, dtype, k, m, xs, sn)
-    fn = loader.get_kernel(FAMILY, KERNEL, defines(dtype, sn, wg, stages, glu))
+    fn = loader.get_kernel(FAMILY, KERNEL, defines(dtype, sn, wg, stages, glu, cluster))
     fn.set_dynamic_smem(smem)
-    args = (tm_w, tm_x, y, res, ys, rs, workspace if splits > 1 else 0,
-            counters if splits > 1 else 0, m, n, k, splits, int(w_early))  # fmt: skip
+    args = (tm_w, tm_x, y, res, ys, rs, workspace if global_splits else 0,
+            counters if global_splits else 0, m, n, k, splits, int(w_early))  # fmt: skip
     fn.launch((t * splits,), (128 * wg + 32,), args, smem, stream)
