@@ -93,7 +93,9 @@ def test_skinny_swiglu(rng: np.random.Generator, m: int, k: int, n: int, residua
 def test_skinny_each_geometry(rng: np.random.Generator, config: Any, m: int) -> None:
     _run(rng, m, 2048, 5632, config=config, residual=True)
     _run(rng, m, 11264, 2048, config=config)
-    _run(rng, m, 1030, 2048, config=config, glu=True, residual=True)
+    wg, stages = 2, config[1]  # SwiGLU takes two warpgroups
+    if skinny_sm90.smem_bytes(skinny_sm90.token_cols(m), wg, stages) <= loader.max_shared_optin():
+        _run(rng, m, 1030, 2048, config=config, glu=True, residual=True)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
