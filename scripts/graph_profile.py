@@ -240,7 +240,7 @@ def _profiled_generate(
 
 # -- prefill ---------------------------------------------------------------------------------
 _KINDS = (  # (kind, name fragments), first match wins
-    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "splitkreduce", "_mma_", "matmul", "skinny")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "splitkreduce", "_mma_", "matmul")),
     ("kv_write", ("paged_write",)),
     ("attention", ("attn", "flash", "fmha", "attention", "sdpa", "paged")),
     ("norm", ("rms_norm", "rsqrt", "mean")),

@@ -3,17 +3,16 @@ installed), on the same device buffers, in one run.
 
     python -m pygpukit.bench [--json [FILE]] [--llm] [--only NAMES] [--no-compile] [--no-cupy]
 
-NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, skinny, decode, sdpa,
-read_floor, quant, quant_llm, chain64, linear_gelu, compile_time, dispatch, transfer, llm,
-llm_prefill, llm_long, llm_load; a GEMM workload alone as gemm:<dtype>:<size>, e.g.
-gemm:bf16:4096. Default: everything but the llm groups and quant_llm (--llm adds llm; the
-others run when named). Prints a table of times and ratios; --json writes every row plus
-the device, driver, torch version and git commit. --json without FILE writes
-bench/results/<device>-<group>.json when NAMES are one result group's
-(results.RESULT_GROUPS: kernels, compiled, dispatch, read-floor, sdpa, transfer, llm,
-llm-7b), overwriting the last run of that group:
+NAMES (comma-separated): gemm, copy, rms_norm, rope, softmax, gemv, decode, sdpa, read_floor,
+quant, quant_llm, chain64, linear_gelu, compile_time, dispatch, transfer, llm, llm_prefill,
+llm_long, llm_load; a GEMM workload alone as gemm:<dtype>:<size>, e.g. gemm:bf16:4096. Default:
+everything but the llm groups and quant_llm (--llm adds llm; the others run when named).
+Prints a table of times and ratios; --json writes every row plus the device, driver, torch
+version and git commit. --json without FILE writes bench/results/<device>-<group>.json when
+NAMES are one result group's (results.RESULT_GROUPS: kernels, compiled, dispatch,
+read-floor, sdpa, transfer, llm, llm-7b), overwriting the last run of that group:
 
-    python -m pygpukit.bench --only gemm,copy,rms_norm,rope,softmax,gemv,skinny,decode --json
+    python -m pygpukit.bench --only gemm,copy,rms_norm,rope,softmax,gemv,decode --json
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ KERNEL_GROUPS: dict[str, Callable[[list[dict[str, Any]], float, bool], None]] = 
     "rope": kernels.bench_rope,
     "softmax": kernels.bench_softmax,
     "gemv": kernels.bench_gemv,
-    "skinny": kernels.bench_skinny,
     "decode": kernels.bench_decode,
     "sdpa": kernels.bench_sdpa,
     "read_floor": read_floor.bench_read_floor,

@@ -25,7 +25,6 @@ from pygpukit.backends.cuda.kernels import (
     gemv,
     rms_norm,
     rope,
-    skinny_sm90,
     softmax,
     variants,
 )
@@ -391,117 +390,6 @@ def bench_gemv(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
         del ws, xs, ys
 
 
-# Batched decode linears (skinny_sm90): (k, n, label) of TinyLlama-1.1B and Llama-2-7B.
-SKINNY_SHAPES = (
-    (2048, 2560, "tinyllama qkv"), (2048, 2048, "tinyllama o"), (2048, 11264, "tinyllama gate|up"),
-    (5632, 2048, "tinyllama down"), (4096, 12288, "7b qkv"), (4096, 4096, "7b o"),
-    (4096, 22016, "7b gate|up"), (11008, 4096, "7b down"),
-)  # fmt: skip
-SKINNY_ROWS = (32, 64, 128)
-# skinny_sm90.Config values swept on every shape.
-SKINNY_SWEEP = (
-    (1, 6, 2, 1), (1, 8, 1, 1), (1, 4, 2, 2), (1, 4, 2, 4), (1, 6, 2, 4), (1, 4, 2, 8),
-    (2, 4, 1, 2), (2, 4, 1, 4),
-)  # fmt: skip
-
-
-def bench_skinny(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
-    """skinny_sm90 (SM 9.0 only) against torch F.linear (cuBLASLt, what our planner ran for
-    these rows before it): plain, + residual (torch.addmm: cuBLASLt beta = 1) and SwiGLU
-    (F.linear then torch's silu * up)."""
-    torch = _torch()
-    f = torch.nn.functional
-    if not skinny_sm90.available():
-        print("  skinny: not an SM 9.0 device, skipped")
-        return
-    for k, n, label in SKINNY_SHAPES:
-        wbytes = n * k * 2
-        sets = _sets_for(wbytes)
-        wl = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 32 for _ in range(sets)]
-        # one warpgroup's tiles: the most counters any variant uses
-        ctr = torch.zeros(skinny_sm90.counters_needed(n, False, (1, 4, 2, 1)), device="cuda",
-                          dtype=torch.int32)  # fmt: skip
-        for m in SKINNY_ROWS:
-            xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-            rs = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-            ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-            wsz = max(skinny_sm90.workspace_floats(m, n, k, g, c)
-                      for g in (False, True) for c in (None, *SKINNY_SWEEP))  # fmt: skip
-            work = torch.empty(max(wsz, 4), device="cuda", dtype=torch.float32)
-            name = f"skinny bf16 {m}x{k} @ [{n}x{k}]^T ({label})"
-
-            def ours(i: int, m: int = m, n: int = n, k: int = k, xs: Any = xs, ys: Any = ys,
-                     rs: Any = rs, wl: Any = wl, work: Any = work, ctr: Any = ctr,
-                     cfg: tuple[int, int, int, int] | None = None, res: bool = False,
-                     glu: bool = False) -> None:  # fmt: skip
-                # y_stride n: the SwiGLU's [m, n / 2] lands in y's first columns
-                skinny_sm90.skinny(xs[i].data_ptr(), wl[i].data_ptr(), ys[i].data_ptr(), m, n,
-                                   k, "bfloat16", res=rs[i].data_ptr() if res else 0, glu=glu,
-                                   y_stride=n, workspace=work.data_ptr(),
-                                   counters=ctr.data_ptr(), config=cfg, w_early=True,
-                                   stream=_stream())  # fmt: skip
-
-            ref = xs[0].float() @ wl[0].float().T
-            for cfg in SKINNY_SWEEP:
-                ys[0].fill_(float("nan"))
-                ours(0, cfg=cfg)
-                torch.cuda.synchronize()
-                _close(ys[0], ref, f"{name} config={cfg}")
-                _timed_row(rows, f"{name} config={cfg}", functools.partial(ours, cfg=cfg), sets)
-            ys[0].fill_(float("nan"))
-            ours(0)
-            torch.cuda.synchronize()
-            _close(ys[0], ref, name)
-            _row(rows, name, wbytes + 2 * m * (k + n), copy_gbs, ours, _rot(f.linear, xs, wl),
-                 None, sets)  # fmt: skip
-            rows[-1]["peers"] = "eager=torch F.linear (cuBLASLt)"
-            ys[0].fill_(float("nan"))
-            ours(0, res=True)
-            torch.cuda.synchronize()
-            _close(ys[0], ref + rs[0].float(), f"{name} + residual")
-            _row(
-                rows,
-                f"{name} + residual",
-                wbytes + 2 * m * (k + 2 * n),
-                copy_gbs,
-                functools.partial(ours, res=True),
-                _rot(lambda x, w, r: torch.addmm(r, x, w.T), xs, wl, rs),
-                None,
-                sets,
-            )
-            rows[-1]["peers"] = "eager=torch.addmm(res, x, w.T) (cuBLASLt beta=1)"
-            if "gate|up" in label:
-                h = n // 2
-                ys[0].fill_(float("nan"))
-                ours(0, glu=True)
-                torch.cuda.synchronize()
-                _close(ys[0][:, :h], f.silu(ref[:, :h]) * ref[:, h:], f"{name} swiglu")
-
-                def peer(x: Any, w: Any, h: int = h) -> None:
-                    g = f.linear(x, w)
-                    f.silu(g[:, :h]) * g[:, h:]
-
-                _row(
-                    rows,
-                    f"{name} swiglu",
-                    wbytes + 2 * m * (k + h),
-                    copy_gbs,
-                    functools.partial(ours, glu=True),
-                    _rot(peer, xs, wl),
-                    None,
-                    sets,
-                )
-                rows[-1]["peers"] = "eager=torch F.linear, then silu(gate) * up"
-                fit = skinny_sm90.smem_bytes(skinny_sm90.token_cols(m), 2, 8) <= 232448
-                for cfg in sorted({(2, c[1], c[2], c[3]) for c in SKINNY_SWEEP}):  # 2 groups
-                    if cfg[1] == 8 and not fit:
-                        continue  # 8 stages of 128 token rows: more shared memory than an SM
-                    _timed_row(rows, f"{name} swiglu config={cfg}",
-                               functools.partial(ours, cfg=cfg, glu=True), sets)  # fmt: skip
-            del xs, rs, ys, work
-        del wl
-
-
 def bench_decode(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
     torch = _torch()
     f = torch.nn.functional
@@ -720,15 +608,7 @@ def _copy_at(rows: list[dict[str, Any]], nbytes: int, copy_gbs: float) -> None:
 SWEEP_THREADS = (512, 128)
 # Tensor-core decode: (blocks per SM the split count aims at, cp.async stages per warp).
 DECODE_SWEEP = ((1, 2), (1, 3), (2, 1), (3, 1))
-WORKLOADS = [
-    bench_rms_norm,
-    bench_rope,
-    bench_softmax,
-    bench_gemv,
-    bench_skinny,
-    bench_decode,
-    bench_sdpa,
-]
+WORKLOADS = [bench_rms_norm, bench_rope, bench_softmax, bench_gemv, bench_decode, bench_sdpa]
 
 
 def run(json_rows: list[dict[str, Any]], use_compile: bool = True) -> None:

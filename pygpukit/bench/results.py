@@ -14,7 +14,7 @@ RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
 # (the copy ceiling, which any run may add). Groups share no harness group, so each
 # workload's latest result lives in one file.
 RESULT_GROUPS: dict[str, frozenset[str]] = {
-    "kernels": frozenset({"gemm", "rms_norm", "rope", "softmax", "gemv", "skinny", "decode"}),
+    "kernels": frozenset({"gemm", "rms_norm", "rope", "softmax", "gemv", "decode"}),
     "compiled": frozenset({"chain64", "linear_gelu"}),
     "dispatch": frozenset({"dispatch", "compile_time"}),
     "read-floor": frozenset({"read_floor"}),

@@ -22,8 +22,7 @@ _SCALARS = {
 }  # fmt: skip
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "__grid_constant__"}
 _BY_VALUE = {"pgk_tmap": "T"}  # opaque structs passed by value (a CUtensorMap's 128 bytes)
-# __launch_bounds__ and __cluster_dims__ (either, both or neither)
-_LAUNCH_BOUNDS = r"(?:(?:__launch_bounds__|__cluster_dims__)\([^)]*\)\s*)*"
+_LAUNCH_BOUNDS = r"(?:__launch_bounds__\([^)]*\)\s*)?"
 
 Param = tuple[str, str, str]  # (C type, parameter name, launch format character)
 

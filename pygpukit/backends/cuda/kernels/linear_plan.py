@@ -1,8 +1,7 @@
 """matmul and linear: a few rows (decode) of bf16/f16 against a weight stored [N, K] go to
 the tensor-core GEMV (bias and activation fused) for the shapes where it measured faster
 than cuBLASLt (gemv.beats_gemm); folded linears (RMSNorm prologue, residual) take it for
-M <= 16. On SM 9.0, batched decode rows (17..128) of a plain, residual or SwiGLU linear take
-the Hopper skinny GEMM (skinny_sm90) where it measured faster (skinny_sm90.beats_lt).
+M <= 16.
 Otherwise cuBLASLt for f32/tf32/f16/bf16 when it loads (linear's bias and tanh-GELU as its
 epilogue), else the template launchers (kernels/): the mma.sync GEMM for f16/bf16 when its
 layout rules hold, else the strided matmul_simple kernel (every dtype)."""
@@ -12,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pygpukit import _native
-from pygpukit.ir import DType, dtypes, ops, shapes
+from pygpukit.ir import DType, ops, shapes
 from pygpukit.ir.linear import LinearSpec
 from pygpukit.passes import Step
 
@@ -32,7 +30,6 @@ from . import (
     loader,
     matmul_simple,
     rms_norm_plan,
-    skinny_sm90,
 )
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
@@ -146,8 +143,6 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
         launch, lt_bias, lt_act = _linear_lt(ctx, x2, wt, bias, act)
     if launch is None:
         launch, _ = _mm_launcher(ctx, x2, wt)
-    if bias is None and act == "none":
-        launch = _skinny_launch(ctx, x2, w, launch) or launch
     if lt_bias:
         bias = None  # the GEMM's epilogue adds it
     if lt_act:
@@ -318,7 +313,7 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
         return run_pro
     lt_res = _linear_lt_residual(ctx, step, ins, spec)
     if lt_res is not None:
-        return _skinny_residual(ctx, step, ins, spec, lt_res) or lt_res
+        return lt_res
     base_ins = [x, w] + ([ins[2]] if spec.has_bias else [])
     base_attrs = {"activation": spec.activation, "has_bias": spec.has_bias}
     base = plan_linear(ctx, Step("linear", base_attrs, (), -1, shape, dtype, step.loc),
@@ -487,137 +482,6 @@ def _linear_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
         if numel(shape):
             add(out.ptr, [g.ptr, v[res_at].ptr])
         return out
-
-    return _skinny_gated(ctx, step, ins, spec, tag, run) or run
-
-
-# -- batched decode on Hopper (skinny_sm90) -------------------------------------------------
-def _skinny_plan(ctx: Context, x: DeviceValue, w: DeviceValue, glu: bool, epilogue: str,
-                 res: DeviceValue | None = None
-                 ) -> Callable[[int, int, int, int, DeviceValue], bool] | None:  # fmt: skip
-    """launch(x, w, y, res, w value) -> False where the pointers do not suit it (then the
-    caller's other plan runs), of the skinny GEMM for x [.., K] @ w [N, K]^T (SwiGLU: y
-    [M, N/2]; res: a residual of y's shape), or None where its rules do not hold: not
-    SM 9.0, dtypes, 17..128 rows, row strides, shapes where it did not beat cuBLASLt
-    (skinny_sm90.beats_lt)."""
-    dtype = x.dtype.name
-    if dtype not in skinny_sm90.DTYPES or w.dtype != x.dtype or len(w.shape) != 2:
-        return None
-    xr = _rows_view(x)
-    rr = _rows_view(res) if res is not None else None
-    if xr is None or (res is not None and (rr is None or res.dtype != x.dtype)):
-        return None
-    (m, k), n = xr.shape, w.shape[0]
-    n_out = n // 2 if glu else n
-    if w.shape[1] != k or k < 2 or xr.strides[1] != 1 or w.strides[1] != 1:
-        return None
-    if rr is not None and (rr.shape != (m, n_out) or (n_out > 1 and rr.strides[1] != 1)):
-        return None
-    xs, wst = xr.strides[0], w.strides[0]
-    if not skinny_sm90.fits(m, n, k, dtype, xs, wst, glu) or not skinny_sm90.available():
-        return None
-    if not skinny_sm90.beats_lt(m, n, k, epilogue):
-        return None  # measured: cuBLASLt (and its epilogue) is faster here
-    rs = rr.strides[0] if rr is not None else 0
-    floats = skinny_sm90.workspace_floats(m, n, k, glu)
-    counters = _skinny_counters(ctx, skinny_sm90.counters_needed(n, glu)) if floats else None
-
-    def launch(px: int, pw: int, py: int, pres: int, wv: DeviceValue) -> bool:
-        if px % 16 or pw % 16:
-            return False
-        work = ctx.alloc((floats,), dtypes.float32, "linear") if floats else None
-        skinny_sm90.skinny(px, pw, py, m, n, k, dtype, res=pres, x_stride=xs, w_stride=wst,
-                           res_stride=rs, glu=glu, workspace=work.ptr if work else 0,
-                           counters=counters.ptr if counters is not None else 0,
-                           w_early=_settled(ctx, wv), stream=ctx.stream)  # fmt: skip
-        return True
-
-    return launch
-
-
-def _skinny_counters(ctx: Context, n: int) -> DeviceValue:
-    """n zeroed arrival counters (uint32) owned by one linear's plan: every launch of the
-    step runs after the last one finished and finds them zeroed again (the kernel's last
-    split resets them); pinned, since a captured graph bakes the address in."""
-    buf = ctx.alloc((n,), dtypes.int32, "linear split-K counters")
-    buf.storage.pin()
-    _native.memset(buf.ptr, 0, 4 * n, ctx.stream)
-    return buf
-
-
-def _skinny_launch(ctx: Context, x: DeviceValue, w: DeviceValue, other: GemmLaunch
-                   ) -> GemmLaunch | None:  # fmt: skip
-    """plan_linear's launch(x, w, y) on the skinny GEMM (other: the launch it replaces, run
-    for pointers the skinny GEMM does not take), or None where it does not apply."""
-    sk = _skinny_plan(ctx, x, w, False, "none")
-    if sk is None:
-        return None
-    w_plan = w
-
-    def launch(px: int, pw: int, py: int) -> None:
-        if not sk(px, pw, py, 0, w_plan):
-            other(px, pw, py)
-
-    return launch
-
-
-def _skinny_residual(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: LinearSpec,
-                     other: Run) -> Run | None:  # fmt: skip
-    """x @ w.T + residual on the skinny GEMM (no bias, activation or prologue), other (the
-    cuBLASLt beta = 1 plan) for pointers it does not take; None where it does not apply."""
-    if spec.has_bias or spec.activation != "none" or spec.prologue != "none":
-        return None
-    x, w, res = ins[0], ins[1], ins[spec.residual_at]
-    sk = _skinny_plan(ctx, x, w, False, "residual", res)
-    if sk is None:
-        return None
-    shape, dtype, res_at = step.shape, step.dtype, spec.residual_at
-
-    def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        y = ctx.alloc_out(shape, dtype, "linear")
-        if sk(v[0].ptr, v[1].ptr, y.ptr, v[res_at].ptr, v[1]):
-            return y
-        return other(v)
-
-    return run
-
-
-def _skinny_gated(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: LinearSpec,
-                  tag: int, other: Run) -> Run | None:  # fmt: skip
-    """silu(gate) * up (+ residual) of a gate|up weight as one skinny GEMM with the SwiGLU
-    epilogue, the RMSNorm prologue (if any) its own kernel into scratch first; other (the
-    composed plan) for pointers it does not take. None where it does not apply (a bias,
-    an activation, a SwiGLU prologue, the skinny GEMM's rules)."""
-    if spec.has_bias or spec.activation != "none" or spec.prologue not in ("none", "rms_norm"):
-        return None
-    x, w = ins[0], ins[1]
-    dtype, shape = step.dtype, step.shape
-    res_at = spec.residual_at
-    res = ins[res_at] if spec.has_residual else None
-    xp, pro_run = x, None
-    if spec.prologue == "rms_norm":
-        gain = ins[-1]
-        if gain.dtype != dtype:
-            return None
-        pstep = Step("rms_norm", {"eps": step.attrs["eps"]}, (), -1, x.shape, dtype, step.loc)
-        pro_run = rms_norm_plan.plan_rms_norm(ctx, pstep, [x, gain], tag)
-        xp = DeviceValue(x.storage, x.shape, contiguous(x.shape), 0, dtype)
-    sk = _skinny_plan(ctx, xp, w, True, "swiglu", res)
-    if sk is None:
-        return None
-
-    def run(v: Sequence[DeviceValue]) -> DeviceValue:
-        y = ctx.alloc_out(shape, dtype, "linear")
-        pres = v[res_at].ptr if res is not None else 0
-        if pro_run is None:
-            if sk(v[0].ptr, v[1].ptr, y.ptr, pres, v[1]):
-                return y
-            return other(v)
-        with ctx.scratch_only():
-            xv = pro_run([v[0], v[-1]])
-        if sk(xv.ptr, v[1].ptr, y.ptr, pres, v[1]):
-            return y
-        return other(v)
 
     return run
 

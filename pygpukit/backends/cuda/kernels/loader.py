@@ -162,7 +162,7 @@ QUICK_FAMILIES = frozenset({"attention_decode", "attention_flash", "gemv"})
 # Families compiled for an architecture-specific target rather than the device's own:
 # wgmma and setmaxnreg exist only in sm_90a code, which loads on SM 9.0 devices alone (the
 # planner launches such a family there only).
-FAMILY_ARCH: dict[str, str] = {"attention_flash_sm90": "sm_90a", "skinny_sm90": "sm_90a"}
+FAMILY_ARCH: dict[str, str] = {"attention_flash_sm90": "sm_90a"}
 
 
 def family_arch(family: str, arch: str) -> str:

@@ -17,7 +17,6 @@ from . import (
     loader,
     paged_prefill,
     scan,
-    skinny_sm90,
     sort,
 )
 
@@ -126,13 +125,6 @@ def all_variants() -> list[Variant]:
         for d in (64, 128):
             out.append((attention_sm90.FAMILY, (attention_sm90.KERNEL,),
                         attention_sm90.defines(dt, d)))  # fmt: skip
-        # The Hopper skinny GEMM of batched decode (sm_90a): each token-column width, two
-        # warpgroups, the SwiGLU epilogue, K split over a cluster or through L2.
-        for sn, wg, glu, cl in ((32, 1, False, 4), (64, 1, False, 4), (128, 1, False, 4),
-                                (64, 2, False, 1), (64, 1, False, 1), (64, 2, True, 1),
-                                (64, 2, True, 4)):  # fmt: skip
-            sk = skinny_sm90.defines(dt, sn, wg, 4, glu, cl)
-            out.append((skinny_sm90.FAMILY, (skinny_sm90.KERNEL,), sk))
         # Append mode (sdpa_append): each rope layout, tables in the element type or float.
         for d, g in ((64, 8), (128, 16)):
             for rope, cs in ((0, dt), (1, dt), (1, "float32"), (2, "float32")):
