@@ -61,10 +61,13 @@ FLOOD_LEAD_S = 0.5
 # time at that and 0.6 idle averages about 550 W, under the cap.
 BE_DUTY = 0.4
 DUTY_SWEEP = (0.6, 0.25)  # also measured, with the work-conserving flood (1.0)
-# Steps a closed-loop latency row times: a p99 of 300 is the 3rd-largest sample and moved
-# by a fifth between runs; 2000 steps of ~60 us cost ~0.15 s a row. Paced rows (one step
-# every PERIOD_MS) take PACED_N.
-LATENCY_N = 2000
+# Steps a closed-loop latency row times: ~60 us each, so 0.6 s a row. The H200's host has
+# bursts of 10-20 consecutive steps slowed to 100-300 us, in the direct rows as in the
+# scheduler's; with 2000 steps the p99 (the 20th largest) was one burst or none, and the
+# direct solo p99 moved from 61 to 83 us between two rows minutes apart. 10,000 steps hold
+# several bursts, so a row's p99 is their rate. Paced rows (one step every PERIOD_MS) take
+# PACED_N.
+LATENCY_N = 10_000
 PACED_N = 600
 
 
