@@ -43,6 +43,34 @@ def _err(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(out.astype(np.float64) - rounded) / np.linalg.norm(ref))
 
 
+def _norm_case(rng, fmt, kw, k, m, glu):
+    """A fused launch's operands: W of 203 outputs (SwiGLU: 203 gate and 203 up rows, a
+    partial last tile), x, the RMSNorm gain, the residual, and the output, on the device."""
+    n = 2 * 203 if glu else 203
+    q = quantize(rng.standard_normal((n, k)), fmt, **kw)
+    x = rng.uniform(-1, 1, (m, k)).astype(BF16)
+    g = rng.uniform(0.5, 1.5, k).astype(BF16)
+    n_out = n // 2 if glu else n
+    res = rng.uniform(-1, 1, (m, n_out)).astype(BF16)
+    dev = [gpk.from_numpy(a).realize() for a in (x, g, res)]
+    dev.append(gpk.zeros((m, n_out), gpk.bfloat16).realize())
+    return q, x, g, res, dev
+
+
+def _norm_ref(x, g, wd, res, glu):
+    """float64: x * gain rounded once to bf16 (as the kernel's packed multiply), 1 / rms on
+    raw x; with glu silu(gate) * up + the residual."""
+    x64 = x.astype(np.float64)
+    xg = (x64 * g.astype(np.float64)).astype(BF16).astype(np.float64)
+    rs = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)
+    ref = rs * (xg @ wd.T)
+    if glu:
+        n_out = res.shape[1]
+        gate, up = ref[:, :n_out], ref[:, n_out:]
+        ref = gate / (1 + np.exp(-gate)) * up + res.astype(np.float64)
+    return ref
+
+
 @pytest.mark.parametrize("biased", [False, True], ids=["codes", "biased"])
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
@@ -53,15 +81,8 @@ def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m, biased)
     if biased and (fmt != "int4" or kw.get("symmetric", True) is False):
         pytest.skip("biased codes are a symmetric int4 form (the launcher refuses the rest)")
     gw, nt, u, stages, per_sm, early = geometry
-    rng = np.random.default_rng()
-    n = 2 * 203 if fused else 203  # a partial last tile (SwiGLU: 203 gate and up rows)
-    q = quantize(rng.standard_normal((n, k)), fmt, **kw)
-    x = rng.uniform(-1, 1, (m, k)).astype(BF16)
-    g = rng.uniform(0.5, 1.5, k).astype(BF16)
-    n_out = n // 2 if fused else n
-    res = rng.uniform(-1, 1, (m, n_out)).astype(BF16)
-    xd, gd, rd = (gpk.from_numpy(a).realize() for a in (x, g, res))
-    y = gpk.zeros((m, n_out), gpk.bfloat16).realize()
+    q, x, g, res, (xd, gd, rd, y) = _norm_case(np.random.default_rng(), fmt, kw, k, m, fused)
+    n = q.data.shape[0]
     gemv_quant.gemv_quant(
         _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
         scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0, m=m,
@@ -72,16 +93,7 @@ def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m, biased)
     gpk.synchronize()
     out = y.to_numpy()
     wd = q.dequantize()
-    x64 = x.astype(np.float64)
-    if not fused:
-        ref = x64 @ wd.T
-    else:
-        # x * gain rounded once to bf16 (as the kernel's packed multiply), 1 / rms on raw x.
-        xg = (x64 * g.astype(np.float64)).astype(BF16).astype(np.float64)
-        rs = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)
-        gu = rs * (xg @ wd.T)
-        gate, up = gu[:, :n_out], gu[:, n_out:]
-        ref = gate / (1 + np.exp(-gate)) * up + res.astype(np.float64)
+    ref = _norm_ref(x, g, wd, res, True) if fused else x.astype(np.float64) @ wd.T
     assert _err(out, ref) <= 1e-3
 
 
@@ -100,15 +112,8 @@ def test_prologue_gain_paths_match_float64(fmt, kw, gain, glu, m):
     geometry at the Llama-2-7B hidden size, persistent grid, early loads."""
     pro_early, gain_batch = gain
     k = 4096
-    rng = np.random.default_rng()
-    n = 2 * 203 if glu else 203
-    q = quantize(rng.standard_normal((n, k)), fmt, **kw)
-    x = rng.uniform(-1, 1, (m, k)).astype(BF16)
-    g = rng.uniform(0.5, 1.5, k).astype(BF16)
-    n_out = n // 2 if glu else n
-    res = rng.uniform(-1, 1, (m, n_out)).astype(BF16)
-    xd, gd, rd = (gpk.from_numpy(a).realize() for a in (x, g, res))
-    y = gpk.zeros((m, n_out), gpk.bfloat16).realize()
+    q, x, g, res, (xd, gd, rd, y) = _norm_case(np.random.default_rng(), fmt, kw, k, m, glu)
+    n = q.data.shape[0]
     gemv_quant.gemv_quant(
         _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
         scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0, m=m,
@@ -117,11 +122,4 @@ def test_prologue_gain_paths_match_float64(fmt, kw, gain, glu, m):
     )  # fmt: skip
     gpk.synchronize()
     out = y.to_numpy()
-    x64 = x.astype(np.float64)
-    xg = (x64 * g.astype(np.float64)).astype(BF16).astype(np.float64)
-    rs = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)
-    ref = rs * (xg @ q.dequantize().T)
-    if glu:
-        gate, up = ref[:, :n_out], ref[:, n_out:]
-        ref = gate / (1 + np.exp(-gate)) * up + res.astype(np.float64)
-    assert _err(out, ref) <= 1e-3
+    assert _err(out, _norm_ref(x, g, q.dequantize(), res, glu)) <= 1e-3
