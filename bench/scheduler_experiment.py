@@ -335,6 +335,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
         clock_start = clock_end = None
         gc0: list[int] = []
         gcs: list[int] = []
+        placed: dict[str, Any] = {}
         try:
             nxt = time.perf_counter()
             for k in range(WARMUP + n):
@@ -360,6 +361,14 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
             st1 = sched.stats()
             be1, wake1 = dict(st1["tenants"].get("gemm", {})), st1["dispatcher_wakeups"]
             steps = {k: v - steps0[k] for k, v in st1["guaranteed_steps"].items()}
+            # Where the tenant's steps ran: its arena's device address and the decode
+            # program's captures (one per argument addresses) and bind misses. Rows run
+            # after GEMMs through a scheduler come out slower (docs/scheduler.md): these
+            # tell whether the arena moved and the graph was captured again for it.
+            spare = getattr(sched, "_spare", None)
+            placed = {"arena_addr": None if spare is None else hex(spare.addr),
+                      "decode_replay": [{k: e["replay"].get(k) for k in ("captures", "bind_misses")}
+                                        for e in w["decode"].stats()["entries"]]}  # fmt: skip
         finally:
             stop.set()
             if th is not None:
@@ -382,6 +391,7 @@ def gpu_sched(w: dict[str, Any], n: int, contended: bool, period_ms: float | Non
     # The timed steps the native on-caller step served, and those the Python path took.
     out["guaranteed_steps"] = steps
     out["gc_collections"] = gcs  # per generation, during the timed steps
+    out.update(placed)
     out["best_effort_duty"] = duty
     out["sm_clock"] = [clock_start, clock_end]  # at the window's start and end
     if contended:
