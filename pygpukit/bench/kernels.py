@@ -45,13 +45,14 @@ def _sets_for(nbytes: int) -> int:
     return max(1, math.ceil(3 * l2 / max(nbytes, 1)))
 
 
-def time_graph(fn: Fn, n_sets: int, calls: int = 20, reps: int = 30) -> float:
-    """Median microseconds per call: `calls` calls (rotating sets) in one CUDA graph."""
+def _captured(fn: Fn, n_sets: int, calls: int) -> Callable[[], None]:
+    """`calls` calls of fn (rotating sets) as one CUDA graph's replay, after a warm-up
+    (compiles, autotunes, loads modules); plain launches where fn is not capturable."""
     torch = _torch()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for i in range(max(3, n_sets)):  # warm-up: compiles, autotunes, loads modules
+        for i in range(max(3, n_sets)):
             fn(i % n_sets)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
@@ -70,15 +71,36 @@ def time_graph(fn: Fn, n_sets: int, calls: int = 20, reps: int = 30) -> float:
 
     run()
     torch.cuda.synchronize()
-    times = []
+    return run
+
+
+def _us_per_call(run: Callable[[], None], calls: int) -> float:
+    """One timed run (device events), in microseconds per call."""
+    torch = _torch()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    run()
+    b.record()
+    b.synchronize()
+    return float(a.elapsed_time(b) * 1000.0 / calls)
+
+
+def time_graph(fn: Fn, n_sets: int, calls: int = 20, reps: int = 30) -> float:
+    """Median microseconds per call: `calls` calls (rotating sets) in one CUDA graph."""
+    run = _captured(fn, n_sets, calls)
+    return statistics.median(_us_per_call(run, calls) for _ in range(reps))
+
+
+def time_graphs_interleaved(fns: dict[str, Fn], n_sets: int, calls: int = 20,
+                            reps: int = 30) -> dict[str, float]:  # fmt: skip
+    """time_graph of each fn, their graphs replayed in turn `reps` times (drift hits every
+    fn alike): median microseconds per call by name."""
+    runs = {name: _captured(fn, n_sets, calls) for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / calls)
-    return statistics.median(times)
+        for name, run in runs.items():
+            times[name].append(_us_per_call(run, calls))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _ignore(*_: Any) -> None:

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import functools
 import json
-import statistics
 from typing import Any
 
 from pygpukit.backends.cuda.kernels import gemv_quant
 from pygpukit.ir.quant import QuantSpec
 
 from . import quant_torch
-from .kernels import _close, _compiled, _sets_for, _stream, _torch, time_graph
+from .kernels import (
+    _close,
+    _compiled,
+    _sets_for,
+    _stream,
+    _torch,
+    time_graph,
+    time_graphs_interleaved,
+)
 
 # (K, N): TinyLlama QKV, o, gate/up, down; Llama-2-7B QKV, gate/up, down.
 SHAPES = ((2048, 2560), (2048, 2048), (2048, 11264), (5632, 2048),
@@ -146,39 +153,6 @@ PROLOGUE_ARMS = ("gain_late", "gain_batch2", "gain_batch4")  # switches of the p
 FUSED_CALLS, FUSED_REPS = 20, 30
 
 
-def time_graphs_interleaved(fns: dict[str, Any], n_sets: int, calls: int = FUSED_CALLS,
-                            reps: int = FUSED_REPS) -> dict[str, float]:  # fmt: skip
-    """Median microseconds per call of each fn: `calls` calls (rotating sets) in one CUDA
-    graph per fn, the graphs replayed in turn `reps` times (drift hits every arm alike)."""
-    torch = _torch()
-    graphs = {}
-    for name, fn in fns.items():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for i in range(max(3, n_sets)):
-                fn(i % n_sets)
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(calls):
-                fn(i % n_sets)
-        g.replay()
-        graphs[name] = g
-    torch.cuda.synchronize()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, g in graphs.items():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times[name].append(a.elapsed_time(b) * 1000.0 / calls)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def bench_quant_fused(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -> None:
     """Each FUSED_ROLES GEMV in each FUSED_FORMATS weight, every FUSED_ARMS arm timed
     interleaved (time_graphs_interleaved), each checked against float64 first."""
@@ -215,7 +189,7 @@ def bench_quant_fused(rows: list[dict[str, Any]], copy_gbs: float, use_compile: 
                 _close(ys[arm], _fused_want(torch, x, gain, r, spec, ts, k, arm, pro, glu, res),
                        f"gemv_quant {spec.label} {role} {arm}", tol=1e-2)  # fmt: skip
                 fns[arm] = call
-            us = time_graphs_interleaved(fns, sets)
+            us = time_graphs_interleaved(fns, sets, FUSED_CALLS, FUSED_REPS)
             for arm, t_arm in us.items():
                 name = f"gemv_quant {spec.label} {role} 1x{k} @ [{n}x{k}]^T {arm}"
                 row = _emit(rows, name, t_arm, nbytes, copy_gbs, us["plain"], "x_vs_plain")
