@@ -343,6 +343,21 @@ def test_paged_attention_one_pool_gpu(dtype, n_decode, pieces, n_pad):
                 one_pool=True)  # fmt: skip
 
 
+def _rotated(x, cos, sin, dtype, interleaved):
+    """float64 RoPE of x [rows, heads, D] by each row's tables, the tables rounded to dtype
+    first (as the kernels read them); interleaved pairs or the halves of D."""
+    c = gpk.asarray(cos).astype(dtype).astype("float32").to_numpy()[:, None, :]
+    sn = gpk.asarray(sin).astype(dtype).astype("float32").to_numpy()[:, None, :]
+    if interleaved:
+        rot = np.empty_like(x)
+        rot[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * sn
+        rot[..., 1::2] = x[..., 1::2] * c + x[..., 0::2] * sn
+        return rot
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], axis=-1)
+
+
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_paged_write_rope_gpu(dtype, tol, interleaved):
@@ -364,17 +379,7 @@ def test_paged_write_rope_gpu(dtype, tol, interleaved):
                        interleaved=interleaved)  # fmt: skip
     got = pool.astype("float32").to_numpy()
     x = new_g.astype("float32").to_numpy().astype(np.float64)
-    c = gpk.asarray(cos).astype(dtype).astype("float32").to_numpy()[:, None, :]
-    sn = gpk.asarray(sin).astype(dtype).astype("float32").to_numpy()[:, None, :]
-    k = x[:, :kv]
-    if interleaved:
-        rot = np.empty_like(k)
-        rot[..., 0::2] = k[..., 0::2] * c - k[..., 1::2] * sn
-        rot[..., 1::2] = k[..., 1::2] * c + k[..., 0::2] * sn
-    else:
-        k1, k2 = k[..., : d // 2], k[..., d // 2 :]
-        rot = np.concatenate([k1 * c - k2 * sn, k2 * c + k1 * sn], axis=-1)
-    x[:, :kv] = rot
+    x[:, :kv] = _rotated(x[:, :kv], cos, sin, dtype, interleaved)
     want = start.copy()
     for i, slot in enumerate(slots):
         if slot >= 0:
@@ -415,15 +420,7 @@ def test_paged_attention_rotates_q_gpu(dtype, d, h, kv, pieces, interleaved):
     before = gpk.nn.paged_attention(q_rot, kg, vg, table, lens, pieces=pieces)
     before = before.astype("float32").to_numpy()
     x = q.astype("float32").to_numpy().astype(np.float64)[:, :, 0]  # [B, H, D]
-    c = gpk.asarray(cos).astype(dtype).astype("float32").to_numpy()[:, None, :]
-    sn = gpk.asarray(sin).astype(dtype).astype("float32").to_numpy()[:, None, :]
-    if interleaved:
-        rot = np.empty_like(x)
-        rot[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * sn
-        rot[..., 1::2] = x[..., 1::2] * c + x[..., 0::2] * sn
-    else:
-        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-        rot = np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], axis=-1)
+    rot = _rotated(x, cos, sin, dtype, interleaved)
     pool64 = pool.astype("float32").to_numpy().astype(np.float64)
     ref = paged_sdpa_ref(rot[:, :, None], pool64[:, :kv], pool64[:, kv:], table, lens)
     tol = {"bfloat16": 3e-2, "float16": 5e-3, "float32": 1e-4}[dtype]
