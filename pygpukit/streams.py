@@ -52,10 +52,18 @@ class Stream:
 
 
 class Event:
-    """A CUDA event: record it on a stream, wait for it, time between two of them."""
+    """A CUDA event: record it on a stream, wait for it, time between two of them.
 
-    def __init__(self, timing: bool = True) -> None:
-        self._e = _native_cuda().Event(timing)
+    Args:
+        timing: Whether `elapsed_time` may read it (as torch.cuda.Event's enable_timing).
+        blocking: Whether `synchronize` sleeps until the GPU signals the event (as
+            torch.cuda.Event's blocking) rather than spinning a CPU core on it, which is
+            what the driver does otherwise: lower latency, but a core taken from the
+            process's other threads for as long as the wait lasts.
+    """
+
+    def __init__(self, timing: bool = True, blocking: bool = False) -> None:
+        self._e = _native_cuda().Event(timing, blocking)
 
     def record(self, stream: Stream | None = None) -> Event:
         """Record the event on `stream` (None: the legacy default stream the backend uses).

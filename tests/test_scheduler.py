@@ -497,7 +497,7 @@ def _fake_cuda(dev, waiter_ended, fired=None):
             return table.setdefault(tid, threading.Event())
 
     class FakeEvent:
-        def __init__(self, timing: bool) -> None:
+        def __init__(self, timing: bool, blocking: bool = False) -> None:
             self.t = 0.0
             self.task = getattr(local, "task", None)
 

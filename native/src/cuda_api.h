@@ -50,6 +50,7 @@ constexpr int kFuncMaxDynamicSharedSizeBytes = 8;
 
 constexpr unsigned kStreamNonBlocking = 0x1;
 constexpr unsigned kEventDefault = 0x0;
+constexpr unsigned kEventBlockingSync = 0x1;
 constexpr unsigned kEventDisableTiming = 0x2;
 constexpr unsigned kMemHostAllocPortable = 0x1;
 

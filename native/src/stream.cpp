@@ -61,8 +61,9 @@ std::pair<int, int> Stream::priority_range() {
   return {least, greatest};
 }
 
-Event::Event(bool timing) : ctx_(current_context()), timing_(timing) {
+Event::Event(bool timing, bool blocking) : ctx_(current_context()), timing_(timing) {
   unsigned flags = timing ? cu::kEventDefault : cu::kEventDisableTiming;
+  if (blocking) flags |= cu::kEventBlockingSync;
   check_cu(driver().cuEventCreate(&event_, flags), "cuEventCreate");
 }
 
@@ -151,7 +152,7 @@ void register_streams(py::module_& m) {
       .def("__int__", [](const Stream& s) { return reinterpret_cast<uintptr_t>(s.handle()); });
 
   py::class_<Event, std::shared_ptr<Event>>(m, "Event", "A CUDA event owned by this object.")
-      .def(py::init<bool>(), py::arg("timing") = true)
+      .def(py::init<bool, bool>(), py::arg("timing") = true, py::arg("blocking") = false)
       .def_property_readonly("handle",
                              [](const Event& e) { return reinterpret_cast<uintptr_t>(e.handle()); })
       .def(

@@ -39,7 +39,9 @@ class Stream {
 
 class Event {
  public:
-  explicit Event(bool timing);
+  // blocking: a synchronize() sleeps until the GPU signals (CU_EVENT_BLOCKING_SYNC) instead
+  // of spinning a core, as the primary context's automatic policy does with few contexts.
+  explicit Event(bool timing, bool blocking = false);
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
