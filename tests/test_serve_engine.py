@@ -4,6 +4,7 @@ admission through the scheduler core (memory = KV blocks, QoS order), a bounded 
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -134,6 +135,72 @@ def test_decode_steps_of_an_unchanged_batch_upload_nothing(model, monkeypatch):
         assert out == [model.generate_ids([p], 20, stop_at_eos=False).tokens[0] for p in prompts]
     finally:
         e.close()
+
+
+def test_a_read_back_in_flight_sleeps_on_its_steps_event_first(model, monkeypatch):
+    """The engine thread waits for a step's tokens by sleeping on an event recorded after
+    the step (blocking sync on CUDA: a spinning wait holds a CPU core through each step)
+    and only then takes the copy, which is waited on by spinning; with SLEEP_WAIT off it
+    takes the copy at once. The events are reused (one per step in flight), and the
+    tokens are the static path's. Stand-ins: an event log, and read-backs that are still
+    in flight until taken."""
+    from pygpukit.array import GPUArray
+    from pygpukit.serve import engine as engine_mod
+
+    log: list[tuple[str, int]] = []
+    made: list[object] = []
+    real = GPUArray.to_numpy_async
+    copies = itertools.count()
+
+    class InFlight:  # a read-back whose copy has not landed until result() is called
+        def __init__(self, transfer):
+            self.transfer, self.k = transfer, next(copies)
+
+        def done(self):
+            return False
+
+        def result(self):
+            log.append(("copy", self.k))
+            return self.transfer.result()
+
+    class Ev:
+        def __init__(self):
+            self.k = -1
+            made.append(self)
+
+        def synchronize(self):
+            log.append(("event", self.k))
+
+    steps = itertools.count()
+
+    def record(pool):
+        ev = pool.pop() if pool else Ev()
+        ev.k = next(steps)  # the launch's read-back was made just before: the same index
+        return ev
+
+    prompts = _prompts(3, seed=61, low=10, high=40)
+    want = [model.generate_ids([p], 12, stop_at_eos=False).tokens[0] for p in prompts]
+    monkeypatch.setattr(GPUArray, "to_numpy_async", lambda self: InFlight(real(self)))
+    for sleep in (True, False):
+        monkeypatch.setattr(engine_mod, "SLEEP_WAIT", sleep)
+        log.clear()
+        made.clear()
+        copies, steps = itertools.count(), itertools.count()
+        e = Engine(model, max_model_len=128, prefill_chunk=32, kv_blocks=64, max_batch=4)
+        e._record_wait = record
+        e.start()
+        try:
+            assert e.generate(prompts, 12, ignore_eos=True, timeout=300) == want
+            n = e.stats()["steps"]
+        finally:
+            e.close()
+        copied = [k for what, k in log if what == "copy"]
+        assert copied == list(range(n))  # every step, in order
+        if sleep:  # each copy right after its own step's event
+            assert log == [(what, k) for k in copied for what in ("event", "copy")]
+        else:
+            assert not [k for what, k in log if what == "event"]
+        assert 1 <= len(made) <= engine_mod.LOOKAHEAD + 1 and len(e._wait_events) == len(made)
 
 
 def test_a_long_prompt_is_split_over_steps_and_several_share_one(model):

@@ -78,6 +78,13 @@ LOOKAHEAD = 2
 # at once, or the GPU idles while another thread (the HTTP loop) runs Python: CPython
 # makes a waiting thread wait up to the switch interval (5 ms by default).
 SWITCH_INTERVAL_S = 0.0005
+# Whether the engine thread sleeps while it waits for a step's tokens (on an event made with
+# CU_EVENT_BLOCKING_SYNC, recorded after the step) rather than spinning in the transfer's
+# wait: with one context the driver spins a CPU core through every wait, most of each
+# step, and the front end, the bridge and (on one host) the clients need that core. The
+# wake-up's latency costs no GPU time: LOOKAHEAD steps are queued behind the one waited
+# on. Only the small copy after the step is then waited on by spinning.
+SLEEP_WAIT = True
 # Entries Engine.timeline keeps of each kind (finished requests, launched steps, idle
 # periods): a few rounds of a 256-client burst.
 TIMELINE = 4096
@@ -390,6 +397,10 @@ class Engine:
         self._step_log: deque[tuple[float, float, int, int, int]] = deque(maxlen=TIMELINE)
         self._idle_log: deque[tuple[float, float]] = deque(maxlen=TIMELINE)
         self._step_hooks: list[Callable[[], None]] = []
+        # On CUDA, each step's blocking-sync event (SLEEP_WAIT), recorded after its launch by
+        # this (taken from the free ones in _wait_events, which it goes back to once read).
+        self._record_wait: Callable[[list[Any]], Any] | None = _wait_event_recorder()
+        self._wait_events: list[Any] = []
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -900,8 +911,54 @@ class Engine:
         c["prefill_tokens"] += used - len(rows)
         c["max_step_tokens"] = max(c["max_step_tokens"], n)
         transfer = tok.to_numpy_async()
+        if self._record_wait is not None:
+            pool = self._wait_events
+            transfer = _SleepingTransfer(transfer, self._record_wait(pool), pool)
         self._step_log.append((now, time.perf_counter(), len(rows), used - len(rows), n))
         return outs, transfer
+
+
+class _SleepingTransfer:
+    """A step's token read-back whose wait first sleeps on the step's blocking-sync event
+    (SLEEP_WAIT), so only the copy's few microseconds after it are spun through; the
+    event goes back to the engine's pool once waited for."""
+
+    __slots__ = ("_transfer", "_event", "_pool")
+
+    def __init__(self, transfer: Any, event: Any, pool: list[Any]) -> None:
+        self._transfer, self._event, self._pool = transfer, event, pool
+
+    def done(self) -> bool:
+        return bool(self._transfer.done())
+
+    def result(self) -> np.ndarray:
+        ev = self._event
+        if ev is not None:
+            self._event = None
+            if SLEEP_WAIT and not self._transfer.done():
+                ev.synchronize()  # lets go of the interpreter lock, as the transfer's wait
+            self._pool.append(ev)
+        return self._transfer.result()
+
+
+def _wait_event_recorder() -> Callable[[list[Any]], Any] | None:
+    """On the CUDA backend, what records a step's blocking-sync event on the backend's
+    stream after the step's launch (a free one of `pool`, or a new one); None elsewhere
+    (the CPU backend's read-backs are done when made)."""
+    if gpk.backend_name() != "cuda":
+        return None
+    from pygpukit import _native
+    from pygpukit.backends import get_backend
+    from pygpukit.backends.cuda.transfers import stream_id
+
+    backend: Any = get_backend()  # the CUDA backend: its stream is the launches'
+
+    def record(pool: list[Any]) -> Any:
+        ev = pool.pop() if pool else _native.Event(False, True)  # no timing, blocking sync
+        ev.record(stream_id(backend.stream))
+        return ev
+
+    return record
 
 
 def _buckets(least: int, most: int) -> list[int]:
