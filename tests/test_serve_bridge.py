@@ -84,9 +84,12 @@ def test_tokens_equal_generate_and_errors_keep_their_kind(model):
             await client.submit(Request(prompts[0], 4, _Collect(loop), qos="vip"))
         stats = await client.stats()
         assert stats["finished"] == 6 and stats["used_blocks"] == 0
-        # A request cancelled after its first token ends at the engine's next step.
+        # A request cancelled after its first token ends at the engine's next step. The
+        # engine holds after the step that gave its first token until the cancel is in
+        # its inbox: on a fast GPU its 100 tokens could otherwise all come first.
         out = _Collect(loop)
         long = Request(prompts[1], 100, out)
+        hold[0] = True
         await client.submit(long)
         while not out.tokens:
             await asyncio.sleep(0.005)
@@ -96,10 +99,21 @@ def test_tokens_equal_generate_and_errors_keep_their_kind(model):
             assert time.monotonic() < end, engine.stats()
             await asyncio.sleep(0.01)
         assert not out.end.done()  # nothing more reaches a cancelled request's sink
+        assert not hold[0]  # the engine held for the cancel
         _hang_up(client.conn)  # the front end's process ends
         while not stopped:
             await asyncio.sleep(0.01)
 
+    hold = [False]
+
+    def hold_for_cancel() -> None:  # a step hook: runs after the bridge's (events sent)
+        if hold[0] and any(r.generated for r in engine._running):
+            hold[0] = False
+            end = time.monotonic() + 60
+            while engine._inbox.qsize() == 0 and time.monotonic() < end:
+                time.sleep(0.001)
+
+    engine.add_step_hook(hold_for_cancel)
     engine.start()
     try:
         asyncio.run(main())
