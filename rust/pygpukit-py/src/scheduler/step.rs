@@ -7,12 +7,18 @@
 //! device's wait closure, `_on_done_waiter` and `_book_locked` for that one case, on the
 //! same Python state under the same locks; anything else (a condition that does not hold
 //! before the core commits, an end that frees work) is handed to those Python methods.
+//!
+//! The scheduler's and the device's containers that are never rebound (`_tasks`,
+//! `_ended`, the lanes, ...) and the locks' bound acquire/release are looked up once, at
+//! the step's making or the device's first step: an attribute lookup by name costs a few
+//! hundred instructions, and a step made some sixty of them.
 
 use pyo3::exceptions::PyException;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
+use std::sync::Mutex;
 
 use pygpukit_core::scheduler::{Qos, TaskSpec};
 
@@ -26,14 +32,26 @@ pub struct GuaranteedStep {
     sched: Py<PyAny>,
     func: Py<PyAny>,
     core: Py<PySchedulerCore>,
-    mu: Py<PyAny>,
+    mu: Lock,
     exec_lock: Py<PyAny>,
+    exec: Lock,
     task_type: Py<PyAny>,
     cuda_device: Py<PyAny>,
     done_type: Py<PyAny>,
     poll: Py<PyAny>,
     perf_counter: Py<PyAny>,
-    future_lock: Py<PyAny>,
+    future_lock: Lock,
+    // The scheduler's containers (never rebound: Scheduler.__init__ makes them).
+    tasks: Py<PyDict>,
+    ended: Py<PyAny>,
+    waiting: Py<PyDict>,
+    counts: Py<PyDict>,
+    steps: Py<PyDict>,
+    pending: Py<PyAny>,
+    unbooked: Py<PyList>,
+    // The device the last step ran on, as the steps use it (Scheduler._device may be
+    // replaced: it is checked against this on every submit).
+    dev: Mutex<Option<DevCache>>,
     t0: f64,
     tenant: String,
     tenant_py: Py<PyAny>,
@@ -54,28 +72,93 @@ pub struct GuaranteedStep {
 pub struct StepWait {
     step: Py<GuaranteedStep>,
     device: Py<PyAny>,
+    spare_events: Py<PyList>,
+    dev_lock: Lock,
     task: Py<PyAny>,
     start: Py<PyAny>,
     end: Py<PyAny>,
     result: Py<PyAny>,
+    // What the task's ended record holds that the step set at submission.
+    id: u64,
+    held: u64,
+    arena_bytes: Py<PyAny>,
+    submitted_ms: f64,
 }
 
-fn lock(l: &Bound<'_, PyAny>) -> PyResult<()> {
-    l.call_method0(intern!(l.py(), "acquire")).map(|_| ())
+/// A lock's bound `acquire` and `release`.
+struct Lock {
+    acquire: Py<PyAny>,
+    release: Py<PyAny>,
 }
 
-fn unlock(l: &Bound<'_, PyAny>) -> PyResult<()> {
-    l.call_method0(intern!(l.py(), "release")).map(|_| ())
+impl Lock {
+    fn of(l: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let py = l.py();
+        Ok(Lock {
+            acquire: attr(l, intern!(py, "acquire"))?.unbind(),
+            release: attr(l, intern!(py, "release"))?.unbind(),
+        })
+    }
+
+    fn clone_ref(&self, py: Python<'_>) -> Self {
+        Lock {
+            acquire: self.acquire.clone_ref(py),
+            release: self.release.clone_ref(py),
+        }
+    }
+
+    fn acquire(&self, py: Python<'_>) -> PyResult<()> {
+        self.acquire.bind(py).call0().map(|_| ())
+    }
+
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        self.release.bind(py).call0().map(|_| ())
+    }
+
+    /// `f()` with the lock held (released on every way out).
+    fn held<R>(&self, py: Python<'_>, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
+        self.acquire(py)?;
+        let out = f();
+        let rel = self.release(py);
+        let out = out?;
+        rel?;
+        Ok(out)
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.acquire)?;
+        visit.call(&self.release)
+    }
 }
 
-/// `f()` with `l` held (released on every way out).
-fn locked<'py, R>(l: &Bound<'py, PyAny>, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
-    lock(l)?;
-    let out = f();
-    let rel = unlock(l);
-    let out = out?;
-    rel?;
-    Ok(out)
+/// A `CudaDevice` whose steps this step runs, and its parts a step uses that the device
+/// never rebinds.
+struct DevCache {
+    device: Py<PyAny>,
+    lanes: Py<PyDict>,
+    spare_events: Py<PyList>,
+    lock: Lock,
+    backend: Py<PyAny>,
+}
+
+impl DevCache {
+    fn clone_ref(&self, py: Python<'_>) -> Self {
+        DevCache {
+            device: self.device.clone_ref(py),
+            lanes: self.lanes.clone_ref(py),
+            spare_events: self.spare_events.clone_ref(py),
+            lock: self.lock.clone_ref(py),
+            backend: self.backend.clone_ref(py),
+        }
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.device)?;
+        visit.call(&self.lanes)?;
+        visit.call(&self.spare_events)?;
+        self.lock.visit(visit)?;
+        visit.call(&self.backend)
+    }
 }
 
 fn attr<'py>(
@@ -86,15 +169,62 @@ fn attr<'py>(
 }
 
 /// `d[key] += n` for the scheduler's counters.
-fn bump(d: &Bound<'_, PyAny>, key: &Bound<'_, pyo3::types::PyString>, n: i64) -> PyResult<()> {
-    let v: i64 = d.get_item(key)?.extract()?;
+fn bump(d: &Bound<'_, PyDict>, key: &Bound<'_, pyo3::types::PyString>, n: i64) -> PyResult<()> {
+    let v: i64 = d.as_any().get_item(key)?.extract()?;
     d.set_item(key, v + n)
+}
+
+fn none_or<'py>(o: Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    if o.is_none() {
+        None
+    } else {
+        Some(o)
+    }
 }
 
 impl GuaranteedStep {
     fn now(&self, py: Python<'_>) -> PyResult<f64> {
         let t: f64 = self.perf_counter.bind(py).call0()?.extract()?;
         Ok((t - self.t0) * 1e3)
+    }
+
+    /// The device's parts the steps use, if it is the CUDA device of the scheduler's
+    /// exec lock (else the step is not this one's case).
+    fn dev_of(&self, device: &Bound<'_, PyAny>) -> PyResult<Option<DevCache>> {
+        let py = device.py();
+        {
+            let kept = self.dev.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = kept.as_ref() {
+                if c.device.bind(py).is(device) {
+                    return Ok(Some(c.clone_ref(py)));
+                }
+            }
+        }
+        if !device.get_type().is(self.cuda_device.bind(py))
+            || !attr(device, intern!(py, "exec_lock"))?.is(self.exec_lock.bind(py))
+        {
+            return Ok(None);
+        }
+        let c = DevCache {
+            device: device.clone().unbind(),
+            lanes: attr(device, intern!(py, "_lanes"))?
+                .cast_into::<PyDict>()?
+                .unbind(),
+            spare_events: attr(device, intern!(py, "_spare_events"))?
+                .cast_into::<PyList>()?
+                .unbind(),
+            lock: Lock::of(&attr(device, intern!(py, "_lock"))?)?,
+            backend: attr(device, intern!(py, "backend"))?.unbind(),
+        };
+        let out = c.clone_ref(py);
+        // The old one is dropped after the mutex is let go (a drop may run Python code).
+        let old = self
+            .dev
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(c);
+        drop(old);
+        Ok(Some(out))
     }
 
     /// `Scheduler._keep_arena` (the scheduler is open: callers checked).
@@ -121,68 +251,86 @@ impl GuaranteedStep {
         Ok(())
     }
 
-    /// `Scheduler._end_locked(task, "done", deliver=False)`: a booked end, its result
-    /// delivered already.
-    fn end_done(&self, sched: &Bound<'_, PyAny>, task: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// `Scheduler._end_locked(task, "done", deliver=False, record=record)`: a booked end,
+    /// its result delivered already. A record is that of a task `StepWait::ended` ended
+    /// (state, end time, `_wait_gpu` and arena done there; `_ticket` never set).
+    fn end_done(
+        &self,
+        sched: &Bound<'_, PyAny>,
+        task: &Bound<'_, PyAny>,
+        record: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let py = sched.py();
-        let res = attr(task, intern!(py, "reservation"))?;
-        let arena_bytes = res.get_item(0)?;
-        let arena = attr(task, intern!(py, "arena"))?;
-        if !arena.is_none() {
-            task.setattr(intern!(py, "arena"), py.None())?;
-            self.keep_arena(sched, &arena, arena_bytes.extract()?)?;
-        }
-        let id = attr(task, intern!(py, "id"))?;
-        let tasks = attr(sched, intern!(py, "_tasks"))?;
+        let mut arena_bytes = None;
+        let id = match record {
+            Some(r) => r.get_item(0)?,
+            None => {
+                let nbytes = attr(task, intern!(py, "reservation"))?.get_item(0)?;
+                let arena = attr(task, intern!(py, "arena"))?;
+                if !arena.is_none() {
+                    task.setattr(intern!(py, "arena"), py.None())?;
+                    self.keep_arena(sched, &arena, nbytes.extract()?)?;
+                }
+                arena_bytes = Some(nbytes);
+                attr(task, intern!(py, "id"))?
+            }
+        };
+        let tasks = self.tasks.bind(py);
         tasks.del_item(&id)?;
-        let waiting = attr(sched, intern!(py, "_waiting"))?;
-        if !waiting
-            .call_method1(intern!(py, "pop"), (&id, py.None()))?
-            .is_none()
-        {
+        let waiting = self.waiting.bind(py);
+        if waiting.contains(&id)? {
+            waiting.del_item(&id)?;
             let qos = attr(task, intern!(py, "qos"))?;
             let not_be = !qos.eq(intern!(py, "best_effort"))?;
             let n: i64 = attr(sched, intern!(py, "_waiting_not_be"))?.extract()?;
             sched.setattr(intern!(py, "_waiting_not_be"), n - i64::from(not_be))?;
         }
         let done = intern!(py, "done");
-        task.setattr(intern!(py, "_state"), done)?;
-        if attr(task, intern!(py, "finished_ms"))?.is_none() {
-            task.setattr(intern!(py, "finished_ms"), self.now(py)?)?;
+        if record.is_none() {
+            task.setattr(intern!(py, "_state"), done)?;
+            if attr(task, intern!(py, "finished_ms"))?.is_none() {
+                task.setattr(intern!(py, "finished_ms"), self.now(py)?)?;
+            }
         }
         task.setattr(intern!(py, "fn"), py.None())?;
         task.setattr(intern!(py, "args"), PyTuple::empty(py))?;
         task.setattr(intern!(py, "kwargs"), PyDict::new(py))?;
-        task.setattr(intern!(py, "_wait_gpu"), py.None())?;
-        task.setattr(intern!(py, "_ticket"), py.None())?;
-        // Task._record().
-        let holds = !attr(task, intern!(py, "arena"))?.is_none();
-        let record = PyTuple::new(
-            py,
-            [
-                id.clone(),
-                attr(task, intern!(py, "tenant"))?,
-                attr(task, intern!(py, "qos"))?,
-                attr(task, intern!(py, "partition"))?,
-                done.clone().into_any(),
-                attr(task, intern!(py, "reserved_bytes"))?,
-                arena_bytes,
-                pyo3::types::PyBool::new(py, holds).to_owned().into_any(),
-                attr(task, intern!(py, "stream_priority"))?,
-                attr(task, intern!(py, "submitted_ms"))?,
-                attr(task, intern!(py, "started_ms"))?,
-                attr(task, intern!(py, "finished_ms"))?,
-                attr(task, intern!(py, "gpu_ms"))?,
-            ],
-        )?;
-        let ended = attr(sched, intern!(py, "_ended"))?;
+        let record = match (record, arena_bytes) {
+            (Some(r), _) => r.clone(),
+            (None, nbytes) => {
+                task.setattr(intern!(py, "_wait_gpu"), py.None())?;
+                task.setattr(intern!(py, "_ticket"), py.None())?;
+                // Task._record().
+                let holds = !attr(task, intern!(py, "arena"))?.is_none();
+                PyTuple::new(
+                    py,
+                    [
+                        id.clone(),
+                        attr(task, intern!(py, "tenant"))?,
+                        attr(task, intern!(py, "qos"))?,
+                        attr(task, intern!(py, "partition"))?,
+                        done.clone().into_any(),
+                        attr(task, intern!(py, "reserved_bytes"))?,
+                        nbytes.unwrap_or_else(|| py.None().into_bound(py)),
+                        PyBool::new(py, holds).to_owned().into_any(),
+                        attr(task, intern!(py, "stream_priority"))?,
+                        attr(task, intern!(py, "submitted_ms"))?,
+                        attr(task, intern!(py, "started_ms"))?,
+                        attr(task, intern!(py, "finished_ms"))?,
+                        attr(task, intern!(py, "gpu_ms"))?,
+                    ],
+                )?
+                .into_any()
+            }
+        };
+        let ended = self.ended.bind(py);
         ended.set_item(&id, record)?;
         if ended.len()? > self.ended_kept {
             let kw = PyDict::new(py);
             kw.set_item(intern!(py, "last"), false)?;
             ended.call_method(intern!(py, "popitem"), (), Some(&kw))?;
         }
-        if attr(sched, intern!(py, "_closed"))?.is_truthy()? && tasks.len()? == 0 {
+        if tasks.is_empty() && attr(sched, intern!(py, "_closed"))?.is_truthy()? {
             sched.call_method0(intern!(py, "_notify_locked"))?;
         }
         Ok(())
@@ -191,29 +339,37 @@ impl GuaranteedStep {
     /// `Scheduler._book_locked(kick=False)`: books the ends waiters left.
     fn book(&self, sched: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = sched.py();
-        let booked = attr(sched, intern!(py, "_unbooked"))?;
-        sched.setattr(intern!(py, "_unbooked"), PyList::empty(py))?;
+        let unbooked = self.unbooked.bind(py);
+        let n = unbooked.len();
+        let booked = unbooked.get_slice(0, n);
+        unbooked.del_slice(0, n)?;
         sched.setattr(intern!(py, "_untold"), 0)?;
         let now = self.now(py)?;
-        let counts = attr(sched, intern!(py, "_counts"))?;
+        let counts = self.counts.bind(py);
         let completed = intern!(py, "completed");
-        for entry in booked.try_iter()? {
-            let entry = entry?;
+        for entry in booked.iter() {
             let task = entry.get_item(0)?;
             let told = entry.get_item(1)?.is_truthy()?;
-            bump(&counts, completed, 1)?;
+            let record = none_or(entry.get_item(2)?);
+            bump(counts, completed, 1)?;
             if told {
-                self.end_done(sched, &task)?;
+                self.end_done(sched, &task, record.as_ref())?;
                 continue;
             }
-            let id: u64 = attr(&task, intern!(py, "id"))?.extract()?;
-            let gpu = attr(&task, intern!(py, "gpu_ms"))?;
+            let (id, gpu) = match &record {
+                Some(r) => (r.get_item(0)?, r.get_item(12)?),
+                None => (
+                    attr(&task, intern!(py, "id"))?,
+                    attr(&task, intern!(py, "gpu_ms"))?,
+                ),
+            };
+            let id: u64 = id.extract()?;
             let gpu_ms: f64 = if gpu.is_none() { 0.0 } else { gpu.extract()? };
             let core = self.core.get();
             let others = core
                 .with(py, |s| s.complete(id, gpu_ms, now))?
                 .map_err(|e| to_py(py, e))?;
-            self.end_done(sched, &task)?;
+            self.end_done(sched, &task, record.as_ref())?;
             if !others.is_empty() {
                 sched.call_method1(intern!(py, "_admit_locked"), (others, now))?;
             }
@@ -262,25 +418,24 @@ impl GuaranteedStep {
     #[allow(clippy::too_many_arguments)]
     fn launch<'py>(
         slf: &Bound<'py, GuaranteedStep>,
-        device: &Bound<'py, PyAny>,
+        dev: &DevCache,
         task: &Bound<'py, PyAny>,
         hit: &Bound<'py, CompiledHit>,
         args: &Bound<'py, PyTuple>,
         arena: &Bound<'py, PyAny>,
+        (id, held, arena_bytes, now): (u64, u64, Bound<'py, PyAny>, f64),
     ) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
+        let device = dev.device.bind(py);
         let prio = this.prio_high.bind(py);
-        let lane = attr(device, intern!(py, "_lanes"))?
-            .cast_into::<PyDict>()?
-            .get_item(prio)?;
-        let lane = match lane {
+        let lane = match dev.lanes.bind(py).get_item(prio)? {
             Some(l) => l,
             None => device.call_method1(intern!(py, "_stream"), (prio,))?,
         };
         let stream = lane.get_item(0)?;
         let q = lane.get_item(1)?;
-        let spare = attr(device, intern!(py, "_spare_events"))?.cast_into::<PyList>()?;
+        let spare = dev.spare_events.bind(py);
         let (start, end) = if spare.is_empty() {
             let ev = attr(&attr(device, intern!(py, "_native"))?, intern!(py, "Event"))?;
             (ev.call1((true,))?, ev.call1((true,))?)
@@ -288,8 +443,8 @@ impl GuaranteedStep {
             let pair = spare.call_method0(intern!(py, "pop"))?;
             (pair.get_item(0)?, pair.get_item(1)?)
         };
-        let b = attr(device, intern!(py, "backend"))?;
-        let old = attr(&b, intern!(py, "stream"))?;
+        let b = dev.backend.bind(py);
+        let old = attr(b, intern!(py, "stream"))?;
         b.setattr(intern!(py, "stream"), &stream)?;
         let ran = (|| -> PyResult<(Bound<'py, PyAny>, Option<PyErr>)> {
             start.call_method1(intern!(py, "record"), (&stream,))?;
@@ -336,17 +491,23 @@ impl GuaranteedStep {
         }
         let wait = StepWait {
             step: slf.clone().unbind(),
-            device: device.clone().unbind(),
+            device: dev.device.clone_ref(py),
+            spare_events: dev.spare_events.clone_ref(py),
+            dev_lock: dev.lock.clone_ref(py),
             task: task.clone().unbind(),
             start: start.unbind(),
             end: end.unbind(),
             result: result.unbind(),
+            id,
+            held,
+            arena_bytes: arena_bytes.unbind(),
+            submitted_ms: now,
         };
         task.setattr(intern!(py, "_wait_gpu"), Py::new(py, wait)?)?;
         let t = this.perf_counter.bind(py).call0()?;
         let entry = PyTuple::new(py, [t, q, item.into_any()])?;
         let unwatched = attr(device, intern!(py, "_unwatched"))?;
-        locked(&attr(device, intern!(py, "_lock"))?, || {
+        dev.lock.held(py, || {
             unwatched
                 .call_method1(intern!(py, "append"), (entry,))
                 .map(|_| ())
@@ -354,9 +515,9 @@ impl GuaranteedStep {
     }
 
     /// `Task._deliver()` for a task nobody made a Future of (else the method itself).
-    fn deliver(task: &Bound<'_, PyAny>, fut_lock: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn deliver(task: &Bound<'_, PyAny>, fut_lock: &Lock) -> PyResult<()> {
         let py = task.py();
-        let plain = locked(fut_lock, || {
+        let plain = fut_lock.held(py, || {
             if attr(task, intern!(py, "_fut"))?.is_none() {
                 task.setattr(intern!(py, "_final"), true)?;
                 return Ok(true);
@@ -365,6 +526,15 @@ impl GuaranteedStep {
         })?;
         if !plain {
             task.call_method0(intern!(py, "_deliver"))?;
+        }
+        Ok(())
+    }
+
+    /// `Scheduler._deliver()` if a future is pending.
+    fn deliver_pending(&self, sched: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = sched.py();
+        if self.pending.bind(py).len()? > 0 {
+            sched.call_method0(intern!(py, "_deliver"))?;
         }
         Ok(())
     }
@@ -381,32 +551,25 @@ impl GuaranteedStep {
         let py = slf.py();
         let this = slf.get();
         let sched = this.sched.bind(py);
-        let device = attr(sched, intern!(py, "_device"))?;
-        let exec_lock = this.exec_lock.bind(py);
-        if !device.get_type().is(this.cuda_device.bind(py))
-            || !attr(&device, intern!(py, "exec_lock"))?.is(exec_lock)
-        {
+        let Some(dev) = this.dev_of(&attr(sched, intern!(py, "_device"))?)? else {
             return Ok(None);
-        }
-        lock(exec_lock)?;
-        let out = Self::submit_locked(slf, sched, &device, args);
-        let rel = unlock(exec_lock);
+        };
+        this.exec.acquire(py)?;
+        let out = Self::submit_locked(slf, sched, &dev, args);
+        let rel = this.exec.release(py);
         let Some((task, now)) = out? else {
             rel?;
             return Ok(None);
         };
         rel?;
-        if attr(sched, intern!(py, "_pending"))?.len()? > 0 {
-            sched.call_method0(intern!(py, "_deliver"))?;
-        }
+        this.deliver_pending(sched)?;
         // The booking after the launch (Scheduler._book_after_launch), native in its usual
         // cases: nothing the ends free may start, or the core was told of them already.
-        if attr(sched, intern!(py, "_unbooked"))?.is_truthy()? {
-            let mu = this.mu.bind(py);
-            let native = locked(mu, || {
+        if !this.unbooked.bind(py).is_empty() {
+            let native = this.mu.held(py, || {
                 let untold = attr(sched, intern!(py, "_untold"))?.is_truthy()?;
                 if untold
-                    && (attr(sched, intern!(py, "_waiting"))?.is_truthy()?
+                    && (!this.waiting.bind(py).is_empty()
                         || attr(sched, intern!(py, "_closed"))?.is_truthy()?)
                 {
                     return Ok(false);
@@ -415,9 +578,7 @@ impl GuaranteedStep {
                 Ok(true)
             })?;
             if native {
-                if attr(sched, intern!(py, "_pending"))?.len()? > 0 {
-                    sched.call_method0(intern!(py, "_deliver"))?;
-                }
+                this.deliver_pending(sched)?;
             } else {
                 sched.call_method1(intern!(py, "_book_after_launch"), (now,))?;
             }
@@ -429,20 +590,34 @@ impl GuaranteedStep {
         for o in [
             &self.sched,
             &self.func,
-            &self.mu,
             &self.exec_lock,
             &self.task_type,
             &self.cuda_device,
             &self.done_type,
             &self.poll,
             &self.perf_counter,
-            &self.future_lock,
+            &self.ended,
+            &self.pending,
             &self.tenant_py,
             &self.partition_py,
             &self.qos_py,
             &self.prio_high,
         ] {
             visit.call(o)?;
+        }
+        for o in [&self.tasks, &self.waiting, &self.counts, &self.steps] {
+            visit.call(o)?;
+        }
+        visit.call(&self.unbooked)?;
+        self.mu.visit(&visit)?;
+        self.exec.visit(&visit)?;
+        self.future_lock.visit(&visit)?;
+        // Held only for a reference count's change (no Python runs then): a collection
+        // cannot start inside; try_lock is for safety, as skipping a visit is.
+        if let Ok(kept) = self.dev.try_lock() {
+            if let Some(c) = kept.as_ref() {
+                c.visit(&visit)?;
+            }
         }
         visit.call(&self.core)
     }
@@ -453,7 +628,7 @@ impl GuaranteedStep {
     fn submit_locked<'py>(
         slf: &Bound<'py, Self>,
         sched: &Bound<'py, PyAny>,
-        device: &Bound<'py, PyAny>,
+        dev: &DevCache,
         args: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, f64)>> {
         let py = slf.py();
@@ -467,8 +642,8 @@ impl GuaranteedStep {
         if !cost.is_finite() {
             return Ok(None); // submit() says why
         }
-        let mu = this.mu.bind(py);
-        let committed = locked(mu, || -> PyResult<Option<(Bound<'py, PyAny>, f64)>> {
+        let device = dev.device.bind(py);
+        let committed = this.mu.held(py, || -> PyResult<Option<(Bound<'py, PyAny>, u64, f64)>> {
             let spare = attr(sched, intern!(py, "_spare"))?;
             if !attr(sched, intern!(py, "_stopped"))?.is_none()
                 || attr(sched, intern!(py, "_closed"))?.is_truthy()?
@@ -520,11 +695,11 @@ impl GuaranteedStep {
                     cost.into_pyobject(py)?.into_any(),
                     now.into_pyobject(py)?.into_any(),
                     held.into_pyobject(py)?.into_any(),
-                    pyo3::types::PyBool::new(py, true).to_owned().into_any(),
+                    PyBool::new(py, true).to_owned().into_any(),
                 ],
             )?;
             let task = this.task_type.bind(py).call1(call_args)?;
-            attr(sched, intern!(py, "_tasks"))?.set_item(tid, &task)?;
+            this.tasks.bind(py).set_item(tid, &task)?;
             // Scheduler.submit's start in the spare, as it sets the fields.
             task.setattr(intern!(py, "arena"), &spare)?;
             sched.setattr(intern!(py, "_spare"), py.None())?;
@@ -533,22 +708,23 @@ impl GuaranteedStep {
             task.setattr(intern!(py, "_state"), intern!(py, "running"))?;
             task.setattr(intern!(py, "admitted_ms"), now)?;
             task.setattr(intern!(py, "started_ms"), now)?;
-            bump(
-                &attr(sched, intern!(py, "_counts"))?,
-                intern!(py, "launched"),
-                1,
-            )?;
-            bump(
-                &attr(sched, intern!(py, "_steps"))?,
-                intern!(py, "native"),
-                1,
-            )?;
-            Ok(Some((task, now)))
+            bump(this.counts.bind(py), intern!(py, "launched"), 1)?;
+            bump(this.steps.bind(py), intern!(py, "native"), 1)?;
+            Ok(Some((task, tid, now)))
         })?;
-        let Some((task, now)) = committed else {
+        let Some((task, tid, now)) = committed else {
             return Ok(None);
         };
-        Self::launch(slf, device, &task, &hit, args, &arena)?;
+        let arena_bytes = res.get_item(0)?;
+        Self::launch(
+            slf,
+            dev,
+            &task,
+            &hit,
+            args,
+            &arena,
+            (tid, held, arena_bytes, now),
+        )?;
         Ok(Some((task, now)))
     }
 }
@@ -558,7 +734,7 @@ impl StepWait {
     fn claim(&self, py: Python<'_>) -> PyResult<bool> {
         let device = self.device.bind(py);
         let task = self.task.bind(py);
-        locked(&attr(device, intern!(py, "_lock"))?, || {
+        self.dev_lock.held(py, || {
             if attr(task, intern!(py, "_end_claimed"))?.is_truthy()? {
                 return Ok(false);
             }
@@ -572,27 +748,49 @@ impl StepWait {
         })
     }
 
+    /// `Task._record()` of the task once `ended` has ended it (finished now, `ms` of GPU
+    /// time), from what the step set at submission: the booking's record.
+    fn record<'py>(&self, py: Python<'py>, ms: f64, now: f64) -> PyResult<Bound<'py, PyTuple>> {
+        let step = self.step.get();
+        PyTuple::new(
+            py,
+            [
+                self.id.into_pyobject(py)?.into_any(),
+                step.tenant_py.bind(py).clone(),
+                step.qos_py.bind(py).clone(),
+                step.partition_py.bind(py).clone(),
+                intern!(py, "done").clone().into_any(),
+                self.held.into_pyobject(py)?.into_any(),
+                self.arena_bytes.bind(py).clone(),
+                PyBool::new(py, false).to_owned().into_any(), // its arena is the spare now
+                step.prio_high.bind(py).clone(),
+                PyFloat::new(py, self.submitted_ms).into_any(),
+                PyFloat::new(py, self.submitted_ms).into_any(), // started as submitted
+                PyFloat::new(py, now).into_any(),
+                PyFloat::new(py, ms).into_any(),
+            ],
+        )
+    }
+
     /// `Scheduler._on_done_waiter` for a Guaranteed on-caller task's end.
     fn ended(&self, py: Python<'_>, ms: f64) -> PyResult<()> {
         let step = self.step.get();
         let sched = step.sched.bind(py);
         let task = self.task.bind(py);
         let result = self.result.bind(py);
-        let mu = step.mu.bind(py);
         // None: not the usual case (closed, stopped): the Python method decides it all.
-        let deferred = locked(mu, || -> PyResult<Option<bool>> {
+        let deferred = step.mu.held(py, || -> PyResult<Option<bool>> {
             if attr(sched, intern!(py, "_closed"))?.is_truthy()?
                 || !attr(sched, intern!(py, "_stopped"))?.is_none()
             {
                 return Ok(None);
             }
             let now = step.now(py)?;
-            let told = if attr(sched, intern!(py, "_waiting"))?.is_truthy()? {
+            let told = if !step.waiting.bind(py).is_empty() {
                 if attr(sched, intern!(py, "_untold"))?.is_truthy()? {
                     step.book(sched)?; // the core hears of ends in order
                 }
-                let id: u64 = attr(task, intern!(py, "id"))?.extract()?;
-                let (others, ready) = step.core.get().complete_waited(py, id, ms, now)?;
+                let (others, ready) = step.core.get().complete_waited(py, self.id, ms, now)?;
                 if !others.is_empty() || ready {
                     task.setattr(intern!(py, "gpu_ms"), ms)?;
                     task.setattr(intern!(py, "finished_ms"), now)?;
@@ -611,10 +809,7 @@ impl StepWait {
             let arena = attr(task, intern!(py, "arena"))?;
             if !arena.is_none() {
                 task.setattr(intern!(py, "arena"), py.None())?;
-                let nbytes: u64 = attr(task, intern!(py, "reservation"))?
-                    .get_item(0)?
-                    .extract()?;
-                step.keep_arena(sched, &arena, nbytes)?;
+                step.keep_arena(sched, &arena, self.arena_bytes.extract(py)?)?;
             }
             task.setattr(intern!(py, "_state"), intern!(py, "done"))?;
             task.setattr(intern!(py, "_outcome"), result)?;
@@ -623,10 +818,11 @@ impl StepWait {
                 py,
                 [
                     task.clone().into_any(),
-                    pyo3::types::PyBool::new(py, told).to_owned().into_any(),
+                    PyBool::new(py, told).to_owned().into_any(),
+                    self.record(py, ms, now)?.into_any(),
                 ],
             )?;
-            attr(sched, intern!(py, "_unbooked"))?.call_method1(intern!(py, "append"), (entry,))?;
+            step.unbooked.bind(py).append(entry)?;
             if !told {
                 let n: i64 = attr(sched, intern!(py, "_untold"))?.extract()?;
                 sched.setattr(intern!(py, "_untold"), n + 1)?;
@@ -634,13 +830,8 @@ impl StepWait {
             Ok(Some(true))
         })?;
         match deferred {
-            Some(true) => GuaranteedStep::deliver(task, step.future_lock.bind(py)),
-            Some(false) => {
-                if attr(sched, intern!(py, "_pending"))?.len()? > 0 {
-                    sched.call_method0(intern!(py, "_deliver"))?;
-                }
-                Ok(())
-            }
+            Some(true) => GuaranteedStep::deliver(task, &step.future_lock),
+            Some(false) => step.deliver_pending(sched),
             None => {
                 let done =
                     step.done_type
@@ -686,8 +877,7 @@ impl StepWait {
             .call_method1(intern!(py, "elapsed_time"), (end,))?
             .extract()?;
         let pair = PyTuple::new(py, [start.clone(), end.clone()])?;
-        attr(self.device.bind(py), intern!(py, "_spare_events"))?
-            .call_method1(intern!(py, "append"), (pair,))?;
+        self.spare_events.bind(py).append(pair)?;
         self.ended(py, ms)
     }
 
@@ -699,10 +889,12 @@ impl StepWait {
             &self.start,
             &self.end,
             &self.result,
+            &self.arena_bytes,
         ] {
             visit.call(o)?;
         }
-        Ok(())
+        visit.call(&self.spare_events)?;
+        self.dev_lock.visit(&visit)
     }
 }
 
@@ -724,18 +916,31 @@ pub(super) fn new_step(
             .map(Bound::unbind)
             .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(k.to_string()))
     };
+    let s = sched.bind(py);
+    let dict = |name: &Bound<'_, pyo3::types::PyString>| -> PyResult<Py<PyDict>> {
+        Ok(attr(s, name)?.cast_into::<PyDict>()?.unbind())
+    };
+    let exec_lock = get("exec_lock")?;
     let step = GuaranteedStep {
-        sched,
-        func,
-        core,
-        mu: get("mu")?,
-        exec_lock: get("exec_lock")?,
+        mu: Lock::of(get("mu")?.bind(py))?,
+        exec: Lock::of(exec_lock.bind(py))?,
+        exec_lock,
         task_type: get("task")?,
         cuda_device: get("cuda_device")?,
         done_type: get("done")?,
         poll: get("poll")?,
         perf_counter: get("perf_counter")?,
-        future_lock: get("future_lock")?,
+        future_lock: Lock::of(get("future_lock")?.bind(py))?,
+        tasks: dict(intern!(py, "_tasks"))?,
+        ended: attr(s, intern!(py, "_ended"))?.unbind(),
+        waiting: dict(intern!(py, "_waiting"))?,
+        counts: dict(intern!(py, "_counts"))?,
+        steps: dict(intern!(py, "_steps"))?,
+        pending: attr(s, intern!(py, "_pending"))?.unbind(),
+        unbooked: attr(s, intern!(py, "_unbooked"))?
+            .cast_into::<PyList>()?
+            .unbind(),
+        dev: Mutex::new(None),
         t0: get("t0")?.extract(py)?,
         tenant_py: tenant.clone().into_pyobject(py)?.into_any().unbind(),
         tenant,
@@ -748,6 +953,9 @@ pub(super) fn new_step(
         sim_bytes_per_ms: get("sim_bytes_per_ms")?.extract(py)?,
         spare_max: get("spare_max")?.extract(py)?,
         ended_kept: get("ended_kept")?.extract(py)?,
+        sched,
+        func,
+        core,
     };
     Py::new(py, step)
 }
