@@ -49,6 +49,9 @@ pub struct GuaranteedStep {
     steps: Py<PyDict>,
     pending: Py<PyAny>,
     unbooked: Py<PyList>,
+    // The scheduler's instance dict, where its attributes are (None: its class has one of
+    // the names the step reads as a class attribute or property; see Sched).
+    sched_dict: Option<Py<PyDict>>,
     // The device the last step ran on, as the steps use it (Scheduler._device may be
     // replaced: it is checked against this on every submit).
     dev: Mutex<Option<DevCache>>,
@@ -161,6 +164,57 @@ impl DevCache {
     }
 }
 
+/// The scheduler as the step reads and writes it: its plain attributes (flags, counters,
+/// the spare) in its instance dict, a dict lookup instead of the generic attribute
+/// protocol (the type's MRO walked first, a few hundred instructions); the same values,
+/// as new_step checked that its class defines none of those names.
+struct Sched<'py> {
+    obj: Bound<'py, PyAny>,
+    dict: Option<Bound<'py, PyDict>>,
+}
+
+impl<'py> std::ops::Deref for Sched<'py> {
+    type Target = Bound<'py, PyAny>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.obj
+    }
+}
+
+impl<'py> Sched<'py> {
+    fn get(&self, name: &Bound<'py, pyo3::types::PyString>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(d) = &self.dict {
+            if let Some(v) = d.get_item(name)? {
+                return Ok(v);
+            }
+        }
+        self.obj.getattr(name)
+    }
+
+    fn set<V: IntoPyObject<'py>>(
+        &self,
+        name: &Bound<'py, pyo3::types::PyString>,
+        value: V,
+    ) -> PyResult<()> {
+        match &self.dict {
+            Some(d) => d.set_item(name, value),
+            None => self.obj.setattr(name, value),
+        }
+    }
+}
+
+/// The scheduler attributes a step reads or writes through `Sched`.
+const SCHED_FIELDS: [&str; 8] = [
+    "_device",
+    "_spare",
+    "_spare_bytes",
+    "_closed",
+    "_stopped",
+    "_paused",
+    "_waiting_not_be",
+    "_untold",
+];
+
 fn attr<'py>(
     o: &Bound<'py, PyAny>,
     name: &Bound<'py, pyo3::types::PyString>,
@@ -183,6 +237,13 @@ fn none_or<'py>(o: Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
 }
 
 impl GuaranteedStep {
+    fn sched_of<'py>(&self, py: Python<'py>) -> Sched<'py> {
+        Sched {
+            obj: self.sched.bind(py).clone(),
+            dict: self.sched_dict.as_ref().map(|d| d.bind(py).clone()),
+        }
+    }
+
     fn now(&self, py: Python<'_>) -> PyResult<f64> {
         let t: f64 = self.perf_counter.bind(py).call0()?.extract()?;
         Ok((t - self.t0) * 1e3)
@@ -230,21 +291,21 @@ impl GuaranteedStep {
     /// `Scheduler._keep_arena` (the scheduler is open: callers checked).
     fn keep_arena(
         &self,
-        sched: &Bound<'_, PyAny>,
+        sched: &Sched<'_>,
         arena: &Bound<'_, PyAny>,
         nbytes: u64,
     ) -> PyResult<()> {
         let py = sched.py();
         if nbytes > self.spare_max
-            || attr(sched, intern!(py, "_closed"))?.is_truthy()?
-            || !attr(sched, intern!(py, "_stopped"))?.is_none()
+            || sched.get(intern!(py, "_closed"))?.is_truthy()?
+            || !sched.get(intern!(py, "_stopped"))?.is_none()
         {
             arena.call_method0(intern!(py, "release"))?;
             return Ok(());
         }
-        let old = attr(sched, intern!(py, "_spare"))?;
-        sched.setattr(intern!(py, "_spare"), arena)?;
-        sched.setattr(intern!(py, "_spare_bytes"), nbytes)?;
+        let old = sched.get(intern!(py, "_spare"))?;
+        sched.set(intern!(py, "_spare"), arena)?;
+        sched.set(intern!(py, "_spare_bytes"), nbytes)?;
         if !old.is_none() {
             old.call_method0(intern!(py, "release"))?;
         }
@@ -256,9 +317,9 @@ impl GuaranteedStep {
     /// (state, end time, `_wait_gpu` and arena done there; `_ticket` never set).
     fn end_done(
         &self,
-        sched: &Bound<'_, PyAny>,
+        sched: &Sched<'_>,
         task: &Bound<'_, PyAny>,
-        record: Option<&Bound<'_, PyAny>>,
+        record: Option<&Bound<'_, PyTuple>>,
     ) -> PyResult<()> {
         let py = sched.py();
         let mut arena_bytes = None;
@@ -282,8 +343,8 @@ impl GuaranteedStep {
             waiting.del_item(&id)?;
             let qos = attr(task, intern!(py, "qos"))?;
             let not_be = !qos.eq(intern!(py, "best_effort"))?;
-            let n: i64 = attr(sched, intern!(py, "_waiting_not_be"))?.extract()?;
-            sched.setattr(intern!(py, "_waiting_not_be"), n - i64::from(not_be))?;
+            let n: i64 = sched.get(intern!(py, "_waiting_not_be"))?.extract()?;
+            sched.set(intern!(py, "_waiting_not_be"), n - i64::from(not_be))?;
         }
         let done = intern!(py, "done");
         if record.is_none() {
@@ -296,7 +357,7 @@ impl GuaranteedStep {
         task.setattr(intern!(py, "args"), PyTuple::empty(py))?;
         task.setattr(intern!(py, "kwargs"), PyDict::new(py))?;
         let record = match (record, arena_bytes) {
-            (Some(r), _) => r.clone(),
+            (Some(r), _) => r.clone().into_any(),
             (None, nbytes) => {
                 task.setattr(intern!(py, "_wait_gpu"), py.None())?;
                 task.setattr(intern!(py, "_ticket"), py.None())?;
@@ -330,27 +391,31 @@ impl GuaranteedStep {
             kw.set_item(intern!(py, "last"), false)?;
             ended.call_method(intern!(py, "popitem"), (), Some(&kw))?;
         }
-        if tasks.is_empty() && attr(sched, intern!(py, "_closed"))?.is_truthy()? {
+        if tasks.is_empty() && sched.get(intern!(py, "_closed"))?.is_truthy()? {
             sched.call_method0(intern!(py, "_notify_locked"))?;
         }
         Ok(())
     }
 
     /// `Scheduler._book_locked(kick=False)`: books the ends waiters left.
-    fn book(&self, sched: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn book(&self, sched: &Sched<'_>) -> PyResult<()> {
         let py = sched.py();
         let unbooked = self.unbooked.bind(py);
         let n = unbooked.len();
         let booked = unbooked.get_slice(0, n);
         unbooked.del_slice(0, n)?;
-        sched.setattr(intern!(py, "_untold"), 0)?;
+        sched.set(intern!(py, "_untold"), 0)?;
         let now = self.now(py)?;
         let counts = self.counts.bind(py);
         let completed = intern!(py, "completed");
         for entry in booked.iter() {
+            // Tuples (indexed directly: a tuple's index by a Python int costs more).
+            let entry = entry.cast_into::<PyTuple>()?;
             let task = entry.get_item(0)?;
             let told = entry.get_item(1)?.is_truthy()?;
-            let record = none_or(entry.get_item(2)?);
+            let record = none_or(entry.get_item(2)?)
+                .map(|r| r.cast_into::<PyTuple>())
+                .transpose()?;
             bump(counts, completed, 1)?;
             if told {
                 self.end_done(sched, &task, record.as_ref())?;
@@ -433,6 +498,7 @@ impl GuaranteedStep {
             Some(l) => l,
             None => device.call_method1(intern!(py, "_stream"), (prio,))?,
         };
+        let lane = lane.cast_into::<PyTuple>()?;
         let stream = lane.get_item(0)?;
         let q = lane.get_item(1)?;
         let spare = dev.spare_events.bind(py);
@@ -440,7 +506,7 @@ impl GuaranteedStep {
             let ev = attr(&attr(device, intern!(py, "_native"))?, intern!(py, "Event"))?;
             (ev.call1((true,))?, ev.call1((true,))?)
         } else {
-            let pair = spare.call_method0(intern!(py, "pop"))?;
+            let pair = spare.call_method0(intern!(py, "pop"))?.cast_into::<PyTuple>()?;
             (pair.get_item(0)?, pair.get_item(1)?)
         };
         let b = dev.backend.bind(py);
@@ -531,7 +597,7 @@ impl GuaranteedStep {
     }
 
     /// `Scheduler._deliver()` if a future is pending.
-    fn deliver_pending(&self, sched: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn deliver_pending(&self, sched: &Sched<'_>) -> PyResult<()> {
         let py = sched.py();
         if self.pending.bind(py).len()? > 0 {
             sched.call_method0(intern!(py, "_deliver"))?;
@@ -550,8 +616,8 @@ impl GuaranteedStep {
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = slf.py();
         let this = slf.get();
-        let sched = this.sched.bind(py);
-        let Some(dev) = this.dev_of(&attr(sched, intern!(py, "_device"))?)? else {
+        let sched = &this.sched_of(py);
+        let Some(dev) = this.dev_of(&sched.get(intern!(py, "_device"))?)? else {
             return Ok(None);
         };
         this.exec.acquire(py)?;
@@ -567,10 +633,10 @@ impl GuaranteedStep {
         // cases: nothing the ends free may start, or the core was told of them already.
         if !this.unbooked.bind(py).is_empty() {
             let native = this.mu.held(py, || {
-                let untold = attr(sched, intern!(py, "_untold"))?.is_truthy()?;
+                let untold = sched.get(intern!(py, "_untold"))?.is_truthy()?;
                 if untold
                     && (!this.waiting.bind(py).is_empty()
-                        || attr(sched, intern!(py, "_closed"))?.is_truthy()?)
+                        || sched.get(intern!(py, "_closed"))?.is_truthy()?)
                 {
                     return Ok(false);
                 }
@@ -609,6 +675,9 @@ impl GuaranteedStep {
             visit.call(o)?;
         }
         visit.call(&self.unbooked)?;
+        if let Some(d) = &self.sched_dict {
+            visit.call(d)?;
+        }
         self.mu.visit(&visit)?;
         self.exec.visit(&visit)?;
         self.future_lock.visit(&visit)?;
@@ -627,7 +696,7 @@ impl GuaranteedStep {
     /// submit() under the exec lock: the checks, the core's commit and the launch.
     fn submit_locked<'py>(
         slf: &Bound<'py, Self>,
-        sched: &Bound<'py, PyAny>,
+        sched: &Sched<'py>,
         dev: &DevCache,
         args: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, f64)>> {
@@ -644,12 +713,12 @@ impl GuaranteedStep {
         }
         let device = dev.device.bind(py);
         let committed = this.mu.held(py, || -> PyResult<Option<(Bound<'py, PyAny>, u64, f64)>> {
-            let spare = attr(sched, intern!(py, "_spare"))?;
-            if !attr(sched, intern!(py, "_stopped"))?.is_none()
-                || attr(sched, intern!(py, "_closed"))?.is_truthy()?
-                || attr(sched, intern!(py, "_paused"))?.is_truthy()?
-                || attr(sched, intern!(py, "_waiting_not_be"))?.is_truthy()?
-                || attr(sched, intern!(py, "_spare_bytes"))?.extract::<i64>()? != a as i64
+            let spare = sched.get(intern!(py, "_spare"))?;
+            if !sched.get(intern!(py, "_stopped"))?.is_none()
+                || sched.get(intern!(py, "_closed"))?.is_truthy()?
+                || sched.get(intern!(py, "_paused"))?.is_truthy()?
+                || sched.get(intern!(py, "_waiting_not_be"))?.is_truthy()?
+                || sched.get(intern!(py, "_spare_bytes"))?.extract::<i64>()? != a as i64
                 || !spare.is(&arena)
                 || attr(device, intern!(py, "_unwatched"))?.is_truthy()?
             {
@@ -657,7 +726,7 @@ impl GuaranteedStep {
             }
             let core = this.core.get();
             let now = this.now(py)?;
-            if attr(sched, intern!(py, "_untold"))?.is_truthy()? {
+            if sched.get(intern!(py, "_untold"))?.is_truthy()? {
                 // Ends the core has not heard of could stand in this reservation's way:
                 // submit() books them first.
                 let room = core.with(py, |s| s.headroom(&this.partition))?;
@@ -683,7 +752,7 @@ impl GuaranteedStep {
             let call_args = PyTuple::new(
                 py,
                 [
-                    sched.clone(),
+                    sched.obj.clone(),
                     tid.into_pyobject(py)?.into_any(),
                     this.func.bind(py).clone(),
                     args.clone().into_any(),
@@ -702,8 +771,8 @@ impl GuaranteedStep {
             this.tasks.bind(py).set_item(tid, &task)?;
             // Scheduler.submit's start in the spare, as it sets the fields.
             task.setattr(intern!(py, "arena"), &spare)?;
-            sched.setattr(intern!(py, "_spare"), py.None())?;
-            sched.setattr(intern!(py, "_spare_bytes"), -1)?;
+            sched.set(intern!(py, "_spare"), py.None())?;
+            sched.set(intern!(py, "_spare_bytes"), -1)?;
             task.setattr(intern!(py, "stream_priority"), this.prio_high.bind(py))?;
             task.setattr(intern!(py, "_state"), intern!(py, "running"))?;
             task.setattr(intern!(py, "admitted_ms"), now)?;
@@ -715,7 +784,7 @@ impl GuaranteedStep {
         let Some((task, tid, now)) = committed else {
             return Ok(None);
         };
-        let arena_bytes = res.get_item(0)?;
+        let arena_bytes = res.cast::<PyTuple>()?.get_item(0)?;
         Self::launch(
             slf,
             dev,
@@ -775,19 +844,19 @@ impl StepWait {
     /// `Scheduler._on_done_waiter` for a Guaranteed on-caller task's end.
     fn ended(&self, py: Python<'_>, ms: f64) -> PyResult<()> {
         let step = self.step.get();
-        let sched = step.sched.bind(py);
+        let sched = &step.sched_of(py);
         let task = self.task.bind(py);
         let result = self.result.bind(py);
         // None: not the usual case (closed, stopped): the Python method decides it all.
         let deferred = step.mu.held(py, || -> PyResult<Option<bool>> {
-            if attr(sched, intern!(py, "_closed"))?.is_truthy()?
-                || !attr(sched, intern!(py, "_stopped"))?.is_none()
+            if sched.get(intern!(py, "_closed"))?.is_truthy()?
+                || !sched.get(intern!(py, "_stopped"))?.is_none()
             {
                 return Ok(None);
             }
             let now = step.now(py)?;
             let told = if !step.waiting.bind(py).is_empty() {
-                if attr(sched, intern!(py, "_untold"))?.is_truthy()? {
+                if sched.get(intern!(py, "_untold"))?.is_truthy()? {
                     step.book(sched)?; // the core hears of ends in order
                 }
                 let (others, ready) = step.core.get().complete_waited(py, self.id, ms, now)?;
@@ -824,8 +893,8 @@ impl StepWait {
             )?;
             step.unbooked.bind(py).append(entry)?;
             if !told {
-                let n: i64 = attr(sched, intern!(py, "_untold"))?.extract()?;
-                sched.setattr(intern!(py, "_untold"), n + 1)?;
+                let n: i64 = sched.get(intern!(py, "_untold"))?.extract()?;
+                sched.set(intern!(py, "_untold"), n + 1)?;
             }
             Ok(Some(true))
         })?;
@@ -921,7 +990,23 @@ pub(super) fn new_step(
         Ok(attr(s, name)?.cast_into::<PyDict>()?.unbind())
     };
     let exec_lock = get("exec_lock")?;
+    // Attributes only in the instance dict (no class attribute, property or
+    // __getattr__/__setattr__ of those names) are read and written there.
+    let cls = s.get_type();
+    let mut plain = !cls.hasattr(intern!(py, "__getattr__"))?
+        && cls
+            .getattr(intern!(py, "__setattr__"))?
+            .is(py.get_type::<pyo3::types::PyAny>().getattr(intern!(py, "__setattr__"))?);
+    for name in SCHED_FIELDS {
+        plain = plain && !cls.hasattr(name)?;
+    }
+    let sched_dict = if plain {
+        Some(attr(s, intern!(py, "__dict__"))?.cast_into::<PyDict>()?.unbind())
+    } else {
+        None
+    };
     let step = GuaranteedStep {
+        sched_dict,
         mu: Lock::of(get("mu")?.bind(py))?,
         exec: Lock::of(exec_lock.bind(py))?,
         exec_lock,
