@@ -76,6 +76,7 @@ pub struct GuaranteedStep {
 pub struct StepWait {
     step: Py<GuaranteedStep>,
     device: Py<PyAny>,
+    dev_dict: Py<PyDict>,
     spare_events: Py<PyList>,
     dev_lock: Lock,
     task: Py<PyAny>,
@@ -84,6 +85,7 @@ pub struct StepWait {
     result: Py<PyAny>,
     // What the task's ended record holds that the step set at submission.
     id: u64,
+    id_py: Py<PyAny>,
     held: u64,
     arena_bytes: Py<PyAny>,
     submitted_ms: f64,
@@ -139,6 +141,8 @@ impl Lock {
 /// never rebinds.
 struct DevCache {
     device: Py<PyAny>,
+    // Its instance dict, where `_unwatched` (rebound by collect and flush) is read.
+    dict: Py<PyDict>,
     lanes: Py<PyDict>,
     spare_events: Py<PyList>,
     lock: Lock,
@@ -149,6 +153,7 @@ impl DevCache {
     fn clone_ref(&self, py: Python<'_>) -> Self {
         DevCache {
             device: self.device.clone_ref(py),
+            dict: self.dict.clone_ref(py),
             lanes: self.lanes.clone_ref(py),
             spare_events: self.spare_events.clone_ref(py),
             lock: self.lock.clone_ref(py),
@@ -158,6 +163,7 @@ impl DevCache {
 
     fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.device)?;
+        visit.call(&self.dict)?;
         visit.call(&self.lanes)?;
         visit.call(&self.spare_events)?;
         self.lock.visit(visit)?;
@@ -225,8 +231,17 @@ fn attr<'py>(
 
 /// `d[key] += n` for the scheduler's counters.
 fn bump(d: &Bound<'_, PyDict>, key: &Bound<'_, pyo3::types::PyString>, n: i64) -> PyResult<()> {
-    let v: i64 = d.as_any().get_item(key)?.extract()?;
+    let v: i64 = match d.get_item(key)? {
+        Some(v) => v.extract()?,
+        None => return Err(pyo3::exceptions::PyKeyError::new_err(key.clone().unbind())),
+    };
     d.set_item(key, v + n)
+}
+
+/// The device's `_unwatched` deque, from its instance dict.
+fn unwatched<'py>(dict: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyAny>> {
+    dict.get_item(intern!(dict.py(), "_unwatched"))?
+        .ok_or_else(|| pyo3::exceptions::PyAttributeError::new_err("_unwatched"))
 }
 
 fn none_or<'py>(o: Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
@@ -312,8 +327,15 @@ impl GuaranteedStep {
         {
             return Ok(None);
         }
+        let cls = device.get_type();
+        if cls.hasattr(intern!(py, "_unwatched"))? || cls.hasattr(intern!(py, "__getattr__"))? {
+            return Ok(None); // not the CudaDevice step.rs was written against
+        }
         let c = DevCache {
             device: device.clone().unbind(),
+            dict: attr(device, intern!(py, "__dict__"))?
+                .cast_into::<PyDict>()?
+                .unbind(),
             lanes: attr(device, intern!(py, "_lanes"))?
                 .cast_into::<PyDict>()?
                 .unbind(),
@@ -334,17 +356,19 @@ impl GuaranteedStep {
         Ok(Some(out))
     }
 
-    /// `Scheduler._keep_arena` (the scheduler is open: callers checked).
+    /// `Scheduler._keep_arena`; open: the caller found the scheduler open (not closed,
+    /// not stopped) in the hold of its lock this runs in.
     fn keep_arena(
         &self,
         sched: &Sched<'_>,
         arena: &Bound<'_, PyAny>,
         nbytes: u64,
+        open: bool,
     ) -> PyResult<()> {
         let py = sched.py();
         if nbytes > self.spare_max
-            || sched.get(intern!(py, "_closed"))?.is_truthy()?
-            || !sched.get(intern!(py, "_stopped"))?.is_none()
+            || !open && sched.get(intern!(py, "_closed"))?.is_truthy()?
+            || !open && !sched.get(intern!(py, "_stopped"))?.is_none()
         {
             arena.call_method0(intern!(py, "release"))?;
             return Ok(());
@@ -376,7 +400,7 @@ impl GuaranteedStep {
                 let arena = attr(task, intern!(py, "arena"))?;
                 if !arena.is_none() {
                     task.setattr(intern!(py, "arena"), py.None())?;
-                    self.keep_arena(sched, &arena, nbytes.extract()?)?;
+                    self.keep_arena(sched, &arena, nbytes.extract()?, false)?;
                 }
                 arena_bytes = Some(nbytes);
                 attr(task, intern!(py, "id"))?
@@ -534,7 +558,7 @@ impl GuaranteedStep {
         hit: &Bound<'py, CompiledHit>,
         args: &Bound<'py, PyTuple>,
         arena: &Bound<'py, PyAny>,
-        (id, held, arena_bytes, now): (u64, u64, Bound<'py, PyAny>, f64),
+        (id, id_py, held, arena_bytes, now): (u64, Bound<'py, PyAny>, u64, Bound<'py, PyAny>, f64),
     ) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
@@ -604,6 +628,7 @@ impl GuaranteedStep {
         let wait = StepWait {
             step: slf.clone().unbind(),
             device: dev.device.clone_ref(py),
+            dev_dict: dev.dict.clone_ref(py),
             spare_events: dev.spare_events.clone_ref(py),
             dev_lock: dev.lock.clone_ref(py),
             task: task.clone().unbind(),
@@ -611,6 +636,7 @@ impl GuaranteedStep {
             end: end.unbind(),
             result: result.unbind(),
             id,
+            id_py: id_py.unbind(),
             held,
             arena_bytes: arena_bytes.unbind(),
             submitted_ms: now,
@@ -618,7 +644,7 @@ impl GuaranteedStep {
         task.setattr(intern!(py, "_wait_gpu"), Py::new(py, wait)?)?;
         let t = PyFloat::new(py, this.perf_counter(py)?).into_any();
         let entry = PyTuple::new(py, [t, q, item.into_any()])?;
-        let unwatched = attr(device, intern!(py, "_unwatched"))?;
+        let unwatched = unwatched(dev.dict.bind(py))?;
         dev.lock.held(py, || {
             unwatched
                 .call_method1(intern!(py, "append"), (entry,))
@@ -738,6 +764,9 @@ impl GuaranteedStep {
     }
 }
 
+/// A task the core started at submission: the task, its id (and as a Python int), when.
+type Committed<'py> = (Bound<'py, PyAny>, (u64, Bound<'py, PyAny>), f64);
+
 impl GuaranteedStep {
     /// submit() under the exec lock: the checks, the core's commit and the launch.
     fn submit_locked<'py>(
@@ -757,8 +786,7 @@ impl GuaranteedStep {
         if !cost.is_finite() {
             return Ok(None); // submit() says why
         }
-        let device = dev.device.bind(py);
-        let committed = this.mu.held(py, || -> PyResult<Option<(Bound<'py, PyAny>, u64, f64)>> {
+        let committed = this.mu.held(py, || -> PyResult<Option<Committed<'py>>> {
             let spare = sched.get(intern!(py, "_spare"))?;
             if !sched.get(intern!(py, "_stopped"))?.is_none()
                 || sched.get(intern!(py, "_closed"))?.is_truthy()?
@@ -766,7 +794,7 @@ impl GuaranteedStep {
                 || sched.get(intern!(py, "_waiting_not_be"))?.is_truthy()?
                 || sched.get(intern!(py, "_spare_bytes"))?.extract::<i64>()? != a as i64
                 || !spare.is(&arena)
-                || attr(device, intern!(py, "_unwatched"))?.is_truthy()?
+                || unwatched(dev.dict.bind(py))?.is_truthy()?
             {
                 return Ok(None);
             }
@@ -795,11 +823,12 @@ impl GuaranteedStep {
             else {
                 return Ok(None);
             };
+            let tid_py = tid.into_pyobject(py)?.into_any();
             let call_args = PyTuple::new(
                 py,
                 [
                     sched.obj.clone(),
-                    tid.into_pyobject(py)?.into_any(),
+                    tid_py.clone(),
                     this.func.bind(py).clone(),
                     args.clone().into_any(),
                     PyDict::new(py).into_any(),
@@ -818,14 +847,14 @@ impl GuaranteedStep {
                 ],
             )?;
             let task = this.task_type.bind(py).call1(call_args)?;
-            this.tasks.bind(py).set_item(tid, &task)?;
+            this.tasks.bind(py).set_item(&tid_py, &task)?;
             sched.set(intern!(py, "_spare"), py.None())?;
             sched.set(intern!(py, "_spare_bytes"), -1)?;
             bump(this.counts.bind(py), intern!(py, "launched"), 1)?;
             bump(this.steps.bind(py), intern!(py, "native"), 1)?;
-            Ok(Some((task, tid, now)))
+            Ok(Some((task, (tid, tid_py), now)))
         })?;
-        let Some((task, tid, now)) = committed else {
+        let Some((task, (tid, tid_py), now)) = committed else {
             return Ok(None);
         };
         let arena_bytes = res.cast::<PyTuple>()?.get_item(0)?;
@@ -836,7 +865,7 @@ impl GuaranteedStep {
             &hit,
             args,
             &arena,
-            (tid, held, arena_bytes, now),
+            (tid, tid_py, held, arena_bytes, now),
         )?;
         Ok(Some((task, now)))
     }
@@ -845,14 +874,13 @@ impl GuaranteedStep {
 impl StepWait {
     /// `CudaDevice._claim_unwatched`.
     fn claim(&self, py: Python<'_>) -> PyResult<bool> {
-        let device = self.device.bind(py);
         let task = self.task.bind(py);
         self.dev_lock.held(py, || {
             if attr(task, intern!(py, "_end_claimed"))?.is_truthy()? {
                 return Ok(false);
             }
             task.setattr(intern!(py, "_end_claimed"), true)?;
-            let w = attr(device, intern!(py, "_unwatched"))?;
+            let w = unwatched(self.dev_dict.bind(py))?;
             let n = w.len()?;
             if n > 0 && w.get_item(n - 1)?.get_item(2)?.get_item(0)?.is(task) {
                 w.call_method0(intern!(py, "pop"))?;
@@ -868,7 +896,7 @@ impl StepWait {
         PyTuple::new(
             py,
             [
-                self.id.into_pyobject(py)?.into_any(),
+                self.id_py.bind(py).clone(),
                 step.tenant_py.bind(py).clone(),
                 step.qos_py.bind(py).clone(),
                 step.partition_py.bind(py).clone(),
@@ -922,7 +950,7 @@ impl StepWait {
             let arena = attr(task, intern!(py, "arena"))?;
             if !arena.is_none() {
                 task.setattr(intern!(py, "arena"), py.None())?;
-                step.keep_arena(sched, &arena, self.arena_bytes.extract(py)?)?;
+                step.keep_arena(sched, &arena, self.arena_bytes.extract(py)?, true)?;
             }
             task.setattr(intern!(py, "_state"), intern!(py, "done"))?;
             task.setattr(intern!(py, "_outcome"), result)?;
@@ -1003,10 +1031,12 @@ impl StepWait {
             &self.end,
             &self.result,
             &self.arena_bytes,
+            &self.id_py,
         ] {
             visit.call(o)?;
         }
         visit.call(&self.spare_events)?;
+        visit.call(&self.dev_dict)?;
         self.dev_lock.visit(&visit)
     }
 }
