@@ -56,8 +56,9 @@ class Task:
         self._state = "queued" if started_ms is None else "running"
         self._high = high  # on the high-priority lane (Guaranteed, or a "high" partition)
         # Set by a device whose launches a waiting thread can wait on directly (CUDA: the
-        # end event, for at most the timeout given); it ends the task if it is first.
-        self._wait_gpu: Callable[[float | None], None] | None = None
+        # end event, for at most the timeout given, or with no argument for as long as it
+        # takes); it ends the task if it is first.
+        self._wait_gpu: Callable[..., None] | None = None
         self._end_claimed = False  # set by the device thread or waiter that ends it
         self._waited = False  # a thread waits on its end with no timeout (it ends it)
         self._outcome: Any = None  # result or exception (cancelled: None)
@@ -125,9 +126,10 @@ class Task:
         if not self._final:
             wait = self._wait_gpu
             if wait is not None and timeout is None:
-                # A closed-loop client's usual wait, inline: _wait_for_gpu(None).
+                # A closed-loop client's usual wait, inline: _wait_for_gpu(None) (no
+                # argument: the wait's default, no tuple to make and take apart).
                 try:
-                    wait(None)
+                    wait()
                 except Exception:  # a kernel fault: the device's thread or collect() does
                     pass
                 left = None

@@ -16,6 +16,7 @@
 use pyo3::exceptions::PyException;
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::BoundObject;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 use std::sync::Mutex;
@@ -36,6 +37,7 @@ pub struct GuaranteedStep {
     exec_lock: Py<PyAny>,
     exec: Lock,
     task_type: Py<PyAny>,
+    fields: TaskFields,
     cuda_device: Py<PyAny>,
     done_type: Py<PyAny>,
     poll: Py<PyAny>,
@@ -221,6 +223,164 @@ const SCHED_FIELDS: [&str; 8] = [
     "_waiting_not_be",
     "_untold",
 ];
+
+/// The Task fields a step writes or reads on every step.
+#[derive(Clone, Copy)]
+enum F {
+    WaitGpu,
+    Waited,
+    EndClaimed,
+    GpuMs,
+    FinishedMs,
+    Arena,
+    State,
+    Outcome,
+    Fut,
+    Final,
+    Fn,
+    Args,
+    Kwargs,
+}
+
+const F_NAMES: [&str; 13] = [
+    "_wait_gpu",
+    "_waited",
+    "_end_claimed",
+    "gpu_ms",
+    "finished_ms",
+    "arena",
+    "_state",
+    "_outcome",
+    "_fut",
+    "_final",
+    "fn",
+    "args",
+    "kwargs",
+];
+
+type DescrGet = unsafe extern "C" fn(
+    *mut pyo3::ffi::PyObject,
+    *mut pyo3::ffi::PyObject,
+    *mut pyo3::ffi::PyObject,
+) -> *mut pyo3::ffi::PyObject;
+type DescrSet = unsafe extern "C" fn(
+    *mut pyo3::ffi::PyObject,
+    *mut pyo3::ffi::PyObject,
+    *mut pyo3::ffi::PyObject,
+) -> std::os::raw::c_int;
+
+/// Task's fields by their slot descriptors (Task has __slots__): what `setattr` and
+/// `getattr` on a Task end in, called directly (the name's lookup in the type and the
+/// generic attribute protocol before it are most of the cost). Only for an object whose
+/// type is Task itself; anything else takes getattr and setattr.
+struct TaskFields {
+    task_type: Py<PyAny>,
+    names: Vec<Py<pyo3::types::PyString>>,
+    slots: Option<Vec<(Py<PyAny>, DescrGet, DescrSet)>>,
+}
+
+impl TaskFields {
+    fn new(task_type: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let py = task_type.py();
+        let names = F_NAMES
+            .iter()
+            .map(|n| pyo3::types::PyString::intern(py, n).unbind())
+            .collect::<Vec<_>>();
+        let own = attr(task_type, intern!(py, "__dict__"))?;
+        let mut slots = Some(Vec::with_capacity(F_NAMES.len()));
+        for name in &names {
+            let desc = match own.get_item(name) {
+                Ok(d) => d,
+                Err(_) => {
+                    slots = None;
+                    break;
+                }
+            };
+            // The descriptor's own get and set (a slot's member descriptor; a type
+            // without both is not what this was written for).
+            let ty = desc.get_type();
+            // SAFETY: PyType_GetSlot reads a slot of a live type object (any type from
+            // Python 3.10 on); the pointers it returns are the type's own functions, of
+            // the descrgetfunc and descrsetfunc signatures.
+            let (g, st) = unsafe {
+                let tp = ty.as_ptr() as *mut pyo3::ffi::PyTypeObject;
+                (
+                    pyo3::ffi::PyType_GetSlot(tp, pyo3::ffi::Py_tp_descr_get),
+                    pyo3::ffi::PyType_GetSlot(tp, pyo3::ffi::Py_tp_descr_set),
+                )
+            };
+            if g.is_null() || st.is_null() || !ty.name()?.to_str()?.eq("member_descriptor") {
+                slots = None;
+                break;
+            }
+            if let Some(v) = slots.as_mut() {
+                // SAFETY: see above: the slots' declared types.
+                v.push(unsafe {
+                    (
+                        desc.unbind(),
+                        std::mem::transmute::<*mut std::ffi::c_void, DescrGet>(g),
+                        std::mem::transmute::<*mut std::ffi::c_void, DescrSet>(st),
+                    )
+                });
+            }
+        }
+        Ok(TaskFields {
+            task_type: task_type.clone().unbind(),
+            names,
+            slots,
+        })
+    }
+
+    fn slot(&self, task: &Bound<'_, PyAny>, f: F) -> Option<&(Py<PyAny>, DescrGet, DescrSet)> {
+        let own = task.get_type_ptr() as *mut pyo3::ffi::PyObject == self.task_type.as_ptr();
+        self.slots.as_ref().filter(|_| own).map(|v| &v[f as usize])
+    }
+
+    fn get<'py>(&self, task: &Bound<'py, PyAny>, f: F) -> PyResult<Bound<'py, PyAny>> {
+        let py = task.py();
+        match self.slot(task, f) {
+            // SAFETY: the descriptor's get on an instance of its type, the GIL held; it
+            // returns a new reference or NULL with an exception set.
+            Some((d, get, _)) => unsafe {
+                Bound::from_owned_ptr_or_err(
+                    py,
+                    get(d.as_ptr(), task.as_ptr(), self.task_type.as_ptr()),
+                )
+            },
+            None => task.getattr(self.names[f as usize].bind(py)),
+        }
+    }
+
+    fn set<'py>(&self, task: &Bound<'py, PyAny>, f: F, v: impl IntoPyObject<'py>) -> PyResult<()> {
+        let py = task.py();
+        let v = v.into_pyobject(py).map_err(Into::into)?.into_any().into_bound();
+        match self.slot(task, f) {
+            Some((d, _, set)) => {
+                // SAFETY: the descriptor's set on an instance of its type, the GIL held;
+                // it takes its own reference to the value and returns -1 with an
+                // exception set on failure.
+                if unsafe { set(d.as_ptr(), task.as_ptr(), v.as_ptr()) } < 0 {
+                    return Err(PyErr::fetch(py));
+                }
+                Ok(())
+            }
+            None => task.setattr(self.names[f as usize].bind(py), v),
+        }
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.task_type)?;
+        for n in &self.names {
+            visit.call(n)?;
+        }
+        if let Some(v) = &self.slots {
+            for (d, _, _) in v {
+                visit.call(d)?;
+            }
+        }
+        Ok(())
+    }
+}
 
 fn attr<'py>(
     o: &Bound<'py, PyAny>,
@@ -423,9 +583,10 @@ impl GuaranteedStep {
                 task.setattr(intern!(py, "finished_ms"), self.now(py)?)?;
             }
         }
-        task.setattr(intern!(py, "fn"), py.None())?;
-        task.setattr(intern!(py, "args"), PyTuple::empty(py))?;
-        task.setattr(intern!(py, "kwargs"), PyDict::new(py))?;
+        let fields = &self.fields;
+        fields.set(task, F::Fn, py.None())?;
+        fields.set(task, F::Args, PyTuple::empty(py))?;
+        fields.set(task, F::Kwargs, PyDict::new(py))?;
         let record = match (record, arena_bytes) {
             (Some(r), _) => r.clone().into_any(),
             (None, nbytes) => {
@@ -472,13 +633,13 @@ impl GuaranteedStep {
         let py = sched.py();
         let unbooked = self.unbooked.bind(py);
         let n = unbooked.len();
-        let booked = unbooked.get_slice(0, n);
+        let booked: Vec<Bound<'_, PyAny>> = unbooked.iter().collect();
         unbooked.del_slice(0, n)?;
         sched.set(intern!(py, "_untold"), 0)?;
         let now = self.now(py)?;
         let counts = self.counts.bind(py);
         let completed = intern!(py, "completed");
-        for entry in booked.iter() {
+        for entry in booked {
             // Tuples (indexed directly: a tuple's index by a Python int costs more).
             let entry = entry.cast_into::<PyTuple>()?;
             let task = entry.get_item(0)?;
@@ -576,7 +737,10 @@ impl GuaranteedStep {
             let ev = attr(&attr(device, intern!(py, "_native"))?, intern!(py, "Event"))?;
             (ev.call1((true,))?, ev.call1((true,))?)
         } else {
-            let pair = spare.call_method0(intern!(py, "pop"))?.cast_into::<PyTuple>()?;
+            // list.pop(), in two list calls (no Python code runs between them).
+            let last = spare.len() - 1;
+            let pair = spare.get_item(last)?.cast_into::<PyTuple>()?;
+            spare.del_item(last)?;
             (pair.get_item(0)?, pair.get_item(1)?)
         };
         let b = dev.backend.bind(py);
@@ -641,7 +805,7 @@ impl GuaranteedStep {
             arena_bytes: arena_bytes.unbind(),
             submitted_ms: now,
         };
-        task.setattr(intern!(py, "_wait_gpu"), Py::new(py, wait)?)?;
+        this.fields.set(task, F::WaitGpu, Py::new(py, wait)?)?;
         let t = PyFloat::new(py, this.perf_counter(py)?).into_any();
         let entry = PyTuple::new(py, [t, q, item.into_any()])?;
         let unwatched = unwatched(dev.dict.bind(py))?;
@@ -653,11 +817,11 @@ impl GuaranteedStep {
     }
 
     /// `Task._deliver()` for a task nobody made a Future of (else the method itself).
-    fn deliver(task: &Bound<'_, PyAny>, fut_lock: &Lock) -> PyResult<()> {
+    fn deliver(&self, task: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = task.py();
-        let plain = fut_lock.held(py, || {
-            if attr(task, intern!(py, "_fut"))?.is_none() {
-                task.setattr(intern!(py, "_final"), true)?;
+        let plain = self.future_lock.held(py, || {
+            if self.fields.get(task, F::Fut)?.is_none() {
+                self.fields.set(task, F::Final, true)?;
                 return Ok(true);
             }
             Ok(false)
@@ -753,6 +917,7 @@ impl GuaranteedStep {
         self.mu.visit(&visit)?;
         self.exec.visit(&visit)?;
         self.future_lock.visit(&visit)?;
+        self.fields.visit(&visit)?;
         // Held only for a reference count's change (no Python runs then): a collection
         // cannot start inside; try_lock is for safety, as skipping a visit is.
         if let Ok(kept) = self.dev.try_lock() {
@@ -875,11 +1040,12 @@ impl StepWait {
     /// `CudaDevice._claim_unwatched`.
     fn claim(&self, py: Python<'_>) -> PyResult<bool> {
         let task = self.task.bind(py);
+        let fields = &self.step.get().fields;
         self.dev_lock.held(py, || {
-            if attr(task, intern!(py, "_end_claimed"))?.is_truthy()? {
+            if fields.get(task, F::EndClaimed)?.is_truthy()? {
                 return Ok(false);
             }
-            task.setattr(intern!(py, "_end_claimed"), true)?;
+            fields.set(task, F::EndClaimed, true)?;
             let w = unwatched(self.dev_dict.bind(py))?;
             let n = w.len()?;
             if n > 0 && w.get_item(n - 1)?.get_item(2)?.get_item(0)?.is(task) {
@@ -945,16 +1111,17 @@ impl StepWait {
             } else {
                 false
             };
-            task.setattr(intern!(py, "gpu_ms"), ms)?;
-            task.setattr(intern!(py, "finished_ms"), now)?;
-            let arena = attr(task, intern!(py, "arena"))?;
+            let fields = &step.fields;
+            fields.set(task, F::GpuMs, ms)?;
+            fields.set(task, F::FinishedMs, now)?;
+            let arena = fields.get(task, F::Arena)?;
             if !arena.is_none() {
-                task.setattr(intern!(py, "arena"), py.None())?;
+                fields.set(task, F::Arena, py.None())?;
                 step.keep_arena(sched, &arena, self.arena_bytes.extract(py)?, true)?;
             }
-            task.setattr(intern!(py, "_state"), intern!(py, "done"))?;
-            task.setattr(intern!(py, "_outcome"), result)?;
-            task.setattr(intern!(py, "_wait_gpu"), py.None())?;
+            fields.set(task, F::State, intern!(py, "done"))?;
+            fields.set(task, F::Outcome, result)?;
+            fields.set(task, F::WaitGpu, py.None())?;
             let entry = PyTuple::new(
                 py,
                 [
@@ -971,7 +1138,7 @@ impl StepWait {
             Ok(Some(true))
         })?;
         match deferred {
-            Some(true) => GuaranteedStep::deliver(task, &step.future_lock),
+            Some(true) => step.deliver(task),
             Some(false) => step.deliver_pending(sched),
             None => {
                 let done =
@@ -997,9 +1164,10 @@ impl StepWait {
         match timeout {
             None => {
                 // This thread ends the task once the event fires: no sweep for it.
-                task.setattr(intern!(py, "_waited"), true)?;
+                let fields = &self.step.get().fields;
+                fields.set(task, F::Waited, true)?;
                 if let Err(e) = end.call_method0(intern!(py, "synchronize")) {
-                    task.setattr(intern!(py, "_waited"), false)?; // a fault: collect() reports it
+                    fields.set(task, F::Waited, false)?; // a fault: collect() reports it
                     return Err(e);
                 }
             }
@@ -1084,6 +1252,7 @@ pub(super) fn new_step(
         mu: Lock::of(get("mu")?.bind(py))?,
         exec: Lock::of(exec_lock.bind(py))?,
         exec_lock,
+        fields: TaskFields::new(get("task")?.bind(py))?,
         task_type: get("task")?,
         cuda_device: get("cuda_device")?,
         done_type: get("done")?,
