@@ -58,6 +58,9 @@ pub struct GuaranteedStep {
     // The device the last step ran on, as the steps use it (Scheduler._device may be
     // replaced: it is checked against this on every submit).
     dev: Mutex<Option<DevCache>>,
+    // The function's last _Guard and its fields (see guard_of).
+    #[allow(clippy::type_complexity)]
+    guard: Mutex<Option<(Py<PyAny>, bool, Py<PyAny>, Py<PyAny>)>>,
     t0: f64,
     tenant: String,
     tenant_py: Py<PyAny>,
@@ -673,6 +676,41 @@ impl GuaranteedStep {
         Ok(())
     }
 
+    /// The `_Guard`'s `plain`, `native` and `entry` (set once, in its __init__), kept for
+    /// the last guard seen (held here: its identity stays its own).
+    #[allow(clippy::type_complexity)]
+    fn guard_of<'py>(
+        &self,
+        fast: &Bound<'py, PyAny>,
+    ) -> PyResult<(bool, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let py = fast.py();
+        {
+            let kept = self.guard.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((g, plain, native, entry)) = kept.as_ref() {
+                if g.bind(py).is(fast) {
+                    return Ok((*plain, native.bind(py).clone(), entry.bind(py).clone()));
+                }
+            }
+        }
+        let plain = attr(fast, intern!(py, "plain"))?.is_truthy()?;
+        let native = attr(fast, intern!(py, "native"))?;
+        let entry = attr(fast, intern!(py, "entry"))?;
+        let new = (
+            fast.clone().unbind(),
+            plain,
+            native.clone().unbind(),
+            entry.clone().unbind(),
+        );
+        // The old one is dropped after the mutex is let go (a drop may run Python code).
+        let old = self
+            .guard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(new);
+        drop(old);
+        Ok((plain, native, entry))
+    }
+
     /// Whether the step is the direct call's native hit in the spare arena, checked as
     /// `CompiledFunction.reserve_matched` and `call_in_matched` check it: (hit, the
     /// reservation, the program's arena), or None.
@@ -690,17 +728,20 @@ impl GuaranteedStep {
     > {
         let func = self.func.bind(py);
         let fast = attr(func, intern!(py, "_fast"))?;
-        if fast.is_none() || !attr(&fast, intern!(py, "plain"))?.is_truthy()? {
+        if fast.is_none() {
+            return Ok(None);
+        }
+        let (plain, native, entry) = self.guard_of(&fast)?;
+        if !plain {
             return Ok(None);
         }
         let hit = attr(func, intern!(py, "_hit"))?;
-        if !attr(&fast, intern!(py, "native"))?.is(&hit) {
+        if !native.is(&hit) {
             return Ok(None);
         }
         let Ok(hit) = hit.cast_into::<CompiledHit>() else {
             return Ok(None);
         };
-        let entry = attr(&fast, intern!(py, "entry"))?;
         let res = attr(&entry, intern!(py, "reservation"))?;
         if res.is_none() || !hit.borrow().matches_args(py, args)? {
             return Ok(None);
@@ -923,6 +964,13 @@ impl GuaranteedStep {
         if let Ok(kept) = self.dev.try_lock() {
             if let Some(c) = kept.as_ref() {
                 c.visit(&visit)?;
+            }
+        }
+        if let Ok(kept) = self.guard.try_lock() {
+            if let Some((g, _, native, entry)) = kept.as_ref() {
+                visit.call(g)?;
+                visit.call(native)?;
+                visit.call(entry)?;
             }
         }
         visit.call(&self.core)
@@ -1272,6 +1320,7 @@ pub(super) fn new_step(
             .cast_into::<PyList>()?
             .unbind(),
         dev: Mutex::new(None),
+        guard: Mutex::new(None),
         t0: get("t0")?.extract(py)?,
         tenant_py: tenant.clone().into_pyobject(py)?.into_any().unbind(),
         tenant,
