@@ -96,18 +96,26 @@ pub struct StepWait {
     submitted_ms: f64,
 }
 
-/// A lock's bound `acquire` and `release`.
+/// A lock's bound `acquire` and `release` (and, of a plain `_thread.lock`, `locked`).
 struct Lock {
     acquire: Py<PyAny>,
     release: Py<PyAny>,
+    locked: Option<Py<PyAny>>,
 }
 
 impl Lock {
     fn of(l: &Bound<'_, PyAny>) -> PyResult<Self> {
         let py = l.py();
+        let ty = l.get_type();
+        let plain = ty.name()?.to_str()? == "lock" && ty.module()?.to_str()? == "_thread";
         Ok(Lock {
             acquire: attr(l, intern!(py, "acquire"))?.unbind(),
             release: attr(l, intern!(py, "release"))?.unbind(),
+            locked: if plain {
+                Some(attr(l, intern!(py, "locked"))?.unbind())
+            } else {
+                None
+            },
         })
     }
 
@@ -115,7 +123,24 @@ impl Lock {
         Lock {
             acquire: self.acquire.clone_ref(py),
             release: self.release.clone_ref(py),
+            locked: self.locked.as_ref().map(|l| l.clone_ref(py)),
         }
+    }
+
+    /// `held` for a section that runs no Python code (C-level slot, list, deque and
+    /// dict operations whose replaced values are None or bools: no finalizer runs), so
+    /// this thread keeps the GIL throughout it (abi3 modules load only on builds with
+    /// a GIL). With the lock free then, no other thread is inside a section it guards,
+    /// and none gets into one before this one ends: one `locked()` call stands for
+    /// `acquire` and `release`, whose argument parsing is most of a lock's cost. A held
+    /// lock (or an RLock, which has no `locked`) is taken as usual.
+    fn held_briefly<R>(&self, py: Python<'_>, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
+        if let Some(l) = &self.locked {
+            if !l.bind(py).call0()?.is_truthy()? {
+                return f();
+            }
+        }
+        self.held(py, f)
     }
 
     fn acquire(&self, py: Python<'_>) -> PyResult<()> {
@@ -138,7 +163,11 @@ impl Lock {
 
     fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.acquire)?;
-        visit.call(&self.release)
+        visit.call(&self.release)?;
+        if let Some(l) = &self.locked {
+            visit.call(l)?;
+        }
+        Ok(())
     }
 }
 
@@ -850,7 +879,7 @@ impl GuaranteedStep {
         let t = PyFloat::new(py, this.perf_counter(py)?).into_any();
         let entry = PyTuple::new(py, [t, q, item.into_any()])?;
         let unwatched = unwatched(dev.dict.bind(py))?;
-        dev.lock.held(py, || {
+        dev.lock.held_briefly(py, || {
             unwatched
                 .call_method1(intern!(py, "append"), (entry,))
                 .map(|_| ())
@@ -860,7 +889,7 @@ impl GuaranteedStep {
     /// `Task._deliver()` for a task nobody made a Future of (else the method itself).
     fn deliver(&self, task: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = task.py();
-        let plain = self.future_lock.held(py, || {
+        let plain = self.future_lock.held_briefly(py, || {
             if self.fields.get(task, F::Fut)?.is_none() {
                 self.fields.set(task, F::Final, true)?;
                 return Ok(true);
@@ -1089,7 +1118,7 @@ impl StepWait {
     fn claim(&self, py: Python<'_>) -> PyResult<bool> {
         let task = self.task.bind(py);
         let fields = &self.step.get().fields;
-        self.dev_lock.held(py, || {
+        self.dev_lock.held_briefly(py, || {
             if fields.get(task, F::EndClaimed)?.is_truthy()? {
                 return Ok(false);
             }
