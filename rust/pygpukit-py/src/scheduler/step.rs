@@ -16,8 +16,8 @@
 use pyo3::exceptions::PyException;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::BoundObject;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyList, PyTuple};
+use pyo3::BoundObject;
 use pyo3::{PyTraverseError, PyVisit};
 use std::sync::Mutex;
 
@@ -385,7 +385,11 @@ impl TaskFields {
 
     fn set<'py>(&self, task: &Bound<'py, PyAny>, f: F, v: impl IntoPyObject<'py>) -> PyResult<()> {
         let py = task.py();
-        let v = v.into_pyobject(py).map_err(Into::into)?.into_any().into_bound();
+        let v = v
+            .into_pyobject(py)
+            .map_err(Into::into)?
+            .into_any()
+            .into_bound();
         match self.slot(task, f) {
             Some((d, _, set)) => {
                 // SAFETY: the descriptor's set on an instance of its type, the GIL held;
@@ -466,7 +470,10 @@ fn perf_counter_s() -> Option<f64> {
     if unsafe { clock_gettime(CLOCK_MONOTONIC, &mut ts) } != 0 {
         return None;
     }
-    let ns = ts.tv_sec.checked_mul(1_000_000_000)?.checked_add(ts.tv_nsec)?;
+    let ns = ts
+        .tv_sec
+        .checked_mul(1_000_000_000)?
+        .checked_add(ts.tv_nsec)?;
     Some(if ns % 1_000_000_000 == 0 {
         (ns / 1_000_000_000) as f64
     } else {
@@ -1313,14 +1320,18 @@ pub(super) fn new_step(
     // __getattr__/__setattr__ of those names) are read and written there.
     let cls = s.get_type();
     let mut plain = !cls.hasattr(intern!(py, "__getattr__"))?
-        && cls
-            .getattr(intern!(py, "__setattr__"))?
-            .is(py.get_type::<pyo3::types::PyAny>().getattr(intern!(py, "__setattr__"))?);
+        && cls.getattr(intern!(py, "__setattr__"))?.is(py
+            .get_type::<pyo3::types::PyAny>()
+            .getattr(intern!(py, "__setattr__"))?);
     for name in SCHED_FIELDS {
         plain = plain && !cls.hasattr(name)?;
     }
     let sched_dict = if plain {
-        Some(attr(s, intern!(py, "__dict__"))?.cast_into::<PyDict>()?.unbind())
+        Some(
+            attr(s, intern!(py, "__dict__"))?
+                .cast_into::<PyDict>()?
+                .unbind(),
+        )
     } else {
         None
     };
@@ -1334,9 +1345,9 @@ pub(super) fn new_step(
         cuda_device: get("cuda_device")?,
         done_type: get("done")?,
         poll: get("poll")?,
-        native_clock: get("perf_counter")?
-            .bind(py)
-            .is(py.import(intern!(py, "time"))?.getattr(intern!(py, "perf_counter"))?),
+        native_clock: get("perf_counter")?.bind(py).is(py
+            .import(intern!(py, "time"))?
+            .getattr(intern!(py, "perf_counter"))?),
         perf_counter: get("perf_counter")?,
         future_lock: Lock::of(get("future_lock")?.bind(py))?,
         tasks: dict(intern!(py, "_tasks"))?,
