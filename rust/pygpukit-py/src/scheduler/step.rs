@@ -885,9 +885,10 @@ impl GuaranteedStep {
         this.fields.set(task, F::WaitGpu, Py::new(py, wait)?)?;
         let t = PyFloat::new(py, this.perf_counter(py)?).into_any();
         let entry = PyTuple::new(py, [t, q, item.into_any()])?;
-        let unwatched = unwatched(dev.dict.bind(py))?;
+        // Read in the lock's section, as CudaDevice.launch does: collect() and flush()
+        // rebind it in theirs.
         dev.lock.held_briefly(py, || {
-            unwatched
+            unwatched(dev.dict.bind(py))?
                 .call_method1(intern!(py, "append"), (entry,))
                 .map(|_| ())
         })
