@@ -193,6 +193,41 @@ def test_native_steps_count_and_compute_as_the_python_path(monkeypatch: pytest.M
         np.testing.assert_allclose(b, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_native_steps_ended_records_are_the_tasks_own(monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:  # fmt: skip
+    """The native step books an end with the record it made from what it set at
+    submission (step.rs StepWait::record), not from the task's fields: it is the record
+    Task._record() gives, field for field and type for type; its times are on the
+    scheduler's clock (the step reads perf_counter natively)."""
+    from pygpukit.scheduler.task import Task
+
+    f, sched, backend, _ = _stand_in(monkeypatch)
+    xs = [backend.array(np.full(N, float(k), np.float32)) for k in range(2)]
+    for x in xs:
+        f(x)
+    tasks = []
+    try:
+        for k in range(6):
+            before = sched.now()
+            t = sched.submit(f, xs[k % 2], qos="guaranteed", bandwidth=0.5, tenant="g")
+            after = sched.now()
+            assert t._state == "running" and t.admitted_ms == t.started_ms == t.submitted_ms
+            assert before <= t.started_ms <= after
+            t.result()
+            assert before <= t.finished_ms <= sched.now()
+            tasks.append(t)
+        assert type(tasks[-1]._wait_gpu).__name__ != "StepWait"
+        assert sched.stats()["guaranteed_steps"]["native"] >= 5
+        for t in tasks:  # booked (stats() books the last), each from its native record
+            rec = sched._ended[t.id]
+            assert rec == t._record()
+            assert [type(v) for v in rec] == [type(v) for v in t._record()]
+            assert sched.stats(t) == Task._stats_of(t._record()) == t.stats()
+            assert sched.stats(t)["state"] == "done" and not sched.stats(t)["holds_arena"]
+    finally:
+        sched.close(timeout=60)
+
+
 def _run_beside_best_effort(monkeypatch: pytest.MonkeyPatch, native: bool, hs: list[np.ndarray]
                             ) -> tuple[dict[str, Any], list[np.ndarray]]:  # fmt: skip
     """Guaranteed steps of one tenant with best-effort tasks of two tenants waiting

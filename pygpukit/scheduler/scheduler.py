@@ -192,8 +192,10 @@ class Scheduler:
         self._pending: deque[Task] = deque()  # ended tasks whose futures are to complete
         # High-lane tasks their waiters ended (result delivered, arena kept as the spare)
         # whose end is still to be booked here, each with whether the core was told of it
-        # already (told: it had work waiting); see _on_done_waiter.
-        self._unbooked: list[tuple[Task, bool]] = []
+        # already (told: it had work waiting), and its ended record if the native step
+        # (step.rs) made it (else None); see _on_done_waiter. Never rebound: the native
+        # step keeps the list.
+        self._unbooked: list[tuple[Task, bool, tuple[Any, ...] | None]] = []
         self._untold = 0  # of those, the ones the core has not been told of
         self._tasks: dict[int, Task] = {}
         self._ended: OrderedDict[int, tuple[Any, ...]] = OrderedDict()  # id -> Task._record()
@@ -555,7 +557,10 @@ class Scheduler:
                 arena.release()
 
     def _end_locked(self, task: Task, state: str, result: Any = None,
-                    error: BaseException | None = None, deliver: bool = True) -> None:  # fmt: skip
+                    error: BaseException | None = None, deliver: bool = True,
+                    record: tuple[Any, ...] | None = None) -> None:  # fmt: skip
+        """Ends the task (its state, the scheduler's tables, its ended record: `record`
+        where the native step made it already, the same tuple task._record() gives)."""
         arena = task.arena
         if arena is not None:
             task.arena = None
@@ -573,7 +578,7 @@ class Scheduler:
         task._wait_gpu = None
         task._ticket = None
         ended = self._ended
-        ended[task.id] = task._record()
+        ended[task.id] = task._record() if record is None else record
         if len(ended) > ENDED_KEPT:
             ended.popitem(last=False)
         if deliver:  # else delivered already (a booked end: _book_locked)
@@ -705,7 +710,7 @@ class Scheduler:
                     task._state = "done"
                     task._outcome = d.result
                     task._wait_gpu = None  # see _end_locked
-                    self._unbooked.append((task, told))
+                    self._unbooked.append((task, told, None))
                     self._untold += not told
             else:
                 self._finish_locked(d)
@@ -726,16 +731,17 @@ class Scheduler:
         """Books the ends _on_done_waiter left (their results are delivered), telling
         the core of those it was not told of; kick: wake the dispatcher if what they
         free may start (a caller that starts it itself passes False)."""
-        booked, self._unbooked = self._unbooked, []
+        booked = self._unbooked.copy()
+        self._unbooked.clear()
         untold, self._untold = self._untold, 0
         now = self._clock.now()
-        for task, told in booked:
+        for task, told, record in booked:
             self._counts["completed"] += 1
             if told:
-                self._end_locked(task, "done", deliver=False)
+                self._end_locked(task, "done", deliver=False, record=record)
                 continue
             others = self._core.complete(task.id, task.gpu_ms or 0.0, now)
-            self._end_locked(task, "done", deliver=False)
+            self._end_locked(task, "done", deliver=False, record=record)
             if others:
                 self._admit_locked(others, now)
         if kick and untold and self._waiting:
@@ -835,7 +841,8 @@ class Scheduler:
                 if self._unbooked:  # ended on the GPU and delivered: not failed
                     self._book_locked(kick=False)
             except Exception:  # the core may be what failed
-                self._unbooked, self._untold = [], 0
+                self._unbooked.clear()
+                self._untold = 0
             self._stopped = err
             self._release_spare_locked()
             for task in list(self._tasks.values()):

@@ -34,7 +34,11 @@ class Task:
     def __init__(self, sched: Scheduler, task_id: int, fn: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any], tenant: str, qos: str, partition: str,
                  reservation: Reservation, sim_ms: float, submitted_ms: float,
-                 reserved_bytes: int | None = None, high: bool = False) -> None:  # fmt: skip
+                 reserved_bytes: int | None = None, high: bool = False, arena: Any = None,
+                 stream_priority: int | None = None, started_ms: float | None = None,
+                 ) -> None:  # fmt: skip
+        """A queued task; started_ms: one started at once (the native step's, step.rs,
+        in `arena` on the `stream_priority` stream), its fields set here in one call."""
         self.id = task_id
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.tenant, self.qos, self.partition = tenant, qos, partition
@@ -43,17 +47,18 @@ class Task:
         self.reserved_bytes = reservation.total if reserved_bytes is None else reserved_bytes
         self.sim_ms = sim_ms
         self.submitted_ms = submitted_ms
-        self.admitted_ms: float | None = None
-        self.started_ms: float | None = None
+        self.admitted_ms: float | None = started_ms
+        self.started_ms: float | None = started_ms
         self.finished_ms: float | None = None
         self.gpu_ms: float | None = None
-        self.stream_priority: int | None = None
-        self.arena: Any = None  # the pool block reserved at admission
-        self._state = "queued"
+        self.stream_priority: int | None = stream_priority
+        self.arena: Any = arena  # the pool block reserved at admission
+        self._state = "queued" if started_ms is None else "running"
         self._high = high  # on the high-priority lane (Guaranteed, or a "high" partition)
         # Set by a device whose launches a waiting thread can wait on directly (CUDA: the
-        # end event, for at most the timeout given); it ends the task if it is first.
-        self._wait_gpu: Callable[[float | None], None] | None = None
+        # end event, for at most the timeout given, or with no argument for as long as it
+        # takes); it ends the task if it is first.
+        self._wait_gpu: Callable[..., None] | None = None
         self._end_claimed = False  # set by the device thread or waiter that ends it
         self._waited = False  # a thread waits on its end with no timeout (it ends it)
         self._outcome: Any = None  # result or exception (cancelled: None)
@@ -121,9 +126,10 @@ class Task:
         if not self._final:
             wait = self._wait_gpu
             if wait is not None and timeout is None:
-                # A closed-loop client's usual wait, inline: _wait_for_gpu(None).
+                # A closed-loop client's usual wait, inline: _wait_for_gpu(None) (no
+                # argument: the wait's default, no tuple to make and take apart).
                 try:
-                    wait(None)
+                    wait()
                 except Exception:  # a kernel fault: the device's thread or collect() does
                     pass
                 left = None
