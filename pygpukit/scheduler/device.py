@@ -251,13 +251,15 @@ class CudaDevice(Device):
         # pair another on-caller task's end has given back (a second waiter of that task
         # still on it would only wait for this launch too, then find the task ended).
         pair = None
-        spins = task.qos == "guaranteed"
         if on_caller:
             try:
-                pair = (self._spare_events if spins else self._sleep_events).pop()
+                pair = self._events_of(task).pop()
             except IndexError:  # none given back yet (or another thread took the last)
                 pass
-        start, end = pair or (self._native.Event(True), self._native.Event(True, not spins))
+        if pair is None:  # only a Guaranteed task's end is waited on by spinning
+            pair = (self._native.Event(True),
+                    self._native.Event(True, task.qos != "guaranteed"))  # fmt: skip
+        start, end = pair
         b = self.backend
         # Launches from the dispatcher and from submitting threads: the stream swap must
         # not interleave with another call's.

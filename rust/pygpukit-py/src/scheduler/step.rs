@@ -418,6 +418,13 @@ impl TaskFields {
     }
 }
 
+/// Puts `v` in the cache `m`; the value it replaces is dropped after the mutex is let go
+/// (a drop may run Python code).
+fn replace_cached<T>(m: &Mutex<Option<T>>, v: T) {
+    let old = m.lock().unwrap_or_else(|e| e.into_inner()).replace(v);
+    drop(old);
+}
+
 fn attr<'py>(
     o: &Bound<'py, PyAny>,
     name: &Bound<'py, pyo3::types::PyString>,
@@ -545,13 +552,7 @@ impl GuaranteedStep {
             backend: attr(device, intern!(py, "backend"))?.unbind(),
         };
         let out = c.clone_ref(py);
-        // The old one is dropped after the mutex is let go (a drop may run Python code).
-        let old = self
-            .dev
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(c);
-        drop(old);
+        replace_cached(&self.dev, c);
         Ok(Some(out))
     }
 
@@ -737,13 +738,7 @@ impl GuaranteedStep {
             native.clone().unbind(),
             entry.clone().unbind(),
         );
-        // The old one is dropped after the mutex is let go (a drop may run Python code).
-        let old = self
-            .guard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(new);
-        drop(old);
+        replace_cached(&self.guard, new);
         Ok((plain, native, entry))
     }
 
