@@ -555,20 +555,24 @@ impl<D: CopyDevice> Inner<D> {
             if p.done {
                 return;
             }
+            // The copy-out runs under the progress lock and `done` is set after it: another
+            // thread's done() or wait() (which take this lock) must not see the transfer
+            // done while this one is still filling the destination (a reap() on one thread
+            // had handed a half-written result to a poll on another).
+            if let Some(d) = &p.deferred {
+                // SAFETY: the DMA into the buffer has run; `keep` holds the destination.
+                unsafe {
+                    host_copy(
+                        d.dst as *mut u8,
+                        d.buf as *const u8,
+                        d.len,
+                        self.config.copy_threads,
+                    )
+                };
+            }
             p.done = true;
             (p.event.take(), p.keep.take(), p.deferred.take())
         };
-        if let Some(d) = &deferred {
-            // SAFETY: the DMA into the buffer has run; `keep` holds the destination.
-            unsafe {
-                host_copy(
-                    d.dst as *mut u8,
-                    d.buf as *const u8,
-                    d.len,
-                    self.config.copy_threads,
-                )
-            };
-        }
         {
             let mut st = lock(&self.state);
             if let Some(d) = deferred {

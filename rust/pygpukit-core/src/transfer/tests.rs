@@ -252,6 +252,45 @@ fn dropping_the_engine_finishes_deferred_downloads_and_frees_its_memory() {
     assert_eq!(dev.live_host_allocations(), 0);
 }
 
+#[test]
+fn a_deferred_download_is_not_done_before_its_copy_out_ends() {
+    // Another thread's reap() may complete a deferred download (copy it out of the engine's
+    // buffer) while its owner polls done(): done() must not say true until the bytes are
+    // all in place. A large download makes the copy-out long; the reaper gets a head start.
+    let dev = FakeDevice::new();
+    let n = 16 << 20;
+    let data = pattern(n, 5);
+    let d = dev.alloc(n, 0);
+    dev.launch_write(0, d, data.clone());
+    let cfg = Config {
+        copy_threads: 1,
+        ..small_config()
+    };
+    let eng = Arc::new(Engine::new(dev.clone(), cfg).unwrap());
+    let mut out = vec![0u8; n];
+    // SAFETY: `out` outlives the transfer (done() is true before it is read).
+    let t = unsafe { eng.submit(download(d, &mut out, true), None) }.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reaper = {
+        let (eng, stop) = (eng.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                eng.reap();
+            }
+        })
+    };
+    dev.run_all(); // the DMA has run: the next reap() takes the copy-out
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    while !t.done().unwrap() {}
+    let ok = out == data;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reaper.join().unwrap();
+    assert!(
+        ok,
+        "done() returned before the copy-out had filled the destination"
+    );
+}
+
 #[derive(Debug, Clone)]
 struct Req {
     upload: bool,
