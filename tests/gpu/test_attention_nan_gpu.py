@@ -1,6 +1,7 @@
 """The CUDA attention kernels let NaN and inf through as the float64 reference does:
 prefill (hd 64/128, no masks), decode (one query row, kv_len, many splits), and the
-composed fallback (hd 40, masks). Fully masked rows keep giving zeros. A bad device-held
+composed fallback (hd 40, masks). Fully masked rows keep giving zeros; a row whose visible
+scores are all -inf gives NaN, as the reference does. A bad device-held
 kv_len / kv_start read by a decode kernel or the composed path is an index error."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _check(out: Any, ref: np.ndarray) -> None:
     (64, 1, 4096, {"kv_len": 3000}), (128, 1, 300, {}),         # decode kernel, splits
     (40, 5, 11, {"kv_len": 9, "is_causal": True}),              # composed fallback
 ])  # fmt: skip
-@pytest.mark.parametrize("where", ["q", "k", "v", "scale", "k_all"])
+@pytest.mark.parametrize("where", ["q", "k", "v", "scale", "k_all", "q_neg_inf"])
 def test_nan_propagates(cuda: Any, hd: int, sq: int, sk: int, kw: dict, where: str) -> None:
     rng = np.random.default_rng(hd + sq + sk)
     q = rand(rng, (2, 4, sq, hd), "float16")
@@ -43,6 +44,9 @@ def test_nan_propagates(cuda: Any, hd: int, sq: int, sk: int, kw: dict, where: s
         v[0, 1, 0, 2] = np.inf
     elif where == "k_all":  # every score of a head NaN: max stays -inf, the NaN must not
         k[1, 1] = np.nan
+    elif where == "q_neg_inf":  # every score of a row -inf: exp(-inf - -inf) is NaN, not 0
+        q[0, 1, sq - 1, 3] = -np.inf
+        k[0, 0, :, 3] = np.abs(k[0, 0, :, 3]) + 0.25
     else:
         scale = math.nan
     n = kw.get("kv_len")

@@ -462,13 +462,17 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int i = row0 + f * 16 + hr * 8;
       if (i >= seq_q) continue;
-      // No visible key: zeros. A NaN sum (NaN or inf in what the row sees) stays NaN.
+      // No visible key: zeros. A NaN sum (NaN or inf in what the row sees) stays NaN, and
+      // so does a zero sum over visible keys (every score -inf: exp(-inf - -inf) is NaN).
+      int lo, hi;
+      row_bounds(f * 16 + hr * 8, lo, hi);
+      const float empty = lo < hi ? __int_as_float(0x7fc00000) : 0.0f;
       const float inv = 1.0f / sum;
       pgk_t* orow = o + i * o_ss + (lane & 3) * 2;
 #pragma unroll
       for (int n = 0; n < PGK_FDN; ++n) {
-        const float a0 = sum == 0.0f ? 0.0f : acc[f][n][2 * hr] * inv;
-        const float a1 = sum == 0.0f ? 0.0f : acc[f][n][2 * hr + 1] * inv;
+        const float a0 = sum == 0.0f ? empty : acc[f][n][2 * hr] * inv;
+        const float a1 = sum == 0.0f ? empty : acc[f][n][2 * hr + 1] * inv;
         pgk_from_acc2(a0, a1, orow + n * 8);
       }
     }
