@@ -153,6 +153,25 @@ def test_ops_outside_the_recordable_set_never_record(fake: Any) -> None:
     assert sched.info["native_plans"] is False
 
 
+def test_a_zero_fill_is_a_memset_and_never_records(fake: Any) -> None:
+    # The recorder sees kernel launches only: a plan of a zero `full` (a memset) would
+    # replay as an allocation with nothing written (gpk.zeros handing out old bytes).
+    nd, backend = fake
+    zero = Step("full", {"value": 0, "alpha": 1.0}, (), 0, (8,), F32, None)
+    sched = Schedule([zero], 1, [], [0], None)  # type: ignore[arg-type]
+    for _ in range(3):
+        assert nd.run(sched, []) is None
+    assert sched.info["native_plans"] is False and nd.eager_replay(sched, []) is False
+    assert nd.stats["recorded"] == 0
+    # A nonzero fill is a kernel, recorded as any other launch (and -0.0 is not zero bytes).
+    for k, value in enumerate((1.5, -0.0)):
+        fill = Step("full", {"value": value, "alpha": 1.0}, (), 0, (8,), F32, None)
+        sched = Schedule([fill], 1, [], [0], None)  # type: ignore[arg-type]
+        for _ in range(3):
+            nd.run(sched, [])
+        assert nd.stats["recorded"] == k + 1
+
+
 def test_a_plan_dropped_by_the_controller_is_recorded_again(fake: Any) -> None:
     nd, backend = fake
     scheds = [Schedule([_step("add", (0, 1), 2, float(k))], 3, [0, 1], [2], None)  # type: ignore[arg-type]

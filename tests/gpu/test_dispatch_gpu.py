@@ -167,6 +167,29 @@ def test_eager_fast_path_keeps_each_scalar_its_own_constant(cuda: Any) -> None:
     assert cuda.native.stats["native_runs"] > before
 
 
+def test_zero_fills_are_written_on_every_call(cuda: Any) -> None:
+    """A zero `full` is a memset, which the launch recorder does not see: its schedule is
+    never replayed from a plan. Before, the third realize of a zero constant (here the
+    False of maximum(y, False), after y | False and y + False) and every gpk.zeros after
+    the second came back holding whatever the block held before (True, old bytes)."""
+    from pygpukit import runtime
+
+    runtime._SCHEDULE_CACHE.clear()
+    rng = _rng("zero-fills")
+    h = rng.random(257) < 0.5
+    with gpk.eager():
+        y = gpk.from_numpy(h)
+        np.testing.assert_array_equal((y | False).to_numpy(), h)
+        np.testing.assert_array_equal((y + False).to_numpy(), h)
+        np.testing.assert_array_equal(gpk.maximum(y, False).to_numpy(), h)
+        for dtype in ("int8", "float32", "bool"):
+            for _ in range(CALLS):
+                nonzero = (np.abs(_random(rng, (3, 5), "float32")) + 1).astype(dtype)
+                junk = gpk.from_numpy(nonzero)
+                del junk  # its block goes back to the pool
+                np.testing.assert_array_equal(gpk.zeros((3, 5), dtype=dtype).to_numpy(), 0)
+
+
 def test_an_eager_hit_is_one_controller_run(cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once recorded, an eager op's hit runs its EagerReplay: one Dispatcher.run, neither
     CudaBackend.run nor the per-layout plan lookup; switched off, it takes the general path."""

@@ -31,7 +31,7 @@ from pygpukit.errors import CUDAError
 from pygpukit.memory import adopt
 from pygpukit.passes import Schedule
 
-from .ops_elementwise import ELEMENTWISE_OPS
+from .ops_elementwise import ELEMENTWISE_OPS, is_zero_fill
 from .ops_movement import VIEW_OPS
 from .ops_reduce import REDUCE_OPS
 from .value import DeviceValue
@@ -39,7 +39,9 @@ from .value import DeviceValue
 if TYPE_CHECKING:
     from .backend import CudaBackend
 
-# Ops whose planners launch only through Function.launch (what the recorder sees).
+# Ops whose planners launch only through Function.launch (what the recorder sees); a zero
+# `full` is a memset (ops_elementwise.is_zero_fill), which a replay would skip: a plan of
+# gpk.zeros once handed out uninitialised memory.
 RECORDABLE_OPS = frozenset({*ELEMENTWISE_OPS, "arange", *REDUCE_OPS, *VIEW_OPS})
 PLAN_CAPACITY = 4096  # plans the controller keeps (LRU)
 # General-path runs of a (schedule, layouts) before its run is recorded: the first plans the
@@ -91,7 +93,7 @@ class NativeDispatch:
         info = schedule.info
         plans = info.get("native_plans")
         if plans is None:
-            if any(st.op not in RECORDABLE_OPS for st in schedule.steps):
+            if any(st.op not in RECORDABLE_OPS or is_zero_fill(st) for st in schedule.steps):
                 info["native_plans"] = False
                 return None
             plans = info["native_plans"] = {}

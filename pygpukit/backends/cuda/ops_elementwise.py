@@ -21,7 +21,7 @@ Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 
 
 def plan_expr(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
-    if step.op == "full" and zero_bytes(step.attrs["value"]):
+    if is_zero_fill(step):
         return _plan_zero_fill(ctx, step)
     if step.op == "fused_elementwise":
         expr = step.attrs["expr"]
@@ -44,6 +44,12 @@ def plan_expr(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) ->
 def zero_bytes(value: object) -> bool:
     """Whether a fill value is all zero bytes in every dtype (0, 0.0, False; not -0.0)."""
     return isinstance(value, int | float) and value == 0 and math.copysign(1.0, value) > 0
+
+
+def is_zero_fill(step: Step) -> bool:
+    """Whether the step is planned as a memset (_plan_zero_fill), not a kernel launch: the
+    dispatch recorder sees launches only, so a schedule holding one is never recorded."""
+    return step.op == "full" and zero_bytes(step.attrs["value"])
 
 
 def _plan_zero_fill(ctx: Context, step: Step) -> Run:
