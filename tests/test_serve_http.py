@@ -235,6 +235,10 @@ def test_token_id_prompts_skip_the_thread_hop_and_keep_their_errors(model, monke
     engine = Engine(model, max_model_len=64, kv_blocks=40)
     s = Server(model, engine, "tiny", port=0, processes=1).start()
     try:
+        # h11 whatever else is installed (server.HTTP_PROTOCOL: httptools measured worse).
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        assert s.server.config.http_protocol_class is H11Protocol
         ids = [int(t) for t in np.random.default_rng(5).integers(3, 300, size=12)]
         got, obj = _post(s, json.dumps({"prompt": ids, "max_tokens": 6, "temperature": 0,
                                         "ignore_eos": True}).encode())  # fmt: skip
