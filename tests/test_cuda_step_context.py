@@ -113,3 +113,49 @@ def test_capturing_follows_the_launch(streams: list[Any]) -> None:
     for launch in (Launch("s"), Launch("c", keep=[]), None):
         ctx.call(run, [x], None, launch)
     assert seen == [(False, "s"), (True, "c"), (False, "legacy stream")]
+
+
+class _CountingPool:
+    """A pool of distinct addresses that records frees."""
+
+    def __init__(self) -> None:
+        self.next, self.freed = 1 << 20, []  # type: list[int]
+
+    def alloc_storage(self, nbytes: int) -> tuple[int, None]:
+        self.next += 1 << 20
+        return self.next, None
+
+    def free(self, addr: int) -> None:
+        self.freed.append(addr)
+
+
+def test_a_recording_hands_a_dead_values_block_to_a_later_value() -> None:
+    from pygpukit.memory import Storage
+
+    pool = _CountingPool()
+    launch = Launch("capture stream", keep=[])
+
+    def new(n: int) -> Storage:
+        return Storage(pool, n)
+
+    a = launch.recorded_block(1000, new)
+    at = a.addr
+    b = launch.recorded_block(1000, new)
+    assert b.addr != at  # a is alive: another block
+    del a
+    c = launch.recorded_block(800, new)
+    assert c.addr == at and c.nbytes == 800  # a's block (no more than twice the request)
+    del b
+    d = launch.recorded_block(300, new)  # b's 1000 bytes are over twice 300: a new block
+    e = launch.recorded_block(1000, new)  # b's block
+    assert d.addr not in (at, e.addr)
+    assert len(launch.keep or []) == 3 and len({s.addr for s in launch.keep or []}) == 3
+    # The graph holds its blocks: no view's death frees one, and a block outlives its views.
+    del c, d, e
+    assert pool.freed == [] and len(launch.spare) == 3
+    held = list(launch.keep or [])
+    launch.keep = None
+    del launch
+    assert pool.freed == []
+    del held
+    assert len(pool.freed) == 3

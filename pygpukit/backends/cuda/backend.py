@@ -60,12 +60,16 @@ class CudaBackend(CudaPlannedHooks, Backend):
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: DType, what: str,
               launch: Launch | None = None) -> DeviceValue:  # fmt: skip
-        """A new contiguous block; inside a CUDA graph recording (launch.keep) it is kept
-        alive with the graph, which writes it."""
+        """A new contiguous block; inside a CUDA graph recording (launch.keep) one the
+        graph keeps, spare again once the value dies (Launch.recorded_block)."""
         nbytes = math.prod(shape) * dtype.itemsize
-        storage = device_pool.allocate(self.pool, nbytes, what)
         if launch is not None and launch.keep is not None:
-            launch.keep.append(storage)
+            pool = self.pool
+            storage: Storage = launch.recorded_block(
+                nbytes, lambda n: device_pool.allocate(pool, n, what)
+            )
+        else:
+            storage = device_pool.allocate(self.pool, nbytes, what)
         if self.poison and nbytes:
             stream = self.stream if launch is None else launch.stream
             _native.memset(storage.addr, POISON_BYTE, nbytes, stream)

@@ -50,18 +50,70 @@ class Launch:
     """Where one run's launches go, passed from the executor to every hook that launches
     (execute, copy_into) and from there to the step contexts: the stream, and while a
     CUDA graph is recorded, `keep` (the blocks allocated inside the recording, which the
-    graph writes and so must outlive) and `step` (the step running, named if the capture
+    graph writes and so must outlive; `spare`: those of them no value holds now, which
+    `recorded_block` hands out again) and `step` (the step running, named if the capture
     fails). `plans`: a lazy run's launch plans, one per step of its schedule (None: plan
     per input layout, as a compiled program does)."""
 
-    __slots__ = ("stream", "keep", "step", "plans")
+    __slots__ = ("stream", "keep", "spare", "step", "plans")
 
     def __init__(self, stream: Any, keep: list[Storage] | None = None,
                  plans: dict[int, Any] | None = None) -> None:  # fmt: skip
         self.stream = stream
         self.keep = keep
+        self.spare: list[Storage] = []
         self.step: Any = None
         self.plans = plans
+
+    def recorded_block(self, nbytes: int, new: Callable[[int], Storage]) -> Storage:
+        """A block for a value made inside this recording (keep is not None): a spare one
+        of at least nbytes (and at most twice that), else new(nbytes), which the graph
+        keeps. The value gets a RecordedBlock over it; when that dies the block is spare
+        again. A later step of the recording may then write it, as the eager run reuses a
+        freed block: the graph runs its kernels in the recorded stream order. Without this
+        the graph kept every step's scratch (a 7B int8 prefill's dequantized weights,
+        14.8 GB, twice the quantized model)."""
+        assert self.keep is not None
+        best = -1
+        for i, b in enumerate(self.spare):
+            if nbytes <= b.nbytes <= 2 * nbytes and (
+                    best < 0 or b.nbytes < self.spare[best].nbytes):  # fmt: skip
+                best = i
+        if best >= 0:
+            base = self.spare.pop(best)
+        else:
+            base = new(nbytes)
+            self.keep.append(base)
+        return RecordedBlock(base, nbytes, self.spare)
+
+
+class RecordedBlock(Storage):
+    """A value's view of a block a CUDA graph recording keeps (Launch.recorded_block):
+    freeing it puts the block back among the recording's spares instead of the pool's
+    free blocks. It holds the block, so the address stays valid while it lives."""
+
+    __slots__ = ("base", "spare")
+
+    def __init__(self, base: Storage, nbytes: int, spare: list[Storage]) -> None:
+        self.base, self.spare = base, spare
+        self.pool, self.nbytes, self.freed = base.pool, nbytes, False
+        self._addr = base.addr
+
+    @property
+    def addr(self) -> int:
+        """The block's address now (Storage.addr of the block)."""
+        a: int = self.base.addr
+        self._addr = a
+        return a
+
+    @addr.setter
+    def addr(self, value: int) -> None:
+        self._addr = value
+
+    def release(self) -> None:
+        if not self.freed:
+            self.freed = True
+            self.spare.append(self.base)
 
 
 class Allocator(Protocol):
