@@ -45,7 +45,8 @@ def test_lazy_and_compiled_share_run_steps(monkeypatch: pytest.MonkeyPatch) -> N
     planned = [r for r in runs if r[0]]
     # NumPy replays run the steps every call (2); CUDA runs them from Python twice for each
     # capture it makes (an eager run, then the recording) and replays without the loop: one
-    # capture, or two when the second call's buffers got new addresses.
+    # capture, or two when the second call's buffers got new addresses; plus twice more
+    # for the first call's dry run where the kernel cache had not seen the program before.
     assert len(lazy) >= 2
-    assert len(planned) == 2 if gpk.backend_name() == "cpu" else len(planned) in (2, 4)
+    assert len(planned) == 2 if gpk.backend_name() == "cpu" else len(planned) in (2, 4, 6)
     assert all(n > 0 for _, n in runs)
