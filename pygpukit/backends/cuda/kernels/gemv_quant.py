@@ -16,6 +16,15 @@ from ._common import cdiv, int32_range, positive, pow2_at_least
 # Rows of x one launch takes: the lower half of the mma tile (its upper half is zero).
 QUANT_ROWS = 8
 FORMATS = {"int8": 0, "fp8": 1, "int4": 2}
+# More rows (batched decode): the GEMV once per group of up to QUANT_ROWS rows, each launch
+# reading W again, while that is faster than the other path (W dequantized into a scratch
+# weight of x's dtype, then multiplied). H200, decode ms a step at 16 / 32 / 64 rows, two
+# or more groups against the scratch path (`pygpukit.bench.llm.bench_pygpukit`): Llama-2-7B
+# int8 6.22 / 12.42 / - against 9.62 / 10.03 / 11.07, int4 5.58 / 11.12 / 22.06 against
+# 9.27 / 9.69 / 10.69; TinyLlama int8 1.82 / 3.56 against 1.85 / 1.85, int4 1.45 / 2.74 /
+# 5.42 against 1.83 / 1.83 / 1.91. A launch costs about as much at 4 rows as at 8 (7B int8,
+# 8 rows a step: 3.26 ms in one launch, 5.30 in two of 4), so groups are of up to 8.
+MAX_ROW_GROUPS = {"int8": 2, "fp8": 2, "int4": 2}
 # A slab is U chunks of each warp's range, U the power of two covering the range up to
 # MAX_SLAB (fewer loads in flight past it).
 MAX_SLAB = 8
@@ -74,6 +83,17 @@ GAIN_BATCH = {"int8": 2, "fp8": 4, "int4": 4}
 REG_UNIT = 256
 SM_REGS = 65536
 BLOCK_SMEM_RESERVED = 1024
+
+
+def row_groups(spec: QuantSpec, m: int) -> list[tuple[int, int]] | None:
+    """(first row, rows) of each GEMV launch for m rows of x, as even as QUANT_ROWS allows;
+    None past MAX_ROW_GROUPS launches (the scratch-weight path is then the cheaper)."""
+    g = -(-m // QUANT_ROWS)
+    if m < 1 or g > MAX_ROW_GROUPS[spec.format]:
+        return None
+    base, extra = divmod(m, g)
+    sizes = [base + (i < extra) for i in range(g)]
+    return [(sum(sizes[:i]), sizes[i]) for i in range(g)]
 
 
 def staged_config(spec: QuantSpec, k: int) -> tuple[int, int, int, int]:

@@ -491,9 +491,10 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
                   spec: LinearSpec) -> Run:  # fmt: skip
     """A few rows of bf16/f16 x: the quantized GEMV, dequantizing in registers, with the
     RMSNorm prologue, bias, activation, SwiGLU and residual fused as the bf16 GEMV fuses
-    them. Otherwise (prefill, a SwiGLU prologue, layouts it does not take, unaligned
-    pointers at run time): the weight dequantized into a scratch weight of x's dtype, then
-    the float linear with the same flags on it."""
+    them (a launch per group of rows, gemv_quant.row_groups). Otherwise (prefill, a SwiGLU
+    prologue, layouts it does not take, unaligned pointers at run time): the weight
+    dequantized into a scratch weight of x's dtype, then the float linear with the same
+    flags on it."""
     q = spec.quant
     assert q is not None
     p = spec.split(ins)
@@ -548,7 +549,8 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
     if xr is None or (p.residual is not None and rr is None):
         return None
     (m, k), n = xr.shape, p.w.shape[0]
-    if not 1 <= m <= gemv_quant.QUANT_ROWS or not gemv_quant.supported(q, k):
+    groups = gemv_quant.row_groups(q, m)
+    if groups is None or not gemv_quant.supported(q, k):
         return None
     if k > 1 and xr.strides[1] != 1 or (m > 1 and xr.strides[0] % 8):
         return None
@@ -561,6 +563,7 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
     if rr is not None and rr.strides[1] != 1:
         return None
     xs, rs = xr.strides[0], rr.strides[0] if rr is not None else 0
+    ys, size = shape[-1], dtype.itemsize  # y: dense rows of the step's last dim
     scale_numel = numel(p.scale.shape)
     glu = spec.glu == "swiglu"
     settled = all(getattr(v.storage, "readonly", False) for v in p.weight)
@@ -574,14 +577,17 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
         if any(a % 16 for a in ptrs):
             return None
         y = ctx.alloc_out(shape, dtype, "linear")
-        if numel(shape):
+        if not numel(shape):
+            return y
+        for r0, rows in groups:  # rows are independent: each group is a launch of its own
             gemv_quant.gemv_quant(
-                vp.x.ptr, vp.w.ptr, vp.scale.ptr, y.ptr, q, n, k, dtype.name,
-                scale_numel=scale_numel, zero=vp.zero.ptr if vp.zero is not None else 0, m=m,
+                vp.x.ptr + r0 * xs * size, vp.w.ptr, vp.scale.ptr, y.ptr + r0 * ys * size, q,
+                n, k, dtype.name, scale_numel=scale_numel,
+                zero=vp.zero.ptr if vp.zero is not None else 0, m=rows,
                 bias=vp.bias.ptr if vp.bias is not None else 0, activation=spec.activation,
                 x_stride=xs, prologue=spec.prologue,
                 pro=vp.prologue.ptr if vp.prologue is not None else 0, eps=spec.eps,
-                residual=vp.residual.ptr if vp.residual is not None else 0,
+                residual=vp.residual.ptr + r0 * rs * size if vp.residual is not None else 0,
                 residual_stride=rs, glu=glu, w_early=settled and capturing(ctx),
                 pro_early=gain_settled, stream=ctx.stream,
             )  # fmt: skip
