@@ -145,6 +145,9 @@ def test_a_recording_hands_a_dead_values_block_to_a_later_value() -> None:
     del a
     c = launch.recorded_block(800, new)
     assert c.addr == at and c.nbytes == 800  # a's block (no more than twice the request)
+    c.pin()  # a pin holds the block itself
+    assert c.pins == 1 and launch.keep is not None and launch.keep[0].pins == 1
+    c.unpin()
     del b
     d = launch.recorded_block(300, new)  # b's 1000 bytes are over twice 300: a new block
     e = launch.recorded_block(1000, new)  # b's block

@@ -110,6 +110,21 @@ class RecordedBlock(Storage):
     def addr(self, value: int) -> None:
         self._addr = value
 
+    @property
+    def evicted(self) -> bool:
+        return self.base.evicted
+
+    @property
+    def pins(self) -> int:
+        return self.base.pins
+
+    def pin(self) -> None:
+        """Pins the block (a step pins its inputs while it allocates: none may move)."""
+        self.base.pin()
+
+    def unpin(self) -> None:
+        self.base.unpin()
+
     def release(self) -> None:
         if not self.freed:
             self.freed = True
