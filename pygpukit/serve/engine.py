@@ -578,12 +578,16 @@ class Engine:
             launched = self._step()
             idle = not launched and not self._inflight
             # One engine step stays in flight while the next is launched; with nothing
-            # launched, everything is read back (the loop then waits for requests).
+            # launched, everything is read back (the loop then waits for requests). The
+            # hooks run after each step read back, so a step's tokens are handed on before
+            # the engine waits for the next one.
             while len(self._inflight) > (LOOKAHEAD if launched else 0):
                 self._retire()
+                self._run_step_hooks()
             while len(self._inflight) > 1 and self._landed():
                 self._retire()
-            self._run_step_hooks()
+                self._run_step_hooks()
+            self._run_step_hooks()  # events of commands (cancels, rejections)
         while self._inflight:
             self._retire()
         for req in list(self._by_id.values()):
