@@ -5,6 +5,7 @@ without ending the chat, and Ctrl-D quitting."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -16,10 +17,18 @@ pytest.importorskip("jinja2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _sigint_default() -> None:
+    # The child takes Ctrl-C as a terminal's program does even where the test runner
+    # ignores SIGINT (a background job of a non-interactive shell): an ignored SIGINT is
+    # inherited, and Python then installs no KeyboardInterrupt handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(*flags: str):
     env = {**os.environ, "PYTHONPATH": ROOT, "PYGPUKIT_BACKEND": "cpu", "TERM": "dumb"}
     return pexpect.spawn(sys.executable, ["-m", "pygpukit", "chat", "tiny", *flags], env=env,
-                         encoding="utf-8", timeout=180, cwd=ROOT)  # fmt: skip
+                         encoding="utf-8", timeout=180, cwd=ROOT,
+                         preexec_fn=_sigint_default)  # fmt: skip
 
 
 def _reply(child) -> str:

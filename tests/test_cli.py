@@ -315,13 +315,20 @@ def test_subprocess_errors_are_one_line(model):
     assert r.returncode == 2 and "takes one --arg per parameter" in one_error_line(r.stderr)
 
 
+def _sigint_default() -> None:
+    # SIGINT at its default in the child even where the runner ignores it (a background
+    # job of a non-interactive shell): an ignored SIGINT is inherited, and Python then
+    # installs no KeyboardInterrupt handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_subprocess_ctrl_c(model):
     """A real SIGINT while the command runs: exit 130 and one line, no traceback."""
     started = model + ".started"
     env = dict(os.environ, PYGPUKIT_BACKEND="cpu")
     p = subprocess.Popen([sys.executable, "-m", "pygpukit", "graph", "dump", f"{model}:waits",
                           "--arg", "f32[4]"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)  # fmt: skip
+                         text=True, env=env, preexec_fn=_sigint_default)  # fmt: skip
     try:
         deadline = time.monotonic() + 240
         while not os.path.exists(started):
