@@ -107,12 +107,8 @@ class RecordedBlock(Storage):
         return a
 
     @addr.setter
-    def addr(self, value: int) -> None:
+    def addr(self, value: int) -> None:  # Storage's is settable: so must this be
         self._addr = value
-
-    @property
-    def evicted(self) -> bool:
-        return self.base.evicted
 
     @property
     def pins(self) -> int:

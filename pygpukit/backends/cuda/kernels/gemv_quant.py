@@ -91,9 +91,8 @@ def row_groups(spec: QuantSpec, m: int) -> list[tuple[int, int]] | None:
     g = -(-m // QUANT_ROWS)
     if m < 1 or g > MAX_ROW_GROUPS[spec.format]:
         return None
-    base, extra = divmod(m, g)
-    sizes = [base + (i < extra) for i in range(g)]
-    return [(sum(sizes[:i]), sizes[i]) for i in range(g)]
+    base, extra = divmod(m, g)  # the first `extra` groups take one row more
+    return [(i * base + min(i, extra), base + (i < extra)) for i in range(g)]
 
 
 def staged_config(spec: QuantSpec, k: int) -> tuple[int, int, int, int]:
