@@ -13,6 +13,7 @@ this process, its default and what it does. This module is the only reader of th
 | PYGPUKIT_CACHE_MAX_BYTES    | gpk.set_cache_max_bytes    | 268435456 | its size bound (LRU)      |
 | PYGPUKIT_COMPILE_CACHE_SIZE | gpk.set_compile_cache_size | 64        | traces kept per fn (10)   |
 | PYGPUKIT_CUBLASLT           | (environment only)         | 1         | 0: no cuBLASLt (6)        |
+| PYGPUKIT_FP8_GEMM           | (environment only)         | 1         | FP8 tensor cores (13)     |
 | PYGPUKIT_POISON             | (environment only)         | 0         | fill new CUDA memory (7)  |
 | PYGPUKIT_KERNEL_DIR         | (environment only)         | (8)       | kernel template directory |
 | PYGPUKIT_CPU_DEVICES        | (environment only)         | 1         | simulated devices (11)    |
@@ -44,6 +45,11 @@ this process, its default and what it does. This module is the only reader of th
 12. Whether the pass pipeline validates the graph after every pass (about a third of its
    time): on when PYGPUKIT_DEBUG is, else off; the test suite turns it on. Read at the
    first pipeline run and kept, as DEBUG.
+13. A linear with FP8 weights (block or per-row scales) and more than 16 rows of x
+   (prefill, batched decode) multiplies on the FP8 tensor cores through cuBLASLt, x
+   quantized to e4m3 per 128 columns or per row as vLLM and transformers do (SM 9.0,
+   cuBLASLt 12.9+); 0: the weight is dequantized into x's dtype and x stays as it is.
+   Read when such a linear is planned.
 
 Flags take 1/0 (also true/false, yes/no, on/off); an empty variable is the default.
 Values are read from the environment when they are used, so a change to os.environ made
@@ -74,6 +80,7 @@ CACHE_DIR = "PYGPUKIT_CACHE_DIR"
 CACHE_MAX_BYTES = "PYGPUKIT_CACHE_MAX_BYTES"
 COMPILE_CACHE_SIZE = "PYGPUKIT_COMPILE_CACHE_SIZE"
 CUBLASLT = "PYGPUKIT_CUBLASLT"
+FP8_GEMM = "PYGPUKIT_FP8_GEMM"
 POISON = "PYGPUKIT_POISON"
 KERNEL_DIR = "PYGPUKIT_KERNEL_DIR"
 GIT_COMMIT = "PGK_GIT_COMMIT"
@@ -322,6 +329,12 @@ def cublaslt() -> bool:
     return _flag(CUBLASLT, True)
 
 
+def fp8_gemm() -> bool:
+    """Whether linears with FP8 weights may take the FP8 tensor cores for more than 16
+    rows, quantizing x (PYGPUKIT_FP8_GEMM=0 says no)."""
+    return _flag(FP8_GEMM, True)
+
+
 def poison() -> bool:
     """Whether new CUDA allocations are filled with 0xFF (PYGPUKIT_POISON)."""
     return _flag(POISON, False)
@@ -424,7 +437,7 @@ def git_commit() -> str | None:
 __all__ = [
     "BACKENDS", "DEFAULT_CACHE_MAX_BYTES", "DEFAULT_COMPILE_CACHE_SIZE", "backend", "cache_dir",
     "cache_max_bytes", "compile_cache_size", "cpu_device_memory", "cpu_devices", "cublaslt",
-    "debug", "eager", "git_commit",
+    "debug", "eager", "fp8_gemm", "git_commit",
     "kernel_dir", "pdl", "poison", "prefer_backend", "set_backend", "set_cache_dir",
     "set_cache_max_bytes", "set_compile_cache_size", "set_debug", "set_eager", "set_pdl",
     "set_skip_passes", "skip_passes", "skip_passes_source", "validate_passes",

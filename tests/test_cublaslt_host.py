@@ -143,6 +143,39 @@ def test_key_rejects_bad_problems(kw: dict[str, object], match: str) -> None:
         key(**kw)  # type: ignore[arg-type]
 
 
+FP8 = dict(in_dtype="float8_e4m3", scale_a="vec128", scale_b="blk128x128", trans_b=True,
+           lda=64, ldb=64)  # fmt: skip
+
+
+def test_fp8_key_names_its_operands_and_scales() -> None:
+    base = key(**FP8)  # type: ignore[arg-type]
+    assert "in=e4m3 scales(vec128,blk128x128)" in base
+    assert base != key(trans_b=True, ldb=64)  # the same GEMM in bf16
+    rows = key(**{**FP8, "scale_a": "outer_vec", "scale_b": "outer_vec"})  # type: ignore[arg-type]
+    assert rows != base and "scales(outer_vec,outer_vec)" in rows
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(in_dtype="float8_e5m2"), "in_dtype"),
+        (dict(scale_a="blk128x128"), "scale_a blk128x128"),  # a block mode of B only
+        (dict(scale_b="vec128"), "scale_b vec128"),
+        (dict(scale_a="none"), "scale_a none"),
+        (dict(trans_b=False, ldb=32), "trans_b"),
+        (dict(trans_a=True, lda=64), "trans_b"),
+        (dict(k=72, lda=72, ldb=72), "16s"),
+        (dict(lda=72), "16s"),
+        (dict(batch=2, stride_a=4096, stride_b=2048, stride_d=512), "single matrix"),
+        (dict(d="float32", tf32=True), "tf32"),
+        (dict(in_dtype=""), "FP8 operands only"),
+    ],
+)
+def test_fp8_key_rejects_what_fp8_gemms_cannot_take(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        key(**{**FP8, **kw})  # type: ignore[arg-type]
+
+
 # -- operand layouts, alignment, tf32 flag -------------------------------------------------
 
 

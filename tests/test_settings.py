@@ -20,7 +20,8 @@ from pygpukit.errors import GPUKitError, SettingError
 
 ROOT = Path(__file__).resolve().parents[1]
 VARS = [settings.BACKEND, settings.EAGER, settings.DEBUG, settings.SKIP_PASSES, settings.PDL,
-        settings.CACHE_DIR, settings.CACHE_MAX_BYTES, settings.CUBLASLT, settings.POISON,
+        settings.CACHE_DIR, settings.CACHE_MAX_BYTES, settings.CUBLASLT, settings.FP8_GEMM,
+        settings.POISON,
         settings.KERNEL_DIR, settings.GIT_COMMIT, settings.COMPILE_CACHE_SIZE,
         settings.VALIDATE_PASSES]  # fmt: skip
 
@@ -54,6 +55,7 @@ FLAGS = [
     (settings.DEBUG, settings.debug, settings.set_debug, False),
     (settings.PDL, settings.pdl, settings.set_pdl, True),
     (settings.CUBLASLT, settings.cublaslt, None, True),
+    (settings.FP8_GEMM, settings.fp8_gemm, None, True),
     (settings.POISON, settings.poison, None, False),
 ]
 

@@ -41,10 +41,12 @@ struct LtHeuristic {
 
 constexpr cublasStatus kLtSuccess = 0;
 constexpr cublasStatus kLtNotSupported = 15;
-constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;           // cudaDataType
-constexpr int kCompute32F = 68, kCompute32FFastTF32 = 77;  // cublasComputeType_t
-constexpr int kOpN = 0, kOpT = 1;                          // cublasOperation_t
+constexpr int kR32F = 0, kR16F = 2, kR16BF = 14, kR8FE4M3 = 28;  // cudaDataType
+constexpr int kCompute32F = 68, kCompute32FFastTF32 = 77;        // cublasComputeType_t
+constexpr int kOpN = 0, kOpT = 1;                                // cublasOperation_t
 constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8;
+constexpr int kDescAScalePointer = 17, kDescBScalePointer = 18;
+constexpr int kDescAScaleMode = 31, kDescBScaleMode = 32;
 constexpr int kLayoutBatchCount = 5, kLayoutStridedBatchOffset = 6;
 constexpr int kPrefMaxWorkspace = 1;
 constexpr int kPrefMinAlignA = 5, kPrefMinAlignB = 6, kPrefMinAlignC = 7, kPrefMinAlignD = 8;
@@ -54,6 +56,25 @@ constexpr const char* kEpilogueNames[] = {"none", "bias", "gelu", "gelu_bias"};
 constexpr uint32_t kEpilogueValues[] = {1, 4, 32, 36};
 constexpr int kNumEpilogues = 4;
 bool epilogue_has_bias(int e) { return e == 1 || e == 3; }
+
+// FP8 scale modes as the Python side spells them, with their cublasLtMatmulMatrixScale_t
+// values: one scale, one per row (of A [M, K] or of the stored B [N, K]), one per 128
+// elements of a row of A, one per 128 x 128 block of B.
+struct ScaleMode {
+  const char* name;
+  int value;
+  bool for_a, for_b;
+};
+constexpr ScaleMode kScaleModes[] = {{"scalar", 0, true, true},
+                                     {"outer_vec", 3, true, true},
+                                     {"vec128", 4, true, false},
+                                     {"blk128x128", 5, false, true}};
+const char* scale_name(int value) {
+  for (const ScaleMode& s : kScaleModes) {
+    if (s.value == value) return s.name;
+  }
+  return "none";
+}
 
 #define PGK_LT_ENTRY_POINTS(X)                                                                   \
   X(cublasLtCreate, cublasStatus, (LtHandle*))                                                   \
@@ -120,7 +141,7 @@ const char* dtype_name(int code) {
   return code == kR32F ? "float32" : code == kR16F ? "float16" : "bfloat16";
 }
 
-int64_t itemsize(int code) { return code == kR32F ? 4 : 2; }
+int64_t itemsize(int code) { return code == kR32F ? 4 : code == kR8FE4M3 ? 1 : 2; }
 
 // RAII wrappers of the opaque objects.
 struct DescDeleter {
@@ -183,14 +204,18 @@ std::string LtPlanKey::str() const {
     << ldb << " D" << ldd << (ldc > 0 ? " C" + std::to_string(ldc) : std::string()) << " batch"
     << batch << " strides(" << stride_a << "," << stride_b << "," << stride_d << ") "
     << kEpilogueNames[epilogue] << " align" << align << " ws" << workspace_bytes;
+  if (in_dtype >= 0) {
+    s << " in=e4m3 scales(" << scale_name(scale_a) << "," << scale_name(scale_b) << ")";
+  }
   return s.str();
 }
 
 bool LtPlanKey::operator<(const LtPlanKey& o) const {
   auto t = [](const LtPlanKey& x) {
-    return std::make_tuple(x.device, x.dtype, x.tf32, x.trans_a, x.trans_b, x.m, x.n, x.k, x.lda,
-                           x.ldb, x.ldd, x.ldc, x.batch, x.stride_a, x.stride_b, x.stride_d,
-                           x.epilogue, x.align, x.workspace_bytes);
+    return std::make_tuple(x.device, x.dtype, x.in_dtype, x.scale_a, x.scale_b, x.tf32, x.trans_a,
+                           x.trans_b, x.m, x.n, x.k, x.lda, x.ldb, x.ldd, x.ldc, x.batch,
+                           x.stride_a, x.stride_b, x.stride_d, x.epilogue, x.align,
+                           x.workspace_bytes);
   };
   return t(*this) < t(o);
 }
@@ -199,7 +224,8 @@ LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype,
                       int64_t ldb, int64_t ldd, bool trans_a, bool trans_b, int64_t batch,
                       int64_t stride_a, int64_t stride_b, int64_t stride_d,
                       const std::string& epilogue, bool tf32, int64_t align,
-                      int64_t workspace_bytes, int device, int64_t ldc) {
+                      int64_t workspace_bytes, int device, int64_t ldc, const std::string& in_dtype,
+                      const std::string& scale_a, const std::string& scale_b) {
   LtPlanKey key;
   key.device = device;
   key.dtype = dtype_code(dtype);
@@ -228,6 +254,27 @@ LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype,
   if (key.epilogue < 0) bad("epilogue must be none, bias, gelu or gelu_bias, got " + epilogue);
   // cuBLASLt adds C before the activation; a residual comes after it.
   if (ldc > 0 && key.epilogue >= 2) bad("an added C (ldc > 0) takes the none or bias epilogue");
+  if (!in_dtype.empty()) {
+    if (in_dtype != "float8_e4m3") bad("in_dtype must be float8_e4m3 or empty, got " + in_dtype);
+    key.in_dtype = kR8FE4M3;
+    // FP8 tensor cores take A and B with K contiguous (cuBLASLt's "TN"), whole 16-byte rows.
+    if (trans_a || !trans_b) bad("FP8 operands need A [M, K] and B stored [N, K] (trans_b)");
+    if (lda % 16 || ldb % 16 || k % 16) bad("FP8 operands need K and row strides of 16s");
+    if (batch > 1) bad("FP8 operands take a single matrix, not a batch");
+    if (tf32) bad("tf32 does not apply to FP8 operands");
+    auto mode = [&](const std::string& name, bool a) {
+      for (const ScaleMode& s : kScaleModes) {
+        if (name == s.name && (a ? s.for_a : s.for_b)) return s.value;
+      }
+      bad(std::string("scale_") + (a ? "a" : "b") + " " + name + " is not a scale mode of " +
+          (a ? "A (scalar, outer_vec, vec128)" : "B (scalar, outer_vec, blk128x128)"));
+      return -1;
+    };
+    key.scale_a = mode(scale_a, true);
+    key.scale_b = mode(scale_b, false);
+  } else if (!scale_a.empty() || !scale_b.empty()) {
+    bad("scales apply to FP8 operands only (in_dtype float8_e4m3)");
+  }
   key.trans_a = trans_a;
   key.trans_b = trans_b;
   key.m = m, key.n = n, key.k = k;
@@ -300,20 +347,31 @@ class LtPlan {
     set_desc(kDescTransB, &op_b, sizeof(op_b), "TRANSB");
     uint32_t epi = kEpilogueValues[key.epilogue];
     set_desc(kDescEpilogue, &epi, sizeof(epi), "EPILOGUE");
+    if (key.in_dtype >= 0) {
+      // cuBLASLt's A is our B (the weight), its B our A: each takes the other's scale.
+      int32_t mode_a = key.scale_b, mode_b = key.scale_a;
+      set_desc(kDescAScaleMode, &mode_a, sizeof(mode_a), "A_SCALE_MODE");
+      set_desc(kDescBScaleMode, &mode_b, sizeof(mode_b), "B_SCALE_MODE");
+      // Without scale pointers the heuristic refuses every mode but the scalar one (cuBLASLt
+      // 13.1): stand-ins here, the real ones set by each launch.
+      const void* fake = reinterpret_cast<const void*>(uintptr_t{1} << 20);
+      set_desc(kDescAScalePointer, &fake, sizeof(fake), "A_SCALE_POINTER");
+      set_desc(kDescBScalePointer, &fake, sizeof(fake), "B_SCALE_POINTER");
+    }
     if (epilogue_has_bias(key.epilogue)) {
       // The heuristic reads the pointer's alignment only: a stand-in with the promised one.
       const void* fake = reinterpret_cast<const void*>(uintptr_t{1} << 20 | key.align);
       set_desc(kDescBiasPointer, &fake, sizeof(fake), "BIAS_POINTER");
     }
-    int t = key.dtype;
+    int t = key.in_dtype >= 0 ? key.in_dtype : key.dtype;
     lt_a_ = key.trans_b ? make_layout(t, key.k, key.n, key.ldb, key.batch, key.stride_b)
                         : make_layout(t, key.n, key.k, key.ldb, key.batch, key.stride_b);
     lt_b_ = key.trans_a ? make_layout(t, key.m, key.k, key.lda, key.batch, key.stride_a)
                         : make_layout(t, key.k, key.m, key.lda, key.batch, key.stride_a);
-    lt_d_ = make_layout(t, key.n, key.m, key.ldd, key.batch, key.stride_d);
+    lt_d_ = make_layout(key.dtype, key.n, key.m, key.ldd, key.batch, key.stride_d);
     // C (the added residual) has D's type and shape, its own row stride; without one, C is
     // D's layout (beta = 0 never reads it).
-    if (key.ldc > 0) lt_c_ = make_layout(t, key.n, key.m, key.ldc, 1, 0);
+    if (key.ldc > 0) lt_c_ = make_layout(key.dtype, key.n, key.m, key.ldc, 1, 0);
 
     LtPref rawp = nullptr;
     check_lt(a.cublasLtMatmulPreferenceCreate(&rawp), "cublasLtMatmulPreferenceCreate");
@@ -329,10 +387,10 @@ class LtPlan {
     // The heuristic's best few: the first serves until tune() times them on the problem.
     LtHeuristic results[kCandidates] = {};
     int found = 0;
-    check_lt(a.cublasLtMatmulAlgoGetHeuristic(handle_, desc_.get(), lt_a_.get(), lt_b_.get(),
-                                              c_layout(), lt_d_.get(), rawp, kCandidates,
-                                              results, &found),
-             "cublasLtMatmulAlgoGetHeuristic");
+    check_lt(
+        a.cublasLtMatmulAlgoGetHeuristic(handle_, desc_.get(), lt_a_.get(), lt_b_.get(), c_layout(),
+                                         lt_d_.get(), rawp, kCandidates, results, &found),
+        "cublasLtMatmulAlgoGetHeuristic");
     for (int i = 0; i < found; ++i) {
       if (results[i].state == kLtSuccess) candidates_.push_back(results[i]);
     }
@@ -361,8 +419,8 @@ class LtPlan {
   // GEMMs; timed hot, repeated launches of one GEMM pick a kernel that is slower there.
   int tune(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c, uint64_t workspace,
            uint64_t workspace_bytes, CUstream stream, int reps, uint64_t flush = 0,
-           uint64_t flush_bytes = 0) {
-    check_pointers(a, b, d, bias, c);
+           uint64_t flush_bytes = 0, uint64_t a_scale = 0, uint64_t b_scale = 0) {
+    check_pointers(a, b, d, bias, c, a_scale, b_scale);
     ctx_->make_current();
     const cu::DriverApi& drv = driver();
     int capture_status = 0;
@@ -378,9 +436,10 @@ class LtPlan {
         throw CudaError("cuEventCreate", -1, "cuEventCreate failed while tuning a GEMM");
       }
       // A's extent: a column-major [k, m] (or, transposed, [m, k]) of leading dim lda.
-      const uint64_t a_bytes = static_cast<uint64_t>(
-          key_.trans_a ? (key_.k - 1) * key_.lda + key_.m : (key_.m - 1) * key_.lda + key_.k) *
-          static_cast<uint64_t>(itemsize(key_.dtype));
+      const uint64_t a_bytes =
+          static_cast<uint64_t>(key_.trans_a ? (key_.k - 1) * key_.lda + key_.m
+                                             : (key_.m - 1) * key_.lda + key_.k) *
+          static_cast<uint64_t>(itemsize(key_.in_dtype >= 0 ? key_.in_dtype : key_.dtype));
       const bool cold = flush != 0 && flush_bytes >= a_bytes && key_.batch == 1;
       float best = -1.0f;
       int best_i = 0;
@@ -389,7 +448,7 @@ class LtPlan {
         if (h.workspace_size > 0 && (!workspace || workspace_bytes < h.workspace_size)) continue;
         auto once = [&]() {
           return launch(h.algo, h.workspace_size, a, b, d, bias, c, workspace, workspace_bytes,
-                        stream);
+                        stream, a_scale, b_scale);
         };
         bool ok = once();  // warm-up
         float ms = 0.0f;
@@ -455,8 +514,9 @@ class LtPlan {
   }
 
   void run(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,
-           uint64_t workspace_bytes, CUstream stream, uint64_t c = 0) {
-    check_pointers(a, b, d, bias, c);
+           uint64_t workspace_bytes, CUstream stream, uint64_t c = 0, uint64_t a_scale = 0,
+           uint64_t b_scale = 0) {
+    check_pointers(a, b, d, bias, c, a_scale, b_scale);
     if (workspace_needed_ > 0 && (!workspace || workspace_bytes < workspace_needed_)) {
       throw py::value_error("cublasLt matmul: needs a workspace of " +
                             std::to_string(workspace_needed_) + " bytes, got " +
@@ -464,7 +524,8 @@ class LtPlan {
     }
     ctx_->make_current();
     std::lock_guard<std::mutex> lock(mu_);
-    if (!launch(algo_, workspace_needed_, a, b, d, bias, c, workspace, workspace_bytes, stream)) {
+    if (!launch(algo_, workspace_needed_, a, b, d, bias, c, workspace, workspace_bytes, stream,
+                a_scale, b_scale)) {
       check_lt(last_status_, "cublasLtMatmul");
     }
   }
@@ -472,14 +533,18 @@ class LtPlan {
  private:
   static constexpr int kCandidates = 8;
 
-  void check_pointers(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c) const {
+  void check_pointers(uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c,
+                      uint64_t a_scale, uint64_t b_scale) const {
     const bool has_bias = epilogue_has_bias(key_.epilogue);
     const bool has_c = key_.ldc > 0;
+    if (key_.in_dtype >= 0 && (!a_scale || !b_scale || a_scale % 4 || b_scale % 4)) {
+      throw py::value_error("cublasLt matmul: FP8 operands need both scale pointers (float32)");
+    }
     if (!a || !b || !d || (has_bias && !bias) || (has_c && !c)) {
-      throw py::value_error(
-          "cublasLt matmul: null pointer" +
-          std::string(has_bias && !bias ? " (the epilogue needs a bias)"
-                                        : has_c && !c ? " (the plan adds a C: pass c)" : ""));
+      throw py::value_error("cublasLt matmul: null pointer" +
+                            std::string(has_bias && !bias ? " (the epilogue needs a bias)"
+                                        : has_c && !c     ? " (the plan adds a C: pass c)"
+                                                          : ""));
     }
     if (!aligned(a, key_.align) || !aligned(b, key_.align) || !aligned(d, key_.align) ||
         (has_bias && !aligned(bias, key_.align)) || (has_c && !aligned(c, key_.align))) {
@@ -492,13 +557,19 @@ class LtPlan {
   // attribute). False, with last_status_ set, where cuBLASLt refused it.
   bool launch(const LtAlgo& algo, size_t ws_needed, uint64_t a, uint64_t b, uint64_t d,
               uint64_t bias, uint64_t c, uint64_t workspace, uint64_t workspace_bytes,
-              CUstream stream) {
+              CUstream stream, uint64_t a_scale = 0, uint64_t b_scale = 0) {
     const LtApi& api_ = api();
     const bool has_c = key_.ldc > 0;
     const float alpha = 1.0f, beta = has_c ? 1.0f : 0.0f;
     if (epilogue_has_bias(key_.epilogue)) {
       const void* p = reinterpret_cast<const void*>(bias);
       set_desc(kDescBiasPointer, &p, sizeof(p), "BIAS_POINTER");
+    }
+    if (key_.in_dtype >= 0) {  // cuBLASLt's A is our B: its A scale is b_scale
+      const void* pa = reinterpret_cast<const void*>(b_scale);
+      const void* pb = reinterpret_cast<const void*>(a_scale);
+      set_desc(kDescAScalePointer, &pa, sizeof(pa), "A_SCALE_POINTER");
+      set_desc(kDescBScalePointer, &pb, sizeof(pb), "B_SCALE_POINTER");
     }
     auto ptr = [](uint64_t v) { return reinterpret_cast<void*>(v); };
     last_status_ = api_.cublasLtMatmul(handle_, desc_.get(), &alpha, ptr(b), lt_a_.get(), ptr(a),
@@ -570,8 +641,8 @@ void register_cublaslt(py::module_& m) {
         // The library's one-time costs, off the first GEMM's path: the device's handle and
         // the first heuristic query (its tables), on a plan that is not kept.
         api();
-        LtPlanKey key = make_lt_key(64, 64, 64, dtype, 64, 64, 64, false, false, 1, 0, 0, 0,
-                                    "none", false, 16, 0, get_device(), 0);
+        LtPlanKey key = make_lt_key(64, 64, 64, dtype, 64, 64, 64, false, false, 1, 0, 0, 0, "none",
+                                    false, 16, 0, get_device(), 0);
         LtPlan warm(key);
       },
       py::arg("dtype") = "bfloat16", py::call_guard<py::gil_scoped_release>(),
@@ -599,16 +670,16 @@ void register_cublaslt(py::module_& m) {
           "tune",
           [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t c,
              uint64_t workspace, uint64_t workspace_bytes, py::handle stream, int reps,
-             uint64_t flush, uint64_t flush_bytes) {
+             uint64_t flush, uint64_t flush_bytes, uint64_t a_scale, uint64_t b_scale) {
             CUstream s = stream_handle(stream);
             py::gil_scoped_release release;
-            return p.tune(a, b, d, bias, c, workspace, workspace_bytes, s, reps, flush,
-                          flush_bytes);
+            return p.tune(a, b, d, bias, c, workspace, workspace_bytes, s, reps, flush, flush_bytes,
+                          a_scale, b_scale);
           },
           py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias") = 0, py::arg("c") = 0,
-          py::arg("workspace") = 0, py::arg("workspace_bytes") = 0,
-          py::arg("stream") = py::none(), py::arg("reps") = 3, py::arg("flush") = 0,
-          py::arg("flush_bytes") = 0,
+          py::arg("workspace") = 0, py::arg("workspace_bytes") = 0, py::arg("stream") = py::none(),
+          py::arg("reps") = 3, py::arg("flush") = 0, py::arg("flush_bytes") = 0,
+          py::arg("a_scale") = 0, py::arg("b_scale") = 0,
           "Time the heuristic's candidates on these operands (D is overwritten) and keep the "
           "fastest; waits for `stream`. flush: a scratch of flush_bytes (>= the L2) "
           "overwritten before each timed launch, A then copied into it: B cold, A hot, as "
@@ -618,22 +689,27 @@ void register_cublaslt(py::module_& m) {
       .def(
           "run",
           [](LtPlan& p, uint64_t a, uint64_t b, uint64_t d, uint64_t bias, uint64_t workspace,
-             uint64_t workspace_bytes, py::handle stream, uint64_t c) {
-            p.run(a, b, d, bias, workspace, workspace_bytes, stream_handle(stream), c);
+             uint64_t workspace_bytes, py::handle stream, uint64_t c, uint64_t a_scale,
+             uint64_t b_scale) {
+            p.run(a, b, d, bias, workspace, workspace_bytes, stream_handle(stream), c, a_scale,
+                  b_scale);
           },
           py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias") = 0, py::arg("workspace") = 0,
           py::arg("workspace_bytes") = 0, py::arg("stream") = py::none(), py::arg("c") = 0,
+          py::arg("a_scale") = 0, py::arg("b_scale") = 0,
           "D = epilogue(op(A) @ op(B) + bias) (+ C when the plan has ldc) on `stream` "
-          "(asynchronous).");
+          "(asynchronous); FP8 plans take A's and B's float32 scales (a_scale, b_scale).");
 
   m.def(
       "cublaslt_plan_key",
       [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, int64_t lda, int64_t ldb,
          int64_t ldd, bool trans_a, bool trans_b, int64_t batch, int64_t stride_a, int64_t stride_b,
          int64_t stride_d, const std::string& epilogue, bool tf32, int64_t align,
-         int64_t workspace_bytes, int device, int64_t ldc) {
+         int64_t workspace_bytes, int device, int64_t ldc, const std::string& in_dtype,
+         const std::string& scale_a, const std::string& scale_b) {
         return make_lt_key(m_, n, k, dtype, lda, ldb, ldd, trans_a, trans_b, batch, stride_a,
-                           stride_b, stride_d, epilogue, tf32, align, workspace_bytes, device, ldc)
+                           stride_b, stride_d, epilogue, tf32, align, workspace_bytes, device, ldc,
+                           in_dtype, scale_a, scale_b)
             .str();
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::kw_only(), py::arg("lda"),
@@ -641,18 +717,20 @@ void register_cublaslt(py::module_& m) {
       py::arg("batch") = 1, py::arg("stride_a") = 0, py::arg("stride_b") = 0,
       py::arg("stride_d") = 0, py::arg("epilogue") = "none", py::arg("tf32") = false,
       py::arg("align") = 16, py::arg("workspace_bytes") = 0, py::arg("device") = 0,
-      py::arg("ldc") = 0,
+      py::arg("ldc") = 0, py::arg("in_dtype") = "", py::arg("scale_a") = "",
+      py::arg("scale_b") = "",
       "The plan-cache key of a problem (validates it; needs no library or device).");
   m.def(
       "cublaslt_plan",
       [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, int64_t lda, int64_t ldb,
          int64_t ldd, bool trans_a, bool trans_b, int64_t batch, int64_t stride_a, int64_t stride_b,
          int64_t stride_d, const std::string& epilogue, bool tf32, int64_t align,
-         int64_t workspace_bytes, int64_t ldc) {
+         int64_t workspace_bytes, int64_t ldc, const std::string& in_dtype,
+         const std::string& scale_a, const std::string& scale_b) {
         api();  // not loaded: CUDAError before any validation that needs the device
-        LtPlanKey key =
-            make_lt_key(m_, n, k, dtype, lda, ldb, ldd, trans_a, trans_b, batch, stride_a, stride_b,
-                        stride_d, epilogue, tf32, align, workspace_bytes, get_device(), ldc);
+        LtPlanKey key = make_lt_key(m_, n, k, dtype, lda, ldb, ldd, trans_a, trans_b, batch,
+                                    stride_a, stride_b, stride_d, epilogue, tf32, align,
+                                    workspace_bytes, get_device(), ldc, in_dtype, scale_a, scale_b);
         return get_plan(key);
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::kw_only(), py::arg("lda"),
@@ -660,8 +738,10 @@ void register_cublaslt(py::module_& m) {
       py::arg("batch") = 1, py::arg("stride_a") = 0, py::arg("stride_b") = 0,
       py::arg("stride_d") = 0, py::arg("epilogue") = "none", py::arg("tf32") = false,
       py::arg("align") = 16, py::arg("workspace_bytes") = 0, py::arg("ldc") = 0,
+      py::arg("in_dtype") = "", py::arg("scale_a") = "", py::arg("scale_b") = "",
       "The cached plan of a row-major GEMM on the current device (heuristic on first use); "
-      "ldc > 0 adds a C of that row stride (beta = 1).");
+      "ldc > 0 adds a C of that row stride (beta = 1); in_dtype float8_e4m3: A and B are "
+      "e4m3 with scales of the modes scale_a and scale_b (dtype is D's).");
   m.def("cublaslt_cache_stats", []() {
     PlanCache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);

@@ -1,7 +1,9 @@
 // cuBLASLt loaded at run time (no cublasLt.h at build time: the few types and entry points
 // used are declared in cublaslt.cpp). Row-major GEMMs D = epilogue(op(A) @ op(B) + bias) (+ C)
-// for f32, tf32, f16 and bf16 with fp32 accumulation, batched with strides. Matmul
-// descriptors, layouts and the chosen algorithm are cached per problem (LtPlanKey).
+// for f32, tf32, f16 and bf16 with fp32 accumulation, batched with strides, and FP8 (e4m3)
+// A and B with fp32 scales (per tensor, per row or column, per 128 elements of a row or per
+// 128 x 128 block: cuBLASLt 12.9+ on SM 9.0) into an f16/bf16/f32 D. Matmul descriptors,
+// layouts and the chosen algorithm are cached per problem (LtPlanKey).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -20,7 +22,11 @@ namespace pgk {
 // (single matrices only).
 struct LtPlanKey {
   int device = 0;
-  int dtype = 0;  // cudaDataType of A, B, D (and bias)
+  int dtype = 0;      // cudaDataType of D (and bias, C), and of A and B unless in_dtype is set
+  int in_dtype = -1;  // cudaDataType of A and B where it differs from D's (FP8 e4m3)
+  // FP8 scales (cublasLtMatmulMatrixScale_t; -1 without): A's per tensor, per row or per
+  // 128 columns of a row; B's per tensor, per row of the stored [N, K] or per 128 x 128 block.
+  int scale_a = -1, scale_b = -1;
   bool tf32 = false;
   bool trans_a = false;
   bool trans_b = false;
@@ -42,7 +48,9 @@ LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype,
                       int64_t ldb, int64_t ldd, bool trans_a, bool trans_b, int64_t batch,
                       int64_t stride_a, int64_t stride_b, int64_t stride_d,
                       const std::string& epilogue, bool tf32, int64_t align,
-                      int64_t workspace_bytes, int device, int64_t ldc = 0);
+                      int64_t workspace_bytes, int device, int64_t ldc = 0,
+                      const std::string& in_dtype = "", const std::string& scale_a = "",
+                      const std::string& scale_b = "");
 
 std::string cublaslt_load(const std::vector<std::string>& candidates);
 bool cublaslt_loaded();

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from fp8_ref import fp8_dequantized
 
 import pygpukit as gpk
 from pygpukit.ir.quant import QuantSpec
@@ -51,28 +52,39 @@ def _err(out: np.ndarray, ref: np.ndarray, dtype: str) -> float:
 @pytest.mark.parametrize(("fmt", "kw"), FORMATS, ids=IDS)
 @pytest.mark.parametrize("m", [1, 3, 8, 13, 27, 40, 64])
 def test_linear_matches_the_dequantized_product(fmt, kw, dtype, m):
-    from pygpukit.backends.cuda.kernels import gemv_quant
+    from pygpukit.backends.cuda.kernels import fp8_quant, gemv_quant
 
     rng = np.random.default_rng()
     n, k = 517, 1024  # odd N, K a multiple of every group
     q = _weight(rng, n, k, fmt, kw)
     x = rng.uniform(-1, 1, (m, k)).astype(DTYPES[dtype])
     out = gpk.nn.linear(gpk.from_numpy(x), q).to_numpy()
+    gemv = gemv_quant.row_groups(q.spec, m) is not None
+    n_scales = int(np.prod(q.scale.shape))
+    modes = fp8_quant.fp8_modes(q.spec, n, n_scales)
+    fp8_rows = not gemv or m >= fp8_quant.MIN_ROWS
+    if fp8_rows and modes and fp8_quant.fp8_gemm_possible(q.spec, n, k, dtype, n_scales):
+        # FP8 weights past the GEMV's rows multiply on the FP8 tensor cores: x quantized
+        # (tests/gpu/test_fp8_gemm.py checks that path closely).
+        ref = fp8_dequantized(x, modes[1]) @ q.dequantize().T
+        assert _err(out, ref, dtype) <= 1e-3
+        return
     ref = x.astype(np.float64) @ q.dequantize().T
     # Past the GEMV's row groups (prefill) the weight is dequantized into x's dtype and
     # multiplied: in bf16 that rounding alone (2^-9 an element) measured 2.6e-3 on an
     # H200, over the 1e-3 target.
-    gemv = gemv_quant.row_groups(q.spec, m) is not None
     tol = 4e-3 if not gemv and dtype == "bfloat16" else 1e-3
     assert _err(out, ref, dtype) <= tol
 
 
 @pytest.mark.parametrize("rows", [1, 12])
 @pytest.mark.parametrize(("fmt", "kw"), FORMATS, ids=IDS)
-def test_decode_step_fusions_captured(fmt, kw, rows):
+def test_decode_step_fusions_captured(monkeypatch, fmt, kw, rows):
     """RMSNorm prologue + residual, the SwiGLU gate/up projection and the down projection
     with bias, compiled (a captured CUDA graph, read-only weights: early loads), against
-    float64 on the dequantized weights; 12 rows: each linear two GEMV launches of 6."""
+    float64 on the dequantized weights; 12 rows: each linear two GEMV launches of 6 (FP8
+    weights too: their FP8 GEMM, which 12 rows would take, is tests/gpu/test_fp8_gemm.py's)."""
+    monkeypatch.setenv("PYGPUKIT_FP8_GEMM", "0")
     rng = np.random.default_rng()
     d, inter = 768, 1024
     wo, wgu, wd = (_weight(rng, a, b, fmt, kw) for a, b in ((d, d), (2 * inter, d), (d, inter)))

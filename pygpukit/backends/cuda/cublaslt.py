@@ -21,7 +21,8 @@ from . import lt_choices, toolchain
 from .context import Context, capturing
 from .value import DeviceValue
 
-GemmLaunch = Callable[..., None]  # (a_ptr, b_ptr, d_ptr[, bias_ptr][, c=residual_ptr])
+# (a_ptr, b_ptr, d_ptr[, bias_ptr][, c=residual_ptr][, a_scale=, b_scale= (FP8 plans)])
+GemmLaunch = Callable[..., None]
 
 LT_DTYPES = ("float32", "float16", "bfloat16")
 # GEMMs of at least this many rows (a prefill's, not a decode step's) in f16/bf16 are timed
@@ -156,7 +157,7 @@ def _l2_bytes() -> int:
 
 
 def _tuned(ctx: Context, plan: Any, a: int, b: int, d: int, bias: int, c: int, ws_ptr: int,
-           ws_bytes: int) -> bool:  # fmt: skip
+           ws_bytes: int, a_scale: int = 0, b_scale: int = 0) -> bool:  # fmt: skip
     """Whether the plan's algorithm is settled: taken from the choices kept on disk, tuned
     now or before, or tuning failed (the heuristic's pick stays). False while the stream
     is captured (tried again next run). The candidates run with the L2 flushed before
@@ -184,7 +185,7 @@ def _tuned(ctx: Context, plan: Any, a: int, b: int, d: int, bias: int, c: int, w
     flush = scratch.ptr if scratch is not None else 0
     try:
         chosen = plan.tune(a, b, d, bias, c, ws_ptr, ws_bytes, stream, TUNE_REPS, flush,
-                           flush_bytes)  # fmt: skip
+                           flush_bytes, a_scale, b_scale)  # fmt: skip
     except (CUDAError, ValueError, TypeError):
         return True
     finally:
@@ -200,13 +201,16 @@ def _tuned(ctx: Context, plan: Any, a: int, b: int, d: int, bias: int, c: int, w
 def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
                 b_op: tuple[bool, int], batch: int = 1, stride_a: int = 0, stride_b: int = 0,
                 epilogue: str = "none", ptrs: Sequence[int] = (), ldc: int = 0,
-                tune: bool = False) -> GemmLaunch | None:  # fmt: skip
+                tune: bool = False, scales: tuple[str, str] | None = None
+                ) -> GemmLaunch | None:  # fmt: skip
     """launch(a, b, d[, bias][, c=...]) through a cached cuBLASLt plan, or None when cuBLASLt
-    is absent or has no algorithm for the problem. D is contiguous [batch, m, n]. ldc > 0:
-    the plan adds C [m, n] of that row stride (beta = 1; one matrix, epilogue none or bias),
-    passed as c=. float32 follows set_tf32 at run time (one plan per mode). tune: a single
-    f16/bf16 GEMM of TUNE_MIN_ROWS rows or more times the plan's candidate algorithms on its
-    first run outside a capture (on that run's operands) and keeps the fastest."""
+    is absent or has no algorithm for the problem. D is contiguous [batch, m, n] of dtype.
+    ldc > 0: the plan adds C [m, n] of that row stride (beta = 1; one matrix, epilogue none
+    or bias), passed as c=. float32 follows set_tf32 at run time (one plan per mode). tune:
+    a single f16/bf16 GEMM of TUNE_MIN_ROWS rows or more times the plan's candidate
+    algorithms on its first run outside a capture (on that run's operands) and keeps the
+    fastest. scales (A's mode, B's mode): A and B are FP8 e4m3 with float32 scales of those
+    modes (the native plan's scale_a / scale_b), passed as a_scale= and b_scale=."""
     if dtype not in LT_DTYPES or cublaslt_unavailable_reason():
         return None
     (ta, lda), (tb, ldb) = a_op, b_op
@@ -217,6 +221,8 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     kw = dict(lda=lda, ldb=ldb, ldd=n, trans_a=ta, trans_b=tb, batch=batch, stride_a=stride_a,
               stride_b=stride_b, stride_d=m * n, epilogue=epilogue, align=align,
               workspace_bytes=ws_bytes, ldc=ldc)  # fmt: skip
+    if scales is not None:
+        kw.update(in_dtype="float8_e4m3", scale_a=scales[0], scale_b=scales[1])
 
     def plan(tf32: bool) -> Any:
         return _native.cublaslt_plan(m, n, k, dtype, tf32=tf32, **kw)  # type: ignore[arg-type]
@@ -233,10 +239,12 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
     ws_ptr = ws.ptr if ws is not None else 0
     untuned = [tune and dtype != "float32" and batch == 1 and m >= TUNE_MIN_ROWS]
 
-    def lt(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0) -> None:
+    def lt(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0, a_scale: int = 0,
+           b_scale: int = 0) -> None:  # fmt: skip
         p = plans[_tf32[0] and dtype == "float32"]
         if untuned[0]:
-            untuned[0] = not _tuned(ctx, p, pa, pb, pd, pbias, c, ws_ptr, ws_bytes)
-        p.run(pa, pb, pd, pbias, ws_ptr, ws_bytes, ctx.stream, c)
+            untuned[0] = not _tuned(ctx, p, pa, pb, pd, pbias, c, ws_ptr, ws_bytes, a_scale,
+                                    b_scale)  # fmt: skip
+        p.run(pa, pb, pd, pbias, ws_ptr, ws_bytes, ctx.stream, c, a_scale, b_scale)
 
     return lt

@@ -8,7 +8,9 @@ layout rules hold, else the strided matmul_simple kernel (every dtype)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from pygpukit.ir import DType, ops, shapes
@@ -24,6 +26,7 @@ from ..value import DeviceValue
 from . import (
     activation_plan,
     dequant,
+    fp8_quant,
     gemm_mma,
     gemv,
     gemv_quant,
@@ -34,12 +37,39 @@ from . import (
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 _ACT_EXPR = {"gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none"), "silu": ("silu",)}
+# While a linear with FP8 weights is planned on the FP8 tensor cores (_linear_quant), its
+# float plan holds a stand-in weight and every GEMM of it is this weight's: the GEMV and
+# the NVRTC GEMMs never read the stand-in.
+_FP8_WEIGHT: ContextVar[fp8_quant.Fp8Weight | None] = ContextVar("fp8_weight", default=None)
+
+
+@contextmanager
+def _fp8_weight(weight: fp8_quant.Fp8Weight) -> Iterator[None]:
+    token = _FP8_WEIGHT.set(weight)
+    try:
+        yield
+    finally:
+        _FP8_WEIGHT.reset(token)
+
+
+def _gemm_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
+                   b_op: tuple[bool, int], epilogue: str, ptrs: Sequence[int],
+                   ldc: int = 0) -> GemmLaunch | None:  # fmt: skip
+    """A linear's cuBLASLt GEMM (tuned on its first run), or the FP8 one of the weight being
+    planned (_FP8_WEIGHT)."""
+    fp8 = _FP8_WEIGHT.get()
+    if fp8 is not None:
+        return fp8.launcher(dtype, m, a_op, epilogue, ptrs, ldc)
+    return lt_launcher(ctx, dtype, m, n, k, a_op, b_op, epilogue=epilogue, ptrs=ptrs, ldc=ldc,
+                       tune=True)  # fmt: skip
 
 
 def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
                  ) -> tuple[GemmLaunch, tuple[int, ...]]:  # fmt: skip
     """(launch(a_ptr, b_ptr, c_ptr), out shape incl. batch) for a [.., M, K] @ b [.., K, N]
     of one dtype; C is contiguous."""
+    if _FP8_WEIGHT.get() is not None:
+        raise fp8_quant.Fp8Unavailable("no FP8 GEMM for this linear")
     dtype = a.dtype.name
     a_shape, a_st = (a.shape, a.strides) if len(a.shape) > 1 else ((1,) + a.shape, (0,) + a.strides)
     b_shape, b_st = (b.shape, b.strides) if len(b.shape) > 1 else (b.shape + (1,), b.strides + (0,))
@@ -197,8 +227,7 @@ def _linear_lt(ctx: Context, x: DeviceValue, wt: DeviceValue, bias: DeviceValue 
     epi = {(False, False): "none", (True, False): "bias", (False, True): "gelu",
            (True, True): "gelu_bias"}[(use_bias, use_act)]  # fmt: skip
     ptrs = [x.ptr, wt.ptr] + ([bias.ptr] if use_bias and bias is not None else [])
-    launch = lt_launcher(ctx, x.dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs,
-                         tune=True)  # fmt: skip
+    launch = _gemm_launcher(ctx, x.dtype.name, m, n, k, a_op, b_op, epi, ptrs)
     if launch is None:
         return None, False, False
     return launch, use_bias, use_act
@@ -229,6 +258,8 @@ def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str,
     dtype = x.dtype.name
     if dtype not in loader.HALF_DTYPES or w.dtype != x.dtype or len(w.shape) != 2:
         return None
+    if _FP8_WEIGHT.get() is not None:
+        return None  # w is a stand-in
     xr = _rows_view(x)
     if xr is None:
         return None
@@ -370,8 +401,7 @@ def _linear_lt_residual(ctx: Context, step: Step, ins: Sequence[DeviceValue],
         return None
     ptrs = [x.ptr, w.ptr, res.ptr] + ([bias.ptr] if bias is not None else [])
     epi = "none" if bias is None else "bias"
-    launch = lt_launcher(ctx, dtype.name, m, n, k, a_op, b_op, epilogue=epi, ptrs=ptrs, ldc=ldc,
-                         tune=True)  # fmt: skip
+    launch = _gemm_launcher(ctx, dtype.name, m, n, k, a_op, b_op, epi, ptrs, ldc)
     if launch is None:
         return None
     res_at, has_bias = spec.residual_at, bias is not None
@@ -492,9 +522,9 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     """A few rows of bf16/f16 x: the quantized GEMV, dequantizing in registers, with the
     RMSNorm prologue, bias, activation, SwiGLU and residual fused as the bf16 GEMV fuses
     them (a launch per group of rows, gemv_quant.row_groups). Otherwise (prefill, a SwiGLU
-    prologue, layouts it does not take, unaligned pointers at run time): the weight
-    dequantized into a scratch weight of x's dtype, then the float linear with the same
-    flags on it."""
+    prologue, layouts it does not take, unaligned pointers at run time): FP8 weights on the
+    FP8 tensor cores where they can (_fp8_linear), else the weight dequantized into a
+    scratch weight of x's dtype; then the float linear with the same flags on it."""
     q = spec.quant
     assert q is not None
     p = spec.split(ins)
@@ -507,9 +537,20 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     rest = [v for v in (p.bias, p.residual, p.prologue) if v is not None]
     attrs = {key: v for key, v in step.attrs.items() if key != "quant"}
     float_step = Step("linear", attrs, (), -1, shape, dtype, step.loc)
-    after = plan_linear(ctx, float_step, [p.x, w_plan, *rest], tag)
     scale_numel = numel(p.scale.shape)
     n_w = spec.n_weight
+    fused = _gemv_quant(ctx, step, ins, spec)
+    fp8 = _fp8_linear(ctx, float_step, [p.x, w_plan, *rest], tag, spec, p.scale)
+    if fp8 is not None:
+        if fused is None or numel(p.x.shape[:-1]) >= fp8_quant.MIN_ROWS:
+            return fp8
+
+        def run_fp8(v: Sequence[DeviceValue]) -> DeviceValue:
+            y = fused(v)
+            return y if y is not None else fp8(v)
+
+        return run_fp8
+    after = plan_linear(ctx, float_step, [p.x, w_plan, *rest], tag)
 
     def dequantized(v: Sequence[DeviceValue]) -> DeviceValue:
         wv = ctx.alloc(wshape, dtype, "dequantized weight")
@@ -520,13 +561,39 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
                            stream=ctx.stream)  # fmt: skip
         return after([v[0], wv, *v[1 + n_w :]])
 
-    fused = _gemv_quant(ctx, step, ins, spec)
     if fused is None:
         return dequantized
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         y = fused(v)
         return y if y is not None else dequantized(v)
+
+    return run
+
+
+def _fp8_linear(ctx: Context, float_step: Step, float_ins: Sequence[DeviceValue], tag: int,
+                spec: LinearSpec, scale: DeviceValue) -> Run | None:  # fmt: skip
+    """The linear with FP8 weights on the FP8 tensor cores: its float plan (float_step on
+    float_ins, a stand-in weight second) with every GEMM the weight's FP8 one
+    (fp8_quant.Fp8Weight), or None where that cannot be (fp8_quant.fp8_gemm_possible, no
+    cuBLASLt algorithm). The run hands the float plan the FP8 data as its weight."""
+    q = spec.quant
+    assert q is not None
+    n, k = float_ins[1].shape
+    if not fp8_quant.fp8_gemm_possible(q, n, k, float_step.dtype.name, numel(scale.shape)):
+        return None
+    weight = fp8_quant.Fp8Weight(ctx, q, scale, n, k)
+    try:
+        with _fp8_weight(weight):
+            after = plan_linear(ctx, float_step, float_ins, tag)
+    except fp8_quant.Fp8Unavailable:
+        return None
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        vp = spec.split(v)
+        assert vp.scale is not None
+        weight.bind(vp.scale.ptr)
+        return after([v[0], vp.w, *v[1 + spec.n_weight :]])
 
     return run
 

@@ -12,6 +12,7 @@ from . import (
     attention,
     attention_sm90,
     dequant,
+    fp8_quant,
     gemv,
     gemv_quant,
     loader,
@@ -241,4 +242,8 @@ def quant_variants() -> list[Variant]:
             out.append(("dequant", ("pgk_dequant_each",), d))
             for b in dequant.widths(spec, dt):
                 out.append(("dequant", ("pgk_dequant",), {**d, **dequant.vector_defines(b)}))
+    for dt in loader.HALF_DTYPES:  # the FP8 GEMM's activations: per 128 columns, per row
+        for group in (fp8_quant.GROUP, 0):
+            out.append(("fp8_quant", ("pgk_fp8_quant",),
+                        {**loader.type_defines(dt), "PGK_FQG": group}))  # fmt: skip
     return out

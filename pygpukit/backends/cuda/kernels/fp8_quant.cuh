@@ -1,0 +1,139 @@
+// Activations quantized to FP8 e4m3 for the FP8 tensor-core GEMM (fp8_quant.py): x [M, K]
+// of PGK_T (row stride x_stride) becomes q [M, K] (e4m3 bytes, row stride q_stride) and
+// float32 scales with x ~= e4m3(q) * scale. A group is PGK_FQG columns of one row (128: the
+// GEMM's per-128 scales of a block-scaled weight) or, with PGK_FQG 0, the whole row (its
+// per-row scales). Rows m_x .. m - 1 (the GEMM's rows padded to a multiple of 4) are zero:
+// q 0, scale 1. Group (r, g)'s scale, amax / 448, goes to scale[g * s_col + r * s_row]
+// (the layout cuBLASLt reads); q = e4m3(x * (448 / amax)) rounded to nearest even, so the
+// largest magnitude of a group is 448 exactly (an all-zero group: scale 1, q 0).
+//
+// No conversion instruction: cvt to e4m3 exists on SM 8.9+ only and every template is
+// compiled for sm_80 too, so pgk_e4m3 rounds with integer arithmetic (exact; the kernel
+// is bound by its 3 bytes an element of memory traffic, not by these few instructions).
+#include "common.cuh"
+
+#ifndef PGK_FQG
+#define PGK_FQG 128  // columns per scale; 0: one scale per row
+#endif
+
+// v as e4m3fn bits, rounded to nearest even; the sign from v. At and above 464 (halfway
+// to the 480 e4m3fn lacks) it saturates to 448; NaN stays NaN (0x7F), so the GEMM's
+// result does too.
+PGK_DEVICE unsigned pgk_e4m3(float v) {
+  const unsigned sign = (__float_as_uint(v) >> 24) & 0x80u;
+  const float a = fabsf(v);
+  if (a != a) return sign | 0x7Fu;
+  if (a < 0.015625f) return sign | (unsigned)__float2int_rn(a * 512.0f);  // 2^-9 steps
+  unsigned u = __float_as_uint(a);
+  u += 0x7FFFFu + ((u >> 20) & 1u);     // round the mantissa to 3 bits, ties even
+  const unsigned e = (u >> 23) - 120u;  // bias 127 -> 7
+  const unsigned bits = (e << 3) | ((u >> 20) & 7u);
+  return sign | (bits < 0x7Eu ? bits : 0x7Eu);  // 0x7F is NaN: saturate to 448
+}
+
+// 8 elements of a row from x + at: one 16-byte load where aligned, else element by element;
+// columns at or past k read as 0.
+PGK_DEVICE void pgk_fq_load(const pgk_t* __restrict__ x, long long at, int col, int k, bool vec,
+                            float (&f)[8]) {
+  if (vec && col + 8 <= k) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + at));
+    const pgk_t* e = reinterpret_cast<const pgk_t*>(&v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = pgk_to_float(e[j]);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) f[j] = col + j < k ? pgk_to_float(x[at + j]) : 0.0f;
+}
+
+// The 8 values times inv as e4m3 bytes to q + at (8 bytes; those past k dropped).
+PGK_DEVICE void pgk_fq_store(unsigned char* __restrict__ q, long long at, int col, int k,
+                             const float (&f)[8], float inv) {
+  unsigned w[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w[j / 4] |= pgk_e4m3(f[j] * inv) << (8 * (j % 4));
+  if (col + 8 <= k) {
+    *reinterpret_cast<uint2*>(q + at) = make_uint2(w[0], w[1]);
+    return;
+  }
+  for (int j = 0; j < 8 && col + j < k; ++j) q[at + j] = (unsigned char)(w[j / 4] >> (8 * (j % 4)));
+}
+
+PGK_DEVICE float pgk_fq_amax8(const float (&f)[8]) {
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(f[j]));
+  return m;
+}
+
+#if PGK_FQG == 128
+// A half-warp per group (16 lanes x 8 columns), groups in row-major order over the grid.
+// q's rows are 16-byte aligned (q_stride % 16 == 0), so the 8-byte stores are aligned.
+extern "C" __global__ void __launch_bounds__(256)
+    pgk_fp8_quant(const pgk_t* __restrict__ x, unsigned char* __restrict__ q,
+                  float* __restrict__ scale, int m, int m_x, int k, long long x_stride,
+                  long long q_stride, long long s_col, long long s_row, int vec) {
+  pgk_pdl_wait();  // x is the kernel ahead's output
+  pgk_pdl_trigger();
+  const int per_row = (k + 127) / 128;
+  const long long g = (long long)blockIdx.x * 16 + (threadIdx.x >> 4);
+  const int lane = threadIdx.x & 15;
+  const bool in = g < (long long)m * per_row;
+  const int r = in ? (int)(g / per_row) : 0, gc = in ? (int)(g % per_row) : 0;
+  const int col = gc * 128 + lane * 8;
+  float f[8];
+  if (in && r < m_x && col < k) {
+    pgk_fq_load(x, (long long)r * x_stride + col, col, k, vec != 0, f);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = 0.0f;
+  }
+  float amax = pgk_fq_amax8(f);
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (!in) return;
+  const float inv = amax > 0.0f ? 448.0f / amax : 1.0f;
+  if (lane == 0) scale[gc * s_col + r * s_row] = amax > 0.0f ? amax / 448.0f : 1.0f;
+  if (col < k) pgk_fq_store(q, (long long)r * q_stride + col, col, k, f, inv);
+}
+#else
+// A block per row: its amax, then the row again (from L1/L2) quantized.
+extern "C" __global__ void __launch_bounds__(256)
+    pgk_fp8_quant(const pgk_t* __restrict__ x, unsigned char* __restrict__ q,
+                  float* __restrict__ scale, int m, int m_x, int k, long long x_stride,
+                  long long q_stride, long long s_col, long long s_row, int vec) {
+  pgk_pdl_wait();
+  pgk_pdl_trigger();
+  __shared__ float warp_max[8];
+  (void)m;
+  (void)s_col;
+  const int r = blockIdx.x;
+  const long long xr = (long long)r * x_stride, qr = (long long)r * q_stride;
+  const int kx = r < m_x ? k : 0;  // a padding row reads nothing: all zero
+  float amax = 0.0f;
+  for (int col = threadIdx.x * 8; col < kx; col += 256 * 8) {
+    float f[8];
+    pgk_fq_load(x, xr + col, col, k, vec != 0, f);
+    amax = fmaxf(amax, pgk_fq_amax8(f));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = 0.0f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float inv = amax > 0.0f ? 448.0f / amax : 1.0f;
+  if (threadIdx.x == 0) scale[r * s_row] = amax > 0.0f ? amax / 448.0f : 1.0f;
+  for (int col = threadIdx.x * 8; col < k; col += 256 * 8) {
+    float f[8];
+    if (kx) {
+      pgk_fq_load(x, xr + col, col, k, vec != 0, f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = 0.0f;
+    }
+    pgk_fq_store(q, qr + col, col, k, f, inv);
+  }
+}
+#endif

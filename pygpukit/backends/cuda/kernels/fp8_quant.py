@@ -1,0 +1,180 @@
+"""Launcher for fp8_quant.cuh: rows of bf16/f16 x quantized to FP8 e4m3 with float32 scales
+per 128 columns or per row, the activation operand of the FP8 tensor-core GEMM that a linear
+with FP8 weights takes for prefill (linear_plan._fp8_gemm)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pygpukit import _native, settings
+from pygpukit.errors import ShapeError
+from pygpukit.ir import dtypes
+from pygpukit.ir.quant import FP8_BLOCK, QuantSpec
+
+from .. import ew, toolchain
+from ..context import Context, numel
+from ..cublaslt import GemmLaunch, lt_launcher
+from ..value import DeviceValue
+from . import loader
+from ._common import cdiv, int32_range, positive, round_up
+
+THREADS = 256
+GROUP = 128  # columns per scale of the per-128 form
+# cuBLASLt reads the per-128 scales of A [M, K] column after column: scale (row r, group g)
+# at g * ld + r, ld the rows rounded up to this many (16-byte aligned columns).
+SCALE_ROW_ALIGN = 4
+
+
+def scale_layout(group: int, m: int, k: int) -> tuple[int, int, int]:
+    """(s_col, s_row, count) of the scales of m rows of K: scale (r, g) at g * s_col +
+    r * s_row, count the floats to allocate. group GROUP: per 128 columns, column-major with
+    the rows padded to SCALE_ROW_ALIGN; 0: one a row."""
+    if group == GROUP:
+        ld = round_up(m, SCALE_ROW_ALIGN)
+        return ld, 1, ld * cdiv(k, GROUP)
+    if group == 0:
+        return 0, 1, m
+    raise ShapeError(f"fp8_quant: group {group} (128, or 0 for one scale a row)")
+
+
+def quantize_rows(x: int, q: int, scale: int, m: int, k: int, dtype: str, *, group: int,
+                  x_stride: int, q_stride: int, m_x: int | None = None,
+                  stream: Any = None) -> None:  # fmt: skip
+    """q [m, k] (e4m3 bytes, row stride q_stride, a multiple of 16, 16-byte aligned) and
+    float32 scales at `scale` (scale_layout's for m rows) from x [m_x, k] of dtype (row
+    stride x_stride; m_x defaults to m): x ~= e4m3(q) * scale, each group's largest
+    magnitude 448 exactly; rows m_x .. m - 1 zero (q 0, scale 1)."""
+    loader.check_dtype(dtype, loader.HALF_DTYPES, "fp8_quant")
+    m_x = m if m_x is None else m_x
+    positive("fp8_quant", m=m, k=k, m_x=m_x)
+    int32_range("fp8_quant", m=m, k=k)
+    if m_x > m:
+        raise ShapeError(f"fp8_quant: {m_x} rows of x for {m} rows of q")
+    if q % 16 or q_stride % 16 or q_stride < k or x_stride < k:
+        raise ShapeError(f"fp8_quant: q at {q:#x} with row stride {q_stride} for K={k} (16-byte"
+                         f" aligned rows of at least K), x row stride {x_stride}")  # fmt: skip
+    if m == 0 or k == 0:
+        return
+    s_col, s_row, _ = scale_layout(group, m, k)
+    vec = int(x % 16 == 0 and x_stride % 8 == 0)
+    fn = loader.get_kernel("fp8_quant", "pgk_fp8_quant",
+                           {**loader.type_defines(dtype), "PGK_FQG": group})  # fmt: skip
+    grid = cdiv(m * cdiv(k, GROUP), THREADS // 16) if group else m
+    int32_range("fp8_quant", blocks=grid)
+    fn.launch(
+        (grid,),
+        (THREADS,),
+        (x, q, scale, m, m_x, k, x_stride, q_stride, s_col, s_row, vec),
+        0,
+        stream,
+    )
+
+
+class Fp8Unavailable(Exception):
+    """The FP8 tensor-core path cannot take this linear (the caller dequantizes instead)."""
+
+
+# A weight's scale form -> (x's scale mode and group, W's scale mode) of the FP8 GEMM: the
+# pairs cuBLASLt 13.1 has algorithms for on SM 9.0 (an H200 refused a per-tensor W with any
+# x but a per-tensor one, and per-128 x with a per-row W).
+BLOCK_MODES = ("vec128", GROUP, "blk128x128")
+ROW_MODES = ("outer_vec", 0, "outer_vec")
+MIN_CC = (9, 0)
+# Rows of x from which an FP8 weight takes the FP8 GEMM rather than the quantized GEMV (one
+# launch of up to 8 rows, two of up to 16: gemv_quant.row_groups).
+MIN_ROWS = 9
+# cuBLASLt reads the 128 x 128 block scales of W [N, K] row after row with rows of whole
+# 16-byte units: [N/128, K/128] as the loaders keep it, padded to this many columns.
+BLOCK_SCALE_COLS_ALIGN = 4
+# FP8 GEMMs write D in rows of whole 16 bytes: N a multiple of this (cuBLASLt 13.1 on an
+# H200 had no algorithm for N = 517, and had for 520, 528 and 1000).
+OUT_ROW_ALIGN = 8
+
+
+def fp8_modes(spec: QuantSpec, n: int, scale_numel: int) -> tuple[str, int, str] | None:
+    """(x's scale mode, x's group, W's scale mode) of the FP8 GEMM for an FP8 weight of n
+    rows with scale_numel scales, or None (per-tensor scales, blocks other than 128)."""
+    if spec.format != "fp8":
+        return None
+    if spec.block == FP8_BLOCK == GROUP:
+        return BLOCK_MODES
+    if not spec.block and scale_numel == n and n > 1:
+        return ROW_MODES
+    return None
+
+
+def fp8_gemm_possible(spec: QuantSpec, n: int, k: int, dtype: str, scale_numel: int) -> bool:
+    """Whether an FP8 weight [n, k] under x of dtype may take the FP8 tensor cores here:
+    the setting allows it, the device is SM 9.0+, x is bf16/f16, K and N whole 16-byte
+    rows and the scales of a form cuBLASLt takes (the heuristic decides the rest)."""
+    return (
+        settings.fp8_gemm() and dtype in loader.HALF_DTYPES and k % 16 == 0
+        and n % OUT_ROW_ALIGN == 0 and fp8_modes(spec, n, scale_numel) is not None
+        and tuple(toolchain.device_info()["compute_capability"]) >= MIN_CC
+    )  # fmt: skip
+
+
+class Fp8Weight:
+    """The FP8 weight of a linear being planned, for the GEMMs of its float plan (a stand-in
+    weight there): each GEMM quantizes its x (quantize_rows) and multiplies e4m3 by e4m3 on
+    the tensor cores with both operands' scales (cuBLASLt). The run binds the weight's
+    scales (bind) before the float plan's run reads them."""
+
+    def __init__(self, ctx: Context, spec: QuantSpec, scale: DeviceValue, n: int, k: int) -> None:
+        modes = fp8_modes(spec, n, numel(scale.shape))
+        assert modes is not None
+        self.x_mode, self.group, self.w_mode = modes
+        self.ctx, self.n, self.k = ctx, n, k
+        self._scale = 0
+        self._pad = None
+        if self.w_mode == "blk128x128" and scale.shape[-1] % BLOCK_SCALE_COLS_ALIGN:
+            rows, cols = scale.shape
+            self._padded = (rows, round_up(cols, BLOCK_SCALE_COLS_ALIGN))
+            self._pad = ew.make(ctx, ("in", 0), [scale], scale.shape, (self._padded[1], 1),
+                                scale.dtype, 256)  # fmt: skip
+
+    def bind(self, scale_ptr: int) -> None:
+        """The weight's float32 scales for the GEMMs that run next."""
+        self._scale = scale_ptr
+
+    def launcher(self, dtype: str, m: int, a_op: tuple[bool, int], epilogue: str,
+                 ptrs: Sequence[int], ldc: int = 0) -> GemmLaunch | None:  # fmt: skip
+        """launch(x, w, d[, bias][, c=]) of d [m, n] = epilogue(x [m, k] @ W^T) (+ c): x of
+        dtype quantized to e4m3 into scratch, then the FP8 GEMM. None where cuBLASLt has no
+        algorithm for it (its epilogue or C, say)."""
+        trans, lda = a_op
+        n, k, ctx = self.n, self.k, self.ctx
+        if trans or n % OUT_ROW_ALIGN:
+            return None  # the quantizing kernel reads rows of x; D's rows whole 16 bytes
+        # Per-128 scales take rows in fours: the GEMM's rows padded (zero rows of q) into
+        # a scratch D, its first m rows copied out; an added C would be read past its end.
+        mg = round_up(m, SCALE_ROW_ALIGN) if self.group == GROUP else m
+        if mg != m and ldc:
+            return None
+        modes = (self.x_mode, self.w_mode)
+        lt = lt_launcher(ctx, dtype, mg, n, k, (False, k), (True, k), epilogue=epilogue,
+                         ptrs=ptrs, ldc=ldc, tune=True, scales=modes)  # fmt: skip
+        if lt is None:
+            return None
+        count = scale_layout(self.group, mg, k)[2]
+        out_bytes = m * n * loader.itemsize(dtype)
+
+        def launch(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0) -> None:
+            q = ctx.alloc((mg, k), dtypes.uint8, "fp8 activations")
+            xs = ctx.alloc((count,), dtypes.float32, "fp8 activation scales")
+            quantize_rows(pa, q.ptr, xs.ptr, mg, k, dtype, group=self.group, x_stride=lda,
+                          q_stride=k, m_x=m, stream=ctx.stream)  # fmt: skip
+            w_scale = self._scale
+            if self._pad is not None:
+                padded = ctx.alloc(self._padded, dtypes.float32, "fp8 weight scales")
+                self._pad(padded.ptr, [w_scale])
+                w_scale = padded.ptr
+            if mg == m:
+                lt(q.ptr, pb, pd, pbias, c, a_scale=xs.ptr, b_scale=w_scale)
+                return
+            d = ctx.alloc((mg, n), dtypes.as_dtype(dtype), "fp8 GEMM rows")
+            lt(q.ptr, pb, d.ptr, pbias, a_scale=xs.ptr, b_scale=w_scale)
+            _native.memcpy_dtod_async(pd, d.ptr, out_bytes, ctx.stream)
+
+        return launch
