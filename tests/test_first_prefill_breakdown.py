@@ -52,7 +52,8 @@ class TunedPlan:
         self.runs += 1
 
     def tune(self, a: int, b: int, d: int, bias: int, c: int, ws: int, ws_bytes: int,
-             stream: Any, reps: int, flush: int = 0, flush_bytes: int = 0) -> int:  # fmt: skip
+             stream: Any, reps: int, flush: int = 0, flush_bytes: int = 0, a_scale: int = 0,
+             b_scale: int = 0) -> int:  # fmt: skip
         if getattr(stream, "capturing", False):
             return -1
         if self.chosen < 0:
