@@ -45,11 +45,11 @@ this process, its default and what it does. This module is the only reader of th
 12. Whether the pass pipeline validates the graph after every pass (about a third of its
    time): on when PYGPUKIT_DEBUG is, else off; the test suite turns it on. Read at the
    first pipeline run and kept, as DEBUG.
-13. A linear with FP8 weights (block or per-row scales) and more than 16 rows of x
-   (prefill, batched decode) multiplies on the FP8 tensor cores through cuBLASLt, x
-   quantized to e4m3 per 128 columns or per row as vLLM and transformers do (SM 9.0,
-   cuBLASLt 12.9+); 0: the weight is dequantized into x's dtype and x stays as it is.
-   Read when such a linear is planned.
+13. A linear with FP8 weights (block or per-row scales; 9 rows of x or more) or int4
+   weights of group 128 (17 or more: prefill, batched decode) multiplies on the FP8 tensor
+   cores through cuBLASLt, x quantized to e4m3 per 128 columns or per row as vLLM and
+   transformers do (SM 9.0, cuBLASLt 12.9+); 0: the quantized GEMV up to 16 rows, then
+   the weight dequantized into x's dtype, x as it is. Read when such a linear is planned.
 
 Flags take 1/0 (also true/false, yes/no, on/off); an empty variable is the default.
 Values are read from the environment when they are used, so a change to os.environ made
@@ -330,8 +330,8 @@ def cublaslt() -> bool:
 
 
 def fp8_gemm() -> bool:
-    """Whether linears with FP8 weights may take the FP8 tensor cores for more than 16
-    rows, quantizing x (PYGPUKIT_FP8_GEMM=0 says no)."""
+    """Whether linears with FP8 or int4 g128 weights may take the FP8 tensor cores,
+    quantizing x (PYGPUKIT_FP8_GEMM=0 says no)."""
     return _flag(FP8_GEMM, True)
 
 

@@ -160,7 +160,7 @@ def test_fp8_key_names_its_operands_and_scales() -> None:
     [
         (dict(in_dtype="float8_e5m2"), "in_dtype"),
         (dict(scale_a="blk128x128"), "scale_a blk128x128"),  # a block mode of B only
-        (dict(scale_b="vec128"), "scale_b vec128"),
+        (dict(scale_b="none"), "scale_b none"),
         (dict(scale_a="none"), "scale_a none"),
         (dict(trans_b=False, ldb=32), "trans_b"),
         (dict(trans_a=True, lda=64), "trans_b"),

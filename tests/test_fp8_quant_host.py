@@ -28,7 +28,9 @@ def test_scale_layout_per_128_columns_is_column_major_with_rows_in_fours() -> No
         (QuantSpec("fp8"), 512, 1, None),  # per tensor: no algorithm with row scales of x
         (QuantSpec("fp8", block=32), 512, 16 * 32, None),
         (QuantSpec("int8"), 512, 512, None),
-        (QuantSpec("int4", group=128), 512, 512 * 8, None),
+        (QuantSpec("int4", group=128), 512, 512 * 8, fp8_quant.GROUP_MODES),
+        (QuantSpec("int4", group=128, has_zero=True), 512, 512 * 8, fp8_quant.GROUP_MODES),
+        (QuantSpec("int4", group=64), 512, 512 * 16, None),
     ],
 )
 def test_which_weights_take_the_fp8_gemm(spec: QuantSpec, n: int, scales: int, want) -> None:
@@ -61,3 +63,19 @@ def test_quantize_rows_rejects_bad_arguments(kw: dict, err: type, match: str) ->
     with pytest.raises(err, match=match) as info:
         fp8_quant.quantize_rows(**args)
     assert isinstance(info.value, GPUKitError) and isinstance(info.value, ValueError | TypeError)
+
+
+@pytest.mark.parametrize(
+    ("spec", "k", "w", "out", "match"),
+    [
+        (QuantSpec("int8"), 256, 0, 0, "int8"),
+        (QuantSpec("int4", group=16), 256, 0, 0, "groups"),
+        (QuantSpec("int4", group=128), 272, 0, 0, "K=272"),
+        (QuantSpec("int4", group=128), 256, 8, 0, "aligned"),
+        (QuantSpec("int4", group=128), 256, 0, 8, "aligned"),
+    ],
+)
+def test_int4_as_e4m3_rejects_bad_arguments(spec: QuantSpec, k: int, w: int, out: int,
+                                            match: str) -> None:  # fmt: skip
+    with pytest.raises(ShapeError, match=match):
+        fp8_quant.int4_as_e4m3(256 + w, 0, 512 + out, spec, 64, k)

@@ -59,7 +59,7 @@ bool epilogue_has_bias(int e) { return e == 1 || e == 3; }
 
 // FP8 scale modes as the Python side spells them, with their cublasLtMatmulMatrixScale_t
 // values: one scale, one per row (of A [M, K] or of the stored B [N, K]), one per 128
-// elements of a row of A, one per 128 x 128 block of B.
+// elements of a row, one per 128 x 128 block of B.
 struct ScaleMode {
   const char* name;
   int value;
@@ -67,7 +67,7 @@ struct ScaleMode {
 };
 constexpr ScaleMode kScaleModes[] = {{"scalar", 0, true, true},
                                      {"outer_vec", 3, true, true},
-                                     {"vec128", 4, true, false},
+                                     {"vec128", 4, true, true},
                                      {"blk128x128", 5, false, true}};
 const char* scale_name(int value) {
   for (const ScaleMode& s : kScaleModes) {
@@ -267,7 +267,7 @@ LtPlanKey make_lt_key(int64_t m, int64_t n, int64_t k, const std::string& dtype,
         if (name == s.name && (a ? s.for_a : s.for_b)) return s.value;
       }
       bad(std::string("scale_") + (a ? "a" : "b") + " " + name + " is not a scale mode of " +
-          (a ? "A (scalar, outer_vec, vec128)" : "B (scalar, outer_vec, blk128x128)"));
+          (a ? "A (scalar, outer_vec, vec128)" : "B (scalar, outer_vec, vec128, blk128x128)"));
       return -1;
     };
     key.scale_a = mode(scale_a, true);

@@ -25,7 +25,8 @@ struct LtPlanKey {
   int dtype = 0;      // cudaDataType of D (and bias, C), and of A and B unless in_dtype is set
   int in_dtype = -1;  // cudaDataType of A and B where it differs from D's (FP8 e4m3)
   // FP8 scales (cublasLtMatmulMatrixScale_t; -1 without): A's per tensor, per row or per
-  // 128 columns of a row; B's per tensor, per row of the stored [N, K] or per 128 x 128 block.
+  // 128 columns of a row; B's per tensor, per row of the stored [N, K], per 128 columns of
+  // such a row or per 128 x 128 block.
   int scale_a = -1, scale_b = -1;
   bool tf32 = false;
   bool trans_a = false;

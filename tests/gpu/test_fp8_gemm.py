@@ -39,6 +39,8 @@ def _weight(rng: np.random.Generator, n: int, k: int, form: str) -> QuantizedWei
     w = rng.standard_normal((n, k))
     if form == "block":
         return quantize(w, "fp8")
+    if form.startswith("int4"):  # group 128: e4m3 q - zero with per-128 scales
+        return quantize(w, "int4", group=128, symmetric=form == "int4")
     scale = np.abs(w).max(axis=1) / 448.0
     data = (w / scale[:, None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     return QuantizedWeight(QuantSpec("fp8"), (n, k), gpk.from_numpy(data),
@@ -128,18 +130,42 @@ def test_activation_quantization_is_numpys(dev, dtype, group, k, x_stride, x_off
     assert got_q[5, 7] & 0x7F == 0x7F  # NaN stays NaN
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_weight_as_e4m3_is_exact(dev, symmetric):
+    """Every q - zero of an int4 weight (all 16 codes, all zero points) as its e4m3 byte."""
+    from pygpukit.backends.cuda.kernels import fp8_quant
+    from pygpukit.ir.quant import pack_int4
+
+    rng = np.random.default_rng()
+    n, k, group = 40, 512, 128
+    q = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    q[0, :16] = np.arange(16)
+    spec = QuantSpec("int4", group=group, has_zero=not symmetric)
+    zero = None if symmetric else rng.integers(0, 16, (n, k // group)).astype(np.uint8)
+    if zero is not None:
+        zero[1, :] = np.arange(k // group) % 16
+        zero[2, :] = 15 - zero[1, :]
+    out = dev.alloc(n * k)
+    fp8_quant.int4_as_e4m3(dev.put(pack_int4(q)), dev.put(zero) if zero is not None else 0,
+                           out, spec, n, k)  # fmt: skip
+    z = np.repeat(zero, group, axis=1) if zero is not None else 8
+    want = (q.astype(np.float32) - z).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    np.testing.assert_array_equal(dev.get(out, (n, k), np.uint8), want)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("form", ["block", "row"])
+@pytest.mark.parametrize("form", ["block", "row", "int4", "int4-asym"])
 @pytest.mark.parametrize("m", [17, 64, 301])
 def test_linear_multiplies_fp8_by_fp8(dtype, form, m):
     """N = 520 (a partial block), K = 1408 (11 groups: the block scales' rows padded), rows
-    not a multiple of 4 (per-128 scales: the GEMM's rows padded)."""
+    not a multiple of 4 (per-128 scales: the GEMM's rows padded); int4 of group 128, with
+    and without zero points, as e4m3 q - zero."""
     rng = np.random.default_rng()
     n, k = 520, 1408
     w = _weight(rng, n, k, form)
     x = _rows(rng, m, k, dtype)
     out = gpk.nn.linear(gpk.from_numpy(x), w).to_numpy()
-    ref = fp8_dequantized(x, 128 if form == "block" else 0) @ w.dequantize().T
+    ref = fp8_dequantized(x, 0 if form == "row" else 128) @ w.dequantize().T
     assert _err(out, ref, dtype) <= 1e-3
     weight_only = x.astype(np.float64) @ w.dequantize().T
     assert _err(out, weight_only, dtype) > 5e-3  # the activations were quantized

@@ -15,6 +15,9 @@
 #ifndef PGK_FQG
 #define PGK_FQG 128  // columns per scale; 0: one scale per row
 #endif
+#ifndef PGK_QZERO
+#define PGK_QZERO 0  // pgk_int4_e4m3: 1 with uint8 zero points per group, 0 symmetric (8)
+#endif
 
 // v as e4m3fn bits, rounded to nearest even; the sign from v. At and above 464 (halfway
 // to the 480 e4m3fn lacks) it saturates to 448; NaN stays NaN (0x7F), so the GEMM's
@@ -66,6 +69,7 @@ PGK_DEVICE float pgk_fq_amax8(const float (&f)[8]) {
   return m;
 }
 
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_fp8_quant)
 #if PGK_FQG == 128
 // A half-warp per group (16 lanes x 8 columns), groups in row-major order over the grid.
 // q's rows are 16-byte aligned (q_stride % 16 == 0), so the 8-byte stores are aligned.
@@ -135,5 +139,63 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     pgk_fq_store(q, qr + col, col, k, f, inv);
   }
+}
+#endif
+#endif
+
+// An int4 weight (ir/quant.py: [N, K/2] bytes, element k in byte k / 2, low nibble first;
+// uint8 zero points [N, K/group] with PGK_QZERO, else 8) as the e4m3 values q - zero
+// [N, K] (row stride k), for the FP8 GEMM with the weight's group scales (group 128 of K:
+// cuBLASLt's per-128 scales). Every q - zero in [-15, 15] is exact in e4m3. A thread takes
+// 16 bytes (32 elements, within one group since 32 divides the group; 32-bit indices, the
+// host checks n * k / 32 < 2^31).
+//
+// Two elements an instruction, in f16: a pair of nibbles under the f16 1024 is 1024 + q,
+// and one HFMA2 makes (1024 + q) / 256 - (1024 + zero) / 256 = (q - zero) / 2^8 exactly
+// (4 + q / 256 has its ulp at 2^-8). Scaled by 2^-8, a value's f16 exponent field is its
+// e4m3 one (biases 15 and 7), so bits 14..7 of the f16 are its e4m3 exponent and top 3
+// mantissa bits (all an integer under 16 has) and bit 15 its sign; zero stays zero. A word
+// of 8 nibbles costs about 27 instructions (the float path, one element at a time, 90).
+#if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_int4_e4m3)
+// The 8 elements of a word as 8 e4m3 bytes (lo: elements 0-3, hi: 4-7).
+PGK_DEVICE void pgk_int4_e4m3_word(unsigned w, __half2 zpair, unsigned& lo, unsigned& hi) {
+  const __half2 inv = __halves2half2(__ushort_as_half(0x1C00), __ushort_as_half(0x1C00));  // 2^-8
+  unsigned r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // nibbles i and i + 4: the halves of pair i
+    const unsigned q = ((w >> (4 * i)) & 0x000F000Fu) | 0x64006400u;
+    const __half2 v = __hfma2(*reinterpret_cast<const __half2*>(&q), inv, zpair);
+    const unsigned b = *reinterpret_cast<const unsigned*>(&v);
+    r[i] = ((b >> 7) & 0x007F007Fu) | ((b >> 8) & 0x00800080u);  // bytes 0 and 2
+  }
+  const unsigned u01 = __byte_perm(r[0], r[1], 0x6240), u23 = __byte_perm(r[2], r[3], 0x6240);
+  lo = __byte_perm(u01, u23, 0x5410);
+  hi = __byte_perm(u01, u23, 0x7632);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    pgk_int4_e4m3(const unsigned char* __restrict__ w, const unsigned char* __restrict__ zero,
+                  unsigned char* __restrict__ out, int n, int k, int group, int zero_ld) {
+  pgk_pdl_wait();  // out may be scratch the kernel ahead still reads
+  pgk_pdl_trigger();
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned per_row = (unsigned)k / 32u;
+  if (t >= (unsigned)n * per_row) return;
+  const unsigned row = t / per_row, c32 = t - row * per_row;
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(w + (size_t)row * (k / 2)) + c32);
+  const int z = PGK_QZERO ? zero[(size_t)row * zero_ld + c32 * 32 / group] : 8;
+  (void)zero;
+  (void)zero_ld;
+  // -(1024 + zero) / 256 in both halves (exact: -(4 + zero / 256))
+  const unsigned short zh = (unsigned short)(0xE400u | (unsigned)z);  // -(1024 + z) in f16
+  const __half2 zpair = __hmul2(__halves2half2(__ushort_as_half(zh), __ushort_as_half(zh)),
+                                __halves2half2(__ushort_as_half(0x1C00), __ushort_as_half(0x1C00)));
+  const unsigned in[4] = {v.x, v.y, v.z, v.w};
+  unsigned o[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pgk_int4_e4m3_word(in[i], zpair, o[2 * i], o[2 * i + 1]);
+  uint4* dst = reinterpret_cast<uint4*>(out + (size_t)row * k + c32 * 32);
+  dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 #endif

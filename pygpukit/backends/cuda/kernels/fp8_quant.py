@@ -71,21 +71,47 @@ def quantize_rows(x: int, q: int, scale: int, m: int, k: int, dtype: str, *, gro
     )
 
 
+def int4_as_e4m3(w: int, zero: int, out: int, spec: QuantSpec, n: int, k: int, *,
+                 stream: Any = None) -> None:  # fmt: skip
+    """out [n, k] (e4m3 bytes, dense, 16-byte aligned) = q - zero of the int4 weight at w
+    (ir/quant.py's [n, k/2] bytes, 16-byte aligned; uint8 zero points at `zero` when
+    spec.has_zero), each exact: the FP8 GEMM's operand, the group scales applying there."""
+    if spec.format != "int4" or spec.group % 32 or k % 32:
+        raise ShapeError(f"int4_as_e4m3: a {spec.label} weight with K={k} (int4, groups "
+                         f"and K of 32s)")  # fmt: skip
+    positive("int4_as_e4m3", n=n, k=k)
+    if w % 16 or out % 16:
+        raise ShapeError("int4_as_e4m3: W and out must be 16-byte aligned")
+    if n == 0 or k == 0:
+        return
+    threads = n * (k // 32)
+    int32_range("int4_as_e4m3", threads=threads)
+    fn = loader.get_kernel("fp8_quant", "pgk_int4_e4m3", {"PGK_QZERO": int(spec.has_zero)})
+    fn.launch((cdiv(threads, THREADS),), (THREADS,), (w, zero, out, n, k, spec.group,
+              k // spec.group), 0, stream)  # fmt: skip
+
+
 class Fp8Unavailable(Exception):
     """The FP8 tensor-core path cannot take this linear (the caller dequantizes instead)."""
 
 
 # A weight's scale form -> (x's scale mode and group, W's scale mode) of the FP8 GEMM: the
 # pairs cuBLASLt 13.1 has algorithms for on SM 9.0 (an H200 refused a per-tensor W with any
-# x but a per-tensor one, and per-128 x with a per-row W).
+# x but a per-tensor one, and per-128 x with a per-row W). An int4 weight of group 128
+# takes it as e4m3 q - zero (int4_as_e4m3) with its group scales per 128 of a row: w4a8.
 BLOCK_MODES = ("vec128", GROUP, "blk128x128")
 ROW_MODES = ("outer_vec", 0, "outer_vec")
+GROUP_MODES = ("vec128", GROUP, "vec128")
 MIN_CC = (9, 0)
-# Rows of x from which an FP8 weight takes the FP8 GEMM rather than the quantized GEMV (one
-# launch of up to 8 rows, two of up to 16: gemv_quant.row_groups).
-MIN_ROWS = 9
+# Rows of x from which a weight takes the FP8 GEMM rather than the quantized GEMV (one
+# launch of up to 8 rows, two of up to 16: gemv_quant.row_groups), per format. int4 first
+# makes its e4m3 operand (1.5 bytes a weight of traffic a call), so it waits for the
+# rows the GEMV takes no longer.
+MIN_ROWS = {"fp8": 9, "int4": 17}
 # cuBLASLt reads the 128 x 128 block scales of W [N, K] row after row with rows of whole
-# 16-byte units: [N/128, K/128] as the loaders keep it, padded to this many columns.
+# 16-byte units: [N/128, K/128] as the loaders keep it, padded to this many columns. Per-128
+# scales of a row it reads column-major, the rows padded to SCALE_ROW_ALIGN: int4's
+# [N, K/128] is transposed into that each call.
 BLOCK_SCALE_COLS_ALIGN = 4
 # FP8 GEMMs write D in rows of whole 16 bytes: N a multiple of this (cuBLASLt 13.1 on an
 # H200 had no algorithm for N = 517, and had for 520, 528 and 1000).
@@ -93,8 +119,11 @@ OUT_ROW_ALIGN = 8
 
 
 def fp8_modes(spec: QuantSpec, n: int, scale_numel: int) -> tuple[str, int, str] | None:
-    """(x's scale mode, x's group, W's scale mode) of the FP8 GEMM for an FP8 weight of n
-    rows with scale_numel scales, or None (per-tensor scales, blocks other than 128)."""
+    """(x's scale mode, x's group, W's scale mode) of the FP8 GEMM for a quantized weight
+    of n rows with scale_numel scales, or None: per-tensor FP8 scales, FP8 blocks other
+    than 128, int4 groups other than 128, int8."""
+    if spec.format == "int4":
+        return GROUP_MODES if spec.group == GROUP else None
     if spec.format != "fp8":
         return None
     if spec.block == FP8_BLOCK == GROUP:
@@ -105,9 +134,9 @@ def fp8_modes(spec: QuantSpec, n: int, scale_numel: int) -> tuple[str, int, str]
 
 
 def fp8_gemm_possible(spec: QuantSpec, n: int, k: int, dtype: str, scale_numel: int) -> bool:
-    """Whether an FP8 weight [n, k] under x of dtype may take the FP8 tensor cores here:
-    the setting allows it, the device is SM 9.0+, x is bf16/f16, K and N whole 16-byte
-    rows and the scales of a form cuBLASLt takes (the heuristic decides the rest)."""
+    """Whether a quantized weight [n, k] under x of dtype may take the FP8 tensor cores
+    here: the setting allows it, the device is SM 9.0+, x is bf16/f16, K and N whole
+    16-byte rows and the scales of a form cuBLASLt takes (the heuristic decides the rest)."""
     return (
         settings.fp8_gemm() and dtype in loader.HALF_DTYPES and k % 16 == 0
         and n % OUT_ROW_ALIGN == 0 and fp8_modes(spec, n, scale_numel) is not None
@@ -116,27 +145,34 @@ def fp8_gemm_possible(spec: QuantSpec, n: int, k: int, dtype: str, scale_numel: 
 
 
 class Fp8Weight:
-    """The FP8 weight of a linear being planned, for the GEMMs of its float plan (a stand-in
-    weight there): each GEMM quantizes its x (quantize_rows) and multiplies e4m3 by e4m3 on
-    the tensor cores with both operands' scales (cuBLASLt). The run binds the weight's
-    scales (bind) before the float plan's run reads them."""
+    """The quantized weight of a linear being planned on the FP8 tensor cores, for the
+    GEMMs of its float plan (a stand-in weight there): each GEMM quantizes its x
+    (quantize_rows), makes an int4 weight's e4m3 operand (int4_as_e4m3) and multiplies e4m3
+    by e4m3 with both operands' scales (cuBLASLt). The run binds the weight's scales and
+    zero points (bind) before the float plan's run reads them; its data is the float
+    plan's weight argument."""
 
     def __init__(self, ctx: Context, spec: QuantSpec, scale: DeviceValue, n: int, k: int) -> None:
         modes = fp8_modes(spec, n, numel(scale.shape))
         assert modes is not None
         self.x_mode, self.group, self.w_mode = modes
-        self.ctx, self.n, self.k = ctx, n, k
-        self._scale = 0
-        self._pad = None
-        if self.w_mode == "blk128x128" and scale.shape[-1] % BLOCK_SCALE_COLS_ALIGN:
-            rows, cols = scale.shape
-            self._padded = (rows, round_up(cols, BLOCK_SCALE_COLS_ALIGN))
-            self._pad = ew.make(ctx, ("in", 0), [scale], scale.shape, (self._padded[1], 1),
-                                scale.dtype, 256)  # fmt: skip
+        self.ctx, self.spec, self.n, self.k = ctx, spec, n, k
+        self._scale = self._zero = 0
+        self._relaid = None  # W's scales copied into the layout cuBLASLt reads, if not theirs
+        rows, cols = scale.shape if len(scale.shape) == 2 else (0, 0)
+        if self.w_mode == "blk128x128" and cols % BLOCK_SCALE_COLS_ALIGN:
+            self._relaid_shape = (rows, round_up(cols, BLOCK_SCALE_COLS_ALIGN))
+            strides = (self._relaid_shape[1], 1)
+        elif self.w_mode == "vec128":
+            self._relaid_shape = (cols, round_up(rows, SCALE_ROW_ALIGN))
+            strides = (1, self._relaid_shape[1])
+        else:
+            return
+        self._relaid = ew.make(ctx, ("in", 0), [scale], scale.shape, strides, scale.dtype, 256)
 
-    def bind(self, scale_ptr: int) -> None:
-        """The weight's float32 scales for the GEMMs that run next."""
-        self._scale = scale_ptr
+    def bind(self, scale_ptr: int, zero_ptr: int = 0) -> None:
+        """The weight's float32 scales (and int4 zero points) for the GEMMs that run next."""
+        self._scale, self._zero = scale_ptr, zero_ptr
 
     def launcher(self, dtype: str, m: int, a_op: tuple[bool, int], epilogue: str,
                  ptrs: Sequence[int], ldc: int = 0) -> GemmLaunch | None:  # fmt: skip
@@ -159,22 +195,27 @@ class Fp8Weight:
             return None
         count = scale_layout(self.group, mg, k)[2]
         out_bytes = m * n * loader.itemsize(dtype)
+        int4 = self.spec.format == "int4"
 
         def launch(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0) -> None:
             q = ctx.alloc((mg, k), dtypes.uint8, "fp8 activations")
             xs = ctx.alloc((count,), dtypes.float32, "fp8 activation scales")
             quantize_rows(pa, q.ptr, xs.ptr, mg, k, dtype, group=self.group, x_stride=lda,
                           q_stride=k, m_x=m, stream=ctx.stream)  # fmt: skip
-            w_scale = self._scale
-            if self._pad is not None:
-                padded = ctx.alloc(self._padded, dtypes.float32, "fp8 weight scales")
-                self._pad(padded.ptr, [w_scale])
-                w_scale = padded.ptr
+            w_scale, w = self._scale, pb
+            if self._relaid is not None:
+                relaid = ctx.alloc(self._relaid_shape, dtypes.float32, "fp8 weight scales")
+                self._relaid(relaid.ptr, [w_scale])
+                w_scale = relaid.ptr
+            if int4:
+                w8 = ctx.alloc((n, k), dtypes.uint8, "int4 weight as e4m3")
+                int4_as_e4m3(pb, self._zero, w8.ptr, self.spec, n, k, stream=ctx.stream)
+                w = w8.ptr
             if mg == m:
-                lt(q.ptr, pb, pd, pbias, c, a_scale=xs.ptr, b_scale=w_scale)
+                lt(q.ptr, w, pd, pbias, c, a_scale=xs.ptr, b_scale=w_scale)
                 return
             d = ctx.alloc((mg, n), dtypes.as_dtype(dtype), "fp8 GEMM rows")
-            lt(q.ptr, pb, d.ptr, pbias, a_scale=xs.ptr, b_scale=w_scale)
+            lt(q.ptr, w, d.ptr, pbias, a_scale=xs.ptr, b_scale=w_scale)
             _native.memcpy_dtod_async(pd, d.ptr, out_bytes, ctx.stream)
 
         return launch

@@ -522,9 +522,10 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     """A few rows of bf16/f16 x: the quantized GEMV, dequantizing in registers, with the
     RMSNorm prologue, bias, activation, SwiGLU and residual fused as the bf16 GEMV fuses
     them (a launch per group of rows, gemv_quant.row_groups). Otherwise (prefill, a SwiGLU
-    prologue, layouts it does not take, unaligned pointers at run time): FP8 weights on the
-    FP8 tensor cores where they can (_fp8_linear), else the weight dequantized into a
-    scratch weight of x's dtype; then the float linear with the same flags on it."""
+    prologue, layouts it does not take, unaligned pointers at run time): FP8 and int4 g128
+    weights on the FP8 tensor cores where they can (_fp8_linear), else the weight
+    dequantized into a scratch weight of x's dtype; then the float linear with the same
+    flags on it."""
     q = spec.quant
     assert q is not None
     p = spec.split(ins)
@@ -542,7 +543,7 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     fused = _gemv_quant(ctx, step, ins, spec)
     fp8 = _fp8_linear(ctx, float_step, [p.x, w_plan, *rest], tag, spec, p.scale)
     if fp8 is not None:
-        if fused is None or numel(p.x.shape[:-1]) >= fp8_quant.MIN_ROWS:
+        if fused is None or numel(p.x.shape[:-1]) >= fp8_quant.MIN_ROWS[q.format]:
             return fp8
 
         def run_fp8(v: Sequence[DeviceValue]) -> DeviceValue:
@@ -573,10 +574,10 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
 
 def _fp8_linear(ctx: Context, float_step: Step, float_ins: Sequence[DeviceValue], tag: int,
                 spec: LinearSpec, scale: DeviceValue) -> Run | None:  # fmt: skip
-    """The linear with FP8 weights on the FP8 tensor cores: its float plan (float_step on
-    float_ins, a stand-in weight second) with every GEMM the weight's FP8 one
+    """The linear with FP8 (or int4 g128) weights on the FP8 tensor cores: its float plan
+    (float_step on float_ins, a stand-in weight second) with every GEMM the weight's FP8 one
     (fp8_quant.Fp8Weight), or None where that cannot be (fp8_quant.fp8_gemm_possible, no
-    cuBLASLt algorithm). The run hands the float plan the FP8 data as its weight."""
+    cuBLASLt algorithm). The run hands the float plan the quantized data as its weight."""
     q = spec.quant
     assert q is not None
     n, k = float_ins[1].shape
@@ -592,7 +593,7 @@ def _fp8_linear(ctx: Context, float_step: Step, float_ins: Sequence[DeviceValue]
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         vp = spec.split(v)
         assert vp.scale is not None
-        weight.bind(vp.scale.ptr)
+        weight.bind(vp.scale.ptr, vp.zero.ptr if vp.zero is not None else 0)
         return after([v[0], vp.w, *v[1 + spec.n_weight :]])
 
     return run

@@ -246,4 +246,6 @@ def quant_variants() -> list[Variant]:
         for group in (fp8_quant.GROUP, 0):
             out.append(("fp8_quant", ("pgk_fp8_quant",),
                         {**loader.type_defines(dt), "PGK_FQG": group}))  # fmt: skip
+    for zero in (0, 1):  # its int4 weights as e4m3, symmetric and with zero points
+        out.append(("fp8_quant", ("pgk_int4_e4m3",), {"PGK_QZERO": zero}))
     return out
