@@ -9,6 +9,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+import pygpukit as gpk
+from pygpukit.ir.quant import QuantSpec
+from pygpukit.quant import QuantizedWeight
+
 E4M3 = ml_dtypes.float8_e4m3fn
 
 
@@ -41,3 +45,12 @@ def fp8_dequantized(x: np.ndarray, group: int) -> np.ndarray:
     width = group or k
     s = np.repeat(scale.astype(np.float64), width, axis=1)[:, :k]
     return q.view(E4M3).astype(np.float64) * s
+
+
+def channel_fp8(w: np.ndarray) -> QuantizedWeight:
+    """w [N, K] as FP8 with one scale a row (compressed-tensors' channel strategy; the
+    quantizer makes per-tensor or block scales): each row's largest magnitude at 448."""
+    scale = np.abs(w).max(axis=1) / 448.0
+    data = (w / scale[:, None]).astype(E4M3).view(np.uint8)
+    return QuantizedWeight(QuantSpec("fp8"), (w.shape[0], w.shape[1]), gpk.from_numpy(data),
+                           gpk.from_numpy(scale.astype(np.float32)))  # fmt: skip

@@ -7,9 +7,6 @@ rounded to float32 (the double rounding the kernel must not do)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -39,42 +36,6 @@ CASES = [
 IDS = ["int8", "int8-k1000", "int8-k77", "fp8-tensor", "fp8-row-k516", "fp8-b128",
        "int4-g128", "int4-g128-asym", "int4-g64-asym", "int4-g16-asym", "int4-g8",
        "int4-g4-asym"]  # fmt: skip
-
-
-@pytest.fixture
-def dev() -> Iterator[Any]:
-    """put(a, offset) -> device address of a copy of a at `offset` bytes into a fresh
-    buffer; empty(nbytes, offset) likewise, filled with 0xFF (NaN in every float format)."""
-    from pygpukit import _native as nv
-
-    bufs: list[int] = []
-
-    class Alloc:
-        @staticmethod
-        def alloc(nbytes: int, offset: int) -> int:
-            p = int(nv.mem_alloc(nbytes + offset + 16))
-            bufs.append(p)
-            nv.memset(p, 0xFF, nbytes + offset + 16)
-            return p + offset
-
-        @staticmethod
-        def put(a: np.ndarray, offset: int = 0) -> int:
-            raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-            p = Alloc.alloc(raw.nbytes, offset)
-            nv.memcpy_htod(p, raw, None, raw.nbytes)
-            return p
-
-        @staticmethod
-        def get(p: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-            raw = np.empty(int(np.prod(shape)) * np.dtype(NP[dtype]).itemsize, np.uint8)
-            nv.synchronize()
-            nv.memcpy_dtoh(raw, p, None, raw.nbytes)
-            return raw.view(NP[dtype]).reshape(shape)
-
-    yield Alloc
-    nv.synchronize()
-    for p in bufs:
-        nv.mem_free(p)
 
 
 def round_once(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -140,7 +101,7 @@ def test_dequantize_rounds_once(dev, rng, spec, form, n, k, dtype):
     pz = dev.put(zero) if zero is not None else 0
     out = dev.alloc(n * k * np.dtype(NP[dtype]).itemsize, 0)
     dequant.dequantize(pw, ps, out, spec, n, k, dtype, scale_numel=scale.size, zero=pz)
-    got = dev.get(out, (n, k), dtype)
+    got = dev.get(out, (n, k), NP[dtype])
     bits = np.uint32 if dtype == "float32" else np.uint16
     bad = np.argwhere(got.view(bits) != ref.view(bits))
     assert not len(bad), f"{len(bad)} elements differ, first at {bad[:5].tolist()}"
@@ -159,6 +120,6 @@ def test_unaligned_addresses_take_narrower_vectors(dev, rng, w_off, out_off, wan
     out = dev.alloc(n * k * 2, out_off)
     assert dequant.vector_bytes(spec, k, dtype, pw, out) == want
     dequant.dequantize(pw, ps, out, spec, n, k, dtype, scale_numel=n)
-    got = dev.get(out, (n, k), dtype)
+    got = dev.get(out, (n, k), NP[dtype])
     ref = round_once(dequantize(spec, data, scale, None, k), dtype)
     np.testing.assert_array_equal(got.view(np.uint16), ref.view(np.uint16))

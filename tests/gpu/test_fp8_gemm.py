@@ -7,13 +7,12 @@ taken shows in the error. Skipped where the device or cuBLASLt has no such GEMM.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
-from fp8_ref import fp8_activations, fp8_dequantized
+from fp8_ref import channel_fp8, fp8_activations, fp8_dequantized
 
 import pygpukit as gpk
 from pygpukit.ir.quant import QuantSpec
@@ -41,10 +40,7 @@ def _weight(rng: np.random.Generator, n: int, k: int, form: str) -> QuantizedWei
         return quantize(w, "fp8")
     if form.startswith("int4"):  # group 128: e4m3 q - zero with per-128 scales
         return quantize(w, "int4", group=128, symmetric=form == "int4")
-    scale = np.abs(w).max(axis=1) / 448.0
-    data = (w / scale[:, None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-    return QuantizedWeight(QuantSpec("fp8"), (n, k), gpk.from_numpy(data),
-                           gpk.from_numpy(scale.astype(np.float32)))  # fmt: skip
+    return channel_fp8(w)
 
 
 def _err(out: np.ndarray, ref: np.ndarray, dtype: str) -> float:
@@ -55,42 +51,6 @@ def _err(out: np.ndarray, ref: np.ndarray, dtype: str) -> float:
 def _rows(rng: np.random.Generator, m: int, k: int, dtype: str) -> np.ndarray:
     """Rows of very different magnitudes (the scales must follow each row or group)."""
     return (rng.standard_normal((m, k)) * rng.uniform(1e-2, 30, (m, 1))).astype(DTYPES[dtype])
-
-
-@pytest.fixture
-def dev() -> Iterator[Any]:
-    """Raw device buffers: put(a, offset) copies a to `offset` bytes into a fresh buffer,
-    get(p, shape, np_dtype) copies back; freed after the test."""
-    from pygpukit import _native as nv
-
-    bufs: list[int] = []
-
-    class Buffers:
-        @staticmethod
-        def alloc(nbytes: int, offset: int = 0) -> int:
-            p = int(nv.mem_alloc(nbytes + offset + 256))
-            bufs.append(p)
-            nv.memset(p, 0xFF, nbytes + offset + 256)
-            return p + offset
-
-        @staticmethod
-        def put(a: np.ndarray, offset: int = 0) -> int:
-            raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-            p = Buffers.alloc(raw.nbytes, offset)
-            nv.memcpy_htod(p, raw, None, raw.nbytes)
-            return p
-
-        @staticmethod
-        def get(p: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-            raw = np.empty(int(np.prod(shape)) * np.dtype(dtype).itemsize, np.uint8)
-            nv.synchronize()
-            nv.memcpy_dtoh(raw, p, None, raw.nbytes)
-            return raw.view(dtype).reshape(shape)
-
-    yield Buffers
-    nv.synchronize()
-    for p in bufs:
-        nv.mem_free(p)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

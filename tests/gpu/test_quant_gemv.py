@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from fp8_ref import fp8_dequantized
+from fp8_ref import channel_fp8, fp8_dequantized
 
 import pygpukit as gpk
 from pygpukit.ir.quant import QuantSpec
@@ -37,10 +37,7 @@ def _weight(rng: np.random.Generator, n: int, k: int, fmt: str, kw: dict) -> Qua
     w = rng.standard_normal((n, k))
     if fmt != "fp8-channel":
         return quantize(w, fmt, **kw)
-    scale = np.abs(w).max(axis=1) / 448.0
-    data = (w / scale[:, None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-    return QuantizedWeight(QuantSpec("fp8"), (n, k), gpk.from_numpy(data),
-                           gpk.from_numpy(scale.astype(np.float32)))  # fmt: skip
+    return channel_fp8(w)
 
 
 def _err(out: np.ndarray, ref: np.ndarray, dtype: str) -> float:
