@@ -1,6 +1,7 @@
-"""Launcher for fp8_quant.cuh: rows of bf16/f16 x quantized to FP8 e4m3 with float32 scales
-per 128 columns or per row, the activation operand of the FP8 tensor-core GEMM that a linear
-with FP8 weights takes for prefill (linear_plan._fp8_gemm)."""
+"""The FP8 tensor-core GEMM of linears with quantized weights (linear_plan._fp8_linear): its
+operands from fp8_quant.cuh (rows of bf16/f16 x as e4m3 with float32 scales per 128 columns
+or per row; int4 weights as exact e4m3), which weights take it (fp8_modes,
+fp8_gemm_possible, MIN_ROWS) and the GEMM's launcher over cuBLASLt (Fp8Weight)."""
 
 from __future__ import annotations
 
