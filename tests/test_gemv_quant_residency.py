@@ -148,21 +148,17 @@ def test_gain_batch_must_be_positive(monkeypatch):
                               pro=1 << 24, gain_batch=0)  # fmt: skip
 
 
-def test_row_groups_split_rows_evenly_up_to_the_format_limit():
+def test_row_groups_split_rows_evenly_up_to_the_limit():
     """Rows past one launch's QUANT_ROWS go in even groups, a launch each, until the
     launches would read more bytes than dequantizing the weight once (None: that path)."""
-    from pygpukit.ir.quant import QuantSpec
-
-    int8, int4 = QuantSpec("int8"), QuantSpec("int4", group=128)
     rows = gemv_quant.QUANT_ROWS
-    assert gemv_quant.row_groups(int8, 1) == [(0, 1)]
-    assert gemv_quant.row_groups(int8, rows) == [(0, rows)]
-    assert gemv_quant.row_groups(int8, rows + 1) == [(0, 5), (5, 4)]
-    assert gemv_quant.row_groups(int8, 15) == [(0, 8), (8, 7)]
-    for spec in (int8, int4, QuantSpec("fp8")):
-        most = gemv_quant.MAX_ROW_GROUPS[spec.format] * rows
-        groups = gemv_quant.row_groups(spec, most)
-        assert groups is not None and all(g == rows for _, g in groups)
-        assert [r0 for r0, _ in groups] == list(range(0, most, rows))
-        assert gemv_quant.row_groups(spec, most + 1) is None
-    assert gemv_quant.row_groups(int8, 0) is None
+    assert gemv_quant.row_groups(1) == [(0, 1)]
+    assert gemv_quant.row_groups(rows) == [(0, rows)]
+    assert gemv_quant.row_groups(rows + 1) == [(0, 5), (5, 4)]
+    assert gemv_quant.row_groups(15) == [(0, 8), (8, 7)]
+    most = gemv_quant.MAX_ROW_GROUPS * rows
+    groups = gemv_quant.row_groups(most)
+    assert groups is not None and all(g == rows for _, g in groups)
+    assert [r0 for r0, _ in groups] == list(range(0, most, rows))
+    assert gemv_quant.row_groups(most + 1) is None
+    assert gemv_quant.row_groups(0) is None

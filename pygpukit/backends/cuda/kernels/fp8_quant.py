@@ -22,17 +22,19 @@ from ._common import cdiv, int32_range, positive, round_up
 
 THREADS = 256
 GROUP = 128  # columns per scale of the per-128 form
-# cuBLASLt reads the per-128 scales of A [M, K] column after column: scale (row r, group g)
-# at g * ld + r, ld the rows rounded up to this many (16-byte aligned columns).
-SCALE_ROW_ALIGN = 4
+# cuBLASLt reads every scale tensor with a leading dimension of whole 16 bytes (this many
+# floats): the per-128 scales of A [M, K] (or of W) column after column, scale (row r,
+# group g) at g * ld + r with ld the rows rounded up; W's 128 x 128 block scales
+# [N/128, K/128] (as the loaders keep them) row after row, the columns rounded up.
+SCALE_ALIGN = 4
 
 
 def scale_layout(group: int, m: int, k: int) -> tuple[int, int, int]:
     """(s_col, s_row, count) of the scales of m rows of K: scale (r, g) at g * s_col +
     r * s_row, count the floats to allocate. group GROUP: per 128 columns, column-major with
-    the rows padded to SCALE_ROW_ALIGN; 0: one a row."""
+    the rows padded to SCALE_ALIGN; 0: one a row."""
     if group == GROUP:
-        ld = round_up(m, SCALE_ROW_ALIGN)
+        ld = round_up(m, SCALE_ALIGN)
         return ld, 1, ld * cdiv(k, GROUP)
     if group == 0:
         return 0, 1, m
@@ -109,11 +111,6 @@ MIN_CC = (9, 0)
 # makes its e4m3 operand (1.5 bytes a weight of traffic a call), so it waits for the
 # rows the GEMV takes no longer.
 MIN_ROWS = {"fp8": 9, "int4": 17}
-# cuBLASLt reads the 128 x 128 block scales of W [N, K] row after row with rows of whole
-# 16-byte units: [N/128, K/128] as the loaders keep it, padded to this many columns. Per-128
-# scales of a row it reads column-major, the rows padded to SCALE_ROW_ALIGN: int4's
-# [N, K/128] is transposed into that each call.
-BLOCK_SCALE_COLS_ALIGN = 4
 # FP8 GEMMs write D in rows of whole 16 bytes: N a multiple of this (cuBLASLt 13.1 on an
 # H200 had no algorithm for N = 517, and had for 520, 528 and 1000).
 OUT_ROW_ALIGN = 8
@@ -161,11 +158,11 @@ class Fp8Weight:
         self._scale = self._zero = 0
         self._relaid = None  # W's scales copied into the layout cuBLASLt reads, if not theirs
         rows, cols = scale.shape if len(scale.shape) == 2 else (0, 0)
-        if self.w_mode == "blk128x128" and cols % BLOCK_SCALE_COLS_ALIGN:
-            self._relaid_shape = (rows, round_up(cols, BLOCK_SCALE_COLS_ALIGN))
+        if self.w_mode == "blk128x128" and cols % SCALE_ALIGN:
+            self._relaid_shape = (rows, round_up(cols, SCALE_ALIGN))
             strides = (self._relaid_shape[1], 1)
-        elif self.w_mode == "vec128":
-            self._relaid_shape = (cols, round_up(rows, SCALE_ROW_ALIGN))
+        elif self.w_mode == "vec128":  # int4's row-major [N, K/128]: transposed every call
+            self._relaid_shape = (cols, round_up(rows, SCALE_ALIGN))
             strides = (1, self._relaid_shape[1])
         else:
             return
@@ -186,7 +183,7 @@ class Fp8Weight:
             return None  # the quantizing kernel reads rows of x; D's rows whole 16 bytes
         # Per-128 scales take rows in fours: the GEMM's rows padded (zero rows of q) into
         # a scratch D, its first m rows copied out; an added C would be read past its end.
-        mg = round_up(m, SCALE_ROW_ALIGN) if self.group == GROUP else m
+        mg = round_up(m, SCALE_ALIGN) if self.group == GROUP else m
         if mg != m and ldc:
             return None
         modes = (self.x_mode, self.w_mode)

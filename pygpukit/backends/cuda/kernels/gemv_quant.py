@@ -23,8 +23,9 @@ FORMATS = {"int8": 0, "fp8": 1, "int4": 2}
 # int8 6.22 / 12.42 / - against 9.62 / 10.03 / 11.07, int4 5.58 / 11.12 / 22.06 against
 # 9.27 / 9.69 / 10.69; TinyLlama int8 1.82 / 3.56 against 1.85 / 1.85, int4 1.45 / 2.74 /
 # 5.42 against 1.83 / 1.83 / 1.91. A launch costs about as much at 4 rows as at 8 (7B int8,
-# 8 rows a step: 3.26 ms in one launch, 5.30 in two of 4), so groups are of up to 8.
-MAX_ROW_GROUPS = {"int8": 2, "fp8": 2, "int4": 2}
+# 8 rows a step: 3.26 ms in one launch, 5.30 in two of 4), so groups are of up to 8; the
+# same limit served every format.
+MAX_ROW_GROUPS = 2
 # A slab is U chunks of each warp's range, U the power of two covering the range up to
 # MAX_SLAB (fewer loads in flight past it).
 MAX_SLAB = 8
@@ -85,11 +86,11 @@ SM_REGS = 65536
 BLOCK_SMEM_RESERVED = 1024
 
 
-def row_groups(spec: QuantSpec, m: int) -> list[tuple[int, int]] | None:
+def row_groups(m: int) -> list[tuple[int, int]] | None:
     """(first row, rows) of each GEMV launch for m rows of x, as even as QUANT_ROWS allows;
     None past MAX_ROW_GROUPS launches (the scratch-weight path is then the cheaper)."""
     g = -(-m // QUANT_ROWS)
-    if m < 1 or g > MAX_ROW_GROUPS[spec.format]:
+    if m < 1 or g > MAX_ROW_GROUPS:
         return None
     base, extra = divmod(m, g)  # the first `extra` groups take one row more
     return [(i * base + min(i, extra), base + (i < extra)) for i in range(g)]
