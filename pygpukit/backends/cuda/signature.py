@@ -22,7 +22,9 @@ _SCALARS = {
 }  # fmt: skip
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "__grid_constant__"}
 _BY_VALUE = {"pgk_tmap": "T"}  # opaque structs passed by value (a CUtensorMap's 128 bytes)
-_LAUNCH_BOUNDS = r"(?:__launch_bounds__\([^)]*\)\s*)?"
+# Attributes a kernel head may carry: __launch_bounds__, __cluster_dims__ and the macros
+# (PGK_...) that expand to one of them for some defines.
+_LAUNCH_BOUNDS = r"(?:(?:__launch_bounds__\([^)]*\)|__cluster_dims__\([^)]*\)|PGK_[A-Z0-9_]+)\s*)*"
 
 Param = tuple[str, str, str]  # (C type, parameter name, launch format character)
 

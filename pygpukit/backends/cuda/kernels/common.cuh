@@ -266,6 +266,33 @@ template <int N> PGK_DEVICE void pgk_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// ------------------------------------------ tensor-core fragments (mma.sync, SM80+)
+template <typename A, typename B> struct pgk_same { static constexpr bool value = false; };
+template <typename A> struct pgk_same<A, A> { static constexpr bool value = true; };
+
+PGK_DEVICE void pgk_ldmatrix_x4(unsigned* r, const void* smem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+PGK_DEVICE void pgk_mma_16816(float* d, const unsigned* a, const unsigned* b) {
+  if constexpr (pgk_same<pgk_t, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
 // ------------------------------------------------------- attention key ranges (prefill)
 // Batch row b's live keys [start, len): len = *kv_len (null: seq_k), start =
 // kv_start[b * kvs_stride] (null: 0); kv_wide bit 0 / bit 1 say kv_len / kv_start are

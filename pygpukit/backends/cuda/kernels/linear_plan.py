@@ -1,7 +1,8 @@
 """matmul and linear: a few rows (decode) of bf16/f16 against a weight stored [N, K] go to
 the tensor-core GEMV (bias and activation fused) for the shapes where it measured faster
 than cuBLASLt (gemv.beats_gemm); folded linears (RMSNorm prologue, residual) take it for
-M <= 16.
+M <= 16. A decode batch of a few dozen rows goes to the skinny GEMM where it measured
+faster (gemm_skinny.beats_gemm: bias, activation and residual fused).
 Otherwise cuBLASLt for f32/tf32/f16/bf16 when it loads (linear's bias and tanh-GELU as its
 epilogue), else the template launchers (kernels/): the mma.sync GEMM for f16/bf16 when its
 layout rules hold, else the strided matmul_simple kernel (every dtype)."""
@@ -28,6 +29,7 @@ from . import (
     dequant,
     fp8_quant,
     gemm_mma,
+    gemm_skinny,
     gemv,
     gemv_quant,
     loader,
@@ -158,6 +160,9 @@ def plan_linear(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) 
     x, w, bias = ins[0], ins[1], spec.split(ins).bias
     act = spec.activation
     dtype, shape = step.dtype, step.shape
+    skinny = _skinny(ctx, step, ins, spec)
+    if skinny is not None:
+        return skinny
 
     fx, x2 = _as_dtype(ctx, x, dtype, tag)
     k = x2.shape[-1]
@@ -342,6 +347,9 @@ def _linear_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: in
             return after([xv, v[1], *v[2 : res_at + spec.has_residual]])
 
         return run_pro
+    skinny = _skinny(ctx, step, ins, spec)
+    if skinny is not None:
+        return skinny
     lt_res = _linear_lt_residual(ctx, step, ins, spec)
     if lt_res is not None:
         return lt_res
@@ -462,6 +470,47 @@ def _gemv_folded(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Lin
                    prologue=spec.prologue, pro=v[-1].ptr if pro is not None else 0, eps=eps,
                    residual=v[res_at].ptr if spec.has_residual else 0, residual_stride=rs,
                    glu=spec.glu == "swiglu", w_early=_settled(ctx, v[1]))  # fmt: skip
+        return y
+
+    return run
+
+
+def _skinny(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: LinearSpec
+            ) -> Run | None:  # fmt: skip
+    """act(x @ w.T + bias) + residual as one skinny GEMM (a decode batch of a few dozen
+    rows, gemm_skinny.beats_gemm), or None where its rules do not hold: a prologue or
+    SwiGLU, mixed dtypes, rows that do not fold, column strides other than 1."""
+    if spec.prologue != "none" or spec.glu != "none" or _FP8_WEIGHT.get() is not None:
+        return None
+    x, w = ins[0], ins[1]
+    dtype, shape = step.dtype, step.shape
+    bias = ins[2] if spec.has_bias else None
+    res = ins[spec.residual_at] if spec.has_residual else None
+    if any(v.dtype != dtype for v in (x, w, *(v for v in (bias, res) if v is not None))):
+        return None
+    xr = _rows_view(x)
+    rr = _rows_view(res) if res is not None else None
+    if xr is None or len(w.shape) != 2 or (res is not None and rr is None):
+        return None
+    (m, k), n = xr.shape, w.shape[0]
+    if w.shape[1] != k or not gemm_skinny.beats_gemm(m, n, k) or not numel(shape):
+        return None
+    if xr.strides[1] != 1 or w.strides[1] != 1 or (rr is not None and rr.strides[1] != 1):
+        return None
+    if not gemm_skinny.supported(dtype.name, m, k, (xr.strides[0], w.strides[0])):
+        return None
+    if bias is not None and (bias.shape != (n,) or bias.strides != (1,)):
+        return None
+    xs, ws, rs = xr.strides[0], w.strides[0], rr.strides[0] if rr is not None else 0
+    act, res_at = spec.activation, spec.residual_at
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        y = ctx.alloc_out(shape, dtype, "linear")
+        gemm_skinny.gemm(v[0].ptr, v[1].ptr, y.ptr, m, n, k, dtype.name,
+                         bias=v[2].ptr if bias is not None else 0, activation=act,
+                         residual=v[res_at].ptr if res is not None else 0, x_stride=xs,
+                         w_stride=ws, residual_stride=rs, w_early=_settled(ctx, v[1]),
+                         stream=ctx.stream)  # fmt: skip
         return y
 
     return run

@@ -13,6 +13,7 @@ from . import (
     attention_sm90,
     dequant,
     fp8_quant,
+    gemm_skinny,
     gemv,
     gemv_quant,
     loader,
@@ -134,6 +135,13 @@ def all_variants() -> list[Variant]:
                 out.append(("attention_decode", ("pgk_attn_decode_mma",), dec))
         for act in (0, 1, 2, 3):
             out.append(("gemm_mma", ("pgk_gemm_mma",), _t(dt, PGK_ACT=act)))
+        # The skinny GEMM: every row-tile count and split, each epilogue; element loads.
+        for smt in range(1, gemm_skinny.MAX_ROWS // 16 + 1):
+            for scl in (1, 2, 4, 8):
+                for act, align in ((0, 1), (1, 1), (2, 1), (3, 1), (0, 0)):
+                    out.append(("gemm_skinny", ("pgk_gemm_skinny",),
+                                _t(dt, PGK_SMT=smt, PGK_SST=gemm_skinny.STAGES, PGK_SCL=scl,
+                                   PGK_ACT=act, PGK_SALIGN=align)))  # fmt: skip
         # The tensor-core GEMV: the default geometry with every epilogue, then the others
         # the benchmark sweeps.
         for gw, nt, u, st in gemv.DEFAULT_CONFIGS:

@@ -1,0 +1,124 @@
+"""Launcher for gemm_skinny.cuh: y = act(x @ W^T + bias) + residual for up to MAX_ROWS rows
+of bf16/f16 x against W [N, K] (batched decode), and the rule that routes linears to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pygpukit.errors import ShapeError
+
+from .. import toolchain
+from . import loader
+from ._common import cdiv, int32_range, positive
+
+DTYPES = loader.HALF_DTYPES
+ACTS = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "silu": 3}
+MAX_ROWS = 64
+BLOCK_N = 128  # rows of W a block (gemm_skinny.cuh PGK_SBN)
+BLOCK_K = 64  # columns of K a stage (PGK_SBK)
+STAGES = 4
+# Split K over clusters of up to MAX_SLICES blocks (a power of two; SM 9.0 only) while the
+# grid stays within BLOCKS_PER_SM blocks an SM and each slice holds MIN_SLICE stages.
+# H200, us, in CUDA graphs with early weight loads, against torch.matmul (cuBLASLt) on the
+# same data: one block per SM or four, a shallower pipeline (3 stages) or eight warps
+# splitting each stage's K measured the same or up to 2x slower at 17-64 rows.
+BLOCKS_PER_SM = 2
+MIN_SLICE = 4
+MAX_SLICES = 8  # the portable cluster size
+# Where it measured faster than cuBLASLt (H200, us, ours against torch.matmul on the same
+# data, CUDA graphs): 5-32 rows of the TinyLlama-shape QKV [2560 x 2048] 5.4-6.4 against
+# 6.3-7.0, attention output [2048 x 2048] 5.1-6.0 against 6.3-6.6, MLP down [2048 x 5632]
+# 9.5-11.1 against 11.1-11.8. Not taken: 64 rows of those (7.7-13.4 against 6.7-12.1),
+# the weights of more than SMALL_WEIGHT elements (Llama-2-7B QKV [12288 x 4096] 29.6-31.7
+# against 27.8-28.5, down [4096 x 11008] 35-38 against 27-30; the LM head [32000 x 2048]
+# 0.87x at 5-16 rows, 1.05x at 17-32), where the weight is long enough for cuBLASLt's
+# grid and a tile's x (re-read by every tile) costs more than the split saves.
+MIN_ROWS = 5  # fewer: the GEMV (gemv.beats_gemm)
+ROUTE_ROWS = 32
+SMALL_WEIGHT = 12 << 20  # the largest measured winner: 2048 x 5632
+
+
+def beats_gemm(m: int, n: int, k: int) -> bool:
+    """Whether a linear of m rows against W [n, k] should take this kernel over cuBLASLt."""
+    return MIN_ROWS <= m <= ROUTE_ROWS and n * k <= SMALL_WEIGHT
+
+
+def supported(dtype: str, m: int, k: int, strides: tuple[int, ...]) -> bool:
+    """Whether the kernel takes m rows of length k with these row strides (elements):
+    bf16/f16, 1 <= m <= MAX_ROWS, K % 8 == 0 and row strides that keep 16-byte pieces."""
+    return (
+        dtype in DTYPES and 1 <= m <= MAX_ROWS and k % 8 == 0 and k > 0
+        and all(s % 8 == 0 for s in strides)
+    )  # fmt: skip
+
+
+def geometry(m: int, n: int, k: int, sms: int, clusters: bool = True) -> tuple[int, int, int, int]:
+    """(m16 tiles of x, tiles of W, stages per slice, slices) of a launch. Every slice is
+    non-empty: slices <= stages / MIN_SLICE, so (slices - 1) * per < stages."""
+    smt = cdiv(m, 16)
+    tiles = cdiv(n, BLOCK_N)
+    kst = cdiv(k, BLOCK_K)
+    slices = 1
+    while (clusters and slices < MAX_SLICES and tiles * slices * 2 <= BLOCKS_PER_SM * sms
+           and kst >= MIN_SLICE * slices * 2):  # fmt: skip
+        slices *= 2
+    return smt, tiles, cdiv(kst, slices), slices
+
+
+def smem_bytes(smt: int, stages: int) -> int:
+    """Dynamic shared memory: the stages of W and x (the fp32 tile reuses them)."""
+    return stages * (BLOCK_N + 16 * smt) * BLOCK_K * 2
+
+
+def gemm(
+    x: int,
+    w: int,
+    y: int,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    *,
+    bias: int = 0,
+    activation: str = "none",
+    residual: int = 0,
+    x_stride: int | None = None,
+    w_stride: int | None = None,
+    y_stride: int | None = None,
+    residual_stride: int | None = None,
+    w_early: bool = False,
+    stream: Any = None,
+) -> None:
+    """y[i, :] = act(W @ x[i, :] + bias) + residual[i, :] for i < m (strides in elements,
+    default dense). w_early: W may be read before the kernel waits for its predecessor
+    (read-only weights in a captured graph). x or W not 16-byte aligned take the variant
+    that loads elements (any address works)."""
+    loader.check_dtype(dtype, DTYPES, "gemm_skinny")
+    positive("gemm_skinny", n=n, k=k, m=m)
+    int32_range("gemm_skinny", n=n, k=k)
+    if activation not in ACTS:
+        raise ShapeError(f"gemm_skinny: unknown activation {activation!r} ({', '.join(ACTS)})")
+    xs = k if x_stride is None else x_stride
+    wst = k if w_stride is None else w_stride
+    ys = n if y_stride is None else y_stride
+    rs = n if residual_stride is None else residual_stride
+    if not supported(dtype, m, k, (xs if m > 1 else 0, wst)):
+        raise ShapeError(f"gemm_skinny: {m} rows of K={k} ({dtype}, row strides {xs}, {wst}) "
+                         f"need 1-{MAX_ROWS} rows, K % 8 == 0 and strides % 8 == 0")  # fmt: skip
+    if n == 0:
+        return
+    clusters = toolchain.device_info()["compute_capability"][0] >= 9
+    smt, tiles, per, slices = geometry(m, n, k, toolchain.sm_count(), clusters)
+    defines = {**loader.type_defines(dtype), "PGK_SMT": smt, "PGK_SST": STAGES,
+               "PGK_SCL": slices, "PGK_ACT": ACTS[activation],
+               "PGK_SALIGN": int(x % 16 == 0 and w % 16 == 0)}  # fmt: skip
+    fn = loader.get_kernel("gemm_skinny", "pgk_gemm_skinny", defines)
+    smem = smem_bytes(smt, STAGES)
+    fn.set_dynamic_smem(smem)
+    fn.launch(
+        (tiles, slices),
+        (128,),
+        (x, w, bias, y, residual, m, n, k, xs, wst, ys, rs, per, int(w_early)),
+        smem,
+        stream,
+    )
