@@ -495,6 +495,8 @@ def _skinny(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: LinearSp
     (m, k), n = xr.shape, w.shape[0]
     if w.shape[1] != k or not gemm_skinny.beats_gemm(m, n, k) or not numel(shape):
         return None
+    if rr is not None and rr.shape != (m, n):
+        return None  # a residual broadcast over the rows keeps the composed path
     if xr.strides[1] != 1 or w.strides[1] != 1 or (rr is not None and rr.strides[1] != 1):
         return None
     if not gemm_skinny.supported(dtype.name, m, k, (xr.strides[0], w.strides[0])):
