@@ -45,13 +45,15 @@
 // launcher splits only where clusters exist): each block's fp32 tile is read by its peers
 // through distributed shared memory, no workspace in global memory.
 #if PGK_SCL > 1 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PGK_SDSMEM 1  // this build splits K over a cluster
 #define PGK_SCLUSTER __cluster_dims__(1, PGK_SCL, 1)
 #else
+#define PGK_SDSMEM 0
 #define PGK_SCLUSTER
 #endif
 
 PGK_DEVICE void pgk_cluster_sync() {
-#if PGK_SCL > 1 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if PGK_SDSMEM
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
                    : "memory");
 #else
@@ -61,8 +63,7 @@ PGK_DEVICE void pgk_cluster_sync() {
 
 // The float4 at p of this block's tile summed over the cluster's tiles, in rank order.
 PGK_DEVICE float4 pgk_ssum(const float* p) {
-#if PGK_SCL > 1
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if PGK_SDSMEM
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);
   float4 v[PGK_SCL];
 #pragma unroll
@@ -83,11 +84,10 @@ PGK_DEVICE float4 pgk_ssum(const float* p) {
     t.w += v[o].w;
   }
   return t;
-#else
+#elif PGK_SCL > 1
   (void)p;
   __trap();  // never launched: clusters need SM 9.0
   return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#endif
 #else
   return *reinterpret_cast<const float4*>(p);
 #endif
