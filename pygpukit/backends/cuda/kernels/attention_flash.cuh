@@ -76,15 +76,6 @@ static_assert(!PGK_FQR || PGK_FM <= 2 * PGK_FN, "the Q tile is staged in one K/V
 static_assert(PGK_FT % PGK_FCR == 0 && PGK_FN % PGK_FRS == 0 && PGK_FM % PGK_FRS == 0,
               "whole rows a pass, whole passes a tile");
 
-template <typename A, typename B> struct pgk_fsame { static constexpr bool value = false; };
-template <typename A> struct pgk_fsame<A, A> { static constexpr bool value = true; };
-
-PGK_DEVICE void pgk_fldm_x4(unsigned* r, const void* smem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
 PGK_DEVICE void pgk_fldm_x4_t(unsigned* r, const void* smem) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -92,7 +83,7 @@ PGK_DEVICE void pgk_fldm_x4_t(unsigned* r, const void* smem) {
                : "r"(s));
 }
 PGK_DEVICE void pgk_fmma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-  if constexpr (pgk_fsame<pgk_t, __nv_bfloat16>::value) {
+  if constexpr (pgk_same<pgk_t, __nv_bfloat16>::value) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -120,7 +111,7 @@ PGK_DEVICE float pgk_fexp2(float x) {
 }
 // Whether either 16-bit element of w is NaN or inf (exponent bits all set).
 PGK_DEVICE bool pgk_fnonfinite2(unsigned w) {
-  constexpr unsigned e = pgk_fsame<pgk_t, __nv_bfloat16>::value ? 0x7F80u : 0x7C00u;
+  constexpr unsigned e = pgk_same<pgk_t, __nv_bfloat16>::value ? 0x7F80u : 0x7C00u;
   return (w & e) == e || ((w >> 16) & e) == e;
 }
 
@@ -242,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
 #pragma unroll
         for (int kk = 0; kk < PGK_FKS; ++kk) {
           const int r = (warp * PGK_FR + f) * 16 + (lane & 15);
-          pgk_fldm_x4(qf[f][kk], qs + r * PGK_FLD + kk * 16 + (lane >> 4) * 8);
+          pgk_ldmatrix_x4(qf[f][kk], qs + r * PGK_FLD + kk * 16 + (lane >> 4) * 8);
         }
     }
   }
@@ -276,14 +267,14 @@ extern "C" __global__ void __launch_bounds__(PGK_FT, PGK_FMINB)
           for (int x = 0; x < 4; ++x) qa[f][x] = qf[PGK_FQR ? f : 0][PGK_FQR ? kk : 0][x];
         } else {
           const int r = (warp * PGK_FR + f) * 16 + (lane & 15);
-          pgk_fldm_x4(qa[f], qs + r * PGK_FLD + kk * 16 + (lane >> 4) * 8);
+          pgk_ldmatrix_x4(qa[f], qs + r * PGK_FLD + kk * 16 + (lane >> 4) * 8);
         }
       }
 #pragma unroll
       for (int n = 0; n < PGK_FN / 8; n += 2) {
         unsigned kb[4];
         const int r = n * 8 + (lane & 7) + (lane >> 4) * 8;
-        pgk_fldm_x4(kb, ks + r * PGK_FLD + kk * 16 + ((lane >> 3) & 1) * 8);
+        pgk_ldmatrix_x4(kb, ks + r * PGK_FLD + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int f = 0; f < PGK_FR; ++f) {
           pgk_fmma(s[f][n], qa[f], kb[0], kb[1]);
