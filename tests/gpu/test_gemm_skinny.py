@@ -95,6 +95,78 @@ def test_bad_geometry_is_an_error(dev):
         gemm_skinny.gemm(dev.alloc(64), dev.alloc(64), dev.alloc(64), 8, 8, 60, "bfloat16")
 
 
+def _int8(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes over all 256 values and a float32 scale per row."""
+    q = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    return q, (rng.uniform(0.5, 2.0, n) / (64 * np.sqrt(k))).astype(np.float32)
+
+
+def _err_rounded(out: np.ndarray, ref: np.ndarray, dtype: str) -> float:
+    """The error against the float64 result rounded once to the output dtype, relative
+    to its norm: the kernel's own error, not the output's rounding."""
+    rounded = ref.astype(DTYPES[dtype]).astype(np.float64)
+    return float(np.linalg.norm(out.astype(np.float64) - rounded) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(17, 1000, 4112), (24, 200, 528), (33, 384, 5632), (64, 2560, 2048)]
+)
+@pytest.mark.parametrize("epilogue", ["plain", "bias_act", "residual"])
+def test_int8_weight_against_float64(dev, rng, dtype, m, n, k, epilogue):
+    """W int8 with a scale per row (w8a16): against the float64 product with the
+    dequantized weight, within 1e-3 of it past the output's own rounding."""
+    from pygpukit.backends.cuda.kernels import gemm_skinny
+
+    t = DTYPES[dtype]
+    x = rng.standard_normal((m, k)).astype(t)
+    q, sc = _int8(rng, n, k)
+    b = rng.uniform(-1, 1, n).astype(t)
+    r = rng.standard_normal((m, n)).astype(t)
+    act = "gelu_tanh" if epilogue == "bias_act" else "none"
+    y = dev.alloc(m * n * 2)
+    gemm_skinny.gemm(dev.put(x), dev.put(q), y, m, n, k, dtype, scale=dev.put(sc),
+                     bias=dev.put(b) if epilogue == "bias_act" else 0, activation=act,
+                     residual=dev.put(r) if epilogue == "residual" else 0)  # fmt: skip
+    ref = x.astype(np.float64) @ (q.astype(np.float64) * sc.astype(np.float64)[:, None]).T
+    if epilogue == "bias_act":
+        ref = ACTS[act](ref + b.astype(np.float64))
+    elif epilogue == "residual":
+        ref = ref + r.astype(np.float64)
+    assert _err_rounded(dev.get(y, (m, n), t), ref, dtype) <= 1e-3
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("offset", [0, 4], ids=["aligned", "unaligned"])
+def test_int8_weight_strided_and_unaligned(dev, rng, early, offset):
+    """An int8 W with rows 1040 bytes apart past K, 4 bytes off 16 (the element-load
+    variant) or aligned, x rows strided, y and the residual with their own strides."""
+    from pygpukit.backends.cuda.kernels import gemm_skinny
+
+    m, n, k, xs, ws, ys, rs = 40, 300, 1024, 1056, 1040, 320, 304
+    x = rng.standard_normal((m, xs)).astype(ml_dtypes.bfloat16)
+    q, sc = _int8(rng, n, ws)
+    r = rng.standard_normal((m, rs)).astype(ml_dtypes.bfloat16)
+    y = dev.alloc(m * ys * 2)
+    gemm_skinny.gemm(dev.put(x), dev.put(q, offset), y, m, n, k, "bfloat16",
+                     scale=dev.put(sc), residual=dev.put(r), x_stride=xs, w_stride=ws,
+                     y_stride=ys, residual_stride=rs, w_early=early)  # fmt: skip
+    w64 = q[:, :k].astype(np.float64) * sc.astype(np.float64)[:, None]
+    ref = x[:, :k].astype(np.float64) @ w64.T + r[:, :n].astype(np.float64)
+    out = dev.get(y, (m, ys), ml_dtypes.bfloat16)
+    assert _err_rounded(out[:, :n], ref, "bfloat16") <= 1e-3
+    assert np.isnan(out[:, n:].astype(np.float32)).all()  # nothing written past N
+
+
+def test_int8_weight_needs_whole_16_byte_rows(dev):
+    from pygpukit.backends.cuda.kernels import gemm_skinny
+    from pygpukit.errors import ShapeError
+
+    with pytest.raises(ShapeError, match="multiples of 16"):
+        gemm_skinny.gemm(dev.alloc(64), dev.alloc(64), dev.alloc(64), 24, 8, 1032, "bfloat16",
+                         scale=dev.alloc(64))  # fmt: skip
+
+
 @pytest.mark.parametrize("form", ["plain", "bias_gelu", "residual", "prologue_residual"])
 def test_routed_linears_compiled(monkeypatch, form):
     """A decode batch of 24 rows through gpk.nn.linear, compiled and captured (read-only

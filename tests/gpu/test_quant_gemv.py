@@ -1,5 +1,6 @@
 """The quantized linear on the GPU (gemv_quant for up to 8 rows a launch, a launch per
-group of rows up to gemv_quant.row_groups' limit, the dequantize-then-GEMM path past it):
+group of rows up to gemv_quant.row_groups' limit, int8 decode batches on the skinny GEMM,
+the dequantize-then-GEMM path past them):
 each format and scale form, bf16 and f16, against the float64 product with the
 dequantized weight. The error is measured against that product rounded once to the
 output dtype, relative to its norm (<= 1e-3): the rounding of the output itself is not the
@@ -48,15 +49,26 @@ def _err(out: np.ndarray, ref: np.ndarray, dtype: str) -> float:
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize(("fmt", "kw"), FORMATS, ids=IDS)
 @pytest.mark.parametrize("m", [1, 3, 8, 13, 27, 40, 64])
-def test_linear_matches_the_dequantized_product(fmt, kw, dtype, m):
-    from pygpukit.backends.cuda.kernels import fp8_quant, gemv_quant
+def test_linear_matches_the_dequantized_product(monkeypatch, fmt, kw, dtype, m):
+    from pygpukit.backends.cuda.kernels import fp8_quant, gemm_skinny, gemv_quant
 
+    calls: list[int] = []
+    real = gemm_skinny.gemm
+
+    def spy(*a, **kw):
+        calls.append(kw.get("scale", 0))
+        real(*a, **kw)
+
+    monkeypatch.setattr(gemm_skinny, "gemm", spy)
     rng = np.random.default_rng()
     n, k = 517, 1024  # odd N, K a multiple of every group
     q = _weight(rng, n, k, fmt, kw)
     x = rng.uniform(-1, 1, (m, k)).astype(DTYPES[dtype])
     out = gpk.nn.linear(gpk.from_numpy(x), q).to_numpy()
     gemv = gemv_quant.row_groups(m) is not None
+    skinny = fmt == "int8" and m >= gemm_skinny.INT8_MIN_ROWS
+    # int8 decode batches: the w8a16 GEMM (others may reach the bf16 one dequantized)
+    assert any(calls) == skinny
     n_scales = int(np.prod(q.scale.shape))
     modes = fp8_quant.fp8_modes(q.spec, n, n_scales)
     fp8_rows = not gemv or m >= fp8_quant.MIN_ROWS.get(q.spec.format, m + 1)
@@ -70,17 +82,19 @@ def test_linear_matches_the_dequantized_product(fmt, kw, dtype, m):
     # Past the GEMV's row groups (prefill) the weight is dequantized into x's dtype and
     # multiplied: in bf16 that rounding alone (2^-9 an element) measured 2.6e-3 on an
     # H200, over the 1e-3 target.
-    tol = 4e-3 if not gemv and dtype == "bfloat16" else 1e-3
+    tol = 4e-3 if not (gemv or skinny) and dtype == "bfloat16" else 1e-3
     assert _err(out, ref, dtype) <= tol
 
 
-@pytest.mark.parametrize("rows", [1, 12])
+@pytest.mark.parametrize("rows", [1, 12, 24])
 @pytest.mark.parametrize(("fmt", "kw"), FORMATS, ids=IDS)
 def test_decode_step_fusions_captured(monkeypatch, fmt, kw, rows):
     """RMSNorm prologue + residual, the SwiGLU gate/up projection and the down projection
     with bias, compiled (a captured CUDA graph, read-only weights: early loads), against
     float64 on the dequantized weights; 12 rows: each linear two GEMV launches of 6 (FP8
-    weights too: their FP8 GEMM, which 12 rows would take, is tests/gpu/test_fp8_gemm.py's)."""
+    weights too: their FP8 GEMM, which 12 rows would take, is tests/gpu/test_fp8_gemm.py's),
+    int8 on the skinny GEMM (the RMSNorm and SwiGLU as kernels of their own); 24 rows: the
+    formats the GEMV's row groups stop at dequantized."""
     monkeypatch.setenv("PYGPUKIT_FP8_GEMM", "0")
     rng = np.random.default_rng()
     d, inter = 768, 1024

@@ -94,10 +94,6 @@ def int4_as_e4m3(w: int, zero: int, out: int, spec: QuantSpec, n: int, k: int, *
               k // spec.group), 0, stream)  # fmt: skip
 
 
-class Fp8Unavailable(Exception):
-    """The FP8 tensor-core path cannot take this linear (the caller dequantizes instead)."""
-
-
 # A weight's scale form -> (x's scale mode and group, W's scale mode) of the FP8 GEMM: the
 # pairs cuBLASLt 13.1 has algorithms for on SM 9.0 (an H200 refused a per-tensor W with any
 # x but a per-tensor one, and per-128 x with a per-row W). An int4 weight of group 128
@@ -155,6 +151,7 @@ class Fp8Weight:
         assert modes is not None
         self.x_mode, self.group, self.w_mode = modes
         self.ctx, self.spec, self.n, self.k = ctx, spec, n, k
+        self.min_rows = MIN_ROWS[spec.format]  # fewer rows: the quantized GEMV
         self._scale = self._zero = 0
         self._relaid = None  # W's scales copied into the layout cuBLASLt reads, if not theirs
         rows, cols = scale.shape if len(scale.shape) == 2 else (0, 0)
@@ -168,8 +165,10 @@ class Fp8Weight:
             return
         self._relaid = ew.make(ctx, ("in", 0), [scale], scale.shape, strides, scale.dtype, 256)
 
-    def bind(self, scale_ptr: int, zero_ptr: int = 0) -> None:
-        """The weight's float32 scales (and int4 zero points) for the GEMMs that run next."""
+    def bind(self, scale_ptr: int, zero_ptr: int = 0, w_early: bool = False) -> None:
+        """The weight's float32 scales (and int4 zero points) for the GEMMs that run next
+        (w_early: cuBLASLt's kernels read it after their wait whatever it says)."""
+        del w_early
         self._scale, self._zero = scale_ptr, zero_ptr
 
     def launcher(self, dtype: str, m: int, a_op: tuple[bool, int], epilogue: str,

@@ -17,8 +17,16 @@
 // before the programmatic-dependent-launch wait, so the weight stream starts while the
 // kernel ahead still runs; x and y are touched only after it.
 // Epilogue in fp32 from the summed tile: + bias, PGK_ACT (see common.cuh), + residual.
-// PGK_SALIGN 0: x or W not 16-byte aligned at run time; their pieces are loaded as 2-byte
-// elements instead of cp.async (the launcher picks the variant per call).
+// PGK_SALIGN 0: x or W not 16-byte aligned at run time; their pieces are loaded element by
+// element instead of cp.async (the launcher picks the variant per call).
+//
+// PGK_SQ8 1: W is int8 [N, K] with a float32 scale per row (ir/quant.py's int8 layout; the
+// weight-only w8a16 of batched decode). Its stages arrive as bytes, half of a bf16 stage
+// (16-byte pieces XOR-swizzled by row pair), and each lane reads the four bytes of its B
+// fragment (two 2-byte loads) and decodes them exactly in registers (pgk_qint8_pairs:
+// integer and fp32 arithmetic, no conversion instructions); the row's scale multiplies
+// the summed tile in fp32. (Decoding each stage into a bf16 stage for ldmatrix, a second
+// barrier a stage, measured slower.)
 #include "common.cuh"
 
 #ifndef PGK_SMT
@@ -36,6 +44,15 @@
 
 #ifndef PGK_SCL
 #define PGK_SCL 1  // K slices: the blocks of a cluster (1, 2, 4, 8)
+#endif
+#ifndef PGK_SQ8
+#define PGK_SQ8 0
+#endif
+#if PGK_SQ8
+#include "quant_format.cuh"
+typedef unsigned char pgk_sw_t;  // W's element as stored
+#else
+typedef pgk_t pgk_sw_t;
 #endif
 
 #define PGK_SBN 128  // rows of W a block
@@ -106,9 +123,23 @@ PGK_DEVICE void pgk_sload(pgk_t* dst, const pgk_t* src, bool in) {
 #endif
 }
 
+// Byte offset of 16-byte piece `c` (0-3) of row `r` in an int8 W's stage: swizzled by the
+// row pair, so a fragment's eight rows (64 bytes apart) fall in distinct banks.
+PGK_DEVICE int pgk_soff8(int r, int c) { return r * PGK_SBK + ((c ^ ((r >> 1) & 3)) << 4); }
+
+// One 16-byte piece of an int8 W's stage (16 weights).
+PGK_DEVICE void pgk_sload8(unsigned char* dst, const unsigned char* src, bool in) {
+#if PGK_SALIGN
+  pgk_cp_async16(dst, src, in);
+#else
+#pragma unroll
+  for (int e = 0; e < 16; ++e) dst[e] = in ? src[e] : (unsigned char)0;
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(128) PGK_SCLUSTER
-    pgk_gemm_skinny(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
-                    const pgk_t* __restrict__ bias, pgk_t* __restrict__ y,
+    pgk_gemm_skinny(const pgk_t* __restrict__ x, const pgk_sw_t* __restrict__ w,
+                    const float* __restrict__ scale, const pgk_t* __restrict__ bias, pgk_t* __restrict__ y,
                     const pgk_t* __restrict__ res, int m, int n, int k, long long x_stride,
                     long long w_stride, long long y_stride, long long res_stride, int slice_stages,
                     int w_early) {
@@ -116,31 +147,47 @@ extern "C" __global__ void __launch_bounds__(128) PGK_SCLUSTER
   constexpr int WST = PGK_SBN * PGK_SBK, XST = XR * PGK_SBK;  // elements a stage
   constexpr int CLD = PGK_SBN + 4;  // fp32 tile row: +4 floats, rows in other banks
   static_assert(NS >= 2, "at least two stages");
-  static_assert(NS * (WST + XST) * 2 >= XR * CLD * 4, "the fp32 tile fits the stages");
+  (void)scale;  // int8 W's row scales (PGK_SQ8)
   extern __shared__ __align__(128) unsigned char pgk_ssm[];
+#if PGK_SQ8
+  // W's stages (bytes), then x's.
+  static_assert(NS * (WST + XST * 2) >= XR * CLD * 4, "the fp32 tile fits the stages");
+  unsigned char* sw8 = pgk_ssm;
+  pgk_t* sx = reinterpret_cast<pgk_t*>(pgk_ssm + NS * WST);
+#else
+  static_assert(NS * (WST + XST) * 2 >= XR * CLD * 4, "the fp32 tile fits the stages");
   pgk_t* sw = reinterpret_cast<pgk_t*>(pgk_ssm);
   pgk_t* sx = sw + NS * WST;
+#endif
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;  // rows 32 warp .. + 31
   const int tile = blockIdx.x, slice = blockIdx.y;                // gridDim.y == PGK_SCL
   const int kst = (k + PGK_SBK - 1) / PGK_SBK;
   const int st0 = slice * slice_stages;
   const int nst = min(slice_stages, kst - st0);  // the host makes every slice non-empty
 
-  // This thread's pieces of a stage: piece pc of rows lr + 16 i (W: i < 8, x: i < SMT).
+  // This thread's pieces of a stage: piece pc of rows lr + 16 i (W: i < 8, x: i < SMT);
+  // an int8 W's rows are four pieces: piece wpc of rows wlr + 32 i (i < 4).
   const int pc = tid & 7, lr = tid >> 3;
-  const pgk_t* wrow[PGK_SBN / 16];
+  constexpr int WPR = PGK_SQ8 ? 4 : 8;  // 16-byte pieces of a W row in a stage
+  const int wpc = tid % WPR, wlr = tid / WPR;
+  constexpr int WRS = 128 / WPR;  // rows apart of one thread's pieces
+  const pgk_sw_t* wrow[PGK_SBN / WRS];
 #pragma unroll
-  for (int i = 0; i < PGK_SBN / 16; ++i) {
-    const int row = tile * PGK_SBN + lr + 16 * i;
+  for (int i = 0; i < PGK_SBN / WRS; ++i) {
+    const int row = tile * PGK_SBN + wlr + WRS * i;
     wrow[i] = row < n ? w + (long long)row * w_stride : nullptr;
   }
   auto issue_w = [&](int j) {
-    pgk_t* b = sw + (j % NS) * WST;
-    const int col = (st0 + j) * PGK_SBK + pc * 8;
+    const int col = (st0 + j) * PGK_SBK + wpc * (16 / (int)sizeof(pgk_sw_t));
 #pragma unroll
-    for (int i = 0; i < PGK_SBN / 16; ++i) {
+    for (int i = 0; i < PGK_SBN / WRS; ++i) {
       const bool in = col < k && wrow[i] != nullptr;
-      pgk_sload(b + pgk_soff(lr + 16 * i, pc), in ? wrow[i] + col : w, in);
+#if PGK_SQ8
+      pgk_sload8(sw8 + (j % NS) * WST + pgk_soff8(wlr + WRS * i, wpc), in ? wrow[i] + col : w,
+                 in);
+#else
+      pgk_sload(sw + (j % NS) * WST + pgk_soff(wlr + WRS * i, wpc), in ? wrow[i] + col : w, in);
+#endif
     }
   };
   auto issue_x = [&](int j) {
@@ -185,7 +232,11 @@ extern "C" __global__ void __launch_bounds__(128) PGK_SCLUSTER
       issue_x(j + NS - 1);
     }
     pgk_cp_async_commit();
+#if PGK_SQ8
+    const unsigned char* bw = sw8 + (j % NS) * WST;
+#else
     const pgk_t* bw = sw + (j % NS) * WST;
+#endif
     const pgk_t* bx = sx + (j % NS) * XST;
 #pragma unroll
     for (int s = 0; s < PGK_SBK / 16; ++s) {
@@ -194,10 +245,20 @@ extern "C" __global__ void __launch_bounds__(128) PGK_SCLUSTER
       for (int mt = 0; mt < SMT; ++mt)
         pgk_ldmatrix_x4(a[mt], bx + pgk_soff(16 * mt + (lane & 15), 2 * s + (lane >> 4)));
       unsigned b[2][4];  // n8 tiles 2p (b[p][0], b[p][1]) and 2p + 1 (b[p][2], b[p][3])
+#if PGK_SQ8
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {  // row qr of tile t: k 2qc, 2qc + 1 and 2qc + 8, 2qc + 9
+        const unsigned char* e = bw + pgk_soff8(32 * warp + 8 * t + (lane >> 2), s) + 2 * (lane & 3);
+        const unsigned lo = *reinterpret_cast<const unsigned short*>(e);
+        const unsigned hi = *reinterpret_cast<const unsigned short*>(e + 8);
+        pgk_qint8_pairs(lo | (hi << 16), b[t >> 1][(t & 1) * 2], b[t >> 1][(t & 1) * 2 + 1]);
+      }
+#else
 #pragma unroll
       for (int p = 0; p < 2; ++p)
         pgk_ldmatrix_x4(b[p], bw + pgk_soff(32 * warp + 16 * p + (lane & 7) + ((lane >> 4) << 3),
                                             2 * s + ((lane >> 3) & 1)));
+#endif
 #pragma unroll
       for (int mt = 0; mt < SMT; ++mt)
 #pragma unroll
@@ -236,6 +297,9 @@ extern "C" __global__ void __launch_bounds__(128) PGK_SCLUSTER
       const int col = tile * PGK_SBN + c + e;
       if (col >= n) break;
       float v = av[e];
+#if PGK_SQ8
+      v *= scale[col];
+#endif
       if (bias) v += pgk_to_float(bias[col]);
       v = pgk_epilogue_act(v);
       if (res) v += pgk_to_float(res[(long long)r * res_stride + col]);

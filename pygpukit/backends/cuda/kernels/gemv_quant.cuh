@@ -60,38 +60,6 @@ using pgk_qpair = typename pgk_gpick<pgk_gsame<pgk_t, __nv_bfloat16>::value, __n
 PGK_DEVICE unsigned pgk_qbits(pgk_qpair p) { return *reinterpret_cast<unsigned*>(&p); }
 PGK_DEVICE pgk_qpair pgk_qof(unsigned u) { return *reinterpret_cast<pgk_qpair*>(&u); }
 
-// Dequantizing W never touches the conversion pipe (F2F / I2F / F2FP: 16 lanes a clock
-// per SM on sm_90, against 64 for shifts, LOP3 and PRMT and 128 for FP32 adds): with bf16
-// x each pair of int8 weights through f16 -> f32 -> bf16 cost 1.5 conversions a weight,
-// which capped the GEMV at about 10.7 weights per clock per SM (the ~60% of copy bandwidth
-// int8 measured on an H200). Every value below is built exactly with integer and
-// floating-point arithmetic instead.
-
-// Bytes (0, 1) and (2, 3) of an int8 word as two pairs of x's type (low byte low).
-PGK_DEVICE void pgk_qint8_pairs(unsigned w, unsigned& lo, unsigned& hi) {
-  const unsigned u = w ^ 0x80808080u;  // each byte b + 128
-  if constexpr (pgk_gsame<pgk_t, __nv_bfloat16>::value) {
-    // b + 128 as the low byte of the fp32 2^23 + b + 128: minus 2^23 + 128 is b exactly,
-    // and b (8 significant bits at most) is exact in the fp32's upper half, a bf16.
-    unsigned f[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      f[j] = __float_as_uint(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650 + j)) -
-                             8388736.0f);
-    lo = __byte_perm(f[0], f[1], 0x7632);
-    hi = __byte_perm(f[2], f[3], 0x7632);
-  } else {
-    // b + 128 under the f16 exponent of 1024 is 1024 + b + 128 exactly; minus 1152 is b.
-    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
-    const unsigned l = __byte_perm(u, 0x64646464u, 0x4140);
-    const unsigned h = __byte_perm(u, 0x64646464u, 0x4342);
-    const __half2 vl = __hsub2(*reinterpret_cast<const __half2*>(&l), bias);
-    const __half2 vh = __hsub2(*reinterpret_cast<const __half2*>(&h), bias);
-    lo = *reinterpret_cast<const unsigned*>(&vl);
-    hi = *reinterpret_cast<const unsigned*>(&vh);
-  }
-}
-
 // Bytes 2j, 2j + 1 of an fp8 e4m3 word as a pair of x's type (j = 0, 1). With the bytes
 // in the upper byte of each half the sign is in place; the exponent and mantissa (7 bits)
 // shifted into x's type's field (bf16: right by 4, f16: by 1) are the value / 2^120

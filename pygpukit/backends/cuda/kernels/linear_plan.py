@@ -3,6 +3,7 @@ the tensor-core GEMV (bias and activation fused) for the shapes where it measure
 than cuBLASLt (gemv.beats_gemm); folded linears (RMSNorm prologue, residual) take it for
 M <= 16. A decode batch of a few dozen rows goes to the skinny GEMM where it measured
 faster (gemm_skinny.beats_gemm: bias, activation and residual fused).
+Quantized weights: see _linear_quant.
 Otherwise cuBLASLt for f32/tf32/f16/bf16 when it loads (linear's bias and tanh-GELU as its
 epilogue), else the template launchers (kernels/): the mma.sync GEMM for f16/bf16 when its
 layout rules hold, else the strided matmul_simple kernel (every dtype)."""
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol
 
 from pygpukit.ir import DType, ops, shapes
 from pygpukit.ir.linear import LinearSpec
@@ -39,29 +40,48 @@ from . import (
 
 Run = Callable[[Sequence[DeviceValue]], DeviceValue]
 _ACT_EXPR = {"gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none"), "silu": ("silu",)}
-# While a linear with FP8 weights is planned on the FP8 tensor cores (_linear_quant), its
+
+
+class QuantGemmWeight(Protocol):
+    """A quantized weight whose own GEMM serves a linear's float plan (_quant_gemm_linear):
+    fp8_quant.Fp8Weight (FP8 tensor cores) and gemm_skinny.Int8Weight (w8a16)."""
+
+    min_rows: int  # fewer rows of x keep the quantized GEMV where it applies
+
+    def bind(self, scale_ptr: int, zero_ptr: int = 0, w_early: bool = False) -> None: ...
+
+    def launcher(self, dtype: str, m: int, a_op: tuple[bool, int], epilogue: str,
+                 ptrs: Sequence[int], ldc: int = 0) -> GemmLaunch | None: ...  # fmt: skip
+
+
+class QuantGemmUnavailable(Exception):
+    """The float plan reached a GEMM the quantized weight has none for (the caller
+    dequantizes instead)."""
+
+
+# While a quantized linear is planned on its weight's own GEMM (_quant_gemm_linear), its
 # float plan holds a stand-in weight and every GEMM of it is this weight's: the GEMV and
 # the NVRTC GEMMs never read the stand-in.
-_FP8_WEIGHT: ContextVar[fp8_quant.Fp8Weight | None] = ContextVar("fp8_weight", default=None)
+_QUANT_WEIGHT: ContextVar[QuantGemmWeight | None] = ContextVar("quant_weight", default=None)
 
 
 @contextmanager
-def _fp8_weight(weight: fp8_quant.Fp8Weight) -> Iterator[None]:
-    token = _FP8_WEIGHT.set(weight)
+def _quant_weight(weight: QuantGemmWeight) -> Iterator[None]:
+    token = _QUANT_WEIGHT.set(weight)
     try:
         yield
     finally:
-        _FP8_WEIGHT.reset(token)
+        _QUANT_WEIGHT.reset(token)
 
 
 def _gemm_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bool, int],
                    b_op: tuple[bool, int], epilogue: str, ptrs: Sequence[int],
                    ldc: int = 0) -> GemmLaunch | None:  # fmt: skip
-    """A linear's cuBLASLt GEMM (tuned on its first run), or the FP8 one of the weight being
-    planned (_FP8_WEIGHT)."""
-    fp8 = _FP8_WEIGHT.get()
-    if fp8 is not None:
-        return fp8.launcher(dtype, m, a_op, epilogue, ptrs, ldc)
+    """A linear's cuBLASLt GEMM (tuned on its first run), or the own GEMM of the quantized
+    weight being planned (_QUANT_WEIGHT)."""
+    quant = _QUANT_WEIGHT.get()
+    if quant is not None:
+        return quant.launcher(dtype, m, a_op, epilogue, ptrs, ldc)
     return lt_launcher(ctx, dtype, m, n, k, a_op, b_op, epilogue=epilogue, ptrs=ptrs, ldc=ldc,
                        tune=True)  # fmt: skip
 
@@ -70,8 +90,8 @@ def _mm_launcher(ctx: Context, a: DeviceValue, b: DeviceValue
                  ) -> tuple[GemmLaunch, tuple[int, ...]]:  # fmt: skip
     """(launch(a_ptr, b_ptr, c_ptr), out shape incl. batch) for a [.., M, K] @ b [.., K, N]
     of one dtype; C is contiguous."""
-    if _FP8_WEIGHT.get() is not None:
-        raise fp8_quant.Fp8Unavailable("no FP8 GEMM for this linear")
+    if _QUANT_WEIGHT.get() is not None:
+        raise QuantGemmUnavailable("no quantized GEMM for this matmul")
     dtype = a.dtype.name
     a_shape, a_st = (a.shape, a.strides) if len(a.shape) > 1 else ((1,) + a.shape, (0,) + a.strides)
     b_shape, b_st = (b.shape, b.strides) if len(b.shape) > 1 else (b.shape + (1,), b.strides + (0,))
@@ -263,7 +283,7 @@ def _gemv_launcher(ctx: Context, x: DeviceValue, w: DeviceValue, act: str,
     dtype = x.dtype.name
     if dtype not in loader.HALF_DTYPES or w.dtype != x.dtype or len(w.shape) != 2:
         return None
-    if _FP8_WEIGHT.get() is not None:
+    if _QUANT_WEIGHT.get() is not None:
         return None  # w is a stand-in
     xr = _rows_view(x)
     if xr is None:
@@ -480,7 +500,7 @@ def _skinny(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: LinearSp
     """act(x @ w.T + bias) + residual as one skinny GEMM (a decode batch of a few dozen
     rows, gemm_skinny.beats_gemm), or None where its rules do not hold: a prologue or
     SwiGLU, mixed dtypes, rows that do not fold, column strides other than 1."""
-    if spec.prologue != "none" or spec.glu != "none" or _FP8_WEIGHT.get() is not None:
+    if spec.prologue != "none" or spec.glu != "none" or _QUANT_WEIGHT.get() is not None:
         return None
     x, w = ins[0], ins[1]
     dtype, shape = step.dtype, step.shape
@@ -572,11 +592,12 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
                   spec: LinearSpec) -> Run:  # fmt: skip
     """A few rows of bf16/f16 x: the quantized GEMV, dequantizing in registers, with the
     RMSNorm prologue, bias, activation, SwiGLU and residual fused as the bf16 GEMV fuses
-    them (a launch per group of rows, gemv_quant.row_groups). Otherwise (prefill, a SwiGLU
-    prologue, layouts it does not take, unaligned pointers at run time): FP8 and int4 g128
-    weights on the FP8 tensor cores where they can (_fp8_linear), else the weight
-    dequantized into a scratch weight of x's dtype; then the float linear with the same
-    flags on it."""
+    them (a launch per group of rows, gemv_quant.row_groups). From the weight's min_rows,
+    or where the GEMV does not apply (prefill, a SwiGLU prologue, layouts it does not take,
+    unaligned pointers at run time), the weight's own GEMM where it has one
+    (_quant_gemm_linear): FP8 and int4 g128 weights on the FP8 tensor cores, int8 weights
+    of a decode batch on the skinny GEMM. Else the weight dequantized into a scratch
+    weight of x's dtype; then the float linear with the same flags on it."""
     q = spec.quant
     assert q is not None
     p = spec.split(ins)
@@ -592,16 +613,25 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     scale_numel = numel(p.scale.shape)
     n_w = spec.n_weight
     fused = _gemv_quant(ctx, step, ins, spec)
-    fp8 = _fp8_linear(ctx, float_step, [p.x, w_plan, *rest], tag, spec, p.scale)
-    if fp8 is not None:
-        if fused is None or numel(p.x.shape[:-1]) >= fp8_quant.MIN_ROWS[q.format]:
-            return fp8
+    rows = numel(p.x.shape[:-1])
+    weight: QuantGemmWeight | None = None
+    if fp8_quant.fp8_gemm_possible(q, n, k, dtype.name, scale_numel):
+        weight = fp8_quant.Fp8Weight(ctx, q, p.scale, n, k)
+    elif gemm_skinny.int8_possible(q, k, dtype.name, rows, scale_numel, n):
+        weight = gemm_skinny.Int8Weight(ctx, n, k)
+    own = None
+    if weight is not None:
+        own = _quant_gemm_linear(ctx, float_step, [p.x, w_plan, *rest], tag, spec, weight)
+    if own is not None and weight is not None:
+        if fused is None or rows >= weight.min_rows:
+            return own
+        own_run = own
 
-        def run_fp8(v: Sequence[DeviceValue]) -> DeviceValue:
+        def run_own(v: Sequence[DeviceValue]) -> DeviceValue:
             y = fused(v)
-            return y if y is not None else fp8(v)
+            return y if y is not None else own_run(v)
 
-        return run_fp8
+        return run_own
     after = plan_linear(ctx, float_step, [p.x, w_plan, *rest], tag)
 
     def dequantized(v: Sequence[DeviceValue]) -> DeviceValue:
@@ -623,28 +653,24 @@ def _linear_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int
     return run
 
 
-def _fp8_linear(ctx: Context, float_step: Step, float_ins: Sequence[DeviceValue], tag: int,
-                spec: LinearSpec, scale: DeviceValue) -> Run | None:  # fmt: skip
-    """The linear with FP8 (or int4 g128) weights on the FP8 tensor cores: its float plan
-    (float_step on float_ins, a stand-in weight second) with every GEMM the weight's FP8 one
-    (fp8_quant.Fp8Weight), or None where that cannot be (fp8_quant.fp8_gemm_possible, no
-    cuBLASLt algorithm). The run hands the float plan the quantized data as its weight."""
-    q = spec.quant
-    assert q is not None
-    n, k = float_ins[1].shape
-    if not fp8_quant.fp8_gemm_possible(q, n, k, float_step.dtype.name, numel(scale.shape)):
-        return None
-    weight = fp8_quant.Fp8Weight(ctx, q, scale, n, k)
+def _quant_gemm_linear(ctx: Context, float_step: Step, float_ins: Sequence[DeviceValue],
+                       tag: int, spec: LinearSpec, weight: QuantGemmWeight
+                       ) -> Run | None:  # fmt: skip
+    """The quantized linear on its weight's own GEMM: its float plan (float_step on
+    float_ins, a stand-in weight second) with every GEMM the weight's, or None where one
+    has none (its launcher's rules, no cuBLASLt algorithm). The run hands the float plan
+    the quantized data as its weight."""
     try:
-        with _fp8_weight(weight):
+        with _quant_weight(weight):
             after = plan_linear(ctx, float_step, float_ins, tag)
-    except fp8_quant.Fp8Unavailable:
+    except QuantGemmUnavailable:
         return None
 
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         vp = spec.split(v)
         assert vp.scale is not None
-        weight.bind(vp.scale.ptr, vp.zero.ptr if vp.zero is not None else 0)
+        early = all(_settled(ctx, a) for a in vp.weight)
+        weight.bind(vp.scale.ptr, vp.zero.ptr if vp.zero is not None else 0, early)
         return after([v[0], vp.w, *v[1 + spec.n_weight :]])
 
     return run

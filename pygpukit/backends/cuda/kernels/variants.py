@@ -142,6 +142,10 @@ def all_variants() -> list[Variant]:
                     out.append(("gemm_skinny", ("pgk_gemm_skinny",),
                                 _t(dt, PGK_SMT=smt, PGK_SST=gemm_skinny.STAGES, PGK_SCL=scl,
                                    PGK_ACT=act, PGK_SALIGN=align)))  # fmt: skip
+                for act, align in ((0, 1), (1, 1), (0, 0)):  # int8 W (w8a16)
+                    out.append(("gemm_skinny", ("pgk_gemm_skinny",),
+                                _t(dt, PGK_SMT=smt, PGK_SST=gemm_skinny.STAGES, PGK_SCL=scl,
+                                   PGK_ACT=act, PGK_SALIGN=align, PGK_SQ8=1)))  # fmt: skip
         # The tensor-core GEMV: the default geometry with every epilogue, then the others
         # the benchmark sweeps.
         for gw, nt, u, st in gemv.DEFAULT_CONFIGS:
