@@ -139,10 +139,10 @@ PGK_DEVICE void pgk_sload8(unsigned char* dst, const unsigned char* src, bool in
 
 extern "C" __global__ void __launch_bounds__(128) PGK_SCLUSTER
     pgk_gemm_skinny(const pgk_t* __restrict__ x, const pgk_sw_t* __restrict__ w,
-                    const float* __restrict__ scale, const pgk_t* __restrict__ bias, pgk_t* __restrict__ y,
-                    const pgk_t* __restrict__ res, int m, int n, int k, long long x_stride,
-                    long long w_stride, long long y_stride, long long res_stride, int slice_stages,
-                    int w_early) {
+                    const float* __restrict__ scale, const pgk_t* __restrict__ bias,
+                    pgk_t* __restrict__ y, const pgk_t* __restrict__ res, int m, int n, int k,
+                    long long x_stride, long long w_stride, long long y_stride,
+                    long long res_stride, int slice_stages, int w_early) {
   constexpr int SMT = PGK_SMT, NS = PGK_SST, XR = 16 * SMT;
   constexpr int WST = PGK_SBN * PGK_SBK, XST = XR * PGK_SBK;  // elements a stage
   constexpr int CLD = PGK_SBN + 4;  // fp32 tile row: +4 floats, rows in other banks
@@ -183,8 +183,7 @@ extern "C" __global__ void __launch_bounds__(128) PGK_SCLUSTER
     for (int i = 0; i < PGK_SBN / WRS; ++i) {
       const bool in = col < k && wrow[i] != nullptr;
 #if PGK_SQ8
-      pgk_sload8(sw8 + (j % NS) * WST + pgk_soff8(wlr + WRS * i, wpc), in ? wrow[i] + col : w,
-                 in);
+      pgk_sload8(sw8 + (j % NS) * WST + pgk_soff8(wlr + WRS * i, wpc), in ? wrow[i] + col : w, in);
 #else
       pgk_sload(sw + (j % NS) * WST + pgk_soff(wlr + WRS * i, wpc), in ? wrow[i] + col : w, in);
 #endif
@@ -248,7 +247,8 @@ extern "C" __global__ void __launch_bounds__(128) PGK_SCLUSTER
 #if PGK_SQ8
 #pragma unroll
       for (int t = 0; t < 4; ++t) {  // row qr of tile t: k 2qc, 2qc + 1 and 2qc + 8, 2qc + 9
-        const unsigned char* e = bw + pgk_soff8(32 * warp + 8 * t + (lane >> 2), s) + 2 * (lane & 3);
+        const unsigned char* e =
+            bw + pgk_soff8(32 * warp + 8 * t + (lane >> 2), s) + 2 * (lane & 3);
         const unsigned lo = *reinterpret_cast<const unsigned short*>(e);
         const unsigned hi = *reinterpret_cast<const unsigned short*>(e + 8);
         pgk_qint8_pairs(lo | (hi << 16), b[t >> 1][(t & 1) * 2], b[t >> 1][(t & 1) * 2 + 1]);

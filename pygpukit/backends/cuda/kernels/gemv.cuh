@@ -112,14 +112,18 @@ extern "C" __global__ void __launch_bounds__(PGK_WARPS * 32)
 
 // ------------------------------------------------------------------------------------------
 // Tensor-core variant. grid (ceil(N / (8 * PGK_NT)), ceil(M / 16)), PGK_GW * 32 threads.
-template <typename A, typename B> struct pgk_gsame { static constexpr bool value = false; };
-template <typename A> struct pgk_gsame<A, A> { static constexpr bool value = true; };
-template <bool C, typename T, typename F> struct pgk_gpick { using type = T; };
-template <typename T, typename F> struct pgk_gpick<false, T, F> { using type = F; };
+template <bool C, typename T, typename F>
+struct pgk_gpick {
+  using type = T;
+};
+template <typename T, typename F>
+struct pgk_gpick<false, T, F> {
+  using type = F;
+};
 
-PGK_DEVICE void pgk_gmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                         unsigned b0, unsigned b1) {
-  if constexpr (pgk_gsame<pgk_t, __nv_bfloat16>::value) {
+PGK_DEVICE void pgk_gmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                         unsigned b1) {
+  if constexpr (pgk_same<pgk_t, __nv_bfloat16>::value) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -147,7 +151,7 @@ PGK_DEVICE uint4 pgk_gload_x(const pgk_t* p, bool in) {
 // x * gain on one 16-byte chunk of x (eight 2-byte elements), two at a time.
 PGK_DEVICE uint4 pgk_gscale(uint4 xv, uint4 g) {
   using pair =
-      typename pgk_gpick<pgk_gsame<pgk_t, __nv_bfloat16>::value, __nv_bfloat162, __half2>::type;
+      typename pgk_gpick<pgk_same<pgk_t, __nv_bfloat16>::value, __nv_bfloat162, __half2>::type;
   uint4 out;
   const pair* xp = reinterpret_cast<const pair*>(&xv);
   const pair* gp = reinterpret_cast<const pair*>(&g);
@@ -221,8 +225,8 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     pgk_gemv_mma(const pgk_t* __restrict__ x, const pgk_t* __restrict__ w,
                  const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
                  long long x_stride, long long w_stride, long long y_stride,
-                 const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                 long long res_stride, float eps, int x_rows, int w_early) {
+                 const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro, long long res_stride,
+                 float eps, int x_rows, int w_early) {
   // Compiled into every module of the family, launched for 2-byte types only.
   constexpr int U = PGK_U, NT = PGK_NT;
   __shared__ float red[PGK_GW][16][8 * NT + 1];  // +1: lanes of a row land in distinct banks
@@ -257,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 
   // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
   auto epilogue = [&](int tile) {
-    // C fragment: (row qr, cols 2qc, 2qc+1) and (row qr + 8, same cols) of each n8 tile.
+  // C fragment: (row qr, cols 2qc, 2qc+1) and (row qr + 8, same cols) of each n8 tile.
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -330,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_gsm) + warp * (NS * SROWS * SLD);
   const int xld = nch * 32 + 32;  // x and gain rows: all of K, padded
   pgk_t* xsm = reinterpret_cast<pgk_t*>(pgk_gsm) + PGK_GW * NS * SROWS * SLD;
-  const pgk_t* gsm = xsm + x_rows * xld;  // the gain row (RMSNorm prologue)
+  const pgk_t* gsm = xsm + x_rows * xld;       // the gain row (RMSNorm prologue)
   const int n_st = (c_hi - c_lo + U - 1) / U;  // slabs per tile
   const int total = my_tiles * n_st;
   // Piece i (0 .. NT * U - 1) of this lane in stage s of this warp (slab s % n_st of its

@@ -28,7 +28,6 @@
 #define PGK_VEC 8  // gemv.cuh's scalar kernel, compiled alongside
 #endif
 #include "gemv.cuh"
-
 #include "quant_format.cuh"
 #ifndef PGK_QPIPE
 #define PGK_QPIPE 1  // 1: the next slab of W is loaded before the current one is multiplied
@@ -54,8 +53,8 @@
 #define PGK_QEPL (PGK_QEPW * PGK_QLW)
 #define PGK_QCW (4 * PGK_QEPL)
 
-using pgk_qpair = typename pgk_gpick<pgk_gsame<pgk_t, __nv_bfloat16>::value, __nv_bfloat162,
-                                     __half2>::type;
+using pgk_qpair =
+    typename pgk_gpick<pgk_same<pgk_t, __nv_bfloat16>::value, __nv_bfloat162, __half2>::type;
 
 PGK_DEVICE unsigned pgk_qbits(pgk_qpair p) { return *reinterpret_cast<unsigned*>(&p); }
 PGK_DEVICE pgk_qpair pgk_qof(unsigned u) { return *reinterpret_cast<pgk_qpair*>(&u); }
@@ -66,7 +65,7 @@ PGK_DEVICE pgk_qpair pgk_qof(unsigned u) { return *reinterpret_cast<pgk_qpair*>(
 // (bf16) or / 2^8 (f16), subnormals included (exponent 0 is a subnormal there too), and
 // the multiply by that power of two is exact. (NaN, 0x7F, is not a weight.)
 PGK_DEVICE unsigned pgk_qfp8_pair(unsigned w, int j) {
-  constexpr bool bf = pgk_gsame<pgk_t, __nv_bfloat16>::value;
+  constexpr bool bf = pgk_same<pgk_t, __nv_bfloat16>::value;
   constexpr int shift = bf ? 4 : 1;
   constexpr unsigned field = (0x7F00u >> shift) * 0x10001u;
   constexpr unsigned short pow2 = bf ? 0x7B80 : 0x5C00;  // 2^120, 2^8
@@ -98,7 +97,7 @@ PGK_DEVICE unsigned pgk_qfp8_pair(unsigned w, int j) {
 PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair, unsigned magic) {
   const unsigned q = ((w >> (4 * i)) & 0x000F000Fu) | magic;
 #if PGK_QBIASED
-  static_assert(pgk_gsame<pgk_t, __nv_bfloat16>::value, "biased int4 codes need bf16 x");
+  static_assert(pgk_same<pgk_t, __nv_bfloat16>::value, "biased int4 codes need bf16 x");
   (void)zpair;
   return q;
 #else
@@ -111,13 +110,12 @@ PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair, unsigned m
 // before every use (a move for each pair of weights). n >= 0, so n >> 31 is 0, but only
 // at run time.
 PGK_DEVICE unsigned pgk_qmagic(int n) {
-  constexpr unsigned magic =
-      pgk_gsame<pgk_t, __nv_bfloat16>::value ? 0x43004300u : 0x64006400u;
+  constexpr unsigned magic = pgk_same<pgk_t, __nv_bfloat16>::value ? 0x43004300u : 0x64006400u;
   return magic | (unsigned)(n >> 31);
 }
 
 PGK_DEVICE unsigned pgk_qzero_pair(int z) {
-  const unsigned magic = pgk_gsame<pgk_t, __nv_bfloat16>::value ? 0x4300u : 0x6400u;
+  const unsigned magic = pgk_same<pgk_t, __nv_bfloat16>::value ? 0x4300u : 0x6400u;
   const unsigned h = magic | (unsigned)z;
   return h | (h << 16);
 }
@@ -371,12 +369,12 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
   // a captured graph); the stage sequence runs on across the block's tiles.
   static_assert(LW == 4, "staged chunks are 16 bytes a lane");
   constexpr int NS = PGK_QSTAGES, SROWS = 8 * NT;
-  constexpr int CPR = 4 * U;       // 16-byte pieces per slab row (4 lanes per chunk)
-  constexpr int SLDB = 16 * CPR;   // bytes of a slab row
+  constexpr int CPR = 4 * U;      // 16-byte pieces per slab row (4 lanes per chunk)
+  constexpr int SLDB = 16 * CPR;  // bytes of a slab row
   static_assert(SLDB % 128 == 0, "a slab row spans whole 128-byte lines (U >= 2)");
-  constexpr int WST = SROWS * SLDB;                   // W bytes of a stage
-  constexpr int SST = PGK_QSK ? 4 * SROWS * U : 0;    // scale bytes of a stage
-  constexpr int ZST = PGK_QZERO ? 32 * NT * U : 0;    // zero-point bytes of a stage
+  constexpr int WST = SROWS * SLDB;                 // W bytes of a stage
+  constexpr int SST = PGK_QSK ? 4 * SROWS * U : 0;  // scale bytes of a stage
+  constexpr int ZST = PGK_QZERO ? 32 * NT * U : 0;  // zero-point bytes of a stage
   constexpr int STB = (WST + SST + ZST + 15) / 16 * 16;
   unsigned char* wsm = pgk_qsm + warp * (NS * STB);
   const int xld = nch * CW + 8;  // x rows: all of K, padded (rows in other banks)
@@ -478,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
 #if PGK_PRO == 1
   constexpr int GB = PGK_QGB;
   const int gpieces = (c_hi - c_lo) * (CW / 8), gcol0 = c_lo * CW;
-  auto gain_batch = [&](int p0, uint4 (&gv)[GB]) {
+  auto gain_batch = [&](int p0, uint4(&gv)[GB]) {
 #pragma unroll
     for (int i = 0; i < GB; ++i) {
       const int p = p0 + 32 * i, col = gcol0 + 8 * p;
@@ -628,8 +626,8 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
         uint4 xv[XV];
 #pragma unroll
         for (int jx = 0; jx < XV; ++jx)
-          xv[jx] = xin && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col + 8 * jx)
-                              : zero4;
+          xv[jx] =
+              xin && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col + 8 * jx) : zero4;
         float xs[2] = {0.0f, 0.0f};
 #if PGK_QBIASED
 #pragma unroll

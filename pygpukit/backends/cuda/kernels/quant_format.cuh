@@ -41,8 +41,7 @@ PGK_DEVICE void pgk_qint8_pairs(unsigned w, unsigned& lo, unsigned& hi) {
     unsigned f[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      f[j] = __float_as_uint(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650 + j)) -
-                             8388736.0f);
+      f[j] = __float_as_uint(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650 + j)) - 8388736.0f);
     lo = __byte_perm(f[0], f[1], 0x7632);
     hi = __byte_perm(f[2], f[3], 0x7632);
   } else {
