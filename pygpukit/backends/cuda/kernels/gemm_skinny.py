@@ -53,8 +53,8 @@ SMALL_WEIGHT = 12 << 20  # the largest measured winner: 2048 x 5632
 # two launches of up to 8 rows, this GEMM, bf16: TinyLlama at 9 rows 1.66 / 1.10 / 1.00 ms,
 # 16 rows 1.82 / 1.12 / 1.05; Llama-2-7B at 9 rows 5.37 / 4.57 / 4.45, 16 rows
 # 6.09 / 5.09 / 4.56. At 64 rows (mma.sync bound: it runs 0.7-0.8x cuBLASLt's bf16 GEMM,
-# 1.1-1.8x the dequantization and GEMM it replaces) TinyLlama 1.94 ms, 7B 7.9 (bf16 1.23,
-# 6.05; 11.1 dequantizing).
+# 1.1-1.8x the dequantization and GEMM it replaces) TinyLlama 1.55 ms, 7B 7.29 (bf16 1.24,
+# 6.06; 11.1 dequantizing), with INT8_BLOCKS_PER_SM.
 INT8_MIN_ROWS = 9
 INT8_EPILOGUES = {"none": "none", "bias": "none", "gelu": "gelu_tanh", "gelu_bias": "gelu_tanh"}
 
