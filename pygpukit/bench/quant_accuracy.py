@@ -6,13 +6,16 @@ last-position logits of random prompts are compared with the float model's: the 
 error ||q - f|| / ||f|| over all logits, and the top-1 agreement (the share of prompts
 whose argmax token is the same).
 
-    python -m pygpukit.bench.quant_accuracy [--model tinyllama|small|DIR] [--prompts 256]
-        [--prompt-len 16] [--formats int8,fp8,int4] [--group 128] [--dtype float32]
-        [--floor] [--json FILE]
+    python -m pygpukit.bench.quant_accuracy [--model tinyllama|small|trained|DIR]
+        [--prompts 256] [--prompt-len 16] [--formats int8,fp8,int4] [--group 128]
+        [--dtype float32] [--floor] [--train-steps 1500] [--trained-dir DIR] [--json FILE]
 
 tinyllama is the TinyLlama-1.1B shape with random weights (a GPU job); small is a
 two-layer model of the same kind that runs on the CPU in seconds; DIR is a model directory
-(the float checkpoint, quantized on load).
+(the float checkpoint, quantized on load). trained is a byte-level Llama trained first with
+torch and transformers (bench/trained_llm.py, about a minute on a GPU; --trained-dir keeps
+the checkpoint there and reuses it), quantized on load like DIR, its prompts random spans
+of held-out text: a model whose logits have margins, as trained checkpoints do.
 
 --floor (with --dtype other than float32) also runs the model in float32 and reports each
 row against it too (the *_vs_float32 keys), the unquantized model in --dtype first (format
@@ -29,7 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -135,11 +140,14 @@ def run(
     dtype: str = "float32",
     seed: int = 0,
     floor: bool = False,
+    train_steps: int = 1500,
+    trained_dir: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per format: {bench, model, format, dtype, prompts, logits_rel_err,
     top1_agreement, weight_bytes, float_weight_bytes}; with floor (dtype not float32) a
     first row for the unquantized model against float32 (format "none", median_top1_gap)
-    and each format's logits_rel_err_vs_float32 and top1_agreement_vs_float32."""
+    and each format's logits_rel_err_vs_float32 and top1_agreement_vs_float32. For
+    "trained" every row also carries the model's training figures (trained_llm.train)."""
     from pygpukit import llm
     from pygpukit.llm.loader import free_weights
     from pygpukit.llm.quantize import check_quantize, quantize_model
@@ -147,6 +155,16 @@ def run(
     for f in formats:
         check_quantize(f, group)
     make: Callable[[str | None, str], Any]
+    trained: dict[str, Any] = {}
+    prompt_ids = None
+    if model == "trained":
+        from . import trained_llm
+
+        model = trained_dir or tempfile.mkdtemp(prefix="pygpukit-trained-")
+        if not os.path.exists(os.path.join(model, "config.json")):
+            trained = trained_llm.train(model, steps=train_steps, seed=seed)
+        trained["train_steps"] = train_steps
+        prompt_ids = trained_llm.spans(trained_llm.corpus()[1], prompts, prompt_len, seed + 1)
     if model in ("small", "tinyllama"):
         from .llm import tinyllama_config
 
@@ -166,7 +184,11 @@ def run(
     float_model = make(None, dtype)
     cfg = float_model.config
     label = {"small": "small-random", "tinyllama": "tinyllama-1.1b-shape"}.get(model, model)
-    ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, (prompts, prompt_len))
+    if trained:
+        label = "trained-byte-llama"
+    ids = prompt_ids
+    if ids is None:
+        ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, (prompts, prompt_len))
     base = last_logits(float_model, ids)
     float_bytes = float_model.weight_bytes
     free_weights(float_model.transformer.weights)
@@ -180,7 +202,8 @@ def run(
                      "label": f"{dtype} (unquantized)", "dtype": dtype, "prompts": prompts,
                      "prompt_len": prompt_len, **compare(base, base), **floor_row,
                      "median_top1_gap": median_top1_gap(ref32),
-                     "weight_bytes": float_bytes, "float_weight_bytes": float_bytes})  # fmt: skip
+                     "weight_bytes": float_bytes, "float_weight_bytes": float_bytes,
+                     **trained})  # fmt: skip
     for fmt in formats:
         t0 = time.perf_counter()
         m = make(fmt, dtype)
@@ -189,7 +212,7 @@ def run(
                "label": m.quantization, "dtype": dtype, "prompts": prompts,
                "prompt_len": prompt_len, **compare(base, got),
                "weight_bytes": m.weight_bytes, "float_weight_bytes": float_bytes,
-               "seconds": time.perf_counter() - t0}  # fmt: skip
+               "seconds": time.perf_counter() - t0, **trained}  # fmt: skip
         if ref32 is not None:
             row.update({f"{k}_vs_float32": v for k, v in compare(ref32, got).items()})
         free_weights(m.transformer.weights)
@@ -200,7 +223,8 @@ def run(
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pygpukit.bench.quant_accuracy",
                                 description=__doc__.split("\n\n")[0])  # fmt: skip
-    p.add_argument("--model", default="small", help="tinyllama, small, or a model directory")
+    p.add_argument("--model", default="small",
+                   help="tinyllama, small, trained, or a model directory")  # fmt: skip
     p.add_argument("--prompts", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--formats", default=",".join(FORMATS))
@@ -208,10 +232,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", help="the activations' (and float weights') dtype")
     p.add_argument("--floor", action="store_true",
                    help="also against the float32 model (the dtype's own floor)")  # fmt: skip
+    p.add_argument("--train-steps", type=int, default=1500, help="--model trained: its steps")
+    p.add_argument("--trained-dir", default=None, metavar="DIR",
+                   help="--model trained: keep (and reuse) the checkpoint here")  # fmt: skip
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
     a = p.parse_args(argv)
     formats = [f.strip() for f in a.formats.split(",") if f.strip()]
-    rows = run(a.model, a.prompts, a.prompt_len, formats, a.group, a.dtype, floor=a.floor)
+    rows = run(a.model, a.prompts, a.prompt_len, formats, a.group, a.dtype, floor=a.floor,
+               train_steps=a.train_steps, trained_dir=a.trained_dir)  # fmt: skip
     vs32 = any("top1_agreement_vs_float32" in r for r in rows)
     print(f"{'format':<20}{'logits rel err':>16}{'top-1 agreement':>18}{'weights MB':>12}"
           + (f"{'vs float32: rel err':>22}{'top-1':>8}" if vs32 else ""))  # fmt: skip
@@ -221,6 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "top1_agreement_vs_float32" in r:
             line += f"{r['logits_rel_err_vs_float32']:>22.5f}{r['top1_agreement_vs_float32']:>8.4f}"
         print(line)
+    if "heldout_bits_per_byte" in rows[0]:
+        r = rows[0]
+        print(f"(trained {r['train_steps']} steps in {r['train_s']:.0f} s: held-out "
+              f"{r['heldout_bits_per_byte']:.2f} bits a byte, next byte top-1 "
+              f"{r['heldout_top1']:.3f})")  # fmt: skip
     if vs32:
         print(f"(median top-1 gap of the float32 logits: {rows[0]['median_top1_gap']:.3f} "
               f"standard deviations)")  # fmt: skip
