@@ -24,7 +24,7 @@ def test_load_generator_rows(tmp_path, single):
     data = json.loads(out.read_text())
     assert "serve_load" in data["meta"]["command"]
     (row,) = data["rows"]
-    assert row["front_end"] == ("thread" if single else "process")
+    assert row["front_end"] == ("thread" if single else "process") and row["client"] == "httpx"
     assert row["clients"] == 3 and row["output_tokens"] == 15
     assert row["output_tok_s"] > 0 and row["ttft_p50_ms"] <= row["ttft_p99_ms"]
     assert row["itl_p50_ms"] <= row["itl_p99_ms"]
@@ -90,8 +90,8 @@ def test_mixed_step_timing_leaves_the_engine_as_it_found_it():
     assert e.stats()["finished"] == 0
 
 
-@pytest.mark.parametrize("procs", [0, 2])
-def test_a_round_warms_its_clients_outside_the_row(procs):
+@pytest.mark.parametrize(("procs", "kind"), [(0, "openai"), (0, "httpx"), (2, "httpx")])
+def test_a_round_warms_its_clients_outside_the_row(procs, kind):
     """Every client completes a small warm-up request (an 8-token prompt, one token) per
     stream before the round starts; at_start runs once they all ended, so the engine's
     timeline from there holds the timed requests alone, and every timed stream starts
@@ -113,16 +113,19 @@ def test_a_round_warms_its_clients_outside_the_row(procs):
             seen["warm"] = engine.timeline(0.0)["requests"]
             seen["since"] = time.perf_counter()
 
-        row, res, t0 = _round(server.url, prompts, 3, procs, at_start)
+        row, res, t0 = _round(server.url, prompts, 3, procs, at_start, kind)
     finally:
         server.stop()
     warm = seen["warm"]
     assert sorted((r["prompt"], r["tokens"]) for r in warm) == [(WARMUP_PROMPT, 1)] * 3
     assert max(r["ended"] for r in warm) <= seen["since"] <= t0
-    # The whole prompts reached the engine (the ids travel in extra_body, replacing "").
+    # The whole prompts reached the engine (with the openai client the ids travel in
+    # extra_body, replacing ""); a stream behind sends its queued tokens in one chunk.
     timed = engine.timeline(seen["since"])["requests"]
     assert sorted(r["prompt"] for r in timed) == sorted(len(p) for p in prompts)
-    assert row["prompt_ids_in"] == "extra_body"
+    assert row["client"] == kind
+    assert row["prompt_ids_in"] == ("extra_body" if kind == "openai" else "body")
+    assert all(1 <= len(r["stamps"]) <= 3 and r["tokens"] == 3 for r in res)
     assert all(r["tokens"] == 3 for r in timed)
     assert row["warm_clients"] is True and row["output_tokens"] == 9
     assert all(r["start"] >= t0 for r in res) and len(res) == 3

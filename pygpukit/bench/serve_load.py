@@ -16,15 +16,23 @@ The server's HTTP front end runs in a process of its own (as `pygpukit serve` do
 "front_end": "process" or "thread"); `--front-ends N` runs N such processes on the port
 (the row's "front_ends").
 
+Each client process reads its streams with httpx, splitting off each event's line and
+parsing its JSON (the row's "client": "httpx"), as vLLM's benchmark_serving does;
+`--client openai` reads them through the `openai` client instead, whose typed object per
+chunk cost enough of a client process (eight streams a process) that its streams fell
+behind and caught up in clumps: on the H200 at 64 clients 24.1-26.7k tok/s, inter-token
+p99 5.8-11.6 ms (max 7-22) against 27.2-27.8k and 4.85-5.08 ms (max 5.2-10) with httpx in
+the same runs, the server the same.
+
 The clients are warm when a round starts (each row's "warm_clients"): each client process
 first completes as many small requests at once (an 8-token prompt, one token) as it has
 streams, so its connections are open and the openai client's one-time set-up (about 80 ms
 of its first request) is done, as vLLM's benchmark_serving sends a warm-up request; the
 round starts when every process is warm (a barrier), and nothing of the warm-up is in the
 row (its steps, its requests' timelines). The clients send the prompt ids through the
-openai client's `extra_body` (the row's "prompt_ids_in"): the same JSON body, without the
-client library's type transform of each id, which cost 3.5-4 ms of a client process per
-320-id prompt and so spread a process's starts over tens of ms.
+openai client's `extra_body` with `--client openai` (the row's "prompt_ids_in"): the same
+JSON body, without the client library's type transform of each id, which cost 3.5-4 ms
+of a client process per 320-id prompt and so spread a process's starts over tens of ms.
 `--step-times` first times the engine's decode step alone (inputs, the captured graph,
 the tokens read back) at batch 1, 16 and 64 with 512-token contexts. `--peer` also times
 transformers' continuous batching (`generate_batch`) on the same prompts, where
@@ -87,24 +95,61 @@ async def _client(client: Any, prompt: list[int], max_tokens: int) -> dict[str, 
     return {"start": t0, "stamps": stamps, "tokens": n}
 
 
+async def _client_httpx(http: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """_client's stream read with httpx alone: each server-sent event's line split off and
+    its JSON parsed (json.loads), as vLLM's benchmark_serving reads its streams, without
+    the openai client's typed objects per chunk."""
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    n = 0
+    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True}  # fmt: skip
+    async with http.stream("POST", "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"serve_load: HTTP {resp.status_code}: {(await resp.aread())!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):
+                stamps.append(time.perf_counter())
+            if chunk.get("usage"):
+                n = chunk["usage"]["completion_tokens"]
+    return {"start": t0, "stamps": stamps, "tokens": n}
+
+
+CLIENTS = ("openai", "httpx")  # --client: how a client process reads its streams
 WARMUP_PROMPT = 8  # tokens of each warm-up request's prompt (it asks for one token)
 
 
 async def _clients(url: str, prompts: list[list[int]], max_tokens: int,
-                   go: Callable[[], None]) -> list[dict[str, Any]]:  # fmt: skip
-    """The streams of `prompts` through one openai client, warmed first: as many small
+                   go: Callable[[], None], kind: str = "httpx"
+                   ) -> list[dict[str, Any]]:  # fmt: skip
+    """The streams of `prompts` through one client (`kind`, CLIENTS), warmed first: as many small
     requests at once as there are prompts (an 8-token prompt, one token), so its
     connections are open and its one-time set-up done (about 80 ms of the first request
     on the H200's host) before the timed round, as vLLM's benchmark_serving sends a
     warm-up request. Then go() (returns when the round starts) and the timed streams."""
-    import openai
+    if kind == "httpx":
+        try:
+            import httpx
+        except ImportError:  # openai 3 depends on the renamed fork
+            import httpx2 as httpx  # type: ignore[no-redef]
 
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
-                                timeout=3600)  # fmt: skip
-    await asyncio.gather(*(_client(client, p[:WARMUP_PROMPT], 1) for p in prompts))
+        client: Any = httpx.AsyncClient(base_url=url, timeout=3600,
+                                        limits=httpx.Limits(max_connections=None))  # fmt: skip
+        one, close = _client_httpx, client.aclose
+    else:
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                    timeout=3600)  # fmt: skip
+        one, close = _client, client.close
+    await asyncio.gather(*(one(client, p[:WARMUP_PROMPT], 1) for p in prompts))
     go()
-    res = await asyncio.gather(*(_client(client, p, max_tokens) for p in prompts))
-    await client.close()
+    res = await asyncio.gather(*(one(client, p, max_tokens) for p in prompts))
+    await close()
     return list(res)
 
 
@@ -116,10 +161,11 @@ def _init_worker(start: Any) -> None:
     _start = start
 
 
-def _worker(url: str, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
+def _worker(url: str, prompts: list[list[int]], max_tokens: int, kind: str
+            ) -> list[dict[str, Any]]:  # fmt: skip
     """One client process's share (perf_counter is the system-wide monotonic clock); its
     timed streams start when every process has warmed its client (the barrier)."""
-    return asyncio.run(_clients(url, prompts, max_tokens, lambda: _start.wait(120)))
+    return asyncio.run(_clients(url, prompts, max_tokens, lambda: _start.wait(120), kind))
 
 
 def _warm_worker(_: int) -> int:
@@ -129,7 +175,7 @@ def _warm_worker(_: int) -> int:
 
 
 def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0,
-           at_start: Callable[[], None] = lambda: None
+           at_start: Callable[[], None] = lambda: None, kind: str = "httpx"
            ) -> tuple[dict[str, Any], list[dict[str, Any]], float]:  # fmt: skip
     """One round: the row, each client's stamps, and the round's start (perf_counter).
     Every client is warm at the start (_clients); at_start() runs then, in this process
@@ -143,13 +189,13 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0,
         t0 = time.perf_counter()
 
     if procs <= 0:
-        res = asyncio.run(_clients(url, prompts, max_tokens, start))
+        res = asyncio.run(_clients(url, prompts, max_tokens, start, kind))
     else:
         ctx = multiprocessing.get_context("spawn")
         barrier = ctx.Barrier(procs + 1)  # each process once warm, and this one
         with ctx.Pool(procs, _init_worker, (barrier,)) as pool:
             pool.map(_warm_worker, range(procs), chunksize=1)
-            shares = [(url, prompts[i::procs], max_tokens) for i in range(procs)]
+            shares = [(url, prompts[i::procs], max_tokens, kind) for i in range(procs)]
             parts = pool.starmap_async(_worker, shares, chunksize=1)
             # Every process warm and waiting: the round starts (t0) as this one, the last,
             # lets them all go.
@@ -167,8 +213,8 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0,
            "output_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * _pct(ttft, 50),
            "ttft_p99_ms": 1e3 * _pct(ttft, 99), "itl_p50_ms": 1e3 * _pct(itl, 50),
            "itl_p99_ms": 1e3 * _pct(itl, 99), "itl_max_ms": 1e3 * max(itl, default=0.0),
-           "client_procs": procs, "warm_clients": True,
-           "prompt_ids_in": "extra_body"}  # fmt: skip
+           "client_procs": procs, "client": kind, "warm_clients": True,
+           "prompt_ids_in": "extra_body" if kind == "openai" else "body"}  # fmt: skip
     return row, res, t0
 
 
@@ -440,7 +486,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         steps: bool = False, step_tokens: int | None = None,
         prefill_step_tokens: int | None = None, single_process: bool = False,
         timelines: list[dict[str, Any]] | None = None,
-        front_ends: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+        front_ends: int = 1, client: str = "httpx") -> list[dict[str, Any]]:  # fmt: skip
     """The rounds' rows (and, into `timelines` when given, each round's whole timeline:
     the engine's, the steps' GPU marks, the clients' stamps, on the perf_counter clock)."""
     import pygpukit as gpk
@@ -475,7 +521,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         procs = min(8, max(clients))
     try:
         warm = _prompts(min(4, max(clients)), cfg.vocab_size, lo, hi, 99)
-        _round(server.url, warm, 4)  # traces the step graphs
+        _round(server.url, warm, 4, kind=client)  # traces the step graphs
         for n in clients:
             prompts = _prompts(n, cfg.vocab_size, lo, hi, n)
             marks = GpuMarks(engine) if gpk.backend_name() == "cuda" else None
@@ -485,7 +531,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
                 snap["since"] = time.perf_counter()
                 snap["before"] = engine.stats()
 
-            got, res, t0 = _round(server.url, prompts, max_tokens, procs, at_start)
+            got, res, t0 = _round(server.url, prompts, max_tokens, procs, at_start, client)
             before, since = snap["before"], snap["since"]
             gpu = marks.close() if marks is not None else None
             row = {"impl": "pygpukit serve", **got,
@@ -553,6 +599,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the budget of a step with no decode row (default: Engine's)",
     )
     p.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="httpx",
+        help="read the streams with the openai client, or with httpx and json.loads",
+    )
+    p.add_argument(
         "--single-process",
         action="store_true",
         help="serve HTTP from a thread beside the engine (default: a process of its own)",
@@ -588,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         a.single_process,
         timelines,
         a.front_ends,
+        a.client,
     )
     if a.timeline:
         with open(a.timeline, "w", encoding="utf-8") as f:
