@@ -95,7 +95,7 @@ async def _client(client: Any, prompt: list[int], max_tokens: int) -> dict[str, 
     return {"start": t0, "stamps": stamps, "tokens": n}
 
 
-async def _client_httpx(http: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+async def _client_httpx(client: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     """_client's stream read with httpx alone: each server-sent event's line split off and
     its JSON parsed (json.loads), as vLLM's benchmark_serving reads its streams, without
     the openai client's typed objects per chunk."""
@@ -105,7 +105,7 @@ async def _client_httpx(http: Any, prompt: list[int], max_tokens: int) -> dict[s
     body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True},
             "ignore_eos": True}  # fmt: skip
-    async with http.stream("POST", "/v1/completions", json=body) as resp:
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"serve_load: HTTP {resp.status_code}: {(await resp.aread())!r}")
         async for line in resp.aiter_lines():
