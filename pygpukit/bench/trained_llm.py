@@ -57,8 +57,7 @@ def corpus(limit: int = CORPUS_BYTES) -> tuple[np.ndarray, np.ndarray]:
             break
     if not held or not train:
         raise RuntimeError(f"trained_llm: too few Python sources under {root}")
-    join = lambda parts: np.frombuffer(b"".join(parts), np.uint8)  # noqa: E731
-    return join(train), join(held)
+    return np.frombuffer(b"".join(train), np.uint8), np.frombuffer(b"".join(held), np.uint8)
 
 
 def spans(data: np.ndarray, count: int, length: int, seed: int) -> np.ndarray:
