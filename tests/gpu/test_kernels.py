@@ -424,6 +424,33 @@ def test_argmax(dev: Any, rng: np.random.Generator, dtype: str, shape: tuple[int
 
 
 @pytest.mark.parametrize("dtype", HALFS)
+@pytest.mark.parametrize("start", [0, 1])
+@pytest.mark.parametrize("where", ["tail", "body", "nan"])
+def test_argmax_vector_rows(dev: Any, rng: np.random.Generator, dtype: str, start: int,
+                            where: str) -> None:  # fmt: skip
+    """Rows of 32003 in a padded stride (16-byte loads, then a scalar tail of 32003 % the
+    vector), or starting one element in (unaligned: scalar loads): the maximum in the tail,
+    in the vector part tied with a later copy, or a NaN (larger than every number)."""
+    rows, cols = 5, 32003
+    rs = 32016 + start  # start 1: rows one element off 16 bytes, and an odd stride
+    buf = rand(rng, (start + rows * rs,), dtype)
+    view = np.lib.stride_tricks.as_strided(buf[start:], (rows, cols), (rs * buf.itemsize,
+                                                                       buf.itemsize))  # fmt: skip
+    for r in range(rows):
+        row = view[r]
+        if where == "tail":
+            row[cols - 1 - r] = row.max() + 1
+        elif where == "body":
+            at = int(rng.integers(0, cols - 100))
+            row[at] = row[at + 7 + r] = row.max() + 1  # a tie: the lower index wins
+        else:
+            row[int(rng.integers(0, cols))] = np.nan
+    xd, od = dev.put(buf), dev.empty((rows,), "int64")
+    argmax_topk.argmax(xd.ptr + start * buf.itemsize, od.ptr, rows, cols, dtype, row_stride=rs)
+    assert np.array_equal(od.get((rows,), "int64"), np.argmax(f64(view), -1))
+
+
+@pytest.mark.parametrize("dtype", HALFS)
 @pytest.mark.parametrize(
     "shape,k", [((1, 1), 1), ((3, 50), 5), ((2, 1000), 64), ((2, 32000), 40), ((1, 128256), 1)]
 )

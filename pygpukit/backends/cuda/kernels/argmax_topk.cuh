@@ -9,6 +9,9 @@
 // shared memory does not grow with cols, so vocabulary-sized rows work on every SM80+ part.
 #include "common.cuh"
 
+#ifndef PGK_AVEC
+#define PGK_AVEC 1  // argmax: elements a load
+#endif
 #ifndef PGK_TOPK_THREADS
 #define PGK_TOPK_THREADS 512
 #endif
@@ -26,9 +29,8 @@ PGK_DEVICE bool pgk_better(float a, long long ia, float b, long long ib) {
 }
 
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_argmax)
-extern "C" __global__ void pgk_argmax(const pgk_t* __restrict__ x,
-                                      long long* __restrict__ out_idx, int cols,
-                                      long long row_stride) {
+extern "C" __global__ void pgk_argmax(const pgk_t* __restrict__ x, long long* __restrict__ out_idx,
+                                      int cols, long long row_stride) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   __shared__ float sv[32];
@@ -36,38 +38,40 @@ extern "C" __global__ void pgk_argmax(const pgk_t* __restrict__ x,
   const pgk_t* xr = x + (long long)blockIdx.x * row_stride;
   float bv = 0.0f;
   long long bi = -1;
-  // Eight loads in flight before the compares: one load per compare left each thread
-  // waiting out an L2 round trip per element (a 32000-wide row took 12 us).
-  constexpr int UN = 8;
-  int c = threadIdx.x;
-  for (; c + (UN - 1) * (int)blockDim.x < cols; c += UN * (int)blockDim.x) {
-    float v[UN];
-#pragma unroll
-    for (int u = 0; u < UN; ++u) v[u] = pgk_to_float(xr[c + u * (int)blockDim.x]);
-#pragma unroll
-    for (int u = 0; u < UN; ++u) {
-      const long long cu = c + u * (long long)blockDim.x;
-      if (bi < 0 || pgk_better(v[u], cu, bv, bi)) {
-        bv = v[u];
-        bi = cu;
-      }
-    }
-  }
-  for (; c < cols; c += blockDim.x) {
-    const float v = pgk_to_float(xr[c]);
+  auto consider = [&](float v, long long c) {
     if (bi < 0 || pgk_better(v, c, bv, bi)) {
       bv = v;
       bi = c;
     }
+  };
+  // PGK_AVEC elements a load (16 bytes where the launcher found the rows aligned), UN loads
+  // in flight before the compares: one scalar load per compare left each thread waiting
+  // out an L2 round trip per element (a 32000-wide row took 12 us).
+  constexpr int V = PGK_AVEC;
+  constexpr int UN = 8;
+  const int step = (int)blockDim.x * V, cv = cols - cols % V;
+  int c = (int)threadIdx.x * V;
+  for (; c + (UN - 1) * step < cv; c += UN * step) {
+    pgk_vec<pgk_t, V> v[UN];
+#pragma unroll
+    for (int u = 0; u < UN; ++u) v[u] = pgk_load<V>(xr + c + u * step);
+#pragma unroll
+    for (int u = 0; u < UN; ++u)
+#pragma unroll
+      for (int e = 0; e < V; ++e) consider(pgk_to_float(v[u].v[e]), c + u * (long long)step + e);
   }
+  for (; c < cv; c += step) {
+    const pgk_vec<pgk_t, V> v = pgk_load<V>(xr + c);
+#pragma unroll
+    for (int e = 0; e < V; ++e) consider(pgk_to_float(v.v[e]), c + e);
+  }
+  for (int j = cv + (int)threadIdx.x; j < cols; j += (int)blockDim.x)
+    consider(pgk_to_float(xr[j]), j);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
     const long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (oi >= 0 && (bi < 0 || pgk_better(ov, oi, bv, bi))) {
-      bv = ov;
-      bi = oi;
-    }
+    if (oi >= 0) consider(ov, oi);
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) {
@@ -75,13 +79,17 @@ extern "C" __global__ void pgk_argmax(const pgk_t* __restrict__ x,
     si[warp] = bi;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < (int)((blockDim.x + 31) >> 5); ++w)
-      if (si[w] >= 0 && (bi < 0 || pgk_better(sv[w], si[w], bv, bi))) {
-        bv = sv[w];
-        bi = si[w];
-      }
-    out_idx[blockIdx.x] = bi;
+  if (warp == 0) {  // the warps' winners, reduced by one warp's shuffles
+    const bool has = lane < (int)((blockDim.x + 31) >> 5);
+    bv = has ? sv[lane] : 0.0f;
+    bi = has ? si[lane] : -1;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (oi >= 0) consider(ov, oi);
+    }
+    if (lane == 0) out_idx[blockIdx.x] = bi;
   }
 }
 #endif

@@ -32,7 +32,10 @@ def argmax(
     if rows == 0:
         return
     rs = cols if row_stride is None else row_stride
-    fn = loader.get_kernel("argmax_topk", "pgk_argmax", loader.type_defines(dtype))
+    vec = 16 // loader.itemsize(dtype)  # 16-byte loads where every row starts aligned
+    vec = vec if x % 16 == 0 and rs % vec == 0 else 1
+    fn = loader.get_kernel("argmax_topk", "pgk_argmax",
+                           {**loader.type_defines(dtype), "PGK_AVEC": vec})  # fmt: skip
     threads = 1024 if cols >= 8192 else 256
     fn.launch(
         (rows,),

@@ -81,7 +81,9 @@ def all_variants() -> list[Variant]:
                     _t(dt, PGK_VEC=1, PGK_INTERLEAVED=inter, PGK_CS="float"),
                 )
             )
-        out.append(("argmax_topk", ("pgk_argmax", "pgk_topk"), _t(dt, PGK_TOPK_THREADS=512)))
+        for avec in (1, vec):
+            out.append(("argmax_topk", ("pgk_argmax", "pgk_topk"),
+                        _t(dt, PGK_TOPK_THREADS=512, PGK_AVEC=avec)))  # fmt: skip
         for act in (0, 1, 2, 3):
             out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=vec, PGK_WARPS=8, PGK_ACT=act)))
         out.append(("gemv", ("pgk_gemv",), _t(dt, PGK_VEC=1, PGK_WARPS=8, PGK_ACT=0)))
