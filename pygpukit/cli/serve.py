@@ -46,6 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="token budget of a step of prompts alone; a step of d decode rows "
                    "takes up to this / d when that is more than --step-tokens (default: "
                    "--step-tokens)")  # fmt: skip
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="compute every prompt whole (default: a prompt's full blocks that "
+                   "an earlier request computed, from its start, are reused)")  # fmt: skip
     p.add_argument("--single-process", action="store_true",
                    help="run the HTTP front end in the engine's process (default: a process "
                    "of its own, so the engine thread never waits for the event loop)")  # fmt: skip
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                         block_size=args.block_size, max_batch=args.max_batch,
                         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
                         step_tokens=args.step_tokens,
-                        prefill_step_tokens=args.prefill_step_tokens)  # fmt: skip
+                        prefill_step_tokens=args.prefill_step_tokens,
+                        prefix_caching=args.prefix_caching)  # fmt: skip
         name = args.served_model_name or args.model
         server = Server(model, engine, name, args.host, args.port, "info",
                         processes=1 if args.single_process else 2,

@@ -59,6 +59,7 @@ from pygpukit.llm.paged import PagedKVCache, paged_forward
 from pygpukit.llm.sampling import SamplingParams
 
 from .blocks import BlockAllocator, blocks_for
+from .prefix_cache import PrefixCache, block_names
 from .sampling import k_rounds, sample_rows
 
 log = logging.getLogger("pygpukit.serve")
@@ -133,6 +134,12 @@ class Request:
     # Engine state (engine thread only).
     task: int = -1
     blocks: list[int] = field(default_factory=list)
+    # Prefix caching: the names of its full blocks of known tokens (PrefixCache), how many
+    # of its blocks are named, and the prompt tokens after its first block that cached
+    # blocks hold (prefill jumps over them once the first block is computed).
+    names: list[bytes] = field(default_factory=list)
+    named: int = 0
+    skip: int = 0
     prefilled: int = 0
     scheduled: int = 0  # new tokens whose steps were launched (read back or not)
     tok_slot: int = -1  # the row of the last-token array it owns while it runs
@@ -305,7 +312,8 @@ class Engine:
                  kv_blocks: int | None = None, kv_memory: int | None = None,
                  block_size: int = 16, max_batch: int = 256, prefill_chunk: int = 512,
                  max_queue: int = 1024, step_tokens: int | None = None,
-                 prefill_step_tokens: int | None = None) -> None:  # fmt: skip
+                 prefill_step_tokens: int | None = None,
+                 prefix_caching: bool = True) -> None:  # fmt: skip
         cfg = model.config
         self.model, self.tr = model, model.transformer
         limit = min(cfg.max_position_embeddings, 8192)
@@ -341,7 +349,8 @@ class Engine:
             kv_blocks = _default_memory(kv_memory) // self.block_bytes
         self.num_blocks = max(int(kv_blocks), self.max_blocks)
         self.cache = PagedKVCache(self.tr, self.num_blocks, block_size, self.max_model_len)
-        self.blocks = BlockAllocator(self.num_blocks)
+        self.blocks = PrefixCache(BlockAllocator(self.num_blocks))
+        self.prefix_caching = bool(prefix_caching)
         from pygpukit import _rust
 
         self.core = _rust.SchedulerCore(self.num_blocks * self.block_bytes)
@@ -385,7 +394,7 @@ class Engine:
         self._counts = {"submitted": 0, "finished": 0, "cancelled": 0, "rejected": 0,
                         "failed": 0, "steps": 0, "decode_steps": 0, "prefill_steps": 0,
                         "mixed_steps": 0, "prefill_tokens": 0, "max_step_tokens": 0,
-                        "tokens": 0}  # fmt: skip
+                        "tokens": 0, "prefix_hit_tokens": 0}  # fmt: skip
         # Where the engine thread's time goes (ms): launching steps (their inputs and the
         # call), waiting for a step's tokens (the device's time
         # beyond the host's shows here), emitting them (the sinks) and idling (waiting
@@ -495,6 +504,8 @@ class Engine:
             "num_blocks": self.num_blocks,
             "free_blocks": self.blocks.free,
             "used_blocks": self.blocks.used,
+            "cached_blocks": self.blocks.cached,
+            "prefix_caching": self.prefix_caching,
             "block_size": self.block_size,
             "running": len(self._running),
             "prefilling": len(self._prefilling),
@@ -643,10 +654,57 @@ class Engine:
             with self._lock:
                 self._waiting -= 1
             total = len(req.prompt) + req.max_tokens
-            req.blocks = self.blocks.allocate(blocks_for(total, self.block_size))
+            req.blocks = self._blocks_for(req, blocks_for(total, self.block_size))
             req.rng = np.random.default_rng(req.params.seed)
             req.tok_slot = self._tok_free.pop()
             self._prefilling.append(req)
+
+    def _blocks_for(self, req: Request, need: int) -> list[int]:
+        """A starting request's blocks: with prefix caching, the cached blocks of its
+        prompt's longest cached prefix after the first block (the first block is computed
+        again into a block of its own: the attention kernels tell a prompt's rows from
+        other sequences' by their first block, so no two sequences share one), and up to
+        the block before the one holding the prompt's last token (that token is computed,
+        for the first new token's logits); new blocks for the rest."""
+        bs = self.block_size
+        if not self.prefix_caching:
+            return self.blocks.allocate(need)
+        req.names = block_names(req.prompt, bs)
+        found = self.blocks.match(req.names[: (len(req.prompt) - 1) // bs])
+        self.blocks.release(found[:1])  # the first block stays the request's own
+        shared = found[1:]
+        try:
+            own = self.blocks.allocate(need - len(shared))
+        except Exception:
+            self.blocks.release(shared)
+            raise
+        if shared:
+            req.skip = len(shared) * bs
+            req.named = 1 + len(shared)  # the first block's name is cached on another
+            self._counts["prefix_hit_tokens"] += req.skip
+        return [own[0], *shared, *own[1:]]
+
+    def _name_blocks(self, req: Request, written: int) -> None:
+        """Name the request's blocks whose positions below `written` are all stored (or
+        their stores launched) and whose tokens are named (req.names)."""
+        if not self.prefix_caching:
+            return
+        full = min(written // self.block_size, len(req.names))
+        for j in range(req.named, full):
+            self.blocks.name(req.blocks[j], req.names[j])
+        req.named = max(req.named, full)
+
+    def _name_generated(self, req: Request) -> None:
+        """At a request's end, name its blocks of generated tokens too (a chat's next turn
+        resends the reply): the positions fed to launched steps, whose tokens are known."""
+        if not self.prefix_caching or not req.blocks or req.prefilled < len(req.prompt):
+            return
+        fed = min(len(req.generated), max(0, req.scheduled - 1))
+        if fed:
+            bs, have = self.block_size, len(req.names)
+            tokens = [*req.prompt[have * bs :], *req.generated[:fed]]
+            req.names += block_names(tokens, bs, req.names[-1] if have else b"")
+        self._name_blocks(req, len(req.prompt) + fed)
 
     def _end(self, req: Request, reason: str | None = None,
              error: BaseException | None = None) -> None:  # fmt: skip
@@ -672,7 +730,9 @@ class Engine:
             if req in self._prefilling:
                 self._prefilling.remove(req)
             # Steps still in flight may store into these blocks and this token slot: they
-            # run before anything launched later on the stream, so a new owner's writes win.
+            # run before anything launched later on the stream, so a new owner's writes win
+            # (and a named block's positions were all written by steps launched earlier).
+            self._name_generated(req)
             self.blocks.release(req.blocks)
             req.blocks = []
             if req.tok_slot >= 0:
@@ -832,6 +892,8 @@ class Engine:
             if budget <= 0 or len(pieces) == STEP_PROMPTS:
                 break
             n = min(len(req.prompt) - req.prefilled, self.prefill_chunk, budget)
+            if req.skip:  # the first block first: cached blocks follow it
+                n = min(n, self.block_size - req.prefilled)
             pieces.append((req, n))
             budget -= n
         return pieces
@@ -901,6 +963,10 @@ class Engine:
             if req.prefilled == 0:
                 req.started = now
             req.prefilled += cnt
+            if req.skip and req.prefilled == self.block_size:
+                req.prefilled += req.skip
+                req.skip = 0
+            self._name_blocks(req, req.prefilled)
             if req.prefilled == len(req.prompt):
                 req.prefilled_at = now
                 req.scheduled = 1

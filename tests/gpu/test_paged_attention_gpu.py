@@ -96,6 +96,56 @@ def test_engine_batched_equals_alone_gpu():
         e.close()
 
 
+def test_engine_prefix_cache_gpu():
+    """Prefix caching on the GPU: a repeated prompt and a chat-like continuation reuse
+    cached blocks (shared between sequences, first blocks their own) and stream what an
+    engine without the cache streams."""
+    from pygpukit.llm.tiny import write_tiny_model
+    from pygpukit.serve import Engine
+
+    model = llm.load(write_tiny_model(), dtype="float32")
+    rng = np.random.default_rng(6)
+    head = [int(x) for x in rng.integers(3, 300, size=90)]
+    prompts = [head, [*head, *(int(x) for x in rng.integers(3, 300, size=30))], head]
+    outs = []
+    for caching in (True, False):
+        e = Engine(model, max_model_len=256, kv_blocks=100, prefix_caching=caching).start()
+        try:
+            outs.append([e.generate([p], 10, ignore_eos=True, timeout=600)[0] for p in prompts])
+            st = e.stats()
+            assert (st["prefix_hit_tokens"] > 0) == caching and st["used_blocks"] == 0
+        finally:
+            e.close()
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("dtype, tol", [("bfloat16", 3e-2), ("float16", 5e-3)])
+@pytest.mark.parametrize("one_pool", [False, True])
+def test_paged_attention_shared_prefix_blocks_gpu(dtype, tol, one_pool):
+    """Prefix caching's block tables: sequences whose blocks 1-5 are the same pool blocks
+    (each first block its own) as adjacent decode rows, as a prompt piece after the shared
+    prefix, and as a first-block piece -- every row against the float64 reference."""
+    rng = np.random.default_rng(12)
+    nb, bs, m = 600, 16, 24
+    ids = iter(rng.permutation(nb).tolist())
+    shared = [next(ids) for _ in range(5)]
+
+    def table():
+        return [next(ids), *shared, *(next(ids) for _ in range(m - 6))]
+
+    tables, lens = [], []
+    for _ in range(6):
+        tables.append(table())
+        lens.append(int(rng.integers(97, 200)))
+    for rows, start in ((64, 96), (16, 0)):
+        t = table()
+        for i in range(rows):
+            tables.append(t)
+            lens.append(start + i + 1)
+    _check_step(dtype, 64, 32, 4, np.array(tables, np.int32), np.array(lens, np.int32), nb,
+                bs, tol, rng, one_pool=one_pool)  # fmt: skip
+
+
 def test_gpu_marks_time_each_engine_step_gpu():
     """serve_load's GpuMarks: a CUDA event pair around each engine launch, placed on the
     host's clock; one pair per step of the engine's timeline, in order, none before the
