@@ -129,3 +129,15 @@ def test_a_round_warms_its_clients_outside_the_row(procs, kind):
     assert all(r["tokens"] == 3 for r in timed)
     assert row["warm_clients"] is True and row["output_tokens"] == 9
     assert all(r["start"] >= t0 for r in res) and len(res) == 3
+
+
+def test_repeated_rounds_send_new_prompts(tmp_path):
+    """Two rounds of the same client count: the second's prompts are new, so the engine's
+    prefix cache serves none of their tokens (it would serve most of a repeated prompt)."""
+    from pygpukit.bench.serve_load import main
+
+    out = tmp_path / "rows.json"
+    assert main(["--model", "tiny", "--clients", "2", "2", "--max-tokens", "3", "--prompt-min",
+                 "40", "--prompt-max", "60", "--procs", "0", "--save", str(out)]) == 0  # fmt: skip
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "pygpukit serve"]
+    assert [r["prefix_hit_tokens"] for r in rows] == [0, 0]

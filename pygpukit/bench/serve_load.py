@@ -69,7 +69,7 @@ def _pct(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if len(xs) else float("nan")
 
 
-def _prompts(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+def _prompts(n: int, vocab: int, lo: int, hi: int, seed: int | list[int]) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(t) for t in rng.integers(3, vocab, size=int(rng.integers(lo, hi + 1)))]
             for _ in range(n)]  # fmt: skip
@@ -447,7 +447,7 @@ def _engine_split(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
     """The engine thread's time in a round by phase (ms), and its steps."""
     out: dict[str, Any] = {f"engine_{k}_ms": after["time_ms"][k] - before["time_ms"][k]
                            for k in after["time_ms"]}  # fmt: skip
-    for k in ("steps", "decode_steps", "prefill_steps", "mixed_steps"):
+    for k in ("steps", "decode_steps", "prefill_steps", "mixed_steps", "prefix_hit_tokens"):
         out[k] = after[k] - before[k]
     out["step_tokens"] = after["step_tokens"]
     out["prefill_step_tokens"] = after["prefill_step_tokens"]
@@ -503,7 +503,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
 
         model = random_model(tinyllama_config(), "bfloat16")
     cfg = model.config
-    engine = Engine(model, max_model_len=min(cfg.max_position_embeddings, hi + max_tokens),
+    engine = Engine(model, max_model_len=min(cfg.max_position_embeddings, hi + max(max_tokens, 4)),
                     max_batch=max(clients), kv_memory=kv_memory,
                     max_queue=max(clients) + 8, step_tokens=step_tokens,
                     prefill_step_tokens=prefill_step_tokens)  # fmt: skip
@@ -522,8 +522,10 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
     try:
         warm = _prompts(min(4, max(clients)), cfg.vocab_size, lo, hi, 99)
         _round(server.url, warm, 4, kind=client)  # traces the step graphs
-        for n in clients:
-            prompts = _prompts(n, cfg.vocab_size, lo, hi, n)
+        for i, n in enumerate(clients):
+            # Each round's prompts are new (the engine's prefix cache would serve a
+            # repeated one from the blocks of the round before).
+            prompts = _prompts(n, cfg.vocab_size, lo, hi, n if n not in clients[:i] else [n, i])
             marks = GpuMarks(engine) if gpk.backend_name() == "cuda" else None
             snap: dict[str, Any] = {}
 
