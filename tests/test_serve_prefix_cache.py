@@ -136,6 +136,24 @@ def test_a_running_sequence_shares_its_prompt_blocks(model):
         e.close()
 
 
+def test_a_burst_with_one_system_prompt_computes_it_once(model):
+    """Prompts that arrive together and start with the same 64 tokens: the first computes
+    them; the others prefill their first block in the same step, then take its blocks
+    1-3 (stored earlier in that launch) and jump past them."""
+    e = Engine(model, max_model_len=256, kv_blocks=64).start()
+    try:
+        head = _tokens(64, 13)
+        prompts = [[*head, *_tokens(10 + 7 * i, 14 + i)] for i in range(3)]
+        outs = e.generate(prompts, 5, ignore_eos=True, timeout=300)
+        assert outs == [_alone(model, p, 5) for p in prompts]
+        st = e.stats()
+        assert st["prefix_hit_tokens"] == 2 * 48
+        assert st["prefill_tokens"] == sum(map(len, prompts)) - 2 * 48
+        assert st["used_blocks"] == 0 and not e._coming
+    finally:
+        e.close()
+
+
 def test_cached_blocks_are_evicted_for_new_requests(model):
     """A pool that holds one long sequence: a second prompt evicts the first's idle cached
     blocks, and the first prompt then runs again from scratch, right."""

@@ -135,11 +135,11 @@ class Request:
     task: int = -1
     blocks: list[int] = field(default_factory=list)
     # Prefix caching: the names of its full blocks of known tokens (PrefixCache), how many
-    # of its blocks are named, and the prompt tokens after its first block that cached
-    # blocks hold (prefill jumps over them once the first block is computed).
+    # of its blocks are named, and whether its first block is prefilled alone so that
+    # cached blocks may take the place of its next ones (Engine._share).
     names: list[bytes] = field(default_factory=list)
     named: int = 0
-    skip: int = 0
+    probe: bool = False
     prefilled: int = 0
     scheduled: int = 0  # new tokens whose steps were launched (read back or not)
     tok_slot: int = -1  # the row of the last-token array it owns while it runs
@@ -351,6 +351,9 @@ class Engine:
         self.cache = PagedKVCache(self.tr, self.num_blocks, block_size, self.max_model_len)
         self.blocks = PrefixCache(BlockAllocator(self.num_blocks))
         self.prefix_caching = bool(prefix_caching)
+        # Names of prompt blocks that started requests will compute (counts): a request
+        # whose second block is among them probes for it (_blocks_for).
+        self._coming: dict[bytes, int] = {}
         from pygpukit import _rust
 
         self.core = _rust.SchedulerCore(self.num_blocks * self.block_bytes)
@@ -660,29 +663,51 @@ class Engine:
             self._prefilling.append(req)
 
     def _blocks_for(self, req: Request, need: int) -> list[int]:
-        """A starting request's blocks: with prefix caching, the cached blocks of its
-        prompt's longest cached prefix after the first block (the first block is computed
-        again into a block of its own: the attention kernels tell a prompt's rows from
-        other sequences' by their first block, so no two sequences share one), and up to
-        the block before the one holding the prompt's last token (that token is computed,
-        for the first new token's logits); new blocks for the rest."""
+        """A starting request's blocks, all its own. With prefix caching it names its
+        prompt's full blocks (req.names) and, where its second block is cached or will be
+        computed by a request that started before it, first prefills its first block
+        alone (req.probe): _share then swaps its next blocks for cached ones."""
+        out = self.blocks.allocate(need)
+        if self.prefix_caching:
+            bs = self.block_size
+            req.names = block_names(req.prompt, bs)
+            second = req.names[1] if (len(req.prompt) - 1) // bs > 1 else None
+            req.probe = second is not None and (second in self._coming
+                                                or self.blocks.is_named(second))  # fmt: skip
+            for name in req.names:
+                self._coming[name] = self._coming.get(name, 0) + 1
+        return out
+
+    def _share(self, req: Request) -> None:
+        """Its first block prefilled: swap the request's next blocks for the cached blocks
+        of its prompt's longest named prefix, up to the block before the one holding the
+        prompt's last token (that token is computed, for the first new token's logits),
+        and jump its prefill past them. Blocks named by this step's earlier pieces count:
+        their stores run first in the launch. The first block stays its own: the attention
+        kernels tell a prompt's rows from other sequences' by their first block, so no two
+        sequences may share one."""
+        req.probe = False
         bs = self.block_size
-        if not self.prefix_caching:
-            return self.blocks.allocate(need)
-        req.names = block_names(req.prompt, bs)
         found = self.blocks.match(req.names[: (len(req.prompt) - 1) // bs])
-        self.blocks.release(found[:1])  # the first block stays the request's own
+        self.blocks.release(found[:1])
         shared = found[1:]
-        try:
-            own = self.blocks.allocate(need - len(shared))
-        except Exception:
-            self.blocks.release(shared)
-            raise
-        if shared:
-            req.skip = len(shared) * bs
-            req.named = 1 + len(shared)  # the first block's name is cached on another
-            self._counts["prefix_hit_tokens"] += req.skip
-        return [own[0], *shared, *own[1:]]
+        if not shared:
+            return
+        k = len(shared)
+        self.blocks.release(req.blocks[1 : 1 + k])  # never written: the first piece ended
+        req.blocks[1 : 1 + k] = shared
+        req.prefilled += k * bs
+        req.named = 1 + k
+        self._counts["prefix_hit_tokens"] += k * bs
+
+    def _forget_coming(self, req: Request) -> None:
+        """Its prompt's blocks are computed (or never will be): no longer coming."""
+        for name in req.names[: len(req.prompt) // self.block_size]:
+            left = self._coming.get(name, 0) - 1
+            if left > 0:
+                self._coming[name] = left
+            else:
+                self._coming.pop(name, None)
 
     def _name_blocks(self, req: Request, written: int) -> None:
         """Name the request's blocks whose positions below `written` are all stored (or
@@ -733,6 +758,8 @@ class Engine:
             # run before anything launched later on the stream, so a new owner's writes win
             # (and a named block's positions were all written by steps launched earlier).
             self._name_generated(req)
+            if req.prefilled < len(req.prompt):
+                self._forget_coming(req)
             self.blocks.release(req.blocks)
             req.blocks = []
             if req.tok_slot >= 0:
@@ -892,7 +919,7 @@ class Engine:
             if budget <= 0 or len(pieces) == STEP_PROMPTS:
                 break
             n = min(len(req.prompt) - req.prefilled, self.prefill_chunk, budget)
-            if req.skip:  # the first block first: cached blocks follow it
+            if req.probe:  # its first block alone: cached blocks may follow (_share)
                 n = min(n, self.block_size - req.prefilled)
             pieces.append((req, n))
             budget -= n
@@ -963,11 +990,11 @@ class Engine:
             if req.prefilled == 0:
                 req.started = now
             req.prefilled += cnt
-            if req.skip and req.prefilled == self.block_size:
-                req.prefilled += req.skip
-                req.skip = 0
+            if req.probe and req.prefilled == self.block_size:
+                self._share(req)
             self._name_blocks(req, req.prefilled)
             if req.prefilled == len(req.prompt):
+                self._forget_coming(req)
                 req.prefilled_at = now
                 req.scheduled = 1
                 self._prefilling.remove(req)

@@ -89,6 +89,10 @@ class PrefixCache:
             self._holders[b] = 1
         return out
 
+    def is_named(self, name: bytes) -> bool:
+        """Whether a block of this name is cached."""
+        return name in self._by_name
+
     def match(self, names: Sequence[bytes]) -> list[int]:
         """The cached blocks of the longest run of `names` from the first, each now held
         once more (an idle one leaves the eviction order)."""
