@@ -11,6 +11,8 @@ behind sends its queued tokens in one chunk). The clients run in --procs worker 
 (default: up to 8), so parsing their streams does not take the server's interpreter lock,
 as a real load generator on another host would not; --procs 0 runs them in this process.
 `--step-tokens` sets the engine's token budget per step (decode rows + prompt tokens).
+`--shared-prefix N` starts every prompt with the same N random tokens (a system prompt;
+new ones each round): the engine's prefix cache computes them once.
 The server's HTTP front end runs in a process of its own (as `pygpukit serve` does);
 `--single-process` serves it from a thread beside the engine instead (each row's
 "front_end": "process" or "thread"); `--front-ends N` runs N such processes on the port
@@ -69,9 +71,11 @@ def _pct(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if len(xs) else float("nan")
 
 
-def _prompts(n: int, vocab: int, lo: int, hi: int, seed: int | list[int]) -> list[list[int]]:
+def _prompts(n: int, vocab: int, lo: int, hi: int, seed: int | list[int],
+             prefix: Sequence[int] = ()) -> list[list[int]]:  # fmt: skip
+    """n random prompts of lo-hi tokens, each after `prefix` (a shared system prompt)."""
     rng = np.random.default_rng(seed)
-    return [[int(t) for t in rng.integers(3, vocab, size=int(rng.integers(lo, hi + 1)))]
+    return [[*prefix, *(int(t) for t in rng.integers(3, vocab, size=int(rng.integers(lo, hi + 1))))]
             for _ in range(n)]  # fmt: skip
 
 
@@ -486,7 +490,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         steps: bool = False, step_tokens: int | None = None,
         prefill_step_tokens: int | None = None, single_process: bool = False,
         timelines: list[dict[str, Any]] | None = None,
-        front_ends: int = 1, client: str = "httpx") -> list[dict[str, Any]]:  # fmt: skip
+        front_ends: int = 1, client: str = "httpx",
+        shared_prefix: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """The rounds' rows (and, into `timelines` when given, each round's whole timeline:
     the engine's, the steps' GPU marks, the clients' stamps, on the perf_counter clock)."""
     import pygpukit as gpk
@@ -503,7 +508,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
 
         model = random_model(tinyllama_config(), "bfloat16")
     cfg = model.config
-    engine = Engine(model, max_model_len=min(cfg.max_position_embeddings, hi + max(max_tokens, 4)),
+    longest = shared_prefix + hi + max(max_tokens, 4)
+    engine = Engine(model, max_model_len=min(cfg.max_position_embeddings, longest),
                     max_batch=max(clients), kv_memory=kv_memory,
                     max_queue=max(clients) + 8, step_tokens=step_tokens,
                     prefill_step_tokens=prefill_step_tokens)  # fmt: skip
@@ -525,7 +531,9 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         for i, n in enumerate(clients):
             # Each round's prompts are new (the engine's prefix cache would serve a
             # repeated one from the blocks of the round before).
-            prompts = _prompts(n, cfg.vocab_size, lo, hi, n if n not in clients[:i] else [n, i])
+            seed = n if n not in clients[:i] else [n, i]
+            prefix = _prompts(1, cfg.vocab_size, shared_prefix, shared_prefix, [7, i])[0]
+            prompts = _prompts(n, cfg.vocab_size, lo, hi, seed, prefix)
             marks = GpuMarks(engine) if gpk.backend_name() == "cuda" else None
             snap: dict[str, Any] = {}
 
@@ -536,7 +544,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
             got, res, t0 = _round(server.url, prompts, max_tokens, procs, at_start, client)
             before, since = snap["before"], snap["since"]
             gpu = marks.close() if marks is not None else None
-            row = {"impl": "pygpukit serve", **got,
+            row = {"impl": "pygpukit serve", **got, "shared_prefix": shared_prefix,
                    "front_end": "thread" if single_process else "process",
                    "front_ends": front_ends}  # fmt: skip
             row.update(_engine_split(before, engine.stats()))
@@ -607,6 +615,12 @@ def main(argv: list[str] | None = None) -> int:
         help="read the streams with the openai client, or with httpx and json.loads",
     )
     p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="tokens of one random system prompt every prompt starts with (prefix caching)",
+    )
+    p.add_argument(
         "--single-process",
         action="store_true",
         help="serve HTTP from a thread beside the engine (default: a process of its own)",
@@ -643,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         timelines,
         a.front_ends,
         a.client,
+        a.shared_prefix,
     )
     if a.timeline:
         with open(a.timeline, "w", encoding="utf-8") as f:
