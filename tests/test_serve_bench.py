@@ -141,3 +141,21 @@ def test_repeated_rounds_send_new_prompts(tmp_path):
                  "40", "--prompt-max", "60", "--procs", "0", "--save", str(out)]) == 0  # fmt: skip
     rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "pygpukit serve"]
     assert [r["prefix_hit_tokens"] for r in rows] == [0, 0]
+
+
+def test_a_shared_system_prompt_is_computed_once(tmp_path):
+    """--shared-prefix: every prompt starts with the same 48 tokens; with the prefix cache
+    most of them are not prefilled again, without it every prompt is prefilled whole."""
+    from pygpukit.bench.serve_load import main
+
+    rows = []
+    for extra in ([], ["--no-prefix-caching"]):
+        out = tmp_path / "rows.json"
+        assert main(["--model", "tiny", "--clients", "3", "--max-tokens", "4", "--prompt-min",
+                     "10", "--prompt-max", "20", "--procs", "0", "--shared-prefix", "48",
+                     "--save", str(out), *extra]) == 0  # fmt: skip
+        (row,) = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "pygpukit serve"]
+        rows.append(row)
+    assert rows[0]["shared_prefix"] == 48 and rows[0]["prefix_caching"]
+    assert rows[0]["prefix_hit_tokens"] > 0 and not rows[1]["prefix_caching"]
+    assert rows[1]["prefix_hit_tokens"] == 0

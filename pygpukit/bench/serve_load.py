@@ -455,6 +455,7 @@ def _engine_split(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
         out[k] = after[k] - before[k]
     out["step_tokens"] = after["step_tokens"]
     out["prefill_step_tokens"] = after["prefill_step_tokens"]
+    out["prefix_caching"] = after["prefix_caching"]
     return out
 
 
@@ -490,8 +491,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         steps: bool = False, step_tokens: int | None = None,
         prefill_step_tokens: int | None = None, single_process: bool = False,
         timelines: list[dict[str, Any]] | None = None,
-        front_ends: int = 1, client: str = "httpx",
-        shared_prefix: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+        front_ends: int = 1, client: str = "httpx", shared_prefix: int = 0,
+        prefix_caching: bool = True) -> list[dict[str, Any]]:  # fmt: skip
     """The rounds' rows (and, into `timelines` when given, each round's whole timeline:
     the engine's, the steps' GPU marks, the clients' stamps, on the perf_counter clock)."""
     import pygpukit as gpk
@@ -512,7 +513,8 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
     engine = Engine(model, max_model_len=min(cfg.max_position_embeddings, longest),
                     max_batch=max(clients), kv_memory=kv_memory,
                     max_queue=max(clients) + 8, step_tokens=step_tokens,
-                    prefill_step_tokens=prefill_step_tokens)  # fmt: skip
+                    prefill_step_tokens=prefill_step_tokens,
+                    prefix_caching=prefix_caching)  # fmt: skip
     rows = []
     if steps:
         sizes = [b for b in (1, 16, 64) if b <= engine.max_batch]
@@ -621,6 +623,12 @@ def main(argv: list[str] | None = None) -> int:
         help="tokens of one random system prompt every prompt starts with (prefix caching)",
     )
     p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="the engine without its prefix cache",
+    )
+    p.add_argument(
         "--single-process",
         action="store_true",
         help="serve HTTP from a thread beside the engine (default: a process of its own)",
@@ -658,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         a.front_ends,
         a.client,
         a.shared_prefix,
+        a.prefix_caching,
     )
     if a.timeline:
         with open(a.timeline, "w", encoding="utf-8") as f:
