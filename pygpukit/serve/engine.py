@@ -683,7 +683,7 @@ class Engine:
         of its prompt's longest named prefix, up to the block before the one holding the
         prompt's last token (that token is computed, for the first new token's logits),
         and jump its prefill past them. Blocks named by this step's earlier pieces count:
-        their stores run first in the launch. The first block stays its own: the attention
+        the request reads them from its next step on. The first block stays its own: the attention
         kernels tell a prompt's rows from other sequences' by their first block, so no two
         sequences may share one."""
         req.probe = False
