@@ -77,6 +77,28 @@ def test_completion_equals_generate(client, model):
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 10)
 
 
+def test_usage_counts_the_prompt_tokens_the_cache_served(client, model, server):
+    """A prompt sent again: its usage says how many prompt tokens came from the prefix
+    cache (prompt_tokens_details.cached_tokens, OpenAI's field), streamed and not, and
+    the text is the same."""
+    ids = [int(x) for x in np.random.default_rng(31).integers(3, 300, size=70)]
+    body = {"prompt": ids, "ignore_eos": True}
+    first = client.completions.create(model="tiny", prompt="", max_tokens=4, temperature=0,
+                                      extra_body=body)  # fmt: skip
+    before = server.engine.stats()["prefix_hit_tokens"]
+    again = client.completions.create(model="tiny", prompt="", max_tokens=4, temperature=0,
+                                      extra_body=body)  # fmt: skip
+    hits = server.engine.stats()["prefix_hit_tokens"] - before
+    chunks = list(client.completions.create(
+        model="tiny", prompt="", max_tokens=4, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body=body))  # fmt: skip
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == hits == 48  # blocks 1-3
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 48
+    assert again.choices[0].text == first.choices[0].text
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == first.choices[0].text
+
+
 def test_chat_streamed_equals_not_streamed(client, model):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Alice"}]
     whole = client.chat.completions.create(

@@ -258,19 +258,21 @@ class Api:
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})  # fmt: skip
         try:
-            out, finish, n = await self._collect(request, er, events, text)
+            out, finish, n, cached = await self._collect(request, er, events, text)
         except _Failed as e:
             return self.error(e.status, e.message, e.kind)
         if out is None:
             return JSONResponse({}, status_code=499)  # the client is gone
-        body = schema.response(chat, rid, self.name, out, finish, schema.usage(len(ids), n))
+        use = schema.usage(len(ids), n, cached)
+        body = schema.response(chat, rid, self.name, out, finish, use)
         return JSONResponse(body)
 
-    async def _collect(self, request: Any, er: Request, events: _Inbox,
-                       text: TextStream | None) -> tuple[str | None, str | None, int]:  # fmt: skip
-        """Wait for the whole generation (cancelling it if the client disconnects)."""
+    async def _collect(self, request: Any, er: Request, events: _Inbox, text: TextStream | None
+                       ) -> tuple[str | None, str | None, int, int]:  # fmt: skip
+        """Wait for the whole generation (cancelling it if the client disconnects): the
+        text, the finish reason, the new tokens and the prompt tokens the cache served."""
         parts: list[str] = []
-        n = 0
+        n = cached = 0
         try:
             while True:
                 if not events.events:
@@ -279,19 +281,20 @@ class Api:
                     except TimeoutError:
                         if await request.is_disconnected():
                             self.engine.cancel(er)
-                            return None, None, n
+                            return None, None, n, cached
                         continue
                 ev = events.events.popleft()
                 if ev.kind == "token":
                     n += 1
+                    cached += ev.cached_tokens
                     parts.append(text.feed(ev.token) if text else f" {ev.token}")
                     if text is not None and text.stopped:
                         self.engine.cancel(er)
-                        return "".join(parts), "stop", n
+                        return "".join(parts), "stop", n, cached
                 elif ev.kind == "done":
                     if text is not None:
                         parts.append(text.flush())
-                    return "".join(parts), _finish(ev), n
+                    return "".join(parts), _finish(ev), n, cached
                 else:
                     raise _failure(ev.error)
         except asyncio.CancelledError:
@@ -301,7 +304,7 @@ class Api:
     async def _stream(self, chat: bool, rid: str, er: Request, events: _Inbox,
                       text: TextStream | None, prompt_len: int,
                       include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
-        n = 0
+        n = cached = 0
         finish: str | None = None
         first = True
         chunks = schema.StreamChunks(chat, rid, self.name)
@@ -320,6 +323,7 @@ class Api:
                 for ev in evs:
                     if ev.kind == "token":
                         n += 1
+                        cached += ev.cached_tokens
                         parts.append(text.feed(ev.token) if text else f" {ev.token}")
                         if text is not None and text.stopped:
                             self.engine.cancel(er)
@@ -341,7 +345,7 @@ class Api:
                     yield _sse(schema.error_body(f.message, f.kind))
                     finish = "error"
             if include_usage:
-                use = schema.usage(prompt_len, n)
+                use = schema.usage(prompt_len, n, cached)
                 yield _sse(schema.chunk(chat, rid, self.name, None, None, use=use))
             yield "data: [DONE]\n\n"
         finally:

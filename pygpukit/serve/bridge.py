@@ -16,7 +16,8 @@ The messages (tuples, pickled by the connection):
       ("cancel", rid), ("stats", qid);
     once at start ("ready", port), or ("failed", message) when it cannot serve.
   engine -> front end: ("events", [event, ...]), one engine step's events of every
-    request (Engine.add_step_hook): (rid, token), (rid, "done", finish_reason),
+    request (Engine.add_step_hook): (rid, token), (rid, token, cached_tokens) for a
+    first token with prompt tokens from the prefix cache, (rid, "done", finish_reason),
     (rid, "error", type name, message, admission reason or None);
     ("acks", [(rid, None | (status, kind, message)), ...]) whether engine.submit took
     each request of a "cmds" (Overloaded: 429; a request that can never run: 400);
@@ -104,7 +105,8 @@ class EngineBridge:
     def _sink(self, rid: int) -> Callable[[Event], None]:
         def sink(ev: Event) -> None:
             if ev.kind == "token":
-                self._events.append((rid, ev.token))
+                self._events.append((rid, ev.token, ev.cached_tokens) if ev.cached_tokens
+                                    else (rid, ev.token))  # fmt: skip
                 return
             self._reqs.pop(rid, None)
             if ev.kind == "done":
@@ -293,8 +295,9 @@ class EngineClient:
                 req = reqs.get(ev[0])
                 if req is None:  # cancelled here: the engine ends it at its next step
                     continue
-                if len(ev) == 2:
-                    req.sink(Event("token", token=ev[1]))
+                if not isinstance(ev[1], str):  # a token (a first one: and cached tokens)
+                    req.sink(Event("token", token=ev[1],
+                                   cached_tokens=ev[2] if len(ev) == 3 else 0))  # fmt: skip
                     continue
                 del reqs[ev[0]]
                 if ev[1] == "done":

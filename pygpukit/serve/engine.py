@@ -111,6 +111,8 @@ class Event:
 
     kind: str  # "token" | "done" | "error"
     token: int = -1
+    # A request's first token: its prompt tokens served from the prefix cache.
+    cached_tokens: int = 0
     finish_reason: str | None = None
     error: BaseException | None = None
 
@@ -140,6 +142,7 @@ class Request:
     names: list[bytes] = field(default_factory=list)
     named: int = 0
     probe: bool = False
+    cached: int = 0  # prompt tokens in shared blocks (not prefilled)
     prefilled: int = 0
     scheduled: int = 0  # new tokens whose steps were launched (read back or not)
     tok_slot: int = -1  # the row of the last-token array it owns while it runs
@@ -698,6 +701,7 @@ class Engine:
         req.blocks[1 : 1 + k] = shared
         req.prefilled += k * bs
         req.named = 1 + k
+        req.cached = k * bs
         self._counts["prefix_hit_tokens"] += k * bs
 
     def _forget_coming(self, req: Request) -> None:
@@ -776,10 +780,11 @@ class Engine:
 
     def _emit(self, req: Request, tok: int) -> None:
         req.generated.append(tok)
-        if len(req.generated) == 1:
+        first = len(req.generated) == 1
+        if first:
             req.first_token = time.perf_counter()
         self._counts["tokens"] += 1
-        req.sink(Event("token", token=tok))
+        req.sink(Event("token", token=tok, cached_tokens=req.cached if first else 0))
         if tok in req.stop_ids:
             self._end(req, "stop")
         elif len(req.generated) >= req.max_tokens:
