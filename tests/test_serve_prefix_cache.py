@@ -66,6 +66,8 @@ def test_cache_holders_idle_blocks_and_eviction():
     assert cache.free == 0  # the failed call took nothing
     cache.release([*a[:2], *got])
     assert cache.free == 6 and cache.idle == 2
+    with pytest.raises(errors.GPUKitError, match="released more than it was held"):
+        cache.release([got[0]])
 
 
 def test_a_repeated_prompt_reuses_its_blocks(model):

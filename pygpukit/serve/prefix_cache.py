@@ -120,6 +120,8 @@ class PrefixCache:
         holds any more stays cached and idle if named, else goes back to the pool."""
         free = []
         for b in reversed(blocks):
+            if b not in self._holders:
+                raise errors.GPUKitError(f"KV cache: block {b} released more than it was held")
             left = self._holders[b] - 1
             if left:
                 self._holders[b] = left
