@@ -155,6 +155,9 @@ def run(
     for f in formats:
         check_quantize(f, group)
     make: Callable[[str | None, str], Any]
+    labels = {"small": "small-random", "tinyllama": "tinyllama-1.1b-shape",
+              "trained": "trained-byte-llama"}  # fmt: skip
+    label = labels.get(model, model)
     trained: dict[str, Any] = {}
     prompt_ids = None
     if model == "trained":
@@ -183,9 +186,6 @@ def run(
     rows: list[dict[str, Any]] = []
     float_model = make(None, dtype)
     cfg = float_model.config
-    label = {"small": "small-random", "tinyllama": "tinyllama-1.1b-shape"}.get(model, model)
-    if trained:
-        label = "trained-byte-llama"
     ids = prompt_ids
     if ids is None:
         ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, (prompts, prompt_len))

@@ -124,6 +124,21 @@ async def _client_httpx(client: Any, prompt: list[int], max_tokens: int) -> dict
 
 
 CLIENTS = ("openai", "httpx")  # --client: how a client process reads its streams
+
+
+def _client_module(kind: str) -> Any:
+    """The module a client of this kind (CLIENTS) is made from."""
+    if kind == "openai":
+        import openai
+
+        return openai
+    try:
+        import httpx
+    except ImportError:  # openai 3 depends on the renamed fork
+        import httpx2 as httpx  # type: ignore[no-redef]
+    return httpx
+
+
 WARMUP_PROMPT = 8  # tokens of each warm-up request's prompt (it asks for one token)
 
 
@@ -135,20 +150,14 @@ async def _clients(url: str, prompts: list[list[int]], max_tokens: int,
     connections are open and its one-time set-up done (about 80 ms of the first request
     on the H200's host) before the timed round, as vLLM's benchmark_serving sends a
     warm-up request. Then go() (returns when the round starts) and the timed streams."""
+    lib = _client_module(kind)
     if kind == "httpx":
-        try:
-            import httpx
-        except ImportError:  # openai 3 depends on the renamed fork
-            import httpx2 as httpx  # type: ignore[no-redef]
-
-        client: Any = httpx.AsyncClient(base_url=url, timeout=3600,
-                                        limits=httpx.Limits(max_connections=None))  # fmt: skip
+        client: Any = lib.AsyncClient(base_url=url, timeout=3600,
+                                      limits=lib.Limits(max_connections=None))  # fmt: skip
         one, close = _client_httpx, client.aclose
     else:
-        import openai
-
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
-                                    timeout=3600)  # fmt: skip
+        client = lib.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                 timeout=3600)  # fmt: skip
         one, close = _client, client.close
     await asyncio.gather(*(one(client, p[:WARMUP_PROMPT], 1) for p in prompts))
     go()
@@ -172,9 +181,8 @@ def _worker(url: str, prompts: list[list[int]], max_tokens: int, kind: str
     return asyncio.run(_clients(url, prompts, max_tokens, lambda: _start.wait(120), kind))
 
 
-def _warm_worker(_: int) -> int:
-    import openai  # noqa: F401  (imported once before the timed round)
-
+def _warm_worker(kind: str) -> int:
+    _client_module(kind)  # imported once before the timed round
     return 0
 
 
@@ -198,7 +206,7 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0,
         ctx = multiprocessing.get_context("spawn")
         barrier = ctx.Barrier(procs + 1)  # each process once warm, and this one
         with ctx.Pool(procs, _init_worker, (barrier,)) as pool:
-            pool.map(_warm_worker, range(procs), chunksize=1)
+            pool.map(_warm_worker, [kind] * procs, chunksize=1)
             shares = [(url, prompts[i::procs], max_tokens, kind) for i in range(procs)]
             parts = pool.starmap_async(_worker, shares, chunksize=1)
             # Every process warm and waiting: the round starts (t0) as this one, the last,

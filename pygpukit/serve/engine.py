@@ -354,8 +354,8 @@ class Engine:
         self.cache = PagedKVCache(self.tr, self.num_blocks, block_size, self.max_model_len)
         self.blocks = PrefixCache(BlockAllocator(self.num_blocks))
         self.prefix_caching = bool(prefix_caching)
-        # Names of prompt blocks that started requests will compute (counts): a request
-        # whose second block is among them probes for it (_blocks_for).
+        # The second blocks' names of started requests' prompts not yet prefilled (counts):
+        # a request whose second block is among them probes for it (_blocks_for).
         self._coming: dict[bytes, int] = {}
         from pygpukit import _rust
 
@@ -677,8 +677,8 @@ class Engine:
             second = req.names[1] if (len(req.prompt) - 1) // bs > 1 else None
             req.probe = second is not None and (second in self._coming
                                                 or self.blocks.is_named(second))  # fmt: skip
-            for name in req.names:
-                self._coming[name] = self._coming.get(name, 0) + 1
+            if len(req.names) > 1:
+                self._coming[req.names[1]] = self._coming.get(req.names[1], 0) + 1
         return out
 
     def _share(self, req: Request) -> None:
@@ -706,12 +706,13 @@ class Engine:
 
     def _forget_coming(self, req: Request) -> None:
         """Its prompt's blocks are computed (or never will be): no longer coming."""
-        for name in req.names[: len(req.prompt) // self.block_size]:
-            left = self._coming.get(name, 0) - 1
-            if left > 0:
+        if len(req.names) > 1:
+            name = req.names[1]
+            left = self._coming[name] - 1
+            if left:
                 self._coming[name] = left
             else:
-                self._coming.pop(name, None)
+                del self._coming[name]
 
     def _name_blocks(self, req: Request, written: int) -> None:
         """Name the request's blocks whose positions below `written` are all stored (or
