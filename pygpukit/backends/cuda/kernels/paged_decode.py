@@ -70,7 +70,14 @@ def mma_stages(head_dim: int, blocks: int, tiles: int) -> int:
     wave of three blocks an SM instead of two waves of one). Two splits (512 blocks, two
     waves) took 26 us. Prefetching the block's K / V lines into L2 before the wait (its
     length and table read as a guess) was slower: 14.6 us with three stages, 18.0 at
-    128-640 keys."""
+    128-640 keys. So was filling the stages themselves before the wait, as the dense
+    kernel's kv_early does (length, table and piece check read through L2 as a guess and
+    checked after the wait, the row's newest key left out and read after it; the serving
+    model promising that paged_write stores only that key): 17.9-19.4 us a layer against
+    14.0 (H200, batch 64, correct in every case), and the larger body alone (85 KB of code
+    against 78, its early part never taken) 15.0-16.4 us. The stores' own unroll is worth
+    keeping: four or two chunks a lane at a time instead of eight (53 / 41 KB of code)
+    took 13.7-14.2 / 14.5 us against 13.6-14.0."""
     sms = toolchain.sm_count()
     smem_sm = int(toolchain.device_info().get("max_shared_per_sm", 228 * 1024))
     per_sm = cdiv(max(blocks, 1), sms)
