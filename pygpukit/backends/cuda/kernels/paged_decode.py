@@ -75,8 +75,8 @@ def mma_stages(head_dim: int, blocks: int, tiles: int) -> int:
     checked after the wait, the row's newest key left out and read after it; the serving
     model promising that paged_write stores only that key): 17.9-19.4 us a layer against
     14.0 (H200, batch 64, correct in every case), and the larger body alone (85 KB of code
-    against 78, its early part never taken) 15.0-16.4 us. The stores' own unroll is worth
-    keeping: four or two chunks a lane at a time instead of eight (53 / 41 KB of code)
+    against 78, its early part never taken) 15.0-16.4 us. The tile loads' full unroll is
+    worth keeping: four or two chunks a lane at a time instead of eight (53 / 41 KB of code)
     took 13.7-14.2 / 14.5 us against 13.6-14.0."""
     sms = toolchain.sm_count()
     smem_sm = int(toolchain.device_info().get("max_shared_per_sm", 228 * 1024))
