@@ -164,9 +164,9 @@ def run(
         from . import trained_llm
 
         model = trained_dir or tempfile.mkdtemp(prefix="pygpukit-trained-")
-        if not os.path.exists(os.path.join(model, "config.json")):
-            trained = trained_llm.train(model, steps=train_steps, seed=seed)
-        trained["train_steps"] = train_steps
+        if not os.path.exists(os.path.join(model, "config.json")):  # else reused as it is
+            trained = {**trained_llm.train(model, steps=train_steps, seed=seed),
+                       "train_steps": train_steps}  # fmt: skip
         prompt_ids = trained_llm.spans(trained_llm.corpus()[1], prompts, prompt_len, seed + 1)
     if model in ("small", "tinyllama"):
         from .llm import tinyllama_config
