@@ -57,12 +57,12 @@ def _norm_case(rng, fmt, kw, k, m, glu):
     return q, x, g, res, dev
 
 
-def _norm_ref(x, g, wd, res, glu):
+def _norm_ref(x, g, wd, res, glu, eps=1e-5):
     """float64: x * gain rounded once to bf16 (as the kernel's packed multiply), 1 / rms on
     raw x; with glu silu(gate) * up + the residual."""
     x64 = x.astype(np.float64)
     xg = (x64 * g.astype(np.float64)).astype(BF16).astype(np.float64)
-    rs = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)
+    rs = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps)
     ref = rs * (xg @ wd.T)
     if glu:
         n_out = res.shape[1]
@@ -123,3 +123,45 @@ def test_prologue_gain_paths_match_float64(fmt, kw, gain, glu, m):
     gpk.synchronize()
     out = y.to_numpy()
     assert _err(out, _norm_ref(x, g, q.dequantize(), res, glu)) <= 1e-3
+
+
+@pytest.mark.parametrize("magnitude", [1.0, 2.0**-30, 2.0**40], ids=["unit", "tiny", "huge"])
+@pytest.mark.parametrize("f16", [False, True], ids=["bf16-products", "f16-products"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_int8_f16_products_match_float64(f16, magnitude, fused, m):
+    """Staged int8 under bf16 x multiplies in f16 (gemv_quant.half_mma, PGK_QF16), x scaled
+    per row and warp by a power of two: rows far below and far above f16's range (with one
+    element 2^12 times the rest) come out as the bf16 products do."""
+    k = 4096
+    rng = np.random.default_rng()
+    q, x, g, res, (xd, gd, rd, y) = _norm_case(rng, "int8", {}, k, m, fused)
+    x = (x.astype(np.float64) * magnitude).astype(BF16)
+    x[:, rng.integers(k)] *= 4096
+    xd = gpk.from_numpy(x).realize()
+    n = q.data.shape[0]
+    gemv_quant.gemv_quant(
+        _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
+        scale_numel=q.scale.size, m=m, w_early=True, f16=f16,
+        prologue="rms_norm" if fused else "none", pro=_ptr(gd) if fused else 0, eps=1e-30,
+        residual=_ptr(rd) if fused else 0, glu=fused,
+    )  # fmt: skip
+    gpk.synchronize()
+    out = y.to_numpy()
+    wd = q.dequantize()
+    if fused:
+        ref = _norm_ref(x, g, wd, res, True, eps=1e-30)
+    else:
+        ref = x.astype(np.float64) @ wd.T
+    assert np.isfinite(out.astype(np.float64)).all()
+    assert _err(out, ref) <= 1e-3
+
+
+def test_f16_products_refuse_other_formats():
+    """f16=True is the int8-under-bf16 kernel's: any other weight is refused by name."""
+    q, _, _, _, (xd, _, _, y) = _norm_case(np.random.default_rng(), "fp8", {"block": 0}, 1040, 1,
+                                           False)  # fmt: skip
+    with pytest.raises(gpk.ShapeError, match="f16 products"):
+        gemv_quant.gemv_quant(_ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec,
+                              q.data.shape[0], 1040, "bfloat16", scale_numel=q.scale.size,
+                              f16=True)  # fmt: skip

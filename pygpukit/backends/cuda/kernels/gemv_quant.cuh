@@ -47,6 +47,12 @@
 #ifndef PGK_QBIAS
 #define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
 #endif
+#ifndef PGK_QF16
+#define PGK_QF16 0  // 1: staged int8 under bf16 x multiplies in f16 (see pgk_qmma)
+#endif
+#if PGK_QF16 && (PGK_QFMT != 0 || PGK_QSTAGES == 0)
+#error "PGK_QF16 is the staged int8 kernel's"
+#endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
 #define PGK_QEPW (PGK_QFMT == 2 ? 8 : 4)
@@ -120,6 +126,26 @@ PGK_DEVICE unsigned pgk_qzero_pair(int z) {
   return h | (h << 16);
 }
 
+// PGK_QF16 (the staged int8 kernel under bf16 x; gemv_quant.half_mma says where): int8
+// weights become f16 pairs in two PRMT and two HSUB2 a word (pgk_qint8_pairs_f16) where
+// bf16 pairs take six PRMT and four FADD, and the MMA multiplies f16. x is turned into f16
+// once in shared memory, each row of a warp's columns times the power of two 2^-s that
+// brings its largest magnitude to [2^14, 2^15): every bf16 value down to 2^-31 of that
+// largest is then exact in f16 (its subnormals hold 8 significant bits down to 2^-17), the
+// rest rounded to 2^-24; the warp's partial sums are multiplied by 2^s before they meet. Products and fp32 accumulation are those of the bf16 MMA.
+PGK_DEVICE void pgk_qmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                         unsigned b0, unsigned b1) {
+#if PGK_QF16
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  pgk_gmma(d, a0, a1, a2, a3, b0, b1);
+#endif
+}
+
 // Step s's pairs of this lane's row of W (4 elements of its chunk): lo at k 2qc, 2qc + 1
 // and hi at 2qc + 8, 2qc + 9 of the MMA's K, from the row's words.
 PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, unsigned magic,
@@ -137,7 +163,11 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
 #else
   (void)zpair;
   (void)magic;
+#if PGK_QF16
+  pgk_qint8_pairs_f16(wv[s], lo, hi);
+#else
   pgk_qint8_pairs(wv[s], lo, hi);
+#endif
 #endif
 }
 
@@ -190,7 +220,7 @@ PGK_DEVICE void pgk_qchunk(float (&acc)[NT][2], const uint4 (&xv)[PGK_QEPL / 8],
       pgk_qxfrag(xv, s, b0, b1);
       pgk_qfrag(w0, s, z0, magic, a0, a2);
       if (pair) pgk_qfrag(w1, s, z1, magic, a1, a3);
-      pgk_gmma(part, a0, a1, a2, a3, b0, b1);
+      pgk_qmma(part, a0, a1, a2, a3, b0, b1);
     }
 #if PGK_QBIASED
     // The biased codes' partial sums less (128 + z) times the sums of x: the low half of
@@ -229,8 +259,16 @@ PGK_DEVICE void pgk_qcp_async4(void* smem, const void* gmem, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
+// PGK_QMINB > 0: blocks an SM the registers must leave room for (gemv_quant.min_blocks);
+// absent, ptxas is given the block size only (its register choice differs from a bound of
+// one block an SM).
+#if defined(PGK_QMINB) && PGK_QMINB > 0
+#define PGK_QBOUNDS __launch_bounds__(PGK_GW * 32, PGK_QMINB)
+#else
+#define PGK_QBOUNDS __launch_bounds__(PGK_GW * 32)
+#endif
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_gemv_quant)
-extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
+extern "C" __global__ void PGK_QBOUNDS
     pgk_gemv_quant(const pgk_t* __restrict__ x, const unsigned char* __restrict__ w,
                    const float* __restrict__ scale, const unsigned char* __restrict__ zero,
                    const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
@@ -589,6 +627,49 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
     __syncwarp();
 #endif
   };
+  // PGK_QF16: this warp's columns of each row of x (x * gain after the prologue) as f16
+  // times 2^-s (pgk_qmma), and 2^s for the lane's rows 2qc, 2qc + 1 (the C fragment's).
+  float xunscale[2] = {1.0f, 1.0f};
+  auto f16_once = [&]() {
+#if PGK_QF16
+    const int pieces = (c_hi - c_lo) * (CW / 8);
+    for (int r = 0; r < m; ++r) {
+      uint4* row = reinterpret_cast<uint4*>(xsm + r * xld + c_lo * CW);
+      unsigned big = 0u;  // the largest |x| as its float bits (ordered as the magnitudes)
+      for (int p = lane; p < pieces; p += 32) {
+        const uint4 v = row[p];
+        const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) big = max(big, max((w4[j] << 16) & 0x7FFFFFFFu, w4[j] & 0x7FFF0000u));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) big = max(big, __shfl_xor_sync(0xffffffffu, big, o));
+      // Biased exponent e of the largest magnitude, brought to 2^14 (e 141): small rows
+      // are scaled up too, so no value a float product would keep falls below f16's
+      // normal range. NaN and infinity (e 255) keep s = 0 and stay NaN / infinity; an
+      // all-zero row takes the clamp.
+      const int e = (int)(big >> 23);
+      const int sh = e == 255 ? 0 : min(max(e - 141, -100), 113);
+      const float down = __uint_as_float((unsigned)(127 - sh) << 23);
+      const float up = __uint_as_float((unsigned)(127 + sh) << 23);
+      if (r == 2 * qc) xunscale[0] = up;
+      if (r == 2 * qc + 1) xunscale[1] = up;
+      for (int p = lane; p < pieces; p += 32) {
+        const uint4 v = row[p];
+        const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+        unsigned o4[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const __half2 h = __floats2half2_rn(__uint_as_float(w4[j] << 16) * down,
+                                              __uint_as_float(w4[j] & 0xFFFF0000u) * down);
+          o4[j] = *reinterpret_cast<const unsigned*>(&h);
+        }
+        row[p] = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+      }
+    }
+    __syncwarp();
+#endif
+  };
   if (!w_early) first_stages();
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
   const int sw = (qr & 1) << 2;  // pgk_gswz for this lane's rows (t * 8 + qr)
@@ -612,6 +693,7 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       if (st == 0) {
         prologue_once();
         xprep_once();
+        f16_once();
       }
       const unsigned char* base = wsm + (st % NS) * STB;
       const float* scs = reinterpret_cast<const float*>(base + WST);
@@ -649,6 +731,12 @@ extern "C" __global__ void __launch_bounds__(PGK_GW * 32)
       }
       __syncwarp();  // this stage is refilled by a later step's issue
     }
+#if PGK_QF16
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) acc[t][e] *= xunscale[e];
+#endif
     epilogue(first_tile + ti * (int)gridDim.x, red);
   }
   pgk_cp_async_wait<0>();

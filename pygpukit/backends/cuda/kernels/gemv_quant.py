@@ -127,6 +127,30 @@ def biased_codes(spec: QuantSpec, dtype: str, k: int) -> bool:
             and k == BIASED_INT4_K)  # fmt: skip
 
 
+def half_mma(spec: QuantSpec, dtype: str) -> bool:
+    """Whether the staged kernel multiplies int8 weights in f16 under bf16 x (PGK_QF16: x
+    turned into f16 once in shared memory, times a power of two per row and warp), where
+    the int8 bytes become f16 pairs in half the instructions of bf16 pairs (ncu had the
+    bf16 form's kernel ALU-bound on PRMT). H200, batch 1, early loads, us, bf16 products
+    against f16 with the step's fusions (default_min_blocks; one interleaved run):
+    Llama-2-7B QKV 16.19 -> 13.84, o 7.63 -> 5.84, gate|up 26.53 -> 24.70, down 14.47 ->
+    13.32, LM head 37.61 -> 33.29; TinyLlama 4.97 -> 4.81, 3.81 -> 4.05, 9.02 -> 8.57,
+    5.70 -> 5.40, 20.41 -> 18.30."""
+    return spec.format == "int8" and dtype == "bfloat16"
+
+
+def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool) -> int:
+    """Blocks an SM the kernel's registers are bounded to leave room for (0: none): the
+    f16 kernel's persistent grid (STAGED_EARLY_WARPS_PER_SM) with the SwiGLU epilogue.
+    Unbounded, the f16 kernel takes 102-143 registers (ptxas, NVRTC 13.0), a block an SM
+    fewer than its shared memory allows; bounded (80, 16-40 bytes of stack) it was faster
+    only with the SwiGLU epilogue. H200, batch 1, early loads, us, bf16 products / f16 /
+    f16 bounded (one interleaved run): [11264 x 2048] SwiGLU 9.02 / 10.02 / 8.57,
+    [22016 x 4096] 26.53 / 25.10 / 24.70; plain [12288 x 4096] 15.86 / 12.87 / 13.32,
+    [4096 x 4096] 7.41 / 5.41 / 6.58, [32000 x 4096] 36.48 / 32.06 / 33.63."""
+    return STAGED_EARLY_WARPS_PER_SM // gw if staged and f16 and glu else 0
+
+
 def words_per_lane(spec: QuantSpec) -> int:
     """32-bit words of W a lane loads per chunk: 16 bytes, or 8 for int4 groups of 64 (a
     chunk must not span two groups)."""
@@ -256,6 +280,8 @@ def gemv_quant(
     biased: bool | None = None,
     pro_early: bool = False,
     gain_batch: int | None = None,
+    f16: bool | None = None,
+    min_blocks: int | None = None,
     stream: Any = None,
 ) -> None:
     """y[i, :] = act(dequantize(W) @ p(x[i, :]) + bias) + residual[i, :] for i < m <= 8;
@@ -271,7 +297,9 @@ def gemv_quant(
     bf16 x): multiply the biased codes (None: biased_codes). pro_early (staged path, with
     w_early and the RMSNorm prologue): the gain is read-only too, so each lane's first
     batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
-    a lane loads at once (PGK_QGB; None: the format's GAIN_BATCH)."""
+    a lane loads at once (PGK_QGB; None: the format's GAIN_BATCH). f16 (staged int8,
+    bf16 x): multiply in f16 (None: half_mma). min_blocks: blocks an SM the kernel's
+    registers must leave room for (PGK_QMINB; None: min_blocks's; 0: no bound)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -306,6 +334,12 @@ def gemv_quant(
         fits = staged_smem(spec, cfg, k, m, biased) + static_smem(cfg[0])
         stages = sns if words_per_lane(spec) == 4 and fits <= loader.max_shared_optin() else 0
     biased = biased and bool(stages)
+    if f16 is None:
+        f16 = half_mma(spec, dtype)
+    elif f16 and not half_mma(spec, dtype):
+        raise ShapeError(f"gemv_quant: f16 products for a {spec.label} weight under {dtype} "
+                         f"(int8 under bfloat16 only)")  # fmt: skip
+    f16 = f16 and bool(stages)
     if stages:
         gw, nt = config or (sgw, snt)
         u = slab or su
@@ -335,6 +369,12 @@ def gemv_quant(
         d["PGK_QGB"] = gb
     if biased:
         d["PGK_QBIAS"] = 1
+    if f16:
+        d["PGK_QF16"] = 1
+    if min_blocks is None:
+        min_blocks = default_min_blocks(gw, bool(stages), f16, glu)
+    if min_blocks:
+        d["PGK_QMINB"] = min_blocks
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)
     fn.set_dynamic_smem(smem)
     tiles = gemv.mma_tiles(n, nt, glu)

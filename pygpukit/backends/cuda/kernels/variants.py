@@ -207,6 +207,14 @@ QUANT_SPECS = (
 )
 
 
+def _half_defines(spec: QuantSpec, dtype: str, gw: int, glu: int) -> dict[str, object]:
+    """The staged kernel's f16-product macros where the launcher sets them by default."""
+    if not gemv_quant.half_mma(spec, dtype):
+        return {}
+    minb = gemv_quant.default_min_blocks(gw, True, True, bool(glu))
+    return {"PGK_QF16": 1, **({"PGK_QMINB": minb} if minb else {})}
+
+
 def quant_variants() -> list[Variant]:
     """gemv_quant: each format in both dtypes plain and with the decode step's fusions
     (RMSNorm prologue, SwiGLU epilogue, SiLU), on the register path and (16-byte chunks)
@@ -232,19 +240,27 @@ def quant_variants() -> list[Variant]:
                 if not staged:
                     continue
                 deep = (pro, glu, act) == (0, 0, 0) and dt == "bfloat16"
+                # int8 under bf16 multiplies in f16 by default (gemv_quant.half_mma); the
+                # bf16 products stay an option (f16=False).
+                half = _half_defines(spec, dt, sgw, glu)
+                if half:
+                    out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns}))  # fmt: skip
                 for u, ns in ((su, sns), (2, 4), (8, 2)) if deep else ((su, sns),):
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": u,
-                                 "PGK_QPIPE": 0, "PGK_QSTAGES": ns}))  # fmt: skip
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": ns, **half}))  # fmt: skip
                 for kgw, knt, ku, kns in sorted(per_k):
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
-                                 "PGK_QPIPE": 0, "PGK_QSTAGES": kns}))  # fmt: skip
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": kns,
+                                 **_half_defines(spec, dt, kgw, glu)}))  # fmt: skip
                 # The prologue's gain batch where it is not the template's 4 (GAIN_BATCH).
                 if pro and gemv_quant.GAIN_BATCH[spec.format] != 4:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
-                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns, **half,
                                  "PGK_QGB": gemv_quant.GAIN_BATCH[spec.format]}))  # fmt: skip
                 # Symmetric int4 under bf16: the biased codes (gemv_quant.biased_codes).
                 if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
