@@ -135,7 +135,10 @@ def half_mma(spec: QuantSpec, dtype: str) -> bool:
     against f16 with the step's fusions (default_min_blocks; one interleaved run):
     Llama-2-7B QKV 16.19 -> 13.84, o 7.63 -> 5.84, gate|up 26.53 -> 24.70, down 14.47 ->
     13.32, LM head 37.61 -> 33.29; TinyLlama 4.97 -> 4.81, 3.81 -> 4.05, 9.02 -> 8.57,
-    5.70 -> 5.40, 20.41 -> 18.30."""
+    5.70 -> 5.40, 20.41 -> 18.30. fp8 the same way (its pairs' multiply by 2^8 moved to the
+    partial sums) was slower at every fused shape (7B per row 16.25 -> 16.80, 7.51 -> 7.95,
+    28.88 -> 29.59, 14.28 -> 15.53 us; 128 x 128 blocks 2-8%): the saved multiply is one
+    instruction a pair of four, less than the pass over x."""
     return spec.format == "int8" and dtype == "bfloat16"
 
 
