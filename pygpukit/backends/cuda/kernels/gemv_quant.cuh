@@ -132,9 +132,10 @@ PGK_DEVICE unsigned pgk_qzero_pair(int z) {
 // once in shared memory, each row of a warp's columns times the power of two 2^-s that
 // brings its largest magnitude to [2^14, 2^15): every bf16 value down to 2^-31 of that
 // largest is then exact in f16 (its subnormals hold 8 significant bits down to 2^-17), the
-// rest rounded to 2^-24; the warp's partial sums are multiplied by 2^s before they meet. Products and fp32 accumulation are those of the bf16 MMA.
-PGK_DEVICE void pgk_qmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                         unsigned b0, unsigned b1) {
+// rest rounded to 2^-24; the warp's partial sums are multiplied by 2^s before they meet.
+// Products and fp32 accumulation are those of the bf16 MMA.
+PGK_DEVICE void pgk_qmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                         unsigned b1) {
 #if PGK_QF16
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -259,7 +260,7 @@ PGK_DEVICE void pgk_qcp_async4(void* smem, const void* gmem, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
-// PGK_QMINB > 0: blocks an SM the registers must leave room for (gemv_quant.min_blocks);
+// PGK_QMINB > 0: blocks an SM the registers must leave room for (gemv_quant.py min_blocks);
 // absent, ptxas is given the block size only (its register choice differs from a bound of
 // one block an SM).
 #if defined(PGK_QMINB) && PGK_QMINB > 0
@@ -268,13 +269,12 @@ PGK_DEVICE void pgk_qcp_async4(void* smem, const void* gmem, bool pred) {
 #define PGK_QBOUNDS __launch_bounds__(PGK_GW * 32)
 #endif
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_gemv_quant)
-extern "C" __global__ void PGK_QBOUNDS
-    pgk_gemv_quant(const pgk_t* __restrict__ x, const unsigned char* __restrict__ w,
-                   const float* __restrict__ scale, const unsigned char* __restrict__ zero,
-                   const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k,
-                   long long x_stride, long long w_stride, long long y_stride, int scale_ld,
-                   const pgk_t* __restrict__ res, const pgk_t* __restrict__ pro,
-                   long long res_stride, float eps, int w_early) {
+extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
+    const pgk_t* __restrict__ x, const unsigned char* __restrict__ w,
+    const float* __restrict__ scale, const unsigned char* __restrict__ zero,
+    const pgk_t* __restrict__ bias, pgk_t* __restrict__ y, int m, int n, int k, long long x_stride,
+    long long w_stride, long long y_stride, int scale_ld, const pgk_t* __restrict__ res,
+    const pgk_t* __restrict__ pro, long long res_stride, float eps, int w_early) {
   constexpr int U = PGK_U, NT = PGK_NT, LW = PGK_QLW, EPL = PGK_QEPL, CW = PGK_QCW;
   constexpr int XV = EPL / 8;     // uint4s of x per lane per chunk
   constexpr int RL = 8 * NT + 1;  // a row of the partial sums (padded: rows in other banks)
@@ -640,7 +640,8 @@ extern "C" __global__ void PGK_QBOUNDS
         const uint4 v = row[p];
         const unsigned w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) big = max(big, max((w4[j] << 16) & 0x7FFFFFFFu, w4[j] & 0x7FFF0000u));
+        for (int j = 0; j < 4; ++j)
+          big = max(big, max((w4[j] << 16) & 0x7FFFFFFFu, w4[j] & 0x7FFF0000u));
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) big = max(big, __shfl_xor_sync(0xffffffffu, big, o));
