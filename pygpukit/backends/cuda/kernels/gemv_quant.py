@@ -150,7 +150,9 @@ def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool) -> int:
     only with the SwiGLU epilogue. H200, batch 1, early loads, us, bf16 products / f16 /
     f16 bounded (one interleaved run): [11264 x 2048] SwiGLU 9.02 / 10.02 / 8.57,
     [22016 x 4096] 26.53 / 25.10 / 24.70; plain [12288 x 4096] 15.86 / 12.87 / 13.32,
-    [4096 x 4096] 7.41 / 5.41 / 6.58, [32000 x 4096] 36.48 / 32.06 / 33.63."""
+    [4096 x 4096] 7.41 / 5.41 / 6.58, [32000 x 4096] 36.48 / 32.06 / 33.63. Under f16 the
+    gain batch stays GAIN_BATCH's 2 (1 or 4, bounded or not: 0.3-9 us slower at the 7B
+    RMSNorm launches, one interleaved run)."""
     return STAGED_EARLY_WARPS_PER_SM // gw if staged and f16 and glu else 0
 
 
