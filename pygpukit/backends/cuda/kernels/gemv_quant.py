@@ -304,7 +304,7 @@ def gemv_quant(
     batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
     a lane loads at once (PGK_QGB; None: the format's GAIN_BATCH). f16 (staged int8,
     bf16 x): multiply in f16 (None: half_mma). min_blocks: blocks an SM the kernel's
-    registers must leave room for (PGK_QMINB; None: min_blocks's; 0: no bound)."""
+    registers must leave room for (PGK_QMINB; None: default_min_blocks; 0: no bound)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
