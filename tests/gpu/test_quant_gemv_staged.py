@@ -129,13 +129,15 @@ def test_prologue_gain_paths_match_float64(fmt, kw, gain, glu, m):
 @pytest.mark.parametrize("f16", [False, True], ids=["bf16-products", "f16-products"])
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
 @pytest.mark.parametrize("m", [1, 5])
-def test_int8_f16_products_match_float64(f16, magnitude, fused, m):
-    """Staged int8 under bf16 x multiplies in f16 (gemv_quant.half_mma, PGK_QF16), x scaled
-    per row and warp by a power of two: rows far below and far above f16's range (with one
-    element 2^12 times the rest) come out as the bf16 products do."""
+@pytest.mark.parametrize(("fmt", "kw"), [("int8", {}), ("fp8", {}), ("fp8", {"block": 0})],
+                         ids=["int8", "fp8-b128", "fp8-tensor"])  # fmt: skip
+def test_f16_products_match_float64(fmt, kw, f16, magnitude, fused, m):
+    """Staged int8 and fp8 under bf16 x multiply in f16 (gemv_quant.half_mma, PGK_QF16),
+    x scaled per row and warp by a power of two: rows far below and far above f16's range
+    (with one element 2^12 times the rest) come out as the bf16 products do."""
     k = 4096
     rng = np.random.default_rng()
-    q, x, g, res, (xd, gd, rd, y) = _norm_case(rng, "int8", {}, k, m, fused)
+    q, x, g, res, (xd, gd, rd, y) = _norm_case(rng, fmt, kw, k, m, fused)
     x = (x.astype(np.float64) * magnitude).astype(BF16)
     x[:, rng.integers(k)] *= 4096
     xd = gpk.from_numpy(x).realize()
@@ -158,10 +160,10 @@ def test_int8_f16_products_match_float64(f16, magnitude, fused, m):
 
 
 def test_f16_products_refuse_other_formats():
-    """f16=True is the int8-under-bf16 kernel's: any other weight is refused by name."""
-    q, _, _, _, (xd, _, _, y) = _norm_case(np.random.default_rng(), "fp8", {"block": 0}, 1040, 1,
+    """f16=True is the int8 / fp8-under-bf16 kernel's: an int4 weight is refused by name."""
+    q, _, _, _, (xd, _, _, y) = _norm_case(np.random.default_rng(), "int4", {}, 1024, 1,
                                            False)  # fmt: skip
     with pytest.raises(gpk.ShapeError, match="f16 products"):
         gemv_quant.gemv_quant(_ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec,
-                              q.data.shape[0], 1040, "bfloat16", scale_numel=q.scale.size,
+                              q.data.shape[0], 1024, "bfloat16", scale_numel=q.scale.size,
                               f16=True)  # fmt: skip

@@ -48,10 +48,10 @@
 #define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
 #endif
 #ifndef PGK_QF16
-#define PGK_QF16 0  // 1: staged int8 under bf16 x multiplies in f16 (see pgk_qmma)
+#define PGK_QF16 0  // 1: staged int8 / fp8 under bf16 x multiplies in f16 (see pgk_qmma)
 #endif
-#if PGK_QF16 && (PGK_QFMT != 0 || PGK_QSTAGES == 0)
-#error "PGK_QF16 is the staged int8 kernel's"
+#if PGK_QF16 && (PGK_QFMT == 2 || PGK_QSTAGES == 0)
+#error "PGK_QF16 is the staged int8 and fp8 kernels'"
 #endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
@@ -79,6 +79,31 @@ PGK_DEVICE unsigned pgk_qfp8_pair(unsigned w, int j) {
   const unsigned v = (u & 0x80008000u) | ((u >> shift) & field);
   const pgk_qpair p = pgk_qof(pow2 | ((unsigned)pow2 << 16));
   return pgk_qbits(__hmul2(pgk_qof(v), p));
+}
+
+// Bytes (0, 1) and (2, 3) of an fp8 e4m3 word as two f16 pairs (low byte low), exactly
+// (every e4m3 value, subnormals included, is an f16 one). SM 8.9 and later convert a pair
+// in one instruction; before, the bytes' exponent and mantissa go into the f16 field, the
+// value / 2^8, and a multiply by 2^8 (exact) makes it.
+PGK_DEVICE void pgk_qfp8_pairs_f16(unsigned w, unsigned& lo, unsigned& hi) {
+#if __CUDA_ARCH__ >= 890
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  const __half2 p = __halves2half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00));
+  unsigned pr[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const unsigned u = __byte_perm(w, 0u, j ? 0x3424 : 0x1404);
+    const unsigned v = (u & 0x80008000u) | ((u >> 1) & 0x3F803F80u);
+    const __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&v), p);
+    pr[j] = *reinterpret_cast<const unsigned*>(&h);
+  }
+  lo = pr[0];
+  hi = pr[1];
+#endif
 }
 
 // PGK_QBIAS (the staged int4 kernel under bf16 x; gemv_quant.biased_codes says where):
@@ -159,8 +184,12 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
 #elif PGK_QFMT == 1
   (void)zpair;
   (void)magic;
-  lo = pgk_qfp8_pair(wv[s], 0);
-  hi = pgk_qfp8_pair(wv[s], 1);
+  if constexpr (PGK_QF16 || pgk_same<pgk_t, __half>::value) {
+    pgk_qfp8_pairs_f16(wv[s], lo, hi);
+  } else {
+    lo = pgk_qfp8_pair(wv[s], 0);
+    hi = pgk_qfp8_pair(wv[s], 1);
+  }
 #else
   (void)zpair;
   (void)magic;

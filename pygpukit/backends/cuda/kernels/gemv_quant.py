@@ -79,6 +79,10 @@ SMALL_K_INT8 = 2048
 # 31.23 / 42.17; int4 g128 with 4 (127, 123) 11.62 / 18.98 / 26.15 against 2 (64 and
 # 8-24 bytes of spills) 13.15 / 21.61 / 29.64.
 GAIN_BATCH = {"int8": 2, "fp8": 4, "int4": 4}
+# Under f16 products (half_mma) the gain batch is 2 for int8 and fp8 alike: fp8 b128 with 4
+# took 41.06 / 17.10 / 28.55 us at the 7B LM head / QKV and TinyLlama LM head, with 2
+# 32.74 / 13.82 / 18.34 (H200, one interleaved run).
+F16_GAIN_BATCH = 2
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
 # reserves 1 KiB of shared memory per block.
 REG_UNIT = 256
@@ -128,23 +132,28 @@ def biased_codes(spec: QuantSpec, dtype: str, k: int) -> bool:
 
 
 def half_mma(spec: QuantSpec, dtype: str) -> bool:
-    """Whether the staged kernel multiplies int8 weights in f16 under bf16 x (PGK_QF16: x
-    turned into f16 once in shared memory, times a power of two per row and warp), where
-    the int8 bytes become f16 pairs in half the instructions of bf16 pairs (ncu had the
-    bf16 form's kernel ALU-bound on PRMT). H200, batch 1, early loads, us, bf16 products
-    against f16 with the step's fusions (default_min_blocks; one interleaved run):
-    Llama-2-7B QKV 16.19 -> 13.84, o 7.63 -> 5.84, gate|up 26.53 -> 24.70, down 14.47 ->
-    13.32, LM head 37.61 -> 33.29; TinyLlama 4.97 -> 4.81, 3.81 -> 4.05, 9.02 -> 8.57,
-    5.70 -> 5.40, 20.41 -> 18.30. fp8 the same way (its pairs' multiply by 2^8 moved to the
-    partial sums) was slower at every fused shape (7B per row 16.25 -> 16.80, 7.51 -> 7.95,
-    28.88 -> 29.59, 14.28 -> 15.53 us; 128 x 128 blocks 2-8%): the saved multiply is one
-    instruction a pair of four, less than the pass over x."""
-    return spec.format == "int8" and dtype == "bfloat16"
+    """Whether the staged kernel multiplies int8 and fp8 weights in f16 under bf16 x
+    (PGK_QF16: x turned into f16 once in shared memory, times a power of two per row and
+    warp), where the int8 bytes become f16 pairs in half the instructions of bf16 pairs
+    (ncu had the bf16 form's kernel ALU-bound on PRMT) and e4m3 pairs in one conversion
+    (cvt.rn.f16x2.e4m3x2, SM 8.9+; four instructions a pair into bf16). H200, batch 1,
+    early loads, us, bf16 products against f16 with the step's fusions
+    (default_min_blocks, F16_GAIN_BATCH; one interleaved run each): int8 Llama-2-7B QKV
+    16.19 -> 13.84, o 7.63 -> 5.84, gate|up 26.53 -> 24.70, down 14.47 -> 13.32, LM head
+    37.61 -> 33.29; TinyLlama 4.97 -> 4.81, 3.81 -> 4.05, 9.02 -> 8.57, 5.70 -> 5.40,
+    20.41 -> 18.30. fp8 b128, the same shapes: 16.66 -> 13.82, 6.77 -> 5.62, 29.91 ->
+    25.29, 15.22 -> 12.66, 40.71 -> 32.74; 3.96 -> 3.93, 3.49 -> 3.49, 10.45 -> 8.54,
+    5.88 -> 5.39, 23.57 -> 18.34; fp8 per row, the ten launches 154.0 -> 127.7. (fp8
+    through f16 by the bit trick, its multiply by 2^8 moved to the partial sums, was 2-9%
+    slower: one instruction a pair saved of four.)"""
+    return spec.format in ("int8", "fp8") and dtype == "bfloat16"
 
 
-def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool) -> int:
+def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str = "int8") -> int:
     """Blocks an SM the kernel's registers are bounded to leave room for (0: none): the
-    f16 kernel's persistent grid (STAGED_EARLY_WARPS_PER_SM) with the SwiGLU epilogue.
+    int8 f16 kernel's persistent grid (STAGED_EARLY_WARPS_PER_SM) with the SwiGLU epilogue
+    (fp8's f16 SwiGLU launches measured unbounded: 7B 26.09 against 29.85 us bounded, per
+    row, with a gain batch of 4).
     Unbounded, the f16 kernel takes 102-143 registers (ptxas, NVRTC 13.0), a block an SM
     fewer than its shared memory allows; bounded (80, 16-40 bytes of stack) it was faster
     only with the SwiGLU epilogue. H200, batch 1, early loads, us, bf16 products / f16 /
@@ -153,7 +162,8 @@ def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool) -> int:
     [4096 x 4096] 7.41 / 5.41 / 6.58, [32000 x 4096] 36.48 / 32.06 / 33.63. Under f16 the
     gain batch stays GAIN_BATCH's 2 (1 or 4, bounded or not: 0.3-9 us slower at the 7B
     RMSNorm launches, one interleaved run)."""
-    return STAGED_EARLY_WARPS_PER_SM // gw if staged and f16 and glu else 0
+    bounded = staged and f16 and glu and fmt == "int8"
+    return STAGED_EARLY_WARPS_PER_SM // gw if bounded else 0
 
 
 def words_per_lane(spec: QuantSpec) -> int:
@@ -302,9 +312,10 @@ def gemv_quant(
     bf16 x): multiply the biased codes (None: biased_codes). pro_early (staged path, with
     w_early and the RMSNorm prologue): the gain is read-only too, so each lane's first
     batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
-    a lane loads at once (PGK_QGB; None: the format's GAIN_BATCH). f16 (staged int8,
-    bf16 x): multiply in f16 (None: half_mma). min_blocks: blocks an SM the kernel's
-    registers must leave room for (PGK_QMINB; None: default_min_blocks; 0: no bound)."""
+    a lane loads at once (PGK_QGB; None: the format's GAIN_BATCH, F16_GAIN_BATCH under
+    f16). f16 (staged int8 / fp8, bf16 x): multiply in f16 (None: half_mma). min_blocks:
+    blocks an SM the kernel's registers must leave room for (PGK_QMINB; None:
+    default_min_blocks; 0: no bound)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)
@@ -343,7 +354,7 @@ def gemv_quant(
         f16 = half_mma(spec, dtype)
     elif f16 and not half_mma(spec, dtype):
         raise ShapeError(f"gemv_quant: f16 products for a {spec.label} weight under {dtype} "
-                         f"(int8 under bfloat16 only)")  # fmt: skip
+                         f"(int8 and fp8 under bfloat16 only)")  # fmt: skip
     f16 = f16 and bool(stages)
     if stages:
         gw, nt = config or (sgw, snt)
@@ -368,7 +379,8 @@ def gemv_quant(
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
     staged_pro = bool(stages) and prologue != "none"
     if staged_pro:
-        gb = GAIN_BATCH[spec.format] if gain_batch is None else gain_batch
+        gb = gain_batch if gain_batch is not None else (
+            F16_GAIN_BATCH if f16 else GAIN_BATCH[spec.format])  # fmt: skip
         if gb < 1:
             raise ShapeError(f"gemv_quant: a gain batch of {gb} pieces (1 or more)")
         d["PGK_QGB"] = gb
@@ -377,7 +389,7 @@ def gemv_quant(
     if f16:
         d["PGK_QF16"] = 1
     if min_blocks is None:
-        min_blocks = default_min_blocks(gw, bool(stages), f16, glu)
+        min_blocks = default_min_blocks(gw, bool(stages), f16, glu, spec.format)
     if min_blocks:
         d["PGK_QMINB"] = min_blocks
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)

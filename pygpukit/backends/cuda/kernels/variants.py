@@ -211,7 +211,7 @@ def _half_defines(spec: QuantSpec, dtype: str, gw: int, glu: int) -> dict[str, o
     """The staged kernel's f16-product macros where the launcher sets them by default."""
     if not gemv_quant.half_mma(spec, dtype):
         return {}
-    minb = gemv_quant.default_min_blocks(gw, True, True, bool(glu))
+    minb = gemv_quant.default_min_blocks(gw, True, True, bool(glu), spec.format)
     return {"PGK_QF16": 1, **({"PGK_QMINB": minb} if minb else {})}
 
 
@@ -240,8 +240,8 @@ def quant_variants() -> list[Variant]:
                 if not staged:
                     continue
                 deep = (pro, glu, act) == (0, 0, 0) and dt == "bfloat16"
-                # int8 under bf16 multiplies in f16 by default (gemv_quant.half_mma); the
-                # bf16 products stay an option (f16=False).
+                # int8 and fp8 under bf16 multiply in f16 by default (gemv_quant.half_mma);
+                # the bf16 products stay an option (f16=False).
                 half = _half_defines(spec, dt, sgw, glu)
                 if half:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
@@ -256,12 +256,14 @@ def quant_variants() -> list[Variant]:
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns,
                                  **_half_defines(spec, dt, kgw, glu)}))  # fmt: skip
-                # The prologue's gain batch where it is not the template's 4 (GAIN_BATCH).
-                if pro and gemv_quant.GAIN_BATCH[spec.format] != 4:
+                # The prologue's gain batch where it is not the template's 4 (GAIN_BATCH;
+                # F16_GAIN_BATCH under f16 products).
+                gb = gemv_quant.F16_GAIN_BATCH if half else gemv_quant.GAIN_BATCH[spec.format]
+                if pro and gb != 4:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": sns, **half,
-                                 "PGK_QGB": gemv_quant.GAIN_BATCH[spec.format]}))  # fmt: skip
+                                 "PGK_QGB": gb}))  # fmt: skip
                 # Symmetric int4 under bf16: the biased codes (gemv_quant.biased_codes).
                 if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
