@@ -65,20 +65,17 @@ using pgk_qpair =
 PGK_DEVICE unsigned pgk_qbits(pgk_qpair p) { return *reinterpret_cast<unsigned*>(&p); }
 PGK_DEVICE pgk_qpair pgk_qof(unsigned u) { return *reinterpret_cast<pgk_qpair*>(&u); }
 
-// Bytes 2j, 2j + 1 of an fp8 e4m3 word as a pair of x's type (j = 0, 1). With the bytes
-// in the upper byte of each half the sign is in place; the exponent and mantissa (7 bits)
-// shifted into x's type's field (bf16: right by 4, f16: by 1) are the value / 2^120
-// (bf16) or / 2^8 (f16), subnormals included (exponent 0 is a subnormal there too), and
-// the multiply by that power of two is exact. (NaN, 0x7F, is not a weight.)
-PGK_DEVICE unsigned pgk_qfp8_pair(unsigned w, int j) {
-  constexpr bool bf = pgk_same<pgk_t, __nv_bfloat16>::value;
-  constexpr int shift = bf ? 4 : 1;
-  constexpr unsigned field = (0x7F00u >> shift) * 0x10001u;
-  constexpr unsigned short pow2 = bf ? 0x7B80 : 0x5C00;  // 2^120, 2^8
+// Bytes 2j, 2j + 1 of an fp8 e4m3 word as a bf16 pair (j = 0, 1). With the bytes in the
+// upper byte of each half the sign is in place; the exponent and mantissa (7 bits) shifted
+// right by 4 into bf16's field are the value / 2^120, subnormals included (exponent 0 is a
+// subnormal there too), and the multiply by 2^120 is exact. (NaN, 0x7F, is not a weight.)
+PGK_DEVICE unsigned pgk_qfp8_pair_bf16(unsigned w, int j) {
   const unsigned u = __byte_perm(w, 0u, j ? 0x3424 : 0x1404);
-  const unsigned v = (u & 0x80008000u) | ((u >> shift) & field);
-  const pgk_qpair p = pgk_qof(pow2 | ((unsigned)pow2 << 16));
-  return pgk_qbits(__hmul2(pgk_qof(v), p));
+  const unsigned v = (u & 0x80008000u) | ((u >> 4) & 0x07F007F0u);
+  const __nv_bfloat162 p =
+      __halves2bfloat162(__ushort_as_bfloat16(0x7B80), __ushort_as_bfloat16(0x7B80));
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v), p);
+  return *reinterpret_cast<const unsigned*>(&r);
 }
 
 // Bytes (0, 1) and (2, 3) of an fp8 e4m3 word as two f16 pairs (low byte low), exactly
@@ -187,8 +184,8 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
   if constexpr (PGK_QF16 || pgk_same<pgk_t, __half>::value) {
     pgk_qfp8_pairs_f16(wv[s], lo, hi);
   } else {
-    lo = pgk_qfp8_pair(wv[s], 0);
-    hi = pgk_qfp8_pair(wv[s], 1);
+    lo = pgk_qfp8_pair_bf16(wv[s], 0);
+    hi = pgk_qfp8_pair_bf16(wv[s], 1);
   }
 #else
   (void)zpair;
