@@ -152,8 +152,8 @@ def half_mma(spec: QuantSpec, dtype: str) -> bool:
 def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str = "int8") -> int:
     """Blocks an SM the kernel's registers are bounded to leave room for (0: none): the
     int8 f16 kernel's persistent grid (STAGED_EARLY_WARPS_PER_SM) with the SwiGLU epilogue
-    (fp8's f16 SwiGLU launches measured unbounded: 7B 26.09 against 29.85 us bounded, per
-    row, with a gain batch of 4).
+    (fp8's f16 SwiGLU launches run unbounded: bounded, the 7B gate|up took 28.39 against
+    25.62 us with b128 scales, 27.58 against 23.10 per row; H200, one interleaved run).
     Unbounded, the f16 kernel takes 102-143 registers (ptxas, NVRTC 13.0), a block an SM
     fewer than its shared memory allows; bounded (80, 16-40 bytes of stack) it was faster
     only with the SwiGLU epilogue. H200, batch 1, early loads, us, bf16 products / f16 /
