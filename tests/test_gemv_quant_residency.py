@@ -110,8 +110,9 @@ class _FakeKernel:
 @pytest.mark.parametrize("fmt", ["int8", "fp8", "int4"])
 def test_gain_batch_and_early_gain(monkeypatch, fmt, prologue, w_early, pro_early, early_arg):
     """The staged kernel's RMSNorm gain: the format's GAIN_BATCH pieces a lane at once
-    (PGK_QGB, prologue kernels only), and bit 1 of the early-loads argument (the gain read
-    before the predecessor wait) only with bit 0 and the prologue."""
+    (F16_GAIN_BATCH under f16 products; PGK_QGB, prologue kernels only), and bit 1 of the
+    early-loads argument (the gain read before the predecessor wait) only with bit 0 and
+    the prologue."""
     from pygpukit.backends.cuda import toolchain
     from pygpukit.backends.cuda.kernels import loader
     from pygpukit.ir.quant import QuantSpec
@@ -129,7 +130,10 @@ def test_gain_batch_and_early_gain(monkeypatch, fmt, prologue, w_early, pro_earl
     ((defines, args),) = _FakeKernel.launched
     assert defines["PGK_QSTAGES"] > 0
     assert args[-1] == early_arg
-    want = gemv_quant.GAIN_BATCH[fmt] if prologue != "none" else None
+    # f16 products (int8 and fp8 under bf16: half_mma) take F16_GAIN_BATCH
+    gb = gemv_quant.F16_GAIN_BATCH if gemv_quant.half_mma(spec, "bfloat16") else (
+        gemv_quant.GAIN_BATCH[fmt])  # fmt: skip
+    want = gb if prologue != "none" else None
     assert defines.get("PGK_QGB") == want
 
 
