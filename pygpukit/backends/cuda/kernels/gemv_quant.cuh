@@ -65,13 +65,19 @@ using pgk_qpair =
 PGK_DEVICE unsigned pgk_qbits(pgk_qpair p) { return *reinterpret_cast<unsigned*>(&p); }
 PGK_DEVICE pgk_qpair pgk_qof(unsigned u) { return *reinterpret_cast<pgk_qpair*>(&u); }
 
-// Bytes 2j, 2j + 1 of an fp8 e4m3 word as a bf16 pair (j = 0, 1). With the bytes in the
-// upper byte of each half the sign is in place; the exponent and mantissa (7 bits) shifted
-// right by 4 into bf16's field are the value / 2^120, subnormals included (exponent 0 is a
-// subnormal there too), and the multiply by 2^120 is exact. (NaN, 0x7F, is not a weight.)
-PGK_DEVICE unsigned pgk_qfp8_pair_bf16(unsigned w, int j) {
+// Bytes 2j, 2j + 1 of an fp8 e4m3 word (j = 0, 1) in the upper byte of each half, their
+// exponent and mantissa (7 bits) shifted right into a 16-bit float's field: the sign is in
+// place and the bits are the value / 2^120 as a bf16 (shift 4) or / 2^8 as an f16 (shift
+// 1), subnormals included (exponent 0 is a subnormal there too). (NaN, 0x7F, is not a
+// weight.)
+PGK_DEVICE unsigned pgk_qfp8_field(unsigned w, int j, int shift) {
   const unsigned u = __byte_perm(w, 0u, j ? 0x3424 : 0x1404);
-  const unsigned v = (u & 0x80008000u) | ((u >> 4) & 0x07F007F0u);
+  return (u & 0x80008000u) | ((u >> shift) & ((0x7F00u >> shift) * 0x10001u));
+}
+
+// The bf16 pair of bytes 2j, 2j + 1: the field times 2^120 (exact).
+PGK_DEVICE unsigned pgk_qfp8_pair_bf16(unsigned w, int j) {
+  const unsigned v = pgk_qfp8_field(w, j, 4);
   const __nv_bfloat162 p =
       __halves2bfloat162(__ushort_as_bfloat16(0x7B80), __ushort_as_bfloat16(0x7B80));
   const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v), p);
@@ -79,9 +85,8 @@ PGK_DEVICE unsigned pgk_qfp8_pair_bf16(unsigned w, int j) {
 }
 
 // Bytes (0, 1) and (2, 3) of an fp8 e4m3 word as two f16 pairs (low byte low), exactly
-// (every e4m3 value, subnormals included, is an f16 one). SM 8.9 and later convert a pair
-// in one instruction; before, the bytes' exponent and mantissa go into the f16 field, the
-// value / 2^8, and a multiply by 2^8 (exact) makes it.
+// (every e4m3 value, subnormals included, is an f16 one): SM 8.9 and later convert a pair
+// in one instruction; before, the f16 field times 2^8 (exact).
 PGK_DEVICE void pgk_qfp8_pairs_f16(unsigned w, unsigned& lo, unsigned& hi) {
 #if __CUDA_ARCH__ >= 890
   asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
@@ -93,8 +98,7 @@ PGK_DEVICE void pgk_qfp8_pairs_f16(unsigned w, unsigned& lo, unsigned& hi) {
   unsigned pr[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const unsigned u = __byte_perm(w, 0u, j ? 0x3424 : 0x1404);
-    const unsigned v = (u & 0x80008000u) | ((u >> 1) & 0x3F803F80u);
+    const unsigned v = pgk_qfp8_field(w, j, 1);
     const __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&v), p);
     pr[j] = *reinterpret_cast<const unsigned*>(&h);
   }
@@ -148,14 +152,15 @@ PGK_DEVICE unsigned pgk_qzero_pair(int z) {
   return h | (h << 16);
 }
 
-// PGK_QF16 (the staged int8 kernel under bf16 x; gemv_quant.half_mma says where): int8
-// weights become f16 pairs in two PRMT and two HSUB2 a word (pgk_qint8_pairs_f16) where
-// bf16 pairs take six PRMT and four FADD, and the MMA multiplies f16. x is turned into f16
-// once in shared memory, each row of a warp's columns times the power of two 2^-s that
-// brings its largest magnitude to [2^14, 2^15): every bf16 value down to 2^-31 of that
-// largest is then exact in f16 (its subnormals hold 8 significant bits down to 2^-17), the
-// rest rounded to 2^-24; the warp's partial sums are multiplied by 2^s before they meet.
-// Products and fp32 accumulation are those of the bf16 MMA.
+// PGK_QF16 (the staged int8 and fp8 kernels under bf16 x; gemv_quant.half_mma says where):
+// int8 weights become f16 pairs in two PRMT and two HSUB2 a word (pgk_qint8_pairs_f16)
+// where bf16 pairs take six PRMT and four FADD, e4m3 pairs in one conversion each
+// (pgk_qfp8_pairs_f16) where bf16 pairs take four instructions, and the MMA multiplies f16. x is
+// turned into f16 once in shared memory, each row of a warp's columns times the power of two 2^-s
+// that brings its largest magnitude to [2^14, 2^15): every bf16 value down to 2^-31 of that largest
+// is then exact in f16 (its subnormals hold 8 significant bits down to 2^-17), the rest rounded to
+// 2^-24; the warp's partial sums are multiplied by 2^s before they meet. Products and fp32
+// accumulation are those of the bf16 MMA.
 PGK_DEVICE void pgk_qmma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                          unsigned b1) {
 #if PGK_QF16
@@ -178,23 +183,21 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
   const int i = (s & 1) * 2;
   lo = pgk_qint4_pair(wv[s >> 1], i, zpair, magic);
   hi = pgk_qint4_pair(wv[s >> 1], i + 1, zpair, magic);
-#elif PGK_QFMT == 1
+#else
   (void)zpair;
   (void)magic;
-  if constexpr (PGK_QF16 || pgk_same<pgk_t, __half>::value) {
+  // f16 pairs under f16 products or f16 x; bf16 pairs otherwise.
+  constexpr bool half = PGK_QF16 || pgk_same<pgk_t, __half>::value;
+  if constexpr (PGK_QFMT == 1 && half) {
     pgk_qfp8_pairs_f16(wv[s], lo, hi);
-  } else {
+  } else if constexpr (PGK_QFMT == 1) {
     lo = pgk_qfp8_pair_bf16(wv[s], 0);
     hi = pgk_qfp8_pair_bf16(wv[s], 1);
+  } else if constexpr (half) {
+    pgk_qint8_pairs_f16(wv[s], lo, hi);
+  } else {
+    pgk_qint8_pairs(wv[s], lo, hi);
   }
-#else
-  (void)zpair;
-  (void)magic;
-#if PGK_QF16
-  pgk_qint8_pairs_f16(wv[s], lo, hi);
-#else
-  pgk_qint8_pairs(wv[s], lo, hi);
-#endif
 #endif
 }
 

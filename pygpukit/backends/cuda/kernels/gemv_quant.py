@@ -83,6 +83,14 @@ GAIN_BATCH = {"int8": 2, "fp8": 4, "int4": 4}
 # took 41.06 / 17.10 / 28.55 us at the 7B LM head / QKV and TinyLlama LM head, with 2
 # 32.74 / 13.82 / 18.34 (H200, one interleaved run).
 F16_GAIN_BATCH = 2
+
+
+def default_gain_batch(spec: QuantSpec, f16: bool) -> int:
+    """The staged RMSNorm prologue's gain batch by default: F16_GAIN_BATCH under f16
+    products, else the format's GAIN_BATCH."""
+    return F16_GAIN_BATCH if f16 else GAIN_BATCH[spec.format]
+
+
 # Registers are allocated to a warp in units of this many; an SM holds 64 Ki of them and
 # reserves 1 KiB of shared memory per block.
 REG_UNIT = 256
@@ -149,7 +157,7 @@ def half_mma(spec: QuantSpec, dtype: str) -> bool:
     return spec.format in ("int8", "fp8") and dtype == "bfloat16"
 
 
-def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str = "int8") -> int:
+def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str) -> int:
     """Blocks an SM the kernel's registers are bounded to leave room for (0: none): the
     int8 f16 kernel's persistent grid (STAGED_EARLY_WARPS_PER_SM) with the SwiGLU epilogue
     (fp8's f16 SwiGLU launches run unbounded: bounded, the 7B gate|up took 28.39 against
@@ -312,8 +320,8 @@ def gemv_quant(
     bf16 x): multiply the biased codes (None: biased_codes). pro_early (staged path, with
     w_early and the RMSNorm prologue): the gain is read-only too, so each lane's first
     batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
-    a lane loads at once (PGK_QGB; None: the format's GAIN_BATCH, F16_GAIN_BATCH under
-    f16). f16 (staged int8 / fp8, bf16 x): multiply in f16 (None: half_mma). min_blocks:
+    a lane loads at once (PGK_QGB; None: default_gain_batch). f16 (staged int8 / fp8, bf16
+    x): multiply in f16 (None: half_mma). min_blocks:
     blocks an SM the kernel's registers must leave room for (PGK_QMINB; None:
     default_min_blocks; 0: no bound)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
@@ -379,8 +387,7 @@ def gemv_quant(
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
     staged_pro = bool(stages) and prologue != "none"
     if staged_pro:
-        gb = gain_batch if gain_batch is not None else (
-            F16_GAIN_BATCH if f16 else GAIN_BATCH[spec.format])  # fmt: skip
+        gb = default_gain_batch(spec, f16) if gain_batch is None else gain_batch
         if gb < 1:
             raise ShapeError(f"gemv_quant: a gain batch of {gb} pieces (1 or more)")
         d["PGK_QGB"] = gb

@@ -256,9 +256,8 @@ def quant_variants() -> list[Variant]:
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns,
                                  **_half_defines(spec, dt, kgw, glu)}))  # fmt: skip
-                # The prologue's gain batch where it is not the template's 4 (GAIN_BATCH;
-                # F16_GAIN_BATCH under f16 products).
-                gb = gemv_quant.F16_GAIN_BATCH if half else gemv_quant.GAIN_BATCH[spec.format]
+                # The prologue's gain batch where it is not the template's 4.
+                gb = gemv_quant.default_gain_batch(spec, bool(half))
                 if pro and gb != 4:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
