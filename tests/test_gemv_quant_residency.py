@@ -43,6 +43,17 @@ def test_staged_config_per_k():
     sym = QuantSpec("int4", group=128)
     assert gemv_quant.staged_config(sym, 4096) == gemv_quant.STAGED_CONFIG["int4"]
     assert gemv_quant.staged_config(QuantSpec("fp8"), 2048) == gemv_quant.STAGED_CONFIG["fp8"]
+    # Wide rows of one row of x: deeper, smaller stages for int8 and fp8 in the same shared
+    # memory; more rows of x (and int4) keep the default.
+    for spec in (int8, QuantSpec("fp8", block=128)):
+        wide = gemv_quant.staged_config(spec, 11008)
+        base = gemv_quant.STAGED_CONFIG[spec.format]
+        assert wide[2:] == gemv_quant.WIDE_STAGES and wide[:2] == base[:2]
+        third = gemv_quant.staged_smem(spec, (*base[:2], 4, 3), 11008, 1)  # a third 32 KB stage
+        assert gemv_quant.staged_smem(spec, wide, 11008, 1) <= third
+        assert gemv_quant.staged_config(spec, 11008, m=2) == base
+        assert gemv_quant.staged_config(spec, 8192) == base
+    assert gemv_quant.staged_config(sym, 11008) == gemv_quant.STAGED_CONFIG["int4"]
 
 
 def test_biased_codes_where_measured():

@@ -159,6 +159,28 @@ def test_f16_products_match_float64(fmt, kw, f16, magnitude, fused, m):
     assert _err(out, ref) <= 1e-3
 
 
+@pytest.mark.parametrize("early", [True, False], ids=["early", "late"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
+@pytest.mark.parametrize(("fmt", "kw"), [("int8", {}), ("fp8", {})], ids=["int8", "fp8-b128"])
+def test_wide_rows_default_match_float64(fmt, kw, fused, early):
+    """One row of x past gemv_quant.WIDE_K takes the deeper stages by default
+    (staged_config): K = 8256 is 129 chunks over 8 warps (uneven ranges)."""
+    k = 8256
+    q, x, g, res, (xd, gd, rd, y) = _norm_case(np.random.default_rng(), fmt, kw, k, 1, fused)
+    assert gemv_quant.staged_config(q.spec, k)[2:] == gemv_quant.WIDE_STAGES
+    n = q.data.shape[0]
+    gemv_quant.gemv_quant(
+        _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
+        scale_numel=q.scale.size, w_early=early, prologue="rms_norm" if fused else "none",
+        pro=_ptr(gd) if fused else 0, eps=1e-5, residual=_ptr(rd) if fused else 0, glu=fused,
+    )  # fmt: skip
+    gpk.synchronize()
+    out = y.to_numpy()
+    wd = q.dequantize()
+    ref = _norm_ref(x, g, wd, res, True) if fused else x.astype(np.float64) @ wd.T
+    assert _err(out, ref) <= 1e-3
+
+
 def test_f16_products_refuse_other_formats():
     """f16=True is the int8 / fp8-under-bf16 kernel's: an int4 weight is refused by name."""
     q, _, _, _, (xd, _, _, y) = _norm_case(np.random.default_rng(), "int4", {}, 1024, 1,

@@ -69,6 +69,16 @@ STAGED_EARLY_WARPS_PER_SM = 24
 # 11.24 against 12.10, [22016 x 4096] 21.18 against 21.00. Symmetric int4 gained nothing
 # from it ((8, 2, 4, 3): 11.40 / 18.37 / 11.47 against 11.22 / 18.72 / 10.68).
 SMALL_K_INT8 = 2048
+# Wide rows (K past this, one row of x): int8 and fp8 take five 16 KB stages a block (2
+# chunks a warp) instead of two of 32 KB, so four of them (64 KB, not 32) are in flight before
+# the predecessor wait, in the same blocks an SM. The Llama-2-7B down projection [4096 x
+# 11008] is one 176 KB tile a block. H200, batch-1 decode step, A/B in one process, the
+# better of two (ms, default -> wide): int8 2.133 -> 2.086 and 2.128 -> 2.099, fp8 2.077 ->
+# 2.037 and 2.060 -> 2.052; four such stages 2.089 / 2.047, six (one block an SM) 2.169 /
+# 2.105, two or three of 16 KB 2.18-2.22. Four stages at K = 4096 lost at gate|up (int8
+# 2.196 against 2.133) and the output projection (2.173).
+WIDE_K = 8192
+WIDE_STAGES = (2, 5)  # (chunks per stage, stages per warp)
 # 16-byte pieces of the RMSNorm gain a lane of the staged kernel loads at once (PGK_QGB), per
 # format: only what ptxas makes of the kernel differs (K = 4096 over 8 warps is 2 pieces a
 # lane either way). H200, NVRTC 13.0, batch 1, early loads, the gain before the wait, us at
@@ -108,13 +118,15 @@ def row_groups(m: int) -> list[tuple[int, int]] | None:
     return [(i * base + min(i, extra), base + (i < extra)) for i in range(g)]
 
 
-def staged_config(spec: QuantSpec, k: int) -> tuple[int, int, int, int]:
+def staged_config(spec: QuantSpec, k: int, m: int = 1) -> tuple[int, int, int, int]:
     """The staged kernel's default (warps, n8 tiles per warp, chunks per stage, stages per
-    warp) for this weight and K: the format's STAGED_CONFIG, or where the H200 sweep found
-    better (see SMALL_K_INT8)."""
+    warp) for this weight, K and m rows of x: the format's STAGED_CONFIG, or where the
+    H200 sweeps found better (see SMALL_K_INT8, WIDE_K)."""
     gw, nt, u, ns = STAGED_CONFIG[spec.format]
     if spec.format == "int8" and k <= SMALL_K_INT8:
         return (4, 2, 4, 2)
+    if spec.format in ("int8", "fp8") and k > WIDE_K and m == 1:
+        return (gw, nt, *WIDE_STAGES)
     if spec.format == "int4" and spec.has_zero:
         per_warp = cdiv(cdiv(k, chunk_cols(spec)), gw)  # chunks of a warp's range
         if cdiv(per_warp, 4) * 4 <= cdiv(per_warp, u) * u:
@@ -345,7 +357,7 @@ def gemv_quant(
     ptrs = (x, w) + ((pro,) if prologue != "none" else ())
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
-    sgw, snt, su, sns = staged_config(spec, k)
+    sgw, snt, su, sns = staged_config(spec, k, m)
     if biased is None:
         biased = biased_codes(spec, dtype, k)
     # Asymmetric int4's biased form carries (128 + z) times x's sums in fp32: its error
