@@ -13,6 +13,7 @@ import pygpukit as gpk
 from pygpukit import runtime
 from pygpukit.backends.cuda.codegen import paged
 from pygpukit.backends.cuda.context import contiguous
+from pygpukit.backends.cuda.kernels import paged_plan
 from pygpukit.backends.cuda.plan import plan_step
 from pygpukit.backends.cuda.toolchain import compile_kernel
 from pygpukit.backends.cuda.value import DeviceValue
@@ -33,6 +34,9 @@ def test_paged_kernels_compile(arch, d):
     assert compile_kernel(paged.attend_kernel(paged.AttendSpec(dt, i32, i32)).text, arch)
     for rope in ("half", "interleaved"):  # keys rotated on the way into the pool
         assert compile_kernel(paged.write_kernel(paged.WriteSpec(dt, dt, i64, rope)).text, arch)
+        # and several elements of a row a thread (paged_plan.WRITE_VEC)
+        spec = paged.WriteSpec(dt, dt, i64, rope, paged_plan.WRITE_VEC)
+        assert compile_kernel(paged.write_kernel(spec).text, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -67,15 +67,34 @@ def test_paged_attention_bad_block_id_gpu():
         gpk.nn.paged_attention(q, kp, kp, table, np.array([20], np.int32)).to_numpy()
 
 
-def test_paged_write_gpu():
+@pytest.mark.parametrize(("d", "t"), [(8, 3), (6, 3), (64, 4000)],
+                         ids=["rows-of-8", "rows-of-6", "8-a-thread"])  # fmt: skip
+def test_paged_write_gpu(d, t):
+    """Rows stored at their slots (one element a thread, or paged_plan.WRITE_VEC where D is
+    a multiple and the store is large); a negative slot stores nothing, one past the pool
+    is an IndexError."""
+    from pygpukit.backends.cuda import toolchain
+    from pygpukit.backends.cuda.kernels import paged_plan
+
     rng = np.random.default_rng(4)
-    pool_np = rng.standard_normal((6, 2, 4, 8)).astype(np.float32)
+    nb = t // 2 + 2
+    pool_np = rng.standard_normal((nb, 2, 4, d)).astype(np.float32)
     pool = gpk.asarray(pool_np)
-    new = rng.standard_normal((3, 2, 8)).astype(np.float32)
-    gpk.nn.paged_write(pool, new, np.array([6, -1, 23], np.int64))
+    new = rng.standard_normal((t, 2, d)).astype(np.float32)
+    slots = rng.permutation(nb * 4)[:t].astype(np.int64)
+    slots[t // 2] = -1
+    wide = paged_plan.write_vec(t * 2 * d, d, toolchain.sm_count()) > 1
+    assert wide == (t > 3)
+    gpk.nn.paged_write(pool, new, slots)
     want = pool_np.copy()
-    want[1, :, 2], want[5, :, 3] = new[0], new[2]
+    for i, slot in enumerate(slots):
+        if slot >= 0:
+            want[slot // 4, :, slot % 4] = new[i]
     np.testing.assert_array_equal(pool.to_numpy(), want)
+    slots[-1] = nb * 4
+    with pytest.raises(IndexError):
+        gpk.nn.paged_write(pool, new, slots)
+        pool.to_numpy()
 
 
 def test_engine_batched_equals_alone_gpu():
@@ -408,14 +427,15 @@ def _rotated(x, cos, sin, dtype, interleaved):
     return np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], axis=-1)
 
 
+@pytest.mark.parametrize("t", [70, 1100], ids=["decode", "mixed"])
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_paged_write_rope_gpu(dtype, tol, interleaved):
+def test_paged_write_rope_gpu(dtype, tol, interleaved, t):
     """One store of a step's keys (rotated by each row's tables) and values into one pool:
     the first KV heads rotated, the rest as they are, against float64; negative slots
-    store nothing."""
+    store nothing. 1100 rows: several elements a thread (paged_plan.write_vec)."""
     rng = np.random.default_rng(24)
-    nb, kv, bs, d, t = 30, 4, 16, 64, 70
+    nb, kv, bs, d = 80, 4, 16, 64
     pool_np = rng.standard_normal((nb, 2 * kv, bs, d)).astype(np.float32)
     new = rng.standard_normal((t, 2 * kv, d)).astype(np.float32)
     ang = rng.uniform(0, 6.3, size=(t, d // 2))

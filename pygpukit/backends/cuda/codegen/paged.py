@@ -30,6 +30,7 @@ class WriteSpec:
     new_dtype: DType
     slot_dtype: DType
     rope: str = "none"  # "half" / "interleaved": the first RH heads are stored rotated
+    vec: int = 1  # elements of a row a thread stores (D a multiple of it)
 
 
 @functools.lru_cache(maxsize=64)
@@ -75,18 +76,25 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     i64 T, i64 KV, i64 D, i64 BS, i64 nslots, i64 ns0, i64 ns1, i64 ns2, i64 ss, i64* err,
     i64 tag{rope_args}) {{
   PGK_PDL_ENTRY
-  const i64 n = T * KV * D;
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
-       i += (i64)gridDim.x * blockDim.x) {{
-    const i64 t = i / (KV * D), h = (i / D) % KV, d = i % D;
+  // {spec.vec} elements of a row a thread: the 64-bit index arithmetic (five divisions)
+  // once for them all.
+  const i64 n = T * KV * (D / {spec.vec});
+  for (i64 iv = blockIdx.x * (i64)blockDim.x + threadIdx.x; iv < n;
+       iv += (i64)gridDim.x * blockDim.x) {{
+    const i64 i = iv * {spec.vec};
+    const i64 t = i / (KV * D), h = (i / D) % KV, d0 = i % D;
     const i64 s = (i64)slots[t * ss];
     if (s < 0) continue;
     if (s >= nslots) {{
-      if (h == 0 && d == 0) pgk_error(err, {ERR_INDEX}, tag, s, nslots);
+      if (h == 0 && d0 == 0) pgk_error(err, {ERR_INDEX}, tag, s, nslots);
       continue;
     }}
-    const i64 dst = (((s / BS) * KV + h) * BS + s % BS) * D + d;
-    {store}
+    const i64 dst0 = (((s / BS) * KV + h) * BS + s % BS) * D + d0;
+#pragma unroll
+    for (int e = 0; e < {spec.vec}; ++e) {{
+      const i64 d = d0 + e, dst = dst0 + e;
+      {store}
+    }}
   }}
 }}
 """
