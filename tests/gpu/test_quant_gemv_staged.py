@@ -57,6 +57,19 @@ def _norm_case(rng, fmt, kw, k, m, glu):
     return q, x, g, res, dev
 
 
+def _launch(q, dev, k, m, fused, **kw):
+    """One gemv_quant launch of _norm_case's operands (dev: x, gain, residual, output on
+    the device): plain, or with the RMSNorm prologue, SwiGLU and the residual; then wait."""
+    xd, gd, rd, y = dev
+    gemv_quant.gemv_quant(
+        _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, q.data.shape[0], k, "bfloat16",
+        scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0, m=m,
+        prologue="rms_norm" if fused else "none", pro=_ptr(gd) if fused else 0, eps=1e-5,
+        residual=_ptr(rd) if fused else 0, glu=fused, **kw,
+    )  # fmt: skip
+    gpk.synchronize()
+
+
 def _norm_ref(x, g, wd, res, glu, eps=1e-5):
     """float64: x * gain rounded once to bf16 (as the kernel's packed multiply), 1 / rms on
     raw x; with glu silu(gate) * up + the residual."""
@@ -82,15 +95,8 @@ def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m, biased)
         pytest.skip("biased codes are a symmetric int4 form (the launcher refuses the rest)")
     gw, nt, u, stages, per_sm, early = geometry
     q, x, g, res, (xd, gd, rd, y) = _norm_case(np.random.default_rng(), fmt, kw, k, m, fused)
-    n = q.data.shape[0]
-    gemv_quant.gemv_quant(
-        _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
-        scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0, m=m,
-        config=(gw, nt), slab=u, stages=stages, blocks_per_sm=per_sm, w_early=early,
-        prologue="rms_norm" if fused else "none", pro=_ptr(gd) if fused else 0, eps=1e-5,
-        residual=_ptr(rd) if fused else 0, glu=fused, biased=biased,
-    )  # fmt: skip
-    gpk.synchronize()
+    _launch(q, (xd, gd, rd, y), k, m, fused, config=(gw, nt), slab=u, stages=stages,
+            blocks_per_sm=per_sm, w_early=early, biased=biased)  # fmt: skip
     out = y.to_numpy()
     wd = q.dequantize()
     ref = _norm_ref(x, g, wd, res, True) if fused else x.astype(np.float64) @ wd.T
@@ -168,13 +174,7 @@ def test_wide_rows_default_match_float64(fmt, kw, fused, early):
     k = 8256
     q, x, g, res, (xd, gd, rd, y) = _norm_case(np.random.default_rng(), fmt, kw, k, 1, fused)
     assert gemv_quant.staged_config(q.spec, k)[2:] == gemv_quant.WIDE_STAGES
-    n = q.data.shape[0]
-    gemv_quant.gemv_quant(
-        _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
-        scale_numel=q.scale.size, w_early=early, prologue="rms_norm" if fused else "none",
-        pro=_ptr(gd) if fused else 0, eps=1e-5, residual=_ptr(rd) if fused else 0, glu=fused,
-    )  # fmt: skip
-    gpk.synchronize()
+    _launch(q, (xd, gd, rd, y), k, 1, fused, w_early=early)
     out = y.to_numpy()
     wd = q.dequantize()
     ref = _norm_ref(x, g, wd, res, True) if fused else x.astype(np.float64) @ wd.T
