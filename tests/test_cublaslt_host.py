@@ -90,6 +90,39 @@ def test_planner_falls_back_when_missing(monkeypatch: pytest.MonkeyPatch) -> Non
     assert launch is None  # the NVRTC GEMM serves
 
 
+def test_tuned_plans_take_no_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tuned GEMM (TUNE_MIN_ROWS rows and more) is planned without a workspace (no memset
+    node in a captured graph) unless cuBLASLt has no such algorithm; an untuned one (a
+    decode step's) keeps the backend's workspace."""
+    asked: list[int] = []
+    refuse_bare = [False]
+
+    def fake_plan(*args: object, workspace_bytes: int, **kw: object) -> object:
+        asked.append(workspace_bytes)
+        if workspace_bytes == 0 and refuse_bare[0]:
+            raise CUDAError("no algorithm")
+        return object()
+
+    ws = 32 << 20
+    monkeypatch.setattr(cublaslt, "cublaslt_unavailable_reason", lambda: "")
+    monkeypatch.setattr(cublaslt, "_workspace", lambda ctx: (None, ws))
+    monkeypatch.setattr(_native, "cublaslt_plan", fake_plan)
+    rows = cublaslt.TUNE_MIN_ROWS
+
+    def launcher(m: int, tune: bool = True) -> object:
+        return cublaslt.lt_launcher(None, "bfloat16", m, 64, 64, (False, 64), (False, 64),  # type: ignore[arg-type]
+                                    tune=tune)  # fmt: skip
+
+    assert launcher(rows) is not None and asked == [0]
+    asked.clear()
+    assert launcher(rows - 1) is not None and asked == [ws]
+    asked.clear()
+    assert launcher(rows, tune=False) is not None and asked == [ws]
+    asked.clear()
+    refuse_bare[0] = True
+    assert launcher(rows) is not None and asked == [0, ws]
+
+
 # -- plan-cache key -------------------------------------------------------------------------
 
 KEY = dict(lda=64, ldb=32, ldd=32)

@@ -260,3 +260,15 @@ def test_paged_sdpa_rotates_q_in_its_kernels(arch, dtype, b, interleaved, fused,
         assert ("pgk_rope" in names) == (not fused)
         if not fused:
             assert names.index("pgk_rope") < names.index(names[-1])
+
+
+def test_write_vec_where_the_store_is_wide():
+    """paged_write stores WRITE_VEC elements a thread only where D is a multiple and a
+    block of threads an SM is left: the serving engine's 1024-token store (TinyLlama KV
+    heads), not its 64-row decode step's or rows of 6."""
+    vec = paged_plan.WRITE_VEC
+    assert paged_plan.write_vec(1024 * 8 * 64, 64, 132) == vec
+    assert paged_plan.write_vec(64 * 8 * 64, 64, 132) == 1
+    assert paged_plan.write_vec(1 << 24, 6, 132) == 1
+    assert paged_plan.write_vec(132 * 256 * vec, 64, 132) == vec
+    assert paged_plan.write_vec(132 * 256 * vec - 1, 64, 132) == 1

@@ -237,13 +237,13 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
                                      **kw)  # type: ignore[arg-type]  # fmt: skip
 
     t0 = time.perf_counter()
+    plans = None
     try:
-        plans = None
         if tuned and ws_bytes and TUNED_WITHOUT_WORKSPACE:
             try:
                 plans = {False: plan(False, 0)}
             except (CUDAError, ValueError):
-                plans = None  # no algorithm without one: the workspace's plan
+                pass  # no algorithm without one: the workspace's plan
         if plans is None:
             plans = {False: plan(False, ws_bytes)}
             if dtype == "float32":
