@@ -57,17 +57,19 @@ def test_staged_config_per_k():
 
 
 def test_biased_codes_where_measured():
-    """The biased int4 codes: symmetric int4 under bf16 at K = 4096 only (the H200 A/B),
-    never asymmetric, f16, the 8-bit formats or other K; shared memory grows by the sums of
-    x when they are on."""
+    """The biased int4 codes: symmetric int4 under bf16 at K = 4096 and N from 8192 only
+    (the H200 A/B), never asymmetric, f16, the 8-bit formats, other K or the 4096-row
+    output projection; shared memory grows by the sums of x when they are on."""
     from pygpukit.ir.quant import QuantSpec
 
     sym, asym = QuantSpec("int4", group=128), QuantSpec("int4", group=128, has_zero=True)
-    assert gemv_quant.biased_codes(sym, "bfloat16", 4096)
-    assert not gemv_quant.biased_codes(sym, "float16", 4096)
-    assert not gemv_quant.biased_codes(asym, "bfloat16", 4096)
-    assert not gemv_quant.biased_codes(QuantSpec("int8"), "bfloat16", 4096)
-    assert not any(gemv_quant.biased_codes(sym, "bfloat16", k) for k in (2048, 5632, 11008))
+    assert gemv_quant.biased_codes(sym, "bfloat16", 4096, 12288)
+    assert not gemv_quant.biased_codes(sym, "bfloat16", 4096, 4096)
+    assert not gemv_quant.biased_codes(sym, "float16", 4096, 12288)
+    assert not gemv_quant.biased_codes(asym, "bfloat16", 4096, 12288)
+    assert not gemv_quant.biased_codes(QuantSpec("int8"), "bfloat16", 4096, 12288)
+    assert not any(gemv_quant.biased_codes(sym, "bfloat16", k, 12288)
+                   for k in (2048, 5632, 11008))  # fmt: skip
     cfg = gemv_quant.staged_config(sym, 4096)
     plain = gemv_quant.staged_smem(sym, cfg, 4096, 1)
     # 32 chunks of 128 columns over 8 warps, one row of x: 32 floats.
@@ -141,11 +143,52 @@ def test_gain_batch_and_early_gain(monkeypatch, fmt, prologue, w_early, pro_earl
     ((defines, args),) = _FakeKernel.launched
     assert defines["PGK_QSTAGES"] > 0
     assert args[-1] == early_arg
-    # f16 products (int8 and fp8 under bf16: half_mma) take F16_GAIN_BATCH
-    gb = gemv_quant.F16_GAIN_BATCH if gemv_quant.half_mma(spec, "bfloat16") else (
+    # f16 products (half_mma) take F16_GAIN_BATCH
+    gb = gemv_quant.F16_GAIN_BATCH if gemv_quant.half_mma(spec, "bfloat16", 4096, prologue) else (
         gemv_quant.GAIN_BATCH[fmt])  # fmt: skip
     want = gb if prologue != "none" else None
     assert defines.get("PGK_QGB") == want
+
+
+def test_half_mma_where_measured():
+    """f16 products: int8 and fp8 under bf16 always; symmetric int4 under bf16 at the LM
+    heads only (RMSNorm prologue, no SwiGLU, N from HALF_INT4_MIN_N); never under f16 x."""
+    from pygpukit.ir.quant import QuantSpec
+
+    sym, asym = QuantSpec("int4", group=128), QuantSpec("int4", group=128, has_zero=True)
+    for spec in (QuantSpec("int8"), QuantSpec("fp8", block=128)):
+        assert gemv_quant.half_mma(spec, "bfloat16")
+        assert not gemv_quant.half_mma(spec, "float16")
+    assert gemv_quant.half_mma(sym, "bfloat16", 32000, "rms_norm")
+    assert not gemv_quant.half_mma(sym, "bfloat16", 32000)
+    assert not gemv_quant.half_mma(sym, "bfloat16", 22016, "rms_norm", glu=True)
+    assert not gemv_quant.half_mma(sym, "bfloat16", 12288, "rms_norm")
+    assert not gemv_quant.half_mma(asym, "bfloat16", 32000, "rms_norm")
+    assert not gemv_quant.half_mma(sym, "float16", 32000, "rms_norm")
+
+
+@pytest.mark.parametrize(("n", "prologue", "f16", "biased"),
+                         [(32000, "rms_norm", True, False), (12288, "rms_norm", False, True),
+                          (4096, "none", False, False)])  # fmt: skip
+def test_int4_forms_by_shape(monkeypatch, n, prologue, f16, biased):
+    """The launcher's int4 form at K = 4096: f16 products at the LM head, the biased codes
+    at QKV, the plain codes at the output projection (one form each, never both)."""
+    from pygpukit.backends.cuda import toolchain
+    from pygpukit.backends.cuda.kernels import loader
+    from pygpukit.ir.quant import QuantSpec
+
+    info = {"sm_count": 132, "max_shared_per_block_optin": 227 * 1024,
+            "max_shared_per_sm": H200_SMEM_PER_SM}  # fmt: skip
+    monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
+    monkeypatch.setattr(loader, "get_kernel", lambda family, name, d: _FakeKernel(d))
+    _FakeKernel.launched = []
+    gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, QuantSpec("int4", group=128), n,
+                          4096, "bfloat16", scale_numel=n * 32, prologue=prologue,
+                          pro=1 << 24 if prologue != "none" else 0, eps=1e-5,
+                          w_early=True)  # fmt: skip
+    ((defines, _),) = _FakeKernel.launched
+    assert bool(defines.get("PGK_QF16")) == f16
+    assert bool(defines.get("PGK_QBIAS")) == biased
 
 
 def test_gain_batch_must_be_positive(monkeypatch):

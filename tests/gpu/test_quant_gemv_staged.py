@@ -84,19 +84,29 @@ def _norm_ref(x, g, wd, res, glu, eps=1e-5):
     return ref
 
 
-@pytest.mark.parametrize("biased", [False, True], ids=["codes", "biased"])
+# int4's forms under bf16 x: the codes less the zero point in bf16, the biased codes
+# (PGK_QBIAS, gemv_quant.biased_codes; symmetric only) and f16 products (PGK_QF16). The 8-bit
+# formats take their default (f16 products, gemv_quant.half_mma) in the first.
+INT4_FORMS = {"codes": dict(biased=False, f16=False), "biased": dict(biased=True, f16=False),
+              "f16": dict(biased=False, f16=True)}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", list(INT4_FORMS))
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
 @pytest.mark.parametrize(("fmt", "kw", "k"), FORMATS, ids=lambda v: str(v))
 @pytest.mark.parametrize("m", [1, 5, 8])
-def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m, biased):
-    """biased: symmetric int4's biased codes (PGK_QBIAS, gemv_quant.biased_codes)."""
-    if biased and (fmt != "int4" or kw.get("symmetric", True) is False):
+def test_staged_geometries_match_float64(fmt, kw, k, geometry, fused, m, form):
+    """form: int4's INT4_FORMS."""
+    if form != "codes" and fmt != "int4":
+        pytest.skip("the 8-bit formats' forms are their default")
+    if form == "biased" and kw.get("symmetric", True) is False:
         pytest.skip("biased codes are a symmetric int4 form (the launcher refuses the rest)")
+    opts = INT4_FORMS[form] if fmt == "int4" else {}
     gw, nt, u, stages, per_sm, early = geometry
     q, x, g, res, (xd, gd, rd, y) = _norm_case(np.random.default_rng(), fmt, kw, k, m, fused)
     _launch(q, (xd, gd, rd, y), k, m, fused, config=(gw, nt), slab=u, stages=stages,
-            blocks_per_sm=per_sm, w_early=early, biased=biased)  # fmt: skip
+            blocks_per_sm=per_sm, w_early=early, **opts)  # fmt: skip
     out = y.to_numpy()
     wd = q.dequantize()
     ref = _norm_ref(x, g, wd, res, True) if fused else x.astype(np.float64) @ wd.T
@@ -135,12 +145,15 @@ def test_prologue_gain_paths_match_float64(fmt, kw, gain, glu, m):
 @pytest.mark.parametrize("f16", [False, True], ids=["bf16-products", "f16-products"])
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
 @pytest.mark.parametrize("m", [1, 5])
-@pytest.mark.parametrize(("fmt", "kw"), [("int8", {}), ("fp8", {}), ("fp8", {"block": 0})],
-                         ids=["int8", "fp8-b128", "fp8-tensor"])  # fmt: skip
+@pytest.mark.parametrize(("fmt", "kw"), [("int8", {}), ("fp8", {}), ("fp8", {"block": 0}),
+                                         ("int4", {"group": 128}),
+                                         ("int4", {"group": 128, "symmetric": False})],
+                         ids=["int8", "fp8-b128", "fp8-tensor", "int4", "int4-asym"])  # fmt: skip
 def test_f16_products_match_float64(fmt, kw, f16, magnitude, fused, m):
-    """Staged int8 and fp8 under bf16 x multiply in f16 (gemv_quant.half_mma, PGK_QF16),
-    x scaled per row and warp by a power of two: rows far below and far above f16's range
-    (with one element 2^12 times the rest) come out as the bf16 products do."""
+    """The staged kernel under bf16 x multiplies in f16 (gemv_quant.half_mma, PGK_QF16),
+    x scaled per row and warp by a power of two (int4: and permuted into its pair order):
+    rows far below and far above f16's range (with one element 2^12 times the rest) come
+    out as the bf16 products do."""
     k = 4096
     rng = np.random.default_rng()
     q, x, g, res, (xd, gd, rd, y) = _norm_case(rng, fmt, kw, k, m, fused)
@@ -150,9 +163,9 @@ def test_f16_products_match_float64(fmt, kw, f16, magnitude, fused, m):
     n = q.data.shape[0]
     gemv_quant.gemv_quant(
         _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, n, k, "bfloat16",
-        scale_numel=q.scale.size, m=m, w_early=True, f16=f16,
-        prologue="rms_norm" if fused else "none", pro=_ptr(gd) if fused else 0, eps=1e-30,
-        residual=_ptr(rd) if fused else 0, glu=fused,
+        scale_numel=q.scale.size, zero=_ptr(q.zero) if q.zero is not None else 0, m=m,
+        w_early=True, f16=f16, biased=False, prologue="rms_norm" if fused else "none",
+        pro=_ptr(gd) if fused else 0, eps=1e-30, residual=_ptr(rd) if fused else 0, glu=fused,
     )  # fmt: skip
     gpk.synchronize()
     out = y.to_numpy()
@@ -181,11 +194,14 @@ def test_wide_rows_default_match_float64(fmt, kw, fused, early):
     assert _err(out, ref) <= 1e-3
 
 
-def test_f16_products_refuse_other_formats():
-    """f16=True is the int8 / fp8-under-bf16 kernel's: an int4 weight is refused by name."""
+@pytest.mark.parametrize("ask", ["float16-x", "biased"])
+def test_f16_products_refused_where_they_do_not_apply(ask):
+    """f16=True is the bf16-x staged kernel's and excludes the biased int4 codes: f16 x, or
+    both forms at once, are refused by name."""
     q, _, _, _, (xd, _, _, y) = _norm_case(np.random.default_rng(), "int4", {}, 1024, 1,
                                            False)  # fmt: skip
-    with pytest.raises(gpk.ShapeError, match="f16 products"):
+    dtype, match = ("float16", "f16 products") if ask == "float16-x" else ("bfloat16", "biased")
+    with pytest.raises(gpk.ShapeError, match=match):
         gemv_quant.gemv_quant(_ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec,
-                              q.data.shape[0], 1024, "bfloat16", scale_numel=q.scale.size,
-                              f16=True)  # fmt: skip
+                              q.data.shape[0], 1024, dtype, scale_numel=q.scale.size,
+                              f16=True, biased=ask == "biased")  # fmt: skip

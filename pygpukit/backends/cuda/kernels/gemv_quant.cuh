@@ -48,10 +48,10 @@
 #define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
 #endif
 #ifndef PGK_QF16
-#define PGK_QF16 0  // 1: staged int8 / fp8 under bf16 x multiplies in f16 (see pgk_qmma)
+#define PGK_QF16 0  // 1: the staged kernel under bf16 x multiplies in f16 (see pgk_qmma)
 #endif
-#if PGK_QF16 && (PGK_QFMT == 2 || PGK_QSTAGES == 0)
-#error "PGK_QF16 is the staged int8 and fp8 kernels'"
+#if PGK_QF16 && (PGK_QSTAGES == 0 || PGK_QBIAS)
+#error "PGK_QF16 is the staged kernel's, without biased int4 codes"
 #endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
@@ -61,6 +61,8 @@
 
 using pgk_qpair =
     typename pgk_gpick<pgk_same<pgk_t, __nv_bfloat16>::value, __nv_bfloat162, __half2>::type;
+// W's pairs are f16 (under f16 x, or f16 products under bf16 x).
+constexpr bool pgk_qhalf = PGK_QF16 || pgk_same<pgk_t, __half>::value;
 
 PGK_DEVICE unsigned pgk_qbits(pgk_qpair p) { return *reinterpret_cast<unsigned*>(&p); }
 PGK_DEVICE pgk_qpair pgk_qof(unsigned u) { return *reinterpret_cast<pgk_qpair*>(&u); }
@@ -117,23 +119,48 @@ PGK_DEVICE void pgk_qfp8_pairs_f16(unsigned w, unsigned& lo, unsigned& hi) {
 // carry, and the fp32 sums' rounding near 1e-3 of the result.
 #if PGK_QBIAS && PGK_QFMT == 2 && PGK_QSTAGES > 0
 #define PGK_QBIASED 1
-#define PGK_QXPERM 1
 #else
 #define PGK_QBIASED 0
+#endif
+// x permuted once in shared memory into pgk_qfrag's int4 pair order: the biased codes'
+// pass (xprep_once) or the f16 conversion's (f16_once).
+#if PGK_QBIASED || (PGK_QF16 && PGK_QFMT == 2)
+#define PGK_QXPERM 1
+#else
 #define PGK_QXPERM 0
 #endif
 
-// Nibbles i and i + 4 of w minus the zero point, i = 0 .. 3: q - z exactly, the nibble
-// set under a magic exponent (bf16 128 + q, f16 1024 + q, pgk_qmagic) less the same for z
-// (PGK_QBIASED: 128 + q itself).
+// Nibbles i and i + 4 of w minus the zero point, i = 0 .. 3: q - z exactly. bf16 pairs:
+// the nibble set under the magic exponent of 128 (128 + q) less 128 + z, a shift for each
+// i > 0. f16 pairs (pgk_qhalf): odd i take the nibble where it lies, under f16's magic of
+// 1024 (1024 + 16 q), and one HFMA2 makes (1024 + 16 q) / 16 - (64 + z), exact; even i
+// the nibble under the magic less 1024 + z: a word's four pairs take one shift (w >> 8),
+// not three. PGK_QBIASED: 128 + q itself.
 PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair, unsigned magic) {
-  const unsigned q = ((w >> (4 * i)) & 0x000F000Fu) | magic;
 #if PGK_QBIASED
   static_assert(pgk_same<pgk_t, __nv_bfloat16>::value, "biased int4 codes need bf16 x");
   (void)zpair;
-  return q;
+  return ((w >> (4 * i)) & 0x000F000Fu) | magic;
 #else
-  return pgk_qbits(__hsub2(pgk_qof(q), pgk_qof(zpair)));
+  if constexpr (pgk_qhalf) {
+    const unsigned v = i >= 2 ? w >> 8 : w;
+    if (i & 1) {
+      const unsigned q = (v & 0x00F000F0u) | magic;
+      // -(64 + z): f16 64 is 0x5400, its last place 1/16, so z sits four bits up.
+      const unsigned nz = ((zpair & 0x000F000Fu) << 4) | 0xD400D400u;
+      const __half2 r = __hfma2(*reinterpret_cast<const __half2*>(&q),
+                                __halves2half2(__ushort_as_half(0x2C00), __ushort_as_half(0x2C00)),
+                                *reinterpret_cast<const __half2*>(&nz));
+      return *reinterpret_cast<const unsigned*>(&r);
+    }
+    const unsigned q = (v & 0x000F000Fu) | magic;
+    const __half2 r =
+        __hsub2(*reinterpret_cast<const __half2*>(&q), *reinterpret_cast<const __half2*>(&zpair));
+    return *reinterpret_cast<const unsigned*>(&r);
+  } else {
+    const unsigned q = ((w >> (4 * i)) & 0x000F000Fu) | magic;
+    return pgk_qbits(__hsub2(pgk_qof(q), pgk_qof(zpair)));
+  }
 #endif
 }
 
@@ -142,20 +169,21 @@ PGK_DEVICE unsigned pgk_qint4_pair(unsigned w, int i, unsigned zpair, unsigned m
 // before every use (a move for each pair of weights). n >= 0, so n >> 31 is 0, but only
 // at run time.
 PGK_DEVICE unsigned pgk_qmagic(int n) {
-  constexpr unsigned magic = pgk_same<pgk_t, __nv_bfloat16>::value ? 0x43004300u : 0x64006400u;
+  constexpr unsigned magic = pgk_qhalf ? 0x64006400u : 0x43004300u;
   return magic | (unsigned)(n >> 31);
 }
 
 PGK_DEVICE unsigned pgk_qzero_pair(int z) {
-  const unsigned magic = pgk_same<pgk_t, __nv_bfloat16>::value ? 0x4300u : 0x6400u;
+  const unsigned magic = pgk_qhalf ? 0x6400u : 0x4300u;
   const unsigned h = magic | (unsigned)z;
   return h | (h << 16);
 }
 
-// PGK_QF16 (the staged int8 and fp8 kernels under bf16 x; gemv_quant.half_mma says where):
-// int8 weights become f16 pairs in two PRMT and two HSUB2 a word (pgk_qint8_pairs_f16)
-// where bf16 pairs take six PRMT and four FADD, e4m3 pairs in one conversion each
-// (pgk_qfp8_pairs_f16) where bf16 pairs take four instructions, and the MMA multiplies f16. x is
+// PGK_QF16 (the staged kernel under bf16 x; gemv_quant.half_mma says where): int8 weights
+// become f16 pairs in two PRMT and two HSUB2 a word (pgk_qint8_pairs_f16) where bf16 pairs
+// take six PRMT and four FADD, e4m3 pairs in one conversion each (pgk_qfp8_pairs_f16) where
+// bf16 pairs take four instructions, int4 words in one shift where bf16 pairs take three
+// (pgk_qint4_pair, x permuted on the way: no PRMT a step), and the MMA multiplies f16. x is
 // turned into f16 once in shared memory, each row of a warp's columns times the power of two 2^-s
 // that brings its largest magnitude to [2^14, 2^15): every bf16 value down to 2^-31 of that largest
 // is then exact in f16 (its subnormals hold 8 significant bits down to 2^-17), the rest rounded to
@@ -187,7 +215,7 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
   (void)zpair;
   (void)magic;
   // f16 pairs under f16 products or f16 x; bf16 pairs otherwise.
-  constexpr bool half = PGK_QF16 || pgk_same<pgk_t, __half>::value;
+  constexpr bool half = pgk_qhalf;
   if constexpr (PGK_QFMT == 1 && half) {
     pgk_qfp8_pairs_f16(wv[s], lo, hi);
   } else if constexpr (PGK_QFMT == 1) {
@@ -616,13 +644,13 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
     __syncwarp();
 #endif
   };
-  // Once x (and the prologue's x * gain) is in shared memory, PGK_QXPERM permutes each 8
+  // Once x (and the prologue's x * gain) is in shared memory, PGK_QBIASED permutes each 8
   // elements into pgk_qfrag's pair order and sums each chunk of each row in fp32. A chunk
   // is CW / 8 consecutive pieces (16 for int4), and a warp's range a whole number of
   // chunks of each row, so the lanes of each half-warp hold one chunk of one row and
   // reduce it with shuffles.
   auto xprep_once = [&]() {
-#if PGK_QXPERM
+#if PGK_QBIASED
     constexpr int PPC = CW / 8;  // pieces of a chunk
     static_assert(PPC == 16, "int4 chunks are 16 pieces (a half-warp)");
     const int pieces = (c_hi - c_lo) * PPC;
@@ -698,7 +726,13 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
                                               __uint_as_float(w4[j] & 0xFFFF0000u) * down);
           o4[j] = *reinterpret_cast<const unsigned*>(&h);
         }
+#if PGK_QFMT == 2
+        // int4 (PGK_QXPERM): elements 0, 4, 1, 5, 2, 6, 3, 7, pgk_qfrag's pair order.
+        row[p] = make_uint4(__byte_perm(o4[0], o4[2], 0x5410), __byte_perm(o4[0], o4[2], 0x7632),
+                            __byte_perm(o4[1], o4[3], 0x5410), __byte_perm(o4[1], o4[3], 0x7632));
+#else
         row[p] = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+#endif
       }
     }
     __syncwarp();

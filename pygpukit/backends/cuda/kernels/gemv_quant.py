@@ -134,29 +134,49 @@ def staged_config(spec: QuantSpec, k: int, m: int = 1) -> tuple[int, int, int, i
     return (gw, nt, u, ns)
 
 
-# Symmetric int4 under bf16 x at this K multiplies the biased codes (biased_codes). H200,
+# Symmetric int4 under bf16 x at this K and N multiplies the biased codes (biased_codes). H200,
 # batch 1, early loads, us against main's kernel in one run (q4gemv8): [22016 x 4096] 17.76
 # against 18.43, [12288 x 4096] 11.09 against 10.96 (q4gemv6's run: 16.86 / 18.25 and
 # 10.87 / 11.43); slower at K = 5632 (4.68 / 4.27) and 11008 (11.91 / 10.49), level at
 # K = 2048 (the once-per-x pass sits before the first stage where a warp has few chunks).
 BIASED_INT4_K = 4096
+# ... and from this N: at N = 4096 (the Llama-2-7B output projection, a tile a block) the
+# once-per-x pass is not paid back. H200, one interleaved run, us, biased / plain codes:
+# [4096 x 4096] 5.54 / 5.02, with the residual 5.67 / 5.16; [12288 x 4096] with the RMSNorm
+# prologue 11.42 / 12.32, [22016 x 4096] with SwiGLU 19.80 / 21.98. The 7B int4 decode step
+# (A/B in one process, two rounds) 1.7025 / 1.7049 -> 1.6925 / 1.6915 ms.
+BIASED_INT4_MIN_N = 8192
 
 
-def biased_codes(spec: QuantSpec, dtype: str, k: int) -> bool:
+def biased_codes(spec: QuantSpec, dtype: str, k: int, n: int) -> bool:
     """Whether the staged int4 kernel multiplies the biased codes 128 + q (PGK_QBIAS: x
     permuted once in shared memory, (128 + z) times each chunk's sum of x taken off its
-    partial sums in fp32): symmetric int4 under bf16 x at K = BIASED_INT4_K, where the
-    H200 A/B found it faster."""
+    partial sums in fp32): symmetric int4 under bf16 x at K = BIASED_INT4_K and N from
+    BIASED_INT4_MIN_N, where the H200 A/B found it faster."""
     return (spec.format == "int4" and not spec.has_zero and dtype == "bfloat16"
-            and k == BIASED_INT4_K)  # fmt: skip
+            and k == BIASED_INT4_K and n >= BIASED_INT4_MIN_N)  # fmt: skip
 
 
-def half_mma(spec: QuantSpec, dtype: str) -> bool:
-    """Whether the staged kernel multiplies int8 and fp8 weights in f16 under bf16 x
-    (PGK_QF16: x turned into f16 once in shared memory, times a power of two per row and
-    warp), where the int8 bytes become f16 pairs in half the instructions of bf16 pairs
-    (ncu had the bf16 form's kernel ALU-bound on PRMT) and e4m3 pairs in one conversion
-    (cvt.rn.f16x2.e4m3x2, SM 8.9+; four instructions a pair into bf16). H200, batch 1,
+# Symmetric int4 under bf16 x multiplies in f16 (half_mma) with the RMSNorm prologue, no
+# SwiGLU, from this N: the LM heads. H200, one interleaved run, us, f16 products / the
+# default (biased codes at K = 4096): [32000 x 2048] 14.70 / 16.76, [32000 x 4096] 25.39 /
+# 26.14; elsewhere level or slower ([12288 x 4096] 11.68 / 11.42, [22016 x 4096] with SwiGLU
+# 20.42 / 19.80, [2048 x 2048] with the residual 2.83 / 2.46: the once-per-x conversion),
+# and asymmetric int4 slower with any fusion ([22016 x 4096] with SwiGLU 29.02 / 23.23).
+# Decode step, A/B in one process, two rounds (ms): TinyLlama 0.5691 / 0.5662 -> 0.5641 /
+# 0.5624, Llama-2-7B (with BIASED_INT4_MIN_N) 1.7025 / 1.7049 -> 1.6876 / 1.6884.
+HALF_INT4_MIN_N = 16384
+
+
+def half_mma(spec: QuantSpec, dtype: str, n: int = 0, prologue: str = "none",
+             glu: bool = False) -> bool:  # fmt: skip
+    """Whether the staged kernel multiplies in f16 under bf16 x (PGK_QF16: x turned into
+    f16 once in shared memory, times a power of two per row and warp): int8 and fp8
+    always, symmetric int4 at the LM heads (HALF_INT4_MIN_N: N, the RMSNorm prologue and
+    no SwiGLU). The int8 bytes become f16 pairs in half the instructions of bf16 pairs
+    (ncu had the bf16 form's kernel ALU-bound on PRMT), e4m3 pairs in one conversion
+    (cvt.rn.f16x2.e4m3x2, SM 8.9+; four instructions a pair into bf16) and an int4 word in
+    one shift instead of three (x permuted into its pair order on the way). H200, batch 1,
     early loads, us, bf16 products against f16 with the step's fusions
     (default_min_blocks, F16_GAIN_BATCH; one interleaved run each): int8 Llama-2-7B QKV
     16.19 -> 13.84, o 7.63 -> 5.84, gate|up 26.53 -> 24.70, down 14.47 -> 13.32, LM head
@@ -166,7 +186,12 @@ def half_mma(spec: QuantSpec, dtype: str) -> bool:
     5.88 -> 5.39, 23.57 -> 18.34; fp8 per row, the ten launches 154.0 -> 127.7. (fp8
     through f16 by the bit trick, its multiply by 2^8 moved to the partial sums, was 2-9%
     slower: one instruction a pair saved of four.)"""
-    return spec.format in ("int8", "fp8") and dtype == "bfloat16"
+    if dtype != "bfloat16":
+        return False
+    if spec.format == "int4":
+        return (not spec.has_zero and n >= HALF_INT4_MIN_N and prologue != "none"
+                and not glu)  # fmt: skip
+    return True
 
 
 def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str) -> int:
@@ -332,8 +357,8 @@ def gemv_quant(
     bf16 x): multiply the biased codes (None: biased_codes). pro_early (staged path, with
     w_early and the RMSNorm prologue): the gain is read-only too, so each lane's first
     batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
-    a lane loads at once (PGK_QGB; None: default_gain_batch). f16 (staged int8 / fp8, bf16
-    x): multiply in f16 (None: half_mma). min_blocks:
+    a lane loads at once (PGK_QGB; None: default_gain_batch). f16 (staged, bf16 x; not
+    with biased): multiply in f16 (None: half_mma). min_blocks:
     blocks an SM the kernel's registers must leave room for (PGK_QMINB; None:
     default_min_blocks; 0: no bound)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
@@ -358,23 +383,26 @@ def gemv_quant(
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
     sgw, snt, su, sns = staged_config(spec, k, m)
-    if biased is None:
-        biased = biased_codes(spec, dtype, k)
+    if f16 and dtype != "bfloat16":
+        raise ShapeError(f"gemv_quant: f16 products for a {spec.label} weight under {dtype} "
+                         f"(bfloat16 x only: f16 x multiplies in f16 as it is)")  # fmt: skip
     # Asymmetric int4's biased form carries (128 + z) times x's sums in fp32: its error
     # reached 1.08e-3 against float64 with the SwiGLU epilogue (H200), over the kernels' 1e-3.
     if biased and (spec.format != "int4" or spec.has_zero or dtype != "bfloat16"):
         raise ShapeError(f"gemv_quant: biased codes for a {spec.label} weight under {dtype} "
                          f"(symmetric int4 under bfloat16 only)")  # fmt: skip
+    if biased and f16:
+        raise ShapeError(f"gemv_quant: biased codes and f16 products for a {spec.label} weight "
+                         f"(one or the other)")  # fmt: skip
+    if f16 is None:
+        f16 = not biased and half_mma(spec, dtype, n, prologue, glu)
+    if biased is None:
+        biased = not f16 and biased_codes(spec, dtype, k, n)
     if stages is None:
         cfg = (*(config or (sgw, snt)), slab or su, sns)
         fits = staged_smem(spec, cfg, k, m, biased) + static_smem(cfg[0])
         stages = sns if words_per_lane(spec) == 4 and fits <= loader.max_shared_optin() else 0
     biased = biased and bool(stages)
-    if f16 is None:
-        f16 = half_mma(spec, dtype)
-    elif f16 and not half_mma(spec, dtype):
-        raise ShapeError(f"gemv_quant: f16 products for a {spec.label} weight under {dtype} "
-                         f"(int8 and fp8 under bfloat16 only)")  # fmt: skip
     f16 = f16 and bool(stages)
     if stages:
         gw, nt = config or (sgw, snt)

@@ -240,7 +240,8 @@ def quant_variants() -> list[Variant]:
                 if not staged:
                     continue
                 deep = (pro, glu, act) == (0, 0, 0) and dt == "bfloat16"
-                # int8 and fp8 under bf16 multiply in f16 by default (gemv_quant.half_mma);
+                # int8 and fp8 under bf16 multiply in f16 by default (gemv_quant.half_mma;
+                # symmetric int4's LM heads below);
                 # the bf16 products stay an option (f16=False).
                 half = _half_defines(spec, dt, sgw, glu)
                 if half:
@@ -263,11 +264,18 @@ def quant_variants() -> list[Variant]:
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": sns, **half,
                                  "PGK_QGB": gb}))  # fmt: skip
-                # Symmetric int4 under bf16: the biased codes (gemv_quant.biased_codes).
+                # Symmetric int4 under bf16: the biased codes (gemv_quant.biased_codes), and
+                # f16 products where half_mma takes them (the LM heads) or asked for.
                 if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": sns, "PGK_QBIAS": 1}))  # fmt: skip
+                    h4 = {"PGK_QF16": 1}
+                    if pro:
+                        h4["PGK_QGB"] = gemv_quant.default_gain_batch(spec, True)
+                    out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns, **h4}))  # fmt: skip
         for dt in dequant.DTYPES:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
