@@ -152,7 +152,8 @@ def test_gain_batch_and_early_gain(monkeypatch, fmt, prologue, w_early, pro_earl
 
 def test_half_mma_where_measured():
     """f16 products: int8 and fp8 under bf16 always; symmetric int4 under bf16 at the LM
-    heads only (RMSNorm prologue, no SwiGLU, N from HALF_INT4_MIN_N); never under f16 x."""
+    heads only (RMSNorm prologue, no SwiGLU, N from HALF_INT4_MIN_N), asymmetric int4 at
+    K = 4096 and N from 8192 with any fusion; never under f16 x."""
     from pygpukit.ir.quant import QuantSpec
 
     sym, asym = QuantSpec("int4", group=128), QuantSpec("int4", group=128, has_zero=True)
@@ -163,16 +164,28 @@ def test_half_mma_where_measured():
     assert not gemv_quant.half_mma(sym, "bfloat16", 32000)
     assert not gemv_quant.half_mma(sym, "bfloat16", 22016, "rms_norm", glu=True)
     assert not gemv_quant.half_mma(sym, "bfloat16", 12288, "rms_norm")
-    assert not gemv_quant.half_mma(asym, "bfloat16", 32000, "rms_norm")
     assert not gemv_quant.half_mma(sym, "float16", 32000, "rms_norm")
+    assert gemv_quant.half_mma(asym, "bfloat16", 22016, "rms_norm", glu=True, k=4096)
+    assert gemv_quant.half_mma(asym, "bfloat16", 12288, k=4096)
+    assert not gemv_quant.half_mma(asym, "bfloat16", 4096, k=4096)
+    assert not gemv_quant.half_mma(asym, "bfloat16", 32000, "rms_norm", k=2048)
+    assert not gemv_quant.half_mma(asym, "bfloat16", 32000, k=11008)
+    assert not gemv_quant.half_mma(asym, "float16", 12288, k=4096)
+    # Bounded to two blocks an SM: asymmetric int4 under f16 only.
+    assert gemv_quant.default_min_blocks(8, True, True, False, "int4", True) == 2
+    assert gemv_quant.default_min_blocks(8, True, True, False, "int4", False) == 0
 
 
-@pytest.mark.parametrize(("n", "prologue", "f16", "biased"),
-                         [(32000, "rms_norm", True, False), (12288, "rms_norm", False, True),
-                          (4096, "none", False, False)])  # fmt: skip
-def test_int4_forms_by_shape(monkeypatch, n, prologue, f16, biased):
-    """The launcher's int4 form at K = 4096: f16 products at the LM head, the biased codes
-    at QKV, the plain codes at the output projection (one form each, never both)."""
+@pytest.mark.parametrize(("zero", "n", "prologue", "f16", "biased"),
+                         [(False, 32000, "rms_norm", True, False),
+                          (False, 12288, "rms_norm", False, True),
+                          (False, 4096, "none", False, False),
+                          (True, 12288, "rms_norm", True, False),
+                          (True, 4096, "none", False, False)])  # fmt: skip
+def test_int4_forms_by_shape(monkeypatch, zero, n, prologue, f16, biased):
+    """The launcher's int4 form at K = 4096: symmetric, f16 products at the LM head, the
+    biased codes at QKV, the plain codes at the output projection (one form each, never
+    both); asymmetric, f16 products bounded to two blocks an SM from N = 8192."""
     from pygpukit.backends.cuda import toolchain
     from pygpukit.backends.cuda.kernels import loader
     from pygpukit.ir.quant import QuantSpec
@@ -182,13 +195,15 @@ def test_int4_forms_by_shape(monkeypatch, n, prologue, f16, biased):
     monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
     monkeypatch.setattr(loader, "get_kernel", lambda family, name, d: _FakeKernel(d))
     _FakeKernel.launched = []
-    gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, QuantSpec("int4", group=128), n,
-                          4096, "bfloat16", scale_numel=n * 32, prologue=prologue,
+    spec = QuantSpec("int4", group=128, has_zero=zero)
+    gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, n, 4096, "bfloat16",
+                          scale_numel=n * 32, zero=1 << 25 if zero else 0, prologue=prologue,
                           pro=1 << 24 if prologue != "none" else 0, eps=1e-5,
                           w_early=True)  # fmt: skip
     ((defines, _),) = _FakeKernel.launched
     assert bool(defines.get("PGK_QF16")) == f16
     assert bool(defines.get("PGK_QBIAS")) == biased
+    assert defines.get("PGK_QMINB") == (gemv_quant.ASYM_F16_MIN_BLOCKS if f16 and zero else None)
 
 
 def test_gain_batch_must_be_positive(monkeypatch):

@@ -166,15 +166,27 @@ def biased_codes(spec: QuantSpec, dtype: str, k: int, n: int) -> bool:
 # Decode step, A/B in one process, two rounds (ms): TinyLlama 0.5691 / 0.5662 -> 0.5641 /
 # 0.5624, Llama-2-7B (with BIASED_INT4_MIN_N) 1.7025 / 1.7049 -> 1.6876 / 1.6884.
 HALF_INT4_MIN_N = 16384
+# Asymmetric int4 under bf16 x multiplies in f16 at K from 4096 to 8192 and N from 8192,
+# its registers bounded to two blocks an SM (ASYM_F16_MIN_BLOCKS: unbounded, the prologue
+# and SwiGLU kernels took 140 and held one). H200, one interleaved run, us, f16 bounded /
+# the default: plain [12288 x 4096] 11.13 / 11.91, [22016 x 4096] 18.66 / 20.91, [32000 x
+# 4096] 27.32 / 30.92; with the RMSNorm prologue 12.18 / 12.81 and 28.77 / 31.42, with
+# SwiGLU 21.47 / 23.29; slower at N = 4096 (5.53 / 5.23: a tile a block) and at K = 2048
+# (2-17%); [4096 x 11008] 10.99 / 11.20. Unbounded f16: 14.89 / 29.15 / 36.04 with the
+# fusions; bounded to three blocks (80 registers, 24-56 bytes of spills) slower still.
+HALF_INT4_ASYM_K = (4096, 8192)
+HALF_INT4_ASYM_MIN_N = 8192
+ASYM_F16_MIN_BLOCKS = 2
 
 
 def half_mma(spec: QuantSpec, dtype: str, n: int = 0, prologue: str = "none",
-             glu: bool = False) -> bool:  # fmt: skip
+             glu: bool = False, k: int = 0) -> bool:  # fmt: skip
     """Whether the staged kernel multiplies in f16 under bf16 x (PGK_QF16: x turned into
     f16 once in shared memory, times a power of two per row and warp): int8 and fp8
     always, symmetric int4 at the LM heads (HALF_INT4_MIN_N: N, the RMSNorm prologue and
-    no SwiGLU). The int8 bytes become f16 pairs in half the instructions of bf16 pairs
-    (ncu had the bf16 form's kernel ALU-bound on PRMT), e4m3 pairs in one conversion
+    no SwiGLU), asymmetric int4 at the K and N of HALF_INT4_ASYM_K and _MIN_N. The int8
+    bytes become f16 pairs in half the instructions of bf16 pairs (ncu had the bf16
+    form's kernel ALU-bound on PRMT), e4m3 pairs in one conversion
     (cvt.rn.f16x2.e4m3x2, SM 8.9+; four instructions a pair into bf16) and an int4 word in
     one shift instead of three (x permuted into its pair order on the way). H200, batch 1,
     early loads, us, bf16 products against f16 with the step's fusions
@@ -188,14 +200,18 @@ def half_mma(spec: QuantSpec, dtype: str, n: int = 0, prologue: str = "none",
     slower: one instruction a pair saved of four.)"""
     if dtype != "bfloat16":
         return False
+    if spec.format == "int4" and spec.has_zero:
+        lo, hi = HALF_INT4_ASYM_K
+        return lo <= k <= hi and n >= HALF_INT4_ASYM_MIN_N
     if spec.format == "int4":
-        return (not spec.has_zero and n >= HALF_INT4_MIN_N and prologue != "none"
-                and not glu)  # fmt: skip
+        return n >= HALF_INT4_MIN_N and prologue != "none" and not glu
     return True
 
 
-def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str) -> int:
+def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str,
+                       zero: bool = False) -> int:  # fmt: skip
     """Blocks an SM the kernel's registers are bounded to leave room for (0: none): the
+    asymmetric int4 f16 kernel's ASYM_F16_MIN_BLOCKS, and the
     int8 f16 kernel's persistent grid (STAGED_EARLY_WARPS_PER_SM) with the SwiGLU epilogue
     (fp8's f16 SwiGLU launches run unbounded: bounded, the 7B gate|up took 28.39 against
     25.62 us with b128 scales, 27.58 against 23.10 per row; H200, one interleaved run).
@@ -207,6 +223,8 @@ def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str) ->
     [4096 x 4096] 7.41 / 5.41 / 6.58, [32000 x 4096] 36.48 / 32.06 / 33.63. Under f16 the
     gain batch stays GAIN_BATCH's 2 (1 or 4, bounded or not: 0.3-9 us slower at the 7B
     RMSNorm launches, one interleaved run)."""
+    if staged and f16 and fmt == "int4" and zero:
+        return ASYM_F16_MIN_BLOCKS
     bounded = staged and f16 and glu and fmt == "int8"
     return STAGED_EARLY_WARPS_PER_SM // gw if bounded else 0
 
@@ -395,7 +413,7 @@ def gemv_quant(
         raise ShapeError(f"gemv_quant: biased codes and f16 products for a {spec.label} weight "
                          f"(one or the other)")  # fmt: skip
     if f16 is None:
-        f16 = not biased and half_mma(spec, dtype, n, prologue, glu)
+        f16 = not biased and half_mma(spec, dtype, n, prologue, glu, k)
     if biased is None:
         biased = not f16 and biased_codes(spec, dtype, k, n)
     if stages is None:
@@ -436,7 +454,7 @@ def gemv_quant(
     if f16:
         d["PGK_QF16"] = 1
     if min_blocks is None:
-        min_blocks = default_min_blocks(gw, bool(stages), f16, glu, spec.format)
+        min_blocks = default_min_blocks(gw, bool(stages), f16, glu, spec.format, spec.has_zero)
     if min_blocks:
         d["PGK_QMINB"] = min_blocks
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)

@@ -264,18 +264,26 @@ def quant_variants() -> list[Variant]:
                                 {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": sns, **half,
                                  "PGK_QGB": gb}))  # fmt: skip
-                # Symmetric int4 under bf16: the biased codes (gemv_quant.biased_codes), and
-                # f16 products where half_mma takes them (the LM heads) or asked for.
-                if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
-                    out.append(("gemv_quant", ("pgk_gemv_quant",),
-                                {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
-                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns, "PGK_QBIAS": 1}))  # fmt: skip
-                    h4 = {"PGK_QF16": 1}
+                # int4 under bf16: the symmetric biased codes (gemv_quant.biased_codes), and
+                # f16 products where half_mma takes them (symmetric LM heads, asymmetric
+                # K = 4096, registers bounded) or asked for.
+                if spec.format == "int4" and dt == "bfloat16":
+                    if not spec.has_zero:
+                        out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                    {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
+                                     "PGK_QPIPE": 0, "PGK_QSTAGES": sns,
+                                     "PGK_QBIAS": 1}))  # fmt: skip
+                    h4: dict[str, object] = {"PGK_QF16": 1}
                     if pro:
                         h4["PGK_QGB"] = gemv_quant.default_gain_batch(spec, True)
-                    out.append(("gemv_quant", ("pgk_gemv_quant",),
-                                {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
-                                 "PGK_QPIPE": 0, "PGK_QSTAGES": sns, **h4}))  # fmt: skip
+                    minb = gemv_quant.default_min_blocks(sgw, True, True, bool(glu), "int4",
+                                                         spec.has_zero)  # fmt: skip
+                    if minb:
+                        h4["PGK_QMINB"] = minb
+                    for kgw, knt, ku, kns in sorted({(sgw, snt, su, sns), *per_k}):
+                        out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                    {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
+                                     "PGK_QPIPE": 0, "PGK_QSTAGES": kns, **h4}))  # fmt: skip
         for dt in dequant.DTYPES:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
