@@ -522,6 +522,34 @@ def _paged_sdpa(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     return sq, dq
 
 
+def _paged_sdpa_append(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
+    # A decode-only serving step's paged_write and paged_sdpa in one (passes/
+    # fuse_paged_append.py): q [B, H, 1, D], pool [num_blocks, 2 KV, block, D] (keys, then
+    # values), new_kv [B, 2 KV, D], slots [B] int, block_table, seq_lens, cos, sin [B, D/2].
+    # Stores new_kv at slots into the pool's own memory as paged_write(rope, rope_heads KV)
+    # would, then attends as paged_sdpa(q, pool[:, :KV], pool[:, KV:], ..., rope, pieces
+    # False) over the stored pool; the pool's new value is after(pool, this). attrs: scale,
+    # rope ("half" / "interleaved").
+    if len(ins) != 8:
+        raise ShapeRuleError(f"paged_sdpa_append takes 8 inputs, got {len(ins)}")
+    q, pool, new, slots, table, lens, cos, sin = ins
+    rope = attrs.get("rope", "none")
+    if rope == "none":
+        raise ShapeRuleError("paged_sdpa_append: rope must be half or interleaved")
+    (sp, _) = pool
+    if len(sp) != 4 or sp[1] % 2:
+        raise ShapeRuleError(f"paged_sdpa_append: pool {list(sp)} must be [num_blocks, "
+                             f"2 kv_heads, block, dim]")  # fmt: skip
+    kv = sp[1] // 2
+    _paged_write([pool, new, slots, cos, sin], {"rope": rope, "rope_heads": kv})
+    half = ((sp[0], kv, sp[2], sp[3]), pool[1])
+    out = _paged_sdpa([q, half, half, table, lens, cos, sin], {**attrs, "rope": rope})
+    if q[0][2] != 1 or new[0][0] != q[0][0]:
+        raise ShapeRuleError(f"paged_sdpa_append: q {list(q[0])} must be one query a row of "
+                             f"the {new[0][0]} new rows")  # fmt: skip
+    return out
+
+
 def _paged_write(ins: list[Spec], attrs: dict[str, Any]) -> Spec:
     # pool [num_blocks, KV, block, D] with new rows stored: pool[s // block, :, s % block] =
     # new[t] for each slot s = slots[t] >= 0 (a negative slot stores nothing: padding).
@@ -639,6 +667,7 @@ _register("sdpa", "fused", _sdpa, None)
 _register("sdpa_append", "fused", _sdpa_append, None)
 _register("rope_kv_write", "fused", _rope_kv_write, 7)
 _register("paged_sdpa", "fused", _paged_sdpa, None)
+_register("paged_sdpa_append", "fused", _paged_sdpa_append, None)
 _register("paged_write", "scatter", _paged_write, None)
 _register("after", "movement", _after, 2)
 _register("linear", "fused", _linear, None)

@@ -20,6 +20,7 @@ from .fuse_gated_linear import fuse_gated_linear
 from .fuse_gelu import fuse_gelu
 from .fuse_kv_append import fuse_kv_append
 from .fuse_linear import fuse_linear
+from .fuse_paged_append import fuse_paged_append
 from .fuse_rms_norm import fuse_rms_norm
 from .fuse_rope import fuse_rope
 from .fuse_rope_kv_write import fuse_rope_kv_write
@@ -35,7 +36,8 @@ Pass = Callable[[Graph], Graph]
 # In pipeline order. Each entry is a plain function in its own file under passes/.
 # - softmax before attention: sdpa matches the softmax node;
 # - a decode step's cache stores join its attention (with the ropes of q and k) before
-#   merge_rope pairs up the ropes that are left;
+#   merge_rope pairs up the ropes that are left; a decode-only serving step's paged store
+#   joins its paged attention;
 # - a prefill chunk's merged rope then takes its two cache stores (fuse_rope_kv_write);
 # - a prefill's attention writes its output with the heads already swapped back to the
 #   sequence-major layout (sdpa_seq_major, after the sdpa forms are settled);
@@ -54,6 +56,7 @@ PIPELINE: list[Pass] = [
     fuse_rms_norm,
     fuse_rope,
     fuse_kv_append,
+    fuse_paged_append,
     merge_rope,
     fuse_rope_kv_write,
     sdpa_seq_major,

@@ -497,3 +497,39 @@ def test_paged_attention_rotates_q_gpu(dtype, d, h, kv, pieces, interleaved):
     np.testing.assert_allclose(got, ref, atol=tol, rtol=tol)
     np.testing.assert_allclose(got, before, atol=tol, rtol=tol)
     print(f"rotated in the attention vs rope op first: max diff {np.abs(got - before).max()}")
+
+
+@pytest.mark.parametrize("dtype, tol", [("bfloat16", 3e-2), ("float16", 5e-3)])
+@pytest.mark.parametrize("case", ["batch64", "split", "slot-off"])
+def test_paged_append_decode_step_gpu(monkeypatch, dtype, tol, case):
+    """fuse_paged_append on the GPU: the tensor-core decode kernel stores each row's new
+    key (rotated) and value and attends (paged_decode.attend's append), against float64:
+    a 64-row step with padding rows, one long row (split keys), and a row whose slot is an
+    earlier key of its own (the tile holding it patched from the block's copy)."""
+    from paged_append_case import AppendStep
+
+    from pygpukit.backends.cuda.kernels import paged_decode
+
+    seen = []
+    attend = paged_decode.attend
+
+    def spy(*a, **kw):  # the fused launch, not paged_write then paged_sdpa
+        seen.append(kw.get("append") is not None)
+        return attend(*a, **kw)
+
+    monkeypatch.setattr(paged_decode, "attend", spy)
+    rng = np.random.default_rng(21)
+    if case == "batch64":
+        lens = [int(x) for x in rng.integers(1, 512, 60)] + [0] * 4
+        step = AppendStep(rng, dtype, h=32, kv=4, d=64, bs=16, m=32, nb=64 * 32 + 8, lens=lens)
+    elif case == "split":
+        step = AppendStep(rng, dtype, h=16, kv=2, d=128, bs=16, m=48, nb=60, lens=[700])
+    else:
+        step = AppendStep(rng, dtype, h=8, kv=2, d=64, bs=16, m=8, nb=40, lens=[90, 33])
+        step.slots[0] = int(step.table[0, 2]) * 16 + 5  # row 0's key 37, not 89
+    out = step.run()
+    ref, pool = step.reference()
+    np.testing.assert_allclose(out, ref, atol=tol, rtol=tol)
+    got = step.pool.astype("float32").to_numpy()
+    np.testing.assert_allclose(got, pool, atol=tol, rtol=tol)
+    assert "paged_sdpa_append" in step.program_ops() and seen and all(seen)

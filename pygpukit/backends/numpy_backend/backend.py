@@ -90,6 +90,8 @@ def _run_step(step: Step, ins: list[np.ndarray]) -> np.ndarray:
         return paged.paged_write(ins, a, d)
     if op == "paged_sdpa":
         return paged.paged_sdpa(ins, a, d)
+    if op == "paged_sdpa_append":
+        return paged.paged_sdpa_append(ins, a, d)
     if op == "flatnonzero":
         return movement.flatnonzero(ins[0], a)
     if op == "mask_rank":

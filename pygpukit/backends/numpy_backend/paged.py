@@ -91,3 +91,14 @@ def paged_sdpa(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np
         v = gather_keys(v_pool, table[b], length)[None]
         out[b] = sdpa([q[b : b + 1], k, v], a, dtype)[0]
     return out
+
+
+def paged_sdpa_append(ins: list[np.ndarray], attrs: dict[str, Any], dtype: DType) -> np.ndarray:
+    """Store the new rows into the pool (its own memory) as paged_write with the keys
+    rotated, then attend through the pool's key and value halves (ir/ops.py:
+    paged_sdpa_append)."""
+    q, pool, new, slots, table, lens, cos, sin = ins
+    kv = pool.shape[1] // 2
+    rope = attrs.get("rope", "none")
+    paged_write_into([pool, new, slots, cos, sin], {"rope": rope, "rope_heads": kv}, dtype)
+    return paged_sdpa([q, pool[:, :kv], pool[:, kv:], table, lens, cos, sin], attrs, dtype)

@@ -23,8 +23,7 @@
 // next synchronisation); the kernel clamps or skips it rather than read outside the pool.
 #include "attention_decode.cuh"
 
-PGK_DEVICE void pgk_paged_report(long long* err, long long tag, long long value,
-                                 long long limit) {
+PGK_DEVICE void pgk_paged_report(long long* err, long long tag, long long value, long long limit) {
   if (err && atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, PGK_ERR_INDEX) == 0ull) {
     err[1] = tag;
     err[2] = value;
@@ -63,11 +62,11 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
     pgk_paged_decode(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
                      const pgk_t* __restrict__ vp, const int* __restrict__ table,
                      const int* __restrict__ lens, float* __restrict__ o_part,
-                     float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads,
-                     int group, int n_q, int kv_heads, int block_size, int n_blocks,
-                     int max_blocks, long long p_sb, float scale, long long q_sb,
-                     long long q_sh, long long q_st, long long t_sb, long long t_sm,
-                     long long l_s, long long* __restrict__ err, long long tag, int pieces) {
+                     float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads, int group,
+                     int n_q, int kv_heads, int block_size, int n_blocks, int max_blocks,
+                     long long p_sb, float scale, long long q_sb, long long q_sh, long long q_st,
+                     long long t_sb, long long t_sm, long long l_s, long long* __restrict__ err,
+                     long long tag, int pieces) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   const int tid = threadIdx.x;
@@ -123,8 +122,8 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
     k_off = v_off = blk * block_elems + head_off + (long long)(key % block_size) * PGK_D;
     return true;
   };
-  pgk_dec_split_body(q + h0 * q_sh, q_sh, kp, vp, rows, start, end, scale, o_part, ml_part,
-                     part, splits, o, o_sh);
+  pgk_dec_split_body(q + h0 * q_sh, q_sh, kp, vp, rows, start, end, scale, o_part, ml_part, part,
+                     splits, o, o_sh);
 }
 #endif
 
@@ -148,6 +147,19 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 // the row does not see never reaches its scores or P V.
 #ifndef PGK_QROPE
 #define PGK_QROPE 0  // 1: the tensor-core kernels rotate q as they read it (half-split)
+#endif
+// PGK_PAPPEND 1 (ir op paged_sdpa_append, a decode-only serving step): the tensor-core
+// kernel also stores each row's new key (rotated as paged_write rotates it) and value at
+// slots[b] of the pool, so the step's paged_write launch goes. new_kv [B, 2 KV, D] (keys,
+// then values) rows kn_sb elements apart. Every block of the row's kv head stores the
+// same values; a tile holding that slot is patched in shared memory from the block's own
+// copy (its cp.async may have read it before or after the store), so no block waits on
+// another. Rows are the step's own sequences (no row reads a slot another row stores).
+#ifndef PGK_PAPPEND
+#define PGK_PAPPEND 0
+#endif
+#if PGK_PAPPEND && !PGK_QROPE
+#error "PGK_PAPPEND stores rotated keys: it comes with PGK_QROPE"
 #endif
 // Elements col, col + 1 (col even) of query row x as one register. With PGK_QROPE, rotated
 // as pgk_rope rotates them (rope.cuh: half-split pairs (j, j + D/2), float math, one
@@ -180,13 +192,13 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     pgk_paged_decode_mma(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
                          const pgk_t* __restrict__ vp, const int* __restrict__ table,
                          const int* __restrict__ lens, float* __restrict__ o_part,
-                         float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads,
-                         int group, int kv_heads, int block_size, int n_blocks,
-                         int max_blocks, long long p_sb, float scale, long long q_sb,
-                         long long q_sh, long long t_sb, long long t_sm, long long l_s,
-                         long long* __restrict__ err, long long tag, int pieces,
-                         const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
-                         long long cs_s) {
+                         float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads, int group,
+                         int kv_heads, int block_size, int n_blocks, int max_blocks, long long p_sb,
+                         float scale, long long q_sb, long long q_sh, long long t_sb,
+                         long long t_sm, long long l_s, long long* __restrict__ err, long long tag,
+                         int pieces, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
+                         long long cs_s, const pgk_t* __restrict__ kv_new, long long kn_sb,
+                         const int* __restrict__ slots, long long s_s) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
@@ -216,10 +228,48 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int head = nb * 8 + qr, col = ks * 16 + i * 8 + 2 * qc;
-          qb[nb][ks][i] =
-              head < PGK_G ? pgk_paged_q2(q0 + head * q_sh, col, cs + c0, sn + c0) : 0u;
+          qb[nb][ks][i] = head < PGK_G ? pgk_paged_q2(q0 + head * q_sh, col, cs + c0, sn + c0) : 0u;
         }
   }
+#if PGK_PAPPEND
+  // This row's new key (rotated) and value for kv head kvh, stored at its slot and kept in
+  // new_row for the tile that holds the slot. Pair (j, j + D/2) a thread, as paged_write
+  // rotates it (float math, one rounding).
+  __shared__ __align__(16) pgk_t new_row[2][PGK_D];
+  const int slot = __ldg(slots + b * s_s), nslots = n_blocks * block_size;
+  const bool s_ok = slot >= 0 && slot < nslots;
+  if (slot >= nslots && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+    pgk_paged_report(err, tag, slot, nslots);
+  if (s_ok) {
+    constexpr int HALF = PGK_D / 2;
+    const pgk_t* krow = kv_new + b * kn_sb + (long long)kvh * PGK_D;
+    const pgk_t* vrow = krow + (long long)kv_heads * PGK_D;
+    const long long at = (long long)(slot / block_size) * p_sb +
+                         (long long)kvh * block_size * PGK_D +
+                         (long long)(slot % block_size) * PGK_D;
+    pgk_t* kw = const_cast<pgk_t*>(kp) + at;
+    pgk_t* vw = const_cast<pgk_t*>(vp) + at;
+    const long long c0 = b * cs_s;
+    for (int j = tid; j < HALF; j += PGK_MW * 32) {
+      const float x0 = pgk_to_float(krow[j]), x1 = pgk_to_float(krow[j + HALF]);
+      const float c = pgk_to_float(cs[c0 + j]), sv = pgk_to_float(sn[c0 + j]);
+      const pgk_t y0 = pgk_from_float<pgk_t>(x0 * c - x1 * sv);
+      const pgk_t y1 = pgk_from_float<pgk_t>(x1 * c + x0 * sv);
+      const pgk_t v0 = vrow[j], v1 = vrow[j + HALF];
+      new_row[0][j] = y0;
+      new_row[0][j + HALF] = y1;
+      new_row[1][j] = v0;
+      new_row[1][j + HALF] = v1;
+      kw[j] = y0;
+      kw[j + HALF] = y1;
+      vw[j] = v0;
+      vw[j + HALF] = v1;
+    }
+  }
+  __syncthreads();  // new_row before any tile is patched from it
+#else
+  (void)kv_new, (void)kn_sb, (void)slots, (void)s_s;
+#endif
   int start, end;
   {
     const int cap = max_blocks * block_size;
@@ -320,6 +370,22 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     const pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
     const pgk_t* vs = ks + PGK_MTILE;
     const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+#if PGK_PAPPEND
+    if (s_ok) {  // the tile's keys stored at this row's slot: lane l checks key key0 + l
+      const int key = key0 + lane, blk = __shfl_sync(0xffffffffu, entry(it),
+                                                     min(key / block_size - key0 / block_size, 31));
+      const bool hit = key < end && blk * block_size + key % block_size == slot;
+      for (unsigned m = __ballot_sync(0xffffffffu, hit); m; m &= m - 1) {
+        const int j = __ffs(m) - 1;
+        pgk_t* kr = const_cast<pgk_t*>(ks) + j * PGK_MLD;
+        for (int e = lane; e < PGK_D; e += 32) {
+          kr[e] = new_row[0][e];
+          kr[PGK_MTILE + e] = new_row[1][e];
+        }
+      }
+      __syncwarp();
+    }
+#endif
 
     float s[2][NB][4];  // S^T: [16-key half][column block][fragment]
 #pragma unroll
@@ -333,8 +399,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb) {
         unsigned a4[4];  // K rows mb*16.., columns kk*16..
-        pgk_dldm_x4(a4, ks + (mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PGK_MLD +
-                            kk * 16 + (lane >> 4) * 8);
+        pgk_dldm_x4(a4, ks + (mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PGK_MLD + kk * 16 +
+                            (lane >> 4) * 8);
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) pgk_dmma(s[mb][nb], a4, qb[nb][kk][0], qb[nb][kk][1]);
       }
@@ -384,7 +450,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
         for (int e = 0; e < 4; ++e) oacc[dp][nb][e] *= alpha[nb][e & 1];
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {  // 16 keys a step: the S^T rows of half kk
-      unsigned pb[NB][2];  // P^T as B fragments: 8x8 blocks of S^T, transposed
+      unsigned pb[NB][2];             // P^T as B fragments: 8x8 blocks of S^T, transposed
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
         pb[nb][0] = pgk_dmovt(pgk_dpack(s[kk][nb][0], s[kk][nb][1]));

@@ -100,12 +100,14 @@ def workspace_floats(rows: int, heads: int, splits: int, head_dim: int) -> int:
 
 
 def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool,
-             rope: bool = False) -> dict[str, object]:  # fmt: skip
+             rope: bool = False, append: bool = False) -> dict[str, object]:  # fmt: skip
     key = "PGK_MSTAGES" if mma else "PGK_STAGES"
     d: dict[str, object] = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_G": g,
                             key: stages, "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
     if rope:
         d["PGK_QROPE"] = 1
+    if append:
+        d["PGK_PAPPEND"] = 1
     return d
 
 
@@ -149,6 +151,7 @@ def attend(
     pieces: bool = False,
     pool_block_stride: int | None = None,
     rope: tuple[int, int, int] | None = None,
+    append: tuple[int, int, int, int] | None = None,
     stream: Any = None,
 ) -> None:
     """out[b, h, i] = softmax(scale q[b, h, i] . k[j], j <= lens[b] - n_q + i) @ v[j], keys
@@ -162,7 +165,12 @@ def attend(
     rows of prompt pieces are left to paged_prefill.attend, launched right after this.
     rope (cos, sin, row stride): q[b] is attended rotated (half-split, as the rope op) by
     table row b of cos / sin [rows, head_dim / 2] (q's dtype, unit inner stride,
-    rope_fits); the tensor-core body only (mma_fits)."""
+    rope_fits); the tensor-core body only (mma_fits). append (new_kv, its row stride in
+    elements, slots, their stride; with rope, one query a row, the tensor-core body, no
+    pieces): each row's new key, rotated by its tables, and value (new_kv [rows, 2
+    kv_heads, head_dim], head_dim contiguous: keys, then values) are stored at slot
+    slots[b] (int32; negative: none) of the pools first, as paged_write would, and
+    attended with the rest."""
     if not supports(dtype, head_dim, heads, kv_heads, rows, n_q):
         raise ShapeError(f"paged_decode: unsupported shape (dtype {dtype}, head_dim {head_dim}, "
                          f"heads {heads}/{kv_heads}, rows {rows} x {n_q} queries)")  # fmt: skip
@@ -187,6 +195,9 @@ def attend(
         raise ShapeError(f"paged_decode: rotating q needs the tensor-core body (bf16 / f16, "
                          f"one query a row, 4-byte aligned q and tables), got {dtype} with "
                          f"{n_q} queries a row")  # fmt: skip
+    if append is not None and (rope is None or pieces):
+        raise ShapeError("paged_decode: storing the new rows (append) needs rope tables and "
+                         "no prompt pieces")  # fmt: skip
     cs, sn, cs_s = rope if rope is not None else (0, 0, 0)
     if mma:
         tiles = mma_tiles(max_blocks * block_size, splits)
@@ -196,7 +207,8 @@ def attend(
         args: tuple[Any, ...] = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads,
                                  group, kv_heads, block_size, n_blocks, max_blocks, p_sb,
                                  float(scale), *q_strides[:2], *table_strides, lens_stride,
-                                 err, tag, int(pieces), cs, sn, cs_s)  # fmt: skip
+                                 err, tag, int(pieces), cs, sn, cs_s,
+                                 *(append or (0, 0, 0, 0)))  # fmt: skip
     else:
         budget = loader.max_shared_optin()
         st = 4
@@ -207,12 +219,16 @@ def attend(
         args = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads, group, n_q, kv_heads,
                 block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides,
                 *table_strides, lens_stride, err, tag, int(pieces))  # fmt: skip
-    defines = _defines(dtype, head_dim, g, st, mma, rope is not None)
+    defines = _defines(dtype, head_dim, g, st, mma, rope is not None, append is not None)
     fn = loader.get_kernel("paged_decode", name, defines)
     fn.set_dynamic_smem(smem)
     fn.launch(grid, (threads,), args, smem, stream)
     if splits > 1:
-        merge = loader.get_kernel("attention_decode", "pgk_attn_decode_reduce", defines)
+        merge = loader.get_kernel(
+            "attention_decode",
+            "pgk_attn_decode_reduce",
+            _defines(dtype, head_dim, g, st, mma, rope is not None),
+        )
         merge.launch((heads, rows), (attention._R_THREADS,),
                      (workspace, ml, out, heads, splits, heads * head_dim, head_dim), 0,
                      stream)  # fmt: skip

@@ -47,11 +47,13 @@ def write_vec(n: int, d: int, sms: int) -> int:
     return WRITE_VEC if d % WRITE_VEC == 0 and n // WRITE_VEC >= sms * 256 else 1
 
 
-def plan_paged_write(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+def _store_rows(ctx: Context, step: Step, ins: Sequence[DeviceValue],
+                tag: int) -> Callable[[int, Sequence[DeviceValue]], None]:  # fmt: skip
+    """paged_write's launch: store(pool_ptr, values) writes the new rows into the pool at
+    pool_ptr (contiguous, step.shape), the values as ins (pool, new, slots[, cos, sin])."""
     pool, new, slots = ins[:3]
     shape, dtype = step.shape, step.dtype
     rope = step.attrs.get("rope", "none")
-    copy = ew.make(ctx, COPY, [pool], shape, contiguous(shape), dtype, 256, tag=tag)
     n_blocks, kv, bs, d = shape
     t = new.shape[0]
     vec = write_vec(t * kv * d, d, ctx.sm_count)
@@ -66,15 +68,75 @@ def plan_paged_write(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: 
                                       f"({ins[3].strides}, {ins[4].strides})")  # fmt: skip
     grid = (max(1, min(cdiv(n, 256), ctx.sm_count * 16)),)
 
+    def store(out: int, v: Sequence[DeviceValue]) -> None:
+        tables = (v[3].ptr, v[4].ptr, *rope_tail) if rope_tail else ()
+        if n:
+            fn.launch(grid, (256,), src.fmt, (out, v[1].ptr, v[2].ptr, *tail, *tables), 0,
+                      ctx.stream, pdl=loader.pdl_enabled())  # fmt: skip
+
+    return store
+
+
+def plan_paged_write(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int) -> Run:
+    shape, dtype = step.shape, step.dtype
+    copy = ew.make(ctx, COPY, [ins[0]], shape, contiguous(shape), dtype, 256, tag=tag)
+    store = _store_rows(ctx, step, ins, tag)
+
     def run(v: Sequence[DeviceValue]) -> DeviceValue:
         out = ctx.alloc_out(shape, dtype, "paged_write")
         if out.storage is not v[0].storage or out.ptr != v[0].ptr:
             copy(out.ptr, [v[0].ptr])  # not in place: the rows go into a fresh copy
-        tables = (v[3].ptr, v[4].ptr, *rope_tail) if rope_tail else ()
-        if n:
-            fn.launch(grid, (256,), src.fmt, (out.ptr, v[1].ptr, v[2].ptr, *tail, *tables), 0,
-                      ctx.stream, pdl=loader.pdl_enabled())  # fmt: skip
+        store(out.ptr, v)
         return out
+
+    return run
+
+
+def plan_paged_sdpa_append(ctx: Context, step: Step, ins: Sequence[DeviceValue],
+                           tag: int) -> Run:  # fmt: skip
+    """paged_sdpa_append: the tensor-core decode kernel stores each row's new key (rotated)
+    and value into the pool itself (paged_decode.attend's append) where its rules hold;
+    else paged_write's launch into the pool's own memory, then paged_sdpa over its
+    halves. The pool is the compiled step's own (the fusing pass's rule): written in
+    place either way."""
+    q, pool, new, slots = ins[:4]
+    rope = step.attrs.get("rope", "none")
+    n_blocks, kv2, bs, d = pool.shape
+    kv = kv2 // 2
+    if pool.strides != contiguous(pool.shape):
+        raise errors.GPUKitValueError(f"paged_sdpa_append: the pool must be contiguous, got "
+                                      f"strides {pool.strides}")  # fmt: skip
+    half_shape = (n_blocks, kv, bs, d)
+
+    def halves(p: DeviceValue) -> list[DeviceValue]:
+        return [p.view(half_shape, p.strides, p.offset),
+                p.view(half_shape, p.strides, p.offset + kv * p.strides[1])]  # fmt: skip
+
+    write = replace(step, op="paged_write", shape=pool.shape, dtype=pool.dtype,
+                    attrs={"rope": rope, "rope_heads": kv})  # fmt: skip
+    store = _store_rows(ctx, write, [pool, new, slots, *ins[6:8]], tag)
+    attn = replace(step, op="paged_sdpa", attrs={**step.attrs, "pieces": False})
+    attn_ins = [q, *halves(pool), *ins[4:8]]
+    attend = plan_paged_sdpa(ctx, attn, attn_ins, tag)
+    fused = None
+    if (
+        rope == "half" and new.dtype == pool.dtype and slots.dtype == dtypes.int32
+        and new.strides[1:] == (d, 1) and ins[6].dtype == step.dtype
+        and ins[7].dtype == step.dtype and ins[6].strides == ins[7].strides
+        and (ins[6].strides[1] == 1 or d // 2 <= 1)
+    ):  # fmt: skip
+        fused = _plan_split(ctx, attn, attn_ins, tag, _scale(step, d), rope=True,
+                            append=True)  # fmt: skip
+
+    def run(v: Sequence[DeviceValue]) -> DeviceValue:
+        pv = v[1]
+        ins_ = [v[0], *halves(pv), *v[4:8]]
+        if fused is not None and paged_decode.rope_fits(v[6].ptr, v[7].ptr, v[6].strides[0]):
+            got = fused([*ins_, v[2], v[3]])
+            if got is not None:
+                return got
+        store(pv.ptr, [pv, v[2], v[3], v[6], v[7]])
+        return attend(ins_)
 
     return run
 
@@ -167,14 +229,16 @@ def _plan_attend(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int)
     return run
 
 
-def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
-                scale: float, rope: bool = False) -> MaybeRun | None:  # fmt: skip
+def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, scale: float,
+                rope: bool = False, append: bool = False) -> MaybeRun | None:  # fmt: skip
     """paged_sdpa on paged_decode.cuh, or None where its rules do not hold: float pools
     of head size 64 or 128 (blocks a multiple of D elements apart), int32 tables and
     lengths, q rows contiguous in D. rope: the values' 6th and 7th are q's tables (cos,
     sin [B, D/2], rope_fits), rotated by the tensor-core kernels as they read q; the run
     then gives None, launching nothing, where q's operands do not suit that body (the
-    caller rotates q first)."""
+    caller rotates q first). append (with rope, pieces False): the values' 8th and 9th
+    are new_kv [B, 2 KV, D] and slots [B], stored by the kernel first (paged_decode
+    attend's append)."""
     q, kp, vp, table, lens = ins[:5]
     if rope and not paged_decode.uses_mma(step.dtype.name, q.shape[2]):
         return None
@@ -203,6 +267,7 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
         tables = (v[5].ptr, v[6].ptr, v[5].strides[0]) if rope else None
         if rope and not paged_decode.mma_fits(dt, t, v[0].ptr, q_strides):
             return None
+        stores = (v[7].ptr, v[7].strides[0], v[8].ptr, v[8].strides[0]) if append else None
         out = ctx.alloc_out(shape, dtype, "paged_sdpa")
         work = ctx.alloc((ws,), dtypes.float32, "paged_sdpa") if ws else None
         tiles = pieces and paged_prefill.fits(v[0].ptr, q_strides[:2], v[1].ptr, v[2].ptr,
@@ -213,7 +278,8 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
                             dtype=dt, splits=splits, scale=scale, q_strides=q_strides,
                             table_strides=t_strides, lens_stride=lens.strides[0],
                             err=ctx.err_addr, tag=tag, pieces=tiles,
-                            pool_block_stride=p_sb, rope=tables, stream=ctx.stream)  # fmt: skip
+                            pool_block_stride=p_sb, rope=tables, append=stores,
+                            stream=ctx.stream)  # fmt: skip
         if tiles:
             paged_prefill.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,
                                  rows=b, heads=h, kv_heads=kv, head_dim=d, block_size=bs,
@@ -227,4 +293,5 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int,
     return run
 
 
-PLANNERS = {"paged_write": plan_paged_write, "paged_sdpa": plan_paged_sdpa}
+PLANNERS = {"paged_write": plan_paged_write, "paged_sdpa": plan_paged_sdpa,
+            "paged_sdpa_append": plan_paged_sdpa_append}  # fmt: skip
