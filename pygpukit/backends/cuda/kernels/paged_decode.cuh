@@ -232,41 +232,44 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
         }
   }
 #if PGK_PAPPEND
-  // This row's new key (rotated) and value for kv head kvh, stored at its slot and kept in
-  // new_row for the tile that holds the slot. Pair (j, j + D/2) a thread, as paged_write
-  // rotates it (float math, one rounding).
+  // This row's new key (rotated) and value for kv head kvh: read now, with q (one round
+  // trip), stored at its slot and kept in new_row (for the tile that holds the slot) once
+  // the first tiles' loads are in flight, off their critical path. Pair (jr, jr + D/2) a
+  // thread, rotated as paged_write rotates it (float math, one rounding).
+  constexpr int HALF = PGK_D / 2;
+  static_assert(HALF <= PGK_MW * 32, "a pair of the new row a thread");
   __shared__ __align__(16) pgk_t new_row[2][PGK_D];
   const int slot = __ldg(slots + b * s_s), nslots = n_blocks * block_size;
+  const int jr = min(tid, HALF - 1);
+  const pgk_t* krow = kv_new + b * kn_sb + (long long)kvh * PGK_D;
+  const pgk_t* vrow = krow + (long long)kv_heads * PGK_D;
+  const pgk_t nk0 = krow[jr], nk1 = krow[jr + HALF], nv0 = vrow[jr], nv1 = vrow[jr + HALF];
+  const pgk_t nc = cs[b * cs_s + jr], ns = sn[b * cs_s + jr];
   const bool s_ok = slot >= 0 && slot < nslots;
-  if (slot >= nslots && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0)
-    pgk_paged_report(err, tag, slot, nslots);
-  if (s_ok) {
-    constexpr int HALF = PGK_D / 2;
-    const pgk_t* krow = kv_new + b * kn_sb + (long long)kvh * PGK_D;
-    const pgk_t* vrow = krow + (long long)kv_heads * PGK_D;
-    const long long at = (long long)(slot / block_size) * p_sb +
-                         (long long)kvh * block_size * PGK_D +
-                         (long long)(slot % block_size) * PGK_D;
-    pgk_t* kw = const_cast<pgk_t*>(kp) + at;
-    pgk_t* vw = const_cast<pgk_t*>(vp) + at;
-    const long long c0 = b * cs_s;
-    for (int j = tid; j < HALF; j += PGK_MW * 32) {
-      const float x0 = pgk_to_float(krow[j]), x1 = pgk_to_float(krow[j + HALF]);
-      const float c = pgk_to_float(cs[c0 + j]), sv = pgk_to_float(sn[c0 + j]);
+  auto append_row = [&]() {
+    if (slot >= nslots && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+      pgk_paged_report(err, tag, slot, nslots);
+    if (s_ok && tid < HALF) {
+      const float x0 = pgk_to_float(nk0), x1 = pgk_to_float(nk1);
+      const float c = pgk_to_float(nc), sv = pgk_to_float(ns);
       const pgk_t y0 = pgk_from_float<pgk_t>(x0 * c - x1 * sv);
       const pgk_t y1 = pgk_from_float<pgk_t>(x1 * c + x0 * sv);
-      const pgk_t v0 = vrow[j], v1 = vrow[j + HALF];
-      new_row[0][j] = y0;
-      new_row[0][j + HALF] = y1;
-      new_row[1][j] = v0;
-      new_row[1][j + HALF] = v1;
-      kw[j] = y0;
-      kw[j + HALF] = y1;
-      vw[j] = v0;
-      vw[j + HALF] = v1;
+      new_row[0][jr] = y0;
+      new_row[0][jr + HALF] = y1;
+      new_row[1][jr] = nv0;
+      new_row[1][jr + HALF] = nv1;
+      const long long at = (long long)(slot / block_size) * p_sb +
+                           (long long)kvh * block_size * PGK_D +
+                           (long long)(slot % block_size) * PGK_D;
+      pgk_t* kw = const_cast<pgk_t*>(kp) + at;
+      pgk_t* vw = const_cast<pgk_t*>(vp) + at;
+      kw[jr] = y0;
+      kw[jr + HALF] = y1;
+      vw[jr] = nv0;
+      vw[jr + HALF] = nv1;
     }
-  }
-  __syncthreads();  // new_row before any tile is patched from it
+    __syncthreads();  // new_row before any tile is patched from it
+  };
 #else
   (void)kv_new, (void)kn_sb, (void)slots, (void)s_s;
 #endif
@@ -288,6 +291,9 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     pgk_dec_share(0, hi, split, splits, PGK_MTK, start, end);
   }
   if (start >= end) {
+#if PGK_PAPPEND
+    append_row();  // a row with no keys here still stores its new one
+#endif
     if (splits == 1) return pgk_dec_zero(o, o_sh);
     for (int g = tid; g < PGK_G; g += blockDim.x) {
       ml_part[(part + (long long)g * splits) * 2] = -PGK_INF;
@@ -346,6 +352,9 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   }
 #pragma unroll
   for (int i = 0; i < PGK_MSTAGES; ++i) tab[i] = tab[i + PGK_MSTAGES];
+#if PGK_PAPPEND
+  append_row();
+#endif
 
   // Fragment (r, c) of thread (qr, qc): rows qr, qr + 8; columns 2 qc, 2 qc + 1.
   const float sl2 = scale * 1.4426950408889634f;
