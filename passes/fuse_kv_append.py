@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pygpukit.ir import Graph, Node
 
-from .patterns import Matcher, Miss
+from .patterns import Matcher, Miss, own_memory
 from .rewrite import users
 
 
@@ -47,16 +47,9 @@ def _store(graph: Graph, st: Node, use: dict[int, list[Node]], n: Node) -> tuple
     if value.shape != (b, kv, d) or value.dtype != cache.dtype:
         raise Miss(f"the stored row {value.dtype.short}{list(value.shape)} is not the cache's "
                    f"{cache.dtype.short}[{b}, {kv}, {d}]")  # fmt: skip
-    if cache.op != "input" or cache not in graph.inputs:
-        raise Miss("the cache is not a graph input")
-    if [u.id for u in use[cache.id]] != [st.id]:
-        raise Miss("something else reads the cache's old value")
+    own_memory(graph, cache, st, use, "cache")
     if [u.id for u in use[st.id]] != [n.id]:
         raise Miss("the stored cache feeds more than this attention")
-    outs = [k for k, o in enumerate(graph.outputs) if o is st]
-    if not outs or graph.writeback.get(outs[0]) != graph.inputs.index(cache):
-        raise Miss("the cache is not written back to its own memory (not a compiled "
-                   "function's captured array)")  # fmt: skip
     return cache, value
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pygpukit.ir import Graph, Node
 
-from .patterns import Matcher, Miss
+from .patterns import Matcher, Miss, own_memory
 from .rewrite import users
 
 
@@ -41,16 +41,9 @@ def _half(view: Node, kv: int, lo: int) -> Node:
 def _written_pool(graph: Graph, w: Node, use: dict[int, list[Node]], views: set[int]) -> Node:
     """The pool `w` (a paged_write) stores into, checked to be the caller's own memory."""
     pool = w.inputs[0]
-    if pool.op != "input" or pool not in graph.inputs:
-        raise Miss("the pool is not a graph input")
-    if [u.id for u in use[pool.id]] != [w.id]:
-        raise Miss("something else reads the pool's old value")
+    own_memory(graph, pool, w, use, "pool")
     if not {u.id for u in use[w.id]} <= views:
         raise Miss("the stored pool feeds more than this attention")
-    outs = [k for k, o in enumerate(graph.outputs) if o is w]
-    if not outs or graph.writeback.get(outs[0]) != graph.inputs.index(pool):
-        raise Miss("the pool is not written back to its own memory (not a compiled "
-                   "function's captured array)")  # fmt: skip
     return pool
 
 

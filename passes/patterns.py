@@ -102,3 +102,18 @@ class Matcher:
             g = self.graph.rebuild(self.graph.outputs)
         g.report = list(self.graph.report) + self.events
         return g
+
+
+def own_memory(graph: Graph, buf: Node, store: Node, use: dict[int, list[Node]],
+               what: str) -> None:  # fmt: skip
+    """Miss unless `buf` is a graph input that only `store` reads and whose new value (the
+    store's) the caller takes back into buf's memory (graph.writeback): the rule for a
+    fused node that writes into its input in place."""
+    if buf.op != "input" or buf not in graph.inputs:
+        raise Miss(f"the {what} is not a graph input")
+    if [u.id for u in use[buf.id]] != [store.id]:
+        raise Miss(f"something else reads the {what}'s old value")
+    outs = [k for k, o in enumerate(graph.outputs) if o is store]
+    if not outs or graph.writeback.get(outs[0]) != graph.inputs.index(buf):
+        raise Miss(f"the {what} is not written back to its own memory (not a compiled "
+                   "function's captured array)")  # fmt: skip
