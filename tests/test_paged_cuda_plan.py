@@ -272,3 +272,41 @@ def test_write_vec_where_the_store_is_wide():
     assert paged_plan.write_vec(1 << 24, 6, 132) == 1
     assert paged_plan.write_vec(132 * 256 * vec, 64, 132) == vec
     assert paged_plan.write_vec(132 * 256 * vec - 1, 64, 132) == 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype, fused", [("bfloat16", True), ("float16", True),
+                                          ("float32", False)])  # fmt: skip
+def test_paged_sdpa_append_plans(arch, dtype, fused, monkeypatch):
+    """paged_sdpa_append (fuse_paged_append's node): in bf16 / f16 the tensor-core decode
+    kernel stores the new rows itself (no paged_write launch; its arguments checked
+    against the template); float32 stores them with paged_write's kernel into the pool,
+    then attends."""
+    cuda_fakes.install(monkeypatch, arch)
+    rng = np.random.default_rng(7)
+    b, h, kv, d = 6, 8, 2, 64
+    pool = gpk.asarray(rng.standard_normal((40, 2 * kv, 16, d)).astype(np.float32)).astype(dtype)
+    q = gpk.asarray(rng.standard_normal((b, h, 1, d)).astype(np.float32)).astype(dtype)
+    new = gpk.asarray(rng.standard_normal((b, 2 * kv, d)).astype(np.float32)).astype(dtype)
+    ang = rng.uniform(0, 6, size=(b, d // 2))
+    cos, sin = (gpk.asarray(f(ang).astype(np.float32)).astype(dtype) for f in (np.cos, np.sin))
+    table = gpk.asarray(rng.integers(0, 40, size=(b, 8)).astype(np.int32))
+    lens = gpk.asarray(rng.integers(1, 8 * 16, size=b).astype(np.int32))
+    slots = gpk.asarray(rng.integers(0, 40 * 16, size=b).astype(np.int32))
+    ins = tuple(x.node for x in (q, pool, new, slots, table, lens, cos, sin))
+    node = runtime.record("paged_sdpa_append", ins, {"rope": "half"})
+    order = toposort([node], is_leaf=lambda n: n.realized is not None)
+    graph, leaves = runtime._graph_of(order, [node])
+    sched = lower(run_pipeline(graph))
+    ctx = cuda_fakes.FakeCtx()
+    env: list = [None] * sched.n_slots
+    for s, n in zip(sched.input_slots, leaves, strict=True):
+        st = cuda_fakes.FakeStorage(max(1, int(np.prod(n.shape))) * n.dtype.itemsize)
+        env[s] = DeviceValue(st, n.shape, contiguous(n.shape), 0, n.dtype)  # type: ignore[arg-type]
+    cuda_fakes.LAUNCHES.clear()
+    for step in sched.steps:
+        step_ins = [env[i] for i in step.ins]
+        env[step.out] = plan_step(ctx, step, step_ins)(step_ins)  # type: ignore[arg-type]
+    names = [name for name, _, _ in cuda_fakes.LAUNCHES]
+    assert ("pgk_paged_decode_mma" in names) == fused
+    assert any("paged_write" in n for n in names) == (not fused)
