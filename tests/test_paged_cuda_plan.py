@@ -275,13 +275,14 @@ def test_write_vec_where_the_store_is_wide():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("dtype, fused", [("bfloat16", True), ("float16", True),
                                           ("float32", False)])  # fmt: skip
-def test_paged_sdpa_append_plans(arch, dtype, fused, monkeypatch):
+def test_paged_sdpa_append_plans(arch, dtype, fused, slot_dtype, monkeypatch):
     """paged_sdpa_append (fuse_paged_append's node): in bf16 / f16 the tensor-core decode
-    kernel stores the new rows itself (no paged_write launch; its arguments checked
-    against the template); float32 stores them with paged_write's kernel into the pool,
-    then attends."""
+    kernel stores the new rows itself, int32 or int64 slots (the serving engine's) alike
+    (no paged_write launch; its arguments checked against the template); float32 stores
+    them with paged_write's kernel into the pool, then attends."""
     cuda_fakes.install(monkeypatch, arch)
     rng = np.random.default_rng(7)
     b, h, kv, d = 6, 8, 2, 64
@@ -292,7 +293,7 @@ def test_paged_sdpa_append_plans(arch, dtype, fused, monkeypatch):
     cos, sin = (gpk.asarray(f(ang).astype(np.float32)).astype(dtype) for f in (np.cos, np.sin))
     table = gpk.asarray(rng.integers(0, 40, size=(b, 8)).astype(np.int32))
     lens = gpk.asarray(rng.integers(1, 8 * 16, size=b).astype(np.int32))
-    slots = gpk.asarray(rng.integers(0, 40 * 16, size=b).astype(np.int32))
+    slots = gpk.asarray(rng.integers(0, 40 * 16, size=b).astype(slot_dtype))
     ins = tuple(x.node for x in (q, pool, new, slots, table, lens, cos, sin))
     node = runtime.record("paged_sdpa_append", ins, {"rope": "half"})
     order = toposort([node], is_leaf=lambda n: n.realized is not None)

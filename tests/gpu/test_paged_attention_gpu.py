@@ -500,12 +500,13 @@ def test_paged_attention_rotates_q_gpu(dtype, d, h, kv, pieces, interleaved):
 
 
 @pytest.mark.parametrize("dtype, tol", [("bfloat16", 3e-2), ("float16", 5e-3)])
-@pytest.mark.parametrize("case", ["batch64", "split", "slot-off"])
+@pytest.mark.parametrize("case", ["batch64", "split", "slot-off", "int64-slots"])
 def test_paged_append_decode_step_gpu(monkeypatch, dtype, tol, case):
     """fuse_paged_append on the GPU: the tensor-core decode kernel stores each row's new
     key (rotated) and value and attends (paged_decode.attend's append), against float64:
-    a 64-row step with padding rows, one long row (split keys), and a row whose slot is an
-    earlier key of its own (the tile holding it patched from the block's copy)."""
+    a 64-row step with padding rows, one long row (split keys), a row whose slot is an
+    earlier key of its own (the tile holding it patched from the block's copy), and int64
+    slots (the serving engine's)."""
     from paged_append_case import AppendStep
 
     from pygpukit.backends.cuda.kernels import paged_decode
@@ -526,7 +527,10 @@ def test_paged_append_decode_step_gpu(monkeypatch, dtype, tol, case):
         step = AppendStep(rng, dtype, h=16, kv=2, d=128, bs=16, m=48, nb=60, lens=[700])
     else:
         step = AppendStep(rng, dtype, h=8, kv=2, d=64, bs=16, m=8, nb=40, lens=[90, 33])
-        step.slots[0] = int(step.table[0, 2]) * 16 + 5  # row 0's key 37, not 89
+        if case == "int64-slots":
+            step.slots = step.slots.astype(np.int64)
+        else:
+            step.slots[0] = int(step.table[0, 2]) * 16 + 5  # row 0's key 37, not 89
     out = step.run()
     ref, pool = step.reference()
     np.testing.assert_allclose(out, ref, atol=tol, rtol=tol)

@@ -158,6 +158,9 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 #ifndef PGK_PAPPEND
 #define PGK_PAPPEND 0
 #endif
+#ifndef PGK_PSLOT
+#define PGK_PSLOT int  // the slots' type: int or long long (the serving engine's)
+#endif
 #if PGK_PAPPEND && !PGK_QROPE
 #error "PGK_PAPPEND stores rotated keys: it comes with PGK_QROPE"
 #endif
@@ -198,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                          long long t_sm, long long l_s, long long* __restrict__ err, long long tag,
                          int pieces, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
                          long long cs_s, const pgk_t* __restrict__ kv_new, long long kn_sb,
-                         const int* __restrict__ slots, long long s_s) {
+                         const PGK_PSLOT* __restrict__ slots, long long s_s) {
   pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
   pgk_pdl_trigger();
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
@@ -239,16 +242,18 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   constexpr int HALF = PGK_D / 2;
   static_assert(HALF <= PGK_MW * 32, "a pair of the new row a thread");
   __shared__ __align__(16) pgk_t new_row[2][PGK_D];
-  const int slot = __ldg(slots + b * s_s), nslots = n_blocks * block_size;
+  const long long slot_in = (long long)__ldg(slots + b * s_s);
+  const int nslots = n_blocks * block_size;
   const int jr = min(tid, HALF - 1);
   const pgk_t* krow = kv_new + b * kn_sb + (long long)kvh * PGK_D;
   const pgk_t* vrow = krow + (long long)kv_heads * PGK_D;
   const pgk_t nk0 = krow[jr], nk1 = krow[jr + HALF], nv0 = vrow[jr], nv1 = vrow[jr + HALF];
   const pgk_t nc = cs[b * cs_s + jr], ns = sn[b * cs_s + jr];
-  const bool s_ok = slot >= 0 && slot < nslots;
+  const bool s_ok = slot_in >= 0 && slot_in < nslots;
+  const int slot = s_ok ? (int)slot_in : -1;
   auto append_row = [&]() {
-    if (slot >= nslots && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0)
-      pgk_paged_report(err, tag, slot, nslots);
+    if (slot_in >= nslots && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+      pgk_paged_report(err, tag, slot_in, nslots);
     if (s_ok && tid < HALF) {
       const float x0 = pgk_to_float(nk0), x1 = pgk_to_float(nk1);
       const float c = pgk_to_float(nc), sv = pgk_to_float(ns);

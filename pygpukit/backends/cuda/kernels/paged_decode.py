@@ -99,8 +99,8 @@ def workspace_floats(rows: int, heads: int, splits: int, head_dim: int) -> int:
     return attention.decode_workspace_bytes(rows, heads, splits, head_dim) // 4
 
 
-def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool,
-             rope: bool = False, append: bool = False) -> dict[str, object]:  # fmt: skip
+def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool, rope: bool = False,
+             append: bool = False, slot64: bool = False) -> dict[str, object]:  # fmt: skip
     key = "PGK_MSTAGES" if mma else "PGK_STAGES"
     d: dict[str, object] = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_G": g,
                             key: stages, "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
@@ -108,6 +108,8 @@ def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool,
         d["PGK_QROPE"] = 1
     if append:
         d["PGK_PAPPEND"] = 1
+        if slot64:
+            d["PGK_PSLOT"] = "long long"
     return d
 
 
@@ -152,6 +154,7 @@ def attend(
     pool_block_stride: int | None = None,
     rope: tuple[int, int, int] | None = None,
     append: tuple[int, int, int, int] | None = None,
+    append_slot64: bool = False,
     stream: Any = None,
 ) -> None:
     """out[b, h, i] = softmax(scale q[b, h, i] . k[j], j <= lens[b] - n_q + i) @ v[j], keys
@@ -169,8 +172,8 @@ def attend(
     elements, slots, their stride; with rope, one query a row, the tensor-core body, no
     pieces): each row's new key, rotated by its tables, and value (new_kv [rows, 2
     kv_heads, head_dim], head_dim contiguous: keys, then values) are stored at slot
-    slots[b] (int32; negative: none) of the pools first, as paged_write would, and
-    attended with the rest."""
+    slots[b] (int32, or int64 with append_slot64; negative: none) of the pools first, as
+    paged_write would, and attended with the rest."""
     if not supports(dtype, head_dim, heads, kv_heads, rows, n_q):
         raise ShapeError(f"paged_decode: unsupported shape (dtype {dtype}, head_dim {head_dim}, "
                          f"heads {heads}/{kv_heads}, rows {rows} x {n_q} queries)")  # fmt: skip
@@ -219,7 +222,8 @@ def attend(
         args = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads, group, n_q, kv_heads,
                 block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides,
                 *table_strides, lens_stride, err, tag, int(pieces))  # fmt: skip
-    defines = _defines(dtype, head_dim, g, st, mma, rope is not None, append is not None)
+    defines = _defines(dtype, head_dim, g, st, mma, rope is not None, append is not None,
+                       append_slot64)  # fmt: skip
     fn = loader.get_kernel("paged_decode", name, defines)
     fn.set_dynamic_smem(smem)
     fn.launch(grid, (threads,), args, smem, stream)

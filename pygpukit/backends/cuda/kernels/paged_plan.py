@@ -120,7 +120,7 @@ def plan_paged_sdpa_append(ctx: Context, step: Step, ins: Sequence[DeviceValue],
     attend = plan_paged_sdpa(ctx, attn, attn_ins, tag)
     fused = None
     if (
-        rope == "half" and new.dtype == pool.dtype and slots.dtype == dtypes.int32
+        rope == "half" and new.dtype == pool.dtype and slots.dtype in (dtypes.int32, dtypes.int64)
         and new.strides[1:] == (d, 1) and ins[6].dtype == step.dtype
         and ins[7].dtype == step.dtype and ins[6].strides == ins[7].strides
         and (ins[6].strides[1] == 1 or d // 2 <= 1)
@@ -237,8 +237,8 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, 
     sin [B, D/2], rope_fits), rotated by the tensor-core kernels as they read q; the run
     then gives None, launching nothing, where q's operands do not suit that body (the
     caller rotates q first). append (with rope, pieces False): the values' 8th and 9th
-    are new_kv [B, 2 KV, D] and slots [B], stored by the kernel first (paged_decode
-    attend's append)."""
+    are new_kv [B, 2 KV, D] and slots [B] (int32 / int64), stored by the kernel first
+    (paged_decode attend's append)."""
     q, kp, vp, table, lens = ins[:5]
     if rope and not paged_decode.uses_mma(step.dtype.name, q.shape[2]):
         return None
@@ -279,6 +279,7 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, 
                             table_strides=t_strides, lens_stride=lens.strides[0],
                             err=ctx.err_addr, tag=tag, pieces=tiles,
                             pool_block_stride=p_sb, rope=tables, append=stores,
+                            append_slot64=append and v[8].dtype == dtypes.int64,
                             stream=ctx.stream)  # fmt: skip
         if tiles:
             paged_prefill.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,

@@ -113,8 +113,10 @@ def all_variants() -> list[Variant]:
             out.append(("paged_decode", ("pgk_paged_decode_mma",), pr))
             # ... and storing the step's keys and values (paged_sdpa_append), at each depth.
             for stages in (1, 2, 3):
-                out.append(("paged_decode", ("pgk_paged_decode_mma",),
-                            {**pr, "PGK_MSTAGES": stages, "PGK_PAPPEND": 1}))  # fmt: skip
+                for slot in ({}, {"PGK_PSLOT": "long long"}):  # int32 / int64 slots
+                    out.append(("paged_decode", ("pgk_paged_decode_mma",),
+                                {**pr, "PGK_MSTAGES": stages, "PGK_PAPPEND": 1,
+                                 **slot}))  # fmt: skip
     for dt in loader.HALF_DTYPES:
         for d in paged_prefill.HEAD_DIMS:  # the prompt pieces' tensor-core kernel
             pp = _t(dt, PGK_D=d, PGK_PSTAGES=paged_prefill.STAGES, PGK_ERR_INDEX=1)
