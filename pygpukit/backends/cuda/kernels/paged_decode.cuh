@@ -278,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
 #else
   (void)kv_new, (void)kn_sb, (void)slots, (void)s_s;
 #endif
-  int start, end;
+  int start, end, row_keys;
   {
     const int cap = max_blocks * block_size;
     int len = __ldg(lens + b * l_s);
@@ -293,6 +293,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
       if (splits == 1) return;
       hi = 0;
     }
+    row_keys = hi;
     pgk_dec_share(0, hi, split, splits, PGK_MTK, start, end);
   }
   if (start >= end) {
@@ -359,6 +360,19 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   for (int i = 0; i < PGK_MSTAGES; ++i) tab[i] = tab[i + PGK_MSTAGES];
 #if PGK_PAPPEND
   append_row();
+  // The key stored at the slot: the row's newest as the engine stores it, found with one
+  // table load (-1 where that key is another split's: a row's table names a block once);
+  // else (-2) each tile's keys are compared with the slot, lane by lane (a table load a
+  // tile, which had cost about 1 us a tile at batch 64 on an H200).
+  int patch = -1;
+  if (s_ok) {
+    const int p = row_keys - 1;
+    const int e = p >= 0 ? __ldg(table + (p / block_size) * t_sm) : -1;
+    if (p < 0 || e * block_size + p % block_size != slot)
+      patch = -2;
+    else if (p >= start && p < end)
+      patch = p;
+  }
 #endif
 
   // Fragment (r, c) of thread (qr, qc): rows qr, qr + 8; columns 2 qc, 2 qc + 1.
@@ -385,10 +399,16 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     const pgk_t* vs = ks + PGK_MTILE;
     const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
 #if PGK_PAPPEND
-    if (s_ok) {  // the tile's keys stored at this row's slot: lane l checks key key0 + l
-      const int key = key0 + lane, blk = __shfl_sync(0xffffffffu, entry(it),
-                                                     min(key / block_size - key0 / block_size, 31));
-      const bool hit = key < end && blk * block_size + key % block_size == slot;
+    if (patch != -1) {  // the tile's keys stored at this row's slot
+      bool hit;
+      if (patch >= 0) {
+        hit = key0 + lane == patch;
+      } else {  // lane l checks key key0 + l
+        const int key = key0 + lane,
+                  blk = __shfl_sync(0xffffffffu, entry(it),
+                                    min(key / block_size - key0 / block_size, 31));
+        hit = key < end && blk * block_size + key % block_size == slot;
+      }
       for (unsigned m = __ballot_sync(0xffffffffu, hit); m; m &= m - 1) {
         const int j = __ffs(m) - 1;
         pgk_t* kr = const_cast<pgk_t*>(ks) + j * PGK_MLD;
