@@ -276,16 +276,18 @@ def test_write_vec_where_the_store_is_wide():
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
-@pytest.mark.parametrize("dtype, fused", [("bfloat16", True), ("float16", True),
-                                          ("float32", False)])  # fmt: skip
-def test_paged_sdpa_append_plans(arch, dtype, fused, slot_dtype, monkeypatch):
-    """paged_sdpa_append (fuse_paged_append's node): in bf16 / f16 the tensor-core decode
-    kernel stores the new rows itself, int32 or int64 slots (the serving engine's) alike
-    (no paged_write launch; its arguments checked against the template); float32 stores
-    them with paged_write's kernel into the pool, then attends."""
+@pytest.mark.parametrize(("dtype", "b", "fused"), [("bfloat16", 6, True), ("float16", 16, True),
+                                                   ("bfloat16", 17, False),
+                                                   ("float32", 6, False)])  # fmt: skip
+def test_paged_sdpa_append_plans(arch, dtype, b, fused, slot_dtype, monkeypatch):
+    """paged_sdpa_append (fuse_paged_append's node): in bf16 / f16 up to APPEND_MAX_ROWS
+    rows the tensor-core decode kernel stores the new rows itself, int32 or int64 slots
+    (the serving engine's) alike (no paged_write launch; its arguments checked against
+    the template); more rows, or float32, store them with paged_write's kernel into the
+    pool, then attend."""
     cuda_fakes.install(monkeypatch, arch)
     rng = np.random.default_rng(7)
-    b, h, kv, d = 6, 8, 2, 64
+    h, kv, d = 8, 2, 64
     pool = gpk.asarray(rng.standard_normal((40, 2 * kv, 16, d)).astype(np.float32)).astype(dtype)
     q = gpk.asarray(rng.standard_normal((b, h, 1, d)).astype(np.float32)).astype(dtype)
     new = gpk.asarray(rng.standard_normal((b, 2 * kv, d)).astype(np.float32)).astype(dtype)
@@ -309,5 +311,6 @@ def test_paged_sdpa_append_plans(arch, dtype, fused, slot_dtype, monkeypatch):
         step_ins = [env[i] for i in step.ins]
         env[step.out] = plan_step(ctx, step, step_ins)(step_ins)  # type: ignore[arg-type]
     names = [name for name, _, _ in cuda_fakes.LAUNCHES]
-    assert ("pgk_paged_decode_mma" in names) == fused
+    assert ("pgk_paged_decode_mma" in names) == (dtype != "float32")
     assert any("paged_write" in n for n in names) == (not fused)
+    assert paged_plan.APPEND_MAX_ROWS == 16

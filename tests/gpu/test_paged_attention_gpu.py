@@ -500,13 +500,14 @@ def test_paged_attention_rotates_q_gpu(dtype, d, h, kv, pieces, interleaved):
 
 
 @pytest.mark.parametrize("dtype, tol", [("bfloat16", 3e-2), ("float16", 5e-3)])
-@pytest.mark.parametrize("case", ["batch64", "split", "slot-off", "int64-slots"])
+@pytest.mark.parametrize("case", ["batch16", "batch64", "split", "slot-off", "int64-slots"])
 def test_paged_append_decode_step_gpu(monkeypatch, dtype, tol, case):
     """fuse_paged_append on the GPU: the tensor-core decode kernel stores each row's new
     key (rotated) and value and attends (paged_decode.attend's append), against float64:
-    a 64-row step with padding rows, one long row (split keys), a row whose slot is an
+    a 16-row step with padding rows, one long row (split keys), a row whose slot is an
     earlier key of its own (the tile holding it patched from the block's copy), and int64
-    slots (the serving engine's)."""
+    slots (the serving engine's); 64 rows (past paged_plan.APPEND_MAX_ROWS) store first,
+    then attend."""
     from paged_append_case import AppendStep
 
     from pygpukit.backends.cuda.kernels import paged_decode
@@ -520,9 +521,10 @@ def test_paged_append_decode_step_gpu(monkeypatch, dtype, tol, case):
 
     monkeypatch.setattr(paged_decode, "attend", spy)
     rng = np.random.default_rng(21)
-    if case == "batch64":
-        lens = [int(x) for x in rng.integers(1, 512, 60)] + [0] * 4
-        step = AppendStep(rng, dtype, h=32, kv=4, d=64, bs=16, m=32, nb=64 * 32 + 8, lens=lens)
+    if case.startswith("batch"):
+        b = int(case[5:])
+        lens = [int(x) for x in rng.integers(1, 512, b - 3)] + [0] * 3
+        step = AppendStep(rng, dtype, h=32, kv=4, d=64, bs=16, m=32, nb=b * 32 + 8, lens=lens)
     elif case == "split":
         step = AppendStep(rng, dtype, h=16, kv=2, d=128, bs=16, m=48, nb=60, lens=[700])
     else:
@@ -536,4 +538,5 @@ def test_paged_append_decode_step_gpu(monkeypatch, dtype, tol, case):
     np.testing.assert_allclose(out, ref, atol=tol, rtol=tol)
     got = step.pool.astype("float32").to_numpy()
     np.testing.assert_allclose(got, pool, atol=tol, rtol=tol)
-    assert "paged_sdpa_append" in step.program_ops() and seen and all(seen)
+    assert "paged_sdpa_append" in step.program_ops() and seen
+    assert all(seen) == (case != "batch64")

@@ -92,13 +92,24 @@ def plan_paged_write(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: 
     return run
 
 
+# Rows up to which paged_sdpa_append runs fused (the decode kernel storing the new rows);
+# above it, paged_write's launch and then the attention. H200, TinyLlama shape, serving
+# decode step (serve_load --step-times, two alternating runs each, fused / unfused, ms):
+# 1 row 0.924 / 0.932 against 0.956 / 0.958, 16 rows 1.257 / 1.240 against 1.262 / 1.265,
+# 64 rows 1.500 / 1.497 against 1.455 / 1.457. At 64 rows the fused attention took 17.6 us
+# a layer against the store's 2.6 and the attention's 14.2: after cuBLASLt's QKV GEMM
+# (no early trigger) its 256 blocks launch only then, where unfused they were resident
+# and waiting behind the store.
+APPEND_MAX_ROWS = 16
+
+
 def plan_paged_sdpa_append(ctx: Context, step: Step, ins: Sequence[DeviceValue],
                            tag: int) -> Run:  # fmt: skip
     """paged_sdpa_append: the tensor-core decode kernel stores each row's new key (rotated)
-    and value into the pool itself (paged_decode.attend's append) where its rules hold;
-    else paged_write's launch into the pool's own memory, then paged_sdpa over its
-    halves. The pool is the compiled step's own (the fusing pass's rule): written in
-    place either way."""
+    and value into the pool itself (paged_decode.attend's append) where its rules hold, up
+    to APPEND_MAX_ROWS rows; else paged_write's launch into the pool's own memory, then
+    paged_sdpa over its halves. The pool is the compiled step's own (the fusing pass's
+    rule): written in place either way."""
     q, pool, new, slots = ins[:4]
     rope = step.attrs.get("rope", "none")
     n_blocks, kv2, bs, d = pool.shape
@@ -120,7 +131,8 @@ def plan_paged_sdpa_append(ctx: Context, step: Step, ins: Sequence[DeviceValue],
     attend = plan_paged_sdpa(ctx, attn, attn_ins, tag)
     fused = None
     if (
-        rope == "half" and new.dtype == pool.dtype and slots.dtype in (dtypes.int32, dtypes.int64)
+        q.shape[0] <= APPEND_MAX_ROWS and rope == "half" and new.dtype == pool.dtype
+        and slots.dtype in (dtypes.int32, dtypes.int64)
         and new.strides[1:] == (d, 1) and ins[6].dtype == step.dtype
         and ins[7].dtype == step.dtype and ins[6].strides == ins[7].strides
         and (ins[6].strides[1] == 1 or d // 2 <= 1)
