@@ -74,8 +74,13 @@ def test_paged_steps_plan(arch, monkeypatch):
 
 def _plan_attention(q, kp, vp, table, lens, pieces=True, **rope):
     out = gpk.nn.paged_attention(q, kp, vp, table, lens, pieces=pieces, **rope)
-    order = toposort([out.node], is_leaf=lambda n: n.realized is not None)
-    graph, leaves = runtime._graph_of(order, [out.node])
+    return _plan_node(out.node)
+
+
+def _plan_node(node):
+    """(kernel name, grid) of each launch the CUDA plans of node's graph make (faked)."""
+    order = toposort([node], is_leaf=lambda n: n.realized is not None)
+    graph, leaves = runtime._graph_of(order, [node])
     sched = lower(run_pipeline(graph))
     ctx = cuda_fakes.FakeCtx()
     env: list = [None] * sched.n_slots
@@ -298,19 +303,7 @@ def test_paged_sdpa_append_plans(arch, dtype, b, fused, slot_dtype, monkeypatch)
     slots = gpk.asarray(rng.integers(0, 40 * 16, size=b).astype(slot_dtype))
     ins = tuple(x.node for x in (q, pool, new, slots, table, lens, cos, sin))
     node = runtime.record("paged_sdpa_append", ins, {"rope": "half"})
-    order = toposort([node], is_leaf=lambda n: n.realized is not None)
-    graph, leaves = runtime._graph_of(order, [node])
-    sched = lower(run_pipeline(graph))
-    ctx = cuda_fakes.FakeCtx()
-    env: list = [None] * sched.n_slots
-    for s, n in zip(sched.input_slots, leaves, strict=True):
-        st = cuda_fakes.FakeStorage(max(1, int(np.prod(n.shape))) * n.dtype.itemsize)
-        env[s] = DeviceValue(st, n.shape, contiguous(n.shape), 0, n.dtype)  # type: ignore[arg-type]
-    cuda_fakes.LAUNCHES.clear()
-    for step in sched.steps:
-        step_ins = [env[i] for i in step.ins]
-        env[step.out] = plan_step(ctx, step, step_ins)(step_ins)  # type: ignore[arg-type]
-    names = [name for name, _, _ in cuda_fakes.LAUNCHES]
+    names = [name for name, _ in _plan_node(node)]
     assert ("pgk_paged_decode_mma" in names) == (dtype != "float32")
     assert any("paged_write" in n for n in names) == (not fused)
     assert paged_plan.APPEND_MAX_ROWS == 16
