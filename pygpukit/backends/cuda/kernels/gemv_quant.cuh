@@ -214,14 +214,13 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
 #else
   (void)zpair;
   (void)magic;
-  // f16 pairs under f16 products or f16 x; bf16 pairs otherwise.
-  constexpr bool half = pgk_qhalf;
-  if constexpr (PGK_QFMT == 1 && half) {
+  // f16 pairs under f16 products or f16 x (pgk_qhalf); bf16 pairs otherwise.
+  if constexpr (PGK_QFMT == 1 && pgk_qhalf) {
     pgk_qfp8_pairs_f16(wv[s], lo, hi);
   } else if constexpr (PGK_QFMT == 1) {
     lo = pgk_qfp8_pair_bf16(wv[s], 0);
     hi = pgk_qfp8_pair_bf16(wv[s], 1);
-  } else if constexpr (half) {
+  } else if constexpr (pgk_qhalf) {
     pgk_qint8_pairs_f16(wv[s], lo, hi);
   } else {
     pgk_qint8_pairs(wv[s], lo, hi);
@@ -229,23 +228,20 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
 #endif
 }
 
+// 8 elements of x (16-bit, one uint4) in the order pgk_qfrag pairs an int4 word's
+// nibbles: 0, 4, 1, 5, 2, 6, 3, 7.
+PGK_DEVICE uint4 pgk_qx_pairs(uint4 v) {
+  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                    __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+}
+
 // The B fragment's x pairs of step s from this lane's x (8 elements per uint4), in the
-// order pgk_qfrag pairs W's elements.
+// order pgk_qfrag pairs W's elements (int4 without PGK_QXPERM: permuted here, the two
+// pairs step s takes).
 PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& b0, unsigned& b1) {
-#if PGK_QFMT == 2 && !PGK_QXPERM
-  const uint4 v = xv[s >> 1];
-  if (s & 1) {
-    b0 = __byte_perm(v.y, v.w, 0x5410);
-    b1 = __byte_perm(v.y, v.w, 0x7632);
-  } else {
-    b0 = __byte_perm(v.x, v.z, 0x5410);
-    b1 = __byte_perm(v.x, v.z, 0x7632);
-  }
-#else
-  const uint4 v = xv[s >> 1];
+  const uint4 v = PGK_QFMT == 2 && !PGK_QXPERM ? pgk_qx_pairs(xv[s >> 1]) : xv[s >> 1];
   b0 = (s & 1) ? v.z : v.x;
   b1 = (s & 1) ? v.w : v.y;
-#endif
 }
 
 // One chunk (U of them per slab) against the NT n8 tiles: x's fragments xv (the lane's
@@ -662,12 +658,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
       if (in) {
         uint4* at = reinterpret_cast<uint4*>(xsm + r * xld + c_lo * CW + 8 * pc);
         const uint4 v = *at;
-        uint4 o;
-        o.x = __byte_perm(v.x, v.z, 0x5410);
-        o.y = __byte_perm(v.x, v.z, 0x7632);
-        o.z = __byte_perm(v.y, v.w, 0x5410);
-        o.w = __byte_perm(v.y, v.w, 0x7632);
-        *at = o;
+        *at = pgk_qx_pairs(v);
         const pgk_t* e = reinterpret_cast<const pgk_t*>(&v);
         float a = 0.0f, b = 0.0f;
 #pragma unroll
@@ -726,13 +717,8 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
                                               __uint_as_float(w4[j] & 0xFFFF0000u) * down);
           o4[j] = *reinterpret_cast<const unsigned*>(&h);
         }
-#if PGK_QFMT == 2
-        // int4 (PGK_QXPERM): elements 0, 4, 1, 5, 2, 6, 3, 7, pgk_qfrag's pair order.
-        row[p] = make_uint4(__byte_perm(o4[0], o4[2], 0x5410), __byte_perm(o4[0], o4[2], 0x7632),
-                            __byte_perm(o4[1], o4[3], 0x5410), __byte_perm(o4[1], o4[3], 0x7632));
-#else
-        row[p] = make_uint4(o4[0], o4[1], o4[2], o4[3]);
-#endif
+        const uint4 h = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+        row[p] = PGK_QFMT == 2 ? pgk_qx_pairs(h) : h;  // int4: its pair order (PGK_QXPERM)
       }
     }
     __syncwarp();

@@ -186,9 +186,9 @@ def half_mma(spec: QuantSpec, dtype: str, n: int = 0, prologue: str = "none",
     always, symmetric int4 at the LM heads (HALF_INT4_MIN_N: N, the RMSNorm prologue and
     no SwiGLU), asymmetric int4 at the K and N of HALF_INT4_ASYM_K and _MIN_N. The int8
     bytes become f16 pairs in half the instructions of bf16 pairs (ncu had the bf16
-    form's kernel ALU-bound on PRMT), e4m3 pairs in one conversion
-    (cvt.rn.f16x2.e4m3x2, SM 8.9+; four instructions a pair into bf16) and an int4 word in
-    one shift instead of three (x permuted into its pair order on the way). H200, batch 1,
+    form's kernel ALU-bound on PRMT), e4m3 pairs in one conversion (cvt.rn.f16x2.e4m3x2,
+    SM 8.9+; four instructions a pair into bf16) and an int4 word in one shift instead of
+    three (x permuted into its pair order on the way). H200, batch 1,
     early loads, us, bf16 products against f16 with the step's fusions
     (default_min_blocks, F16_GAIN_BATCH; one interleaved run each): int8 Llama-2-7B QKV
     16.19 -> 13.84, o 7.63 -> 5.84, gate|up 26.53 -> 24.70, down 14.47 -> 13.32, LM head
@@ -211,8 +211,8 @@ def half_mma(spec: QuantSpec, dtype: str, n: int = 0, prologue: str = "none",
 def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str,
                        zero: bool = False) -> int:  # fmt: skip
     """Blocks an SM the kernel's registers are bounded to leave room for (0: none): the
-    asymmetric int4 f16 kernel's ASYM_F16_MIN_BLOCKS, and the
-    int8 f16 kernel's persistent grid (STAGED_EARLY_WARPS_PER_SM) with the SwiGLU epilogue
+    asymmetric int4 f16 kernel's ASYM_F16_MIN_BLOCKS, and the int8 f16 kernel's
+    persistent grid (STAGED_EARLY_WARPS_PER_SM) with the SwiGLU epilogue
     (fp8's f16 SwiGLU launches run unbounded: bounded, the 7B gate|up took 28.39 against
     25.62 us with b128 scales, 27.58 against 23.10 per row; H200, one interleaved run).
     Unbounded, the f16 kernel takes 102-143 registers (ptxas, NVRTC 13.0), a block an SM
@@ -376,9 +376,8 @@ def gemv_quant(
     w_early and the RMSNorm prologue): the gain is read-only too, so each lane's first
     batch of it loads before the predecessor wait. gain_batch: 16-byte pieces of the gain
     a lane loads at once (PGK_QGB; None: default_gain_batch). f16 (staged, bf16 x; not
-    with biased): multiply in f16 (None: half_mma). min_blocks:
-    blocks an SM the kernel's registers must leave room for (PGK_QMINB; None:
-    default_min_blocks; 0: no bound)."""
+    with biased): multiply in f16 (None: half_mma). min_blocks: blocks an SM the kernel's
+    registers must leave room for (PGK_QMINB; None: default_min_blocks; 0: no bound)."""
     loader.check_dtype(dtype, loader.HALF_DTYPES, "gemv_quant")
     positive("gemv_quant", n=n, k=k, m=m)
     int32_range("gemv_quant", n=n, k=k, m=m)

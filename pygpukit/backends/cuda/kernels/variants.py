@@ -213,11 +213,14 @@ QUANT_SPECS = (
 )
 
 
-def _half_defines(spec: QuantSpec, dtype: str, gw: int, glu: int) -> dict[str, object]:
-    """The staged kernel's f16-product macros where the launcher sets them by default."""
-    if not gemv_quant.half_mma(spec, dtype):
+def _half_defines(spec: QuantSpec, dtype: str, gw: int, glu: int,
+                  always: bool = False) -> dict[str, object]:  # fmt: skip
+    """The staged kernel's f16-product macros where the launcher sets them by default at
+    any shape (int8, fp8), or with `always` (int4, by shape)."""
+    if not (always or gemv_quant.half_mma(spec, dtype)):
         return {}
-    minb = gemv_quant.default_min_blocks(gw, True, True, bool(glu), spec.format)
+    minb = gemv_quant.default_min_blocks(gw, True, True, bool(glu), spec.format,
+                                         spec.has_zero)  # fmt: skip
     return {"PGK_QF16": 1, **({"PGK_QMINB": minb} if minb else {})}
 
 
@@ -247,8 +250,7 @@ def quant_variants() -> list[Variant]:
                     continue
                 deep = (pro, glu, act) == (0, 0, 0) and dt == "bfloat16"
                 # int8 and fp8 under bf16 multiply in f16 by default (gemv_quant.half_mma;
-                # symmetric int4's LM heads below);
-                # the bf16 products stay an option (f16=False).
+                # int4 by shape, below); the bf16 products stay an option (f16=False).
                 half = _half_defines(spec, dt, sgw, glu)
                 if half:
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
@@ -279,17 +281,13 @@ def quant_variants() -> list[Variant]:
                                     {**base, **f, "PGK_GW": sgw, "PGK_NT": snt, "PGK_U": su,
                                      "PGK_QPIPE": 0, "PGK_QSTAGES": sns,
                                      "PGK_QBIAS": 1}))  # fmt: skip
-                    h4: dict[str, object] = {"PGK_QF16": 1}
-                    if pro:
-                        h4["PGK_QGB"] = gemv_quant.default_gain_batch(spec, True)
-                    minb = gemv_quant.default_min_blocks(sgw, True, True, bool(glu), "int4",
-                                                         spec.has_zero)  # fmt: skip
-                    if minb:
-                        h4["PGK_QMINB"] = minb
+                    f16_gain = {"PGK_QGB": gemv_quant.default_gain_batch(spec, True)} if pro else {}
                     for kgw, knt, ku, kns in sorted({(sgw, snt, su, sns), *per_k}):
+                        h4 = _half_defines(spec, dt, kgw, glu, always=True)
                         out.append(("gemv_quant", ("pgk_gemv_quant",),
                                     {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
-                                     "PGK_QPIPE": 0, "PGK_QSTAGES": kns, **h4}))  # fmt: skip
+                                     "PGK_QPIPE": 0, "PGK_QSTAGES": kns, **f16_gain,
+                                     **h4}))  # fmt: skip
         for dt in dequant.DTYPES:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
