@@ -174,6 +174,12 @@ def test_half_mma_where_measured():
     # Bounded to two blocks an SM: asymmetric int4 under f16 only.
     assert gemv_quant.default_min_blocks(8, True, True, False, "int4", True) == 2
     assert gemv_quant.default_min_blocks(8, True, True, False, "int4", False) == 0
+    # int8's f16 SwiGLU kernel: bounded on the small-K config's four warps, not on eight.
+    four = gemv_quant.staged_config(QuantSpec("int8"), 2048)[0]
+    assert gemv_quant.default_min_blocks(four, True, True, True, "int8") == (
+        gemv_quant.STAGED_EARLY_WARPS_PER_SM // four)  # fmt: skip
+    eight = gemv_quant.staged_config(QuantSpec("int8"), 4096)[0]
+    assert gemv_quant.default_min_blocks(eight, True, True, True, "int8") == 0
 
 
 @pytest.mark.parametrize(("zero", "n", "prologue", "f16", "biased"),

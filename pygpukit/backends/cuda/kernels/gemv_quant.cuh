@@ -47,6 +47,12 @@
 #ifndef PGK_QBIAS
 #define PGK_QBIAS 0  // 1: staged int4 under bf16 x multiplies the biased codes (see below)
 #endif
+#ifndef PGK_QREDB
+#define PGK_QREDB (PGK_QSTAGES > 0 ? 2 : 1)  // buffers of the warps' partial sums (see epilogue)
+#endif
+#if PGK_QREDB == 2 && PGK_QSTAGES == 0
+#error "two partial-sum buffers are the staged kernel's: the register path rewrites sumsq a tile"
+#endif
 #ifndef PGK_QF16
 #define PGK_QF16 0  // 1: the staged kernel under bf16 x multiplies in f16 (see pgk_qmma)
 #endif
@@ -396,12 +402,22 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
     return e;
   };
   eops epre = {1.0f, 1.0f, 0.0f, 0.0f, 0.0f};
-  auto eprefetch = [&](int tile) {
-    if constexpr (EPRE) epre = eload(tile, (int)threadIdx.x);
+  // The thread of a tile's outputs: with two partial-sum buffers the block's tiles rotate
+  // the outputs over its warps (rot, the tile's index in the block), so no warp is the one
+  // that reduces every tile while the others go on to the next.
+  auto out_thread = [&](int rot) {
+    return PGK_QREDB == 2 ? ((int)threadIdx.x + 32 * (rot % PGK_GW)) % (PGK_GW * 32)
+                          : (int)threadIdx.x;
+  };
+  auto eprefetch = [&](int tile, int rot) {
+    if constexpr (EPRE) epre = eload(tile, out_thread(rot));
   };
 
   // The warps' partial sums meet in shared memory; the block writes the tile's outputs.
-  auto epilogue = [&](int tile, float* red) {
+  // With PGK_QREDB 2 a tile writes the buffer the tile before last read, so the barrier after
+  // the reads goes: a thread reaches this tile's writes only past the last tile's barrier,
+  // which every thread passes only after its reads of the tile before.
+  auto epilogue = [&](int tile, float* red, int rot) {
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -411,7 +427,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
     if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
 #endif
     __syncthreads();
-    for (int i = threadIdx.x; i < 8 * OUT; i += PGK_GW * 32) {
+    for (int i = out_thread(rot); i < 8 * OUT; i += PGK_GW * 32) {
       const int r = i / OUT, cn = i % OUT;
       const int row = pgk_grow(n, cn, tile);
       if (r >= m || row < 0) continue;
@@ -440,7 +456,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
       if (res) s += e.res;
       y[(long long)r * y_stride + row] = pgk_from_float<pgk_t>(s);
     }
-    __syncthreads();  // red is rewritten by the next tile
+    if (PGK_QREDB == 1) __syncthreads();  // red is rewritten by the next tile
   };
 
 #if PGK_QSTAGES > 0
@@ -474,7 +490,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   // PGK_QBIASED: the sums of x per chunk of each warp's range and row, after the partial
   // sums (gemv_quant.py's xsum_bytes): xsum[(warp * cpw + chunk) * m + row].
   const int cpw = (nch + PGK_GW - 1) / PGK_GW;
-  float* xsum = red + (PGK_GW * m * RL + 3) / 4 * 4 + warp * cpw * m;
+  float* xsum = red + (PGK_QREDB * PGK_GW * m * RL + 3) / 4 * 4 + warp * cpw * m;
   (void)xsum;
   unsigned zpend[NT][U];  // zero points loaded for stage zslot, not yet in shared memory
   int zslot = -1;
@@ -734,7 +750,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
       zflush();
       if (st + NS - 1 < total) issue(st + NS - 1);
       pgk_cp_async_commit();
-      if (j == 0) eprefetch(first_tile + ti * (int)gridDim.x);
+      if (j == 0) eprefetch(first_tile + ti * (int)gridDim.x, ti);
       // Groups: x and stages 0 .. NS-2 (x last with w_early, else first), then one stage
       // per step: stage st has at most NS - 1 groups after it; with w_early the first
       // step also needs x, which has one.
@@ -791,7 +807,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
 #pragma unroll
       for (int e = 0; e < 2; ++e) acc[t][e] *= xunscale[e];
 #endif
-    epilogue(first_tile + ti * (int)gridDim.x, red);
+    epilogue(first_tile + ti * (int)gridDim.x, red + (ti % PGK_QREDB) * (PGK_GW * m * RL), ti);
   }
   pgk_cp_async_wait<0>();
 #else
@@ -871,7 +887,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
     if (j == 0) {
       zero_acc();
       zero_ss();  // the prologue below recomputes them per tile
-      eprefetch(first_tile + (st / n_st) * (int)gridDim.x);
+      eprefetch(first_tile + (st / n_st) * (int)gridDim.x, 0);
     }
 #if PGK_QPIPE == 1
     // The next slab's loads go out before this one's multiplies: each lane keeps a slab
@@ -917,7 +933,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
 #else
     if (st + 1 < total) load(st + 1, wv, sc, zp);
 #endif
-    if (j == n_st - 1) epilogue(first_tile + (st / n_st) * (int)gridDim.x, red);
+    if (j == n_st - 1) epilogue(first_tile + (st / n_st) * (int)gridDim.x, red, 0);
   }
 #endif
 }

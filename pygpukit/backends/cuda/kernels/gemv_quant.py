@@ -222,10 +222,14 @@ def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str,
     [22016 x 4096] 26.53 / 25.10 / 24.70; plain [12288 x 4096] 15.86 / 12.87 / 13.32,
     [4096 x 4096] 7.41 / 5.41 / 6.58, [32000 x 4096] 36.48 / 32.06 / 33.63. Under f16 the
     gain batch stays GAIN_BATCH's 2 (1 or 4, bounded or not: 0.3-9 us slower at the 7B
-    RMSNorm launches, one interleaved run)."""
+    RMSNorm launches, one interleaved run). With two partial-sum buffers
+    (STAGED_RED_BUFFERS) the bounded int8 SwiGLU kernel spills 24 bytes a thread, and
+    only the small-K one of four warps (SMALL_K_INT8) stays bounded: H200, one interleaved
+    run, us, one buffer bounded / two bounded / two unbounded: [22016 x 4096] 24.32 /
+    26.47 / 22.70, [11264 x 2048] 8.56 / 8.64 / 9.44."""
     if staged and f16 and fmt == "int4" and zero:
         return ASYM_F16_MIN_BLOCKS
-    bounded = staged and f16 and glu and fmt == "int8"
+    bounded = staged and f16 and glu and fmt == "int8" and gw < STAGED_CONFIG["int8"][0]
     return STAGED_EARLY_WARPS_PER_SM // gw if bounded else 0
 
 
@@ -287,10 +291,21 @@ def stage_bytes(spec: QuantSpec, nt: int, u: int) -> int:
     return cdiv(b, 16) * 16
 
 
-def red_bytes(gw: int, nt: int, m: int) -> int:
+# Buffers of the staged kernel's partial sums (PGK_QREDB): with two, a tile's epilogue has
+# one barrier, not two, and the block's tiles rotate its output threads over the warps (the
+# others go on to the next tile's loads and MMAs meanwhile). H200, batch 1, early loads, the
+# Llama-2-7B decode step's fusions, us, one buffer / two (one interleaved run): QKV int8
+# 13.83 / 13.00, fp8 b128 13.63 / 13.14, int4 11.42 / 11.10; gate|up fp8 23.78 / 22.64,
+# int4 19.45 / 18.68; LM head int8 32.83 / 32.05, fp8 32.73 / 31.46, int4 25.52 / 24.82;
+# the launches of a tile a block (o, down) and TinyLlama's within 2-3% either way
+# (int8's SwiGLU kernel: default_min_blocks).
+STAGED_RED_BUFFERS = 2
+
+
+def red_bytes(gw: int, nt: int, m: int, buffers: int = 1) -> int:
     """Shared memory of the warps' partial sums of the m rows (8 * nt outputs each, padded
-    by one), at the end of the kernel's dynamic shared memory."""
-    return cdiv(gw * m * (8 * nt + 1) * 4, 16) * 16
+    by one) in `buffers` buffers, at the end of the kernel's dynamic shared memory."""
+    return cdiv(buffers * gw * m * (8 * nt + 1) * 4, 16) * 16
 
 
 def xsum_bytes(gw: int, k: int, m: int, spec: QuantSpec) -> int:
@@ -308,7 +323,8 @@ def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: i
     gw, nt, u, stages = config
     x_row = (cdiv(k, chunk_cols(spec)) * chunk_cols(spec) + 8) * 2
     xsum = xsum_bytes(gw, k, m, spec) if biased else 0
-    return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red_bytes(gw, nt, m) + xsum
+    red = red_bytes(gw, nt, m, STAGED_RED_BUFFERS)
+    return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red + xsum
 
 
 def static_smem(gw: int) -> int:
@@ -442,6 +458,8 @@ def gemv_quant(
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
+    if stages and STAGED_RED_BUFFERS != 2:  # the template's default
+        d["PGK_QREDB"] = STAGED_RED_BUFFERS
     staged_pro = bool(stages) and prologue != "none"
     if staged_pro:
         gb = default_gain_batch(spec, f16) if gain_batch is None else gain_batch
