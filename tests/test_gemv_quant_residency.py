@@ -174,12 +174,9 @@ def test_half_mma_where_measured():
     # Bounded to two blocks an SM: asymmetric int4 under f16 only.
     assert gemv_quant.default_min_blocks(8, True, True, False, "int4", True) == 2
     assert gemv_quant.default_min_blocks(8, True, True, False, "int4", False) == 0
-    # int8's f16 SwiGLU kernel: bounded on the small-K config's four warps, not on eight.
-    four = gemv_quant.staged_config(QuantSpec("int8"), 2048)[0]
-    assert gemv_quant.default_min_blocks(four, True, True, True, "int8") == (
-        gemv_quant.STAGED_EARLY_WARPS_PER_SM // four)  # fmt: skip
-    eight = gemv_quant.staged_config(QuantSpec("int8"), 4096)[0]
-    assert gemv_quant.default_min_blocks(eight, True, True, True, "int8") == 0
+    # int8 and a bounded kernel keep one partial-sum buffer, the others take two.
+    assert gemv_quant.red_buffers("int4", 2) == gemv_quant.red_buffers("int8", 0) == 1
+    assert gemv_quant.red_buffers("fp8", 0) == gemv_quant.STAGED_RED_BUFFERS == 2
 
 
 @pytest.mark.parametrize(("zero", "n", "prologue", "f16", "biased"),
@@ -210,6 +207,8 @@ def test_int4_forms_by_shape(monkeypatch, zero, n, prologue, f16, biased):
     assert bool(defines.get("PGK_QF16")) == f16
     assert bool(defines.get("PGK_QBIAS")) == biased
     assert defines.get("PGK_QMINB") == (gemv_quant.ASYM_F16_MIN_BLOCKS if f16 and zero else None)
+    # the bounded kernel keeps one partial-sum buffer (the template's default is two)
+    assert defines.get("PGK_QREDB") == (1 if f16 and zero else None)
 
 
 def test_gain_batch_must_be_positive(monkeypatch):

@@ -222,14 +222,11 @@ def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str,
     [22016 x 4096] 26.53 / 25.10 / 24.70; plain [12288 x 4096] 15.86 / 12.87 / 13.32,
     [4096 x 4096] 7.41 / 5.41 / 6.58, [32000 x 4096] 36.48 / 32.06 / 33.63. Under f16 the
     gain batch stays GAIN_BATCH's 2 (1 or 4, bounded or not: 0.3-9 us slower at the 7B
-    RMSNorm launches, one interleaved run). With two partial-sum buffers
-    (STAGED_RED_BUFFERS) the bounded int8 SwiGLU kernel spills 24 bytes a thread, and
-    only the small-K one of four warps (SMALL_K_INT8) stays bounded: H200, one interleaved
-    run, us, one buffer bounded / two bounded / two unbounded: [22016 x 4096] 24.32 /
-    26.47 / 22.70, [11264 x 2048] 8.56 / 8.64 / 9.44."""
+    RMSNorm launches, one interleaved run). A bounded kernel keeps one partial-sum buffer
+    (red_buffers)."""
     if staged and f16 and fmt == "int4" and zero:
         return ASYM_F16_MIN_BLOCKS
-    bounded = staged and f16 and glu and fmt == "int8" and gw < STAGED_CONFIG["int8"][0]
+    bounded = staged and f16 and glu and fmt == "int8"
     return STAGED_EARLY_WARPS_PER_SM // gw if bounded else 0
 
 
@@ -297,9 +294,21 @@ def stage_bytes(spec: QuantSpec, nt: int, u: int) -> int:
 # Llama-2-7B decode step's fusions, us, one buffer / two (one interleaved run): QKV int8
 # 13.83 / 13.00, fp8 b128 13.63 / 13.14, int4 11.42 / 11.10; gate|up fp8 23.78 / 22.64,
 # int4 19.45 / 18.68; LM head int8 32.83 / 32.05, fp8 32.73 / 31.46, int4 25.52 / 24.82;
-# the launches of a tile a block (o, down) and TinyLlama's within 2-3% either way
-# (int8's SwiGLU kernel: default_min_blocks).
+# the launches of a tile a block (o, down) and TinyLlama's within 2-3% either way; the
+# Llama-2-7B decode step (A/B in separate processes, two rounds each in two runs, ms) fp8
+# 2.015 / 2.019 -> 1.931 / 1.928 and 2.020 / 2.037 -> 1.942 / 1.944, int4 1.685 / 1.679 ->
+# 1.643 / 1.645 and 1.686 / 1.681 -> 1.643 / 1.640; int8 keeps one (red_buffers).
 STAGED_RED_BUFFERS = 2
+
+
+def red_buffers(fmt: str, min_blocks: int) -> int:
+    """Partial-sum buffers of a staged launch: STAGED_RED_BUFFERS, or one for int8 and
+    where the registers are bounded (min_blocks). H200, Llama-2-7B int8 decode step, one
+    buffer / two (two rounds each): 1.994 / 1.994 against 2.016 / 2.016 ms, the SwiGLU
+    kernel bounded either way (bounded to 80 registers it spilled 24 bytes a thread with
+    two: [22016 x 4096] 26.47 us against 24.32; unbounded with two 22.70 alone, but the
+    step 2.019 / 2.023 ms against 1.977 / 1.980)."""
+    return 1 if min_blocks or fmt == "int8" else STAGED_RED_BUFFERS
 
 
 def red_bytes(gw: int, nt: int, m: int, buffers: int = 1) -> int:
@@ -315,7 +324,7 @@ def xsum_bytes(gw: int, k: int, m: int, spec: QuantSpec) -> int:
 
 
 def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: int,
-                biased: bool = False) -> int:  # fmt: skip
+                biased: bool = False, buffers: int = STAGED_RED_BUFFERS) -> int:  # fmt: skip
     """Dynamic shared memory of the staged kernel: each warp's stages, then the m rows of
     x, each all of K (in whole chunks) plus 8, then the partial sums (red_bytes) and, with
     biased int4 codes, the sums of x (xsum_bytes). The RMSNorm prologue needs none more:
@@ -323,7 +332,7 @@ def staged_smem(spec: QuantSpec, config: tuple[int, int, int, int], k: int, m: i
     gw, nt, u, stages = config
     x_row = (cdiv(k, chunk_cols(spec)) * chunk_cols(spec) + 8) * 2
     xsum = xsum_bytes(gw, k, m, spec) if biased else 0
-    red = red_bytes(gw, nt, m, STAGED_RED_BUFFERS)
+    red = red_bytes(gw, nt, m, buffers)
     return gw * stages * stage_bytes(spec, nt, u) + m * x_row + red + xsum
 
 
@@ -443,7 +452,10 @@ def gemv_quant(
         if words_per_lane(spec) != 4 or u < 2 or u & (u - 1):
             raise ShapeError(f"gemv_quant: {stages} stages of {u} chunks for a {spec.label} "
                              f"weight (staging takes 16-byte chunks, 2+ a stage)")  # fmt: skip
-        smem = staged_smem(spec, (gw, nt, u, stages), k, m, biased)
+        if min_blocks is None:
+            min_blocks = default_min_blocks(gw, True, f16, glu, spec.format, spec.has_zero)
+        buffers = red_buffers(spec.format, min_blocks)
+        smem = staged_smem(spec, (gw, nt, u, stages), k, m, biased, buffers)
         if smem + static_smem(gw) > loader.max_shared_optin():
             raise ShapeError(f"gemv_quant: {stages} stages of ({gw}, {nt}, {u}) with {m} rows "
                              f"of K={k} need {smem} bytes of shared memory")  # fmt: skip
@@ -458,8 +470,8 @@ def gemv_quant(
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
-    if stages and STAGED_RED_BUFFERS != 2:  # the template's default
-        d["PGK_QREDB"] = STAGED_RED_BUFFERS
+    if stages and red_buffers(spec.format, min_blocks or 0) != 2:  # the template's default
+        d["PGK_QREDB"] = red_buffers(spec.format, min_blocks or 0)
     staged_pro = bool(stages) and prologue != "none"
     if staged_pro:
         gb = default_gain_batch(spec, f16) if gain_batch is None else gain_batch

@@ -288,6 +288,12 @@ def quant_variants() -> list[Variant]:
                                     {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                      "PGK_QPIPE": 0, "PGK_QSTAGES": kns, **f16_gain,
                                      **h4}))  # fmt: skip
+        for _, _, d in out:  # one partial-sum buffer where the launcher keeps one
+            if d.get("PGK_QSTAGES") and d.get("PGK_QFMT") == gemv_quant.FORMATS[spec.format]:
+                minb = d.get("PGK_QMINB", 0)
+                buffers = gemv_quant.red_buffers(spec.format, minb if isinstance(minb, int) else 0)
+                if buffers != 2:
+                    d["PGK_QREDB"] = buffers
         for dt in dequant.DTYPES:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
