@@ -467,11 +467,12 @@ def gemv_quant(
         nch = cdiv(k, chunk_cols(spec))
         u = slab or min(MAX_SLAB, pow2_at_least(cdiv(nch, gw)))
         smem = red_bytes(gw, nt, m)
+        buffers = 1
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
-    if stages and red_buffers(spec.format, min_blocks or 0) != 2:  # the template's default
-        d["PGK_QREDB"] = red_buffers(spec.format, min_blocks or 0)
+    if stages and buffers != 2:  # the template's default
+        d["PGK_QREDB"] = buffers
     staged_pro = bool(stages) and prologue != "none"
     if staged_pro:
         gb = default_gain_batch(spec, f16) if gain_batch is None else gain_batch

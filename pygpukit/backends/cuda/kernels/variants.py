@@ -288,17 +288,20 @@ def quant_variants() -> list[Variant]:
                                     {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                      "PGK_QPIPE": 0, "PGK_QSTAGES": kns, **f16_gain,
                                      **h4}))  # fmt: skip
-        for _, _, d in out:  # one partial-sum buffer where the launcher keeps one
-            if d.get("PGK_QSTAGES") and d.get("PGK_QFMT") == gemv_quant.FORMATS[spec.format]:
-                minb = d.get("PGK_QMINB", 0)
-                buffers = gemv_quant.red_buffers(spec.format, minb if isinstance(minb, int) else 0)
-                if buffers != 2:
-                    d["PGK_QREDB"] = buffers
         for dt in dequant.DTYPES:
             d = dequant.defines(spec, dt, numel)
             out.append(("dequant", ("pgk_dequant_each",), d))
             for b in dequant.widths(spec, dt):
                 out.append(("dequant", ("pgk_dequant",), {**d, **dequant.vector_defines(b)}))
+    # One partial-sum buffer where the launcher keeps one (the template's default is two).
+    fmt_names = {code: name for name, code in gemv_quant.FORMATS.items()}
+    for family, _, d in out:
+        fmt, minb = d.get("PGK_QFMT"), d.get("PGK_QMINB", 0)
+        if family == "gemv_quant" and d["PGK_QSTAGES"] and isinstance(fmt, int) and isinstance(
+                minb, int):  # fmt: skip
+            buffers = gemv_quant.red_buffers(fmt_names[fmt], minb)
+            if buffers != 2:
+                d["PGK_QREDB"] = buffers
     for dt in loader.HALF_DTYPES:  # the FP8 GEMM's activations: per 128 columns, per row
         for group in (fp8_quant.GROUP, 0):
             out.append(("fp8_quant", ("pgk_fp8_quant",),
