@@ -211,6 +211,30 @@ def test_int4_forms_by_shape(monkeypatch, zero, n, prologue, f16, biased):
     assert defines.get("PGK_QREDB") == (1 if f16 and zero else None)
 
 
+@pytest.mark.parametrize(("fmt", "k", "b8"), [("int8", 11008, True), ("int8", 4096, False),
+                                             ("fp8", 11008, False)])  # fmt: skip
+def test_int8_biased_bytes_at_wide_rows(monkeypatch, fmt, k, b8):
+    """int8 under f16 products multiplies its biased bytes (PGK_QB8) past WIDE_K only: the
+    Llama-2-7B down projection, not the K = 4096 launches; never fp8."""
+    from pygpukit.backends.cuda import toolchain
+    from pygpukit.backends.cuda.kernels import loader
+    from pygpukit.ir.quant import QuantSpec
+
+    info = {"sm_count": 132, "max_shared_per_block_optin": 227 * 1024,
+            "max_shared_per_sm": H200_SMEM_PER_SM}  # fmt: skip
+    monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
+    monkeypatch.setattr(loader, "get_kernel", lambda family, name, d: _FakeKernel(d))
+    _FakeKernel.launched = []
+    spec = QuantSpec(fmt, block=128) if fmt == "fp8" else QuantSpec(fmt)
+    assert gemv_quant.biased_bytes(spec, True, k) == b8
+    assert not gemv_quant.biased_bytes(spec, False, k)  # bf16 products: the plain pairs
+    gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 4096, k, "bfloat16",
+                          scale_numel=4096 * 88, w_early=True)  # fmt: skip
+    ((defines, _),) = _FakeKernel.launched
+    assert defines.get("PGK_QF16") == 1
+    assert bool(defines.get("PGK_QB8")) == b8
+
+
 def test_gain_batch_must_be_positive(monkeypatch):
     """A gain batch under one piece is a ShapeError naming it, before anything compiles."""
     from pygpukit.backends.cuda import toolchain

@@ -202,6 +202,38 @@ def test_wide_rows_default_match_float64(fmt, kw, fused, early):
     assert _err(out, ref) <= 1e-3
 
 
+@pytest.mark.parametrize("shift", [0.0, 4.0], ids=["centred", "mean-4"])
+@pytest.mark.parametrize("magnitude", [1.0, 2.0**-30, 2.0**40], ids=["unit", "tiny", "huge"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_int8_biased_bytes_match_float64(monkeypatch, m, fused, magnitude, shift):
+    """int8 past WIDE_K multiplies its biased bytes 1152 + q (PGK_QB8), 1152 times the
+    warp's sums of x coming off after the tile: x whose mean is four times its spread (the
+    biased sums far above the result), far below and above f16's range, as float64 has it;
+    and the same launch without the biased bytes agrees."""
+    k = 8256
+    rng = np.random.default_rng()
+    q, x, g, res, (xd, gd, rd, y) = _norm_case(rng, "int8", {}, k, m, fused)
+    assert gemv_quant.biased_bytes(q.spec, True, k)
+    x = ((x.astype(np.float64) + shift) * magnitude).astype(BF16)
+    xd = gpk.from_numpy(x).realize()
+    wd = q.dequantize()
+    ref = _norm_ref(x, g, wd, res, True, eps=1e-30) if fused else x.astype(np.float64) @ wd.T
+    outs = []
+    for biased in (True, False):
+        monkeypatch.setattr(gemv_quant, "BIASED_INT8", biased)
+        gemv_quant.gemv_quant(
+            _ptr(xd), _ptr(q.data), _ptr(q.scale), _ptr(y), q.spec, q.data.shape[0], k,
+            "bfloat16", scale_numel=q.scale.size, m=m, w_early=True,
+            prologue="rms_norm" if fused else "none", pro=_ptr(gd) if fused else 0, eps=1e-30,
+            residual=_ptr(rd) if fused else 0, glu=fused,
+        )  # fmt: skip
+        gpk.synchronize()
+        outs.append(y.to_numpy())
+        assert _err(outs[-1], ref) <= 1e-3
+    assert _err(outs[0], outs[1].astype(np.float64)) <= 1e-3
+
+
 @pytest.mark.parametrize("ask", ["float16-x", "biased"])
 def test_f16_products_refused_where_they_do_not_apply(ask):
     """f16=True is the bf16-x staged kernel's and excludes the biased int4 codes: f16 x, or

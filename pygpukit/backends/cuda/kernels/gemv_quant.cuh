@@ -59,6 +59,12 @@
 #if PGK_QF16 && (PGK_QSTAGES == 0 || PGK_QBIAS)
 #error "PGK_QF16 is the staged kernel's, without biased int4 codes"
 #endif
+#ifndef PGK_QB8
+#define PGK_QB8 0  // 1: int8 under PGK_QF16 multiplies the biased bytes 1152 + q (see pgk_qfrag)
+#endif
+#if PGK_QB8 && !(PGK_QF16 && PGK_QFMT == 0)
+#error "PGK_QB8 is int8's under f16 products"
+#endif
 
 // Elements of W per word and per lane per chunk; a chunk is 4 lanes' worth of one row.
 #define PGK_QEPW (PGK_QFMT == 2 ? 8 : 4)
@@ -226,6 +232,13 @@ PGK_DEVICE void pgk_qfrag(const unsigned (&wv)[PGK_QLW], int s, unsigned zpair, 
   } else if constexpr (PGK_QFMT == 1) {
     lo = pgk_qfp8_pair_bf16(wv[s], 0);
     hi = pgk_qfp8_pair_bf16(wv[s], 1);
+  } else if constexpr (PGK_QB8) {
+    // The biased bytes: 128 + q under f16's exponent of 1024 is 1152 + q exactly, left
+    // biased (two PRMT a word, no HSUB2); 1152 times the warp's sums of x come off its
+    // partial sums in fp32 after the tile (see f16_once).
+    const unsigned u = wv[s] ^ 0x80808080u;
+    lo = __byte_perm(u, 0x64646464u, 0x4140);
+    hi = __byte_perm(u, 0x64646464u, 0x4342);
   } else if constexpr (pgk_qhalf) {
     pgk_qint8_pairs_f16(wv[s], lo, hi);
   } else {
@@ -698,10 +711,16 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   // shapes (H200: [4096 x 4096] + residual 5.84 -> 6.78 us, [4096 x 11008] 13.32 -> 13.76)
   // and faster only with the RMSNorm prologue at K = 2048 (4.81 -> 4.36).
   float xunscale[2] = {1.0f, 1.0f};
+  // PGK_QB8: the warp's sums of x (as f16 times 2^-s, what its MMAs multiply) of the lane's
+  // rows 2qc, 2qc + 1.
+  float xbsum[2] = {0.0f, 0.0f};
+  (void)xbsum;
   auto f16_once = [&]() {
 #if PGK_QF16
     const int pieces = (c_hi - c_lo) * (CW / 8);
     for (int r = 0; r < m; ++r) {
+      float rsum = 0.0f;
+      (void)rsum;
       uint4* row = reinterpret_cast<uint4*>(xsm + r * xld + c_lo * CW);
       unsigned big = 0u;  // the largest |x| as its float bits (ordered as the magnitudes)
       for (int p = lane; p < pieces; p += 32) {
@@ -732,9 +751,19 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
           const __half2 h = __floats2half2_rn(__uint_as_float(w4[j] << 16) * down,
                                               __uint_as_float(w4[j] & 0xFFFF0000u) * down);
           o4[j] = *reinterpret_cast<const unsigned*>(&h);
+          if (PGK_QB8) {
+            const float2 f = __half22float2(h);
+            rsum += f.x + f.y;
+          }
         }
         const uint4 h = make_uint4(o4[0], o4[1], o4[2], o4[3]);
         row[p] = PGK_QFMT == 2 ? pgk_qx_pairs(h) : h;  // int4: its pair order (PGK_QXPERM)
+      }
+      if (PGK_QB8) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xffffffffu, rsum, o);
+        if (r == 2 * qc) xbsum[0] = rsum;
+        if (r == 2 * qc + 1) xbsum[1] = rsum;
       }
     }
     __syncwarp();
@@ -805,7 +834,8 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) acc[t][e] *= xunscale[e];
+      for (int e = 0; e < 2; ++e)
+        acc[t][e] = (PGK_QB8 ? fmaf(-1152.0f, xbsum[e], acc[t][e]) : acc[t][e]) * xunscale[e];
 #endif
     epilogue(first_tile + ti * (int)gridDim.x, red + (ti % PGK_QREDB) * (PGK_GW * m * RL), ti);
   }

@@ -208,6 +208,25 @@ def half_mma(spec: QuantSpec, dtype: str, n: int = 0, prologue: str = "none",
     return True
 
 
+# int8 under f16 products multiplies the biased bytes 1152 + q (PGK_QB8: two PRMT a word of
+# four weights instead of two PRMT and two HSUB2), 1152 times the warp's sums of x taken off
+# its partial sums in fp32 once a tile: at wide rows (K past WIDE_K) only. H200, batch 1,
+# early loads, the Llama-2-7B step's fusions, us, plain / biased (one interleaved run):
+# down [4096 x 11008] 13.64 / 12.49, QKV 13.87 / 13.70, LM head 33.16 / 33.08, but o 5.88 /
+# 6.09, gate|up with SwiGLU 24.39 / 25.60 (registers bounded), TinyLlama down 5.38 / 5.50.
+# The 7B int8 decode step (separate processes, two rounds, two runs each, ms): biased
+# everywhere 2.099 / 2.096 and 2.103 / 2.101 against 2.076 / 2.068 and 2.067 / 2.063;
+# biased at the down projection only 2.034 / 2.031 and 2.036 / 2.035 against 2.072 / 2.066
+# and 2.067 / 2.064 (at QKV and the LM heads as well: 2.033 / 2.033, 2.031 / 2.032).
+BIASED_INT8 = True
+
+
+def biased_bytes(spec: QuantSpec, f16: bool, k: int) -> bool:
+    """Whether the staged kernel multiplies int8's biased bytes (PGK_QB8): int8 under f16
+    products (half_mma) at K past WIDE_K, while BIASED_INT8."""
+    return BIASED_INT8 and f16 and spec.format == "int8" and k > WIDE_K
+
+
 def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str,
                        zero: bool = False) -> int:  # fmt: skip
     """Blocks an SM the kernel's registers are bounded to leave room for (0: none): the
@@ -483,6 +502,8 @@ def gemv_quant(
         d["PGK_QBIAS"] = 1
     if f16:
         d["PGK_QF16"] = 1
+    if biased_bytes(spec, f16, k):
+        d["PGK_QB8"] = 1
     if min_blocks is None:
         min_blocks = default_min_blocks(gw, bool(stages), f16, glu, spec.format, spec.has_zero)
     if min_blocks:
