@@ -34,16 +34,17 @@
 #ifndef PGK_PSTAGES
 #define PGK_PSTAGES 2  // cp.async K / V stages
 #endif
-#define PGK_PW 4                            // warps per block, one m16 row tile each
-#define PGK_PM (16 * PGK_PW)                // rows a block
-#define PGK_PN 64                           // keys a tile
-#define PGK_PT (PGK_PW * 32)                // threads per block
-#define PGK_PLD (PGK_D + 8)                 // shared-memory row, elements (16-byte pad)
-#define PGK_PKS (PGK_D / 16)                // k steps of Q K^T
-#define PGK_PDN (PGK_D / 8)                 // n tiles of O
-#define PGK_PSTAGE (2 * PGK_PN * PGK_PLD)   // one stage: K tile then V tile
-#define PGK_PCR (PGK_D / 8)                 // 16-byte chunks a row
-#define PGK_PRS (PGK_PT / PGK_PCR)          // rows one pass of the block copies
+#define PGK_PW 4                           // warps per block, one m16 row tile each
+#define PGK_PM (16 * PGK_PW)               // rows a block
+#define PGK_PN 64                          // keys a tile
+#define PGK_PT (PGK_PW * 32)               // threads per block
+#define PGK_PLD (PGK_D + 8)                // shared-memory row, elements (16-byte pad)
+#define PGK_PKS (PGK_D / 16)               // k steps of Q K^T
+#define PGK_PDN (PGK_D / 8)                // n tiles of O
+#define PGK_PSTAGE (2 * PGK_PN * PGK_PLD)  // one stage: K tile then V tile
+#define PGK_PCR (PGK_D / 8)                // 16-byte chunks a row
+#define PGK_PRS (PGK_PT / PGK_PCR)         // rows one pass of the block copies
+#define PGK_PTAB 256                       // anchor block ids held in shared memory
 
 static_assert(sizeof(pgk_t) == 2, "paged_prefill takes bf16 or f16");
 static_assert(PGK_D % 16 == 0, "head_dim must be a multiple of 16");
@@ -69,12 +70,11 @@ PGK_DEVICE bool pgk_pnonfinite2(unsigned w) {
 extern "C" __global__ void __launch_bounds__(PGK_PT)
     pgk_paged_prefill(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
                       const pgk_t* __restrict__ vp, const int* __restrict__ table,
-                      const int* __restrict__ lens, pgk_t* __restrict__ o, int rows,
-                      int n_heads, int group, int kv_heads, int block_size, int n_blocks,
-                      int max_blocks, long long p_sb, float scale, long long q_sb,
-                      long long q_sh, long long t_sb, long long t_sm, long long l_s,
-                      long long* __restrict__ err, long long tag, int inputs_early,
-                      const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
+                      const int* __restrict__ lens, pgk_t* __restrict__ o, int rows, int n_heads,
+                      int group, int kv_heads, int block_size, int n_blocks, int max_blocks,
+                      long long p_sb, float scale, long long q_sb, long long q_sh, long long t_sb,
+                      long long t_sm, long long l_s, long long* __restrict__ err, long long tag,
+                      int inputs_early, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
                       long long cs_s) {
   if (!inputs_early) {  // else the operands are settled: see the header
     pgk_pdl_wait();
@@ -86,6 +86,7 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   __shared__ int s_state[PGK_PM];  // 0 not this kernel's (or done), 1 waiting, 2 this pass
   __shared__ int s_bad[PGK_PM];    // a waiting row whose table differs from the anchor's
   __shared__ int s_anchor, s_min;
+  __shared__ int s_tab[PGK_PTAB];  // the pass anchor's block ids (its first PGK_PTAB)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int h = (int)(blockIdx.x % n_heads), b0 = (int)(blockIdx.x / n_heads) * PGK_PM;
   const int kvh = h / group;
@@ -115,18 +116,58 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     for (int it = 0; it < PGK_PM * PGK_PCR / PGK_PT; ++it) {
       const int e = tid + it * PGK_PT, r = e / PGK_PCR, c = (e % PGK_PCR) * 8;
       const bool in = b0 + r < rows;
-      pgk_cp_async16(smem + r * PGK_PLD + c, in ? qh + (long long)(b0 + r) * q_sb + c : qh,
-                     in);
+      pgk_cp_async16(smem + r * PGK_PLD + c, in ? qh + (long long)(b0 + r) * q_sb + c : qh, in);
     }
     pgk_cp_async_commit();
+#if PGK_QROPE
+    // The rows' rope tables in 16-byte pieces (8 pairs) where they are aligned, loaded
+    // while Q lands: a pair at a time, the rotation's loads, one after another, had been
+    // a fifth of the kernel's stall samples (ncu, H200, the 1024-token mixed step).
+    constexpr int HALF = PGK_D / 2, RCH = HALF / 8, RIT = (PGK_PM * RCH + PGK_PT - 1) / PGK_PT;
+    const bool rvec =
+        ((reinterpret_cast<unsigned long long>(cs) | reinterpret_cast<unsigned long long>(sn)) &
+         15ull) == 0 &&
+        cs_s % 8 == 0;
+    uint4 rc[RIT], rsn[RIT];
+#pragma unroll
+    for (int it = 0; it < RIT; ++it) {
+      const int e = tid + it * PGK_PT, r = e / RCH, c = (e % RCH) * 8;
+      const bool in = rvec && e < PGK_PM * RCH && b0 + r < rows;
+      const long long at = (long long)(b0 + r) * cs_s + c;
+      rc[it] = in ? __ldg(reinterpret_cast<const uint4*>(cs + at)) : make_uint4(0, 0, 0, 0);
+      rsn[it] = in ? __ldg(reinterpret_cast<const uint4*>(sn + at)) : make_uint4(0, 0, 0, 0);
+    }
+#endif
     pgk_cp_async_wait<0>();
     __syncthreads();
 #if PGK_QROPE
-    // Rotated in place (pgk_paged_q2's math), a thread a pair at a time: row r's table is
-    // row b0 + r's (the tables are written before the decode kernel's wait, as q is).
-    constexpr int HALF = PGK_D / 2;
+    // Rotated in place (pgk_paged_q2's math): row r's table is row b0 + r's (the tables
+    // are written before the decode kernel's wait, as q is).
+    if (rvec) {
+#pragma unroll
+      for (int it = 0; it < RIT; ++it) {
+        const int e = tid + it * PGK_PT, r = e / RCH, c = (e % RCH) * 8;
+        if (e >= PGK_PM * RCH || b0 + r >= rows) continue;
+        uint4* lo = reinterpret_cast<uint4*>(smem + r * PGK_PLD + c);
+        uint4* hi = reinterpret_cast<uint4*>(smem + r * PGK_PLD + c + HALF);
+        uint4 vl = *lo, vh = *hi;
+        pgk_t* xl = reinterpret_cast<pgk_t*>(&vl);
+        pgk_t* xh = reinterpret_cast<pgk_t*>(&vh);
+        const pgk_t* cv = reinterpret_cast<const pgk_t*>(&rc[it]);
+        const pgk_t* sv = reinterpret_cast<const pgk_t*>(&rsn[it]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float f0 = pgk_to_float(xl[i]), f1 = pgk_to_float(xh[i]);
+          const float cf = pgk_to_float(cv[i]), sf = pgk_to_float(sv[i]);
+          xl[i] = pgk_from_float<pgk_t>(f0 * cf - f1 * sf);
+          xh[i] = pgk_from_float<pgk_t>(f1 * cf + f0 * sf);
+        }
+        *lo = vl;
+        *hi = vh;
+      }
+    }
 #pragma unroll 4
-    for (int e = tid; e < PGK_PM * HALF; e += PGK_PT) {
+    for (int e = rvec ? PGK_PM * HALF : tid; e < PGK_PM * HALF; e += PGK_PT) {
       const int r = e / HALF, j = e % HALF;
       if (b0 + r >= rows) continue;
       pgk_t* x = smem + r * PGK_PLD;
@@ -144,8 +185,7 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
 #endif
 #pragma unroll
     for (int kk = 0; kk < PGK_PKS; ++kk)
-      pgk_dldm_x4(qf[kk], smem + (warp * 16 + (lane & 15)) * PGK_PLD + kk * 16 +
-                              (lane >> 4) * 8);
+      pgk_dldm_x4(qf[kk], smem + (warp * 16 + (lane & 15)) * PGK_PLD + kk * 16 + (lane >> 4) * 8);
   }
   // Scores go through exp2: fold log2(e) into the scale.
   const float qscale = scale * 1.4426950408889634f;
@@ -153,6 +193,9 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   const long long head_off = (long long)kvh * block_size * PGK_D;
   const long long block_elems = p_sb;  // a block's elements apart
   const int ld_r = tid / PGK_PCR, ld_c = (tid % PGK_PCR) * 8;
+  // A key's block and slot: a shift and a mask for a power-of-two block size (the
+  // division's emulation, in every key load, was about a fifth of the kernel's work).
+  const int bs_sh = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
 
   for (;;) {
     // Every thread is done with the last pass's rows, stages and Q staging.
@@ -189,6 +232,7 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     {
       const int* ta = table + (long long)(b0 + a) * t_sb;
       const int na = (hi_a + block_size - 1) / block_size;
+      for (int j = tid; j < na && j < PGK_PTAB; j += PGK_PT) s_tab[j] = __ldg(ta + j * t_sm);
 #pragma unroll 4
       for (int e = tid; e < PGK_PM * na; e += PGK_PT) {
         const int r = e % PGK_PM, j = e / PGK_PM;
@@ -209,8 +253,7 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     const int lo_all = s_min;  // every row of the pass sees keys [0, lo_all)
     int hi[2];
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-      hi[hr] = s_state[row0 + hr * 8] == 2 ? s_len[row0 + hr * 8] : 0;
+    for (int hr = 0; hr < 2; ++hr) hi[hr] = s_state[row0 + hr * 8] == 2 ? s_len[row0 + hr * 8] : 0;
     const int* tab = table + (long long)(b0 + a) * t_sb;
     const int t_end = (hi_a + PGK_PN - 1) / PGK_PN;
 
@@ -225,12 +268,13 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
         bool in = j < hi_a;
         long long off = 0;
         if (in) {
-          const int blk = __ldg(tab + (long long)(j / block_size) * t_sm);
+          const int bj = bs_sh >= 0 ? j >> bs_sh : j / block_size;
+          const int blk = bj < PGK_PTAB ? s_tab[bj] : __ldg(tab + (long long)bj * t_sm);
           if (blk < 0 || blk >= n_blocks) {
             if (ld_c == 0) pgk_paged_report(err, tag, blk, n_blocks);
             in = false;
           } else {
-            off = blk * block_elems + head_off + (long long)(j % block_size) * PGK_D + ld_c;
+            off = blk * block_elems + head_off + (long long)(j - bj * block_size) * PGK_D + ld_c;
           }
         }
         pgk_cp_async16(ks + it * PGK_PRS * PGK_PLD, kp + off, in);
