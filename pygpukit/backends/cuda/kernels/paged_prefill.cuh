@@ -66,6 +66,15 @@ PGK_DEVICE bool pgk_pnonfinite2(unsigned w) {
   return (w & e) == e || ((w >> 16) & e) == e;
 }
 
+// Pair (x0, x1) of q's half-split rotation by (c, s), as pgk_paged_q2 rotates it (float
+// math, one rounding each).
+PGK_DEVICE void pgk_prot(pgk_t& x0, pgk_t& x1, pgk_t c, pgk_t s) {
+  const float f0 = pgk_to_float(x0), f1 = pgk_to_float(x1);
+  const float cf = pgk_to_float(c), sf = pgk_to_float(s);
+  x0 = pgk_from_float<pgk_t>(f0 * cf - f1 * sf);
+  x1 = pgk_from_float<pgk_t>(f1 * cf + f0 * sf);
+}
+
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_prefill)
 extern "C" __global__ void __launch_bounds__(PGK_PT)
     pgk_paged_prefill(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
@@ -156,12 +165,7 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
         const pgk_t* cv = reinterpret_cast<const pgk_t*>(&rc[it]);
         const pgk_t* sv = reinterpret_cast<const pgk_t*>(&rsn[it]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float f0 = pgk_to_float(xl[i]), f1 = pgk_to_float(xh[i]);
-          const float cf = pgk_to_float(cv[i]), sf = pgk_to_float(sv[i]);
-          xl[i] = pgk_from_float<pgk_t>(f0 * cf - f1 * sf);
-          xh[i] = pgk_from_float<pgk_t>(f1 * cf + f0 * sf);
-        }
+        for (int i = 0; i < 8; ++i) pgk_prot(xl[i], xh[i], cv[i], sv[i]);
         *lo = vl;
         *hi = vh;
       }
@@ -172,10 +176,7 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
       if (b0 + r >= rows) continue;
       pgk_t* x = smem + r * PGK_PLD;
       const long long c = (long long)(b0 + r) * cs_s + j;
-      const float f0 = pgk_to_float(x[j]), f1 = pgk_to_float(x[j + HALF]);
-      const float cf = pgk_to_float(cs[c]), sf = pgk_to_float(sn[c]);
-      x[j] = pgk_from_float<pgk_t>(f0 * cf - f1 * sf);
-      x[j + HALF] = pgk_from_float<pgk_t>(f1 * cf + f0 * sf);
+      pgk_prot(x[j], x[j + HALF], cs[c], sn[c]);
     }
     __syncthreads();
 #else

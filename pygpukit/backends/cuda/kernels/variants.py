@@ -265,14 +265,16 @@ def quant_variants() -> list[Variant]:
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns,
                                  **_half_defines(spec, dt, kgw, glu)}))  # fmt: skip
-                # int8's biased bytes at wide K (gemv_quant.biased_bytes).
+                # int8's biased bytes at wide K (gemv_quant.biased_bytes): one row of x
+                # (the wide stages) and more (the format's stages).
                 wide = gemv_quant.WIDE_K + 1
                 if half and gemv_quant.biased_bytes(spec, True, wide):
-                    wgw, wnt, wu, wns = gemv_quant.staged_config(spec, wide)
-                    out.append(("gemv_quant", ("pgk_gemv_quant",),
-                                {**base, **f, "PGK_GW": wgw, "PGK_NT": wnt, "PGK_U": wu,
-                                 "PGK_QPIPE": 0, "PGK_QSTAGES": wns,
-                                 **_half_defines(spec, dt, wgw, glu), "PGK_QB8": 1}))  # fmt: skip
+                    for wm in (1, 2):
+                        wgw, wnt, wu, wns = gemv_quant.staged_config(spec, wide, wm)
+                        out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                    {**base, **f, "PGK_GW": wgw, "PGK_NT": wnt, "PGK_U": wu,
+                                     "PGK_QPIPE": 0, "PGK_QSTAGES": wns, "PGK_QB8": 1,
+                                     **_half_defines(spec, dt, wgw, glu)}))  # fmt: skip
                 # The prologue's gain batch where it is not the template's 4.
                 gb = gemv_quant.default_gain_batch(spec, bool(half))
                 if pro and gb != 4:
