@@ -329,6 +329,7 @@ def paged_attention(
     cos: ArrayLike | None = None,
     sin: ArrayLike | None = None,
     interleaved: bool = False,
+    decode_rows: int | None = None,
 ) -> GPUArray:
     """Causal attention over a paged KV cache (the `paged_sdpa` op).
 
@@ -346,6 +347,11 @@ def paged_attention(
     as rope(q, cos, sin, interleaved) with row b's tables: the serving step's query
     rotation done by the attention as it reads q (on the CUDA backend's tensor-core path:
     one launch fewer a layer).
+
+    `decode_rows` (with pieces) is a hint: how many rows at most are not tokens of a
+    prompt piece (the serving engine's decode rows and prompts finished in one token). The
+    CUDA backend's decode kernel then launches that many block rows, each taking every
+    decode_rows-th row, instead of one a row; every row is attended either way.
     """
     op = "paged_attention"
     if scale is not None and not isinstance(scale, int | float | np.integer | np.floating):
@@ -357,6 +363,14 @@ def paged_attention(
         raise errors.DTypeError(f"{op}: pieces must be a bool, got {pieces!r}{_where()}")
     attrs: dict[str, Any] = {"scale": None if scale is None else float(scale),
                              "pieces": bool(pieces)}  # fmt: skip
+    if decode_rows is not None:
+        if isinstance(decode_rows, bool) or not isinstance(decode_rows, int | np.integer):
+            raise errors.DTypeError(f"{op}: decode_rows must be an int or None, got "
+                                    f"{decode_rows!r}{_where()}")  # fmt: skip
+        if decode_rows < 1:
+            raise errors.GPUKitValueError(f"{op}: decode_rows must be at least 1, got "
+                                          f"{decode_rows}{_where()}")  # fmt: skip
+        attrs["decode_rows"] = int(decode_rows)
     if (cos is None) != (sin is None):
         raise errors.ShapeError(f"{op}: cos and sin go together{_where()}")
     if cos is not None and sin is not None:

@@ -171,6 +171,14 @@ def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypa
         assert names.index("pgk_paged_prefill") == len(names) - 1  # after the merge
     else:
         assert not grids
+    # decode_rows: the decode kernel's tensor-core body launches that many block rows
+    # (each takes every decode_rows-th row), with the stages sized to those blocks.
+    if tiles:
+        hinted = _plan_attention(q, kp, vp, table, lens, decode_rows=3)
+        (g,) = [grid for n, grid in hinted if n == "pgk_paged_decode_mma"]
+        assert g[2] == (min(3, b) if g[0] == 1 else b)  # one split only
+        hinted = _plan_attention(q, kp, vp, table, lens, decode_rows=b + 7)
+        assert [g[2] for n, g in hinted if n == "pgk_paged_decode_mma"] == [b]
     # A step without prompt pieces (the engine's decode-only steps) launches the decode
     # kernel alone, told to take every row.
     launches = _plan_attention(q, kp, vp, table, lens, pieces=False)

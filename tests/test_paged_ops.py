@@ -149,3 +149,27 @@ def test_paged_attention_rope_arguments_are_checked():
     with pytest.raises(ValueError, match="rope takes one query a row"):
         gpk.nn.paged_attention(np.ones((3, 4, 2, 8), np.float32), kp, kp, table, lens,
                                cos=cos, sin=cos)  # fmt: skip
+
+
+@pytest.mark.parametrize("bad, kind", [(0, ValueError), (-3, ValueError), (2.5, TypeError),
+                                       (True, TypeError), ("8", TypeError)])  # fmt: skip
+def test_paged_attention_decode_rows_must_be_a_positive_int(bad, kind):
+    q = gpk.asarray(np.ones((2, 4, 1, 8), np.float32))
+    kp = gpk.asarray(np.ones((3, 2, 4, 8), np.float32))
+    with pytest.raises(gpk.GPUKitError, match="decode_rows") as info:
+        gpk.nn.paged_attention(q, kp, kp, np.zeros((2, 2), np.int32), np.ones(2, np.int32),
+                               decode_rows=bad)  # fmt: skip
+    assert isinstance(info.value, kind)
+
+
+def test_paged_attention_decode_rows_hint_leaves_the_result():
+    """decode_rows is a launch hint: the same attention with and without it (CPU backend
+    here; the CUDA kernels' rows against float64 in tests/gpu)."""
+    rng = np.random.default_rng(5)
+    q = gpk.asarray(rng.standard_normal((6, 4, 1, 8)).astype(np.float32))
+    kp = gpk.asarray(rng.standard_normal((5, 2, 4, 8)).astype(np.float32))
+    table = np.array([[0, 1], [2, 3], [2, 3], [2, 3], [4, 0], [1, 2]], np.int32)
+    lens = np.array([5, 6, 7, 8, 3, 0], np.int32)
+    want = gpk.nn.paged_attention(q, kp, kp, table, lens).to_numpy()
+    got = gpk.nn.paged_attention(q, kp, kp, table, lens, decode_rows=2).to_numpy()
+    np.testing.assert_array_equal(got, want)

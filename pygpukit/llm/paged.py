@@ -63,6 +63,7 @@ def paged_forward(
     seq_lens: GPUArray,
     out_rows: GPUArray | None = None,
     pieces: bool = True,
+    decode_rows: int | None = None,
 ) -> GPUArray:
     """Logits (float32) [B, V] of the last of each row's T tokens, or [R, V] of the tokens
     out_rows [R] picks (indices into the B*T tokens, row-major).
@@ -74,7 +75,8 @@ def paged_forward(
     one token each (T = 1): a running sequence's next token or one token of a prompt, each
     row with its own block table and length, so decode and prefill share one launch.
     pieces False: no two rows are tokens of one prompt (a decode-only step), so the
-    attention launches no prompt-piece kernel (paged_attention's pieces).
+    attention launches no prompt-piece kernel (paged_attention's pieces); decode_rows is
+    paged_attention's hint (at most that many rows are not tokens of a prompt piece).
     """
     b, t = tokens.shape
     n = b * t
@@ -99,7 +101,7 @@ def paged_forward(
         if t == 1:  # the attention rotates q as it reads it: no rope launch of its own
             q = q.reshape(b, h, 1, d)
             y = gpk.nn.paged_attention(q, k_pool, v_pool, block_table, seq_lens, pieces=pieces,
-                                       cos=cos, sin=sin)  # fmt: skip
+                                       cos=cos, sin=sin, decode_rows=decode_rows)  # fmt: skip
         else:  # q as [1, H, N, D]: the tokens are the rotation's sequence, then [B, H, T, D]
             q = gpk.nn.rope(q.swapaxes(0, 1).reshape(1, h, n, d), cos, sin)
             q = q.reshape(h, b, t, d).swapaxes(0, 1)

@@ -221,8 +221,11 @@ class _Step:
         slots = gpk.where(live, block * bs + p % bs, -1)
         positions = gpk.where(live, p, -1).reshape(n, 1)
         lens = gpk.where(live, p + 1, 0).astype(gpk.int32)
+        # Rows other than prompt pieces' tokens: the decode rows and the prompts a step
+        # finishes with one token (the attention's grid hint).
         logits = paged_forward(self.tr, self.cache, tokens.reshape(n, 1), positions, slots,
-                               table, lens, out_at, pieces=pieces)  # fmt: skip
+                               table, lens, out_at, pieces=pieces,
+                               decode_rows=self.max_outputs if pieces else None)  # fmt: skip
         tok = sample_rows(logits, temperature, top_k, top_p, noise, sampled, k_max, use_top_p)
         gpk.nn.paged_write(self.last, tok.reshape(ro, 1, 1), out_slot)
         gpk.nn.paged_write(self.pos, (gpk.take(p, out_at) + 1).reshape(ro, 1, 1), out_slot)

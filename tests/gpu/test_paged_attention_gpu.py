@@ -214,10 +214,11 @@ def _step_rows(rng, n_decode, pieces, n_pad, bs, m, nb):
 
 
 def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None, one_pool=False,
-                pieces=True):  # fmt: skip
+                pieces=True, decode_rows=None):  # fmt: skip
     """The step's attention against the float64 reference; one_pool: keys and values as
-    the two halves of one pool [nb, 2 kv, bs, d] (the serving model's cache); pieces:
-    paged_attention's (False: the decode kernel alone takes every row)."""
+    the two halves of one pool [nb, 2 kv, bs, d] (the serving model's cache); pieces and
+    decode_rows: paged_attention's (pieces False: the decode kernel alone takes every
+    row)."""
     b = len(lens)
     kp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
     vp = rng.standard_normal((nb, kv, bs, d)).astype(np.float32)
@@ -230,7 +231,7 @@ def _check_step(dtype, d, h, kv, table, lens, nb, bs, tol, rng, nan_at=None, one
         qg = gpk.asarray(q).astype(dtype)
     else:
         kg, vg, qg = (gpk.asarray(x).astype(dtype) for x in (kp, vp, q))
-    got = gpk.nn.paged_attention(qg, kg, vg, table, lens, pieces=pieces)
+    got = gpk.nn.paged_attention(qg, kg, vg, table, lens, pieces=pieces, decode_rows=decode_rows)
     got = got.astype("float32").to_numpy()
     with np.errstate(invalid="ignore"):
         ref = paged_sdpa_ref(qg.astype("float32").to_numpy(), kg.astype("float32").to_numpy(),
@@ -285,6 +286,33 @@ def test_paged_attention_piece_hides_nan_it_does_not_see_gpu():
     got, ref = _check_step("bfloat16", d, h, kv, table, lens, nb, bs, 3e-2, rng,
                            nan_at=(blk, slice(None), key % bs))  # fmt: skip
     assert np.isfinite(got[:row]).all() and np.isnan(got[row : 3 + 90]).all()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("decode_rows", [1, 20, 64, 1000])
+def test_paged_attention_decode_rows_hint_gpu(dtype, decode_rows):
+    """The decode kernel launched over decode_rows block rows, each taking every
+    decode_rows-th row (fewer than the step's 37 decode rows, one-token pieces and 19
+    padding rows too: those rows wait their turn in a block), every row against the
+    float64 reference."""
+    rng = np.random.default_rng(14)
+    nb, bs, m = 1100, 16, 24
+    pieces = [(0, 77), (13, 50), (200, 1), (5, 130), (300, 2), (100, 64), (40, 1)]
+    table, lens = _step_rows(rng, 37, pieces, 19, bs, m, nb)
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    _check_step(dtype, 64, 32, 4, table, lens, nb, bs, tol, rng, one_pool=True,
+                decode_rows=decode_rows)  # fmt: skip
+
+
+def test_paged_attention_decode_rows_hint_bad_length_gpu():
+    """With the hint, a bad length in a row no block attends (a piece's, past its table)
+    is still an IndexError."""
+    kp = gpk.asarray(np.ones((4, 2, 16, 64), np.float32)).astype("bfloat16")
+    q = gpk.asarray(np.ones((4, 8, 1, 64), np.float32)).astype("bfloat16")
+    table = np.array([[3, 2], [0, 1], [0, 1], [0, 1]], np.int32)
+    lens = np.array([5, 20, 21, 33], np.int32)
+    with pytest.raises(IndexError):
+        gpk.nn.paged_attention(q, kp, kp, table, lens, decode_rows=1).to_numpy()
 
 
 def test_paged_attention_piece_bad_block_id_gpu():

@@ -191,26 +191,25 @@ PGK_DEVICE unsigned pgk_paged_q2(const pgk_t* x, int col, const pgk_t* cs, const
 }
 
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode_mma)
-extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
-    pgk_paged_decode_mma(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
-                         const pgk_t* __restrict__ vp, const int* __restrict__ table,
-                         const int* __restrict__ lens, float* __restrict__ o_part,
-                         float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads, int group,
-                         int kv_heads, int block_size, int n_blocks, int max_blocks, long long p_sb,
-                         float scale, long long q_sb, long long q_sh, long long t_sb,
-                         long long t_sm, long long l_s, long long* __restrict__ err, long long tag,
-                         int pieces, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
-                         long long cs_s, const pgk_t* __restrict__ kv_new, long long kn_sb,
-                         const PGK_PSLOT* __restrict__ slots, long long s_s) {
-  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
-  pgk_pdl_trigger();
+// Row b of pgk_paged_decode_mma (the kernel below: its launch takes rows at a time); with
+// pieces, a row of a prompt piece is left to pgk_paged_prefill (the row loop's rows are
+// decode rows already: pieces 0).
+PGK_DEVICE void pgk_paged_decode_mma_row(
+    int b, const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp, const pgk_t* __restrict__ vp,
+    const int* __restrict__ table, const int* __restrict__ lens, float* __restrict__ o_part,
+    float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads, int group, int kv_heads,
+    int block_size, int n_blocks, int max_blocks, long long p_sb, float scale, long long q_sb,
+    long long q_sh, long long t_sb, long long t_sm, long long l_s, long long* __restrict__ err,
+    long long tag, int pieces, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
+    long long cs_s, const pgk_t* __restrict__ kv_new, long long kn_sb,
+    const PGK_PSLOT* __restrict__ slots, long long s_s, int rows) {
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
   extern __shared__ __align__(16) unsigned char pgk_pdsmem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int qr = lane >> 2, qc = lane & 3;  // fragment row / column-pair of this thread
   const int split = blockIdx.x, splits = gridDim.x;
   const int n_sub = group / PGK_G;
-  const int kvh = blockIdx.y / n_sub, b = blockIdx.z;
+  const int kvh = blockIdx.y / n_sub;
   const int h0 = kvh * group + (blockIdx.y % n_sub) * PGK_G;
   // Head h0's partial slot, indexed by (row, head) as the merge kernel reads them.
   const long long part = ((long long)b * n_heads + h0) * splits + split;
@@ -289,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     // A prompt piece's row is pgk_paged_prefill's, launched after this one (and after the
     // merge, which writes the row's zeros): one split writes nothing.
     int hi = len;
-    if (pieces && pgk_paged_piece(table, t_sb, lens, l_s, b, (int)gridDim.z, len, cap)) {
+    if (pieces && pgk_paged_piece(table, t_sb, lens, l_s, b, rows, len, cap)) {
       if (splits == 1) return;
       hi = 0;
     }
@@ -576,6 +575,66 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
         o[g * o_sh + d] = pgk_from_float<pgk_t>(acc / tot[g]);
       else
         o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
+    }
+  }
+}
+
+// grid (splits, KV * group / PGK_G, Z): block row z takes rows z, z + Z, ... of the rows
+// (Z == rows: one each). A launch with prompt pieces and one split may take Z < rows (the
+// launcher's decode_rows: the rows that can be decode rows, the step's pieces filling the
+// rest): where each row had a block, the 1024-token serving step's 4096 blocks (3840 of
+// them finding a piece and leaving) ran six waves beside the piece kernel, with one
+// cp.async stage each. Warp 0 tells a block's rows apart 32 at a time, a lane a row, and
+// the block attends the decode rows among them one after another.
+extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
+    pgk_paged_decode_mma(const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp,
+                         const pgk_t* __restrict__ vp, const int* __restrict__ table,
+                         const int* __restrict__ lens, float* __restrict__ o_part,
+                         float* __restrict__ ml_part, pgk_t* __restrict__ o, int n_heads, int group,
+                         int kv_heads, int block_size, int n_blocks, int max_blocks, long long p_sb,
+                         float scale, long long q_sb, long long q_sh, long long t_sb,
+                         long long t_sm, long long l_s, long long* __restrict__ err, long long tag,
+                         int pieces, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
+                         long long cs_s, const pgk_t* __restrict__ kv_new, long long kn_sb,
+                         const PGK_PSLOT* __restrict__ slots, long long s_s, int rows) {
+  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+  pgk_pdl_trigger();
+  const int z = (int)blockIdx.z, nz = (int)gridDim.z;
+  const bool one = nz >= rows;    // a row a block, which its body tests for a piece
+  __shared__ unsigned s_need[2];  // this round's decode rows with keys, and without
+  const int lane = threadIdx.x & 31, cap = max_blocks * block_size;
+  for (int base = 0; z + base * nz < rows; base += 32) {
+    unsigned need = 1u;
+    if (!one) {
+      __syncthreads();  // every thread has read s_need
+      if (threadIdx.x < 32) {
+        const int r = z + (base + lane) * nz;
+        bool dec = false, empty = false;
+        if (r < rows) {
+          const int raw = __ldg(lens + r * l_s);  // a bad length is reported for every row
+          if ((raw < 0 || raw > cap) && blockIdx.x == 0 && blockIdx.y == 0)
+            pgk_paged_report(err, tag, raw, cap);
+          const int len = raw < 0 ? 0 : (raw > cap ? cap : raw);
+          empty = len == 0;  // padding: zeros, with no load of q
+          dec = !empty && !(pieces && pgk_paged_piece(table, t_sb, lens, l_s, r, rows, len, cap));
+        }
+        const unsigned m = __ballot_sync(0xffffffffu, dec), m0 = __ballot_sync(0xffffffffu, empty);
+        if (lane == 0) s_need[0] = m, s_need[1] = m0;
+      }
+      __syncthreads();
+      need = s_need[0];
+      const int h0 =
+          (int)(blockIdx.y / (group / PGK_G)) * group + (int)(blockIdx.y % (group / PGK_G)) * PGK_G;
+      for (unsigned m = s_need[1]; m; m &= m - 1)
+        pgk_dec_zero(o + ((long long)(z + (base + __ffs(m) - 1) * nz) * n_heads + h0) * PGK_D,
+                     PGK_D);
+    }
+    for (unsigned m = need; m; m &= m - 1) {
+      if (!one) __syncthreads();  // the last row's shared memory is read
+      pgk_paged_decode_mma_row(z + (base + __ffs(m) - 1) * nz, q, kp, vp, table, lens, o_part,
+                               ml_part, o, n_heads, group, kv_heads, block_size, n_blocks,
+                               max_blocks, p_sb, scale, q_sb, q_sh, t_sb, t_sm, l_s, err, tag,
+                               one ? pieces : 0, cs, sn, cs_s, kv_new, kn_sb, slots, s_s, rows);
     }
   }
 }

@@ -292,6 +292,7 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, 
                             err=ctx.err_addr, tag=tag, pieces=tiles,
                             pool_block_stride=p_sb, rope=tables, append=stores,
                             append_slot64=append and v[8].dtype == dtypes.int64,
+                            decode_rows=step.attrs.get("decode_rows"),
                             stream=ctx.stream)  # fmt: skip
         if tiles:
             paged_prefill.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,

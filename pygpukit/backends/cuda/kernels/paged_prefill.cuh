@@ -97,7 +97,12 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   __shared__ int s_anchor, s_min;
   __shared__ int s_tab[PGK_PTAB];  // the pass anchor's block ids (its first PGK_PTAB)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int h = (int)(blockIdx.x % n_heads), b0 = (int)(blockIdx.x / n_heads) * PGK_PM;
+  // Row tiles last to first: a piece's later rows see more keys, so the longest blocks
+  // are dispatched first and the short ones fill in behind them (the 1024-token serving
+  // step's 512 blocks fill three an SM, 1.29 waves; the second wave had been the step's
+  // last rows, the longest).
+  const int n_rt = (int)(gridDim.x / n_heads);
+  const int h = (int)(blockIdx.x % n_heads), b0 = (n_rt - 1 - (int)(blockIdx.x / n_heads)) * PGK_PM;
   const int kvh = h / group;
   const int cap = max_blocks * block_size;
 
