@@ -13,7 +13,7 @@ import pygpukit as gpk
 from pygpukit import runtime
 from pygpukit.backends.cuda.codegen import paged
 from pygpukit.backends.cuda.context import contiguous
-from pygpukit.backends.cuda.kernels import paged_plan
+from pygpukit.backends.cuda.kernels import paged_decode, paged_plan
 from pygpukit.backends.cuda.plan import plan_step
 from pygpukit.backends.cuda.toolchain import compile_kernel
 from pygpukit.backends.cuda.value import DeviceValue
@@ -172,9 +172,17 @@ def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypa
     else:
         assert not grids
     # decode_rows: the decode kernel's tensor-core body launches that many block rows
-    # (each takes every decode_rows-th row), with the stages sized to those blocks.
+    # (each takes every decode_rows-th row), with one cp.async stage (the piece kernel runs
+    # beside it) where unhinted launches size the stages to their blocks.
     if tiles:
+        sized = []
+        real = paged_decode.mma_stages
+        monkeypatch.setattr(paged_decode, "mma_stages", lambda *a: sized.append(a) or real(*a))
+        _plan_attention(q, kp, vp, table, lens)
+        assert sized
+        sized.clear()
         hinted = _plan_attention(q, kp, vp, table, lens, decode_rows=3)
+        assert not sized
         (g,) = [grid for n, grid in hinted if n == "pgk_paged_decode_mma"]
         assert g[2] == (min(3, b) if g[0] == 1 else b)  # one split only
         hinted = _plan_attention(q, kp, vp, table, lens, decode_rows=b + 7)

@@ -223,9 +223,11 @@ def attend(
     cs, sn, cs_s = rope if rope is not None else (0, 0, 0)
     if mma:
         tiles = mma_tiles(max_blocks * block_size, splits)
-        # Beside the piece kernel (which runs alongside it, inputs_early) one stage: more
-        # held the shared memory the piece kernel's blocks wait for (row_grid).
-        st = 1 if pieces else mma_stages(head_dim, grid[0] * grid[1] * grid[2], tiles)
+        # A step that expects pieces (decode_rows given): one stage beside the piece kernel,
+        # which runs alongside it (inputs_early); more held the shared memory the piece
+        # kernel's blocks wait for (row_grid).
+        hinted = pieces and decode_rows is not None
+        st = 1 if hinted else mma_stages(head_dim, grid[0] * grid[1] * grid[2], tiles)
         smem = attention._decode_mma_smem(head_dim, st)
         name, threads = "pgk_paged_decode_mma", MMA_WARPS * 32
         args: tuple[Any, ...] = (q, k_pool, v_pool, table, lens, workspace, ml, out, heads,
