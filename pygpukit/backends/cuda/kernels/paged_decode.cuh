@@ -191,9 +191,9 @@ PGK_DEVICE unsigned pgk_paged_q2(const pgk_t* x, int col, const pgk_t* cs, const
 }
 
 #if !defined(PGK_ONLY) || defined(PGK_ONLY_pgk_paged_decode_mma)
-// Row b of pgk_paged_decode_mma (the kernel below: its launch takes rows at a time); with
-// pieces, a row of a prompt piece is left to pgk_paged_prefill (the row loop's rows are
-// decode rows already: pieces 0).
+// Row b's attention in pgk_paged_decode_mma (below), which calls it for each row its block
+// takes. With pieces, a prompt piece's row is left to pgk_paged_prefill; the kernel's row
+// walk passes 0, having sorted its rows already.
 PGK_DEVICE void pgk_paged_decode_mma_row(
     int b, const pgk_t* __restrict__ q, const pgk_t* __restrict__ kp, const pgk_t* __restrict__ vp,
     const int* __restrict__ table, const int* __restrict__ lens, float* __restrict__ o_part,
@@ -601,7 +601,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
   pgk_pdl_trigger();
   const int z = (int)blockIdx.z, nz = (int)gridDim.z;
   const bool one = nz >= rows;    // a row a block, which its body tests for a piece
-  __shared__ unsigned s_need[2];  // this round's decode rows with keys, and without
+  __shared__ unsigned s_need[2];  // this round's rows to attend, and its rows of no keys
   const int lane = threadIdx.x & 31, cap = max_blocks * block_size;
   for (int base = 0; z + base * nz < rows; base += 32) {
     unsigned need = 1u;
