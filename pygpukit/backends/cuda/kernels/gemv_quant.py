@@ -471,13 +471,6 @@ def gemv_quant(
         if words_per_lane(spec) != 4 or u < 2 or u & (u - 1):
             raise ShapeError(f"gemv_quant: {stages} stages of {u} chunks for a {spec.label} "
                              f"weight (staging takes 16-byte chunks, 2+ a stage)")  # fmt: skip
-        if min_blocks is None:
-            min_blocks = default_min_blocks(gw, True, f16, glu, spec.format, spec.has_zero)
-        buffers = red_buffers(spec.format, min_blocks)
-        smem = staged_smem(spec, (gw, nt, u, stages), k, m, biased, buffers)
-        if smem + static_smem(gw) > loader.max_shared_optin():
-            raise ShapeError(f"gemv_quant: {stages} stages of ({gw}, {nt}, {u}) with {m} rows "
-                             f"of K={k} need {smem} bytes of shared memory")  # fmt: skip
         pipe = False
     else:
         fgw, fnt, fpipe = FORMAT_CONFIG[spec.format]
@@ -485,8 +478,16 @@ def gemv_quant(
         pipe = fpipe if pipe is None else pipe
         nch = cdiv(k, chunk_cols(spec))
         u = slab or min(MAX_SLAB, pow2_at_least(cdiv(nch, gw)))
+    if min_blocks is None:
+        min_blocks = default_min_blocks(gw, bool(stages), f16, glu, spec.format, spec.has_zero)
+    buffers = red_buffers(spec.format, min_blocks) if stages else 1
+    if stages:
+        smem = staged_smem(spec, (gw, nt, u, stages), k, m, biased, buffers)
+        if smem + static_smem(gw) > loader.max_shared_optin():
+            raise ShapeError(f"gemv_quant: {stages} stages of ({gw}, {nt}, {u}) with {m} rows "
+                             f"of K={k} need {smem} bytes of shared memory")  # fmt: skip
+    else:
         smem = red_bytes(gw, nt, m)
-        buffers = 1
     d = {**defines(spec, dtype, scale_numel), "PGK_GW": gw, "PGK_NT": nt, "PGK_U": u,
          "PGK_ACT": gemv.ACTS[activation], "PGK_PRO": gemv.PROLOGUES[prologue],
          "PGK_GLU": int(glu), "PGK_QPIPE": int(pipe), "PGK_QSTAGES": stages}  # fmt: skip
@@ -504,8 +505,6 @@ def gemv_quant(
         d["PGK_QF16"] = 1
     if biased_bytes(spec, f16, k):
         d["PGK_QB8"] = 1
-    if min_blocks is None:
-        min_blocks = default_min_blocks(gw, bool(stages), f16, glu, spec.format, spec.has_zero)
     if min_blocks:
         d["PGK_QMINB"] = min_blocks
     fn = loader.get_kernel("gemv_quant", "pgk_gemv_quant", d)

@@ -37,6 +37,15 @@ PGK_DEVICE int pgk_paged_len(const int* __restrict__ lens, long long l_s, int b,
   return len < 0 ? 0 : (len > cap ? cap : len);
 }
 
+// Row b's length as pgk_paged_len clamps it; a length outside [0, cap] is reported where
+// `report` (one thread of the launch's first block row a row reports it).
+PGK_DEVICE int pgk_paged_len_checked(const int* __restrict__ lens, long long l_s, int b, int cap,
+                                     long long* err, long long tag, bool report) {
+  const int len = __ldg(lens + b * l_s);
+  if ((len < 0 || len > cap) && report) pgk_paged_report(err, tag, len, cap);
+  return len < 0 ? 0 : (len > cap ? cap : len);
+}
+
 // Whether row b (length len) is a prompt piece's, which pgk_paged_prefill
 // (paged_prefill.cuh) attends on tensor cores: it has keys, and so has a neighbouring row
 // whose first block is b's (a decode row, one row a sequence, has none: sequences own
@@ -85,11 +94,8 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
   int start, end;
   {
     const int cap = max_blocks * block_size;
-    int len = __ldg(lens + b * l_s);
-    if (len < 0 || len > cap) {
-      if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) pgk_paged_report(err, tag, len, cap);
-      len = len < 0 ? 0 : cap;
-    }
+    int len = pgk_paged_len_checked(lens, l_s, b, cap, err, tag,
+                                    tid == 0 && blockIdx.x == 0 && blockIdx.y == 0);
     // The query's position is len - n_q + qi: it sees keys [0, that + 1). With pieces
     // (n_q == 1), a prompt piece's row is pgk_paged_prefill's, launched after this one
     // (and after the merge, which writes the row's zeros): one split writes nothing.
@@ -280,11 +286,8 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
   int start, end, row_keys;
   {
     const int cap = max_blocks * block_size;
-    int len = __ldg(lens + b * l_s);
-    if (len < 0 || len > cap) {
-      if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) pgk_paged_report(err, tag, len, cap);
-      len = len < 0 ? 0 : cap;
-    }
+    int len = pgk_paged_len_checked(lens, l_s, b, cap, err, tag,
+                                    tid == 0 && blockIdx.x == 0 && blockIdx.y == 0);
     // A prompt piece's row is pgk_paged_prefill's, launched after this one (and after the
     // merge, which writes the row's zeros): one split writes nothing.
     int hi = len;
@@ -611,10 +614,9 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
         const int r = z + (base + lane) * nz;
         bool dec = false, empty = false;
         if (r < rows) {
-          const int raw = __ldg(lens + r * l_s);  // a bad length is reported for every row
-          if ((raw < 0 || raw > cap) && blockIdx.x == 0 && blockIdx.y == 0)
-            pgk_paged_report(err, tag, raw, cap);
-          const int len = raw < 0 ? 0 : (raw > cap ? cap : raw);
+          // A bad length is reported for every row, pieces' too.
+          const int len = pgk_paged_len_checked(lens, l_s, r, cap, err, tag,
+                                                blockIdx.x == 0 && blockIdx.y == 0);
           empty = len == 0;  // padding: zeros, with no load of q
           dec = !empty && !(pieces && pgk_paged_piece(table, t_sb, lens, l_s, r, rows, len, cap));
         }
