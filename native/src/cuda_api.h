@@ -97,6 +97,21 @@ struct KernelNodeParams {
   CUcontext ctx;
 };
 
+// A graph edge's annotation (CUgraphEdgeData): where the upstream node releases the edge
+// (from_port) and how (type). A programmatic edge (type 1) lets the downstream kernel start
+// early and wait inside (griddepcontrol.wait: the upstream complete, its writes visible);
+// its port says when it may start: port 1 when every upstream block has triggered or
+// exited, port 2 (launch order) when every upstream block has begun.
+struct EdgeData {
+  unsigned char from_port;
+  unsigned char to_port;
+  unsigned char type;
+  unsigned char reserved[5];
+};
+constexpr unsigned char kGraphPortProgrammatic = 1;
+constexpr unsigned char kGraphPortLaunchOrder = 2;
+constexpr unsigned char kGraphDependencyProgrammatic = 1;
+
 // cuTensorMapEncodeTiled's output: 128 opaque bytes, 64-byte aligned, that a kernel takes by
 // value (a __grid_constant__ parameter) for the bulk tensor copies (SM 9.0+).
 struct alignas(64) TensorMap {
@@ -172,9 +187,22 @@ constexpr int kApiVersion = 12000;
                              const cuuint64_t*, const unsigned*, const unsigned*, int, int,  \
                              int, int))
 
+// Entry points requested at kApiVersion12030 (their forms with edge annotations, CUDA
+// 12.3); optional: null where the driver is older, and what needs them is skipped.
+constexpr int kApiVersion12030 = 12030;
+#define PGK_DRIVER_ENTRY_POINTS_12030(X)                                                     \
+  X(cuGraphGetEdges, (CUgraph, CUgraphNode*, CUgraphNode*, EdgeData*, size_t*))              \
+  X(cuGraphAddDependencies,                                                                  \
+    (CUgraph, const CUgraphNode*, const CUgraphNode*, const EdgeData*, size_t))              \
+  X(cuGraphRemoveDependencies,                                                               \
+    (CUgraph, const CUgraphNode*, const CUgraphNode*, const EdgeData*, size_t))              \
+  X(cuStreamGetCaptureInfo,                                                                  \
+    (CUstream, int*, cuuint64_t*, CUgraph*, const CUgraphNode**, const EdgeData**, size_t*))
+
 struct DriverApi {
 #define PGK_DECLARE_ENTRY(name, sig) CUresult(*name) sig = nullptr;
   PGK_DRIVER_ENTRY_POINTS(PGK_DECLARE_ENTRY)
+  PGK_DRIVER_ENTRY_POINTS_12030(PGK_DECLARE_ENTRY)
 #undef PGK_DECLARE_ENTRY
 };
 

@@ -42,14 +42,14 @@ std::string load_into(cu::DriverApi& api) {
   auto v2 = reinterpret_cast<GetProcV2>(dlsym(lib, "cuGetProcAddress_v2"));
   auto v1 = reinterpret_cast<GetProcV1>(dlsym(lib, "cuGetProcAddress"));
   if (!v2 && !v1) return "libcuda.so.1 has no cuGetProcAddress (driver older than CUDA 11.3)";
-  auto resolve = [&](const char* name, void** slot) -> std::string {
+  auto resolve = [&](const char* name, void** slot, int version = cu::kApiVersion) -> std::string {
     CUresult r;
     if (v2) {
       int status = 0;
-      r = v2(name, slot, cu::kApiVersion, 0, &status);
+      r = v2(name, slot, version, 0, &status);
       if (r == cu::kSuccess && status != 0) r = cu::kErrorInvalidValue;
     } else {
-      r = v1(name, slot, cu::kApiVersion, 0);
+      r = v1(name, slot, version, 0);
     }
     if (r != cu::kSuccess || *slot == nullptr) {
       *slot = nullptr;
@@ -63,6 +63,10 @@ std::string load_into(cu::DriverApi& api) {
   }
   PGK_DRIVER_ENTRY_POINTS(PGK_RESOLVE)
 #undef PGK_RESOLVE
+#define PGK_RESOLVE_OPTIONAL(name, sig) \
+  resolve(#name, reinterpret_cast<void**>(&api.name), cu::kApiVersion12030);
+  PGK_DRIVER_ENTRY_POINTS_12030(PGK_RESOLVE_OPTIONAL)
+#undef PGK_RESOLVE_OPTIONAL
   return "";
 }
 

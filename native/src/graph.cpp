@@ -26,6 +26,8 @@ struct Tracked {
 
 struct Registry {
   std::mutex mu;
+  std::unordered_set<CUfunction> own;     // every function this library loaded
+  std::unordered_set<CUgraphNode> early;  // captured nodes marked by mark_capture_tail
   std::unordered_set<CUfunction> provisional;
   std::unordered_map<CUfunction, CUfunction> replaced;  // old -> its optimised build
   std::unordered_map<CUgraphExec, Tracked> execs;
@@ -108,6 +110,27 @@ void untrack(CUgraphExec exec) {
 
 }  // namespace
 
+void note_own_function(CUfunction fn) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.own.insert(fn);
+}
+
+int mark_capture_tail(CUstream stream) {
+  const cu::DriverApi& api = driver();
+  if (!api.cuStreamGetCaptureInfo) return 0;
+  int status = 0;
+  const CUgraphNode* deps = nullptr;
+  size_t n = 0;
+  check_cu(api.cuStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, nullptr, &n),
+           "cuStreamGetCaptureInfo");
+  if (status != 1 || deps == nullptr) return 0;  // 1: CU_STREAM_CAPTURE_STATUS_ACTIVE
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (size_t i = 0; i < n; ++i) r.early.insert(deps[i]);
+  return static_cast<int>(n);
+}
+
 void note_provisional(CUfunction fn) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -168,6 +191,57 @@ size_t Graph::num_nodes() const {
   return n;
 }
 
+int Graph::start_after_foreign_launch() {
+  const cu::DriverApi& api = driver();
+  if (!api.cuGraphGetEdges || !api.cuGraphAddDependencies || !api.cuGraphRemoveDependencies) {
+    return 0;
+  }
+  size_t n = 0;
+  check_cu(api.cuGraphGetEdges(graph_, nullptr, nullptr, nullptr, &n), "cuGraphGetEdges");
+  if (n == 0) return 0;
+  std::vector<CUgraphNode> from(n), to(n);
+  std::vector<cu::EdgeData> data(n);
+  check_cu(api.cuGraphGetEdges(graph_, from.data(), to.data(), data.data(), &n), "cuGraphGetEdges");
+  Registry& r = registry();
+  // Whether `node` is a kernel node and launches one of this library's functions.
+  auto kernel_of = [&](CUgraphNode node, bool& own) {
+    int type = -1;
+    check_cu(api.cuGraphNodeGetType(node, &type), "cuGraphNodeGetType");
+    if (type != cu::kGraphNodeTypeKernel) return false;
+    cu::KernelNodeParams p{};
+    check_cu(api.cuGraphKernelNodeGetParams(node, &p), "cuGraphKernelNodeGetParams");
+    std::lock_guard<std::mutex> lock(r.mu);
+    own = p.func != nullptr && r.own.count(p.func) > 0;
+    return true;
+  };
+  auto marked = [&](CUgraphNode node) {
+    std::lock_guard<std::mutex> lock(r.mu);
+    return r.early.count(node) > 0;
+  };
+  int changed = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const cu::EdgeData& e = data[i];
+    if (e.type != cu::kGraphDependencyProgrammatic || e.from_port != cu::kGraphPortProgrammatic) {
+      continue;
+    }
+    bool up_own = true, down_own = false;
+    if (!kernel_of(from[i], up_own) || up_own || !kernel_of(to[i], down_own) || !down_own) {
+      continue;
+    }
+    if (!marked(from[i])) continue;
+    cu::EdgeData early = e;
+    early.from_port = cu::kGraphPortLaunchOrder;
+    check_cu(api.cuGraphRemoveDependencies(graph_, &from[i], &to[i], &e, 1),
+             "cuGraphRemoveDependencies");
+    check_cu(api.cuGraphAddDependencies(graph_, &from[i], &to[i], &early, 1),
+             "cuGraphAddDependencies");
+    ++changed;
+  }
+  std::lock_guard<std::mutex> lock(r.mu);  // the marks are this graph's: spent
+  for (CUgraphNode node : from) r.early.erase(node);
+  return changed;
+}
+
 std::shared_ptr<GraphExec> instantiate(const std::shared_ptr<Graph>& graph) {
   const std::shared_ptr<Context>& ctx = graph->context();
   ctx->make_current();
@@ -182,7 +256,20 @@ std::shared_ptr<GraphExec> instantiate(const std::shared_ptr<Graph>& graph) {
 void register_graphs(py::module_& m) {
   py::class_<Graph, std::shared_ptr<Graph>>(m, "Graph", "A captured CUDA graph.")
       .def_property_readonly("num_nodes", &Graph::num_nodes)
+      .def("start_after_foreign_launch", &Graph::start_after_foreign_launch,
+           "Let each of our kernels that is the programmatic dependent of a kernel we did not "
+           "build (cuBLASLt's, which never trigger early) and marked by "
+           "graph_mark_capture_tail start once that kernel's blocks have all begun instead "
+           "of exited; it still waits for it inside. Returns the edges changed (0 on "
+           "drivers before CUDA 12.3). Call before instantiate.")
       .def("instantiate", &instantiate);
+  m.def(
+      "graph_mark_capture_tail",
+      [](py::handle stream) { return mark_capture_tail(stream_handle(stream)); },
+      py::arg("stream") = py::none(),
+      "Mark the node(s) the stream's capture ends in (the launch just captured) so that "
+      "Graph.start_after_foreign_launch lets our kernel after it start early; returns how "
+      "many (0 when not capturing or on drivers before CUDA 12.3).");
   py::class_<GraphExec, std::shared_ptr<GraphExec>>(m, "GraphExec",
                                                     "An instantiated graph, ready to replay.")
       .def(

@@ -35,6 +35,13 @@ class Graph {
   Graph& operator=(const Graph&) = delete;
 
   size_t num_nodes() const;
+  // Lets each kernel of ours that is the programmatic dependent of a kernel we did not build
+  // (cuBLASLt's) marked early (mark_capture_tail) start once that kernel's blocks have all
+  // begun, rather than once they have all exited (they never trigger early): its blocks are
+  // then resident and waiting (griddepcontrol.wait still waits for the whole kernel and its
+  // writes) when it ends. Returns the edges changed (0 where the driver predates CUDA 12.3).
+  // Call before instantiate.
+  int start_after_foreign_launch();
   CUgraph handle() const { return graph_; }
   const std::shared_ptr<Context>& context() const { return ctx_; }
 
@@ -54,6 +61,13 @@ std::shared_ptr<GraphExec> instantiate(const std::shared_ptr<Graph>& graph);
 // cuGraphExecKernelNodeSetParams: the instance, its handle and its other nodes stay as they
 // are. Until any instance waits for an update, a launch pays one atomic load.
 void note_provisional(CUfunction fn);
+// Records a function this library loaded (its kernels open with griddepcontrol.wait when
+// launched as programmatic dependents): kernel nodes launching any other are foreign.
+void note_own_function(CUfunction fn);
+// Marks the nodes `stream`'s capture would make the next node depend on (the last launch
+// captured) for Graph::start_after_foreign_launch; returns how many (0 when not capturing
+// or the driver predates CUDA 12.3).
+int mark_capture_tail(CUstream stream);
 void replace_function(CUfunction old_fn, CUfunction new_fn);
 // Applies the replacements an instance waits for (before it launches); a CUresult.
 int apply_replacements(CUgraphExec exec);

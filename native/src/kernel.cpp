@@ -34,6 +34,7 @@ Function::Function(std::shared_ptr<Module> module, const std::string& name)
     : module_(std::move(module)), name_(name) {
   check_cu(driver().cuModuleGetFunction(&func_, module_->handle(), name.c_str()),
            ("cuModuleGetFunction('" + name + "')").c_str());
+  note_own_function(func_);
 }
 
 int Function::attribute(int attr) const {

@@ -290,3 +290,51 @@ def test_uncapturable_step_falls_back_with_one_warning(
     rp = replay_of(f)
     assert not rp.captured and rp.fallback and "softmax" in rp.fallback
     assert rp.eager_runs == 4 and rp.replays == 0
+
+
+@pytest.mark.parametrize("rows", [64, 256])
+def test_kernels_after_cublaslt_start_early_and_still_wait(
+    rng: np.random.Generator, rows: int
+) -> None:
+    """bf16 linears (cuBLASLt) each followed by our RMSNorm: where PDL is on and the GEMM
+    has at most cublaslt.EARLY_MAX_ROWS rows, the captured graph lets each RMSNorm start
+    once its GEMM's blocks have all begun (early_edges); it must still read the GEMM's
+    whole output. The graph rewrites its input in place each call (x -> 0.5 - x), so a
+    norm that ran ahead would read the last call's products."""
+    from pygpukit.backends.cuda import cublaslt
+    from pygpukit.backends.cuda.kernels import loader
+
+    bf16 = gpk.bfloat16
+    dims = (rows, 2048, 4096, 1024)  # rows, K, N1, N2: cuBLASLt GEMMs of several us
+    w1 = rng.uniform(-1, 1, (dims[2], dims[1])).astype(np.float32)
+    w2 = rng.uniform(-1, 1, (dims[3], dims[2])).astype(np.float32)
+    g1 = rng.uniform(0.5, 1.5, dims[2]).astype(np.float32)
+    g2 = rng.uniform(0.5, 1.5, dims[3]).astype(np.float32)
+    dev = [gpk.from_numpy(a).astype(bf16) for a in (w1, w2, g1, g2)]
+    xs = gpk.from_numpy(rng.uniform(-1, 1, dims[:2]).astype(np.float32)).astype(bf16)
+
+    @gpk.compile(static_outputs=True)
+    def f(w1: Any, w2: Any, g1: Any, g2: Any) -> Any:
+        h = gpk.nn.rms_norm(gpk.nn.linear(xs, w1), g1)
+        out = gpk.nn.rms_norm(gpk.nn.linear(h, w2), g2)
+        xs[...] = 0.5 - xs
+        return out
+
+    def bf(a: np.ndarray) -> np.ndarray:
+        return gpk.from_numpy(a).astype(bf16).astype(gpk.float32).to_numpy().astype(np.float64)
+
+    def rms64(a: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-6) * g
+
+    w1b, w2b, g1b, g2b = (bf(a) for a in (w1, w2, g1, g2))
+    for _ in range(6):
+        x = xs.astype(gpk.float32).to_numpy().astype(np.float64)  # this call's input
+        out = f(*dev).astype(gpk.float32).to_numpy()
+        h = bf(rms64(x @ w1b.T, g1b).astype(np.float32))
+        want = rms64(h @ w2b.T, g2b)
+        np.testing.assert_allclose(out, want, rtol=0, atol=0.05 * float(np.abs(want).max()))
+    caps = captures_of(f)
+    assert caps and all(rp.captured for rp in caps)
+    assert sum(rp.replays for rp in caps) == 6 - len(caps) >= 3  # the graphs ran, not eager
+    early = loader.pdl_enabled() and rows <= cublaslt.EARLY_MAX_ROWS
+    assert all((rp.early_edges >= 2) if early else rp.early_edges == 0 for rp in caps)

@@ -38,6 +38,11 @@ FLUSH_L2_TIMES = 2  # the tuning's L2 flush writes this many times the L2's byte
 # GEMM's 4-byte workspace cost 0.7 us of memset and 4.8 us of gaps a layer, and the same
 # GEMM planned without one ran as fast (1024 rows 61.7 against 62.5 us, docs/kernels.md).
 TUNED_WITHOUT_WORKSPACE = True
+# Where PDL is on, a kernel of ours right after a captured GEMM of at most this many rows
+# starts once the GEMM's blocks have all begun rather than once they have exited
+# (_native.graph_mark_capture_tail, Graph.start_after_foreign_launch): cuBLASLt's kernels
+# never trigger their dependents early, so ours otherwise launch only as the GEMM ends.
+EARLY_MAX_ROWS = 64
 # One per backend, from its pool: what Hopper's kernels ask for, then less under a tight
 # quota (cuBLASLt still has algorithms with a small or no workspace).
 WORKSPACE_SIZES = (32 << 20, 4 << 20, 0)
@@ -254,6 +259,7 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
         _timing["lt_plan_ms"] += (time.perf_counter() - t0) * 1e3
     ws_ptr = ws.ptr if ws is not None else 0
     untuned = [tuned]
+    early = m * batch <= EARLY_MAX_ROWS
 
     def lt(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0, a_scale: int = 0,
            b_scale: int = 0) -> None:  # fmt: skip
@@ -262,5 +268,7 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
             untuned[0] = not _tuned(ctx, p, pa, pb, pd, pbias, c, ws_ptr, ws_bytes, a_scale,
                                     b_scale)  # fmt: skip
         p.run(pa, pb, pd, pbias, ws_ptr, ws_bytes, ctx.stream, c, a_scale, b_scale)
+        if early and capturing(ctx):
+            _native.graph_mark_capture_tail(ctx.stream)
 
     return lt

@@ -26,6 +26,7 @@ from pygpukit.passes import Step
 
 from . import compile_ahead, cublaslt, device_pool, dry_runs, ew
 from .context import Launch, StepContext, contiguous
+from .kernels import loader
 from .layout import is_contiguous
 from .plan import plan_step
 from .value import DeviceValue
@@ -51,6 +52,9 @@ class CudaReplay:
         self._exec: Any = None
         self._keep: list[Storage] = []  # scratch the graph writes: must outlive it
         self.num_nodes = 0
+        # Programmatic edges from a cuBLASLt kernel to ours that start ours once the GEMM's
+        # blocks have all begun (cublaslt.EARLY_MAX_ROWS): set by the capture.
+        self.early_edges = 0
         self.replays = 0  # graph launches
         self.eager_runs = 0  # run() called from Python (the first call, or the fallback)
         self.fallback: str | None = None  # why the launches are re-issued, if they are
@@ -157,6 +161,8 @@ class CudaReplay:
                 self._run(launch)
             finally:
                 graph = stream.end_capture()
+            if loader.pdl_enabled():
+                self.early_edges = graph.start_after_foreign_launch()
             exec_ = graph.instantiate()
         except Exception as e:  # noqa: BLE001 - any failure inside capture means: re-issue
             self._give_up(launch.step, e)
