@@ -100,9 +100,10 @@ def plan_paged_write(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: 
 # a layer against the store's 2.6 and the attention's 14.2: after cuBLASLt's QKV GEMM
 # (no early trigger) its 256 blocks launch only then, where unfused they were resident
 # and waiting behind the store. With the kernel after a decode GEMM started early
-# (cublaslt.EARLY_MAX_ROWS) it is still no gain: fused up to 80 rows, 32 rows 1.304 ms
-# against 1.320 and 64 rows 1.479 against 1.455 (three alternating rounds of 40 steps).
-APPEND_MAX_ROWS = 16
+# (cublaslt.EARLY_MAX_ROWS), fused up to 80 rows: 32 rows 1.304 ms against 1.320-1.332
+# (so fused to 32), 64 rows still slower, 1.479 against 1.455 (three alternating rounds of
+# 40 steps each).
+APPEND_MAX_ROWS = 32
 
 
 def plan_paged_sdpa_append(ctx: Context, step: Step, ins: Sequence[DeviceValue],
