@@ -22,7 +22,7 @@ from typing import Any
 
 import cuda_fakes
 
-from pygpukit import _native
+from pygpukit import _native, settings
 from pygpukit.backends.cuda import compile_ahead, compiler, cublaslt, signature, toolchain
 from pygpukit.backends.cuda.context import Launch, contiguous
 from pygpukit.backends.cuda.kernels import loader
@@ -55,8 +55,12 @@ class Block:
 
 
 class Graph:
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, marks: int = 0) -> None:
         self.num_nodes = nodes
+        self.marks = marks  # decode GEMMs marked while captured (graph_mark_capture_tail)
+
+    def start_after_foreign_launch(self) -> int:
+        return self.marks
 
     def instantiate(self) -> Graph:
         return self
@@ -74,10 +78,19 @@ class Stream:
     def begin_capture(self, mode: str) -> None:
         self.capturing = True
         self.start = len(cuda_fakes.LAUNCHES)
+        self.marks = 0
 
     def end_capture(self) -> Graph:
         self.capturing = False
-        return Graph(len(cuda_fakes.LAUNCHES) - self.start)
+        return Graph(len(cuda_fakes.LAUNCHES) - self.start, self.marks)
+
+
+def mark_capture_tail(stream: Any = None) -> int:
+    """_native.graph_mark_capture_tail: counts the marks a capturing stream takes."""
+    if not getattr(stream, "capturing", False):
+        return 0
+    stream.marks += 1
+    return 1
 
 
 class Module:
@@ -165,7 +178,10 @@ def fake_device(monkeypatch: Any, arch: str = "sm_90") -> Iterator[FirstCall]:
     info = {"sm_count": 132, "compute_capability": (int(arch[3]), int(arch[4:])),
             "max_shared_per_block_optin": 227 * 1024}  # fmt: skip
     monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
+    # loader caches its answer per process: the faked device's, not an earlier one's
+    monkeypatch.setattr(loader, "pdl_enabled", lambda: settings.pdl() and int(arch[3]) >= 9)
     monkeypatch.setattr(_native, "Stream", Stream)
+    monkeypatch.setattr(_native, "graph_mark_capture_tail", mark_capture_tail, raising=False)
     monkeypatch.setattr(_native, "Module", Module)
     monkeypatch.setattr(_native, "memcpy_dtod_async", lambda *a: None)
     monkeypatch.setattr(_native, "memset", cuda_fakes.memset)

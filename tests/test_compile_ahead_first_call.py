@@ -51,6 +51,10 @@ def test_first_call_compiles_only_ahead(steps: dict[str, Any], which: str, arch:
         _native.kernel_cache_clear_memory()
     replay = record.replay
     assert replay is not None and replay.fallback is None and replay.captured
+    # The 20-token prefill's cuBLASLt GEMMs (gate/up, the LM head) are decode-sized: where
+    # PDL is on (SM 9.0) the kernel after each starts once it has begun.
+    early = which == "prefill" and arch == "sm_90"
+    assert (replay.early_edges > 0) if early else replay.early_edges == 0
     assert record.compiled, "the first call compiled its kernels"
     assert record.late == [], f"compiled after the parallel compile: {record.late}"
     first = replay.first_call
