@@ -19,6 +19,7 @@ from pygpukit.ir import dtypes
 
 from . import lt_choices, toolchain
 from .context import Context, capturing
+from .kernels import loader
 from .value import DeviceValue
 
 # (a_ptr, b_ptr, d_ptr[, bias_ptr][, c=residual_ptr][, a_scale=, b_scale= (FP8 plans)])
@@ -259,7 +260,7 @@ def lt_launcher(ctx: Context, dtype: str, m: int, n: int, k: int, a_op: tuple[bo
         _timing["lt_plan_ms"] += (time.perf_counter() - t0) * 1e3
     ws_ptr = ws.ptr if ws is not None else 0
     untuned = [tuned]
-    early = m * batch <= EARLY_MAX_ROWS
+    early = m * batch <= EARLY_MAX_ROWS and loader.pdl_enabled()
 
     def lt(pa: int, pb: int, pd: int, pbias: int = 0, c: int = 0, a_scale: int = 0,
            b_scale: int = 0) -> None:  # fmt: skip
