@@ -196,13 +196,17 @@ int Graph::start_after_foreign_launch() {
   if (!api.cuGraphGetEdges || !api.cuGraphAddDependencies || !api.cuGraphRemoveDependencies) {
     return 0;
   }
+  Registry& r = registry();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.early.empty()) return 0;  // no GEMM was marked: nothing to move
+  }
   size_t n = 0;
   check_cu(api.cuGraphGetEdges(graph_, nullptr, nullptr, nullptr, &n), "cuGraphGetEdges");
   if (n == 0) return 0;
   std::vector<CUgraphNode> from(n), to(n);
   std::vector<cu::EdgeData> data(n);
   check_cu(api.cuGraphGetEdges(graph_, from.data(), to.data(), data.data(), &n), "cuGraphGetEdges");
-  Registry& r = registry();
   // Whether `node` is a kernel node and launches one of this library's functions.
   auto kernel_of = [&](CUgraphNode node, bool& own) {
     int type = -1;
@@ -225,10 +229,10 @@ int Graph::start_after_foreign_launch() {
       continue;
     }
     bool up_own = true, down_own = false;
-    if (!kernel_of(from[i], up_own) || up_own || !kernel_of(to[i], down_own) || !down_own) {
+    if (!marked(from[i]) || !kernel_of(from[i], up_own) || up_own || !kernel_of(to[i], down_own) ||
+        !down_own) {
       continue;
     }
-    if (!marked(from[i])) continue;
     cu::EdgeData early = e;
     early.from_port = cu::kGraphPortLaunchOrder;
     check_cu(api.cuGraphRemoveDependencies(graph_, &from[i], &to[i], &e, 1),

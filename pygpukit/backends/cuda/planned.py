@@ -26,7 +26,6 @@ from pygpukit.passes import Step
 
 from . import compile_ahead, cublaslt, device_pool, dry_runs, ew
 from .context import Launch, StepContext, contiguous
-from .kernels import loader
 from .layout import is_contiguous
 from .plan import plan_step
 from .value import DeviceValue
@@ -53,7 +52,8 @@ class CudaReplay:
         self._keep: list[Storage] = []  # scratch the graph writes: must outlive it
         self.num_nodes = 0
         # Programmatic edges from a cuBLASLt kernel to ours that start ours once the GEMM's
-        # blocks have all begun (cublaslt.EARLY_MAX_ROWS): set by the capture.
+        # blocks have all begun (the GEMMs cublaslt marks, EARLY_MAX_ROWS): set by the
+        # capture.
         self.early_edges = 0
         self.replays = 0  # graph launches
         self.eager_runs = 0  # run() called from Python (the first call, or the fallback)
@@ -161,8 +161,7 @@ class CudaReplay:
                 self._run(launch)
             finally:
                 graph = stream.end_capture()
-            if loader.pdl_enabled():
-                self.early_edges = graph.start_after_foreign_launch()
+            self.early_edges = graph.start_after_foreign_launch()
             exec_ = graph.instantiate()
         except Exception as e:  # noqa: BLE001 - any failure inside capture means: re-issue
             self._give_up(launch.step, e)
