@@ -568,3 +568,54 @@ def test_paged_append_decode_step_gpu(monkeypatch, dtype, tol, case):
     np.testing.assert_allclose(got, pool, atol=tol, rtol=tol)
     assert "paged_sdpa_append" in step.program_ops() and seen
     assert all(seen) == (case != "batch64")
+
+
+def test_paged_append_early_stages_replayed_gpu():
+    """The fused decode kernel of a captured step fills its first stages before its
+    programmatic-launch wait, over the lengths and table entries as read then (a guess,
+    checked after the wait: paged_decode.attend's kv_early). Here the lengths (a cast) and
+    the table rows (gathered) are made inside the graph and change from call to call, so
+    the guess may be the last call's; each call against float64, the pool carried over."""
+    from types import SimpleNamespace
+
+    from paged_append_case import NP, AppendStep
+
+    rng = np.random.default_rng(33)
+    dtype, tol = "bfloat16", 3e-2
+    h, kv, d, bs, m, b = 32, 4, 64, 16, 24, 12
+    nb = 2 * b * m + 8
+    ref = SimpleNamespace(dtype=dtype, kv=kv)
+    ref.pool_np = rng.standard_normal((nb, 2 * kv, bs, d)).astype(NP[dtype])
+    pool = gpk.from_numpy(ref.pool_np.copy())
+    tables = rng.permutation(nb)[: 2 * b * m].reshape(2 * b, m).astype(np.int32)
+
+    def step(q, new, slots, tables, pick, lens64, cos, sin):
+        table = gpk.take(tables, pick, axis=0)
+        lens = lens64.astype(gpk.int32)
+        gpk.nn.paged_write(pool, new, slots, cos=cos, sin=sin, rope_heads=kv)
+        return gpk.nn.paged_attention(q, pool[:, :kv], pool[:, kv:], table, lens,
+                                      pieces=False, cos=cos, sin=sin)  # fmt: skip
+
+    fn = gpk.compile(step)
+    for call in range(5):
+        pick = rng.permutation(2 * b)[:b].astype(np.int64)
+        ref.table = tables[pick]
+        lens = rng.integers(1, m * bs, b)
+        lens[rng.integers(0, b)] = 0  # a padding row: no keys, no store
+        ref.lens = lens.astype(np.int32)
+        ref.slots = np.array([int(ref.table[r, (n - 1) // bs]) * bs + (n - 1) % bs if n else -1
+                              for r, n in enumerate(lens)], np.int64)  # fmt: skip
+        ref.q = rng.standard_normal((b, h, 1, d)).astype(NP[dtype])
+        ref.new = rng.standard_normal((b, 2 * kv, d)).astype(NP[dtype])
+        ang = rng.uniform(0, 6.3, (b, d // 2))
+        ref.cos, ref.sin = np.cos(ang).astype(NP[dtype]), np.sin(ang).astype(NP[dtype])
+        args = [gpk.from_numpy(a) for a in (ref.q, ref.new, ref.slots, tables, pick,
+                                            lens.astype(np.int64), ref.cos, ref.sin)]  # fmt: skip
+        out = fn(*args).astype("float32").to_numpy().astype(np.float64)
+        want, pool_want = AppendStep.reference(ref)
+        np.testing.assert_allclose(out, want, atol=tol, rtol=tol, err_msg=f"call {call}")
+        got = pool.astype("float32").to_numpy()
+        np.testing.assert_allclose(got, pool_want, atol=tol, rtol=tol, err_msg=f"call {call}")
+        ref.pool_np = pool_want.astype(NP[dtype])
+    entry = list(fn._cache.values())[-1]
+    assert "paged_sdpa_append" in [n.op for n in entry.program.schedule.graph.nodes]

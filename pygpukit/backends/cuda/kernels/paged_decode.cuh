@@ -208,7 +208,7 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
     long long q_sh, long long t_sb, long long t_sm, long long l_s, long long* __restrict__ err,
     long long tag, int pieces, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
     long long cs_s, const pgk_t* __restrict__ kv_new, long long kn_sb,
-    const PGK_PSLOT* __restrict__ slots, long long s_s, int rows) {
+    const PGK_PSLOT* __restrict__ slots, long long s_s, int rows, bool early) {
   static_assert(PGK_G <= 16, "one mma tile holds 16 query heads");
   extern __shared__ __align__(16) unsigned char pgk_pdsmem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -222,11 +222,99 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
   constexpr long long o_sh = PGK_D;  // out [B, H, 1, D] contiguous
   o += ((long long)b * n_heads + h0) * o_sh;
 
+  // The keys this block reads: [start, end), in PGK_MTK-key tiles dealt over the warps.
+  const int cap = max_blocks * block_size;
+  const int* __restrict__ trow = table + b * t_sb;
+  const long long head_off = (long long)kvh * block_size * PGK_D;  // kv head in a block
+  const long long block_elems = p_sb;  // a block's elements apart (see the header)
+  int start = 0, end = 0, my_tiles = 0;
+  auto set_range = [&](int s, int e) {
+    start = s;
+    end = e;
+    const int n_tiles = e > s ? (e - s + PGK_MTK - 1) / PGK_MTK : 0;
+    my_tiles = warp < n_tiles ? (n_tiles - warp + PGK_MW - 1) / PGK_MW : 0;
+  };
+  pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_pdsmem) + warp * (PGK_MSTAGES * 2 * PGK_MTILE);
+  // The lane's table entry for this warp's it-th tile: block (first key / block_size +
+  // lane), if it holds a key of the range (0 otherwise, never used). Through L2 (l2) for
+  // the early guess, so that no line it read waits in L1 for the reads after the wait.
+  auto entry = [&](int it, bool l2) {
+    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+    const int blk = key0 / block_size + lane;
+    if (it >= my_tiles || blk * block_size >= end) return 0;
+    return l2 ? __ldcg(trow + blk * t_sm) : __ldg(trow + blk * t_sm);
+  };
+  // The warp's it-th tile into its stage; ent: the lane's entry for it (entry(it)). A bad
+  // block id is zero-filled, and reported where `report` (not for the early guess).
+  auto issue = [&](int it, int ent, bool report) {
+    pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
+    pgk_t* vs = ks + PGK_MTILE;
+    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
+    const int first = key0 / block_size;
+    constexpr int CH = PGK_D / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int e = lane; e < PGK_MTK * CH; e += 32) {  // the same trip count in every lane
+      const int j = e / CH, cc = (e % CH) * 8, key = key0 + j;
+      const int blk = __shfl_sync(0xffffffffu, ent, key / block_size - first);
+      bool in = key < end;
+      long long off = 0;
+      if (in) {
+        if (blk < 0 || blk >= n_blocks) {
+          if (cc == 0 && report) pgk_paged_report(err, tag, blk, n_blocks);
+          in = false;
+        } else {
+          off = blk * block_elems + head_off + (long long)(key % block_size) * PGK_D + cc;
+        }
+      }
+      pgk_cp_async16(ks + j * PGK_MLD + cc, kp + off, in);
+      pgk_cp_async16(vs + j * PGK_MLD + cc, vp + off, in);
+    }
+  };
+  // tab[i]: the entry of the tile issued i issues from now. The first 2 * PGK_MSTAGES
+  // entries in one round trip, then one stage per commit group, empty ones too.
+  int tab[2 * PGK_MSTAGES];
+  auto first_stages = [&](bool l2, bool report) {
+#pragma unroll
+    for (int i = 0; i < 2 * PGK_MSTAGES; ++i) tab[i] = entry(i, l2);
+#pragma unroll
+    for (int it = 0; it < PGK_MSTAGES; ++it) {
+      if (it < my_tiles) issue(it, tab[it], report);
+      pgk_cp_async_commit();
+    }
+  };
+#if PGK_PAPPEND
+  // early (a captured step; see pgk_paged_decode_mma): every key of the pool but this
+  // step's new one was stored before the graph ran, and the new one is patched into its
+  // tile below, so the first stages fill before the wait, over the range and the table
+  // entries as read now. Those are a guess until the wait: read again after it, and the
+  // stages filled again where anything differs (a warp its own).
+  int g_start = 0, g_end = 0;
+  int g_tab[PGK_MSTAGES];
+  if (early) {
+    const int len_g = __ldcg(lens + b * l_s);
+    int s, e;
+    pgk_dec_share(0, len_g < 0 ? 0 : (len_g > cap ? cap : len_g), split, splits, PGK_MTK, s, e);
+    if (s < e) {
+      set_range(s, e);
+      first_stages(true, false);
+#pragma unroll
+      for (int i = 0; i < PGK_MSTAGES; ++i) g_tab[i] = tab[i];
+      g_start = s;
+      g_end = e;
+    }
+    pgk_pdl_wait();
+    pgk_pdl_trigger();
+  }
+#else
+  (void)early;
+#endif
+
   // Q^T as B fragments (n = heads, zero beyond G; k = head_dim), requested together with
   // the length: one round trip.
   constexpr int KS = PGK_D / 16, NB = (PGK_G + 7) / 8;  // k steps, 8-head column blocks
   unsigned qb[NB][KS][2];
   {
+
     const pgk_t* q0 = q + b * q_sb + (long long)h0 * q_sh;
     const long long c0 = PGK_QROPE ? b * cs_s : 0;  // row b's tables (one query a row)
 #pragma unroll
@@ -283,9 +371,8 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
 #else
   (void)kv_new, (void)kn_sb, (void)slots, (void)s_s;
 #endif
-  int start, end, row_keys;
+  int r_start, r_end, row_keys;  // the range as it is now
   {
-    const int cap = max_blocks * block_size;
     int len = pgk_paged_len_checked(lens, l_s, b, cap, err, tag,
                                     tid == 0 && blockIdx.x == 0 && blockIdx.y == 0);
     // A prompt piece's row is pgk_paged_prefill's, launched after this one (and after the
@@ -296,9 +383,31 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
       hi = 0;
     }
     row_keys = hi;
-    pgk_dec_share(0, hi, split, splits, PGK_MTK, start, end);
+    pgk_dec_share(0, hi, split, splits, PGK_MTK, r_start, r_end);
   }
+#if PGK_PAPPEND
+  // The early stages stand where the range and the entries they were issued over are
+  // still the row's; else they are drained (each warp its own) and issued again below.
+  bool reuse = false;
+  if (g_start < g_end) {
+    if (g_start == r_start && g_end == r_end) {
+#pragma unroll
+      for (int i = 0; i < 2 * PGK_MSTAGES; ++i) tab[i] = entry(i, false);
+      bool differ = false;
+#pragma unroll
+      for (int i = 0; i < PGK_MSTAGES; ++i)
+        differ |= tab[i] != g_tab[i] || tab[i] < 0 || tab[i] >= n_blocks;
+      reuse = !__any_sync(0xffffffffu, differ);
+    }
+    if (!reuse) {
+      pgk_cp_async_wait<0>();
+      __syncwarp();
+    }
+  }
+#endif
+  set_range(r_start, r_end);
   if (start >= end) {
+
 #if PGK_PAPPEND
     append_row();  // a row with no keys here still stores its new one
 #endif
@@ -310,54 +419,11 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
     return;
   }
 
-  table += b * t_sb;
-  const long long head_off = (long long)kvh * block_size * PGK_D;  // kv head in a block
-  const long long block_elems = p_sb;  // a block's elements apart (see the header)
-  const int n_tiles = (end - start + PGK_MTK - 1) / PGK_MTK;
-  const int my_tiles = warp < n_tiles ? (n_tiles - warp + PGK_MW - 1) / PGK_MW : 0;
-  pgk_t* wsm = reinterpret_cast<pgk_t*>(pgk_pdsmem) + warp * (PGK_MSTAGES * 2 * PGK_MTILE);
-  // The lane's table entry for this warp's it-th tile: block (first key / block_size +
-  // lane), if it holds a key of the range (0 otherwise, never used).
-  auto entry = [&](int it) {
-    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
-    const int blk = key0 / block_size + lane;
-    return it < my_tiles && blk * block_size < end ? __ldg(table + blk * t_sm) : 0;
-  };
-  // The warp's it-th tile into its stage; ent: the lane's entry for it (entry(it)).
-  auto issue = [&](int it, int ent) {
-    pgk_t* ks = wsm + (it % PGK_MSTAGES) * 2 * PGK_MTILE;
-    pgk_t* vs = ks + PGK_MTILE;
-    const int key0 = start + (warp + it * PGK_MW) * PGK_MTK;
-    const int first = key0 / block_size;
-    constexpr int CH = PGK_D / 8;  // 16-byte chunks per row
-#pragma unroll
-    for (int e = lane; e < PGK_MTK * CH; e += 32) {  // the same trip count in every lane
-      const int j = e / CH, cc = (e % CH) * 8, key = key0 + j;
-      const int blk = __shfl_sync(0xffffffffu, ent, key / block_size - first);
-      bool in = key < end;
-      long long off = 0;
-      if (in) {
-        if (blk < 0 || blk >= n_blocks) {
-          if (cc == 0) pgk_paged_report(err, tag, blk, n_blocks);
-          in = false;
-        } else {
-          off = blk * block_elems + head_off + (long long)(key % block_size) * PGK_D + cc;
-        }
-      }
-      pgk_cp_async16(ks + j * PGK_MLD + cc, kp + off, in);
-      pgk_cp_async16(vs + j * PGK_MLD + cc, vp + off, in);
-    }
-  };
-  // tab[i]: the entry of the tile issued i issues from now. The first 2 * PGK_MSTAGES
-  // entries in one round trip, then one stage per commit group, empty ones too.
-  int tab[2 * PGK_MSTAGES];
-#pragma unroll
-  for (int i = 0; i < 2 * PGK_MSTAGES; ++i) tab[i] = entry(i);
-#pragma unroll
-  for (int it = 0; it < PGK_MSTAGES; ++it) {
-    if (it < my_tiles) issue(it, tab[it]);
-    pgk_cp_async_commit();
-  }
+#if PGK_PAPPEND
+  if (!reuse) first_stages(false, true);
+#else
+  first_stages(false, true);
+#endif
 #pragma unroll
   for (int i = 0; i < PGK_MSTAGES; ++i) tab[i] = tab[i + PGK_MSTAGES];
 #if PGK_PAPPEND
@@ -369,7 +435,7 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
   int patch = -1;
   if (s_ok) {
     const int p = row_keys - 1;
-    const int e = p >= 0 ? __ldg(table + (p / block_size) * t_sm) : -1;
+    const int e = p >= 0 ? __ldg(trow + (p / block_size) * t_sm) : -1;
     if (p < 0 || e * block_size + p % block_size != slot)
       patch = -2;
     else if (p >= start && p < end)
@@ -407,7 +473,7 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
         hit = key0 + lane == patch;
       } else {  // lane l checks key key0 + l
         const int key = key0 + lane,
-                  blk = __shfl_sync(0xffffffffu, entry(it),
+                  blk = __shfl_sync(0xffffffffu, entry(it, false),
                                     min(key / block_size - key0 / block_size, 31));
         hit = key < end && blk * block_size + key % block_size == slot;
       }
@@ -502,12 +568,12 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
       }
     }
     __syncwarp();  // every lane is done with this stage before it is refilled
-    if (it + PGK_MSTAGES < my_tiles) issue(it + PGK_MSTAGES, tab[0]);
+    if (it + PGK_MSTAGES < my_tiles) issue(it + PGK_MSTAGES, tab[0], true);
     pgk_cp_async_commit();
     // Shift the entries; the one PGK_MSTAGES issues ahead of the next is loaded now.
 #pragma unroll
     for (int i = 0; i + 1 < PGK_MSTAGES; ++i) tab[i] = tab[i + 1];
-    tab[PGK_MSTAGES - 1] = entry(it + 2 * PGK_MSTAGES);
+    tab[PGK_MSTAGES - 1] = entry(it + 2 * PGK_MSTAGES, false);
   }
   pgk_cp_async_wait<0>();
 #pragma unroll
@@ -599,11 +665,17 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                          long long t_sm, long long l_s, long long* __restrict__ err, long long tag,
                          int pieces, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
                          long long cs_s, const pgk_t* __restrict__ kv_new, long long kn_sb,
-                         const PGK_PSLOT* __restrict__ slots, long long s_s, int rows) {
-  pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
-  pgk_pdl_trigger();
+                         const PGK_PSLOT* __restrict__ slots, long long s_s, int rows,
+                         int kv_early) {
   const int z = (int)blockIdx.z, nz = (int)gridDim.z;
-  const bool one = nz >= rows;    // a row a block, which its body tests for a piece
+  const bool one = nz >= rows;  // a row a block, which its body tests for a piece
+  // kv_early (PGK_PAPPEND, a captured step): a block of one row waits in its body, once
+  // its first stages are in flight.
+  const bool early = PGK_PAPPEND && kv_early && one;
+  if (!early) {
+    pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
+    pgk_pdl_trigger();
+  }
   __shared__ unsigned s_need[2];  // this round's rows to attend, and its rows of no keys
   const int lane = threadIdx.x & 31, cap = max_blocks * block_size;
   for (int base = 0; z + base * nz < rows; base += 32) {
@@ -636,7 +708,8 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
       pgk_paged_decode_mma_row(z + (base + __ffs(m) - 1) * nz, q, kp, vp, table, lens, o_part,
                                ml_part, o, n_heads, group, kv_heads, block_size, n_blocks,
                                max_blocks, p_sb, scale, q_sb, q_sh, t_sb, t_sm, l_s, err, tag,
-                               one ? pieces : 0, cs, sn, cs_s, kv_new, kn_sb, slots, s_s, rows);
+                               one ? pieces : 0, cs, sn, cs_s, kv_new, kn_sb, slots, s_s, rows,
+                               early);
     }
   }
 }

@@ -169,6 +169,7 @@ def attend(
     append: tuple[int, int, int, int] | None = None,
     append_slot64: bool = False,
     decode_rows: int | None = None,
+    kv_early: bool = False,
     stream: Any = None,
 ) -> None:
     """out[b, h, i] = softmax(scale q[b, h, i] . k[j], j <= lens[b] - n_q + i) @ v[j], keys
@@ -191,7 +192,10 @@ def attend(
     tensor-core body): how many rows can be other than prompt pieces (the serving step's
     decode rows and the prompts it finishes in one token); the grid then has that many
     block rows, each taking every decode_rows-th row (row_grid). A hint: any row that is
-    not a piece is still attended, by the block row it falls to."""
+    not a piece is still attended, by the block row it falls to. kv_early (with append, a
+    captured step whose pools no other launch of the graph writes): each block fills its
+    first stages before the programmatic-launch wait, over the length and table entries
+    read as a guess and checked after it."""
     if not supports(dtype, head_dim, heads, kv_heads, rows, n_q):
         raise ShapeError(f"paged_decode: unsupported shape (dtype {dtype}, head_dim {head_dim}, "
                          f"heads {heads}/{kv_heads}, rows {rows} x {n_q} queries)")  # fmt: skip
@@ -234,7 +238,8 @@ def attend(
                                  group, kv_heads, block_size, n_blocks, max_blocks, p_sb,
                                  float(scale), *q_strides[:2], *table_strides, lens_stride,
                                  err, tag, int(pieces), cs, sn, cs_s,
-                                 *(append or (0, 0, 0, 0)), rows)  # fmt: skip
+                                 *(append or (0, 0, 0, 0)), rows,
+                                 int(kv_early and append is not None))  # fmt: skip
     else:
         budget = loader.max_shared_optin()
         st = 4

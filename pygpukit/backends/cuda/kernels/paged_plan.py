@@ -24,7 +24,7 @@ from pygpukit.passes import Step
 
 from .. import compiler, ew
 from ..codegen import paged
-from ..context import Context, cdiv, contiguous
+from ..context import Context, capturing, cdiv, contiguous
 from ..value import DeviceValue
 from . import loader, paged_decode, paged_prefill, rope_plan
 
@@ -296,7 +296,11 @@ def _plan_split(ctx: Context, step: Step, ins: Sequence[DeviceValue], tag: int, 
                             pool_block_stride=p_sb, rope=tables, append=stores,
                             append_slot64=append and v[8].dtype == dtypes.int64,
                             decode_rows=step.attrs.get("decode_rows"),
-                            stream=ctx.stream)  # fmt: skip
+                            # The pool is the compiled step's own (paged_sdpa_append's
+                            # rule): the graph writes no key of it but this step's, which
+                            # the kernel patches itself, so in a capture (the kernel ahead
+                            # is the graph's own) it may read the pool early.
+                            kv_early=append and capturing(ctx), stream=ctx.stream)  # fmt: skip
         if tiles:
             paged_prefill.attend(v[0].ptr, v[1].ptr, v[2].ptr, v[3].ptr, v[4].ptr, out.ptr,
                                  rows=b, heads=h, kv_heads=kv, head_dim=d, block_size=bs,
