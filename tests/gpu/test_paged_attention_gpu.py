@@ -570,7 +570,7 @@ def test_paged_append_decode_step_gpu(monkeypatch, dtype, tol, case):
     assert all(seen) == (case != "batch64")
 
 
-def test_paged_append_early_stages_replayed_gpu():
+def test_paged_append_early_stages_replayed_gpu(monkeypatch):
     """The fused decode kernel of a captured step fills its first stages before its
     programmatic-launch wait, over the lengths and table entries as read then (a guess,
     checked after the wait: paged_decode.attend's kv_early). Here the lengths (a cast) and
@@ -580,6 +580,16 @@ def test_paged_append_early_stages_replayed_gpu():
 
     from paged_append_case import NP, AppendStep
 
+    from pygpukit.backends.cuda.kernels import paged_decode
+
+    early = []
+    attend = paged_decode.attend
+
+    def spy(*a, **kw):  # the fused launch, and whether it filled its stages early
+        early.append(bool(kw.get("kv_early")))
+        return attend(*a, **kw)
+
+    monkeypatch.setattr(paged_decode, "attend", spy)
     rng = np.random.default_rng(33)
     dtype, tol = "bfloat16", 3e-2
     h, kv, d, bs, m, b = 32, 4, 64, 16, 24, 12
@@ -619,3 +629,4 @@ def test_paged_append_early_stages_replayed_gpu():
         ref.pool_np = pool_want.astype(NP[dtype])
     entry = list(fn._cache.values())[-1]
     assert "paged_sdpa_append" in [n.op for n in entry.program.schedule.graph.nodes]
+    assert any(early)  # captured calls took the early build

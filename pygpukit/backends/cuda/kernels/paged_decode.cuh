@@ -167,6 +167,14 @@ extern "C" __global__ void __launch_bounds__(PGK_DT)
 #ifndef PGK_PSLOT
 #define PGK_PSLOT int  // the slots' type: int or long long (the serving engine's)
 #endif
+// PGK_KVEARLY 1 (with PGK_PAPPEND, a captured step): a block of one row fills its first
+// stages before its programmatic-launch wait (see pgk_paged_decode_mma_row).
+#ifndef PGK_KVEARLY
+#define PGK_KVEARLY 0
+#endif
+#if PGK_KVEARLY && !PGK_PAPPEND
+#error "PGK_KVEARLY reads the pool early: it comes with PGK_PAPPEND"
+#endif
 #if PGK_PAPPEND && !PGK_QROPE
 #error "PGK_PAPPEND stores rotated keys: it comes with PGK_QROPE"
 #endif
@@ -282,7 +290,7 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
       pgk_cp_async_commit();
     }
   };
-#if PGK_PAPPEND
+#if PGK_KVEARLY
   // early (a captured step; see pgk_paged_decode_mma): every key of the pool but this
   // step's new one was stored before the graph ran, and the new one is patched into its
   // tile below, so the first stages fill before the wait, over the range and the table
@@ -385,7 +393,7 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
     row_keys = hi;
     pgk_dec_share(0, hi, split, splits, PGK_MTK, r_start, r_end);
   }
-#if PGK_PAPPEND
+#if PGK_KVEARLY
   // The early stages stand where the range and the entries they were issued over are
   // still the row's; else they are drained (each warp its own) and issued again below.
   bool reuse = false;
@@ -419,7 +427,7 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
     return;
   }
 
-#if PGK_PAPPEND
+#if PGK_KVEARLY
   if (!reuse) first_stages(false, true);
 #else
   first_stages(false, true);
@@ -665,14 +673,13 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                          long long t_sm, long long l_s, long long* __restrict__ err, long long tag,
                          int pieces, const pgk_t* __restrict__ cs, const pgk_t* __restrict__ sn,
                          long long cs_s, const pgk_t* __restrict__ kv_new, long long kn_sb,
-                         const PGK_PSLOT* __restrict__ slots, long long s_s, int rows,
-                         int kv_early) {
+                         const PGK_PSLOT* __restrict__ slots, long long s_s, int rows) {
   const int z = (int)blockIdx.z, nz = (int)gridDim.z;
   const bool one = nz >= rows;  // a row a block, which its body tests for a piece
-  // kv_early (PGK_PAPPEND, a captured step): a block of one row waits in its body, once
-  // its first stages are in flight.
-  const bool early = PGK_PAPPEND && kv_early && one;
-  if (!early) {
+  // PGK_KVEARLY: a block of one row waits in its body, once its first stages are in
+  // flight.
+  const bool row_early = PGK_KVEARLY && one;
+  if (!row_early) {
     pgk_pdl_wait();  // launched as a programmatic dependent: see common.cuh
     pgk_pdl_trigger();
   }
@@ -709,7 +716,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
                                ml_part, o, n_heads, group, kv_heads, block_size, n_blocks,
                                max_blocks, p_sb, scale, q_sb, q_sh, t_sb, t_sm, l_s, err, tag,
                                one ? pieces : 0, cs, sn, cs_s, kv_new, kn_sb, slots, s_s, rows,
-                               early);
+                               row_early);
     }
   }
 }

@@ -113,7 +113,8 @@ def workspace_floats(rows: int, heads: int, splits: int, head_dim: int) -> int:
 
 
 def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool, rope: bool = False,
-             append: bool = False, slot64: bool = False) -> dict[str, object]:  # fmt: skip
+             append: bool = False, slot64: bool = False,
+             kv_early: bool = False) -> dict[str, object]:  # fmt: skip
     key = "PGK_MSTAGES" if mma else "PGK_STAGES"
     d: dict[str, object] = {**loader.type_defines(dtype), "PGK_D": head_dim, "PGK_G": g,
                             key: stages, "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
@@ -123,6 +124,8 @@ def _defines(dtype: str, head_dim: int, g: int, stages: int, mma: bool, rope: bo
         d["PGK_PAPPEND"] = 1
         if slot64:
             d["PGK_PSLOT"] = "long long"
+        if kv_early:
+            d["PGK_KVEARLY"] = 1
     return d
 
 
@@ -238,8 +241,7 @@ def attend(
                                  group, kv_heads, block_size, n_blocks, max_blocks, p_sb,
                                  float(scale), *q_strides[:2], *table_strides, lens_stride,
                                  err, tag, int(pieces), cs, sn, cs_s,
-                                 *(append or (0, 0, 0, 0)), rows,
-                                 int(kv_early and append is not None))  # fmt: skip
+                                 *(append or (0, 0, 0, 0)), rows)  # fmt: skip
     else:
         budget = loader.max_shared_optin()
         st = 4
@@ -251,7 +253,7 @@ def attend(
                 block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides,
                 *table_strides, lens_stride, err, tag, int(pieces))  # fmt: skip
     defines = _defines(dtype, head_dim, g, st, mma, rope is not None, append is not None,
-                       append_slot64)  # fmt: skip
+                       append_slot64, kv_early and mma and append is not None)  # fmt: skip
     fn = loader.get_kernel("paged_decode", name, defines)
     fn.set_dynamic_smem(smem)
     fn.launch(grid, (threads,), args, smem, stream)

@@ -111,12 +111,14 @@ def all_variants() -> list[Variant]:
             # q rotated as it is read (paged_sdpa with rope: the serving step's form).
             pr = _t(dt, PGK_D=d, PGK_G=8, PGK_MSTAGES=3, PGK_ERR_INDEX=1, PGK_QROPE=1)
             out.append(("paged_decode", ("pgk_paged_decode_mma",), pr))
-            # ... and storing the step's keys and values (paged_sdpa_append), at each depth.
+            # ... and storing the step's keys and values (paged_sdpa_append), at each depth,
+            # captured (its first stages filled before its wait) or not.
             for stages in (1, 2, 3):
                 for slot in ({}, {"PGK_PSLOT": "long long"}):  # int32 / int64 slots
-                    out.append(("paged_decode", ("pgk_paged_decode_mma",),
-                                {**pr, "PGK_MSTAGES": stages, "PGK_PAPPEND": 1,
-                                 **slot}))  # fmt: skip
+                    for early in ({}, {"PGK_KVEARLY": 1}):
+                        out.append(("paged_decode", ("pgk_paged_decode_mma",),
+                                    {**pr, "PGK_MSTAGES": stages, "PGK_PAPPEND": 1,
+                                     **slot, **early}))  # fmt: skip
     for dt in loader.HALF_DTYPES:
         for d in paged_prefill.HEAD_DIMS:  # the prompt pieces' tensor-core kernel
             pp = _t(dt, PGK_D=d, PGK_PSTAGES=paged_prefill.STAGES, PGK_ERR_INDEX=1)
