@@ -31,10 +31,12 @@ PGK_DEVICE void pgk_paged_report(long long* err, long long tag, long long value,
   }
 }
 
-// Row b's length, clamped to the table's keys [0, cap] (pgk_paged_decode reports a bad one).
+// A length clamped to the table's keys [0, cap].
+PGK_DEVICE int pgk_paged_clamp(int len, int cap) { return len < 0 ? 0 : (len > cap ? cap : len); }
+
+// Row b's length, clamped (pgk_paged_decode reports a bad one).
 PGK_DEVICE int pgk_paged_len(const int* __restrict__ lens, long long l_s, int b, int cap) {
-  const int len = __ldg(lens + b * l_s);
-  return len < 0 ? 0 : (len > cap ? cap : len);
+  return pgk_paged_clamp(__ldg(lens + b * l_s), cap);
 }
 
 // Row b's length as pgk_paged_len clamps it; a length outside [0, cap] is reported where
@@ -43,7 +45,7 @@ PGK_DEVICE int pgk_paged_len_checked(const int* __restrict__ lens, long long l_s
                                      long long* err, long long tag, bool report) {
   const int len = __ldg(lens + b * l_s);
   if ((len < 0 || len > cap) && report) pgk_paged_report(err, tag, len, cap);
-  return len < 0 ? 0 : (len > cap ? cap : len);
+  return pgk_paged_clamp(len, cap);
 }
 
 // Whether row b (length len) is a prompt piece's, which pgk_paged_prefill
@@ -299,9 +301,8 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
   int g_start = 0, g_end = 0;
   int g_tab[PGK_MSTAGES];
   if (early) {
-    const int len_g = __ldcg(lens + b * l_s);
     int s, e;
-    pgk_dec_share(0, len_g < 0 ? 0 : (len_g > cap ? cap : len_g), split, splits, PGK_MTK, s, e);
+    pgk_dec_share(0, pgk_paged_clamp(__ldcg(lens + b * l_s), cap), split, splits, PGK_MTK, s, e);
     if (s < e) {
       set_range(s, e);
       first_stages(true, false);
@@ -322,7 +323,6 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
   constexpr int KS = PGK_D / 16, NB = (PGK_G + 7) / 8;  // k steps, 8-head column blocks
   unsigned qb[NB][KS][2];
   {
-
     const pgk_t* q0 = q + b * q_sb + (long long)h0 * q_sh;
     const long long c0 = PGK_QROPE ? b * cs_s : 0;  // row b's tables (one query a row)
 #pragma unroll
@@ -415,7 +415,6 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
 #endif
   set_range(r_start, r_end);
   if (start >= end) {
-
 #if PGK_PAPPEND
     append_row();  // a row with no keys here still stores its new one
 #endif

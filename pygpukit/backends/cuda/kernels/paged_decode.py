@@ -253,7 +253,7 @@ def attend(
                 block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides,
                 *table_strides, lens_stride, err, tag, int(pieces))  # fmt: skip
     defines = _defines(dtype, head_dim, g, st, mma, rope is not None, append is not None,
-                       append_slot64, kv_early and mma and append is not None)  # fmt: skip
+                       append_slot64, kv_early)  # fmt: skip
     fn = loader.get_kernel("paged_decode", name, defines)
     fn.set_dynamic_smem(smem)
     fn.launch(grid, (threads,), args, smem, stream)
