@@ -153,8 +153,9 @@ def test_paged_sdpa_plans_the_split_kernel(arch, dtype, b, t, kind, monkeypatch)
 )
 def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypatch):
     """One query per row in bf16 / f16 launches paged_prefill.cuh after the split kernel
-    (and its merge): one block per 64 rows and query head, the rows of prompt pieces
-    chosen on the device. One row, several queries a row or float32 launch it not."""
+    (and its merge): one block per 64 rows and pair of query heads (the GQA group of 4
+    divides by 2), the rows of prompt pieces chosen on the device. One row, several
+    queries a row or float32 launch it not."""
     cuda_fakes.install(monkeypatch, arch)
     rng = np.random.default_rng(2)
     kp = gpk.asarray(rng.standard_normal((40, 2, 16, d)).astype(np.float32)).astype(dtype)
@@ -167,7 +168,7 @@ def test_paged_sdpa_plans_the_piece_kernel(arch, dtype, b, t, d, tiles, monkeypa
     grids = [grid for name, grid in launches if name == "pgk_paged_prefill"]
     assert any(n.startswith("pgk_paged_decode") for n in names)
     if tiles:
-        assert grids == [(-(-b // 64) * 8,)]
+        assert grids == [(-(-b // 64) * 8 // 2,)]
         assert names.index("pgk_paged_prefill") == len(names) - 1  # after the merge
     else:
         assert not grids

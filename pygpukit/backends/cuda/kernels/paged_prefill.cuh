@@ -4,9 +4,11 @@
 // block table and length; a prompt piece is a run of consecutive rows of one sequence, so
 // their tables are equal and their lengths grow by one a row (the length IS the causal
 // mask). pgk_paged_decode reads a row's whole prefix per row; here a block takes PGK_PM
-// consecutive rows of one query head, and rows whose tables agree share every K / V tile:
-// S = Q K^T and O += P V by mma.sync m16n8k16, online softmax in fp32, as
-// attention_flash.cuh, each row masked to its own length, keys found through the table.
+// consecutive rows of PGK_PHG query heads of one KV head (four warps a head), and rows
+// whose tables agree share every K / V tile: S = Q K^T and O += P V by mma.sync m16n8k16,
+// online softmax in fp32, as attention_flash.cuh, each row masked to its own length, keys
+// found through the table. The heads share the block's row bookkeeping, table reads and
+// K / V stages.
 //
 // Which rows are pieces is data, decided on the device the same way by both kernels
 // (pgk_paged_piece in paged_decode.cuh: a row with a neighbour of the same first block).
@@ -15,8 +17,8 @@
 // row whose table agrees with the anchor's over its own keys joins the pass, and the pass
 // streams the anchor's keys [0, anchor length) through its table (usually one pass; two
 // where a tile holds the end of one piece and the start of the next; a row that agrees
-// with no other row gets a pass of its own). The grid is fixed (tiles x heads, heads
-// fastest); a block with no piece row exits at once.
+// with no other row gets a pass of its own). The grid is fixed (row tiles x head groups,
+// head groups fastest); a block with no piece row exits at once.
 //
 // pools k/v [n_blocks, KV, block_size, D], blocks p_sb elements apart (a block's KV heads
 // contiguous, as paged_decode.cuh takes them); table [B, max_blocks] and lens [B]
@@ -34,10 +36,13 @@
 #ifndef PGK_PSTAGES
 #define PGK_PSTAGES 2  // cp.async K / V stages
 #endif
-#define PGK_PW 4                           // warps per block, one m16 row tile each
+#ifndef PGK_PHG
+#define PGK_PHG 1  // query heads a block, of one KV head: they share its K / V tiles
+#endif
+#define PGK_PW 4                           // warps per head, one m16 row tile each
 #define PGK_PM (16 * PGK_PW)               // rows a block
 #define PGK_PN 64                          // keys a tile
-#define PGK_PT (PGK_PW * 32)               // threads per block
+#define PGK_PT (PGK_PW * 32 * PGK_PHG)     // threads per block
 #define PGK_PLD (PGK_D + 8)                // shared-memory row, elements (16-byte pad)
 #define PGK_PKS (PGK_D / 16)               // k steps of Q K^T
 #define PGK_PDN (PGK_D / 8)                // n tiles of O
@@ -50,7 +55,7 @@ static_assert(sizeof(pgk_t) == 2, "paged_prefill takes bf16 or f16");
 static_assert(PGK_D % 16 == 0, "head_dim must be a multiple of 16");
 static_assert(PGK_PSTAGES >= 2, "at least two stages");
 static_assert(PGK_PM <= PGK_PT, "a thread per row in the row bookkeeping");
-static_assert(PGK_PM <= 2 * PGK_PN, "the Q tile is staged in one K/V stage");
+static_assert(PGK_PHG * PGK_PM <= PGK_PSTAGES * 2 * PGK_PN, "Q is staged in the K/V stages");
 static_assert(PGK_PT % PGK_PCR == 0 && PGK_PN % PGK_PRS == 0 && PGK_PM % PGK_PRS == 0,
               "whole rows a pass, whole passes a tile");
 
@@ -101,9 +106,12 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   // are dispatched first and the short ones fill in behind them (the 1024-token serving
   // step's 512 blocks fill three an SM, 1.29 waves; the second wave had been the step's
   // last rows, the longest).
-  const int n_rt = (int)(gridDim.x / n_heads);
-  const int h = (int)(blockIdx.x % n_heads), b0 = (n_rt - 1 - (int)(blockIdx.x / n_heads)) * PGK_PM;
-  const int kvh = h / group;
+  // The block's heads h0 .. h0 + PGK_PHG - 1 (the launcher keeps them in one KV group);
+  // warp w works on head h0 + w / PGK_PW.
+  const int n_hb = n_heads / PGK_PHG, n_rt = (int)(gridDim.x / n_hb);
+  const int h0 = (int)(blockIdx.x % n_hb) * PGK_PHG, h = h0 + warp / PGK_PW;
+  const int b0 = (n_rt - 1 - (int)(blockIdx.x / n_hb)) * PGK_PM;
+  const int kvh = h0 / group;
   const int cap = max_blocks * block_size;
 
   // The rows' lengths and which are pieces, a thread a row (the decode kernel reports bad
@@ -122,22 +130,24 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   }
   if (!__syncthreads_or(tid < PGK_PM && s_state[tid] == 1)) return;
 
-  // Q: staged in stage 0, then held as A fragments for every pass.
+  // Q: staged in the stages (head hh's row r at smem row hh * PGK_PM + r, so warp w's
+  // 16 rows start at row 16 w), then held as A fragments for every pass.
   unsigned qf[PGK_PKS][4];
   {
-    const pgk_t* qh = q + (long long)h * q_sh;
 #pragma unroll
-    for (int it = 0; it < PGK_PM * PGK_PCR / PGK_PT; ++it) {
-      const int e = tid + it * PGK_PT, r = e / PGK_PCR, c = (e % PGK_PCR) * 8;
+    for (int it = 0; it < PGK_PHG * PGK_PM * PGK_PCR / PGK_PT; ++it) {
+      const int e = tid + it * PGK_PT, rr = e / PGK_PCR, r = rr % PGK_PM, c = (e % PGK_PCR) * 8;
+      const pgk_t* qh = q + (long long)(h0 + rr / PGK_PM) * q_sh;
       const bool in = b0 + r < rows;
-      pgk_cp_async16(smem + r * PGK_PLD + c, in ? qh + (long long)(b0 + r) * q_sb + c : qh, in);
+      pgk_cp_async16(smem + rr * PGK_PLD + c, in ? qh + (long long)(b0 + r) * q_sb + c : qh, in);
     }
     pgk_cp_async_commit();
 #if PGK_QROPE
     // The rows' rope tables in 16-byte pieces (8 pairs) where they are aligned, loaded
     // while Q lands: a pair at a time, the rotation's loads, one after another, had been
     // a fifth of the kernel's stall samples (ncu, H200, the 1024-token mixed step).
-    constexpr int HALF = PGK_D / 2, RCH = HALF / 8, RIT = (PGK_PM * RCH + PGK_PT - 1) / PGK_PT;
+    constexpr int HALF = PGK_D / 2, RCH = HALF / 8, QR = PGK_PHG * PGK_PM;  // staged rows
+    constexpr int RIT = (QR * RCH + PGK_PT - 1) / PGK_PT;
     const bool rvec =
         ((reinterpret_cast<unsigned long long>(cs) | reinterpret_cast<unsigned long long>(sn)) &
          15ull) == 0 &&
@@ -145,8 +155,8 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     uint4 rc[RIT], rsn[RIT];
 #pragma unroll
     for (int it = 0; it < RIT; ++it) {
-      const int e = tid + it * PGK_PT, r = e / RCH, c = (e % RCH) * 8;
-      const bool in = rvec && e < PGK_PM * RCH && b0 + r < rows;
+      const int e = tid + it * PGK_PT, r = e / RCH % PGK_PM, c = (e % RCH) * 8;
+      const bool in = rvec && e < QR * RCH && b0 + r < rows;
       const long long at = (long long)(b0 + r) * cs_s + c;
       rc[it] = in ? __ldg(reinterpret_cast<const uint4*>(cs + at)) : make_uint4(0, 0, 0, 0);
       rsn[it] = in ? __ldg(reinterpret_cast<const uint4*>(sn + at)) : make_uint4(0, 0, 0, 0);
@@ -155,15 +165,15 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     pgk_cp_async_wait<0>();
     __syncthreads();
 #if PGK_QROPE
-    // Rotated in place (pgk_paged_q2's math): row r's table is row b0 + r's (the tables
-    // are written before the decode kernel's wait, as q is).
+    // Rotated in place (pgk_paged_q2's math): staged row rr's table is row b0 + rr %
+    // PGK_PM's (the tables are written before the decode kernel's wait, as q is).
     if (rvec) {
 #pragma unroll
       for (int it = 0; it < RIT; ++it) {
-        const int e = tid + it * PGK_PT, r = e / RCH, c = (e % RCH) * 8;
-        if (e >= PGK_PM * RCH || b0 + r >= rows) continue;
-        uint4* lo = reinterpret_cast<uint4*>(smem + r * PGK_PLD + c);
-        uint4* hi = reinterpret_cast<uint4*>(smem + r * PGK_PLD + c + HALF);
+        const int e = tid + it * PGK_PT, rr = e / RCH, c = (e % RCH) * 8;
+        if (e >= QR * RCH || b0 + rr % PGK_PM >= rows) continue;
+        uint4* lo = reinterpret_cast<uint4*>(smem + rr * PGK_PLD + c);
+        uint4* hi = reinterpret_cast<uint4*>(smem + rr * PGK_PLD + c + HALF);
         uint4 vl = *lo, vh = *hi;
         pgk_t* xl = reinterpret_cast<pgk_t*>(&vl);
         pgk_t* xh = reinterpret_cast<pgk_t*>(&vh);
@@ -176,10 +186,10 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
       }
     }
 #pragma unroll 4
-    for (int e = rvec ? PGK_PM * HALF : tid; e < PGK_PM * HALF; e += PGK_PT) {
-      const int r = e / HALF, j = e % HALF;
+    for (int e = rvec ? QR * HALF : tid; e < QR * HALF; e += PGK_PT) {
+      const int rr = e / HALF, r = rr % PGK_PM, j = e % HALF;
       if (b0 + r >= rows) continue;
-      pgk_t* x = smem + r * PGK_PLD;
+      pgk_t* x = smem + rr * PGK_PLD;
       const long long c = (long long)(b0 + r) * cs_s + j;
       pgk_prot(x[j], x[j + HALF], cs[c], sn[c]);
     }
@@ -195,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   }
   // Scores go through exp2: fold log2(e) into the scale.
   const float qscale = scale * 1.4426950408889634f;
-  const int row0 = warp * 16 + (lane >> 2);  // this thread's rows: row0 and row0 + 8
+  const int row0 = warp % PGK_PW * 16 + (lane >> 2);  // this thread's rows: row0, row0 + 8
   const long long head_off = (long long)kvh * block_size * PGK_D;
   const long long block_elems = p_sb;  // a block's elements apart
   const int ld_r = tid / PGK_PCR, ld_c = (tid % PGK_PCR) * 8;

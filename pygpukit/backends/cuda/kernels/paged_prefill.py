@@ -15,7 +15,8 @@ from ._common import cdiv
 DTYPES = loader.HALF_DTYPES
 HEAD_DIMS = (64, 128)
 ROWS = 64  # PGK_PM: consecutive rows a block
-THREADS = 128  # PGK_PT
+HEAD_THREADS = 128  # threads a query head of a block (PGK_PT / PGK_PHG)
+HEADS_PER_BLOCK = 2  # PGK_PHG where the GQA group divides by it
 KEYS = 64  # PGK_PN: keys a tile
 STAGES = 2  # PGK_PSTAGES
 MAX_GRID = 2**31 - 1
@@ -24,6 +25,12 @@ MAX_GRID = 2**31 - 1
 def smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory: the stages of a K and a V tile, rows padded by 16 bytes."""
     return STAGES * 2 * KEYS * (head_dim + 8) * 2
+
+
+def heads_per_block(group: int) -> int:
+    """Query heads a block takes (PGK_PHG): they share one KV head's tiles, so a block
+    holds heads of one GQA group only."""
+    return HEADS_PER_BLOCK if group % HEADS_PER_BLOCK == 0 else 1
 
 
 def supports(dtype: str, head_dim: int, heads: int, kv_heads: int, rows: int) -> bool:
@@ -87,8 +94,10 @@ def attend(
     if p_sb < kv_heads * block_size * head_dim or p_sb % 8:
         raise ShapeError(f"paged_prefill: pool blocks {p_sb} elements apart overlap or are "
                          f"not 16-byte aligned")  # fmt: skip
+    phg = heads_per_block(heads // kv_heads)
     defines: dict[str, object] = {**loader.type_defines(dtype), "PGK_D": head_dim,
-                                  "PGK_PSTAGES": STAGES, "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
+                                  "PGK_PSTAGES": STAGES, "PGK_PHG": phg,
+                                  "PGK_ERR_INDEX": ERR_INDEX}  # fmt: skip
     if rope is not None:
         if rope[0] % 4 or rope[1] % 4 or rope[2] % 2:
             raise ShapeError("paged_prefill: the rope tables need 4-byte aligned rows")
@@ -97,7 +106,7 @@ def attend(
     fn = loader.get_kernel("paged_prefill", "pgk_paged_prefill", defines)
     smem = smem_bytes(head_dim)
     fn.set_dynamic_smem(smem)
-    fn.launch((cdiv(rows, ROWS) * heads,), (THREADS,),
+    fn.launch((cdiv(rows, ROWS) * (heads // phg),), (HEAD_THREADS * phg,),
               (q, k_pool, v_pool, table, lens, out, rows, heads, heads // kv_heads, kv_heads,
                block_size, n_blocks, max_blocks, p_sb, float(scale), *q_strides, *table_strides,
                lens_stride, err, tag, int(inputs_early), cs, sn, cs_s), smem,
