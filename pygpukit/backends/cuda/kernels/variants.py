@@ -121,7 +121,7 @@ def all_variants() -> list[Variant]:
                                      **slot, **early}))  # fmt: skip
     for dt in loader.HALF_DTYPES:
         for d in paged_prefill.HEAD_DIMS:  # the prompt pieces' tensor-core kernel
-            for phg in sorted({1, paged_prefill.HEADS_PER_BLOCK}):  # MHA; GQA groups
+            for phg in sorted({1, paged_prefill.HEADS_PER_BLOCK}):  # odd groups; even ones
                 pp = _t(dt, PGK_D=d, PGK_PSTAGES=paged_prefill.STAGES, PGK_PHG=phg, PGK_ERR_INDEX=1)
                 out.append(("paged_prefill", ("pgk_paged_prefill",), pp))
                 out.append(("paged_prefill", ("pgk_paged_prefill",), {**pp, "PGK_QROPE": 1}))
