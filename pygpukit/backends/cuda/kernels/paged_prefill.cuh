@@ -114,22 +114,6 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   const int kvh = h0 / group;
   const int cap = max_blocks * block_size;
 
-  // The rows' lengths and which are pieces, a thread a row (the decode kernel reports bad
-  // lengths; both clamp them the same way).
-  if (tid < PGK_PM) {
-    const int b = b0 + tid;
-    int len = 0;
-    bool piece = false;
-    if (b < rows) {
-      len = pgk_paged_len(lens, l_s, b, cap);
-      piece = pgk_paged_piece(table, t_sb, lens, l_s, b, rows, len, cap);
-    }
-    s_len[tid] = len;
-    s_state[tid] = piece ? 1 : 0;
-    s_bad[tid] = 0;
-  }
-  if (!__syncthreads_or(tid < PGK_PM && s_state[tid] == 1)) return;
-
   // Q: staged in the stages (head hh's row r at smem row hh * PGK_PM + r, so warp w's
   // 16 rows start at row 16 w), then held as A fragments for every pass.
   unsigned qf[PGK_PKS][4];
@@ -162,6 +146,24 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
       rsn[it] = in ? __ldg(reinterpret_cast<const uint4*>(sn + at)) : make_uint4(0, 0, 0, 0);
     }
 #endif
+    // The rows' lengths and which are pieces, a thread a row, while Q and its rope tables
+    // are in flight (the decode kernel reports bad lengths; both clamp them the same way).
+    if (tid < PGK_PM) {
+      const int b = b0 + tid;
+      int len = 0;
+      bool piece = false;
+      if (b < rows) {
+        len = pgk_paged_len(lens, l_s, b, cap);
+        piece = pgk_paged_piece(table, t_sb, lens, l_s, b, rows, len, cap);
+      }
+      s_len[tid] = len;
+      s_state[tid] = piece ? 1 : 0;
+      s_bad[tid] = 0;
+    }
+    if (!__syncthreads_or(tid < PGK_PM && s_state[tid] == 1)) {
+      pgk_cp_async_wait<0>();  // no piece row: nothing waits on Q
+      return;
+    }
     pgk_cp_async_wait<0>();
     __syncthreads();
 #if PGK_QROPE
