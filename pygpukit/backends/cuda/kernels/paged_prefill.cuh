@@ -103,9 +103,9 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
   __shared__ int s_tab[PGK_PTAB];  // the pass anchor's block ids (its first PGK_PTAB)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Row tiles last to first: a piece's later rows see more keys, so the longest blocks
-  // are dispatched first and the short ones fill in behind them (the 1024-token serving
-  // step's 512 blocks fill three an SM, 1.29 waves; the second wave had been the step's
-  // last rows, the longest).
+  // are dispatched first and the short ones fill in behind them (with one head a block
+  // the 1024-token serving step's 512 blocks filled three an SM, 1.29 waves; the second
+  // wave had been the step's last rows, the longest).
   // The block's heads h0 .. h0 + PGK_PHG - 1 (the launcher keeps them in one KV group);
   // warp w works on head h0 + w / PGK_PW.
   const int n_hb = n_heads / PGK_PHG, n_rt = (int)(gridDim.x / n_hb);
@@ -130,8 +130,8 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     // The rows' rope tables in 16-byte pieces (8 pairs) where they are aligned, loaded
     // while Q lands: a pair at a time, the rotation's loads, one after another, had been
     // a fifth of the kernel's stall samples (ncu, H200, the 1024-token mixed step).
-    constexpr int HALF = PGK_D / 2, RCH = HALF / 8, QR = PGK_PHG * PGK_PM;  // staged rows
-    constexpr int RIT = (QR * RCH + PGK_PT - 1) / PGK_PT;
+    // A thread's pieces of a row rotate that row of every head (staged rows hh * PGK_PM + r).
+    constexpr int HALF = PGK_D / 2, RCH = HALF / 8, RIT = (PGK_PM * RCH + PGK_PT - 1) / PGK_PT;
     const bool rvec =
         ((reinterpret_cast<unsigned long long>(cs) | reinterpret_cast<unsigned long long>(sn)) &
          15ull) == 0 &&
@@ -139,8 +139,8 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     uint4 rc[RIT], rsn[RIT];
 #pragma unroll
     for (int it = 0; it < RIT; ++it) {
-      const int e = tid + it * PGK_PT, r = e / RCH % PGK_PM, c = (e % RCH) * 8;
-      const bool in = rvec && e < QR * RCH && b0 + r < rows;
+      const int e = tid + it * PGK_PT, r = e / RCH, c = (e % RCH) * 8;
+      const bool in = rvec && e < PGK_PM * RCH && b0 + r < rows;
       const long long at = (long long)(b0 + r) * cs_s + c;
       rc[it] = in ? __ldg(reinterpret_cast<const uint4*>(cs + at)) : make_uint4(0, 0, 0, 0);
       rsn[it] = in ? __ldg(reinterpret_cast<const uint4*>(sn + at)) : make_uint4(0, 0, 0, 0);
@@ -167,33 +167,40 @@ extern "C" __global__ void __launch_bounds__(PGK_PT)
     pgk_cp_async_wait<0>();
     __syncthreads();
 #if PGK_QROPE
-    // Rotated in place (pgk_paged_q2's math): staged row rr's table is row b0 + rr %
-    // PGK_PM's (the tables are written before the decode kernel's wait, as q is).
+    // Rotated in place (pgk_paged_q2's math): row r's table is row b0 + r's (the tables
+    // are written before the decode kernel's wait, as q is).
     if (rvec) {
 #pragma unroll
       for (int it = 0; it < RIT; ++it) {
-        const int e = tid + it * PGK_PT, rr = e / RCH, c = (e % RCH) * 8;
-        if (e >= QR * RCH || b0 + rr % PGK_PM >= rows) continue;
-        uint4* lo = reinterpret_cast<uint4*>(smem + rr * PGK_PLD + c);
-        uint4* hi = reinterpret_cast<uint4*>(smem + rr * PGK_PLD + c + HALF);
-        uint4 vl = *lo, vh = *hi;
-        pgk_t* xl = reinterpret_cast<pgk_t*>(&vl);
-        pgk_t* xh = reinterpret_cast<pgk_t*>(&vh);
+        const int e = tid + it * PGK_PT, r = e / RCH, c = (e % RCH) * 8;
+        if (e >= PGK_PM * RCH || b0 + r >= rows) continue;
         const pgk_t* cv = reinterpret_cast<const pgk_t*>(&rc[it]);
         const pgk_t* sv = reinterpret_cast<const pgk_t*>(&rsn[it]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) pgk_prot(xl[i], xh[i], cv[i], sv[i]);
-        *lo = vl;
-        *hi = vh;
+        for (int hh = 0; hh < PGK_PHG; ++hh) {
+          uint4* lo = reinterpret_cast<uint4*>(smem + (hh * PGK_PM + r) * PGK_PLD + c);
+          uint4* hi = reinterpret_cast<uint4*>(smem + (hh * PGK_PM + r) * PGK_PLD + c + HALF);
+          uint4 vl = *lo, vh = *hi;
+          pgk_t* xl = reinterpret_cast<pgk_t*>(&vl);
+          pgk_t* xh = reinterpret_cast<pgk_t*>(&vh);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) pgk_prot(xl[i], xh[i], cv[i], sv[i]);
+          *lo = vl;
+          *hi = vh;
+        }
       }
     }
 #pragma unroll 4
-    for (int e = rvec ? QR * HALF : tid; e < QR * HALF; e += PGK_PT) {
-      const int rr = e / HALF, r = rr % PGK_PM, j = e % HALF;
+    for (int e = rvec ? PGK_PM * HALF : tid; e < PGK_PM * HALF; e += PGK_PT) {
+      const int r = e / HALF, j = e % HALF;
       if (b0 + r >= rows) continue;
-      pgk_t* x = smem + rr * PGK_PLD;
       const long long c = (long long)(b0 + r) * cs_s + j;
-      pgk_prot(x[j], x[j + HALF], cs[c], sn[c]);
+      const pgk_t cr = cs[c], sr = sn[c];
+#pragma unroll
+      for (int hh = 0; hh < PGK_PHG; ++hh) {
+        pgk_t* x = smem + (hh * PGK_PM + r) * PGK_PLD;
+        pgk_prot(x[j], x[j + HALF], cr, sr);
+      }
     }
     __syncthreads();
 #else
