@@ -2,7 +2,8 @@
 
     python scripts/graph_profile.py [--batches 1,16] [--steps 32] [--json FILE] [--trace FILE]
         [--model tinyllama,llama2-7b] [--quantize bf16,int8,fp8,int4]
-    python scripts/graph_profile.py --prefill 1x1024,4x512 [--no-peer] [--json FILE]
+    python scripts/graph_profile.py --prefill 1x1024,4x512 [--no-peer] [--quantize int4]
+        [--json FILE]
 
 Prints (1) the host time of one call of a small compiled function (the dispatch cost: the
 GPU work is a few microseconds), (2) the TinyLlama-shape decode step (random bf16 weights)
@@ -36,7 +37,8 @@ bandwidth (a 256 MiB device copy, measured in the run), each GEMM against torch'
 the same M, N, K (gemm_reference), and the layer's GEMM and non-GEMM own time; and each
 cuBLASLt plan the prefills asked for with the workspace its algorithm needs (cuBLASLt
 zeroes part of it before the kernel: a memset in the breakdown), timed against the same
-GEMM planned without a workspace (lt_workspace).
+GEMM planned without a workspace (lt_workspace). With --quantize each format's prefill
+(weights quantized as for decode) is profiled in turn; the peer runs with bf16 alone.
 
 --serve B,...[:BUDGET,...] profiles the serving engine's captured step (pygpukit/serve):
 a decode step of B running sequences at --context keys each, and, per BUDGET, a mixed
@@ -53,6 +55,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -493,38 +496,42 @@ def _profiled(run: Any, label: str, layers: int, trace: str | None) -> dict[str,
     return s
 
 
-def prefill(shapes: list[tuple[int, int]], peer: bool, trace: str | None = None
-            ) -> list[dict[str, Any]]:  # fmt: skip
-    """Per (batch, tokens): our captured prefill's wall time and kernel breakdown, and the
-    torch.compile'd gpt-fast prefill's (peer)."""
+def prefill(shapes: list[tuple[int, int]], peer: bool, trace: str | None = None,
+            formats: Sequence[str] = ("bf16",)) -> list[dict[str, Any]]:  # fmt: skip
+    """Per weight format and (batch, tokens): our captured prefill's wall time and kernel
+    breakdown, and the torch.compile'd gpt-fast prefill's (peer, bf16 weights)."""
     import torch
 
     from pygpukit.bench.llm import _prompts, best_of, random_model, tinyllama_config
+    from pygpukit.bench.quant_llm import _quantized_model
     from pygpukit.llm.sampling import SamplingParams
 
     cfg = tinyllama_config()
-    model = random_model(cfg)
+    base = random_model(cfg)
     rows: list[dict[str, Any]] = []
-    for b, t in shapes:
+    for fmt, (b, t) in ((f, s) for f in formats for s in shapes):
+        model = base if fmt == "bf16" else _quantized_model(base, fmt)
         prompts = _prompts(cfg, b, t)
         max_seq = min(cfg.max_position_embeddings, t + 16)
 
-        def ours(prompts: list[list[int]] = prompts, max_seq: int = max_seq) -> float:
+        def ours(prompts: list[list[int]] = prompts, max_seq: int = max_seq,
+                 model: Any = model) -> float:  # fmt: skip
             return float(model.generate_ids(prompts, 1, SamplingParams(), max_seq_len=max_seq,
                                             stop_at_eos=False).prefill_s)  # fmt: skip
 
-        row: dict[str, Any] = {"batch": b, "tokens": t, "ours_ms": 1e3 * best_of(ours)}
+        row: dict[str, Any] = {"weights": fmt, "batch": b, "tokens": t,
+                               "ours_ms": 1e3 * best_of(ours)}  # fmt: skip
         gen = _generator(model)
         if gen is not None:
             entry = gen._prefill.stats()["entries"][-1]
             row["ours_replay"], row["ours_steps"] = entry["replay"], entry["kernels"]
         print(json.dumps({k: v for k, v in row.items()}, default=str), flush=True)
         tr = trace and trace.replace(".json", f"-ours-{b}x{t}.json")
-        row["ours"] = _profiled(ours, f"ours {b}x{t}", cfg.num_layers, tr)
+        row["ours"] = _profiled(ours, f"ours {fmt} {b}x{t}", cfg.num_layers, tr)
         rows.append(row)
     # The peers after all of ours: a run cut short (torch.compile's first compile of a shape
     # takes a while) keeps every shape of ours.
-    for row in rows if peer else []:
+    for row in rows if peer and formats == ("bf16",) else []:
         b, t = row["batch"], row["tokens"]
         try:
             row["peer_ms"], row["peer"] = _peer(cfg, b, t, trace)
@@ -764,8 +771,9 @@ def main() -> None:
         help="decode: model shapes (pygpukit.bench.llm.MODELS), comma-separated",
     )
     ap.add_argument("--quantize", default="bf16",
-                    help="decode: weight formats, comma-separated: bf16 (unquantized), int8, "
-                         "fp8 (blocks of 128), int4 (groups of 128)")  # fmt: skip
+                    help="decode and prefill: weight formats, comma-separated: bf16 "
+                         "(unquantized), int8, fp8 (blocks of 128), int4 (groups of 128)",
+                    )  # fmt: skip
     ap.add_argument("--prefill", help="BxT,...: profile the prefill of these shapes instead")
     ap.add_argument("--no-peer", action="store_true", help="prefill: without torch.compile")
     ap.add_argument("--serve", help="B,...[:BUDGET,...]: profile the serving engine's steps")
@@ -785,7 +793,8 @@ def main() -> None:
     if a.prefill:
         shapes = [(int(b), int(t)) for b, t in (x.split("x") for x in a.prefill.split(","))]
         with LtPlans() as plans:
-            out: dict[str, Any] = {"prefill": prefill(shapes, not a.no_peer, a.trace)}
+            out: dict[str, Any] = {"prefill": prefill(shapes, not a.no_peer, a.trace,
+                                                      tuple(a.quantize.split(",")))}  # fmt: skip
         out["lt_workspace"] = lt_workspace(plans)
         out["gemm_reference"] = gemm_reference(sorted({b * t for b, t in shapes}))
         out["copy_gb_s"] = copy_bandwidth()
@@ -796,7 +805,8 @@ def main() -> None:
             # one chunk from position 0: its attention reads the t keys it stored
             annotate_layer(row["ours"], tinyllama_config(), b, t, t, out["copy_gb_s"],
                            out["gemm_reference"])  # fmt: skip
-            print(f"== ours {b}x{t} ({row['ours_ms']:.3f} ms; copy {out['copy_gb_s']:.0f} GB/s)")
+            print(f"== ours {row['weights']} {b}x{t} ({row['ours_ms']:.3f} ms; "
+                  f"copy {out['copy_gb_s']:.0f} GB/s)")  # fmt: skip
             _print_layer(row["ours"])
         if a.json:
             with open(a.json, "w") as f:

@@ -79,3 +79,12 @@ def test_int4_as_e4m3_rejects_bad_arguments(spec: QuantSpec, k: int, w: int, out
                                             match: str) -> None:  # fmt: skip
     with pytest.raises(ShapeError, match=match):
         fp8_quant.int4_as_e4m3(256 + w, 0, 512 + out, spec, 64, k)
+
+
+@pytest.mark.parametrize(("ld", "ld_t"), [(1, 64), (2, 60)])
+def test_int4_as_e4m3_rejects_scale_strides_that_overlap(ld: int, ld_t: int) -> None:
+    """The relaid scales of 64 rows of 2 groups: a row stride under the groups, or a
+    transposed one under the rows, would overlap rows."""
+    with pytest.raises(ShapeError, match="scale row strides"):
+        fp8_quant.int4_as_e4m3(256, 0, 512, QuantSpec("int4", group=128), 64, 256,
+                               scales=(1024, ld, 2048, ld_t))  # fmt: skip

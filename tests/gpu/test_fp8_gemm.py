@@ -91,13 +91,16 @@ def test_activation_quantization_is_numpys(dev, dtype, group, k, x_stride, x_off
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_int4_weight_as_e4m3_is_exact(dev, symmetric):
-    """Every q - zero of an int4 weight (all 16 codes, all zero points) as its e4m3 byte."""
+@pytest.mark.parametrize("relay_scales", [False, True])
+def test_int4_weight_as_e4m3_is_exact(dev, symmetric, relay_scales):
+    """Every q - zero of an int4 weight (all 16 codes, all zero points) as its e4m3 byte;
+    with relay_scales, the group scales [n, k / 128] (rows 7 floats apart) also written
+    transposed with rows of 44 (n padded to 4s), as cuBLASLt reads them."""
     from pygpukit.backends.cuda.kernels import fp8_quant
     from pygpukit.ir.quant import pack_int4
 
     rng = np.random.default_rng()
-    n, k, group = 40, 512, 128
+    n, k, group = 41, 512, 128
     q = rng.integers(0, 16, (n, k)).astype(np.uint8)
     q[0, :16] = np.arange(16)
     spec = QuantSpec("int4", group=group, has_zero=not symmetric)
@@ -106,11 +109,19 @@ def test_int4_weight_as_e4m3_is_exact(dev, symmetric):
         zero[1, :] = np.arange(k // group) % 16
         zero[2, :] = 15 - zero[1, :]
     out = dev.alloc(n * k)
+    groups, ld, ld_t = k // group, 7, 44
+    scale = rng.uniform(0.5, 2.0, (n, ld)).astype(np.float32)
+    scale_t = dev.put(np.full((groups, ld_t), -1.0, np.float32))
+    scales = (dev.put(scale), ld, scale_t, ld_t) if relay_scales else None
     fp8_quant.int4_as_e4m3(dev.put(pack_int4(q)), dev.put(zero) if zero is not None else 0,
-                           out, spec, n, k)  # fmt: skip
+                           out, spec, n, k, scales=scales)  # fmt: skip
     z = np.repeat(zero, group, axis=1) if zero is not None else 8
     want = (q.astype(np.float32) - z).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     np.testing.assert_array_equal(dev.get(out, (n, k), np.uint8), want)
+    want_t = np.full((groups, ld_t), -1.0, np.float32)  # the padding columns untouched
+    if relay_scales:
+        want_t[:, :n] = scale[:, :groups].T
+    np.testing.assert_array_equal(dev.get(scale_t, (groups, ld_t), np.float32), want_t)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

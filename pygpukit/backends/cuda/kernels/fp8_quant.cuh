@@ -7,9 +7,9 @@
 // (the layout cuBLASLt reads); q = e4m3(x * (448 / amax)) rounded to nearest even, so the
 // largest magnitude of a group is 448 exactly (an all-zero group: scale 1, q 0).
 //
-// No conversion instruction: cvt to e4m3 exists on SM 8.9+ only and every template is
-// compiled for sm_80 too, so pgk_e4m3 rounds with integer arithmetic (exact; the kernel
-// is bound by its 3 bytes an element of memory traffic, not by these few instructions).
+// The conversion is cvt's on SM 8.9+ (pgk_e4m3x2); cvt to e4m3 does not exist before, and
+// every template is compiled for sm_80 too, where pgk_e4m3 rounds with integer arithmetic
+// (exact, the same bytes; the FP8 GEMM itself needs SM 8.9+).
 #include "common.cuh"
 
 #ifndef PGK_FQG
@@ -49,12 +49,27 @@ PGK_DEVICE void pgk_fq_load(const pgk_t* __restrict__ x, long long at, int col, 
   for (int j = 0; j < 8; ++j) f[j] = col + j < k ? pgk_to_float(x[at + j]) : 0.0f;
 }
 
+// Two values as e4m3 bytes (a in the low byte): the conversion unit's cvt on SM 8.9+, one
+// instruction for both (the integer rounding above took the kernel to a third of copy
+// bandwidth on an H200), which rounds to nearest even and saturates at 448 as pgk_e4m3
+// does; pgk_e4m3 on SM 8.x, which has no e4m3 cvt.
+PGK_DEVICE unsigned pgk_e4m3x2(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short h;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(h) : "f"(b), "f"(a));
+  return h;
+#else
+  return pgk_e4m3(a) | (pgk_e4m3(b) << 8);
+#endif
+}
+
 // The 8 values times inv as e4m3 bytes to q + at (8 bytes; those past k dropped).
 PGK_DEVICE void pgk_fq_store(unsigned char* __restrict__ q, long long at, int col, int k,
                              const float (&f)[8], float inv) {
   unsigned w[2] = {0u, 0u};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) w[j / 4] |= pgk_e4m3(f[j] * inv) << (8 * (j % 4));
+  for (int j = 0; j < 8; j += 2)
+    w[j / 4] |= pgk_e4m3x2(f[j] * inv, f[j + 1] * inv) << (8 * (j % 4));
   if (col + 8 <= k) {
     *reinterpret_cast<uint2*>(q + at) = make_uint2(w[0], w[1]);
     return;
@@ -173,12 +188,28 @@ PGK_DEVICE void pgk_int4_e4m3_word(unsigned w, __half2 zpair, unsigned& lo, unsi
   hi = __byte_perm(u01, u23, 0x7632);
 }
 
+// With scale_t, the grid's first relay_blocks blocks copy the float32 group scales
+// scale[row, g] (row stride scale_ld) to scale_t[g, row] (row stride scale_t_ld): the
+// N-major per-128 scales cuBLASLt reads, made beside the conversion rather than by a
+// transposing copy of their own a call (consecutive threads write consecutive rows).
+// Copying them from the threads that start a group had made the conversion's threads
+// wait on one more load: [11264 x 2048] 9.9 -> 13.9 us (H200).
 extern "C" __global__ void __launch_bounds__(256)
     pgk_int4_e4m3(const unsigned char* __restrict__ w, const unsigned char* __restrict__ zero,
-                  unsigned char* __restrict__ out, int n, int k, int group, int zero_ld) {
+                  unsigned char* __restrict__ out, int n, int k, int group, int zero_ld,
+                  const float* __restrict__ scale, float* __restrict__ scale_t, int scale_ld,
+                  int scale_t_ld, int relay_blocks) {
   pgk_pdl_wait();  // out may be scratch the kernel ahead still reads
   pgk_pdl_trigger();
-  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  if ((int)blockIdx.x < relay_blocks) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned groups = (unsigned)k / (unsigned)group;
+    if (i >= (unsigned)n * groups) return;
+    const unsigned g = i / (unsigned)n, row = i - g * (unsigned)n;
+    scale_t[(size_t)g * scale_t_ld + row] = __ldg(scale + (size_t)row * scale_ld + g);
+    return;
+  }
+  const unsigned t = (blockIdx.x - relay_blocks) * blockDim.x + threadIdx.x;
   const unsigned per_row = (unsigned)k / 32u;
   if (t >= (unsigned)n * per_row) return;
   const unsigned row = t / per_row, c32 = t - row * per_row;

@@ -75,10 +75,14 @@ def quantize_rows(x: int, q: int, scale: int, m: int, k: int, dtype: str, *, gro
 
 
 def int4_as_e4m3(w: int, zero: int, out: int, spec: QuantSpec, n: int, k: int, *,
+                 scales: tuple[int, int, int, int] | None = None,
                  stream: Any = None) -> None:  # fmt: skip
     """out [n, k] (e4m3 bytes, dense, 16-byte aligned) = q - zero of the int4 weight at w
     (ir/quant.py's [n, k/2] bytes, 16-byte aligned; uint8 zero points at `zero` when
-    spec.has_zero), each exact: the FP8 GEMM's operand, the group scales applying there."""
+    spec.has_zero), each exact: the FP8 GEMM's operand, the group scales applying there.
+    scales (scale, ld, scale_t, ld_t): also the float32 group scales [n, k/group] at scale
+    (row stride ld) transposed to scale_t [k/group, ld_t] (ld_t >= n), as cuBLASLt reads
+    them."""
     if spec.format != "int4" or spec.group % 32 or k % 32:
         raise ShapeError(f"int4_as_e4m3: a {spec.label} weight with K={k} (int4, groups "
                          f"and K of 32s)")  # fmt: skip
@@ -89,9 +93,14 @@ def int4_as_e4m3(w: int, zero: int, out: int, spec: QuantSpec, n: int, k: int, *
         return
     threads = n * (k // 32)
     int32_range("int4_as_e4m3", threads=threads)
+    sc, ld, sc_t, ld_t = scales if scales is not None else (0, 0, 0, 0)
+    if sc_t and (ld < k // spec.group or ld_t < n):
+        raise ShapeError(f"int4_as_e4m3: scale row strides {ld} / {ld_t} for {n} rows of "
+                         f"{k // spec.group} groups")  # fmt: skip
+    relay = cdiv(n * (k // spec.group), THREADS) if sc_t else 0
     fn = loader.get_kernel("fp8_quant", "pgk_int4_e4m3", {"PGK_QZERO": int(spec.has_zero)})
-    fn.launch((cdiv(threads, THREADS),), (THREADS,), (w, zero, out, n, k, spec.group,
-              k // spec.group), 0, stream)  # fmt: skip
+    fn.launch((relay + cdiv(threads, THREADS),), (THREADS,), (w, zero, out, n, k, spec.group,
+              k // spec.group, sc, sc_t, ld, ld_t, relay), 0, stream)  # fmt: skip
 
 
 # A weight's scale form -> (x's scale mode and group, W's scale mode) of the FP8 GEMM: the
@@ -154,6 +163,8 @@ class Fp8Weight:
         self.min_rows = MIN_ROWS[spec.format]  # fewer rows: the quantized GEMV
         self._scale = self._zero = 0
         self._relaid = None  # W's scales copied into the layout cuBLASLt reads, if not theirs
+        self._relaid_shape = (0, 0)
+        self._scale_ld = 0  # int4: the scales' row stride, relaid by int4_as_e4m3
         rows, cols = scale.shape if len(scale.shape) == 2 else (0, 0)
         if self.w_mode == "blk128x128" and cols % SCALE_ALIGN:
             self._relaid_shape = (rows, round_up(cols, SCALE_ALIGN))
@@ -161,6 +172,10 @@ class Fp8Weight:
         elif self.w_mode == "vec128":  # int4's row-major [N, K/128]: transposed every call
             self._relaid_shape = (cols, round_up(rows, SCALE_ALIGN))
             strides = (1, self._relaid_shape[1])
+            if scale.strides[1] == 1 and spec.format == "int4":
+                # by int4_as_e4m3 as it converts the weight: no launch of its own
+                self._scale_ld = scale.strides[0]
+                return
         else:
             return
         self._relaid = ew.make(ctx, ("in", 0), [scale], scale.shape, strides, scale.dtype, 256)
@@ -200,13 +215,18 @@ class Fp8Weight:
             quantize_rows(pa, q.ptr, xs.ptr, mg, k, dtype, group=self.group, x_stride=lda,
                           q_stride=k, m_x=m, stream=ctx.stream)  # fmt: skip
             w_scale, w = self._scale, pb
-            if self._relaid is not None:
+            scales = None
+            if self._relaid is not None or self._scale_ld:
                 relaid = ctx.alloc(self._relaid_shape, dtypes.float32, "fp8 weight scales")
-                self._relaid(relaid.ptr, [w_scale])
+                if self._relaid is not None:
+                    self._relaid(relaid.ptr, [w_scale])
+                else:
+                    scales = (w_scale, self._scale_ld, relaid.ptr, self._relaid_shape[1])
                 w_scale = relaid.ptr
             if int4:
                 w8 = ctx.alloc((n, k), dtypes.uint8, "int4 weight as e4m3")
-                int4_as_e4m3(pb, self._zero, w8.ptr, self.spec, n, k, stream=ctx.stream)
+                int4_as_e4m3(pb, self._zero, w8.ptr, self.spec, n, k, scales=scales,
+                             stream=ctx.stream)  # fmt: skip
                 w = w8.ptr
             if mg == m:
                 lt(q.ptr, w, pd, pbias, c, a_scale=xs.ptr, b_scale=w_scale)
