@@ -38,7 +38,7 @@ the same M, N, K (gemm_reference), and the layer's GEMM and non-GEMM own time; a
 cuBLASLt plan the prefills asked for with the workspace its algorithm needs (cuBLASLt
 zeroes part of it before the kernel: a memset in the breakdown), timed against the same
 GEMM planned without a workspace (lt_workspace). With --quantize each format's prefill
-(weights quantized as for decode) is profiled in turn; the peer runs with bf16 alone.
+(weights quantized as for decode) is profiled in turn; the peer runs beside the bf16 rows.
 
 --serve B,...[:BUDGET,...] profiles the serving engine's captured step (pygpukit/serve):
 a decode step of B running sequences at --context keys each, and, per BUDGET, a mixed
@@ -508,9 +508,10 @@ def prefill(shapes: list[tuple[int, int]], peer: bool, trace: str | None = None,
 
     cfg = tinyllama_config()
     base = random_model(cfg)
+    models = {f: base if f == "bf16" else _quantized_model(base, f) for f in formats}
     rows: list[dict[str, Any]] = []
     for fmt, (b, t) in ((f, s) for f in formats for s in shapes):
-        model = base if fmt == "bf16" else _quantized_model(base, fmt)
+        model = models[fmt]
         prompts = _prompts(cfg, b, t)
         max_seq = min(cfg.max_position_embeddings, t + 16)
 
@@ -526,12 +527,12 @@ def prefill(shapes: list[tuple[int, int]], peer: bool, trace: str | None = None,
             entry = gen._prefill.stats()["entries"][-1]
             row["ours_replay"], row["ours_steps"] = entry["replay"], entry["kernels"]
         print(json.dumps({k: v for k, v in row.items()}, default=str), flush=True)
-        tr = trace and trace.replace(".json", f"-ours-{b}x{t}.json")
+        tr = trace and trace.replace(".json", f"-ours-{fmt}-{b}x{t}.json")
         row["ours"] = _profiled(ours, f"ours {fmt} {b}x{t}", cfg.num_layers, tr)
         rows.append(row)
     # The peers after all of ours: a run cut short (torch.compile's first compile of a shape
     # takes a while) keeps every shape of ours.
-    for row in rows if peer and formats == ("bf16",) else []:
+    for row in [r for r in rows if r["weights"] == "bf16"] if peer else []:
         b, t = row["batch"], row["tokens"]
         try:
             row["peer_ms"], row["peer"] = _peer(cfg, b, t, trace)
