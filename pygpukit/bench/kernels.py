@@ -606,14 +606,20 @@ def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
         del qs, ks, vs, os_, peer_sets
 
 
-def _copy_at(rows: list[dict[str, Any]], nbytes: int, copy_gbs: float) -> None:
-    """torch's device copy moving `nbytes` (read + write), rotating sets as the workload
-    did: the ceiling at that size, where launch and ramp-up weigh on a few microseconds."""
+def copy_us(nbytes: int) -> float:
+    """Microseconds of torch's device copy moving `nbytes` (read + write), 20 calls in a
+    CUDA graph rotating sets as a workload's timing does: the ceiling at that size, where
+    launch and ramp-up weigh on a few microseconds (docs/kernels.md, "How they are measured")."""
     torch = _torch()
     sets = _sets_for(nbytes)
-    src = [torch.randn(nbytes // 8, device="cuda") for _ in range(sets)]
+    src = [torch.randn(max(1, nbytes // 8), device="cuda") for _ in range(sets)]
     dst = [torch.empty_like(a) for a in src]
-    t = time_graph(lambda i: _ignore(dst[i].copy_(src[i])), sets)
+    return time_graph(lambda i: _ignore(dst[i].copy_(src[i])), sets)
+
+
+def _copy_at(rows: list[dict[str, Any]], nbytes: int, copy_gbs: float) -> None:
+    """A row of copy_us(nbytes) against the large-buffer copy."""
+    t = copy_us(nbytes)
     gbs = nbytes / (t * 1e-6) / 1e9
     rows.append(
         {

@@ -1,10 +1,13 @@
 """The `quant` group: each quantized GEMV (gemv_quant) at batch-1 decode shapes of
 TinyLlama-1.1B and Llama-2-7B, against the copy bandwidth for the bytes it reads (weight
-data, scales, zero points, x and y), beside torch's bf16 F.linear and gpt-fast-style
-weight-only baselines under torch.compile (int8: F.linear(x, w.to(x.dtype)) * scales;
-int4: dequantize, then matmul), on the same device in the same run. Weights are random,
-quantized on the device (quant_torch). The `quant_fused` group (bench_quant_fused): the
-Llama-2-7B decode step's GEMVs with the step's fusions against the same shape plain."""
+data, scales, zero points, x and y): of the large-buffer copy (pct_copy_bw) and of a copy
+moving the same bytes in the same harness (pct_copy_same_bytes, the figure a few-MB
+workload is read against: docs/kernels.md, "How they are measured"), beside torch's bf16
+F.linear and gpt-fast-style weight-only baselines under torch.compile (int8:
+F.linear(x, w.to(x.dtype)) * scales; int4: dequantize, then matmul), on the same device in
+the same run. Weights are random, quantized on the device (quant_torch). The `quant_fused`
+group (bench_quant_fused): the Llama-2-7B decode step's GEMVs with the step's fusions
+against the same shape plain."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from .kernels import (
     _sets_for,
     _stream,
     _torch,
+    copy_us,
     time_graph,
     time_graphs_interleaved,
 )
@@ -39,6 +43,7 @@ def bench_quant(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) 
     torch = _torch()
     f = torch.nn.functional
     gen = torch.Generator(device="cuda").manual_seed(0)
+    same_copy: dict[int, float] = {}  # copy_us by bytes moved
     for k, n in SHAPES:
         w = torch.randn(n, k, device="cuda", generator=gen)
         wb = w.to(torch.bfloat16)
@@ -69,6 +74,10 @@ def bench_quant(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) 
             name = f"gemv_quant {spec.label} 1x{k} @ [{n}x{k}]^T"
             t_ours = time_graph(ours, sets)
             row = _emit(rows, name, t_ours, nbytes, copy_gbs, vs_bf16=base)
+            if nbytes not in same_copy:
+                same_copy[nbytes] = copy_us(nbytes)
+            row["copy_same_bytes_us"] = round(same_copy[nbytes], 2)
+            row["pct_copy_same_bytes"] = round(100 * same_copy[nbytes] / t_ours, 1)
             peer = _gpt_fast(torch, f, x, ts, spec) if use_compile else None
             if peer is not None:
                 try:
