@@ -153,13 +153,22 @@ def test_gain_batch_and_early_gain(monkeypatch, fmt, prologue, w_early, pro_earl
 def test_half_mma_where_measured():
     """f16 products: int8 and fp8 under bf16 always; symmetric int4 under bf16 at the LM
     heads only (RMSNorm prologue, no SwiGLU, N from HALF_INT4_MIN_N), asymmetric int4 at
-    K = 4096 and N from 8192 with any fusion; never under f16 x."""
+    K = 4096 and N from 8192 with any fusion; never under f16 x; int8 and fp8 up to
+    half_max_rows rows of x."""
     from pygpukit.ir.quant import QuantSpec
 
     sym, asym = QuantSpec("int4", group=128), QuantSpec("int4", group=128, has_zero=True)
     for spec in (QuantSpec("int8"), QuantSpec("fp8", block=128)):
         assert gemv_quant.half_mma(spec, "bfloat16")
         assert not gemv_quant.half_mma(spec, "float16")
+        # a pass per row of x turns it into f16: a few rows only
+        rows = gemv_quant.HALF_MAX_ROWS
+        assert gemv_quant.half_mma(spec, "bfloat16", 2048, k=2048, m=rows)
+        assert not gemv_quant.half_mma(spec, "bfloat16", 2048, k=2048, m=rows + 1)
+        wide = gemv_quant.HALF_FP8_WIDE_ROWS if spec.format == "fp8" else rows
+        assert gemv_quant.half_mma(spec, "bfloat16", 12288, k=4096, m=wide)
+        assert not gemv_quant.half_mma(spec, "bfloat16", 12288, k=4096, m=wide + 1)
+    assert gemv_quant.half_mma(sym, "bfloat16", 32000, "rms_norm", m=8)
     assert gemv_quant.half_mma(sym, "bfloat16", 32000, "rms_norm")
     assert not gemv_quant.half_mma(sym, "bfloat16", 32000)
     assert not gemv_quant.half_mma(sym, "bfloat16", 22016, "rms_norm", glu=True)

@@ -6,8 +6,8 @@ and run by the LLM bench's decode
 int8 / int4 torch models under torch.compile (gpt-fast's quantize.py forms: int8
 F.linear(x, w.to(x.dtype)) * scales; int4 dequantize, then matmul) in the same run; and
 the prefill of a 1 x 1024 prompt with each format's weights against bf16; and decode at
-BATCHED rows (batched decode and serving: the quantized GEMV in groups of rows) against
-bf16 at the same batch.
+each of BATCHED rows (batched decode and serving: the quantized GEMV, in groups of rows
+past 8, or the format's GEMM) against bf16 at the same batch.
 
 Models come from PGK_QUANT_LLM_MODELS (comma-separated names of llm.MODELS; default both).
 """
@@ -25,7 +25,7 @@ from . import llm, quant_torch
 
 FORMATS = ("bf16", "int8", "fp8", "int4")
 STEPS = 64
-BATCHED = 16
+BATCHED = (8, 16)
 PREFILL_LEN = 1024
 INT4_GROUP = 128
 
@@ -129,12 +129,13 @@ def bench_quant_llm(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bo
                 if fmt != "bf16" and "tok_bf16" in base:
                     r["x_vs_bf16"] = round(r["tok_s"] / base["tok_bf16"], 2)
                 emit(r)
-                rb = llm.bench_pygpukit(cfg, BATCHED, STEPS, model)
-                rb.update(impl=f"pygpukit {fmt}", weights=fmt)
-                base.setdefault(f"tok_b_{fmt}", rb["tok_s"])
-                if fmt != "bf16" and "tok_b_bf16" in base:
-                    rb["x_vs_bf16"] = round(rb["tok_s"] / base["tok_b_bf16"], 2)
-                emit(rb)
+                for b in BATCHED:
+                    rb = llm.bench_pygpukit(cfg, b, STEPS, model)
+                    rb.update(impl=f"pygpukit {fmt}", weights=fmt)
+                    base.setdefault(f"tok_b{b}_{fmt}", rb["tok_s"])
+                    if fmt != "bf16" and f"tok_b{b}_bf16" in base:
+                        rb["x_vs_bf16"] = round(rb["tok_s"] / base[f"tok_b{b}_bf16"], 2)
+                    emit(rb)
                 p = llm.bench_prefill_pygpukit(cfg, 1, PREFILL_LEN, model, reps=3)
                 p.update(impl=f"pygpukit {fmt}", weights=fmt)
                 base.setdefault(f"prefill_{fmt}", p["ms"])

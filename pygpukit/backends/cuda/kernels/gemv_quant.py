@@ -179,12 +179,39 @@ HALF_INT4_ASYM_MIN_N = 8192
 ASYM_F16_MIN_BLOCKS = 2
 
 
+# int8 and fp8 take f16 products up to this many rows of x (half_max_rows). Turning x into
+# f16 is a pass per row (its largest magnitude, then the scaled copy) before the first
+# stage; past a few rows it costs more than the f16 pairs save. H200, early loads, us at 1 /
+# 2 / 4 / 8 rows, f16 against bf16 products (one run): int8 [2560 x 2048] 3.59 / 4.65 / 6.65
+# / 8.84 against 3.66 / 4.11 / 5.18 / 5.81, with the RMSNorm prologue 5.09 / 6.12 / 8.45 /
+# 11.37 against 5.19 / 5.80 / 7.34 / 8.69; [2048 x 5632] 5.16 / 5.81 / 8.28 / 11.39 against
+# 5.49 / 6.16 / 7.61 / 8.40; fp8 b128 [11264 x 2048] 6.98 / 7.68 / 9.72 / 12.44 against
+# 8.99 / 9.01 / 9.94 / 10.75; at the Llama-2-7B shapes level at 8 rows (int8 [12288 x 4096]
+# 19.92 against 19.87, with the prologue 23.81 against 22.18) and f16 ahead at 2 (14.56
+# against 16.60). Decode step (ms, f16 up to 8 rows -> up to 3, separate processes, two
+# rounds): TinyLlama int8 at 4 / 8 rows 1.055 -> 0.936, 1.274 -> 1.008, fp8 0.831 -> 0.740,
+# 1.093 -> 0.880; Llama-2-7B int8 2.84 -> 2.75, 3.41 -> 3.23, fp8 at 8 rows 3.61 -> 3.42, but
+# fp8 at 4 rows 2.57 -> 2.76, so fp8 at K from HALF_FP8_WIDE_K keeps f16 products to 4 rows.
+# (int4's f16 forms keep them at any rows: not measured past one.)
+HALF_MAX_ROWS = 3
+HALF_FP8_WIDE_K = 4096
+HALF_FP8_WIDE_ROWS = 4
+
+
+def half_max_rows(spec: QuantSpec, k: int) -> int:
+    """Rows of x up to which an int8 or fp8 weight takes f16 products (half_mma)."""
+    if spec.format == "fp8" and k >= HALF_FP8_WIDE_K:
+        return HALF_FP8_WIDE_ROWS
+    return HALF_MAX_ROWS
+
+
 def half_mma(spec: QuantSpec, dtype: str, n: int = 0, prologue: str = "none",
-             glu: bool = False, k: int = 0) -> bool:  # fmt: skip
+             glu: bool = False, k: int = 0, m: int = 1) -> bool:  # fmt: skip
     """Whether the staged kernel multiplies in f16 under bf16 x (PGK_QF16: x turned into
-    f16 once in shared memory, times a power of two per row and warp): int8 and fp8
-    always, symmetric int4 at the LM heads (HALF_INT4_MIN_N: N, the RMSNorm prologue and
-    no SwiGLU), asymmetric int4 at the K and N of HALF_INT4_ASYM_K and _MIN_N. The int8
+    f16 once in shared memory, times a power of two per row and warp) for m rows of x:
+    int8 and fp8 up to half_max_rows rows, symmetric int4 at the LM heads
+    (HALF_INT4_MIN_N: N, the RMSNorm prologue and no SwiGLU), asymmetric int4 at the K and
+    N of HALF_INT4_ASYM_K and _MIN_N. The int8
     bytes become f16 pairs in half the instructions of bf16 pairs (ncu had the bf16
     form's kernel ALU-bound on PRMT), e4m3 pairs in one conversion (cvt.rn.f16x2.e4m3x2,
     SM 8.9+; four instructions a pair into bf16) and an int4 word in one shift instead of
@@ -205,7 +232,7 @@ def half_mma(spec: QuantSpec, dtype: str, n: int = 0, prologue: str = "none",
         return lo <= k <= hi and n >= HALF_INT4_ASYM_MIN_N
     if spec.format == "int4":
         return n >= HALF_INT4_MIN_N and prologue != "none" and not glu
-    return True
+    return m <= half_max_rows(spec, k)
 
 
 # int8 under f16 products multiplies the biased bytes 1152 + q (PGK_QB8: two PRMT a word of
@@ -456,7 +483,7 @@ def gemv_quant(
         raise ShapeError(f"gemv_quant: biased codes and f16 products for a {spec.label} weight "
                          f"(one or the other)")  # fmt: skip
     if f16 is None:
-        f16 = not biased and half_mma(spec, dtype, n, prologue, glu, k)
+        f16 = not biased and half_mma(spec, dtype, n, prologue, glu, k, m)
     if biased is None:
         biased = not f16 and biased_codes(spec, dtype, k, n)
     if stages is None:

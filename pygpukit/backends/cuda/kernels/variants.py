@@ -268,6 +268,16 @@ def quant_variants() -> list[Variant]:
                                 {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns,
                                  **_half_defines(spec, dt, kgw, glu)}))  # fmt: skip
+                # Past half_max_rows rows of x the same geometries take bf16 products, with
+                # the launcher's buffers and gain batch for them.
+                if half:
+                    plain: dict[str, object] = {"PGK_QREDB": 1} if spec.format == "int8" else {}
+                    if pro:
+                        plain["PGK_QGB"] = gemv_quant.default_gain_batch(spec, False)
+                    for kgw, knt, ku, kns in sorted(per_k):
+                        out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                    {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
+                                     "PGK_QPIPE": 0, "PGK_QSTAGES": kns, **plain}))  # fmt: skip
                 # int8's biased bytes at wide K (gemv_quant.biased_bytes): one row of x
                 # (the wide stages) and more (the format's stages).
                 wide = gemv_quant.WIDE_K + 1
