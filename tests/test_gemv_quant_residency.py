@@ -273,3 +273,44 @@ def test_row_groups_split_rows_evenly_up_to_the_limit():
     assert [r0 for r0, _ in groups] == list(range(0, most, rows))
     assert gemv_quant.row_groups(most + 1) is None
     assert gemv_quant.row_groups(0) is None
+
+
+def test_sixteen_rows_one_launch_where_they_fit(monkeypatch):
+    """9-16 rows of x take one launch (two n8 tiles of rows, PGK_QMX 2, bf16 products) where
+    the staged kernel holds them beside its stages (TinyLlama's K = 2048), two of up to 8
+    where not (K = 5632); more than 16, f16 products past 8 rows, or the register path for
+    them, are ShapeErrors naming the rows."""
+    from pygpukit.backends.cuda import toolchain
+    from pygpukit.backends.cuda.kernels import loader
+    from pygpukit.errors import ShapeError
+    from pygpukit.ir.quant import QuantSpec
+
+    info = {"sm_count": 132, "max_shared_per_block_optin": 227 * 1024,
+            "max_shared_per_sm": H200_SMEM_PER_SM}  # fmt: skip
+    monkeypatch.setattr(toolchain, "device_info", lambda device=None: info)
+    monkeypatch.setattr(loader, "get_kernel", lambda family, name, d: _FakeKernel(d))
+    wide = gemv_quant.WIDE_ROWS
+    for spec in (QuantSpec("int8"), QuantSpec("fp8", block=128), QuantSpec("int4", group=128),
+                 QuantSpec("int4", group=128, has_zero=True)):  # fmt: skip
+        assert gemv_quant.rows_a_launch(spec, 2048, "bfloat16", 8) == gemv_quant.QUANT_ROWS
+        assert gemv_quant.rows_a_launch(spec, 2048, "bfloat16", 13) == wide
+        assert gemv_quant.rows_a_launch(spec, 5632, "bfloat16", 13) == gemv_quant.QUANT_ROWS
+        assert gemv_quant.rows_a_launch(spec, 2048, "bfloat16", wide + 1) == (
+            gemv_quant.QUANT_ROWS)  # fmt: skip
+        _FakeKernel.launched = []
+        gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 2560, 2048, "bfloat16",
+                              scale_numel=2560 * 16, m=13, w_early=True)  # fmt: skip
+        ((defines, _),) = _FakeKernel.launched
+        assert defines["PGK_QMX"] == 2 and defines["PGK_QSTAGES"] > 0
+        assert "PGK_QF16" not in defines
+    assert gemv_quant.row_groups(13, wide) == [(0, 13)]
+    spec = QuantSpec("int8")
+    with pytest.raises(ShapeError, match="m=17 rows"):
+        gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 2560, 2048, "bfloat16",
+                              scale_numel=2560, m=wide + 1)  # fmt: skip
+    with pytest.raises(ShapeError, match="13 rows of x"):
+        gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 2560, 2048, "bfloat16",
+                              scale_numel=2560, m=13, f16=True)  # fmt: skip
+    with pytest.raises(ShapeError, match="13 rows of x"):
+        gemv_quant.gemv_quant(1 << 20, 1 << 21, 1 << 22, 1 << 23, spec, 2560, 2048, "bfloat16",
+                              scale_numel=2560, m=13, stages=0)  # fmt: skip

@@ -1,5 +1,6 @@
 // Weight-only quantized GEMV for decode: y[m, n] = act(sum_k x[m, k] * W[n, k] + bias[n])
-// (+ residual), for up to 8 rows m of bf16/f16 x, with W in one of ir/quant.py's layouts:
+// (+ residual), for up to 8 * PGK_QMX rows m of bf16/f16 x, with W in one of ir/quant.py's
+// layouts:
 //   PGK_QFMT 0 int8 [N, K] (scale per row), 1 fp8 e4m3 [N, K] (scale per tensor, per row or
 //   per 128 x 128 block), 2 int4 [N, K/2] (low nibble first; scale and, PGK_QZERO, uint8
 //   zero point per group of PGK_QGROUP along K; symmetric: zero 8).
@@ -61,6 +62,12 @@
 #endif
 #ifndef PGK_QB8
 #define PGK_QB8 0  // 1: int8 under PGK_QF16 multiplies the biased bytes 1152 + q (see pgk_qfrag)
+#endif
+#ifndef PGK_QMX
+#define PGK_QMX 1  // n8 tiles of x's rows an MMA of W's fragments feeds: 8 rows or 16
+#endif
+#if PGK_QMX != 1 && (PGK_QMX != 2 || PGK_QSTAGES == 0 || PGK_QF16)
+#error "16 rows of x (PGK_QMX 2) are the staged kernel's, under bf16 products"
 #endif
 #if PGK_QB8 && !(PGK_QF16 && PGK_QFMT == 0)
 #error "PGK_QB8 is int8's under f16 products"
@@ -269,13 +276,14 @@ PGK_DEVICE void pgk_qxfrag(const uint4* xv, int s, unsigned& b0, unsigned& b1) {
 // W is the MMA's A operand: tiles t and t + 1 are its rows 0-7 and 8-15 (m16 x k16, 256
 // weights an MMA), x the B operand (k16 x n8, its columns the rows of x). With W as B
 // (n8 x k16, x in A's rows 0-7, rows 8-15 zero) every weight cost twice the tensor work
-// and the zero rows a register move each. C's rows are then W's rows: acc[t][e] is the
-// lane's row qr of tile t against x's row 2qc + e.
+// and the zero rows a register move each. C's rows are then W's rows: acc[h][t][e] is the
+// lane's row qr of tile t against x's row 8h + 2qc + e: with MX = 2 two n8 tiles of x's rows
+// (xv[h], the lane's elements of row 8h + qr) take the same A fragments, W dequantized once.
 // (A function template, not a generic lambda: see pgk_gmma_slab.)
-// With PGK_QBIASED, xs[e] is the chunk's sum of x's row 2qc + e (0 past m and K).
-template <int NT, typename WGet, typename ZGet, typename SGet>
-PGK_DEVICE void pgk_qchunk(float (&acc)[NT][2], const uint4 (&xv)[PGK_QEPL / 8], WGet wget,
-                           ZGet zget, SGet sget, unsigned magic, const float (&xs)[2]) {
+// With PGK_QBIASED, xs[h][e] is the chunk's sum of x's row 8h + 2qc + e (0 past m and K).
+template <int MX, int NT, typename WGet, typename ZGet, typename SGet>
+PGK_DEVICE void pgk_qchunk(float (&acc)[MX][NT][2], const uint4 (&xv)[MX][PGK_QEPL / 8], WGet wget,
+                           ZGet zget, SGet sget, unsigned magic, const float (&xs)[MX][2]) {
   (void)xs;
 #pragma unroll
   for (int t = 0; t < NT; t += 2) {
@@ -286,42 +294,53 @@ PGK_DEVICE void pgk_qchunk(float (&acc)[NT][2], const uint4 (&xv)[PGK_QEPL / 8],
     const unsigned z0 = zget(t), z1 = pair ? zget(t + 1) : 0u;
     // A chunk's own accumulator: the chunks' MMA chains are independent (one chain
     // through the whole slab serialized the tensor-core latency).
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float part[MX][4];
+#pragma unroll
+    for (int h = 0; h < MX; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[h][e] = 0.0f;
 #pragma unroll
     for (int s = 0; s < PGK_QEPL / 4; ++s) {
-      unsigned a0, a1 = 0u, a2, a3 = 0u, b0, b1;
-      pgk_qxfrag(xv, s, b0, b1);
+      unsigned a0, a1 = 0u, a2, a3 = 0u;
       pgk_qfrag(w0, s, z0, magic, a0, a2);
       if (pair) pgk_qfrag(w1, s, z1, magic, a1, a3);
-      pgk_qmma(part, a0, a1, a2, a3, b0, b1);
+#pragma unroll
+      for (int h = 0; h < MX; ++h) {
+        unsigned b0, b1;
+        pgk_qxfrag(xv[h], s, b0, b1);
+        pgk_qmma(part[h], a0, a1, a2, a3, b0, b1);
+      }
     }
+#pragma unroll
+    for (int h = 0; h < MX; ++h) {
 #if PGK_QBIASED
-    // The biased codes' partial sums less (128 + z) times the sums of x: the low half of
-    // the zero-point pair is the bf16 128 + z, its bits shifted up the float.
-    const float zc0 = __uint_as_float(z0 << 16), zc1 = __uint_as_float(z1 << 16);
-    part[0] = fmaf(-zc0, xs[0], part[0]);
-    part[1] = fmaf(-zc0, xs[1], part[1]);
-    part[2] = fmaf(-zc1, xs[0], part[2]);
-    part[3] = fmaf(-zc1, xs[1], part[3]);
+      // The biased codes' partial sums less (128 + z) times the sums of x: the low half of
+      // the zero-point pair is the bf16 128 + z, its bits shifted up the float.
+      const float zc0 = __uint_as_float(z0 << 16), zc1 = __uint_as_float(z1 << 16);
+      part[h][0] = fmaf(-zc0, xs[h][0], part[h][0]);
+      part[h][1] = fmaf(-zc0, xs[h][1], part[h][1]);
+      part[h][2] = fmaf(-zc1, xs[h][0], part[h][2]);
+      part[h][3] = fmaf(-zc1, xs[h][1], part[h][3]);
 #endif
 #if PGK_QSK == 1
-    const float s0 = sget(t);
-    acc[t][0] += part[0] * s0;
-    acc[t][1] += part[1] * s0;
-    if (pair) {
-      const float s1 = sget(t + 1);
-      acc[t + 1][0] += part[2] * s1;
-      acc[t + 1][1] += part[3] * s1;
-    }
+      const float s0 = sget(t);
+      acc[h][t][0] += part[h][0] * s0;
+      acc[h][t][1] += part[h][1] * s0;
+      if (pair) {
+        const float s1 = sget(t + 1);
+        acc[h][t + 1][0] += part[h][2] * s1;
+        acc[h][t + 1][1] += part[h][3] * s1;
+      }
 #else
-    (void)sget;
-    acc[t][0] += part[0];
-    acc[t][1] += part[1];
-    if (pair) {
-      acc[t + 1][0] += part[2];
-      acc[t + 1][1] += part[3];
-    }
+      (void)sget;
+      acc[h][t][0] += part[h][0];
+      acc[h][t][1] += part[h][1];
+      if (pair) {
+        acc[h][t + 1][0] += part[h][2];
+        acc[h][t + 1][1] += part[h][3];
+      }
 #endif
+    }
   }
 }
 
@@ -350,8 +369,9 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   constexpr int U = PGK_U, NT = PGK_NT, LW = PGK_QLW, EPL = PGK_QEPL, CW = PGK_QCW;
   constexpr int XV = EPL / 8;     // uint4s of x per lane per chunk
   constexpr int RL = 8 * NT + 1;  // a row of the partial sums (padded: rows in other banks)
+  constexpr int MX = PGK_QMX, MR = 8 * MX;  // n8 tiles of x's rows, and their rows
 #if PGK_PRO == 1
-  __shared__ float sumsq[PGK_GW][8];
+  __shared__ float sumsq[PGK_GW][8 * PGK_QMX];
 #endif
   // Dynamic shared memory: (staged) each warp's stages and the m rows of x, then the
   // warps' partial sums of the m rows, red[(warp * m + row) * RL + col] (gemv_quant.py's
@@ -373,7 +393,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   const int total = my_tiles * n_st;
   const int first_tile = (int)blockIdx.x;
 
-  float acc[NT][2];
+  float acc[MX][NT][2];
   float ss[4], ss_hi[4];
   // The sums of squares are the warp's columns of x, whatever the tile: the staged path
   // takes them once, the register path once per tile (zero_acc).
@@ -384,9 +404,11 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   zero_ss();
   auto zero_acc = [&]() {
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int h = 0; h < MX; ++h)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) acc[t][e] = 0.0f;
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) acc[h][t][e] = 0.0f;
   };
 
   // The epilogue's operands from global memory (the row scale, bias, residual) of the
@@ -394,7 +416,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   // outputs wait one memory round trip behind the block's barrier; with PGK_QEPRE (each
   // thread takes at most one output of a tile) they are loaded as the tile starts.
   constexpr int OUT = PGK_GLU ? 4 * NT : 8 * NT;
-  constexpr bool EPRE = PGK_QEPRE && 8 * OUT <= PGK_GW * 32;
+  constexpr bool EPRE = PGK_QEPRE && MR * OUT <= PGK_GW * 32;
   struct eops {
     float sc, sc_up, b, b_up, res;
   };
@@ -402,7 +424,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
     eops e = {1.0f, 1.0f, 0.0f, 0.0f, 0.0f};
     const int r = i / OUT, cn = i % OUT;
     const int row = pgk_grow(n, cn, tile);
-    if (i >= 8 * OUT || r >= m || row < 0) return e;
+    if (i >= MR * OUT || r >= m || row < 0) return e;
 #if PGK_QSK == 0
     e.sc = PGK_QTENSOR ? __ldg(scale) : __ldg(scale + row);
     if (PGK_GLU) e.sc_up = PGK_QTENSOR ? __ldg(scale) : __ldg(scale + n / 2 + row);
@@ -432,15 +454,19 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   // which every thread passes only after its reads of the tile before.
   auto epilogue = [&](int tile, float* red, int rot) {
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int h = 0; h < MX; ++h)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (2 * qc + e < m) red[(warp * m + 2 * qc + e) * RL + t * 8 + qr] = acc[t][e];
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * h + 2 * qc + e;
+          if (r < m) red[(warp * m + r) * RL + t * 8 + qr] = acc[h][t][e];
+        }
 #if PGK_PRO == 1 && PGK_QSTAGES == 0
     if (qc == (qr >> 1)) sumsq[warp][qr] = (qr & 1) ? ss[1] : ss[0];
 #endif
     __syncthreads();
-    for (int i = out_thread(rot); i < 8 * OUT; i += PGK_GW * 32) {
+    for (int i = out_thread(rot); i < MR * OUT; i += PGK_GW * 32) {
       const int r = i / OUT, cn = i % OUT;
       const int row = pgk_grow(n, cn, tile);
       if (r >= m || row < 0) continue;
@@ -628,9 +654,9 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   // once (the register path takes them per tile with its MMAs).
   auto prologue_once = [&]() {
 #if PGK_PRO == 1
-    float sq[8];
+    float sq[MR];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) sq[r] = 0.0f;
+    for (int r = 0; r < MR; ++r) sq[r] = 0.0f;
     for (int p0 = lane; p0 < gpieces; p0 += 32 * GB) {
       uint4 gv[GB];
       if (g_early && p0 == lane) {
@@ -644,7 +670,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
         const int p = p0 + 32 * i, col = gcol0 + 8 * p;
         if (p >= gpieces) break;
 #pragma unroll
-        for (int r = 0; r < 8; ++r) {
+        for (int r = 0; r < MR; ++r) {
           if (r >= m) break;
           uint4* at = reinterpret_cast<uint4*>(xsm + r * xld + col);
           const uint4 xv = *at;
@@ -659,7 +685,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
       }
     }
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < MR; ++r) {
       if (r >= m) break;
       float v = sq[r];
 #pragma unroll
@@ -804,18 +830,26 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
         // Past the warp's range shared memory holds no x (W there is zero-filled).
         const int c = c_lo + j * U + u, col = c * CW + qc * EPL;
         const bool cin = c < c_hi;
-        uint4 xv[XV];
+        uint4 xv[MX][XV];
+        float xs[MX][2];
 #pragma unroll
-        for (int jx = 0; jx < XV; ++jx)
-          xv[jx] =
-              xin && cin ? *reinterpret_cast<const uint4*>(xsm + qr * xld + col + 8 * jx) : zero4;
-        float xs[2] = {0.0f, 0.0f};
+        for (int h = 0; h < MX; ++h) {
+          const int xrow = 8 * h + qr;
+#pragma unroll
+          for (int jx = 0; jx < XV; ++jx)
+            xv[h][jx] = xrow < m && cin
+                            ? *reinterpret_cast<const uint4*>(xsm + xrow * xld + col + 8 * jx)
+                            : zero4;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            xs[h][e] = 0.0f;
 #if PGK_QBIASED
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (cin && 2 * qc + e < m) xs[e] = xsum[(c - c_lo) * m + 2 * qc + e];
+            const int r = 8 * h + 2 * qc + e;
+            if (cin && r < m) xs[h][e] = xsum[(c - c_lo) * m + r];
 #endif
-        pgk_qchunk<NT>(
+          }
+        }
+        pgk_qchunk<MX, NT>(
             acc, xv,
             [&](int t, unsigned (&wv)[LW]) {
               const uint4 v = *reinterpret_cast<const uint4*>(base + (t * 8 + qr) * SLDB +
@@ -835,7 +869,8 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        acc[t][e] = (PGK_QB8 ? fmaf(-1152.0f, xbsum[e], acc[t][e]) : acc[t][e]) * xunscale[e];
+        acc[0][t][e] =
+            (PGK_QB8 ? fmaf(-1152.0f, xbsum[e], acc[0][t][e]) : acc[0][t][e]) * xunscale[e];
 #endif
     epilogue(first_tile + ti * (int)gridDim.x, red + (ti % PGK_QREDB) * (PGK_GW * m * RL), ti);
   }
@@ -910,7 +945,7 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
   if (!have && total > 0) load(0, wv, sc, zp);
 
   const pgk_t* xr = x + (long long)(xin ? qr : 0) * x_stride;
-  const float xs_none[2] = {0.0f, 0.0f};  // the register path subtracts zero points
+  const float xs_none[1][2] = {{0.0f, 0.0f}};  // the register path subtracts zero points
   for (int st = 0; st < total; ++st) {
     const int j = st % n_st;
     const int c0 = c_lo + j * U;
@@ -932,17 +967,17 @@ extern "C" __global__ void PGK_QBOUNDS pgk_gemv_quant(
       const int c = c0 + u;
       const int col = c * CW + qc * EPL;
       const bool in = c < c_hi && col < k;
-      uint4 xv[XV];
+      uint4 xv[1][XV];
 #pragma unroll
       for (int jx = 0; jx < XV; ++jx) {
-        xv[jx] = pgk_gload_x(xr + col + 8 * jx, in && xin);
+        xv[0][jx] = pgk_gload_x(xr + col + 8 * jx, in && xin);
         if (PGK_PRO == 1) {
           uint4 upper = make_uint4(0u, 0u, 0u, 0u);
           const uint4 gv = pgk_gload_x(pro + col + 8 * jx, in);
-          pgk_gprologue(xv[jx], upper, gv, false, ss, ss_hi);
+          pgk_gprologue(xv[0][jx], upper, gv, false, ss, ss_hi);
         }
       }
-      pgk_qchunk<NT>(
+      pgk_qchunk<1, NT>(
           acc, xv,
           [&](int t, unsigned (&o)[LW]) {
 #pragma unroll

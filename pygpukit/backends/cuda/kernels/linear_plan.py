@@ -694,8 +694,10 @@ def _gemv_quant(ctx: Context, step: Step, ins: Sequence[DeviceValue], spec: Line
     if xr is None or (p.residual is not None and rr is None):
         return None
     (m, k), n = xr.shape, p.w.shape[0]
-    groups = gemv_quant.row_groups(m)
-    if groups is None or not gemv_quant.supported(q, k):
+    if not gemv_quant.supported(q, k):
+        return None
+    groups = gemv_quant.row_groups(m, gemv_quant.rows_a_launch(q, k, dtype.name, m, n))
+    if groups is None:
         return None
     if k > 1 and xr.strides[1] != 1 or (m > 1 and xr.strides[0] % 8):
         return None
