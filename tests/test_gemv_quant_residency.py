@@ -277,9 +277,9 @@ def test_row_groups_split_rows_evenly_up_to_the_limit():
 
 def test_sixteen_rows_one_launch_where_they_fit(monkeypatch):
     """9-16 rows of x take one launch (two n8 tiles of rows, PGK_QMX 2, bf16 products) where
-    the staged kernel holds them beside its stages (TinyLlama's K = 2048), two of up to 8
-    where not (K = 5632); more than 16, f16 products past 8 rows, or the register path for
-    them, are ShapeErrors naming the rows."""
+    the staged kernel holds them beside its stages (TinyLlama's K = 2048; at K = 5632 with
+    fewer stages and warps), two of up to 8 where not (K = 11008); more than 16, f16
+    products past 8 rows, or the register path for them, are ShapeErrors naming the rows."""
     from pygpukit.backends.cuda import toolchain
     from pygpukit.backends.cuda.kernels import loader
     from pygpukit.errors import ShapeError
@@ -294,7 +294,10 @@ def test_sixteen_rows_one_launch_where_they_fit(monkeypatch):
                  QuantSpec("int4", group=128, has_zero=True)):  # fmt: skip
         assert gemv_quant.rows_a_launch(spec, 2048, "bfloat16", 8) == gemv_quant.QUANT_ROWS
         assert gemv_quant.rows_a_launch(spec, 2048, "bfloat16", 13) == wide
-        assert gemv_quant.rows_a_launch(spec, 5632, "bfloat16", 13) == gemv_quant.QUANT_ROWS
+        assert gemv_quant.rows_a_launch(spec, 5632, "bfloat16", 13) == wide
+        gw, _, _, ns = gemv_quant.wide_rows_config(spec, 5632, "bfloat16") or (0, 0, 0, 0)
+        assert gw == 4 and ns == gemv_quant.WIDE_ROWS_STAGES
+        assert gemv_quant.rows_a_launch(spec, 11008, "bfloat16", 13) == gemv_quant.QUANT_ROWS
         assert gemv_quant.rows_a_launch(spec, 2048, "bfloat16", wide + 1) == (
             gemv_quant.QUANT_ROWS)  # fmt: skip
         _FakeKernel.launched = []

@@ -17,13 +17,18 @@ from ._common import cdiv, int32_range, positive, pow2_at_least
 QUANT_ROWS = 8
 # ... and on the staged path where shared memory holds that many rows of x beside the stages:
 # two n8 tiles of x's rows multiply the same dequantized fragments of W (PGK_QMX 2), so 9-16
-# rows read and dequantize W once (wide_rows_fit: K = 2048 and 4096, not 5632 or 11008).
+# rows read and dequantize W once (wide_rows_config: K = 2048, 4096 and, in fewer stages and
+# warps, 5632; not 11008).
 # H200, decode at 16 rows, x of bf16 (two launches of 8 -> one of 16; bench quant_llm): int4
 # TinyLlama 0.71 -> 0.97, Llama-2-7B 0.90 -> 1.02. int8 and fp8 keep their GEMMs from 9 rows
 # (the skinny GEMM, the FP8 GEMM): on this GEMV at 12 / 16 rows TinyLlama int8 took 1.25 /
 # 1.37 ms a step against 1.14 / 1.15, Llama-2-7B fp8 4.39 / 5.49 against 3.67 / 3.82 (and
 # TinyLlama fp8 1.13 / 1.24 against 1.28, 7B int8 4.29 / 4.83 against 4.44 / 4.89).
 WIDE_ROWS = 16
+# Stages per warp of a 16-row launch whose format's own leave no room for x's rows (then
+# four warps too): TinyLlama int4 decode at 16 rows, x of bf16, 0.97 -> 0.99 with its down
+# projection (K = 5632) in one launch of those instead of two of 8 rows (H200).
+WIDE_ROWS_STAGES = 2
 FORMATS = {"int8": 0, "fp8": 1, "int4": 2}
 # More rows (batched decode): the GEMV once per group of up to QUANT_ROWS rows, each launch
 # reading W again, while that is faster than the other path (W dequantized into a scratch
@@ -398,16 +403,27 @@ def static_smem(gw: int, mx: int = 1) -> int:
     return gw * 8 * mx * 4
 
 
-def wide_rows_fit(spec: QuantSpec, k: int, dtype: str, n: int = 0) -> bool:
-    """Whether one launch takes WIDE_ROWS rows of x (PGK_QMX 2): the staged kernel, under
-    bf16 products, with that many rows of x beside its default stages in shared memory."""
+def wide_rows_config(spec: QuantSpec, k: int, dtype: str, n: int = 0
+                     ) -> tuple[int, int, int, int] | None:  # fmt: skip
+    """The staged geometry one launch of WIDE_ROWS rows of x (PGK_QMX 2, bf16 products)
+    takes: staged_config's, or with WIDE_ROWS_STAGES stages (then also four warps) where
+    its own leave no room for the rows of x in shared memory; None where none fits."""
     if words_per_lane(spec) != 4:
-        return False
-    cfg = staged_config(spec, k, WIDE_ROWS)
+        return None
+    gw, nt, u, ns = staged_config(spec, k, WIDE_ROWS)
     biased = biased_codes(spec, dtype, k, n)
     buffers = red_buffers(spec.format, 0)
-    smem = staged_smem(spec, cfg, k, WIDE_ROWS, biased, buffers) + static_smem(cfg[0], 2)
-    return smem <= loader.max_shared_optin()
+    few = min(ns, WIDE_ROWS_STAGES)
+    for cfg in ((gw, nt, u, ns), (gw, nt, u, few), (min(gw, 4), nt, u, few)):
+        smem = staged_smem(spec, cfg, k, WIDE_ROWS, biased, buffers) + static_smem(cfg[0], 2)
+        if smem <= loader.max_shared_optin():
+            return cfg
+    return None
+
+
+def wide_rows_fit(spec: QuantSpec, k: int, dtype: str, n: int = 0) -> bool:
+    """Whether one launch takes WIDE_ROWS rows of x (wide_rows_config has a geometry)."""
+    return wide_rows_config(spec, k, dtype, n) is not None
 
 
 def rows_a_launch(spec: QuantSpec, k: int, dtype: str, m: int, n: int = 0) -> int:
@@ -505,6 +521,9 @@ def gemv_quant(
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
     sgw, snt, su, sns = staged_config(spec, k, m)
+    wide_cfg = wide_rows_config(spec, k, dtype, n) if mx == 2 else None
+    if wide_cfg is not None:
+        sgw, snt, su, sns = wide_cfg
     if f16 and dtype != "bfloat16":
         raise ShapeError(f"gemv_quant: f16 products for a {spec.label} weight under {dtype} "
                          f"(bfloat16 x only: f16 x multiplies in f16 as it is)")  # fmt: skip

@@ -269,18 +269,21 @@ def quant_variants() -> list[Variant]:
                                  "PGK_QPIPE": 0, "PGK_QSTAGES": kns,
                                  **_half_defines(spec, dt, kgw, glu)}))  # fmt: skip
                 # 9-16 rows in one launch (two n8 tiles of x's rows, gemv_quant.WIDE_ROWS):
-                # the geometry of K = 2048 under bf16 products, and int4's biased codes.
+                # the geometry of K = 2048 under bf16 products, int4's biased codes, and
+                # the fewer stages and warps of wider rows (gemv_quant.wide_rows_config).
                 wgw, wnt, wu, wns = gemv_quant.staged_config(spec, 2048, gemv_quant.WIDE_ROWS)
-                wide_rows = {"PGK_GW": wgw, "PGK_NT": wnt, "PGK_U": wu, "PGK_QPIPE": 0,
-                             "PGK_QSTAGES": wns, "PGK_QMX": 2}  # fmt: skip
-                if spec.format == "int8":
-                    wide_rows["PGK_QREDB"] = 1
-                if pro:
-                    wide_rows["PGK_QGB"] = gemv_quant.default_gain_batch(spec, False)
-                out.append(("gemv_quant", ("pgk_gemv_quant",), {**base, **f, **wide_rows}))
+                for ggw, gns in ((wgw, wns), (4, gemv_quant.WIDE_ROWS_STAGES)):
+                    wide_rows = {"PGK_GW": ggw, "PGK_NT": wnt, "PGK_U": wu, "PGK_QPIPE": 0,
+                                 "PGK_QSTAGES": gns, "PGK_QMX": 2}  # fmt: skip
+                    if spec.format == "int8":
+                        wide_rows["PGK_QREDB"] = 1
+                    if pro:
+                        wide_rows["PGK_QGB"] = gemv_quant.default_gain_batch(spec, False)
+                    out.append(("gemv_quant", ("pgk_gemv_quant",), {**base, **f, **wide_rows}))
                 if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
-                                {**base, **f, **wide_rows, "PGK_QBIAS": 1}))  # fmt: skip
+                                {**base, **f, **wide_rows, "PGK_GW": wgw,
+                                 "PGK_QSTAGES": wns, "PGK_QBIAS": 1}))  # fmt: skip
                 # Past half_max_rows rows of x the same geometries take bf16 products, with
                 # the launcher's buffers and gain batch for them.
                 if half:
