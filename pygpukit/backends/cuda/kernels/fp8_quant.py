@@ -112,9 +112,9 @@ ROW_MODES = ("outer_vec", 0, "outer_vec")
 GROUP_MODES = ("vec128", GROUP, "vec128")
 MIN_CC = (9, 0)
 # Rows of x from which a weight takes the FP8 GEMM rather than the quantized GEMV (one
-# launch of up to 8 rows, two of up to 16: gemv_quant.row_groups), per format. int4 first
-# makes its e4m3 operand (1.5 bytes a weight of traffic a call), so it waits for the
-# rows the GEMV takes no longer.
+# launch of up to 8 rows, of 16 or two of 8 up to 16: gemv_quant.rows_a_launch), per format.
+# int4 first makes its e4m3 operand (1.5 bytes a weight of traffic a call), so it waits for
+# the rows the GEMV takes no longer.
 MIN_ROWS = {"fp8": 9, "int4": 17}
 # FP8 GEMMs write D in rows of whole 16 bytes: N a multiple of this (cuBLASLt 13.1 on an
 # H200 had no algorithm for N = 517, and had for 520, 528 and 1000).
