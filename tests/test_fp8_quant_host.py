@@ -88,3 +88,13 @@ def test_int4_as_e4m3_rejects_scale_strides_that_overlap(ld: int, ld_t: int) -> 
     with pytest.raises(ShapeError, match="scale row strides"):
         fp8_quant.int4_as_e4m3(256, 0, 512, QuantSpec("int4", group=128), 64, 256,
                                scales=(1024, ld, 2048, ld_t))  # fmt: skip
+
+
+def test_rows_from_which_the_fp8_gemm_takes_a_weight() -> None:
+    """fp8 from MIN_ROWS rows, but at small K (TinyLlama's 2048) only past the rows where the
+    quantized GEMV's one launch measured faster; int4 past the GEMV's 16 rows."""
+    fp8, int4 = QuantSpec("fp8", block=128), QuantSpec("int4", group=128)
+    assert fp8_quant.min_rows(fp8, 4096) == fp8_quant.MIN_ROWS["fp8"] == 9
+    assert fp8_quant.min_rows(fp8, fp8_quant.FP8_SMALL_K) == fp8_quant.FP8_SMALL_K_ROWS
+    assert 9 < fp8_quant.FP8_SMALL_K_ROWS <= 17
+    assert fp8_quant.min_rows(int4, 2048) == fp8_quant.min_rows(int4, 4096) == 17

@@ -116,6 +116,23 @@ MIN_CC = (9, 0)
 # int4 first makes its e4m3 operand (1.5 bytes a weight of traffic a call), so it waits for
 # the rows the GEMV takes no longer.
 MIN_ROWS = {"fp8": 9, "int4": 17}
+# ... except fp8 at K up to FP8_SMALL_K, which takes it from FP8_SMALL_K_ROWS: there the
+# GEMV's one launch of up to 16 rows (gemv_quant.WIDE_ROWS) beat the FP8 GEMM's 128 x 128
+# tiles at a few rows. H200, TinyLlama fp8 decode, ms a step at 9 / 12 / 16 rows, the FP8
+# GEMM from 9 rows against the GEMV to 16 at K = 2048 (two alternating rounds): 1.44 / 1.29
+# / 1.29 against 1.25 / 1.26 / 1.32 (bf16 0.98 / 0.99 / 1.00).
+FP8_SMALL_K = 2048
+FP8_SMALL_K_ROWS = 13
+
+
+def min_rows(spec: QuantSpec, k: int) -> int:
+    """Rows of x from which a weight of K columns takes the FP8 GEMM (MIN_ROWS; fp8 at K up
+    to FP8_SMALL_K from FP8_SMALL_K_ROWS)."""
+    if spec.format == "fp8" and k <= FP8_SMALL_K:
+        return FP8_SMALL_K_ROWS
+    return MIN_ROWS[spec.format]
+
+
 # FP8 GEMMs write D in rows of whole 16 bytes: N a multiple of this (cuBLASLt 13.1 on an
 # H200 had no algorithm for N = 517, and had for 520, 528 and 1000).
 OUT_ROW_ALIGN = 8
@@ -160,7 +177,7 @@ class Fp8Weight:
         assert modes is not None
         self.x_mode, self.group, self.w_mode = modes
         self.ctx, self.spec, self.n, self.k = ctx, spec, n, k
-        self.min_rows = MIN_ROWS[spec.format]  # fewer rows: the quantized GEMV
+        self.min_rows = min_rows(spec, k)  # fewer rows: the quantized GEMV
         self._scale = self._zero = 0
         self._relaid = None  # W's scales copied into the layout cuBLASLt reads, if not theirs
         self._relaid_shape = (0, 0)
