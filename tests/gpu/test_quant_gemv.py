@@ -93,10 +93,11 @@ def test_linear_matches_the_dequantized_product(monkeypatch, fmt, kw, dtype, m):
 def test_decode_step_fusions_captured(monkeypatch, fmt, kw, rows):
     """RMSNorm prologue + residual, the SwiGLU gate/up projection and the down projection
     with bias, compiled (a captured CUDA graph, read-only weights: early loads), against
-    float64 on the dequantized weights; 12 rows: each linear two GEMV launches of 6 (FP8
-    weights too: their FP8 GEMM, which 12 rows would take, is tests/gpu/test_fp8_gemm.py's),
-    int8 on the skinny GEMM (the RMSNorm and SwiGLU as kernels of their own); 24 rows: the
-    formats the GEMV's row groups stop at dequantized."""
+    float64 on the dequantized weights; 12 rows: each linear one GEMV launch of two n8 tiles
+    of rows (gemv_quant.WIDE_ROWS; FP8 weights too: their FP8 GEMM, which 12 rows may take,
+    is tests/gpu/test_fp8_gemm.py's), int8 on the skinny GEMM (the RMSNorm and SwiGLU as
+    kernels of their own); 24 rows: the formats the GEMV's row groups stop at
+    dequantized."""
     monkeypatch.setenv("PYGPUKIT_FP8_GEMM", "0")
     rng = np.random.default_rng()
     d, inter = 768, 1024
