@@ -608,8 +608,9 @@ def bench_sdpa(rows: list[dict[str, Any]], copy_gbs: float, use_compile: bool) -
 
 def copy_us(nbytes: int) -> float:
     """Microseconds of torch's device copy moving `nbytes` (read + write), 20 calls in a
-    CUDA graph rotating sets as a workload's timing does: the ceiling at that size, where
-    launch and ramp-up weigh on a few microseconds (docs/kernels.md, "How they are measured")."""
+    CUDA graph rotating sets as a workload's timing does: the reference a few-MB workload is
+    read against, where launch and ramp-up weigh on a few microseconds (docs/kernels.md,
+    "How they are measured"; a kernel that only reads can beat it there)."""
     torch = _torch()
     sets = _sets_for(nbytes)
     src = [torch.randn(max(1, nbytes // 8), device="cuda") for _ in range(sets)]

@@ -6,8 +6,8 @@ and run by the LLM bench's decode
 int8 / int4 torch models under torch.compile (gpt-fast's quantize.py forms: int8
 F.linear(x, w.to(x.dtype)) * scales; int4 dequantize, then matmul) in the same run; and
 the prefill of a 1 x 1024 prompt with each format's weights against bf16; and decode at
-each of BATCHED rows (batched decode and serving: the quantized GEMV, in groups of rows
-past 8, or the format's GEMM) against bf16 at the same batch.
+each of BATCHED rows (batched decode and serving: the quantized GEMV, one launch of up to
+16 rows where they fit, or the format's GEMM) against bf16 at the same batch.
 
 Models come from PGK_QUANT_LLM_MODELS (comma-separated names of llm.MODELS; default both).
 """
