@@ -71,7 +71,10 @@ EARLY_BLOCKS_PER_SM = 0
 # (red_bytes sizes them by m) and the prologue kept the gain row beside x.
 STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)}
 # Warps per SM of the persistent grid (blocks: this over the block's warps, as many as fit):
-# three blocks of 8 warps, six of 4.
+# three blocks of 8 warps, six of 4. A block per tile instead (so the next GEMV's blocks
+# could take an SM as this one's retire) made the decode step slower (H200, batch 1, two
+# alternating rounds, ms): Llama-2-7B int8 2.06 -> 2.45, int4 1.65 -> 2.19; TinyLlama
+# int8 0.68 -> 0.71, int4 0.56 -> 0.58.
 STAGED_EARLY_WARPS_PER_SM = 24
 # Per K (H200, batch 1, w_early; a sweep of 8 geometries per format, then the bench at
 # 6b8281a against h200-quant.json at 50793d0, us): int8 at K = 2048 on (4, 2, 4, 2), six
