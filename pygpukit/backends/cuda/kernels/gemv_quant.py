@@ -22,9 +22,9 @@ QUANT_ROWS = 8
 # H200, decode at 16 rows, x of bf16 (two launches of 8 -> one of 16; bench quant_llm): int4
 # TinyLlama 0.71 -> 0.97, Llama-2-7B 0.90 -> 1.02. int8 and fp8 keep their GEMMs from 9 rows
 # (the skinny GEMM, the FP8 GEMM; fp8 at small K from 13: fp8_quant.min_rows): on this GEMV
-# at 12 / 16 rows TinyLlama int8 took 1.25 /
-# 1.37 ms a step against 1.14 / 1.15, Llama-2-7B fp8 4.39 / 5.49 against 3.67 / 3.82 (and
-# TinyLlama fp8 1.13 / 1.24 against 1.28, 7B int8 4.29 / 4.83 against 4.44 / 4.89).
+# at 12 / 16 rows TinyLlama int8 took 1.25 / 1.37 ms a step against 1.14 / 1.15, Llama-2-7B
+# fp8 4.39 / 5.49 against 3.67 / 3.82 (and TinyLlama fp8 1.13 / 1.24 against 1.28, 7B int8
+# 4.29 / 4.83 against 4.44 / 4.89).
 WIDE_ROWS = 16
 # Stages per warp of a 16-row launch whose format's own leave no room for x's rows (then
 # four warps too): TinyLlama int4 decode at 16 rows, x of bf16, 0.97 -> 0.99 with its down
