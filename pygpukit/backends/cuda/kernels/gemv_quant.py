@@ -425,16 +425,11 @@ def wide_rows_config(spec: QuantSpec, k: int, dtype: str, n: int = 0
     return None
 
 
-def wide_rows_fit(spec: QuantSpec, k: int, dtype: str, n: int = 0) -> bool:
-    """Whether one launch takes WIDE_ROWS rows of x (wide_rows_config has a geometry)."""
-    return wide_rows_config(spec, k, dtype, n) is not None
-
-
 def rows_a_launch(spec: QuantSpec, k: int, dtype: str, m: int, n: int = 0) -> int:
     """Rows of x a launch takes for m rows: all of 9-16 rows in one where they fit
-    (wide_rows_fit), else QUANT_ROWS (more rows keep the launches of 8 they were measured
-    with: MAX_ROW_GROUPS)."""
-    if QUANT_ROWS < m <= WIDE_ROWS and wide_rows_fit(spec, k, dtype, n):
+    (wide_rows_config has a geometry), else QUANT_ROWS (more rows keep the launches of 8
+    they were measured with: MAX_ROW_GROUPS)."""
+    if QUANT_ROWS < m <= WIDE_ROWS and wide_rows_config(spec, k, dtype, n) is not None:
         return WIDE_ROWS
     return QUANT_ROWS
 

@@ -227,6 +227,15 @@ def _half_defines(spec: QuantSpec, dtype: str, gw: int, glu: int,
     return {"PGK_QF16": 1, **({"PGK_QMINB": minb} if minb else {})}
 
 
+def _bf16_product_defines(spec: QuantSpec, pro: int) -> dict[str, object]:
+    """The staged kernel's macros the launcher sets under bf16 products beside the
+    geometry: int8's one partial-sum buffer, and the prologue's gain batch."""
+    d: dict[str, object] = {"PGK_QREDB": 1} if spec.format == "int8" else {}
+    if pro:
+        d["PGK_QGB"] = gemv_quant.default_gain_batch(spec, False)
+    return d
+
+
 def quant_variants() -> list[Variant]:
     """gemv_quant: each format in both dtypes plain and with the decode step's fusions
     (RMSNorm prologue, SwiGLU epilogue, SiLU), on the register path and (16-byte chunks)
@@ -271,25 +280,21 @@ def quant_variants() -> list[Variant]:
                 # 9-16 rows in one launch (two n8 tiles of x's rows, gemv_quant.WIDE_ROWS):
                 # the geometry of K = 2048 under bf16 products, int4's biased codes, and
                 # the fewer stages and warps of wider rows (gemv_quant.wide_rows_config).
+                plain = _bf16_product_defines(spec, pro)
                 wgw, wnt, wu, wns = gemv_quant.staged_config(spec, 2048, gemv_quant.WIDE_ROWS)
                 for ggw, gns in ((wgw, wns), (4, gemv_quant.WIDE_ROWS_STAGES)):
-                    wide_rows = {"PGK_GW": ggw, "PGK_NT": wnt, "PGK_U": wu, "PGK_QPIPE": 0,
-                                 "PGK_QSTAGES": gns, "PGK_QMX": 2}  # fmt: skip
-                    if spec.format == "int8":
-                        wide_rows["PGK_QREDB"] = 1
-                    if pro:
-                        wide_rows["PGK_QGB"] = gemv_quant.default_gain_batch(spec, False)
-                    out.append(("gemv_quant", ("pgk_gemv_quant",), {**base, **f, **wide_rows}))
+                    out.append(("gemv_quant", ("pgk_gemv_quant",),
+                                {**base, **f, "PGK_GW": ggw, "PGK_NT": wnt, "PGK_U": wu,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": gns, "PGK_QMX": 2,
+                                 **plain}))  # fmt: skip
                 if spec.format == "int4" and not spec.has_zero and dt == "bfloat16":
                     out.append(("gemv_quant", ("pgk_gemv_quant",),
-                                {**base, **f, **wide_rows, "PGK_GW": wgw,
-                                 "PGK_QSTAGES": wns, "PGK_QBIAS": 1}))  # fmt: skip
+                                {**base, **f, "PGK_GW": wgw, "PGK_NT": wnt, "PGK_U": wu,
+                                 "PGK_QPIPE": 0, "PGK_QSTAGES": wns, "PGK_QMX": 2, **plain,
+                                 "PGK_QBIAS": 1}))  # fmt: skip
                 # Past half_max_rows rows of x the same geometries take bf16 products, with
                 # the launcher's buffers and gain batch for them.
                 if half:
-                    plain: dict[str, object] = {"PGK_QREDB": 1} if spec.format == "int8" else {}
-                    if pro:
-                        plain["PGK_QGB"] = gemv_quant.default_gain_batch(spec, False)
                     for kgw, knt, ku, kns in sorted(per_k):
                         out.append(("gemv_quant", ("pgk_gemv_quant",),
                                     {**base, **f, "PGK_GW": kgw, "PGK_NT": knt, "PGK_U": ku,
