@@ -75,7 +75,10 @@ STAGED_CONFIG = {"int8": (8, 2, 4, 2), "fp8": (8, 2, 4, 2), "int4": (8, 2, 2, 4)
 # three blocks of 8 warps, six of 4. A block per tile instead (so the next GEMV's blocks
 # could take an SM as this one's retire) made the decode step slower (H200, batch 1, two
 # alternating rounds, ms): Llama-2-7B int8 2.06 -> 2.45, int4 1.65 -> 2.19; TinyLlama
-# int8 0.68 -> 0.71, int4 0.56 -> 0.58.
+# int8 0.68 -> 0.71, int4 0.56 -> 0.58. Nor did a QKV grid two blocks short of that on 8 or
+# 16 SMs, so the decode attention's 32 blocks could start beside it there (Llama-2-7B int8,
+# where the attention's own time is 5.0 us a layer against bf16's 3.3): 2.034-2.040 ->
+# 2.118-2.122 ms (two alternating rounds).
 STAGED_EARLY_WARPS_PER_SM = 24
 # Per K (H200, batch 1, w_early; a sweep of 8 geometries per format, then the bench at
 # 6b8281a against h200-quant.json at 50793d0, us): int8 at K = 2048 on (4, 2, 4, 2), six
