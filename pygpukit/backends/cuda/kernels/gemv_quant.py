@@ -291,7 +291,9 @@ def default_min_blocks(gw: int, staged: bool, f16: bool, glu: bool, fmt: str,
     [4096 x 4096] 7.41 / 5.41 / 6.58, [32000 x 4096] 36.48 / 32.06 / 33.63. Under f16 the
     gain batch stays GAIN_BATCH's 2 (1 or 4, bounded or not: 0.3-9 us slower at the 7B
     RMSNorm launches, one interleaved run). A bounded kernel keeps one partial-sum buffer
-    (red_buffers)."""
+    (red_buffers). The Llama-2-7B int8 QKV launch bounded (80 registers) on two blocks an SM,
+    so the decode attention's blocks could wait beside it, made the step slower: 2.048-2.057
+    -> 2.184-2.193 ms (on three bounded blocks 2.061-2.064; two alternating rounds)."""
     if staged and f16 and fmt == "int4" and zero:
         return ASYM_F16_MIN_BLOCKS
     bounded = staged and f16 and glu and fmt == "int8"
