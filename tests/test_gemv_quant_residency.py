@@ -56,6 +56,27 @@ def test_staged_config_per_k():
     assert gemv_quant.staged_config(sym, 11008) == gemv_quant.STAGED_CONFIG["int4"]
 
 
+def test_int8_output_projection_takes_its_whole_range_before_the_wait():
+    """int8 at the 7B output projection's shape ([4096 x 4096], one row of x) takes four
+    warps whose stages hold each warp's whole range of K (all in flight before the
+    predecessor wait), a tile a block; wider N, more rows, and the other formats keep the
+    default."""
+    from pygpukit.ir.quant import QuantSpec
+
+    int8, k, n = QuantSpec("int8"), gemv_quant.TILE_BLOCK_INT8_K, gemv_quant.TILE_BLOCK_INT8_MAX_N
+    gw, nt, u, ns = gemv_quant.staged_config(int8, k, 1, n)
+    assert (gw, nt, u, ns) == gemv_quant.TILE_BLOCK_INT8 and gw == 4
+    per_warp = -(-(k // gemv_quant.chunk_cols(int8)) // gw)  # chunks of a warp's range
+    assert u * ns >= per_warp
+    blocks = gemv_quant.STAGED_EARLY_WARPS_PER_SM // gw * 132
+    assert n // (8 * nt) <= blocks  # a tile a block on an H200's 132 SMs
+    assert gemv_quant.staged_config(int8, k) == gemv_quant.STAGED_CONFIG["int8"]
+    assert gemv_quant.staged_config(int8, k, 1, 12288) == gemv_quant.STAGED_CONFIG["int8"]
+    assert gemv_quant.staged_config(int8, k, 2, n) == gemv_quant.STAGED_CONFIG["int8"]
+    for other in (QuantSpec("fp8", block=128), QuantSpec("int4", group=128)):
+        assert gemv_quant.staged_config(other, k, 1, n) == gemv_quant.STAGED_CONFIG[other.format]
+
+
 def test_biased_codes_where_measured():
     """The biased int4 codes: symmetric int4 under bf16 at K = 4096 and N from 8192 only
     (the H200 A/B), never asymmetric, f16, the 8-bit formats, other K or the 4096-row

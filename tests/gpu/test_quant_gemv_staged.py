@@ -205,6 +205,22 @@ def test_wide_rows_default_match_float64(fmt, kw, fused, early):
     assert _err(out, ref) <= 1e-3
 
 
+@pytest.mark.parametrize("early", [True, False], ids=["early", "late"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])
+def test_int8_output_projection_default_match_float64(fused, early):
+    """One row of x at K = 4096 and a narrow N (the 7B output projection's shape) takes four
+    warps holding their whole range in their stages by default (TILE_BLOCK_INT8)."""
+    k = gemv_quant.TILE_BLOCK_INT8_K
+    q, x, g, res, dev = _norm_case(np.random.default_rng(), "int8", {}, k, 1, fused)
+    n = q.data.shape[0]
+    assert gemv_quant.staged_config(q.spec, k, 1, n) == gemv_quant.TILE_BLOCK_INT8
+    _launch(q, dev, k, 1, fused, w_early=early)
+    out = dev[3].to_numpy()
+    wd = q.dequantize()
+    ref = _norm_ref(x, g, wd, res, True) if fused else x.astype(np.float64) @ wd.T
+    assert _err(out, ref) <= 1e-3
+
+
 @pytest.mark.parametrize("shift", [0.0, 4.0], ids=["centred", "mean-4"])
 @pytest.mark.parametrize("magnitude", [1.0, 2.0**-30, 2.0**40], ids=["unit", "tiny", "huge"])
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm-glu-residual"])

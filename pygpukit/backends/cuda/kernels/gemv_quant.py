@@ -140,13 +140,29 @@ def row_groups(m: int, per_launch: int = QUANT_ROWS) -> list[tuple[int, int]] | 
     return [(i * base + min(i, extra), base + (i < extra)) for i in range(g)]
 
 
-def staged_config(spec: QuantSpec, k: int, m: int = 1) -> tuple[int, int, int, int]:
+# int8 at this K and up to this N with one row of x (the Llama-2-7B output projection,
+# [4096 x 4096]: its 256 tiles a block each) on four warps of four stages (TILE_BLOCK_INT8):
+# each warp's whole range of K is in flight before the predecessor wait, in blocks of 128
+# threads that fit beside the decode attention's, which runs ahead of it. H200, the 7B
+# batch-1 decode step (separate processes, two alternating rounds each, ms): int8 2.056 /
+# 2.059 / 2.061 / 2.070 -> 2.031 / 2.033 / 2.031 / 2.034; slower for fp8 (1.983-1.986 ->
+# 2.055-2.057) and int4 (1.641-1.643 -> 1.660-1.661), which keep their geometry.
+TILE_BLOCK_INT8_K = 4096
+TILE_BLOCK_INT8_MAX_N = 4096
+TILE_BLOCK_INT8 = (4, 2, 4, 4)
+
+
+def staged_config(spec: QuantSpec, k: int, m: int = 1, n: int = 0) -> tuple[int, int, int, int]:
     """The staged kernel's default (warps, n8 tiles per warp, chunks per stage, stages per
-    warp) for this weight, K and m rows of x: the format's STAGED_CONFIG, or where the
-    H200 sweeps found better (see SMALL_K_INT8, WIDE_K)."""
+    warp) for this weight, K, m rows of x and N outputs (0: not known): the format's
+    STAGED_CONFIG, or where the H200 sweeps found better (see SMALL_K_INT8, WIDE_K,
+    TILE_BLOCK_INT8)."""
     gw, nt, u, ns = STAGED_CONFIG[spec.format]
     if spec.format == "int8" and k <= SMALL_K_INT8:
         return (4, 2, 4, 2)
+    if (spec.format == "int8" and k == TILE_BLOCK_INT8_K and m == 1
+            and 0 < n <= TILE_BLOCK_INT8_MAX_N):  # fmt: skip
+        return TILE_BLOCK_INT8
     if spec.format in ("int8", "fp8") and k > WIDE_K and m == 1:
         return (gw, nt, *WIDE_STAGES)
     if spec.format == "int4" and spec.has_zero:
@@ -524,7 +540,7 @@ def gemv_quant(
     ptrs = (x, w) + ((pro,) if prologue != "none" else ())
     if any(p % 16 for p in ptrs) or (m > 1 and xs % 8):
         raise ShapeError("gemv_quant: x, W and the gain must be 16-byte aligned rows")
-    sgw, snt, su, sns = staged_config(spec, k, m)
+    sgw, snt, su, sns = staged_config(spec, k, m, n)
     wide_cfg = wide_rows_config(spec, k, dtype, n) if mx == 2 else None
     if wide_cfg is not None:
         sgw, snt, su, sns = wide_cfg

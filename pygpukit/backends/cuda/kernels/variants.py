@@ -246,8 +246,11 @@ def quant_variants() -> list[Variant]:
         gw, nt, pipe = gemv_quant.FORMAT_CONFIG[spec.format]
         sgw, snt, su, sns = gemv_quant.STAGED_CONFIG[spec.format]
         staged = gemv_quant.words_per_lane(spec) == 4
-        # The per-K defaults beside the format's (staged_config: small, large, wide K).
-        per_k = {gemv_quant.staged_config(spec, k) for k in (2048, 4096, 11008)} - {
+        # The per-K defaults beside the format's (staged_config: small, large, wide K, and
+        # the 7B output projection's shape).
+        per_k = {gemv_quant.staged_config(spec, k) for k in (2048, 4096, 11008)} | {
+            gemv_quant.staged_config(spec, gemv_quant.TILE_BLOCK_INT8_K, 1,
+                                     gemv_quant.TILE_BLOCK_INT8_MAX_N)} - {
             (sgw, snt, su, sns)}  # fmt: skip
         for dt in loader.HALF_DTYPES:
             base = gemv_quant.defines(spec, dt, numel)
