@@ -248,10 +248,10 @@ def quant_variants() -> list[Variant]:
         staged = gemv_quant.words_per_lane(spec) == 4
         # The per-K defaults beside the format's (staged_config: small, large, wide K, and
         # the 7B output projection's shape).
-        per_k = {gemv_quant.staged_config(spec, k) for k in (2048, 4096, 11008)} | {
-            gemv_quant.staged_config(spec, gemv_quant.TILE_BLOCK_INT8_K, 1,
-                                     gemv_quant.TILE_BLOCK_INT8_MAX_N)} - {
-            (sgw, snt, su, sns)}  # fmt: skip
+        per_k = {gemv_quant.staged_config(spec, k) for k in (2048, 4096, 11008)}
+        per_k.add(gemv_quant.staged_config(spec, gemv_quant.TILE_BLOCK_INT8_K, 1,
+                                           gemv_quant.TILE_BLOCK_INT8_MAX_N))  # fmt: skip
+        per_k.discard((sgw, snt, su, sns))
         for dt in loader.HALF_DTYPES:
             base = gemv_quant.defines(spec, dt, numel)
             fused = [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 0, 3)] if dt == "bfloat16" else [
