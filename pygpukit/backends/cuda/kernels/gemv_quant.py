@@ -142,8 +142,9 @@ def row_groups(m: int, per_launch: int = QUANT_ROWS) -> list[tuple[int, int]] | 
 
 # int8 at this K and up to this N with one row of x (the Llama-2-7B output projection,
 # [4096 x 4096]: its 256 tiles a block each) on four warps of four stages (TILE_BLOCK_INT8):
-# each warp's whole range of K is in flight before the predecessor wait, in blocks of 128
-# threads that fit beside the decode attention's, which runs ahead of it. H200, the 7B
+# the same shared memory as the default's eight warps of two stages, each warp's range of
+# K (twice as long) still all in flight before the predecessor wait, but blocks of 128
+# threads, half the registers, that fit beside the decode attention's. H200, the 7B
 # batch-1 decode step (separate processes, two alternating rounds each, ms): int8 2.056 /
 # 2.059 / 2.061 / 2.070 -> 2.031 / 2.033 / 2.031 / 2.034; slower for fp8 (1.983-1.986 ->
 # 2.055-2.057) and int4 (1.641-1.643 -> 1.660-1.661), which keep their geometry.
