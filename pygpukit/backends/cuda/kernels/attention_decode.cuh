@@ -614,6 +614,95 @@ PGK_DEVICE unsigned pgk_dpack(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
+// The end of a tensor-core decode block (pgk_attn_decode_mma, pgk_paged_decode_mma_row),
+// once its warps have streamed their tiles: each warp's online-softmax state (its O^T
+// fragments oacc, per-head max m_r and partial sums l_r, a head's keys spread over its
+// column's lanes) goes to shared memory `smem` (the stages, free once every warp's loads
+// have landed), and the block merges them into o [PGK_G heads, o_sh apart] normalised where
+// it is the row's only split, else into its unnormalised partial o_part and (max, sum) pairs
+// ml_part at slot `part`, as the merge kernels read them.
+template <int NB>
+PGK_DEVICE void pgk_dec_mma_end(float (&oacc)[PGK_D / 16][NB][4], const float (&m_r)[NB][2],
+                                float (&l_r)[NB][2], unsigned char* smem, int splits,
+                                long long part, float* __restrict__ ml_part,
+                                float* __restrict__ o_part, pgk_t* __restrict__ o, long long o_sh) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int qr = lane >> 2, qc = lane & 3;
+  pgk_cp_async_wait<0>();
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the keys of a head are spread over its column's lanes
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 4);
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 8);
+      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 16);
+    }
+  __syncthreads();  // every warp is done with its stages: reuse them for the merge
+
+  // Per-warp states (f32): O [16][PGK_MOLD] (row = head), m [16], l [16]. Rows are padded
+  // by 4 floats so the 8 x 4 lanes of one O^T fragment store hit distinct banks (unpadded,
+  // the rows of one column shared a bank: ~0.6 us of conflicts at B1 ctx 8192).
+  constexpr int LD = PGK_MOLD, WS = PGK_MWS, NT = PGK_MW * 32;
+  float* wst = reinterpret_cast<float*>(smem);
+  float* wo = wst + warp * WS;
+#pragma unroll
+  for (int dp = 0; dp < PGK_D / 16; ++dp)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        wo[(nb * 8 + 2 * qc + (e & 1)) * LD + dp * 16 + qr + (e >> 1) * 8] = oacc[dp][nb][e];
+  if (qr == 0) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        wo[16 * LD + nb * 8 + 2 * qc + h] = m_r[nb][h];
+        wo[16 * LD + 16 + nb * 8 + 2 * qc + h] = l_r[nb][h];
+      }
+  }
+  __syncthreads();
+  // Each warp's weight per head (wgt [MW][G]) and the head's sum (tot [G]), once, so the
+  // column loop below is loads and FMAs only (with the exp2 per element it took ~1 us).
+  float* wgt = wst + PGK_MW * WS;
+  float* tot = wgt + PGK_MW * PGK_G;
+  if (tid < PGK_G) {
+    float mmax = -PGK_INF;
+#pragma unroll
+    for (int w = 0; w < PGK_MW; ++w) mmax = max(mmax, wst[w * WS + 16 * LD + tid]);
+    float lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < PGK_MW; ++w) {
+      const float mw = wst[w * WS + 16 * LD + tid];
+      const float lw = wst[w * WS + 16 * LD + 16 + tid];
+      // A warp with no tile (-inf, 0): 0; an all-NaN one (-inf, NaN) keeps its NaN.
+      const float f = (mw == -PGK_INF && lw == 0.0f) ? 0.0f : exp2f(mw - mmax);
+      wgt[w * PGK_G + tid] = f;
+      lsum += f * lw;
+    }
+    tot[tid] = lsum;
+    if (splits > 1) {
+      ml_part[(part + (long long)tid * splits) * 2] = mmax;
+      ml_part[(part + (long long)tid * splits) * 2 + 1] = lsum;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < (PGK_G * PGK_D + NT - 1) / NT; ++i) {
+    const int e = tid + i * NT;
+    if (e < PGK_G * PGK_D) {
+      const int g = e / PGK_D, d = e % PGK_D;
+      float acc = 0.0f;
+#pragma unroll
+      for (int w = 0; w < PGK_MW; ++w) acc += wgt[w * PGK_G + g] * wst[w * WS + g * LD + d];
+      if (splits == 1)  // a non-empty block's sum is positive
+        o[g * o_sh + d] = pgk_from_float<pgk_t>(acc / tot[g]);
+      else
+        o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // Append mode (PGK_APPEND 1, ir op sdpa_append): the kernel stores this step's key and value
 // at row pos of the caches and attends over them with it; with PGK_ROPE (1 half-split,
@@ -1007,79 +1096,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     if (it + PGK_MSTAGES < my_tiles) issue(it + PGK_MSTAGES);
     pgk_cp_async_commit();
   }
-  pgk_cp_async_wait<0>();
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // the keys of a head are spread over its column's lanes
-      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 4);
-      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 8);
-      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 16);
-    }
-  __syncthreads();  // every warp is done with its stages: reuse them for the merge
-
-  // Per-warp states (f32): O [16][PGK_MOLD] (row = head), m [16], l [16]. Rows are padded
-  // by 4 floats so the 8 x 4 lanes of one O^T fragment store hit distinct banks (unpadded,
-  // the rows of one column shared a bank: ~0.6 us of conflicts at B1 ctx 8192).
-  constexpr int LD = PGK_MOLD, WS = PGK_MWS, NT = PGK_MW * 32;
-  float* wst = reinterpret_cast<float*>(smem_raw);
-  float* wo = wst + warp * WS;
-#pragma unroll
-  for (int dp = 0; dp < PGK_D / 16; ++dp)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        wo[(nb * 8 + 2 * qc + (e & 1)) * LD + dp * 16 + qr + (e >> 1) * 8] = oacc[dp][nb][e];
-  if (qr == 0) {
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        wo[16 * LD + nb * 8 + 2 * qc + h] = m_r[nb][h];
-        wo[16 * LD + 16 + nb * 8 + 2 * qc + h] = l_r[nb][h];
-      }
-  }
-  __syncthreads();
-  // Each warp's weight per head (wgt [MW][G]) and the head's sum (tot [G]), once, so the
-  // column loop below is loads and FMAs only (with the exp2 per element it took ~1 us).
-  float* wgt = wst + PGK_MW * WS;
-  float* tot = wgt + PGK_MW * PGK_G;
-  if (tid < PGK_G) {
-    float mmax = -PGK_INF;
-#pragma unroll
-    for (int w = 0; w < PGK_MW; ++w) mmax = max(mmax, wst[w * WS + 16 * LD + tid]);
-    float lsum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < PGK_MW; ++w) {
-      const float mw = wst[w * WS + 16 * LD + tid];
-      const float lw = wst[w * WS + 16 * LD + 16 + tid];
-      // A warp with no tile (-inf, 0): 0; an all-NaN one (-inf, NaN) keeps its NaN.
-      const float f = (mw == -PGK_INF && lw == 0.0f) ? 0.0f : exp2f(mw - mmax);
-      wgt[w * PGK_G + tid] = f;
-      lsum += f * lw;
-    }
-    tot[tid] = lsum;
-    if (splits > 1) {
-      ml_part[(part + (long long)tid * splits) * 2] = mmax;
-      ml_part[(part + (long long)tid * splits) * 2 + 1] = lsum;
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < (PGK_G * PGK_D + NT - 1) / NT; ++i) {
-    const int e = tid + i * NT;
-    if (e < PGK_G * PGK_D) {
-      const int g = e / PGK_D, d = e % PGK_D;
-      float acc = 0.0f;
-#pragma unroll
-      for (int w = 0; w < PGK_MW; ++w) acc += wgt[w * PGK_G + g] * wst[w * WS + g * LD + d];
-      if (splits == 1)  // a non-empty block's sum is positive
-        o[g * o_sh + d] = pgk_from_float<pgk_t>(acc / tot[g]);
-      else
-        o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
-    }
-  }
+  pgk_dec_mma_end(oacc, m_r, l_r, smem_raw, splits, part, ml_part, o_part, o, o_sh);
   if (counters && splits > 1 && pgk_dec_arrive(counter, splits))
     pgk_dec_merge<PGK_MW * 32>(o_part + head0 * PGK_D, ml_part + head0 * 2, o, o_sh, splits,
                                smem_raw);

@@ -582,77 +582,7 @@ PGK_DEVICE void pgk_paged_decode_mma_row(
     for (int i = 0; i + 1 < PGK_MSTAGES; ++i) tab[i] = tab[i + 1];
     tab[PGK_MSTAGES - 1] = entry(it + 2 * PGK_MSTAGES, false);
   }
-  pgk_cp_async_wait<0>();
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // the keys of a head are spread over its column's lanes
-      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 4);
-      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 8);
-      l_r[nb][h] += __shfl_xor_sync(0xffffffffu, l_r[nb][h], 16);
-    }
-  __syncthreads();  // every warp is done with its stages: reuse them for the merge
-
-  // Per-warp states (f32): O [16][PGK_MOLD] (row = head), m [16], l [16], as
-  // pgk_attn_decode_mma lays them out (rows padded against bank conflicts).
-  constexpr int LD = PGK_MOLD, WS = PGK_MWS, NT = PGK_MW * 32;
-  float* wst = reinterpret_cast<float*>(pgk_pdsmem);
-  float* wo = wst + warp * WS;
-#pragma unroll
-  for (int dp = 0; dp < PGK_D / 16; ++dp)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        wo[(nb * 8 + 2 * qc + (e & 1)) * LD + dp * 16 + qr + (e >> 1) * 8] = oacc[dp][nb][e];
-  if (qr == 0) {
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        wo[16 * LD + nb * 8 + 2 * qc + h] = m_r[nb][h];
-        wo[16 * LD + 16 + nb * 8 + 2 * qc + h] = l_r[nb][h];
-      }
-  }
-  __syncthreads();
-  // Each warp's weight per head (wgt [MW][G]) and the head's sum (tot [G]), once.
-  float* wgt = wst + PGK_MW * WS;
-  float* tot = wgt + PGK_MW * PGK_G;
-  if (tid < PGK_G) {
-    float mmax = -PGK_INF;
-#pragma unroll
-    for (int w = 0; w < PGK_MW; ++w) mmax = max(mmax, wst[w * WS + 16 * LD + tid]);
-    float lsum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < PGK_MW; ++w) {
-      const float mw = wst[w * WS + 16 * LD + tid];
-      const float lw = wst[w * WS + 16 * LD + 16 + tid];
-      // A warp with no tile (-inf, 0): 0; an all-NaN one (-inf, NaN) keeps its NaN.
-      const float f = (mw == -PGK_INF && lw == 0.0f) ? 0.0f : exp2f(mw - mmax);
-      wgt[w * PGK_G + tid] = f;
-      lsum += f * lw;
-    }
-    tot[tid] = lsum;
-    if (splits > 1) {
-      ml_part[(part + (long long)tid * splits) * 2] = mmax;
-      ml_part[(part + (long long)tid * splits) * 2 + 1] = lsum;
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < (PGK_G * PGK_D + NT - 1) / NT; ++i) {
-    const int e = tid + i * NT;
-    if (e < PGK_G * PGK_D) {
-      const int g = e / PGK_D, d = e % PGK_D;
-      float acc = 0.0f;
-#pragma unroll
-      for (int w = 0; w < PGK_MW; ++w) acc += wgt[w * PGK_G + g] * wst[w * WS + g * LD + d];
-      if (splits == 1)  // a non-empty block's sum is positive
-        o[g * o_sh + d] = pgk_from_float<pgk_t>(acc / tot[g]);
-      else
-        o_part[(part + (long long)g * splits) * PGK_D + d] = acc;
-    }
-  }
+  pgk_dec_mma_end(oacc, m_r, l_r, pgk_pdsmem, splits, part, ml_part, o_part, o, o_sh);
 }
 
 // grid (splits, KV * group / PGK_G, Z): block row z takes rows z, z + Z, ... of the rows
