@@ -614,6 +614,98 @@ PGK_DEVICE unsigned pgk_dpack(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
+// One PGK_MTK-key tile of a tensor-core decode warp (keys key0 on; those from `end` on
+// masked): S^T = K Q^T from the tile's keys ks and the queries' B fragments qb, the online
+// softmax's running max m_r and sums l_r brought up to it, and O^T += V^T P^T from its
+// values vs (both tiles PGK_MLD-element rows in shared memory). Fragment (r, c) of thread
+// (qr, qc): rows qr, qr + 8; columns 2 qc, 2 qc + 1.
+template <int NB>
+PGK_DEVICE void pgk_dec_mma_tile(const pgk_t* ks, const pgk_t* vs,
+                                 const unsigned (&qb)[NB][PGK_D / 16][2], int key0, int end,
+                                 float sl2, float (&m_r)[NB][2], float (&l_r)[NB][2],
+                                 float (&oacc)[PGK_D / 16][NB][4]) {
+  constexpr int KS = PGK_D / 16;
+  const int lane = threadIdx.x & 31, qr = lane >> 2;
+  float s[2][NB][4];  // S^T: [16-key half][column block][fragment]
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mb][nb][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb) {
+      unsigned a4[4];  // K rows mb*16.., columns kk*16..: (r0-7,k0-7) (r8-15,k0-7) ...
+      pgk_dldm_x4(a4, ks + (mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PGK_MLD + kk * 16 +
+                          (lane >> 4) * 8);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) pgk_dmma(s[mb][nb], a4, qb[nb][kk][0], qb[nb][kk][1]);
+    }
+  float mx[NB][2];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) mx[nb][0] = mx[nb][1] = -PGK_INF;
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + mb * 16 + qr + (e >> 1) * 8;
+        s[mb][nb][e] = key < end ? s[mb][nb][e] * sl2 : -PGK_INF;
+        mx[nb][e & 1] = max(mx[nb][e & 1], s[mb][nb][e]);
+      }
+  float alpha[NB][2];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // The 8 threads of a column (lanes qc + 4 i) share a head; a tile with key0 < end
+      // has a finite max (unless every score is NaN: then max -inf and NaN below).
+      float m = mx[nb][h];
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 8));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 16));
+      const float mn = max(m_r[nb][h], m);
+      alpha[nb][h] = exp2f(m_r[nb][h] - mn);
+      m_r[nb][h] = mn;
+      l_r[nb][h] *= alpha[nb][h];
+    }
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[mb][nb][e] = exp2f(s[mb][nb][e] - m_r[nb][e & 1]);
+        l_r[nb][e & 1] += s[mb][nb][e];
+      }
+#pragma unroll
+  for (int dp = 0; dp < PGK_D / 16; ++dp)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) oacc[dp][nb][e] *= alpha[nb][e & 1];
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {  // 16 keys a step: the S^T rows of half kk
+    unsigned pb[NB][2];             // P^T as B fragments: 8x8 blocks of S^T, transposed
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      pb[nb][0] = pgk_dmovt(pgk_dpack(s[kk][nb][0], s[kk][nb][1]));
+      pb[nb][1] = pgk_dmovt(pgk_dpack(s[kk][nb][2], s[kk][nb][3]));
+    }
+#pragma unroll
+    for (int dp = 0; dp < PGK_D / 16; ++dp) {
+      unsigned a4[4];  // V^T rows dp*16.. (head_dim), columns kk*16.. (keys)
+      pgk_dldm_x4_t(a4, vs + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * PGK_MLD + dp * 16 +
+                            ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) pgk_dmma(oacc[dp][nb], a4, pb[nb][0], pb[nb][1]);
+    }
+  }
+}
+
 // The end of a tensor-core decode block (pgk_attn_decode_mma, pgk_paged_decode_mma_row),
 // once its warps have streamed their tiles: each warp's online-softmax state (its O^T
 // fragments oacc, per-head max m_r and partial sums l_r, a head's keys spread over its
@@ -1014,84 +1106,7 @@ extern "C" __global__ void __launch_bounds__(PGK_MW * 32)
     }
 #endif
 
-    float s[2][NB][4];  // S^T: [16-key half][column block][fragment]
-#pragma unroll
-    for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mb][nb][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-      for (int mb = 0; mb < 2; ++mb) {
-        unsigned a4[4];  // K rows mb*16.., columns kk*16..: (r0-7,k0-7) (r8-15,k0-7) ...
-        pgk_dldm_x4(a4, ks + (mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PGK_MLD +
-                            kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) pgk_dmma(s[mb][nb], a4, qb[nb][kk][0], qb[nb][kk][1]);
-      }
-    float mx[NB][2];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) mx[nb][0] = mx[nb][1] = -PGK_INF;
-#pragma unroll
-    for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + mb * 16 + qr + (e >> 1) * 8;
-          s[mb][nb][e] = key < end ? s[mb][nb][e] * sl2 : -PGK_INF;
-          mx[nb][e & 1] = max(mx[nb][e & 1], s[mb][nb][e]);
-        }
-    float alpha[NB][2];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // The 8 threads of a column (lanes qc + 4 i) share a head; a tile with key0 < end
-        // has a finite max.
-        float m = mx[nb][h];
-        m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
-        m = max(m, __shfl_xor_sync(0xffffffffu, m, 8));
-        m = max(m, __shfl_xor_sync(0xffffffffu, m, 16));
-        const float mn = max(m_r[nb][h], m);
-        alpha[nb][h] = exp2f(m_r[nb][h] - mn);
-        m_r[nb][h] = mn;
-        l_r[nb][h] *= alpha[nb][h];
-      }
-#pragma unroll
-    for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[mb][nb][e] = exp2f(s[mb][nb][e] - m_r[nb][e & 1]);
-          l_r[nb][e & 1] += s[mb][nb][e];
-        }
-#pragma unroll
-    for (int dp = 0; dp < PGK_D / 16; ++dp)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) oacc[dp][nb][e] *= alpha[nb][e & 1];
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {  // 16 keys a step: the S^T rows of half kk
-      unsigned pb[NB][2];  // P^T as B fragments: 8x8 blocks of S^T, transposed
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        pb[nb][0] = pgk_dmovt(pgk_dpack(s[kk][nb][0], s[kk][nb][1]));
-        pb[nb][1] = pgk_dmovt(pgk_dpack(s[kk][nb][2], s[kk][nb][3]));
-      }
-#pragma unroll
-      for (int dp = 0; dp < PGK_D / 16; ++dp) {
-        unsigned a4[4];  // V^T rows dp*16.. (head_dim), columns kk*16.. (keys)
-        pgk_dldm_x4_t(a4, vs + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * PGK_MLD + dp * 16 +
-                              ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) pgk_dmma(oacc[dp][nb], a4, pb[nb][0], pb[nb][1]);
-      }
-    }
+    pgk_dec_mma_tile(ks, vs, qb, key0, end, sl2, m_r, l_r, oacc);
     __syncwarp();  // every lane is done with this stage before it is refilled
     if (it + PGK_MSTAGES < my_tiles) issue(it + PGK_MSTAGES);
     pgk_cp_async_commit();
