@@ -43,7 +43,38 @@ def test_load_generator_rows(tmp_path, single):
     assert row["tl_ended_last_ms"] <= 1e3 * row["wall_s"] and row["tl_tail_ms"] >= 0
     kinds = row["tl_decode_steps"] + row["tl_mixed_steps"] + row["tl_prefill_steps"]
     assert kinds == row["steps"] and row["tl_prefill_steps"] + row["tl_mixed_steps"] >= 1
-    assert ("tl_gpu_busy_ms" in row) == on_gpu
+    assert ("tl_gpu_busy_ms" in row) == on_gpu and ("tl_handoff_p99_ms" in row) == on_gpu
+    # Every step's tokens were handed on after its launch returned.
+    steps = rnd["engine"]["steps"]
+    assert steps and all(s["emitted"] >= s["end"] >= s["start"] for s in steps)
+
+
+def test_clients_send_their_requests_one_after_another(tmp_path):
+    """--requests 3: each of 2 clients sends 3 requests in turn (sustained load), so every
+    request is answered in full and at most 2 are ever in the engine at once."""
+    from pygpukit.bench.serve_load import main
+
+    out, tl = tmp_path / "rows.json", tmp_path / "timeline.json"
+    assert main(["--model", "tiny", "--clients", "2", "--requests", "3", "--max-tokens", "4",
+                 "--prompt-min", "8", "--prompt-max", "30", "--procs", "0", "--save", str(out),
+                 "--timeline", str(tl)]) == 0  # fmt: skip
+    (row,) = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "pygpukit serve"]
+    assert row["clients"] == 2 and row["requests_per_client"] == 3
+    assert row["output_tokens"] == 2 * 3 * 4
+    (rnd,) = json.loads(tl.read_text())
+    reqs = rnd["engine"]["requests"]
+    assert len(reqs) == 6 and len(rnd["client_results"]) == 6
+    assert all(r["tokens"] == 4 for r in reqs)
+    edges = sorted([(r["arrived"], 1) for r in reqs] + [(r["ended"], -1) for r in reqs])
+    running = [sum(d for _, d in edges[: i + 1]) for i in range(len(edges))]
+    assert max(running) <= 2
+
+
+def test_a_round_needs_whole_clients():
+    from pygpukit.bench.serve_load import _round
+
+    with pytest.raises(ValueError, match="5 prompts are not 2 a client"):
+        _round("http://127.0.0.1:9", [[5]] * 5, 1, requests=2)
 
 
 def test_load_generator_client_processes_and_step_times(tmp_path):

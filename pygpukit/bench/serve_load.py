@@ -1,15 +1,19 @@
 """Load generator for `pygpukit serve`: N concurrent streaming clients.
 
     python -m pygpukit.bench.serve_load --clients 16 64 256          # TinyLlama shape, bf16
+    python -m pygpukit.bench.serve_load --clients 64 --requests 8    # sustained: 512 requests
     python -m pygpukit.bench.serve_load --model tiny --clients 4 --max-tokens 8   # CPU smoke
 
 Each client sends one completion request with a random 128-512 token prompt (token ids)
-and asks for 128 tokens (EOS ignored), streaming, through the real `openai` client against
-a server on 127.0.0.1 with random weights. Reported: total output tok/s, p50/p99 time to
-first token, p50/p99 inter-token latency (between stream chunks: a stream that falls
-behind sends its queued tokens in one chunk). The clients run in --procs worker processes
-(default: up to 8), so parsing their streams does not take the server's interpreter lock,
-as a real load generator on another host would not; --procs 0 runs them in this process.
+and asks for 128 tokens (EOS ignored), streaming, against a server on 127.0.0.1 with random
+weights; with `--requests K` each client sends K such requests one after another (the next
+as its last stream ends), so N streams stay in flight as in vLLM's benchmark_serving with
+`--max-concurrency N`, and the round measures sustained load rather than one burst.
+Reported: total output tok/s, p50/p99 time to first token, p50/p99 inter-token latency
+(between stream chunks: a stream that falls behind sends its queued tokens in one chunk).
+The clients run in --procs worker processes (default: up to 8), so parsing their streams
+does not take the server's interpreter lock, as a real load generator on another host
+would not; --procs 0 runs them in this process.
 `--step-tokens` sets the engine's token budget per step (decode rows + prompt tokens).
 `--shared-prefix N` starts every prompt with the same N random tokens (a system prompt;
 new ones each round): the engine's prefix cache computes them once.
@@ -142,14 +146,16 @@ def _client_module(kind: str) -> Any:
 WARMUP_PROMPT = 8  # tokens of each warm-up request's prompt (it asks for one token)
 
 
-async def _clients(url: str, prompts: list[list[int]], max_tokens: int,
+async def _clients(url: str, seqs: list[list[list[int]]], max_tokens: int,
                    go: Callable[[], None], kind: str = "httpx"
                    ) -> list[dict[str, Any]]:  # fmt: skip
-    """The streams of `prompts` through one client (`kind`, CLIENTS), warmed first: as many small
-    requests at once as there are prompts (an 8-token prompt, one token), so its
-    connections are open and its one-time set-up done (about 80 ms of the first request
-    on the H200's host) before the timed round, as vLLM's benchmark_serving sends a
-    warm-up request. Then go() (returns when the round starts) and the timed streams."""
+    """The streams of `seqs` through one client library (`kind`, CLIENTS): each sequence is one
+    client's prompts, sent one after another (the next when the last stream ended). Warmed
+    first: a small request per client at once (an 8-token prompt, one token), so the
+    connections are open and the one-time set-up done (about 80 ms of the first request on
+    the H200's host) before the timed round, as vLLM's benchmark_serving sends a warm-up
+    request. Then go() (returns when the round starts) and the timed streams, one result per
+    request."""
     lib = _client_module(kind)
     if kind == "httpx":
         client: Any = lib.AsyncClient(base_url=url, timeout=3600,
@@ -159,11 +165,15 @@ async def _clients(url: str, prompts: list[list[int]], max_tokens: int,
         client = lib.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                  timeout=3600)  # fmt: skip
         one, close = _client, client.close
-    await asyncio.gather(*(one(client, p[:WARMUP_PROMPT], 1) for p in prompts))
+    await asyncio.gather(*(one(client, seq[0][:WARMUP_PROMPT], 1) for seq in seqs))
     go()
-    res = await asyncio.gather(*(one(client, p, max_tokens) for p in prompts))
+
+    async def serial(seq: list[list[int]]) -> list[dict[str, Any]]:
+        return [await one(client, p, max_tokens) for p in seq]
+
+    res = await asyncio.gather(*(serial(seq) for seq in seqs))
     await close()
-    return list(res)
+    return [r for part in res for r in part]
 
 
 _start: Any = None  # the round's start barrier, in a client process (_init_worker)
@@ -174,11 +184,11 @@ def _init_worker(start: Any) -> None:
     _start = start
 
 
-def _worker(url: str, prompts: list[list[int]], max_tokens: int, kind: str
+def _worker(url: str, seqs: list[list[list[int]]], max_tokens: int, kind: str
             ) -> list[dict[str, Any]]:  # fmt: skip
-    """One client process's share (perf_counter is the system-wide monotonic clock); its
-    timed streams start when every process has warmed its client (the barrier)."""
-    return asyncio.run(_clients(url, prompts, max_tokens, lambda: _start.wait(120), kind))
+    """One client process's share of the clients (perf_counter is the system-wide monotonic
+    clock); its timed streams start when every process has warmed its client (the barrier)."""
+    return asyncio.run(_clients(url, seqs, max_tokens, lambda: _start.wait(120), kind))
 
 
 def _warm_worker(kind: str) -> int:
@@ -186,13 +196,24 @@ def _warm_worker(kind: str) -> int:
     return 0
 
 
-def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0,
-           at_start: Callable[[], None] = lambda: None, kind: str = "httpx"
-           ) -> tuple[dict[str, Any], list[dict[str, Any]], float]:  # fmt: skip
-    """One round: the row, each client's stamps, and the round's start (perf_counter).
-    Every client is warm at the start (_clients); at_start() runs then, in this process
-    (the warm-up requests have ended: what the engine counts from there is the round's)."""
-    procs = min(procs, len(prompts))
+def _round(
+    url: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    procs: int = 0,
+    at_start: Callable[[], None] = lambda: None,
+    kind: str = "httpx",
+    requests: int = 1,
+) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
+    """One round: the row, each request's stamps, and the round's start (perf_counter).
+    len(prompts) / requests clients, each sending its `requests` prompts one after another
+    (1: a burst of one request a client). Every client is warm at the start (_clients);
+    at_start() runs then, in this process (the warm-up requests have ended: what the
+    engine counts from there is the round's)."""
+    if requests < 1 or len(prompts) % requests:
+        raise ValueError(f"serve_load: {len(prompts)} prompts are not {requests} a client")
+    seqs = [prompts[i : i + requests] for i in range(0, len(prompts), requests)]
+    procs = min(procs, len(seqs))
     t0 = 0.0
 
     def start() -> None:
@@ -201,13 +222,13 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0,
         t0 = time.perf_counter()
 
     if procs <= 0:
-        res = asyncio.run(_clients(url, prompts, max_tokens, start, kind))
+        res = asyncio.run(_clients(url, seqs, max_tokens, start, kind))
     else:
         ctx = multiprocessing.get_context("spawn")
         barrier = ctx.Barrier(procs + 1)  # each process once warm, and this one
         with ctx.Pool(procs, _init_worker, (barrier,)) as pool:
             pool.map(_warm_worker, [kind] * procs, chunksize=1)
-            shares = [(url, prompts[i::procs], max_tokens, kind) for i in range(procs)]
+            shares = [(url, seqs[i::procs], max_tokens, kind) for i in range(procs)]
             parts = pool.starmap_async(_worker, shares, chunksize=1)
             # Every process warm and waiting: the round starts (t0) as this one, the last,
             # lets them all go.
@@ -221,8 +242,8 @@ def _round(url: str, prompts: list[list[int]], max_tokens: int, procs: int = 0,
     ttft = [r["stamps"][0] - r["start"] for r in res if r["stamps"]]
     itl = [b - a for r in res for a, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
     tokens = sum(r["tokens"] for r in res)
-    row = {"clients": len(prompts), "output_tokens": tokens, "wall_s": wall,
-           "output_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * _pct(ttft, 50),
+    row = {"clients": len(seqs), "requests_per_client": requests, "output_tokens": tokens,
+           "wall_s": wall, "output_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * _pct(ttft, 50),
            "ttft_p99_ms": 1e3 * _pct(ttft, 99), "itl_p50_ms": 1e3 * _pct(itl, 50),
            "itl_p99_ms": 1e3 * _pct(itl, 99), "itl_max_ms": 1e3 * max(itl, default=0.0),
            "client_procs": procs, "client": kind, "warm_clients": True,
@@ -270,7 +291,8 @@ def round_timeline(tl: dict[str, Any], res: Sequence[dict[str, Any]], t0: float,
     (its requests, steps and idle periods), the clients' results and, on a GPU, the
     steps' GPU start and end (GpuMarks). The wall = gpu_first (before the GPU's first
     step) + gpu_busy (the steps' own GPU time) + gpu_gaps (the GPU idle between them) +
-    tail (after its last step's end until the clients' last chunk)."""
+    tail (after its last step's end until the clients' last chunk); tl_handoff_*: a step's
+    GPU end to its tokens' hand-off by the engine thread (p50, p99)."""
     reqs = tl["requests"]
     end = max((r["stamps"][-1] for r in res if r["stamps"]), default=t0)
 
@@ -310,6 +332,11 @@ def round_timeline(tl: dict[str, Any], res: Sequence[dict[str, Any]], t0: float,
             1e3 * max(0.0, b[0] - a[1]) for a, b in zip(marks, marks[1:], strict=False)
             if a[1] >= last_in)  # fmt: skip
         out["tl_gpu_last_ms"] = ms(marks[-1][1])
+        # The read-back: each step's GPU end to its tokens' hand-off (marks and steps are
+        # both in launch order and end with the round's last launch).
+        paired = zip(list(gpu or [])[-len(steps) :] if steps else [], steps, strict=False)
+        late = [1e3 * (s["emitted"] - g[1]) for g, s in paired if s["emitted"]]
+        out["tl_handoff_p50_ms"], out["tl_handoff_p99_ms"] = _pct(late, 50), _pct(late, 99)
     return out
 
 
@@ -500,7 +527,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
         prefill_step_tokens: int | None = None, single_process: bool = False,
         timelines: list[dict[str, Any]] | None = None,
         front_ends: int = 1, client: str = "httpx", shared_prefix: int = 0,
-        prefix_caching: bool = True) -> list[dict[str, Any]]:  # fmt: skip
+        prefix_caching: bool = True, requests: int = 1) -> list[dict[str, Any]]:  # fmt: skip
     """The rounds' rows (and, into `timelines` when given, each round's whole timeline:
     the engine's, the steps' GPU marks, the clients' stamps, on the perf_counter clock)."""
     import pygpukit as gpk
@@ -543,7 +570,7 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
             # repeated one from the blocks of the round before).
             seed = n if n not in clients[:i] else [n, i]
             prefix = _prompts(1, cfg.vocab_size, shared_prefix, shared_prefix, [7, i])[0]
-            prompts = _prompts(n, cfg.vocab_size, lo, hi, seed, prefix)
+            prompts = _prompts(n * requests, cfg.vocab_size, lo, hi, seed, prefix)
             marks = GpuMarks(engine) if gpk.backend_name() == "cuda" else None
             snap: dict[str, Any] = {}
 
@@ -551,7 +578,9 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
                 snap["since"] = time.perf_counter()
                 snap["before"] = engine.stats()
 
-            got, res, t0 = _round(server.url, prompts, max_tokens, procs, at_start, client)
+            got, res, t0 = _round(
+                server.url, prompts, max_tokens, procs, at_start, client, requests
+            )
             before, since = snap["before"], snap["since"]
             gpu = marks.close() if marks is not None else None
             row = {"impl": "pygpukit serve", **got, "shared_prefix": shared_prefix,
@@ -591,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--clients", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=1,
+        help="requests each client sends, one after another (1: a burst of one a client)",
+    )
     p.add_argument("--prompt-min", type=int, default=128)
     p.add_argument("--prompt-max", type=int, default=512)
     p.add_argument("--kv-memory", type=int, default=None, help="bytes for the KV cache")
@@ -675,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         a.client,
         a.shared_prefix,
         a.prefix_caching,
+        a.requests,
     )
     if a.timeline:
         with open(a.timeline, "w", encoding="utf-8") as f:

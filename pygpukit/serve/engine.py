@@ -165,7 +165,9 @@ class Request:
         return self.blocks[pos // block_size] * block_size + pos % block_size
 
 
-Launch = tuple[list["Request | None"], Any]  # a launch's output rows and their transfer
+# A launch's output rows, their tokens' transfer and its Engine.timeline step record (the
+# read-back stamps its hand-off there).
+Launch = tuple[list["Request | None"], Any, list[Any]]
 
 
 class _Step:
@@ -410,9 +412,10 @@ class Engine:
         # for a request with nothing in hand).
         self._times = {"launch": 0.0, "wait": 0.0, "emit": 0.0, "idle": 0.0}
         # Engine.timeline's records: finished requests' timelines, launched steps (start
-        # and end of the launch, decode rows, prompt tokens, launch size) and idle periods.
+        # and end of the launch, decode rows, prompt tokens, launch size, when its tokens
+        # were handed to the sinks) and idle periods.
         self._timeline: deque[tuple[Any, ...]] = deque(maxlen=TIMELINE)
-        self._step_log: deque[tuple[float, float, int, int, int]] = deque(maxlen=TIMELINE)
+        self._step_log: deque[list[Any]] = deque(maxlen=TIMELINE)
         self._idle_log: deque[tuple[float, float]] = deque(maxlen=TIMELINE)
         self._step_hooks: list[Callable[[], None]] = []
         # On CUDA, each step's blocking-sync event (SLEEP_WAIT), recorded after its launch by
@@ -534,12 +537,13 @@ class Engine:
         first prompt piece's step, prefilled: of the step finishing its prompt,
         first_token: streamed, ended; 0.0 where it never got there); "steps" launched
         since then (start and end of the launch, decode rows, prompt tokens, launch size
-        in tokens); "idle": the periods that ended since then in which the engine thread
+        in tokens, emitted: when its tokens were handed to their sinks, 0.0 before);
+        "idle": the periods that ended since then in which the engine thread
         waited for work with nothing in hand (start, end). The last TIMELINE of each;
         any thread may call it."""
         keys = ("id", "prompt", "tokens", "reason", "arrived", "submitted", "started",
                 "prefilled", "first_token", "ended")  # fmt: skip
-        skeys = ("start", "end", "rows", "prompt_tokens", "tokens")
+        skeys = ("start", "end", "rows", "prompt_tokens", "tokens", "emitted")
         reqs = [dict(zip(keys, r, strict=True)) for r in tuple(self._timeline) if r[-1] >= since]
         steps = [dict(zip(skeys, r, strict=True)) for r in tuple(self._step_log) if r[0] >= since]
         idle = [{"start": a, "end": b} for a, b in tuple(self._idle_log) if b >= since]
@@ -818,7 +822,7 @@ class Engine:
     def _landed(self) -> bool:
         """Whether the oldest step in flight has its tokens on the host (reading them
         back waits for nothing)."""
-        return all(transfer.done() for _, transfer in self._inflight[0])
+        return all(transfer.done() for _, transfer, _ in self._inflight[0])
 
     def _decode_rows(self) -> list[Request]:
         """The running sequences with a token left to schedule, up to max_batch: the last
@@ -841,7 +845,7 @@ class Engine:
 
     def _retire(self) -> None:
         """Read back the oldest engine step in flight and stream its tokens."""
-        for rows, transfer in self._inflight.popleft():
+        for rows, transfer, record in self._inflight.popleft():
             t0 = time.perf_counter()
             try:
                 toks = transfer.result()
@@ -855,8 +859,9 @@ class Engine:
             for r, tok in zip(rows, toks.tolist(), strict=False):
                 if r is not None and not r.ended:
                     self._emit(r, tok)
+            record[5] = t2 = time.perf_counter()
             self._times["wait"] += (t1 - t0) * 1e3
-            self._times["emit"] += (time.perf_counter() - t1) * 1e3
+            self._times["emit"] += (t2 - t1) * 1e3
 
     def _sampling_inputs(self, rows: Sequence[Request | None], b: int
                          ) -> tuple[list[GPUArray], tuple[bool, int, bool]]:  # fmt: skip
@@ -1020,8 +1025,9 @@ class Engine:
         if self._record_wait is not None:
             pool = self._wait_events
             transfer = _SleepingTransfer(transfer, self._record_wait(pool), pool)
-        self._step_log.append((now, time.perf_counter(), len(rows), used - len(rows), n))
-        return outs, transfer
+        record = [now, time.perf_counter(), len(rows), used - len(rows), n, 0.0]
+        self._step_log.append(record)
+        return outs, transfer, record
 
 
 class _SleepingTransfer:
