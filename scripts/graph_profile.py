@@ -604,7 +604,7 @@ def serve(batches: list[int], budgets: list[int], context: int,
 
         def step(reqs: list[Any] = reqs, b: int = b, budget: int = budget) -> None:
             pieces, fresh = sl.fresh_prompts(engine, budget - b, rng) if budget else ([], [])
-            _, transfer = engine._launch(reqs, pieces)
+            _, transfer, _ = engine._launch(reqs, pieces)
             sl.drop_prompts(engine, fresh)
             transfer.result()
 
