@@ -60,7 +60,7 @@ def test_clients_send_their_requests_one_after_another(tmp_path):
                  "--timeline", str(tl)]) == 0  # fmt: skip
     (row,) = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "pygpukit serve"]
     assert row["clients"] == 2 and row["requests_per_client"] == 3
-    assert row["output_tokens"] == 2 * 3 * 4
+    assert row["output_tokens"] == 2 * 3 * 4 and row["used_blocks_after"] == 0
     (rnd,) = json.loads(tl.read_text())
     reqs = rnd["engine"]["requests"]
     assert len(reqs) == 6 and len(rnd["client_results"]) == 6

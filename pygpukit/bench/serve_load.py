@@ -586,7 +586,10 @@ def run(model_name: str, clients: Sequence[int], max_tokens: int, lo: int, hi: i
             row = {"impl": "pygpukit serve", **got, "shared_prefix": shared_prefix,
                    "front_end": "thread" if single_process else "process",
                    "front_ends": front_ends}  # fmt: skip
-            row.update(_engine_split(before, engine.stats()))
+            after = engine.stats()
+            row.update(_engine_split(before, after))
+            # Every request has ended: its KV blocks are back (cached prefixes aside).
+            row["used_blocks_after"] = after["used_blocks"]
             tl = engine.timeline(since)
             row.update(round_timeline(tl, res, t0, gpu))
             if timelines is not None:
